@@ -1,0 +1,796 @@
+//! The engine: scan → plan → transfer → write, on a fixed pool of workers.
+//!
+//! A task is either one directory pair to scan and plan, or a batch of files
+//! of one directory to transfer. Scanning a directory lists both sides,
+//! merge-joins them ([`crate::plan`]), performs the cheap steps at once
+//! (mkdir, symlinks, deletes, metadata) and pushes file batches and
+//! subdirectories as new tasks, so copies start while the rest of the tree is
+//! still being listed. Each directory node counts its outstanding children;
+//! the last one to finish sets the directory's metadata (mtime after its
+//! content) and reports to its parent.
+
+use std::ffi::{CStr, CString};
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::entry::{join, Kind, Listing, Meta};
+use crate::filter::Filter;
+use crate::plan::{meta_change, plan_dir, PlanOptions, Step};
+use crate::pool::Pool;
+use crate::report::{Action, Reporter, Stats, Summary};
+use crate::store::{ListError, MetaChange, SourceFile, Store};
+
+/// Files per transfer task, at most.
+const BATCH_FILES: usize = 64;
+/// Bytes per transfer task, at most (a bigger file gets a task of its own).
+const BATCH_BYTES: u64 = 8 << 20;
+/// Buffer size of the `--checksum` comparison.
+const COMPARE_BUF: usize = 256 * 1024;
+
+/// One-way mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Add and update, never delete.
+    Copy,
+    /// Also delete what the source lacks.
+    Sync,
+}
+
+/// Options of a copy or sync run.
+#[derive(Debug)]
+pub struct Options {
+    /// Copy or sync.
+    pub mode: Mode,
+    /// Plan and report, change nothing.
+    pub dry_run: bool,
+    /// Compare content of same-size files.
+    pub checksum: bool,
+    /// fsync each file before renaming it into place.
+    pub fsync: bool,
+    /// Worker threads.
+    pub jobs: usize,
+    /// Exclude rules.
+    pub filter: Option<Filter>,
+}
+
+/// A run's result.
+pub type RunResult = Summary;
+
+struct Node<S: Store, D: Store> {
+    rel: Vec<u8>,
+    src: S::Dir,
+    /// `None` only in a dry run, for a directory that does not exist yet.
+    dst: Option<D::Dir>,
+    src_meta: Meta,
+    /// Metadata of the destination directory before the run; `None` when
+    /// it was just created (or replaced) and needs all of its metadata.
+    dst_meta: Option<Meta>,
+    pending: AtomicUsize,
+    dirty: AtomicBool,
+    parent: Option<Arc<Node<S, D>>>,
+}
+
+/// What is at a subdirectory's name in the destination before the run.
+#[derive(Clone, Copy)]
+enum DstAt {
+    Nothing,
+    Dir(Meta),
+    /// Something else (file, symlink): removed first.
+    Other,
+}
+
+enum Task<S: Store, D: Store> {
+    Scan(Arc<Node<S, D>>),
+    Dir {
+        parent: Arc<Node<S, D>>,
+        name: CString,
+        src_meta: Meta,
+        dst: DstAt,
+    },
+    Files {
+        node: Arc<Node<S, D>>,
+        files: Listing,
+        dst: Vec<Option<Meta>>,
+        check: Vec<bool>,
+    },
+}
+
+/// Runs copy and sync between two stores.
+pub struct Engine<'a, S: Store, D: Store> {
+    src: &'a S,
+    dst: &'a D,
+    opts: &'a Options,
+    stats: &'a Stats,
+    rep: &'a dyn Reporter,
+    plan: PlanOptions,
+}
+
+impl<'a, S: Store, D: Store> Engine<'a, S, D> {
+    /// An engine over two stores.
+    pub fn new(
+        src: &'a S,
+        dst: &'a D,
+        opts: &'a Options,
+        stats: &'a Stats,
+        rep: &'a dyn Reporter,
+    ) -> Self {
+        let plan = PlanOptions {
+            delete: opts.mode == Mode::Sync,
+            checksum: opts.checksum,
+            owner: dst.preserves_owner(),
+        };
+        Engine {
+            src,
+            dst,
+            opts,
+            stats,
+            rep,
+            plan,
+        }
+    }
+
+    /// Copy or sync the whole tree: the source root must be a directory.
+    pub fn run_tree(&self) -> io::Result<RunResult> {
+        let start = Instant::now();
+        let (src_dir, src_meta) = self
+            .src
+            .open_root()?
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "source does not exist"))?;
+        let (dst_dir, dst_meta) = match self.dst.open_root()? {
+            Some((d, m)) => (Some(d), Some(m)),
+            None if self.opts.dry_run => (None, None),
+            None => {
+                let d = self.dst.create_root()?;
+                Stats::add(&self.stats.dirs_created, 1);
+                (Some(d), None)
+            }
+        };
+        if dst_meta.is_none() {
+            self.rep.action(Action::Mkdir, b"", 0);
+        }
+        let root = Arc::new(Node {
+            rel: Vec::new(),
+            src: src_dir,
+            dst: dst_dir,
+            src_meta,
+            dst_meta,
+            pending: AtomicUsize::new(1),
+            dirty: AtomicBool::new(false),
+            parent: None,
+        });
+        let pool: Pool<Task<S, D>> = Pool::new();
+        pool.push(Task::Scan(root));
+        pool.run(self.opts.jobs, |task, pool| self.run_task(task, pool));
+        Ok(self.stats.summary(start.elapsed()))
+    }
+
+    fn run_task(&self, task: Task<S, D>, pool: &Pool<Task<S, D>>) {
+        match task {
+            Task::Scan(node) => self.scan(&node, pool),
+            Task::Dir {
+                parent,
+                name,
+                src_meta,
+                dst,
+            } => {
+                if let Some(node) = self.open_node(&parent, &name, src_meta, dst) {
+                    self.scan(&node, pool);
+                }
+                self.done(&parent);
+            }
+            Task::Files {
+                node,
+                files,
+                dst,
+                check,
+            } => {
+                for (i, e) in files.entries().iter().enumerate() {
+                    let name = files.cname(e);
+                    self.transfer(&node, name, &e.meta, dst[i], check[i]);
+                }
+                self.done(&node);
+            }
+        }
+    }
+
+    fn path(&self, node: &Node<S, D>, name: &[u8]) -> Vec<u8> {
+        join(&node.rel, name)
+    }
+
+    fn fail(&self, path: &[u8], err: &io::Error) {
+        Stats::add(&self.stats.errors, 1);
+        self.rep.error(path, err);
+    }
+
+    /// Open (or create) the directory pair of a subdirectory task.
+    fn open_node(
+        &self,
+        parent: &Arc<Node<S, D>>,
+        name: &CStr,
+        src_meta: Meta,
+        at: DstAt,
+    ) -> Option<Arc<Node<S, D>>> {
+        let rel = self.path(parent, name.to_bytes());
+        let src = match self.src.open_dir(&parent.src, name) {
+            Ok(d) => d,
+            Err(e) => {
+                self.fail(&rel, &e);
+                return None;
+            }
+        };
+        let (dst, dst_meta) = match (at, &parent.dst) {
+            (DstAt::Dir(m), Some(pd)) => match self.dst.open_dir(pd, name) {
+                Ok(d) => (Some(d), Some(m)),
+                Err(e) => {
+                    self.fail(&rel, &e);
+                    return None;
+                }
+            },
+            (_, None) => (None, None),
+            (_, Some(_)) if self.opts.dry_run => {
+                self.rep.action(Action::Mkdir, &rel, 0);
+                Stats::add(&self.stats.dirs_created, 1);
+                (None, None)
+            }
+            (at, Some(pd)) => {
+                if let DstAt::Other = at {
+                    if let Err(e) = self.dst.remove(pd, name, false) {
+                        self.fail(&rel, &e);
+                        return None;
+                    }
+                    Stats::add(&self.stats.files_deleted, 1);
+                }
+                match self.dst.make_dir(pd, name) {
+                    Ok(d) => {
+                        parent.dirty.store(true, Ordering::Relaxed);
+                        Stats::add(&self.stats.dirs_created, 1);
+                        self.rep.action(Action::Mkdir, &rel, 0);
+                        (Some(d), None)
+                    }
+                    Err(e) => {
+                        self.fail(&rel, &e);
+                        return None;
+                    }
+                }
+            }
+        };
+        Some(Arc::new(Node {
+            rel,
+            src,
+            dst,
+            src_meta,
+            dst_meta,
+            pending: AtomicUsize::new(1),
+            dirty: AtomicBool::new(false),
+            parent: Some(parent.clone()),
+        }))
+    }
+
+    /// List both sides of a directory, plan, and act.
+    fn scan(&self, node: &Arc<Node<S, D>>, pool: &Pool<Task<S, D>>) {
+        let filter = self.opts.filter.as_ref();
+        let mut src_list = Listing::new();
+        let mut errors: Vec<ListError> = Vec::new();
+        if let Err(e) = self
+            .src
+            .list(&node.src, &node.rel, filter, &mut src_list, &mut errors)
+        {
+            // Without a complete source listing nothing may be deleted here.
+            self.fail(&node.rel, &e);
+            self.done(node);
+            return;
+        }
+        let mut dst_list = Listing::new();
+        if let (Some(d), Some(_)) = (&node.dst, &node.dst_meta) {
+            let mut derr = Vec::new();
+            if let Err(e) = self
+                .dst
+                .list(d, &node.rel, filter, &mut dst_list, &mut derr)
+            {
+                self.fail(&node.rel, &e);
+                self.done(node);
+                return;
+            }
+            for e in derr {
+                self.fail(&self.path(node, &e.name), &e.err);
+            }
+        }
+        Stats::add(&self.stats.entries_scanned, src_list.len() as u64);
+        // Names the source could not read are left alone in the destination.
+        let unreadable: Vec<Vec<u8>> = errors.iter().map(|e| e.name.clone()).collect();
+        for e in errors {
+            self.fail(&self.path(node, &e.name), &e.err);
+        }
+
+        let mut steps = Vec::with_capacity(src_list.len().max(dst_list.len()));
+        plan_dir(&src_list, &dst_list, &self.plan, &mut steps);
+
+        let mut batch = FileBatch::default();
+        let mut subdirs: Vec<Task<S, D>> = Vec::new();
+        let se = src_list.entries();
+        let de = dst_list.entries();
+        for step in steps {
+            match step {
+                Step::Create { s } => {
+                    let m = se[s].meta;
+                    match m.kind {
+                        Kind::Dir => subdirs.push(self.dir_task(
+                            node,
+                            src_list.cname(&se[s]),
+                            m,
+                            DstAt::Nothing,
+                        )),
+                        Kind::Symlink => self.symlink(node, src_list.cname(&se[s]), &m, None),
+                        _ => batch.add(src_list.name(&se[s]), m, None, false),
+                    }
+                }
+                Step::Update { s, d } => {
+                    batch.add(src_list.name(&se[s]), se[s].meta, Some(de[d].meta), false)
+                }
+                Step::Check { s, d } => {
+                    batch.add(src_list.name(&se[s]), se[s].meta, Some(de[d].meta), true)
+                }
+                Step::Same { s, d, meta } => {
+                    Stats::add(&self.stats.unchanged, 1);
+                    if !meta.is_empty() {
+                        self.set_meta(node, src_list.cname(&se[s]), &se[s].meta, meta);
+                    }
+                    let _ = d;
+                }
+                Step::CheckLink { s, d } => {
+                    self.symlink(node, src_list.cname(&se[s]), &se[s].meta, Some(de[d].meta))
+                }
+                Step::Recurse { s, d } => subdirs.push(self.dir_task(
+                    node,
+                    src_list.cname(&se[s]),
+                    se[s].meta,
+                    DstAt::Dir(de[d].meta),
+                )),
+                Step::Replace { s, d } => {
+                    let (sm, dm) = (se[s].meta, de[d].meta);
+                    let name = src_list.cname(&se[s]);
+                    if dm.kind == Kind::Dir {
+                        if self.opts.mode == Mode::Copy {
+                            let err = io::Error::other(format!(
+                                "is a {} in the source but a directory in the destination; copy never deletes (use sync)",
+                                sm.kind.as_str()
+                            ));
+                            self.fail(&self.path(node, name.to_bytes()), &err);
+                            continue;
+                        }
+                        if !self.delete(node, name, &dm) {
+                            continue;
+                        }
+                        match sm.kind {
+                            Kind::Symlink => self.symlink(node, name, &sm, None),
+                            _ => batch.add(name.to_bytes(), sm, None, false),
+                        }
+                    } else {
+                        match sm.kind {
+                            Kind::Dir => subdirs.push(self.dir_task(node, name, sm, DstAt::Other)),
+                            // rename() replaces a file or symlink atomically.
+                            Kind::Symlink => self.symlink(node, name, &sm, None),
+                            _ => batch.add(name.to_bytes(), sm, Some(dm), false),
+                        }
+                    }
+                }
+                Step::Delete { d } => {
+                    let name = dst_list.name(&de[d]);
+                    if !unreadable.iter().any(|u| u == name) {
+                        self.delete(node, dst_list.cname(&de[d]), &de[d].meta);
+                    }
+                }
+                Step::RemoveTemp { d } => {
+                    if !self.opts.dry_run {
+                        if let Some(dd) = &node.dst {
+                            let m = de[d].meta;
+                            if let Err(e) =
+                                self.dst
+                                    .remove(dd, dst_list.cname(&de[d]), m.kind == Kind::Dir)
+                            {
+                                self.fail(&self.path(node, dst_list.name(&de[d])), &e);
+                            }
+                        }
+                    }
+                }
+                Step::Skip { s } => {
+                    self.rep
+                        .action(Action::Skip, &self.path(node, src_list.name(&se[s])), 0);
+                }
+            }
+            if batch.full() {
+                self.queue_batch(node, &mut batch, pool);
+            }
+        }
+        self.queue_batch(node, &mut batch, pool);
+        if !subdirs.is_empty() {
+            node.pending.fetch_add(subdirs.len(), Ordering::AcqRel);
+            // Reversed so that the pool (a stack) visits them in name order.
+            subdirs.reverse();
+            pool.push_all(subdirs);
+        }
+        self.done(node);
+    }
+
+    fn dir_task(
+        &self,
+        node: &Arc<Node<S, D>>,
+        name: &CStr,
+        src_meta: Meta,
+        dst: DstAt,
+    ) -> Task<S, D> {
+        Task::Dir {
+            parent: node.clone(),
+            name: name.to_owned(),
+            src_meta,
+            dst,
+        }
+    }
+
+    fn queue_batch(&self, node: &Arc<Node<S, D>>, batch: &mut FileBatch, pool: &Pool<Task<S, D>>) {
+        if batch.files.is_empty() {
+            return;
+        }
+        let b = std::mem::take(batch);
+        Stats::add(&self.stats.files_planned, b.files.len() as u64);
+        Stats::add(&self.stats.bytes_planned, b.bytes);
+        node.pending.fetch_add(1, Ordering::AcqRel);
+        pool.push(Task::Files {
+            node: node.clone(),
+            files: b.files,
+            dst: b.dst,
+            check: b.check,
+        });
+    }
+
+    /// A child of `node` finished; the last one sets the directory's metadata.
+    fn done(&self, node: &Arc<Node<S, D>>) {
+        if node.pending.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return;
+        }
+        if let (false, Some(d)) = (self.opts.dry_run, &node.dst) {
+            let what = match &node.dst_meta {
+                None => MetaChange::ALL,
+                Some(m) => {
+                    let mut c = meta_change(&node.src_meta, m, self.plan.owner);
+                    c.mtime |= node.dirty.load(Ordering::Relaxed);
+                    c
+                }
+            };
+            if !what.is_empty() {
+                if let Err(e) = self.dst.set_dir_meta(d, &node.src_meta, what) {
+                    self.fail(&node.rel, &e);
+                }
+            }
+        } else if self.opts.dry_run {
+            if let Some(m) = &node.dst_meta {
+                let c = meta_change(&node.src_meta, m, self.plan.owner);
+                if c.mode || c.owner {
+                    self.rep.action(Action::Meta, &node.rel, 0);
+                }
+            }
+        }
+        if let Some(p) = &node.parent {
+            self.done(p);
+        }
+    }
+
+    fn set_meta(&self, node: &Node<S, D>, name: &CStr, meta: &Meta, what: MetaChange) {
+        self.rep
+            .action(Action::Meta, &self.path(node, name.to_bytes()), 0);
+        if self.opts.dry_run {
+            return;
+        }
+        if let Some(d) = &node.dst {
+            if let Err(e) = self.dst.set_meta(d, name, meta, what) {
+                self.fail(&self.path(node, name.to_bytes()), &e);
+            }
+        }
+    }
+
+    /// Remove a destination entry; false when it failed (already reported).
+    fn delete(&self, node: &Node<S, D>, name: &CStr, meta: &Meta) -> bool {
+        let path = self.path(node, name.to_bytes());
+        if self.opts.dry_run {
+            self.rep.action(Action::Delete, &path, 0);
+            Stats::add(&self.stats.files_deleted, 1);
+            return true;
+        }
+        let Some(d) = &node.dst else { return true };
+        let is_dir = meta.kind == Kind::Dir;
+        let res = if is_dir && self.opts.filter.is_some() {
+            self.delete_filtered(d, &path, name)
+        } else {
+            self.dst.remove(d, name, is_dir)
+        };
+        match res {
+            Ok(n) => {
+                node.dirty.store(true, Ordering::Relaxed);
+                Stats::add(&self.stats.files_deleted, n);
+                self.rep.action(Action::Delete, &path, 0);
+                true
+            }
+            Err(e) => {
+                self.fail(&path, &e);
+                false
+            }
+        }
+    }
+
+    /// Remove a destination-only directory but keep what the filter
+    /// excludes (excluded entries are never deleted): the directory itself
+    /// stays if anything excluded remains inside.
+    fn delete_filtered(&self, parent: &D::Dir, rel: &[u8], name: &CStr) -> io::Result<u64> {
+        let dir = self.dst.open_dir(parent, name)?;
+        let mut list = Listing::new();
+        let mut errs = Vec::new();
+        self.dst
+            .list(&dir, rel, self.opts.filter.as_ref(), &mut list, &mut errs)?;
+        if let Some(e) = errs.into_iter().next() {
+            return Err(e.err);
+        }
+        let mut n = 0;
+        for e in list.entries() {
+            let child = list.cname(e);
+            n += if e.meta.kind == Kind::Dir {
+                self.delete_filtered(&dir, &join(rel, child.to_bytes()), child)?
+            } else {
+                self.dst.remove(&dir, child, false)?
+            };
+        }
+        drop(dir);
+        match self.dst.remove(parent, name, false) {
+            Ok(_) => Ok(n + 1),
+            // Not empty: excluded entries remain, and so does the directory.
+            Err(_) => Ok(n),
+        }
+    }
+
+    /// Create or replace a symlink (`dst_meta`: an existing symlink to compare).
+    fn symlink(&self, node: &Node<S, D>, name: &CStr, meta: &Meta, dst_meta: Option<Meta>) {
+        let path = self.path(node, name.to_bytes());
+        let target = match self.src.read_link(&node.src, name) {
+            Ok(t) => t,
+            Err(e) => return self.fail(&path, &e),
+        };
+        if let (Some(dm), Some(d)) = (dst_meta, &node.dst) {
+            match self.dst.read_link(d, name) {
+                Ok(t) if t == target => {
+                    Stats::add(&self.stats.unchanged, 1);
+                    let c = meta_change(meta, &dm, self.plan.owner);
+                    if !c.is_empty() {
+                        self.set_meta(node, name, meta, c);
+                    }
+                    return;
+                }
+                Ok(_) => {}
+                Err(e) => return self.fail(&path, &e),
+            }
+        }
+        self.rep.action(Action::Symlink, &path, 0);
+        Stats::add(&self.stats.files_copied, 1);
+        if self.opts.dry_run {
+            return;
+        }
+        if let Some(d) = &node.dst {
+            match self.dst.create_symlink(d, name, &target, meta) {
+                Ok(()) => node.dirty.store(true, Ordering::Relaxed),
+                Err(e) => self.fail(&path, &e),
+            }
+        }
+    }
+
+    /// Transfer one file (`check`: compare content first, `--checksum`).
+    fn transfer(
+        &self,
+        node: &Node<S, D>,
+        name: &CStr,
+        meta: &Meta,
+        dst_meta: Option<Meta>,
+        check: bool,
+    ) {
+        let path = self.path(node, name.to_bytes());
+        if check {
+            let (Some(d), Some(dm)) = (&node.dst, dst_meta) else {
+                return;
+            };
+            match self.same_content(&node.src, name, d, name) {
+                Ok(true) => {
+                    Stats::add(&self.stats.unchanged, 1);
+                    let c = meta_change(meta, &dm, self.plan.owner);
+                    if !c.is_empty() {
+                        self.set_meta(node, name, meta, c);
+                    }
+                    return;
+                }
+                Ok(false) => {}
+                Err(e) => return self.fail(&path, &e),
+            }
+        }
+        let action = if dst_meta.is_some() {
+            Action::Update
+        } else {
+            Action::Copy
+        };
+        if self.opts.dry_run {
+            self.rep.action(action, &path, meta.size);
+            Stats::add(&self.stats.files_copied, 1);
+            Stats::add(&self.stats.bytes_copied, meta.size);
+            return;
+        }
+        let Some(d) = &node.dst else { return };
+        match self.copy_file(&node.src, name, d, name, meta) {
+            Ok(n) => {
+                node.dirty.store(true, Ordering::Relaxed);
+                Stats::add(&self.stats.files_copied, 1);
+                Stats::add(&self.stats.bytes_copied, n);
+                self.rep.action(action, &path, n);
+            }
+            Err(e) => self.fail(&path, &e),
+        }
+    }
+
+    /// Copy one file to a temporary, set its metadata, rename into place.
+    fn copy_file(
+        &self,
+        sdir: &S::Dir,
+        sname: &CStr,
+        ddir: &D::Dir,
+        name: &CStr,
+        meta: &Meta,
+    ) -> io::Result<u64> {
+        let mut r = self.src.open_file(sdir, sname)?;
+        let mut w = self.dst.create_file(ddir, name, meta)?;
+        let n = match self.dst.write_from(&mut w, &mut r, meta.size) {
+            Ok(n) => n,
+            Err(e) => {
+                self.dst.abort(ddir, w);
+                return Err(e);
+            }
+        };
+        drop(r);
+        if n != meta.size {
+            self.dst.abort(ddir, w);
+            return Err(io::Error::other(format!(
+                "changed while being copied (size {} when listed, {}{} read)",
+                meta.size,
+                n,
+                if n > meta.size { "+" } else { "" }
+            )));
+        }
+        self.dst.commit(ddir, w, name, meta, self.opts.fsync)?;
+        Ok(n)
+    }
+
+    /// Copy or sync a single file `src_name` (in the source root directory)
+    /// to `dst_name` (in the destination root directory).
+    pub fn run_file(&self, src_name: &CStr, dst_name: &CStr) -> io::Result<RunResult> {
+        let start = Instant::now();
+        let (sdir, _) = self
+            .src
+            .open_root()?
+            .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
+        let (ddir, _) = self
+            .dst
+            .open_root()?
+            .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
+        let mut sl = Listing::new();
+        let mut dl = Listing::new();
+        let mut errs = Vec::new();
+        self.src.list(&sdir, b"", None, &mut sl, &mut errs)?;
+        self.dst.list(&ddir, b"", None, &mut dl, &mut errs)?;
+        let find = |l: &Listing, n: &CStr| {
+            l.entries()
+                .iter()
+                .find(|e| l.name(e) == n.to_bytes())
+                .map(|e| e.meta)
+        };
+        let sm = find(&sl, src_name).ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
+        let dm = find(&dl, dst_name);
+        Stats::add(&self.stats.entries_scanned, 1);
+        let path = dst_name.to_bytes();
+        let changed = match dm {
+            None => true,
+            Some(dm) if dm.kind != Kind::File => true,
+            Some(dm) if dm.size != sm.size => true,
+            Some(_) if self.opts.checksum => {
+                !self.same_content(&sdir, src_name, &ddir, dst_name)?
+            }
+            Some(dm) => !sm.same_mtime(&dm),
+        };
+        if !changed {
+            Stats::add(&self.stats.unchanged, 1);
+            let dm = dm.expect("unchanged implies present");
+            let c = meta_change(&sm, &dm, self.plan.owner);
+            if !c.is_empty() {
+                self.rep.action(Action::Meta, path, 0);
+                if !self.opts.dry_run {
+                    if let Err(e) = self.dst.set_meta(&ddir, dst_name, &sm, c) {
+                        self.fail(path, &e);
+                    }
+                }
+            }
+            return Ok(self.stats.summary(start.elapsed()));
+        }
+        let action = if dm.is_some() {
+            Action::Update
+        } else {
+            Action::Copy
+        };
+        if self.opts.dry_run {
+            self.rep.action(action, path, sm.size);
+            Stats::add(&self.stats.files_copied, 1);
+            Stats::add(&self.stats.bytes_copied, sm.size);
+            return Ok(self.stats.summary(start.elapsed()));
+        }
+        let res = self.copy_file(&sdir, src_name, &ddir, dst_name, &sm);
+        match res {
+            Ok(n) => {
+                Stats::add(&self.stats.files_copied, 1);
+                Stats::add(&self.stats.bytes_copied, n);
+                self.rep.action(action, path, n);
+            }
+            Err(e) => self.fail(path, &e),
+        }
+        Ok(self.stats.summary(start.elapsed()))
+    }
+
+    fn same_content(
+        &self,
+        sdir: &S::Dir,
+        sname: &CStr,
+        ddir: &D::Dir,
+        dname: &CStr,
+    ) -> io::Result<bool> {
+        let mut a = self.src.open_file(sdir, sname)?;
+        let mut b = self.dst.open_file(ddir, dname)?;
+        let mut ba = vec![0u8; COMPARE_BUF];
+        let mut bb = vec![0u8; COMPARE_BUF];
+        loop {
+            let n = read_full(&mut a, &mut ba)?;
+            let m = read_full(&mut b, &mut bb)?;
+            if n != m || ba[..n] != bb[..m] {
+                return Ok(false);
+            }
+            if n == 0 {
+                return Ok(true);
+            }
+        }
+    }
+}
+
+fn read_full(r: &mut dyn SourceFile, buf: &mut [u8]) -> io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        let k = r.read(&mut buf[n..])?;
+        if k == 0 {
+            break;
+        }
+        n += k;
+    }
+    Ok(n)
+}
+
+/// Files of one directory gathered into one transfer task.
+#[derive(Default)]
+struct FileBatch {
+    files: Listing,
+    dst: Vec<Option<Meta>>,
+    check: Vec<bool>,
+    bytes: u64,
+}
+
+impl FileBatch {
+    fn add(&mut self, name: &[u8], meta: Meta, dst: Option<Meta>, check: bool) {
+        self.files.push(name, meta);
+        self.dst.push(dst);
+        self.check.push(check);
+        self.bytes += meta.size;
+    }
+
+    fn full(&self) -> bool {
+        self.files.len() >= BATCH_FILES || self.bytes >= BATCH_BYTES
+    }
+}

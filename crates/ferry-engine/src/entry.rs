@@ -1,0 +1,245 @@
+//! Entries and per-directory listings: what `scan` hands to `plan`.
+//!
+//! A [`Listing`] is one directory's entries, sorted by name bytes. Names live in
+//! one arena (`names`), NUL-terminated so a backend can pass them straight to
+//! `*at()` syscalls, and each [`ListEntry`] carries an 8-byte big-endian prefix
+//! of its name so that sorting 500,000 entries mostly compares integers.
+
+use std::cmp::Ordering;
+use std::ffi::CStr;
+
+/// What an entry is. Anything that is not a file, directory or symlink
+/// (fifo, socket, device) is `Other` and is skipped by copy and sync.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// A regular file.
+    File,
+    /// A directory.
+    Dir,
+    /// A symbolic link (never followed inside a tree).
+    Symlink,
+    /// Fifo, socket, block or character device.
+    Other,
+}
+
+impl Kind {
+    /// Lower-case name used in JSON output.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::File => "file",
+            Kind::Dir => "dir",
+            Kind::Symlink => "symlink",
+            Kind::Other => "other",
+        }
+    }
+}
+
+/// The metadata ferry compares and preserves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Meta {
+    /// Entry type.
+    pub kind: Kind,
+    /// Size in bytes (for symlinks: length of the target).
+    pub size: u64,
+    /// Modification time, seconds since the epoch.
+    pub mtime_sec: i64,
+    /// Nanoseconds part of the modification time.
+    pub mtime_nsec: u32,
+    /// Permission bits (`mode & 0o7777`).
+    pub mode: u32,
+    /// Owner.
+    pub uid: u32,
+    /// Group.
+    pub gid: u32,
+    /// Inode number (0 where the backend has none).
+    pub ino: u64,
+}
+
+impl Meta {
+    /// Modification time as nanoseconds since the epoch.
+    pub fn mtime_ns(&self) -> i128 {
+        self.mtime_sec as i128 * 1_000_000_000 + self.mtime_nsec as i128
+    }
+
+    /// Same modification time, to the nanosecond.
+    pub fn same_mtime(&self, other: &Meta) -> bool {
+        self.mtime_sec == other.mtime_sec && self.mtime_nsec == other.mtime_nsec
+    }
+}
+
+/// One entry of a [`Listing`]: where its name sits in the arena, and its metadata.
+#[derive(Clone, Copy, Debug)]
+pub struct ListEntry {
+    key: u64,
+    off: u32,
+    len: u32,
+    /// The entry's metadata.
+    pub meta: Meta,
+}
+
+impl ListEntry {
+    /// Offset and length (without NUL) of the name in the listing's arena.
+    pub fn name_span(&self) -> (usize, usize) {
+        (self.off as usize, self.len as usize)
+    }
+}
+
+/// One directory's entries, sorted by name (bytes) once [`Listing::sort`] ran.
+#[derive(Default, Debug)]
+pub struct Listing {
+    names: Vec<u8>,
+    entries: Vec<ListEntry>,
+}
+
+impl Listing {
+    /// An empty listing.
+    pub fn new() -> Listing {
+        Listing::default()
+    }
+
+    /// Forget all entries, keeping the allocations.
+    pub fn clear(&mut self) {
+        self.names.clear();
+        self.entries.clear();
+    }
+
+    /// Number of entries.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// True when there are no entries.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Append a name (without NUL) and its metadata.
+    pub fn push(&mut self, name: &[u8], meta: Meta) {
+        let off = self.names.len() as u32;
+        self.names.extend_from_slice(name);
+        self.names.push(0);
+        self.entries.push(ListEntry {
+            key: prefix_key(name),
+            off,
+            len: name.len() as u32,
+            meta,
+        });
+    }
+
+    /// The entries, in listing order.
+    pub fn entries(&self) -> &[ListEntry] {
+        &self.entries
+    }
+
+    /// Mutable access to the entries (metadata is filled in after names in
+    /// the parallel stat path).
+    pub fn entries_mut(&mut self) -> &mut [ListEntry] {
+        &mut self.entries
+    }
+
+    /// The name arena and the entries, borrowed separately (the stat threads
+    /// read names while each fills a disjoint slice of entries).
+    pub fn parts_mut(&mut self) -> (&[u8], &mut [ListEntry]) {
+        (&self.names, &mut self.entries)
+    }
+
+    /// Keep only the entries for which `keep` returns true.
+    pub fn retain(&mut self, mut keep: impl FnMut(&ListEntry) -> bool) {
+        self.entries.retain(|e| keep(e));
+    }
+
+    /// Name of an entry, without the NUL.
+    pub fn name(&self, e: &ListEntry) -> &[u8] {
+        &self.names[e.off as usize..(e.off + e.len) as usize]
+    }
+
+    /// Name of an entry as a C string (for `*at()` syscalls).
+    pub fn cname(&self, e: &ListEntry) -> &CStr {
+        let bytes = &self.names[e.off as usize..(e.off + e.len + 1) as usize];
+        CStr::from_bytes_with_nul(bytes).expect("listing names are NUL-terminated")
+    }
+
+    /// Sort entries by name bytes.
+    pub fn sort(&mut self) {
+        let names = &self.names;
+        self.entries
+            .sort_unstable_by(|a, b| cmp_entries(names, a, b));
+    }
+
+    /// True when the entries are strictly sorted by name (asserted by the planner).
+    pub fn is_sorted(&self) -> bool {
+        self.entries
+            .windows(2)
+            .all(|w| cmp_entries(&self.names, &w[0], &w[1]) == Ordering::Less)
+    }
+}
+
+fn cmp_entries(names: &[u8], a: &ListEntry, b: &ListEntry) -> Ordering {
+    a.key.cmp(&b.key).then_with(|| {
+        let an = &names[a.off as usize..(a.off + a.len) as usize];
+        let bn = &names[b.off as usize..(b.off + b.len) as usize];
+        an.cmp(bn)
+    })
+}
+
+/// First 8 bytes of a name, big-endian, zero padded: comparing keys orders
+/// names like comparing the bytes, up to ties that the full compare breaks.
+fn prefix_key(name: &[u8]) -> u64 {
+    let mut b = [0u8; 8];
+    let n = name.len().min(8);
+    b[..n].copy_from_slice(&name[..n]);
+    u64::from_be_bytes(b)
+}
+
+/// Join a relative directory path and a name with `/`.
+pub fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
+    let mut p = Vec::with_capacity(dir.len() + 1 + name.len());
+    p.extend_from_slice(dir);
+    if !dir.is_empty() {
+        p.push(b'/');
+    }
+    p.extend_from_slice(name);
+    p
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn meta() -> Meta {
+        Meta {
+            kind: Kind::File,
+            size: 0,
+            mtime_sec: 0,
+            mtime_nsec: 0,
+            mode: 0o644,
+            uid: 0,
+            gid: 0,
+            ino: 0,
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn sort_orders_like_bytes(names in proptest::collection::btree_set(proptest::collection::vec(1u8..=255, 1..20), 0..200)) {
+            let mut l = Listing::new();
+            let mut shuffled: Vec<_> = names.iter().cloned().collect();
+            shuffled.reverse();
+            for n in &shuffled { l.push(n, meta()); }
+            l.sort();
+            let got: Vec<Vec<u8>> = l.entries().iter().map(|e| l.name(e).to_vec()).collect();
+            let want: Vec<Vec<u8>> = names.into_iter().collect();
+            prop_assert_eq!(got, want);
+            prop_assert!(l.is_sorted());
+        }
+    }
+
+    #[test]
+    fn cname_is_nul_terminated() {
+        let mut l = Listing::new();
+        l.push(b"abc", meta());
+        l.push(b"x\xff", meta());
+        assert_eq!(l.cname(&l.entries()[1]).to_bytes(), b"x\xff");
+    }
+}

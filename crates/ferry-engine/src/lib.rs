@@ -1,0 +1,25 @@
+//! ferry's engine: copy and sync directory trees between [`Store`]s.
+//!
+//! Data flow: `scan` (a [`Store`] lists one directory at a time, sorted) →
+//! [`plan`] (merge-join of the two listings into steps) → transfer (a fixed
+//! [`pool`] of workers; file batches) → write (temporary name, metadata,
+//! rename). [`engine::Engine`] wires the stages; [`report`] carries counters
+//! and events to the user interface.
+#![deny(missing_docs)]
+
+pub mod engine;
+pub mod entry;
+pub mod filter;
+pub mod local;
+pub mod ls;
+pub mod plan;
+pub mod pool;
+pub mod report;
+pub mod store;
+
+pub use engine::{Engine, Mode, Options};
+pub use entry::{Kind, Listing, Meta};
+pub use filter::Filter;
+pub use local::LocalStore;
+pub use report::{Action, Reporter, Stats, Summary};
+pub use store::Store;

@@ -1,0 +1,761 @@
+//! The local filesystem `Store`.
+//!
+//! Everything is relative to directory file descriptors: listing is
+//! `getdents64` into a reused 256 KiB buffer plus one `statx` per entry on the
+//! directory fd (no path resolution, no allocation per entry). Directories
+//! with many entries are stat'ed by several threads at once, since on a warm
+//! cache `statx` is CPU-bound in the kernel. Writes go to a temporary name in
+//! the target directory and are renamed into place after their metadata is
+//! set. Copies between local files try a reflink (FICLONE) for big files,
+//! then `copy_file_range`, then fall back to a read/write loop.
+
+use std::cell::RefCell;
+use std::ffi::{CStr, CString};
+use std::io;
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use rustix::fs::{
+    self as rfs, AtFlags, FileType, Mode, OFlags, RawDir, StatxFlags, Timespec, Timestamps,
+    UTIME_OMIT,
+};
+use rustix::io::Errno;
+
+use crate::entry::{Kind, ListEntry, Listing, Meta};
+use crate::filter::Filter;
+use crate::store::{ListError, MetaChange, SourceFile, Store, TEMP_PREFIX};
+
+/// Directories with more entries than this are stat'ed by several threads.
+const PARALLEL_STAT_MIN: usize = 4096;
+/// Files at least this big try a reflink before `copy_file_range`.
+const REFLINK_MIN: u64 = 1 << 20;
+/// Largest single `copy_file_range` / read request.
+const COPY_CHUNK: u64 = 1 << 30;
+/// Buffer of the read/write fallback path.
+const STREAM_BUF: usize = 1 << 20;
+
+/// A local directory tree rooted at a path.
+#[derive(Debug)]
+pub struct LocalStore {
+    root: PathBuf,
+    stat_threads: usize,
+    umask: u32,
+    owner: bool,
+    reflink: AtomicBool,
+    copy_range: AtomicBool,
+}
+
+/// An open local directory.
+#[derive(Debug)]
+pub struct LocalDir {
+    fd: OwnedFd,
+}
+
+impl LocalDir {
+    /// The directory's file descriptor.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+/// A local file open for reading.
+#[derive(Debug)]
+pub struct LocalReader {
+    fd: OwnedFd,
+}
+
+/// A local file being written under a temporary name.
+#[derive(Debug)]
+pub struct LocalWriter {
+    fd: OwnedFd,
+    tmp: TempName,
+}
+
+impl LocalStore {
+    /// A store rooted at `root` (which need not exist yet). `stat_threads`
+    /// bounds the threads used to stat one large directory.
+    pub fn new(root: impl Into<PathBuf>, stat_threads: usize) -> LocalStore {
+        LocalStore {
+            root: root.into(),
+            stat_threads: stat_threads.max(1),
+            umask: current_umask(),
+            owner: rustix::process::geteuid().is_root(),
+            reflink: AtomicBool::new(true),
+            copy_range: AtomicBool::new(true),
+        }
+    }
+
+    /// The root path.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn stat_into(dir: BorrowedFd<'_>, name: &CStr, meta: &mut Meta) -> io::Result<()> {
+        let st = rfs::statx(
+            dir,
+            name,
+            AtFlags::SYMLINK_NOFOLLOW,
+            StatxFlags::TYPE
+                | StatxFlags::MODE
+                | StatxFlags::UID
+                | StatxFlags::GID
+                | StatxFlags::MTIME
+                | StatxFlags::INO
+                | StatxFlags::SIZE,
+        )?;
+        *meta = meta_from_statx(&st);
+        Ok(())
+    }
+
+    fn copy_fd(
+        &self,
+        out: BorrowedFd<'_>,
+        src: BorrowedFd<'_>,
+        size: u64,
+    ) -> io::Result<Option<u64>> {
+        if size >= REFLINK_MIN && self.reflink.load(Ordering::Relaxed) {
+            match rfs::ioctl_ficlone(out, src) {
+                Ok(()) => return Ok(Some(rfs::fstat(out)?.st_size as u64)),
+                Err(e) if is_unsupported(e) => self.reflink.store(false, Ordering::Relaxed),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if !self.copy_range.load(Ordering::Relaxed) {
+            return Ok(None);
+        }
+        let mut total = 0u64;
+        loop {
+            // Ask for one byte more than expected: a longer result means the
+            // file grew while we copied it.
+            let want = (size + 1 - total.min(size)).min(COPY_CHUNK) as usize;
+            match rfs::copy_file_range(src, None, out, None, want) {
+                Ok(0) => {
+                    if total == 0 && size > 0 {
+                        // Some filesystems (procfs-like) report 0: stream instead.
+                        return Ok(None);
+                    }
+                    return Ok(Some(total));
+                }
+                Ok(n) => {
+                    total += n as u64;
+                    // A short count that lands exactly on the expected size is
+                    // end of file: skip the extra call that would return 0.
+                    if total > size || (total == size && n < want) {
+                        return Ok(Some(total));
+                    }
+                }
+                Err(e) if total == 0 && is_unsupported(e) => {
+                    if e != Errno::XDEV {
+                        self.copy_range.store(false, Ordering::Relaxed);
+                    }
+                    return Ok(None);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    fn need_chmod(&self, mode: u32) -> bool {
+        mode & self.umask != 0 || mode & 0o7000 != 0 || self.owner
+    }
+}
+
+impl Store for LocalStore {
+    type Dir = LocalDir;
+    type Reader = LocalReader;
+    type Writer = LocalWriter;
+
+    fn open_root(&self) -> io::Result<Option<(LocalDir, Meta)>> {
+        let fd = match rfs::open(
+            &self.root,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) {
+            Ok(fd) => fd,
+            Err(Errno::NOENT) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let mut meta = EMPTY_META;
+        Self::stat_into(fd.as_fd(), c"", &mut meta).or_else(|_| {
+            let st = rfs::fstat(&fd)?;
+            meta = meta_from_stat(&st);
+            Ok::<(), io::Error>(())
+        })?;
+        Ok(Some((LocalDir { fd }, meta)))
+    }
+
+    fn create_root(&self) -> io::Result<LocalDir> {
+        match rfs::mkdir(&self.root, Mode::from_raw_mode(0o700)) {
+            Ok(()) | Err(Errno::EXIST) => {}
+            Err(e) => return Err(e.into()),
+        }
+        let fd = rfs::open(
+            &self.root,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        Ok(LocalDir { fd })
+    }
+
+    fn list(
+        &self,
+        dir: &LocalDir,
+        rel: &[u8],
+        filter: Option<&Filter>,
+        out: &mut Listing,
+        errors: &mut Vec<ListError>,
+    ) -> io::Result<()> {
+        out.clear();
+        // Phase 1: names (getdents64), pruning excluded entries whose type
+        // the directory entry already tells.
+        let mut unknown = false;
+        DIRBUF.with(|buf| -> io::Result<()> {
+            let mut buf = buf.borrow_mut();
+            // The fd may have been read before: list from the start.
+            rfs::seek(&dir.fd, rfs::SeekFrom::Start(0))?;
+            let mut iter = RawDir::new(&dir.fd, &mut buf[..]);
+            while let Some(ent) = iter.next() {
+                let ent = ent?;
+                let name = ent.file_name().to_bytes();
+                if name == b"." || name == b".." {
+                    continue;
+                }
+                let kind = match ent.file_type() {
+                    FileType::RegularFile => Kind::File,
+                    FileType::Directory => Kind::Dir,
+                    FileType::Symlink => Kind::Symlink,
+                    FileType::Unknown => {
+                        unknown = true;
+                        Kind::Other
+                    }
+                    _ => Kind::Other,
+                };
+                if let Some(f) = filter {
+                    if ent.file_type() != FileType::Unknown
+                        && f.excluded(rel, name, kind == Kind::Dir)
+                    {
+                        continue;
+                    }
+                }
+                out.push(
+                    name,
+                    Meta {
+                        kind,
+                        ino: ent.ino(),
+                        ..EMPTY_META
+                    },
+                );
+            }
+            Ok(())
+        })?;
+
+        // Phase 2: statx each entry relative to the directory fd.
+        let n = out.len();
+        let mut failed: Vec<(usize, io::Error)> = Vec::new();
+        let threads = if n >= PARALLEL_STAT_MIN {
+            self.stat_threads.min(n / (PARALLEL_STAT_MIN / 2)).max(1)
+        } else {
+            1
+        };
+        {
+            let (names_listing, entries) = out.parts_mut();
+            let fd = dir.fd.as_fd();
+            if threads <= 1 {
+                stat_chunk(fd, names_listing, entries, 0, &mut failed);
+            } else {
+                let chunk = n.div_ceil(threads);
+                std::thread::scope(|s| {
+                    let handles: Vec<_> = entries
+                        .chunks_mut(chunk)
+                        .enumerate()
+                        .map(|(i, part)| {
+                            s.spawn(move || {
+                                let mut f = Vec::new();
+                                stat_chunk(fd, names_listing, part, i * chunk, &mut f);
+                                f
+                            })
+                        })
+                        .collect();
+                    for h in handles {
+                        failed.extend(h.join().expect("stat thread panicked"));
+                    }
+                });
+            }
+        }
+        if !failed.is_empty() {
+            failed.sort_by_key(|(i, _)| *i);
+            let mut drop = vec![false; n];
+            for (i, err) in failed {
+                drop[i] = true;
+                if err.kind() != io::ErrorKind::NotFound {
+                    let e = out.entries()[i];
+                    errors.push(ListError {
+                        name: out.name(&e).to_vec(),
+                        err,
+                    });
+                }
+            }
+            let mut idx = 0;
+            out.retain(|_| {
+                let keep = !drop[idx];
+                idx += 1;
+                keep
+            });
+        }
+        if unknown {
+            if let Some(f) = filter {
+                let names: Vec<(Vec<u8>, bool)> = out
+                    .entries()
+                    .iter()
+                    .map(|e| (out.name(e).to_vec(), e.meta.kind == Kind::Dir))
+                    .collect();
+                let mut idx = 0;
+                out.retain(|_| {
+                    let (name, is_dir) = &names[idx];
+                    idx += 1;
+                    !f.excluded(rel, name, *is_dir)
+                });
+            }
+        }
+        out.sort();
+        Ok(())
+    }
+
+    fn open_dir(&self, parent: &LocalDir, name: &CStr) -> io::Result<LocalDir> {
+        let fd = rfs::openat(
+            &parent.fd,
+            name,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        Ok(LocalDir { fd })
+    }
+
+    fn make_dir(&self, parent: &LocalDir, name: &CStr) -> io::Result<LocalDir> {
+        rfs::mkdirat(&parent.fd, name, Mode::from_raw_mode(0o700))?;
+        self.open_dir(parent, name)
+    }
+
+    fn set_dir_meta(&self, dir: &LocalDir, meta: &Meta, what: MetaChange) -> io::Result<()> {
+        if what.owner && self.owner {
+            rfs::fchown(&dir.fd, Some(uid(meta.uid)), Some(gid(meta.gid)))?;
+        }
+        if what.mode || (what.owner && self.owner && meta.mode & 0o7000 != 0) {
+            rfs::fchmod(&dir.fd, Mode::from_raw_mode(meta.mode))?;
+        }
+        if what.mtime {
+            rfs::futimens(&dir.fd, &times(meta))?;
+        }
+        Ok(())
+    }
+
+    fn open_file(&self, dir: &LocalDir, name: &CStr) -> io::Result<LocalReader> {
+        let fd = rfs::openat(
+            &dir.fd,
+            name,
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        Ok(LocalReader { fd })
+    }
+
+    fn read_link(&self, dir: &LocalDir, name: &CStr) -> io::Result<Vec<u8>> {
+        Ok(rfs::readlinkat(&dir.fd, name, Vec::new())?.into_bytes())
+    }
+
+    fn create_file(&self, dir: &LocalDir, _name: &CStr, meta: &Meta) -> io::Result<LocalWriter> {
+        let tmp = TempName::new();
+        let fd = rfs::openat(
+            &dir.fd,
+            tmp.as_cstr(),
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC,
+            Mode::from_raw_mode(meta.mode & 0o777),
+        )?;
+        Ok(LocalWriter { fd, tmp })
+    }
+
+    fn write_from(
+        &self,
+        w: &mut LocalWriter,
+        src: &mut dyn SourceFile,
+        size: u64,
+    ) -> io::Result<u64> {
+        if let Some(sfd) = src.as_fd() {
+            if let Some(n) = self.copy_fd(w.fd.as_fd(), sfd, size)? {
+                return Ok(n);
+            }
+        }
+        STREAMBUF.with(|buf| {
+            let mut buf = buf.borrow_mut();
+            let limit = (size as usize).saturating_add(1).min(buf.len());
+            let mut total = 0u64;
+            loop {
+                let n = src.read(&mut buf[..limit])?;
+                if n == 0 {
+                    return Ok(total);
+                }
+                write_all(w.fd.as_fd(), &buf[..n])?;
+                total += n as u64;
+                if total > size || (total == size && n < limit) {
+                    return Ok(total);
+                }
+            }
+        })
+    }
+
+    fn commit(
+        &self,
+        dir: &LocalDir,
+        w: LocalWriter,
+        name: &CStr,
+        meta: &Meta,
+        fsync: bool,
+    ) -> io::Result<()> {
+        let res = (|| -> io::Result<()> {
+            if self.owner {
+                rfs::fchown(&w.fd, Some(uid(meta.uid)), Some(gid(meta.gid)))?;
+            }
+            if self.need_chmod(meta.mode) {
+                rfs::fchmod(&w.fd, Mode::from_raw_mode(meta.mode))?;
+            }
+            rfs::futimens(&w.fd, &times(meta))?;
+            if fsync {
+                rfs::fsync(&w.fd)?;
+            }
+            Ok(())
+        })();
+        let LocalWriter { fd, tmp } = w;
+        drop(fd);
+        if let Err(e) = res {
+            let _ = rfs::unlinkat(&dir.fd, tmp.as_cstr(), AtFlags::empty());
+            return Err(e);
+        }
+        if let Err(e) = rfs::renameat(&dir.fd, tmp.as_cstr(), &dir.fd, name) {
+            let _ = rfs::unlinkat(&dir.fd, tmp.as_cstr(), AtFlags::empty());
+            return Err(e.into());
+        }
+        Ok(())
+    }
+
+    fn abort(&self, dir: &LocalDir, w: LocalWriter) {
+        let LocalWriter { fd, tmp } = w;
+        drop(fd);
+        let _ = rfs::unlinkat(&dir.fd, tmp.as_cstr(), AtFlags::empty());
+    }
+
+    fn create_symlink(
+        &self,
+        dir: &LocalDir,
+        name: &CStr,
+        target: &[u8],
+        meta: &Meta,
+    ) -> io::Result<()> {
+        let tmp = TempName::new();
+        let target = CString::new(target)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in link target"))?;
+        rfs::symlinkat(target.as_c_str(), &dir.fd, tmp.as_cstr())?;
+        let res = (|| -> io::Result<()> {
+            if self.owner {
+                rfs::chownat(
+                    &dir.fd,
+                    tmp.as_cstr(),
+                    Some(uid(meta.uid)),
+                    Some(gid(meta.gid)),
+                    AtFlags::SYMLINK_NOFOLLOW,
+                )?;
+            }
+            rfs::utimensat(
+                &dir.fd,
+                tmp.as_cstr(),
+                &times(meta),
+                AtFlags::SYMLINK_NOFOLLOW,
+            )?;
+            rfs::renameat(&dir.fd, tmp.as_cstr(), &dir.fd, name)?;
+            Ok(())
+        })();
+        if res.is_err() {
+            let _ = rfs::unlinkat(&dir.fd, tmp.as_cstr(), AtFlags::empty());
+        }
+        res
+    }
+
+    fn set_meta(
+        &self,
+        dir: &LocalDir,
+        name: &CStr,
+        meta: &Meta,
+        what: MetaChange,
+    ) -> io::Result<()> {
+        let link = meta.kind == Kind::Symlink;
+        if what.owner && self.owner {
+            rfs::chownat(
+                &dir.fd,
+                name,
+                Some(uid(meta.uid)),
+                Some(gid(meta.gid)),
+                AtFlags::SYMLINK_NOFOLLOW,
+            )?;
+        }
+        if !link && (what.mode || (what.owner && self.owner && meta.mode & 0o7000 != 0)) {
+            rfs::chmodat(
+                &dir.fd,
+                name,
+                Mode::from_raw_mode(meta.mode),
+                AtFlags::empty(),
+            )?;
+        }
+        if what.mtime {
+            rfs::utimensat(&dir.fd, name, &times(meta), AtFlags::SYMLINK_NOFOLLOW)?;
+        }
+        Ok(())
+    }
+
+    fn remove(&self, dir: &LocalDir, name: &CStr, is_dir: bool) -> io::Result<u64> {
+        if !is_dir {
+            rfs::unlinkat(&dir.fd, name, AtFlags::empty())?;
+            return Ok(1);
+        }
+        remove_tree(dir.fd.as_fd(), name)
+    }
+
+    fn preserves_owner(&self) -> bool {
+        self.owner
+    }
+}
+
+impl SourceFile for LocalReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            match rustix::io::read(&self.fd, &mut *buf) {
+                Err(Errno::INTR) => continue,
+                r => return r.map_err(Into::into),
+            }
+        }
+    }
+
+    fn as_fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.fd.as_fd())
+    }
+}
+
+/// Remove a directory tree below `parent`, making directories writable when
+/// needed. Returns the number of entries removed (the directory included).
+fn remove_tree(parent: BorrowedFd<'_>, name: &CStr) -> io::Result<u64> {
+    let fd = rfs::openat(
+        parent,
+        name,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let mut names: Vec<(CString, bool)> = Vec::new();
+    {
+        let mut buf = vec![MaybeUninit::<u8>::uninit(); 64 * 1024];
+        let mut iter = RawDir::new(&fd, &mut buf[..]);
+        while let Some(ent) = iter.next() {
+            let ent = ent?;
+            let n = ent.file_name();
+            if n.to_bytes() == b"." || n.to_bytes() == b".." {
+                continue;
+            }
+            names.push((n.to_owned(), ent.file_type() == FileType::Directory));
+        }
+    }
+    let mut count = 0;
+    let mut made_writable = false;
+    for (n, is_dir) in names {
+        loop {
+            let r = if is_dir {
+                remove_tree(fd.as_fd(), &n)
+            } else {
+                rfs::unlinkat(&fd, &n, AtFlags::empty())
+                    .map(|_| 1)
+                    .map_err(Into::into)
+            };
+            match r {
+                Ok(c) => {
+                    count += c;
+                    break;
+                }
+                Err(e)
+                    if !made_writable && e.raw_os_error() == Some(Errno::ACCESS.raw_os_error()) =>
+                {
+                    rfs::fchmod(&fd, Mode::from_raw_mode(0o700))?;
+                    made_writable = true;
+                }
+                Err(e) if !is_dir && e.raw_os_error() == Some(Errno::ISDIR.raw_os_error()) => {
+                    count += remove_tree(fd.as_fd(), &n)?;
+                    break;
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => break,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    drop(fd);
+    rfs::unlinkat(parent, name, AtFlags::REMOVEDIR)?;
+    Ok(count + 1)
+}
+
+fn stat_chunk(
+    dir: BorrowedFd<'_>,
+    names: &[u8],
+    part: &mut [ListEntry],
+    base: usize,
+    failed: &mut Vec<(usize, io::Error)>,
+) {
+    for (i, e) in part.iter_mut().enumerate() {
+        let ino = e.meta.ino;
+        let (off, len) = e.name_span();
+        let name = CStr::from_bytes_with_nul(&names[off..off + len + 1]).expect("NUL-terminated");
+        if let Err(err) = LocalStore::stat_into(dir, name, &mut e.meta) {
+            failed.push((base + i, err));
+        } else if e.meta.ino == 0 {
+            e.meta.ino = ino;
+        }
+    }
+}
+
+const EMPTY_META: Meta = Meta {
+    kind: Kind::Other,
+    size: 0,
+    mtime_sec: 0,
+    mtime_nsec: 0,
+    mode: 0,
+    uid: 0,
+    gid: 0,
+    ino: 0,
+};
+
+fn kind_from_mode(mode: u32) -> Kind {
+    match mode & 0o170000 {
+        0o100000 => Kind::File,
+        0o040000 => Kind::Dir,
+        0o120000 => Kind::Symlink,
+        _ => Kind::Other,
+    }
+}
+
+fn meta_from_statx(st: &rfs::Statx) -> Meta {
+    let mode = st.stx_mode as u32;
+    Meta {
+        kind: kind_from_mode(mode),
+        size: st.stx_size,
+        mtime_sec: st.stx_mtime.tv_sec,
+        mtime_nsec: st.stx_mtime.tv_nsec,
+        mode: mode & 0o7777,
+        uid: st.stx_uid,
+        gid: st.stx_gid,
+        ino: st.stx_ino,
+    }
+}
+
+fn meta_from_stat(st: &rfs::Stat) -> Meta {
+    let mode = st.st_mode;
+    Meta {
+        kind: kind_from_mode(mode),
+        size: st.st_size as u64,
+        mtime_sec: st.st_mtime,
+        mtime_nsec: st.st_mtime_nsec as u32,
+        mode: mode & 0o7777,
+        uid: st.st_uid,
+        gid: st.st_gid,
+        ino: st.st_ino,
+    }
+}
+
+/// Stat a path (not following a final symlink) into a [`Meta`].
+pub fn stat_path(path: &Path, follow: bool) -> io::Result<Meta> {
+    let flags = if follow {
+        AtFlags::empty()
+    } else {
+        AtFlags::SYMLINK_NOFOLLOW
+    };
+    let st = rfs::statat(rfs::CWD, path, flags)?;
+    Ok(meta_from_stat(&st))
+}
+
+fn times(meta: &Meta) -> Timestamps {
+    Timestamps {
+        last_access: Timespec {
+            tv_sec: 0,
+            tv_nsec: UTIME_OMIT,
+        },
+        last_modification: Timespec {
+            tv_sec: meta.mtime_sec,
+            tv_nsec: meta.mtime_nsec as _,
+        },
+    }
+}
+
+fn uid(u: u32) -> rustix::fs::Uid {
+    rustix::fs::Uid::from_raw(u)
+}
+
+fn gid(g: u32) -> rustix::fs::Gid {
+    rustix::fs::Gid::from_raw(g)
+}
+
+fn is_unsupported(e: Errno) -> bool {
+    matches!(
+        e,
+        Errno::OPNOTSUPP | Errno::XDEV | Errno::INVAL | Errno::NOSYS | Errno::BADF | Errno::PERM
+    )
+}
+
+fn write_all(fd: BorrowedFd<'_>, mut buf: &[u8]) -> io::Result<()> {
+    while !buf.is_empty() {
+        match rustix::io::write(fd, buf) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => buf = &buf[n..],
+            Err(Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+fn current_umask() -> u32 {
+    let old = rustix::process::umask(Mode::from_raw_mode(0o022));
+    rustix::process::umask(old);
+    old.as_raw_mode()
+}
+
+thread_local! {
+    static DIRBUF: RefCell<Vec<MaybeUninit<u8>>> = RefCell::new(vec![MaybeUninit::uninit(); 256 * 1024]);
+    static STREAMBUF: RefCell<Vec<u8>> = RefCell::new(vec![0u8; STREAM_BUF]);
+}
+
+/// `.ferry-tmp.<pid>.<counter>`: unique per process and call, recognisable
+/// by the next run as a leftover of this one.
+#[derive(Debug)]
+struct TempName {
+    buf: [u8; 48],
+    len: usize,
+}
+
+static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+impl TempName {
+    fn new() -> TempName {
+        use std::io::Write;
+        let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+        let mut buf = [0u8; 48];
+        let mut cur = io::Cursor::new(&mut buf[..]);
+        cur.write_all(TEMP_PREFIX).expect("fits");
+        write!(cur, "{:x}.{:x}", std::process::id(), n).expect("fits");
+        let len = cur.position() as usize;
+        TempName { buf, len }
+    }
+
+    fn as_cstr(&self) -> &CStr {
+        CStr::from_bytes_with_nul(&self.buf[..=self.len]).expect("NUL-terminated")
+    }
+}
+
+/// A path as bytes (helper for callers turning `Path`s into listing keys).
+pub fn path_bytes(p: &Path) -> &[u8] {
+    p.as_os_str().as_bytes()
+}

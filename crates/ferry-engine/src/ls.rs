@@ -1,0 +1,156 @@
+//! `ferry ls`: list a tree recursively on the worker pool, printing each
+//! directory's sorted entries as one block (one write per block).
+//!
+//! Output lines: `SIZE MTIME_NS PATH` (directories end with `/`, symlinks
+//! show `-> TARGET`), or one JSON object per entry.
+
+use std::ffi::CString;
+use std::io::{self, Write};
+use std::sync::{Arc, Mutex};
+
+use crate::entry::{join, Kind, Listing, Meta};
+use crate::filter::Filter;
+use crate::pool::Pool;
+use crate::report::json_str;
+use crate::store::{ListError, Store};
+
+/// Output format of `ls`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// `SIZE MTIME_NS PATH`
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+struct Dir<S: Store> {
+    rel: Vec<u8>,
+    dir: S::Dir,
+}
+
+enum Task<S: Store> {
+    Root,
+    Sub { parent: Arc<Dir<S>>, name: CString },
+}
+
+/// List the whole tree of `store` to `out`. Per-entry errors go to `on_error`
+/// (path, error); returns the number of entries listed.
+pub fn list_tree<S: Store, W: Write + Send>(
+    store: &S,
+    jobs: usize,
+    filter: Option<&Filter>,
+    format: Format,
+    out: &Mutex<W>,
+    on_error: &(dyn Fn(&[u8], &io::Error) + Sync),
+) -> io::Result<u64> {
+    let (root, _) = store
+        .open_root()?
+        .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
+    let root = Mutex::new(Some(root));
+    let count = std::sync::atomic::AtomicU64::new(0);
+    let write_err: Mutex<Option<io::Error>> = Mutex::new(None);
+    let pool: Pool<Task<S>> = Pool::new();
+    pool.push(Task::Root);
+    pool.run(jobs, |task, pool| {
+        let dir = match task {
+            Task::Root => Arc::new(Dir {
+                rel: Vec::new(),
+                dir: root.lock().unwrap().take().expect("root once"),
+            }),
+            Task::Sub { parent, name } => {
+                let rel = join(&parent.rel, name.to_bytes());
+                match store.open_dir(&parent.dir, &name) {
+                    Ok(d) => Arc::new(Dir { rel, dir: d }),
+                    Err(e) => return on_error(&rel, &e),
+                }
+            }
+        };
+        let mut list = Listing::new();
+        let mut errors: Vec<ListError> = Vec::new();
+        if let Err(e) = store.list(&dir.dir, &dir.rel, filter, &mut list, &mut errors) {
+            return on_error(&dir.rel, &e);
+        }
+        for e in &errors {
+            on_error(&join(&dir.rel, &e.name), &e.err);
+        }
+        count.fetch_add(list.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        let mut buf = Vec::with_capacity(list.len() * 48);
+        let mut subdirs = Vec::new();
+        for e in list.entries() {
+            let name = list.name(e);
+            let target = if e.meta.kind == Kind::Symlink {
+                store.read_link(&dir.dir, list.cname(e)).ok()
+            } else {
+                None
+            };
+            format_entry(&mut buf, format, &dir.rel, name, &e.meta, target.as_deref());
+            if e.meta.kind == Kind::Dir {
+                subdirs.push(Task::Sub {
+                    parent: dir.clone(),
+                    name: list.cname(e).to_owned(),
+                });
+            }
+        }
+        if !buf.is_empty() {
+            let mut w = out.lock().unwrap();
+            if let Err(e) = w.write_all(&buf) {
+                drop(w);
+                *write_err.lock().unwrap() = Some(e);
+                pool.stop();
+                return;
+            }
+        }
+        subdirs.reverse();
+        pool.push_all(subdirs);
+    });
+    if let Some(e) = write_err.into_inner().unwrap() {
+        return Err(e);
+    }
+    Ok(count.into_inner())
+}
+
+/// Append one entry's line to `buf`.
+pub fn format_entry(
+    buf: &mut Vec<u8>,
+    format: Format,
+    dir: &[u8],
+    name: &[u8],
+    m: &Meta,
+    target: Option<&[u8]>,
+) {
+    match format {
+        Format::Text => {
+            let _ = write!(buf, "{} {} ", m.size, m.mtime_ns());
+            if !dir.is_empty() {
+                buf.extend_from_slice(dir);
+                buf.push(b'/');
+            }
+            buf.extend_from_slice(name);
+            if m.kind == Kind::Dir {
+                buf.push(b'/');
+            }
+            if let Some(t) = target {
+                buf.extend_from_slice(b" -> ");
+                buf.extend_from_slice(t);
+            }
+            buf.push(b'\n');
+        }
+        Format::Json => {
+            buf.extend_from_slice(b"{\"path\":");
+            json_str(buf, &join(dir, name));
+            let _ = write!(
+                buf,
+                ",\"kind\":\"{}\",\"size\":{},\"mtime_ns\":{},\"mode\":{}",
+                m.kind.as_str(),
+                m.size,
+                m.mtime_ns(),
+                m.mode
+            );
+            if let Some(t) = target {
+                buf.extend_from_slice(b",\"target\":");
+                json_str(buf, t);
+            }
+            buf.extend_from_slice(b"}\n");
+        }
+    }
+}

@@ -1,0 +1,251 @@
+//! Plan: the merge-join of one directory's sorted source and destination
+//! listings into a list of steps. Pure: no I/O, so the decision table is
+//! tested on its own. The engine executes the steps.
+//!
+//! Decision table for an entry present on both sides (same kind):
+//!
+//! | kind    | compare                                   | step                    |
+//! |---------|-------------------------------------------|-------------------------|
+//! | file    | size differs                              | `Update`                |
+//! | file    | same size, mtime differs, no `--checksum` | `Update`                |
+//! | file    | same size, `--checksum`                   | `Check` (read both)     |
+//! | file    | same size and mtime                       | `Same` (+ meta fix-up)  |
+//! | symlink | targets unknown here                      | `CheckLink`             |
+//! | dir     | -                                         | `Recurse`               |
+//!
+//! Different kinds are `Replace`. Destination-only entries are `Delete` in
+//! sync mode and kept in copy mode; ferry's own leftover temporaries are
+//! always `RemoveTemp`.
+
+use crate::entry::{Kind, Listing, Meta};
+use crate::store::{is_temp_name, MetaChange};
+
+/// One step of a directory's plan. Indexes point into the source (`s`) and
+/// destination (`d`) listings.
+#[allow(missing_docs)] // fields: `s`/`d` index the source/destination listing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Source only: create (file copy, symlink, or new directory to fill).
+    Create { s: usize },
+    /// Both files, content differs: copy over.
+    Update { s: usize, d: usize },
+    /// Both files, same size, `--checksum`: compare content, then decide.
+    Check { s: usize, d: usize },
+    /// Same content; metadata may need the listed changes.
+    Same {
+        s: usize,
+        d: usize,
+        meta: MetaChange,
+    },
+    /// Both symlinks: compare targets.
+    CheckLink { s: usize, d: usize },
+    /// Both directories: descend.
+    Recurse { s: usize, d: usize },
+    /// Kinds differ: the destination entry is replaced.
+    Replace { s: usize, d: usize },
+    /// Destination only, sync mode: remove.
+    Delete { d: usize },
+    /// A leftover temporary of an interrupted run: remove.
+    RemoveTemp { d: usize },
+    /// Source entry of a kind that is not copied (fifo, socket, device).
+    Skip { s: usize },
+}
+
+/// How to compare.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PlanOptions {
+    /// Delete destination-only entries.
+    pub delete: bool,
+    /// Compare file content when sizes match.
+    pub checksum: bool,
+    /// Compare and preserve owner and group.
+    pub owner: bool,
+}
+
+/// Metadata to change so that `dst` matches `src` (content aside).
+pub fn meta_change(src: &Meta, dst: &Meta, owner: bool) -> MetaChange {
+    MetaChange {
+        mtime: !src.same_mtime(dst),
+        mode: src.kind != Kind::Symlink && src.mode != dst.mode,
+        owner: owner && (src.uid != dst.uid || src.gid != dst.gid),
+    }
+}
+
+/// Merge-join two sorted listings into steps, appended to `out` in name order.
+pub fn plan_dir(src: &Listing, dst: &Listing, opts: &PlanOptions, out: &mut Vec<Step>) {
+    debug_assert!(
+        src.is_sorted() && dst.is_sorted(),
+        "listings must be sorted"
+    );
+    let (se, de) = (src.entries(), dst.entries());
+    let (mut i, mut j) = (0, 0);
+    while i < se.len() || j < de.len() {
+        let ord = match (se.get(i), de.get(j)) {
+            (Some(a), Some(b)) => src.name(a).cmp(dst.name(b)),
+            (Some(_), None) => std::cmp::Ordering::Less,
+            _ => std::cmp::Ordering::Greater,
+        };
+        match ord {
+            std::cmp::Ordering::Less => {
+                let name = src.name(&se[i]);
+                if !is_temp_name(name) {
+                    out.push(if se[i].meta.kind == Kind::Other {
+                        Step::Skip { s: i }
+                    } else {
+                        Step::Create { s: i }
+                    });
+                }
+                i += 1;
+            }
+            std::cmp::Ordering::Greater => {
+                if is_temp_name(dst.name(&de[j])) {
+                    out.push(Step::RemoveTemp { d: j });
+                } else if opts.delete {
+                    out.push(Step::Delete { d: j });
+                }
+                j += 1;
+            }
+            std::cmp::Ordering::Equal => {
+                if is_temp_name(src.name(&se[i])) {
+                    out.push(Step::RemoveTemp { d: j });
+                } else {
+                    out.push(compare(i, j, &se[i].meta, &de[j].meta, opts));
+                }
+                i += 1;
+                j += 1;
+            }
+        }
+    }
+}
+
+fn compare(s: usize, d: usize, a: &Meta, b: &Meta, opts: &PlanOptions) -> Step {
+    if a.kind == Kind::Other {
+        return Step::Skip { s };
+    }
+    if a.kind != b.kind {
+        return Step::Replace { s, d };
+    }
+    match a.kind {
+        Kind::Dir => Step::Recurse { s, d },
+        Kind::Symlink => Step::CheckLink { s, d },
+        _ if a.size != b.size => Step::Update { s, d },
+        _ if opts.checksum => Step::Check { s, d },
+        _ if !a.same_mtime(b) => Step::Update { s, d },
+        _ => Step::Same {
+            s,
+            d,
+            meta: meta_change(a, b, opts.owner),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(kind: Kind, size: u64, mtime: i64) -> Meta {
+        Meta {
+            kind,
+            size,
+            mtime_sec: mtime,
+            mtime_nsec: 0,
+            mode: 0o644,
+            uid: 0,
+            gid: 0,
+            ino: 0,
+        }
+    }
+
+    fn listing(items: &[(&str, Meta)]) -> Listing {
+        let mut l = Listing::new();
+        for (n, meta) in items {
+            l.push(n.as_bytes(), *meta);
+        }
+        l.sort();
+        l
+    }
+
+    fn plan(s: &Listing, d: &Listing, delete: bool, checksum: bool) -> Vec<Step> {
+        let mut out = Vec::new();
+        plan_dir(
+            s,
+            d,
+            &PlanOptions {
+                delete,
+                checksum,
+                owner: false,
+            },
+            &mut out,
+        );
+        out
+    }
+
+    #[test]
+    fn decision_table() {
+        let f = |sz, t| m(Kind::File, sz, t);
+        let s = listing(&[
+            ("a", f(1, 1)),
+            ("b", f(2, 1)),
+            ("c", f(1, 1)),
+            ("d", f(1, 2)),
+            ("e", m(Kind::Dir, 0, 1)),
+            ("f", m(Kind::Symlink, 3, 1)),
+            ("g", m(Kind::Dir, 0, 1)),
+            ("h", m(Kind::Other, 0, 1)),
+        ]);
+        let d = listing(&[
+            (".ferry-tmp.1.2", f(9, 9)),
+            ("b", f(3, 1)),
+            ("c", f(1, 1)),
+            ("d", f(1, 1)),
+            ("e", m(Kind::Dir, 0, 5)),
+            ("f", m(Kind::Symlink, 3, 1)),
+            ("g", f(1, 1)),
+            ("z", f(1, 1)),
+        ]);
+        assert_eq!(
+            plan(&s, &d, true, false),
+            vec![
+                Step::RemoveTemp { d: 0 },
+                Step::Create { s: 0 },
+                Step::Update { s: 1, d: 1 },
+                Step::Same {
+                    s: 2,
+                    d: 2,
+                    meta: MetaChange::default()
+                },
+                Step::Update { s: 3, d: 3 },
+                Step::Recurse { s: 4, d: 4 },
+                Step::CheckLink { s: 5, d: 5 },
+                Step::Replace { s: 6, d: 6 },
+                Step::Skip { s: 7 },
+                Step::Delete { d: 7 },
+            ]
+        );
+        // Copy mode keeps z; checksum mode checks same-size files.
+        let p = plan(&s, &d, false, true);
+        assert!(!p.contains(&Step::Delete { d: 7 }));
+        assert!(p.contains(&Step::Check { s: 2, d: 2 }));
+        assert!(p.contains(&Step::Check { s: 3, d: 3 }));
+    }
+
+    #[test]
+    fn mode_difference_is_metadata_only() {
+        let mut a = m(Kind::File, 1, 1);
+        a.mode = 0o600;
+        let s = listing(&[("x", a)]);
+        let d = listing(&[("x", m(Kind::File, 1, 1))]);
+        assert_eq!(
+            plan(&s, &d, true, false),
+            vec![Step::Same {
+                s: 0,
+                d: 0,
+                meta: MetaChange {
+                    mtime: false,
+                    mode: true,
+                    owner: false
+                }
+            }]
+        );
+    }
+}

@@ -1,0 +1,160 @@
+//! The worker pool: a fixed set of threads serving one LIFO stack of tasks.
+//!
+//! Workers block on a condition variable when the stack is empty (no timer,
+//! no polling, no spinning) and the pool ends when the stack is empty and no
+//! worker is running a task (a running task may still push more). LIFO keeps
+//! the traversal depth-first, so a directory's copies run before the next
+//! directories are listed and memory stays bounded by the directories in
+//! flight, not by the tree (the lesson of ripgrep's walker).
+//! Wake-ups are only signalled when some worker is actually waiting, so a
+//! busy pool costs one uncontended lock per push and pop, no syscall.
+
+use std::sync::{Condvar, Mutex};
+
+/// A stack of tasks shared by the workers.
+pub struct Pool<T> {
+    state: Mutex<State<T>>,
+    cv: Condvar,
+}
+
+struct State<T> {
+    stack: Vec<T>,
+    running: usize,
+    waiting: usize,
+    stop: bool,
+}
+
+impl<T: Send> Pool<T> {
+    /// An empty pool.
+    pub fn new() -> Pool<T> {
+        Pool {
+            state: Mutex::new(State {
+                stack: Vec::new(),
+                running: 0,
+                waiting: 0,
+                stop: false,
+            }),
+            cv: Condvar::new(),
+        }
+    }
+
+    /// Add a task.
+    pub fn push(&self, task: T) {
+        let mut s = self.state.lock().expect("pool lock");
+        s.stack.push(task);
+        if s.waiting > 0 {
+            self.cv.notify_one();
+        }
+    }
+
+    /// Add several tasks at once (the last one runs first).
+    pub fn push_all(&self, tasks: impl IntoIterator<Item = T>) {
+        let mut s = self.state.lock().expect("pool lock");
+        let before = s.stack.len();
+        s.stack.extend(tasks);
+        let added = s.stack.len() - before;
+        if s.waiting > 0 && added > 0 {
+            if added == 1 {
+                self.cv.notify_one();
+            } else {
+                self.cv.notify_all();
+            }
+        }
+    }
+
+    /// Drop all queued tasks and make the workers return (cancellation).
+    pub fn stop(&self) {
+        let mut s = self.state.lock().expect("pool lock");
+        s.stop = true;
+        s.stack.clear();
+        self.cv.notify_all();
+    }
+
+    /// Run `workers` threads until no task is left; `f` runs one task and may
+    /// push more through the pool reference it gets.
+    pub fn run<F>(&self, workers: usize, f: F)
+    where
+        F: Fn(T, &Pool<T>) + Sync,
+    {
+        std::thread::scope(|scope| {
+            for _ in 0..workers.max(1) {
+                scope.spawn(|| self.work(&f));
+            }
+        });
+    }
+
+    fn work<F: Fn(T, &Pool<T>)>(&self, f: &F) {
+        let mut s = self.state.lock().expect("pool lock");
+        loop {
+            if s.stop {
+                return;
+            }
+            if let Some(task) = s.stack.pop() {
+                s.running += 1;
+                drop(s);
+                // A panicking task must not leave `running` raised forever,
+                // or the other workers would wait for it.
+                let guard = RunningGuard(self);
+                f(task, self);
+                std::mem::forget(guard);
+                s = self.state.lock().expect("pool lock");
+                s.running -= 1;
+                if s.running == 0 && s.stack.is_empty() && s.waiting > 0 {
+                    self.cv.notify_all();
+                }
+                continue;
+            }
+            if s.running == 0 {
+                return;
+            }
+            s.waiting += 1;
+            s = self.cv.wait(s).expect("pool lock");
+            s.waiting -= 1;
+        }
+    }
+}
+
+impl<T: Send> Default for Pool<T> {
+    fn default() -> Self {
+        Pool::new()
+    }
+}
+
+struct RunningGuard<'a, T>(&'a Pool<T>);
+
+impl<T> Drop for RunningGuard<'_, T> {
+    fn drop(&mut self) {
+        // Only reached when the task panicked: stop everything.
+        if let Ok(mut s) = self.0.state.lock() {
+            s.running -= 1;
+            s.stop = true;
+            self.0.cv.notify_all();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn runs_every_task_including_pushed_ones() {
+        let pool = Pool::new();
+        let done = AtomicUsize::new(0);
+        pool.push(0u32);
+        pool.run(4, |depth, p| {
+            done.fetch_add(1, Ordering::Relaxed);
+            if depth < 10 {
+                p.push_all([depth + 1, depth + 1]);
+            }
+        });
+        assert_eq!(done.load(Ordering::Relaxed), (1 << 11) - 1);
+    }
+
+    #[test]
+    fn empty_pool_returns() {
+        let pool: Pool<u32> = Pool::new();
+        pool.run(3, |_, _| unreachable!());
+    }
+}

@@ -1,0 +1,154 @@
+//! Counters and events: what the engine tells the user interface.
+//!
+//! The engine counts into [`Stats`] (relaxed atomics: a progress display
+//! reads them whenever it likes) and calls a [`Reporter`] once per action
+//! and per error. The CLI decides how to show them (JSON lines, human lines,
+//! progress bar).
+
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Live counters of a run.
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// Source entries listed (the root not included).
+    pub entries_scanned: AtomicU64,
+    /// Files and symlinks written.
+    pub files_copied: AtomicU64,
+    /// File bytes written.
+    pub bytes_copied: AtomicU64,
+    /// Entries removed from the destination (each entry of a removed tree counts).
+    pub files_deleted: AtomicU64,
+    /// Directories created.
+    pub dirs_created: AtomicU64,
+    /// Files and symlinks whose content needed no transfer.
+    pub unchanged: AtomicU64,
+    /// Entries that failed.
+    pub errors: AtomicU64,
+    /// Bytes queued for transfer so far (for progress).
+    pub bytes_planned: AtomicU64,
+    /// Files queued for transfer so far (for progress).
+    pub files_planned: AtomicU64,
+}
+
+impl Stats {
+    /// Add `n` to a counter.
+    #[inline]
+    pub fn add(c: &AtomicU64, n: u64) {
+        c.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// A snapshot as a [`Summary`].
+    pub fn summary(&self, elapsed: Duration) -> Summary {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        Summary {
+            entries_scanned: g(&self.entries_scanned),
+            files_copied: g(&self.files_copied),
+            bytes_copied: g(&self.bytes_copied),
+            files_deleted: g(&self.files_deleted),
+            dirs_created: g(&self.dirs_created),
+            unchanged: g(&self.unchanged),
+            errors: g(&self.errors),
+            elapsed_s: elapsed.as_secs_f64(),
+        }
+    }
+}
+
+/// The result of a run (the `--json` summary line).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Summary {
+    /// Source entries listed.
+    pub entries_scanned: u64,
+    /// Files and symlinks written.
+    pub files_copied: u64,
+    /// Bytes written.
+    pub bytes_copied: u64,
+    /// Entries removed.
+    pub files_deleted: u64,
+    /// Directories created.
+    pub dirs_created: u64,
+    /// Files and symlinks left as they were (metadata may have been updated).
+    pub unchanged: u64,
+    /// Failed entries.
+    pub errors: u64,
+    /// Wall time.
+    pub elapsed_s: f64,
+}
+
+/// What happened (or, in a dry run, would happen) to one entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// A new file was copied.
+    Copy,
+    /// An existing file was replaced by a new version.
+    Update,
+    /// A symlink was created or replaced.
+    Symlink,
+    /// A directory was created.
+    Mkdir,
+    /// An entry (and everything under it) was removed.
+    Delete,
+    /// Only metadata (mtime, mode, owner) was changed.
+    Meta,
+    /// An entry of a kind ferry does not copy (fifo, socket, device) was skipped.
+    Skip,
+}
+
+impl Action {
+    /// Lower-case name used in output.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Copy => "copy",
+            Action::Update => "update",
+            Action::Symlink => "symlink",
+            Action::Mkdir => "mkdir",
+            Action::Delete => "delete",
+            Action::Meta => "meta",
+            Action::Skip => "skip",
+        }
+    }
+}
+
+/// Receives actions and errors as they happen, from any worker thread.
+pub trait Reporter: Sync {
+    /// An action was done (or planned, in a dry run). `path` is relative to
+    /// the root; `size` is the file size for copies, 0 otherwise.
+    fn action(&self, action: Action, path: &[u8], size: u64);
+    /// An entry failed; the run goes on.
+    fn error(&self, path: &[u8], err: &io::Error);
+}
+
+/// A reporter that ignores everything (benchmarks, library users).
+#[derive(Debug, Default)]
+pub struct Quiet;
+
+impl Reporter for Quiet {
+    fn action(&self, _: Action, _: &[u8], _: u64) {}
+    fn error(&self, _: &[u8], _: &io::Error) {}
+}
+
+/// Append `bytes` as a JSON string. Names that are not UTF-8 are written
+/// with U+FFFD in place of the bad bytes, plus nothing else lost in the
+/// valid parts.
+pub fn json_str(out: &mut Vec<u8>, bytes: &[u8]) {
+    out.push(b'"');
+    for ch in String::from_utf8_lossy(bytes).chars() {
+        match ch {
+            '"' => out.extend_from_slice(b"\\\""),
+            '\\' => out.extend_from_slice(b"\\\\"),
+            '\n' => out.extend_from_slice(b"\\n"),
+            '\r' => out.extend_from_slice(b"\\r"),
+            '\t' => out.extend_from_slice(b"\\t"),
+            c if (c as u32) < 0x20 => {
+                use std::io::Write;
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => {
+                let mut b = [0u8; 4];
+                out.extend_from_slice(c.encode_utf8(&mut b).as_bytes());
+            }
+        }
+    }
+    out.push(b'"');
+}

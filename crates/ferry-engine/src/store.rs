@@ -1,0 +1,153 @@
+//! The `Store` trait: what the engine needs from a backend (local disk today;
+//! S3 and SSH later). Every operation is relative to an open directory handle
+//! (`Store::Dir`) and a single name, so the local backend can use `*at()`
+//! syscalls on directory fds and never resolve whole paths again.
+//!
+//! What only some backends can do is a capability the writer asks its source
+//! for (`SourceFile::as_fd` lets the local writer use reflink or
+//! `copy_file_range`), never a special case in the engine.
+
+use std::ffi::CStr;
+use std::io;
+use std::os::fd::BorrowedFd;
+
+use crate::entry::{Listing, Meta};
+use crate::filter::Filter;
+
+/// Which parts of an entry's metadata to change.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MetaChange {
+    /// Set the modification time.
+    pub mtime: bool,
+    /// Set the permission bits.
+    pub mode: bool,
+    /// Set owner and group.
+    pub owner: bool,
+}
+
+impl MetaChange {
+    /// Everything.
+    pub const ALL: MetaChange = MetaChange {
+        mtime: true,
+        mode: true,
+        owner: true,
+    };
+
+    /// True when nothing is to change.
+    pub fn is_empty(&self) -> bool {
+        !(self.mtime || self.mode || self.owner)
+    }
+}
+
+/// A per-entry problem met while listing (the listing itself goes on).
+#[derive(Debug)]
+pub struct ListError {
+    /// Name of the entry inside the listed directory.
+    pub name: Vec<u8>,
+    /// What went wrong.
+    pub err: io::Error,
+}
+
+/// An open file to read from.
+pub trait SourceFile: Send {
+    /// Read into `buf`; 0 at end of file.
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize>;
+    /// The file descriptor, when the source is a local file (enables
+    /// reflink and `copy_file_range` in a local writer).
+    fn as_fd(&self) -> Option<BorrowedFd<'_>>;
+}
+
+/// A backend: a tree of directories, files and symlinks.
+pub trait Store: Send + Sync {
+    /// An open directory.
+    type Dir: Send + Sync;
+    /// A file open for reading.
+    type Reader: SourceFile;
+    /// A file being written under a temporary name.
+    type Writer: Send;
+
+    /// Open the root directory, if it exists, with its metadata.
+    fn open_root(&self) -> io::Result<Option<(Self::Dir, Meta)>>;
+    /// Create the root directory (its parent must exist).
+    fn create_root(&self) -> io::Result<Self::Dir>;
+
+    /// List a directory into `out` (cleared first), sorted by name.
+    /// `rel` is the directory's path relative to the root, for `filter`.
+    /// Entries that vanish while listed are left out silently; entries that
+    /// cannot be read are left out and reported in `errors`.
+    fn list(
+        &self,
+        dir: &Self::Dir,
+        rel: &[u8],
+        filter: Option<&Filter>,
+        out: &mut Listing,
+        errors: &mut Vec<ListError>,
+    ) -> io::Result<()>;
+
+    /// Open a subdirectory.
+    fn open_dir(&self, parent: &Self::Dir, name: &CStr) -> io::Result<Self::Dir>;
+    /// Create a subdirectory, writable by us; its final metadata is set by
+    /// [`Store::set_dir_meta`] once its content is complete.
+    fn make_dir(&self, parent: &Self::Dir, name: &CStr) -> io::Result<Self::Dir>;
+    /// Set metadata of an open directory.
+    fn set_dir_meta(&self, dir: &Self::Dir, meta: &Meta, what: MetaChange) -> io::Result<()>;
+
+    /// Open a file for reading.
+    fn open_file(&self, dir: &Self::Dir, name: &CStr) -> io::Result<Self::Reader>;
+    /// Read a symlink's target.
+    fn read_link(&self, dir: &Self::Dir, name: &CStr) -> io::Result<Vec<u8>>;
+
+    /// Start writing `name` under a temporary name in `dir`.
+    fn create_file(&self, dir: &Self::Dir, name: &CStr, meta: &Meta) -> io::Result<Self::Writer>;
+    /// Copy all of `src` into the writer; returns the bytes copied. `size` is
+    /// the size the source had when listed: the copy reads one byte past it
+    /// at most, so growth is seen without a second pass.
+    fn write_from(
+        &self,
+        w: &mut Self::Writer,
+        src: &mut dyn SourceFile,
+        size: u64,
+    ) -> io::Result<u64>;
+    /// Give the written file its metadata, optionally make it durable, and
+    /// rename it into place (replacing a file or symlink of that name).
+    fn commit(
+        &self,
+        dir: &Self::Dir,
+        w: Self::Writer,
+        name: &CStr,
+        meta: &Meta,
+        fsync: bool,
+    ) -> io::Result<()>;
+    /// Drop a writer and its temporary.
+    fn abort(&self, dir: &Self::Dir, w: Self::Writer);
+
+    /// Create (or atomically replace) a symlink with its metadata.
+    fn create_symlink(
+        &self,
+        dir: &Self::Dir,
+        name: &CStr,
+        target: &[u8],
+        meta: &Meta,
+    ) -> io::Result<()>;
+    /// Change metadata of an entry in place.
+    fn set_meta(
+        &self,
+        dir: &Self::Dir,
+        name: &CStr,
+        meta: &Meta,
+        what: MetaChange,
+    ) -> io::Result<()>;
+    /// Remove an entry; directories recursively. Returns how many entries
+    /// were removed.
+    fn remove(&self, dir: &Self::Dir, name: &CStr, is_dir: bool) -> io::Result<u64>;
+    /// True when the metadata differences in `what` can be set (owner only as root).
+    fn preserves_owner(&self) -> bool;
+}
+
+/// True for names of ferry's temporaries (`.ferry-tmp.*`).
+pub fn is_temp_name(name: &[u8]) -> bool {
+    name.starts_with(TEMP_PREFIX)
+}
+
+/// Prefix of temporary names.
+pub const TEMP_PREFIX: &[u8] = b".ferry-tmp.";

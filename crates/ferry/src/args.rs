@@ -1,0 +1,228 @@
+//! Flags as typed (clap), then resolved: what SRC and DST mean. The rules
+//! are in docs/CLI.md; every refusal here is a usage error (exit 2).
+
+use std::ffi::OsString;
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+
+use clap::{Args, Parser, Subcommand};
+use ferry_engine::local::stat_path;
+use ferry_engine::Kind;
+
+use crate::output::cause;
+
+/// Fast, safe file sync: copy and mirror directory trees.
+#[derive(Parser, Debug)]
+#[command(name = "ferry", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Make DST contain everything in SRC; never delete anything in DST.
+    Copy(SyncArgs),
+    /// Make DST equal to SRC, deleting what SRC lacks (only inside DST).
+    Sync(SyncArgs),
+    /// List a tree recursively: SIZE MTIME_NS PATH per entry.
+    Ls(LsArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct SyncArgs {
+    /// Source directory (its content is copied) or file.
+    pub src: PathBuf,
+    /// Destination directory (created if missing) or file path.
+    pub dst: PathBuf,
+    /// Print what would change; change nothing.
+    #[arg(short = 'n', long)]
+    pub dry_run: bool,
+    /// Compare content, not size and mtime, of same-size files.
+    #[arg(short = 'c', long)]
+    pub checksum: bool,
+    /// Exclude paths matching GLOB (gitignore syntax; repeatable).
+    #[arg(long, value_name = "GLOB")]
+    pub exclude: Vec<String>,
+    /// Read exclude rules (gitignore syntax) from FILE (repeatable).
+    #[arg(long, value_name = "FILE")]
+    pub exclude_from: Vec<PathBuf>,
+    /// Worker threads [default: from the machine].
+    #[arg(short = 'j', long, value_parser = clap::value_parser!(u16).range(1..=1024), value_name = "N")]
+    jobs_raw: Option<u16>,
+    #[arg(skip)]
+    pub jobs: Option<usize>,
+    /// Show progress on stderr [default: when stderr is a terminal].
+    #[arg(long, overrides_with = "no_progress")]
+    pub progress: bool,
+    /// Never show progress.
+    #[arg(long)]
+    pub no_progress: bool,
+    /// JSON lines on stdout: one per action, the summary last.
+    #[arg(long)]
+    pub json: bool,
+    /// Make each file's data durable (fsync) before it is renamed into place.
+    #[arg(long)]
+    pub fsync: bool,
+    /// Print each action.
+    #[arg(short, long, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+}
+
+impl SyncArgs {
+    pub fn progress_enabled(&self) -> bool {
+        if self.no_progress {
+            return false;
+        }
+        self.progress || (std::io::stderr().is_terminal() && !self.json)
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct LsArgs {
+    /// Directory (or file) to list.
+    pub path: PathBuf,
+    /// One JSON object per entry.
+    #[arg(long)]
+    pub json: bool,
+    /// Worker threads [default: from the machine].
+    #[arg(short = 'j', long, value_parser = clap::value_parser!(u16).range(1..=1024), value_name = "N")]
+    jobs_raw: Option<u16>,
+    #[arg(skip)]
+    pub jobs: Option<usize>,
+}
+
+impl Cli {
+    /// Parse, then copy the typed `--jobs` into its resolved field.
+    pub fn try_parse() -> Result<Cli, clap::Error> {
+        let mut cli = <Cli as Parser>::try_parse()?;
+        match &mut cli.command {
+            Command::Copy(a) | Command::Sync(a) => a.jobs = a.jobs_raw.map(usize::from),
+            Command::Ls(a) => a.jobs = a.jobs_raw.map(usize::from),
+        }
+        Ok(cli)
+    }
+}
+
+/// Worker threads by default: two per core, since workers block on I/O.
+pub fn default_jobs() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(2)
+        * 2
+}
+
+/// What a copy or sync will do, once SRC and DST are understood.
+#[derive(Debug)]
+pub enum Job {
+    /// Directory to directory.
+    Tree { src: PathBuf, dst: PathBuf },
+    /// One file to a file path.
+    File {
+        src_dir: PathBuf,
+        src_name: OsString,
+        dst_dir: PathBuf,
+        dst_name: OsString,
+    },
+}
+
+/// Decide what SRC and DST mean, or refuse (see docs/CLI.md).
+pub fn resolve(src: &Path, dst: &Path) -> Result<Job, String> {
+    let sm = stat_path(src, true).map_err(|e| format!("SRC {}: {}", src.display(), cause(&e)))?;
+    let src_abs = src
+        .canonicalize()
+        .map_err(|e| format!("SRC {}: {}", src.display(), cause(&e)))?;
+    let dm = match stat_path(dst, true) {
+        Ok(m) => Some(m),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(format!("DST {}: {}", dst.display(), cause(&e))),
+    };
+    let dst_abs = match dm {
+        Some(_) => dst
+            .canonicalize()
+            .map_err(|e| format!("DST {}: {}", dst.display(), cause(&e)))?,
+        None => {
+            let name = dst
+                .file_name()
+                .ok_or_else(|| format!("DST {}: not a valid target name", dst.display()))?;
+            let parent = match dst.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p,
+                _ => Path::new("."),
+            };
+            let p = parent.canonicalize().map_err(|e| {
+                format!(
+                    "DST {}: parent directory {}: {}",
+                    dst.display(),
+                    parent.display(),
+                    cause(&e)
+                )
+            })?;
+            p.join(name)
+        }
+    };
+    if src_abs == dst_abs {
+        return Err(format!("SRC and DST are the same: {}", src_abs.display()));
+    }
+    match sm.kind {
+        Kind::Dir => {
+            if dst_abs.starts_with(&src_abs) {
+                return Err(format!(
+                    "DST {} is inside SRC {}",
+                    dst_abs.display(),
+                    src_abs.display()
+                ));
+            }
+            if src_abs.starts_with(&dst_abs) {
+                return Err(format!(
+                    "SRC {} is inside DST {}",
+                    src_abs.display(),
+                    dst_abs.display()
+                ));
+            }
+            if let Some(m) = dm {
+                if m.kind != Kind::Dir {
+                    return Err(format!(
+                        "DST {}: exists and is not a directory (SRC is a directory)",
+                        dst.display()
+                    ));
+                }
+            }
+            Ok(Job::Tree {
+                src: src_abs,
+                dst: dst_abs,
+            })
+        }
+        Kind::File => {
+            if let Some(m) = dm {
+                if m.kind == Kind::Dir {
+                    return Err(format!(
+                        "DST {}: is a directory but SRC is a file; give the target file path (e.g. {}/{})",
+                        dst.display(),
+                        dst.display(),
+                        src_abs.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+                    ));
+                }
+            }
+            let split = |p: &Path| -> (PathBuf, OsString) {
+                (
+                    p.parent()
+                        .map(Path::to_path_buf)
+                        .unwrap_or_else(|| PathBuf::from("/")),
+                    p.file_name().unwrap_or_default().to_owned(),
+                )
+            };
+            let (src_dir, src_name) = split(&src_abs);
+            let (dst_dir, dst_name) = split(&dst_abs);
+            Ok(Job::File {
+                src_dir,
+                src_name,
+                dst_dir,
+                dst_name,
+            })
+        }
+        _ => Err(format!(
+            "SRC {}: not a regular file or directory",
+            src.display()
+        )),
+    }
+}

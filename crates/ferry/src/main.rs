@@ -1,0 +1,142 @@
+//! `ferry`: the command line. Parses flags, resolves what SRC and DST mean,
+//! wires the engine to the terminal (progress, JSON lines, exit codes).
+//! All the work happens in `ferry-engine`.
+
+mod args;
+mod output;
+
+use std::ffi::CString;
+use std::io::{self, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::process::ExitCode;
+use std::sync::Mutex;
+use std::time::Instant;
+
+use ferry_engine::ls::{list_tree, Format};
+use ferry_engine::{Engine, LocalStore, Stats};
+
+use args::{Cli, Command, Job, LsArgs, SyncArgs};
+use output::{cause, CliReporter, Progress};
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            // Usage errors exit 2; --help and --version exit 0.
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+        }
+    };
+    raise_fd_limit();
+    let res = match cli.command {
+        Command::Copy(a) => run_sync(a, ferry_engine::Mode::Copy),
+        Command::Sync(a) => run_sync(a, ferry_engine::Mode::Sync),
+        Command::Ls(a) => run_ls(a),
+    };
+    match res {
+        Ok(code) => ExitCode::from(code),
+        Err(msg) => {
+            eprintln!("ferry: {msg}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Run copy or sync; `Err` is a usage or configuration error (exit 2).
+fn run_sync(a: SyncArgs, mode: ferry_engine::Mode) -> Result<u8, String> {
+    let job = args::resolve(&a.src, &a.dst)?;
+    let filter =
+        ferry_engine::Filter::new(&a.exclude, &a.exclude_from).map_err(|e| e.to_string())?;
+    let jobs = a.jobs.unwrap_or_else(args::default_jobs);
+    let opts = ferry_engine::Options {
+        mode,
+        dry_run: a.dry_run,
+        checksum: a.checksum,
+        fsync: a.fsync,
+        jobs,
+        filter,
+    };
+    let stats = std::sync::Arc::new(Stats::default());
+    let show_progress = a.progress_enabled();
+    let rep = CliReporter::new(a.json, a.verbose > 0 || a.dry_run, a.dry_run);
+    let start = Instant::now();
+    let progress = show_progress.then(|| Progress::start(stats.clone(), &rep));
+    let result = match &job {
+        Job::Tree { src, dst } => {
+            let s = LocalStore::new(src, jobs);
+            let d = LocalStore::new(dst, jobs);
+            Engine::new(&s, &d, &opts, &stats, &rep).run_tree()
+        }
+        Job::File {
+            src_dir,
+            src_name,
+            dst_dir,
+            dst_name,
+        } => {
+            let s = LocalStore::new(src_dir, 1);
+            let d = LocalStore::new(dst_dir, 1);
+            let sn = CString::new(src_name.as_bytes())
+                .map_err(|_| "SRC: name contains NUL".to_string())?;
+            let dn = CString::new(dst_name.as_bytes())
+                .map_err(|_| "DST: name contains NUL".to_string())?;
+            Engine::new(&s, &d, &opts, &stats, &rep).run_file(&sn, &dn)
+        }
+    };
+    if let Some(p) = progress {
+        p.finish();
+    }
+    let summary = match result {
+        Ok(s) => s,
+        Err(e) => {
+            let (what, path) = match &job {
+                Job::Tree { dst, .. } => ("DST", dst.clone()),
+                Job::File { dst_dir, .. } => ("DST", dst_dir.clone()),
+            };
+            return Err(format!("{what} {}: {}", path.display(), cause(&e)));
+        }
+    };
+    let summary = ferry_engine::Summary {
+        elapsed_s: start.elapsed().as_secs_f64(),
+        ..summary
+    };
+    rep.summary(&summary);
+    Ok(if summary.errors > 0 { 1 } else { 0 })
+}
+
+fn run_ls(a: LsArgs) -> Result<u8, String> {
+    let meta = ferry_engine::local::stat_path(&a.path, true)
+        .map_err(|e| format!("{}: {}", a.path.display(), cause(&e)))?;
+    let stdout = io::stdout();
+    let format = if a.json { Format::Json } else { Format::Text };
+    if meta.kind != ferry_engine::Kind::Dir {
+        let mut buf = Vec::new();
+        let name = a.path.as_os_str().as_bytes();
+        ferry_engine::ls::format_entry(&mut buf, format, b"", name, &meta, None);
+        let _ = stdout.lock().write_all(&buf);
+        return Ok(0);
+    }
+    let jobs = a.jobs.unwrap_or_else(args::default_jobs);
+    let store = LocalStore::new(&a.path, jobs);
+    let out = Mutex::new(io::BufWriter::with_capacity(1 << 20, io::stdout()));
+    let errors = std::sync::atomic::AtomicU64::new(0);
+    let on_error = |path: &[u8], e: &io::Error| {
+        errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        eprintln!("ferry: {}: {}", String::from_utf8_lossy(path), cause(e));
+    };
+    let res = list_tree(&store, jobs, None, format, &out, &on_error);
+    let flushed = out.into_inner().unwrap_or_else(|e| e.into_inner()).flush();
+    match (res, flushed) {
+        (Err(e), _) | (_, Err(e)) if e.kind() == io::ErrorKind::BrokenPipe => Ok(0),
+        (Err(e), _) | (_, Err(e)) => Err(format!("{}: {}", a.path.display(), cause(&e))),
+        _ => Ok(if errors.into_inner() > 0 { 1 } else { 0 }),
+    }
+}
+
+fn raise_fd_limit() {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let mut l = getrlimit(Resource::Nofile);
+    if l.current < l.maximum {
+        l.current = l.maximum;
+        let _ = setrlimit(Resource::Nofile, l);
+    }
+}

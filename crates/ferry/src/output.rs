@@ -1,0 +1,176 @@
+//! What the user sees: action lines (`-v`, `--dry-run`), JSON lines
+//! (`--json`), errors on stderr (`ferry: PATH: cause`), the progress bar and
+//! the summary.
+
+use std::io::{self, Write};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use ferry_engine::report::json_str;
+use ferry_engine::{Action, Reporter, Stats, Summary};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+/// The cause of an error, without the "(os error N)" suffix.
+pub fn cause(e: &io::Error) -> String {
+    let s = e.to_string();
+    match s.find(" (os error") {
+        Some(i) => s[..i].to_string(),
+        None => s,
+    }
+}
+
+pub struct CliReporter {
+    json: bool,
+    lines: bool,
+    dry_run: bool,
+    out: Mutex<io::BufWriter<io::Stdout>>,
+    bar: Mutex<Option<ProgressBar>>,
+}
+
+impl CliReporter {
+    pub fn new(json: bool, lines: bool, dry_run: bool) -> CliReporter {
+        CliReporter {
+            json,
+            lines,
+            dry_run,
+            out: Mutex::new(io::BufWriter::new(io::stdout())),
+            bar: Mutex::new(None),
+        }
+    }
+
+    fn with_bar_suspended(&self, f: impl FnOnce()) {
+        let bar = self.bar.lock().unwrap().clone();
+        match bar {
+            Some(b) => b.suspend(f),
+            None => f(),
+        }
+    }
+
+    pub fn summary(&self, s: &Summary) {
+        let mut out = self.out.lock().unwrap();
+        if self.json {
+            let _ = writeln!(
+                out,
+                "{{\"type\":\"summary\",\"entries_scanned\":{},\"files_copied\":{},\"bytes_copied\":{},\"files_deleted\":{},\"dirs_created\":{},\"unchanged\":{},\"errors\":{},\"elapsed_s\":{:.6}{}}}",
+                s.entries_scanned, s.files_copied, s.bytes_copied, s.files_deleted, s.dirs_created, s.unchanged, s.errors, s.elapsed_s,
+                if self.dry_run { ",\"dry_run\":true" } else { "" }
+            );
+            let _ = out.flush();
+        } else {
+            let _ = out.flush();
+            drop(out);
+            eprintln!(
+                "ferry: {}{} scanned, {} copied ({}), {} deleted, {} dirs created, {} unchanged, {} errors in {:.2} s",
+                if self.dry_run { "(dry run) " } else { "" },
+                s.entries_scanned,
+                s.files_copied,
+                human_bytes(s.bytes_copied),
+                s.files_deleted,
+                s.dirs_created,
+                s.unchanged,
+                s.errors,
+                s.elapsed_s
+            );
+        }
+    }
+}
+
+impl Reporter for CliReporter {
+    fn action(&self, action: Action, path: &[u8], size: u64) {
+        if self.json {
+            let mut line = Vec::with_capacity(64 + path.len());
+            line.extend_from_slice(b"{\"type\":\"");
+            line.extend_from_slice(action.as_str().as_bytes());
+            line.extend_from_slice(b"\",\"path\":");
+            json_str(&mut line, if path.is_empty() { b"." } else { path });
+            let _ = write!(line, ",\"size\":{}}}\n", size);
+            let _ = self.out.lock().unwrap().write_all(&line);
+        } else if self.lines {
+            let mut line = Vec::with_capacity(16 + path.len());
+            line.extend_from_slice(action.as_str().as_bytes());
+            line.push(b' ');
+            line.extend_from_slice(if path.is_empty() { b"." } else { path });
+            line.push(b'\n');
+            self.with_bar_suspended(|| {
+                let _ = self.out.lock().unwrap().write_all(&line);
+            });
+        }
+    }
+
+    fn error(&self, path: &[u8], err: &io::Error) {
+        let p = String::from_utf8_lossy(if path.is_empty() { b"." } else { path });
+        let c = cause(err);
+        self.with_bar_suspended(|| eprintln!("ferry: {p}: {c}"));
+        if self.json {
+            let mut line = Vec::new();
+            line.extend_from_slice(b"{\"type\":\"error\",\"path\":");
+            json_str(&mut line, path);
+            line.extend_from_slice(b",\"error\":");
+            json_str(&mut line, c.as_bytes());
+            line.extend_from_slice(b"}\n");
+            let _ = self.out.lock().unwrap().write_all(&line);
+        }
+    }
+}
+
+fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+/// The progress display: a thread that redraws from the counters a few
+/// times a second (the UI's own clock, never on the data path).
+pub struct Progress {
+    stop: mpsc::Sender<()>,
+    handle: JoinHandle<()>,
+}
+
+impl Progress {
+    pub fn start(stats: Arc<Stats>, rep: &CliReporter) -> Progress {
+        let bar = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr_with_hz(8));
+        bar.set_style(
+            ProgressStyle::with_template("{spinner} {bytes}/{total_bytes} {bytes_per_sec} {msg}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        *rep.bar.lock().unwrap() = Some(bar.clone());
+        let (tx, rx) = mpsc::channel::<()>();
+        let handle = std::thread::spawn(move || loop {
+            let g = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+            bar.set_length(g(&stats.bytes_planned));
+            bar.set_position(g(&stats.bytes_copied));
+            bar.set_message(format!(
+                "{}/{} files, {} scanned, {} deleted, {} errors",
+                g(&stats.files_copied),
+                g(&stats.files_planned),
+                g(&stats.entries_scanned),
+                g(&stats.files_deleted),
+                g(&stats.errors)
+            ));
+            match rx.recv_timeout(Duration::from_millis(125)) {
+                Err(mpsc::RecvTimeoutError::Timeout) => continue,
+                _ => {
+                    bar.finish_and_clear();
+                    return;
+                }
+            }
+        });
+        Progress { stop: tx, handle }
+    }
+
+    pub fn finish(self) {
+        let _ = self.stop.send(());
+        let _ = self.handle.join();
+    }
+}
