@@ -175,10 +175,12 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                 src_meta,
                 dst,
             } => {
-                if let Some(node) = self.open_node(&parent, &name, src_meta, dst) {
-                    self.scan(&node, pool);
+                // The child node reports to its parent when it completes;
+                // if it could not be opened, the task does.
+                match self.open_node(&parent, &name, src_meta, dst) {
+                    Some(node) => self.scan(&node, pool),
+                    None => self.done(&parent),
                 }
-                self.done(&parent);
             }
             Task::Files {
                 node,
@@ -228,12 +230,18 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                     return None;
                 }
             },
-            (_, None) => (None, None),
-            (_, Some(_)) if self.opts.dry_run => {
+            // Dry run: report the directory that would be made (replacing
+            // whatever is there); everything below it is new.
+            (_, None) | (_, Some(_)) if self.opts.dry_run => {
+                if let DstAt::Other = at {
+                    self.rep.action(Action::Delete, &rel, 0);
+                    Stats::add(&self.stats.files_deleted, 1);
+                }
                 self.rep.action(Action::Mkdir, &rel, 0);
                 Stats::add(&self.stats.dirs_created, 1);
                 (None, None)
             }
+            (_, None) => (None, None),
             (at, Some(pd)) => {
                 if let DstAt::Other = at {
                     if let Err(e) = self.dst.remove(pd, name, false) {

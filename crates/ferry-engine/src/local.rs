@@ -44,6 +44,8 @@ pub struct LocalStore {
     stat_threads: usize,
     umask: u32,
     owner: bool,
+    euid: u32,
+    egid: u32,
     reflink: AtomicBool,
     copy_range: AtomicBool,
 }
@@ -52,6 +54,8 @@ pub struct LocalStore {
 #[derive(Debug)]
 pub struct LocalDir {
     fd: OwnedFd,
+    /// Group that new entries get when it is not ours (set-group-ID directory).
+    new_gid: Option<u32>,
 }
 
 impl LocalDir {
@@ -83,6 +87,8 @@ impl LocalStore {
             stat_threads: stat_threads.max(1),
             umask: current_umask(),
             owner: rustix::process::geteuid().is_root(),
+            euid: rustix::process::geteuid().as_raw(),
+            egid: rustix::process::getegid().as_raw(),
             reflink: AtomicBool::new(true),
             copy_range: AtomicBool::new(true),
         }
@@ -158,8 +164,27 @@ impl LocalStore {
         }
     }
 
+    /// Creating with `mode` under our umask does not give exactly `mode`
+    /// (or a chown may have cleared set-id bits).
     fn need_chmod(&self, mode: u32) -> bool {
-        mode & self.umask != 0 || mode & 0o7000 != 0 || self.owner
+        mode & self.umask & 0o777 != 0 || mode & 0o7000 != 0
+    }
+
+    /// A new file in `dir` would not already have this owner and group.
+    fn need_chown(&self, dir: &LocalDir, meta: &Meta) -> bool {
+        self.owner && (meta.uid != self.euid || meta.gid != dir.new_gid.unwrap_or(self.egid))
+    }
+
+    fn wrap_dir(&self, fd: OwnedFd) -> io::Result<LocalDir> {
+        // Only the owner-preserving (root) case needs to know which group
+        // new entries get: a set-group-ID directory hands down its own.
+        let new_gid = if self.owner {
+            let st = rfs::fstat(&fd)?;
+            (st.st_mode & 0o2000 != 0).then_some(st.st_gid)
+        } else {
+            None
+        };
+        Ok(LocalDir { fd, new_gid })
     }
 }
 
@@ -184,7 +209,7 @@ impl Store for LocalStore {
             meta = meta_from_stat(&st);
             Ok::<(), io::Error>(())
         })?;
-        Ok(Some((LocalDir { fd }, meta)))
+        Ok(Some((self.wrap_dir(fd)?, meta)))
     }
 
     fn create_root(&self) -> io::Result<LocalDir> {
@@ -197,7 +222,7 @@ impl Store for LocalStore {
             OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
             Mode::empty(),
         )?;
-        Ok(LocalDir { fd })
+        self.wrap_dir(fd)
     }
 
     fn list(
@@ -214,8 +239,7 @@ impl Store for LocalStore {
         let mut unknown = false;
         DIRBUF.with(|buf| -> io::Result<()> {
             let mut buf = buf.borrow_mut();
-            // The fd may have been read before: list from the start.
-            rfs::seek(&dir.fd, rfs::SeekFrom::Start(0))?;
+            // Each directory handle is listed once, from a fresh open.
             let mut iter = RawDir::new(&dir.fd, &mut buf[..]);
             while let Some(ent) = iter.next() {
                 let ent = ent?;
@@ -331,12 +355,22 @@ impl Store for LocalStore {
             OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
             Mode::empty(),
         )?;
-        Ok(LocalDir { fd })
+        self.wrap_dir(fd)
     }
 
     fn make_dir(&self, parent: &LocalDir, name: &CStr) -> io::Result<LocalDir> {
         rfs::mkdirat(&parent.fd, name, Mode::from_raw_mode(0o700))?;
-        self.open_dir(parent, name)
+        let fd = rfs::openat(
+            &parent.fd,
+            name,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        // A new directory inherits set-group-ID (and so the group) from its parent.
+        Ok(LocalDir {
+            fd,
+            new_gid: parent.new_gid,
+        })
     }
 
     fn set_dir_meta(&self, dir: &LocalDir, meta: &Meta, what: MetaChange) -> io::Result<()> {
@@ -415,7 +449,7 @@ impl Store for LocalStore {
         fsync: bool,
     ) -> io::Result<()> {
         let res = (|| -> io::Result<()> {
-            if self.owner {
+            if self.need_chown(dir, meta) {
                 rfs::fchown(&w.fd, Some(uid(meta.uid)), Some(gid(meta.gid)))?;
             }
             if self.need_chmod(meta.mode) {
@@ -738,6 +772,12 @@ struct TempName {
 
 static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 
+/// Our pid, asked once (std asks the kernel on every call).
+fn pid() -> u32 {
+    static PID: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *PID.get_or_init(std::process::id)
+}
+
 impl TempName {
     fn new() -> TempName {
         use std::io::Write;
@@ -745,7 +785,7 @@ impl TempName {
         let mut buf = [0u8; 48];
         let mut cur = io::Cursor::new(&mut buf[..]);
         cur.write_all(TEMP_PREFIX).expect("fits");
-        write!(cur, "{:x}.{:x}", std::process::id(), n).expect("fits");
+        write!(cur, "{:x}.{:x}", pid(), n).expect("fits");
         let len = cur.position() as usize;
         TempName { buf, len }
     }

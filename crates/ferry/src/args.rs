@@ -49,9 +49,7 @@ pub struct SyncArgs {
     pub exclude_from: Vec<PathBuf>,
     /// Worker threads [default: from the machine].
     #[arg(short = 'j', long, value_parser = clap::value_parser!(u16).range(1..=1024), value_name = "N")]
-    jobs_raw: Option<u16>,
-    #[arg(skip)]
-    pub jobs: Option<usize>,
+    pub jobs: Option<u16>,
     /// Show progress on stderr [default: when stderr is a terminal].
     #[arg(long, overrides_with = "no_progress")]
     pub progress: bool,
@@ -87,29 +85,17 @@ pub struct LsArgs {
     pub json: bool,
     /// Worker threads [default: from the machine].
     #[arg(short = 'j', long, value_parser = clap::value_parser!(u16).range(1..=1024), value_name = "N")]
-    jobs_raw: Option<u16>,
-    #[arg(skip)]
-    pub jobs: Option<usize>,
+    pub jobs: Option<u16>,
 }
 
-impl Cli {
-    /// Parse, then copy the typed `--jobs` into its resolved field.
-    pub fn try_parse() -> Result<Cli, clap::Error> {
-        let mut cli = <Cli as Parser>::try_parse()?;
-        match &mut cli.command {
-            Command::Copy(a) | Command::Sync(a) => a.jobs = a.jobs_raw.map(usize::from),
-            Command::Ls(a) => a.jobs = a.jobs_raw.map(usize::from),
-        }
-        Ok(cli)
-    }
-}
-
-/// Worker threads by default: two per core, since workers block on I/O.
-pub fn default_jobs() -> usize {
-    std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(2)
-        * 2
+/// Worker threads: the flag, or two per core (workers block on I/O).
+pub fn jobs(flag: Option<u16>) -> usize {
+    flag.map(usize::from).unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(2)
+            * 2
+    })
 }
 
 /// What a copy or sync will do, once SRC and DST are understood.

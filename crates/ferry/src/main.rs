@@ -19,7 +19,7 @@ use args::{Cli, Command, Job, LsArgs, SyncArgs};
 use output::{cause, CliReporter, Progress};
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let cli = match <Cli as clap::Parser>::try_parse() {
         Ok(c) => c,
         Err(e) => {
             // Usage errors exit 2; --help and --version exit 0.
@@ -47,7 +47,7 @@ fn run_sync(a: SyncArgs, mode: ferry_engine::Mode) -> Result<u8, String> {
     let job = args::resolve(&a.src, &a.dst)?;
     let filter =
         ferry_engine::Filter::new(&a.exclude, &a.exclude_from).map_err(|e| e.to_string())?;
-    let jobs = a.jobs.unwrap_or_else(args::default_jobs);
+    let jobs = args::jobs(a.jobs);
     let opts = ferry_engine::Options {
         mode,
         dry_run: a.dry_run,
@@ -115,7 +115,7 @@ fn run_ls(a: LsArgs) -> Result<u8, String> {
         let _ = stdout.lock().write_all(&buf);
         return Ok(0);
     }
-    let jobs = a.jobs.unwrap_or_else(args::default_jobs);
+    let jobs = args::jobs(a.jobs);
     let store = LocalStore::new(&a.path, jobs);
     let out = Mutex::new(io::BufWriter::with_capacity(1 << 20, io::stdout()));
     let errors = std::sync::atomic::AtomicU64::new(0);

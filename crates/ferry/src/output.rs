@@ -62,7 +62,7 @@ impl CliReporter {
             let _ = out.flush();
             drop(out);
             eprintln!(
-                "ferry: {}{} scanned, {} copied ({}), {} deleted, {} dirs created, {} unchanged, {} errors in {:.2} s",
+                "ferry summary: {}{} scanned, {} copied ({}), {} deleted, {} dirs created, {} unchanged, {} errors in {:.2} s",
                 if self.dry_run { "(dry run) " } else { "" },
                 s.entries_scanned,
                 s.files_copied,
