@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::bwlimit::Limiter;
 use crate::entry::{join, Kind, Listing, Meta};
 use crate::filter::Filter;
 use crate::plan::{meta_change, plan_dir, PlanOptions, Step};
@@ -53,6 +54,8 @@ pub struct Options {
     pub jobs: usize,
     /// Exclude rules.
     pub filter: Option<Filter>,
+    /// Bandwidth limit over all transfers together (`--bwlimit`).
+    pub bwlimit: Option<Limiter>,
 }
 
 /// A run's result.
@@ -651,7 +654,10 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
     ) -> io::Result<u64> {
         let mut r = self.src.open_file(sdir, sname)?;
         let mut w = self.dst.create_file(ddir, name, meta)?;
-        let n = match self.dst.write_from(&mut w, &mut r, meta.size) {
+        let n = match self
+            .dst
+            .write_from(&mut w, &mut r, meta.size, self.opts.bwlimit.as_ref())
+        {
             Ok(n) => n,
             Err(e) => {
                 self.dst.abort(ddir, w);

@@ -7,6 +7,7 @@
 //! and events to the user interface.
 #![deny(missing_docs)]
 
+pub mod bwlimit;
 pub mod engine;
 pub mod entry;
 pub mod filter;
@@ -14,8 +15,10 @@ pub mod local;
 pub mod ls;
 pub mod plan;
 pub mod pool;
+pub mod range;
 pub mod report;
 pub mod store;
+pub mod write;
 
 pub use engine::{Engine, Mode, Options};
 pub use entry::{Kind, Listing, Meta};

@@ -24,6 +24,7 @@ use rustix::fs::{
 };
 use rustix::io::Errno;
 
+use crate::bwlimit::Limiter;
 use crate::entry::{Kind, ListEntry, Listing, Meta};
 use crate::filter::Filter;
 use crate::store::{ListError, MetaChange, SourceFile, Store, TEMP_PREFIX};
@@ -121,8 +122,10 @@ impl LocalStore {
         out: BorrowedFd<'_>,
         src: BorrowedFd<'_>,
         size: u64,
+        limit: Option<&Limiter>,
     ) -> io::Result<Option<u64>> {
-        if size >= REFLINK_MIN && self.reflink.load(Ordering::Relaxed) {
+        // A paced copy moves its bytes itself, so the pacing is real I/O.
+        if limit.is_none() && size >= REFLINK_MIN && self.reflink.load(Ordering::Relaxed) {
             match rfs::ioctl_ficlone(out, src) {
                 Ok(()) => return Ok(Some(rfs::fstat(out)?.st_size as u64)),
                 Err(e) if is_unsupported(e) => self.reflink.store(false, Ordering::Relaxed),
@@ -132,12 +135,17 @@ impl LocalStore {
         if !self.copy_range.load(Ordering::Relaxed) {
             return Ok(None);
         }
+        let chunk = limit.map_or(COPY_CHUNK, |l| l.chunk() as u64);
         let mut total = 0u64;
         loop {
             // Ask for one byte more than expected: a longer result means the
             // file grew while we copied it.
-            let want = (size + 1 - total.min(size)).min(COPY_CHUNK) as usize;
-            match rfs::copy_file_range(src, None, out, None, want) {
+            let want = (size + 1 - total.min(size)).min(chunk) as usize;
+            let r = rfs::copy_file_range(src, None, out, None, want);
+            if let (Some(l), Ok(n)) = (limit, &r) {
+                l.acquire(*n as u64);
+            }
+            match r {
                 Ok(0) => {
                     if total == 0 && size > 0 {
                         // Some filesystems (procfs-like) report 0: stream instead.
@@ -416,24 +424,31 @@ impl Store for LocalStore {
         w: &mut LocalWriter,
         src: &mut dyn SourceFile,
         size: u64,
+        limit: Option<&Limiter>,
     ) -> io::Result<u64> {
         if let Some(sfd) = src.as_fd() {
-            if let Some(n) = self.copy_fd(w.fd.as_fd(), sfd, size)? {
+            if let Some(n) = self.copy_fd(w.fd.as_fd(), sfd, size, limit)? {
                 return Ok(n);
             }
         }
         STREAMBUF.with(|buf| {
             let mut buf = buf.borrow_mut();
-            let limit = (size as usize).saturating_add(1).min(buf.len());
+            let cap = limit.map_or(buf.len(), |l| l.chunk().min(buf.len()));
             let mut total = 0u64;
             loop {
-                let n = src.read(&mut buf[..limit])?;
+                let want = ((size - total.min(size)) as usize)
+                    .saturating_add(1)
+                    .min(cap);
+                let n = src.read(&mut buf[..want])?;
                 if n == 0 {
                     return Ok(total);
                 }
                 write_all(w.fd.as_fd(), &buf[..n])?;
+                if let Some(l) = limit {
+                    l.acquire(n as u64);
+                }
                 total += n as u64;
-                if total > size || (total == size && n < limit) {
+                if total > size || (total == size && n < want) {
                     return Ok(total);
                 }
             }

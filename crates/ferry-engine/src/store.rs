@@ -11,6 +11,7 @@ use std::ffi::CStr;
 use std::io;
 use std::os::fd::BorrowedFd;
 
+use crate::bwlimit::Limiter;
 use crate::entry::{Listing, Meta};
 use crate::filter::Filter;
 
@@ -102,11 +103,13 @@ pub trait Store: Send + Sync {
     /// Copy all of `src` into the writer; returns the bytes copied. `size` is
     /// the size the source had when listed: the copy reads one byte past it
     /// at most, so growth is seen without a second pass.
+    /// `limit` paces the bytes (`--bwlimit`), shared by all transfers.
     fn write_from(
         &self,
         w: &mut Self::Writer,
         src: &mut dyn SourceFile,
         size: u64,
+        limit: Option<&Limiter>,
     ) -> io::Result<u64>;
     /// Give the written file its metadata, optionally make it durable, and
     /// rename it into place (replacing a file or symlink of that name).

@@ -6,6 +6,7 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
 use clap::{Args, Parser, Subcommand};
+use ferry_engine::bwlimit::parse_rate;
 use ferry_engine::local::stat_path;
 use ferry_engine::Kind;
 
@@ -59,6 +60,9 @@ pub struct SyncArgs {
     /// JSON lines on stdout: one per action, the summary last.
     #[arg(long)]
     pub json: bool,
+    /// Limit bandwidth over all transfers, e.g. 10M, 512K (bytes per second).
+    #[arg(long, value_name = "RATE", value_parser = parse_rate)]
+    pub bwlimit: Option<u64>,
     /// Make each file's data durable (fsync) before it is renamed into place.
     #[arg(long)]
     pub fsync: bool,

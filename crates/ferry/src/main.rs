@@ -55,6 +55,7 @@ fn run_sync(a: SyncArgs, mode: ferry_engine::Mode) -> Result<u8, String> {
         fsync: a.fsync,
         jobs,
         filter,
+        bwlimit: a.bwlimit.map(ferry_engine::bwlimit::Limiter::new),
     };
     let stats = std::sync::Arc::new(Stats::default());
     let show_progress = a.progress_enabled();

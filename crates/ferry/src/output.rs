@@ -85,7 +85,7 @@ impl Reporter for CliReporter {
             line.extend_from_slice(action.as_str().as_bytes());
             line.extend_from_slice(b"\",\"path\":");
             json_str(&mut line, if path.is_empty() { b"." } else { path });
-            let _ = write!(line, ",\"size\":{}}}\n", size);
+            let _ = writeln!(line, ",\"size\":{size}}}");
             let _ = self.out.lock().unwrap().write_all(&line);
         } else if self.lines {
             let mut line = Vec::with_capacity(16 + path.len());
