@@ -1,0 +1,1171 @@
+//! Shared helpers for the black-box tests of the `ferry` binary.
+//!
+//! Everything here uses std only (plus the `touch` and `mkfifo` utilities for the few
+//! things std cannot do: symlink mtimes and fifos).
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::{OsStr, OsString};
+use std::fmt;
+use std::fs::{self, File, FileTimes, OpenOptions};
+use std::io::{Read, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{lchown, symlink, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Path of the binary under test (`FERRY_TEST_BIN` overrides it, e.g. to check the tests
+/// themselves against a reference implementation).
+pub fn bin() -> OsString {
+    std::env::var_os("FERRY_TEST_BIN")
+        .unwrap_or_else(|| OsString::from(env!("CARGO_BIN_EXE_ferry")))
+}
+
+pub fn os(b: &[u8]) -> &OsStr {
+    OsStr::from_bytes(b)
+}
+
+pub fn tmpdir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("ferry-it-")
+        .tempdir()
+        .expect("tempdir")
+}
+
+/// True when the tests run as uid 0 (root can read anything and chown).
+pub fn is_root() -> bool {
+    let f = tempfile::tempfile().expect("tempfile");
+    f.metadata().expect("metadata").uid() == 0
+}
+
+// ---------------------------------------------------------------------------------------------
+// Deterministic randomness (no rand crate): SplitMix64.
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed ^ 0x5DEE_CE66_D1CE_4E5B)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform-ish in `lo..hi` (hi exclusive, hi > lo).
+    pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        assert!(hi > lo);
+        lo + self.next_u64() % (hi - lo)
+    }
+    pub fn chance(&mut self, num: u64, den: u64) -> bool {
+        self.range(0, den) < num
+    }
+}
+
+/// `len` pseudo-random bytes derived from `seed`.
+pub fn gen_bytes(len: usize, seed: u64) -> Vec<u8> {
+    let mut rng = Rng::new(seed);
+    let mut v = Vec::with_capacity(len + 8);
+    while v.len() < len {
+        v.extend_from_slice(&rng.next_u64().to_le_bytes());
+    }
+    v.truncate(len);
+    v
+}
+
+/// 64-bit content fingerprint for snapshots (word-at-a-time so it is fast in debug builds).
+pub fn fingerprint(data: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ data.len() as u64;
+    let mut chunks = data.chunks_exact(8);
+    for c in &mut chunks {
+        let w = u64::from_le_bytes(c.try_into().unwrap());
+        h = (h ^ w).wrapping_mul(0x0000_0100_0000_01b3).rotate_left(29);
+    }
+    for &b in chunks.remainder() {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h ^ (h >> 32)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Building trees
+// ---------------------------------------------------------------------------------------------
+
+/// Time as (seconds since epoch, nanoseconds).
+pub type Mtime = (i64, u32);
+
+pub fn mtime_ns(t: Mtime) -> i128 {
+    i128::from(t.0) * 1_000_000_000 + i128::from(t.1)
+}
+
+fn systime(t: Mtime) -> SystemTime {
+    assert!(
+        t.0 >= 0,
+        "only non-negative mtimes are supported by the helpers"
+    );
+    UNIX_EPOCH + Duration::new(t.0 as u64, t.1)
+}
+
+/// Write `data` to `root/rel`, creating parent directories.
+pub fn write(root: &Path, rel: impl AsRef<Path>, data: &[u8]) -> PathBuf {
+    let p = root.join(rel);
+    if let Some(parent) = p.parent() {
+        fs::create_dir_all(parent).unwrap_or_else(|e| panic!("mkdir -p {}: {e}", parent.display()));
+    }
+    fs::write(&p, data).unwrap_or_else(|e| panic!("write {}: {e}", p.display()));
+    p
+}
+
+/// Rewrite an existing file in place (same inode), keeping its mode and mtime.
+pub fn rewrite_keep_meta(p: &Path, data: &[u8]) {
+    let md = fs::symlink_metadata(p).unwrap();
+    let mode = md.mode() & 0o7777;
+    let t = (md.mtime(), md.mtime_nsec() as u32);
+    fs::set_permissions(p, fs::Permissions::from_mode(mode | 0o600)).unwrap();
+    let mut f = OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(p)
+        .unwrap();
+    f.write_all(data).unwrap();
+    drop(f);
+    fs::set_permissions(p, fs::Permissions::from_mode(mode)).unwrap();
+    set_mtime(p, t);
+}
+
+pub fn mkdirs(root: &Path, rel: impl AsRef<Path>) -> PathBuf {
+    let p = root.join(rel);
+    fs::create_dir_all(&p).unwrap_or_else(|e| panic!("mkdir -p {}: {e}", p.display()));
+    p
+}
+
+pub fn ln(root: &Path, rel: impl AsRef<Path>, target: impl AsRef<OsStr>) -> PathBuf {
+    let p = root.join(rel);
+    if let Some(parent) = p.parent() {
+        fs::create_dir_all(parent).unwrap();
+    }
+    symlink(Path::new(target.as_ref()), &p)
+        .unwrap_or_else(|e| panic!("symlink {}: {e}", p.display()));
+    p
+}
+
+pub fn chmod(p: &Path, mode: u32) {
+    fs::set_permissions(p, fs::Permissions::from_mode(mode))
+        .unwrap_or_else(|e| panic!("chmod {:o} {}: {e}", mode, p.display()));
+}
+
+pub fn mkfifo(p: &Path) {
+    let st = Command::new("mkfifo").arg(p).status().expect("run mkfifo");
+    assert!(st.success(), "mkfifo {} failed", p.display());
+}
+
+/// Set the mtime (with nanoseconds) of a file, directory or symlink (not followed).
+pub fn set_mtime(p: &Path, t: Mtime) {
+    let md = fs::symlink_metadata(p).unwrap_or_else(|e| panic!("lstat {}: {e}", p.display()));
+    // Only regular files and directories are opened (opening a fifo would block).
+    if md.is_file() || md.is_dir() {
+        if let Ok(f) = File::open(p) {
+            if f.set_times(FileTimes::new().set_modified(systime(t)))
+                .is_ok()
+            {
+                return;
+            }
+        }
+    }
+    let st = Command::new("touch")
+        .arg("-h")
+        .arg("-m")
+        .arg("-d")
+        .arg(format!("@{}.{:09}", t.0, t.1))
+        .arg(p)
+        .status()
+        .expect("run touch");
+    assert!(st.success(), "touch -h {} failed", p.display());
+}
+
+pub fn get_mtime(p: &Path) -> Mtime {
+    let md = fs::symlink_metadata(p).unwrap();
+    (md.mtime(), md.mtime_nsec() as u32)
+}
+
+/// Metadata of one entry of a tree spec. `mode` is ignored for symlinks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Meta {
+    pub mode: u32,
+    pub mtime: Mtime,
+    pub owner: Option<(u32, u32)>,
+}
+
+impl Meta {
+    pub fn new(mode: u32, mtime: Mtime) -> Self {
+        Meta {
+            mode,
+            mtime,
+            owner: None,
+        }
+    }
+}
+
+/// A tree description that `materialize` turns into real files.
+#[derive(Clone, Debug)]
+pub enum Node {
+    File {
+        data: Vec<u8>,
+        meta: Meta,
+    },
+    Dir {
+        entries: BTreeMap<OsString, Node>,
+        meta: Meta,
+    },
+    Symlink {
+        target: OsString,
+        meta: Meta,
+    },
+}
+
+/// Create `node` at `path` (a Dir root may already exist). Metadata of directories is set
+/// after their content, so the final mtimes are exactly the requested ones.
+pub fn materialize(path: &Path, node: &Node) {
+    match node {
+        Node::File { data, meta } => {
+            fs::write(path, data).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+            if let Some((u, g)) = meta.owner {
+                lchown(path, Some(u), Some(g)).unwrap();
+            }
+            chmod(path, meta.mode);
+            set_mtime(path, meta.mtime);
+        }
+        Node::Dir { entries, meta } => {
+            if !path.is_dir() {
+                fs::create_dir(path).unwrap_or_else(|e| panic!("mkdir {}: {e}", path.display()));
+            }
+            for (name, child) in entries {
+                materialize(&path.join(name), child);
+            }
+            if let Some((u, g)) = meta.owner {
+                lchown(path, Some(u), Some(g)).unwrap();
+            }
+            chmod(path, meta.mode);
+            set_mtime(path, meta.mtime);
+        }
+        Node::Symlink { target, meta } => {
+            symlink(Path::new(target), path)
+                .unwrap_or_else(|e| panic!("symlink {}: {e}", path.display()));
+            if let Some((u, g)) = meta.owner {
+                lchown(path, Some(u), Some(g)).unwrap();
+            }
+            set_mtime(path, meta.mtime);
+        }
+    }
+}
+
+/// All entries under `root` (not the root itself), depth first, children sorted by name,
+/// symlinks not followed. Paths are relative to `root`.
+pub fn walk(root: &Path) -> Vec<PathBuf> {
+    fn rec(root: &Path, rel: &Path, out: &mut Vec<PathBuf>) {
+        let dir = root.join(rel);
+        let mut names: Vec<OsString> = fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("read_dir {}: {e}", dir.display()))
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        names.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
+        for n in names {
+            let r = rel.join(&n);
+            out.push(r.clone());
+            if fs::symlink_metadata(root.join(&r)).unwrap().is_dir() {
+                rec(root, &r, out);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    rec(root, Path::new(""), &mut out);
+    out
+}
+
+/// Give every entry under `root` (and the root) a distinct mtime with nanoseconds,
+/// children before parents, so directory mtimes stick.
+pub fn stamp_tree(root: &Path, base_sec: i64) {
+    let mut all = walk(root);
+    all.reverse(); // children come after parents in `walk`; reversed = children first
+    let mut i: i64 = 0;
+    for rel in all {
+        i += 1;
+        set_mtime(
+            &root.join(&rel),
+            (base_sec + i * 37, ((i * 7919 + 13) % 1_000_000_000) as u32),
+        );
+    }
+    set_mtime(root, (base_sec - 1000, 123_456_789));
+}
+
+/// Names (relative paths) of all entries under `root` whose file name starts with `prefix`.
+pub fn find_prefixed(root: &Path, prefix: &[u8]) -> Vec<PathBuf> {
+    walk(root)
+        .into_iter()
+        .filter(|p| {
+            p.file_name()
+                .map(|n| n.as_bytes().starts_with(prefix))
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
+pub const TMP_PREFIX: &[u8] = b".ferry-tmp.";
+
+/// RAII: `chattr -i` the given paths when dropped (so tempdirs can be removed).
+pub struct Immutable(pub Vec<PathBuf>);
+
+impl Immutable {
+    /// Try to make `p` immutable; None when chattr is unavailable or not permitted here.
+    pub fn try_set(p: &Path) -> Option<Immutable> {
+        let ok = Command::new("chattr")
+            .arg("+i")
+            .arg(p)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        // Verify it really is immutable: an append must fail.
+        if ok && OpenOptions::new().append(true).open(p).is_err() {
+            Some(Immutable(vec![p.to_path_buf()]))
+        } else {
+            if ok {
+                let _ = Command::new("chattr").arg("-i").arg(p).status();
+            }
+            None
+        }
+    }
+}
+
+impl Drop for Immutable {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = Command::new("chattr")
+                .arg("-i")
+                .arg(p)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Running ferry
+// ---------------------------------------------------------------------------------------------
+
+pub struct Run {
+    pub args: Vec<OsString>,
+    pub code: Option<i32>,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+}
+
+impl Run {
+    pub fn out(&self) -> String {
+        String::from_utf8_lossy(&self.stdout).into_owned()
+    }
+    pub fn err(&self) -> String {
+        String::from_utf8_lossy(&self.stderr).into_owned()
+    }
+    /// stdout and stderr together (for "is this mentioned somewhere" checks).
+    pub fn all(&self) -> String {
+        format!("{}{}", self.out(), self.err())
+    }
+    #[track_caller]
+    pub fn code_is(&self, code: i32) -> &Self {
+        assert_eq!(self.code, Some(code), "unexpected exit status\n{self}");
+        self
+    }
+    #[track_caller]
+    pub fn ok(&self) -> &Self {
+        self.code_is(0)
+    }
+    /// Lines of stderr of the form `ferry: PATH: cause`.
+    pub fn error_lines(&self) -> Vec<String> {
+        self.err()
+            .lines()
+            .filter(|l| l.starts_with("ferry: "))
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+impl fmt::Display for Run {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "command: ferry {:?}", self.args)?;
+        writeln!(f, "exit: {:?}", self.code)?;
+        let out = self.out();
+        let err = self.err();
+        let cut = |s: &str| -> String {
+            if s.len() > 6000 {
+                let mut end = 6000;
+                while !s.is_char_boundary(end) {
+                    end -= 1;
+                }
+                format!("{}... [{} bytes total]", &s[..end], s.len())
+            } else {
+                s.to_owned()
+            }
+        };
+        writeln!(f, "--- stdout ---\n{}", cut(&out))?;
+        write!(f, "--- stderr ---\n{}", cut(&err))
+    }
+}
+
+/// Longest a single ferry run may take before the test gives up (a hang guard, not a
+/// performance assertion).
+const HANG_GUARD: Duration = Duration::from_secs(600);
+
+/// Run ferry with `args`, capture stdout, stderr and exit code.
+pub fn ferry<I, S>(args: I) -> Run
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    let args: Vec<OsString> = args.into_iter().map(|a| a.as_ref().to_owned()).collect();
+    let child = Command::new(bin())
+        .args(&args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn ferry");
+    let pid = child.id();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(HANG_GUARD) {
+        Ok(out) => {
+            let out = out.expect("wait for ferry");
+            Run {
+                args,
+                code: out.status.code(),
+                stdout: out.stdout,
+                stderr: out.stderr,
+            }
+        }
+        Err(_) => {
+            let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
+            panic!("ferry {args:?} did not finish (hang guard)");
+        }
+    }
+}
+
+/// Start ferry without capturing output (for the kill tests).
+pub fn spawn_ferry<I, S>(args: I) -> Child
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    Command::new(bin())
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn ferry")
+}
+
+/// `ferry CMD [extra...] SRC DST`, asserting that SRC is not touched at all.
+pub fn run_on(cmd: &str, src: &Path, dst: &Path, extra: &[&str]) -> Run {
+    let before = snapshot(src);
+    let mut args: Vec<OsString> = vec![cmd.into()];
+    args.extend(extra.iter().map(OsString::from));
+    args.push(src.into());
+    args.push(dst.into());
+    let r = ferry(&args);
+    let after = snapshot(src);
+    let d = snapshot_diffs(&before, &after, true);
+    assert!(d.is_empty(), "ferry modified SRC:\n{}\n{r}", d.join("\n"));
+    r
+}
+
+// ---------------------------------------------------------------------------------------------
+// Comparing trees
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Kind {
+    File,
+    Dir,
+    Symlink,
+    Other,
+}
+
+pub fn kind_of(md: &fs::Metadata) -> Kind {
+    let ft = md.file_type();
+    if ft.is_symlink() {
+        Kind::Symlink
+    } else if ft.is_dir() {
+        Kind::Dir
+    } else if ft.is_file() {
+        Kind::File
+    } else {
+        Kind::Other
+    }
+}
+
+fn md_mtime_ns(md: &fs::Metadata) -> i128 {
+    i128::from(md.mtime()) * 1_000_000_000 + i128::from(md.mtime_nsec())
+}
+
+fn md_ctime_ns(md: &fs::Metadata) -> i128 {
+    i128::from(md.ctime()) * 1_000_000_000 + i128::from(md.ctime_nsec())
+}
+
+fn read_all(p: &Path) -> Vec<u8> {
+    let mut v = Vec::new();
+    File::open(p)
+        .unwrap_or_else(|e| panic!("open {}: {e}", p.display()))
+        .read_to_end(&mut v)
+        .unwrap();
+    v
+}
+
+/// `root.join(rel)`, but an empty `rel` gives `root` itself (no trailing slash, which would
+/// make lstat fail on a file root).
+pub fn join(root: &Path, rel: &Path) -> PathBuf {
+    if rel.as_os_str().is_empty() {
+        root.to_path_buf()
+    } else {
+        root.join(rel)
+    }
+}
+
+fn show(p: &Path) -> String {
+    if p.as_os_str().is_empty() {
+        "<root>".to_owned()
+    } else {
+        format!("{:?}", p)
+    }
+}
+
+fn compare_entry(a_root: &Path, b_root: &Path, rel: &Path, subset: bool, out: &mut Vec<String>) {
+    let a = join(a_root, rel);
+    let b = join(b_root, rel);
+    let ma = fs::symlink_metadata(&a).unwrap_or_else(|e| panic!("lstat {}: {e}", a.display()));
+    let mb = match fs::symlink_metadata(&b) {
+        Ok(m) => m,
+        Err(_) => {
+            out.push(format!("{}: missing in DST", show(rel)));
+            return;
+        }
+    };
+    let (ka, kb) = (kind_of(&ma), kind_of(&mb));
+    if ka != kb {
+        out.push(format!(
+            "{}: kind {:?} in SRC, {:?} in DST",
+            show(rel),
+            ka,
+            kb
+        ));
+        return;
+    }
+    if ka != Kind::Symlink && ma.mode() & 0o7777 != mb.mode() & 0o7777 {
+        out.push(format!(
+            "{}: mode {:o} in SRC, {:o} in DST",
+            show(rel),
+            ma.mode() & 0o7777,
+            mb.mode() & 0o7777
+        ));
+    }
+    if md_mtime_ns(&ma) != md_mtime_ns(&mb) {
+        out.push(format!(
+            "{}: mtime {}.{:09} in SRC, {}.{:09} in DST",
+            show(rel),
+            ma.mtime(),
+            ma.mtime_nsec(),
+            mb.mtime(),
+            mb.mtime_nsec()
+        ));
+    }
+    if is_root_cached() && (ma.uid(), ma.gid()) != (mb.uid(), mb.gid()) {
+        out.push(format!(
+            "{}: owner {}:{} in SRC, {}:{} in DST",
+            show(rel),
+            ma.uid(),
+            ma.gid(),
+            mb.uid(),
+            mb.gid()
+        ));
+    }
+    match ka {
+        Kind::File => {
+            if ma.len() != mb.len() {
+                out.push(format!(
+                    "{}: size {} in SRC, {} in DST",
+                    show(rel),
+                    ma.len(),
+                    mb.len()
+                ));
+            } else if read_all(&a) != read_all(&b) {
+                out.push(format!("{}: content differs", show(rel)));
+            }
+        }
+        Kind::Symlink => {
+            let (ta, tb) = (fs::read_link(&a).unwrap(), fs::read_link(&b).unwrap());
+            if ta != tb {
+                out.push(format!(
+                    "{}: link target {:?} in SRC, {:?} in DST",
+                    show(rel),
+                    ta,
+                    tb
+                ));
+            }
+        }
+        Kind::Dir => {
+            let names = |p: &Path| -> BTreeSet<OsString> {
+                fs::read_dir(p)
+                    .unwrap()
+                    .map(|e| e.unwrap().file_name())
+                    .collect()
+            };
+            let (na, nb) = (names(&a), names(&b));
+            for n in &na {
+                compare_entry(a_root, b_root, &rel.join(n), subset, out);
+            }
+            if !subset {
+                for n in nb.difference(&na) {
+                    out.push(format!("{}: extra in DST", show(&rel.join(n))));
+                }
+            }
+        }
+        Kind::Other => {}
+    }
+}
+
+fn is_root_cached() -> bool {
+    use std::sync::OnceLock;
+    static ROOT: OnceLock<bool> = OnceLock::new();
+    *ROOT.get_or_init(is_root)
+}
+
+/// All differences between the trees at `src` and `dst` (roots included).
+pub fn tree_diffs(src: &Path, dst: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    compare_entry(src, dst, Path::new(""), false, &mut out);
+    out
+}
+
+/// Differences for "DST contains everything in SRC" (extra DST entries allowed).
+pub fn subset_diffs(src: &Path, dst: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    compare_entry(src, dst, Path::new(""), true, &mut out);
+    out
+}
+
+fn fail_diffs(what: &str, d: &[String]) -> ! {
+    let shown: Vec<&String> = d.iter().take(60).collect();
+    panic!(
+        "{what}: {} difference(s):\n{}",
+        d.len(),
+        shown
+            .iter()
+            .map(|s| format!("  {s}"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    )
+}
+
+/// Same names, kinds, bytes, mtimes (ns), permission bits, link targets and (as root) owners.
+#[track_caller]
+pub fn assert_trees_equal(src: &Path, dst: &Path) {
+    let d = tree_diffs(src, dst);
+    if !d.is_empty() {
+        fail_diffs(
+            &format!("trees differ ({} vs {})", src.display(), dst.display()),
+            &d,
+        );
+    }
+}
+
+/// Everything in `src` is in `dst` and equal; `dst` may have more.
+#[track_caller]
+pub fn assert_tree_contains(dst: &Path, src: &Path) {
+    let d = subset_diffs(src, dst);
+    if !d.is_empty() {
+        fail_diffs(
+            &format!("{} does not contain {}", dst.display(), src.display()),
+            &d,
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Snapshots ("nothing changed")
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    pub kind: Kind,
+    pub mode: u32,
+    pub mtime_ns: i128,
+    /// 0 for directories (their st_size depends on history, not content).
+    pub size: u64,
+    /// `fingerprint` of the content for files, 0 otherwise.
+    pub hash: u64,
+    pub target: Option<OsString>,
+    pub uid: u32,
+    pub gid: u32,
+    /// Only compared by the strict comparison.
+    pub ino: u64,
+    pub ctime_ns: i128,
+}
+
+/// Key: path relative to the root ("" is the root itself).
+pub type Snapshot = BTreeMap<PathBuf, Entry>;
+
+fn entry_of(p: &Path) -> Entry {
+    let md = fs::symlink_metadata(p).unwrap_or_else(|e| panic!("lstat {}: {e}", p.display()));
+    let kind = kind_of(&md);
+    let (size, hash) = match kind {
+        Kind::File => (md.len(), fingerprint(&read_all(p))),
+        Kind::Dir => (0, 0),
+        _ => (md.len(), 0),
+    };
+    Entry {
+        kind,
+        mode: md.mode() & 0o7777,
+        mtime_ns: md_mtime_ns(&md),
+        size,
+        hash,
+        target: if kind == Kind::Symlink {
+            Some(fs::read_link(p).unwrap().into_os_string())
+        } else {
+            None
+        },
+        uid: md.uid(),
+        gid: md.gid(),
+        ino: md.ino(),
+        ctime_ns: md_ctime_ns(&md),
+    }
+}
+
+/// Snapshot of a tree (or of a single file / symlink) at `root`. A missing root gives an
+/// empty snapshot.
+pub fn snapshot(root: &Path) -> Snapshot {
+    let mut s = Snapshot::new();
+    if fs::symlink_metadata(root).is_err() {
+        return s;
+    }
+    s.insert(PathBuf::new(), entry_of(root));
+    if fs::symlink_metadata(root).unwrap().is_dir() {
+        for rel in walk(root) {
+            let e = entry_of(&root.join(&rel));
+            s.insert(rel, e);
+        }
+    }
+    s
+}
+
+/// Differences between two snapshots; `strict` also compares inode numbers and ctimes
+/// (i.e. "not even touched": no rewrite, chmod, utimes, rename).
+pub fn snapshot_diffs(a: &Snapshot, b: &Snapshot, strict: bool) -> Vec<String> {
+    let mut out = Vec::new();
+    for (k, ea) in a {
+        match b.get(k) {
+            None => out.push(format!("{}: disappeared", show(k))),
+            Some(eb) => {
+                let same = if strict {
+                    ea == eb
+                } else {
+                    let mut x = ea.clone();
+                    x.ino = eb.ino;
+                    x.ctime_ns = eb.ctime_ns;
+                    &x == eb
+                };
+                if !same {
+                    out.push(format!(
+                        "{}: changed\n    before {:?}\n    after  {:?}",
+                        show(k),
+                        ea,
+                        eb
+                    ));
+                }
+            }
+        }
+    }
+    for k in b.keys() {
+        if !a.contains_key(k) {
+            out.push(format!("{}: appeared", show(k)));
+        }
+    }
+    out
+}
+
+#[track_caller]
+pub fn assert_same_content(before: &Snapshot, after: &Snapshot) {
+    let d = snapshot_diffs(before, after, false);
+    if !d.is_empty() {
+        fail_diffs("snapshot changed", &d);
+    }
+}
+
+#[track_caller]
+pub fn assert_untouched(before: &Snapshot, after: &Snapshot) {
+    let d = snapshot_diffs(before, after, true);
+    if !d.is_empty() {
+        fail_diffs("snapshot changed (strict: inode/ctime included)", &d);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Minimal JSON parser (serde_json is not a dev-dependency)
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Json {
+    Null,
+    Bool(bool),
+    /// Raw number text (kept exact: nanosecond mtimes do not fit in f64).
+    Num(String),
+    Str(String),
+    Arr(Vec<Json>),
+    Obj(Vec<(String, Json)>),
+}
+
+impl Json {
+    pub fn get(&self, key: &str) -> Option<&Json> {
+        match self {
+            Json::Obj(kv) => kv.iter().find(|(k, _)| k == key).map(|(_, v)| v),
+            _ => None,
+        }
+    }
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            Json::Str(s) => Some(s),
+            _ => None,
+        }
+    }
+    pub fn as_u64(&self) -> Option<u64> {
+        match self {
+            Json::Num(n) => n.parse().ok(),
+            _ => None,
+        }
+    }
+    pub fn as_i128(&self) -> Option<i128> {
+        match self {
+            Json::Num(n) => n.parse().ok(),
+            _ => None,
+        }
+    }
+    pub fn as_f64(&self) -> Option<f64> {
+        match self {
+            Json::Num(n) => n.parse().ok(),
+            _ => None,
+        }
+    }
+    pub fn str_field(&self, key: &str) -> Option<&str> {
+        self.get(key).and_then(Json::as_str)
+    }
+}
+
+struct P<'a> {
+    s: &'a [u8],
+    i: usize,
+}
+
+impl P<'_> {
+    fn ws(&mut self) {
+        while self.i < self.s.len() && matches!(self.s[self.i], b' ' | b'\t' | b'\n' | b'\r') {
+            self.i += 1;
+        }
+    }
+    fn peek(&self) -> Option<u8> {
+        self.s.get(self.i).copied()
+    }
+    fn expect(&mut self, c: u8) -> Result<(), String> {
+        if self.peek() == Some(c) {
+            self.i += 1;
+            Ok(())
+        } else {
+            Err(format!("expected '{}' at byte {}", c as char, self.i))
+        }
+    }
+    fn lit(&mut self, word: &str, v: Json) -> Result<Json, String> {
+        if self.s[self.i..].starts_with(word.as_bytes()) {
+            self.i += word.len();
+            Ok(v)
+        } else {
+            Err(format!("bad literal at byte {}", self.i))
+        }
+    }
+    fn value(&mut self) -> Result<Json, String> {
+        self.ws();
+        match self.peek() {
+            None => Err("unexpected end".into()),
+            Some(b'{') => {
+                self.i += 1;
+                let mut kv = Vec::new();
+                self.ws();
+                if self.peek() == Some(b'}') {
+                    self.i += 1;
+                    return Ok(Json::Obj(kv));
+                }
+                loop {
+                    self.ws();
+                    let k = self.string()?;
+                    self.ws();
+                    self.expect(b':')?;
+                    let v = self.value()?;
+                    kv.push((k, v));
+                    self.ws();
+                    match self.peek() {
+                        Some(b',') => self.i += 1,
+                        Some(b'}') => {
+                            self.i += 1;
+                            return Ok(Json::Obj(kv));
+                        }
+                        _ => return Err(format!("expected ',' or '}}' at byte {}", self.i)),
+                    }
+                }
+            }
+            Some(b'[') => {
+                self.i += 1;
+                let mut v = Vec::new();
+                self.ws();
+                if self.peek() == Some(b']') {
+                    self.i += 1;
+                    return Ok(Json::Arr(v));
+                }
+                loop {
+                    v.push(self.value()?);
+                    self.ws();
+                    match self.peek() {
+                        Some(b',') => self.i += 1,
+                        Some(b']') => {
+                            self.i += 1;
+                            return Ok(Json::Arr(v));
+                        }
+                        _ => return Err(format!("expected ',' or ']' at byte {}", self.i)),
+                    }
+                }
+            }
+            Some(b'"') => Ok(Json::Str(self.string()?)),
+            Some(b't') => self.lit("true", Json::Bool(true)),
+            Some(b'f') => self.lit("false", Json::Bool(false)),
+            Some(b'n') => self.lit("null", Json::Null),
+            Some(c) if c == b'-' || c.is_ascii_digit() => {
+                let start = self.i;
+                if self.peek() == Some(b'-') {
+                    self.i += 1;
+                }
+                let digits = |p: &mut Self| {
+                    let st = p.i;
+                    while p.peek().is_some_and(|c| c.is_ascii_digit()) {
+                        p.i += 1;
+                    }
+                    p.i > st
+                };
+                if !digits(self) {
+                    return Err(format!("bad number at byte {start}"));
+                }
+                if self.peek() == Some(b'.') {
+                    self.i += 1;
+                    if !digits(self) {
+                        return Err(format!("bad fraction at byte {start}"));
+                    }
+                }
+                if matches!(self.peek(), Some(b'e' | b'E')) {
+                    self.i += 1;
+                    if matches!(self.peek(), Some(b'+' | b'-')) {
+                        self.i += 1;
+                    }
+                    if !digits(self) {
+                        return Err(format!("bad exponent at byte {start}"));
+                    }
+                }
+                Ok(Json::Num(
+                    String::from_utf8(self.s[start..self.i].to_vec()).unwrap(),
+                ))
+            }
+            Some(c) => Err(format!("unexpected '{}' at byte {}", c as char, self.i)),
+        }
+    }
+    fn hex4(&mut self) -> Result<u32, String> {
+        let h = self.s.get(self.i..self.i + 4).ok_or("short \\u escape")?;
+        let h = std::str::from_utf8(h).map_err(|_| "bad \\u escape")?;
+        let v = u32::from_str_radix(h, 16).map_err(|_| format!("bad \\u escape {h}"))?;
+        self.i += 4;
+        Ok(v)
+    }
+    fn string(&mut self) -> Result<String, String> {
+        self.expect(b'"')?;
+        let mut out: Vec<u8> = Vec::new();
+        loop {
+            let c = self.peek().ok_or("unterminated string")?;
+            self.i += 1;
+            match c {
+                b'"' => break,
+                b'\\' => {
+                    let e = self.peek().ok_or("unterminated escape")?;
+                    self.i += 1;
+                    let ch: char = match e {
+                        b'"' => '"',
+                        b'\\' => '\\',
+                        b'/' => '/',
+                        b'b' => '\u{8}',
+                        b'f' => '\u{c}',
+                        b'n' => '\n',
+                        b'r' => '\r',
+                        b't' => '\t',
+                        b'u' => {
+                            let hi = self.hex4()?;
+                            if (0xD800..0xDC00).contains(&hi)
+                                && self.s[self.i..].starts_with(b"\\u")
+                            {
+                                let save = self.i;
+                                self.i += 2;
+                                let lo = self.hex4()?;
+                                if (0xDC00..0xE000).contains(&lo) {
+                                    char::from_u32(0x10000 + ((hi - 0xD800) << 10) + (lo - 0xDC00))
+                                        .unwrap_or('\u{FFFD}')
+                                } else {
+                                    self.i = save;
+                                    '\u{FFFD}'
+                                }
+                            } else {
+                                char::from_u32(hi).unwrap_or('\u{FFFD}')
+                            }
+                        }
+                        other => return Err(format!("bad escape \\{}", other as char)),
+                    };
+                    let mut buf = [0u8; 4];
+                    out.extend_from_slice(ch.encode_utf8(&mut buf).as_bytes());
+                }
+                c if c < 0x20 => return Err(format!("raw control byte {c:#x} in string")),
+                c => out.push(c),
+            }
+        }
+        String::from_utf8(out).map_err(|_| "invalid UTF-8 in string".to_owned())
+    }
+}
+
+pub fn parse_json(s: &str) -> Result<Json, String> {
+    let mut p = P {
+        s: s.as_bytes(),
+        i: 0,
+    };
+    let v = p.value()?;
+    p.ws();
+    if p.i != p.s.len() {
+        return Err(format!("trailing data at byte {}", p.i));
+    }
+    Ok(v)
+}
+
+/// Parse every stdout line of a `--json` run (all must be JSON objects).
+#[track_caller]
+pub fn json_lines(r: &Run) -> Vec<Json> {
+    let out = r.out();
+    let mut v = Vec::new();
+    for (i, line) in out.lines().enumerate() {
+        match parse_json(line) {
+            Ok(j @ Json::Obj(_)) => v.push(j),
+            Ok(_) => panic!(
+                "stdout line {} is JSON but not an object: {line:?}\n{r}",
+                i + 1
+            ),
+            Err(e) => panic!("stdout line {} is not JSON ({e}): {line:?}\n{r}", i + 1),
+        }
+    }
+    v
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Summary {
+    pub entries_scanned: u64,
+    pub files_copied: u64,
+    pub bytes_copied: u64,
+    pub files_deleted: u64,
+    pub dirs_created: u64,
+    pub unchanged: u64,
+    pub errors: u64,
+    pub elapsed_s: f64,
+}
+
+/// The summary (last stdout line) of a `--json` run; checks that all lines are JSON, that every
+/// other line is an action with a known type and a path, and that all fields are present.
+#[track_caller]
+pub fn summary(r: &Run) -> Summary {
+    let lines = json_lines(r);
+    let last = lines
+        .last()
+        .unwrap_or_else(|| panic!("no JSON output\n{r}"));
+    assert_eq!(
+        last.str_field("type"),
+        Some("summary"),
+        "last line is not the summary\n{r}"
+    );
+    for (i, l) in lines[..lines.len() - 1].iter().enumerate() {
+        let t = l
+            .str_field("type")
+            .unwrap_or_else(|| panic!("line {} has no string type\n{r}", i + 1));
+        assert!(
+            ["copy", "update", "delete", "mkdir", "symlink", "meta", "error"].contains(&t),
+            "line {}: unknown action type {t:?}\n{r}",
+            i + 1
+        );
+        assert!(
+            l.get("path").is_some(),
+            "line {}: action without path\n{r}",
+            i + 1
+        );
+    }
+    let n = |k: &str| -> u64 {
+        last.get(k)
+            .unwrap_or_else(|| panic!("summary lacks {k}\n{r}"))
+            .as_u64()
+            .unwrap_or_else(|| panic!("summary field {k} is not a non-negative integer\n{r}"))
+    };
+    let elapsed = last
+        .get("elapsed_s")
+        .unwrap_or_else(|| panic!("summary lacks elapsed_s\n{r}"))
+        .as_f64()
+        .unwrap_or_else(|| panic!("elapsed_s is not a number\n{r}"));
+    assert!(elapsed >= 0.0, "negative elapsed_s\n{r}");
+    Summary {
+        entries_scanned: n("entries_scanned"),
+        files_copied: n("files_copied"),
+        bytes_copied: n("bytes_copied"),
+        files_deleted: n("files_deleted"),
+        dirs_created: n("dirs_created"),
+        unchanged: n("unchanged"),
+        errors: n("errors"),
+        elapsed_s: elapsed,
+    }
+}
+
+/// Action lines (everything but the summary) of a `--json` run as (type, path).
+pub fn actions(r: &Run) -> Vec<(String, String)> {
+    let lines = json_lines(r);
+    lines
+        .iter()
+        .filter(|l| l.str_field("type") != Some("summary"))
+        .map(|l| {
+            (
+                l.str_field("type").unwrap_or("").to_owned(),
+                l.str_field("path").unwrap_or("").to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// Does `path` (as printed by ferry: relative, or absolute) name the relative path `rel`?
+pub fn path_is(path: &str, rel: &str) -> bool {
+    let p = path.trim_end_matches('/');
+    p == rel || p.ends_with(&format!("/{rel}"))
+}
+
+pub fn has_action(acts: &[(String, String)], ty: &str, rel: &str) -> bool {
+    acts.iter().any(|(t, p)| t == ty && path_is(p, rel))
+}
