@@ -79,6 +79,13 @@ impl CliReporter {
 
 impl Reporter for CliReporter {
     fn action(&self, action: Action, path: &[u8], size: u64) {
+        if action == Action::Skip {
+            // Not an error, but never silent: the entry is not in DST.
+            let p = String::from_utf8_lossy(path).into_owned();
+            self.with_bar_suspended(|| {
+                eprintln!("ferry: skipped {p} (fifo, socket or device: not copied)")
+            });
+        }
         if self.json {
             let mut line = Vec::with_capacity(64 + path.len());
             line.extend_from_slice(b"{\"type\":\"");

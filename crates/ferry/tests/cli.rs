@@ -649,6 +649,30 @@ fn sync_does_not_delete_excluded_dst_entries() {
     assert_trees_equal(&src.join("keep.txt"), &dst.join("keep.txt"));
 }
 
+#[test]
+fn exclude_patterns_with_slash_are_relative_to_root() {
+    let t = tmpdir();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    write(&src, "a/x.txt", b"excluded: matches a/x.txt at the root");
+    write(&src, "b/a/x.txt", b"kept: a/x.txt is anchored");
+    write(&src, "docs/readme.md", b"excluded by **/*.md");
+    write(&src, "deep/er/notes.md", b"excluded by **/*.md");
+    write(&src, "keep.txt", b"kept");
+    stamp_tree(&src, 1_400_000_000);
+    run_on(
+        "sync",
+        &src,
+        &dst,
+        &["--exclude", "a/x.txt", "--exclude", "**/*.md"],
+    )
+    .ok();
+    assert!(!dst.join("a/x.txt").exists());
+    assert!(!dst.join("docs/readme.md").exists());
+    assert!(!dst.join("deep/er/notes.md").exists());
+    assert_trees_equal(&src.join("b/a/x.txt"), &dst.join("b/a/x.txt"));
+    assert_trees_equal(&src.join("keep.txt"), &dst.join("keep.txt"));
+}
+
 // ------------------------------------------------------------------------------------------
 // --json and the summary
 // ------------------------------------------------------------------------------------------
@@ -760,6 +784,59 @@ fn json_copy_with_dst_extras_deletes_nothing() {
     );
     assert!(!actions(&r).iter().any(|(t, _)| t == "delete"), "{r}");
     assert!(dst.join("extra").exists());
+}
+
+const JSON_NAMES: [&str; 7] = [
+    "new\nline",
+    "quo\"te",
+    "back\\slash",
+    "tab\there",
+    "ünïcødé 日本",
+    "ctl\u{1}x",
+    "sp ace",
+];
+
+#[test]
+fn json_escapes_odd_names() {
+    let t = tmpdir();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    for n in JSON_NAMES {
+        write(&src, n, n.as_bytes());
+    }
+    write(&src, "dir \"q\"/inner\\x", b"inner");
+    stamp_tree(&src, 1_400_000_000);
+    let r = run_on("copy", &src, &dst, &["--json"]);
+    r.ok();
+    assert_eq!(summary(&r).files_copied, JSON_NAMES.len() as u64 + 1, "{r}");
+    let acts = actions(&r);
+    for n in JSON_NAMES {
+        assert!(
+            has_action(&acts, "copy", n),
+            "no copy action with path {n:?}: {acts:?}"
+        );
+    }
+    assert!(has_action(&acts, "copy", "dir \"q\"/inner\\x"), "{acts:?}");
+    assert_trees_equal(&src, &dst);
+
+    let r = ferry([
+        OsString::from("ls"),
+        OsString::from("--json"),
+        src.clone().into(),
+    ]);
+    r.ok();
+    let paths: Vec<String> = json_lines(&r)
+        .iter()
+        .filter_map(|j| {
+            j.str_field("path")
+                .map(|p| p.trim_end_matches('/').to_owned())
+        })
+        .collect();
+    for n in JSON_NAMES {
+        assert!(
+            paths.iter().any(|p| p == n),
+            "ls --json lacks {n:?}: {paths:?}"
+        );
+    }
 }
 
 #[test]
@@ -1131,6 +1208,114 @@ fn permission_bits_preserved() {
 }
 
 #[test]
+fn extreme_mtimes_preserved() {
+    let t = tmpdir();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    let times: [(&str, Mtime); 7] = [
+        ("neg", (-2, 750_000_000)),
+        ("neg_whole", (-86_400, 0)),
+        ("zero", (0, 0)),
+        ("one_ns", (0, 1)),
+        ("max_ns", (1_600_000_000, 999_999_999)),
+        ("y2100", (4_102_444_800, 999_999_999)),
+        ("y2038", (2_147_483_648, 5)),
+    ];
+    for (n, _) in times {
+        write(&src, n, n.as_bytes());
+        write(&src, format!("d_{n}/x"), b"x");
+        ln(&src, format!("l_{n}"), "x");
+    }
+    for (n, tm) in times {
+        set_mtime(&src.join(format!("d_{n}/x")), tm);
+        set_mtime(&src.join(n), tm);
+        set_mtime(&src.join(format!("d_{n}")), tm);
+        set_mtime(&src.join(format!("l_{n}")), tm);
+        assert_eq!(
+            get_mtime(&src.join(n)),
+            tm,
+            "test setup: could not set mtime {tm:?}"
+        );
+    }
+    set_mtime(&src, (-1, 1));
+    for cmd in ["copy", "sync"] {
+        let d = dst.with_extension(cmd);
+        run_on(cmd, &src, &d, &[]).ok();
+        assert_trees_equal(&src, &d);
+        // and a second run sees them as unchanged
+        let r = run_on(cmd, &src, &d, &["--json"]);
+        r.ok();
+        assert_eq!(summary(&r).files_copied, 0, "{r}");
+    }
+}
+
+#[test]
+fn mode_000_file_copied_as_root() {
+    if !is_root() {
+        eprintln!("SKIP: not root");
+        return;
+    }
+    let t = tmpdir();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    write(&src, "locked", b"root can still read this");
+    write(&src, "d000/inner", b"inside a mode 000 dir");
+    chmod(&src.join("locked"), 0o000);
+    chmod(&src.join("d000"), 0o000);
+    stamp_tree(&src, 1_200_000_000);
+    run_on("sync", &src, &dst, &[]).ok();
+    assert_trees_equal(&src, &dst);
+}
+
+#[test]
+fn many_entries_in_one_directory() {
+    let t = tmpdir();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    for i in 0..3000u64 {
+        write(
+            &src,
+            format!("big/f{i:05}"),
+            &gen_bytes((i % 97) as usize, i),
+        );
+    }
+    stamp_tree(&src, 1_500_000_000);
+    run_on("sync", &src, &dst, &[]).ok();
+    assert_trees_equal(&src, &dst);
+    for i in (0..3000u64).step_by(2) {
+        fs::remove_file(src.join(format!("big/f{i:05}"))).unwrap();
+    }
+    for i in (1..3000u64).step_by(6) {
+        write(&src, format!("big/f{i:05}"), b"changed");
+    }
+    stamp_tree(&src, 1_510_000_000);
+    let r = run_on("sync", &src, &dst, &["--json"]);
+    r.ok();
+    let s = summary(&r);
+    assert_eq!((s.files_deleted, s.files_copied), (1500, 1500), "{r}");
+    assert_trees_equal(&src, &dst);
+}
+
+#[test]
+fn deep_nesting() {
+    let t = tmpdir();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    let mut rel = PathBuf::new();
+    for i in 0..150 {
+        rel.push(format!("d{i}"));
+    }
+    write(&src, rel.join("bottom.txt"), b"deep");
+    write(&src, "top.txt", b"top");
+    stamp_tree(&src, 1_500_000_000);
+    for cmd in ["copy", "sync"] {
+        let d = dst.with_extension(cmd);
+        run_on(cmd, &src, &d, &[]).ok();
+        assert_trees_equal(&src, &d);
+    }
+    let d = dst.with_extension("sync");
+    fs::remove_dir_all(src.join("d0/d1/d2")).unwrap();
+    run_on("sync", &src, &d, &[]).ok();
+    assert_trees_equal(&src, &d);
+}
+
+#[test]
 fn special_permission_bits_preserved() {
     let t = tmpdir();
     let (src, dst) = (t.path().join("src"), t.path().join("dst"));
@@ -1197,10 +1382,39 @@ fn special_files_are_skipped() {
         for x in ["pipe", "sock", "sub/pipe2"] {
             assert!(fs::symlink_metadata(d.join(x)).is_err(), "{x} copied\n{r}");
         }
+
         for x in ["f", "sub/g"] {
             assert_trees_equal(&src.join(x), &d.join(x));
         }
     }
+}
+
+#[test]
+fn special_files_skipped_with_a_note() {
+    let t = tmpdir();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    write(&src, "f", b"f");
+    mkfifo(&src.join("pipe"));
+    let r = run_on("sync", &src, &dst, &[]);
+    r.ok();
+    assert!(
+        r.err().contains("pipe"),
+        "no note (stderr) about the skipped fifo\n{r}"
+    );
+}
+
+#[test]
+fn special_files_skipped_in_json_output() {
+    let t = tmpdir();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    write(&src, "f", b"f");
+    mkfifo(&src.join("pipe"));
+    let r = run_on("sync", &src, &dst, &["--json"]);
+    r.ok();
+    // every line must be one of the documented action types, last the summary
+    let s = summary(&r);
+    assert_eq!((s.files_copied, s.errors), (1, 0), "{r}");
+    assert!(!dst.join("pipe").exists());
 }
 
 #[test]

@@ -6,8 +6,8 @@ mod util;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::thread::sleep;
 use std::process::Command;
+use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use util::*;
@@ -100,7 +100,6 @@ fn check_dst(dst: &Path, allowed: &Allowed, round: &str) -> usize {
     tmps
 }
 
-static T0: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
 fn build_src(src: &Path, rng: &mut Rng) {
     let modes = [0o644, 0o600, 0o755, 0o640, 0o444];
     for d in 0..40 {
@@ -186,7 +185,11 @@ fn modify_src(src: &Path, rng: &mut Rng) {
 fn calibrate(src: &Path, dst: &Path, scratch: &Path, baseline: Option<&Path>) -> Duration {
     reset(scratch, baseline);
     let t0 = Instant::now();
-    let r = ferry([std::ffi::OsStr::new("sync"), src.as_os_str(), scratch.as_os_str()]);
+    let r = ferry([
+        std::ffi::OsStr::new("sync"),
+        src.as_os_str(),
+        scratch.as_os_str(),
+    ]);
     let d = t0.elapsed();
     r.ok();
     assert_trees_equal(src, scratch);
@@ -196,8 +199,18 @@ fn calibrate(src: &Path, dst: &Path, scratch: &Path, baseline: Option<&Path>) ->
 }
 
 fn cp_a(from: &Path, to: &Path) {
-    let st = Command::new("cp").arg("-a").arg(from).arg(to).status().unwrap();
-    assert!(st.success(), "cp -a {} {} failed", from.display(), to.display());
+    let st = Command::new("cp")
+        .arg("-a")
+        .arg(from)
+        .arg(to)
+        .status()
+        .unwrap();
+    assert!(
+        st.success(),
+        "cp -a {} {} failed",
+        from.display(),
+        to.display()
+    );
 }
 
 /// Put `dst` back into the `baseline` state (None: DST does not exist).
@@ -233,14 +246,18 @@ fn kill_rounds(
             src.as_os_str(),
             dst.as_os_str(),
         ]);
-        let delay = if i % 2 == 0 { rng.range(0, full_us) } else { rng.range(0, full_us / 2 + 1) };
+        let delay = if i % 2 == 0 {
+            rng.range(0, full_us)
+        } else {
+            rng.range(0, full_us / 2 + 1)
+        };
         sleep(Duration::from_micros(delay));
         let _ = child.kill(); // SIGKILL; may already have finished
         let status = child.wait().expect("wait");
         if status.code().is_none() {
             killed += 1;
         }
-        let round = format!("{phase} round {i} ({status} after {delay} us) t={:?}", T0.get_or_init(Instant::now).elapsed());
+        let round = format!("{phase} round {i} ({status} after {delay} us)");
         if dst.exists() {
             let tmps = check_dst(dst, allowed, &round);
             eprintln!("{round}: ok, {tmps} stale temporaries");
@@ -257,9 +274,7 @@ fn kill_9_never_leaves_half_written_files() {
     let src = t.path().join("src");
     let dst = t.path().join("dst");
     let mut rng = Rng::new(0x00F3_2217_9A1C);
-    T0.get_or_init(Instant::now);
     build_src(&src, &mut rng);
-    eprintln!("built {:?}", T0.get().unwrap().elapsed());
 
     // Phase A: fresh copy, killed again and again.
     let mut allowed = Allowed::new();
@@ -269,9 +284,12 @@ fn kill_9_never_leaves_half_written_files() {
     kill_rounds(&src, &dst, None, &allowed, &mut rng, "A", full);
     run_on("sync", &src, &dst, &[]).ok();
     assert_trees_equal(&src, &dst);
-    assert_eq!(find_prefixed(&dst, TMP_PREFIX), Vec::<PathBuf>::new(), "temporaries left after a full run");
+    assert_eq!(
+        find_prefixed(&dst, TMP_PREFIX),
+        Vec::<PathBuf>::new(),
+        "temporaries left after a full run"
+    );
 
-    eprintln!("A done {:?}", T0.get().unwrap().elapsed());
     // Phase B: updates, deletions, type changes, killed again and again.
     let baseline = t.path().join("baseline");
     cp_a(&dst, &baseline);
@@ -281,7 +299,11 @@ fn kill_9_never_leaves_half_written_files() {
     kill_rounds(&src, &dst, Some(&baseline), &allowed, &mut rng, "B", full);
     run_on("sync", &src, &dst, &[]).ok();
     assert_trees_equal(&src, &dst);
-    assert_eq!(find_prefixed(&dst, TMP_PREFIX), Vec::<PathBuf>::new(), "temporaries left after a full run");
+    assert_eq!(
+        find_prefixed(&dst, TMP_PREFIX),
+        Vec::<PathBuf>::new(),
+        "temporaries left after a full run"
+    );
 
     // Phase C: with --fsync, killed, then completed.
     write(&src, "big/b0", &gen_bytes(3 << 20, 77));

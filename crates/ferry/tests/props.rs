@@ -165,7 +165,7 @@ fn leaf() -> impl Strategy<Value = Spec> {
 }
 
 fn tree() -> impl Strategy<Value = Spec> {
-    let sub = leaf().prop_recursive(3, 40, 6, |inner| {
+    let sub = leaf().prop_recursive(3, 48, 6, |inner| {
         (
             prop::collection::btree_map(name(), inner, 0..6),
             meta(DIR_MODES),
@@ -173,7 +173,7 @@ fn tree() -> impl Strategy<Value = Spec> {
             .prop_map(|(kids, meta)| Spec::Dir { kids, meta })
     });
     (
-        prop::collection::btree_map(name(), sub, 0..8),
+        prop::collection::btree_map(name(), sub, 0..10),
         meta(DIR_MODES),
     )
         .prop_map(|(kids, meta)| Spec::Dir { kids, meta })

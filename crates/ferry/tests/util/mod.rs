@@ -168,8 +168,9 @@ pub fn mkfifo(p: &Path) {
 /// Set the mtime (with nanoseconds) of a file, directory or symlink (not followed).
 pub fn set_mtime(p: &Path, t: Mtime) {
     let md = fs::symlink_metadata(p).unwrap_or_else(|e| panic!("lstat {}: {e}", p.display()));
-    // Only regular files and directories are opened (opening a fifo would block).
-    if md.is_file() || md.is_dir() {
+    // Only regular files and directories are opened (opening a fifo would block); negative
+    // times go through touch as well.
+    if (md.is_file() || md.is_dir()) && t.0 >= 0 {
         if let Ok(f) = File::open(p) {
             if f.set_times(FileTimes::new().set_modified(systime(t)))
                 .is_ok()
@@ -182,11 +183,23 @@ pub fn set_mtime(p: &Path, t: Mtime) {
         .arg("-h")
         .arg("-m")
         .arg("-d")
-        .arg(format!("@{}.{:09}", t.0, t.1))
+        .arg(touch_time(t))
         .arg(p)
         .status()
         .expect("run touch");
     assert!(st.success(), "touch -h {} failed", p.display());
+}
+
+/// `touch -d` argument for (sec, nsec) meaning sec + nsec/1e9 (also for negative sec).
+fn touch_time(t: Mtime) -> String {
+    if t.0 >= 0 {
+        format!("@{}.{:09}", t.0, t.1)
+    } else if t.1 == 0 {
+        format!("@{}", t.0)
+    } else {
+        // sec + nsec/1e9 with sec < 0 is -(|sec| - 1) - (1e9 - nsec)/1e9
+        format!("@-{}.{:09}", -(t.0 + 1), 1_000_000_000 - t.1)
+    }
 }
 
 pub fn get_mtime(p: &Path) -> Mtime {
@@ -1111,7 +1124,7 @@ pub fn summary(r: &Run) -> Summary {
             .str_field("type")
             .unwrap_or_else(|| panic!("line {} has no string type\n{r}", i + 1));
         assert!(
-            ["copy", "update", "delete", "mkdir", "symlink", "meta", "error"].contains(&t),
+            ["copy", "update", "delete", "mkdir", "symlink", "meta", "skip", "error"].contains(&t),
             "line {}: unknown action type {t:?}\n{r}",
             i + 1
         );
