@@ -122,7 +122,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         let plan = PlanOptions {
             delete: opts.mode == Mode::Sync,
             checksum: opts.checksum,
-            owner: dst.preserves_owner(),
+            owner: dst.preserves_owner() && src.preserves_owner(),
         };
         Engine {
             src,
@@ -462,7 +462,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             return;
         }
         if let (false, Some(d)) = (self.opts.dry_run, &node.dst) {
-            let what = match &node.dst_meta {
+            let mut what = match &node.dst_meta {
                 None => MetaChange::ALL,
                 Some(m) => {
                     let mut c = meta_change(&node.src_meta, m, self.plan.owner);
@@ -470,6 +470,15 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                     c
                 }
             };
+            if !self.src.has_dir_meta() {
+                // A prefix has no times or owner to copy; a new directory
+                // still needs its real mode (it was made 0700).
+                what = MetaChange {
+                    mode: node.dst_meta.is_none(),
+                    ..MetaChange::default()
+                };
+            }
+            what.owner &= self.plan.owner;
             if !what.is_empty() {
                 if let Err(e) = self.dst.set_dir_meta(d, &node.src_meta, what) {
                     self.fail(&node.rel, &e);
@@ -562,6 +571,9 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
     /// Create or replace a symlink (`dst_meta`: an existing symlink to compare).
     fn symlink(&self, node: &Node<S, D>, name: &CStr, meta: &Meta, dst_meta: Option<Meta>) {
         let path = self.path(node, name.to_bytes());
+        if !self.dst.supports_symlinks() {
+            return self.rep.action(Action::Skip, &path, 0);
+        }
         let target = match self.src.read_link(&node.src, name) {
             Ok(t) => t,
             Err(e) => return self.fail(&path, &e),

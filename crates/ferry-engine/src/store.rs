@@ -143,8 +143,18 @@ pub trait Store: Send + Sync {
     /// Remove an entry; directories recursively. Returns how many entries
     /// were removed.
     fn remove(&self, dir: &Self::Dir, name: &CStr, is_dir: bool) -> io::Result<u64>;
-    /// True when the metadata differences in `what` can be set (owner only as root).
+    /// True when entries have owners that can be read and set (local, as root).
     fn preserves_owner(&self) -> bool;
+    /// True when directories have their own mtime and mode (false on object
+    /// stores, where a directory is only a key prefix).
+    fn has_dir_meta(&self) -> bool {
+        true
+    }
+    /// True when symlinks can be stored (false on object stores: they are
+    /// skipped with a note).
+    fn supports_symlinks(&self) -> bool {
+        true
+    }
 }
 
 /// True for names of ferry's temporaries (`.ferry-tmp.*`).

@@ -15,7 +15,8 @@ use std::time::Instant;
 use ferry_engine::ls::{list_tree, Format};
 use ferry_engine::{Engine, LocalStore, Stats};
 
-use args::{Cli, Command, Job, LsArgs, SyncArgs};
+use args::{Cli, Command, Job, Loc, LsArgs, SyncArgs};
+use ferry_s3::S3Store;
 use output::{cause, CliReporter, Progress};
 
 fn main() -> ExitCode {
@@ -44,10 +45,20 @@ fn main() -> ExitCode {
 
 /// Run copy or sync; `Err` is a usage or configuration error (exit 2).
 fn run_sync(a: SyncArgs, mode: ferry_engine::Mode) -> Result<u8, String> {
-    let job = args::resolve(&a.src, &a.dst)?;
+    let remote = args::is_s3(&a.src) || args::is_s3(&a.dst);
+    let job = if remote {
+        args::resolve_remote(&a.src, &a.dst, a.s3_endpoint.as_deref())?
+    } else {
+        args::resolve(&a.src, &a.dst)?
+    };
     let filter =
         ferry_engine::Filter::new(&a.exclude, &a.exclude_from).map_err(|e| e.to_string())?;
-    let jobs = args::jobs(a.jobs);
+    // Object stores are latency-bound: many requests in flight by default.
+    let jobs = if remote {
+        a.jobs.map_or(32, usize::from)
+    } else {
+        args::jobs(a.jobs)
+    };
     let opts = ferry_engine::Options {
         mode,
         dry_run: a.dry_run,
@@ -63,6 +74,7 @@ fn run_sync(a: SyncArgs, mode: ferry_engine::Mode) -> Result<u8, String> {
     let start = Instant::now();
     let progress = show_progress.then(|| Progress::start(stats.clone(), &rep));
     let result = match &job {
+        Job::Remote { src, dst } => run_remote(src, dst, jobs, &opts, &stats, &rep),
         Job::Tree { src, dst } => {
             let s = LocalStore::new(src, jobs);
             let d = LocalStore::new(dst, jobs);
@@ -89,9 +101,13 @@ fn run_sync(a: SyncArgs, mode: ferry_engine::Mode) -> Result<u8, String> {
     let summary = match result {
         Ok(s) => s,
         Err(e) => {
+            if let Job::Remote { .. } = &job {
+                return Err(cause(&e));
+            }
             let (what, path) = match &job {
                 Job::Tree { dst, .. } => ("DST", dst.clone()),
                 Job::File { dst_dir, .. } => ("DST", dst_dir.clone()),
+                Job::Remote { .. } => unreachable!("handled above"),
             };
             return Err(format!("{what} {}: {}", path.display(), cause(&e)));
         }
@@ -104,7 +120,44 @@ fn run_sync(a: SyncArgs, mode: ferry_engine::Mode) -> Result<u8, String> {
     Ok(if summary.errors > 0 { 1 } else { 0 })
 }
 
+/// Copy or sync with an S3 side: the same engine over other stores.
+fn run_remote(
+    src: &Loc,
+    dst: &Loc,
+    jobs: usize,
+    opts: &ferry_engine::Options,
+    stats: &Stats,
+    rep: &CliReporter,
+) -> io::Result<ferry_engine::Summary> {
+    let s3 = |c: &ferry_s3::S3Config| S3Store::new(c, jobs).map_err(io::Error::other);
+    match (src, dst) {
+        (Loc::Local(s), Loc::Local(d)) => Engine::new(
+            &LocalStore::new(s, jobs),
+            &LocalStore::new(d, jobs),
+            opts,
+            stats,
+            rep,
+        )
+        .run_tree(),
+        (Loc::Local(s), Loc::S3(d)) => {
+            Engine::new(&LocalStore::new(s, jobs), &s3(d)?, opts, stats, rep).run_tree()
+        }
+        (Loc::S3(s), Loc::Local(d)) => {
+            Engine::new(&s3(s)?, &LocalStore::new(d, jobs), opts, stats, rep).run_tree()
+        }
+        (Loc::S3(s), Loc::S3(d)) => Engine::new(&s3(s)?, &s3(d)?, opts, stats, rep).run_tree(),
+    }
+}
+
 fn run_ls(a: LsArgs) -> Result<u8, String> {
+    if args::is_s3(&a.path) {
+        let url = a.path.to_str().expect("s3 URLs are UTF-8");
+        let cfg = ferry_s3::S3Config::from_url(url, a.s3_endpoint.as_deref())?;
+        let jobs = a.jobs.map_or(32, usize::from);
+        let store = S3Store::new(&cfg, jobs)?;
+        let format = if a.json { Format::Json } else { Format::Text };
+        return ls_store(&store, jobs, format, url);
+    }
     let meta = ferry_engine::local::stat_path(&a.path, true)
         .map_err(|e| format!("{}: {}", a.path.display(), cause(&e)))?;
     let stdout = io::stdout();
@@ -118,17 +171,27 @@ fn run_ls(a: LsArgs) -> Result<u8, String> {
     }
     let jobs = args::jobs(a.jobs);
     let store = LocalStore::new(&a.path, jobs);
+    ls_store(&store, jobs, format, &a.path.display().to_string())
+}
+
+/// `ls` of a whole tree of any store; `what` names it in errors.
+fn ls_store<S: ferry_engine::Store>(
+    store: &S,
+    jobs: usize,
+    format: Format,
+    what: &str,
+) -> Result<u8, String> {
     let out = Mutex::new(io::BufWriter::with_capacity(1 << 20, io::stdout()));
     let errors = std::sync::atomic::AtomicU64::new(0);
     let on_error = |path: &[u8], e: &io::Error| {
         errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         eprintln!("ferry: {}: {}", String::from_utf8_lossy(path), cause(e));
     };
-    let res = list_tree(&store, jobs, None, format, &out, &on_error);
+    let res = list_tree(store, jobs, None, format, &out, &on_error);
     let flushed = out.into_inner().unwrap_or_else(|e| e.into_inner()).flush();
     match (res, flushed) {
         (Err(e), _) | (_, Err(e)) if e.kind() == io::ErrorKind::BrokenPipe => Ok(0),
-        (Err(e), _) | (_, Err(e)) => Err(format!("{}: {}", a.path.display(), cause(&e))),
+        (Err(e), _) | (_, Err(e)) => Err(format!("{what}: {}", cause(&e))),
         _ => Ok(if errors.into_inner() > 0 { 1 } else { 0 }),
     }
 }

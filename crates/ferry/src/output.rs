@@ -83,7 +83,7 @@ impl Reporter for CliReporter {
             // Not an error, but never silent: the entry is not in DST.
             let p = String::from_utf8_lossy(path).into_owned();
             self.with_bar_suspended(|| {
-                eprintln!("ferry: skipped {p} (fifo, socket or device: not copied)")
+                eprintln!("ferry: skipped {p} (special file, or a symlink DST cannot store)")
             });
         }
         if self.json {
