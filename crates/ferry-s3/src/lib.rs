@@ -39,6 +39,8 @@ pub use config::{parse_s3_url, S3Config};
 
 /// Objects up to this size go up in one PUT; bigger ones in parts of this size.
 pub const PART_SIZE: u64 = 8 << 20;
+/// Parts of one object in flight at once.
+const PART_CONCURRENCY: usize = 4;
 /// How long a signed URL stays valid (one request).
 const SIGN_TTL: Duration = Duration::from_secs(3600);
 /// Attempts per request on retryable failures (5xx, SlowDown, resets, timeouts).
@@ -228,47 +230,128 @@ impl S3Store {
         Ok(())
     }
 
-    fn upload_part(&self, w: &mut S3Writer) -> io::Result<()> {
-        if w.upload.is_none() {
-            let mut a = CreateMultipartUpload::new(&self.bucket, self.creds(), &w.key);
-            let hs = Self::meta_headers(&w.meta);
-            for (k, v) in &hs {
-                a.headers_mut().insert(*k, v.clone());
-            }
-            let url = a.sign(SIGN_TTL);
-            let mut resp = self.send("CreateMultipartUpload", &w.key, || {
-                let mut r = self.agent.post(url.as_str());
-                for (k, v) in &hs {
-                    r = r.header(*k, v.as_str());
-                }
-                r.send_empty()
-            })?;
-            let body = read_body(&mut resp)?;
-            let parsed = CreateMultipartUpload::parse_response(&body)
-                .map_err(|e| io::Error::other(format!("CreateMultipartUpload {}: {e}", w.key)))?;
-            w.upload = Some(Multipart {
-                id: parsed.upload_id().to_string(),
-                etags: Vec::new(),
-            });
+    /// Start the multipart upload of `w` (object metadata goes here).
+    fn create_upload(&self, w: &mut S3Writer) -> io::Result<()> {
+        if w.upload.is_some() {
+            return Ok(());
         }
-        let up = w.upload.as_mut().expect("created above");
-        let number = up.etags.len() as u16 + 1;
-        let url =
-            UploadPart::new(&self.bucket, self.creds(), &w.key, number, &up.id).sign(SIGN_TTL);
-        let resp = self.send("UploadPart", &w.key, || {
-            self.agent.put(url.as_str()).send(&w.buf[..])
+        let mut a = CreateMultipartUpload::new(&self.bucket, self.creds(), &w.key);
+        let hs = Self::meta_headers(&w.meta);
+        for (k, v) in &hs {
+            a.headers_mut().insert(*k, v.clone());
+        }
+        let url = a.sign(SIGN_TTL);
+        let mut resp = self.send("CreateMultipartUpload", &w.key, || {
+            let mut r = self.agent.post(url.as_str());
+            for (k, v) in &hs {
+                r = r.header(*k, v.as_str());
+            }
+            r.send_empty()
         })?;
-        let etag = resp
-            .headers()
+        let body = read_body(&mut resp)?;
+        let parsed = CreateMultipartUpload::parse_response(&body)
+            .map_err(|e| io::Error::other(format!("CreateMultipartUpload {}: {e}", w.key)))?;
+        w.upload = Some(Multipart {
+            id: parsed.upload_id().to_string(),
+            etags: Vec::new(),
+        });
+        Ok(())
+    }
+
+    /// Send one part; returns its ETag.
+    fn put_part(&self, key: &str, id: &str, number: u16, data: &[u8]) -> io::Result<String> {
+        let url = UploadPart::new(&self.bucket, self.creds(), key, number, id).sign(SIGN_TTL);
+        let resp = self.send("UploadPart", key, || {
+            self.agent.put(url.as_str()).send(data)
+        })?;
+        resp.headers()
             .get("etag")
             .and_then(|v| v.to_str().ok())
-            .ok_or_else(|| {
-                io::Error::other(format!("UploadPart {}: no ETag in the answer", w.key))
-            })?
-            .to_string();
-        up.etags.push(etag);
-        w.buf.clear();
-        Ok(())
+            .map(str::to_string)
+            .ok_or_else(|| io::Error::other(format!("UploadPart {key}: no ETag in the answer")))
+    }
+
+    /// Upload the rest of `src` as parts, `PART_CONCURRENCY` in flight: the
+    /// calling thread reads parts in order while uploader threads send them.
+    /// `first` is the first full part, already read.
+    fn upload_parts(
+        &self,
+        w: &mut S3Writer,
+        first: Vec<u8>,
+        src: &mut dyn SourceFile,
+        size: u64,
+        chunk: usize,
+        limit: Option<&Limiter>,
+    ) -> io::Result<u64> {
+        self.create_upload(w)?;
+        let id = w.upload.as_ref().expect("created").id.clone();
+        let key = w.key.clone();
+        let etags: std::sync::Mutex<Vec<(u16, String)>> = std::sync::Mutex::new(Vec::new());
+        let failed: std::sync::Mutex<Option<io::Error>> = std::sync::Mutex::new(None);
+        let mut total = first.len() as u64;
+        let (tx, rx) = std::sync::mpsc::sync_channel::<(u16, Vec<u8>)>(1);
+        let rx = std::sync::Mutex::new(rx);
+        let read_result = std::thread::scope(|scope| -> io::Result<()> {
+            // Owned here: dropping it when reading ends lets the uploaders finish.
+            let tx = tx;
+            for _ in 0..PART_CONCURRENCY {
+                scope.spawn(|| loop {
+                    let next = rx.lock().expect("part queue").recv();
+                    let Ok((n, data)) = next else { return };
+                    match self.put_part(&key, &id, n, &data) {
+                        Ok(tag) => etags.lock().expect("etags").push((n, tag)),
+                        Err(e) => {
+                            failed.lock().expect("failed").get_or_insert(e);
+                            return;
+                        }
+                    }
+                });
+            }
+            let mut number = 1u16;
+            let mut part = first;
+            let mut buf = vec![0u8; chunk];
+            loop {
+                let full = part.len() >= PART_SIZE as usize;
+                if full {
+                    let next = part.split_off(PART_SIZE as usize);
+                    if tx
+                        .send((number, std::mem::replace(&mut part, next)))
+                        .is_err()
+                    {
+                        return Ok(()); // every uploader stopped: `failed` says why
+                    }
+                    number += 1;
+                    continue;
+                }
+                if failed.lock().expect("failed").is_some() {
+                    return Ok(());
+                }
+                let n = src.read(&mut buf)?;
+                if n == 0 {
+                    break;
+                }
+                if let Some(l) = limit {
+                    l.acquire(n as u64);
+                }
+                total += n as u64;
+                part.extend_from_slice(&buf[..n]);
+                if total > size {
+                    break;
+                }
+            }
+            if !part.is_empty() {
+                let _ = tx.send((number, part));
+            }
+            Ok(())
+        });
+        if let Some(e) = failed.into_inner().expect("failed") {
+            return Err(e);
+        }
+        read_result?;
+        let mut tags = etags.into_inner().expect("etags");
+        tags.sort_by_key(|(n, _)| *n);
+        w.upload.as_mut().expect("created").etags = tags.into_iter().map(|(_, t)| t).collect();
+        Ok(total)
     }
 
     fn abort_upload(&self, key: &str, id: &str) {
@@ -461,7 +544,8 @@ impl Store for S3Store {
     ) -> io::Result<u64> {
         let part = PART_SIZE as usize;
         w.buf.reserve(part.min(size as usize + 1));
-        let mut chunk = vec![0u8; limit.map_or(1 << 20, |l| l.chunk())];
+        let chunk_len = limit.map_or(1 << 20, |l| l.chunk());
+        let mut chunk = vec![0u8; chunk_len];
         let mut total = 0u64;
         loop {
             let n = src.read(&mut chunk)?;
@@ -473,14 +557,14 @@ impl Store for S3Store {
             }
             total += n as u64;
             w.buf.extend_from_slice(&chunk[..n]);
-            if w.buf.len() >= part {
-                // Parts are exactly PART_SIZE; the remainder waits for more.
-                let rest = w.buf.split_off(part);
-                self.upload_part(w)?;
-                w.buf = rest;
-            }
             if total > size {
                 return Ok(total);
+            }
+            if w.buf.len() >= part {
+                // Too big for one PUT: parallel multipart from here on.
+                let first = std::mem::take(&mut w.buf);
+                let rest = self.upload_parts(w, first, src, size, chunk_len, limit)?;
+                return Ok(rest);
             }
         }
     }
@@ -497,11 +581,6 @@ impl Store for S3Store {
         match w.upload.take() {
             None => self.put(&w.key, &w.buf, &w.meta),
             Some(up) => {
-                w.upload = Some(up);
-                if !w.buf.is_empty() {
-                    self.upload_part(&mut w)?;
-                }
-                let up = w.upload.take().expect("multipart");
                 let url = CompleteMultipartUpload::new(
                     &self.bucket,
                     self.creds(),
