@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""S3 side by side on one Garage: ferry vs rclone (default and --transfers 32) and the AWS CLI
+(when installed), on the same data, runs alternated, medians reported.
+
+    python3 bench/s3.py [--runs 3] [--ferry target/release/ferry] [--out BENCHMARKS.md]
+
+Starts a throwaway single-node Garage with scripts/garage (installs it if missing), then:
+  small: 10,000 objects x 4 KiB up (fresh prefix each run) and down (fresh directory);
+  big:   one 2 GiB object up and down: wall, MiB/s, CPU seconds per GiB;
+  lat:   20 downloads of one 128 MiB object with ferry: p50/p90/p95 latency.
+Workload sources are bench/run.py's (`small`, `big`) under --workdir.
+"""
+import argparse, os, resource, shutil, statistics, subprocess, sys, time
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--runs", type=int, default=3)
+ap.add_argument("--ferry", default="target/release/ferry")
+ap.add_argument("--workdir", default="/tmp/ferry-bench")
+ap.add_argument("--out", default="BENCHMARKS.md")
+ap.add_argument("--skip", default="", help="comma list of: small,big,lat")
+a = ap.parse_args()
+ferry = os.path.abspath(a.ferry)
+repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+src_small = os.path.join(a.workdir, "full/src/small")
+src_big = os.path.join(a.workdir, "full/src/big")
+for p in (src_small, src_big):
+    if not os.path.isdir(p):
+        sys.exit(f"{p} missing: generate it with python3 bench/run.py --workloads small,big --scenarios ls --runs 1")
+
+gdir = os.path.join(a.workdir, "garage")
+env_lines = subprocess.run([os.path.join(repo, "scripts/garage"), "start", gdir], check=True,
+                           capture_output=True, text=True).stdout
+cfg = {}
+for line in env_lines.splitlines():
+    for kv in line.replace("export ", "").split():
+        k, v = kv.split("=", 1)
+        cfg[k] = v
+env = dict(os.environ)
+env.pop("AWS_CA_BUNDLE", None)
+env.update({"AWS_ACCESS_KEY_ID": cfg["FERRY_TEST_S3_KEY"], "AWS_SECRET_ACCESS_KEY": cfg["FERRY_TEST_S3_SECRET"],
+            "AWS_REGION": "garage", "AWS_DEFAULT_REGION": "garage", "AWS_ENDPOINT_URL": cfg["FERRY_TEST_S3_ENDPOINT"],
+            "RCLONE_CONFIG": "/dev/null", "RCLONE_CONFIG_G_TYPE": "s3", "RCLONE_CONFIG_G_PROVIDER": "Other",
+            "RCLONE_CONFIG_G_ACCESS_KEY_ID": cfg["FERRY_TEST_S3_KEY"],
+            "RCLONE_CONFIG_G_SECRET_ACCESS_KEY": cfg["FERRY_TEST_S3_SECRET"],
+            "RCLONE_CONFIG_G_ENDPOINT": cfg["FERRY_TEST_S3_ENDPOINT"], "RCLONE_CONFIG_G_REGION": "garage",
+            "RCLONE_CONFIG_G_FORCE_PATH_STYLE": "true"})
+bucket = cfg["FERRY_TEST_S3_BUCKET"]
+have_aws = shutil.which("aws") is not None
+seq = [0]
+
+def fresh(kind):
+    seq[0] += 1
+    return f"{kind}-{seq[0]}-{time.time_ns()}"
+
+def tool_cmd(tool, src, dst):
+    """src/dst: ('local', path) or ('s3', prefix)."""
+    def fmt(side, style):
+        kind, p = side
+        if kind == "local":
+            return p
+        return {"ferry": f"s3://{bucket}/{p}", "rclone": f"g:{bucket}/{p}", "aws": f"s3://{bucket}/{p}"}[style]
+    if tool == "ferry":
+        return [ferry, "copy", "--no-progress", fmt(src, "ferry"), fmt(dst, "ferry")]
+    if tool == "rclone":
+        return ["rclone", "copy", fmt(src, "rclone"), fmt(dst, "rclone")]
+    if tool == "rclone32":
+        return ["rclone", "copy", "--transfers", "32", "--checkers", "32", fmt(src, "rclone"), fmt(dst, "rclone")]
+    if tool == "aws":
+        return ["aws", "s3", "cp", "--recursive", "--only-show-errors", "--endpoint-url",
+                cfg["FERRY_TEST_S3_ENDPOINT"], fmt(src, "aws"), fmt(dst, "aws")]
+    raise ValueError(tool)
+
+def timed(cmd):
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.monotonic()
+    p = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    wall = time.monotonic() - t0
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if p.returncode != 0:
+        sys.exit(f"{cmd}: exit {p.returncode}: {p.stderr.decode()[-2000:]}")
+    return wall, (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+
+tmp = os.path.join(a.workdir, "s3tmp")
+shutil.rmtree(tmp, ignore_errors=True)
+os.makedirs(tmp)
+tools = ["ferry", "rclone", "rclone32"] + (["aws"] if have_aws else [])
+skip = set(a.skip.split(",")) - {""}
+lines = ["", "## S3 (Garage 2.5.0, single node on loopback)", "",
+         f"`python3 bench/s3.py --runs {a.runs}`: same Garage, same data, tools alternated run by run; "
+         "medians (min-max). Uploads go to a fresh prefix each run, downloads into a fresh directory. "
+         "CPU = user+sys of the client process." + ("" if have_aws else " AWS CLI not installed here: not measured."), ""]
+
+def scenario(title, src_local, size_bytes, files):
+    global lines
+    up_prefix = {}
+    res = {}
+    for run in range(a.runs):
+        for t in tools:
+            pre = fresh("up")
+            w, c = timed(tool_cmd(t, ("local", src_local), ("s3", pre)))
+            res.setdefault((t, "up"), []).append((w, c))
+            up_prefix[t] = pre
+        for t in tools:
+            d = os.path.join(tmp, fresh("down"))
+            w, c = timed(tool_cmd(t, ("s3", up_prefix["ferry"]), ("local", d)))
+            res.setdefault((t, "down"), []).append((w, c))
+            shutil.rmtree(d, ignore_errors=True)
+        print(f"{title}: run {run + 1}/{a.runs} done", flush=True)
+    gib = size_bytes / (1 << 30)
+    lines += [f"### {title}", "", "| tool | direction | wall s median (min-max) | MiB/s | files/s | CPU s | CPU s per GiB | ratio to ferry |",
+              "|---|---|---|---|---|---|---|---|"]
+    for d in ("up", "down"):
+        fw = statistics.median(x[0] for x in res[("ferry", d)])
+        for t in tools:
+            ws = [x[0] for x in res[(t, d)]]
+            cs = [x[1] for x in res[(t, d)]]
+            m, c = statistics.median(ws), statistics.median(cs)
+            lines.append(f"| {t} | {d} | {m:.2f} ({min(ws):.2f}-{max(ws):.2f}) | {size_bytes / (1 << 20) / m:.1f} | "
+                         f"{files / m:.0f} | {c:.2f} | {c / gib:.2f} | {m / fw:.2f} |")
+    lines.append("")
+
+if "small" not in skip:
+    scenario("10,000 objects x 4 KiB", src_small, 10000 * 4096, 10000)
+if "big" not in skip:
+    scenario("one 2 GiB object", src_big, 2 << 30, 1)
+if "lat" not in skip:
+    d128 = os.path.join(tmp, "src128")
+    os.makedirs(d128)
+    with open(os.path.join(d128, "obj128"), "wb") as f:
+        f.write(os.urandom(128 << 20))
+    pre = fresh("lat")
+    timed([ferry, "copy", "--no-progress", d128, f"s3://{bucket}/{pre}"])
+    walls = []
+    for i in range(20):
+        d = os.path.join(tmp, fresh("lat-down"))
+        w, _ = timed([ferry, "copy", "--no-progress", f"s3://{bucket}/{pre}", d])
+        walls.append(w)
+        shutil.rmtree(d, ignore_errors=True)
+    q = statistics.quantiles(walls, n=20, method="inclusive")
+    lines += ["### Latency of 20 downloads of one 128 MiB object (ferry, whole command)", "",
+              "| p50 s | p90 s | p95 s | min s | max s |", "|---|---|---|---|---|",
+              f"| {statistics.median(walls):.3f} | {q[17]:.3f} | {q[18]:.3f} | {min(walls):.3f} | {max(walls):.3f} |", ""]
+
+subprocess.run([os.path.join(repo, "scripts/garage"), "stop", gdir])
+shutil.rmtree(tmp, ignore_errors=True)
+with open(a.out, "a") as f:
+    f.write("\n".join(lines) + "\n")
+print("\n".join(lines))
