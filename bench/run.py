@@ -34,6 +34,7 @@ import platform
 import random
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -330,7 +331,15 @@ def measure(ctx, argv, env, errpath, timeout, stdout="/dev/null"):
         os.unlink(res)
     pid = os.posix_spawn(ctx.bin["runtool"], [ctx.bin["runtool"], res, str(timeout)] + argv, env,
                          file_actions=fa)
-    _, status = os.waitpid(pid, 0)
+    ctx.running = pid
+    try:
+        _, status = os.waitpid(pid, 0)
+    except BaseException:
+        os.kill(pid, signal.SIGTERM)  # runtool kills the tool's process group
+        os.waitpid(pid, 0)
+        raise
+    finally:
+        ctx.running = None
     try:
         with open(res) as f:
             wall, ut, st, rss, wst, killed = (int(x) for x in f.read().split())
@@ -435,10 +444,62 @@ class Group:
         self.res = {}  # tool -> dict
         self.skipped = {}  # tool -> reason
         self.note = ""
+        self.date = ""  # set when the group was measured by an earlier run of the bench
+        self.cmdline = ""
 
     def r(self, tool):
         return self.res.setdefault(tool, {"wall": [], "cpu": [], "rss": [], "other": [], "fail": None,
                                           "notes": [], "syscalls": None, "cmd": ""})
+
+    def to_json(self):
+        return {"wname": self.wname, "scenario": self.scenario, "res": self.res, "skipped": self.skipped,
+                "note": self.note}
+
+    @classmethod
+    def from_json(cls, d):
+        g = cls(d["wname"], d["scenario"])
+        g.res, g.skipped, g.note = d["res"], d["skipped"], d["note"]
+        return g
+
+
+def save_group(ctx, g, info):
+    """Keep a group's results so that later partial runs still report it."""
+    d = os.path.join(ctx.root, "results")
+    os.makedirs(d, exist_ok=True)
+    rec = {"group": g.to_json(), "hash": spec_hash(ctx.specs[g.wname]), "spec": ctx.specs[g.wname],
+           "manifest": ctx.manifests[g.wname], "date": info["date"],
+           "cmdline": " ".join(ctx.argv_shown)}
+    tmp = os.path.join(d, f".{g.wname}.{g.scenario}.json.tmp")
+    with open(tmp, "w") as f:
+        json.dump(rec, f)
+    os.replace(tmp, os.path.join(d, f"{g.wname}.{g.scenario}.json"))
+
+
+def all_groups(ctx, groups, specs):
+    """This run's groups plus the stored ones of other workloads/scenarios (same data only)."""
+    mine = {(g.wname, g.scenario): g for g in groups}
+    out = []
+    for w in WORKLOADS:
+        for sc in SCENARIOS:
+            if (w, sc) in mine:
+                out.append(mine[(w, sc)])
+                continue
+            if ctx.args.fresh_report:
+                continue
+            try:
+                with open(os.path.join(ctx.root, "results", f"{w}.{sc}.json")) as f:
+                    rec = json.load(f)
+            except (OSError, ValueError):
+                continue
+            if rec.get("hash") != spec_hash(specs[w]):
+                continue
+            g = Group.from_json(rec["group"])
+            g.date, g.cmdline = rec["date"], rec["cmdline"]
+            ctx.specs.setdefault(w, rec["spec"])
+            ctx.manifests.setdefault(w, rec["manifest"])
+            out.append(g)
+    return out
+
 
 
 def ensure_space(ctx, man):
@@ -447,7 +508,7 @@ def ensure_space(ctx, man):
     st = os.statvfs(ctx.root)
     if st.f_favail >= need_inodes and st.f_bavail * st.f_frsize >= need_bytes:
         return True
-    ctx.purge("to make room for the next timed copy")
+    ctx.purge("to make room during a copy group")
     st = os.statvfs(ctx.root)
     return st.f_favail >= need_inodes and st.f_bavail * st.f_frsize >= need_bytes
 
@@ -457,9 +518,9 @@ def run_timed(ctx, g, tool, argv, env, pre, dst_for_verify, src, strict, content
     r = g.r(tool)
     if pre:
         pre()
-    os.sync()
     if ctx.args.wait_idle and sum(ctx.idle_waits) < ctx.args.wait_idle_total * 60:
         ctx.idle_waits.append(wait_idle(ctx.args.wait_idle))
+    os.sync()
     errf = os.path.join(ctx.root, "logs", f"{g.wname}.{g.scenario}.{tool}.err")
     b0 = cpu_busy()
     m = measure(ctx, argv, env, errf, ctx.args.timeout)
@@ -596,9 +657,12 @@ def run_group(ctx, wname, scenario, src, man):
     def content(t, first):
         return smoke or (t == "ferry" and first)
 
-    def fresh(label):
-        ctx.seq += 1
-        return os.path.join(base, f"{label}.{ctx.seq}")
+    def fresh(label):  # a name no earlier (or killed) run can have used
+        while True:
+            ctx.seq += 1
+            p = os.path.join(base, f"{label}.{os.getpid()}.{ctx.seq}")
+            if not os.path.lexists(p):
+                return p
 
     if scenario == "copy":
         for run in range(runs):
@@ -614,14 +678,15 @@ def run_group(ctx, wname, scenario, src, man):
                 g.r(t)["cmd"] = show_cmd(ctx, t, scenario, wname)
                 if not run_timed(ctx, g, t, argv, env, pre, dst, src, strict(t), content(t, run == 0)):
                     failed.add(t)
-                dispose(ctx, g, dst)
+                ctx.trash(dst)  # deleted after the group: see purge()
         for t in tools:
             if traced(ctx, t) and t not in failed:
                 dst = fresh(t + "-strace")
                 if ensure_space(ctx, man):
                     argv, env, pre = tool_cmd(ctx, t, scenario, wname, src, dst)
                     run_strace(ctx, g, t, argv, env, pre)
-                dispose(ctx, g, dst)
+                ctx.trash(dst)
+        ctx.purge(f"after {wname}/copy")
     elif scenario in ("noop", "touch"):
         state, tsrc, dst = cached_pair(ctx, wname, scenario, src, man)
         if state is None:
@@ -682,18 +747,48 @@ def traced(ctx, t):
     return ctx.strace and not ctx.over_budget() and (not ctx.args.smoke or TOOLS[t][0] != "peer")
 
 
-def dispose(ctx, g, dst):
-    """Delete a copy target right away, before its data is written back.
+def settle_fs(ctx):
+    """After a mass delete: wait until creating files is as fast as it was before.
 
-    On this kind of disk (ext4 mounted with `discard`) deleting files whose blocks are
-    already on disk costs 1-3 ms per file and slows file creation for a while after;
-    deleting files that are still only dirty page cache costs ~30 us per file and frees
-    no blocks, so a target is removed as soon as it has been checked."""
-    if not os.path.lexists(dst):
-        return
-    t = time.perf_counter()
-    subprocess.run(["rm", "-rf", dst], check=False)
-    ctx.delete_s.append(time.perf_counter() - t)
+    On ext4 mounted with `discard` (these VMs), deleting files whose data reached the disk
+    costs ~0.1-1 ms per file and file creation stays several times slower for up to a
+    minute after. The probe copies a 500-file tree with floor_copy and is compared with the
+    fastest probe seen; returns the seconds waited (at most --settle)."""
+    if not ctx.args.settle:
+        return 0.0
+    t0 = time.time()
+    while True:
+        os.sync()
+        ctx.seq += 1
+        d = os.path.join(ctx.root, "probe", f"copy.{os.getpid()}.{ctx.seq}")
+        t = time.perf_counter()
+        subprocess.run([ctx.bin["floor_copy"], ctx.probe_src, d, "1"], stdout=subprocess.DEVNULL, check=False)
+        el = time.perf_counter() - t
+        subprocess.run(["rm", "-rf", d], check=False)
+        ctx.probe_best = min(ctx.probe_best, el)
+        if el <= 1.5 * ctx.probe_best + 0.005 or time.time() - t0 >= ctx.args.settle:
+            return time.time() - t0
+        time.sleep(3)
+
+
+def make_probe(ctx):
+    """The small tree settle_fs() copies, and its baseline speed."""
+    ctx.probe_src = os.path.join(ctx.root, "probe", "src")
+    if not os.path.isdir(ctx.probe_src):
+        tmp = ctx.probe_src + f".tmp{os.getpid()}"
+        os.makedirs(tmp)
+        gen_flat(tmp, {"kind": "flat", "files": 500, "size": 4 * KiB, "dirs": 5, "seed": 99})
+        os.rename(tmp, ctx.probe_src)
+    ctx.probe_best = float("inf")
+    if ctx.args.settle:
+        for _ in range(3):
+            ctx.seq += 1
+            d = os.path.join(ctx.root, "probe", f"copy.{os.getpid()}.{ctx.seq}")
+            os.sync()
+            t = time.perf_counter()
+            subprocess.run([ctx.bin["floor_copy"], ctx.probe_src, d, "1"], stdout=subprocess.DEVNULL, check=False)
+            ctx.probe_best = min(ctx.probe_best, time.perf_counter() - t)
+            subprocess.run(["rm", "-rf", d], check=False)
 
 
 def save_state(state):
@@ -706,7 +801,7 @@ def cached_pair(ctx, wname, scenario, src, man):
 
     noop re-syncs SRC into a kept copy; touch works on a kept copy of SRC (whose files get
     changed) and a kept target. Both are made once with floor_copy and reused while they
-    still compare equal, so they are never deleted (see dispose())."""
+    still compare equal, so they are not deleted and recreated (see settle_fs())."""
     base = os.path.join(ctx.root, "cache", wname)
     os.makedirs(base, exist_ok=True)
     path = os.path.join(base, f"{scenario}.json")
@@ -894,6 +989,7 @@ def tool_label(t):
 
 
 def write_report(ctx, groups, info, final):
+    groups = all_groups(ctx, groups, SMOKE if ctx.args.smoke else FULL)
     out = ctx.out
     chart_dir = ctx.chart_dir
     os.makedirs(chart_dir, exist_ok=True)
@@ -902,8 +998,9 @@ def write_report(ctx, groups, info, final):
     L.append("# ferry benchmarks")
     L.append("")
     L.append(f"Generated by `python3 bench/run.py {' '.join(ctx.argv_shown)}` on {info['date']}"
-             + ("" if final else " (incomplete: still running or interrupted)") + ". Regenerate with the same "
-             "command; every number below comes from that one run, all tools measured side by side.")
+             + ("" if final else " (incomplete: still running or interrupted)") + ". Within each table all "
+             "tools were measured side by side in one run; tables kept from an earlier run of the bench "
+             "(with other `--workloads`/`--scenarios`) say so. `--fresh-report` drops those.")
     if ctx.args.smoke:
         L.append("")
         L.append("**Smoke mode**: tiny workloads and one run — these numbers check the harness, they "
@@ -931,11 +1028,12 @@ def write_report(ctx, groups, info, final):
     L.append("- × floor: median wall time divided by the faster floor program; × best peer: divided by the "
              "fastest of rsync, rclone, cp, tar (for listing: of find and rclone lsf, which stat every entry "
              "as ferry ls does). Lower is better.")
-    L.append("- copy: into a target that does not exist yet, with a new name every run. The target is "
-             "checked, then deleted at once, before its data is written back: on this disk (ext4 mounted "
-             "with `discard`) deleting files whose blocks already reached the disk costs 1–3 ms per file "
-             "and makes file creation several times slower for a while after, whereas deleting still-dirty "
-             "files costs ~30 µs per file and frees no blocks. noop: re-sync into a kept, equal copy. "
+    L.append("- copy: into a target that does not exist yet, with a new name every run. Targets are only "
+             "deleted after the copy runs of a workload (or when space runs out), never between two timed "
+             "copies, and each such deletion is followed by a wait until a probe copy of 500 small files is "
+             "back to its usual speed: on this disk (ext4 mounted with `discard`) deleting files whose data "
+             "reached the disk costs ~0.1–1 ms per file and file creation stays several times slower for up "
+             "to a minute after. noop: re-sync into a kept, equal copy. "
              "touch: before each run the same 1% of the files of a kept copy of the source get their "
              "first 4 KiB rewritten and a new mtime (sizes unchanged), then the tool re-syncs into a kept "
              "target. The kept copies are made once with floor_copy and reused by later runs of the bench "
@@ -945,7 +1043,8 @@ def write_report(ctx, groups, info, final):
              "restored with rsync before the next run; ferry's first copy" + (" and every smoke copy" if ctx.args.smoke else "")
              + " is also compared byte for byte with `diff -r`.")
     L.append("- other load: CPU (in cores) that other processes used while the tool ran, median over the "
-             "runs (from /proc/stat minus the tool's own CPU; – for runs under 0.25 s). Near 0 means the "
+             "runs (from /proc/stat minus the tool's own CPU, so kernel writeback threads count too; – for "
+             "runs under 0.25 s). Near 0 means the "
              "numbers are clean; "
              f"with {NPROC} cores, anything above ~0.2 means they are not."
              + (f" Before each timed run the bench waited up to {ctx.args.wait_idle:.0f} s for the machine to "
@@ -955,9 +1054,6 @@ def write_report(ctx, groups, info, final):
              "`floor_stat` (both trees listed + statx'ed and compared: the no-op floor; with `-u` it "
              "also rewrites changed files via temp + rename: the touch floor), `floor_ls -p` (getdents64 + "
              "statx, prints `SIZE MTIME_NS PATH` like `ferry ls`).")
-    if ctx.delete_s:
-        L.append(f"- Deleting the {len(ctx.delete_s)} copy targets took {sum(ctx.delete_s):.0f} s in all "
-                 f"(at most {max(ctx.delete_s):.1f} s for one).")
     if ctx.idle_waits:
         waited = [w for w in ctx.idle_waits if w > 0.6]
         if sum(ctx.idle_waits) >= ctx.args.wait_idle_total * 60:
@@ -969,8 +1065,8 @@ def write_report(ctx, groups, info, final):
                      + (f" and started {sum(1 for w in waited if w >= ctx.args.wait_idle)} run(s) anyway after "
                         f"{ctx.args.wait_idle:.0f} s." if any(w >= ctx.args.wait_idle for w in waited) else "."))
     if ctx.purges:
-        L.append(f"- Old targets were deleted {len(ctx.purges)} time(s) during the run "
-                 f"({'; '.join(ctx.purges)}).")
+        L.append(f"- Old targets were deleted {len(ctx.purges)} time(s) during the run: "
+                 f"{'; '.join(ctx.purges)}.")
     L.append("")
     L.append("Commands (SRC, DST stand for the workload's source and target):")
     L.append("")
@@ -1001,6 +1097,9 @@ def write_report(ctx, groups, info, final):
             L.append("")
             L.append(f"### {wname} — {SCENARIO_TITLE[g.scenario]}")
             L.append("")
+            if g.date:
+                L.append(f"_From an earlier run: {g.date}, `python3 bench/run.py {g.cmdline}`._")
+                L.append("")
             if g.note:
                 L.append(f"_{g.note}_")
                 L.append("")
@@ -1129,14 +1228,16 @@ def main():
     ap.add_argument("--budget", type=float, default=150,
                     help="minutes; past it, remaining groups get 1 run and no strace (default 150)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per command (default 900)")
-    ap.add_argument("--settle", type=float, default=None, help="seconds of rest after deleting old targets "
-                    "(default 60, smoke 0)")
+    ap.add_argument("--settle", type=float, default=None, help="after deleting old targets, wait up to this "
+                    "many seconds for file creation to get back to speed (default 180, smoke 0)")
     ap.add_argument("--check-ls", action="store_true", help="compare `ferry ls` output with floor_ls (always in smoke)")
     ap.add_argument("--wait-idle", type=float, default=None,
                     help="before each timed run wait up to this many seconds for the machine to be idle "
                     "(default 30, smoke 0)")
     ap.add_argument("--wait-idle-total", type=float, default=20,
                     help="minutes: stop waiting for an idle machine once this much was spent (default 20)")
+    ap.add_argument("--fresh-report", action="store_true",
+                    help="report only this run (default: also tables of earlier runs for other workloads/scenarios)")
     ap.add_argument("--keep-going", action="store_true", help="exit 0 even if a tool failed")
     args = ap.parse_args()
     if args.runs is None:
@@ -1144,7 +1245,7 @@ def main():
     if args.wait_idle is None:
         args.wait_idle = 0 if args.smoke else 30
     if args.settle is None:
-        args.settle = 0 if args.smoke else 60
+        args.settle = 0 if args.smoke else 180
     ctx = Ctx()
     ctx.args = args
     ctx.start = time.time()
@@ -1152,7 +1253,7 @@ def main():
     ctx.over_budget = lambda: args.budget > 0 and time.time() - ctx.start > args.budget * 60
     ctx.seq = 0
     ctx.purges = []
-    ctx.delete_s = []
+    ctx.running = None
     ctx.idle_waits = []
     ctx.env = dict(os.environ, RCLONE_CONFIG="/dev/null", LC_ALL="C")
     workloads = [w for w in args.workloads.split(",") if w]
@@ -1229,14 +1330,20 @@ def main():
         os.sync()
         wait_writeback(120)
         took = time.time() - t
-        if settle and args.settle:
-            time.sleep(args.settle)
-        ctx.purges.append(f"{why}: {took:.0f} s" + (f" + {args.settle:.0f} s rest" if settle and args.settle else ""))
-        log(f"  ... took {took:.0f} s")
+        rest = settle_fs(ctx) if settle else 0.0
+        ctx.purges.append(f"{why}: {took:.0f} s" + (f", then {rest:.0f} s until file creation was back "
+                                                    "to speed" if settle else ""))
+        log(f"  ... took {took:.0f} s" + (f" + {rest:.0f} s to settle" if settle else ""))
 
     ctx.trash, ctx.purge = trash, purge
+    make_probe(ctx)
+    dst_root = os.path.join(ctx.root, "dst")
+    for dirpath, dirnames, _ in os.walk(dst_root):
+        if os.path.relpath(dirpath, dst_root).count(os.sep) == 1:  # dst/<workload>/<scenario>
+            for n in dirnames:
+                trash(os.path.join(dirpath, n))
+            dirnames[:] = []
     purge("left over from an earlier run")
-    ctx.purges.clear()
 
     specs = SMOKE if args.smoke else FULL
     ctx.specs = {w: specs[w] for w in workloads}
@@ -1249,12 +1356,30 @@ def main():
     os.sync()
     info = machine_info(ctx)
     groups = []
-    for w in workloads:
-        warm(ctx, srcs[w])
-        for s in scenarios:
-            g = run_group(ctx, w, s, srcs[w], ctx.manifests[w])
-            groups.append(g)
+
+    def on_term(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGHUP, on_term)
+    try:
+        for w in workloads:
+            warm(ctx, srcs[w])
+            for s in scenarios:
+                g = run_group(ctx, w, s, srcs[w], ctx.manifests[w])
+                groups.append(g)
+                save_group(ctx, g, info)
+                write_report(ctx, groups, info, final=False)
+    except KeyboardInterrupt:
+        log("bench: interrupted; the report keeps what was measured")
+        if groups:
             write_report(ctx, groups, info, final=False)
+        for dirpath, dirnames, _ in os.walk(dst_root):  # the copy target of the interrupted run
+            if os.path.relpath(dirpath, dst_root).count(os.sep) == 1:
+                for n in dirnames:
+                    subprocess.run(["rm", "-rf", os.path.join(dirpath, n)], check=False)
+                dirnames[:] = []
+        return 130
     write_report(ctx, groups, info, final=True)
     log(f"bench: report {ctx.out}, charts in {ctx.chart_dir}, {time.time() - ctx.start:.0f} s")
 

@@ -5,7 +5,8 @@
  * writes `wall_ns user_us sys_us maxrss_kib status timed_out` to OUTFILE.
  * A small C process is the parent so that the peak RSS reported for CMD is CMD's
  * own: a child forked from Python starts with Python's RSS high-water mark.
- * After TIMEOUT_S seconds (0 = none) the process group gets SIGKILL.
+ * After TIMEOUT_S seconds (0 = none), or when runtool gets SIGTERM/SIGINT/SIGHUP, the
+ * process group gets SIGKILL.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -25,6 +26,13 @@ static void on_alarm(int sig) {
     (void)sig;
     timed_out = 1;
     if (child > 0) kill(-child, SIGKILL);
+}
+
+/* The bench was interrupted: take the tool down with us. */
+static void on_term(int sig) {
+    if (child > 0) kill(-child, SIGKILL);
+    signal(sig, SIG_DFL);
+    raise(sig);
 }
 
 int main(int argc, char **argv) {
@@ -48,6 +56,9 @@ int main(int argc, char **argv) {
     }
     child = pid;
     setpgid(pid, pid);
+    signal(SIGTERM, on_term);
+    signal(SIGINT, on_term);
+    signal(SIGHUP, on_term);
     if (timeout > 0) {
         signal(SIGALRM, on_alarm);
         struct itimerval it = {{0, 0}, {(time_t)timeout, (suseconds_t)((timeout - (time_t)timeout) * 1e6)}};

@@ -357,23 +357,12 @@ impl Store for LocalStore {
     }
 
     fn open_dir(&self, parent: &LocalDir, name: &CStr) -> io::Result<LocalDir> {
-        let fd = rfs::openat(
-            &parent.fd,
-            name,
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-        )?;
-        self.wrap_dir(fd)
+        self.wrap_dir(open_subdir(parent.fd.as_fd(), name)?)
     }
 
     fn make_dir(&self, parent: &LocalDir, name: &CStr) -> io::Result<LocalDir> {
         rfs::mkdirat(&parent.fd, name, Mode::from_raw_mode(0o700))?;
-        let fd = rfs::openat(
-            &parent.fd,
-            name,
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-        )?;
+        let fd = open_subdir(parent.fd.as_fd(), name)?;
         // A new directory inherits set-group-ID (and so the group) from its parent.
         Ok(LocalDir {
             fd,
@@ -590,15 +579,20 @@ impl SourceFile for LocalReader {
     }
 }
 
-/// Remove a directory tree below `parent`, making directories writable when
-/// needed. Returns the number of entries removed (the directory included).
-fn remove_tree(parent: BorrowedFd<'_>, name: &CStr) -> io::Result<u64> {
-    let fd = rfs::openat(
+/// Open a subdirectory without following a symlink in its place.
+fn open_subdir(parent: BorrowedFd<'_>, name: &CStr) -> io::Result<OwnedFd> {
+    Ok(rfs::openat(
         parent,
         name,
         OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
         Mode::empty(),
-    )?;
+    )?)
+}
+
+/// Remove a directory tree below `parent`, making directories writable when
+/// needed. Returns the number of entries removed (the directory included).
+fn remove_tree(parent: BorrowedFd<'_>, name: &CStr) -> io::Result<u64> {
+    let fd = open_subdir(parent, name)?;
     let mut names: Vec<(CString, bool)> = Vec::new();
     {
         let mut buf = vec![MaybeUninit::<u8>::uninit(); 64 * 1024];

@@ -23,6 +23,9 @@ pub enum Format {
     Json,
 }
 
+/// Directories with more entries than this are formatted by several threads.
+const PARALLEL_FORMAT_MIN: usize = 16384;
+
 struct Dir<S: Store> {
     rel: Vec<u8>,
     dir: S::Dir,
@@ -74,16 +77,8 @@ pub fn list_tree<S: Store, W: Write + Send>(
             on_error(&join(&dir.rel, &e.name), &e.err);
         }
         count.fetch_add(list.len() as u64, std::sync::atomic::Ordering::Relaxed);
-        let mut buf = Vec::with_capacity(list.len() * 48);
         let mut subdirs = Vec::new();
         for e in list.entries() {
-            let name = list.name(e);
-            let target = if e.meta.kind == Kind::Symlink {
-                store.read_link(&dir.dir, list.cname(e)).ok()
-            } else {
-                None
-            };
-            format_entry(&mut buf, format, &dir.rel, name, &e.meta, target.as_deref());
             if e.meta.kind == Kind::Dir {
                 subdirs.push(Task::Sub {
                     parent: dir.clone(),
@@ -91,9 +86,45 @@ pub fn list_tree<S: Store, W: Write + Send>(
                 });
             }
         }
-        if !buf.is_empty() {
+        let format_part = |part: &[crate::entry::ListEntry]| {
+            let mut buf = Vec::with_capacity(part.len() * 48);
+            for e in part {
+                let target = if e.meta.kind == Kind::Symlink {
+                    store.read_link(&dir.dir, list.cname(e)).ok()
+                } else {
+                    None
+                };
+                format_entry(
+                    &mut buf,
+                    format,
+                    &dir.rel,
+                    list.name(e),
+                    &e.meta,
+                    target.as_deref(),
+                );
+            }
+            buf
+        };
+        // A huge directory is formatted by several threads, in order.
+        let entries = list.entries();
+        let parts: Vec<Vec<u8>> = if entries.len() >= PARALLEL_FORMAT_MIN && jobs > 1 {
+            let chunk = entries.len().div_ceil(jobs);
+            std::thread::scope(|s| {
+                let handles: Vec<_> = entries
+                    .chunks(chunk)
+                    .map(|p| s.spawn(move || format_part(p)))
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().expect("format thread panicked"))
+                    .collect()
+            })
+        } else {
+            vec![format_part(entries)]
+        };
+        if parts.iter().any(|p| !p.is_empty()) {
             let mut w = out.lock().unwrap();
-            if let Err(e) = w.write_all(&buf) {
+            if let Err(e) = parts.iter().try_for_each(|p| w.write_all(p)) {
                 drop(w);
                 *write_err.lock().unwrap() = Some(e);
                 pool.stop();
