@@ -748,7 +748,8 @@ fn backoff(attempt: u32) {
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos());
     let jitter = base.mul_f64((nanos % 1000) as f64 / 2000.0);
-    std::thread::sleep(base + jitter);
+    let backoff_delay = base + jitter;
+    std::thread::sleep(backoff_delay);
 }
 
 /// `1600000000.123456789`: seconds with a nanosecond fraction (rclone's format).
