@@ -637,6 +637,7 @@ def group_tools(ctx, scenario, wname):
 
 def run_group(ctx, wname, scenario, src, man):
     g = Group(wname, scenario)
+    ctx.current = g
     for t in ctx.tools:
         if scenario in TOOLS[t][1] and t in ctx.missing:
             g.skipped[t] = ctx.missing[t]
@@ -1372,6 +1373,11 @@ def main():
                 write_report(ctx, groups, info, final=False)
     except KeyboardInterrupt:
         log("bench: interrupted; the report keeps what was measured")
+        g = getattr(ctx, "current", None)
+        if g is not None and g not in groups and any(r["wall"] for r in g.res.values()):
+            g.note = (g.note + "; " if g.note else "") + "interrupted: fewer runs than asked"
+            groups.append(g)
+            save_group(ctx, g, info)
         if groups:
             write_report(ctx, groups, info, final=False)
         for dirpath, dirnames, _ in os.walk(dst_root):  # the copy target of the interrupted run
