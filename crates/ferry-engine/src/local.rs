@@ -428,7 +428,16 @@ impl Store for LocalStore {
                 let want = ((size - total.min(size)) as usize)
                     .saturating_add(1)
                     .min(cap);
-                let n = src.read(&mut buf[..want])?;
+                // Network sources hand over a few KiB per read: gather a
+                // full buffer first, so each write syscall carries `want`
+                // bytes (lesson 3: few, large syscalls).
+                let mut n = 0;
+                while n < want {
+                    match src.read(&mut buf[n..want])? {
+                        0 => break,
+                        k => n += k,
+                    }
+                }
                 if n == 0 {
                     return Ok(total);
                 }
@@ -437,7 +446,7 @@ impl Store for LocalStore {
                     l.acquire(n as u64);
                 }
                 total += n as u64;
-                if total > size || (total == size && n < want) {
+                if total > size || n < want {
                     return Ok(total);
                 }
             }
