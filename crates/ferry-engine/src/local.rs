@@ -13,7 +13,7 @@ use std::cell::RefCell;
 use std::ffi::{CStr, CString};
 use std::io;
 use std::mem::MaybeUninit;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -49,6 +49,10 @@ pub struct LocalStore {
     egid: u32,
     reflink: AtomicBool,
     copy_range: AtomicBool,
+    /// New files are written as `O_TMPFILE` and named with `linkat`: one
+    /// directory operation instead of create + rename (44% of the cost of a
+    /// small file's copy on ext4, see docs/DESIGN.md).
+    tmpfile: AtomicBool,
 }
 
 /// An open local directory.
@@ -76,7 +80,8 @@ pub struct LocalReader {
 #[derive(Debug)]
 pub struct LocalWriter {
     fd: OwnedFd,
-    tmp: TempName,
+    /// `None`: an unnamed `O_TMPFILE`, given its name by `linkat` at commit.
+    tmp: Option<TempName>,
 }
 
 impl LocalStore {
@@ -92,6 +97,7 @@ impl LocalStore {
             egid: rustix::process::getegid().as_raw(),
             reflink: AtomicBool::new(true),
             copy_range: AtomicBool::new(true),
+            tmpfile: AtomicBool::new(Path::new("/proc/self/fd").is_dir()),
         }
     }
 
@@ -398,14 +404,31 @@ impl Store for LocalStore {
     }
 
     fn create_file(&self, dir: &LocalDir, _name: &CStr, meta: &Meta) -> io::Result<LocalWriter> {
+        let mode = Mode::from_raw_mode(meta.mode & 0o777);
+        if self.tmpfile.load(Ordering::Relaxed) {
+            // An unnamed file in the target directory: nothing to see, and
+            // nothing to clean up after a kill, until `linkat` names it.
+            match rfs::openat(
+                &dir.fd,
+                c".",
+                OFlags::WRONLY | OFlags::TMPFILE | OFlags::CLOEXEC,
+                mode,
+            ) {
+                Ok(fd) => return Ok(LocalWriter { fd, tmp: None }),
+                Err(e) if is_unsupported(e) || e == Errno::ISDIR || e == Errno::NOENT => {
+                    self.tmpfile.store(false, Ordering::Relaxed)
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
         let tmp = TempName::new();
         let fd = rfs::openat(
             &dir.fd,
             tmp.as_cstr(),
             OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC,
-            Mode::from_raw_mode(meta.mode & 0o777),
+            mode,
         )?;
-        Ok(LocalWriter { fd, tmp })
+        Ok(LocalWriter { fd, tmp: Some(tmp) })
     }
 
     fn write_from(
@@ -475,11 +498,49 @@ impl Store for LocalStore {
             Ok(())
         })();
         let LocalWriter { fd, tmp } = w;
-        drop(fd);
         if let Err(e) = res {
-            let _ = rfs::unlinkat(&dir.fd, tmp.as_cstr(), AtFlags::empty());
+            drop(fd);
+            if let Some(t) = &tmp {
+                let _ = rfs::unlinkat(&dir.fd, t.as_cstr(), AtFlags::empty());
+            }
             return Err(e);
         }
+        let tmp = match tmp {
+            Some(t) => t,
+            None => {
+                // Name the finished file. `/proc/self/fd` needs no capability
+                // (AT_EMPTY_PATH would need CAP_DAC_READ_SEARCH).
+                let proc_path = format!("/proc/self/fd/{}", fd.as_raw_fd());
+                match rfs::linkat(
+                    rfs::CWD,
+                    proc_path.as_str(),
+                    &dir.fd,
+                    name,
+                    AtFlags::SYMLINK_FOLLOW,
+                ) {
+                    Ok(()) => return Ok(()),
+                    // Replacing an existing entry: link under a temporary
+                    // name, then rename over it (atomic replace).
+                    Err(Errno::EXIST) => {
+                        let t = TempName::new();
+                        rfs::linkat(
+                            rfs::CWD,
+                            proc_path.as_str(),
+                            &dir.fd,
+                            t.as_cstr(),
+                            AtFlags::SYMLINK_FOLLOW,
+                        )?;
+                        t
+                    }
+                    Err(e) => {
+                        // No usable /proc: named temporaries from now on.
+                        self.tmpfile.store(false, Ordering::Relaxed);
+                        return Err(e.into());
+                    }
+                }
+            }
+        };
+        drop(fd);
         if let Err(e) = rfs::renameat(&dir.fd, tmp.as_cstr(), &dir.fd, name) {
             let _ = rfs::unlinkat(&dir.fd, tmp.as_cstr(), AtFlags::empty());
             return Err(e.into());
@@ -490,7 +551,9 @@ impl Store for LocalStore {
     fn abort(&self, dir: &LocalDir, w: LocalWriter) {
         let LocalWriter { fd, tmp } = w;
         drop(fd);
-        let _ = rfs::unlinkat(&dir.fd, tmp.as_cstr(), AtFlags::empty());
+        if let Some(tmp) = tmp {
+            let _ = rfs::unlinkat(&dir.fd, tmp.as_cstr(), AtFlags::empty());
+        }
     }
 
     fn create_symlink(
