@@ -1300,7 +1300,9 @@ def main():
     ctx.bin = build_floors(os.path.join(workdir, "bin"))
     if args.out:
         ctx.out = os.path.abspath(args.out)
-        ctx.chart_dir = os.path.join(os.path.dirname(ctx.out), "charts") if args.smoke else os.path.join(HERE, "charts")
+        # charts beside the report; bench/charts only for a report at the repo root
+        in_repo = os.path.dirname(ctx.out) == REPO
+        ctx.chart_dir = os.path.join(HERE, "charts") if in_repo else os.path.join(os.path.dirname(ctx.out), "charts")
     elif args.smoke:
         ctx.out = os.path.join(ctx.root, "BENCHMARKS.md")
         ctx.chart_dir = os.path.join(ctx.root, "charts")
