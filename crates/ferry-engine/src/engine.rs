@@ -702,19 +702,12 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             .dst
             .open_root()?
             .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
-        let mut sl = Listing::new();
-        let mut dl = Listing::new();
-        let mut errs = Vec::new();
-        self.src.list(&sdir, b"", None, &mut sl, &mut errs)?;
-        self.dst.list(&ddir, b"", None, &mut dl, &mut errs)?;
-        let find = |l: &Listing, n: &CStr| {
-            l.entries()
-                .iter()
-                .find(|e| l.name(e) == n.to_bytes())
-                .map(|e| e.meta)
-        };
-        let sm = find(&sl, src_name).ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
-        let dm = find(&dl, dst_name);
+        // One entry on each side: stat it, never list its whole directory.
+        let sm = self
+            .src
+            .stat(&sdir, src_name)?
+            .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
+        let dm = self.dst.stat(&ddir, dst_name)?;
         Stats::add(&self.stats.entries_scanned, 1);
         let path = dst_name.to_bytes();
         let changed = match dm {

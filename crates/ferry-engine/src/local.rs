@@ -362,6 +362,15 @@ impl Store for LocalStore {
         Ok(())
     }
 
+    fn stat(&self, dir: &LocalDir, name: &CStr) -> io::Result<Option<Meta>> {
+        let mut meta = EMPTY_META;
+        match Self::stat_into(dir.fd.as_fd(), name, &mut meta) {
+            Ok(()) => Ok(Some(meta)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     fn open_dir(&self, parent: &LocalDir, name: &CStr) -> io::Result<LocalDir> {
         self.wrap_dir(open_subdir(parent.fd.as_fd(), name)?)
     }

@@ -85,6 +85,10 @@ pub trait Store: Send + Sync {
         errors: &mut Vec<ListError>,
     ) -> io::Result<()>;
 
+    /// Metadata of one entry of `dir` (not following a symlink), `None` if
+    /// it does not exist: what a single-file copy needs instead of a listing.
+    fn stat(&self, dir: &Self::Dir, name: &CStr) -> io::Result<Option<Meta>>;
+
     /// Open a subdirectory.
     fn open_dir(&self, parent: &Self::Dir, name: &CStr) -> io::Result<Self::Dir>;
     /// Create a subdirectory, writable by us; its final metadata is set by

@@ -496,6 +496,14 @@ impl Store for S3Store {
         Ok(())
     }
 
+    fn stat(&self, dir: &S3Dir, name: &CStr) -> io::Result<Option<Meta>> {
+        match self.head(&self.key(dir, name)?, 0, None) {
+            Ok(m) => Ok(Some(m)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     fn open_dir(&self, parent: &S3Dir, name: &CStr) -> io::Result<S3Dir> {
         Ok(S3Dir {
             prefix: format!("{}/", self.key(parent, name)?),
@@ -581,22 +589,15 @@ impl Store for S3Store {
         match w.upload.take() {
             None => self.put(&w.key, &w.buf, &w.meta),
             Some(up) => {
-                let url = CompleteMultipartUpload::new(
+                let complete = CompleteMultipartUpload::new(
                     &self.bucket,
                     self.creds(),
                     &w.key,
                     &up.id,
                     up.etags.iter().map(String::as_str),
-                )
-                .sign(SIGN_TTL);
-                let body = CompleteMultipartUpload::new(
-                    &self.bucket,
-                    self.creds(),
-                    &w.key,
-                    &up.id,
-                    up.etags.iter().map(String::as_str),
-                )
-                .body();
+                );
+                let url = complete.sign(SIGN_TTL);
+                let body = complete.body();
                 let r = self.send("CompleteMultipartUpload", &w.key, || {
                     self.agent.post(url.as_str()).send(body.as_bytes())
                 });
