@@ -17,6 +17,7 @@ use std::time::Instant;
 
 use crate::bwlimit::Limiter;
 use crate::entry::{join, Kind, Listing, Meta};
+use crate::etag;
 use crate::filter::Filter;
 use crate::plan::{meta_change, plan_dir, PlanOptions, Step};
 use crate::pool::Pool;
@@ -123,6 +124,10 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             delete: opts.mode == Mode::Sync,
             checksum: opts.checksum,
             owner: dst.preserves_owner() && src.preserves_owner(),
+            partial_cutoff: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs() as i64)
+                - crate::store::PARTIAL_KEEP_SECS,
         };
         Engine {
             src,
@@ -619,7 +624,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             let (Some(d), Some(dm)) = (&node.dst, dst_meta) else {
                 return;
             };
-            match self.same_content(&node.src, name, d, name) {
+            match self.same_content(&node.src, name, d, name, meta.size) {
                 Ok(true) => {
                     Stats::add(&self.stats.unchanged, 1);
                     let c = meta_change(meta, &dm, self.plan.owner);
@@ -666,16 +671,17 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
     ) -> io::Result<u64> {
         let mut r = self.src.open_file(sdir, sname)?;
         let mut w = self.dst.create_file(ddir, name, meta)?;
-        let n = match self
-            .dst
-            .write_from(&mut w, &mut r, meta.size, self.opts.bwlimit.as_ref())
-        {
-            Ok(n) => n,
-            Err(e) => {
-                self.dst.abort(ddir, w);
-                return Err(e);
-            }
-        };
+        let n =
+            match self
+                .dst
+                .write_from(ddir, &mut w, &mut r, meta.size, self.opts.bwlimit.as_ref())
+            {
+                Ok(n) => n,
+                Err(e) => {
+                    self.dst.abort(ddir, w);
+                    return Err(e);
+                }
+            };
         drop(r);
         if n != meta.size {
             self.dst.abort(ddir, w);
@@ -715,7 +721,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             Some(dm) if dm.kind != Kind::File => true,
             Some(dm) if dm.size != sm.size => true,
             Some(_) if self.opts.checksum => {
-                !self.same_content(&sdir, src_name, &ddir, dst_name)?
+                !self.same_content(&sdir, src_name, &ddir, dst_name, sm.size)?
             }
             Some(dm) => !sm.same_mtime(&dm),
         };
@@ -756,13 +762,35 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         Ok(self.stats.summary(start.elapsed()))
     }
 
+    /// `--checksum`: compare content. A store that keeps a hash (S3 ETag)
+    /// spares reading its side: the other side's bytes are hashed to match.
     fn same_content(
         &self,
         sdir: &S::Dir,
         sname: &CStr,
         ddir: &D::Dir,
         dname: &CStr,
+        size: u64,
     ) -> io::Result<bool> {
+        match (self.src.etag(sdir, sname)?, self.dst.etag(ddir, dname)?) {
+            (Some(a), Some(b)) if a == b => return Ok(true),
+            (Some(a), Some(b)) if etag::surely_differ(&a, &b, size) => return Ok(false),
+            (None, Some(e)) => {
+                if let Some(same) =
+                    etag::matches(&mut || self.src.open_file(sdir, sname), size, &e)?
+                {
+                    return Ok(same);
+                }
+            }
+            (Some(e), None) => {
+                if let Some(same) =
+                    etag::matches(&mut || self.dst.open_file(ddir, dname), size, &e)?
+                {
+                    return Ok(same);
+                }
+            }
+            _ => {}
+        }
         let mut a = self.src.open_file(sdir, sname)?;
         let mut b = self.dst.open_file(ddir, dname)?;
         let mut ba = vec![0u8; COMPARE_BUF];

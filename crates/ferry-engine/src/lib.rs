@@ -8,8 +8,10 @@
 #![deny(missing_docs)]
 
 pub mod bwlimit;
+pub mod download;
 pub mod engine;
 pub mod entry;
+pub mod etag;
 pub mod filter;
 pub mod local;
 pub mod ls;

@@ -25,6 +25,7 @@ use rustix::fs::{
 use rustix::io::Errno;
 
 use crate::bwlimit::Limiter;
+use crate::download;
 use crate::entry::{Kind, ListEntry, Listing, Meta};
 use crate::filter::Filter;
 use crate::store::{ListError, MetaChange, SourceFile, Store, TEMP_PREFIX};
@@ -82,6 +83,22 @@ pub struct LocalWriter {
     fd: OwnedFd,
     /// `None`: an unnamed `O_TMPFILE`, given its name by `linkat` at commit.
     tmp: Option<TempName>,
+    /// For big files only: the final name, in case the source is fetched
+    /// as parallel ranges into a resumable partial (see `download`).
+    big: Option<CString>,
+    /// The partial download written, once complete.
+    partial: Option<CString>,
+}
+
+impl LocalWriter {
+    fn new(fd: OwnedFd, tmp: Option<TempName>, name: &CStr, meta: &Meta) -> LocalWriter {
+        LocalWriter {
+            fd,
+            tmp,
+            big: (meta.size >= download::RANGED_MIN).then(|| name.to_owned()),
+            partial: None,
+        }
+    }
 }
 
 impl LocalStore {
@@ -412,7 +429,7 @@ impl Store for LocalStore {
         Ok(rfs::readlinkat(&dir.fd, name, Vec::new())?.into_bytes())
     }
 
-    fn create_file(&self, dir: &LocalDir, _name: &CStr, meta: &Meta) -> io::Result<LocalWriter> {
+    fn create_file(&self, dir: &LocalDir, name: &CStr, meta: &Meta) -> io::Result<LocalWriter> {
         let mode = Mode::from_raw_mode(meta.mode & 0o777);
         if self.tmpfile.load(Ordering::Relaxed) {
             // An unnamed file in the target directory: nothing to see, and
@@ -423,7 +440,7 @@ impl Store for LocalStore {
                 OFlags::WRONLY | OFlags::TMPFILE | OFlags::CLOEXEC,
                 mode,
             ) {
-                Ok(fd) => return Ok(LocalWriter { fd, tmp: None }),
+                Ok(fd) => return Ok(LocalWriter::new(fd, None, name, meta)),
                 Err(e) if is_unsupported(e) || e == Errno::ISDIR || e == Errno::NOENT => {
                     self.tmpfile.store(false, Ordering::Relaxed)
                 }
@@ -437,16 +454,24 @@ impl Store for LocalStore {
             OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC,
             mode,
         )?;
-        Ok(LocalWriter { fd, tmp: Some(tmp) })
+        Ok(LocalWriter::new(fd, Some(tmp), name, meta))
     }
 
     fn write_from(
         &self,
+        dir: &LocalDir,
         w: &mut LocalWriter,
         src: &mut dyn SourceFile,
         size: u64,
         limit: Option<&Limiter>,
     ) -> io::Result<u64> {
+        if let (Some(name), Some(r)) = (&w.big, src.ranged()) {
+            let d = download::download(dir.fd(), name, r, limit)?;
+            w.fd = d.fd;
+            w.tmp = None;
+            w.partial = Some(d.name);
+            return Ok(d.size);
+        }
         if let Some(sfd) = src.as_fd() {
             if let Some(n) = self.copy_fd(w.fd.as_fd(), sfd, size, limit)? {
                 return Ok(n);
@@ -497,7 +522,8 @@ impl Store for LocalStore {
             if self.need_chown(dir, meta) {
                 rfs::fchown(&w.fd, Some(uid(meta.uid)), Some(gid(meta.gid)))?;
             }
-            if self.need_chmod(meta.mode) {
+            // A partial download was created 0600.
+            if self.need_chmod(meta.mode) || w.partial.is_some() {
                 rfs::fchmod(&w.fd, Mode::from_raw_mode(meta.mode))?;
             }
             rfs::futimens(&w.fd, &times(meta))?;
@@ -506,7 +532,17 @@ impl Store for LocalStore {
             }
             Ok(())
         })();
-        let LocalWriter { fd, tmp } = w;
+        let LocalWriter {
+            fd, tmp, partial, ..
+        } = w;
+        if let Some(p) = partial {
+            drop(fd);
+            if let Err(e) = res.and_then(|()| Ok(rfs::renameat(&dir.fd, &p, &dir.fd, name)?)) {
+                let _ = rfs::unlinkat(&dir.fd, &p, AtFlags::empty());
+                return Err(e);
+            }
+            return Ok(());
+        }
         if let Err(e) = res {
             drop(fd);
             if let Some(t) = &tmp {
@@ -558,10 +594,18 @@ impl Store for LocalStore {
     }
 
     fn abort(&self, dir: &LocalDir, w: LocalWriter) {
-        let LocalWriter { fd, tmp } = w;
+        // A failed ranged download never got here as `partial`: its file
+        // stays for the next run to resume. A complete one that is not
+        // wanted (the object changed since it was listed) goes.
+        let LocalWriter {
+            fd, tmp, partial, ..
+        } = w;
         drop(fd);
         if let Some(tmp) = tmp {
             let _ = rfs::unlinkat(&dir.fd, tmp.as_cstr(), AtFlags::empty());
+        }
+        if let Some(p) = partial {
+            let _ = rfs::unlinkat(&dir.fd, &p, AtFlags::empty());
         }
     }
 

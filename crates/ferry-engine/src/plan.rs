@@ -15,10 +15,11 @@
 //!
 //! Different kinds are `Replace`. Destination-only entries are `Delete` in
 //! sync mode and kept in copy mode; ferry's own leftover temporaries are
-//! always `RemoveTemp`.
+//! always `RemoveTemp`, except partial downloads (`.ferry-tmp.part.*`) used
+//! recently: they are kept for the next download of their file to resume.
 
 use crate::entry::{Kind, Listing, Meta};
-use crate::store::{is_temp_name, MetaChange};
+use crate::store::{is_partial_name, is_temp_name, MetaChange};
 
 /// One step of a directory's plan. Indexes point into the source (`s`) and
 /// destination (`d`) listings.
@@ -60,6 +61,9 @@ pub struct PlanOptions {
     pub checksum: bool,
     /// Compare and preserve owner and group.
     pub owner: bool,
+    /// Partial downloads modified at or after this time (seconds since the
+    /// epoch) are kept; older ones are removed like other temporaries.
+    pub partial_cutoff: i64,
 }
 
 /// Metadata to change so that `dst` matches `src` (content aside).
@@ -98,7 +102,10 @@ pub fn plan_dir(src: &Listing, dst: &Listing, opts: &PlanOptions, out: &mut Vec<
                 i += 1;
             }
             std::cmp::Ordering::Greater => {
-                if is_temp_name(dst.name(&de[j])) {
+                let name = dst.name(&de[j]);
+                if is_partial_name(name) && de[j].meta.mtime_sec >= opts.partial_cutoff {
+                    // Kept for resuming.
+                } else if is_temp_name(name) {
                     out.push(Step::RemoveTemp { d: j });
                 } else if opts.delete {
                     out.push(Step::Delete { d: j });
@@ -174,6 +181,7 @@ mod tests {
                 delete,
                 checksum,
                 owner: false,
+                partial_cutoff: 0,
             },
             &mut out,
         );
@@ -246,6 +254,35 @@ mod tests {
                     owner: false
                 }
             }]
+        );
+    }
+
+    #[test]
+    fn recent_partial_downloads_are_kept_old_ones_removed() {
+        let f = |sz, t| m(Kind::File, sz, t);
+        let s = listing(&[("a", f(1, 1))]);
+        let d = listing(&[
+            (".ferry-tmp.part.00aa", f(5, 100)),
+            (".ferry-tmp.part.00bb", f(5, 300)),
+            ("a", f(1, 1)),
+        ]);
+        let opts = PlanOptions {
+            delete: true,
+            partial_cutoff: 200,
+            ..PlanOptions::default()
+        };
+        let mut out = Vec::new();
+        plan_dir(&s, &d, &opts, &mut out);
+        assert_eq!(
+            out,
+            vec![
+                Step::RemoveTemp { d: 0 },
+                Step::Same {
+                    s: 0,
+                    d: 2,
+                    meta: MetaChange::default()
+                },
+            ]
         );
     }
 }

@@ -7,6 +7,7 @@
 //! for (`SourceFile::as_fd` lets the local writer use reflink or
 //! `copy_file_range`), never a special case in the engine.
 
+use std::any::Any;
 use std::ffi::CStr;
 use std::io;
 use std::os::fd::BorrowedFd;
@@ -56,6 +57,27 @@ pub trait SourceFile: Send {
     /// The file descriptor, when the source is a local file (enables
     /// reflink and `copy_file_range` in a local writer).
     fn as_fd(&self) -> Option<BorrowedFd<'_>>;
+    /// Random access by several threads at once, when the source offers it
+    /// (objects in S3): a writer fetches big files as parallel ranges and
+    /// can resume a partial one.
+    fn ranged(&self) -> Option<&dyn RangedSource> {
+        None
+    }
+    /// The concrete reader, for a writer of the same backend that can copy
+    /// without moving the data (S3 server-side copy).
+    fn as_any(&self) -> Option<&dyn Any> {
+        None
+    }
+}
+
+/// A source readable at any offset, from several threads.
+pub trait RangedSource: Sync {
+    /// Size and an identity of the current content (an S3 ETag): a partial
+    /// copy is resumed only for the same identity.
+    fn identity(&self) -> io::Result<(u64, String)>;
+    /// Fill all of `buf` with the bytes at `offset` of the content named by
+    /// `identity` (an error if the content changed since), pacing by `limit`.
+    fn read_at(&self, offset: u64, buf: &mut [u8], limit: Option<&Limiter>) -> io::Result<()>;
 }
 
 /// A backend: a tree of directories, files and symlinks.
@@ -108,8 +130,10 @@ pub trait Store: Send + Sync {
     /// the size the source had when listed: the copy reads one byte past it
     /// at most, so growth is seen without a second pass.
     /// `limit` paces the bytes (`--bwlimit`), shared by all transfers.
+    /// `dir` is where the writer was created.
     fn write_from(
         &self,
+        dir: &Self::Dir,
         w: &mut Self::Writer,
         src: &mut dyn SourceFile,
         size: u64,
@@ -147,6 +171,11 @@ pub trait Store: Send + Sync {
     /// Remove an entry; directories recursively. Returns how many entries
     /// were removed.
     fn remove(&self, dir: &Self::Dir, name: &CStr, is_dir: bool) -> io::Result<u64>;
+    /// A content hash the store keeps for a file without reading it (an S3
+    /// ETag, quotes removed), for `--checksum`; `None` when it has none.
+    fn etag(&self, _dir: &Self::Dir, _name: &CStr) -> io::Result<Option<String>> {
+        Ok(None)
+    }
     /// True when entries have owners that can be read and set (local, as root).
     fn preserves_owner(&self) -> bool;
     /// True when directories have their own mtime and mode (false on object
@@ -166,5 +195,18 @@ pub fn is_temp_name(name: &[u8]) -> bool {
     name.starts_with(TEMP_PREFIX)
 }
 
+/// True for partial downloads kept for resuming (`.ferry-tmp.part.*`).
+pub fn is_partial_name(name: &[u8]) -> bool {
+    name.starts_with(PARTIAL_PREFIX)
+}
+
 /// Prefix of temporary names.
 pub const TEMP_PREFIX: &[u8] = b".ferry-tmp.";
+
+/// Prefix of partial downloads: temporaries that survive a failed or killed
+/// run so the next one resumes them (removed once older than
+/// [`PARTIAL_KEEP_SECS`] without use).
+pub const PARTIAL_PREFIX: &[u8] = b".ferry-tmp.part.";
+
+/// How long an unused partial download is kept.
+pub const PARTIAL_KEEP_SECS: i64 = 7 * 24 * 3600;

@@ -1,0 +1,343 @@
+//! Big files from a [`RangedSource`] (objects in S3) into a local file:
+//! several ranged reads in flight, each written at its offset, and resumable.
+//!
+//! The file is a named partial, `.ferry-tmp.part.<hash of the name>`, in the
+//! target directory. Received ranges go into a [`RangeSet`] (in-order
+//! completions extend its prefix in O(1); out-of-order ones wait in its
+//! fallback map). Every [`SYNC_EVERY`] bytes, and when a run fails, the file
+//! is `fdatasync`ed and only then the set is saved in an extended attribute
+//! of the file with the content's identity (size + ETag): the attribute never
+//! claims bytes that are not on disk. A later download of the same name and
+//! identity fetches only the missing ranges; another identity starts over.
+//! Where extended attributes are not supported, downloads still work but do
+//! not resume.
+
+use std::ffi::{CStr, CString};
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use rustix::fs::{self as rfs, Mode, OFlags, XattrFlags};
+use rustix::io::Errno;
+
+use crate::bwlimit::Limiter;
+use crate::range::RangeSet;
+use crate::store::{RangedSource, PARTIAL_PREFIX};
+
+/// Files at least this big are fetched as parallel ranges.
+pub const RANGED_MIN: u64 = 32 << 20;
+/// Bytes per ranged read.
+pub const CHUNK: u64 = 8 << 20;
+/// Ranged reads in flight per file.
+pub const STREAMS: usize = 4;
+/// Make received bytes durable and record them this often.
+const SYNC_EVERY: u64 = 64 << 20;
+/// The extended attribute holding the resume state.
+const XATTR: &CStr = c"user.ferry.partial";
+
+/// The name of the partial download of `name`.
+pub fn partial_name(name: &CStr) -> CString {
+    // FNV-1a: stable across runs and versions (the name must be found again).
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in name.to_bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    let mut v = PARTIAL_PREFIX.to_vec();
+    v.extend_from_slice(format!("{h:016x}").as_bytes());
+    CString::new(v).expect("no NUL")
+}
+
+/// A finished download: the open partial, its name, its size, and how many
+/// bytes an earlier run had already fetched.
+pub struct Downloaded {
+    /// The partial file, complete.
+    pub fd: OwnedFd,
+    /// Its name in the target directory.
+    pub name: CString,
+    /// Its size.
+    pub size: u64,
+    /// Bytes reused from an interrupted earlier download.
+    pub resumed: u64,
+}
+
+/// Download `src` into the partial of `name` in `dir`. On failure the partial
+/// and its recorded ranges stay for the next run.
+pub fn download(
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    src: &dyn RangedSource,
+    limit: Option<&Limiter>,
+) -> io::Result<Downloaded> {
+    let (size, ident) = src.identity()?;
+    let pname = partial_name(name);
+    let fd = rfs::openat(
+        dir,
+        &pname,
+        OFlags::RDWR | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o600),
+    )?;
+    let mut ranges = RangeSet::new();
+    let mut resumable = true;
+    match load_state(fd.as_fd()) {
+        Ok(Some((s, id, rs))) if s == size && id == ident => {
+            for (a, b) in rs {
+                ranges.insert(a.min(size), b.min(size));
+            }
+        }
+        Ok(_) => {}
+        Err(_) => resumable = false,
+    }
+    let resumed = ranges.total();
+    if resumed == 0 {
+        rfs::ftruncate(&fd, 0)?;
+    }
+    rfs::ftruncate(&fd, size)?;
+    let mut pieces = Vec::new();
+    for (a, b) in ranges.missing(size) {
+        let mut at = a;
+        while at < b {
+            let end = (at + CHUNK).min(b);
+            pieces.push((at, end));
+            at = end;
+        }
+    }
+    let next = AtomicUsize::new(0);
+    let progress = Mutex::new((ranges, 0u64));
+    let failed: Mutex<Option<io::Error>> = Mutex::new(None);
+    let record = Mutex::new(());
+    let save = |set: &RangeSet| -> io::Result<()> {
+        let _one = record.lock().expect("record lock");
+        rfs::fdatasync(&fd)?;
+        save_state(fd.as_fd(), size, &ident, set)
+    };
+    std::thread::scope(|scope| {
+        for _ in 0..STREAMS.min(pieces.len()) {
+            scope.spawn(|| {
+                let mut buf = vec![0u8; CHUNK as usize];
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= pieces.len() || failed.lock().expect("failed").is_some() {
+                        return;
+                    }
+                    let (a, b) = pieces[i];
+                    let part = &mut buf[..(b - a) as usize];
+                    let r = src
+                        .read_at(a, part, limit)
+                        .and_then(|()| pwrite_all(fd.as_fd(), part, a));
+                    if let Err(e) = r {
+                        failed.lock().expect("failed").get_or_insert(e);
+                        return;
+                    }
+                    let snapshot = {
+                        let mut p = progress.lock().expect("progress");
+                        p.0.insert(a, b);
+                        p.1 += b - a;
+                        if resumable && p.1 >= SYNC_EVERY {
+                            p.1 = 0;
+                            Some(p.0.clone())
+                        } else {
+                            None
+                        }
+                    };
+                    if let Some(set) = snapshot {
+                        // Best effort: a failed record only costs a refetch.
+                        let _ = save(&set);
+                    }
+                }
+            });
+        }
+    });
+    let (ranges, _) = progress.into_inner().expect("progress");
+    if let Some(e) = failed.into_inner().expect("failed") {
+        if resumable {
+            let _ = save(&ranges);
+        }
+        return Err(e);
+    }
+    debug_assert!(ranges.is_complete(size));
+    match rfs::fremovexattr(&fd, XATTR) {
+        Ok(()) | Err(Errno::NODATA) | Err(Errno::OPNOTSUPP) => {}
+        Err(e) => return Err(e.into()),
+    }
+    Ok(Downloaded {
+        fd,
+        name: pname,
+        size,
+        resumed,
+    })
+}
+
+fn pwrite_all(fd: BorrowedFd<'_>, mut buf: &[u8], mut at: u64) -> io::Result<()> {
+    while !buf.is_empty() {
+        match rustix::io::pwrite(fd, buf, at) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => {
+                buf = &buf[n..];
+                at += n as u64;
+            }
+            Err(Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// `ferry-partial 1\n<size>\n<identity>\n<start> <end>\n...`
+fn encode(size: u64, ident: &str, set: &RangeSet) -> Vec<u8> {
+    let mut s = format!("ferry-partial 1\n{size}\n{ident}\n");
+    for (a, b) in set.ranges() {
+        s.push_str(&format!("{a} {b}\n"));
+    }
+    s.into_bytes()
+}
+
+type State = (u64, String, Vec<(u64, u64)>);
+
+fn decode(buf: &[u8]) -> Option<State> {
+    let s = std::str::from_utf8(buf).ok()?;
+    let mut lines = s.lines();
+    if lines.next()? != "ferry-partial 1" {
+        return None;
+    }
+    let size = lines.next()?.parse().ok()?;
+    let ident = lines.next()?.to_string();
+    let mut ranges = Vec::new();
+    for l in lines {
+        let (a, b) = l.split_once(' ')?;
+        ranges.push((a.parse().ok()?, b.parse().ok()?));
+    }
+    Some((size, ident, ranges))
+}
+
+fn save_state(fd: BorrowedFd<'_>, size: u64, ident: &str, set: &RangeSet) -> io::Result<()> {
+    rfs::fsetxattr(fd, XATTR, &encode(size, ident, set), XattrFlags::empty())?;
+    Ok(())
+}
+
+/// The recorded state; `Ok(None)` when there is none (or it is unreadable),
+/// an error when extended attributes are not supported here.
+fn load_state(fd: BorrowedFd<'_>) -> io::Result<Option<State>> {
+    let mut buf = vec![0u8; 64 << 10];
+    match rfs::fgetxattr(fd, XATTR, &mut buf[..]) {
+        Ok(n) => Ok(decode(&buf[..n])),
+        Err(Errno::NODATA) | Err(Errno::RANGE) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU64;
+
+    /// An in-memory object whose reads at or past `fail_from` fail.
+    struct Fake {
+        data: Vec<u8>,
+        ident: String,
+        served: AtomicU64,
+        fail_from: u64,
+    }
+
+    impl RangedSource for Fake {
+        fn identity(&self) -> io::Result<(u64, String)> {
+            Ok((self.data.len() as u64, self.ident.clone()))
+        }
+        fn read_at(&self, off: u64, buf: &mut [u8], _: Option<&Limiter>) -> io::Result<()> {
+            if off >= self.fail_from {
+                return Err(io::Error::other("connection reset"));
+            }
+            buf.copy_from_slice(&self.data[off as usize..off as usize + buf.len()]);
+            self.served.fetch_add(buf.len() as u64, Ordering::SeqCst);
+            Ok(())
+        }
+    }
+
+    fn fake(len: usize, ident: &str, fail_from: u64) -> Fake {
+        let mut x = 0x9e37_79b9_u32;
+        let data = (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                x as u8
+            })
+            .collect();
+        Fake {
+            data,
+            ident: ident.into(),
+            served: AtomicU64::new(0),
+            fail_from,
+        }
+    }
+
+    fn dir() -> (tempfile::TempDir, OwnedFd) {
+        // Next to the sources, not in /tmp: tmpfs may lack user xattrs.
+        let t = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
+        let fd = rfs::open(t.path(), OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty()).unwrap();
+        (t, fd)
+    }
+
+    fn contents(fd: &OwnedFd, size: u64) -> Vec<u8> {
+        let mut v = vec![0u8; size as usize];
+        let n = rustix::io::pread(fd, &mut v[..], 0).unwrap();
+        assert_eq!(n as u64, size);
+        v
+    }
+
+    #[test]
+    fn interrupted_download_resumes_with_missing_ranges_only() {
+        let (_t, d) = dir();
+        let len = 10 * CHUNK as usize + 12345;
+        // 9 of 11 chunks arrive, the connection dies on the 10th.
+        let src = fake(len, "etag-1", 9 * CHUNK);
+        let err = download(d.as_fd(), c"big.bin", &src, None).err().unwrap();
+        assert!(err.to_string().contains("connection reset"));
+        let src2 = fake(len, "etag-1", u64::MAX);
+        let got = download(d.as_fd(), c"big.bin", &src2, None).unwrap();
+        assert_eq!(got.size, len as u64);
+        assert_eq!(contents(&got.fd, got.size), src2.data);
+        // Resume state is recorded after every SYNC_EVERY bytes (8 chunks),
+        // and on failure: everything the first run wrote is reused.
+        assert_eq!(got.resumed, 9 * CHUNK);
+        assert_eq!(src2.served.load(Ordering::SeqCst), len as u64 - got.resumed);
+        assert!(got.name.to_bytes().starts_with(PARTIAL_PREFIX));
+        // The finished file carries no resume state.
+        assert!(matches!(load_state(got.fd.as_fd()), Ok(None)));
+    }
+
+    #[test]
+    fn changed_content_starts_over() {
+        let (_t, d) = dir();
+        let len = 3 * CHUNK as usize;
+        let src = fake(len, "etag-1", 2 * CHUNK);
+        assert!(download(d.as_fd(), c"f", &src, None).is_err());
+        let mut src2 = fake(len, "etag-2", u64::MAX);
+        src2.data.reverse();
+        let got = download(d.as_fd(), c"f", &src2, None).unwrap();
+        assert_eq!(got.resumed, 0);
+        assert_eq!(src2.served.load(Ordering::SeqCst), len as u64);
+        assert_eq!(contents(&got.fd, got.size), src2.data);
+    }
+
+    #[test]
+    fn state_round_trip_and_garbage() {
+        let mut set = RangeSet::new();
+        set.insert(0, 10);
+        set.insert(20, 30);
+        let enc = encode(100, "\"abc-2\"", &set);
+        assert_eq!(
+            decode(&enc),
+            Some((100, "\"abc-2\"".to_string(), vec![(0, 10), (20, 30)]))
+        );
+        assert_eq!(decode(b"garbage"), None);
+        assert_eq!(decode(b"ferry-partial 1\nx\n"), None);
+    }
+
+    #[test]
+    fn partial_names_are_stable_and_distinct() {
+        assert_eq!(partial_name(c"a"), partial_name(c"a"));
+        assert_ne!(partial_name(c"a"), partial_name(c"b"));
+    }
+}
