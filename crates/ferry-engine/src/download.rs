@@ -32,7 +32,7 @@ pub const CHUNK: u64 = 8 << 20;
 /// Ranged reads in flight per file.
 pub const STREAMS: usize = 4;
 /// Make received bytes durable and record them this often.
-const SYNC_EVERY: u64 = 64 << 20;
+const SYNC_EVERY: u64 = 32 << 20;
 /// The extended attribute holding the resume state.
 const XATTR: &CStr = c"user.ferry.partial";
 

@@ -54,6 +54,8 @@ pub struct LocalStore {
     /// directory operation instead of create + rename (44% of the cost of a
     /// small file's copy on ext4, see docs/DESIGN.md).
     tmpfile: AtomicBool,
+    /// Bytes of interrupted downloads reused by resumed ones.
+    resumed: AtomicU64,
 }
 
 /// An open local directory.
@@ -115,7 +117,13 @@ impl LocalStore {
             reflink: AtomicBool::new(true),
             copy_range: AtomicBool::new(true),
             tmpfile: AtomicBool::new(Path::new("/proc/self/fd").is_dir()),
+            resumed: AtomicU64::new(0),
         }
+    }
+
+    /// Bytes that resumed downloads did not fetch again.
+    pub fn resumed_bytes(&self) -> u64 {
+        self.resumed.load(Ordering::Relaxed)
     }
 
     /// The root path.
@@ -467,6 +475,7 @@ impl Store for LocalStore {
     ) -> io::Result<u64> {
         if let (Some(name), Some(r)) = (&w.big, src.ranged()) {
             let d = download::download(dir.fd(), name, r, limit)?;
+            self.resumed.fetch_add(d.resumed, Ordering::Relaxed);
             w.fd = d.fd;
             w.tmp = None;
             w.partial = Some(d.name);

@@ -19,17 +19,22 @@
 
 mod config;
 
+use std::any::Any;
+use std::collections::HashMap;
 use std::ffi::CStr;
 use std::io::{self, Read};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ferry_engine::bwlimit::Limiter;
 use ferry_engine::entry::{Kind, Listing, Meta};
+use ferry_engine::etag;
 use ferry_engine::filter::Filter;
-use ferry_engine::store::{ListError, MetaChange, SourceFile, Store};
+use ferry_engine::store::{ListError, MetaChange, RangedSource, SourceFile, Store};
 use rusty_s3::actions::{
     AbortMultipartUpload, CompleteMultipartUpload, CreateMultipartUpload, DeleteObject, GetObject,
-    HeadBucket, HeadObject, ListObjectsV2, PutObject, UploadPart,
+    HeadBucket, HeadObject, ListObjectsV2, ListParts, PutObject, UploadPart,
 };
 use rusty_s3::{Bucket, Credentials, S3Action, UrlStyle};
 use ureq::http::Response;
@@ -49,14 +54,36 @@ const ATTEMPTS: u32 = 6;
 const META_MTIME: &str = "x-amz-meta-mtime";
 const META_MODE: &str = "x-amz-meta-mode";
 
-/// An S3 bucket and key prefix as a tree.
-pub struct S3Store {
+/// What every request needs: the bucket, the credentials and the pool of
+/// keep-alive connections. Shared by the store and its readers.
+struct Conn {
     bucket: Bucket,
     creds: Option<Credentials>,
+    agent: ureq::Agent,
+}
+
+/// An S3 bucket and key prefix as a tree.
+pub struct S3Store {
+    c: Arc<Conn>,
     /// Key prefix of the root: empty or ending in `/`.
     root: String,
-    agent: ureq::Agent,
     head_threads: usize,
+    counters: Counters,
+}
+
+/// What the store did beyond plain requests (for `-v` and the tests).
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Multipart parts uploaded.
+    pub parts_sent: AtomicU64,
+    /// Parts of an interrupted upload found on the server and kept.
+    pub parts_reused: AtomicU64,
+    /// Multipart uploads resumed.
+    pub uploads_resumed: AtomicU64,
+    /// Abandoned multipart uploads aborted.
+    pub uploads_aborted: AtomicU64,
+    /// Objects copied server-side (S3 to S3 on the same server).
+    pub server_copies: AtomicU64,
 }
 
 /// A "directory": a key prefix, empty or ending in `/`.
@@ -65,9 +92,15 @@ pub struct S3Dir {
     prefix: String,
 }
 
-/// An object being read.
+/// An object being read. Nothing is requested until the first `read`: a
+/// writer may instead fetch it as parallel ranges (`RangedSource`) or copy
+/// it server-side.
 pub struct S3Reader {
-    body: ureq::BodyReader<'static>,
+    c: Arc<Conn>,
+    key: String,
+    body: Option<ureq::BodyReader<'static>>,
+    /// Size and ETag, once asked.
+    ident: OnceLock<(u64, String)>,
 }
 
 /// An object being written: buffered until it is big enough for a
@@ -77,12 +110,24 @@ pub struct S3Writer {
     meta: Meta,
     buf: Vec<u8>,
     upload: Option<Multipart>,
+    /// Server-side copy from this `/bucket/key` (encoded) at commit.
+    copy_from: Option<(String, u64)>,
 }
 
 struct Multipart {
     id: String,
     etags: Vec<String>,
+    /// An interrupted upload taken over: its metadata may be stale.
+    resumed: bool,
 }
+
+/// Parts of a multipart upload on the server: number → (size, ETag).
+type Parts = HashMap<u16, (u64, String)>;
+
+/// Largest object a single CopyObject may copy.
+const COPY_MAX: u64 = 5 << 30;
+/// Part size of server-side multipart copies.
+const COPY_PART: u64 = 512 << 20;
 
 impl S3Store {
     /// Connect to the bucket described by `cfg` (no request is made yet).
@@ -112,16 +157,36 @@ impl S3Store {
             root.push('/');
         }
         Ok(S3Store {
-            bucket,
-            creds: cfg.credentials.clone(),
+            c: Arc::new(Conn {
+                bucket,
+                creds: cfg.credentials.clone(),
+                agent,
+            }),
             root,
-            agent,
             head_threads: threads.clamp(1, 64),
+            counters: Counters::default(),
         })
     }
 
+    /// What the store did (parts sent and reused, uploads resumed, ...).
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+}
+
+impl Conn {
     fn creds(&self) -> Option<&Credentials> {
         self.creds.as_ref()
+    }
+
+    /// True when `other` is the same server and account (server-side copy
+    /// between them works).
+    fn same_server(&self, other: &Conn) -> bool {
+        let (a, b) = (self.bucket.base_url(), other.bucket.base_url());
+        a.host_str() == b.host_str()
+            && a.port_or_known_default() == b.port_or_known_default()
+            && self.creds.as_ref().map(Credentials::key)
+                == other.creds.as_ref().map(Credentials::key)
     }
 
     /// Send a request, retrying transient failures with exponential backoff
@@ -166,7 +231,9 @@ impl S3Store {
             backoff(attempt);
         }
     }
+}
 
+impl S3Store {
     fn key(&self, dir: &S3Dir, name: &CStr) -> io::Result<String> {
         let name = name.to_str().map_err(|_| {
             io::Error::new(
@@ -179,8 +246,10 @@ impl S3Store {
 
     /// HEAD an object: its metadata as ferry compares it.
     fn head(&self, key: &str, size: u64, last_modified: Option<&str>) -> io::Result<Meta> {
-        let url = HeadObject::new(&self.bucket, self.creds(), key).sign(SIGN_TTL);
-        let resp = self.send("HEAD", key, || self.agent.head(url.as_str()).call())?;
+        let url = HeadObject::new(&self.c.bucket, self.c.creds(), key).sign(SIGN_TTL);
+        let resp = self
+            .c
+            .send("HEAD", key, || self.c.agent.head(url.as_str()).call())?;
         let h = resp.headers();
         let get = |n: &str| h.get(n).and_then(|v| v.to_str().ok());
         let size = get("content-length")
@@ -214,14 +283,14 @@ impl S3Store {
     }
 
     fn put(&self, key: &str, body: &[u8], meta: &Meta) -> io::Result<()> {
-        let mut a = PutObject::new(&self.bucket, self.creds(), key);
+        let mut a = PutObject::new(&self.c.bucket, self.c.creds(), key);
         let hs = Self::meta_headers(meta);
         for (k, v) in &hs {
             a.headers_mut().insert(*k, v.clone());
         }
         let url = a.sign(SIGN_TTL);
-        self.send("PUT", key, || {
-            let mut r = self.agent.put(url.as_str());
+        self.c.send("PUT", key, || {
+            let mut r = self.c.agent.put(url.as_str());
             for (k, v) in &hs {
                 r = r.header(*k, v.as_str());
             }
@@ -235,14 +304,14 @@ impl S3Store {
         if w.upload.is_some() {
             return Ok(());
         }
-        let mut a = CreateMultipartUpload::new(&self.bucket, self.creds(), &w.key);
+        let mut a = CreateMultipartUpload::new(&self.c.bucket, self.c.creds(), &w.key);
         let hs = Self::meta_headers(&w.meta);
         for (k, v) in &hs {
             a.headers_mut().insert(*k, v.clone());
         }
         let url = a.sign(SIGN_TTL);
-        let mut resp = self.send("CreateMultipartUpload", &w.key, || {
-            let mut r = self.agent.post(url.as_str());
+        let mut resp = self.c.send("CreateMultipartUpload", &w.key, || {
+            let mut r = self.c.agent.post(url.as_str());
             for (k, v) in &hs {
                 r = r.header(*k, v.as_str());
             }
@@ -254,15 +323,17 @@ impl S3Store {
         w.upload = Some(Multipart {
             id: parsed.upload_id().to_string(),
             etags: Vec::new(),
+            resumed: false,
         });
         Ok(())
     }
 
     /// Send one part; returns its ETag.
     fn put_part(&self, key: &str, id: &str, number: u16, data: &[u8]) -> io::Result<String> {
-        let url = UploadPart::new(&self.bucket, self.creds(), key, number, id).sign(SIGN_TTL);
-        let resp = self.send("UploadPart", key, || {
-            self.agent.put(url.as_str()).send(data)
+        self.counters.parts_sent.fetch_add(1, Ordering::Relaxed);
+        let url = UploadPart::new(&self.c.bucket, self.c.creds(), key, number, id).sign(SIGN_TTL);
+        let resp = self.c.send("UploadPart", key, || {
+            self.c.agent.put(url.as_str()).send(data)
         })?;
         resp.headers()
             .get("etag")
@@ -283,7 +354,26 @@ impl S3Store {
         chunk: usize,
         limit: Option<&Limiter>,
     ) -> io::Result<u64> {
-        self.create_upload(w)?;
+        // An earlier run's upload of this key is taken over: each of its
+        // parts whose size and MD5 match what we read is kept, not re-sent.
+        let prior = self.resumable_upload(&w.key)?;
+        let prior_parts = match prior {
+            Some((id, parts)) => {
+                self.counters
+                    .uploads_resumed
+                    .fetch_add(1, Ordering::Relaxed);
+                w.upload = Some(Multipart {
+                    id,
+                    etags: Vec::new(),
+                    resumed: true,
+                });
+                parts
+            }
+            None => {
+                self.create_upload(w)?;
+                HashMap::new()
+            }
+        };
         let id = w.upload.as_ref().expect("created").id.clone();
         let key = w.key.clone();
         let etags: std::sync::Mutex<Vec<(u16, String)>> = std::sync::Mutex::new(Vec::new());
@@ -298,6 +388,17 @@ impl S3Store {
                 scope.spawn(|| loop {
                     let next = rx.lock().expect("part queue").recv();
                     let Ok((n, data)) = next else { return };
+                    if let Some((size, tag)) = prior_parts.get(&n) {
+                        if *size == data.len() as u64
+                            && tag
+                                .trim_matches('"')
+                                .eq_ignore_ascii_case(&etag::md5_hex(&data))
+                        {
+                            self.counters.parts_reused.fetch_add(1, Ordering::Relaxed);
+                            etags.lock().expect("etags").push((n, tag.clone()));
+                            continue;
+                        }
+                    }
                     match self.put_part(&key, &id, n, &data) {
                         Ok(tag) => etags.lock().expect("etags").push((n, tag)),
                         Err(e) => {
@@ -355,16 +456,274 @@ impl S3Store {
     }
 
     fn abort_upload(&self, key: &str, id: &str) {
-        let url = AbortMultipartUpload::new(&self.bucket, self.creds(), key, id).sign(SIGN_TTL);
-        let _ = self.send("AbortMultipartUpload", key, || {
-            self.agent.delete(url.as_str()).call()
+        let url = AbortMultipartUpload::new(&self.c.bucket, self.c.creds(), key, id).sign(SIGN_TTL);
+        let _ = self.c.send("AbortMultipartUpload", key, || {
+            self.c.agent.delete(url.as_str()).call()
         });
     }
 
     fn delete_key(&self, key: &str) -> io::Result<()> {
-        let url = DeleteObject::new(&self.bucket, self.creds(), key).sign(SIGN_TTL);
-        self.send("DELETE", key, || self.agent.delete(url.as_str()).call())?;
+        let url = DeleteObject::new(&self.c.bucket, self.c.creds(), key).sign(SIGN_TTL);
+        self.c
+            .send("DELETE", key, || self.c.agent.delete(url.as_str()).call())?;
         Ok(())
+    }
+
+    /// `x-amz-copy-source` of a key of this bucket.
+    fn source_of(&self, key: &str) -> String {
+        format!("/{}/{}", self.c.bucket.name(), encode_key(key))
+    }
+
+    /// Server-side copy of `source` (`/bucket/key`, `size` bytes) to `key`
+    /// with `meta` as its metadata: one CopyObject up to 5 GiB, a multipart
+    /// copy (UploadPartCopy, parts in parallel) above.
+    fn copy_object(&self, key: &str, source: &str, size: u64, meta: &Meta) -> io::Result<()> {
+        if size > COPY_MAX {
+            return self.copy_multipart(key, source, size, meta);
+        }
+        let mut a = PutObject::new(&self.c.bucket, self.c.creds(), key);
+        let mut hs: Vec<(&str, String)> = Self::meta_headers(meta).into_iter().collect();
+        hs.push(("x-amz-copy-source", source.to_string()));
+        hs.push(("x-amz-metadata-directive", "REPLACE".to_string()));
+        for (k, v) in &hs {
+            a.headers_mut().insert(*k, v.clone());
+        }
+        let url = a.sign(SIGN_TTL);
+        let mut resp = self.c.send("COPY", key, || {
+            let mut r = self.c.agent.put(url.as_str());
+            for (k, v) in &hs {
+                r = r.header(*k, v.as_str());
+            }
+            r.send_empty()
+        })?;
+        // A copy can fail after the 200 status line: the error is in the body.
+        let body = read_body(&mut resp)?;
+        if body.contains("<Error>") {
+            let code = xml_field(&body, "Code").unwrap_or_default();
+            return Err(status_error("COPY", key, 200, &code, &body));
+        }
+        Ok(())
+    }
+
+    fn copy_multipart(&self, key: &str, source: &str, size: u64, meta: &Meta) -> io::Result<()> {
+        let mut w = S3Writer {
+            key: key.to_string(),
+            meta: *meta,
+            buf: Vec::new(),
+            upload: None,
+            copy_from: None,
+        };
+        self.create_upload(&mut w)?;
+        let id = w.upload.as_ref().expect("created").id.clone();
+        let parts = size.div_ceil(COPY_PART);
+        let next = AtomicU64::new(0);
+        let etags: std::sync::Mutex<Vec<(u16, String)>> = std::sync::Mutex::new(Vec::new());
+        let failed: std::sync::Mutex<Option<io::Error>> = std::sync::Mutex::new(None);
+        std::thread::scope(|scope| {
+            for _ in 0..PART_CONCURRENCY.min(parts as usize) {
+                scope.spawn(|| loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= parts || failed.lock().expect("failed").is_some() {
+                        return;
+                    }
+                    let (a, b) = (i * COPY_PART, ((i + 1) * COPY_PART).min(size) - 1);
+                    let n = (i + 1) as u16;
+                    let mut act = UploadPart::new(&self.c.bucket, self.c.creds(), key, n, &id);
+                    let range = format!("bytes={a}-{b}");
+                    act.headers_mut()
+                        .insert("x-amz-copy-source", source.to_string());
+                    act.headers_mut()
+                        .insert("x-amz-copy-source-range", range.clone());
+                    let url = act.sign(SIGN_TTL);
+                    let r = self
+                        .c
+                        .send("UploadPartCopy", key, || {
+                            self.c
+                                .agent
+                                .put(url.as_str())
+                                .header("x-amz-copy-source", source)
+                                .header("x-amz-copy-source-range", range.as_str())
+                                .send_empty()
+                        })
+                        .and_then(|mut resp| read_body(&mut resp))
+                        .and_then(|body| {
+                            xml_field(&body, "ETag").ok_or_else(|| {
+                                io::Error::other(format!("UploadPartCopy {key}: no ETag"))
+                            })
+                        });
+                    match r {
+                        Ok(tag) => etags
+                            .lock()
+                            .expect("etags")
+                            .push((n, tag.replace("&quot;", "\""))),
+                        Err(e) => {
+                            failed.lock().expect("failed").get_or_insert(e);
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        if let Some(e) = failed.into_inner().expect("failed") {
+            self.abort_upload(key, &id);
+            return Err(e);
+        }
+        let mut tags = etags.into_inner().expect("etags");
+        tags.sort_by_key(|(n, _)| *n);
+        let tags: Vec<String> = tags.into_iter().map(|(_, t)| t).collect();
+        self.complete(key, &id, &tags)
+    }
+
+    fn complete(&self, key: &str, id: &str, etags: &[String]) -> io::Result<()> {
+        let complete = CompleteMultipartUpload::new(
+            &self.c.bucket,
+            self.c.creds(),
+            key,
+            id,
+            etags.iter().map(String::as_str),
+        );
+        let url = complete.sign(SIGN_TTL);
+        let body = complete.body();
+        let r = self.c.send("CompleteMultipartUpload", key, || {
+            self.c.agent.post(url.as_str()).send(body.as_bytes())
+        });
+        if r.is_err() {
+            self.abort_upload(key, id);
+        }
+        r.map(|_| ())
+    }
+
+    /// In-progress multipart uploads under `prefix`: (key, upload id,
+    /// initiated), all pages.
+    pub fn list_uploads(&self, prefix: &str) -> io::Result<Vec<(String, String, String)>> {
+        let mut out = Vec::new();
+        let mut markers: Option<(String, String)> = None;
+        loop {
+            let mut q: Vec<(&str, &str)> = vec![("uploads", ""), ("prefix", prefix)];
+            if let Some((k, u)) = &markers {
+                q.push(("key-marker", k));
+                q.push(("upload-id-marker", u));
+            }
+            let url = self.sign_bucket_get(&q);
+            let mut resp = self.c.send("ListMultipartUploads", prefix, || {
+                self.c.agent.get(url.as_str()).call()
+            })?;
+            let body = read_body(&mut resp)?;
+            for block in xml_blocks(&body, "Upload") {
+                let get = |n| xml_field(block, n).map(|v| xml_unescape(&v));
+                if let (Some(k), Some(u)) = (get("Key"), get("UploadId")) {
+                    out.push((k, u, get("Initiated").unwrap_or_default()));
+                }
+            }
+            let truncated = xml_field(&body, "IsTruncated").is_some_and(|t| t == "true");
+            match (
+                truncated,
+                xml_field(&body, "NextKeyMarker"),
+                xml_field(&body, "NextUploadIdMarker"),
+            ) {
+                (true, Some(k), Some(u)) => markers = Some((xml_unescape(&k), u)),
+                _ => return Ok(out),
+            }
+        }
+    }
+
+    /// Sign a GET on the bucket itself with `query` (for requests rusty-s3
+    /// has no action for).
+    fn sign_bucket_get(&self, query: &[(&str, &str)]) -> url::Url {
+        let url = self.c.bucket.base_url().clone();
+        // Signing wants the query sorted by name.
+        let mut query = query.to_vec();
+        query.sort();
+        let Some(creds) = self.c.creds() else {
+            let mut url = url;
+            url.query_pairs_mut().extend_pairs(query.iter().copied());
+            return url;
+        };
+        rusty_s3::signing::sign(
+            &jiff::Timestamp::now(),
+            rusty_s3::Method::Get,
+            url,
+            creds.key(),
+            creds.secret(),
+            creds.token(),
+            self.c.bucket.region(),
+            SIGN_TTL.as_secs(),
+            query.iter().copied(),
+            std::iter::empty(),
+        )
+    }
+
+    /// The parts of upload `id` on the server: number → (size, ETag).
+    fn list_parts(&self, key: &str, id: &str) -> io::Result<Parts> {
+        let mut parts = HashMap::new();
+        let mut marker: Option<u16> = None;
+        loop {
+            let mut a = ListParts::new(&self.c.bucket, self.c.creds(), key, id);
+            if let Some(m) = marker {
+                a.set_part_number_marker(m);
+            }
+            let url = a.sign(SIGN_TTL);
+            let mut resp = self
+                .c
+                .send("ListParts", key, || self.c.agent.get(url.as_str()).call())?;
+            let body = read_body(&mut resp)?;
+            let page = ListParts::parse_response(&body)
+                .map_err(|e| io::Error::other(format!("ListParts {key}: {e}")))?;
+            for p in page.parts {
+                parts.insert(p.number, (p.size, p.etag));
+            }
+            match page.next_part_number_marker {
+                Some(m) => marker = Some(m),
+                None => return Ok(parts),
+            }
+        }
+    }
+
+    /// An interrupted upload of `key` to resume (the newest; older ones
+    /// are aborted), with the parts it has.
+    fn resumable_upload(&self, key: &str) -> io::Result<Option<(String, Parts)>> {
+        let mut ups: Vec<(String, String, String)> = self
+            .list_uploads(key)?
+            .into_iter()
+            .filter(|(k, _, _)| k == key)
+            .collect();
+        if ups.is_empty() {
+            return Ok(None);
+        }
+        ups.sort_by(|a, b| a.2.cmp(&b.2));
+        let (_, id, _) = ups.pop().expect("not empty");
+        for (k, old, _) in ups {
+            self.abort_upload(&k, &old);
+            self.counters
+                .uploads_aborted
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        let parts = self.list_parts(key, &id)?;
+        Ok(Some((id, parts)))
+    }
+
+    /// Abort the multipart uploads under the root started more than
+    /// `max_age` ago (interrupted runs nobody resumed): `ferry cleanup`.
+    /// Returns (key, started) of the uploads aborted (or, with `dry_run`,
+    /// that would be).
+    pub fn cleanup(&self, max_age: Duration, dry_run: bool) -> io::Result<Vec<(String, String)>> {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        let mut done = Vec::new();
+        for (key, id, initiated) in self.list_uploads(&self.root)? {
+            let age = parse_http_or_iso_date(&initiated).map_or(i64::MAX, |(t, _)| now - t);
+            if age >= max_age.as_secs() as i64 {
+                if !dry_run {
+                    self.abort_upload(&key, &id);
+                    self.counters
+                        .uploads_aborted
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                done.push((key, initiated));
+            }
+        }
+        Ok(done)
     }
 
     /// One page of a listing under `prefix` (with or without the delimiter).
@@ -374,7 +733,7 @@ impl S3Store {
         delimiter: bool,
         token: Option<&str>,
     ) -> io::Result<rusty_s3::actions::ListObjectsV2Response> {
-        let mut a = ListObjectsV2::new(&self.bucket, self.creds());
+        let mut a = ListObjectsV2::new(&self.c.bucket, self.c.creds());
         a.with_prefix(prefix);
         if delimiter {
             a.with_delimiter("/");
@@ -383,7 +742,9 @@ impl S3Store {
             a.with_continuation_token(t);
         }
         let url = a.sign(SIGN_TTL);
-        let mut resp = self.send("LIST", prefix, || self.agent.get(url.as_str()).call())?;
+        let mut resp = self
+            .c
+            .send("LIST", prefix, || self.c.agent.get(url.as_str()).call())?;
         let body = read_body(&mut resp)?;
         ListObjectsV2::parse_response(&body)
             .map_err(|e| io::Error::other(format!("LIST {prefix}: {e}")))
@@ -396,9 +757,9 @@ impl Store for S3Store {
     type Writer = S3Writer;
 
     fn open_root(&self) -> io::Result<Option<(S3Dir, Meta)>> {
-        let url = HeadBucket::new(&self.bucket, self.creds()).sign(SIGN_TTL);
-        self.send("HEAD bucket", self.bucket.name(), || {
-            self.agent.head(url.as_str()).call()
+        let url = HeadBucket::new(&self.c.bucket, self.c.creds()).sign(SIGN_TTL);
+        self.c.send("HEAD bucket", self.c.bucket.name(), || {
+            self.c.agent.head(url.as_str()).call()
         })?;
         Ok(Some((
             S3Dir {
@@ -519,11 +880,11 @@ impl Store for S3Store {
     }
 
     fn open_file(&self, dir: &S3Dir, name: &CStr) -> io::Result<S3Reader> {
-        let key = self.key(dir, name)?;
-        let url = GetObject::new(&self.bucket, self.creds(), &key).sign(SIGN_TTL);
-        let resp = self.send("GET", &key, || self.agent.get(url.as_str()).call())?;
         Ok(S3Reader {
-            body: resp.into_body().into_reader(),
+            c: self.c.clone(),
+            key: self.key(dir, name)?,
+            body: None,
+            ident: OnceLock::new(),
         })
     }
 
@@ -540,16 +901,26 @@ impl Store for S3Store {
             meta: *meta,
             buf: Vec::new(),
             upload: None,
+            copy_from: None,
         })
     }
 
     fn write_from(
         &self,
+        _dir: &S3Dir,
         w: &mut S3Writer,
         src: &mut dyn SourceFile,
         size: u64,
         limit: Option<&Limiter>,
     ) -> io::Result<u64> {
+        if let Some(r) = src.as_any().and_then(|a| a.downcast_ref::<S3Reader>()) {
+            if r.body.is_none() && r.c.same_server(&self.c) {
+                // Same server: copied there at commit, no bytes through us.
+                let source = format!("/{}/{}", r.c.bucket.name(), encode_key(&r.key));
+                w.copy_from = Some((source, size));
+                return Ok(size);
+            }
+        }
         let part = PART_SIZE as usize;
         w.buf.reserve(part.min(size as usize + 1));
         let chunk_len = limit.map_or(1 << 20, |l| l.chunk());
@@ -586,33 +957,31 @@ impl Store for S3Store {
         _fsync: bool,
     ) -> io::Result<()> {
         let mut w = w;
+        if let Some((source, size)) = w.copy_from.take() {
+            self.counters.server_copies.fetch_add(1, Ordering::Relaxed);
+            return self.copy_object(&w.key, &source, size, &w.meta);
+        }
         match w.upload.take() {
             None => self.put(&w.key, &w.buf, &w.meta),
             Some(up) => {
-                let complete = CompleteMultipartUpload::new(
-                    &self.bucket,
-                    self.creds(),
-                    &w.key,
-                    &up.id,
-                    up.etags.iter().map(String::as_str),
-                );
-                let url = complete.sign(SIGN_TTL);
-                let body = complete.body();
-                let r = self.send("CompleteMultipartUpload", &w.key, || {
-                    self.agent.post(url.as_str()).send(body.as_bytes())
-                });
-                if r.is_err() {
-                    self.abort_upload(&w.key, &up.id);
+                self.complete(&w.key, &up.id, &up.etags)?;
+                if up.resumed {
+                    // The upload was started by an earlier run: its metadata
+                    // is that run's. Fix it if the file's changed since.
+                    let now = self.head(&w.key, 0, None)?;
+                    if !now.same_mtime(&w.meta) || now.mode != w.meta.mode {
+                        self.copy_object(&w.key, &self.source_of(&w.key), now.size, &w.meta)?;
+                    }
                 }
-                r.map(|_| ())
+                Ok(())
             }
         }
     }
 
-    fn abort(&self, _dir: &S3Dir, w: S3Writer) {
-        if let Some(up) = &w.upload {
-            self.abort_upload(&w.key, &up.id);
-        }
+    fn abort(&self, _dir: &S3Dir, _w: S3Writer) {
+        // A started multipart upload stays on the server: the next upload
+        // of this key resumes it (parts already there are not sent again),
+        // and `ferry cleanup` removes the ones nobody comes back for.
     }
 
     fn create_symlink(
@@ -631,23 +1000,20 @@ impl Store for S3Store {
     fn set_meta(&self, dir: &S3Dir, name: &CStr, meta: &Meta, _what: MetaChange) -> io::Result<()> {
         // Server-side copy onto itself with replaced metadata: no data moves.
         let key = self.key(dir, name)?;
-        let source = format!("/{}/{}", self.bucket.name(), encode_key(&key));
-        let mut a = PutObject::new(&self.bucket, self.creds(), &key);
-        let mut hs: Vec<(&str, String)> = Self::meta_headers(meta).into_iter().collect();
-        hs.push(("x-amz-copy-source", source));
-        hs.push(("x-amz-metadata-directive", "REPLACE".to_string()));
-        for (k, v) in &hs {
-            a.headers_mut().insert(*k, v.clone());
-        }
-        let url = a.sign(SIGN_TTL);
-        self.send("COPY", &key, || {
-            let mut r = self.agent.put(url.as_str());
-            for (k, v) in &hs {
-                r = r.header(*k, v.as_str());
-            }
-            r.send_empty()
-        })?;
-        Ok(())
+        self.copy_object(&key, &self.source_of(&key), meta.size, meta)
+    }
+
+    fn etag(&self, dir: &S3Dir, name: &CStr) -> io::Result<Option<String>> {
+        let key = self.key(dir, name)?;
+        let url = HeadObject::new(&self.c.bucket, self.c.creds(), &key).sign(SIGN_TTL);
+        let resp = self
+            .c
+            .send("HEAD", &key, || self.c.agent.head(url.as_str()).call())?;
+        Ok(resp
+            .headers()
+            .get("etag")
+            .and_then(|v| v.to_str().ok())
+            .map(|e| e.trim_matches('"').to_ascii_lowercase()))
     }
 
     fn remove(&self, dir: &S3Dir, name: &CStr, is_dir: bool) -> io::Result<u64> {
@@ -688,11 +1054,109 @@ impl Store for S3Store {
 
 impl SourceFile for S3Reader {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        self.body.read(buf)
+        if self.body.is_none() {
+            let url = GetObject::new(&self.c.bucket, self.c.creds(), &self.key).sign(SIGN_TTL);
+            let resp = self
+                .c
+                .send("GET", &self.key, || self.c.agent.get(url.as_str()).call())?;
+            self.body = Some(resp.into_body().into_reader());
+        }
+        self.body.as_mut().expect("opened").read(buf)
     }
 
     fn as_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         None
+    }
+
+    fn ranged(&self) -> Option<&dyn RangedSource> {
+        Some(self)
+    }
+
+    fn as_any(&self) -> Option<&dyn Any> {
+        Some(self)
+    }
+}
+
+impl RangedSource for S3Reader {
+    fn identity(&self) -> io::Result<(u64, String)> {
+        if let Some(v) = self.ident.get() {
+            return Ok(v.clone());
+        }
+        let url = HeadObject::new(&self.c.bucket, self.c.creds(), &self.key).sign(SIGN_TTL);
+        let resp = self
+            .c
+            .send("HEAD", &self.key, || self.c.agent.head(url.as_str()).call())?;
+        let h = resp.headers();
+        let size = h
+            .get("content-length")
+            .and_then(|v| v.to_str().ok()?.parse().ok())
+            .ok_or_else(|| io::Error::other(format!("HEAD {}: no Content-Length", self.key)))?;
+        let etag = h
+            .get("etag")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string();
+        Ok(self.ident.get_or_init(|| (size, etag)).clone())
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8], limit: Option<&Limiter>) -> io::Result<()> {
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let (_, etag) = self.identity()?;
+        let url = GetObject::new(&self.c.bucket, self.c.creds(), &self.key).sign(SIGN_TTL);
+        let range = format!("bytes={}-{}", offset, offset + buf.len() as u64 - 1);
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            // `If-Match`: every range comes from the same version, or the
+            // request fails (412) instead of mixing two versions.
+            let resp = self.c.send("GET", &self.key, || {
+                let mut r = self
+                    .c
+                    .agent
+                    .get(url.as_str())
+                    .header("range", range.as_str());
+                if !etag.is_empty() {
+                    r = r.header("if-match", etag.as_str());
+                }
+                r.call()
+            })?;
+            if resp.status().as_u16() != 206 && offset != 0 {
+                return Err(io::Error::other(format!(
+                    "GET {}: the server ignored the byte range (HTTP {})",
+                    self.key,
+                    resp.status().as_u16()
+                )));
+            }
+            let mut body = resp.into_body().into_reader();
+            let mut n = 0;
+            let res = loop {
+                if n == buf.len() {
+                    break Ok(());
+                }
+                let want = limit.map_or(buf.len() - n, |l| l.chunk().min(buf.len() - n));
+                match body.read(&mut buf[n..n + want]) {
+                    Ok(0) => break Err(io::Error::from(io::ErrorKind::UnexpectedEof)),
+                    Ok(k) => {
+                        if let Some(l) = limit {
+                            l.acquire(k as u64);
+                        }
+                        n += k;
+                    }
+                    Err(e) => break Err(e),
+                }
+            };
+            match res {
+                Ok(()) => return Ok(()),
+                // The connection broke mid-body: fetch the range again.
+                Err(e) if attempt < ATTEMPTS => {
+                    let _ = e;
+                    backoff(attempt);
+                }
+                Err(e) => return Err(io::Error::other(format!("GET {} ({range}): {e}", self.key))),
+            }
+        }
     }
 }
 
@@ -738,6 +1202,32 @@ fn xml_field(body: &str, name: &str) -> Option<String> {
     let start = body.find(&open)? + open.len();
     let end = body[start..].find(&format!("</{name}>"))? + start;
     Some(body[start..end].to_string())
+}
+
+/// The contents of every `<name>...</name>` element.
+fn xml_blocks<'a>(body: &'a str, name: &str) -> Vec<&'a str> {
+    let (open, close) = (format!("<{name}>"), format!("</{name}>"));
+    let mut out = Vec::new();
+    let mut rest = body;
+    while let Some(i) = rest.find(&open) {
+        let after = &rest[i + open.len()..];
+        let Some(j) = after.find(&close) else { break };
+        out.push(&after[..j]);
+        rest = &after[j + close.len()..];
+    }
+    out
+}
+
+fn xml_unescape(s: &str) -> String {
+    if !s.contains('&') {
+        return s.to_string();
+    }
+    s.replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&quot;", "\"")
+        .replace("&apos;", "'")
+        .replace("&#39;", "'")
+        .replace("&amp;", "&")
 }
 
 fn backoff(attempt: u32) {

@@ -28,6 +28,40 @@ pub enum Command {
     Sync(SyncArgs),
     /// List a tree recursively: SIZE MTIME_NS PATH per entry.
     Ls(LsArgs),
+    /// Abort interrupted multipart uploads under s3://BUCKET/PREFIX that no
+    /// run resumed (they cost storage until removed).
+    Cleanup(CleanupArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct CleanupArgs {
+    /// s3://bucket/prefix
+    pub path: String,
+    /// Only uploads started at least this long ago, e.g. 30m, 24h, 7d, 0.
+    #[arg(long, value_name = "AGE", default_value = "24h", value_parser = parse_age)]
+    pub max_age: std::time::Duration,
+    /// Print what would be aborted; abort nothing.
+    #[arg(short = 'n', long)]
+    pub dry_run: bool,
+    /// S3 endpoint URL (default: AWS_ENDPOINT_URL, or AWS).
+    #[arg(long, value_name = "URL")]
+    pub s3_endpoint: Option<String>,
+}
+
+/// `90`, `90s`, `30m`, `24h`, `7d`.
+pub fn parse_age(s: &str) -> Result<std::time::Duration, String> {
+    let s = s.trim();
+    let (num, mult) = match s.char_indices().last() {
+        Some((i, 's')) => (&s[..i], 1),
+        Some((i, 'm')) => (&s[..i], 60),
+        Some((i, 'h')) => (&s[..i], 3600),
+        Some((i, 'd')) => (&s[..i], 86400),
+        _ => (s, 1),
+    };
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s}: not a duration (e.g. 30m, 24h, 7d)"))?;
+    Ok(std::time::Duration::from_secs(n * mult))
 }
 
 #[derive(Args, Debug)]

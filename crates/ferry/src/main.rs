@@ -16,6 +16,7 @@ use ferry_engine::ls::{list_tree, Format};
 use ferry_engine::{Engine, LocalStore, Stats};
 
 use args::{Cli, Command, Job, Loc, LsArgs, SyncArgs};
+use ferry_engine::Store as _;
 use ferry_s3::S3Store;
 use output::{cause, CliReporter, Progress};
 
@@ -33,6 +34,7 @@ fn main() -> ExitCode {
         Command::Copy(a) => run_sync(a, ferry_engine::Mode::Copy),
         Command::Sync(a) => run_sync(a, ferry_engine::Mode::Sync),
         Command::Ls(a) => run_ls(a),
+        Command::Cleanup(a) => run_cleanup(a),
     };
     match res {
         Ok(code) => ExitCode::from(code),
@@ -74,7 +76,7 @@ fn run_sync(a: SyncArgs, mode: ferry_engine::Mode) -> Result<u8, String> {
     let start = Instant::now();
     let progress = show_progress.then(|| Progress::start(stats.clone(), &rep));
     let result = match &job {
-        Job::Remote { src, dst } => run_remote(src, dst, jobs, &opts, &stats, &rep),
+        Job::Remote { src, dst } => run_remote(src, dst, jobs, &opts, &stats, &rep, a.verbose > 0),
         Job::Tree { src, dst } => {
             let s = LocalStore::new(src, jobs);
             let d = LocalStore::new(dst, jobs);
@@ -120,7 +122,9 @@ fn run_sync(a: SyncArgs, mode: ferry_engine::Mode) -> Result<u8, String> {
     Ok(if summary.errors > 0 { 1 } else { 0 })
 }
 
-/// Copy or sync with an S3 side: the same engine over other stores.
+/// Copy or sync with an S3 side: the same engine over other stores. With
+/// `verbose`, what the stores did beyond plain copies (resumed transfers,
+/// server-side copies) goes to stderr.
 fn run_remote(
     src: &Loc,
     dst: &Loc,
@@ -128,25 +132,76 @@ fn run_remote(
     opts: &ferry_engine::Options,
     stats: &Stats,
     rep: &CliReporter,
+    verbose: bool,
 ) -> io::Result<ferry_engine::Summary> {
     let s3 = |c: &ferry_s3::S3Config| S3Store::new(c, jobs).map_err(io::Error::other);
+    let local = |p: &std::path::Path| LocalStore::new(p, jobs);
+    let note_s3 = |st: &S3Store| {
+        use std::sync::atomic::Ordering::Relaxed;
+        let c = st.counters();
+        if verbose {
+            eprintln!(
+                "ferry: s3: {} parts sent, {} parts reused from {} resumed upload(s), {} server-side copies, {} stale upload(s) aborted",
+                c.parts_sent.load(Relaxed),
+                c.parts_reused.load(Relaxed),
+                c.uploads_resumed.load(Relaxed),
+                c.server_copies.load(Relaxed),
+                c.uploads_aborted.load(Relaxed)
+            );
+        }
+    };
+    let note_local = |st: &LocalStore| {
+        if verbose {
+            eprintln!(
+                "ferry: {} bytes of interrupted downloads reused",
+                st.resumed_bytes()
+            );
+        }
+    };
     match (src, dst) {
-        (Loc::Local(s), Loc::Local(d)) => Engine::new(
-            &LocalStore::new(s, jobs),
-            &LocalStore::new(d, jobs),
-            opts,
-            stats,
-            rep,
-        )
-        .run_tree(),
+        (Loc::Local(s), Loc::Local(d)) => {
+            Engine::new(&local(s), &local(d), opts, stats, rep).run_tree()
+        }
         (Loc::Local(s), Loc::S3(d)) => {
-            Engine::new(&LocalStore::new(s, jobs), &s3(d)?, opts, stats, rep).run_tree()
+            let d = s3(d)?;
+            let r = Engine::new(&local(s), &d, opts, stats, rep).run_tree();
+            note_s3(&d);
+            r
         }
         (Loc::S3(s), Loc::Local(d)) => {
-            Engine::new(&s3(s)?, &LocalStore::new(d, jobs), opts, stats, rep).run_tree()
+            let d = local(d);
+            let r = Engine::new(&s3(s)?, &d, opts, stats, rep).run_tree();
+            note_local(&d);
+            r
         }
-        (Loc::S3(s), Loc::S3(d)) => Engine::new(&s3(s)?, &s3(d)?, opts, stats, rep).run_tree(),
+        (Loc::S3(s), Loc::S3(d)) => {
+            let d = s3(d)?;
+            let r = Engine::new(&s3(s)?, &d, opts, stats, rep).run_tree();
+            note_s3(&d);
+            r
+        }
     }
+}
+
+fn run_cleanup(a: args::CleanupArgs) -> Result<u8, String> {
+    if !a.path.starts_with("s3://") {
+        return Err(format!("{}: cleanup works on s3:// paths", a.path));
+    }
+    let cfg = ferry_s3::S3Config::from_url(&a.path, a.s3_endpoint.as_deref())?;
+    let store = S3Store::new(&cfg, 1)?;
+    store
+        .open_root()
+        .map_err(|e| format!("{}: {}", a.path, cause(&e)))?;
+    let bucket = &cfg.bucket;
+    let done = store
+        .cleanup(a.max_age, a.dry_run)
+        .map_err(|e| format!("{}: {}", a.path, cause(&e)))?;
+    let verb = if a.dry_run { "would abort" } else { "aborted" };
+    for (key, started) in &done {
+        println!("{verb}: s3://{bucket}/{key} (started {started})");
+    }
+    eprintln!("ferry summary: {} interrupted upload(s) {verb}", done.len());
+    Ok(0)
 }
 
 fn run_ls(a: LsArgs) -> Result<u8, String> {

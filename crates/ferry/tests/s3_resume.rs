@@ -1,0 +1,267 @@
+//! Big objects against the real S3 server of `scripts/test` (Garage):
+//! interrupted uploads and downloads resume without re-sending what is
+//! already there, S3 → S3 copies stay on the server, `--checksum` compares
+//! multipart ETags without downloading, `ferry cleanup` aborts leftovers.
+//! Needs `FERRY_TEST_S3_*` (or `FERRY_SKIP_S3=1` to skip on purpose).
+
+mod util;
+
+use std::path::{Path, PathBuf};
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+use util::*;
+
+struct S3 {
+    bucket: String,
+}
+
+fn s3() -> Option<S3> {
+    if std::env::var_os("FERRY_SKIP_S3").is_some() {
+        return None;
+    }
+    let get = |k: &str| {
+        std::env::var(k).unwrap_or_else(|_| panic!("{k} is not set: run the tests with scripts/test (it starts Garage), or set FERRY_SKIP_S3=1"))
+    };
+    std::env::set_var("AWS_ACCESS_KEY_ID", get("FERRY_TEST_S3_KEY"));
+    std::env::set_var("AWS_SECRET_ACCESS_KEY", get("FERRY_TEST_S3_SECRET"));
+    std::env::set_var("AWS_REGION", get("FERRY_TEST_S3_REGION"));
+    std::env::set_var("AWS_ENDPOINT_URL", get("FERRY_TEST_S3_ENDPOINT"));
+    Some(S3 {
+        bucket: get("FERRY_TEST_S3_BUCKET"),
+    })
+}
+
+impl S3 {
+    fn url(&self, test: &str) -> String {
+        let n = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        format!("s3://{}/{test}-{n}", self.bucket)
+    }
+}
+
+/// A work dir on the disk of the build (user xattrs: not always on /tmp).
+fn workdir() -> tempfile::TempDir {
+    tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap()
+}
+
+fn run(args: &[&str]) -> Run {
+    ferry(args)
+}
+
+/// `N` from the first "... N <what>" in ferry's `-v` notes.
+fn count(r: &Run, what: &str) -> u64 {
+    let err = String::from_utf8_lossy(&r.stderr);
+    for line in err.lines().filter(|l| l.starts_with("ferry: ")) {
+        for part in line.trim_start_matches("ferry: s3: ").split(", ") {
+            let part = part.trim_start_matches("ferry: ");
+            if let Some(n) = part.strip_suffix(what) {
+                if let Some(n) = n.split_whitespace().next().and_then(|n| n.parse().ok()) {
+                    return n;
+                }
+            }
+        }
+    }
+    panic!("no \"{what}\" in the output:\n{r}");
+}
+
+/// Kill `child` with SIGKILL once `cond` holds or `max` passed.
+fn kill_when(mut child: Child, max: Duration, cond: impl Fn() -> bool) {
+    let t = Instant::now();
+    while t.elapsed() < max && !cond() && child.try_wait().unwrap().is_none() {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+fn big_file(dir: &Path, name: &str, len: usize, seed: u64) -> PathBuf {
+    let p = write(dir, name, &gen_bytes(len, seed));
+    set_mtime(&p, (1_600_000_000, 123_456_789));
+    p
+}
+
+#[test]
+fn killed_upload_resumes_its_multipart_upload() {
+    let Some(s3) = s3() else { return };
+    let w = workdir();
+    let src = w.path().join("src");
+    big_file(&src, "big.bin", 48 << 20, 7);
+    let url = s3.url("resume-up");
+    // Paced at 8 MiB/s: 6 s in all; killed after 3 s, a few parts are up.
+    let child = spawn_ferry(["copy", "--bwlimit", "8M", src.to_str().unwrap(), &url]);
+    kill_when(child, Duration::from_secs(3), || false);
+    let pending = run(&["cleanup", "-n", "--max-age", "0", &url]);
+    assert_eq!(pending.code, Some(0), "{pending}");
+    assert!(
+        String::from_utf8_lossy(&pending.stdout).contains("big.bin"),
+        "the killed run left its upload: {pending}"
+    );
+    let r = run(&["copy", "-v", src.to_str().unwrap(), &url]);
+    assert_eq!(r.code, Some(0), "{r}");
+    let reused = count(&r, "parts reused from 1 resumed upload(s)");
+    let sent = count(&r, "parts sent");
+    assert!(reused >= 1, "no part reused: {r}");
+    assert_eq!(reused + sent, 6, "{r}");
+    // What is on the server is the file, with its mtime.
+    let down = w.path().join("down");
+    let r = run(&["copy", &url, down.to_str().unwrap()]);
+    assert_eq!(r.code, Some(0), "{r}");
+    assert_eq!(
+        std::fs::read(down.join("big.bin")).unwrap(),
+        std::fs::read(src.join("big.bin")).unwrap()
+    );
+    assert_eq!(
+        get_mtime(&down.join("big.bin")),
+        get_mtime(&src.join("big.bin"))
+    );
+    // Nothing is left pending.
+    let pending = run(&["cleanup", "-n", "--max-age", "0", &url]);
+    assert!(
+        !String::from_utf8_lossy(&pending.stdout).contains("big.bin"),
+        "{pending}"
+    );
+}
+
+#[test]
+fn resumed_upload_of_a_changed_file_resends_changed_parts_only() {
+    let Some(s3) = s3() else { return };
+    let w = workdir();
+    let src = w.path().join("src");
+    let p = big_file(&src, "f.bin", 40 << 20, 3);
+    let url = s3.url("resume-changed");
+    let child = spawn_ferry(["copy", "--bwlimit", "8M", src.to_str().unwrap(), &url]);
+    kill_when(child, Duration::from_secs(3), || false);
+    // Change the first part's bytes (same size) and the mtime.
+    let mut data = std::fs::read(&p).unwrap();
+    data[100] ^= 0xff;
+    std::fs::write(&p, &data).unwrap();
+    set_mtime(&p, (1_700_000_000, 5));
+    let r = run(&["copy", "-v", src.to_str().unwrap(), &url]);
+    assert_eq!(r.code, Some(0), "{r}");
+    let reused = count(&r, "parts reused from 1 resumed upload(s)");
+    let sent = count(&r, "parts sent");
+    assert!(sent >= 1, "the changed first part is sent again: {r}");
+    assert_eq!(reused + sent, 5, "{r}");
+    let down = w.path().join("down");
+    let r = run(&["copy", &url, down.to_str().unwrap()]);
+    assert_eq!(r.code, Some(0), "{r}");
+    assert_eq!(std::fs::read(down.join("f.bin")).unwrap(), data);
+    assert_eq!(get_mtime(&down.join("f.bin")), (1_700_000_000, 5));
+}
+
+#[test]
+fn killed_download_resumes_from_its_partial_file() {
+    let Some(s3) = s3() else { return };
+    let w = workdir();
+    let src = w.path().join("src");
+    big_file(&src, "big.bin", 96 << 20, 11);
+    let url = s3.url("resume-down");
+    let r = run(&["copy", src.to_str().unwrap(), &url]);
+    assert_eq!(r.code, Some(0), "{r}");
+    let down = w.path().join("down");
+    // 24 MiB/s: 4 s in all; the received ranges are recorded every 32 MiB.
+    let child = spawn_ferry(["copy", "--bwlimit", "24M", &url, down.to_str().unwrap()]);
+    kill_when(child, Duration::from_secs(3), || false);
+    let partials = find_prefixed(&down, b".ferry-tmp.part.");
+    assert_eq!(partials.len(), 1, "one partial download kept: {partials:?}");
+    assert!(!down.join("big.bin").exists());
+    let r = run(&["copy", "-v", &url, down.to_str().unwrap()]);
+    assert_eq!(r.code, Some(0), "{r}");
+    let reused = count(&r, "bytes of interrupted downloads reused");
+    assert!(reused >= 32 << 20, "{reused} bytes reused: {r}");
+    assert_eq!(
+        std::fs::read(down.join("big.bin")).unwrap(),
+        std::fs::read(src.join("big.bin")).unwrap()
+    );
+    assert_eq!(
+        get_mtime(&down.join("big.bin")),
+        get_mtime(&src.join("big.bin"))
+    );
+    assert!(find_prefixed(&down, b".ferry-tmp.").is_empty());
+    // A second run changes nothing.
+    let r = run(&["copy", "--json", &url, down.to_str().unwrap()]);
+    assert_eq!(summary(&r).files_copied, 0, "{r}");
+}
+
+#[test]
+fn s3_to_s3_copies_big_objects_on_the_server() {
+    let Some(s3) = s3() else { return };
+    let w = workdir();
+    let src = w.path().join("src");
+    big_file(&src, "big.bin", 20 << 20, 5);
+    write(&src, "small.txt", b"small");
+    let a = s3.url("ssc-a");
+    let b = s3.url("ssc-b");
+    assert_eq!(run(&["copy", src.to_str().unwrap(), &a]).code, Some(0));
+    let r = run(&["copy", "-v", &a, &b]);
+    assert_eq!(r.code, Some(0), "{r}");
+    assert_eq!(count(&r, "server-side copies"), 2, "{r}");
+    assert_eq!(count(&r, "parts sent"), 0, "{r}");
+    let down = w.path().join("down");
+    assert_eq!(run(&["copy", &b, down.to_str().unwrap()]).code, Some(0));
+    for f in ["big.bin", "small.txt"] {
+        assert_eq!(
+            std::fs::read(down.join(f)).unwrap(),
+            std::fs::read(src.join(f)).unwrap()
+        );
+        assert_eq!(get_mtime(&down.join(f)), get_mtime(&src.join(f)));
+    }
+}
+
+#[test]
+fn checksum_compares_multipart_etags_without_downloading() {
+    let Some(s3) = s3() else { return };
+    let w = workdir();
+    let src = w.path().join("src");
+    let p = big_file(&src, "big.bin", (17 << 20) + 3, 9);
+    let url = s3.url("etag");
+    assert_eq!(run(&["copy", src.to_str().unwrap(), &url]).code, Some(0));
+    let r = run(&["copy", "-c", "--json", src.to_str().unwrap(), &url]);
+    assert_eq!(summary(&r).files_copied, 0, "{r}");
+    // Same size and mtime, one byte different: only --checksum sees it.
+    let mut data = std::fs::read(&p).unwrap();
+    data[(9 << 20) + 1] ^= 1;
+    rewrite_keep_meta(&p, &data);
+    let r = run(&["copy", "--json", src.to_str().unwrap(), &url]);
+    assert_eq!(summary(&r).files_copied, 0, "{r}");
+    let r = run(&["copy", "-c", "--json", src.to_str().unwrap(), &url]);
+    assert_eq!(summary(&r).files_copied, 1, "{r}");
+    // And the other way: S3 → local with --checksum.
+    let down = w.path().join("down");
+    assert_eq!(run(&["copy", &url, down.to_str().unwrap()]).code, Some(0));
+    let r = run(&["copy", "-c", "--json", &url, down.to_str().unwrap()]);
+    assert_eq!(summary(&r).files_copied, 0, "{r}");
+}
+
+#[test]
+fn cleanup_aborts_only_old_enough_uploads() {
+    let Some(s3) = s3() else { return };
+    let w = workdir();
+    let src = w.path().join("src");
+    big_file(&src, "left.bin", 40 << 20, 2);
+    let url = s3.url("cleanup");
+    let child = spawn_ferry(["copy", "--bwlimit", "8M", src.to_str().unwrap(), &url]);
+    kill_when(child, Duration::from_secs(2), || false);
+    let r = run(&["cleanup", &url]);
+    assert_eq!(r.code, Some(0), "{r}");
+    assert!(
+        !String::from_utf8_lossy(&r.stdout).contains("left.bin"),
+        "younger than 24h: kept: {r}"
+    );
+    let r = run(&["cleanup", "--max-age", "0", &url]);
+    assert_eq!(r.code, Some(0), "{r}");
+    assert!(
+        String::from_utf8_lossy(&r.stdout).contains("aborted: "),
+        "{r}"
+    );
+    let r = run(&["cleanup", "-n", "--max-age", "0", &url]);
+    assert!(
+        !String::from_utf8_lossy(&r.stdout).contains("left.bin"),
+        "{r}"
+    );
+    let r = run(&["cleanup", "/tmp"]);
+    assert_eq!(r.code, Some(2), "{r}");
+}
