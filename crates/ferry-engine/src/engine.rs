@@ -214,6 +214,61 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         self.rep.error(path, err);
     }
 
+    /// With a store that lists approximate metadata (S3 without a HEAD per
+    /// object): make exact the files present on both sides with the same
+    /// size, the only ones compared by mtime and mode. Files to create take
+    /// theirs from the reader as they are copied; a size change needs no
+    /// compare. An entry whose metadata cannot be read is left alone on
+    /// both sides (reported).
+    fn refine(&self, node: &Node<S, D>, src: &mut Listing, dst: &mut Listing) {
+        let (mut ws, mut wd) = (Vec::new(), Vec::new());
+        {
+            let (se, de) = (src.entries(), dst.entries());
+            let (mut i, mut j) = (0, 0);
+            while i < se.len() && j < de.len() {
+                match src.name(&se[i]).cmp(dst.name(&de[j])) {
+                    std::cmp::Ordering::Less => i += 1,
+                    std::cmp::Ordering::Greater => j += 1,
+                    std::cmp::Ordering::Equal => {
+                        let (a, b) = (&se[i].meta, &de[j].meta);
+                        if a.kind == Kind::File && b.kind == Kind::File && a.size == b.size {
+                            ws.push(i);
+                            wd.push(j);
+                        }
+                        i += 1;
+                        j += 1;
+                    }
+                }
+            }
+        }
+        if ws.is_empty() {
+            return;
+        }
+        let mut bad: Vec<Vec<u8>> = Vec::new();
+        let mut errors = Vec::new();
+        if self.src.approximate_meta() {
+            if let Err(e) = self.src.refine(&node.src, src, &ws, &mut errors) {
+                self.fail(&node.rel, &e);
+                bad.extend(ws.iter().map(|&i| src.name(&src.entries()[i]).to_vec()));
+            }
+        }
+        if let (true, Some(d)) = (self.dst.approximate_meta(), &node.dst) {
+            if let Err(e) = self.dst.refine(d, dst, &wd, &mut errors) {
+                self.fail(&node.rel, &e);
+                bad.extend(wd.iter().map(|&j| dst.name(&dst.entries()[j]).to_vec()));
+            }
+        }
+        for e in errors {
+            self.fail(&self.path(node, &e.name), &e.err);
+            bad.push(e.name);
+        }
+        if !bad.is_empty() {
+            bad.sort();
+            src.retain_names(|n| bad.binary_search_by(|b| b.as_slice().cmp(n)).is_err());
+            dst.retain_names(|n| bad.binary_search_by(|b| b.as_slice().cmp(n)).is_err());
+        }
+    }
+
     /// Open (or create) the directory pair of a subdirectory task.
     fn open_node(
         &self,
@@ -312,6 +367,9 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             for e in derr {
                 self.fail(&self.path(node, &e.name), &e.err);
             }
+        }
+        if self.src.approximate_meta() || self.dst.approximate_meta() {
+            self.refine(node, &mut src_list, &mut dst_list);
         }
         Stats::add(&self.stats.entries_scanned, src_list.len() as u64);
         // Names the source could not read are left alone in the destination.
@@ -682,6 +740,15 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                     return Err(e);
                 }
             };
+        // A source listed with approximate metadata knows it exactly now.
+        let exact = r.meta().map(|m| Meta {
+            kind: meta.kind,
+            uid: meta.uid,
+            gid: meta.gid,
+            ino: meta.ino,
+            ..m
+        });
+        let meta = exact.as_ref().unwrap_or(meta);
         drop(r);
         if n != meta.size {
             self.dst.abort(ddir, w);

@@ -148,6 +148,13 @@ impl Listing {
         self.entries.retain(|e| keep(e));
     }
 
+    /// Keep only the entries whose name `keep` accepts.
+    pub fn retain_names(&mut self, mut keep: impl FnMut(&[u8]) -> bool) {
+        let names = &self.names;
+        self.entries
+            .retain(|e| keep(&names[e.off as usize..(e.off + e.len) as usize]));
+    }
+
     /// Name of an entry, without the NUL.
     pub fn name(&self, e: &ListEntry) -> &[u8] {
         &self.names[e.off as usize..(e.off + e.len) as usize]

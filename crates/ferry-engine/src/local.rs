@@ -90,6 +90,9 @@ pub struct LocalWriter {
     big: Option<CString>,
     /// The partial download written, once complete.
     partial: Option<CString>,
+    /// Permission bits asked for at creation (commit may be given others:
+    /// a source's exact metadata known only once read).
+    mode: u32,
 }
 
 impl LocalWriter {
@@ -99,6 +102,7 @@ impl LocalWriter {
             tmp,
             big: (meta.size >= download::RANGED_MIN).then(|| name.to_owned()),
             partial: None,
+            mode: meta.mode & 0o7777,
         }
     }
 }
@@ -532,7 +536,7 @@ impl Store for LocalStore {
                 rfs::fchown(&w.fd, Some(uid(meta.uid)), Some(gid(meta.gid)))?;
             }
             // A partial download was created 0600.
-            if self.need_chmod(meta.mode) || w.partial.is_some() {
+            if self.need_chmod(meta.mode) || w.partial.is_some() || w.mode != meta.mode & 0o7777 {
                 rfs::fchmod(&w.fd, Mode::from_raw_mode(meta.mode))?;
             }
             rfs::futimens(&w.fd, &times(meta))?;

@@ -68,6 +68,11 @@ pub trait SourceFile: Send {
     fn as_any(&self) -> Option<&dyn Any> {
         None
     }
+    /// Exact metadata learned while opening or reading (S3: the GET's or
+    /// HEAD's headers), for a source listed with approximate metadata.
+    fn meta(&self) -> Option<Meta> {
+        None
+    }
 }
 
 /// A source readable at any offset, from several threads.
@@ -106,6 +111,26 @@ pub trait Store: Send + Sync {
         out: &mut Listing,
         errors: &mut Vec<ListError>,
     ) -> io::Result<()>;
+
+    /// True when `list` gives exact sizes but only approximate other file
+    /// metadata, because exact mtimes cost a request per entry (S3 keeps
+    /// them in object metadata, which listings do not return). The engine
+    /// then has [`Store::refine`] make exact only the files it compares.
+    fn approximate_meta(&self) -> bool {
+        false
+    }
+
+    /// Make exact the metadata of the entries of `list` at `which` (files).
+    /// Entries that cannot be read are reported in `errors`.
+    fn refine(
+        &self,
+        _dir: &Self::Dir,
+        _list: &mut Listing,
+        _which: &[usize],
+        _errors: &mut Vec<ListError>,
+    ) -> io::Result<()> {
+        Ok(())
+    }
 
     /// Metadata of one entry of `dir` (not following a symlink), `None` if
     /// it does not exist: what a single-file copy needs instead of a listing.

@@ -69,6 +69,8 @@ pub struct S3Store {
     root: String,
     head_threads: usize,
     counters: Counters,
+    /// List without a HEAD per object (see `Store::approximate_meta`).
+    lazy_meta: bool,
 }
 
 /// What the store did beyond plain requests (for `-v` and the tests).
@@ -84,6 +86,8 @@ pub struct Counters {
     pub uploads_aborted: AtomicU64,
     /// Objects copied server-side (S3 to S3 on the same server).
     pub server_copies: AtomicU64,
+    /// HEAD requests (object metadata).
+    pub heads: AtomicU64,
 }
 
 /// A "directory": a key prefix, empty or ending in `/`.
@@ -101,6 +105,8 @@ pub struct S3Reader {
     body: Option<ureq::BodyReader<'static>>,
     /// Size and ETag, once asked.
     ident: OnceLock<(u64, String)>,
+    /// Exact metadata, from the GET's or the HEAD's headers.
+    meta: OnceLock<Meta>,
 }
 
 /// An object being written: buffered until it is big enough for a
@@ -165,7 +171,16 @@ impl S3Store {
             root,
             head_threads: threads.clamp(1, 64),
             counters: Counters::default(),
+            lazy_meta: false,
         })
+    }
+
+    /// Listings without a HEAD per object: exact sizes, approximate mtimes
+    /// and modes until the engine asks for exact ones (`Store::refine`) of
+    /// the objects it compares. For copy and sync; `ls` shows exact ones.
+    pub fn with_lazy_meta(mut self) -> S3Store {
+        self.lazy_meta = true;
+        self
     }
 
     /// What the store did (parts sent and reused, uploads resumed, ...).
@@ -246,32 +261,40 @@ impl S3Store {
 
     /// HEAD an object: its metadata as ferry compares it.
     fn head(&self, key: &str, size: u64, last_modified: Option<&str>) -> io::Result<Meta> {
+        self.counters.heads.fetch_add(1, Ordering::Relaxed);
         let url = HeadObject::new(&self.c.bucket, self.c.creds(), key).sign(SIGN_TTL);
         let resp = self
             .c
             .send("HEAD", key, || self.c.agent.head(url.as_str()).call())?;
-        let h = resp.headers();
-        let get = |n: &str| h.get(n).and_then(|v| v.to_str().ok());
-        let size = get("content-length")
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(size);
-        let (mtime_sec, mtime_nsec) = get(META_MTIME)
-            .and_then(parse_mtime)
-            .or_else(|| last_modified.and_then(parse_http_or_iso_date))
-            .or_else(|| get("last-modified").and_then(parse_http_or_iso_date))
-            .unwrap_or((0, 0));
-        let mode = get(META_MODE)
-            .and_then(|m| u32::from_str_radix(m, 8).ok())
-            .map_or(0o644, |m| m & 0o7777);
-        Ok(Meta {
-            kind: Kind::File,
-            size,
-            mtime_sec,
-            mtime_nsec,
-            mode,
-            uid: 0,
-            gid: 0,
-            ino: 0,
+        Ok(meta_from_headers(resp.headers(), size, last_modified))
+    }
+
+    /// HEAD several objects of `prefix` at once: (name, listed size,
+    /// LastModified) → metadata, in the same order.
+    fn head_many(
+        &self,
+        prefix: &str,
+        files: &[(&str, u64, Option<&str>)],
+    ) -> Vec<io::Result<Meta>> {
+        let threads = self.head_threads.min(files.len().div_ceil(8)).max(1);
+        let chunk = files.len().div_ceil(threads).max(1);
+        std::thread::scope(|s| {
+            let handles: Vec<_> = files
+                .chunks(chunk)
+                .map(|part| {
+                    s.spawn(move || {
+                        part.iter()
+                            .map(|(name, size, lm)| {
+                                self.head(&format!("{prefix}{name}"), *size, *lm)
+                            })
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .flat_map(|h| h.join().expect("HEAD thread panicked"))
+                .collect()
         })
     }
 
@@ -812,38 +835,37 @@ impl Store for S3Store {
                 None => break,
             }
         }
+        if self.lazy_meta {
+            // Size exact, mtime from LastModified until `refine` asks.
+            for (name, size, lm) in &files {
+                let (mtime_sec, mtime_nsec) = lm
+                    .as_deref()
+                    .and_then(parse_http_or_iso_date)
+                    .unwrap_or((0, 0));
+                out.push(
+                    name.as_bytes(),
+                    Meta {
+                        kind: Kind::File,
+                        size: *size,
+                        mtime_sec,
+                        mtime_nsec,
+                        mode: 0o644,
+                        uid: 0,
+                        gid: 0,
+                        ino: 0,
+                    },
+                );
+            }
+            out.sort();
+            return Ok(());
+        }
         // mtime and mode live in object metadata, which listings do not
         // return: HEAD every object, several at a time.
-        let threads = self.head_threads.min(files.len().div_ceil(8)).max(1);
-        let chunk = files.len().div_ceil(threads).max(1);
-        let results: Vec<Vec<(usize, io::Result<Meta>)>> = std::thread::scope(|s| {
-            let handles: Vec<_> = files
-                .chunks(chunk)
-                .enumerate()
-                .map(|(i, part)| {
-                    s.spawn(move || {
-                        part.iter()
-                            .enumerate()
-                            .map(|(j, (name, size, lm))| {
-                                (
-                                    i * chunk + j,
-                                    self.head(
-                                        &format!("{}{}", dir.prefix, name),
-                                        *size,
-                                        lm.as_deref(),
-                                    ),
-                                )
-                            })
-                            .collect::<Vec<_>>()
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().expect("HEAD thread panicked"))
-                .collect()
-        });
-        for (i, r) in results.into_iter().flatten() {
+        let args: Vec<(&str, u64, Option<&str>)> = files
+            .iter()
+            .map(|(n, s, lm)| (n.as_str(), *s, lm.as_deref()))
+            .collect();
+        for (i, r) in self.head_many(&dir.prefix, &args).into_iter().enumerate() {
             match r {
                 Ok(m) => out.push(files[i].0.as_bytes(), m),
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
@@ -854,6 +876,42 @@ impl Store for S3Store {
             }
         }
         out.sort();
+        Ok(())
+    }
+
+    fn approximate_meta(&self) -> bool {
+        self.lazy_meta
+    }
+
+    fn refine(
+        &self,
+        dir: &S3Dir,
+        list: &mut Listing,
+        which: &[usize],
+        errors: &mut Vec<ListError>,
+    ) -> io::Result<()> {
+        let names: Vec<(String, u64)> = which
+            .iter()
+            .map(|&i| {
+                let e = &list.entries()[i];
+                (
+                    String::from_utf8_lossy(list.name(e)).into_owned(),
+                    e.meta.size,
+                )
+            })
+            .collect();
+        let args: Vec<(&str, u64, Option<&str>)> =
+            names.iter().map(|(n, s)| (n.as_str(), *s, None)).collect();
+        let results = self.head_many(&dir.prefix, &args);
+        for (k, r) in results.into_iter().enumerate() {
+            match r {
+                Ok(m) => list.entries_mut()[which[k]].meta = m,
+                Err(err) => errors.push(ListError {
+                    name: names[k].0.as_bytes().to_vec(),
+                    err,
+                }),
+            }
+        }
         Ok(())
     }
 
@@ -885,6 +943,7 @@ impl Store for S3Store {
             key: self.key(dir, name)?,
             body: None,
             ident: OnceLock::new(),
+            meta: OnceLock::new(),
         })
     }
 
@@ -916,6 +975,8 @@ impl Store for S3Store {
         if let Some(r) = src.as_any().and_then(|a| a.downcast_ref::<S3Reader>()) {
             if r.body.is_none() && r.c.same_server(&self.c) {
                 // Same server: copied there at commit, no bytes through us.
+                // The HEAD gives the engine the source's exact metadata.
+                r.identity()?;
                 let source = format!("/{}/{}", r.c.bucket.name(), encode_key(&r.key));
                 w.copy_from = Some((source, size));
                 return Ok(size);
@@ -940,7 +1001,14 @@ impl Store for S3Store {
                 return Ok(total);
             }
             if w.buf.len() >= part {
-                // Too big for one PUT: parallel multipart from here on.
+                // Too big for one PUT: parallel multipart from here on. The
+                // upload's metadata is set now: take the source's exact one.
+                if let Some(m) = src.meta() {
+                    w.meta = Meta {
+                        kind: w.meta.kind,
+                        ..m
+                    };
+                }
                 let first = std::mem::take(&mut w.buf);
                 let rest = self.upload_parts(w, first, src, size, chunk_len, limit)?;
                 return Ok(rest);
@@ -953,10 +1021,11 @@ impl Store for S3Store {
         _dir: &S3Dir,
         w: S3Writer,
         _name: &CStr,
-        _meta: &Meta,
+        meta: &Meta,
         _fsync: bool,
     ) -> io::Result<()> {
         let mut w = w;
+        w.meta = *meta;
         if let Some((source, size)) = w.copy_from.take() {
             self.counters.server_copies.fetch_add(1, Ordering::Relaxed);
             return self.copy_object(&w.key, &source, size, &w.meta);
@@ -1059,6 +1128,7 @@ impl SourceFile for S3Reader {
             let resp = self
                 .c
                 .send("GET", &self.key, || self.c.agent.get(url.as_str()).call())?;
+            let _ = self.meta.set(meta_from_headers(resp.headers(), 0, None));
             self.body = Some(resp.into_body().into_reader());
         }
         self.body.as_mut().expect("opened").read(buf)
@@ -1075,6 +1145,10 @@ impl SourceFile for S3Reader {
     fn as_any(&self) -> Option<&dyn Any> {
         Some(self)
     }
+
+    fn meta(&self) -> Option<Meta> {
+        self.meta.get().copied()
+    }
 }
 
 impl RangedSource for S3Reader {
@@ -1087,6 +1161,7 @@ impl RangedSource for S3Reader {
             .c
             .send("HEAD", &self.key, || self.c.agent.head(url.as_str()).call())?;
         let h = resp.headers();
+        let _ = self.meta.set(meta_from_headers(h, 0, None));
         let size = h
             .get("content-length")
             .and_then(|v| v.to_str().ok()?.parse().ok())
@@ -1157,6 +1232,33 @@ impl RangedSource for S3Reader {
                 Err(e) => return Err(io::Error::other(format!("GET {} ({range}): {e}", self.key))),
             }
         }
+    }
+}
+
+/// Metadata of an object from a HEAD's or GET's headers: `x-amz-meta-mtime`
+/// and `x-amz-meta-mode` when ferry or rclone wrote them, else LastModified.
+fn meta_from_headers(h: &ureq::http::HeaderMap, size: u64, last_modified: Option<&str>) -> Meta {
+    let get = |n: &str| h.get(n).and_then(|v| v.to_str().ok());
+    let size = get("content-length")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(size);
+    let (mtime_sec, mtime_nsec) = get(META_MTIME)
+        .and_then(parse_mtime)
+        .or_else(|| last_modified.and_then(parse_http_or_iso_date))
+        .or_else(|| get("last-modified").and_then(parse_http_or_iso_date))
+        .unwrap_or((0, 0));
+    let mode = get(META_MODE)
+        .and_then(|m| u32::from_str_radix(m, 8).ok())
+        .map_or(0o644, |m| m & 0o7777);
+    Meta {
+        kind: Kind::File,
+        size,
+        mtime_sec,
+        mtime_nsec,
+        mode,
+        uid: 0,
+        gid: 0,
+        ino: 0,
     }
 }
 

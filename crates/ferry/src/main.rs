@@ -134,14 +134,20 @@ fn run_remote(
     rep: &CliReporter,
     verbose: bool,
 ) -> io::Result<ferry_engine::Summary> {
-    let s3 = |c: &ferry_s3::S3Config| S3Store::new(c, jobs).map_err(io::Error::other);
+    // No HEAD per object while listing: only the objects compared are HEADed.
+    let s3 = |c: &ferry_s3::S3Config| {
+        S3Store::new(c, jobs)
+            .map(S3Store::with_lazy_meta)
+            .map_err(io::Error::other)
+    };
     let local = |p: &std::path::Path| LocalStore::new(p, jobs);
-    let note_s3 = |st: &S3Store| {
+    let note_s3 = |st: &S3Store, role: &str| {
         use std::sync::atomic::Ordering::Relaxed;
         let c = st.counters();
         if verbose {
             eprintln!(
-                "ferry: s3: {} parts sent, {} parts reused from {} resumed upload(s), {} server-side copies, {} stale upload(s) aborted",
+                "ferry: s3 {role}: {} HEAD requests, {} parts sent, {} parts reused from {} resumed upload(s), {} server-side copies, {} stale upload(s) aborted",
+                c.heads.load(Relaxed),
                 c.parts_sent.load(Relaxed),
                 c.parts_reused.load(Relaxed),
                 c.uploads_resumed.load(Relaxed),
@@ -165,19 +171,21 @@ fn run_remote(
         (Loc::Local(s), Loc::S3(d)) => {
             let d = s3(d)?;
             let r = Engine::new(&local(s), &d, opts, stats, rep).run_tree();
-            note_s3(&d);
+            note_s3(&d, "destination");
             r
         }
         (Loc::S3(s), Loc::Local(d)) => {
-            let d = local(d);
-            let r = Engine::new(&s3(s)?, &d, opts, stats, rep).run_tree();
+            let (s, d) = (s3(s)?, local(d));
+            let r = Engine::new(&s, &d, opts, stats, rep).run_tree();
+            note_s3(&s, "source");
             note_local(&d);
             r
         }
         (Loc::S3(s), Loc::S3(d)) => {
-            let d = s3(d)?;
-            let r = Engine::new(&s3(s)?, &d, opts, stats, rep).run_tree();
-            note_s3(&d);
+            let (s, d) = (s3(s)?, s3(d)?);
+            let r = Engine::new(&s, &d, opts, stats, rep).run_tree();
+            note_s3(&s, "source");
+            note_s3(&d, "destination");
             r
         }
     }

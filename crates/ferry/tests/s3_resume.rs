@@ -51,12 +51,13 @@ fn run(args: &[&str]) -> Run {
     ferry(args)
 }
 
-/// `N` from the first "... N <what>" in ferry's `-v` notes.
-fn count(r: &Run, what: &str) -> u64 {
+/// `N` from the first "... N <what>" in ferry's `-v` notes whose line
+/// starts with `ferry: <line>`.
+fn count_in(r: &Run, line: &str, what: &str) -> u64 {
     let err = String::from_utf8_lossy(&r.stderr);
-    for line in err.lines().filter(|l| l.starts_with("ferry: ")) {
-        for part in line.trim_start_matches("ferry: s3: ").split(", ") {
-            let part = part.trim_start_matches("ferry: ");
+    let head = format!("ferry: {line}");
+    for l in err.lines().filter(|l| l.starts_with(&head)) {
+        for part in l[head.len()..].trim_start_matches(": ").split(", ") {
             if let Some(n) = part.strip_suffix(what) {
                 if let Some(n) = n.split_whitespace().next().and_then(|n| n.parse().ok()) {
                     return n;
@@ -65,6 +66,11 @@ fn count(r: &Run, what: &str) -> u64 {
         }
     }
     panic!("no \"{what}\" in the output:\n{r}");
+}
+
+/// `N` from "N <what>" in the `-v` note about the S3 destination.
+fn count(r: &Run, what: &str) -> u64 {
+    count_in(r, "s3 destination", what)
 }
 
 /// Kill `child` with SIGKILL once `cond` holds or `max` passed.
@@ -170,7 +176,7 @@ fn killed_download_resumes_from_its_partial_file() {
     assert!(!down.join("big.bin").exists());
     let r = run(&["copy", "-v", &url, down.to_str().unwrap()]);
     assert_eq!(r.code, Some(0), "{r}");
-    let reused = count(&r, "bytes of interrupted downloads reused");
+    let reused = count_in(&r, "", "bytes of interrupted downloads reused");
     assert!(reused >= 32 << 20, "{reused} bytes reused: {r}");
     assert_eq!(
         std::fs::read(down.join("big.bin")).unwrap(),
@@ -264,4 +270,43 @@ fn cleanup_aborts_only_old_enough_uploads() {
     );
     let r = run(&["cleanup", "/tmp"]);
     assert_eq!(r.code, Some(2), "{r}");
+}
+
+#[test]
+fn objects_are_headed_only_when_compared() {
+    let Some(s3) = s3() else { return };
+    let w = workdir();
+    let src = w.path().join("src");
+    for i in 0..20 {
+        write(
+            &src,
+            format!("d{}/f{i}.txt", i % 3),
+            format!("file {i}").as_bytes(),
+        );
+    }
+    stamp_tree(&src, 1_600_000_000);
+    let url = s3.url("heads");
+    let r = run(&["copy", "-v", src.to_str().unwrap(), &url]);
+    assert_eq!(
+        count(&r, "HEAD requests"),
+        0,
+        "nothing to compare in an empty prefix: {r}"
+    );
+    let down = w.path().join("down");
+    // First download: one GET per object, no HEAD; mtimes come from the GETs.
+    let r = run(&["copy", "-v", &url, down.to_str().unwrap()]);
+    assert_eq!(r.code, Some(0), "{r}");
+    assert_eq!(count_in(&r, "s3 source", "HEAD requests"), 0, "{r}");
+    for p in walk(&src).into_iter().filter(|p| src.join(p).is_file()) {
+        assert_eq!(get_mtime(&down.join(&p)), get_mtime(&src.join(&p)), "{p:?}");
+    }
+    // No-op re-sync: each object is compared, so HEADed once; nothing copied.
+    let r = run(&["sync", "-v", "--json", &url, down.to_str().unwrap()]);
+    assert_eq!(summary(&r).files_copied, 0, "{r}");
+    assert_eq!(count_in(&r, "s3 source", "HEAD requests"), 20, "{r}");
+    // A size change needs no HEAD to be seen.
+    write(&src, "d0/f0.txt", b"a longer content than before");
+    let r = run(&["copy", "-v", src.to_str().unwrap(), &url]);
+    assert_eq!(r.code, Some(0), "{r}");
+    assert_eq!(count(&r, "HEAD requests"), 19, "{r}");
 }
