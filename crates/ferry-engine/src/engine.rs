@@ -707,7 +707,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             return;
         }
         let Some(d) = &node.dst else { return };
-        match self.copy_file(&node.src, name, d, name, meta) {
+        match self.copy_file(&node.src, name, d, name, meta, dst_meta.is_none()) {
             Ok(n) => {
                 node.dirty.store(true, Ordering::Relaxed);
                 Stats::add(&self.stats.files_copied, 1);
@@ -719,6 +719,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
     }
 
     /// Copy one file to a temporary, set its metadata, rename into place.
+    /// `fresh`: the destination has no entry of that name.
     fn copy_file(
         &self,
         sdir: &S::Dir,
@@ -726,7 +727,18 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         ddir: &D::Dir,
         name: &CStr,
         meta: &Meta,
+        fresh: bool,
     ) -> io::Result<u64> {
+        // An empty file has no content to hide while half-written: the
+        // store may create it under its name directly, without reading the
+        // source (whose listed metadata must then be exact).
+        if fresh
+            && meta.size == 0
+            && !self.src.approximate_meta()
+            && self.dst.create_empty(ddir, name, meta, self.opts.fsync)?
+        {
+            return Ok(0);
+        }
         let mut r = self.src.open_file(sdir, sname)?;
         let mut w = self.dst.create_file(ddir, name, meta)?;
         let n =
@@ -817,7 +829,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             Stats::add(&self.stats.bytes_copied, sm.size);
             return Ok(self.stats.summary(start.elapsed()));
         }
-        let res = self.copy_file(&sdir, src_name, &ddir, dst_name, &sm);
+        let res = self.copy_file(&sdir, src_name, &ddir, dst_name, &sm, dm.is_none());
         match res {
             Ok(n) => {
                 Stats::add(&self.stats.files_copied, 1);

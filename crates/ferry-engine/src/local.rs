@@ -606,6 +606,47 @@ impl Store for LocalStore {
         Ok(())
     }
 
+    fn create_empty(
+        &self,
+        dir: &LocalDir,
+        name: &CStr,
+        meta: &Meta,
+        fsync: bool,
+    ) -> io::Result<bool> {
+        // Created under its name: with no bytes there is nothing half-written
+        // to see. A kill before futimens leaves a wrong mtime, which the next
+        // run sees and fixes.
+        let fd = match rfs::openat(
+            &dir.fd,
+            name,
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(meta.mode & 0o777),
+        ) {
+            Ok(fd) => fd,
+            Err(Errno::EXIST) => return Ok(false),
+            Err(e) => return Err(e.into()),
+        };
+        let res = (|| -> io::Result<()> {
+            if self.need_chown(dir, meta) {
+                rfs::fchown(&fd, Some(uid(meta.uid)), Some(gid(meta.gid)))?;
+            }
+            if self.need_chmod(meta.mode) {
+                rfs::fchmod(&fd, Mode::from_raw_mode(meta.mode))?;
+            }
+            rfs::futimens(&fd, &times(meta))?;
+            if fsync {
+                rfs::fsync(&fd)?;
+            }
+            Ok(())
+        })();
+        if let Err(e) = res {
+            drop(fd);
+            let _ = rfs::unlinkat(&dir.fd, name, AtFlags::empty());
+            return Err(e);
+        }
+        Ok(true)
+    }
+
     fn abort(&self, dir: &LocalDir, w: LocalWriter) {
         // A failed ranged download never got here as `partial`: its file
         // stays for the next run to resume. A complete one that is not

@@ -174,6 +174,19 @@ pub trait Store: Send + Sync {
         meta: &Meta,
         fsync: bool,
     ) -> io::Result<()>;
+    /// Create an empty file `name` that does not exist yet, with its
+    /// metadata, in as few operations as the store can. `Ok(false)` when the
+    /// store has no such shortcut or the name exists: the caller then goes
+    /// the usual way (`create_file` ... `commit`).
+    fn create_empty(
+        &self,
+        _dir: &Self::Dir,
+        _name: &CStr,
+        _meta: &Meta,
+        _fsync: bool,
+    ) -> io::Result<bool> {
+        Ok(false)
+    }
     /// Drop a writer and its temporary.
     fn abort(&self, dir: &Self::Dir, w: Self::Writer);
 
