@@ -17,6 +17,7 @@ use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use rustix::fs::{self as rfs, Mode, OFlags, XattrFlags};
 use rustix::io::Errno;
@@ -27,12 +28,24 @@ use crate::store::{RangedSource, PARTIAL_PREFIX};
 
 /// Files at least this big are fetched as parallel ranges.
 pub const RANGED_MIN: u64 = 32 << 20;
-/// Bytes per ranged read.
-pub const CHUNK: u64 = 8 << 20;
+/// Bytes per ranged read (each streams through a 1 MiB buffer, so this
+/// costs no memory; bigger means fewer requests).
+pub const CHUNK: u64 = 32 << 20;
 /// Ranged reads in flight per file.
 pub const STREAMS: usize = 4;
-/// Make received bytes durable and record them this often.
-const SYNC_EVERY: u64 = 32 << 20;
+/// Make received bytes durable and record them after this many bytes or
+/// this long, whichever comes first: each record waits for the disk
+/// (`fdatasync`); a kill loses at most what came since the last one.
+const SYNC_EVERY: u64 = 128 << 20;
+const SYNC_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Sizes of a download (tests use small ones).
+#[derive(Clone, Copy)]
+struct Tuning {
+    chunk: u64,
+    sync_every: u64,
+    sync_interval: Duration,
+}
 /// The extended attribute holding the resume state.
 const XATTR: &CStr = c"user.ferry.partial";
 
@@ -70,6 +83,21 @@ pub fn download(
     src: &dyn RangedSource,
     limit: Option<&Limiter>,
 ) -> io::Result<Downloaded> {
+    let t = Tuning {
+        chunk: CHUNK,
+        sync_every: SYNC_EVERY,
+        sync_interval: SYNC_INTERVAL,
+    };
+    download_with(dir, name, src, limit, t)
+}
+
+fn download_with(
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    src: &dyn RangedSource,
+    limit: Option<&Limiter>,
+    t: Tuning,
+) -> io::Result<Downloaded> {
     let (size, ident) = src.identity()?;
     let pname = partial_name(name);
     let fd = rfs::openat(
@@ -98,13 +126,13 @@ pub fn download(
     for (a, b) in ranges.missing(size) {
         let mut at = a;
         while at < b {
-            let end = (at + CHUNK).min(b);
+            let end = (at + t.chunk).min(b);
             pieces.push((at, end));
             at = end;
         }
     }
     let next = AtomicUsize::new(0);
-    let progress = Mutex::new((ranges, 0u64));
+    let progress = Mutex::new((ranges, 0u64, Instant::now()));
     let failed: Mutex<Option<io::Error>> = Mutex::new(None);
     let record = Mutex::new(());
     let save = |set: &RangeSet| -> io::Result<()> {
@@ -114,28 +142,23 @@ pub fn download(
     };
     std::thread::scope(|scope| {
         for _ in 0..STREAMS.min(pieces.len()) {
-            scope.spawn(|| {
-                let mut buf = vec![0u8; CHUNK as usize];
-                loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    if i >= pieces.len() || failed.lock().expect("failed").is_some() {
-                        return;
-                    }
-                    let (a, b) = pieces[i];
-                    let part = &mut buf[..(b - a) as usize];
-                    let r = src
-                        .read_at(a, part, limit)
-                        .and_then(|()| pwrite_all(fd.as_fd(), part, a));
-                    if let Err(e) = r {
-                        failed.lock().expect("failed").get_or_insert(e);
-                        return;
-                    }
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= pieces.len() || failed.lock().expect("failed").is_some() {
+                    return;
+                }
+                let (a, b) = pieces[i];
+                // Each piece is on disk before it counts as received.
+                let mut put = |off: u64, data: &[u8]| -> io::Result<()> {
+                    pwrite_all(fd.as_fd(), data, off)?;
+                    let end = off + data.len() as u64;
                     let snapshot = {
                         let mut p = progress.lock().expect("progress");
-                        p.0.insert(a, b);
-                        p.1 += b - a;
-                        if resumable && p.1 >= SYNC_EVERY {
+                        p.0.insert(off, end);
+                        p.1 += data.len() as u64;
+                        if resumable && (p.1 >= t.sync_every || p.2.elapsed() >= t.sync_interval) {
                             p.1 = 0;
+                            p.2 = Instant::now();
                             Some(p.0.clone())
                         } else {
                             None
@@ -145,11 +168,16 @@ pub fn download(
                         // Best effort: a failed record only costs a refetch.
                         let _ = save(&set);
                     }
+                    Ok(())
+                };
+                if let Err(e) = src.read_range(a, b - a, &mut put, limit) {
+                    failed.lock().expect("failed").get_or_insert(e);
+                    return;
                 }
             });
         }
     });
-    let (ranges, _) = progress.into_inner().expect("progress");
+    let (ranges, _, _) = progress.into_inner().expect("progress");
     if let Some(e) = failed.into_inner().expect("failed") {
         if resumable {
             let _ = save(&ranges);
@@ -244,12 +272,25 @@ mod tests {
         fn identity(&self) -> io::Result<(u64, String)> {
             Ok((self.data.len() as u64, self.ident.clone()))
         }
-        fn read_at(&self, off: u64, buf: &mut [u8], _: Option<&Limiter>) -> io::Result<()> {
-            if off >= self.fail_from {
-                return Err(io::Error::other("connection reset"));
+        fn read_range(
+            &self,
+            off: u64,
+            len: u64,
+            out: &mut dyn FnMut(u64, &[u8]) -> io::Result<()>,
+            _: Option<&Limiter>,
+        ) -> io::Result<()> {
+            // In pieces of 1000 bytes, like a network stream.
+            let mut at = off;
+            while at < off + len {
+                if at >= self.fail_from {
+                    return Err(io::Error::other("connection reset"));
+                }
+                let end = (at + 1000).min(off + len).min(self.fail_from.max(at + 1));
+                let end = end.min(off + len);
+                out(at, &self.data[at as usize..end as usize])?;
+                self.served.fetch_add(end - at, Ordering::SeqCst);
+                at = end;
             }
-            buf.copy_from_slice(&self.data[off as usize..off as usize + buf.len()]);
-            self.served.fetch_add(buf.len() as u64, Ordering::SeqCst);
             Ok(())
         }
     }
@@ -286,21 +327,30 @@ mod tests {
         v
     }
 
+    const T: Tuning = Tuning {
+        chunk: 64 << 10,
+        sync_every: 256 << 10,
+        sync_interval: Duration::from_secs(3600),
+    };
+
     #[test]
     fn interrupted_download_resumes_with_missing_ranges_only() {
         let (_t, d) = dir();
-        let len = 10 * CHUNK as usize + 12345;
-        // 9 of 11 chunks arrive, the connection dies on the 10th.
-        let src = fake(len, "etag-1", 9 * CHUNK);
-        let err = download(d.as_fd(), c"big.bin", &src, None).err().unwrap();
+        let len = 10 * T.chunk as usize + 12345;
+        // Bytes before 9.5 chunks arrive; the connection dies there.
+        let cut = 9 * T.chunk + T.chunk / 2;
+        let src = fake(len, "etag-1", cut);
+        let err = download_with(d.as_fd(), c"big.bin", &src, None, T)
+            .err()
+            .unwrap();
         assert!(err.to_string().contains("connection reset"));
         let src2 = fake(len, "etag-1", u64::MAX);
-        let got = download(d.as_fd(), c"big.bin", &src2, None).unwrap();
+        let got = download_with(d.as_fd(), c"big.bin", &src2, None, T).unwrap();
         assert_eq!(got.size, len as u64);
         assert_eq!(contents(&got.fd, got.size), src2.data);
-        // Resume state is recorded after every SYNC_EVERY bytes (8 chunks),
-        // and on failure: everything the first run wrote is reused.
-        assert_eq!(got.resumed, 9 * CHUNK);
+        // Resume state is recorded every `sync_every` bytes and on failure:
+        // everything the first run wrote is reused.
+        assert_eq!(got.resumed, cut);
         assert_eq!(src2.served.load(Ordering::SeqCst), len as u64 - got.resumed);
         assert!(got.name.to_bytes().starts_with(PARTIAL_PREFIX));
         // The finished file carries no resume state.
@@ -310,12 +360,12 @@ mod tests {
     #[test]
     fn changed_content_starts_over() {
         let (_t, d) = dir();
-        let len = 3 * CHUNK as usize;
-        let src = fake(len, "etag-1", 2 * CHUNK);
-        assert!(download(d.as_fd(), c"f", &src, None).is_err());
+        let len = 3 * T.chunk as usize;
+        let src = fake(len, "etag-1", 2 * T.chunk);
+        assert!(download_with(d.as_fd(), c"f", &src, None, T).is_err());
         let mut src2 = fake(len, "etag-2", u64::MAX);
         src2.data.reverse();
-        let got = download(d.as_fd(), c"f", &src2, None).unwrap();
+        let got = download_with(d.as_fd(), c"f", &src2, None, T).unwrap();
         assert_eq!(got.resumed, 0);
         assert_eq!(src2.served.load(Ordering::SeqCst), len as u64);
         assert_eq!(contents(&got.fd, got.size), src2.data);

@@ -75,14 +75,25 @@ pub trait SourceFile: Send {
     }
 }
 
+/// Largest piece [`RangedSource::read_range`] hands over at once.
+pub const RANGE_PIECE: usize = 1 << 20;
+
 /// A source readable at any offset, from several threads.
 pub trait RangedSource: Sync {
     /// Size and an identity of the current content (an S3 ETag): a partial
     /// copy is resumed only for the same identity.
     fn identity(&self) -> io::Result<(u64, String)>;
-    /// Fill all of `buf` with the bytes at `offset` of the content named by
-    /// `identity` (an error if the content changed since), pacing by `limit`.
-    fn read_at(&self, offset: u64, buf: &mut [u8], limit: Option<&Limiter>) -> io::Result<()>;
+    /// Read `[offset, offset + len)` of the content named by `identity` (an
+    /// error if the content changed since), handing the bytes in order to
+    /// `out` as (offset, bytes) pieces of up to [`RANGE_PIECE`], paced by
+    /// `limit`. A broken connection is resumed from the last byte handed over.
+    fn read_range(
+        &self,
+        offset: u64,
+        len: u64,
+        out: &mut dyn FnMut(u64, &[u8]) -> io::Result<()>,
+        limit: Option<&Limiter>,
+    ) -> io::Result<()>;
 }
 
 /// A backend: a tree of directories, files and symlinks.

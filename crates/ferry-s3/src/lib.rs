@@ -31,7 +31,7 @@ use ferry_engine::bwlimit::Limiter;
 use ferry_engine::entry::{Kind, Listing, Meta};
 use ferry_engine::etag;
 use ferry_engine::filter::Filter;
-use ferry_engine::store::{ListError, MetaChange, RangedSource, SourceFile, Store};
+use ferry_engine::store::{ListError, MetaChange, RangedSource, SourceFile, Store, RANGE_PIECE};
 use rusty_s3::actions::{
     AbortMultipartUpload, CompleteMultipartUpload, CreateMultipartUpload, DeleteObject, GetObject,
     HeadBucket, HeadObject, ListObjectsV2, ListParts, PutObject, UploadPart,
@@ -1174,16 +1174,25 @@ impl RangedSource for S3Reader {
         Ok(self.ident.get_or_init(|| (size, etag)).clone())
     }
 
-    fn read_at(&self, offset: u64, buf: &mut [u8], limit: Option<&Limiter>) -> io::Result<()> {
-        if buf.is_empty() {
+    fn read_range(
+        &self,
+        offset: u64,
+        len: u64,
+        out: &mut dyn FnMut(u64, &[u8]) -> io::Result<()>,
+        limit: Option<&Limiter>,
+    ) -> io::Result<()> {
+        if len == 0 {
             return Ok(());
         }
         let (_, etag) = self.identity()?;
         let url = GetObject::new(&self.c.bucket, self.c.creds(), &self.key).sign(SIGN_TTL);
-        let range = format!("bytes={}-{}", offset, offset + buf.len() as u64 - 1);
+        let end = offset + len;
+        let mut at = offset;
+        let mut buf = vec![0u8; RANGE_PIECE];
         let mut attempt = 0;
         loop {
             attempt += 1;
+            let range = format!("bytes={}-{}", at, end - 1);
             // `If-Match`: every range comes from the same version, or the
             // request fails (412) instead of mixing two versions.
             let resp = self.c.send("GET", &self.key, || {
@@ -1197,7 +1206,7 @@ impl RangedSource for S3Reader {
                 }
                 r.call()
             })?;
-            if resp.status().as_u16() != 206 && offset != 0 {
+            if resp.status().as_u16() != 206 && at != 0 {
                 return Err(io::Error::other(format!(
                     "GET {}: the server ignored the byte range (HTTP {})",
                     self.key,
@@ -1205,30 +1214,51 @@ impl RangedSource for S3Reader {
                 )));
             }
             let mut body = resp.into_body().into_reader();
-            let mut n = 0;
+            // Gather up to a full piece per hand-over (few, large writes).
             let res = loop {
-                if n == buf.len() {
-                    break Ok(());
-                }
-                let want = limit.map_or(buf.len() - n, |l| l.chunk().min(buf.len() - n));
-                match body.read(&mut buf[n..n + want]) {
-                    Ok(0) => break Err(io::Error::from(io::ErrorKind::UnexpectedEof)),
-                    Ok(k) => {
-                        if let Some(l) = limit {
-                            l.acquire(k as u64);
-                        }
-                        n += k;
+                if at == end {
+                    // Read the end of the body too: only then does the
+                    // connection go back to the pool for the next range.
+                    let mut last = [0u8; 1];
+                    match body.read(&mut last) {
+                        Ok(0) => break Ok(()),
+                        Ok(_) => break Err(io::Error::other("longer than the range asked")),
+                        Err(e) => break Err(e),
                     }
-                    Err(e) => break Err(e),
+                }
+                let want = ((end - at) as usize).min(buf.len());
+                let want = limit.map_or(want, |l| l.chunk().min(want));
+                let mut n = 0;
+                let mut broke: Option<io::Error> = None;
+                while n < want {
+                    match body.read(&mut buf[n..want]) {
+                        Ok(0) => {
+                            broke = Some(io::ErrorKind::UnexpectedEof.into());
+                            break;
+                        }
+                        Ok(k) => n += k,
+                        Err(e) => {
+                            broke = Some(e);
+                            break;
+                        }
+                    }
+                }
+                // What arrived counts, even if the connection broke after.
+                if n > 0 {
+                    if let Some(l) = limit {
+                        l.acquire(n as u64);
+                    }
+                    out(at, &buf[..n])?;
+                    at += n as u64;
+                }
+                if let Some(e) = broke {
+                    break Err(e);
                 }
             };
             match res {
                 Ok(()) => return Ok(()),
-                // The connection broke mid-body: fetch the range again.
-                Err(e) if attempt < ATTEMPTS => {
-                    let _ = e;
-                    backoff(attempt);
-                }
+                // The connection broke mid-body: ask for the rest again.
+                Err(_) if attempt < ATTEMPTS => backoff(attempt),
                 Err(e) => return Err(io::Error::other(format!("GET {} ({range}): {e}", self.key))),
             }
         }

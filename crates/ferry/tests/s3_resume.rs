@@ -168,7 +168,7 @@ fn killed_download_resumes_from_its_partial_file() {
     let r = run(&["copy", src.to_str().unwrap(), &url]);
     assert_eq!(r.code, Some(0), "{r}");
     let down = w.path().join("down");
-    // 24 MiB/s: 4 s in all; the received ranges are recorded every 32 MiB.
+    // 24 MiB/s: 4 s in all; the received ranges are recorded every second.
     let child = spawn_ferry(["copy", "--bwlimit", "24M", &url, down.to_str().unwrap()]);
     kill_when(child, Duration::from_secs(3), || false);
     let partials = find_prefixed(&down, b".ferry-tmp.part.");
@@ -177,7 +177,7 @@ fn killed_download_resumes_from_its_partial_file() {
     let r = run(&["copy", "-v", &url, down.to_str().unwrap()]);
     assert_eq!(r.code, Some(0), "{r}");
     let reused = count_in(&r, "", "bytes of interrupted downloads reused");
-    assert!(reused >= 32 << 20, "{reused} bytes reused: {r}");
+    assert!(reused >= 16 << 20, "{reused} bytes reused: {r}");
     assert_eq!(
         std::fs::read(down.join("big.bin")).unwrap(),
         std::fs::read(src.join("big.bin")).unwrap()
