@@ -9,10 +9,12 @@
 //! the last one to finish sets the directory's metadata (mtime after its
 //! content) and reports to its parent.
 
+use std::collections::VecDeque;
 use std::ffi::{CStr, CString};
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::sync::Mutex;
 use std::time::Instant;
 
 use crate::bwlimit::Limiter;
@@ -74,6 +76,9 @@ struct Node<S: Store, D: Store> {
     pending: AtomicUsize,
     dirty: AtomicBool,
     parent: Option<Arc<Node<S, D>>>,
+    /// Transfer tasks of this directory running or queued in the pool, and
+    /// the batches waiting for one of them (see `Engine::lanes`).
+    lanes: Mutex<(usize, VecDeque<FileBatch>)>,
 }
 
 /// What is at a subdirectory's name in the destination before the run.
@@ -95,9 +100,7 @@ enum Task<S: Store, D: Store> {
     },
     Files {
         node: Arc<Node<S, D>>,
-        files: Listing,
-        dst: Vec<Option<Meta>>,
-        check: Vec<bool>,
+        batch: FileBatch,
     },
 }
 
@@ -109,6 +112,11 @@ pub struct Engine<'a, S: Store, D: Store> {
     stats: &'a Stats,
     rep: &'a dyn Reporter,
     plan: PlanOptions,
+    /// Transfer tasks of one directory at once, at most: creating entries
+    /// in one directory serializes on its lock, so more workers there only
+    /// contend (500,000 files in one directory: 2 lanes 11.6 s, 4 lanes
+    /// 20.7 s). Unlimited when the source is latency-bound (S3).
+    lanes: usize,
 }
 
 impl<'a, S: Store, D: Store> Engine<'a, S, D> {
@@ -136,6 +144,11 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             stats,
             rep,
             plan,
+            lanes: if src.latency_bound() {
+                usize::MAX
+            } else {
+                dst.dir_write_lanes().max(1)
+            },
         }
     }
 
@@ -167,6 +180,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             pending: AtomicUsize::new(1),
             dirty: AtomicBool::new(false),
             parent: None,
+            lanes: Mutex::new((0, VecDeque::new())),
         });
         let pool: Pool<Task<S, D>> = Pool::new();
         pool.push(Task::Scan(root));
@@ -190,17 +204,21 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                     None => self.done(&parent),
                 }
             }
-            Task::Files {
-                node,
-                files,
-                dst,
-                check,
-            } => {
-                for (i, e) in files.entries().iter().enumerate() {
-                    let name = files.cname(e);
-                    self.transfer(&node, name, &e.meta, dst[i], check[i]);
+            Task::Files { node, batch } => {
+                let mut batch = Some(batch);
+                while let Some(b) = batch {
+                    for (i, e) in b.files.entries().iter().enumerate() {
+                        let name = b.files.cname(e);
+                        self.transfer(&node, name, &e.meta, b.dst[i], b.check[i]);
+                    }
+                    self.done(&node);
+                    // This lane goes on with the directory's waiting batches.
+                    let mut l = node.lanes.lock().expect("lanes");
+                    batch = l.1.pop_front();
+                    if batch.is_none() {
+                        l.0 -= 1;
+                    }
                 }
-                self.done(&node);
             }
         }
     }
@@ -336,6 +354,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             pending: AtomicUsize::new(1),
             dirty: AtomicBool::new(false),
             parent: Some(parent.clone()),
+            lanes: Mutex::new((0, VecDeque::new())),
         }))
     }
 
@@ -511,11 +530,17 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         Stats::add(&self.stats.files_planned, b.files.len() as u64);
         Stats::add(&self.stats.bytes_planned, b.bytes);
         node.pending.fetch_add(1, Ordering::AcqRel);
+        {
+            let mut l = node.lanes.lock().expect("lanes");
+            if l.0 >= self.lanes {
+                l.1.push_back(b);
+                return;
+            }
+            l.0 += 1;
+        }
         pool.push(Task::Files {
             node: node.clone(),
-            files: b.files,
-            dst: b.dst,
-            check: b.check,
+            batch: b,
         });
     }
 

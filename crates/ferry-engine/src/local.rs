@@ -606,6 +606,10 @@ impl Store for LocalStore {
         Ok(())
     }
 
+    fn dir_write_lanes(&self) -> usize {
+        2
+    }
+
     fn create_empty(
         &self,
         dir: &LocalDir,

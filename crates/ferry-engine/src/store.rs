@@ -225,6 +225,16 @@ pub trait Store: Send + Sync {
     fn etag(&self, _dir: &Self::Dir, _name: &CStr) -> io::Result<Option<String>> {
         Ok(None)
     }
+    /// How many workers should create entries in one directory at once
+    /// (local filesystems serialize them on the directory's lock).
+    fn dir_write_lanes(&self) -> usize {
+        usize::MAX
+    }
+    /// True when each operation waits on a network round trip (S3): the
+    /// engine then keeps many transfers in flight even within one directory.
+    fn latency_bound(&self) -> bool {
+        false
+    }
     /// True when entries have owners that can be read and set (local, as root).
     fn preserves_owner(&self) -> bool;
     /// True when directories have their own mtime and mode (false on object

@@ -1119,6 +1119,10 @@ impl Store for S3Store {
     fn supports_symlinks(&self) -> bool {
         false
     }
+
+    fn latency_bound(&self) -> bool {
+        true
+    }
 }
 
 impl SourceFile for S3Reader {
