@@ -18,6 +18,8 @@ ap.add_argument("--ferry", default="target/release/ferry")
 ap.add_argument("--workdir", default="/tmp/ferry-bench")
 ap.add_argument("--out", default="BENCHMARKS.md")
 ap.add_argument("--skip", default="", help="comma list of: small,big,lat")
+ap.add_argument("--tools", default="", help="comma list (default: ferry,rclone,rclone32 and aws when installed)")
+ap.add_argument("--dirs", default="up,down", help="comma list of: up,down")
 a = ap.parse_args()
 ferry = os.path.abspath(a.ferry)
 repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -84,9 +86,21 @@ tmp = os.path.join(a.workdir, "s3tmp")
 shutil.rmtree(tmp, ignore_errors=True)
 os.makedirs(tmp)
 tools = ["ferry", "rclone", "rclone32"] + (["aws"] if have_aws else [])
+if a.tools:
+    tools = [t for t in a.tools.split(",") if t]
+    assert "ferry" in tools, "ferry is the reference"
+dirs = [d for d in a.dirs.split(",") if d]
+trash = [0]
+
+def discard(d):
+    # Moved aside, deleted at the end: on ext4 with discard, deleting many
+    # files slows the file creation that follows (see BENCHMARKS.md, method).
+    trash[0] += 1
+    if os.path.exists(d):
+        os.rename(d, os.path.join(tmp, f"trash-{trash[0]}"))
 skip = set(a.skip.split(",")) - {""}
 lines = ["", "## S3 (Garage 2.5.0, single node on loopback)", "",
-         f"`python3 bench/s3.py --runs {a.runs}`: same Garage, same data, tools alternated run by run; "
+         f"`python3 bench/s3.py {' '.join(sys.argv[1:])}`: same Garage, same data, tools alternated run by run; "
          "medians (min-max). Uploads go to a fresh prefix each run, downloads into a fresh directory. "
          "CPU = user+sys of the client process." + ("" if have_aws else " AWS CLI not installed here: not measured."), ""]
 
@@ -94,22 +108,27 @@ def scenario(title, src_local, size_bytes, files):
     global lines
     up_prefix = {}
     res = {}
+    if "up" not in dirs:
+        # Downloads need something to download: one upload by ferry, untimed.
+        pre = fresh("up")
+        timed(tool_cmd("ferry", ("local", src_local), ("s3", pre)))
+        up_prefix["ferry"] = pre
     for run in range(a.runs):
-        for t in tools:
+        for t in (tools if "up" in dirs else []):
             pre = fresh("up")
             w, c = timed(tool_cmd(t, ("local", src_local), ("s3", pre)))
             res.setdefault((t, "up"), []).append((w, c))
             up_prefix[t] = pre
-        for t in tools:
+        for t in (tools if "down" in dirs else []):
             d = os.path.join(tmp, fresh("down"))
             w, c = timed(tool_cmd(t, ("s3", up_prefix["ferry"]), ("local", d)))
             res.setdefault((t, "down"), []).append((w, c))
-            shutil.rmtree(d, ignore_errors=True)
+            discard(d)
         print(f"{title}: run {run + 1}/{a.runs} done", flush=True)
     gib = size_bytes / (1 << 30)
     lines += [f"### {title}", "", "| tool | direction | wall s median (min-max) | MiB/s | files/s | CPU s | CPU s per GiB | ratio to ferry |",
               "|---|---|---|---|---|---|---|---|"]
-    for d in ("up", "down"):
+    for d in dirs:
         fw = statistics.median(x[0] for x in res[("ferry", d)])
         for t in tools:
             ws = [x[0] for x in res[(t, d)]]
@@ -130,16 +149,21 @@ if "lat" not in skip:
         f.write(os.urandom(128 << 20))
     pre = fresh("lat")
     timed([ferry, "copy", "--no-progress", d128, f"s3://{bucket}/{pre}"])
-    walls = []
+    lat_tools = [t for t in tools if t in ("ferry", "rclone")]
+    walls = {t: [] for t in lat_tools}
     for i in range(20):
-        d = os.path.join(tmp, fresh("lat-down"))
-        w, _ = timed([ferry, "copy", "--no-progress", f"s3://{bucket}/{pre}", d])
-        walls.append(w)
-        shutil.rmtree(d, ignore_errors=True)
-    q = statistics.quantiles(walls, n=20, method="inclusive")
-    lines += ["### Latency of 20 downloads of one 128 MiB object (ferry, whole command)", "",
-              "| p50 s | p90 s | p95 s | min s | max s |", "|---|---|---|---|---|",
-              f"| {statistics.median(walls):.3f} | {q[17]:.3f} | {q[18]:.3f} | {min(walls):.3f} | {max(walls):.3f} |", ""]
+        for t in lat_tools:
+            d = os.path.join(tmp, fresh("lat-down"))
+            w, _ = timed(tool_cmd(t, ("s3", pre), ("local", d)))
+            walls[t].append(w)
+            discard(d)
+    lines += ["### Latency of 20 downloads of one 128 MiB object (whole command, tools alternated)", "",
+              "| tool | p50 s | p90 s | p95 s | min s | max s |", "|---|---|---|---|---|---|"]
+    for t in lat_tools:
+        ws = walls[t]
+        q = statistics.quantiles(ws, n=20, method="inclusive")
+        lines.append(f"| {t} | {statistics.median(ws):.3f} | {q[17]:.3f} | {q[18]:.3f} | {min(ws):.3f} | {max(ws):.3f} |")
+    lines.append("")
 
 subprocess.run([os.path.join(repo, "scripts/garage"), "stop", gdir])
 shutil.rmtree(tmp, ignore_errors=True)
