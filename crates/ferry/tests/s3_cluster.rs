@@ -77,32 +77,17 @@ fn build_tree(root: &Path) -> usize {
     n + 1
 }
 
-/// Node 3 of 3 is killed (SIGKILL) while `ferry sync` uploads through node 1: the
-/// sync still exits 0 having copied everything, and the bucket holds the exact tree, as
-/// read back through node 1 and through node 2; a second sync copies nothing.
-#[test]
-fn sync_completes_when_a_storage_node_dies_mid_run() {
-    let Some(s3) = s3_from("FERRY_TEST_S3C") else {
-        return;
-    };
-    let dir = cluster_dir();
-    let dir = dir.to_str().unwrap();
-    // All three nodes up and the cluster healthy (restarts node 3 if an earlier run of
-    // this test left it dead; instant otherwise).
-    garage_script(&["node", dir, "3"]);
-    assert_eq!(s3.endpoint, node_endpoint(1));
-
-    let t = tmpdir();
-    let src = t.path().join("src");
-    let total = build_tree(&src);
-    let url = s3.url("cluster");
-
-    // The bandwidth limit stretches the run over seconds, so node 3 dies with uploads
+/// Upload `src` to `url` through node 1 with `ferry sync`, sending `sig` to node `victim`
+/// after ten files are done. Checks that the sync was still running then, that it exits 0
+/// having copied every file, and that the multipart upload and many others completed after
+/// the signal.
+fn sync_while_node_fails(src: &Path, url: &str, total: usize, victim: u32, sig: &str) {
+    // The bandwidth limit stretches the run over seconds, so the node fails with uploads
     // (the multipart one included) still to do.
     let mut child = Command::new(bin())
         .args(["sync", "--json", "--bwlimit", "4M"])
-        .arg(&src)
-        .arg(&url)
+        .arg(src)
+        .arg(url)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -113,44 +98,41 @@ fn sync_completes_when_a_storage_node_dies_mid_run() {
     let guard = std::thread::spawn(move || {
         if done_rx.recv_timeout(Duration::from_secs(600)).is_err() {
             let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
-            panic!("ferry sync did not finish (hang guard)");
         }
     });
     let stderr = child.stderr.take().unwrap();
     let stderr = std::thread::spawn(move || std::io::read_to_string(stderr).unwrap());
 
     let mut lines = Vec::new();
-    let mut killed_at = None;
+    let mut signalled_at = None;
     for line in BufReader::new(child.stdout.take().unwrap()).lines() {
         let line = line.unwrap();
-        if killed_at.is_none() && line.contains(r#""type":"copy""#) && lines.len() >= 9 {
-            signal(&node_file(3, "pid"), "-KILL");
-            killed_at = Some(lines.len() + 1);
+        if signalled_at.is_none() && line.contains(r#""type":"copy""#) && lines.len() >= 9 {
+            signal(&node_file(victim, "pid"), sig);
+            signalled_at = Some(lines.len() + 1);
             assert!(
                 child.try_wait().unwrap().is_none(),
-                "ferry finished before node 3 was killed: the test did not test anything"
+                "ferry finished before node {victim} failed: the test did not test anything"
             );
         }
         lines.push(line);
     }
     let status = child.wait().unwrap();
-    done_tx.send(()).unwrap();
+    let _ = done_tx.send(());
     guard.join().unwrap();
-    let stderr = stderr.join().unwrap();
     let r = Run {
-        args: vec!["sync".into(), "--json".into()],
+        args: vec!["sync".into(), "--json".into(), src.into(), url.into()],
         code: status.code(),
         stdout: lines.join("\n").into_bytes(),
-        stderr: stderr.into_bytes(),
+        stderr: stderr.join().unwrap().into_bytes(),
     };
     r.ok();
     let s = summary(&r);
     assert_eq!((s.files_copied, s.errors), (total as u64, 0), "{r}");
-    let killed_at = killed_at.expect("node 3 was killed");
-    let after: Vec<&String> = lines[killed_at..].iter().collect();
+    let after = &lines[signalled_at.expect("node was signalled")..];
     assert!(
         after.iter().any(|l| l.contains(r#""path":"big.bin""#)),
-        "the multipart upload finished before node 3 died: the test did not test it\n{r}"
+        "the multipart upload finished before node {victim} failed: not tested\n{r}"
     );
     assert!(
         after
@@ -158,17 +140,42 @@ fn sync_completes_when_a_storage_node_dies_mid_run() {
             .filter(|l| l.contains(r#""type":"copy""#))
             .count()
             > 10,
-        "hardly anything was uploaded after node 3 died\n{r}"
+        "hardly anything was uploaded after node {victim} failed\n{r}"
     );
+}
 
-    // Read back through node 1 and through node 2 (node 3 stays dead).
-    let down1 = t.path().join("down1");
-    run(&[&"sync", &url, &down1]).ok();
-    assert_files_equal(&src, &down1);
-    let down2 = t.path().join("down2");
-    run(&[&"sync", &"--s3-endpoint", &node_endpoint(2), &url, &down2]).ok();
-    assert_files_equal(&src, &down2);
+/// A fresh download of `url` through node `n` equals `src` (bytes, mtimes, modes).
+fn assert_download_equal(url: &str, src: &Path, n: u32, into: &Path) {
+    run(&[&"sync", &"--s3-endpoint", &node_endpoint(n), &url, &into]).ok();
+    assert_files_equal(src, into);
+}
 
+/// Node 3 of 3 dies (SIGKILL) while `ferry sync` uploads through node 1: the sync still
+/// exits 0 having copied everything, the bucket holds the exact tree as read back through
+/// node 1 and through node 2, and a second sync copies nothing.
+///
+/// (A node that hangs instead, SIGSTOP, is not tested here: Garage 2.5 then leaves
+/// requests in flight unanswered, and ferry waits out its 120 s response timeout before it
+/// retries and completes.)
+#[test]
+fn sync_completes_when_a_storage_node_dies_mid_run() {
+    let Some(s3) = s3_from("FERRY_TEST_S3C") else {
+        return;
+    };
+    let dir = cluster_dir();
+    let dir = dir.to_str().unwrap();
+    // All three nodes up and the cluster healthy (an earlier run of this test left node 3
+    // dead; instant otherwise).
+    garage_script(&["node", dir, "1", "2", "3"]);
+    assert_eq!(s3.endpoint, node_endpoint(1));
+
+    let t = tmpdir();
+    let src = t.path().join("src");
+    let total = build_tree(&src);
+    let url = s3.url("cluster");
+    sync_while_node_fails(&src, &url, total, 3, "-KILL");
+    assert_download_equal(&url, &src, 1, &t.path().join("down1"));
+    assert_download_equal(&url, &src, 2, &t.path().join("down2"));
     let again = run(&[&"sync", &"--json", &src, &url]);
     again.ok();
     let s = summary(&again);
