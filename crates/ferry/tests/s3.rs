@@ -5,51 +5,11 @@
 
 mod util;
 
-use std::ffi::OsString;
 use std::path::Path;
 use std::process::Command;
 
+use util::s3::*;
 use util::*;
-
-struct S3 {
-    endpoint: String,
-    bucket: String,
-}
-
-fn s3() -> Option<S3> {
-    if std::env::var_os("FERRY_SKIP_S3").is_some() {
-        return None;
-    }
-    let get = |k: &str| {
-        std::env::var(k).unwrap_or_else(|_| panic!("{k} is not set: run the tests with scripts/test (it starts Garage), or set FERRY_SKIP_S3=1"))
-    };
-    let s = S3 {
-        endpoint: get("FERRY_TEST_S3_ENDPOINT"),
-        bucket: get("FERRY_TEST_S3_BUCKET"),
-    };
-    // The ferry processes inherit these (same values from every test thread).
-    std::env::set_var("AWS_ACCESS_KEY_ID", get("FERRY_TEST_S3_KEY"));
-    std::env::set_var("AWS_SECRET_ACCESS_KEY", get("FERRY_TEST_S3_SECRET"));
-    std::env::set_var("AWS_REGION", get("FERRY_TEST_S3_REGION"));
-    std::env::set_var("AWS_ENDPOINT_URL", &s.endpoint);
-    Some(s)
-}
-
-impl S3 {
-    /// A fresh prefix per test.
-    fn url(&self, test: &str) -> String {
-        let n = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos();
-        format!("s3://{}/{test}-{n}", self.bucket)
-    }
-}
-
-fn run(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Run {
-    let v: Vec<OsString> = args.iter().map(|a| a.as_ref().to_owned()).collect();
-    ferry(&v)
-}
 
 /// A tree S3 can hold exactly: files (empty to multipart-sized) in nested
 /// directories, nanosecond mtimes, a few modes. (No symlinks or empty
@@ -65,43 +25,6 @@ fn tree(root: &Path) {
     chmod(&root.join("a.txt"), 0o600);
     chmod(&root.join("d1/b.bin"), 0o755);
     stamp_tree(root, 1_500_000_000);
-}
-
-/// Files equal in bytes, mtime (ns) and mode; directories may differ in times.
-fn assert_files_equal(a: &Path, b: &Path) {
-    let files = |root: &Path| -> Vec<(std::path::PathBuf, Vec<u8>, Mtime, u32)> {
-        use std::os::unix::fs::PermissionsExt;
-        let mut v: Vec<_> = walk(root)
-            .into_iter()
-            .filter(|p| root.join(p).is_file())
-            .map(|p| {
-                let full = root.join(&p);
-                let m = std::fs::metadata(&full).unwrap();
-                (
-                    p.clone(),
-                    std::fs::read(&full).unwrap(),
-                    get_mtime(&full),
-                    m.permissions().mode() & 0o7777,
-                )
-            })
-            .collect();
-        v.sort_by(|x, y| x.0.cmp(&y.0));
-        v
-    };
-    let (fa, fb) = (files(a), files(b));
-    assert_eq!(
-        fa.len(),
-        fb.len(),
-        "file counts differ: {:?} vs {:?}",
-        fa.iter().map(|x| &x.0).collect::<Vec<_>>(),
-        fb.iter().map(|x| &x.0).collect::<Vec<_>>()
-    );
-    for (x, y) in fa.iter().zip(&fb) {
-        assert_eq!(x.0, y.0);
-        assert!(x.1 == y.1, "{:?}: content differs", x.0);
-        assert_eq!(x.2, y.2, "{:?}: mtime differs", x.0);
-        assert_eq!(x.3, y.3, "{:?}: mode differs", x.0);
-    }
 }
 
 #[test]
@@ -328,4 +251,296 @@ fn rclone_reads_what_ferry_wrote_and_ferry_reads_what_rclone_wrote() {
     // And ferry uploading over rclone's objects finds them unchanged.
     let up = run(&[&"sync", &"--json", &src, &url2]);
     assert_eq!(summary(&up).files_copied, 0, "{up}");
+}
+
+/// The AWS CLI (v1 or v2) against the test server: `aws --endpoint-url ENDPOINT ARGS...`,
+/// asserted to succeed. No config or credentials files of the user are read.
+///
+/// The CLI sends every upload with `Expect: 100-continue`; now and then (with Garage 2.5,
+/// CLI v1.45 and v2.9 alike) it misreads the answer ("Failed to parse headers") and waits
+/// for its read timeout, 60 s by default, before it retries. A shorter timeout keeps such a
+/// retry cheap; it is not a limit on how long anything may take (the CLI retries).
+fn aws(s3: &S3, args: &[&str]) -> std::process::Output {
+    let out = Command::new("aws")
+        .arg("--endpoint-url")
+        .arg(&s3.endpoint)
+        .args(["--cli-read-timeout", "10"])
+        .args(args)
+        .env("AWS_CONFIG_FILE", "/dev/null")
+        .env("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
+        .env("AWS_ACCESS_KEY_ID", &s3.key)
+        .env("AWS_SECRET_ACCESS_KEY", &s3.secret)
+        // v1 reads only AWS_DEFAULT_REGION; Garage rejects signatures for another region.
+        .env("AWS_DEFAULT_REGION", &s3.region)
+        .env("AWS_REGION", &s3.region)
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .env("AWS_PAGER", "")
+        .env("PYTHONIOENCODING", "utf-8")
+        // Newer CLIs add CRC checksums to every request unless told not to.
+        .env("AWS_REQUEST_CHECKSUM_CALCULATION", "when_required")
+        .env("AWS_RESPONSE_CHECKSUM_VALIDATION", "when_required")
+        .env_remove("AWS_CA_BUNDLE")
+        .env_remove("AWS_ENDPOINT_URL")
+        .env_remove("AWS_PROFILE")
+        .output()
+        .expect("the AWS CLI (Debian package awscli) is installed by scripts/test");
+    assert!(
+        out.status.success(),
+        "aws {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// `s3://bucket/prefix` → (bucket, prefix).
+fn split_url(url: &str) -> (&str, &str) {
+    url.strip_prefix("s3://").unwrap().split_once('/').unwrap()
+}
+
+/// `2026-11-23T00:33:01.123000+00:00` or `...Z` (UTC) → (seconds, nanoseconds).
+fn parse_utc(s: &str) -> Mtime {
+    let n = |r: std::ops::Range<usize>| -> i64 { s[r].parse().unwrap_or_else(|_| panic!("{s}")) };
+    let (y, mo, d, h, mi, se) = (n(0..4), n(5..7), n(8..10), n(11..13), n(14..16), n(17..19));
+    let tz = s[19..].trim_start_matches(|c: char| c == '.' || c.is_ascii_digit());
+    assert!(tz == "Z" || tz == "+00:00", "not UTC: {s}");
+    let frac: String = s[19..]
+        .strip_prefix('.')
+        .unwrap_or("")
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    let ns: u32 = format!("{frac:0<9}")[..9].parse().unwrap();
+    // Days since the epoch (proleptic Gregorian), Howard Hinnant's algorithm.
+    let yy = if mo <= 2 { y - 1 } else { y };
+    let era = yy.div_euclid(400);
+    let yoe = yy - era * 400;
+    let doy = (153 * ((mo + 9) % 12) + 2) / 5 + d - 1;
+    let days = era * 146_097 + yoe * 365 + yoe / 4 - yoe / 100 + doy - 719_468;
+    (days * 86_400 + h * 3600 + mi * 60 + se, ns)
+}
+
+#[test]
+fn parse_utc_reads_aws_cli_timestamps() {
+    assert_eq!(parse_utc("1970-01-01T00:00:00+00:00"), (0, 0));
+    assert_eq!(
+        parse_utc("2020-09-13T12:26:40.123000+00:00"),
+        (1_600_000_000, 123_000_000)
+    );
+    assert_eq!(parse_utc("2000-03-01T00:00:01Z"), (951_868_801, 0));
+}
+
+/// Odd keys and a multipart-sized object, as ferry writes them, read by the AWS CLI: the
+/// listing has exactly ferry's keys and sizes, a recursive download has the same bytes, and
+/// the object metadata carries mtime and mode in rclone's format.
+#[test]
+fn aws_cli_reads_what_ferry_wrote() {
+    let Some(s3) = s3() else { return };
+    let t = tmpdir();
+    let src = t.path().join("src");
+    tree(&src);
+    write(&src, "odd/plus+sign", b"plus");
+    write(&src, "odd/100%", b"percent");
+    write(&src, "odd/two  spaces.txt", b"spaces");
+    write(
+        &src,
+        "odd/\u{65e5}\u{672c}\u{8a9e} \u{1f600}.txt",
+        b"unicode",
+    );
+    stamp_tree(&src, 1_500_000_000);
+    let url = s3.url("awscli-ferry");
+    let (bucket, prefix) = split_url(&url);
+    run(&[&"sync", &src, &url]).ok();
+
+    let want: Vec<(String, u64)> = file_list(&src)
+        .into_iter()
+        .map(|(p, data, _, _)| {
+            (
+                format!("{prefix}/{}", p.to_str().unwrap()),
+                data.len() as u64,
+            )
+        })
+        .collect();
+    let ls = aws(&s3, &["s3", "ls", "--recursive", &format!("{url}/")]);
+    // `2026-11-23 00:33:01      12345 prefix/key`
+    let mut got: Vec<(String, u64)> = String::from_utf8(ls.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let (size, key) = l[19..].trim_start().split_once(' ').unwrap();
+            (key.to_owned(), size.parse().unwrap())
+        })
+        .collect();
+    got.sort();
+    let mut want_sorted = want.clone();
+    want_sorted.sort();
+    assert_eq!(got, want_sorted, "aws s3 ls --recursive");
+
+    let down = t.path().join("aws-down");
+    aws(
+        &s3,
+        &[
+            "s3",
+            "cp",
+            "--recursive",
+            "--only-show-errors",
+            &format!("{url}/"),
+            down.to_str().unwrap(),
+        ],
+    );
+    let bytes = |root: &Path| -> Vec<(std::path::PathBuf, Vec<u8>)> {
+        file_list(root)
+            .into_iter()
+            .map(|(p, data, _, _)| (p, data))
+            .collect()
+    };
+    let (a, b) = (bytes(&src), bytes(&down));
+    assert_eq!(
+        a.iter().map(|x| &x.0).collect::<Vec<_>>(),
+        b.iter().map(|x| &x.0).collect::<Vec<_>>(),
+        "aws s3 cp --recursive downloaded other files"
+    );
+    for (x, y) in a.iter().zip(&b) {
+        assert!(x.1 == y.1, "{:?}: aws s3 cp downloaded other bytes", x.0);
+    }
+
+    for (rel, mode) in [
+        ("a.txt", "100600"),
+        ("big.bin", "100644"),
+        ("d1/b.bin", "100755"),
+    ] {
+        let head = aws(
+            &s3,
+            &[
+                "s3api",
+                "head-object",
+                "--output",
+                "json",
+                "--bucket",
+                bucket,
+                "--key",
+                &format!("{prefix}/{rel}"),
+            ],
+        );
+        let j = parse_json(&String::from_utf8(head.stdout).unwrap()).unwrap();
+        let meta = j.get("Metadata").expect("Metadata in head-object");
+        let (sec, nsec) = get_mtime(&src.join(rel));
+        assert_eq!(
+            meta.str_field("mtime"),
+            Some(format!("{sec}.{nsec:09}").as_str()),
+            "{rel}: x-amz-meta-mtime in rclone's format (seconds.nanoseconds)"
+        );
+        assert_eq!(meta.str_field("mode"), Some(mode), "{rel}: x-amz-meta-mode");
+        assert_eq!(
+            j.get("ContentLength").and_then(Json::as_u64),
+            Some(std::fs::metadata(src.join(rel)).unwrap().len()),
+            "{rel}"
+        );
+    }
+}
+
+/// A tree the AWS CLI uploaded (no ferry metadata, multipart by the CLI's own part size) is
+/// synced down by ferry with the same bytes, each file's mtime the object's LastModified
+/// (or its `mtime` metadata when the uploader set one), and a second sync copies nothing.
+#[test]
+fn ferry_reads_what_aws_cli_wrote() {
+    let Some(s3) = s3() else { return };
+    let t = tmpdir();
+    let src = t.path().join("src");
+    tree(&src);
+    write(&src, "odd/plus+sign", b"plus");
+    write(&src, "odd/100%", b"percent");
+    write(
+        &src,
+        "odd/\u{65e5}\u{672c}\u{8a9e} \u{1f600}.txt",
+        b"unicode",
+    );
+    let url = s3.url("awscli-up");
+    let (bucket, prefix) = split_url(&url);
+    aws(
+        &s3,
+        &[
+            "s3",
+            "cp",
+            "--recursive",
+            "--only-show-errors",
+            src.to_str().unwrap(),
+            &format!("{url}/"),
+        ],
+    );
+    // One object with rclone-style metadata set by the uploader.
+    let meta_file = write(t.path(), "with-meta", b"metadata from the AWS CLI");
+    aws(
+        &s3,
+        &[
+            "s3",
+            "cp",
+            "--only-show-errors",
+            "--metadata",
+            "mtime=1234567890.123456789,mode=100640",
+            meta_file.to_str().unwrap(),
+            &format!("{url}/meta/with-meta"),
+        ],
+    );
+
+    let down = t.path().join("down");
+    let r = run(&[&"sync", &"--json", &url, &down]);
+    r.ok();
+    assert_eq!(summary(&r).errors, 0, "{r}");
+
+    let listing = aws(
+        &s3,
+        &[
+            "s3api",
+            "list-objects-v2",
+            "--output",
+            "json",
+            "--bucket",
+            bucket,
+            "--prefix",
+            &format!("{prefix}/"),
+        ],
+    );
+    let j = parse_json(&String::from_utf8(listing.stdout).unwrap()).unwrap();
+    let Some(Json::Arr(objects)) = j.get("Contents") else {
+        panic!("no Contents in {j:?}")
+    };
+    let mut last_modified = std::collections::BTreeMap::new();
+    for o in objects {
+        let key = o.str_field("Key").unwrap();
+        let rel = key.strip_prefix(&format!("{prefix}/")).unwrap().to_owned();
+        last_modified.insert(rel, parse_utc(o.str_field("LastModified").unwrap()));
+    }
+
+    let mut got = file_list(&down);
+    let meta_entry = got
+        .iter()
+        .position(|x| x.0 == Path::new("meta/with-meta"))
+        .expect("meta/with-meta downloaded");
+    let (_, data, mtime, mode) = got.remove(meta_entry);
+    assert_eq!(data, b"metadata from the AWS CLI");
+    assert_eq!(
+        mtime,
+        (1_234_567_890, 123_456_789),
+        "mtime from x-amz-meta-mtime"
+    );
+    assert_eq!(mode, 0o640, "mode from x-amz-meta-mode");
+
+    let want = file_list(&src);
+    assert_eq!(
+        want.iter().map(|x| &x.0).collect::<Vec<_>>(),
+        got.iter().map(|x| &x.0).collect::<Vec<_>>()
+    );
+    for (w, g) in want.iter().zip(&got) {
+        let rel = w.0.to_str().unwrap();
+        assert!(w.1 == g.1, "{rel}: content differs");
+        assert_eq!(
+            g.2, last_modified[rel],
+            "{rel}: mtime is not the object's LastModified"
+        );
+        assert_eq!(g.3, 0o644, "{rel}: mode of an object without mode metadata");
+    }
+
+    let again = run(&[&"sync", &"--json", &url, &down]);
+    again.ok();
+    assert_eq!(summary(&again).files_copied, 0, "{again}");
 }

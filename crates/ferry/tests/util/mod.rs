@@ -16,6 +16,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+pub mod s3;
+
 /// Path of the binary under test (`FERRY_TEST_BIN` overrides it, e.g. to check the tests
 /// themselves against a reference implementation).
 pub fn bin() -> OsString {
