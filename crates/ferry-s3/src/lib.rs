@@ -127,6 +127,9 @@ struct Multipart {
     resumed: bool,
 }
 
+/// An object to HEAD: name in its directory, listed size, fallback mtime.
+type HeadArg<'a> = (&'a str, u64, Option<(i64, u32)>);
+
 /// Parts of a multipart upload on the server: number → (size, ETag).
 type Parts = HashMap<u16, (u64, String)>;
 
@@ -260,22 +263,21 @@ impl S3Store {
     }
 
     /// HEAD an object: its metadata as ferry compares it.
-    fn head(&self, key: &str, size: u64, last_modified: Option<&str>) -> io::Result<Meta> {
+    /// HEAD an object. `fallback`: the mtime to use when the object has no
+    /// `x-amz-meta-mtime` (the listing's LastModified, which has
+    /// milliseconds; the Last-Modified header has only seconds).
+    fn head(&self, key: &str, size: u64, fallback: Option<(i64, u32)>) -> io::Result<Meta> {
         self.counters.heads.fetch_add(1, Ordering::Relaxed);
         let url = HeadObject::new(&self.c.bucket, self.c.creds(), key).sign(SIGN_TTL);
         let resp = self
             .c
             .send("HEAD", key, || self.c.agent.head(url.as_str()).call())?;
-        Ok(meta_from_headers(resp.headers(), size, last_modified))
+        Ok(meta_from_headers(resp.headers(), size, fallback))
     }
 
     /// HEAD several objects of `prefix` at once: (name, listed size,
     /// LastModified) → metadata, in the same order.
-    fn head_many(
-        &self,
-        prefix: &str,
-        files: &[(&str, u64, Option<&str>)],
-    ) -> Vec<io::Result<Meta>> {
+    fn head_many(&self, prefix: &str, files: &[HeadArg<'_>]) -> Vec<io::Result<Meta>> {
         let threads = self.head_threads.min(files.len().div_ceil(8)).max(1);
         let chunk = files.len().div_ceil(threads).max(1);
         std::thread::scope(|s| {
@@ -861,9 +863,15 @@ impl Store for S3Store {
         }
         // mtime and mode live in object metadata, which listings do not
         // return: HEAD every object, several at a time.
-        let args: Vec<(&str, u64, Option<&str>)> = files
+        let args: Vec<HeadArg<'_>> = files
             .iter()
-            .map(|(n, s, lm)| (n.as_str(), *s, lm.as_deref()))
+            .map(|(n, s, lm)| {
+                (
+                    n.as_str(),
+                    *s,
+                    lm.as_deref().and_then(parse_http_or_iso_date),
+                )
+            })
             .collect();
         for (i, r) in self.head_many(&dir.prefix, &args).into_iter().enumerate() {
             match r {
@@ -890,18 +898,21 @@ impl Store for S3Store {
         which: &[usize],
         errors: &mut Vec<ListError>,
     ) -> io::Result<()> {
-        let names: Vec<(String, u64)> = which
+        // The listed mtime is the LastModified: the fallback of objects
+        // without ferry's or rclone's metadata.
+        let names: Vec<(String, u64, (i64, u32))> = which
             .iter()
             .map(|&i| {
                 let e = &list.entries()[i];
-                (
-                    String::from_utf8_lossy(list.name(e)).into_owned(),
-                    e.meta.size,
-                )
+                let m = &e.meta;
+                let name = String::from_utf8_lossy(list.name(e)).into_owned();
+                (name, m.size, (m.mtime_sec, m.mtime_nsec))
             })
             .collect();
-        let args: Vec<(&str, u64, Option<&str>)> =
-            names.iter().map(|(n, s)| (n.as_str(), *s, None)).collect();
+        let args: Vec<HeadArg<'_>> = names
+            .iter()
+            .map(|(n, s, lm)| (n.as_str(), *s, Some(*lm)))
+            .collect();
         let results = self.head_many(&dir.prefix, &args);
         for (k, r) in results.into_iter().enumerate() {
             match r {
@@ -1132,7 +1143,9 @@ impl SourceFile for S3Reader {
             let resp = self
                 .c
                 .send("GET", &self.key, || self.c.agent.get(url.as_str()).call())?;
-            let _ = self.meta.set(meta_from_headers(resp.headers(), 0, None));
+            if resp.headers().contains_key(META_MTIME) {
+                let _ = self.meta.set(meta_from_headers(resp.headers(), 0, None));
+            }
             self.body = Some(resp.into_body().into_reader());
         }
         self.body.as_mut().expect("opened").read(buf)
@@ -1165,7 +1178,11 @@ impl RangedSource for S3Reader {
             .c
             .send("HEAD", &self.key, || self.c.agent.head(url.as_str()).call())?;
         let h = resp.headers();
-        let _ = self.meta.set(meta_from_headers(h, 0, None));
+        // Without ferry's or rclone's metadata the listing's LastModified
+        // (milliseconds) is better than this header's (seconds).
+        if h.contains_key(META_MTIME) {
+            let _ = self.meta.set(meta_from_headers(h, 0, None));
+        }
         let size = h
             .get("content-length")
             .and_then(|v| v.to_str().ok()?.parse().ok())
@@ -1271,14 +1288,14 @@ impl RangedSource for S3Reader {
 
 /// Metadata of an object from a HEAD's or GET's headers: `x-amz-meta-mtime`
 /// and `x-amz-meta-mode` when ferry or rclone wrote them, else LastModified.
-fn meta_from_headers(h: &ureq::http::HeaderMap, size: u64, last_modified: Option<&str>) -> Meta {
+fn meta_from_headers(h: &ureq::http::HeaderMap, size: u64, fallback: Option<(i64, u32)>) -> Meta {
     let get = |n: &str| h.get(n).and_then(|v| v.to_str().ok());
     let size = get("content-length")
         .and_then(|v| v.parse().ok())
         .unwrap_or(size);
     let (mtime_sec, mtime_nsec) = get(META_MTIME)
         .and_then(parse_mtime)
-        .or_else(|| last_modified.and_then(parse_http_or_iso_date))
+        .or(fallback)
         .or_else(|| get("last-modified").and_then(parse_http_or_iso_date))
         .unwrap_or((0, 0));
     let mode = get(META_MODE)

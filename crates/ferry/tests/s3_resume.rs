@@ -10,37 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::Child;
 use std::time::{Duration, Instant};
 
+use util::s3::s3;
 use util::*;
-
-struct S3 {
-    bucket: String,
-}
-
-fn s3() -> Option<S3> {
-    if std::env::var_os("FERRY_SKIP_S3").is_some() {
-        return None;
-    }
-    let get = |k: &str| {
-        std::env::var(k).unwrap_or_else(|_| panic!("{k} is not set: run the tests with scripts/test (it starts Garage), or set FERRY_SKIP_S3=1"))
-    };
-    std::env::set_var("AWS_ACCESS_KEY_ID", get("FERRY_TEST_S3_KEY"));
-    std::env::set_var("AWS_SECRET_ACCESS_KEY", get("FERRY_TEST_S3_SECRET"));
-    std::env::set_var("AWS_REGION", get("FERRY_TEST_S3_REGION"));
-    std::env::set_var("AWS_ENDPOINT_URL", get("FERRY_TEST_S3_ENDPOINT"));
-    Some(S3 {
-        bucket: get("FERRY_TEST_S3_BUCKET"),
-    })
-}
-
-impl S3 {
-    fn url(&self, test: &str) -> String {
-        let n = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos();
-        format!("s3://{}/{test}-{n}", self.bucket)
-    }
-}
 
 /// A work dir on the disk of the build (user xattrs: not always on /tmp).
 fn workdir() -> tempfile::TempDir {
