@@ -365,7 +365,9 @@ pub fn run<A: Store, B: Store>(
         dirs_created: g(&c.dirs),
         renamed: g(&c.renamed),
         conflicts: g(&c.conflicts),
-        unchanged: plan.unchanged,
+        // Paths found equal whose record was only written now count as unchanged.
+        unchanged: plan.unchanged
+            + plan.items.iter().filter(|it| it.act == Act::Record).count() as u64,
         errors: g(&c.errors),
         elapsed_s: start.elapsed().as_secs_f64(),
     })
