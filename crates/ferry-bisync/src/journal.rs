@@ -296,6 +296,10 @@ impl Lock {
     /// Take the lock, or fail at once if another run holds it.
     pub fn take(journal: &Path) -> Result<Lock, String> {
         use rustix::fs::{flock, open, FlockOperation, Mode, OFlags};
+        if let Some(dir) = journal.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| format!("journal directory {}: {e}", dir.display()))?;
+        }
         let mut p = journal.as_os_str().to_owned();
         p.push(".lock");
         let p = PathBuf::from(p);

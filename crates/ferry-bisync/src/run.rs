@@ -288,7 +288,7 @@ pub fn run<A: Store, B: Store>(
     // journal: on a no-op run, that is all the work there is.
     let (ca, cb) = (clone_dir(a)?, clone_dir(b)?);
     let jref = journal.as_deref();
-    let ((sa, sb), jl) = std::thread::scope(|s| {
+    let ((mut sa, mut sb), jl) = std::thread::scope(|s| {
         let h = s.spawn(|| scan_pair((a, ca), (b, cb), opts.jobs, opts.filter.as_ref(), &fail));
         let jl = match jref {
             Some(j) if !opts.resync => j.load(),
@@ -317,6 +317,7 @@ pub fn run<A: Store, B: Store>(
             rep.action(BiAction::Skip, side, &path_of(k), None, 0);
         }
     }
+    let temps = [std::mem::take(&mut sa.temps), std::mem::take(&mut sb.temps)];
     ex.compare_all(&mut plan);
     let secs = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -345,6 +346,7 @@ pub fn run<A: Store, B: Store>(
         std::thread::scope(|s| {
             let w = s.spawn(move || j.write_from(rx));
             let mut ex = ex;
+            ex.remove_temps(&temps);
             ex.execute(&plan);
             ex.tx = None;
             let res = w.join().expect("journal writer");
@@ -537,6 +539,22 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
                         .action(BiAction::Conflict, *loser, &p, Some(&path_of(name)), 0)
                 }
                 Act::Record | Act::Forget | Act::RenamedAway | Act::Skip | Act::Compare => {}
+            }
+        }
+    }
+
+    /// Remove temporaries a killed run left (they are ferry's, never a user's).
+    fn remove_temps(&self, temps: &[Vec<(Vec<u8>, Meta)>; 2]) {
+        for (side, list) in [(Side::A, &temps[0]), (Side::B, &temps[1])] {
+            for (key, m) in list {
+                let res = on_side!(self, side, |st, dc| dc
+                    .at(st, key)
+                    .and_then(|(d, n)| st.remove(&d, &n, m.kind == Kind::Dir)));
+                if let Err(e) = res {
+                    if e.kind() != io::ErrorKind::NotFound {
+                        self.fail(key, &e);
+                    }
+                }
             }
         }
     }

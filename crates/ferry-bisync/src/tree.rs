@@ -105,6 +105,9 @@ pub struct Scan {
     pub unknown: Vec<Vec<u8>>,
     /// Special files (fifos, sockets, devices), skipped.
     pub skipped: Vec<Vec<u8>>,
+    /// ferry's own temporaries (`.ferry-tmp.*`) left by a killed run: never
+    /// synced, removed by the next real run.
+    pub temps: Vec<(Vec<u8>, Meta)>,
 }
 
 enum DirTask<A: Store, B: Store> {
@@ -254,9 +257,6 @@ fn walk(
     };
     for e in list.entries() {
         let name = list.name(e);
-        if is_temp_name(name) {
-            continue;
-        }
         let (pl, kl) = (path.len(), key.len());
         if pl > 0 {
             path.push(b'/');
@@ -264,7 +264,9 @@ fn walk(
         }
         path.extend_from_slice(name);
         key.extend_from_slice(name);
-        if e.meta.kind == Kind::Other {
+        if is_temp_name(name) {
+            scan.temps.push((key.clone(), e.meta));
+        } else if e.meta.kind == Kind::Other {
             scan.skipped.push(key.clone());
         } else {
             scan.entries.push(key, e.meta);
