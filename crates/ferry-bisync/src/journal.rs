@@ -151,9 +151,7 @@ impl Journal {
         let err = |e: rusqlite::Error| format!("journal {}: {e}", self.path.display());
         let mut st = self
             .conn
-            .prepare(
-                "SELECT key, rec FROM entries ORDER BY key",
-            )
+            .prepare("SELECT key, rec FROM entries ORDER BY key")
             .map_err(err)?;
         let mut out = Keyed::default();
         let mut rows = st.query([]).map_err(err)?;
@@ -163,12 +161,13 @@ impl Journal {
                 .map_err(err)?
                 .as_blob()
                 .map_err(|e| format!("journal {}: {e}", self.path.display()))?;
-            let rec = r.get_ref(1).map_err(err)?.as_blob().map_err(|e| {
-                format!("journal {}: {e}", self.path.display())
-            })?;
-            let s = unpack(rec).ok_or_else(|| {
-                format!("journal {}: damaged record", self.path.display())
-            })?;
+            let rec = r
+                .get_ref(1)
+                .map_err(err)?
+                .as_blob()
+                .map_err(|e| format!("journal {}: {e}", self.path.display()))?;
+            let s = unpack(rec)
+                .ok_or_else(|| format!("journal {}: damaged record", self.path.display()))?;
             out.push(key, s);
         }
         Ok(out)
@@ -193,9 +192,7 @@ impl Journal {
             let tx = self.conn.transaction().map_err(err)?;
             {
                 let mut put = tx
-                    .prepare_cached(
-                        "INSERT OR REPLACE INTO entries (key, rec) VALUES (?1, ?2)",
-                    )
+                    .prepare_cached("INSERT OR REPLACE INTO entries (key, rec) VALUES (?1, ?2)")
                     .map_err(err)?;
                 let mut del = tx
                     .prepare_cached("DELETE FROM entries WHERE key = ?1")

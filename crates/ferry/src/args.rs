@@ -233,7 +233,11 @@ pub fn resolve_remote(src: &Path, dst: &Path, endpoint: Option<&str>) -> Result<
 }
 
 /// One replica of a bisync, resolved, and the name the journal knows it by.
-pub fn resolve_replica(p: &Path, what: &str, endpoint: Option<&str>) -> Result<(Loc, String), String> {
+pub fn resolve_replica(
+    p: &Path,
+    what: &str,
+    endpoint: Option<&str>,
+) -> Result<(Loc, String), String> {
     if is_s3(p) {
         let url = p.to_str().expect("checked UTF-8");
         let cfg = ferry_s3::S3Config::from_url(url, endpoint)?;

@@ -177,13 +177,17 @@ fn check_rules(base: &State, a: &State, b: &State, r: &State) -> Vec<String> {
             (true, false) | (false, true) => {
                 let (gone, other) = if ua { (nb, na) } else { (na, nb) };
                 if gone.is_none() && file_in(r, p) && r.get(p) == other {
-                    bad.push(format!("{p}: deleted on one side, unchanged on the other, but kept"));
+                    bad.push(format!(
+                        "{p}: deleted on one side, unchanged on the other, but kept"
+                    ));
                 }
                 // 4. Changed on one side (file to file), unchanged on the other: the
                 //    change wins.
                 if let Some(ch @ Node::File { .. }) = gone {
                     if r.get(p) != Some(ch) {
-                        bad.push(format!("{p}: changed on one side only, change not propagated"));
+                        bad.push(format!(
+                            "{p}: changed on one side only, change not propagated"
+                        ));
                     }
                 }
             }
@@ -278,7 +282,9 @@ fn conflict_keeps_both_with_documented_name() {
     assert_eq!(c.len(), 1);
     // docs/report (conflict YYYY-MM-DD HHMM from B).txt
     let name = c[0].strip_prefix("docs/report (conflict ").unwrap();
-    let stamp = name.strip_suffix(" from B).txt").unwrap_or_else(|| panic!("{name}"));
+    let stamp = name
+        .strip_suffix(" from B).txt")
+        .unwrap_or_else(|| panic!("{name}"));
     let b = stamp.as_bytes();
     assert_eq!(b.len(), 15, "{stamp}");
     assert!(
@@ -558,7 +564,10 @@ fn default_journal_location_and_lock() {
             .env("XDG_STATE_HOME", &state_home)
             .output()
             .unwrap();
-        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
     };
     assert_eq!(run(&[]).0, Some(0));
     let dir = state_home.join("ferry/bisync");
@@ -844,8 +853,18 @@ fn model_case(seed: u64, rounds: usize) {
         // A second run right after has nothing to do.
         let r2 = p.run(&["--json"]);
         r2.ok();
-        for k in ["files_copied", "files_deleted", "dirs_created", "conflicts", "renamed"] {
-            assert_eq!(summary_field(&r2, k), 0, "seed {seed} round {round}: {k}\n{r2}");
+        for k in [
+            "files_copied",
+            "files_deleted",
+            "dirs_created",
+            "conflicts",
+            "renamed",
+        ] {
+            assert_eq!(
+                summary_field(&r2, k),
+                0,
+                "seed {seed} round {round}: {k}\n{r2}"
+            );
         }
         base = ra;
     }
@@ -874,7 +893,12 @@ fn kill_at_random_moments_loses_nothing() {
         let mut rng = Rng::new(1000 + seed);
         // A synced base, then many changes on both sides.
         for i in 0..300 {
-            put(&p.a, &format!("d{}/f{i}", i % 10), &gen_bytes(2000, i), 1_600_000_000);
+            put(
+                &p.a,
+                &format!("d{}/f{i}", i % 10),
+                &gen_bytes(2000, i),
+                1_600_000_000,
+            );
         }
         p.run(&[]).ok();
         let base = state(&p.a);
@@ -900,7 +924,12 @@ fn kill_at_random_moments_loses_nothing() {
             }
         }
         for i in 0..200u64 {
-            put(&p.b, &format!("newb/n{i}"), &gen_bytes(5000, 50_000 + i), 1_600_000_300);
+            put(
+                &p.b,
+                &format!("newb/n{i}"),
+                &gen_bytes(5000, 50_000 + i),
+                1_600_000_300,
+            );
         }
         let (sa, sb) = (state(&p.a), state(&p.b));
         // Kill runs at random moments, then let one finish.
@@ -930,5 +959,201 @@ fn kill_at_random_moments_loses_nothing() {
             !ra.keys().any(|k| k.contains(".ferry-tmp.")),
             "seed {seed}: temporaries left"
         );
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// A local, B an S3 prefix (Garage: FERRY_TEST_S3_*; FERRY_SKIP_S3=1 skips on purpose)
+// ------------------------------------------------------------------------------------------
+
+struct S3 {
+    bucket: String,
+}
+
+fn s3() -> Option<S3> {
+    if std::env::var_os("FERRY_SKIP_S3").is_some() {
+        return None;
+    }
+    let get = |k: &str| {
+        std::env::var(k).unwrap_or_else(|_| panic!("{k} is not set: run the tests with scripts/test (it starts Garage), or set FERRY_SKIP_S3=1"))
+    };
+    let endpoint = get("FERRY_TEST_S3_ENDPOINT");
+    std::env::set_var("AWS_ACCESS_KEY_ID", get("FERRY_TEST_S3_KEY"));
+    std::env::set_var("AWS_SECRET_ACCESS_KEY", get("FERRY_TEST_S3_SECRET"));
+    std::env::set_var("AWS_REGION", get("FERRY_TEST_S3_REGION"));
+    std::env::set_var("AWS_ENDPOINT_URL", &endpoint);
+    Some(S3 {
+        bucket: get("FERRY_TEST_S3_BUCKET"),
+    })
+}
+
+impl S3 {
+    fn url(&self, test: &str) -> String {
+        let n = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        format!("s3://{}/bisync-{test}-{n}", self.bucket)
+    }
+}
+
+/// Only the files of a state (an object store has no empty directories).
+fn files(s: &State) -> State {
+    s.iter()
+        .filter(|(_, n)| matches!(n, Node::File { .. }))
+        .map(|(k, n)| (k.clone(), n.clone()))
+        .collect()
+}
+
+/// Download the prefix into a fresh directory and return its files.
+fn s3_state(url: &str, work: &Path) -> State {
+    let down = work.join(format!(
+        "down-{}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    ));
+    ferry([&OsString::from("sync"), &url.into(), &down.clone().into()]).ok();
+    files(&state(&down))
+}
+
+fn s3_bisync(a: &Path, url: &str, j: &Path, extra: &[&str]) -> Run {
+    let mut args: Vec<OsString> = vec!["bisync".into(), "--journal".into(), j.into()];
+    args.extend(extra.iter().map(OsString::from));
+    args.push(a.into());
+    args.push(url.into());
+    ferry(&args)
+}
+
+#[test]
+fn s3_two_way_rules() {
+    let Some(s3) = s3() else { return };
+    let p = pair();
+    let url = s3.url("rules");
+    let work = p.a.parent().unwrap().to_path_buf();
+    put(&p.a, "doc/report.txt", b"v1", 1_600_000_000);
+    put(&p.a, "doc/gone.txt", b"to delete", 1_600_000_000);
+    put(&p.a, "photo.raw", &gen_bytes(300_000, 3), 1_600_000_000);
+    put(&p.a, "keep", b"k", 1_600_000_000);
+    chmod(&p.a.join("keep"), 0o600);
+    s3_bisync(&p.a, &url, &p.j, &[]).ok();
+    assert_eq!(s3_state(&url, &work), files(&state(&p.a)));
+
+    // Changes on both sides: B's through a mirror synced up.
+    let mirror = work.join("mirror");
+    ferry([
+        &OsString::from("sync"),
+        &url.clone().into(),
+        &mirror.clone().into(),
+    ])
+    .ok();
+    put(&mirror, "from_s3.txt", b"made on B", 1_600_000_100);
+    put(&mirror, "doc/report.txt", b"v2 from B", 1_600_000_200);
+    fs::remove_file(mirror.join("doc/gone.txt")).unwrap();
+    ferry([
+        &OsString::from("sync"),
+        &mirror.clone().into(),
+        &url.clone().into(),
+    ])
+    .ok();
+    put(&p.a, "doc/report.txt", b"v2 from A!", 1_600_000_300);
+    fs::rename(p.a.join("photo.raw"), p.a.join("doc/photo.raw")).unwrap();
+    let r = s3_bisync(&p.a, &url, &p.j, &["--json"]);
+    r.ok();
+    assert_eq!(summary_field(&r, "conflicts"), 1, "{r}");
+    assert_eq!(summary_field(&r, "renamed"), 1, "{r}");
+    let sa = files(&state(&p.a));
+    assert_eq!(s3_state(&url, &work), sa);
+    assert_eq!(data(&sa, "from_s3.txt").unwrap(), b"made on B");
+    assert!(!sa.contains_key("doc/gone.txt"));
+    assert_eq!(data(&sa, "doc/report.txt").unwrap(), b"v2 from A!");
+    let c = conflict_copies(&sa, "doc/report.txt");
+    assert_eq!(c.len(), 1, "{sa:?}");
+    assert_eq!(data(&sa, &c[0]).unwrap(), b"v2 from B");
+    assert_eq!(data(&sa, "doc/photo.raw").unwrap(), gen_bytes(300_000, 3));
+
+    // A rename made on the S3 side (no inodes there) is replayed as a rename on A.
+    let mirror2 = work.join("mirror2");
+    ferry([
+        &OsString::from("sync"),
+        &url.clone().into(),
+        &mirror2.clone().into(),
+    ])
+    .ok();
+    let ino = fs::metadata(p.a.join("doc/photo.raw")).unwrap().ino();
+    fs::rename(
+        mirror2.join("doc/photo.raw"),
+        mirror2.join("photo-moved.raw"),
+    )
+    .unwrap();
+    ferry([
+        &OsString::from("sync"),
+        &mirror2.clone().into(),
+        &url.clone().into(),
+    ])
+    .ok();
+    let r = s3_bisync(&p.a, &url, &p.j, &["--json"]);
+    r.ok();
+    assert_eq!(summary_field(&r, "renamed"), 1, "{r}");
+    assert_eq!(
+        fs::metadata(p.a.join("photo-moved.raw")).unwrap().ino(),
+        ino
+    );
+    assert_eq!(s3_state(&url, &work), files(&state(&p.a)));
+
+    // No-op.
+    let r = s3_bisync(&p.a, &url, &p.j, &["--json"]);
+    r.ok();
+    assert_eq!(summary_field(&r, "files_copied"), 0, "{r}");
+    assert_eq!(summary_field(&r, "files_deleted"), 0, "{r}");
+}
+
+#[test]
+fn s3_model_random_edits_on_both_sides() {
+    let Some(s3) = s3() else { return };
+    for seed in 0..6u64 {
+        let p = pair();
+        let url = s3.url(&format!("model{seed}"));
+        let work = p.a.parent().unwrap().to_path_buf();
+        let mut rng = Rng::new(77 + seed);
+        let mut clock = 0u64;
+        let mut base = State::new();
+        for round in 0..3 {
+            for _ in 0..rng.range(0, 6) {
+                edit(&p.a, &mut rng, &mut clock);
+            }
+            let mirror = work.join(format!("mirror{round}"));
+            ferry([
+                &OsString::from("sync"),
+                &url.clone().into(),
+                &mirror.clone().into(),
+            ])
+            .ok();
+            for _ in 0..rng.range(0, 6) {
+                edit(&mirror, &mut rng, &mut clock);
+            }
+            ferry([
+                &OsString::from("sync"),
+                &mirror.clone().into(),
+                &url.clone().into(),
+            ])
+            .ok();
+            let (sa, sb) = (files(&state(&p.a)), s3_state(&url, &work));
+            let r = s3_bisync(&p.a, &url, &p.j, &["--force", "--json"]);
+            assert_eq!(r.code, Some(0), "seed {seed} round {round}\n{r}");
+            let (ra, rb) = (files(&state(&p.a)), s3_state(&url, &work));
+            assert!(
+                ra == rb,
+                "seed {seed} round {round}: replicas differ\nA {ra:#?}\nB {rb:#?}\n{r}"
+            );
+            let bad = check_rules(&base, &sa, &sb, &ra);
+            assert!(
+                bad.is_empty(),
+                "seed {seed} round {round}:\n{}\n{r}",
+                bad.join("\n")
+            );
+            base = ra;
+        }
     }
 }
