@@ -96,12 +96,17 @@ impl Item {
 
     /// True when the path holds an entry on both sides after the action.
     fn exists_after(&self) -> bool {
-        !matches!(
-            self.act,
-            Act::Delete { .. } | Act::Forget | Act::RenamedAway
-        ) && !(self.act == Act::Skip && self.a.is_none() && self.b.is_none())
+        match self.act {
+            Act::Delete { .. } | Act::Forget | Act::RenamedAway => false,
+            Act::Skip => self.a.is_some() || self.b.is_some(),
+            _ => true,
+        }
     }
 }
+
+/// Checks that a rename candidate without inode evidence holds the same
+/// bytes as the old path: (side of the new path, new key, old key).
+pub type Verify<'a> = &'a dyn Fn(Side, &[u8], &[u8]) -> bool;
 
 /// The plan of a run.
 #[derive(Debug, Default)]
@@ -212,13 +217,7 @@ fn loser(it: &Item) -> Side {
 /// left): directory rules, renames, conflict names, deletion counts.
 /// `verify` checks that a rename candidate without inode evidence has the
 /// same content as the old path (new side, new key, old key).
-pub fn finish(
-    plan: &mut Plan,
-    a: &Scan,
-    b: &Scan,
-    stamp: &str,
-    verify: &dyn Fn(Side, &[u8], &[u8]) -> bool,
-) {
+pub fn finish(plan: &mut Plan, a: &Scan, b: &Scan, stamp: &str, verify: Verify<'_>) {
     let items = &mut plan.items;
     for it in items.iter_mut() {
         assert!(it.act != Act::Compare, "comparisons resolved before finish");
@@ -286,7 +285,7 @@ fn fix_dirs(items: &mut [Item]) {
 }
 
 /// Pair vanished paths with new ones on the same side.
-fn renames(items: &mut [Item], verify: &dyn Fn(Side, &[u8], &[u8]) -> bool) {
+fn renames(items: &mut [Item], verify: Verify<'_>) {
     // Vanished on side X (X = other side of the deletion), still unchanged
     // on the deletion side.
     let mut by_ino: HashMap<(Side, u64), usize> = HashMap::new();

@@ -121,6 +121,12 @@ struct Listed {
     list: Listing,
 }
 
+/// Reports a path that could not be listed or read.
+pub type OnError<'a> = &'a (dyn Fn(&[u8], &io::Error) + Sync);
+
+/// A listed directory, kept open for its subdirectories, and their paths.
+type Opened<D> = (Arc<D>, Vec<Vec<u8>>);
+
 /// What one side's scan gathers.
 struct Gather<S: Store> {
     root: Mutex<Option<S::Dir>>,
@@ -144,8 +150,8 @@ impl<S: Store> Gather<S> {
         rel: Vec<u8>,
         parent: Option<Arc<S::Dir>>,
         filter: Option<&Filter>,
-        on_error: &(dyn Fn(&[u8], &io::Error) + Sync),
-    ) -> Option<(Arc<S::Dir>, Vec<Vec<u8>>)> {
+        on_error: OnError<'_>,
+    ) -> Option<Opened<S::Dir>> {
         let dir = match &parent {
             None => self.root.lock().unwrap().take().expect("root once"),
             Some(p) => {
@@ -199,7 +205,7 @@ pub fn scan_pair<A: Store, B: Store>(
     b: (&B, B::Dir),
     jobs: usize,
     filter: Option<&Filter>,
-    on_error: &(dyn Fn(&[u8], &io::Error) + Sync),
+    on_error: OnError<'_>,
 ) -> (Scan, Scan) {
     let ga = Gather::<A>::new(a.1);
     let gb = Gather::<B>::new(b.1);

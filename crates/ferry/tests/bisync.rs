@@ -708,7 +708,7 @@ fn entries(root: &Path, want_dir: Option<bool>) -> Vec<PathBuf> {
         .into_iter()
         .filter(|p| {
             let md = fs::symlink_metadata(root.join(p)).unwrap();
-            want_dir.map_or(true, |d| md.is_dir() == d)
+            want_dir.is_none_or(|d| md.is_dir() == d)
         })
         .collect()
 }
