@@ -210,7 +210,8 @@ mod tests {
         let j = rec(fa, fb);
         let a2 = file(11, 200, 1);
         let b2 = file(12, 300, 2);
-        let cases: Vec<(Option<Synced>, Option<Meta>, Option<Meta>, Decision)> = vec![
+        type Case = (Option<Synced>, Option<Meta>, Option<Meta>, Decision);
+        let cases: Vec<Case> = vec![
             // First sight (no journal).
             (None, Some(fa), None, Copy { from: A }),
             (None, None, Some(fb), Copy { from: B }),

@@ -298,7 +298,7 @@ mod tests {
 
     #[test]
     fn keys_sort_like_a_walk() {
-        let mut v = vec![
+        let mut v = [
             key_of(b"a.b"),
             key_of(b"a/x"),
             key_of(b"a"),
