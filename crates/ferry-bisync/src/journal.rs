@@ -95,8 +95,11 @@ impl Journal {
         let conn = Connection::open(path).map_err(err)?;
         // WAL: a commit is one append; synchronous=NORMAL can lose the last
         // transactions on power loss, which only makes the journal stale.
+        // Exclusive locking (our own flock already keeps other runs out)
+        // keeps the WAL index in memory: no -shm file to map and initialise.
         conn.execute_batch(
-            "PRAGMA journal_mode=WAL;
+            "PRAGMA locking_mode=EXCLUSIVE;
+             PRAGMA journal_mode=WAL;
              PRAGMA synchronous=NORMAL;
              PRAGMA mmap_size=1073741824;
              CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL);
