@@ -13,6 +13,7 @@ use std::process::Command;
 use std::thread::sleep;
 use std::time::Duration;
 
+use proptest::prelude::{any, prop, proptest, ProptestConfig};
 use util::*;
 
 // ------------------------------------------------------------------------------------------
@@ -723,7 +724,7 @@ fn content(rng: &mut Rng, n: u64) -> Vec<u8> {
 
 /// One random edit on `root` (a no-op when it does not apply). `clock` gives each write a
 /// distinct mtime so that changes are always visible to size+mtime.
-fn edit(root: &Path, rng: &mut Rng, clock: &mut u64) {
+fn edit(root: &Path, op: u8, rng: &mut Rng, clock: &mut u64) {
     *clock += 1;
     let t = 1_600_000_000 + *clock as i64;
     let pick = |rng: &mut Rng, v: Vec<PathBuf>| -> Option<PathBuf> {
@@ -742,7 +743,7 @@ fn edit(root: &Path, rng: &mut Rng, clock: &mut u64) {
         }
         true
     };
-    match rng.range(0, 8) {
+    match op % 8 {
         // create or overwrite a file
         0 | 1 => {
             let p = PathBuf::from(rand_path(rng));
@@ -806,48 +807,51 @@ fn edit(root: &Path, rng: &mut Rng, clock: &mut u64) {
     }
 }
 
-/// Edit both sides, run, check the rules and that the replicas are equal; `rounds` times.
-fn model_case(seed: u64, rounds: usize) {
+/// One edit of a round: on A, on B, or the same write on both sides (not a conflict);
+/// which edit; the seed of its parameters (paths, content).
+type Op = (u8, u8, u64);
+
+/// Apply each round's edits, run, check the rules and that the replicas are equal.
+fn model_case(rounds: &[Vec<Op>]) {
     let p = pair();
-    let mut rng = Rng::new(seed);
     let mut clock = 0u64;
     let mut base = State::new();
-    for round in 0..rounds {
-        for _ in 0..rng.range(0, 6) {
-            edit(&p.a, &mut rng, &mut clock);
-        }
-        for _ in 0..rng.range(0, 6) {
-            edit(&p.b, &mut rng, &mut clock);
-        }
-        // Sometimes the same edit on both sides (not a conflict).
-        if rng.chance(1, 4) {
-            clock += 1;
-            let path = rand_path(&mut rng);
-            let c = content(&mut rng, clock);
-            let ok = |r: &Path| {
-                !r.join(&path).is_dir()
-                    && Path::new(&path)
-                        .ancestors()
-                        .skip(1)
-                        .all(|a| a.as_os_str().is_empty() || !r.join(a).is_file())
-            };
-            if ok(&p.a) && ok(&p.b) {
-                put(&p.a, &path, &c, 1_600_000_000 + clock as i64);
-                put(&p.b, &path, &c, 1_600_000_000 + clock as i64);
+    for (round, ops) in rounds.iter().enumerate() {
+        for &(side, op, seed) in ops {
+            let mut rng = Rng::new(seed);
+            match side % 3 {
+                0 => edit(&p.a, op, &mut rng, &mut clock),
+                1 => edit(&p.b, op, &mut rng, &mut clock),
+                _ => {
+                    clock += 1;
+                    let path = rand_path(&mut rng);
+                    let c = content(&mut rng, clock);
+                    let ok = |r: &Path| {
+                        !r.join(&path).is_dir()
+                            && Path::new(&path)
+                                .ancestors()
+                                .skip(1)
+                                .all(|a| a.as_os_str().is_empty() || !r.join(a).is_file())
+                    };
+                    if ok(&p.a) && ok(&p.b) {
+                        put(&p.a, &path, &c, 1_600_000_000 + clock as i64);
+                        put(&p.b, &path, &c, 1_600_000_000 + clock as i64);
+                    }
+                }
             }
         }
         let (sa, sb) = (state(&p.a), state(&p.b));
         let r = p.run(&["--force", "--json"]);
-        assert_eq!(r.code, Some(0), "seed {seed} round {round}\n{r}");
+        assert_eq!(r.code, Some(0), "round {round}\n{r}");
         let (ra, rb) = (state(&p.a), state(&p.b));
         assert!(
             ra == rb,
-            "seed {seed} round {round}: replicas differ\nA {ra:#?}\nB {rb:#?}\n{r}"
+            "round {round}: replicas differ\nA {ra:#?}\nB {rb:#?}\n{r}"
         );
         let bad = check_rules(&base, &sa, &sb, &ra);
         assert!(
             bad.is_empty(),
-            "seed {seed} round {round}:\n{}\nbase {base:#?}\nA before {sa:#?}\nB before {sb:#?}\nafter {ra:#?}\n{r}",
+            "round {round}:\n{}\nbase {base:#?}\nA before {sa:#?}\nB before {sb:#?}\nafter {ra:#?}\n{r}",
             bad.join("\n")
         );
         // A second run right after has nothing to do.
@@ -860,25 +864,39 @@ fn model_case(seed: u64, rounds: usize) {
             "conflicts",
             "renamed",
         ] {
-            assert_eq!(
-                summary_field(&r2, k),
-                0,
-                "seed {seed} round {round}: {k}\n{r2}"
-            );
+            assert_eq!(summary_field(&r2, k), 0, "round {round}: {k}\n{r2}");
         }
         base = ra;
     }
 }
 
-#[test]
-fn model_random_edits_on_both_sides() {
+fn model_config() -> ProptestConfig {
     // Quick by default; FERRY_BISYNC_CASES raises the count for a longer search.
-    let cases: u64 = std::env::var("FERRY_BISYNC_CASES")
+    let cases = std::env::var("FERRY_BISYNC_CASES")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(48);
-    for seed in 0..cases {
-        model_case(seed, 5);
+    ProptestConfig {
+        cases,
+        max_shrink_iters: 300,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    }
+}
+
+proptest! {
+    #![proptest_config(model_config())]
+
+    /// Random edits on both replicas between runs (create, modify, delete, rename, mkdir,
+    /// rmdir, file <-> directory, the same write on both sides), 1 to 5 runs.
+    #[test]
+    fn model_random_edits_on_both_sides(
+        rounds in prop::collection::vec(
+            prop::collection::vec((0u8..3, 0u8..8, any::<u64>()), 0..10),
+            1..6,
+        )
+    ) {
+        model_case(&rounds);
     }
 }
 
@@ -1121,7 +1139,8 @@ fn s3_model_random_edits_on_both_sides() {
         let mut base = State::new();
         for round in 0..3 {
             for _ in 0..rng.range(0, 6) {
-                edit(&p.a, &mut rng, &mut clock);
+                let op = rng.range(0, 8) as u8;
+                edit(&p.a, op, &mut rng, &mut clock);
             }
             let mirror = work.join(format!("mirror{round}"));
             ferry([
@@ -1131,7 +1150,8 @@ fn s3_model_random_edits_on_both_sides() {
             ])
             .ok();
             for _ in 0..rng.range(0, 6) {
-                edit(&mirror, &mut rng, &mut clock);
+                let op = rng.range(0, 8) as u8;
+                edit(&mirror, op, &mut rng, &mut clock);
             }
             ferry([
                 &OsString::from("sync"),
