@@ -743,7 +743,20 @@ fn edit(root: &Path, op: u8, rng: &mut Rng, clock: &mut u64) {
         }
         true
     };
-    match op % 8 {
+    match op % 9 {
+        // a symlink (over a file or symlink, or new)
+        8 => {
+            let p = PathBuf::from(rand_path(rng));
+            let full = root.join(&p);
+            if can_create(&p) && !full.is_dir() {
+                if let Some(parent) = full.parent() {
+                    fs::create_dir_all(parent).unwrap();
+                }
+                let _ = fs::remove_file(&full);
+                let target = format!("target-{}", *clock);
+                std::os::unix::fs::symlink(&target, &full).unwrap();
+            }
+        }
         // create or overwrite a file
         0 | 1 => {
             let p = PathBuf::from(rand_path(rng));
@@ -826,12 +839,13 @@ fn model_case(rounds: &[Vec<Op>]) {
                     clock += 1;
                     let path = rand_path(&mut rng);
                     let c = content(&mut rng, clock);
+                    // Every ancestor absent or a real directory (not a file or symlink).
                     let ok = |r: &Path| {
                         !r.join(&path).is_dir()
-                            && Path::new(&path)
-                                .ancestors()
-                                .skip(1)
-                                .all(|a| a.as_os_str().is_empty() || !r.join(a).is_file())
+                            && Path::new(&path).ancestors().skip(1).all(|a| {
+                                a.as_os_str().is_empty()
+                                    || fs::symlink_metadata(r.join(a)).map_or(true, |m| m.is_dir())
+                            })
                     };
                     if ok(&p.a) && ok(&p.b) {
                         put(&p.a, &path, &c, 1_600_000_000 + clock as i64);
@@ -888,11 +902,11 @@ proptest! {
     #![proptest_config(model_config())]
 
     /// Random edits on both replicas between runs (create, modify, delete, rename, mkdir,
-    /// rmdir, file <-> directory, the same write on both sides), 1 to 5 runs.
+    /// rmdir, file <-> directory, symlinks, the same write on both sides), 1 to 5 runs.
     #[test]
     fn model_random_edits_on_both_sides(
         rounds in prop::collection::vec(
-            prop::collection::vec((0u8..3, 0u8..8, any::<u64>()), 0..10),
+            prop::collection::vec((0u8..3, 0u8..9, any::<u64>()), 0..10),
             1..6,
         )
     ) {
