@@ -27,7 +27,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use ferry_engine::pool::Pool;
 use ferry_engine::store::{MetaChange, SourceFile};
-use ferry_engine::{Filter, Kind, Meta, Store};
+use ferry_engine::{Filter, Kind, Meta, Stats, Store};
 
 use crate::journal::{Journal, Update};
 use crate::plan::{finish, merge, still, Act, Item, Plan, Sides};
@@ -103,16 +103,11 @@ pub trait BiReporter: Sync {
     fn error(&self, path: &[u8], err: &io::Error);
 }
 
-/// Counters of a run.
+/// Counters of a run besides the engine's [`Stats`].
 #[derive(Debug, Default)]
 struct Counts {
-    copied: AtomicU64,
-    bytes: AtomicU64,
-    deleted: AtomicU64,
-    dirs: AtomicU64,
     renamed: AtomicU64,
     conflicts: AtomicU64,
-    errors: AtomicU64,
 }
 
 /// The result of a run.
@@ -204,6 +199,8 @@ struct Exec<'r, A: Store, B: Store> {
     opts: &'r Options,
     rep: &'r dyn BiReporter,
     counts: Counts,
+    /// Shared with the caller (a progress display reads it while we run).
+    stats: &'r Stats,
     tx: Option<mpsc::Sender<Update>>,
 }
 
@@ -268,12 +265,14 @@ fn changed_err() -> io::Error {
 
 /// Run a two-way sync between `a` and `b`. `journal`: `None` only for a
 /// dry run without a journal file. `Err(Refused)`: nothing was changed.
+/// `stats` is counted into as work completes (for a progress display).
 pub fn run<A: Store, B: Store>(
     a: &A,
     b: &B,
     journal: Option<&mut Journal>,
     opts: &Options,
     rep: &dyn BiReporter,
+    stats: &Stats,
 ) -> Result<Outcome, Refused> {
     let start = Instant::now();
     let mut journal = journal;
@@ -301,6 +300,7 @@ pub fn run<A: Store, B: Store>(
         implicit_dirs: [!a.has_dir_meta(), !b.has_dir_meta()],
     };
     let mut plan = merge(&sa, &sb, &jl, sides);
+    Stats::add(&stats.entries_scanned, plan.scanned);
     drop(jl);
     let ex = Exec {
         a,
@@ -310,6 +310,7 @@ pub fn run<A: Store, B: Store>(
         opts,
         rep,
         counts: Counts::default(),
+        stats,
         tx: None,
     };
     for (scan, side) in [(&sa, Side::A), (&sb, Side::B)] {
@@ -336,6 +337,14 @@ pub fn run<A: Store, B: Store>(
             )));
         }
     }
+    for it in &plan.items {
+        if let Act::Copy { from } = it.act {
+            if let Some(m) = it.side(from).filter(|m| m.kind == Kind::File) {
+                Stats::add(&stats.files_planned, 1);
+                Stats::add(&stats.bytes_planned, m.size);
+            }
+        }
+    }
     let ex = if opts.dry_run {
         ex.report_dry(&plan);
         ex
@@ -352,7 +361,7 @@ pub fn run<A: Store, B: Store>(
             let res = w.join().expect("journal writer");
             if let Err(e) = res {
                 ex.rep.error(b"", &io::Error::other(e));
-                add(&ex.counts.errors, 1);
+                add(&ex.stats.errors, 1);
             }
             ex
         })
@@ -361,16 +370,16 @@ pub fn run<A: Store, B: Store>(
     let c = &ex.counts;
     Ok(Outcome {
         entries_scanned: plan.scanned,
-        files_copied: g(&c.copied),
-        bytes_copied: g(&c.bytes),
-        files_deleted: g(&c.deleted),
-        dirs_created: g(&c.dirs),
+        files_copied: g(&ex.stats.files_copied),
+        bytes_copied: g(&ex.stats.bytes_copied),
+        files_deleted: g(&ex.stats.files_deleted),
+        dirs_created: g(&ex.stats.dirs_created),
         renamed: g(&c.renamed),
         conflicts: g(&c.conflicts),
         // Paths found equal whose record was only written now count as unchanged.
         unchanged: plan.unchanged
             + plan.items.iter().filter(|it| it.act == Act::Record).count() as u64,
-        errors: g(&c.errors),
+        errors: g(&ex.stats.errors),
         elapsed_s: start.elapsed().as_secs_f64(),
     })
 }
@@ -439,7 +448,7 @@ fn read_full(r: &mut dyn SourceFile, buf: &mut [u8]) -> io::Result<usize> {
 
 impl<A: Store, B: Store> Exec<'_, A, B> {
     fn fail(&self, key: &[u8], e: &io::Error) {
-        add(&self.counts.errors, 1);
+        add(&self.stats.errors, 1);
         self.rep.error(&path_of(key), e);
     }
 
@@ -506,14 +515,14 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
                         Kind::Dir => {
                             if it.side(to).is_some_and(|t| t.kind != Kind::Dir) {
                                 self.rep.action(BiAction::Delete, to, &p, None, 0);
-                                add(&self.counts.deleted, 1);
+                                add(&self.stats.files_deleted, 1);
                             }
-                            add(&self.counts.dirs, 1);
+                            add(&self.stats.dirs_created, 1);
                             self.rep.action(BiAction::Mkdir, to, &p, None, 0)
                         }
                         _ => {
-                            add(&self.counts.copied, 1);
-                            add(&self.counts.bytes, m.size);
+                            add(&self.stats.files_copied, 1);
+                            add(&self.stats.bytes_copied, m.size);
                             let act = match (m.kind, it.side(to)) {
                                 (Kind::Symlink, _) => BiAction::Symlink,
                                 (_, Some(_)) => BiAction::Update,
@@ -525,7 +534,7 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
                 }
                 Act::Meta { from } => self.rep.action(BiAction::Meta, from.other(), &p, None, 0),
                 Act::Delete { on } => {
-                    add(&self.counts.deleted, 1);
+                    add(&self.stats.files_deleted, 1);
                     self.rep.action(BiAction::Delete, *on, &p, None, 0)
                 }
                 Act::Rename { on, from } => {
@@ -672,7 +681,7 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
             });
             match res {
                 Ok(()) => {
-                    add(&self.counts.deleted, 1);
+                    add(&self.stats.files_deleted, 1);
                     self.rep
                         .action(BiAction::Delete, to, &path_of(&c.dst), None, 0);
                     let c = Copy {
@@ -771,7 +780,7 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
                         return Err(changed_err());
                     }
                     st.remove(&d, &n, false)?;
-                    add(&self.counts.deleted, 1);
+                    add(&self.stats.files_deleted, 1);
                     self.rep
                         .action(BiAction::Delete, to, &path_of(&it.key), None, 0);
                 }
@@ -805,7 +814,7 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
         match res {
             Ok(()) => {
                 if !matches!(old, Some(o) if o.kind == Kind::Dir) {
-                    add(&self.counts.dirs, 1);
+                    add(&self.stats.dirs_created, 1);
                     self.rep
                         .action(BiAction::Mkdir, to, &path_of(&it.key), None, 0);
                 }
@@ -887,8 +896,8 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
         ));
         match res {
             Ok(now) => {
-                add(&self.counts.copied, 1);
-                add(&self.counts.bytes, c.meta.size);
+                add(&self.stats.files_copied, 1);
+                add(&self.stats.bytes_copied, c.meta.size);
                 let act = match (c.meta.kind, c.expect) {
                     (Kind::Symlink, _) => BiAction::Symlink,
                     (_, Some(_)) => BiAction::Update,
@@ -953,7 +962,7 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
         });
         match res {
             Ok(()) => {
-                add(&self.counts.deleted, 1);
+                add(&self.stats.files_deleted, 1);
                 self.rep
                     .action(BiAction::Delete, on, &path_of(&it.key), None, 0);
                 self.record(Update::Delete(it.key.clone()));

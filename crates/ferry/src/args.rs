@@ -68,6 +68,12 @@ pub struct BisyncArgs {
     /// JSON lines on stdout: one per action, the summary last.
     #[arg(long)]
     pub json: bool,
+    /// Show progress on stderr [default: when stderr is a terminal].
+    #[arg(long, overrides_with = "no_progress")]
+    pub progress: bool,
+    /// Never show progress.
+    #[arg(long)]
+    pub no_progress: bool,
     /// Make each file's data durable (fsync) before it is named.
     #[arg(long)]
     pub fsync: bool,
@@ -124,6 +130,15 @@ pub struct SyncArgs {
 }
 
 impl SyncArgs {
+    pub fn progress_enabled(&self) -> bool {
+        if self.no_progress {
+            return false;
+        }
+        self.progress || (std::io::stderr().is_terminal() && !self.json)
+    }
+}
+
+impl BisyncArgs {
     pub fn progress_enabled(&self) -> bool {
         if self.no_progress {
             return false;

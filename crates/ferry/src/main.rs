@@ -187,6 +187,10 @@ fn run_bisync(a: BisyncArgs) -> Result<u8, String> {
         fsync: a.fsync,
     };
     let rep = CliReporter::new(a.json, a.verbose > 0 || a.dry_run, a.dry_run);
+    let stats = std::sync::Arc::new(Stats::default());
+    let progress = a
+        .progress_enabled()
+        .then(|| Progress::start(stats.clone(), &rep));
     let j = journal.as_mut();
     let s3 = |c: &ferry_s3::S3Config| S3Store::new(c, jobs);
     let res = match (&ra.0, &rb.0) {
@@ -196,15 +200,19 @@ fn run_bisync(a: BisyncArgs) -> Result<u8, String> {
             j,
             &opts,
             &rep,
+            &stats,
         ),
         (Loc::Local(x), Loc::S3(y)) => {
-            ferry_bisync::run(&LocalStore::new(x, jobs), &s3(y)?, j, &opts, &rep)
+            ferry_bisync::run(&LocalStore::new(x, jobs), &s3(y)?, j, &opts, &rep, &stats)
         }
         (Loc::S3(x), Loc::Local(y)) => {
-            ferry_bisync::run(&s3(x)?, &LocalStore::new(y, jobs), j, &opts, &rep)
+            ferry_bisync::run(&s3(x)?, &LocalStore::new(y, jobs), j, &opts, &rep, &stats)
         }
-        (Loc::S3(x), Loc::S3(y)) => ferry_bisync::run(&s3(x)?, &s3(y)?, j, &opts, &rep),
+        (Loc::S3(x), Loc::S3(y)) => ferry_bisync::run(&s3(x)?, &s3(y)?, j, &opts, &rep, &stats),
     };
+    if let Some(p) = progress {
+        p.finish();
+    }
     let out = res.map_err(|r| r.0)?;
     rep.bisync_summary(&out);
     Ok(if out.errors > 0 { 1 } else { 0 })

@@ -168,10 +168,12 @@ impl ferry_bisync::BiReporter for CliReporter {
         let p = if path.is_empty() { &b"."[..] } else { path };
         if act == BiAction::Skip {
             let ps = String::from_utf8_lossy(p).into_owned();
-            eprintln!(
-                "ferry: skipped {ps} (special file, or a symlink {} cannot store)",
-                on.as_str()
-            );
+            self.with_bar_suspended(|| {
+                eprintln!(
+                    "ferry: skipped {ps} (special file, or a symlink {} cannot store)",
+                    on.as_str()
+                )
+            });
         }
         if self.json {
             let mut line = Vec::with_capacity(80 + path.len());
@@ -207,7 +209,9 @@ impl ferry_bisync::BiReporter for CliReporter {
                 line.extend_from_slice(o);
             }
             line.push(b'\n');
-            let _ = self.out.lock().unwrap().write_all(&line);
+            self.with_bar_suspended(|| {
+                let _ = self.out.lock().unwrap().write_all(&line);
+            });
         }
     }
 

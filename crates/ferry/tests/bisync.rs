@@ -793,7 +793,7 @@ fn edit(root: &Path, op: u8, rng: &mut Rng, clock: &mut u64) {
         // mkdir
         5 => {
             let p = PathBuf::from(rand_path(rng));
-            if can_create(&p) && !root.join(&p).exists() {
+            if can_create(&p) && fs::symlink_metadata(root.join(&p)).is_err() {
                 fs::create_dir_all(root.join(&p)).unwrap();
             }
         }
