@@ -223,7 +223,12 @@ pub fn scan_pair<A: Store, B: Store>(
             }
         }
     });
-    (ga.finish(), gb.finish())
+    // Both flattenings at once (one pass each over its side's entries).
+    std::thread::scope(|s| {
+        let hb = s.spawn(|| gb.finish());
+        let sa = ga.finish();
+        (sa, hb.join().expect("flatten thread"))
+    })
 }
 
 /// Last component of a `/` path.
