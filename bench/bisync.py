@@ -2,8 +2,12 @@
 """Two-way sync benchmark: `ferry bisync` beside `rsync -a` (one-way, the reference for a
 no-op), `rclone bisync` and `unison`, on 100,000 files x 1 KiB in 1,000 directories.
 
-    python3 bench/bisync.py [--ferry PATH] [--workdir DIR] [--runs N] [--files N]
-                            [--tools ferry,rsync,rclone,unison] [--out FILE]
+    python3 bench/bisync.py [--ferry PATH] [--workdir DIR] [--runs N] [--files N] [--dirs N]
+                            [--tools ferry,rsync,rclone,unison] [--scenarios noop,change]
+                            [--out FILE]
+
+Exits 1 if a ferry run failed or ferry's replicas differ at the end (scripts/test runs it
+on 1,000 files as a smoke test).
 
 Scenarios (each tool has its own pair of replicas, made once with `ferry copy` and kept):
   noop    both replicas equal and already synced: the run finds nothing to do
@@ -170,10 +174,11 @@ def main():
                 log(f"  {t:7s} run {r + 1}: {wall:.3f} s wall, {cpu:.3f} s CPU, exit {code}")
     # Syscalls of ferry: no-op, then one more 1%-change run.
     sys_counts = {}
-    if "ferry" in tools:
+    has_strace = shutil.which("strace") is not None
+    if "ferry" in tools and has_strace:
         a, b = pairs["ferry"]
         sys_counts["noop"] = strace_counts(cmds["ferry"](a, b))
-    if "ferry" in tools and "change" in scenarios:
+    if "ferry" in tools and "change" in scenarios and has_strace:
         rnd = random.Random(999)
         pick = rnd.sample(rels, 2 * n)
         stamp += 1
@@ -224,6 +229,16 @@ def main():
     if args.out:
         with open(args.out, "w") as f:
             f.write(text)
+    # Results must be right, not only fast: every ferry run succeeded and its replicas
+    # are equal at the end (so the harness can run as a smoke test).
+    bad = [x for (scen, t), v in results.items() if t == "ferry" for x in v if x[2] != 0]
+    if "ferry" in tools:
+        a, b = pairs["ferry"]
+        if subprocess.run(["diff", "-r", a, b], stdout=subprocess.DEVNULL).returncode != 0:
+            log("ferry's replicas differ at the end")
+            bad.append("diff")
+    if bad:
+        sys.exit(1)
 
 
 if __name__ == "__main__":
