@@ -349,7 +349,11 @@ mod tests {
         let keys: Vec<&[u8]> = (0..l.len()).map(|i| l.key(i)).collect();
         assert_eq!(keys, vec![&b"a"[..], b"a\0z", b"a.x"]);
         assert_eq!(*l.value(0), s);
-        assert!(Journal::open(&p, ("/a", "/c")).is_err());
+        drop(j);
+        let e = Journal::open(&p, ("/a", "/c"))
+            .err()
+            .expect("another pair is refused");
+        assert!(e.contains("belongs to /a and /b"), "{e}");
     }
 
     #[test]

@@ -621,6 +621,8 @@ fn default_journal_location_and_lock() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("belongs to"), "{err}");
 }
 
 #[test]
