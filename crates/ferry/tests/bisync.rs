@@ -243,11 +243,23 @@ fn first_run_merges_both_trees() {
     assert_eq!(data(&s, "sub/deep/a").unwrap(), b"deep A");
     assert_eq!(s.get("empty/dir"), Some(&Node::Dir));
     assert_eq!(s.get("link"), Some(&Node::Link("only_a.txt".into())));
-    // A second run has nothing to do.
+    // A second run has nothing to do, and writes nothing, not even to the journal.
+    let journal = fs::read(&p.j).unwrap();
+    let jmtime = fs::metadata(&p.j).unwrap().mtime_nsec();
+    let before = (snapshot(&p.a), snapshot(&p.b));
     let r = p.run(&["--json"]);
     r.ok();
     assert_eq!(summary_field(&r, "files_copied"), 0, "{r}");
     assert_eq!(summary_field(&r, "files_deleted"), 0, "{r}");
+    assert_untouched(&before.0, &snapshot(&p.a));
+    assert_untouched(&before.1, &snapshot(&p.b));
+    assert_eq!(fs::read(&p.j).unwrap(), journal);
+    assert_eq!(fs::metadata(&p.j).unwrap().mtime_nsec(), jmtime);
+    let wal = p.j.with_extension("sqlite-wal");
+    assert!(
+        fs::metadata(&wal).map_or(true, |m| m.len() == 0),
+        "WAL written"
+    );
 }
 
 #[test]
