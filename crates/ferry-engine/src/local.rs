@@ -742,6 +742,42 @@ impl Store for LocalStore {
         remove_tree(dir.fd.as_fd(), name)
     }
 
+    fn rename(
+        &self,
+        from_dir: &LocalDir,
+        from_name: &CStr,
+        to_dir: &LocalDir,
+        to_name: &CStr,
+    ) -> io::Result<()> {
+        match rfs::renameat_with(
+            &from_dir.fd,
+            from_name,
+            &to_dir.fd,
+            to_name,
+            rfs::RenameFlags::NOREPLACE,
+        ) {
+            Ok(()) => Ok(()),
+            // A filesystem without RENAME_NOREPLACE: link (which never
+            // replaces) then unlink; directories cannot be linked.
+            Err(Errno::INVAL) | Err(Errno::NOSYS) => {
+                rfs::linkat(
+                    &from_dir.fd,
+                    from_name,
+                    &to_dir.fd,
+                    to_name,
+                    AtFlags::empty(),
+                )?;
+                rfs::unlinkat(&from_dir.fd, from_name, AtFlags::empty())?;
+                Ok(())
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn rmdir(&self, dir: &LocalDir, name: &CStr) -> io::Result<()> {
+        Ok(rfs::unlinkat(&dir.fd, name, AtFlags::REMOVEDIR)?)
+    }
+
     fn preserves_owner(&self) -> bool {
         self.owner
     }

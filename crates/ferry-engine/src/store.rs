@@ -235,6 +235,24 @@ pub trait Store: Send + Sync {
     fn latency_bound(&self) -> bool {
         false
     }
+    /// Move `from_name` in `from_dir` to `to_name` in `to_dir`, failing with
+    /// `AlreadyExists` rather than replacing an entry there (two-way sync
+    /// replays renames with it and must never overwrite a change).
+    /// Backends without a cheaper way may return `Unsupported`; callers then
+    /// copy and delete.
+    fn rename(
+        &self,
+        from_dir: &Self::Dir,
+        from_name: &CStr,
+        to_dir: &Self::Dir,
+        to_name: &CStr,
+    ) -> io::Result<()> {
+        let _ = (from_dir, from_name, to_dir, to_name);
+        Err(io::Error::from(io::ErrorKind::Unsupported))
+    }
+    /// Remove an empty directory; fails (`DirectoryNotEmpty`) when it is
+    /// not empty, so nothing below it can be lost.
+    fn rmdir(&self, dir: &Self::Dir, name: &CStr) -> io::Result<()>;
     /// True when entries have owners that can be read and set (local, as root).
     fn preserves_owner(&self) -> bool;
     /// True when directories have their own mtime and mode (false on object

@@ -1119,6 +1119,50 @@ impl Store for S3Store {
         Ok(n + 1)
     }
 
+    fn rename(
+        &self,
+        from_dir: &S3Dir,
+        from_name: &CStr,
+        to_dir: &S3Dir,
+        to_name: &CStr,
+    ) -> io::Result<()> {
+        // Server-side copy (data and metadata stay on the server), then
+        // delete. S3 has no "copy unless it exists": the check before it is
+        // the best an object store offers.
+        let from = self.key(from_dir, from_name)?;
+        let to = self.key(to_dir, to_name)?;
+        match self.head(&to, 0, None) {
+            Ok(_) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::AlreadyExists,
+                    format!("{to}: exists"),
+                ))
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        // The source's own metadata goes with it (and objects over 5 GiB
+        // are copied in parts).
+        let meta = self.head(&from, 0, None)?;
+        self.copy_object(&to, &self.source_of(&from), meta.size, &meta)?;
+        self.delete_key(&from)
+    }
+
+    fn rmdir(&self, dir: &S3Dir, name: &CStr) -> io::Result<()> {
+        // A prefix exists only while it has objects: nothing to remove,
+        // but refuse if something is still below it.
+        let prefix = format!("{}/", self.key(dir, name)?);
+        let page = self.list_page(&prefix, false, None)?;
+        if page.contents.is_empty() {
+            Ok(())
+        } else {
+            Err(io::Error::new(
+                io::ErrorKind::DirectoryNotEmpty,
+                format!("{prefix}: not empty"),
+            ))
+        }
+    }
+
     fn preserves_owner(&self) -> bool {
         false
     }

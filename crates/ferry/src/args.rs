@@ -31,6 +31,10 @@ pub enum Command {
     /// Abort interrupted multipart uploads under s3://BUCKET/PREFIX that no
     /// run resumed (they cost storage until removed).
     Cleanup(CleanupArgs),
+    /// Two-way sync: propagate creates, updates, deletes and renames both
+    /// ways between A and B since the last run (kept in a journal); when
+    /// both sides changed a path, keep both versions.
+    Bisync(BisyncArgs),
 }
 
 #[derive(Args, Debug)]
@@ -62,6 +66,57 @@ pub fn parse_age(s: &str) -> Result<std::time::Duration, String> {
         .parse()
         .map_err(|_| format!("{s}: not a duration (e.g. 30m, 24h, 7d)"))?;
     Ok(std::time::Duration::from_secs(n * mult))
+}
+
+#[derive(Args, Debug)]
+pub struct BisyncArgs {
+    /// First replica: a directory or s3://bucket/prefix.
+    pub a: PathBuf,
+    /// Second replica: a directory or s3://bucket/prefix.
+    pub b: PathBuf,
+    /// Print every planned action; change nothing (not even the journal).
+    #[arg(short = 'n', long)]
+    pub dry_run: bool,
+    /// Propagate deletions even beyond --max-delete.
+    #[arg(long)]
+    pub force: bool,
+    /// Refuse to delete more than PCT percent of the files of one side
+    /// without --force.
+    #[arg(long, value_name = "PCT", default_value_t = 50, value_parser = clap::value_parser!(u8).range(0..=100))]
+    pub max_delete: u8,
+    /// Forget the journal and merge both trees as on a first run.
+    #[arg(long)]
+    pub resync: bool,
+    /// Journal file [default: $XDG_STATE_HOME/ferry/bisync/<hash of A and B>.sqlite].
+    #[arg(long, value_name = "PATH")]
+    pub journal: Option<PathBuf>,
+    /// Exclude paths matching GLOB (gitignore syntax; repeatable).
+    #[arg(long, value_name = "GLOB")]
+    pub exclude: Vec<String>,
+    /// Read exclude rules (gitignore syntax) from FILE (repeatable).
+    #[arg(long, value_name = "FILE")]
+    pub exclude_from: Vec<PathBuf>,
+    /// Worker threads [default: from the machine].
+    #[arg(short = 'j', long, value_parser = clap::value_parser!(u16).range(1..=1024), value_name = "N")]
+    pub jobs: Option<u16>,
+    /// JSON lines on stdout: one per action, the summary last.
+    #[arg(long)]
+    pub json: bool,
+    /// Show progress on stderr [default: when stderr is a terminal].
+    #[arg(long, overrides_with = "no_progress")]
+    pub progress: bool,
+    /// Never show progress.
+    #[arg(long)]
+    pub no_progress: bool,
+    /// Make each file's data durable (fsync) before it is named.
+    #[arg(long)]
+    pub fsync: bool,
+    /// Print each action.
+    #[arg(short, long, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+    /// S3 endpoint URL for s3:// paths (default: AWS_ENDPOINT_URL, or AWS).
+    #[arg(long, value_name = "URL")]
+    pub s3_endpoint: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -109,6 +164,15 @@ pub struct SyncArgs {
 }
 
 impl SyncArgs {
+    pub fn progress_enabled(&self) -> bool {
+        if self.no_progress {
+            return false;
+        }
+        self.progress || (std::io::stderr().is_terminal() && !self.json)
+    }
+}
+
+impl BisyncArgs {
     pub fn progress_enabled(&self) -> bool {
         if self.no_progress {
             return false;
@@ -215,6 +279,61 @@ pub fn resolve_remote(src: &Path, dst: &Path, endpoint: Option<&str>) -> Result<
         }
     }
     Ok(Job::Remote { src: s, dst: d })
+}
+
+/// One replica of a bisync, resolved, and the name the journal knows it by.
+pub fn resolve_replica(
+    p: &Path,
+    what: &str,
+    endpoint: Option<&str>,
+) -> Result<(Loc, String), String> {
+    if is_s3(p) {
+        let url = p.to_str().expect("checked UTF-8");
+        let cfg = ferry_s3::S3Config::from_url(url, endpoint)?;
+        let id = format!("s3://{}/{}", cfg.bucket, cfg.prefix.trim_matches('/'));
+        return Ok((Loc::S3(Box::new(cfg)), id));
+    }
+    let abs = match stat_path(p, true) {
+        Ok(m) if m.kind != Kind::Dir => {
+            return Err(format!("{what} {}: not a directory", p.display()))
+        }
+        Ok(_) => p
+            .canonicalize()
+            .map_err(|e| format!("{what} {}: {}", p.display(), cause(&e)))?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let parent = match p.parent() {
+                Some(q) if !q.as_os_str().is_empty() => q,
+                _ => Path::new("."),
+            };
+            let abs = parent.canonicalize().map_err(|e| {
+                format!(
+                    "{what} {}: parent directory {}: {}",
+                    p.display(),
+                    parent.display(),
+                    cause(&e)
+                )
+            })?;
+            abs.join(
+                p.file_name()
+                    .ok_or_else(|| format!("{what} {}: not a valid name", p.display()))?,
+            )
+        }
+        Err(e) => return Err(format!("{what} {}: {}", p.display(), cause(&e))),
+    };
+    let id = abs.to_string_lossy().into_owned();
+    Ok((Loc::Local(abs), id))
+}
+
+/// Refuse replicas that are the same or nested.
+pub fn check_pair(a: &(Loc, String), b: &(Loc, String)) -> Result<(), String> {
+    let nested = |x: &str, y: &str| {
+        let y = y.trim_end_matches('/');
+        x == y || x.starts_with(&format!("{y}/"))
+    };
+    if nested(&a.1, &b.1) || nested(&b.1, &a.1) {
+        return Err(format!("A {} and B {} overlap", a.1, b.1));
+    }
+    Ok(())
 }
 
 /// What a copy or sync will do, once SRC and DST are understood.

@@ -15,7 +15,7 @@ use std::time::Instant;
 use ferry_engine::ls::{list_tree, Format};
 use ferry_engine::{Engine, LocalStore, Stats};
 
-use args::{Cli, Command, Job, Loc, LsArgs, SyncArgs};
+use args::{BisyncArgs, Cli, Command, Job, Loc, LsArgs, SyncArgs};
 use ferry_engine::Store as _;
 use ferry_s3::S3Store;
 use output::{cause, CliReporter, Progress};
@@ -35,6 +35,7 @@ fn main() -> ExitCode {
         Command::Sync(a) => run_sync(a, ferry_engine::Mode::Sync),
         Command::Ls(a) => run_ls(a),
         Command::Cleanup(a) => run_cleanup(a),
+        Command::Bisync(a) => run_bisync(a),
     };
     match res {
         Ok(code) => ExitCode::from(code),
@@ -210,6 +211,74 @@ fn run_cleanup(a: args::CleanupArgs) -> Result<u8, String> {
     }
     eprintln!("ferry summary: {} interrupted upload(s) {verb}", done.len());
     Ok(0)
+}
+
+/// Two-way sync; `Err` is a usage or configuration error, or a refusal
+/// (exit 2, nothing changed).
+fn run_bisync(a: BisyncArgs) -> Result<u8, String> {
+    let ra = args::resolve_replica(&a.a, "A", a.s3_endpoint.as_deref())?;
+    let rb = args::resolve_replica(&a.b, "B", a.s3_endpoint.as_deref())?;
+    args::check_pair(&ra, &rb)?;
+    let remote = matches!(ra.0, Loc::S3(_)) || matches!(rb.0, Loc::S3(_));
+    let jobs = if remote {
+        a.jobs.map_or(32, usize::from)
+    } else {
+        args::jobs(a.jobs)
+    };
+    let filter =
+        ferry_engine::Filter::new(&a.exclude, &a.exclude_from).map_err(|e| e.to_string())?;
+    let ids = (ra.1.as_str(), rb.1.as_str());
+    let jpath = match &a.journal {
+        Some(p) => p.clone(),
+        None => ferry_bisync::default_path(ids)?,
+    };
+    // A dry run creates nothing: without a journal file it plans as a
+    // first run would.
+    let (_lock, mut journal) = if a.dry_run && !jpath.exists() {
+        (None, None)
+    } else {
+        let lock = ferry_bisync::Lock::take(&jpath)?;
+        (Some(lock), Some(ferry_bisync::Journal::open(&jpath, ids)?))
+    };
+    let opts = ferry_bisync::Options {
+        dry_run: a.dry_run,
+        force: a.force,
+        max_delete: a.max_delete,
+        resync: a.resync,
+        jobs,
+        filter,
+        fsync: a.fsync,
+    };
+    let rep = CliReporter::new(a.json, a.verbose > 0 || a.dry_run, a.dry_run);
+    let stats = std::sync::Arc::new(Stats::default());
+    let progress = a
+        .progress_enabled()
+        .then(|| Progress::start(stats.clone(), &rep));
+    let j = journal.as_mut();
+    let s3 = |c: &ferry_s3::S3Config| S3Store::new(c, jobs);
+    let res = match (&ra.0, &rb.0) {
+        (Loc::Local(x), Loc::Local(y)) => ferry_bisync::run(
+            &LocalStore::new(x, jobs),
+            &LocalStore::new(y, jobs),
+            j,
+            &opts,
+            &rep,
+            &stats,
+        ),
+        (Loc::Local(x), Loc::S3(y)) => {
+            ferry_bisync::run(&LocalStore::new(x, jobs), &s3(y)?, j, &opts, &rep, &stats)
+        }
+        (Loc::S3(x), Loc::Local(y)) => {
+            ferry_bisync::run(&s3(x)?, &LocalStore::new(y, jobs), j, &opts, &rep, &stats)
+        }
+        (Loc::S3(x), Loc::S3(y)) => ferry_bisync::run(&s3(x)?, &s3(y)?, j, &opts, &rep, &stats),
+    };
+    if let Some(p) = progress {
+        p.finish();
+    }
+    let out = res.map_err(|r| r.0)?;
+    rep.bisync_summary(&out);
+    Ok(if out.errors > 0 { 1 } else { 0 })
 }
 
 fn run_ls(a: LsArgs) -> Result<u8, String> {

@@ -122,6 +122,104 @@ impl Reporter for CliReporter {
     }
 }
 
+impl CliReporter {
+    /// The last line of a bisync: like copy/sync's, plus renames and conflicts.
+    pub fn bisync_summary(&self, s: &ferry_bisync::Outcome) {
+        let mut out = self.out.lock().unwrap();
+        if self.json {
+            let _ = writeln!(
+                out,
+                "{{\"type\":\"summary\",\"entries_scanned\":{},\"files_copied\":{},\"bytes_copied\":{},\"files_deleted\":{},\"dirs_created\":{},\"renamed\":{},\"conflicts\":{},\"unchanged\":{},\"errors\":{},\"elapsed_s\":{:.6}{}}}",
+                s.entries_scanned, s.files_copied, s.bytes_copied, s.files_deleted, s.dirs_created, s.renamed, s.conflicts, s.unchanged, s.errors, s.elapsed_s,
+                if self.dry_run { ",\"dry_run\":true" } else { "" }
+            );
+            let _ = out.flush();
+        } else {
+            let _ = out.flush();
+            drop(out);
+            eprintln!(
+                "ferry summary: {}{} scanned, {} copied ({}), {} deleted, {} dirs created, {} renamed, {} conflicts, {} unchanged, {} errors in {:.2} s",
+                if self.dry_run { "(dry run) " } else { "" },
+                s.entries_scanned,
+                s.files_copied,
+                human_bytes(s.bytes_copied),
+                s.files_deleted,
+                s.dirs_created,
+                s.renamed,
+                s.conflicts,
+                s.unchanged,
+                s.errors,
+                s.elapsed_s
+            );
+        }
+    }
+}
+
+impl ferry_bisync::BiReporter for CliReporter {
+    fn action(
+        &self,
+        act: ferry_bisync::BiAction,
+        on: ferry_bisync::Side,
+        path: &[u8],
+        other: Option<&[u8]>,
+        size: u64,
+    ) {
+        use ferry_bisync::BiAction;
+        let p = if path.is_empty() { &b"."[..] } else { path };
+        if act == BiAction::Skip {
+            let ps = String::from_utf8_lossy(p).into_owned();
+            self.with_bar_suspended(|| {
+                eprintln!(
+                    "ferry: skipped {ps} (special file, or a symlink {} cannot store)",
+                    on.as_str()
+                )
+            });
+        }
+        if self.json {
+            let mut line = Vec::with_capacity(80 + path.len());
+            line.extend_from_slice(b"{\"type\":\"");
+            line.extend_from_slice(act.as_str().as_bytes());
+            line.extend_from_slice(b"\",\"side\":\"");
+            line.extend_from_slice(on.as_str().as_bytes());
+            line.extend_from_slice(b"\",\"path\":");
+            json_str(&mut line, p);
+            if let Some(o) = other {
+                line.extend_from_slice(match act {
+                    BiAction::Rename => b",\"from\":",
+                    _ => b",\"renamed_to\":",
+                });
+                json_str(&mut line, o);
+            }
+            let _ = writeln!(line, ",\"size\":{size}}}");
+            let _ = self.out.lock().unwrap().write_all(&line);
+        } else if self.lines {
+            // `ACTION SIDE PATH`, plus `<- OLD` for a rename and
+            // `-> NAME` for the version a conflict moved aside.
+            let mut line = Vec::with_capacity(24 + path.len());
+            line.extend_from_slice(act.as_str().as_bytes());
+            line.push(b' ');
+            line.extend_from_slice(on.as_str().as_bytes());
+            line.push(b' ');
+            line.extend_from_slice(p);
+            if let Some(o) = other {
+                line.extend_from_slice(match act {
+                    BiAction::Rename => b" <- ",
+                    _ => b" -> ",
+                });
+                line.extend_from_slice(o);
+            }
+            line.push(b'\n');
+            self.with_bar_suspended(|| {
+                let _ = self.out.lock().unwrap().write_all(&line);
+            });
+        }
+    }
+
+    fn error(&self, path: &[u8], err: &io::Error) {
+        Reporter::error(self, path, err)
+    }
+}
+
 fn human_bytes(n: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut v = n as f64;

@@ -1,0 +1,21 @@
+//! ferry's two-way sync (`ferry bisync A B`).
+//!
+//! Data flow, like one-way sync but with a third input: both trees are
+//! scanned at once ([`tree`]) while the journal of the last synced state is
+//! loaded ([`journal`]); a pure function decides each path from the three
+//! ([`reconcile`]); [`plan`] applies the rules that span paths (directories,
+//! renames, conflict names); [`run`] carries the plan out over any two
+//! [`ferry_engine::Store`]s and records each completed action in the
+//! journal. Nothing is ever deleted or overwritten unless it is unchanged
+//! since the last sync; when in doubt both versions are kept.
+#![deny(missing_docs)]
+
+pub mod journal;
+pub mod plan;
+pub mod reconcile;
+pub mod run;
+pub mod tree;
+
+pub use journal::{default_path, Journal, Lock};
+pub use reconcile::Side;
+pub use run::{run, BiAction, BiReporter, Options, Outcome, Refused};

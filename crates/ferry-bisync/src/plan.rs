@@ -1,0 +1,616 @@
+//! Plan: the three-way merge of both scans with the journal into a list of
+//! actions ([`Item`]s, in key order), then the rules that need more than
+//! one path:
+//!
+//! - **Directories.** A directory that must exist on both sides after the
+//!   run (because something inside it does) is never deleted: a deletion
+//!   becomes a re-creation on the side that deleted it (new files added
+//!   inside a directory deleted on the other side survive), and a file that
+//!   was to replace it becomes a conflict copy.
+//! - **Renames.** A path new on side X whose inode (or size, mtime and
+//!   content, where the store has no inodes) is that of a path X no longer
+//!   has, while the other side still holds that path unchanged, is replayed
+//!   as a rename on the other side instead of copy + delete.
+//! - **Conflicts** get their names: `stem (conflict YYYY-MM-DD HHMM from B).ext`
+//!   (UTC), made unique among every name either side holds.
+//!
+//! Only paths with something to do become items: a no-op run allocates
+//! nothing per entry.
+
+use std::collections::{HashMap, HashSet};
+
+use ferry_engine::{Kind, Meta};
+
+use crate::reconcile::{reconcile, unchanged, Decision, Side, Synced};
+use crate::tree::{name_of, parent_key, under_any, Keyed, Scan};
+
+/// What to do with one path.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Act {
+    /// Contents must be compared first (resolved before [`finish`]).
+    Compare,
+    /// Both sides agree: only the journal learns it.
+    Record,
+    /// Gone on both sides: drop the journal's record.
+    Forget,
+    /// Copy `from`'s entry to the other side (a directory: create it).
+    Copy {
+        /// The side whose entry wins.
+        from: Side,
+    },
+    /// Set `from`'s permission bits on the other side.
+    Meta {
+        /// The side whose mode wins.
+        from: Side,
+    },
+    /// Delete the entry on `on` (unchanged there since the last sync).
+    Delete {
+        /// The side to delete on.
+        on: Side,
+    },
+    /// Replay on `on` a rename made on the other side: the entry of item
+    /// `from` (a path that vanished there) moves to this item's path.
+    Rename {
+        /// The side to rename on.
+        on: Side,
+        /// Index of the item of the old path.
+        from: usize,
+    },
+    /// The old path of a rename (done by the item that names it).
+    RenamedAway,
+    /// Keep both: the `loser`'s entry is renamed to `name` (a key) on its
+    /// own side, then each side gets the other's version.
+    Conflict {
+        /// The side whose version moves to the conflict name.
+        loser: Side,
+        /// Key of the conflict name.
+        name: Vec<u8>,
+    },
+    /// Left alone this run (its comparison failed; already reported).
+    Skip,
+}
+
+/// One path with something to do.
+#[derive(Clone, Debug)]
+pub struct Item {
+    /// The path's key (see [`crate::tree::key_of`]).
+    pub key: Vec<u8>,
+    /// The journal's record.
+    pub j: Option<Synced>,
+    /// Side A's entry now.
+    pub a: Option<Meta>,
+    /// Side B's entry now.
+    pub b: Option<Meta>,
+    /// The action.
+    pub act: Act,
+}
+
+impl Item {
+    /// A side's entry now.
+    pub fn side(&self, s: Side) -> Option<&Meta> {
+        match s {
+            Side::A => self.a.as_ref(),
+            Side::B => self.b.as_ref(),
+        }
+    }
+
+    /// True when the path holds an entry on both sides after the action.
+    fn exists_after(&self) -> bool {
+        match self.act {
+            Act::Delete { .. } | Act::Forget | Act::RenamedAway => false,
+            Act::Skip => self.a.is_some() || self.b.is_some(),
+            _ => true,
+        }
+    }
+}
+
+/// Checks that a rename candidate without inode evidence holds the same
+/// bytes as the old path: (side of the new path, new key, old key).
+pub type Verify<'a> = &'a dyn Fn(Side, &[u8], &[u8]) -> bool;
+
+/// The plan of a run.
+#[derive(Debug, Default)]
+pub struct Plan {
+    /// Paths with something to do, in key order.
+    pub items: Vec<Item>,
+    /// Entries listed on A and B.
+    pub scanned: u64,
+    /// Paths in sync that need nothing.
+    pub unchanged: u64,
+    /// Files and symlinks to delete on A and on B.
+    pub deletes: [u64; 2],
+    /// Files and symlinks the journal knows (the base of the deletion limit).
+    pub known: [u64; 2],
+}
+
+/// What the merge needs to know about the stores.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Sides {
+    /// Per side: directories are implicit (an object store's key prefixes):
+    /// an empty one cannot be seen, so a known directory that is not seen
+    /// is not taken as deleted.
+    pub implicit_dirs: [bool; 2],
+}
+
+/// Merge both scans with the journal: every path where something must be
+/// done or recorded, with the decision of [`reconcile`].
+pub fn merge(a: &Scan, b: &Scan, j: &Keyed<Synced>, sides: Sides) -> Plan {
+    let (ea, eb) = (&a.entries, &b.entries);
+    let (mut i, mut k, mut m) = (0, 0, 0);
+    let mut plan = Plan {
+        scanned: (ea.len() + eb.len()) as u64,
+        ..Plan::default()
+    };
+    for x in 0..j.len() {
+        let s = j.value(x);
+        if s.a.kind != Kind::Dir {
+            plan.known[0] += 1;
+            plan.known[1] += 1;
+        }
+    }
+    loop {
+        // The smallest key among the three heads.
+        let ka = (i < ea.len()).then(|| ea.key(i));
+        let kb = (k < eb.len()).then(|| eb.key(k));
+        let kj = (m < j.len()).then(|| j.key(m));
+        let Some(key) = [ka, kb, kj].into_iter().flatten().min() else {
+            break;
+        };
+        let va = (ka == Some(key)).then(|| *ea.value(i));
+        let vb = (kb == Some(key)).then(|| *eb.value(k));
+        let vj = (kj == Some(key)).then(|| *j.value(m));
+        i += va.is_some() as usize;
+        k += vb.is_some() as usize;
+        m += vj.is_some() as usize;
+        let implicit = |now: Option<Meta>, s: Side| match (now, &vj) {
+            (None, Some(r)) if sides.implicit_dirs[s as usize] && r.side(s).kind == Kind::Dir => {
+                Some(*r.side(s))
+            }
+            _ => now,
+        };
+        let (va, vb) = (implicit(va, Side::A), implicit(vb, Side::B));
+        let d = reconcile(vj.as_ref(), va.as_ref(), vb.as_ref());
+        if d == Decision::Keep {
+            plan.unchanged += 1;
+            continue;
+        }
+        // Unreadable here or above on either side: judge nothing.
+        if (!a.unknown.is_empty() && under_any(&a.unknown, key))
+            || (!b.unknown.is_empty() && under_any(&b.unknown, key))
+        {
+            continue;
+        }
+        let act = match d {
+            Decision::Keep => unreachable!("skipped above"),
+            Decision::Record => Act::Record,
+            Decision::Forget => Act::Forget,
+            Decision::Compare => Act::Compare,
+            Decision::Copy { from } => Act::Copy { from },
+            Decision::Meta { from } => Act::Meta { from },
+            Decision::Delete { on } => Act::Delete { on },
+            Decision::Conflict => Act::Conflict {
+                loser: Side::B,
+                name: Vec::new(),
+            },
+        };
+        plan.items.push(Item {
+            key: key.to_vec(),
+            j: vj,
+            a: va,
+            b: vb,
+            act,
+        });
+    }
+    plan
+}
+
+/// The side that moves aside in a conflict: the one that is not a
+/// directory (a directory's content is merged, never renamed), else B.
+fn loser(it: &Item) -> Side {
+    match (it.a.map(|m| m.kind), it.b.map(|m| m.kind)) {
+        (_, Some(Kind::Dir)) => Side::A,
+        _ => Side::B,
+    }
+}
+
+/// Finish the plan once comparisons are resolved (no [`Act::Compare`]
+/// left): directory rules, renames, conflict names, deletion counts.
+/// `verify` checks that a rename candidate without inode evidence has the
+/// same content as the old path (new side, new key, old key).
+pub fn finish(plan: &mut Plan, a: &Scan, b: &Scan, stamp: &str, verify: Verify<'_>) {
+    let items = &mut plan.items;
+    for it in items.iter_mut() {
+        assert!(it.act != Act::Compare, "comparisons resolved before finish");
+        if matches!(it.act, Act::Conflict { .. }) {
+            it.act = Act::Conflict {
+                loser: loser(it),
+                name: Vec::new(),
+            };
+        }
+    }
+    fix_dirs(items);
+    renames(items, verify);
+    name_conflicts(items, a, b, stamp);
+    for it in items.iter() {
+        if let Act::Delete { on } = it.act {
+            if it.side(on).is_some_and(|m| m.kind != Kind::Dir) {
+                plan.deletes[on as usize] += 1;
+            }
+        }
+    }
+}
+
+/// Directories that must stay (something inside them exists after the run)
+/// are re-created instead of deleted, and win over a file.
+fn fix_dirs(items: &mut [Item]) {
+    let index: HashMap<Vec<u8>, usize> = items
+        .iter()
+        .enumerate()
+        .map(|(i, it)| (it.key.clone(), i))
+        .collect();
+    let mut needs_dir = vec![false; items.len()];
+    // Children come after their parent in key order: walk backwards, so a
+    // directory is fixed once all of its descendants are.
+    for i in (0..items.len()).rev() {
+        if needs_dir[i] {
+            let it = &mut items[i];
+            match it.act.clone() {
+                Act::Delete { on } => {
+                    // Deleted on the other side, but something new is inside:
+                    // bring the directory back there.
+                    it.act = Act::Copy { from: on };
+                }
+                Act::Copy { from } if it.side(from).is_some_and(|m| m.kind != Kind::Dir) => {
+                    // A file was to replace a directory that still has content.
+                    it.act = if it.side(from.other()).is_some() {
+                        Act::Conflict {
+                            loser: from,
+                            name: Vec::new(),
+                        }
+                    } else {
+                        Act::Copy { from }
+                    };
+                }
+                _ => {}
+            }
+        }
+        if needs_dir[i] || items[i].exists_after() {
+            if let Some(p) = parent_key(&items[i].key) {
+                if let Some(&pi) = index.get(p) {
+                    needs_dir[pi] = true;
+                }
+            }
+        }
+    }
+}
+
+/// Pair vanished paths with new ones on the same side.
+fn renames(items: &mut [Item], verify: Verify<'_>) {
+    // Vanished on side X (X = other side of the deletion), still unchanged
+    // on the deletion side.
+    let mut by_ino: HashMap<(Side, u64), usize> = HashMap::new();
+    let mut by_stat: HashMap<(Side, u64, i128), Vec<usize>> = HashMap::new();
+    for (i, it) in items.iter().enumerate() {
+        let (Act::Delete { on }, Some(j)) = (&it.act, &it.j) else {
+            continue;
+        };
+        let x = on.other();
+        let old = j.side(x);
+        if old.kind != Kind::File {
+            continue;
+        }
+        if old.ino != 0 {
+            by_ino.insert((x, old.ino), i);
+        } else {
+            by_stat
+                .entry((x, old.size, old.mtime_ns()))
+                .or_default()
+                .push(i);
+        }
+    }
+    if by_ino.is_empty() && by_stat.is_empty() {
+        return;
+    }
+    let mut new_by_stat: HashMap<(Side, u64, i128), Vec<usize>> = HashMap::new();
+    let mut pairs: Vec<(usize, usize, bool)> = Vec::new();
+    for (i, it) in items.iter().enumerate() {
+        let Act::Copy { from: x } = it.act else {
+            continue;
+        };
+        let Some(now) = it.side(x) else { continue };
+        if now.kind != Kind::File || it.side(x.other()).is_some() {
+            continue;
+        }
+        if now.ino != 0 {
+            if let Some(&v) = by_ino.get(&(x, now.ino)) {
+                let old = items[v].j.expect("vanished paths have a record");
+                let old = old.side(x);
+                if old.size == now.size && old.same_mtime(now) {
+                    pairs.push((i, v, false));
+                }
+            }
+        } else {
+            new_by_stat
+                .entry((x, now.size, now.mtime_ns()))
+                .or_default()
+                .push(i);
+        }
+    }
+    for (k, news) in &new_by_stat {
+        if let Some(olds) = by_stat.get(k) {
+            // Only an unambiguous pair, and only if the bytes agree.
+            if news.len() == 1 && olds.len() == 1 {
+                pairs.push((news[0], olds[0], true));
+            }
+        }
+    }
+    for (n, v, check) in pairs {
+        let Act::Copy { from: x } = items[n].act else {
+            continue;
+        };
+        if items[v].act != (Act::Delete { on: x.other() }) {
+            continue;
+        }
+        if check && !verify(x, &items[n].key, &items[v].key) {
+            continue;
+        }
+        items[n].act = Act::Rename {
+            on: x.other(),
+            from: v,
+        };
+        items[v].act = Act::RenamedAway;
+    }
+}
+
+/// Give each conflict a name no entry has on either side.
+fn name_conflicts(items: &mut [Item], a: &Scan, b: &Scan, stamp: &str) {
+    let mut taken: HashSet<Vec<u8>> = HashSet::new();
+    for it in items.iter_mut() {
+        let Act::Conflict { loser, name } = &mut it.act else {
+            continue;
+        };
+        let parent = parent_key(&it.key);
+        for n in 1u32.. {
+            let mut k = Vec::new();
+            if let Some(p) = parent {
+                k.extend_from_slice(p);
+                k.push(0);
+            }
+            k.extend_from_slice(&conflict_name(name_of(&it.key), *loser, stamp, n));
+            if a.entries.get(&k).is_none() && b.entries.get(&k).is_none() && !taken.contains(&k) {
+                taken.insert(k.clone());
+                *name = k;
+                break;
+            }
+        }
+    }
+}
+
+/// `stem (conflict STAMP from X).ext`, with ` N` before the `)` from the
+/// second candidate on. The extension is from the last dot that is not the
+/// first byte (`.bashrc` has none).
+pub fn conflict_name(name: &[u8], from: Side, stamp: &str, n: u32) -> Vec<u8> {
+    let dot = name.iter().rposition(|&c| c == b'.').filter(|&i| i > 0);
+    let (stem, ext) = match dot {
+        Some(i) => name.split_at(i),
+        None => (name, &b""[..]),
+    };
+    let mut out = stem.to_vec();
+    out.extend_from_slice(format!(" (conflict {stamp} from {}", from.as_str()).as_bytes());
+    if n > 1 {
+        out.extend_from_slice(format!(" {n}").as_bytes());
+    }
+    out.push(b')');
+    out.extend_from_slice(ext);
+    out
+}
+
+/// `YYYY-MM-DD HHMM` in UTC for seconds since the epoch.
+pub fn stamp(secs: i64) -> String {
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    // Civil from days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + (m <= 2) as i64;
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}{:02}",
+        rem / 3600,
+        rem % 3600 / 60
+    )
+}
+
+/// True when `now` still is what the plan saw: the executor checks this
+/// right before it replaces or deletes an entry.
+pub fn still(now: Option<&Meta>, planned: Option<&Meta>) -> bool {
+    match (now, planned) {
+        (None, None) => true,
+        (Some(n), Some(p)) => unchanged(n, p),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tree::key_of;
+
+    #[test]
+    fn conflict_names() {
+        assert_eq!(
+            conflict_name(b"report.txt", Side::B, "2026-11-22 1530", 1),
+            b"report (conflict 2026-11-22 1530 from B).txt".to_vec()
+        );
+        assert_eq!(
+            conflict_name(b".bashrc", Side::A, "2026-11-22 1530", 2),
+            b".bashrc (conflict 2026-11-22 1530 from A 2)".to_vec()
+        );
+        assert_eq!(
+            conflict_name(b"a.tar.gz", Side::B, "x", 1),
+            b"a.tar (conflict x from B).gz".to_vec()
+        );
+    }
+
+    #[test]
+    fn stamps() {
+        assert_eq!(stamp(0), "1970-01-01 0000");
+        assert_eq!(stamp(1_795_361_400), "2026-11-22 1530");
+    }
+
+    fn f(size: u64, ino: u64) -> Meta {
+        Meta {
+            kind: Kind::File,
+            size,
+            mtime_sec: 5,
+            mtime_nsec: 0,
+            mode: 0o644,
+            uid: 0,
+            gid: 0,
+            ino,
+        }
+    }
+
+    fn d(ino: u64) -> Meta {
+        Meta {
+            kind: Kind::Dir,
+            ..f(0, ino)
+        }
+    }
+
+    fn scan(ents: &[(&str, Meta)]) -> Scan {
+        let mut v: Vec<(Vec<u8>, Meta)> = ents
+            .iter()
+            .map(|(p, m)| (key_of(p.as_bytes()), *m))
+            .collect();
+        v.sort_by(|x, y| x.0.cmp(&y.0));
+        let mut s = Scan::default();
+        for (k, m) in v {
+            s.entries.push(&k, m);
+        }
+        s
+    }
+
+    fn journal(ents: &[(&str, Meta, Meta)]) -> Keyed<Synced> {
+        let mut v: Vec<(Vec<u8>, Synced)> = ents
+            .iter()
+            .map(|(p, a, b)| (key_of(p.as_bytes()), Synced { a: *a, b: *b }))
+            .collect();
+        v.sort_by(|x, y| x.0.cmp(&y.0));
+        let mut j = Keyed::default();
+        for (k, s) in v {
+            j.push(&k, s);
+        }
+        j
+    }
+
+    fn acts(p: &Plan) -> Vec<(String, Act)> {
+        p.items
+            .iter()
+            .map(|it| {
+                (
+                    String::from_utf8(crate::tree::path_of(&it.key)).unwrap(),
+                    it.act.clone(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn dir_deleted_on_a_new_file_on_b_survives() {
+        let j = journal(&[("d", d(1), d(2)), ("d/old", f(1, 3), f(1, 4))]);
+        let a = scan(&[]);
+        let b = scan(&[("d", d(2)), ("d/old", f(1, 4)), ("d/new", f(2, 5))]);
+        let mut p = merge(&a, &b, &j, Sides::default());
+        finish(&mut p, &a, &b, "s", &|_, _, _| true);
+        assert_eq!(
+            acts(&p),
+            vec![
+                ("d".into(), Act::Copy { from: Side::B }),
+                ("d/new".into(), Act::Copy { from: Side::B }),
+                ("d/old".into(), Act::Delete { on: Side::B }),
+            ]
+        );
+    }
+
+    #[test]
+    fn file_replacing_a_dir_with_new_content_is_a_conflict() {
+        let j = journal(&[("d", d(1), d(2)), ("d/old", f(1, 3), f(1, 4))]);
+        let a = scan(&[("d", f(9, 7))]);
+        let b = scan(&[("d", d(2)), ("d/old", f(1, 4)), ("d/new", f(2, 5))]);
+        let mut p = merge(&a, &b, &j, Sides::default());
+        finish(&mut p, &a, &b, "s", &|_, _, _| true);
+        let got = acts(&p);
+        assert_eq!(
+            got[0],
+            (
+                "d".into(),
+                Act::Conflict {
+                    loser: Side::A,
+                    name: key_of(b"d (conflict s from A)")
+                }
+            )
+        );
+        assert_eq!(got[1], ("d/new".into(), Act::Copy { from: Side::B }));
+    }
+
+    #[test]
+    fn rename_by_inode() {
+        let j = journal(&[("x", f(3, 10), f(3, 20))]);
+        let a = scan(&[("sub", d(1)), ("sub/y", f(3, 10))]);
+        let b = scan(&[("x", f(3, 20))]);
+        let mut p = merge(&a, &b, &j, Sides::default());
+        finish(&mut p, &a, &b, "s", &|_, _, _| false);
+        assert_eq!(
+            acts(&p),
+            vec![
+                ("sub".into(), Act::Copy { from: Side::A }),
+                (
+                    "sub/y".into(),
+                    Act::Rename {
+                        on: Side::B,
+                        from: 2
+                    }
+                ),
+                ("x".into(), Act::RenamedAway),
+            ]
+        );
+        assert_eq!(p.deletes, [0, 0]);
+    }
+
+    #[test]
+    fn rename_without_inodes_needs_same_bytes() {
+        let j = journal(&[("x", f(3, 0), f(3, 0))]);
+        let a = scan(&[("y", f(3, 0))]);
+        let b = scan(&[("x", f(3, 0))]);
+        let mut p = merge(&a, &b, &j, Sides::default());
+        finish(&mut p, &a, &b, "s", &|_, _, _| false);
+        assert_eq!(acts(&p)[1], ("y".into(), Act::Copy { from: Side::A }));
+        assert_eq!(p.deletes, [0, 1]);
+        let mut p = merge(&a, &b, &j, Sides::default());
+        finish(&mut p, &a, &b, "s", &|_, _, _| true);
+        assert_eq!(acts(&p)[0], ("x".into(), Act::RenamedAway));
+    }
+
+    #[test]
+    fn implicit_dirs_are_not_deleted() {
+        let j = journal(&[("e", d(1), d(0))]);
+        let a = scan(&[("e", d(1))]);
+        let b = scan(&[]);
+        let p = merge(
+            &a,
+            &b,
+            &j,
+            Sides {
+                implicit_dirs: [false, true],
+            },
+        );
+        assert!(p.items.is_empty());
+        assert_eq!(p.unchanged, 1);
+    }
+}

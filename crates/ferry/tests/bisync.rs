@@ -1,0 +1,1207 @@
+//! `ferry bisync`: one test per rule of the two-way sync contract (docs/CLI.md), a
+//! model-based property test (random edits on both replicas between runs, checked
+//! against the rules after every run) and kill -9 at random moments.
+
+mod util;
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::thread::sleep;
+use std::time::Duration;
+
+use proptest::prelude::{any, prop, proptest, ProptestConfig};
+use util::*;
+
+// ------------------------------------------------------------------------------------------
+// Helpers
+// ------------------------------------------------------------------------------------------
+
+/// `ferry bisync --journal J [extra] A B`.
+fn bisync(a: &Path, b: &Path, j: &Path, extra: &[&str]) -> Run {
+    let mut args: Vec<OsString> = vec!["bisync".into(), "--journal".into(), j.into()];
+    args.extend(extra.iter().map(OsString::from));
+    args.push(a.into());
+    args.push(b.into());
+    ferry(&args)
+}
+
+struct Pair {
+    _t: tempfile::TempDir,
+    a: PathBuf,
+    b: PathBuf,
+    j: PathBuf,
+}
+
+fn pair() -> Pair {
+    let t = tmpdir();
+    let (a, b, j) = (
+        t.path().join("a"),
+        t.path().join("b"),
+        t.path().join("state/j.sqlite"),
+    );
+    fs::create_dir(&a).unwrap();
+    fs::create_dir(&b).unwrap();
+    Pair { _t: t, a, b, j }
+}
+
+impl Pair {
+    fn run(&self, extra: &[&str]) -> Run {
+        bisync(&self.a, &self.b, &self.j, extra)
+    }
+}
+
+/// Write a file with a given mtime (seconds).
+fn put(root: &Path, rel: &str, data: &[u8], mtime: i64) -> PathBuf {
+    let p = write(root, rel, data);
+    set_mtime(&p, (mtime, 0));
+    p
+}
+
+/// What a replica holds, for comparisons: files (bytes, mode, mtime), directories,
+/// symlinks (target). Directory metadata is not part of the contract.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Node {
+    File {
+        data: Vec<u8>,
+        mode: u32,
+        mtime_ns: i128,
+    },
+    Dir,
+    Link(OsString),
+}
+
+type State = BTreeMap<String, Node>;
+
+fn state(root: &Path) -> State {
+    let mut s = State::new();
+    for rel in walk(root) {
+        let p = root.join(&rel);
+        let md = fs::symlink_metadata(&p).unwrap();
+        let n = if md.file_type().is_symlink() {
+            Node::Link(fs::read_link(&p).unwrap().into_os_string())
+        } else if md.is_dir() {
+            Node::Dir
+        } else {
+            Node::File {
+                data: fs::read(&p).unwrap(),
+                mode: md.mode() & 0o7777,
+                mtime_ns: i128::from(md.mtime()) * 1_000_000_000 + i128::from(md.mtime_nsec()),
+            }
+        };
+        s.insert(rel.to_string_lossy().into_owned(), n);
+    }
+    s
+}
+
+#[track_caller]
+fn assert_replicas_equal(a: &Path, b: &Path) {
+    let (sa, sb) = (state(a), state(b));
+    if sa != sb {
+        let mut d = Vec::new();
+        for (k, v) in &sa {
+            match sb.get(k) {
+                None => d.push(format!("{k}: only in A")),
+                Some(w) if w != v => d.push(format!("{k}: differs: A {v:?} / B {w:?}")),
+                _ => {}
+            }
+        }
+        for k in sb.keys().filter(|k| !sa.contains_key(*k)) {
+            d.push(format!("{k}: only in B"));
+        }
+        panic!("replicas differ:\n  {}", d.join("\n  "));
+    }
+}
+
+fn data(s: &State, p: &str) -> Option<Vec<u8>> {
+    match s.get(p) {
+        Some(Node::File { data, .. }) => Some(data.clone()),
+        _ => None,
+    }
+}
+
+/// Paths of conflict copies of `rel` (same directory, `stem (conflict ... from X).ext`).
+fn conflict_copies(s: &State, rel: &str) -> Vec<String> {
+    let (dir, name) = match rel.rfind('/') {
+        Some(i) => (&rel[..=i], &rel[i + 1..]),
+        None => ("", rel),
+    };
+    let stem = match name.rfind('.') {
+        Some(i) if i > 0 => &name[..i],
+        _ => name,
+    };
+    let prefix = format!("{dir}{stem} (conflict ");
+    s.keys()
+        .filter(|k| k.starts_with(&prefix) && !k[dir.len()..].contains('/'))
+        .cloned()
+        .collect()
+}
+
+/// Checks the rules of the contract for one run: `base` is what both replicas held after
+/// the previous run, `a`/`b` what each held right before this one, `r` the result.
+/// Returns the violations.
+fn check_rules(base: &State, a: &State, b: &State, r: &State) -> Vec<String> {
+    let mut bad = Vec::new();
+    let file_in = |s: &State, p: &str| matches!(s.get(p), Some(Node::File { .. }));
+    // 1. Every file content written since the last sync (new or changed at its path) is in
+    //    the result at its path or at a conflict name of its path.
+    for (side, s) in [("A", a), ("B", b)] {
+        for (p, n) in s {
+            let Node::File { data: d, .. } = n else {
+                continue;
+            };
+            if base.get(p) == Some(n) {
+                continue;
+            }
+            let here = data(r, p).as_ref() == Some(d);
+            let aside = conflict_copies(r, p)
+                .iter()
+                .any(|c| data(r, c).as_ref() == Some(d));
+            if !here && !aside {
+                bad.push(format!("{side}'s new content of {p} is lost"));
+            }
+        }
+    }
+    for (p, n) in base {
+        let Node::File { .. } = n else { continue };
+        let (na, nb) = (a.get(p), b.get(p));
+        let (ua, ub) = (na == Some(n), nb == Some(n));
+        match (ua, ub) {
+            // 2. Unchanged on both sides: still there.
+            (true, true) if r.get(p) != Some(n) => {
+                bad.push(format!("{p}: unchanged on both sides but not kept"))
+            }
+            // 3. Deleted on one side, unchanged on the other: deleted.
+            (true, false) | (false, true) => {
+                let (gone, other) = if ua { (nb, na) } else { (na, nb) };
+                if gone.is_none() && file_in(r, p) && r.get(p) == other {
+                    bad.push(format!(
+                        "{p}: deleted on one side, unchanged on the other, but kept"
+                    ));
+                }
+                // 4. Changed on one side (file to file), unchanged on the other: the
+                //    change wins.
+                if let Some(ch @ Node::File { .. }) = gone {
+                    if r.get(p) != Some(ch) {
+                        bad.push(format!(
+                            "{p}: changed on one side only, change not propagated"
+                        ));
+                    }
+                }
+            }
+            _ => {}
+        }
+        // 5. Deleted on one side, modified on the other: the modification wins.
+        for (x, y) in [(na, nb), (nb, na)] {
+            if x.is_none() {
+                if let Some(m @ Node::File { .. }) = y {
+                    if m != n && r.get(p) != Some(m) {
+                        bad.push(format!("{p}: delete vs modify, modification lost"));
+                    }
+                }
+            }
+        }
+    }
+    bad
+}
+
+fn summary_field(r: &Run, key: &str) -> u64 {
+    let last = json_lines(r)
+        .into_iter()
+        .rev()
+        .find(|j| j.str_field("type") == Some("summary"))
+        .unwrap_or_else(|| panic!("no summary line\n{r}"));
+    last.get(key)
+        .and_then(|v| v.as_u64())
+        .unwrap_or_else(|| panic!("summary has no {key}\n{r}"))
+}
+
+// ------------------------------------------------------------------------------------------
+// The rules, one by one
+// ------------------------------------------------------------------------------------------
+
+#[test]
+fn first_run_merges_both_trees() {
+    let p = pair();
+    put(&p.a, "only_a.txt", b"from A", 1_600_000_000);
+    put(&p.a, "sub/deep/a", b"deep A", 1_600_000_001);
+    put(&p.b, "only_b.txt", b"from B", 1_600_000_002);
+    put(&p.a, "same.txt", b"identical", 1_600_000_003);
+    put(&p.b, "same.txt", b"identical", 1_600_000_003);
+    fs::create_dir_all(p.b.join("empty/dir")).unwrap();
+    #[cfg(unix)]
+    std::os::unix::fs::symlink("only_a.txt", p.a.join("link")).unwrap();
+    let r = p.run(&["--json"]);
+    r.ok();
+    assert_eq!(summary_field(&r, "conflicts"), 0, "{r}");
+    assert_replicas_equal(&p.a, &p.b);
+    let s = state(&p.a);
+    assert_eq!(data(&s, "only_b.txt").unwrap(), b"from B");
+    assert_eq!(data(&s, "sub/deep/a").unwrap(), b"deep A");
+    assert_eq!(s.get("empty/dir"), Some(&Node::Dir));
+    assert_eq!(s.get("link"), Some(&Node::Link("only_a.txt".into())));
+    // A second run has nothing to do, and writes nothing, not even to the journal.
+    let journal = fs::read(&p.j).unwrap();
+    let jmtime = fs::metadata(&p.j).unwrap().mtime_nsec();
+    let before = (snapshot(&p.a), snapshot(&p.b));
+    let r = p.run(&["--json"]);
+    r.ok();
+    assert_eq!(summary_field(&r, "files_copied"), 0, "{r}");
+    assert_eq!(summary_field(&r, "files_deleted"), 0, "{r}");
+    assert_untouched(&before.0, &snapshot(&p.a));
+    assert_untouched(&before.1, &snapshot(&p.b));
+    assert_eq!(fs::read(&p.j).unwrap(), journal);
+    assert_eq!(fs::metadata(&p.j).unwrap().mtime_nsec(), jmtime);
+    let wal = p.j.with_extension("sqlite-wal");
+    assert!(
+        fs::metadata(&wal).map_or(true, |m| m.len() == 0),
+        "WAL written"
+    );
+}
+
+#[test]
+fn first_run_same_path_different_content_is_a_conflict() {
+    let p = pair();
+    put(&p.a, "report.txt", b"A's report", 1_600_000_000);
+    put(&p.b, "report.txt", b"B's longer report", 1_600_000_100);
+    let r = p.run(&["--json"]);
+    r.ok();
+    assert_eq!(summary_field(&r, "conflicts"), 1, "{r}");
+    assert_replicas_equal(&p.a, &p.b);
+    let s = state(&p.a);
+    assert_eq!(data(&s, "report.txt").unwrap(), b"A's report");
+    let c = conflict_copies(&s, "report.txt");
+    assert_eq!(c.len(), 1, "{s:?}");
+    assert_eq!(data(&s, &c[0]).unwrap(), b"B's longer report");
+}
+
+#[test]
+fn conflict_keeps_both_with_documented_name() {
+    let p = pair();
+    put(&p.a, "docs/report.txt", b"v1", 1_600_000_000);
+    p.run(&[]).ok();
+    put(&p.a, "docs/report.txt", b"v2 from A", 1_600_000_100);
+    put(&p.b, "docs/report.txt", b"v2 from B!", 1_600_000_200);
+    let r = p.run(&["--json"]);
+    r.ok();
+    assert_eq!(summary_field(&r, "conflicts"), 1, "{r}");
+    assert_replicas_equal(&p.a, &p.b);
+    let s = state(&p.b);
+    assert_eq!(data(&s, "docs/report.txt").unwrap(), b"v2 from A");
+    let c = conflict_copies(&s, "docs/report.txt");
+    assert_eq!(c.len(), 1);
+    // docs/report (conflict YYYY-MM-DD HHMM from B).txt
+    let name = c[0].strip_prefix("docs/report (conflict ").unwrap();
+    let stamp = name
+        .strip_suffix(" from B).txt")
+        .unwrap_or_else(|| panic!("{name}"));
+    let b = stamp.as_bytes();
+    assert_eq!(b.len(), 15, "{stamp}");
+    assert!(
+        b.iter().enumerate().all(|(i, c)| match i {
+            4 | 7 => *c == b'-',
+            10 => *c == b' ',
+            _ => c.is_ascii_digit(),
+        }),
+        "{stamp}"
+    );
+    assert_eq!(data(&s, &c[0]).unwrap(), b"v2 from B!");
+    let conflicts: Vec<_> = json_lines(&r)
+        .into_iter()
+        .filter(|j| j.str_field("type") == Some("conflict"))
+        .collect();
+    assert_eq!(conflicts.len(), 1, "{r}");
+    assert_eq!(conflicts[0].str_field("path"), Some("docs/report.txt"));
+    // A later conflict on the same path gets another name.
+    put(&p.a, "docs/report.txt", b"v3 from A", 1_600_000_300);
+    put(&p.b, "docs/report.txt", b"v3 from B!", 1_600_000_400);
+    p.run(&[]).ok();
+    assert_replicas_equal(&p.a, &p.b);
+    let s = state(&p.a);
+    let c = conflict_copies(&s, "docs/report.txt");
+    assert_eq!(c.len(), 2, "{c:?}");
+    let all: Vec<Vec<u8>> = c.iter().map(|k| data(&s, k).unwrap()).collect();
+    assert!(all.contains(&b"v2 from B!".to_vec()) && all.contains(&b"v3 from B!".to_vec()));
+}
+
+#[test]
+fn identical_change_on_both_sides_is_not_a_conflict() {
+    let p = pair();
+    put(&p.a, "f", b"old", 1_600_000_000);
+    p.run(&[]).ok();
+    put(&p.a, "f", b"the same new bytes", 1_600_000_100);
+    put(&p.b, "f", b"the same new bytes", 1_600_000_200);
+    let r = p.run(&["--json"]);
+    r.ok();
+    assert_eq!(summary_field(&r, "conflicts"), 0, "{r}");
+    assert_eq!(summary_field(&r, "files_copied"), 0, "{r}");
+    assert_replicas_equal(&p.a, &p.b);
+    assert_eq!(state(&p.a).len(), 1);
+}
+
+#[test]
+fn delete_on_one_side_modify_on_the_other_modification_wins() {
+    let p = pair();
+    put(&p.a, "x", b"x1", 1_600_000_000);
+    put(&p.a, "y", b"y1", 1_600_000_000);
+    p.run(&[]).ok();
+    fs::remove_file(p.a.join("x")).unwrap();
+    put(&p.b, "x", b"x2 from B", 1_600_000_100);
+    put(&p.a, "y", b"y2 from A", 1_600_000_100);
+    fs::remove_file(p.b.join("y")).unwrap();
+    let r = p.run(&["--json", "--force"]);
+    r.ok();
+    assert_eq!(summary_field(&r, "conflicts"), 0, "{r}");
+    assert_replicas_equal(&p.a, &p.b);
+    let s = state(&p.a);
+    assert_eq!(data(&s, "x").unwrap(), b"x2 from B");
+    assert_eq!(data(&s, "y").unwrap(), b"y2 from A");
+}
+
+#[test]
+fn deletes_propagate_both_ways() {
+    let p = pair();
+    for i in 0..6 {
+        put(&p.a, &format!("d/f{i}"), b"x", 1_600_000_000);
+    }
+    p.run(&[]).ok();
+    fs::remove_file(p.a.join("d/f0")).unwrap();
+    fs::remove_file(p.b.join("d/f1")).unwrap();
+    p.run(&[]).ok();
+    assert_replicas_equal(&p.a, &p.b);
+    let s = state(&p.b);
+    assert!(!s.contains_key("d/f0") && !s.contains_key("d/f1"));
+    assert_eq!(s.len(), 5);
+}
+
+#[test]
+fn dir_deleted_on_one_side_new_files_inside_on_the_other_survive() {
+    let p = pair();
+    put(&p.a, "proj/old1", b"1", 1_600_000_000);
+    put(&p.a, "proj/sub/old2", b"2", 1_600_000_000);
+    put(&p.a, "keep", b"k", 1_600_000_000);
+    p.run(&[]).ok();
+    fs::remove_dir_all(p.a.join("proj")).unwrap();
+    put(&p.b, "proj/sub/new", b"new file on B", 1_600_000_100);
+    p.run(&["--force"]).ok();
+    assert_replicas_equal(&p.a, &p.b);
+    let s = state(&p.a);
+    assert_eq!(data(&s, "proj/sub/new").unwrap(), b"new file on B");
+    assert!(!s.contains_key("proj/old1") && !s.contains_key("proj/sub/old2"));
+}
+
+#[test]
+fn type_changes_propagate() {
+    let p = pair();
+    put(&p.a, "was_file", b"f", 1_600_000_000);
+    put(&p.a, "was_dir/inner", b"i", 1_600_000_000);
+    put(&p.a, "pad1", b"p", 1_600_000_000);
+    put(&p.a, "pad2", b"p", 1_600_000_000);
+    p.run(&[]).ok();
+    fs::remove_file(p.a.join("was_file")).unwrap();
+    put(&p.a, "was_file/now_inside", b"n", 1_600_000_100);
+    fs::remove_dir_all(p.b.join("was_dir")).unwrap();
+    put(&p.b, "was_dir", b"now a file", 1_600_000_100);
+    p.run(&["--force"]).ok();
+    assert_replicas_equal(&p.a, &p.b);
+    let s = state(&p.a);
+    assert_eq!(data(&s, "was_file/now_inside").unwrap(), b"n");
+    assert_eq!(data(&s, "was_dir").unwrap(), b"now a file");
+}
+
+#[test]
+fn rename_is_replayed_as_a_rename() {
+    let p = pair();
+    let big = gen_bytes(200_000, 7);
+    put(&p.a, "photos/img.raw", &big, 1_600_000_000);
+    put(&p.a, "other", b"o", 1_600_000_000);
+    p.run(&[]).ok();
+    let ino_b = fs::metadata(p.b.join("photos/img.raw")).unwrap().ino();
+    fs::create_dir(p.a.join("album")).unwrap();
+    fs::rename(p.a.join("photos/img.raw"), p.a.join("album/renamed.raw")).unwrap();
+    let r = p.run(&["--json"]);
+    r.ok();
+    assert_replicas_equal(&p.a, &p.b);
+    // Same inode on B: moved, not copied.
+    assert_eq!(
+        fs::metadata(p.b.join("album/renamed.raw")).unwrap().ino(),
+        ino_b
+    );
+    assert_eq!(summary_field(&r, "renamed"), 1, "{r}");
+    assert_eq!(summary_field(&r, "files_copied"), 0, "{r}");
+    assert_eq!(summary_field(&r, "bytes_copied"), 0, "{r}");
+    let ren: Vec<_> = json_lines(&r)
+        .into_iter()
+        .filter(|j| j.str_field("type") == Some("rename"))
+        .collect();
+    assert_eq!(ren.len(), 1, "{r}");
+    assert_eq!(ren[0].str_field("from"), Some("photos/img.raw"));
+    assert_eq!(ren[0].str_field("side"), Some("B"));
+}
+
+#[test]
+fn rename_on_b_when_a_modified_the_old_path_keeps_both() {
+    let p = pair();
+    put(&p.a, "f", b"v1", 1_600_000_000);
+    put(&p.a, "pad", b"p", 1_600_000_000);
+    p.run(&[]).ok();
+    fs::rename(p.b.join("f"), p.b.join("g")).unwrap();
+    put(&p.a, "f", b"v2 on A", 1_600_000_100);
+    p.run(&[]).ok();
+    assert_replicas_equal(&p.a, &p.b);
+    let s = state(&p.a);
+    assert_eq!(data(&s, "f").unwrap(), b"v2 on A");
+    assert_eq!(data(&s, "g").unwrap(), b"v1");
+}
+
+#[test]
+fn deletion_limit_refuses_without_force() {
+    let p = pair();
+    for i in 0..10 {
+        put(&p.a, &format!("f{i}"), b"data", 1_600_000_000);
+    }
+    p.run(&[]).ok();
+    for i in 0..6 {
+        fs::remove_file(p.a.join(format!("f{i}"))).unwrap();
+    }
+    let before = (snapshot(&p.a), snapshot(&p.b));
+    let r = p.run(&[]);
+    r.code_is(2);
+    assert!(r.err().contains("--force"), "{r}");
+    assert!(r.err().contains("6 of 10"), "{r}");
+    assert_untouched(&before.0, &snapshot(&p.a));
+    assert_untouched(&before.1, &snapshot(&p.b));
+    // A higher limit, or --force, lets it through.
+    p.run(&["--max-delete", "60"]).ok();
+    assert_replicas_equal(&p.a, &p.b);
+    assert_eq!(state(&p.b).len(), 4);
+    for i in 6..10 {
+        fs::remove_file(p.b.join(format!("f{i}"))).unwrap();
+    }
+    p.run(&[]).code_is(2);
+    p.run(&["--force"]).ok();
+    assert!(state(&p.a).is_empty());
+}
+
+#[test]
+fn dry_run_changes_nothing_and_shows_every_action() {
+    let p = pair();
+    put(&p.a, "a1", b"a1", 1_600_000_000);
+    put(&p.a, "gone", b"g", 1_600_000_000);
+    put(&p.a, "c", b"c", 1_600_000_000);
+    put(&p.a, "pad1", b"p", 1_600_000_000);
+    put(&p.a, "pad2", b"p", 1_600_000_000);
+    p.run(&[]).ok();
+    put(&p.a, "new_a", b"n", 1_600_000_100);
+    put(&p.b, "new_b", b"n", 1_600_000_100);
+    fs::remove_file(p.b.join("gone")).unwrap();
+    put(&p.a, "c", b"c from A", 1_600_000_100);
+    put(&p.b, "c", b"c from B!", 1_600_000_200);
+    let journal = fs::read(&p.j).unwrap();
+    let before = (snapshot(&p.a), snapshot(&p.b));
+    let r = p.run(&["--dry-run", "--json"]);
+    r.ok();
+    assert_untouched(&before.0, &snapshot(&p.a));
+    assert_untouched(&before.1, &snapshot(&p.b));
+    assert_eq!(fs::read(&p.j).unwrap(), journal);
+    let acts: Vec<(String, String, String)> = json_lines(&r)
+        .into_iter()
+        .filter(|j| j.str_field("type") != Some("summary"))
+        .map(|j| {
+            (
+                j.str_field("type").unwrap().to_string(),
+                j.str_field("side").unwrap_or("").to_string(),
+                j.str_field("path").unwrap().to_string(),
+            )
+        })
+        .collect();
+    for want in [
+        ("copy", "B", "new_a"),
+        ("copy", "A", "new_b"),
+        ("delete", "A", "gone"),
+        ("conflict", "B", "c"),
+    ] {
+        assert!(
+            acts.iter()
+                .any(|(t, s, p)| (t.as_str(), s.as_str(), p.as_str()) == want),
+            "{want:?} missing\n{r}"
+        );
+    }
+    // Without a journal file a dry run creates none.
+    let q = pair();
+    put(&q.a, "x", b"x", 1_600_000_000);
+    q.run(&["-n"]).ok();
+    assert!(!q.j.exists());
+    assert!(state(&q.b).is_empty());
+}
+
+#[test]
+fn resync_merges_again_and_missing_journal_loses_nothing() {
+    let p = pair();
+    put(&p.a, "f", b"v1", 1_600_000_000);
+    put(&p.a, "g", b"g", 1_600_000_000);
+    p.run(&[]).ok();
+    // Without the journal, a deletion cannot be told from a creation: the file comes back.
+    fs::remove_file(p.a.join("g")).unwrap();
+    put(&p.b, "f", b"v2 from B", 1_600_000_100);
+    let r = p.run(&["--resync", "--json"]);
+    r.ok();
+    assert_replicas_equal(&p.a, &p.b);
+    let s = state(&p.a);
+    assert_eq!(data(&s, "g").unwrap(), b"g");
+    // Different content without a journal: both kept.
+    assert_eq!(summary_field(&r, "conflicts"), 1, "{r}");
+    assert_eq!(data(&s, "f").unwrap(), b"v1");
+    // A deleted journal behaves the same.
+    fs::remove_file(&p.j).unwrap();
+    let r = p.run(&["--json"]);
+    r.ok();
+    assert_eq!(summary_field(&r, "conflicts"), 0, "{r}");
+    assert_replicas_equal(&p.a, &p.b);
+}
+
+#[test]
+fn default_journal_location_and_lock() {
+    let p = pair();
+    let state_home = p.a.parent().unwrap().join("xdg");
+    put(&p.a, "f", b"f", 1_600_000_000);
+    let run = |extra: &[&str]| {
+        let out = Command::new(bin())
+            .arg("bisync")
+            .args(extra)
+            .arg(&p.a)
+            .arg(&p.b)
+            .env("XDG_STATE_HOME", &state_home)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    assert_eq!(run(&[]).0, Some(0));
+    let dir = state_home.join("ferry/bisync");
+    let files: Vec<_> = fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".sqlite"))
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let journal = dir.join(&files[0]);
+    // The swapped pair is another pair (another journal).
+    let out = Command::new(bin())
+        .arg("bisync")
+        .arg(&p.b)
+        .arg(&p.a)
+        .env("XDG_STATE_HOME", &state_home)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    // A held lock: exit 2, nothing done.
+    put(&p.a, "g", b"g", 1_600_000_000);
+    let mut lock = journal.as_os_str().to_owned();
+    lock.push(".lock");
+    // --no-fork: `sleep` itself holds the lock, so killing it releases it.
+    let mut holder = Command::new("flock")
+        .arg("--no-fork")
+        .arg("-x")
+        .arg(&lock)
+        .arg("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
+    sleep(Duration::from_millis(300));
+    let (code, err) = run(&[]);
+    holder.kill().unwrap();
+    let _ = holder.wait();
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("another bisync"), "{err}");
+    assert!(!p.b.join("g").exists());
+    assert_eq!(run(&[]).0, Some(0));
+    assert!(p.b.join("g").exists());
+    // A journal of another pair is refused.
+    let q = pair();
+    let out = Command::new(bin())
+        .arg("bisync")
+        .arg("--journal")
+        .arg(&journal)
+        .arg(&q.a)
+        .arg(&q.b)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("belongs to"), "{err}");
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    let p = pair();
+    ferry(["bisync", p.a.to_str().unwrap()]).code_is(2);
+    let inside = p.a.join("inner");
+    fs::create_dir(&inside).unwrap();
+    bisync(&p.a, &inside, &p.j, &[]).code_is(2);
+    bisync(&p.a, &p.a, &p.j, &[]).code_is(2);
+    let f = put(&p.a, "file", b"x", 1);
+    bisync(&f, &p.b, &p.j, &[]).code_is(2);
+    bisync(&p.a, &p.b, &p.j, &["--max-delete", "101"]).code_is(2);
+    bisync(&p.a, &p.b, &p.j, &["--bogus"]).code_is(2);
+}
+
+#[test]
+fn per_file_failure_exits_1_and_the_rest_is_done() {
+    let p = pair();
+    put(&p.a, "stuck", b"s", 1_600_000_000);
+    put(&p.a, "pad1", b"p", 1_600_000_000);
+    put(&p.a, "pad2", b"p", 1_600_000_000);
+    p.run(&[]).ok();
+    fs::remove_file(p.a.join("stuck")).unwrap();
+    put(&p.a, "new", b"n", 1_600_000_100);
+    let Some(_g) = Immutable::try_set(&p.b.join("stuck")) else {
+        eprintln!("SKIP: chattr +i does not work here");
+        return;
+    };
+    let r = p.run(&["--json"]);
+    r.code_is(1);
+    let errs = r.error_lines();
+    assert!(errs.iter().any(|l| l.contains("stuck: ")), "{r}");
+    assert_eq!(summary_field(&r, "errors"), 1, "{r}");
+    assert!(p.b.join("new").exists());
+    drop(_g);
+    // The journal still knows `stuck`: the next run deletes it.
+    p.run(&[]).ok();
+    assert_replicas_equal(&p.a, &p.b);
+}
+
+#[test]
+fn mode_change_propagates() {
+    let p = pair();
+    put(&p.a, "script", b"#!/bin/sh\n", 1_600_000_000);
+    chmod(&p.a.join("script"), 0o644);
+    p.run(&[]).ok();
+    chmod(&p.b.join("script"), 0o755);
+    p.run(&[]).ok();
+    assert_replicas_equal(&p.a, &p.b);
+    assert_eq!(
+        fs::metadata(p.a.join("script")).unwrap().mode() & 0o777,
+        0o755
+    );
+}
+
+#[test]
+fn excluded_entries_are_left_alone() {
+    let p = pair();
+    put(&p.a, "keep.txt", b"k", 1_600_000_000);
+    put(&p.a, "cache/big.tmp", b"t", 1_600_000_000);
+    let r = p.run(&["--exclude", "*.tmp"]);
+    r.ok();
+    assert!(!p.b.join("cache/big.tmp").exists());
+    assert!(p.b.join("keep.txt").exists());
+}
+
+// ------------------------------------------------------------------------------------------
+// Model-based: random edits on both sides between runs
+// ------------------------------------------------------------------------------------------
+
+const NAMES: [&str; 4] = ["a", "b.txt", "c", "d.md"];
+
+/// A random path of depth 1..=3 over a small alphabet (so edits collide often).
+fn rand_path(rng: &mut Rng) -> String {
+    let depth = rng.range(1, 4);
+    (0..depth)
+        .map(|_| NAMES[rng.range(0, NAMES.len() as u64) as usize])
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
+/// Existing entries of a replica (relative paths), files or directories.
+fn entries(root: &Path, want_dir: Option<bool>) -> Vec<PathBuf> {
+    walk(root)
+        .into_iter()
+        .filter(|p| {
+            let md = fs::symlink_metadata(root.join(p)).unwrap();
+            want_dir.is_none_or(|d| md.is_dir() == d)
+        })
+        .collect()
+}
+
+/// Content unique to each write.
+fn content(rng: &mut Rng, n: u64) -> Vec<u8> {
+    let len = rng.range(0, 40) as usize;
+    let mut v = format!("content #{n} ").into_bytes();
+    v.extend(gen_bytes(len, n));
+    v
+}
+
+/// One random edit on `root` (a no-op when it does not apply). `clock` gives each write a
+/// distinct mtime so that changes are always visible to size+mtime.
+fn edit(root: &Path, op: u8, rng: &mut Rng, clock: &mut u64) {
+    *clock += 1;
+    let t = 1_600_000_000 + *clock as i64;
+    let pick = |rng: &mut Rng, v: Vec<PathBuf>| -> Option<PathBuf> {
+        (!v.is_empty()).then(|| v[rng.range(0, v.len() as u64) as usize].clone())
+    };
+    // Parents that are files block a create: skip such edits.
+    let can_create = |p: &Path| {
+        let mut q = root.to_path_buf();
+        for c in p.parent().into_iter().flat_map(|x| x.components()) {
+            q.push(c);
+            if let Ok(md) = fs::symlink_metadata(&q) {
+                if !md.is_dir() {
+                    return false;
+                }
+            }
+        }
+        true
+    };
+    match op % 9 {
+        // a symlink (over a file or symlink, or new)
+        8 => {
+            let p = PathBuf::from(rand_path(rng));
+            let full = root.join(&p);
+            if can_create(&p) && !full.is_dir() {
+                if let Some(parent) = full.parent() {
+                    fs::create_dir_all(parent).unwrap();
+                }
+                let _ = fs::remove_file(&full);
+                let target = format!("target-{}", *clock);
+                std::os::unix::fs::symlink(&target, &full).unwrap();
+            }
+        }
+        // create or overwrite a file
+        0 | 1 => {
+            let p = PathBuf::from(rand_path(rng));
+            if can_create(&p) && !root.join(&p).is_dir() {
+                let c = content(rng, *clock);
+                put(root, p.to_str().unwrap(), &c, t);
+            }
+        }
+        // modify an existing file
+        2 => {
+            if let Some(p) = pick(rng, entries(root, Some(false))) {
+                let c = content(rng, *clock);
+                put(root, p.to_str().unwrap(), &c, t);
+            }
+        }
+        // delete a file
+        3 => {
+            if let Some(p) = pick(rng, entries(root, Some(false))) {
+                fs::remove_file(root.join(p)).unwrap();
+            }
+        }
+        // rename a file (maybe into another directory)
+        4 => {
+            if let Some(p) = pick(rng, entries(root, Some(false))) {
+                let q = PathBuf::from(rand_path(rng));
+                if can_create(&q) && !root.join(&q).exists() && !q.starts_with(&p) {
+                    if let Some(parent) = root.join(&q).parent() {
+                        fs::create_dir_all(parent).unwrap();
+                    }
+                    fs::rename(root.join(&p), root.join(&q)).unwrap();
+                }
+            }
+        }
+        // mkdir
+        5 => {
+            let p = PathBuf::from(rand_path(rng));
+            if can_create(&p) && fs::symlink_metadata(root.join(&p)).is_err() {
+                fs::create_dir_all(root.join(&p)).unwrap();
+            }
+        }
+        // rmdir -r
+        6 => {
+            if let Some(p) = pick(rng, entries(root, Some(true))) {
+                fs::remove_dir_all(root.join(p)).unwrap();
+            }
+        }
+        // type change: file -> dir with a file inside, or dir -> file
+        _ => {
+            if let Some(p) = pick(rng, entries(root, None)) {
+                let full = root.join(&p);
+                let c = content(rng, *clock);
+                if full.is_dir() {
+                    fs::remove_dir_all(&full).unwrap();
+                    put(root, p.to_str().unwrap(), &c, t);
+                } else {
+                    fs::remove_file(&full).unwrap();
+                    put(root, &format!("{}/inside", p.display()), &c, t);
+                }
+            }
+        }
+    }
+}
+
+/// One edit of a round: on A, on B, or the same write on both sides (not a conflict);
+/// which edit; the seed of its parameters (paths, content).
+type Op = (u8, u8, u64);
+
+/// Apply each round's edits, run, check the rules and that the replicas are equal.
+fn model_case(rounds: &[Vec<Op>]) {
+    let p = pair();
+    let mut clock = 0u64;
+    let mut base = State::new();
+    for (round, ops) in rounds.iter().enumerate() {
+        for &(side, op, seed) in ops {
+            let mut rng = Rng::new(seed);
+            match side % 3 {
+                0 => edit(&p.a, op, &mut rng, &mut clock),
+                1 => edit(&p.b, op, &mut rng, &mut clock),
+                _ => {
+                    clock += 1;
+                    let path = rand_path(&mut rng);
+                    let c = content(&mut rng, clock);
+                    // Every ancestor absent or a real directory (not a file or symlink).
+                    let ok = |r: &Path| {
+                        !r.join(&path).is_dir()
+                            && Path::new(&path).ancestors().skip(1).all(|a| {
+                                a.as_os_str().is_empty()
+                                    || fs::symlink_metadata(r.join(a)).map_or(true, |m| m.is_dir())
+                            })
+                    };
+                    if ok(&p.a) && ok(&p.b) {
+                        put(&p.a, &path, &c, 1_600_000_000 + clock as i64);
+                        put(&p.b, &path, &c, 1_600_000_000 + clock as i64);
+                    }
+                }
+            }
+        }
+        let (sa, sb) = (state(&p.a), state(&p.b));
+        let r = p.run(&["--force", "--json"]);
+        assert_eq!(r.code, Some(0), "round {round}\n{r}");
+        let (ra, rb) = (state(&p.a), state(&p.b));
+        assert!(
+            ra == rb,
+            "round {round}: replicas differ\nA {ra:#?}\nB {rb:#?}\n{r}"
+        );
+        let bad = check_rules(&base, &sa, &sb, &ra);
+        assert!(
+            bad.is_empty(),
+            "round {round}:\n{}\nbase {base:#?}\nA before {sa:#?}\nB before {sb:#?}\nafter {ra:#?}\n{r}",
+            bad.join("\n")
+        );
+        // A second run right after has nothing to do.
+        let r2 = p.run(&["--json"]);
+        r2.ok();
+        for k in [
+            "files_copied",
+            "files_deleted",
+            "dirs_created",
+            "conflicts",
+            "renamed",
+        ] {
+            assert_eq!(summary_field(&r2, k), 0, "round {round}: {k}\n{r2}");
+        }
+        base = ra;
+    }
+}
+
+fn model_config() -> ProptestConfig {
+    // Quick by default; FERRY_BISYNC_CASES raises the count for a longer search.
+    let cases = std::env::var("FERRY_BISYNC_CASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(48);
+    ProptestConfig {
+        cases,
+        max_shrink_iters: 300,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    }
+}
+
+proptest! {
+    #![proptest_config(model_config())]
+
+    /// Random edits on both replicas between runs (create, modify, delete, rename, mkdir,
+    /// rmdir, file <-> directory, symlinks, the same write on both sides), 1 to 5 runs.
+    #[test]
+    fn model_random_edits_on_both_sides(
+        rounds in prop::collection::vec(
+            prop::collection::vec((0u8..3, 0u8..9, any::<u64>()), 0..10),
+            1..6,
+        )
+    ) {
+        model_case(&rounds);
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// kill -9 at random moments
+// ------------------------------------------------------------------------------------------
+
+#[test]
+fn kill_at_random_moments_loses_nothing() {
+    for seed in 0..6u64 {
+        let p = pair();
+        let mut rng = Rng::new(1000 + seed);
+        // A synced base, then many changes on both sides.
+        for i in 0..300 {
+            put(
+                &p.a,
+                &format!("d{}/f{i}", i % 10),
+                &gen_bytes(2000, i),
+                1_600_000_000,
+            );
+        }
+        p.run(&[]).ok();
+        let base = state(&p.a);
+        for i in 0..300u64 {
+            let f = format!("d{}/f{i}", i % 10);
+            match rng.range(0, 6) {
+                0 => {
+                    put(&p.a, &f, &gen_bytes(3000, 10_000 + i), 1_600_000_100);
+                }
+                1 => {
+                    put(&p.b, &f, &gen_bytes(3001, 20_000 + i), 1_600_000_200);
+                }
+                2 => {
+                    put(&p.a, &f, &gen_bytes(3002, 30_000 + i), 1_600_000_100);
+                    put(&p.b, &f, &gen_bytes(3003, 40_000 + i), 1_600_000_200);
+                }
+                3 => fs::remove_file(p.a.join(&f)).unwrap(),
+                4 => {
+                    fs::create_dir_all(p.b.join("moved")).unwrap();
+                    fs::rename(p.b.join(&f), p.b.join(format!("moved/f{i}"))).unwrap();
+                }
+                _ => {}
+            }
+        }
+        for i in 0..200u64 {
+            put(
+                &p.b,
+                &format!("newb/n{i}"),
+                &gen_bytes(5000, 50_000 + i),
+                1_600_000_300,
+            );
+        }
+        let (sa, sb) = (state(&p.a), state(&p.b));
+        // Kill runs at random moments, then let one finish.
+        for _ in 0..4 {
+            let mut c = spawn_ferry([
+                OsString::from("bisync"),
+                "--force".into(),
+                "--journal".into(),
+                p.j.clone().into(),
+                p.a.clone().into(),
+                p.b.clone().into(),
+            ]);
+            sleep(Duration::from_micros(rng.range(0, 60_000)));
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let r = p.run(&["--force"]);
+        r.ok();
+        let r2 = p.run(&["--json"]);
+        r2.ok();
+        assert_eq!(summary_field(&r2, "files_copied"), 0, "{r2}");
+        let (ra, rb) = (state(&p.a), state(&p.b));
+        assert!(ra == rb, "seed {seed}: replicas differ after kills");
+        let bad = check_rules(&base, &sa, &sb, &ra);
+        assert!(bad.is_empty(), "seed {seed}:\n{}", bad.join("\n"));
+        assert!(
+            !ra.keys().any(|k| k.contains(".ferry-tmp.")),
+            "seed {seed}: temporaries left"
+        );
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// A local, B an S3 prefix (Garage: FERRY_TEST_S3_*; FERRY_SKIP_S3=1 skips on purpose)
+// ------------------------------------------------------------------------------------------
+
+struct S3 {
+    bucket: String,
+}
+
+fn s3() -> Option<S3> {
+    if std::env::var_os("FERRY_SKIP_S3").is_some() {
+        return None;
+    }
+    let get = |k: &str| {
+        std::env::var(k).unwrap_or_else(|_| panic!("{k} is not set: run the tests with scripts/test (it starts Garage), or set FERRY_SKIP_S3=1"))
+    };
+    let endpoint = get("FERRY_TEST_S3_ENDPOINT");
+    std::env::set_var("AWS_ACCESS_KEY_ID", get("FERRY_TEST_S3_KEY"));
+    std::env::set_var("AWS_SECRET_ACCESS_KEY", get("FERRY_TEST_S3_SECRET"));
+    std::env::set_var("AWS_REGION", get("FERRY_TEST_S3_REGION"));
+    std::env::set_var("AWS_ENDPOINT_URL", &endpoint);
+    Some(S3 {
+        bucket: get("FERRY_TEST_S3_BUCKET"),
+    })
+}
+
+impl S3 {
+    fn url(&self, test: &str) -> String {
+        let n = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        format!("s3://{}/bisync-{test}-{n}", self.bucket)
+    }
+}
+
+/// Only the files of a state (an object store has no empty directories).
+fn files(s: &State) -> State {
+    s.iter()
+        .filter(|(_, n)| matches!(n, Node::File { .. }))
+        .map(|(k, n)| (k.clone(), n.clone()))
+        .collect()
+}
+
+/// Download the prefix into a fresh directory and return its files.
+fn s3_state(url: &str, work: &Path) -> State {
+    let down = work.join(format!(
+        "down-{}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    ));
+    ferry([&OsString::from("sync"), &url.into(), &down.clone().into()]).ok();
+    files(&state(&down))
+}
+
+fn s3_bisync(a: &Path, url: &str, j: &Path, extra: &[&str]) -> Run {
+    let mut args: Vec<OsString> = vec!["bisync".into(), "--journal".into(), j.into()];
+    args.extend(extra.iter().map(OsString::from));
+    args.push(a.into());
+    args.push(url.into());
+    ferry(&args)
+}
+
+#[test]
+fn s3_two_way_rules() {
+    let Some(s3) = s3() else { return };
+    let p = pair();
+    let url = s3.url("rules");
+    let work = p.a.parent().unwrap().to_path_buf();
+    put(&p.a, "doc/report.txt", b"v1", 1_600_000_000);
+    put(&p.a, "doc/gone.txt", b"to delete", 1_600_000_000);
+    put(&p.a, "photo.raw", &gen_bytes(300_000, 3), 1_600_000_000);
+    put(&p.a, "keep", b"k", 1_600_000_000);
+    chmod(&p.a.join("keep"), 0o600);
+    s3_bisync(&p.a, &url, &p.j, &[]).ok();
+    assert_eq!(s3_state(&url, &work), files(&state(&p.a)));
+
+    // Changes on both sides: B's through a mirror synced up.
+    let mirror = work.join("mirror");
+    ferry([
+        &OsString::from("sync"),
+        &url.clone().into(),
+        &mirror.clone().into(),
+    ])
+    .ok();
+    put(&mirror, "from_s3.txt", b"made on B", 1_600_000_100);
+    put(&mirror, "doc/report.txt", b"v2 from B", 1_600_000_200);
+    fs::remove_file(mirror.join("doc/gone.txt")).unwrap();
+    ferry([
+        &OsString::from("sync"),
+        &mirror.clone().into(),
+        &url.clone().into(),
+    ])
+    .ok();
+    put(&p.a, "doc/report.txt", b"v2 from A!", 1_600_000_300);
+    fs::rename(p.a.join("photo.raw"), p.a.join("doc/photo.raw")).unwrap();
+    let r = s3_bisync(&p.a, &url, &p.j, &["--json"]);
+    r.ok();
+    assert_eq!(summary_field(&r, "conflicts"), 1, "{r}");
+    assert_eq!(summary_field(&r, "renamed"), 1, "{r}");
+    let sa = files(&state(&p.a));
+    assert_eq!(s3_state(&url, &work), sa);
+    assert_eq!(data(&sa, "from_s3.txt").unwrap(), b"made on B");
+    assert!(!sa.contains_key("doc/gone.txt"));
+    assert_eq!(data(&sa, "doc/report.txt").unwrap(), b"v2 from A!");
+    let c = conflict_copies(&sa, "doc/report.txt");
+    assert_eq!(c.len(), 1, "{sa:?}");
+    assert_eq!(data(&sa, &c[0]).unwrap(), b"v2 from B");
+    assert_eq!(data(&sa, "doc/photo.raw").unwrap(), gen_bytes(300_000, 3));
+
+    // A rename made on the S3 side (no inodes there) is replayed as a rename on A.
+    let mirror2 = work.join("mirror2");
+    ferry([
+        &OsString::from("sync"),
+        &url.clone().into(),
+        &mirror2.clone().into(),
+    ])
+    .ok();
+    let ino = fs::metadata(p.a.join("doc/photo.raw")).unwrap().ino();
+    fs::rename(
+        mirror2.join("doc/photo.raw"),
+        mirror2.join("photo-moved.raw"),
+    )
+    .unwrap();
+    ferry([
+        &OsString::from("sync"),
+        &mirror2.clone().into(),
+        &url.clone().into(),
+    ])
+    .ok();
+    let r = s3_bisync(&p.a, &url, &p.j, &["--json"]);
+    r.ok();
+    assert_eq!(summary_field(&r, "renamed"), 1, "{r}");
+    assert_eq!(
+        fs::metadata(p.a.join("photo-moved.raw")).unwrap().ino(),
+        ino
+    );
+    assert_eq!(s3_state(&url, &work), files(&state(&p.a)));
+
+    // No-op.
+    let r = s3_bisync(&p.a, &url, &p.j, &["--json"]);
+    r.ok();
+    assert_eq!(summary_field(&r, "files_copied"), 0, "{r}");
+    assert_eq!(summary_field(&r, "files_deleted"), 0, "{r}");
+}
+
+#[test]
+fn s3_model_random_edits_on_both_sides() {
+    let Some(s3) = s3() else { return };
+    for seed in 0..6u64 {
+        let p = pair();
+        let url = s3.url(&format!("model{seed}"));
+        let work = p.a.parent().unwrap().to_path_buf();
+        let mut rng = Rng::new(77 + seed);
+        let mut clock = 0u64;
+        let mut base = State::new();
+        for round in 0..3 {
+            for _ in 0..rng.range(0, 6) {
+                let op = rng.range(0, 8) as u8;
+                edit(&p.a, op, &mut rng, &mut clock);
+            }
+            let mirror = work.join(format!("mirror{round}"));
+            ferry([
+                &OsString::from("sync"),
+                &url.clone().into(),
+                &mirror.clone().into(),
+            ])
+            .ok();
+            for _ in 0..rng.range(0, 6) {
+                let op = rng.range(0, 8) as u8;
+                edit(&mirror, op, &mut rng, &mut clock);
+            }
+            ferry([
+                &OsString::from("sync"),
+                &mirror.clone().into(),
+                &url.clone().into(),
+            ])
+            .ok();
+            let (sa, sb) = (files(&state(&p.a)), s3_state(&url, &work));
+            let r = s3_bisync(&p.a, &url, &p.j, &["--force", "--json"]);
+            assert_eq!(r.code, Some(0), "seed {seed} round {round}\n{r}");
+            let (ra, rb) = (files(&state(&p.a)), s3_state(&url, &work));
+            assert!(
+                ra == rb,
+                "seed {seed} round {round}: replicas differ\nA {ra:#?}\nB {rb:#?}\n{r}"
+            );
+            let bad = check_rules(&base, &sa, &sb, &ra);
+            assert!(
+                bad.is_empty(),
+                "seed {seed} round {round}:\n{}\n{r}",
+                bad.join("\n")
+            );
+            base = ra;
+        }
+    }
+}
