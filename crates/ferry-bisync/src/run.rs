@@ -26,7 +26,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use ferry_engine::pool::Pool;
-use ferry_engine::store::{MetaChange, SourceFile};
+use ferry_engine::store::MetaChange;
 use ferry_engine::{Filter, Kind, Meta, Stats, Store};
 
 use crate::journal::{Journal, Update};
@@ -421,29 +421,7 @@ fn same_content<S: Store, D: Store>(
     }
     let mut x = s.open_file(&sdir, &sname)?;
     let mut y = d.open_file(&ddir, &dname)?;
-    let mut bx = vec![0u8; 256 * 1024];
-    let mut by = vec![0u8; 256 * 1024];
-    loop {
-        let n = read_full(&mut x, &mut bx)?;
-        let m = read_full(&mut y, &mut by)?;
-        if n != m || bx[..n] != by[..m] {
-            return Ok(false);
-        }
-        if n == 0 {
-            return Ok(true);
-        }
-    }
-}
-
-fn read_full(r: &mut dyn SourceFile, buf: &mut [u8]) -> io::Result<usize> {
-    let mut n = 0;
-    while n < buf.len() {
-        match r.read(&mut buf[n..])? {
-            0 => break,
-            k => n += k,
-        }
-    }
-    Ok(n)
+    ferry_engine::engine::same_bytes(&mut x, &mut y)
 }
 
 impl<A: Store, B: Store> Exec<'_, A, B> {

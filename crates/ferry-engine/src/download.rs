@@ -285,8 +285,7 @@ mod tests {
                 if at >= self.fail_from {
                     return Err(io::Error::other("connection reset"));
                 }
-                let end = (at + 1000).min(off + len).min(self.fail_from.max(at + 1));
-                let end = end.min(off + len);
+                let end = (at + 1000).min(off + len).min(self.fail_from);
                 out(at, &self.data[at as usize..end as usize])?;
                 self.served.fetch_add(end - at, Ordering::SeqCst);
                 at = end;

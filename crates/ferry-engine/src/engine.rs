@@ -897,17 +897,23 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         }
         let mut a = self.src.open_file(sdir, sname)?;
         let mut b = self.dst.open_file(ddir, dname)?;
-        let mut ba = vec![0u8; COMPARE_BUF];
-        let mut bb = vec![0u8; COMPARE_BUF];
-        loop {
-            let n = read_full(&mut a, &mut ba)?;
-            let m = read_full(&mut b, &mut bb)?;
-            if n != m || ba[..n] != bb[..m] {
-                return Ok(false);
-            }
-            if n == 0 {
-                return Ok(true);
-            }
+        same_bytes(&mut a, &mut b)
+    }
+}
+
+/// True when two readers yield the same bytes (read side by side in
+/// 256 KiB blocks): the content compare of `--checksum` and bisync.
+pub fn same_bytes(a: &mut dyn SourceFile, b: &mut dyn SourceFile) -> io::Result<bool> {
+    let mut ba = vec![0u8; COMPARE_BUF];
+    let mut bb = vec![0u8; COMPARE_BUF];
+    loop {
+        let n = read_full(a, &mut ba)?;
+        let m = read_full(b, &mut bb)?;
+        if n != m || ba[..n] != bb[..m] {
+            return Ok(false);
+        }
+        if n == 0 {
+            return Ok(true);
         }
     }
 }

@@ -165,19 +165,13 @@ pub struct SyncArgs {
 
 impl SyncArgs {
     pub fn progress_enabled(&self) -> bool {
-        if self.no_progress {
-            return false;
-        }
-        self.progress || (std::io::stderr().is_terminal() && !self.json)
+        progress_enabled(self.progress, self.no_progress, self.json)
     }
 }
 
 impl BisyncArgs {
     pub fn progress_enabled(&self) -> bool {
-        if self.no_progress {
-            return false;
-        }
-        self.progress || (std::io::stderr().is_terminal() && !self.json)
+        progress_enabled(self.progress, self.no_progress, self.json)
     }
 }
 
@@ -194,6 +188,12 @@ pub struct LsArgs {
     /// S3 endpoint URL for s3:// paths (default: AWS_ENDPOINT_URL, or AWS).
     #[arg(long, value_name = "URL")]
     pub s3_endpoint: Option<String>,
+}
+
+/// `--progress` / `--no-progress`: the flags, else on when stderr is a
+/// terminal and stdout is not JSON.
+fn progress_enabled(progress: bool, no_progress: bool, json: bool) -> bool {
+    !no_progress && (progress || (std::io::stderr().is_terminal() && !json))
 }
 
 /// Worker threads: the flag, or two per core (workers block on I/O).

@@ -49,11 +49,21 @@ impl CliReporter {
     }
 
     pub fn summary(&self, s: &Summary) {
+        self.write_summary(s, &[]);
+    }
+
+    /// The last line of a run: the counters of `s`, with `extra` counters
+    /// (bisync's renames and conflicts) after `dirs_created`.
+    fn write_summary(&self, s: &Summary, extra: &[(&str, u64)]) {
         let mut out = self.out.lock().unwrap();
         if self.json {
+            let mut x = String::new();
+            for (k, v) in extra {
+                x.push_str(&format!(",\"{k}\":{v}"));
+            }
             let _ = writeln!(
                 out,
-                "{{\"type\":\"summary\",\"entries_scanned\":{},\"files_copied\":{},\"bytes_copied\":{},\"files_deleted\":{},\"dirs_created\":{},\"unchanged\":{},\"errors\":{},\"elapsed_s\":{:.6}{}}}",
+                "{{\"type\":\"summary\",\"entries_scanned\":{},\"files_copied\":{},\"bytes_copied\":{},\"files_deleted\":{},\"dirs_created\":{}{x},\"unchanged\":{},\"errors\":{},\"elapsed_s\":{:.6}{}}}",
                 s.entries_scanned, s.files_copied, s.bytes_copied, s.files_deleted, s.dirs_created, s.unchanged, s.errors, s.elapsed_s,
                 if self.dry_run { ",\"dry_run\":true" } else { "" }
             );
@@ -61,8 +71,12 @@ impl CliReporter {
         } else {
             let _ = out.flush();
             drop(out);
+            let mut x = String::new();
+            for (k, v) in extra {
+                x.push_str(&format!(", {v} {k}"));
+            }
             eprintln!(
-                "ferry summary: {}{} scanned, {} copied ({}), {} deleted, {} dirs created, {} unchanged, {} errors in {:.2} s",
+                "ferry summary: {}{} scanned, {} copied ({}), {} deleted, {} dirs created{x}, {} unchanged, {} errors in {:.2} s",
                 if self.dry_run { "(dry run) " } else { "" },
                 s.entries_scanned,
                 s.files_copied,
@@ -124,34 +138,18 @@ impl Reporter for CliReporter {
 
 impl CliReporter {
     /// The last line of a bisync: like copy/sync's, plus renames and conflicts.
-    pub fn bisync_summary(&self, s: &ferry_bisync::Outcome) {
-        let mut out = self.out.lock().unwrap();
-        if self.json {
-            let _ = writeln!(
-                out,
-                "{{\"type\":\"summary\",\"entries_scanned\":{},\"files_copied\":{},\"bytes_copied\":{},\"files_deleted\":{},\"dirs_created\":{},\"renamed\":{},\"conflicts\":{},\"unchanged\":{},\"errors\":{},\"elapsed_s\":{:.6}{}}}",
-                s.entries_scanned, s.files_copied, s.bytes_copied, s.files_deleted, s.dirs_created, s.renamed, s.conflicts, s.unchanged, s.errors, s.elapsed_s,
-                if self.dry_run { ",\"dry_run\":true" } else { "" }
-            );
-            let _ = out.flush();
-        } else {
-            let _ = out.flush();
-            drop(out);
-            eprintln!(
-                "ferry summary: {}{} scanned, {} copied ({}), {} deleted, {} dirs created, {} renamed, {} conflicts, {} unchanged, {} errors in {:.2} s",
-                if self.dry_run { "(dry run) " } else { "" },
-                s.entries_scanned,
-                s.files_copied,
-                human_bytes(s.bytes_copied),
-                s.files_deleted,
-                s.dirs_created,
-                s.renamed,
-                s.conflicts,
-                s.unchanged,
-                s.errors,
-                s.elapsed_s
-            );
-        }
+    pub fn bisync_summary(&self, o: &ferry_bisync::Outcome) {
+        let s = Summary {
+            entries_scanned: o.entries_scanned,
+            files_copied: o.files_copied,
+            bytes_copied: o.bytes_copied,
+            files_deleted: o.files_deleted,
+            dirs_created: o.dirs_created,
+            unchanged: o.unchanged,
+            errors: o.errors,
+            elapsed_s: o.elapsed_s,
+        };
+        self.write_summary(&s, &[("renamed", o.renamed), ("conflicts", o.conflicts)]);
     }
 }
 
