@@ -19,10 +19,11 @@
 
 use std::collections::{HashMap, HashSet};
 
-use ferry_engine::{Kind, Meta};
+use ferry_engine::{Kind, Listing, Meta};
 
+use crate::journal::Snapshot;
 use crate::reconcile::{reconcile, unchanged, Decision, Side, Synced};
-use crate::tree::{name_of, parent_key, under_any, Keyed, Scan};
+use crate::tree::{name_of, parent_key, under_any, Scan};
 
 /// What to do with one path.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -134,54 +135,154 @@ pub struct Sides {
 
 /// Merge both scans with the journal: every path where something must be
 /// done or recorded, with the decision of [`reconcile`].
-pub fn merge(a: &Scan, b: &Scan, j: &Keyed<Synced>, sides: Sides) -> Plan {
-    let (ea, eb) = (&a.entries, &b.entries);
-    let (mut i, mut k, mut m) = (0, 0, 0);
+///
+/// A walk over directories: in each, the three name-sorted lists (A's
+/// listing, B's listing, the journal's children) are merged by name, and a
+/// directory on any of the three is entered right after its own entry, so
+/// items come out in key order. Nothing is copied for a path in sync.
+pub fn merge(a: &Scan, b: &Scan, j: &Snapshot, sides: Sides) -> Plan {
     let mut plan = Plan {
-        scanned: (ea.len() + eb.len()) as u64,
+        scanned: (a.count + b.count) as u64,
         ..Plan::default()
     };
-    for x in 0..j.len() {
-        let s = j.value(x);
-        if s.a.kind != Kind::Dir {
-            plan.known[0] += 1;
-            plan.known[1] += 1;
+    plan.known = [j.files(); 2];
+    let mut m = Merge {
+        a,
+        b,
+        j,
+        sides,
+        plan,
+        path: Vec::new(),
+        key: Vec::new(),
+        seen_j: 0,
+        extra: HashMap::new(),
+    };
+    m.dir();
+    if m.seen_j < j.len() {
+        // Journal records under a directory no side holds and the journal
+        // itself does not list (a journal from a killed run can hold
+        // those): walk again, entering every directory the journal has
+        // children for, so they are judged too.
+        m.plan.items.clear();
+        m.plan.unchanged = 0;
+        let mut extra: HashMap<Vec<u8>, Vec<Vec<u8>>> = HashMap::new();
+        for dir in j.dirs() {
+            let mut k = dir;
+            while let Some(name) = (!k.is_empty()).then(|| name_of(k)) {
+                let parent = parent_key(k).unwrap_or(b"");
+                extra
+                    .entry(parent.to_vec())
+                    .or_default()
+                    .push(name.to_vec());
+                k = parent;
+            }
+        }
+        for v in extra.values_mut() {
+            v.sort();
+            v.dedup();
+        }
+        m.extra = extra;
+        m.dir();
+    }
+    m.plan
+}
+
+/// The state of [`merge`]'s walk.
+struct Merge<'a> {
+    a: &'a Scan,
+    b: &'a Scan,
+    j: &'a Snapshot,
+    sides: Sides,
+    plan: Plan,
+    /// The directory being merged, as a `/` path and as a key.
+    path: Vec<u8>,
+    key: Vec<u8>,
+    /// Journal records visited.
+    seen_j: usize,
+    /// Names of directories to enter though no list holds them, by parent
+    /// key: the journal has records below them.
+    extra: HashMap<Vec<u8>, Vec<Vec<u8>>>,
+}
+
+impl Merge<'_> {
+    fn dir(&mut self) {
+        let empty = Listing::new();
+        let la = self.a.dirs.get(&self.path).unwrap_or(&empty);
+        let lb = self.b.dirs.get(&self.path).unwrap_or(&empty);
+        let mut lj = self.j.children(&self.key).peekable();
+        let (ea, eb) = (la.entries(), lb.entries());
+        let no_extra = Vec::new();
+        let ex = self.extra.get(&self.key).unwrap_or(&no_extra).clone();
+        let (mut i, mut k, mut x) = (0, 0, 0);
+        loop {
+            // The smallest name among the heads.
+            let na = (i < ea.len()).then(|| la.name(&ea[i]));
+            let nb = (k < eb.len()).then(|| lb.name(&eb[k]));
+            let nj = lj.peek().map(|(n, _)| *n);
+            let nx = (x < ex.len()).then(|| ex[x].as_slice());
+            let Some(name) = [na, nb, nj, nx].into_iter().flatten().min() else {
+                break;
+            };
+            let va = (na == Some(name)).then(|| ea[i].meta);
+            let vb = (nb == Some(name)).then(|| eb[k].meta);
+            let vj = if nj == Some(name) {
+                self.seen_j += 1;
+                lj.next().map(|(_, s)| s)
+            } else {
+                None
+            };
+            let extra = nx == Some(name);
+            i += va.is_some() as usize;
+            k += vb.is_some() as usize;
+            x += extra as usize;
+            let (pl, kl) = (self.path.len(), self.key.len());
+            if pl > 0 {
+                self.path.push(b'/');
+                self.key.push(0);
+            }
+            self.path.extend_from_slice(name);
+            self.key.extend_from_slice(name);
+            let dir = if va.is_none() && vb.is_none() && vj.is_none() {
+                true // only in `extra`
+            } else {
+                self.entry(va, vb, vj)
+            };
+            if dir || extra {
+                self.dir();
+            }
+            self.path.truncate(pl);
+            self.key.truncate(kl);
         }
     }
-    loop {
-        // The smallest key among the three heads.
-        let ka = (i < ea.len()).then(|| ea.key(i));
-        let kb = (k < eb.len()).then(|| eb.key(k));
-        let kj = (m < j.len()).then(|| j.key(m));
-        let Some(key) = [ka, kb, kj].into_iter().flatten().min() else {
-            break;
-        };
-        let va = (ka == Some(key)).then(|| *ea.value(i));
-        let vb = (kb == Some(key)).then(|| *eb.value(k));
-        let vj = (kj == Some(key)).then(|| *j.value(m));
-        i += va.is_some() as usize;
-        k += vb.is_some() as usize;
-        m += vj.is_some() as usize;
+
+    /// Judge the path at `self.key`; true when it is a directory on some
+    /// side or in the journal (its children must be merged too).
+    fn entry(&mut self, va: Option<Meta>, vb: Option<Meta>, vj: Option<Synced>) -> bool {
         let implicit = |now: Option<Meta>, s: Side| match (now, &vj) {
-            (None, Some(r)) if sides.implicit_dirs[s as usize] && r.side(s).kind == Kind::Dir => {
+            (None, Some(r))
+                if self.sides.implicit_dirs[s as usize] && r.side(s).kind == Kind::Dir =>
+            {
                 Some(*r.side(s))
             }
             _ => now,
         };
         let (va, vb) = (implicit(va, Side::A), implicit(vb, Side::B));
+        let is_dir = |m: &Option<Meta>| m.is_some_and(|m| m.kind == Kind::Dir);
+        let dir = is_dir(&va) || is_dir(&vb) || vj.is_some_and(|r| r.a.kind == Kind::Dir);
         let d = reconcile(vj.as_ref(), va.as_ref(), vb.as_ref());
         if d == Decision::Keep {
-            plan.unchanged += 1;
-            continue;
+            self.plan.unchanged += 1;
+            return dir;
         }
+        let key = &self.key;
         // Unreadable here or above on either side: judge nothing.
-        if (!a.unknown.is_empty() && under_any(&a.unknown, key))
-            || (!b.unknown.is_empty() && under_any(&b.unknown, key))
+        if (!self.a.unknown.is_empty() && under_any(&self.a.unknown, key))
+            || (!self.b.unknown.is_empty() && under_any(&self.b.unknown, key))
         {
-            continue;
+            return dir;
         }
         let act = match d {
-            Decision::Keep => unreachable!("skipped above"),
+            Decision::Keep => unreachable!("returned above"),
             Decision::Record => Act::Record,
             Decision::Forget => Act::Forget,
             Decision::Compare => Act::Compare,
@@ -193,15 +294,15 @@ pub fn merge(a: &Scan, b: &Scan, j: &Keyed<Synced>, sides: Sides) -> Plan {
                 name: Vec::new(),
             },
         };
-        plan.items.push(Item {
-            key: key.to_vec(),
+        self.plan.items.push(Item {
+            key: key.clone(),
             j: vj,
             a: va,
             b: vb,
             act,
         });
+        dir
     }
-    plan
 }
 
 /// The side that moves aside in a conflict: the one that is not a
@@ -377,7 +478,7 @@ fn name_conflicts(items: &mut [Item], a: &Scan, b: &Scan, stamp: &str) {
                 k.push(0);
             }
             k.extend_from_slice(&conflict_name(name_of(&it.key), *loser, stamp, n));
-            if a.entries.get(&k).is_none() && b.entries.get(&k).is_none() && !taken.contains(&k) {
+            if a.get(&k).is_none() && b.get(&k).is_none() && !taken.contains(&k) {
                 taken.insert(k.clone());
                 *name = k;
                 break;
@@ -489,24 +590,16 @@ mod tests {
             .map(|(p, m)| (key_of(p.as_bytes()), *m))
             .collect();
         v.sort_by(|x, y| x.0.cmp(&y.0));
-        let mut s = Scan::default();
-        for (k, m) in v {
-            s.entries.push(&k, m);
-        }
-        s
+        Scan::of(&v)
     }
 
-    fn journal(ents: &[(&str, Meta, Meta)]) -> Keyed<Synced> {
+    fn journal(ents: &[(&str, Meta, Meta)]) -> Snapshot {
         let mut v: Vec<(Vec<u8>, Synced)> = ents
             .iter()
             .map(|(p, a, b)| (key_of(p.as_bytes()), Synced { a: *a, b: *b }))
             .collect();
         v.sort_by(|x, y| x.0.cmp(&y.0));
-        let mut j = Keyed::default();
-        for (k, s) in v {
-            j.push(&k, s);
-        }
-        j
+        Snapshot::from_keys(v)
     }
 
     fn acts(p: &Plan) -> Vec<(String, Act)> {
@@ -519,6 +612,18 @@ mod tests {
                 )
             })
             .collect()
+    }
+
+    /// A journal holding records under a directory it has no record of
+    /// (a killed run can leave one) still has them judged.
+    #[test]
+    fn records_below_an_unrecorded_directory_are_judged() {
+        let j = journal(&[("gone/x", f(1, 3), f(1, 4)), ("kept", f(1, 5), f(1, 6))]);
+        let a = scan(&[("kept", f(1, 5))]);
+        let b = scan(&[("kept", f(1, 6))]);
+        let p = merge(&a, &b, &j, Sides::default());
+        assert_eq!(acts(&p), vec![("gone/x".to_string(), Act::Forget)]);
+        assert_eq!(p.unchanged, 1);
     }
 
     #[test]

@@ -32,7 +32,7 @@ use ferry_engine::{Filter, Kind, Meta, Stats, Store};
 use crate::journal::{Journal, Update};
 use crate::plan::{finish, merge, still, Act, Item, Plan, Sides};
 use crate::reconcile::{Side, Synced};
-use crate::tree::{name_of, parent_key, path_of, scan_pair, Keyed};
+use crate::tree::{name_of, parent_key, path_of, scan_pair};
 
 /// Options of a bisync run.
 #[derive(Debug)]
@@ -291,7 +291,7 @@ pub fn run<A: Store, B: Store>(
         let h = s.spawn(|| scan_pair((a, ca), (b, cb), opts.jobs, opts.filter.as_ref(), &fail));
         let jl = match jref {
             Some(j) if !opts.resync => j.load(),
-            _ => Ok(Keyed::default()),
+            _ => Ok(crate::journal::Snapshot::default()),
         };
         (h.join().expect("scan thread"), jl)
     });

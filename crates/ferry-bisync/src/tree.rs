@@ -1,10 +1,8 @@
-//! Scan: both trees listed at once on the engine's worker pool, each
-//! flattened into a [`Keyed`] list in key order (see [`crate::journal`]:
-//! a key is the relative path with NUL for `/`).
-//!
-//! Listing threads only list (getdents64 + statx in the local store); the
-//! flattening runs once both scans are done and costs one pass over the
-//! entries with no per-entry allocation.
+//! Scan: both trees listed at once on the engine's worker pool, each kept
+//! as one sorted [`Listing`] per directory: nothing is copied or flattened
+//! after listing; the plan's merge walks the directories (see
+//! [`crate::plan::merge`]). A key is the relative path with NUL for `/`
+//! (see [`crate::journal`]): byte order of keys is the order of that walk.
 
 use std::collections::HashMap;
 use std::ffi::CString;
@@ -15,60 +13,6 @@ use ferry_engine::entry::join;
 use ferry_engine::pool::Pool;
 use ferry_engine::store::{is_temp_name, ListError};
 use ferry_engine::{Filter, Kind, Listing, Meta, Store};
-
-/// Values in key order, keys in one arena.
-#[derive(Debug)]
-pub struct Keyed<T> {
-    arena: Vec<u8>,
-    ents: Vec<(u32, u32, T)>,
-}
-
-impl<T> Default for Keyed<T> {
-    fn default() -> Self {
-        Keyed {
-            arena: Vec::new(),
-            ents: Vec::new(),
-        }
-    }
-}
-
-impl<T> Keyed<T> {
-    /// Append (keys must come in order).
-    pub fn push(&mut self, key: &[u8], v: T) {
-        let off = self.arena.len() as u32;
-        self.arena.extend_from_slice(key);
-        self.ents.push((off, key.len() as u32, v));
-    }
-
-    /// Number of entries.
-    pub fn len(&self) -> usize {
-        self.ents.len()
-    }
-
-    /// True when empty.
-    pub fn is_empty(&self) -> bool {
-        self.ents.is_empty()
-    }
-
-    /// Key of entry `i`.
-    pub fn key(&self, i: usize) -> &[u8] {
-        let (o, l, _) = self.ents[i];
-        &self.arena[o as usize..(o + l) as usize]
-    }
-
-    /// Value of entry `i`.
-    pub fn value(&self, i: usize) -> &T {
-        &self.ents[i].2
-    }
-
-    /// The value under `key`, by binary search.
-    pub fn get(&self, key: &[u8]) -> Option<&T> {
-        self.ents
-            .binary_search_by(|(o, l, _)| self.arena[*o as usize..(*o + *l) as usize].cmp(key))
-            .ok()
-            .map(|i| &self.ents[i].2)
-    }
-}
 
 /// Key of a relative path (`/` → NUL).
 pub fn key_of(path: &[u8]) -> Vec<u8> {
@@ -98,8 +42,12 @@ pub fn name_of(key: &[u8]) -> &[u8] {
 /// A scanned tree.
 #[derive(Debug, Default)]
 pub struct Scan {
-    /// Every entry (the root not included), in key order.
-    pub entries: Keyed<Meta>,
+    /// Each listed directory's entries by the directory's relative path
+    /// (`/`-separated, empty for the root), in name order, without ferry's
+    /// temporaries and special files.
+    pub dirs: HashMap<Vec<u8>, Listing>,
+    /// Number of entries in `dirs`.
+    pub count: usize,
     /// Keys of entries whose state is unknown (unreadable), with everything
     /// below them: nothing there may be judged deleted.
     pub unknown: Vec<Vec<u8>>,
@@ -108,6 +56,39 @@ pub struct Scan {
     /// ferry's own temporaries (`.ferry-tmp.*`) left by a killed run: never
     /// synced, removed by the next real run.
     pub temps: Vec<(Vec<u8>, Meta)>,
+}
+
+impl Scan {
+    /// The entry at `key`.
+    pub fn get(&self, key: &[u8]) -> Option<&Meta> {
+        let dir = path_of(parent_key(key).unwrap_or(b""));
+        let list = self.dirs.get(&dir)?;
+        let name = name_of(key);
+        let es = list.entries();
+        es.binary_search_by(|e| list.name(e).cmp(name))
+            .ok()
+            .map(|i| &es[i].meta)
+    }
+
+    /// A scan holding `entries` (keys with their metadata, any order).
+    pub fn of(entries: &[(Vec<u8>, Meta)]) -> Scan {
+        let mut v: Vec<&(Vec<u8>, Meta)> = entries.iter().collect();
+        v.sort_by(|x, y| x.0.cmp(&y.0));
+        let mut s = Scan::default();
+        s.dirs.insert(Vec::new(), Listing::new());
+        for (k, m) in v {
+            let dir = path_of(parent_key(k).unwrap_or(b""));
+            s.dirs.entry(dir).or_default().push(name_of(k), *m);
+            if m.kind == Kind::Dir {
+                s.dirs.entry(path_of(k)).or_default();
+            }
+            s.count += 1;
+        }
+        for l in s.dirs.values_mut() {
+            l.sort();
+        }
+        s
+    }
 }
 
 enum DirTask<A: Store, B: Store> {
@@ -132,6 +113,8 @@ struct Gather<S: Store> {
     root: Mutex<Option<S::Dir>>,
     listed: Mutex<Vec<Listed>>,
     unknown: Mutex<Vec<Vec<u8>>>,
+    temps: Mutex<Vec<(Vec<u8>, Meta)>>,
+    skipped: Mutex<Vec<Vec<u8>>>,
 }
 
 impl<S: Store> Gather<S> {
@@ -140,6 +123,8 @@ impl<S: Store> Gather<S> {
             root: Mutex::new(Some(root)),
             listed: Mutex::new(Vec::new()),
             unknown: Mutex::new(Vec::new()),
+            temps: Mutex::new(Vec::new()),
+            skipped: Mutex::new(Vec::new()),
         }
     }
 
@@ -178,9 +163,27 @@ impl<S: Store> Gather<S> {
             on_error(&p, &e.err);
             self.unknown.lock().unwrap().push(key_of(&p));
         }
+        // Temporaries and special files are set aside here, so the
+        // listing holds only what is synced.
+        let odd = |e: &ferry_engine::entry::ListEntry, n: &[u8]| {
+            e.meta.kind == Kind::Other || is_temp_name(n)
+        };
+        if list.entries().iter().any(|e| odd(e, list.name(e))) {
+            for e in list.entries() {
+                let name = list.name(e);
+                if is_temp_name(name) {
+                    let k = key_of(&join(&rel, name));
+                    self.temps.lock().unwrap().push((k, e.meta));
+                } else if e.meta.kind == Kind::Other {
+                    self.skipped.lock().unwrap().push(key_of(&join(&rel, name)));
+                }
+            }
+            list.retain_names(|n| !is_temp_name(n));
+            list.retain(|e| e.meta.kind != Kind::Other);
+        }
         let mut subs = Vec::new();
         for e in list.entries() {
-            if e.meta.kind == Kind::Dir && !is_temp_name(list.name(e)) {
+            if e.meta.kind == Kind::Dir {
                 subs.push(join(&rel, list.name(e)));
             }
         }
@@ -190,10 +193,21 @@ impl<S: Store> Gather<S> {
     }
 
     fn finish(self) -> Scan {
-        flatten(
-            self.listed.into_inner().unwrap(),
-            self.unknown.into_inner().unwrap(),
-        )
+        let listed = self.listed.into_inner().unwrap();
+        let mut scan = Scan {
+            count: listed.iter().map(|l| l.list.len()).sum(),
+            dirs: HashMap::with_capacity(listed.len()),
+            unknown: self.unknown.into_inner().unwrap(),
+            skipped: self.skipped.into_inner().unwrap(),
+            temps: self.temps.into_inner().unwrap(),
+        };
+        for l in listed {
+            scan.dirs.insert(l.rel, l.list);
+        }
+        scan.unknown.sort();
+        scan.skipped.sort();
+        scan.temps.sort_by(|x, y| x.0.cmp(&y.0));
+        scan
     }
 }
 
@@ -223,12 +237,7 @@ pub fn scan_pair<A: Store, B: Store>(
             }
         }
     });
-    // Both flattenings at once (one pass each over its side's entries).
-    std::thread::scope(|s| {
-        let hb = s.spawn(|| gb.finish());
-        let sa = ga.finish();
-        (sa, hb.join().expect("flatten thread"))
-    })
+    (ga.finish(), gb.finish())
 }
 
 /// Last component of a `/` path.
@@ -236,57 +245,6 @@ fn name_of_path(rel: &[u8]) -> &[u8] {
     match rel.iter().rposition(|&c| c == b'/') {
         Some(i) => &rel[i + 1..],
         None => rel,
-    }
-}
-
-/// Assemble per-directory listings into one list in key order: a
-/// depth-first walk with each directory's entries in name order.
-fn flatten(listed: Vec<Listed>, mut unknown: Vec<Vec<u8>>) -> Scan {
-    let total: usize = listed.iter().map(|l| l.list.len()).sum();
-    let mut by_dir: HashMap<Vec<u8>, Listing> = HashMap::with_capacity(listed.len());
-    for l in listed {
-        by_dir.insert(l.rel, l.list);
-    }
-    let mut scan = Scan::default();
-    scan.entries.ents.reserve(total);
-    let mut key = Vec::new();
-    let mut path = Vec::new();
-    walk(&by_dir, &mut path, &mut key, &mut scan);
-    unknown.sort();
-    scan.unknown = unknown;
-    scan
-}
-
-fn walk(
-    by_dir: &HashMap<Vec<u8>, Listing>,
-    path: &mut Vec<u8>,
-    key: &mut Vec<u8>,
-    scan: &mut Scan,
-) {
-    let Some(list) = by_dir.get(path.as_slice()) else {
-        return;
-    };
-    for e in list.entries() {
-        let name = list.name(e);
-        let (pl, kl) = (path.len(), key.len());
-        if pl > 0 {
-            path.push(b'/');
-            key.push(0);
-        }
-        path.extend_from_slice(name);
-        key.extend_from_slice(name);
-        if is_temp_name(name) {
-            scan.temps.push((key.clone(), e.meta));
-        } else if e.meta.kind == Kind::Other {
-            scan.skipped.push(key.clone());
-        } else {
-            scan.entries.push(key, e.meta);
-            if e.meta.kind == Kind::Dir {
-                walk(by_dir, path, key, scan);
-            }
-        }
-        path.truncate(pl);
-        key.truncate(kl);
     }
 }
 
