@@ -18,6 +18,7 @@
 //! nothing per entry.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
 
 use ferry_engine::{Kind, Listing, Meta};
 
@@ -133,156 +134,91 @@ pub struct Sides {
     pub implicit_dirs: [bool; 2],
 }
 
-/// Merge both scans with the journal: every path where something must be
-/// done or recorded, with the decision of [`reconcile`].
-///
-/// A walk over directories: in each, the three name-sorted lists (A's
-/// listing, B's listing, the journal's children) are merged by name, and a
-/// directory on any of the three is entered right after its own entry, so
-/// items come out in key order. Nothing is copied for a path in sync.
-pub fn merge(a: &Scan, b: &Scan, j: &Snapshot, sides: Sides) -> Plan {
-    let mut plan = Plan {
-        scanned: (a.count + b.count) as u64,
-        ..Plan::default()
-    };
-    plan.known = [j.files(); 2];
-    let mut m = Merge {
-        a,
-        b,
-        j,
-        sides,
-        plan,
-        path: Vec::new(),
-        key: Vec::new(),
-        seen_j: 0,
-        extra: HashMap::new(),
-    };
-    m.dir();
-    if m.seen_j < j.len() {
-        // Journal records under a directory no side holds and the journal
-        // itself does not list (a journal from a killed run can hold
-        // those): walk again, entering every directory the journal has
-        // children for, so they are judged too.
-        m.plan.items.clear();
-        m.plan.unchanged = 0;
-        let mut extra: HashMap<Vec<u8>, Vec<Vec<u8>>> = HashMap::new();
-        for dir in j.dirs() {
-            let mut k = dir;
-            while let Some(name) = (!k.is_empty()).then(|| name_of(k)) {
-                let parent = parent_key(k).unwrap_or(b"");
-                extra
-                    .entry(parent.to_vec())
-                    .or_default()
-                    .push(name.to_vec());
-                k = parent;
-            }
-        }
-        for v in extra.values_mut() {
-            v.sort();
-            v.dedup();
-        }
-        m.extra = extra;
-        m.dir();
-    }
-    m.plan
+/// What merging a directory needs besides its lists.
+pub struct Ctx<'a> {
+    /// The journal.
+    pub j: &'a Snapshot,
+    /// What the stores are like.
+    pub sides: Sides,
+    /// Keys unreadable on A and on B, with everything below them (looked
+    /// at only for paths with something to do).
+    pub unknown: [&'a Mutex<Vec<Vec<u8>>>; 2],
 }
 
-/// The state of [`merge`]'s walk.
-struct Merge<'a> {
-    a: &'a Scan,
-    b: &'a Scan,
-    j: &'a Snapshot,
-    sides: Sides,
-    plan: Plan,
-    /// The directory being merged, as a `/` path and as a key.
-    path: Vec<u8>,
-    key: Vec<u8>,
+/// What merging one directory found.
+#[derive(Debug, Default)]
+pub struct DirMerged {
+    /// Its children with something to do.
+    pub items: Vec<Item>,
+    /// Its children in sync.
+    pub unchanged: u64,
     /// Journal records visited.
-    seen_j: usize,
-    /// Names of directories to enter though no list holds them, by parent
-    /// key: the journal has records below them.
-    extra: HashMap<Vec<u8>, Vec<Vec<u8>>>,
+    pub seen_j: usize,
+    /// Child directories to merge next: name, and whether A and B list it.
+    pub subdirs: Vec<(Vec<u8>, [bool; 2])>,
 }
 
-impl Merge<'_> {
-    fn dir(&mut self) {
-        let empty = Listing::new();
-        let la = self.a.dirs.get(&self.path).unwrap_or(&empty);
-        let lb = self.b.dirs.get(&self.path).unwrap_or(&empty);
-        let mut lj = self.j.children(&self.key).peekable();
-        let (ea, eb) = (la.entries(), lb.entries());
-        let no_extra = Vec::new();
-        let ex = self.extra.get(&self.key).unwrap_or(&no_extra).clone();
-        let (mut i, mut k, mut x) = (0, 0, 0);
-        loop {
-            // The smallest name among the heads.
-            let na = (i < ea.len()).then(|| la.name(&ea[i]));
-            let nb = (k < eb.len()).then(|| lb.name(&eb[k]));
-            let nj = lj.peek().map(|(n, _)| *n);
-            let nx = (x < ex.len()).then(|| ex[x].as_slice());
-            let Some(name) = [na, nb, nj, nx].into_iter().flatten().min() else {
-                break;
-            };
-            let va = (na == Some(name)).then(|| ea[i].meta);
-            let vb = (nb == Some(name)).then(|| eb[k].meta);
-            let vj = if nj == Some(name) {
-                self.seen_j += 1;
-                lj.next().map(|(_, s)| s)
-            } else {
-                None
-            };
-            let extra = nx == Some(name);
-            i += va.is_some() as usize;
-            k += vb.is_some() as usize;
-            x += extra as usize;
-            let (pl, kl) = (self.path.len(), self.key.len());
-            if pl > 0 {
-                self.path.push(b'/');
-                self.key.push(0);
-            }
-            self.path.extend_from_slice(name);
-            self.key.extend_from_slice(name);
-            let dir = if va.is_none() && vb.is_none() && vj.is_none() {
-                true // only in `extra`
-            } else {
-                self.entry(va, vb, vj)
-            };
-            if dir || extra {
-                self.dir();
-            }
-            self.path.truncate(pl);
-            self.key.truncate(kl);
-        }
+/// Merge one directory (key `key`): its listings on A and B (empty where a
+/// side has no such directory) with the journal's records of its children,
+/// by name: every child where something must be done or recorded, with the
+/// decision of [`reconcile`]; a child in sync costs no allocation.
+pub fn merge_dir(cx: &Ctx<'_>, key: &[u8], la: &Listing, lb: &Listing, out: &mut DirMerged) {
+    let mut lj = cx.j.children(key).peekable();
+    let (ea, eb) = (la.entries(), lb.entries());
+    let mut ck = key.to_vec();
+    if !ck.is_empty() {
+        ck.push(0);
     }
-
-    /// Judge the path at `self.key`; true when it is a directory on some
-    /// side or in the journal (its children must be merged too).
-    fn entry(&mut self, va: Option<Meta>, vb: Option<Meta>, vj: Option<Synced>) -> bool {
+    let base = ck.len();
+    let (mut i, mut k) = (0, 0);
+    loop {
+        // The smallest name among the three heads.
+        let na = (i < ea.len()).then(|| la.name(&ea[i]));
+        let nb = (k < eb.len()).then(|| lb.name(&eb[k]));
+        let nj = lj.peek().map(|(n, _)| *n);
+        let Some(name) = [na, nb, nj].into_iter().flatten().min() else {
+            break;
+        };
+        let va = (na == Some(name)).then(|| ea[i].meta);
+        let vb = (nb == Some(name)).then(|| eb[k].meta);
+        let vj = if nj == Some(name) {
+            out.seen_j += 1;
+            lj.next().map(|(_, s)| s)
+        } else {
+            None
+        };
+        i += va.is_some() as usize;
+        k += vb.is_some() as usize;
+        let is_dir = |m: &Option<Meta>| m.is_some_and(|m| m.kind == Kind::Dir);
+        let listed = [is_dir(&va), is_dir(&vb)];
         let implicit = |now: Option<Meta>, s: Side| match (now, &vj) {
             (None, Some(r))
-                if self.sides.implicit_dirs[s as usize] && r.side(s).kind == Kind::Dir =>
+                if cx.sides.implicit_dirs[s as usize] && r.side(s).kind == Kind::Dir =>
             {
                 Some(*r.side(s))
             }
             _ => now,
         };
         let (va, vb) = (implicit(va, Side::A), implicit(vb, Side::B));
-        let is_dir = |m: &Option<Meta>| m.is_some_and(|m| m.kind == Kind::Dir);
-        let dir = is_dir(&va) || is_dir(&vb) || vj.is_some_and(|r| r.a.kind == Kind::Dir);
+        if is_dir(&va) || is_dir(&vb) || vj.is_some_and(|r| r.a.kind == Kind::Dir) {
+            out.subdirs.push((name.to_vec(), listed));
+        }
         let d = reconcile(vj.as_ref(), va.as_ref(), vb.as_ref());
         if d == Decision::Keep {
-            self.plan.unchanged += 1;
-            return dir;
+            out.unchanged += 1;
+            continue;
         }
-        let key = &self.key;
+        ck.truncate(base);
+        ck.extend_from_slice(name);
         // Unreadable here or above on either side: judge nothing.
-        if (!self.a.unknown.is_empty() && under_any(&self.a.unknown, key))
-            || (!self.b.unknown.is_empty() && under_any(&self.b.unknown, key))
-        {
-            return dir;
+        if cx.unknown.iter().any(|u| {
+            let u = u.lock().unwrap();
+            !u.is_empty() && under_any(&u, &ck)
+        }) {
+            continue;
         }
         let act = match d {
-            Decision::Keep => unreachable!("returned above"),
+            Decision::Keep => unreachable!("continued above"),
             Decision::Record => Act::Record,
             Decision::Forget => Act::Forget,
             Decision::Compare => Act::Compare,
@@ -294,15 +230,81 @@ impl Merge<'_> {
                 name: Vec::new(),
             },
         };
-        self.plan.items.push(Item {
-            key: key.clone(),
+        out.items.push(Item {
+            key: ck.clone(),
             j: vj,
             a: va,
             b: vb,
             act,
         });
-        dir
     }
+}
+
+/// Directories holding journal records that no merge reached: below a
+/// directory no side lists and the journal has no record of (a journal
+/// from a killed run can hold those), in key order. Each must be merged
+/// with empty listings so its records are judged too.
+pub fn orphans(j: &Snapshot, merged: &HashSet<Vec<u8>>) -> Vec<Vec<u8>> {
+    let mut v: Vec<Vec<u8>> = j
+        .dirs()
+        .filter(|d| !merged.contains(*d))
+        .map(|d| d.to_vec())
+        .collect();
+    v.sort();
+    v
+}
+
+/// Merge both scans (each holding every directory's listing) with the
+/// journal, one directory after another: the reference for the merge the
+/// scan does as listings arrive ([`crate::tree::scan_merge`]).
+pub fn merge(a: &Scan, b: &Scan, j: &Snapshot, sides: Sides) -> Plan {
+    let unknown = [Mutex::new(a.unknown.clone()), Mutex::new(b.unknown.clone())];
+    let cx = Ctx {
+        j,
+        sides,
+        unknown: [&unknown[0], &unknown[1]],
+    };
+    let mut plan = Plan {
+        scanned: (a.count + b.count) as u64,
+        known: [j.files(); 2],
+        ..Plan::default()
+    };
+    let empty = Listing::new();
+    let mut merged = HashSet::new();
+    let mut seen = 0;
+    let mut todo = vec![Vec::new()];
+    let mut orphan_pass = false;
+    loop {
+        while let Some(key) = todo.pop() {
+            if !merged.insert(key.clone()) {
+                continue;
+            }
+            let path = crate::tree::path_of(&key);
+            let la = a.dirs.get(&path).unwrap_or(&empty);
+            let lb = b.dirs.get(&path).unwrap_or(&empty);
+            let mut out = DirMerged::default();
+            merge_dir(&cx, &key, la, lb, &mut out);
+            plan.items.append(&mut out.items);
+            plan.unchanged += out.unchanged;
+            seen += out.seen_j;
+            for (name, _) in out.subdirs {
+                let mut k = key.clone();
+                if !k.is_empty() {
+                    k.push(0);
+                }
+                k.extend_from_slice(&name);
+                todo.push(k);
+            }
+        }
+        if seen >= j.len() || orphan_pass {
+            break;
+        }
+        orphan_pass = true;
+        todo = orphans(j, &merged);
+        todo.reverse();
+    }
+    plan.items.sort_by(|x, y| x.key.cmp(&y.key));
+    plan
 }
 
 /// The side that moves aside in a conflict: the one that is not a

@@ -29,10 +29,11 @@ use ferry_engine::pool::Pool;
 use ferry_engine::store::MetaChange;
 use ferry_engine::{Filter, Kind, Meta, Stats, Store};
 
+use crate::journal::Snapshot;
 use crate::journal::{Journal, Update};
-use crate::plan::{finish, merge, still, Act, Item, Plan, Sides};
+use crate::plan::{finish, still, Act, Item, Plan, Sides};
 use crate::reconcile::{Side, Synced};
-use crate::tree::{name_of, parent_key, path_of, scan_pair};
+use crate::tree::{name_of, parent_key, path_of, scan_merge};
 
 /// Options of a bisync run.
 #[derive(Debug)]
@@ -284,24 +285,25 @@ pub fn run<A: Store, B: Store>(
     let (ra, rb) = (root(a, "A", opts)?, root(b, "B", opts)?);
     let fail = |p: &[u8], e: &io::Error| rep.error(p, e);
     // Both trees are listed on the pool while another thread loads the
-    // journal: on a no-op run, that is all the work there is.
+    // journal, and merged with it as the listings come in: on a no-op run,
+    // that is all the work there is.
     let (ca, cb) = (clone_dir(a)?, clone_dir(b)?);
-    let jref = journal.as_deref();
-    let ((mut sa, mut sb), jl) = std::thread::scope(|s| {
-        let h = s.spawn(|| scan_pair((a, ca), (b, cb), opts.jobs, opts.filter.as_ref(), &fail));
-        let jl = match jref {
-            Some(j) if !opts.resync => j.load(),
-            _ => Ok(crate::journal::Snapshot::default()),
-        };
-        (h.join().expect("scan thread"), jl)
-    });
-    let jl = jl.map_err(Refused)?;
     let sides = Sides {
         implicit_dirs: [!a.has_dir_meta(), !b.has_dir_meta()],
     };
-    let mut plan = merge(&sa, &sb, &jl, sides);
+    let jr = journal.as_deref_mut().filter(|_| !opts.resync);
+    let load = move || jr.map_or_else(|| Ok(Snapshot::default()), |j| j.load());
+    let (mut plan, mut sa, mut sb) = scan_merge(
+        (a, ca),
+        (b, cb),
+        load,
+        sides,
+        opts.jobs,
+        opts.filter.as_ref(),
+        &fail,
+    )
+    .map_err(Refused)?;
     Stats::add(&stats.entries_scanned, plan.scanned);
-    drop(jl);
     let ex = Exec {
         a,
         b,

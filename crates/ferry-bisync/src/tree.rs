@@ -4,7 +4,7 @@
 //! [`crate::plan::merge`]). A key is the relative path with NUL for `/`
 //! (see [`crate::journal`]): byte order of keys is the order of that walk.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::CString;
 use std::io;
 use std::sync::{Arc, Mutex};
@@ -13,6 +13,9 @@ use ferry_engine::entry::join;
 use ferry_engine::pool::Pool;
 use ferry_engine::store::{is_temp_name, ListError};
 use ferry_engine::{Filter, Kind, Listing, Meta, Store};
+
+use crate::journal::Snapshot;
+use crate::plan::{merge_dir, orphans, Act, Ctx, DirMerged, Item, Plan, Sides};
 
 /// Key of a relative path (`/` → NUL).
 pub fn key_of(path: &[u8]) -> Vec<u8> {
@@ -91,27 +94,23 @@ impl Scan {
     }
 }
 
-enum DirTask<A: Store, B: Store> {
-    A(Vec<u8>, Option<Arc<A::Dir>>),
-    B(Vec<u8>, Option<Arc<B::Dir>>),
-}
-
-/// The outcome of listing one directory.
-struct Listed {
+/// One directory to list on the sides that hold it (each with its open
+/// parent; `None` for the root), then to merge.
+struct DirTask<A: Store, B: Store> {
     rel: Vec<u8>,
-    list: Listing,
+    a: Option<Option<Arc<A::Dir>>>,
+    b: Option<Option<Arc<B::Dir>>>,
 }
 
 /// Reports a path that could not be listed or read.
 pub type OnError<'a> = &'a (dyn Fn(&[u8], &io::Error) + Sync);
 
-/// A listed directory, kept open for its subdirectories, and their paths.
-type Opened<D> = (Arc<D>, Vec<Vec<u8>>);
+/// A listed directory, kept open for its subdirectories, and its listing.
+type Opened<D> = (Arc<D>, Listing);
 
 /// What one side's scan gathers.
 struct Gather<S: Store> {
     root: Mutex<Option<S::Dir>>,
-    listed: Mutex<Vec<Listed>>,
     unknown: Mutex<Vec<Vec<u8>>>,
     temps: Mutex<Vec<(Vec<u8>, Meta)>>,
     skipped: Mutex<Vec<Vec<u8>>>,
@@ -121,14 +120,13 @@ impl<S: Store> Gather<S> {
     fn new(root: S::Dir) -> Self {
         Gather {
             root: Mutex::new(Some(root)),
-            listed: Mutex::new(Vec::new()),
             unknown: Mutex::new(Vec::new()),
             temps: Mutex::new(Vec::new()),
             skipped: Mutex::new(Vec::new()),
         }
     }
 
-    /// List one directory; returns it and the subdirectories to list.
+    /// List one directory; returns it, open, and its listing.
     fn list(
         &self,
         store: &S,
@@ -181,29 +179,17 @@ impl<S: Store> Gather<S> {
             list.retain_names(|n| !is_temp_name(n));
             list.retain(|e| e.meta.kind != Kind::Other);
         }
-        let mut subs = Vec::new();
-        for e in list.entries() {
-            if e.meta.kind == Kind::Dir {
-                subs.push(join(&rel, list.name(e)));
-            }
-        }
-        subs.reverse();
-        self.listed.lock().unwrap().push(Listed { rel, list });
-        Some((Arc::new(dir), subs))
+        Some((Arc::new(dir), list))
     }
 
-    fn finish(self) -> Scan {
-        let listed = self.listed.into_inner().unwrap();
+    fn finish(self, dirs: HashMap<Vec<u8>, Listing>, count: usize) -> Scan {
         let mut scan = Scan {
-            count: listed.iter().map(|l| l.list.len()).sum(),
-            dirs: HashMap::with_capacity(listed.len()),
+            count,
+            dirs,
             unknown: self.unknown.into_inner().unwrap(),
             skipped: self.skipped.into_inner().unwrap(),
             temps: self.temps.into_inner().unwrap(),
         };
-        for l in listed {
-            scan.dirs.insert(l.rel, l.list);
-        }
         scan.unknown.sort();
         scan.skipped.sort();
         scan.temps.sort_by(|x, y| x.0.cmp(&y.0));
@@ -211,33 +197,257 @@ impl<S: Store> Gather<S> {
     }
 }
 
-/// List two stores at once on one pool of `jobs` workers, each directory a
-/// task (the roots must exist). Per-entry errors are reported through
-/// `on_error` and make their keys unknown.
-pub fn scan_pair<A: Store, B: Store>(
+/// A directory listed on both sides (where it exists), waiting for the
+/// journal to be merged.
+struct Listed {
+    rel: Vec<u8>,
+    a: Option<Listing>,
+    b: Option<Listing>,
+}
+
+/// What the merge gathered.
+#[derive(Default)]
+struct MergeState {
+    /// Keys of the directories merged.
+    merged: HashSet<Vec<u8>>,
+    items: Vec<Item>,
+    unchanged: u64,
+    seen_j: usize,
+    /// Listings kept for the plan's later steps (directories with
+    /// something to do), per side.
+    kept: [HashMap<Vec<u8>, Listing>; 2],
+    count: [usize; 2],
+}
+
+/// The journal once loaded, and the directories listed before that.
+enum Journal<'a> {
+    Loading(Vec<Listed>),
+    Ready(&'a Snapshot),
+    Failed,
+}
+
+/// Merges directories as they are listed (see [`scan_merge`]).
+struct Merger<'a> {
+    sides: Sides,
+    unknown: [&'a Mutex<Vec<Vec<u8>>>; 2],
+    journal: Mutex<Journal<'a>>,
+    st: Mutex<MergeState>,
+}
+
+impl<'a> Merger<'a> {
+    /// Merge directory `rel` now if the journal is in, else keep it for
+    /// when it is.
+    fn listed(&self, d: Listed) {
+        let j = match &mut *self.journal.lock().unwrap() {
+            Journal::Loading(waiting) => return waiting.push(d),
+            Journal::Ready(j) => *j,
+            Journal::Failed => return,
+        };
+        self.merge(j, vec![d]);
+    }
+
+    /// The journal is in (or failed to load): merge what waited for it.
+    fn journal(&self, j: Option<&'a Snapshot>) {
+        let waiting = {
+            let mut g = self.journal.lock().unwrap();
+            let next = match j {
+                Some(j) => Journal::Ready(j),
+                None => Journal::Failed,
+            };
+            match std::mem::replace(&mut *g, next) {
+                Journal::Loading(w) => w,
+                _ => Vec::new(),
+            }
+        };
+        if let Some(j) = j {
+            self.merge(j, waiting);
+        }
+    }
+
+    /// Merge directories, and the directories below them that only the
+    /// journal holds.
+    fn merge(&self, j: &Snapshot, mut todo: Vec<Listed>) {
+        let cx = Ctx {
+            j,
+            sides: self.sides,
+            unknown: self.unknown,
+        };
+        let empty = Listing::new();
+        while let Some(d) = todo.pop() {
+            let key = key_of(&d.rel);
+            let mut out = DirMerged::default();
+            let (la, lb) = (d.a.as_ref(), d.b.as_ref());
+            merge_dir(
+                &cx,
+                &key,
+                la.unwrap_or(&empty),
+                lb.unwrap_or(&empty),
+                &mut out,
+            );
+            // Later steps (conflict names) look at the names of
+            // directories with work; a directory in sync is dropped here.
+            let keep = out
+                .items
+                .iter()
+                .any(|it| !matches!(it.act, Act::Record | Act::Forget));
+            for (name, listed) in &out.subdirs {
+                if *listed == [false, false] {
+                    todo.push(Listed {
+                        rel: join(&d.rel, name),
+                        a: None,
+                        b: None,
+                    });
+                }
+            }
+            let mut st = self.st.lock().unwrap();
+            st.count[0] += la.map_or(0, |l| l.len());
+            st.count[1] += lb.map_or(0, |l| l.len());
+            st.items.append(&mut out.items);
+            st.unchanged += out.unchanged;
+            st.seen_j += out.seen_j;
+            if keep {
+                if let Some(l) = d.a {
+                    st.kept[0].insert(d.rel.clone(), l);
+                }
+                if let Some(l) = d.b {
+                    st.kept[1].insert(d.rel.clone(), l);
+                }
+            }
+            st.merged.insert(key);
+        }
+    }
+}
+
+/// List two stores at once on one pool of `jobs` workers and merge them
+/// with the journal as they go; the journal is loaded by `load` on another
+/// thread meanwhile (the roots must exist).
+///
+/// Each directory is one task: its listing on A and on B, the tasks of
+/// its subdirectories (from both listings), then its merge
+/// ([`merge_dir`]); its listings are dropped there unless it holds work.
+/// Memory stays with the directories in flight, and the merge runs beside
+/// the listing instead of after it. Directories listed before the journal
+/// is in wait for it. Per-entry errors are reported through `on_error`
+/// and make their keys unknown.
+#[allow(clippy::too_many_arguments)]
+pub fn scan_merge<A: Store, B: Store>(
     a: (&A, A::Dir),
     b: (&B, B::Dir),
+    load: impl FnOnce() -> Result<Snapshot, String> + Send,
+    sides: Sides,
     jobs: usize,
     filter: Option<&Filter>,
     on_error: OnError<'_>,
-) -> (Scan, Scan) {
+) -> Result<(Plan, Scan, Scan), String> {
     let ga = Gather::<A>::new(a.1);
     let gb = Gather::<B>::new(b.1);
+    let jl: std::sync::OnceLock<Result<Snapshot, String>> = std::sync::OnceLock::new();
+    let m = Merger {
+        sides,
+        unknown: [&ga.unknown, &gb.unknown],
+        journal: Mutex::new(Journal::Loading(Vec::new())),
+        st: Mutex::new(MergeState::default()),
+    };
     let pool: Pool<DirTask<A, B>> = Pool::new();
-    pool.push_all([DirTask::B(Vec::new(), None), DirTask::A(Vec::new(), None)]);
-    pool.run(jobs.max(2), |t, pool| match t {
-        DirTask::A(rel, parent) => {
-            if let Some((d, subs)) = ga.list(a.0, rel, parent, filter, on_error) {
-                pool.push_all(subs.into_iter().map(|r| DirTask::A(r, Some(d.clone()))));
-            }
-        }
-        DirTask::B(rel, parent) => {
-            if let Some((d, subs)) = gb.list(b.0, rel, parent, filter, on_error) {
-                pool.push_all(subs.into_iter().map(|r| DirTask::B(r, Some(d.clone()))));
-            }
-        }
+    pool.push(DirTask {
+        rel: Vec::new(),
+        a: Some(None),
+        b: Some(None),
     });
-    (ga.finish(), gb.finish())
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let r = jl.get_or_init(load);
+            m.journal(r.as_ref().ok());
+        });
+        pool.run(jobs.max(2), |t, pool| {
+            let la =
+                t.a.and_then(|p| ga.list(a.0, t.rel.clone(), p, filter, on_error));
+            let lb =
+                t.b.and_then(|p| gb.list(b.0, t.rel.clone(), p, filter, on_error));
+            // Subdirectories of either side, in name order, one task each.
+            let mut sa = sub_dirs(&la).into_iter().peekable();
+            let mut sb = sub_dirs(&lb).into_iter().peekable();
+            let mut tasks = Vec::new();
+            loop {
+                let name = match (sa.peek(), sb.peek()) {
+                    (None, None) => break,
+                    (Some(x), Some(y)) => x.min(y).clone(),
+                    (Some(x), None) => x.clone(),
+                    (None, Some(y)) => y.clone(),
+                };
+                let on_a = sa.next_if(|x| *x == name).is_some();
+                let on_b = sb.next_if(|y| *y == name).is_some();
+                tasks.push(DirTask {
+                    rel: join(&t.rel, &name),
+                    a: on_a.then(|| la.as_ref().map(|(d, _)| d.clone())),
+                    b: on_b.then(|| lb.as_ref().map(|(d, _)| d.clone())),
+                });
+            }
+            // The pool pops the last pushed first: the first name goes last.
+            tasks.reverse();
+            pool.push_all(tasks);
+            m.listed(Listed {
+                rel: t.rel,
+                a: la.map(|(_, l)| l),
+                b: lb.map(|(_, l)| l),
+            });
+        });
+    });
+    let j = match jl.get() {
+        Some(Ok(j)) => j,
+        Some(Err(e)) => return Err(e.clone()),
+        None => unreachable!("the loader ran"),
+    };
+    let (seen, merged) = {
+        let st = m.st.lock().unwrap();
+        (st.seen_j, st.merged.clone())
+    };
+    if seen < j.len() {
+        for key in orphans(j, &merged).into_iter().rev() {
+            if !m.st.lock().unwrap().merged.contains(&key) {
+                let d = Listed {
+                    rel: path_of(&key),
+                    a: None,
+                    b: None,
+                };
+                m.merge(j, vec![d]);
+            }
+        }
+    }
+    let mut st = m.st.into_inner().unwrap();
+    st.items.sort_by(|x, y| x.key.cmp(&y.key));
+    let plan = Plan {
+        items: st.items,
+        scanned: (st.count[0] + st.count[1]) as u64,
+        unchanged: st.unchanged,
+        deletes: [0; 2],
+        known: [j.files(); 2],
+    };
+    let [ka, kb] = st.kept;
+    Ok((plan, ga.finish(ka, st.count[0]), gb.finish(kb, st.count[1])))
+}
+
+#[cfg(test)]
+const EMPTY: Meta = Meta {
+    kind: Kind::File,
+    size: 0,
+    mtime_sec: 0,
+    mtime_nsec: 0,
+    mode: 0o644,
+    uid: 0,
+    gid: 0,
+    ino: 0,
+};
+
+/// Names of the subdirectories in a listing.
+fn sub_dirs<D>(l: &Option<(Arc<D>, Listing)>) -> Vec<Vec<u8>> {
+    l.as_ref().map_or(Vec::new(), |(_, l)| {
+        l.entries()
+            .iter()
+            .filter(|e| e.meta.kind == Kind::Dir)
+            .map(|e| l.name(e).to_vec())
+            .collect()
+    })
 }
 
 /// Last component of a `/` path.
@@ -258,6 +468,139 @@ pub fn under_any(prefixes: &[Vec<u8>], key: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::merge;
+    use crate::reconcile::Synced;
+    use ferry_engine::LocalStore;
+    use proptest::prelude::*;
+
+    /// Every entry of a local tree, listed through the store (the metadata
+    /// the scan sees).
+    fn full_scan(s: &LocalStore) -> Scan {
+        fn go(
+            s: &LocalStore,
+            d: &<LocalStore as Store>::Dir,
+            rel: &[u8],
+            out: &mut Vec<(Vec<u8>, Meta)>,
+        ) {
+            let mut l = Listing::new();
+            let mut errs = Vec::new();
+            s.list(d, rel, None, &mut l, &mut errs).unwrap();
+            for e in l.entries() {
+                let p = join(rel, l.name(e));
+                out.push((key_of(&p), e.meta));
+                if e.meta.kind == Kind::Dir {
+                    let c = s.open_dir(d, l.cname(e)).unwrap();
+                    go(s, &c, &p, out);
+                }
+            }
+        }
+        let (root, _) = s.open_root().unwrap().unwrap();
+        let mut v = Vec::new();
+        go(s, &root, b"", &mut v);
+        Scan::of(&v)
+    }
+
+    /// Paths of a random tree: `d` ending = directory.
+    fn tree() -> impl Strategy<Value = Vec<String>> {
+        let name = prop::sample::select(vec!["a", "b", "c", "a.x", "a-"]);
+        let path = prop::collection::vec(name, 1..4).prop_map(|v| v.join("/"));
+        prop::collection::vec((path, any::<bool>()), 0..25).prop_map(|v| {
+            v.into_iter()
+                .map(|(p, d)| if d { format!("{p}/") } else { p })
+                .collect()
+        })
+    }
+
+    fn make(root: &std::path::Path, paths: &[String]) {
+        for p in paths {
+            let full = root.join(p.trim_end_matches('/'));
+            let parent_ok = full
+                .parent()
+                .is_none_or(|d| std::fs::create_dir_all(d).is_ok());
+            if !parent_ok || full.exists() {
+                continue;
+            }
+            if p.ends_with('/') {
+                let _ = std::fs::create_dir(&full);
+            } else {
+                let _ = std::fs::write(&full, p.as_bytes());
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// The merge done as listings arrive gives the plan of the
+        /// reference merge over complete scans, whatever the journal holds
+        /// (records matching either side, stale ones, records under
+        /// directories nobody has, in no particular shape).
+        #[test]
+        fn scan_merge_equals_the_reference(
+            ta in tree(),
+            tb in tree(),
+            picks in prop::collection::vec((0usize..64, 0u8..4), 0..40),
+            jobs in 2usize..5,
+        ) {
+            let d = tempfile::tempdir().unwrap();
+            let (ra, rb) = (d.path().join("a"), d.path().join("b"));
+            std::fs::create_dir(&ra).unwrap();
+            std::fs::create_dir(&rb).unwrap();
+            make(&ra, &ta);
+            make(&rb, &tb);
+            let (sa, sb) = (LocalStore::new(&ra, 1), LocalStore::new(&rb, 1));
+            let (fa, fb) = (full_scan(&sa), full_scan(&sb));
+            // Journal records: for keys of either side (or orphans under
+            // `z/`), each side's entry as it is now, changed, or a directory.
+            let mut keys: Vec<(Vec<u8>, Meta)> = Vec::new();
+            for (dir, l) in fa.dirs.iter().chain(fb.dirs.iter()) {
+                for e in l.entries() {
+                    keys.push((key_of(&join(dir, l.name(e))), e.meta));
+                }
+            }
+            keys.sort_by(|x, y| x.0.cmp(&y.0));
+            keys.dedup_by(|x, y| x.0 == y.0);
+            let mut recs: Vec<(Vec<u8>, Synced)> = Vec::new();
+            for (i, how) in picks {
+                let (key, m) = match keys.get(i) {
+                    Some(k) => k.clone(),
+                    None => (key_of(format!("z/y{}/f", i % 3).as_bytes()), keys.first().map_or(EMPTY, |k| k.1)),
+                };
+                let mut r = Synced { a: fa.get(&key).copied().unwrap_or(m), b: fb.get(&key).copied().unwrap_or(m) };
+                match how {
+                    0 => {}
+                    1 => r.a.size += 1,
+                    2 => r.b.mtime_sec -= 5,
+                    _ => { r.a.kind = Kind::Dir; r.b.kind = Kind::Dir; }
+                }
+                if recs.iter().all(|(k, _)| *k != key) {
+                    recs.push((key, r));
+                }
+            }
+            let snap = Snapshot::from_keys(recs.clone());
+            let sides = Sides::default();
+            let want = merge(&fa, &fb, &snap, sides);
+            let (ca, cb) = (sa.open_root().unwrap().unwrap().0, sb.open_root().unwrap().unwrap().0);
+            let fail = |p: &[u8], e: &io::Error| panic!("{}: {e}", String::from_utf8_lossy(p));
+            let (got, _, _) = scan_merge(
+                (&sa, ca),
+                (&sb, cb),
+                move || Ok(Snapshot::from_keys(recs)),
+                sides,
+                jobs,
+                None,
+                &fail,
+            )
+            .unwrap();
+            let acts = |p: &Plan| -> Vec<(Vec<u8>, crate::plan::Act)> {
+                p.items.iter().map(|it| (it.key.clone(), it.act.clone())).collect()
+            };
+            prop_assert_eq!(acts(&got), acts(&want));
+            prop_assert_eq!(got.unchanged, want.unchanged);
+            prop_assert_eq!(got.scanned, want.scanned);
+            prop_assert_eq!(got.known, want.known);
+        }
+    }
 
     #[test]
     fn keys_sort_like_a_walk() {
