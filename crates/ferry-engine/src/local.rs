@@ -17,6 +17,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::OnceLock;
 
 use rustix::fs::{
     self as rfs, AtFlags, FileType, Mode, OFlags, RawDir, StatxFlags, Timespec, Timestamps,
@@ -62,8 +63,10 @@ pub struct LocalStore {
 #[derive(Debug)]
 pub struct LocalDir {
     fd: OwnedFd,
-    /// Group that new entries get when it is not ours (set-group-ID directory).
-    new_gid: Option<u32>,
+    /// Group that new entries get when it is not ours (set-group-ID
+    /// directory); found on first need (a directory only scanned never
+    /// needs it).
+    new_gid: OnceLock<Option<u32>>,
 }
 
 impl LocalDir {
@@ -215,19 +218,14 @@ impl LocalStore {
 
     /// A new file in `dir` would not already have this owner and group.
     fn need_chown(&self, dir: &LocalDir, meta: &Meta) -> bool {
-        self.owner && (meta.uid != self.euid || meta.gid != dir.new_gid.unwrap_or(self.egid))
+        self.owner && (meta.uid != self.euid || meta.gid != new_gid(dir).unwrap_or(self.egid))
     }
 
     fn wrap_dir(&self, fd: OwnedFd) -> io::Result<LocalDir> {
-        // Only the owner-preserving (root) case needs to know which group
-        // new entries get: a set-group-ID directory hands down its own.
-        let new_gid = if self.owner {
-            let st = rfs::fstat(&fd)?;
-            (st.st_mode & 0o2000 != 0).then_some(st.st_gid)
-        } else {
-            None
-        };
-        Ok(LocalDir { fd, new_gid })
+        Ok(LocalDir {
+            fd,
+            new_gid: OnceLock::new(),
+        })
     }
 }
 
@@ -410,7 +408,11 @@ impl Store for LocalStore {
         // A new directory inherits set-group-ID (and so the group) from its parent.
         Ok(LocalDir {
             fd,
-            new_gid: parent.new_gid,
+            new_gid: parent
+                .new_gid
+                .get()
+                .map(|g| OnceLock::from(*g))
+                .unwrap_or_default(),
         })
     }
 
@@ -878,6 +880,18 @@ fn stat_chunk(
             e.meta.ino = ino;
         }
     }
+}
+
+/// The group new entries of `dir` get when it is not the creator's (only
+/// the owner-preserving, root, case asks): a set-group-ID directory hands
+/// down its own. An fstat that fails answers `None` (then a chown follows,
+/// which is merely redundant).
+fn new_gid(dir: &LocalDir) -> Option<u32> {
+    *dir.new_gid.get_or_init(|| {
+        rfs::fstat(&dir.fd)
+            .ok()
+            .and_then(|st| (st.st_mode & 0o2000 != 0).then_some(st.st_gid))
+    })
 }
 
 const EMPTY_META: Meta = Meta {
