@@ -123,6 +123,8 @@ pub struct Plan {
     pub deletes: [u64; 2],
     /// Files and symlinks the journal knows (the base of the deletion limit).
     pub known: [u64; 2],
+    /// What the stores are like.
+    pub sides: Sides,
 }
 
 /// What the merge needs to know about the stores.
@@ -132,6 +134,10 @@ pub struct Sides {
     /// an empty one cannot be seen, so a known directory that is not seen
     /// is not taken as deleted.
     pub implicit_dirs: [bool; 2],
+    /// Per side: `Meta::ino` is an inode (a rename keeps it); otherwise it
+    /// is an object's version fingerprint (or 0) and renames are found by
+    /// size, mtime and content.
+    pub inodes: [bool; 2],
 }
 
 /// What merging a directory needs besides its lists.
@@ -203,7 +209,19 @@ pub fn merge_dir(cx: &Ctx<'_>, key: &[u8], la: &Listing, lb: &Listing, out: &mut
         if is_dir(&va) || is_dir(&vb) || vj.is_some_and(|r| r.a.kind == Kind::Dir) {
             out.subdirs.push((name.to_vec(), listed));
         }
-        let d = reconcile(vj.as_ref(), va.as_ref(), vb.as_ref());
+        let mut d = reconcile(vj.as_ref(), va.as_ref(), vb.as_ref());
+        // In sync, but the record lacks the version fingerprint (or inode)
+        // a side now reports (a journal from before fingerprints): the
+        // record learns it, so the next run can trust the listing.
+        let learn = |now: &Option<Meta>, then: Option<&Meta>| {
+            now.is_some_and(|n| n.ino != 0 && n.kind == Kind::File)
+                && then.is_some_and(|t| t.ino == 0 && t.kind == Kind::File)
+        };
+        if d == Decision::Keep
+            && (learn(&va, vj.as_ref().map(|r| &r.a)) || learn(&vb, vj.as_ref().map(|r| &r.b)))
+        {
+            d = Decision::Record;
+        }
         if d == Decision::Keep {
             out.unchanged += 1;
             continue;
@@ -267,6 +285,7 @@ pub fn merge(a: &Scan, b: &Scan, j: &Snapshot, sides: Sides) -> Plan {
     let mut plan = Plan {
         scanned: (a.count + b.count) as u64,
         known: [j.files(); 2],
+        sides,
         ..Plan::default()
     };
     let empty = Listing::new();
@@ -332,7 +351,7 @@ pub fn finish(plan: &mut Plan, a: &Scan, b: &Scan, stamp: &str, verify: Verify<'
         }
     }
     fix_dirs(items);
-    renames(items, verify);
+    renames(items, plan.sides.inodes, verify);
     name_conflicts(items, a, b, stamp);
     for it in items.iter() {
         if let Act::Delete { on } = it.act {
@@ -388,7 +407,7 @@ fn fix_dirs(items: &mut [Item]) {
 }
 
 /// Pair vanished paths with new ones on the same side.
-fn renames(items: &mut [Item], verify: Verify<'_>) {
+fn renames(items: &mut [Item], inodes: [bool; 2], verify: Verify<'_>) {
     // Vanished on side X (X = other side of the deletion), still unchanged
     // on the deletion side.
     let mut by_ino: HashMap<(Side, u64), usize> = HashMap::new();
@@ -402,7 +421,7 @@ fn renames(items: &mut [Item], verify: Verify<'_>) {
         if old.kind != Kind::File {
             continue;
         }
-        if old.ino != 0 {
+        if old.ino != 0 && inodes[x as usize] {
             by_ino.insert((x, old.ino), i);
         } else {
             by_stat
@@ -424,7 +443,7 @@ fn renames(items: &mut [Item], verify: Verify<'_>) {
         if now.kind != Kind::File || it.side(x.other()).is_some() {
             continue;
         }
-        if now.ino != 0 {
+        if now.ino != 0 && inodes[x as usize] {
             if let Some(&v) = by_ino.get(&(x, now.ino)) {
                 let old = items[v].j.expect("vanished paths have a record");
                 let old = old.side(x);
@@ -586,6 +605,12 @@ mod tests {
         }
     }
 
+    /// Two local trees.
+    const LOCAL: Sides = Sides {
+        implicit_dirs: [false; 2],
+        inodes: [true; 2],
+    };
+
     fn scan(ents: &[(&str, Meta)]) -> Scan {
         let mut v: Vec<(Vec<u8>, Meta)> = ents
             .iter()
@@ -623,7 +648,7 @@ mod tests {
         let j = journal(&[("gone/x", f(1, 3), f(1, 4)), ("kept", f(1, 5), f(1, 6))]);
         let a = scan(&[("kept", f(1, 5))]);
         let b = scan(&[("kept", f(1, 6))]);
-        let p = merge(&a, &b, &j, Sides::default());
+        let p = merge(&a, &b, &j, LOCAL);
         assert_eq!(acts(&p), vec![("gone/x".to_string(), Act::Forget)]);
         assert_eq!(p.unchanged, 1);
     }
@@ -633,7 +658,7 @@ mod tests {
         let j = journal(&[("d", d(1), d(2)), ("d/old", f(1, 3), f(1, 4))]);
         let a = scan(&[]);
         let b = scan(&[("d", d(2)), ("d/old", f(1, 4)), ("d/new", f(2, 5))]);
-        let mut p = merge(&a, &b, &j, Sides::default());
+        let mut p = merge(&a, &b, &j, LOCAL);
         finish(&mut p, &a, &b, "s", &|_, _, _| true);
         assert_eq!(
             acts(&p),
@@ -650,7 +675,7 @@ mod tests {
         let j = journal(&[("d", d(1), d(2)), ("d/old", f(1, 3), f(1, 4))]);
         let a = scan(&[("d", f(9, 7))]);
         let b = scan(&[("d", d(2)), ("d/old", f(1, 4)), ("d/new", f(2, 5))]);
-        let mut p = merge(&a, &b, &j, Sides::default());
+        let mut p = merge(&a, &b, &j, LOCAL);
         finish(&mut p, &a, &b, "s", &|_, _, _| true);
         let got = acts(&p);
         assert_eq!(
@@ -671,7 +696,7 @@ mod tests {
         let j = journal(&[("x", f(3, 10), f(3, 20))]);
         let a = scan(&[("sub", d(1)), ("sub/y", f(3, 10))]);
         let b = scan(&[("x", f(3, 20))]);
-        let mut p = merge(&a, &b, &j, Sides::default());
+        let mut p = merge(&a, &b, &j, LOCAL);
         finish(&mut p, &a, &b, "s", &|_, _, _| false);
         assert_eq!(
             acts(&p),
@@ -695,11 +720,11 @@ mod tests {
         let j = journal(&[("x", f(3, 0), f(3, 0))]);
         let a = scan(&[("y", f(3, 0))]);
         let b = scan(&[("x", f(3, 0))]);
-        let mut p = merge(&a, &b, &j, Sides::default());
+        let mut p = merge(&a, &b, &j, LOCAL);
         finish(&mut p, &a, &b, "s", &|_, _, _| false);
         assert_eq!(acts(&p)[1], ("y".into(), Act::Copy { from: Side::A }));
         assert_eq!(p.deletes, [0, 1]);
-        let mut p = merge(&a, &b, &j, Sides::default());
+        let mut p = merge(&a, &b, &j, LOCAL);
         finish(&mut p, &a, &b, "s", &|_, _, _| true);
         assert_eq!(acts(&p)[0], ("x".into(), Act::RenamedAway));
     }
@@ -715,6 +740,7 @@ mod tests {
             &j,
             Sides {
                 implicit_dirs: [false, true],
+                inodes: [true, false],
             },
         );
         assert!(p.items.is_empty());

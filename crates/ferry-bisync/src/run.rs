@@ -290,6 +290,7 @@ pub fn run<A: Store, B: Store>(
     let (ca, cb) = (clone_dir(a)?, clone_dir(b)?);
     let sides = Sides {
         implicit_dirs: [!a.has_dir_meta(), !b.has_dir_meta()],
+        inodes: [a.has_inodes(), b.has_inodes()],
     };
     let jr = journal.as_deref_mut().filter(|_| !opts.resync);
     let load = move || jr.map_or_else(|| Ok(Snapshot::default()), |j| j.load());

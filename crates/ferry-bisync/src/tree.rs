@@ -16,6 +16,7 @@ use ferry_engine::{Filter, Kind, Listing, Meta, Store};
 
 use crate::journal::Snapshot;
 use crate::plan::{merge_dir, orphans, Act, Ctx, DirMerged, Item, Plan, Sides};
+use crate::reconcile::Side;
 
 /// Key of a relative path (`/` → NUL).
 pub fn key_of(path: &[u8]) -> Vec<u8> {
@@ -231,6 +232,8 @@ struct Merger<'a> {
     sides: Sides,
     unknown: [&'a Mutex<Vec<Vec<u8>>>; 2],
     journal: Mutex<Journal<'a>>,
+    /// Signalled when the journal is in (or failed).
+    journal_in: std::sync::Condvar,
     st: Mutex<MergeState>,
 }
 
@@ -254,13 +257,27 @@ impl<'a> Merger<'a> {
                 Some(j) => Journal::Ready(j),
                 None => Journal::Failed,
             };
-            match std::mem::replace(&mut *g, next) {
+            let w = match std::mem::replace(&mut *g, next) {
                 Journal::Loading(w) => w,
                 _ => Vec::new(),
-            }
+            };
+            self.journal_in.notify_all();
+            w
         };
         if let Some(j) = j {
             self.merge(j, waiting);
+        }
+    }
+
+    /// The journal, once it is in (`None`: it failed to load).
+    fn wait_journal(&self) -> Option<&'a Snapshot> {
+        let mut g = self.journal.lock().unwrap();
+        loop {
+            match &*g {
+                Journal::Loading(_) => g = self.journal_in.wait(g).unwrap(),
+                Journal::Ready(j) => return Some(*j),
+                Journal::Failed => return None,
+            }
         }
     }
 
@@ -346,6 +363,7 @@ pub fn scan_merge<A: Store, B: Store>(
         sides,
         unknown: [&ga.unknown, &gb.unknown],
         journal: Mutex::new(Journal::Loading(Vec::new())),
+        journal_in: std::sync::Condvar::new(),
         st: Mutex::new(MergeState::default()),
     };
     let pool: Pool<DirTask<A, B>> = Pool::new();
@@ -361,9 +379,11 @@ pub fn scan_merge<A: Store, B: Store>(
         });
         pool.run(jobs.max(2), |t, pool| {
             let la =
-                t.a.and_then(|p| ga.list(a.0, t.rel.clone(), p, filter, on_error));
+                t.a.and_then(|p| ga.list(a.0, t.rel.clone(), p, filter, on_error))
+                    .map(|(d, l)| exact(a.0, &m, Side::A, &t.rel, d, l, on_error));
             let lb =
-                t.b.and_then(|p| gb.list(b.0, t.rel.clone(), p, filter, on_error));
+                t.b.and_then(|p| gb.list(b.0, t.rel.clone(), p, filter, on_error))
+                    .map(|(d, l)| exact(b.0, &m, Side::B, &t.rel, d, l, on_error));
             // Subdirectories of either side, in name order, one task each.
             let mut sa = sub_dirs(&la).into_iter().peekable();
             let mut sb = sub_dirs(&lb).into_iter().peekable();
@@ -422,6 +442,7 @@ pub fn scan_merge<A: Store, B: Store>(
         unchanged: st.unchanged,
         deletes: [0; 2],
         known: [j.files(); 2],
+        sides,
     };
     let [ka, kb] = st.kept;
     Ok((plan, ga.finish(ka, st.count[0]), gb.finish(kb, st.count[1])))
@@ -438,6 +459,70 @@ const EMPTY: Meta = Meta {
     gid: 0,
     ino: 0,
 };
+
+/// Make exact the approximate metadata of an object store's listing of
+/// directory `rel` (sizes are exact; mtimes and modes live in object
+/// metadata): a file whose size and version fingerprint (`Meta::ino`) are
+/// those the journal recorded for this side is unchanged since the last
+/// sync and takes the recorded metadata; only the others are asked for
+/// theirs ([`Store::refine`]: a HEAD each). A no-op run then makes no
+/// request beyond the listing. Entries that cannot be asked are unknown.
+fn exact<S: Store>(
+    s: &S,
+    m: &Merger<'_>,
+    side: Side,
+    rel: &[u8],
+    d: Arc<S::Dir>,
+    mut l: Listing,
+    on_error: OnError<'_>,
+) -> (Arc<S::Dir>, Listing) {
+    if !s.approximate_meta() {
+        return (d, l);
+    }
+    let key = key_of(rel);
+    let j = m.wait_journal();
+    let mut recs = j.map(|j| j.children(&key).peekable());
+    let mut which = Vec::new();
+    {
+        let (names, ents) = l.parts_mut();
+        for (i, e) in ents.iter_mut().enumerate() {
+            if e.meta.kind != Kind::File {
+                continue;
+            }
+            let (o, n) = e.name_span();
+            let name = &names[o..o + n];
+            let rec = recs.as_mut().and_then(|r| {
+                while r.next_if(|(rn, _)| *rn < name).is_some() {}
+                r.next_if(|(rn, _)| *rn == name).map(|(_, s)| *s.side(side))
+            });
+            match rec {
+                Some(t)
+                    if t.kind == Kind::File
+                        && t.size == e.meta.size
+                        && t.ino != 0
+                        && t.ino == e.meta.ino =>
+                {
+                    e.meta = t
+                }
+                _ => which.push(i),
+            }
+        }
+    }
+    if !which.is_empty() {
+        let unknown = m.unknown[side as usize];
+        let mut errors = Vec::new();
+        if let Err(e) = s.refine(&d, &mut l, &which, &mut errors) {
+            on_error(rel, &e);
+            unknown.lock().unwrap().push(key);
+        }
+        for e in errors {
+            let p = join(rel, &e.name);
+            on_error(&p, &e.err);
+            unknown.lock().unwrap().push(key_of(&p));
+        }
+    }
+    (d, l)
+}
 
 /// Names of the subdirectories in a listing.
 fn sub_dirs<D>(l: &Option<(Arc<D>, Listing)>) -> Vec<Vec<u8>> {

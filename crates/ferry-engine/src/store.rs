@@ -260,6 +260,12 @@ pub trait Store: Send + Sync {
     fn has_dir_meta(&self) -> bool {
         true
     }
+    /// True when [`Meta::ino`] is an inode: an entry keeps it when renamed
+    /// (false on object stores, where it is a version fingerprint of the
+    /// object, or 0).
+    fn has_inodes(&self) -> bool {
+        true
+    }
     /// True when symlinks can be stored (false on object stores: they are
     /// skipped with a note).
     fn supports_symlinks(&self) -> bool {

@@ -809,7 +809,7 @@ impl Store for S3Store {
         errors: &mut Vec<ListError>,
     ) -> io::Result<()> {
         out.clear();
-        let mut files: Vec<(String, u64, Option<String>)> = Vec::new();
+        let mut files: Vec<(String, u64, Option<String>, u64)> = Vec::new();
         let mut token: Option<String> = None;
         loop {
             let page = self.list_page(&dir.prefix, true, token.as_deref())?;
@@ -822,7 +822,9 @@ impl Store for S3Store {
                 if filter.is_some_and(|f| f.excluded(rel, name.as_bytes(), false)) {
                     continue;
                 }
-                files.push((name.to_string(), c.size.unwrap_or(0), c.last_modified));
+                let lm = c.last_modified.as_deref().and_then(parse_http_or_iso_date);
+                let v = version(c.etag.as_deref(), lm.map(|t| t.0));
+                files.push((name.to_string(), c.size.unwrap_or(0), c.last_modified, v));
             }
             for p in page.common_prefixes {
                 let name = p.prefix[dir.prefix.len().min(p.prefix.len())..].trim_end_matches('/');
@@ -839,7 +841,7 @@ impl Store for S3Store {
         }
         if self.lazy_meta {
             // Size exact, mtime from LastModified until `refine` asks.
-            for (name, size, lm) in &files {
+            for (name, size, lm, v) in &files {
                 let (mtime_sec, mtime_nsec) = lm
                     .as_deref()
                     .and_then(parse_http_or_iso_date)
@@ -854,7 +856,7 @@ impl Store for S3Store {
                         mode: 0o644,
                         uid: 0,
                         gid: 0,
-                        ino: 0,
+                        ino: *v,
                     },
                 );
             }
@@ -865,7 +867,7 @@ impl Store for S3Store {
         // return: HEAD every object, several at a time.
         let args: Vec<HeadArg<'_>> = files
             .iter()
-            .map(|(n, s, lm)| {
+            .map(|(n, s, lm, _)| {
                 (
                     n.as_str(),
                     *s,
@@ -889,6 +891,10 @@ impl Store for S3Store {
 
     fn approximate_meta(&self) -> bool {
         self.lazy_meta
+    }
+
+    fn has_inodes(&self) -> bool {
+        false
     }
 
     fn refine(
@@ -1345,6 +1351,7 @@ fn meta_from_headers(h: &ureq::http::HeaderMap, size: u64, fallback: Option<(i64
     let mode = get(META_MODE)
         .and_then(|m| u32::from_str_radix(m, 8).ok())
         .map_or(0o644, |m| m & 0o7777);
+    let lm = get("last-modified").and_then(parse_http_or_iso_date);
     Meta {
         kind: Kind::File,
         size,
@@ -1353,8 +1360,24 @@ fn meta_from_headers(h: &ureq::http::HeaderMap, size: u64, fallback: Option<(i64
         mode,
         uid: 0,
         gid: 0,
-        ino: 0,
+        ino: version(get("etag"), lm.map(|t| t.0)),
     }
+}
+
+/// A fingerprint of an object's version, kept in [`Meta::ino`] (an object
+/// store has no inodes): its ETag and LastModified (seconds: a HEAD gives
+/// no more), the same from a listing and from a HEAD. A re-upload or a
+/// metadata rewrite changes it; 0 when either is missing.
+fn version(etag: Option<&str>, last_modified: Option<i64>) -> u64 {
+    let (Some(etag), Some(lm)) = (etag, last_modified) else {
+        return 0;
+    };
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in etag.trim_matches('"').bytes().chain(lm.to_le_bytes()) {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h | 1
 }
 
 fn dir_meta() -> Meta {

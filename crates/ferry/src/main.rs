@@ -126,6 +126,21 @@ fn run_sync(a: SyncArgs, mode: ferry_engine::Mode) -> Result<u8, String> {
 /// Copy or sync with an S3 side: the same engine over other stores. With
 /// `verbose`, what the stores did beyond plain copies (resumed transfers,
 /// server-side copies) goes to stderr.
+/// With -v: what an S3 store did (requests that cost, resumed work).
+fn note_s3(st: &S3Store, role: &str) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let c = st.counters();
+    eprintln!(
+        "ferry: s3 {role}: {} HEAD requests, {} parts sent, {} parts reused from {} resumed upload(s), {} server-side copies, {} stale upload(s) aborted",
+        c.heads.load(Relaxed),
+        c.parts_sent.load(Relaxed),
+        c.parts_reused.load(Relaxed),
+        c.uploads_resumed.load(Relaxed),
+        c.server_copies.load(Relaxed),
+        c.uploads_aborted.load(Relaxed)
+    );
+}
+
 fn run_remote(
     src: &Loc,
     dst: &Loc,
@@ -143,18 +158,8 @@ fn run_remote(
     };
     let local = |p: &std::path::Path| LocalStore::new(p, jobs);
     let note_s3 = |st: &S3Store, role: &str| {
-        use std::sync::atomic::Ordering::Relaxed;
-        let c = st.counters();
         if verbose {
-            eprintln!(
-                "ferry: s3 {role}: {} HEAD requests, {} parts sent, {} parts reused from {} resumed upload(s), {} server-side copies, {} stale upload(s) aborted",
-                c.heads.load(Relaxed),
-                c.parts_sent.load(Relaxed),
-                c.parts_reused.load(Relaxed),
-                c.uploads_resumed.load(Relaxed),
-                c.server_copies.load(Relaxed),
-                c.uploads_aborted.load(Relaxed)
-            );
+            note_s3(st, role);
         }
     };
     let note_local = |st: &LocalStore| {
@@ -255,7 +260,14 @@ fn run_bisync(a: BisyncArgs) -> Result<u8, String> {
         .progress_enabled()
         .then(|| Progress::start(stats.clone(), &rep));
     let j = journal.as_mut();
-    let s3 = |c: &ferry_s3::S3Config| S3Store::new(c, jobs);
+    // Listings without a HEAD per object: the journal vouches for objects
+    // whose version is the one it recorded; only the others are HEADed.
+    let s3 = |c: &ferry_s3::S3Config| S3Store::new(c, jobs).map(S3Store::with_lazy_meta);
+    let note = |st: &S3Store, side: &str| {
+        if a.verbose > 0 {
+            note_s3(st, side);
+        }
+    };
     let res = match (&ra.0, &rb.0) {
         (Loc::Local(x), Loc::Local(y)) => ferry_bisync::run(
             &LocalStore::new(x, jobs),
@@ -266,12 +278,24 @@ fn run_bisync(a: BisyncArgs) -> Result<u8, String> {
             &stats,
         ),
         (Loc::Local(x), Loc::S3(y)) => {
-            ferry_bisync::run(&LocalStore::new(x, jobs), &s3(y)?, j, &opts, &rep, &stats)
+            let sb = s3(y)?;
+            let r = ferry_bisync::run(&LocalStore::new(x, jobs), &sb, j, &opts, &rep, &stats);
+            note(&sb, "B");
+            r
         }
         (Loc::S3(x), Loc::Local(y)) => {
-            ferry_bisync::run(&s3(x)?, &LocalStore::new(y, jobs), j, &opts, &rep, &stats)
+            let sa = s3(x)?;
+            let r = ferry_bisync::run(&sa, &LocalStore::new(y, jobs), j, &opts, &rep, &stats);
+            note(&sa, "A");
+            r
         }
-        (Loc::S3(x), Loc::S3(y)) => ferry_bisync::run(&s3(x)?, &s3(y)?, j, &opts, &rep, &stats),
+        (Loc::S3(x), Loc::S3(y)) => {
+            let (sa, sb) = (s3(x)?, s3(y)?);
+            let r = ferry_bisync::run(&sa, &sb, j, &opts, &rep, &stats);
+            note(&sa, "A");
+            note(&sb, "B");
+            r
+        }
     };
     if let Some(p) = progress {
         p.finish();
