@@ -28,6 +28,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ferry_engine::bwlimit::Limiter;
+use ferry_engine::download::DIRECT_ALIGN;
 use ferry_engine::entry::{Kind, Listing, Meta};
 use ferry_engine::etag;
 use ferry_engine::filter::Filter;
@@ -1253,7 +1254,11 @@ impl RangedSource for S3Reader {
         let url = GetObject::new(&self.c.bucket, self.c.creds(), &self.key).sign(SIGN_TTL);
         let end = offset + len;
         let mut at = offset;
-        let mut buf = vec![0u8; RANGE_PIECE];
+        // Pieces sit 4 KiB-aligned in memory and end on 4 KiB boundaries of
+        // the object, so the writer can send them to disk with O_DIRECT.
+        let mut raw = vec![0u8; RANGE_PIECE + DIRECT_ALIGN];
+        let skew = raw.as_ptr().align_offset(DIRECT_ALIGN);
+        let buf = &mut raw[skew..skew + RANGE_PIECE];
         let mut attempt = 0;
         loop {
             attempt += 1;
@@ -1291,8 +1296,7 @@ impl RangedSource for S3Reader {
                         Err(e) => break Err(e),
                     }
                 }
-                let want = ((end - at) as usize).min(buf.len());
-                let want = limit.map_or(want, |l| l.chunk().min(want));
+                let want = piece_len(at, end, limit.map_or(buf.len(), |l| l.chunk()));
                 let mut n = 0;
                 let mut broke: Option<io::Error> = None;
                 while n < want {
@@ -1328,6 +1332,22 @@ impl RangedSource for S3Reader {
             }
         }
     }
+}
+
+/// How many bytes to gather for the piece at `at` of a range ending at
+/// `end`: at most `max` (and [`RANGE_PIECE`]), ending on a
+/// [`DIRECT_ALIGN`] boundary of the object unless the range ends first.
+fn piece_len(at: u64, end: u64, max: usize) -> usize {
+    const A: u64 = DIRECT_ALIGN as u64;
+    let max = max.min(RANGE_PIECE) as u64;
+    let mut want = (end - at).min(max);
+    if at % A != 0 {
+        // Up to the next boundary first (a range resumed mid-block).
+        want = want.min(A - at % A);
+    } else if at + want < end && want >= A {
+        want -= want % A;
+    }
+    want as usize
 }
 
 /// Metadata of an object from a HEAD's or GET's headers: `x-amz-meta-mtime`
@@ -1546,6 +1566,22 @@ fn encode_key(key: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pieces_end_on_block_boundaries() {
+        let a = DIRECT_ALIGN as u64;
+        let big = 64 << 20;
+        assert_eq!(piece_len(0, big, usize::MAX), RANGE_PIECE);
+        // Mid-block: up to the boundary, then whole pieces.
+        assert_eq!(piece_len(a + 10, big, usize::MAX), a as usize - 10);
+        // A limiter's odd chunk is cut to whole blocks...
+        assert_eq!(piece_len(0, big, 20_000), 4 * a as usize);
+        // ...except at the end of the range.
+        assert_eq!(piece_len(big - 100, big, 20_000), 100);
+        assert_eq!(piece_len(0, 5000, usize::MAX), 5000);
+        // A limiter chunk below a block is kept.
+        assert_eq!(piece_len(0, big, 1000), 1000);
+    }
 
     #[test]
     fn mtime_round_trip() {
