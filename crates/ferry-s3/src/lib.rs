@@ -18,6 +18,9 @@
 //! stored.
 
 mod config;
+mod direct;
+#[cfg(test)]
+mod direct_tests;
 
 use std::any::Any;
 use std::collections::HashMap;
@@ -61,6 +64,9 @@ struct Conn {
     bucket: Bucket,
     creds: Option<Credentials>,
     agent: ureq::Agent,
+    /// Ranged GETs without ureq, for `http://` endpoints (see `direct`).
+    direct: Option<direct::Pool>,
+    counters: Counters,
 }
 
 /// An S3 bucket and key prefix as a tree.
@@ -69,7 +75,6 @@ pub struct S3Store {
     /// Key prefix of the root: empty or ending in `/`.
     root: String,
     head_threads: usize,
-    counters: Counters,
     /// List without a HEAD per object (see `Store::approximate_meta`).
     lazy_meta: bool,
 }
@@ -89,6 +94,11 @@ pub struct Counters {
     pub server_copies: AtomicU64,
     /// HEAD requests (object metadata).
     pub heads: AtomicU64,
+    /// Ranged GETs answered on the direct path (plain HTTP, no ureq).
+    pub direct_gets: AtomicU64,
+    /// Ranged GETs sent again through ureq after an answer the direct
+    /// path does not handle.
+    pub direct_fallbacks: AtomicU64,
 }
 
 /// A "directory": a key prefix, empty or ending in `/`.
@@ -162,6 +172,7 @@ impl S3Store {
             .max_idle_connections_per_host(256)
             .build()
             .into();
+        let direct = direct::Pool::for_url(bucket.base_url());
         let mut root = cfg.prefix.trim_matches('/').to_string();
         if !root.is_empty() {
             root.push('/');
@@ -171,10 +182,11 @@ impl S3Store {
                 bucket,
                 creds: cfg.credentials.clone(),
                 agent,
+                direct,
+                counters: Counters::default(),
             }),
             root,
             head_threads: threads.clamp(1, 64),
-            counters: Counters::default(),
             lazy_meta: false,
         })
     }
@@ -189,7 +201,7 @@ impl S3Store {
 
     /// What the store did (parts sent and reused, uploads resumed, ...).
     pub fn counters(&self) -> &Counters {
-        &self.counters
+        &self.c.counters
     }
 }
 
@@ -268,7 +280,7 @@ impl S3Store {
     /// `x-amz-meta-mtime` (the listing's LastModified, which has
     /// milliseconds; the Last-Modified header has only seconds).
     fn head(&self, key: &str, size: u64, fallback: Option<(i64, u32)>) -> io::Result<Meta> {
-        self.counters.heads.fetch_add(1, Ordering::Relaxed);
+        self.c.counters.heads.fetch_add(1, Ordering::Relaxed);
         let url = HeadObject::new(&self.c.bucket, self.c.creds(), key).sign(SIGN_TTL);
         let resp = self
             .c
@@ -356,7 +368,7 @@ impl S3Store {
 
     /// Send one part; returns its ETag.
     fn put_part(&self, key: &str, id: &str, number: u16, data: &[u8]) -> io::Result<String> {
-        self.counters.parts_sent.fetch_add(1, Ordering::Relaxed);
+        self.c.counters.parts_sent.fetch_add(1, Ordering::Relaxed);
         let url = UploadPart::new(&self.c.bucket, self.c.creds(), key, number, id).sign(SIGN_TTL);
         let resp = self.c.send("UploadPart", key, || {
             self.c.agent.put(url.as_str()).send(data)
@@ -385,7 +397,8 @@ impl S3Store {
         let prior = self.resumable_upload(&w.key)?;
         let prior_parts = match prior {
             Some((id, parts)) => {
-                self.counters
+                self.c
+                    .counters
                     .uploads_resumed
                     .fetch_add(1, Ordering::Relaxed);
                 w.upload = Some(Multipart {
@@ -420,7 +433,7 @@ impl S3Store {
                                 .trim_matches('"')
                                 .eq_ignore_ascii_case(&etag::md5_hex(&data))
                         {
-                            self.counters.parts_reused.fetch_add(1, Ordering::Relaxed);
+                            self.c.counters.parts_reused.fetch_add(1, Ordering::Relaxed);
                             etags.lock().expect("etags").push((n, tag.clone()));
                             continue;
                         }
@@ -720,7 +733,8 @@ impl S3Store {
         let (_, id, _) = ups.pop().expect("not empty");
         for (k, old, _) in ups {
             self.abort_upload(&k, &old);
-            self.counters
+            self.c
+                .counters
                 .uploads_aborted
                 .fetch_add(1, Ordering::Relaxed);
         }
@@ -742,7 +756,8 @@ impl S3Store {
             if age >= max_age.as_secs() as i64 {
                 if !dry_run {
                     self.abort_upload(&key, &id);
-                    self.counters
+                    self.c
+                        .counters
                         .uploads_aborted
                         .fetch_add(1, Ordering::Relaxed);
                 }
@@ -1039,7 +1054,10 @@ impl Store for S3Store {
         let mut w = w;
         w.meta = *meta;
         if let Some((source, size)) = w.copy_from.take() {
-            self.counters.server_copies.fetch_add(1, Ordering::Relaxed);
+            self.c
+                .counters
+                .server_copies
+                .fetch_add(1, Ordering::Relaxed);
             return self.copy_object(&w.key, &source, size, &w.meta);
         }
         match w.upload.take() {
@@ -1213,6 +1231,36 @@ impl SourceFile for S3Reader {
     }
 }
 
+impl S3Reader {
+    /// A ranged GET through ureq (retrying what `Conn::send` retries): the
+    /// body of a `206`, or of a `200` for a range from the start.
+    fn get_range_ureq(
+        &self,
+        url: &url::Url,
+        range: &str,
+        etag: &str,
+        at: u64,
+    ) -> io::Result<ureq::BodyReader<'static>> {
+        // `If-Match`: every range comes from the same version, or the
+        // request fails (412) instead of mixing two versions.
+        let resp = self.c.send("GET", &self.key, || {
+            let mut r = self.c.agent.get(url.as_str()).header("range", range);
+            if !etag.is_empty() {
+                r = r.header("if-match", etag);
+            }
+            r.call()
+        })?;
+        if resp.status().as_u16() != 206 && at != 0 {
+            return Err(io::Error::other(format!(
+                "GET {}: the server ignored the byte range (HTTP {})",
+                self.key,
+                resp.status().as_u16()
+            )));
+        }
+        Ok(resp.into_body().into_reader())
+    }
+}
+
 impl RangedSource for S3Reader {
     fn identity(&self) -> io::Result<(u64, String)> {
         if let Some(v) = self.ident.get() {
@@ -1263,27 +1311,41 @@ impl RangedSource for S3Reader {
         loop {
             attempt += 1;
             let range = format!("bytes={}-{}", at, end - 1);
-            // `If-Match`: every range comes from the same version, or the
-            // request fails (412) instead of mixing two versions.
-            let resp = self.c.send("GET", &self.key, || {
-                let mut r = self
-                    .c
-                    .agent
-                    .get(url.as_str())
-                    .header("range", range.as_str());
-                if !etag.is_empty() {
-                    r = r.header("if-match", etag.as_str());
+            let mut direct_body;
+            let mut ureq_body;
+            let body: &mut dyn Read = match self
+                .c
+                .direct
+                .as_ref()
+                .filter(|d| d.is_on())
+                .map(|d| d.get(&url, at, end, &etag))
+            {
+                Some(Ok(direct::Get::Body(b))) => {
+                    self.c.counters.direct_gets.fetch_add(1, Ordering::Relaxed);
+                    direct_body = b;
+                    &mut direct_body
                 }
-                r.call()
-            })?;
-            if resp.status().as_u16() != 206 && at != 0 {
-                return Err(io::Error::other(format!(
-                    "GET {}: the server ignored the byte range (HTTP {})",
-                    self.key,
-                    resp.status().as_u16()
-                )));
-            }
-            let mut body = resp.into_body().into_reader();
+                // No connection or no answer: like a connection broken
+                // mid-body, ask again after a pause.
+                Some(Err(e)) if attempt < ATTEMPTS => {
+                    let _ = e;
+                    backoff(attempt);
+                    continue;
+                }
+                Some(Err(e)) => {
+                    return Err(io::Error::other(format!("GET {} ({range}): {e}", self.key)))
+                }
+                other => {
+                    if other.is_some() {
+                        self.c
+                            .counters
+                            .direct_fallbacks
+                            .fetch_add(1, Ordering::Relaxed);
+                    }
+                    ureq_body = self.get_range_ureq(&url, &range, &etag, at)?;
+                    &mut ureq_body
+                }
+            };
             // Gather up to a full piece per hand-over (few, large writes).
             let res = loop {
                 if at == end {

@@ -147,21 +147,24 @@ fn run_remote(
         let c = st.counters();
         if verbose {
             eprintln!(
-                "ferry: s3 {role}: {} HEAD requests, {} parts sent, {} parts reused from {} resumed upload(s), {} server-side copies, {} stale upload(s) aborted",
+                "ferry: s3 {role}: {} HEAD requests, {} parts sent, {} parts reused from {} resumed upload(s), {} server-side copies, {} stale upload(s) aborted, {} ranged GETs on the direct path, {} sent again through the HTTP client",
                 c.heads.load(Relaxed),
                 c.parts_sent.load(Relaxed),
                 c.parts_reused.load(Relaxed),
                 c.uploads_resumed.load(Relaxed),
                 c.server_copies.load(Relaxed),
-                c.uploads_aborted.load(Relaxed)
+                c.uploads_aborted.load(Relaxed),
+                c.direct_gets.load(Relaxed),
+                c.direct_fallbacks.load(Relaxed)
             );
         }
     };
     let note_local = |st: &LocalStore| {
         if verbose {
             eprintln!(
-                "ferry: {} bytes of interrupted downloads reused",
-                st.resumed_bytes()
+                "ferry: {} bytes of interrupted downloads reused, {} bytes of downloads written with O_DIRECT",
+                st.resumed_bytes(),
+                st.direct_bytes()
             );
         }
     };
