@@ -5,7 +5,8 @@
 //! our control) and ureq sends them over a pool of keep-alive connections
 //! from the engine's worker threads: no async runtime and no hidden
 //! executor between the engine's pool and the socket, and the body stream is
-//! ours, so `--bwlimit` paces exact bytes. (Design notes: docs/DESIGN.md.)
+//! ours, so `--bwlimit` paces exact bytes. Ranged GETs to plain-`http`
+//! endpoints skip ureq's buffer copy (`direct`). (Design notes: docs/DESIGN.md.)
 //!
 //! Mapping: a directory is a key prefix ending in `/`, listed with the `/`
 //! delimiter, one page of 1,000 keys at a time; a file is an object whose
