@@ -275,7 +275,7 @@ impl Direct {
         while done < body {
             match rustix::io::pwrite(dfd, &mid[done..], off + (head + done) as u64) {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(n) if n % DIRECT_ALIGN == 0 => done += n,
+                Ok(n) if n.is_multiple_of(DIRECT_ALIGN) => done += n,
                 Ok(n) => {
                     // A short, unaligned write: the rest the buffered way.
                     done += n;
@@ -392,7 +392,7 @@ mod tests {
                     return Err(io::Error::other("connection reset"));
                 }
                 let mut step = self.piece;
-                if self.piece % a == 0 && at % a != 0 {
+                if self.piece.is_multiple_of(a) && !at.is_multiple_of(a) {
                     step = a - at % a;
                 }
                 let end = (at + step).min(off + len).min(self.fail_from);

@@ -214,7 +214,7 @@ fn a_connection_dropped_mid_body_resumes_where_it_broke() {
     for p in &pieces {
         at += p;
         assert!(
-            at % DIRECT_ALIGN == 0 || at == cut || at == len,
+            at.is_multiple_of(DIRECT_ALIGN) || at == cut || at == len,
             "{pieces:?}"
         );
     }

@@ -1404,7 +1404,7 @@ fn piece_len(at: u64, end: u64, max: usize) -> usize {
     const A: u64 = DIRECT_ALIGN as u64;
     let max = max.min(RANGE_PIECE) as u64;
     let mut want = (end - at).min(max);
-    if at % A != 0 {
+    if !at.is_multiple_of(A) {
         // Up to the next boundary first (a range resumed mid-block).
         want = want.min(A - at % A);
     } else if at + want < end && want >= A {
