@@ -20,6 +20,8 @@ ap.add_argument("--out", default="BENCHMARKS.md")
 ap.add_argument("--skip", default="", help="comma list of: small,big,lat")
 ap.add_argument("--tools", default="", help="comma list (default: ferry,rclone,rclone32 and aws when installed)")
 ap.add_argument("--dirs", default="up,down", help="comma list of: up,down")
+ap.add_argument("--base", default="", help="another ferry binary, measured as tool ferry-base "
+                "(add it to --tools): before/after in one run")
 a = ap.parse_args()
 ferry = os.path.abspath(a.ferry)
 repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -63,6 +65,8 @@ def tool_cmd(tool, src, dst):
         return {"ferry": f"s3://{bucket}/{p}", "rclone": f"g:{bucket}/{p}", "aws": f"s3://{bucket}/{p}"}[style]
     if tool == "ferry":
         return [ferry, "copy", "--no-progress", fmt(src, "ferry"), fmt(dst, "ferry")]
+    if tool == "ferry-base":
+        return [os.path.abspath(a.base), "copy", "--no-progress", fmt(src, "ferry"), fmt(dst, "ferry")]
     if tool == "rclone":
         return ["rclone", "copy", fmt(src, "rclone"), fmt(dst, "rclone")]
     if tool == "rclone32":

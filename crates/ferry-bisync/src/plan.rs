@@ -209,16 +209,45 @@ pub fn merge_dir(cx: &Ctx<'_>, key: &[u8], la: &Listing, lb: &Listing, out: &mut
         if is_dir(&va) || is_dir(&vb) || vj.is_some_and(|r| r.a.kind == Kind::Dir) {
             out.subdirs.push((name.to_vec(), listed));
         }
-        let mut d = reconcile(vj.as_ref(), va.as_ref(), vb.as_ref());
-        // In sync, but the record lacks the version fingerprint (or inode)
-        // a side now reports (a journal from before fingerprints): the
-        // record learns it, so the next run can trust the listing.
-        let learn = |now: &Option<Meta>, then: Option<&Meta>| {
-            now.is_some_and(|n| n.ino != 0 && n.kind == Kind::File)
-                && then.is_some_and(|t| t.ino == 0 && t.kind == Kind::File)
+        // On a store without inodes `ino` is the object's version
+        // fingerprint: not a change by itself (a rewrite with the same
+        // size, mtime and mode changes nothing ferry syncs), so the rules
+        // do not see it; but a record whose fingerprint is not the
+        // current one learns it, so the next run can trust the listing
+        // without asking for the object's metadata.
+        let plain = |m: Option<Meta>, s: Side| {
+            m.map(|m| Meta {
+                ino: if cx.sides.inodes[s as usize] {
+                    m.ino
+                } else {
+                    0
+                },
+                ..m
+            })
+        };
+        let rj = vj.map(|r| Synced {
+            a: plain(Some(r.a), Side::A).expect("some"),
+            b: plain(Some(r.b), Side::B).expect("some"),
+        });
+        let mut d = reconcile(
+            rj.as_ref(),
+            plain(va, Side::A).as_ref(),
+            plain(vb, Side::B).as_ref(),
+        );
+        // A record lacking the inode or fingerprint a side now reports
+        // (or, without inodes, holding an older fingerprint) learns it.
+        let learn = |now: &Option<Meta>, then: Option<&Meta>, s: Side| {
+            let (Some(n), Some(t)) = (now, then) else {
+                return false;
+            };
+            n.kind == Kind::File
+                && t.kind == Kind::File
+                && n.ino != 0
+                && (t.ino == 0 || (!cx.sides.inodes[s as usize] && t.ino != n.ino))
         };
         if d == Decision::Keep
-            && (learn(&va, vj.as_ref().map(|r| &r.a)) || learn(&vb, vj.as_ref().map(|r| &r.b)))
+            && (learn(&va, vj.as_ref().map(|r| &r.a), Side::A)
+                || learn(&vb, vj.as_ref().map(|r| &r.b), Side::B))
         {
             d = Decision::Record;
         }

@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 pub struct Limiter {
     rate: f64,
     burst: Duration,
-    next: Mutex<Instant>,
+    /// The shared clock, and the bytes granted so far.
+    next: Mutex<(Instant, u64)>,
 }
 
 impl Limiter {
@@ -24,7 +25,7 @@ impl Limiter {
         Limiter {
             rate: bytes_per_sec.max(1) as f64,
             burst: Duration::from_millis(250),
-            next: Mutex::new(Instant::now()),
+            next: Mutex::new((Instant::now(), 0)),
         }
     }
 
@@ -39,6 +40,11 @@ impl Limiter {
         ((self.rate / 20.0) as usize).clamp(16 << 10, 4 << 20)
     }
 
+    /// Bytes granted so far (what the tests check pacing by).
+    pub fn granted(&self) -> u64 {
+        self.next.lock().expect("limiter lock").1
+    }
+
     /// Wait until `n` more bytes may be sent.
     pub fn acquire(&self, n: u64) {
         let wait = self.book(Instant::now(), n);
@@ -49,12 +55,14 @@ impl Limiter {
 
     /// Book `n` bytes at time `now`; returns how long the caller must wait.
     fn book(&self, now: Instant, n: u64) -> Duration {
-        let mut next = self.next.lock().expect("limiter lock");
+        let mut g = self.next.lock().expect("limiter lock");
+        let (next, granted) = &mut *g;
         let earliest = now.checked_sub(self.burst).unwrap_or(now);
         if *next < earliest {
             *next = earliest;
         }
         *next += Duration::from_secs_f64(n as f64 / self.rate);
+        *granted += n;
         next.saturating_duration_since(now)
     }
 }

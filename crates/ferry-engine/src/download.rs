@@ -11,11 +11,20 @@
 //! identity fetches only the missing ranges; another identity starts over.
 //! Where extended attributes are not supported, downloads still work but do
 //! not resume.
+//!
+//! Bytes go to disk with `O_DIRECT` where the filesystem allows it: whole
+//! 4 KiB blocks straight from the receive buffer to the device, no
+//! page-cache copy (on the benchmark machine a buffered write of new pages
+//! costs ~1.5 CPU-s per GiB, a direct one ~0.1), no writeback left behind,
+//! and the `fdatasync` before each record only flushes the device cache.
+//! The unaligned edges of a piece (the object's last bytes, a range
+//! resumed mid-block) go through the page cache on a second descriptor;
+//! the kernel keeps the two coherent.
 
 use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -46,6 +55,9 @@ struct Tuning {
     sync_every: u64,
     sync_interval: Duration,
 }
+/// Alignment of direct writes (file offset, length and memory): the page
+/// size, which covers every logical block size in use.
+pub const DIRECT_ALIGN: usize = 4096;
 /// The extended attribute holding the resume state.
 const XATTR: &CStr = c"user.ferry.partial";
 
@@ -73,6 +85,8 @@ pub struct Downloaded {
     pub size: u64,
     /// Bytes reused from an interrupted earlier download.
     pub resumed: u64,
+    /// Bytes written with `O_DIRECT` (the rest went through the page cache).
+    pub direct: u64,
 }
 
 /// Download `src` into the partial of `name` in `dir`. On failure the partial
@@ -122,11 +136,14 @@ fn download_with(
         rfs::ftruncate(&fd, 0)?;
     }
     rfs::ftruncate(&fd, size)?;
+    let direct = Direct::open(dir, &pname, fd.as_fd());
     let mut pieces = Vec::new();
     for (a, b) in ranges.missing(size) {
         let mut at = a;
         while at < b {
-            let end = (at + t.chunk).min(b);
+            // On multiples of the chunk size, so that after a resume
+            // mid-block only the first piece starts unaligned.
+            let end = ((at / t.chunk + 1) * t.chunk).min(b);
             pieces.push((at, end));
             at = end;
         }
@@ -150,7 +167,7 @@ fn download_with(
                 let (a, b) = pieces[i];
                 // Each piece is on disk before it counts as received.
                 let mut put = |off: u64, data: &[u8]| -> io::Result<()> {
-                    pwrite_all(fd.as_fd(), data, off)?;
+                    direct.write(fd.as_fd(), data, off)?;
                     let end = off + data.len() as u64;
                     let snapshot = {
                         let mut p = progress.lock().expect("progress");
@@ -194,7 +211,89 @@ fn download_with(
         name: pname,
         size,
         resumed,
+        direct: direct.bytes.load(Ordering::Relaxed),
     })
+}
+
+/// A second descriptor of the partial, opened with `O_DIRECT`, while direct
+/// writes work.
+struct Direct {
+    fd: Option<OwnedFd>,
+    /// Cleared when the filesystem refuses a direct write.
+    on: AtomicBool,
+    /// Bytes written through it.
+    bytes: AtomicU64,
+}
+
+impl Direct {
+    /// `O_DIRECT` on `name` in `dir`, when the filesystem is a local one
+    /// known to do it well and the name is still the file `fd` (nothing
+    /// replaced it in between). Elsewhere (NFS, FUSE, tmpfs...) a direct
+    /// write may be a synchronous round trip or refused: the page cache.
+    fn open(dir: BorrowedFd<'_>, name: &CStr, fd: BorrowedFd<'_>) -> Direct {
+        // ext2/3/4, XFS, Btrfs, F2FS.
+        const LOCAL: [u64; 4] = [0xEF53, 0x5846_5342, 0x9123_683E, 0xF2F5_2010];
+        let local = rfs::fstatfs(fd).is_ok_and(|s| LOCAL.contains(&(s.f_type as u64)));
+        let dfd = local
+            .then(|| {
+                rfs::openat(
+                    dir,
+                    name,
+                    OFlags::WRONLY | OFlags::DIRECT | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                    Mode::empty(),
+                )
+                .ok()
+            })
+            .flatten()
+            .filter(|d| match (rfs::fstat(d), rfs::fstat(fd)) {
+                (Ok(a), Ok(b)) => a.st_dev == b.st_dev && a.st_ino == b.st_ino,
+                _ => false,
+            });
+        Direct {
+            on: AtomicBool::new(dfd.is_some()),
+            fd: dfd,
+            bytes: AtomicU64::new(0),
+        }
+    }
+
+    /// Write `data` at `off`: the whole aligned blocks in the middle
+    /// directly when `data` sits aligned in memory, the rest through `fd`.
+    fn write(&self, fd: BorrowedFd<'_>, data: &[u8], off: u64) -> io::Result<()> {
+        const A: u64 = DIRECT_ALIGN as u64;
+        let dfd = match &self.fd {
+            Some(d) if self.on.load(Ordering::Relaxed) => d,
+            _ => return pwrite_all(fd, data, off),
+        };
+        let head = ((A - off % A) % A).min(data.len() as u64) as usize;
+        let body = (data.len() - head) / DIRECT_ALIGN * DIRECT_ALIGN;
+        let mid = &data[head..head + body];
+        if body == 0 || mid.as_ptr().align_offset(DIRECT_ALIGN) != 0 {
+            return pwrite_all(fd, data, off);
+        }
+        pwrite_all(fd, &data[..head], off)?;
+        let mut done = 0;
+        while done < body {
+            match rustix::io::pwrite(dfd, &mid[done..], off + (head + done) as u64) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) if n.is_multiple_of(DIRECT_ALIGN) => done += n,
+                Ok(n) => {
+                    // A short, unaligned write: the rest the buffered way.
+                    done += n;
+                    break;
+                }
+                Err(Errno::INTR) => {}
+                // The filesystem (or this file) does not take direct writes
+                // after all: from now on the page cache.
+                Err(Errno::INVAL) => {
+                    self.on.store(false, Ordering::Relaxed);
+                    break;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        self.bytes.fetch_add(done as u64, Ordering::Relaxed);
+        pwrite_all(fd, &data[head + done..], off + (head + done) as u64)
+    }
 }
 
 fn pwrite_all(fd: BorrowedFd<'_>, mut buf: &[u8], mut at: u64) -> io::Result<()> {
@@ -266,6 +365,7 @@ mod tests {
         ident: String,
         served: AtomicU64,
         fail_from: u64,
+        piece: u64,
     }
 
     impl RangedSource for Fake {
@@ -279,14 +379,26 @@ mod tests {
             out: &mut dyn FnMut(u64, &[u8]) -> io::Result<()>,
             _: Option<&Limiter>,
         ) -> io::Result<()> {
-            // In pieces of 1000 bytes, like a network stream.
+            // In pieces of `piece` bytes, like a network stream; pieces of
+            // whole blocks end on block boundaries and come from an aligned
+            // buffer, like the S3 reader's.
+            let mut raw = vec![0u8; self.piece as usize + DIRECT_ALIGN];
+            let skew = raw.as_ptr().align_offset(DIRECT_ALIGN);
+            let buf = &mut raw[skew..];
+            let a = DIRECT_ALIGN as u64;
             let mut at = off;
             while at < off + len {
                 if at >= self.fail_from {
                     return Err(io::Error::other("connection reset"));
                 }
-                let end = (at + 1000).min(off + len).min(self.fail_from);
-                out(at, &self.data[at as usize..end as usize])?;
+                let mut step = self.piece;
+                if self.piece.is_multiple_of(a) && !at.is_multiple_of(a) {
+                    step = a - at % a;
+                }
+                let end = (at + step).min(off + len).min(self.fail_from);
+                let n = (end - at) as usize;
+                buf[..n].copy_from_slice(&self.data[at as usize..end as usize]);
+                out(at, &buf[..n])?;
                 self.served.fetch_add(end - at, Ordering::SeqCst);
                 at = end;
             }
@@ -309,6 +421,7 @@ mod tests {
             ident: ident.into(),
             served: AtomicU64::new(0),
             fail_from,
+            piece: 1000,
         }
     }
 
@@ -354,6 +467,32 @@ mod tests {
         assert!(got.name.to_bytes().starts_with(PARTIAL_PREFIX));
         // The finished file carries no resume state.
         assert!(matches!(load_state(got.fd.as_fd()), Ok(None)));
+    }
+
+    #[test]
+    fn aligned_pieces_go_direct_and_edges_buffered() {
+        let (_t, d) = dir();
+        // Unaligned end; the first run breaks mid-block, so the second one
+        // starts its missing range there.
+        let len = 10 * T.chunk as usize + 12345;
+        let cut = 6 * T.chunk + 5000 + 3;
+        let mut src = fake(len, "etag-1", cut);
+        src.piece = 16 << 10;
+        assert!(download_with(d.as_fd(), c"d.bin", &src, None, T).is_err());
+        let mut src2 = fake(len, "etag-1", u64::MAX);
+        src2.piece = 16 << 10;
+        let got = download_with(d.as_fd(), c"d.bin", &src2, None, T).unwrap();
+        assert_eq!(got.resumed, cut);
+        assert_eq!(contents(&got.fd, got.size), src2.data);
+        // Where the filesystem takes O_DIRECT, all but the edges went direct.
+        if Direct::open(d.as_fd(), &got.name, got.fd.as_fd())
+            .fd
+            .is_some()
+        {
+            let fetched = len as u64 - cut;
+            assert!(got.direct > 0 && got.direct <= fetched);
+            assert!(fetched - got.direct < 2 * DIRECT_ALIGN as u64);
+        }
     }
 
     #[test]

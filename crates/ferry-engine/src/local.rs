@@ -57,6 +57,8 @@ pub struct LocalStore {
     tmpfile: AtomicBool,
     /// Bytes of interrupted downloads reused by resumed ones.
     resumed: AtomicU64,
+    /// Bytes of downloads written with `O_DIRECT`.
+    direct: AtomicU64,
 }
 
 /// An open local directory.
@@ -125,12 +127,18 @@ impl LocalStore {
             copy_range: AtomicBool::new(true),
             tmpfile: AtomicBool::new(Path::new("/proc/self/fd").is_dir()),
             resumed: AtomicU64::new(0),
+            direct: AtomicU64::new(0),
         }
     }
 
     /// Bytes that resumed downloads did not fetch again.
     pub fn resumed_bytes(&self) -> u64 {
         self.resumed.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of downloads written with `O_DIRECT` (past the page cache).
+    pub fn direct_bytes(&self) -> u64 {
+        self.direct.load(Ordering::Relaxed)
     }
 
     /// The root path.
@@ -482,6 +490,7 @@ impl Store for LocalStore {
         if let (Some(name), Some(r)) = (&w.big, src.ranged()) {
             let d = download::download(dir.fd(), name, r, limit)?;
             self.resumed.fetch_add(d.resumed, Ordering::Relaxed);
+            self.direct.fetch_add(d.direct, Ordering::Relaxed);
             w.fd = d.fd;
             w.tmp = None;
             w.partial = Some(d.name);

@@ -5,7 +5,8 @@
 //! our control) and ureq sends them over a pool of keep-alive connections
 //! from the engine's worker threads: no async runtime and no hidden
 //! executor between the engine's pool and the socket, and the body stream is
-//! ours, so `--bwlimit` paces exact bytes. (Design notes: docs/DESIGN.md.)
+//! ours, so `--bwlimit` paces exact bytes. Ranged GETs to plain-`http`
+//! endpoints skip ureq's buffer copy (`direct`). (Design notes: docs/DESIGN.md.)
 //!
 //! Mapping: a directory is a key prefix ending in `/`, listed with the `/`
 //! delimiter, one page of 1,000 keys at a time; a file is an object whose
@@ -18,6 +19,9 @@
 //! stored.
 
 mod config;
+mod direct;
+#[cfg(test)]
+mod direct_tests;
 
 use std::any::Any;
 use std::collections::HashMap;
@@ -28,6 +32,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ferry_engine::bwlimit::Limiter;
+use ferry_engine::download::DIRECT_ALIGN;
 use ferry_engine::entry::{Kind, Listing, Meta};
 use ferry_engine::etag;
 use ferry_engine::filter::Filter;
@@ -60,6 +65,9 @@ struct Conn {
     bucket: Bucket,
     creds: Option<Credentials>,
     agent: ureq::Agent,
+    /// Ranged GETs without ureq, for `http://` endpoints (see `direct`).
+    direct: Option<direct::Pool>,
+    counters: Counters,
 }
 
 /// An S3 bucket and key prefix as a tree.
@@ -68,7 +76,6 @@ pub struct S3Store {
     /// Key prefix of the root: empty or ending in `/`.
     root: String,
     head_threads: usize,
-    counters: Counters,
     /// List without a HEAD per object (see `Store::approximate_meta`).
     lazy_meta: bool,
 }
@@ -88,6 +95,11 @@ pub struct Counters {
     pub server_copies: AtomicU64,
     /// HEAD requests (object metadata).
     pub heads: AtomicU64,
+    /// Ranged GETs answered on the direct path (plain HTTP, no ureq).
+    pub direct_gets: AtomicU64,
+    /// Ranged GETs sent again through ureq after an answer the direct
+    /// path does not handle.
+    pub direct_fallbacks: AtomicU64,
 }
 
 /// A "directory": a key prefix, empty or ending in `/`.
@@ -161,6 +173,7 @@ impl S3Store {
             .max_idle_connections_per_host(256)
             .build()
             .into();
+        let direct = direct::Pool::for_url(bucket.base_url());
         let mut root = cfg.prefix.trim_matches('/').to_string();
         if !root.is_empty() {
             root.push('/');
@@ -170,10 +183,11 @@ impl S3Store {
                 bucket,
                 creds: cfg.credentials.clone(),
                 agent,
+                direct,
+                counters: Counters::default(),
             }),
             root,
             head_threads: threads.clamp(1, 64),
-            counters: Counters::default(),
             lazy_meta: false,
         })
     }
@@ -188,7 +202,7 @@ impl S3Store {
 
     /// What the store did (parts sent and reused, uploads resumed, ...).
     pub fn counters(&self) -> &Counters {
-        &self.counters
+        &self.c.counters
     }
 }
 
@@ -267,7 +281,7 @@ impl S3Store {
     /// `x-amz-meta-mtime` (the listing's LastModified, which has
     /// milliseconds; the Last-Modified header has only seconds).
     fn head(&self, key: &str, size: u64, fallback: Option<(i64, u32)>) -> io::Result<Meta> {
-        self.counters.heads.fetch_add(1, Ordering::Relaxed);
+        self.c.counters.heads.fetch_add(1, Ordering::Relaxed);
         let url = HeadObject::new(&self.c.bucket, self.c.creds(), key).sign(SIGN_TTL);
         let resp = self
             .c
@@ -355,7 +369,7 @@ impl S3Store {
 
     /// Send one part; returns its ETag.
     fn put_part(&self, key: &str, id: &str, number: u16, data: &[u8]) -> io::Result<String> {
-        self.counters.parts_sent.fetch_add(1, Ordering::Relaxed);
+        self.c.counters.parts_sent.fetch_add(1, Ordering::Relaxed);
         let url = UploadPart::new(&self.c.bucket, self.c.creds(), key, number, id).sign(SIGN_TTL);
         let resp = self.c.send("UploadPart", key, || {
             self.c.agent.put(url.as_str()).send(data)
@@ -384,7 +398,8 @@ impl S3Store {
         let prior = self.resumable_upload(&w.key)?;
         let prior_parts = match prior {
             Some((id, parts)) => {
-                self.counters
+                self.c
+                    .counters
                     .uploads_resumed
                     .fetch_add(1, Ordering::Relaxed);
                 w.upload = Some(Multipart {
@@ -419,7 +434,7 @@ impl S3Store {
                                 .trim_matches('"')
                                 .eq_ignore_ascii_case(&etag::md5_hex(&data))
                         {
-                            self.counters.parts_reused.fetch_add(1, Ordering::Relaxed);
+                            self.c.counters.parts_reused.fetch_add(1, Ordering::Relaxed);
                             etags.lock().expect("etags").push((n, tag.clone()));
                             continue;
                         }
@@ -719,7 +734,8 @@ impl S3Store {
         let (_, id, _) = ups.pop().expect("not empty");
         for (k, old, _) in ups {
             self.abort_upload(&k, &old);
-            self.counters
+            self.c
+                .counters
                 .uploads_aborted
                 .fetch_add(1, Ordering::Relaxed);
         }
@@ -741,7 +757,8 @@ impl S3Store {
             if age >= max_age.as_secs() as i64 {
                 if !dry_run {
                     self.abort_upload(&key, &id);
-                    self.counters
+                    self.c
+                        .counters
                         .uploads_aborted
                         .fetch_add(1, Ordering::Relaxed);
                 }
@@ -823,7 +840,7 @@ impl Store for S3Store {
                     continue;
                 }
                 let lm = c.last_modified.as_deref().and_then(parse_http_or_iso_date);
-                let v = version(c.etag.as_deref(), lm.map(|t| t.0));
+                let v = version(c.etag.as_deref(), lm);
                 files.push((name.to_string(), c.size.unwrap_or(0), c.last_modified, v));
             }
             for p in page.common_prefixes {
@@ -922,7 +939,14 @@ impl Store for S3Store {
         let results = self.head_many(&dir.prefix, &args);
         for (k, r) in results.into_iter().enumerate() {
             match r {
-                Ok(m) => list.entries_mut()[which[k]].meta = m,
+                Ok(m) => {
+                    // The listing's version fingerprint stays.
+                    let e = &mut list.entries_mut()[which[k]];
+                    e.meta = Meta {
+                        ino: e.meta.ino,
+                        ..m
+                    };
+                }
                 Err(err) => errors.push(ListError {
                     name: names[k].0.as_bytes().to_vec(),
                     err,
@@ -1044,7 +1068,10 @@ impl Store for S3Store {
         let mut w = w;
         w.meta = *meta;
         if let Some((source, size)) = w.copy_from.take() {
-            self.counters.server_copies.fetch_add(1, Ordering::Relaxed);
+            self.c
+                .counters
+                .server_copies
+                .fetch_add(1, Ordering::Relaxed);
             return self.copy_object(&w.key, &source, size, &w.meta);
         }
         match w.upload.take() {
@@ -1218,6 +1245,36 @@ impl SourceFile for S3Reader {
     }
 }
 
+impl S3Reader {
+    /// A ranged GET through ureq (retrying what `Conn::send` retries): the
+    /// body of a `206`, or of a `200` for a range from the start.
+    fn get_range_ureq(
+        &self,
+        url: &url::Url,
+        range: &str,
+        etag: &str,
+        at: u64,
+    ) -> io::Result<ureq::BodyReader<'static>> {
+        // `If-Match`: every range comes from the same version, or the
+        // request fails (412) instead of mixing two versions.
+        let resp = self.c.send("GET", &self.key, || {
+            let mut r = self.c.agent.get(url.as_str()).header("range", range);
+            if !etag.is_empty() {
+                r = r.header("if-match", etag);
+            }
+            r.call()
+        })?;
+        if resp.status().as_u16() != 206 && at != 0 {
+            return Err(io::Error::other(format!(
+                "GET {}: the server ignored the byte range (HTTP {})",
+                self.key,
+                resp.status().as_u16()
+            )));
+        }
+        Ok(resp.into_body().into_reader())
+    }
+}
+
 impl RangedSource for S3Reader {
     fn identity(&self) -> io::Result<(u64, String)> {
         if let Some(v) = self.ident.get() {
@@ -1259,32 +1316,50 @@ impl RangedSource for S3Reader {
         let url = GetObject::new(&self.c.bucket, self.c.creds(), &self.key).sign(SIGN_TTL);
         let end = offset + len;
         let mut at = offset;
-        let mut buf = vec![0u8; RANGE_PIECE];
+        // Pieces sit 4 KiB-aligned in memory and end on 4 KiB boundaries of
+        // the object, so the writer can send them to disk with O_DIRECT.
+        let mut raw = vec![0u8; RANGE_PIECE + DIRECT_ALIGN];
+        let skew = raw.as_ptr().align_offset(DIRECT_ALIGN);
+        let buf = &mut raw[skew..skew + RANGE_PIECE];
         let mut attempt = 0;
         loop {
             attempt += 1;
             let range = format!("bytes={}-{}", at, end - 1);
-            // `If-Match`: every range comes from the same version, or the
-            // request fails (412) instead of mixing two versions.
-            let resp = self.c.send("GET", &self.key, || {
-                let mut r = self
-                    .c
-                    .agent
-                    .get(url.as_str())
-                    .header("range", range.as_str());
-                if !etag.is_empty() {
-                    r = r.header("if-match", etag.as_str());
+            let mut direct_body;
+            let mut ureq_body;
+            let body: &mut dyn Read = match self
+                .c
+                .direct
+                .as_ref()
+                .filter(|d| d.is_on())
+                .map(|d| d.get(&url, at, end, &etag))
+            {
+                Some(Ok(direct::Get::Body(b))) => {
+                    self.c.counters.direct_gets.fetch_add(1, Ordering::Relaxed);
+                    direct_body = b;
+                    &mut direct_body
                 }
-                r.call()
-            })?;
-            if resp.status().as_u16() != 206 && at != 0 {
-                return Err(io::Error::other(format!(
-                    "GET {}: the server ignored the byte range (HTTP {})",
-                    self.key,
-                    resp.status().as_u16()
-                )));
-            }
-            let mut body = resp.into_body().into_reader();
+                // No connection or no answer: like a connection broken
+                // mid-body, ask again after a pause.
+                Some(Err(e)) if attempt < ATTEMPTS => {
+                    let _ = e;
+                    backoff(attempt);
+                    continue;
+                }
+                Some(Err(e)) => {
+                    return Err(io::Error::other(format!("GET {} ({range}): {e}", self.key)))
+                }
+                other => {
+                    if other.is_some() {
+                        self.c
+                            .counters
+                            .direct_fallbacks
+                            .fetch_add(1, Ordering::Relaxed);
+                    }
+                    ureq_body = self.get_range_ureq(&url, &range, &etag, at)?;
+                    &mut ureq_body
+                }
+            };
             // Gather up to a full piece per hand-over (few, large writes).
             let res = loop {
                 if at == end {
@@ -1297,8 +1372,7 @@ impl RangedSource for S3Reader {
                         Err(e) => break Err(e),
                     }
                 }
-                let want = ((end - at) as usize).min(buf.len());
-                let want = limit.map_or(want, |l| l.chunk().min(want));
+                let want = piece_len(at, end, limit.map_or(buf.len(), |l| l.chunk()));
                 let mut n = 0;
                 let mut broke: Option<io::Error> = None;
                 while n < want {
@@ -1336,6 +1410,22 @@ impl RangedSource for S3Reader {
     }
 }
 
+/// How many bytes to gather for the piece at `at` of a range ending at
+/// `end`: at most `max` (and [`RANGE_PIECE`]), ending on a
+/// [`DIRECT_ALIGN`] boundary of the object unless the range ends first.
+fn piece_len(at: u64, end: u64, max: usize) -> usize {
+    const A: u64 = DIRECT_ALIGN as u64;
+    let max = max.min(RANGE_PIECE) as u64;
+    let mut want = (end - at).min(max);
+    if !at.is_multiple_of(A) {
+        // Up to the next boundary first (a range resumed mid-block).
+        want = want.min(A - at % A);
+    } else if at + want < end && want >= A {
+        want -= want % A;
+    }
+    want as usize
+}
+
 /// Metadata of an object from a HEAD's or GET's headers: `x-amz-meta-mtime`
 /// and `x-amz-meta-mode` when ferry or rclone wrote them, else LastModified.
 fn meta_from_headers(h: &ureq::http::HeaderMap, size: u64, fallback: Option<(i64, u32)>) -> Meta {
@@ -1351,7 +1441,6 @@ fn meta_from_headers(h: &ureq::http::HeaderMap, size: u64, fallback: Option<(i64
     let mode = get(META_MODE)
         .and_then(|m| u32::from_str_radix(m, 8).ok())
         .map_or(0o644, |m| m & 0o7777);
-    let lm = get("last-modified").and_then(parse_http_or_iso_date);
     Meta {
         kind: Kind::File,
         size,
@@ -1360,20 +1449,26 @@ fn meta_from_headers(h: &ureq::http::HeaderMap, size: u64, fallback: Option<(i64
         mode,
         uid: 0,
         gid: 0,
-        ino: version(get("etag"), lm.map(|t| t.0)),
+        ino: 0,
     }
 }
 
-/// A fingerprint of an object's version, kept in [`Meta::ino`] (an object
-/// store has no inodes): its ETag and LastModified (seconds: a HEAD gives
-/// no more), the same from a listing and from a HEAD. A re-upload or a
-/// metadata rewrite changes it; 0 when either is missing.
-fn version(etag: Option<&str>, last_modified: Option<i64>) -> u64 {
-    let (Some(etag), Some(lm)) = (etag, last_modified) else {
+/// A fingerprint of an object's version, kept in [`Meta::ino`] of listed
+/// objects (an object store has no inodes): its ETag and LastModified as
+/// listed (to the millisecond; a HEAD's has only seconds, so metadata from
+/// a HEAD carries 0). A re-upload or a metadata rewrite changes it; 0 when
+/// either is missing.
+fn version(etag: Option<&str>, last_modified: Option<(i64, u32)>) -> u64 {
+    let (Some(etag), Some((s, ns))) = (etag, last_modified) else {
         return 0;
     };
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in etag.trim_matches('"').bytes().chain(lm.to_le_bytes()) {
+    for b in etag
+        .trim_matches('"')
+        .bytes()
+        .chain(s.to_le_bytes())
+        .chain(ns.to_le_bytes())
+    {
         h ^= b as u64;
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
@@ -1569,6 +1664,22 @@ fn encode_key(key: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pieces_end_on_block_boundaries() {
+        let a = DIRECT_ALIGN as u64;
+        let big = 64 << 20;
+        assert_eq!(piece_len(0, big, usize::MAX), RANGE_PIECE);
+        // Mid-block: up to the boundary, then whole pieces.
+        assert_eq!(piece_len(a + 10, big, usize::MAX), a as usize - 10);
+        // A limiter's odd chunk is cut to whole blocks...
+        assert_eq!(piece_len(0, big, 20_000), 4 * a as usize);
+        // ...except at the end of the range.
+        assert_eq!(piece_len(big - 100, big, 20_000), 100);
+        assert_eq!(piece_len(0, 5000, usize::MAX), 5000);
+        // A limiter chunk below a block is kept.
+        assert_eq!(piece_len(0, big, 1000), 1000);
+    }
 
     #[test]
     fn mtime_round_trip() {

@@ -131,13 +131,15 @@ fn note_s3(st: &S3Store, role: &str) {
     use std::sync::atomic::Ordering::Relaxed;
     let c = st.counters();
     eprintln!(
-        "ferry: s3 {role}: {} HEAD requests, {} parts sent, {} parts reused from {} resumed upload(s), {} server-side copies, {} stale upload(s) aborted",
+        "ferry: s3 {role}: {} HEAD requests, {} parts sent, {} parts reused from {} resumed upload(s), {} server-side copies, {} stale upload(s) aborted, {} ranged GETs on the direct path, {} sent again through the HTTP client",
         c.heads.load(Relaxed),
         c.parts_sent.load(Relaxed),
         c.parts_reused.load(Relaxed),
         c.uploads_resumed.load(Relaxed),
         c.server_copies.load(Relaxed),
-        c.uploads_aborted.load(Relaxed)
+        c.uploads_aborted.load(Relaxed),
+        c.direct_gets.load(Relaxed),
+        c.direct_fallbacks.load(Relaxed)
     );
 }
 
@@ -165,8 +167,9 @@ fn run_remote(
     let note_local = |st: &LocalStore| {
         if verbose {
             eprintln!(
-                "ferry: {} bytes of interrupted downloads reused",
-                st.resumed_bytes()
+                "ferry: {} bytes of interrupted downloads reused, {} bytes of downloads written with O_DIRECT",
+                st.resumed_bytes(),
+                st.direct_bytes()
             );
         }
     };

@@ -149,6 +149,16 @@ fn killed_download_resumes_from_its_partial_file() {
     assert_eq!(r.code, Some(0), "{r}");
     let reused = count_in(&r, "", "bytes of interrupted downloads reused");
     assert!(reused >= 16 << 20, "{reused} bytes reused: {r}");
+    // Plain http: the ranges came on the direct path, none through ureq.
+    assert!(
+        count_in(&r, "s3 source", "ranged GETs on the direct path") > 0,
+        "{r}"
+    );
+    assert_eq!(
+        count_in(&r, "s3 source", "sent again through the HTTP client"),
+        0,
+        "{r}"
+    );
     assert_eq!(
         std::fs::read(down.join("big.bin")).unwrap(),
         std::fs::read(src.join("big.bin")).unwrap()

@@ -1,0 +1,347 @@
+//! Ranged GETs over plain `http://` without the HTTP client: the request
+//! (signed exactly as ureq's would be) goes out on a kept-alive
+//! `TcpStream`, the response head is parsed here, and the body is read
+//! from the socket straight into the caller's buffer. Through ureq every
+//! body byte is copied once more, from its buffer into ours, and scanned by
+//! its body state machine: a third of a download's CPU once the page cache
+//! is out of the way (see `ferry_engine::download`).
+//!
+//! Only the plain case is handled: `206 Partial Content` with a
+//! `Content-Length`, a `Content-Range` starting where asked, no transfer
+//! coding. Anything else (an error status, chunked bodies, a proxy in the
+//! environment, `https`) returns [`Get::Fallback`] and the caller sends the
+//! request through ureq, whose retry and error handling then apply as
+//! before. No `splice(2)`: moving the body socket → pipe → file would save
+//! the one copy left here but land in the page cache, whose copy of new
+//! pages costs ten times more than the socket's (the file is written with
+//! `O_DIRECT` from this buffer instead).
+
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// How long a connect, a request write or a response read may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+const IO_TIMEOUT: Duration = Duration::from_secs(120);
+/// Largest response head read.
+const HEAD_MAX: usize = 64 << 10;
+/// Idle connections kept.
+const IDLE_MAX: usize = 64;
+
+/// Kept-alive connections to one `http://` endpoint.
+pub(crate) struct Pool {
+    /// `host:port` to connect to.
+    addr: String,
+    idle: Mutex<Vec<TcpStream>>,
+    /// Cleared once the server answered in a form this client does not
+    /// handle (not an error status): from then on everything goes by ureq.
+    on: AtomicBool,
+}
+
+/// The answer to a ranged GET.
+pub(crate) enum Get<'a> {
+    /// `206` with exactly the bytes asked for, to be read from here.
+    Body(Body<'a>),
+    /// Something this client does not handle: ask again through ureq.
+    Fallback,
+}
+
+/// The body of a `206`: reads end (`Ok(0)`) after `Content-Length` bytes,
+/// and then the connection goes back to the pool.
+pub(crate) struct Body<'a> {
+    pool: &'a Pool,
+    stream: Option<TcpStream>,
+    /// Body bytes read with the head.
+    early: Vec<u8>,
+    early_at: usize,
+    /// Body bytes not read yet (`early` included).
+    left: u64,
+    keep_alive: bool,
+}
+
+impl Pool {
+    /// A pool for `url` when it is plain `http` and no proxy is configured
+    /// in the environment (ureq would use it).
+    pub(crate) fn for_url(url: &url::Url) -> Option<Pool> {
+        const PROXY_VARS: [&str; 6] = [
+            "ALL_PROXY",
+            "all_proxy",
+            "HTTPS_PROXY",
+            "https_proxy",
+            "HTTP_PROXY",
+            "http_proxy",
+        ];
+        if url.scheme() != "http" || PROXY_VARS.iter().any(|v| std::env::var_os(v).is_some()) {
+            return None;
+        }
+        let host = url.host_str()?;
+        let port = url.port_or_known_default()?;
+        let addr = if host.contains(':') && !host.starts_with('[') {
+            format!("[{host}]:{port}")
+        } else {
+            format!("{host}:{port}")
+        };
+        Some(Pool {
+            addr,
+            idle: Mutex::new(Vec::new()),
+            on: AtomicBool::new(true),
+        })
+    }
+
+    /// False once the server answered in a form this client does not handle.
+    pub(crate) fn is_on(&self) -> bool {
+        self.on.load(Ordering::Relaxed)
+    }
+
+    fn connect(&self) -> io::Result<TcpStream> {
+        let mut last = io::Error::other(format!("{}: no address", self.addr));
+        let addrs: Vec<SocketAddr> = self.addr.to_socket_addrs()?.collect();
+        for a in addrs {
+            match TcpStream::connect_timeout(&a, CONNECT_TIMEOUT) {
+                Ok(s) => {
+                    s.set_nodelay(true)?;
+                    s.set_read_timeout(Some(IO_TIMEOUT))?;
+                    s.set_write_timeout(Some(IO_TIMEOUT))?;
+                    return Ok(s);
+                }
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
+    /// GET `[start, end)` of the object at the signed `url`, only if its
+    /// ETag is still `etag` (when not empty).
+    pub(crate) fn get(
+        &self,
+        url: &url::Url,
+        start: u64,
+        end: u64,
+        etag: &str,
+    ) -> io::Result<Get<'_>> {
+        let mut req = String::with_capacity(url.as_str().len() + 256);
+        req.push_str("GET ");
+        req.push_str(url.path());
+        if let Some(q) = url.query() {
+            req.push('?');
+            req.push_str(q);
+        }
+        req.push_str(" HTTP/1.1\r\nHost: ");
+        // As signed (rusty-s3) and sent (ureq): the port only when not 80.
+        req.push_str(url.host_str().unwrap_or_default());
+        if let Some(p) = url.port() {
+            req.push_str(&format!(":{p}"));
+        }
+        req.push_str(&format!("\r\nRange: bytes={}-{}\r\n", start, end - 1));
+        if !etag.is_empty() {
+            req.push_str("If-Match: ");
+            req.push_str(etag);
+            req.push_str("\r\n");
+        }
+        req.push_str("\r\n");
+        // A kept-alive connection the server has closed in the meantime
+        // fails before any byte of the answer: then once more on a new one.
+        loop {
+            let pooled = self.idle.lock().expect("idle").pop();
+            let reused = pooled.is_some();
+            let mut s = match pooled {
+                Some(s) => s,
+                None => self.connect()?,
+            };
+            let mut head = Vec::with_capacity(1024);
+            match send_and_read_head(&mut s, req.as_bytes(), &mut head) {
+                Ok(()) => return self.answer(s, head, start, end),
+                Err(_) if reused && head.is_empty() => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Parse the head in `buf` (the body's first bytes follow it).
+    fn answer(&self, stream: TcpStream, buf: Vec<u8>, start: u64, end: u64) -> io::Result<Get<'_>> {
+        // Another status (an error, or the range ignored): ureq asks again
+        // and handles it. Another form: ureq from now on.
+        let fallback = |_why: &str| Ok(Get::Fallback);
+        let unsupported = |_why: &str| {
+            self.on.store(false, Ordering::Relaxed);
+            Ok(Get::Fallback)
+        };
+        let Some(head_len) = find_head_end(&buf) else {
+            return fallback("no response head");
+        };
+        let Ok(head) = std::str::from_utf8(&buf[..head_len]) else {
+            return unsupported("response head not UTF-8");
+        };
+        let mut lines = head.split("\r\n");
+        let status = lines.next().unwrap_or_default();
+        let mut words = status.split(' ');
+        let version = words.next().unwrap_or_default();
+        if words.next() != Some("206") || !version.starts_with("HTTP/1.") {
+            return fallback(status);
+        }
+        let mut keep_alive = version == "HTTP/1.1";
+        let mut length = None;
+        let mut range_ok = false;
+        for l in lines.filter(|l| !l.is_empty()) {
+            let Some((k, v)) = l.split_once(':') else {
+                return unsupported("bad header line");
+            };
+            let v = v.trim();
+            if k.eq_ignore_ascii_case("content-length") {
+                length = v.parse::<u64>().ok();
+            } else if k.eq_ignore_ascii_case("transfer-encoding")
+                || k.eq_ignore_ascii_case("content-encoding") && !v.eq_ignore_ascii_case("identity")
+            {
+                return unsupported("transfer or content coding");
+            } else if k.eq_ignore_ascii_case("content-range") {
+                // `bytes START-END/SIZE`
+                range_ok = v
+                    .strip_prefix("bytes ")
+                    .and_then(|r| r.split_once('-'))
+                    .and_then(|(a, rest)| Some((a.parse::<u64>().ok()?, rest.split_once('/')?.0)))
+                    .and_then(|(a, b)| Some((a, b.parse::<u64>().ok()?)))
+                    == Some((start, end - 1));
+            } else if k.eq_ignore_ascii_case("connection") {
+                for t in v.split(',') {
+                    if t.trim().eq_ignore_ascii_case("close") {
+                        keep_alive = false;
+                    } else if t.trim().eq_ignore_ascii_case("keep-alive") {
+                        keep_alive = true;
+                    }
+                }
+            }
+        }
+        if length != Some(end - start) || !range_ok {
+            return unsupported("not the range asked for");
+        }
+        let early = buf[head_len..].to_vec();
+        if early.len() as u64 > end - start {
+            return unsupported("more body than asked for");
+        }
+        Ok(Get::Body(Body {
+            pool: self,
+            stream: Some(stream),
+            early,
+            early_at: 0,
+            left: end - start,
+            keep_alive,
+        }))
+    }
+}
+
+/// Write the request, then read until the end of the response head (and
+/// perhaps a little of the body) into `buf`.
+fn send_and_read_head(s: &mut TcpStream, req: &[u8], buf: &mut Vec<u8>) -> io::Result<()> {
+    s.write_all(req)?;
+    let mut chunk = [0u8; 4096];
+    loop {
+        let n = s.read(&mut chunk)?;
+        if n == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        if find_head_end(buf).is_some() {
+            return Ok(());
+        }
+        if buf.len() > HEAD_MAX {
+            return Err(io::Error::other("response head too long"));
+        }
+    }
+}
+
+/// Length of the head, blank line included, once complete.
+fn find_head_end(buf: &[u8]) -> Option<usize> {
+    buf.windows(4).position(|w| w == b"\r\n\r\n").map(|i| i + 4)
+}
+
+impl Read for Body<'_> {
+    fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+        if self.left == 0 || out.is_empty() {
+            if self.left == 0 {
+                self.release();
+            }
+            return Ok(0);
+        }
+        let want = out
+            .len()
+            .min(usize::try_from(self.left).unwrap_or(usize::MAX));
+        let n = if self.early_at < self.early.len() {
+            let n = want.min(self.early.len() - self.early_at);
+            out[..n].copy_from_slice(&self.early[self.early_at..self.early_at + n]);
+            self.early_at += n;
+            n
+        } else {
+            let Some(s) = self.stream.as_mut() else {
+                return Err(io::ErrorKind::NotConnected.into());
+            };
+            match s.read(&mut out[..want]) {
+                Ok(0) => {
+                    self.stream = None;
+                    return Err(io::ErrorKind::UnexpectedEof.into());
+                }
+                Ok(n) => n,
+                Err(e) => {
+                    if e.kind() != io::ErrorKind::Interrupted {
+                        self.stream = None;
+                    }
+                    return Err(e);
+                }
+            }
+        };
+        self.left -= n as u64;
+        Ok(n)
+    }
+}
+
+impl Drop for Body<'_> {
+    fn drop(&mut self) {
+        if self.left == 0 {
+            self.release();
+        }
+    }
+}
+
+impl Body<'_> {
+    /// The whole body was read: the connection can serve the next request.
+    fn release(&mut self) {
+        if let Some(s) = self.stream.take() {
+            if self.keep_alive {
+                let mut idle = self.pool.idle.lock().expect("idle");
+                if idle.len() < IDLE_MAX {
+                    idle.push(s);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn head_end() {
+        assert_eq!(find_head_end(b"HTTP/1.1 206 x\r\n\r\nbody"), Some(18));
+        assert_eq!(find_head_end(b"HTTP/1.1 206 x\r\n"), None);
+    }
+
+    #[test]
+    fn only_plain_http_without_proxy() {
+        let https = url::Url::parse("https://s3.example.com/b/k").unwrap();
+        assert!(Pool::for_url(&https).is_none());
+        if std::env::var_os("HTTP_PROXY").is_none()
+            && std::env::var_os("http_proxy").is_none()
+            && std::env::var_os("ALL_PROXY").is_none()
+            && std::env::var_os("all_proxy").is_none()
+            && std::env::var_os("HTTPS_PROXY").is_none()
+            && std::env::var_os("https_proxy").is_none()
+        {
+            let p = Pool::for_url(&url::Url::parse("http://127.0.0.1:3900/b/k").unwrap());
+            assert_eq!(p.unwrap().addr, "127.0.0.1:3900");
+            let p = Pool::for_url(&url::Url::parse("http://[::1]/b/k").unwrap());
+            assert_eq!(p.unwrap().addr, "[::1]:80");
+        }
+    }
+}
