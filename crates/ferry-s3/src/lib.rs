@@ -100,6 +100,8 @@ pub struct Counters {
     /// Ranged GETs sent again through ureq after an answer the direct
     /// path does not handle.
     pub direct_fallbacks: AtomicU64,
+    /// Key ranges of wide directory prefixes listed in parallel.
+    pub list_ranges: AtomicU64,
 }
 
 /// A "directory": a key prefix, empty or ending in `/`.
@@ -775,6 +777,133 @@ impl S3Store {
         delimiter: bool,
         token: Option<&str>,
     ) -> io::Result<rusty_s3::actions::ListObjectsV2Response> {
+        self.list_page_after(prefix, delimiter, token, None)
+    }
+
+    /// Every page of the listing of one directory prefix (with the `/`
+    /// delimiter). A prefix wider than one page is not paged through one
+    /// request after another: once the first page shows how its names are
+    /// made, the rest of the key space is cut into ranges at guessed
+    /// boundaries ([`split_points`]) listed in parallel, each from its
+    /// lower bound (StartAfter) to its upper bound. The ranges partition
+    /// the keys exactly whatever the guesses; good guesses only make them
+    /// even.
+    fn list_dir_pages(&self, prefix: &str) -> io::Result<Vec<ListPage>> {
+        let first = self.list_page(prefix, true, None)?;
+        let Some(token) = first.next_continuation_token.clone() else {
+            return Ok(vec![first.into()]);
+        };
+        let names: Vec<&str> = first
+            .contents
+            .iter()
+            .map(|c| c.key.as_str())
+            .chain(first.common_prefixes.iter().map(|p| p.prefix.as_str()))
+            .map(|k| k.get(prefix.len()..).unwrap_or(""))
+            .collect();
+        let bounds = split_points(&names, 15);
+        if bounds.is_empty() {
+            // No guess: page through in order.
+            let mut pages = vec![ListPage::from(first)];
+            let mut token = Some(token);
+            while let Some(t) = token.take() {
+                let p = self.list_page(prefix, true, Some(&t))?;
+                token = p.next_continuation_token.clone();
+                pages.push(p.into());
+            }
+            return Ok(pages);
+        }
+        // Range 0 continues the first page up to the first bound; range i
+        // covers (bounds[i-1], bounds[i]]; the last one is open.
+        let full: Vec<String> = bounds.iter().map(|b| format!("{prefix}{b}")).collect();
+        let ranges: Vec<(Option<&str>, Option<&str>)> = (0..=full.len())
+            .map(|i| {
+                (
+                    i.checked_sub(1).map(|j| full[j].as_str()),
+                    full.get(i).map(String::as_str),
+                )
+            })
+            .collect();
+        self.counters()
+            .list_ranges
+            .fetch_add(ranges.len() as u64, Ordering::Relaxed);
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let results: Vec<std::sync::Mutex<Option<io::Result<Vec<ListPage>>>>> =
+            ranges.iter().map(|_| std::sync::Mutex::new(None)).collect();
+        let threads = self.head_threads.clamp(1, 16).min(ranges.len());
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                s.spawn(|| loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(&(lo, hi)) = ranges.get(i) else {
+                        break;
+                    };
+                    let r = if i == 0 {
+                        self.list_range(prefix, Some(&token), None, hi)
+                    } else {
+                        self.list_range(prefix, None, lo, hi)
+                    };
+                    *results[i].lock().expect("range result") = Some(r);
+                });
+            }
+        });
+        let mut pages = vec![ListPage::from(first)];
+        for r in results {
+            pages.extend(
+                r.into_inner()
+                    .expect("range result")
+                    .expect("every range ran")?,
+            );
+        }
+        Ok(pages)
+    }
+
+    /// The pages of a listing from `token` or from after key `after`, up
+    /// to and including key `upto` (entries past it dropped).
+    fn list_range(
+        &self,
+        prefix: &str,
+        token: Option<&str>,
+        after: Option<&str>,
+        upto: Option<&str>,
+    ) -> io::Result<Vec<ListPage>> {
+        let mut pages = Vec::new();
+        let mut token = token.map(str::to_string);
+        let mut first = true;
+        loop {
+            let p = self.list_page_after(
+                prefix,
+                true,
+                token.as_deref(),
+                if first { after } else { None },
+            )?;
+            first = false;
+            let mut page = ListPage::from(p);
+            let mut past = false;
+            if let Some(u) = upto {
+                past = page.contents.last().is_some_and(|c| c.key.as_str() > u)
+                    || page
+                        .common_prefixes
+                        .last()
+                        .is_some_and(|c| c.prefix.as_str() > u);
+                page.contents.retain(|c| c.key.as_str() <= u);
+                page.common_prefixes.retain(|c| c.prefix.as_str() <= u);
+            }
+            token = page.next.take();
+            pages.push(page);
+            if past || token.is_none() {
+                return Ok(pages);
+            }
+        }
+    }
+
+    /// One page of a listing; `start_after`: only keys after this one.
+    fn list_page_after(
+        &self,
+        prefix: &str,
+        delimiter: bool,
+        token: Option<&str>,
+        start_after: Option<&str>,
+    ) -> io::Result<rusty_s3::actions::ListObjectsV2Response> {
         let mut a = ListObjectsV2::new(&self.c.bucket, self.c.creds());
         a.with_prefix(prefix);
         if delimiter {
@@ -782,6 +911,8 @@ impl S3Store {
         }
         if let Some(t) = token {
             a.with_continuation_token(t);
+        } else if let Some(s) = start_after {
+            a.with_start_after(s);
         }
         let url = a.sign(SIGN_TTL);
         let mut resp = self
@@ -827,9 +958,7 @@ impl Store for S3Store {
     ) -> io::Result<()> {
         out.clear();
         let mut files: Vec<(String, u64, Option<String>, u64)> = Vec::new();
-        let mut token: Option<String> = None;
-        loop {
-            let page = self.list_page(&dir.prefix, true, token.as_deref())?;
+        for page in self.list_dir_pages(&dir.prefix)? {
             for c in page.contents {
                 let name = &c.key[dir.prefix.len().min(c.key.len())..];
                 // A "directory marker" object (the prefix itself) is not an entry.
@@ -850,10 +979,6 @@ impl Store for S3Store {
                     continue;
                 }
                 out.push(name.as_bytes(), dir_meta());
-            }
-            match page.next_continuation_token {
-                Some(t) => token = Some(t),
-                None => break,
             }
         }
         if self.lazy_meta {
@@ -1475,6 +1600,66 @@ fn version(etag: Option<&str>, last_modified: Option<(i64, u32)>) -> u64 {
     h | 1
 }
 
+/// One page of a listing, as [`S3Store::list`] reads it.
+struct ListPage {
+    contents: Vec<rusty_s3::actions::list_objects_v2::ListObjectsContent>,
+    common_prefixes: Vec<rusty_s3::actions::list_objects_v2::CommonPrefixes>,
+    next: Option<String>,
+}
+
+impl From<rusty_s3::actions::ListObjectsV2Response> for ListPage {
+    fn from(r: rusty_s3::actions::ListObjectsV2Response) -> Self {
+        ListPage {
+            contents: r.contents,
+            common_prefixes: r.common_prefixes,
+            next: r.next_continuation_token,
+        }
+    }
+}
+
+/// Boundaries (names, rising, all after the page's last name) to cut the
+/// rest of a wide listing into about `want` ranges, guessed from its first
+/// page `names` (in order): where the page's first and last names first
+/// differ, at position `d`, the page went through the characters seen
+/// there; the names after it should move one position to the left first,
+/// then two, …: a boundary is the last name up to position `p < d` with
+/// its byte at `p` replaced by a larger one among those seen at `d`,
+/// outer positions (the widest ranges) first until there are `want`.
+/// `f000000`…`f000999` gives `f01`…`f09` and `f1`…`f9`. Only ASCII
+/// positions are used (a boundary must be valid UTF-8). Empty when nothing
+/// can be guessed.
+fn split_points(names: &[&str], want: usize) -> Vec<String> {
+    let (Some(first), Some(last)) = (names.first(), names.last()) else {
+        return Vec::new();
+    };
+    let (f, l) = (first.as_bytes(), last.as_bytes());
+    let Some(d) = f.iter().zip(l).position(|(a, b)| a != b) else {
+        return Vec::new();
+    };
+    let mut seen: Vec<u8> = names
+        .iter()
+        .filter_map(|n| n.as_bytes().get(d).copied())
+        .filter(|c| c.is_ascii() && *c != b'/')
+        .collect();
+    seen.sort_unstable();
+    seen.dedup();
+    // Outer positions first: their ranges are the widest.
+    let mut out: Vec<String> = Vec::new();
+    for p in 0..d {
+        if !l[..=p].is_ascii() || out.len() >= want {
+            break;
+        }
+        for &c in seen.iter().filter(|&&c| c > l[p]) {
+            let mut b = l[..p].to_vec();
+            b.push(c);
+            out.push(String::from_utf8(b).expect("ASCII"));
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
 fn dir_meta() -> Meta {
     Meta {
         kind: Kind::Dir,
@@ -1659,6 +1844,41 @@ fn encode_key(key: &str) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod split_tests {
+    use super::split_points;
+
+    #[test]
+    fn counters_move_left() {
+        let names: Vec<String> = (0..1000).map(|i| format!("f{i:06}")).collect();
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        let b = split_points(&refs, 15);
+        let want: Vec<String> = (1..10)
+            .map(|i| format!("f0{i}"))
+            .chain((1..10).map(|i| format!("f{i}")))
+            .collect();
+        assert_eq!(b, want);
+    }
+
+    #[test]
+    fn hashes_split_on_the_first_byte() {
+        let names: Vec<String> = (0..256).map(|i| format!("0{:02x}{}", i, "ab")).collect();
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        let b = split_points(&refs, 15);
+        assert_eq!(b.len(), 15, "{b:?}");
+        assert!(b.iter().all(|x| x.as_str() > "0ffab"));
+        assert!(b.windows(2).all(|w| w[0] < w[1]));
+    }
+
+    #[test]
+    fn nothing_to_guess() {
+        assert!(split_points(&[], 8).is_empty());
+        assert!(split_points(&["same", "same"], 8).is_empty());
+        // Differing only in a non-ASCII part: no valid boundary.
+        assert!(split_points(&["é1", "é2"], 8).is_empty());
+    }
 }
 
 #[cfg(test)]

@@ -131,7 +131,7 @@ fn note_s3(st: &S3Store, role: &str) {
     use std::sync::atomic::Ordering::Relaxed;
     let c = st.counters();
     eprintln!(
-        "ferry: s3 {role}: {} HEAD requests, {} parts sent, {} parts reused from {} resumed upload(s), {} server-side copies, {} stale upload(s) aborted, {} ranged GETs on the direct path, {} sent again through the HTTP client",
+        "ferry: s3 {role}: {} HEAD requests, {} parts sent, {} parts reused from {} resumed upload(s), {} server-side copies, {} stale upload(s) aborted, {} ranged GETs on the direct path, {} sent again through the HTTP client, {} listing ranges in parallel",
         c.heads.load(Relaxed),
         c.parts_sent.load(Relaxed),
         c.parts_reused.load(Relaxed),
@@ -139,7 +139,8 @@ fn note_s3(st: &S3Store, role: &str) {
         c.server_copies.load(Relaxed),
         c.uploads_aborted.load(Relaxed),
         c.direct_gets.load(Relaxed),
-        c.direct_fallbacks.load(Relaxed)
+        c.direct_fallbacks.load(Relaxed),
+        c.list_ranges.load(Relaxed)
     );
 }
 

@@ -544,3 +544,65 @@ fn ferry_reads_what_aws_cli_wrote() {
     again.ok();
     assert_eq!(summary(&again).files_copied, 0, "{again}");
 }
+
+/// A directory prefix wider than one listing page (1,000 keys) is listed
+/// in parallel ranges after its first page: every object exactly once,
+/// whatever its names look like (a counter the range guesses fit, names
+/// they do not, subdirectories between them), and a re-sync finds
+/// nothing to do.
+#[test]
+fn wide_prefix_listed_in_ranges() {
+    let Some(s3) = s3() else { return };
+    let t = tmpdir();
+    let src = t.path().join("src");
+    let mut want = Vec::new();
+    for i in 0..2300 {
+        // Counter names, then names the first page says nothing about.
+        let name = if i < 1800 {
+            format!("f{i:05}")
+        } else {
+            format!("{}x{i}", ["f1", "g", "z", "é", "f00"][i % 5])
+        };
+        write(&src, &name, name.as_bytes());
+        want.push(name);
+    }
+    for d in ["f00500d", "f01500x", "m"] {
+        write(&src, format!("{d}/inner"), b"i");
+        want.push(format!("{d}/inner"));
+    }
+    stamp_tree(&src, 1_500_000_000);
+    let url = s3.url("wide");
+    run(&[&"copy", &src, &url]).ok();
+    let ls = run(&[&"ls", &url]);
+    ls.ok();
+    let out = String::from_utf8_lossy(&ls.stdout).to_string();
+    let mut got: Vec<String> = out
+        .lines()
+        .filter_map(|l| l.splitn(3, ' ').nth(2))
+        .filter(|p| !p.ends_with('/'))
+        .map(str::to_string)
+        .collect();
+    got.sort();
+    want.sort();
+    assert_eq!(got.len(), want.len());
+    assert!(got == want, "listing differs from what was uploaded");
+    let r = run(&[&"sync", &"--json", &src, &url]);
+    r.ok();
+    assert_eq!(summary(&r).files_copied, 0, "{r}");
+    let down = t.path().join("down");
+    let r = run(&[&"sync", &"-v", &url, &down]);
+    r.ok();
+    assert_files_equal(&src, &down);
+    // The first page (f00000…) gave boundaries f01…f09, f1…f9: ranges.
+    let ranges: u64 = r
+        .err()
+        .lines()
+        .find(|l| l.starts_with("ferry: s3 source:"))
+        .and_then(|l| {
+            l.split(", ")
+                .find(|f| f.ends_with("listing ranges in parallel"))
+        })
+        .and_then(|f| f.split(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no range count\n{r}"));
+    assert!(ranges >= 10, "{r}");
+}
