@@ -1010,6 +1010,9 @@ fn copy_one<S: Store, D: Store>(
             )));
         }
         d.commit(&ddir, w, &dname, &c.meta, fsync)?;
+        if let Some(m) = d.meta_after_commit(&c.meta) {
+            return Ok(m);
+        }
     }
     d.stat(&ddir, &dname)?
         .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "vanished after the copy"))

@@ -266,6 +266,12 @@ pub trait Store: Send + Sync {
     fn has_inodes(&self) -> bool {
         true
     }
+    /// The metadata a file committed with `written` now has, when the
+    /// store knows it without asking (an object store keeps what it was
+    /// given); `None` when it must be read back (a local file's inode).
+    fn meta_after_commit(&self, _written: &Meta) -> Option<Meta> {
+        None
+    }
     /// True when symlinks can be stored (false on object stores: they are
     /// skipped with a note).
     fn supports_symlinks(&self) -> bool {

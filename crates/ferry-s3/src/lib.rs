@@ -1039,6 +1039,19 @@ impl Store for S3Store {
         false
     }
 
+    fn meta_after_commit(&self, written: &Meta) -> Option<Meta> {
+        // Size, and mtime and mode in the object's metadata, as written
+        // (x-amz-meta-mtime keeps nanoseconds); the listed version is
+        // learnt from the next listing.
+        (written.kind == Kind::File).then_some(Meta {
+            uid: 0,
+            gid: 0,
+            ino: 0,
+            mode: written.mode & 0o7777,
+            ..*written
+        })
+    }
+
     fn refine(
         &self,
         dir: &S3Dir,
