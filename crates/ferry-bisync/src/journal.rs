@@ -301,6 +301,7 @@ impl Snapshot {
     }
 
     /// Records given by key, in any order (tests).
+    #[cfg(test)]
     pub fn from_keys(mut v: Vec<(Vec<u8>, Synced)>) -> Snapshot {
         let split = |k: &[u8]| (parent_key(k).unwrap_or(b"").to_vec(), name_of(k).to_vec());
         v.sort_by_key(|x| split(&x.0));
@@ -343,6 +344,7 @@ impl Snapshot {
     }
 
     /// The record at `key`.
+    #[cfg(test)]
     pub fn get(&self, key: &[u8]) -> Option<Synced> {
         let name = name_of(key);
         self.children(parent_key(key).unwrap_or(b""))
@@ -351,6 +353,7 @@ impl Snapshot {
     }
 
     /// Every record as (key, record), in key order.
+    #[cfg(test)]
     pub fn walk(&self) -> Vec<(Vec<u8>, Synced)> {
         let mut out = Vec::with_capacity(self.len);
         for dir in self.dirs.keys() {

@@ -29,8 +29,7 @@ use ferry_engine::pool::Pool;
 use ferry_engine::store::MetaChange;
 use ferry_engine::{Filter, Kind, Meta, Stats, Store};
 
-use crate::journal::Snapshot;
-use crate::journal::{Journal, Update};
+use crate::journal::{Journal, Snapshot, Update};
 use crate::plan::{finish, still, Act, Item, Plan, Sides};
 use crate::reconcile::{Side, Synced};
 use crate::tree::{name_of, parent_key, path_of, scan_merge};

@@ -74,7 +74,9 @@ impl Scan {
             .map(|i| &es[i].meta)
     }
 
-    /// A scan holding `entries` (keys with their metadata, any order).
+    /// A scan holding `entries` (keys with their metadata, any order), for
+    /// tests.
+    #[cfg(test)]
     pub fn of(entries: &[(Vec<u8>, Meta)]) -> Scan {
         let mut v: Vec<&(Vec<u8>, Meta)> = entries.iter().collect();
         v.sort_by(|x, y| x.0.cmp(&y.0));
@@ -418,20 +420,23 @@ pub fn scan_merge<A: Store, B: Store>(
         Some(Err(e)) => return Err(e.clone()),
         None => unreachable!("the loader ran"),
     };
-    let (seen, merged) = {
+    // Journal records no merge reached (below directories nobody lists).
+    let orphans = {
         let st = m.st.lock().unwrap();
-        (st.seen_j, st.merged.clone())
+        if st.seen_j < j.len() {
+            orphans(j, &st.merged)
+        } else {
+            Vec::new()
+        }
     };
-    if seen < j.len() {
-        for key in orphans(j, &merged).into_iter().rev() {
-            if !m.st.lock().unwrap().merged.contains(&key) {
-                let d = Listed {
-                    rel: path_of(&key),
-                    a: None,
-                    b: None,
-                };
-                m.merge(j, vec![d]);
-            }
+    for key in orphans.into_iter().rev() {
+        if !m.st.lock().unwrap().merged.contains(&key) {
+            let d = Listed {
+                rel: path_of(&key),
+                a: None,
+                b: None,
+            };
+            m.merge(j, vec![d]);
         }
     }
     let mut st = m.st.into_inner().unwrap();
@@ -447,18 +452,6 @@ pub fn scan_merge<A: Store, B: Store>(
     let [ka, kb] = st.kept;
     Ok((plan, ga.finish(ka, st.count[0]), gb.finish(kb, st.count[1])))
 }
-
-#[cfg(test)]
-const EMPTY: Meta = Meta {
-    kind: Kind::File,
-    size: 0,
-    mtime_sec: 0,
-    mtime_nsec: 0,
-    mode: 0o644,
-    uid: 0,
-    gid: 0,
-    ino: 0,
-};
 
 /// Make exact the approximate metadata of an object store's listing of
 /// directory `rel` (sizes are exact; mtimes and modes live in object
@@ -612,6 +605,17 @@ mod tests {
             }
         }
     }
+
+    const EMPTY: Meta = Meta {
+        kind: Kind::File,
+        size: 0,
+        mtime_sec: 0,
+        mtime_nsec: 0,
+        mode: 0o644,
+        uid: 0,
+        gid: 0,
+        ino: 0,
+    };
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(64))]

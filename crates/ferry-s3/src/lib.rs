@@ -804,12 +804,7 @@ impl S3Store {
         if bounds.is_empty() {
             // No guess: page through in order.
             let mut pages = vec![ListPage::from(first)];
-            let mut token = Some(token);
-            while let Some(t) = token.take() {
-                let p = self.list_page(prefix, true, Some(&t))?;
-                token = p.next_continuation_token.clone();
-                pages.push(p.into());
-            }
+            pages.extend(self.list_range(prefix, Some(&token), None, None)?);
             return Ok(pages);
         }
         // Range 0 continues the first page up to the first bound; range i

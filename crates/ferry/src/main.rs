@@ -127,8 +127,11 @@ fn run_sync(a: SyncArgs, mode: ferry_engine::Mode) -> Result<u8, String> {
 /// `verbose`, what the stores did beyond plain copies (resumed transfers,
 /// server-side copies) goes to stderr.
 /// With -v: what an S3 store did (requests that cost, resumed work).
-fn note_s3(st: &S3Store, role: &str) {
+fn note_s3(st: &S3Store, role: &str, verbose: bool) {
     use std::sync::atomic::Ordering::Relaxed;
+    if !verbose {
+        return;
+    }
     let c = st.counters();
     eprintln!(
         "ferry: s3 {role}: {} HEAD requests, {} parts sent, {} parts reused from {} resumed upload(s), {} server-side copies, {} stale upload(s) aborted, {} ranged GETs on the direct path, {} sent again through the HTTP client, {} listing ranges in parallel",
@@ -160,11 +163,6 @@ fn run_remote(
             .map_err(io::Error::other)
     };
     let local = |p: &std::path::Path| LocalStore::new(p, jobs);
-    let note_s3 = |st: &S3Store, role: &str| {
-        if verbose {
-            note_s3(st, role);
-        }
-    };
     let note_local = |st: &LocalStore| {
         if verbose {
             eprintln!(
@@ -181,21 +179,21 @@ fn run_remote(
         (Loc::Local(s), Loc::S3(d)) => {
             let d = s3(d)?;
             let r = Engine::new(&local(s), &d, opts, stats, rep).run_tree();
-            note_s3(&d, "destination");
+            note_s3(&d, "destination", verbose);
             r
         }
         (Loc::S3(s), Loc::Local(d)) => {
             let (s, d) = (s3(s)?, local(d));
             let r = Engine::new(&s, &d, opts, stats, rep).run_tree();
-            note_s3(&s, "source");
+            note_s3(&s, "source", verbose);
             note_local(&d);
             r
         }
         (Loc::S3(s), Loc::S3(d)) => {
             let (s, d) = (s3(s)?, s3(d)?);
             let r = Engine::new(&s, &d, opts, stats, rep).run_tree();
-            note_s3(&s, "source");
-            note_s3(&d, "destination");
+            note_s3(&s, "source", verbose);
+            note_s3(&d, "destination", verbose);
             r
         }
     }
@@ -267,11 +265,6 @@ fn run_bisync(a: BisyncArgs) -> Result<u8, String> {
     // Listings without a HEAD per object: the journal vouches for objects
     // whose version is the one it recorded; only the others are HEADed.
     let s3 = |c: &ferry_s3::S3Config| S3Store::new(c, jobs).map(S3Store::with_lazy_meta);
-    let note = |st: &S3Store, side: &str| {
-        if a.verbose > 0 {
-            note_s3(st, side);
-        }
-    };
     let res = match (&ra.0, &rb.0) {
         (Loc::Local(x), Loc::Local(y)) => ferry_bisync::run(
             &LocalStore::new(x, jobs),
@@ -284,20 +277,20 @@ fn run_bisync(a: BisyncArgs) -> Result<u8, String> {
         (Loc::Local(x), Loc::S3(y)) => {
             let sb = s3(y)?;
             let r = ferry_bisync::run(&LocalStore::new(x, jobs), &sb, j, &opts, &rep, &stats);
-            note(&sb, "B");
+            note_s3(&sb, "B", a.verbose > 0);
             r
         }
         (Loc::S3(x), Loc::Local(y)) => {
             let sa = s3(x)?;
             let r = ferry_bisync::run(&sa, &LocalStore::new(y, jobs), j, &opts, &rep, &stats);
-            note(&sa, "A");
+            note_s3(&sa, "A", a.verbose > 0);
             r
         }
         (Loc::S3(x), Loc::S3(y)) => {
             let (sa, sb) = (s3(x)?, s3(y)?);
             let r = ferry_bisync::run(&sa, &sb, j, &opts, &rep, &stats);
-            note(&sa, "A");
-            note(&sb, "B");
+            note_s3(&sa, "A", a.verbose > 0);
+            note_s3(&sb, "B", a.verbose > 0);
             r
         }
     };
