@@ -18,6 +18,8 @@ enum Mode {
     DropFirstAfter(usize),
     /// Bodies in chunked transfer coding.
     Chunked,
+    /// Bodies sent in bursts of uneven sizes with pauses between them.
+    Trickle,
 }
 
 struct Fake {
@@ -139,6 +141,20 @@ fn serve(c: TcpStream, conn: usize, f: &Fake) {
                 }
                 let _ = w.write_all(b"0\r\n\r\n");
             }
+            Mode::Trickle => {
+                let _ = write!(w, "{head}content-length: {}\r\n\r\n", body.len());
+                let mut x = 0x9e37_79b9_u32 ^ a as u32;
+                let mut at = 0;
+                while at < body.len() {
+                    x ^= x << 13;
+                    x ^= x >> 17;
+                    x ^= x << 5;
+                    let n = (1 + x as usize % (600 << 10)).min(body.len() - at);
+                    let _ = w.write_all(&body[at..at + n]);
+                    at += n;
+                    std::thread::sleep(std::time::Duration::from_millis(15));
+                }
+            }
             Mode::DropFirstAfter(k) if first => {
                 let _ = write!(w, "{head}content-length: {}\r\n\r\n", body.len());
                 let _ = w.write_all(&body[..k]);
@@ -197,6 +213,31 @@ fn ranges_arrive_exactly_over_one_kept_alive_connection() {
     // Same connection for both GETs (HEAD and GETs share it).
     assert_eq!(gets[0].0, gets[1].0, "{gets:?}");
     assert_eq!(gets[1].1, format!("bytes={}-{}", 2 << 20, len - 1));
+}
+
+#[test]
+fn bodies_in_bursts_never_leave_a_read_waiting_for_bytes_that_never_come() {
+    // Reads wake up only once SO_RCVLOWAT bytes are in: a mark above what
+    // the body still has to send would stall the read until the 120 s I/O
+    // timeout. Ranges of many lengths, their bodies in uneven bursts.
+    let len = (5 << 20) + 4321;
+    let (st, f) = start(len, Mode::Trickle);
+    let t = std::time::Instant::now();
+    let mut off = 0u64;
+    for n in [1u64, 5000, 70_000, 300_000, (1 << 20) + 1, (2 << 20) + 333] {
+        let (got, _) = read(&st, off, n, None).unwrap();
+        assert_eq!(got, f.data[off as usize..(off + n) as usize]);
+        off += n;
+    }
+    let (got, _) = read(&st, off, len as u64 - off, None).unwrap();
+    assert_eq!(got, f.data[off as usize..]);
+    assert_eq!(st.counters().direct_fallbacks.load(Ordering::SeqCst), 0);
+    // Seconds at most here; a stalled read alone would take 120.
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(60),
+        "{:?}",
+        t.elapsed()
+    );
 }
 
 #[test]

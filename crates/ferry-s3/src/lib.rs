@@ -32,7 +32,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ferry_engine::bwlimit::Limiter;
-use ferry_engine::download::DIRECT_ALIGN;
+use ferry_engine::download::{with_piece_buffer, DIRECT_ALIGN};
 use ferry_engine::entry::{Kind, Listing, Meta};
 use ferry_engine::etag;
 use ferry_engine::filter::Filter;
@@ -1449,97 +1449,98 @@ impl RangedSource for S3Reader {
         let url = GetObject::new(&self.c.bucket, self.c.creds(), &self.key).sign(SIGN_TTL);
         let end = offset + len;
         let mut at = offset;
-        // Pieces sit 4 KiB-aligned in memory and end on 4 KiB boundaries of
-        // the object, so the writer can send them to disk with O_DIRECT.
-        let mut raw = vec![0u8; RANGE_PIECE + DIRECT_ALIGN];
-        let skew = raw.as_ptr().align_offset(DIRECT_ALIGN);
-        let buf = &mut raw[skew..skew + RANGE_PIECE];
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let range = format!("bytes={}-{}", at, end - 1);
-            let mut direct_body;
-            let mut ureq_body;
-            let body: &mut dyn Read = match self
-                .c
-                .direct
-                .as_ref()
-                .filter(|d| d.is_on())
-                .map(|d| d.get(&url, at, end, &etag))
-            {
-                Some(Ok(direct::Get::Body(b))) => {
-                    self.c.counters.direct_gets.fetch_add(1, Ordering::Relaxed);
-                    direct_body = b;
-                    &mut direct_body
-                }
-                // No connection or no answer: like a connection broken
-                // mid-body, ask again after a pause.
-                Some(Err(e)) if attempt < ATTEMPTS => {
-                    let _ = e;
-                    backoff(attempt);
-                    continue;
-                }
-                Some(Err(e)) => {
-                    return Err(io::Error::other(format!("GET {} ({range}): {e}", self.key)))
-                }
-                other => {
-                    if other.is_some() {
-                        self.c
-                            .counters
-                            .direct_fallbacks
-                            .fetch_add(1, Ordering::Relaxed);
+        // Pieces sit aligned in memory and end on 4 KiB boundaries of the
+        // object, so the writer can send them to disk with O_DIRECT.
+        with_piece_buffer(|buf| {
+            let mut attempt = 0;
+            loop {
+                attempt += 1;
+                let range = format!("bytes={}-{}", at, end - 1);
+                let mut direct_body;
+                let mut ureq_body;
+                let body: &mut dyn Read = match self
+                    .c
+                    .direct
+                    .as_ref()
+                    .filter(|d| d.is_on())
+                    .map(|d| d.get(&url, at, end, &etag))
+                {
+                    Some(Ok(direct::Get::Body(b))) => {
+                        self.c.counters.direct_gets.fetch_add(1, Ordering::Relaxed);
+                        direct_body = b;
+                        &mut direct_body
                     }
-                    ureq_body = self.get_range_ureq(&url, &range, &etag, at)?;
-                    &mut ureq_body
-                }
-            };
-            // Gather up to a full piece per hand-over (few, large writes).
-            let res = loop {
-                if at == end {
-                    // Read the end of the body too: only then does the
-                    // connection go back to the pool for the next range.
-                    let mut last = [0u8; 1];
-                    match body.read(&mut last) {
-                        Ok(0) => break Ok(()),
-                        Ok(_) => break Err(io::Error::other("longer than the range asked")),
-                        Err(e) => break Err(e),
+                    // No connection or no answer: like a connection broken
+                    // mid-body, ask again after a pause.
+                    Some(Err(e)) if attempt < ATTEMPTS => {
+                        let _ = e;
+                        backoff(attempt);
+                        continue;
                     }
-                }
-                let want = piece_len(at, end, limit.map_or(buf.len(), |l| l.chunk()));
-                let mut n = 0;
-                let mut broke: Option<io::Error> = None;
-                while n < want {
-                    match body.read(&mut buf[n..want]) {
-                        Ok(0) => {
-                            broke = Some(io::ErrorKind::UnexpectedEof.into());
-                            break;
+                    Some(Err(e)) => {
+                        return Err(io::Error::other(format!("GET {} ({range}): {e}", self.key)))
+                    }
+                    other => {
+                        if other.is_some() {
+                            self.c
+                                .counters
+                                .direct_fallbacks
+                                .fetch_add(1, Ordering::Relaxed);
                         }
-                        Ok(k) => n += k,
-                        Err(e) => {
-                            broke = Some(e);
-                            break;
+                        ureq_body = self.get_range_ureq(&url, &range, &etag, at)?;
+                        &mut ureq_body
+                    }
+                };
+                // Gather up to a full piece per hand-over (few, large writes).
+                let res = loop {
+                    if at == end {
+                        // Read the end of the body too: only then does the
+                        // connection go back to the pool for the next range.
+                        let mut last = [0u8; 1];
+                        match body.read(&mut last) {
+                            Ok(0) => break Ok(()),
+                            Ok(_) => break Err(io::Error::other("longer than the range asked")),
+                            Err(e) => break Err(e),
                         }
                     }
-                }
-                // What arrived counts, even if the connection broke after.
-                if n > 0 {
-                    if let Some(l) = limit {
-                        l.acquire(n as u64);
+                    let want = piece_len(at, end, limit.map_or(buf.len(), |l| l.chunk()));
+                    let mut n = 0;
+                    let mut broke: Option<io::Error> = None;
+                    while n < want {
+                        match body.read(&mut buf[n..want]) {
+                            Ok(0) => {
+                                broke = Some(io::ErrorKind::UnexpectedEof.into());
+                                break;
+                            }
+                            Ok(k) => n += k,
+                            Err(e) => {
+                                broke = Some(e);
+                                break;
+                            }
+                        }
                     }
-                    out(at, &buf[..n])?;
-                    at += n as u64;
+                    // What arrived counts, even if the connection broke after.
+                    if n > 0 {
+                        if let Some(l) = limit {
+                            l.acquire(n as u64);
+                        }
+                        out(at, &buf[..n])?;
+                        at += n as u64;
+                    }
+                    if let Some(e) = broke {
+                        break Err(e);
+                    }
+                };
+                match res {
+                    Ok(()) => return Ok(()),
+                    // The connection broke mid-body: ask for the rest again.
+                    Err(_) if attempt < ATTEMPTS => backoff(attempt),
+                    Err(e) => {
+                        return Err(io::Error::other(format!("GET {} ({range}): {e}", self.key)))
+                    }
                 }
-                if let Some(e) = broke {
-                    break Err(e);
-                }
-            };
-            match res {
-                Ok(()) => return Ok(()),
-                // The connection broke mid-body: ask for the rest again.
-                Err(_) if attempt < ATTEMPTS => backoff(attempt),
-                Err(e) => return Err(io::Error::other(format!("GET {} ({range}): {e}", self.key))),
             }
-        }
+        })
     }
 }
 
