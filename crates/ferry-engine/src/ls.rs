@@ -50,6 +50,7 @@ pub fn list_tree<S: Store, W: Write + Send>(
         .open_root()?
         .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
     let root = Mutex::new(Some(root));
+    let exact = !store.approximate_meta();
     let count = std::sync::atomic::AtomicU64::new(0);
     let write_err: Mutex<Option<io::Error>> = Mutex::new(None);
     let pool: Pool<Task<S>> = Pool::new();
@@ -101,6 +102,7 @@ pub fn list_tree<S: Store, W: Write + Send>(
                     list.name(e),
                     &e.meta,
                     target.as_deref(),
+                    exact,
                 );
             }
             buf
@@ -140,7 +142,9 @@ pub fn list_tree<S: Store, W: Write + Send>(
     Ok(count.into_inner())
 }
 
-/// Append one entry's line to `buf`.
+/// Append one entry's line to `buf`. `exact`: false when the metadata is
+/// what a listing gives (`Store::approximate_meta`: S3 without a HEAD per
+/// object), whose mode is unknown and not printed.
 pub fn format_entry(
     buf: &mut Vec<u8>,
     format: Format,
@@ -148,6 +152,7 @@ pub fn format_entry(
     name: &[u8],
     m: &Meta,
     target: Option<&[u8]>,
+    exact: bool,
 ) {
     match format {
         Format::Text => {
@@ -171,12 +176,14 @@ pub fn format_entry(
             json_str(buf, &join(dir, name));
             let _ = write!(
                 buf,
-                ",\"kind\":\"{}\",\"size\":{},\"mtime_ns\":{},\"mode\":{}",
+                ",\"kind\":\"{}\",\"size\":{},\"mtime_ns\":{}",
                 m.kind.as_str(),
                 m.size,
                 m.mtime_ns(),
-                m.mode
             );
+            if exact {
+                let _ = write!(buf, ",\"mode\":{}", m.mode);
+            }
             if let Some(t) = target {
                 buf.extend_from_slice(b",\"target\":");
                 json_str(buf, t);

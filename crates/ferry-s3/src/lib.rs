@@ -196,7 +196,7 @@ impl S3Store {
 
     /// Listings without a HEAD per object: exact sizes, approximate mtimes
     /// and modes until the engine asks for exact ones (`Store::refine`) of
-    /// the objects it compares. For copy and sync; `ls` shows exact ones.
+    /// the objects it compares. For copy and sync, and `ls --server-mtime`.
     pub fn with_lazy_meta(mut self) -> S3Store {
         self.lazy_meta = true;
         self

@@ -188,6 +188,11 @@ pub struct LsArgs {
     /// S3 endpoint URL for s3:// paths (default: AWS_ENDPOINT_URL, or AWS).
     #[arg(long, value_name = "URL")]
     pub s3_endpoint: Option<String>,
+    /// S3: show each object's upload time (LastModified) instead of the
+    /// mtime kept in its metadata, and no mode: the listing alone, no HEAD
+    /// request per object.
+    #[arg(long)]
+    pub server_mtime: bool,
 }
 
 /// `--progress` / `--no-progress`: the flags, else on when stderr is a

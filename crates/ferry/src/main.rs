@@ -306,8 +306,13 @@ fn run_ls(a: LsArgs) -> Result<u8, String> {
     if args::is_s3(&a.path) {
         let url = a.path.to_str().expect("s3 URLs are UTF-8");
         let cfg = ferry_s3::S3Config::from_url(url, a.s3_endpoint.as_deref())?;
-        let jobs = a.jobs.map_or(32, usize::from);
-        let store = S3Store::new(&cfg, jobs)?;
+        // Mostly waiting on HEADs (one per object for the stored mtime and
+        // mode): more in flight than for transfers.
+        let jobs = a.jobs.map_or(64, usize::from);
+        let mut store = S3Store::new(&cfg, jobs)?;
+        if a.server_mtime {
+            store = store.with_lazy_meta();
+        }
         let format = if a.json { Format::Json } else { Format::Text };
         return ls_store(&store, jobs, format, url);
     }
@@ -318,7 +323,7 @@ fn run_ls(a: LsArgs) -> Result<u8, String> {
     if meta.kind != ferry_engine::Kind::Dir {
         let mut buf = Vec::new();
         let name = a.path.as_os_str().as_bytes();
-        ferry_engine::ls::format_entry(&mut buf, format, b"", name, &meta, None);
+        ferry_engine::ls::format_entry(&mut buf, format, b"", name, &meta, None, true);
         let _ = stdout.lock().write_all(&buf);
         return Ok(0);
     }

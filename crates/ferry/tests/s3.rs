@@ -60,6 +60,41 @@ fn up_down_round_trip_and_resync_is_noop() {
     let want = format!("9 {} a.txt", mtime_ns(get_mtime(&src.join("a.txt"))));
     assert!(out.lines().any(|l| l == want), "{want:?} not in:\n{out}");
     assert!(out.contains("d1/d2/sp ace+plus%.txt"), "{out}");
+
+    // --server-mtime: the same entries and sizes from the listing alone,
+    // each object's upload time instead of its stored mtime, no mode.
+    let fast = run(&[&"ls", &"--server-mtime", &url]);
+    fast.ok();
+    let fast_out = String::from_utf8_lossy(&fast.stdout).to_string();
+    let strip = |text: &str| -> Vec<(String, String)> {
+        let mut v: Vec<_> = text
+            .lines()
+            .map(|l| {
+                let mut f = l.splitn(3, ' ');
+                let size = f.next().unwrap().to_string();
+                let _mtime = f.next();
+                (f.next().unwrap().to_string(), size)
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(strip(&fast_out), strip(&out));
+    let uploaded_after = 1_600_000_000u64 * 1_000_000_000;
+    for l in fast_out.lines().filter(|l| !l.ends_with('/')) {
+        let t: u64 = l.split(' ').nth(1).unwrap().parse().unwrap();
+        assert!(
+            t > uploaded_after,
+            "stored mtime shown instead of the upload time: {l}"
+        );
+    }
+    let json = run(&[&"ls", &"--server-mtime", &"--json", &url]);
+    json.ok();
+    let json = String::from_utf8_lossy(&json.stdout).to_string();
+    assert!(
+        json.contains("\"path\":\"a.txt\"") && !json.contains("\"mode\""),
+        "{json}"
+    );
 }
 
 #[test]
