@@ -28,6 +28,8 @@ struct Fake {
     mode: Mode,
     /// (connection number, Range header) of every GET.
     gets: Mutex<Vec<(usize, String)>>,
+    /// Method and path of every POST and DELETE (POSTs answered 501).
+    writes: Mutex<Vec<String>>,
     conns: AtomicUsize,
 }
 
@@ -46,6 +48,7 @@ fn start(len: usize, mode: Mode) -> (S3Store, Arc<Fake>) {
         etag: "\"0123456789abcdef\"".into(),
         mode,
         gets: Mutex::new(Vec::new()),
+        writes: Mutex::new(Vec::new()),
         conns: AtomicUsize::new(0),
     });
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -78,8 +81,16 @@ fn serve(c: TcpStream, conn: usize, f: &Fake) {
         if r.read_line(&mut line).unwrap_or(0) == 0 {
             return;
         }
-        let method = line.split(' ').next().unwrap_or("").to_string();
-        let (mut range, mut if_match) = (None, None);
+        let mut words = line.split(' ');
+        let method = words.next().unwrap_or("").to_string();
+        let path = words
+            .next()
+            .unwrap_or("")
+            .split('?')
+            .next()
+            .unwrap_or("")
+            .to_string();
+        let (mut range, mut if_match, mut body_len) = (None, None, 0);
         loop {
             let mut h = String::new();
             if r.read_line(&mut h).unwrap_or(0) == 0 {
@@ -94,7 +105,25 @@ fn serve(c: TcpStream, conn: usize, f: &Fake) {
                 range = Some(v);
             } else if k.eq_ignore_ascii_case("if-match") {
                 if_match = Some(v);
+            } else if k.eq_ignore_ascii_case("content-length") {
+                body_len = v.parse().unwrap();
             }
+        }
+        if method == "POST" || method == "DELETE" {
+            let mut body = vec![0u8; body_len];
+            std::io::Read::read_exact(&mut r, &mut body).unwrap();
+            f.writes.lock().unwrap().push(format!("{method} {path}"));
+            let _ = if method == "POST" {
+                let err = "<Error><Code>NotImplemented</Code><Message>no</Message></Error>";
+                write!(
+                    w,
+                    "HTTP/1.1 501 Not Implemented\r\ncontent-length: {}\r\n\r\n{err}",
+                    err.len()
+                )
+            } else {
+                write!(w, "HTTP/1.1 204 No Content\r\n\r\n")
+            };
+            continue;
         }
         let len = f.data.len();
         if method == "HEAD" {
@@ -306,4 +335,28 @@ fn every_byte_is_paced_by_the_limit() {
     assert_eq!(l.granted(), len as u64);
     assert!(pieces.iter().all(|&p| p <= l.chunk()), "{pieces:?}");
     assert!(pieces.len() >= len / l.chunk());
+}
+
+#[test]
+fn a_server_without_batch_delete_gets_one_delete_per_key() {
+    let (st, f) = start(10, Mode::Plain);
+    let keys: Vec<String> = (0..20).map(|i| format!("d/k{i}")).collect();
+    st.delete_keys(&keys).unwrap();
+    st.delete_keys(&keys[..5]).unwrap();
+    let mut w = f.writes.lock().unwrap().clone();
+    // One DeleteObjects tried, refused, and not tried again.
+    assert_eq!(
+        w.iter().filter(|x| x.starts_with("POST")).count(),
+        1,
+        "{w:?}"
+    );
+    w.retain(|x| x.starts_with("DELETE"));
+    w.sort();
+    let mut want: Vec<String> = keys
+        .iter()
+        .chain(&keys[..5])
+        .map(|k| format!("DELETE /b/{k}"))
+        .collect();
+    want.sort();
+    assert_eq!(w, want);
 }

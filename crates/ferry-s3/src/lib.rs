@@ -27,7 +27,7 @@ use std::any::Any;
 use std::collections::HashMap;
 use std::ffi::CStr;
 use std::io::{self, Read};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -38,8 +38,9 @@ use ferry_engine::etag;
 use ferry_engine::filter::Filter;
 use ferry_engine::store::{ListError, MetaChange, RangedSource, SourceFile, Store, RANGE_PIECE};
 use rusty_s3::actions::{
-    AbortMultipartUpload, CompleteMultipartUpload, CreateMultipartUpload, DeleteObject, GetObject,
-    HeadBucket, HeadObject, ListObjectsV2, ListParts, PutObject, UploadPart,
+    AbortMultipartUpload, CompleteMultipartUpload, CreateMultipartUpload, DeleteObject,
+    DeleteObjects, GetObject, HeadBucket, HeadObject, ListObjectsV2, ListParts, ObjectIdentifier,
+    PutObject, UploadPart,
 };
 use rusty_s3::{Bucket, Credentials, S3Action, UrlStyle};
 use ureq::http::Response;
@@ -78,6 +79,8 @@ pub struct S3Store {
     head_threads: usize,
     /// List without a HEAD per object (see `Store::approximate_meta`).
     lazy_meta: bool,
+    /// The server refused a DeleteObjects: delete one key per request.
+    no_batch_delete: AtomicBool,
 }
 
 /// What the store did beyond plain requests (for `-v` and the tests).
@@ -102,6 +105,8 @@ pub struct Counters {
     pub direct_fallbacks: AtomicU64,
     /// Key ranges of wide directory prefixes listed in parallel.
     pub list_ranges: AtomicU64,
+    /// DeleteObjects requests (up to 1,000 keys each).
+    pub batch_deletes: AtomicU64,
 }
 
 /// A "directory": a key prefix, empty or ending in `/`.
@@ -191,6 +196,7 @@ impl S3Store {
             root,
             head_threads: threads.clamp(1, 64),
             lazy_meta: false,
+            no_batch_delete: AtomicBool::new(false),
         })
     }
 
@@ -248,7 +254,8 @@ impl Conn {
                         .unwrap_or_default();
                     let code = xml_field(&body, "Code").unwrap_or_default();
                     let err = status_error(what, key, status, &code, &body);
-                    if !(status >= 500
+                    // 501 Not Implemented is not a passing state.
+                    if !(status >= 500 && status != 501
                         || status == 429
                         || code == "SlowDown"
                         || code == "RequestTimeout")
@@ -294,26 +301,88 @@ impl S3Store {
     /// HEAD several objects of `prefix` at once: (name, listed size,
     /// LastModified) → metadata, in the same order.
     fn head_many(&self, prefix: &str, files: &[HeadArg<'_>]) -> Vec<io::Result<Meta>> {
-        let threads = self.head_threads.min(files.len().div_ceil(8)).max(1);
-        let chunk = files.len().div_ceil(threads).max(1);
+        self.in_parallel(files, |(name, size, lm)| {
+            self.head(&format!("{prefix}{name}"), *size, *lm)
+        })
+    }
+
+    /// `f` of every item, on up to `head_threads` threads (a thread per 8
+    /// items at most), in the items' order: for requests that each wait on
+    /// a round trip.
+    fn in_parallel<T: Sync, R: Send>(&self, items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+        let threads = self.head_threads.min(items.len().div_ceil(8)).max(1);
+        let chunk = items.len().div_ceil(threads).max(1);
+        let f = &f;
         std::thread::scope(|s| {
-            let handles: Vec<_> = files
+            let handles: Vec<_> = items
                 .chunks(chunk)
-                .map(|part| {
-                    s.spawn(move || {
-                        part.iter()
-                            .map(|(name, size, lm)| {
-                                self.head(&format!("{prefix}{name}"), *size, *lm)
-                            })
-                            .collect::<Vec<_>>()
-                    })
-                })
+                .map(|part| s.spawn(move || part.iter().map(f).collect::<Vec<_>>()))
                 .collect();
             handles
                 .into_iter()
-                .flat_map(|h| h.join().expect("HEAD thread panicked"))
+                .flat_map(|h| h.join().expect("request thread panicked"))
                 .collect()
         })
+    }
+
+    /// Delete `keys` (at most 1,000, one listing page): one DeleteObjects
+    /// request instead of a DELETE per key. A server that refuses it (GCS's
+    /// S3 API has none) gets one DELETE per key, several at a time.
+    fn delete_keys(&self, keys: &[String]) -> io::Result<()> {
+        if keys.len() > 1 && !self.no_batch_delete.load(Ordering::Relaxed) {
+            match self.delete_batch(keys) {
+                Err(e) if e.kind() == io::ErrorKind::Unsupported => {
+                    self.no_batch_delete.store(true, Ordering::Relaxed);
+                }
+                r => return r,
+            }
+        }
+        self.in_parallel(keys, |k| match self.delete_key(k) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        })
+        .into_iter()
+        .collect()
+    }
+
+    /// One DeleteObjects (quiet: the answer lists only the keys that
+    /// failed). `Unsupported` when the server does not offer it.
+    fn delete_batch(&self, keys: &[String]) -> io::Result<()> {
+        let ids: Vec<ObjectIdentifier> = keys
+            .iter()
+            .map(|k| ObjectIdentifier::new(k.clone()))
+            .collect();
+        let mut action = DeleteObjects::new(&self.c.bucket, self.c.creds(), ids.iter());
+        action.set_quiet(true);
+        let url = action.sign(SIGN_TTL);
+        let (body, md5) = action.body_with_md5();
+        self.c
+            .counters
+            .batch_deletes
+            .fetch_add(1, Ordering::Relaxed);
+        let what = format!("{} (and {} more)", keys[0], keys.len() - 1);
+        let mut resp = self.c.send("DeleteObjects", &what, || {
+            self.c
+                .agent
+                .post(url.as_str())
+                .header("content-md5", &md5)
+                .send(body.as_bytes())
+        })?;
+        let answer = resp
+            .body_mut()
+            .with_config()
+            .limit(64 << 20)
+            .read_to_string()
+            .map_err(|e| io::Error::other(format!("DeleteObjects {what}: {e}")))?;
+        match xml_blocks(&answer, "Error").first() {
+            None => Ok(()),
+            Some(e) => Err(io::Error::other(format!(
+                "DELETE {}: {} {}",
+                xml_field(e, "Key").unwrap_or_default(),
+                xml_field(e, "Code").unwrap_or_default(),
+                xml_field(e, "Message").unwrap_or_default()
+            ))),
+        }
     }
 
     fn meta_headers(meta: &Meta) -> [(&'static str, String); 2] {
@@ -1273,10 +1342,9 @@ impl Store for S3Store {
         let mut token: Option<String> = None;
         loop {
             let page = self.list_page(&prefix, false, token.as_deref())?;
-            for c in &page.contents {
-                self.delete_key(&c.key)?;
-                n += 1;
-            }
+            let keys: Vec<String> = page.contents.into_iter().map(|c| c.key).collect();
+            self.delete_keys(&keys)?;
+            n += keys.len() as u64;
             match page.next_continuation_token {
                 Some(t) => token = Some(t),
                 None => break,
@@ -1694,6 +1762,8 @@ fn status_error(what: &str, key: &str, status: u16, code: &str, body: &str) -> i
     let kind = match status {
         404 => io::ErrorKind::NotFound,
         401 | 403 => io::ErrorKind::PermissionDenied,
+        501 => io::ErrorKind::Unsupported,
+        _ if code == "NotImplemented" => io::ErrorKind::Unsupported,
         _ => io::ErrorKind::Other,
     };
     let msg = xml_field(body, "Message").unwrap_or_default();

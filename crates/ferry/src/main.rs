@@ -134,7 +134,7 @@ fn note_s3(st: &S3Store, role: &str, verbose: bool) {
     }
     let c = st.counters();
     eprintln!(
-        "ferry: s3 {role}: {} HEAD requests, {} parts sent, {} parts reused from {} resumed upload(s), {} server-side copies, {} stale upload(s) aborted, {} ranged GETs on the direct path, {} sent again through the HTTP client, {} listing ranges in parallel",
+        "ferry: s3 {role}: {} HEAD requests, {} parts sent, {} parts reused from {} resumed upload(s), {} server-side copies, {} stale upload(s) aborted, {} ranged GETs on the direct path, {} sent again through the HTTP client, {} listing ranges in parallel, {} batch deletes",
         c.heads.load(Relaxed),
         c.parts_sent.load(Relaxed),
         c.parts_reused.load(Relaxed),
@@ -143,7 +143,8 @@ fn note_s3(st: &S3Store, role: &str, verbose: bool) {
         c.uploads_aborted.load(Relaxed),
         c.direct_gets.load(Relaxed),
         c.direct_fallbacks.load(Relaxed),
-        c.list_ranges.load(Relaxed)
+        c.list_ranges.load(Relaxed),
+        c.batch_deletes.load(Relaxed)
     );
 }
 

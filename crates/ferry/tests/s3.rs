@@ -129,6 +129,36 @@ fn sync_to_s3_deletes_and_updates() {
 }
 
 #[test]
+fn a_directory_wider_than_a_page_is_deleted_in_batches() {
+    let Some(s3) = s3() else { return };
+    let t = tmpdir();
+    let src = t.path().join("src");
+    write(&src, "keep.txt", b"kept");
+    for i in 0..2_345 {
+        write(&src, format!("gone/sub{}/f{i:05}", i % 3), b"");
+    }
+    write(&src, "gone-not/x", b"a sibling whose name starts the same");
+    let url = s3.url("batchdel");
+    run(&[&"sync", &src, &url]).ok();
+    std::fs::remove_dir_all(src.join("gone")).unwrap();
+    let r = run(&[&"sync", &"--json", &"-v", &src, &url]);
+    r.ok();
+    // The directory and its 2,345 objects (three listing pages), in one
+    // DeleteObjects request per page.
+    assert_eq!(summary(&r).files_deleted, 2_346, "{r}");
+    let err = String::from_utf8_lossy(&r.stderr).to_string();
+    assert!(err.contains(" 3 batch deletes"), "{err}");
+    let ls = run(&[&"ls", &"--server-mtime", &url]);
+    ls.ok();
+    let mut out: Vec<String> = String::from_utf8_lossy(&ls.stdout)
+        .lines()
+        .map(|l| l.splitn(3, ' ').nth(2).unwrap().to_string())
+        .collect();
+    out.sort();
+    assert_eq!(out, ["gone-not/", "gone-not/x", "keep.txt"]);
+}
+
+#[test]
 fn s3_to_s3_and_checksum() {
     let Some(s3) = s3() else { return };
     let t = tmpdir();
