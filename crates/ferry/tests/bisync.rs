@@ -779,11 +779,14 @@ fn edit(root: &Path, op: u8, rng: &mut Rng, clock: &mut u64) {
                 put(root, p.to_str().unwrap(), &c, t);
             }
         }
-        // modify an existing file
+        // modify an existing file (or what a symlink points to, as an editor would;
+        // a symlink to a directory has no file to write)
         2 => {
             if let Some(p) = pick(rng, entries(root, Some(false))) {
                 let c = content(rng, *clock);
-                put(root, p.to_str().unwrap(), &c, t);
+                if !root.join(&p).is_dir() {
+                    put(root, p.to_str().unwrap(), &c, t);
+                }
             }
         }
         // delete a file
@@ -1283,4 +1286,20 @@ fn s3_noop_makes_no_head_requests() {
     let r = s3_bisync(&p.a, &url, &p.j, &["-v"]);
     r.ok();
     assert_eq!(heads_of_b(&r), 0, "{r}");
+}
+
+/// A case the model test found (CI, 2026-11-23): on A a dangling symlink `a`, then a
+/// write of `a` on both sides (on A it lands in the symlink's target), then that target
+/// turned into a directory, then `a` modified on A. The test's own edit wrote through the
+/// symlink into the directory; bisync was right all along (a conflict copy of B's `a`).
+#[test]
+fn model_regression_type_change_under_a_shared_write() {
+    model_case(&[
+        vec![
+            (0, 8, 12901465298048091),
+            (2, 0, 2663223427401937073),
+            (0, 7, 5059185928480526341),
+        ],
+        vec![(0, 2, 5638573662210935323)],
+    ]);
 }
