@@ -301,16 +301,24 @@ impl S3Store {
     /// HEAD several objects of `prefix` at once: (name, listed size,
     /// LastModified) → metadata, in the same order.
     fn head_many(&self, prefix: &str, files: &[HeadArg<'_>]) -> Vec<io::Result<Meta>> {
-        self.in_parallel(files, |(name, size, lm)| {
+        self.in_parallel(files, 8, |(name, size, lm)| {
             self.head(&format!("{prefix}{name}"), *size, *lm)
         })
     }
 
-    /// `f` of every item, on up to `head_threads` threads (a thread per 8
-    /// items at most), in the items' order: for requests that each wait on
-    /// a round trip.
-    fn in_parallel<T: Sync, R: Send>(&self, items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
-        let threads = self.head_threads.min(items.len().div_ceil(8)).max(1);
+    /// `f` of every item, on up to `head_threads` threads (at least
+    /// `per_thread` items each), in the items' order: for requests that
+    /// each wait on a round trip.
+    fn in_parallel<T: Sync, R: Send>(
+        &self,
+        items: &[T],
+        per_thread: usize,
+        f: impl Fn(&T) -> R + Sync,
+    ) -> Vec<R> {
+        let threads = self
+            .head_threads
+            .min(items.len().div_ceil(per_thread))
+            .max(1);
         let chunk = items.len().div_ceil(threads).max(1);
         let f = &f;
         std::thread::scope(|s| {
@@ -337,7 +345,7 @@ impl S3Store {
                 r => return r,
             }
         }
-        self.in_parallel(keys, |k| match self.delete_key(k) {
+        self.in_parallel(keys, 8, |k| match self.delete_key(k) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
             _ => Ok(()),
         })
@@ -877,46 +885,27 @@ impl S3Store {
             return Ok(pages);
         }
         // Range 0 continues the first page up to the first bound; range i
-        // covers (bounds[i-1], bounds[i]]; the last one is open.
+        // covers (bounds[i-1], bounds[i]]; the last one is open. As
+        // (continuation token, start after, up to), on up to 16 threads.
         let full: Vec<String> = bounds.iter().map(|b| format!("{prefix}{b}")).collect();
-        let ranges: Vec<(Option<&str>, Option<&str>)> = (0..=full.len())
-            .map(|i| {
-                (
-                    i.checked_sub(1).map(|j| full[j].as_str()),
+        let ranges: Vec<(Option<&str>, Option<&str>, Option<&str>)> = (0..=full.len())
+            .map(|i| match i.checked_sub(1) {
+                None => (Some(token.as_str()), None, full.first().map(String::as_str)),
+                Some(j) => (
+                    None,
+                    Some(full[j].as_str()),
                     full.get(i).map(String::as_str),
-                )
+                ),
             })
             .collect();
         self.counters()
             .list_ranges
             .fetch_add(ranges.len() as u64, Ordering::Relaxed);
-        let next = std::sync::atomic::AtomicUsize::new(0);
-        let results: Vec<std::sync::Mutex<Option<io::Result<Vec<ListPage>>>>> =
-            ranges.iter().map(|_| std::sync::Mutex::new(None)).collect();
-        let threads = self.head_threads.clamp(1, 16).min(ranges.len());
-        std::thread::scope(|s| {
-            for _ in 0..threads {
-                s.spawn(|| loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(&(lo, hi)) = ranges.get(i) else {
-                        break;
-                    };
-                    let r = if i == 0 {
-                        self.list_range(prefix, Some(&token), None, hi)
-                    } else {
-                        self.list_range(prefix, None, lo, hi)
-                    };
-                    *results[i].lock().expect("range result") = Some(r);
-                });
-            }
-        });
         let mut pages = vec![ListPage::from(first)];
-        for r in results {
-            pages.extend(
-                r.into_inner()
-                    .expect("range result")
-                    .expect("every range ran")?,
-            );
+        for r in self.in_parallel(&ranges, ranges.len().div_ceil(16), |&(t, after, upto)| {
+            self.list_range(prefix, t, after, upto)
+        }) {
+            pages.extend(r?);
         }
         Ok(pages)
     }
@@ -1021,7 +1010,8 @@ impl Store for S3Store {
         errors: &mut Vec<ListError>,
     ) -> io::Result<()> {
         out.clear();
-        let mut files: Vec<(String, u64, Option<String>, u64)> = Vec::new();
+        // (name, size, LastModified, version fingerprint)
+        let mut files = Vec::new();
         for page in self.list_dir_pages(&dir.prefix)? {
             for c in page.contents {
                 let name = &c.key[dir.prefix.len().min(c.key.len())..];
@@ -1034,7 +1024,7 @@ impl Store for S3Store {
                 }
                 let lm = c.last_modified.as_deref().and_then(parse_http_or_iso_date);
                 let v = version(c.etag.as_deref(), lm);
-                files.push((name.to_string(), c.size.unwrap_or(0), c.last_modified, v));
+                files.push((name.to_string(), c.size.unwrap_or(0), lm, v));
             }
             for p in page.common_prefixes {
                 let name = p.prefix[dir.prefix.len().min(p.prefix.len())..].trim_end_matches('/');
@@ -1048,10 +1038,7 @@ impl Store for S3Store {
         if self.lazy_meta {
             // Size exact, mtime from LastModified until `refine` asks.
             for (name, size, lm, v) in &files {
-                let (mtime_sec, mtime_nsec) = lm
-                    .as_deref()
-                    .and_then(parse_http_or_iso_date)
-                    .unwrap_or((0, 0));
+                let (mtime_sec, mtime_nsec) = lm.unwrap_or((0, 0));
                 out.push(
                     name.as_bytes(),
                     Meta {
@@ -1073,13 +1060,7 @@ impl Store for S3Store {
         // return: HEAD every object, several at a time.
         let args: Vec<HeadArg<'_>> = files
             .iter()
-            .map(|(n, s, lm, _)| {
-                (
-                    n.as_str(),
-                    *s,
-                    lm.as_deref().and_then(parse_http_or_iso_date),
-                )
-            })
+            .map(|(n, s, lm, _)| (n.as_str(), *s, *lm))
             .collect();
         for (i, r) in self.head_many(&dir.prefix, &args).into_iter().enumerate() {
             match r {

@@ -123,9 +123,6 @@ fn run_sync(a: SyncArgs, mode: ferry_engine::Mode) -> Result<u8, String> {
     Ok(if summary.errors > 0 { 1 } else { 0 })
 }
 
-/// Copy or sync with an S3 side: the same engine over other stores. With
-/// `verbose`, what the stores did beyond plain copies (resumed transfers,
-/// server-side copies) goes to stderr.
 /// With -v: what an S3 store did (requests that cost, resumed work).
 fn note_s3(st: &S3Store, role: &str, verbose: bool) {
     use std::sync::atomic::Ordering::Relaxed;
@@ -148,6 +145,9 @@ fn note_s3(st: &S3Store, role: &str, verbose: bool) {
     );
 }
 
+/// Copy or sync with an S3 side: the same engine over other stores. With
+/// `verbose`, what the stores did beyond plain copies (resumed transfers,
+/// server-side copies) goes to stderr.
 fn run_remote(
     src: &Loc,
     dst: &Loc,

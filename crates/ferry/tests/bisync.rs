@@ -5,7 +5,7 @@
 mod util;
 
 use std::collections::BTreeMap;
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -841,6 +841,12 @@ fn edit(root: &Path, op: u8, rng: &mut Rng, clock: &mut u64) {
 /// which edit; the seed of its parameters (paths, content).
 type Op = (u8, u8, u64);
 
+/// `ferry sync SRC DST`, which must succeed: the S3 tests make changes "on B" in a local
+/// mirror of the bucket and sync them up.
+fn sync(src: impl AsRef<OsStr>, dst: impl AsRef<OsStr>) {
+    ferry([OsStr::new("sync"), src.as_ref(), dst.as_ref()]).ok();
+}
+
 /// Apply each round's edits, run, check the rules and that the replicas are equal.
 fn model_case(rounds: &[Vec<Op>]) {
     let p = pair();
@@ -1063,7 +1069,7 @@ fn s3_state(url: &str, work: &Path) -> State {
             .unwrap()
             .as_nanos()
     ));
-    ferry([&OsString::from("sync"), &url.into(), &down.clone().into()]).ok();
+    sync(url, &down);
     files(&state(&down))
 }
 
@@ -1091,21 +1097,11 @@ fn s3_two_way_rules() {
 
     // Changes on both sides: B's through a mirror synced up.
     let mirror = work.join("mirror");
-    ferry([
-        &OsString::from("sync"),
-        &url.clone().into(),
-        &mirror.clone().into(),
-    ])
-    .ok();
+    sync(&url, &mirror);
     put(&mirror, "from_s3.txt", b"made on B", 1_600_000_100);
     put(&mirror, "doc/report.txt", b"v2 from B", 1_600_000_200);
     fs::remove_file(mirror.join("doc/gone.txt")).unwrap();
-    ferry([
-        &OsString::from("sync"),
-        &mirror.clone().into(),
-        &url.clone().into(),
-    ])
-    .ok();
+    sync(&mirror, &url);
     put(&p.a, "doc/report.txt", b"v2 from A!", 1_600_000_300);
     fs::rename(p.a.join("photo.raw"), p.a.join("doc/photo.raw")).unwrap();
     let r = s3_bisync(&p.a, &url, &p.j, &["--json"]);
@@ -1124,24 +1120,14 @@ fn s3_two_way_rules() {
 
     // A rename made on the S3 side (no inodes there) is replayed as a rename on A.
     let mirror2 = work.join("mirror2");
-    ferry([
-        &OsString::from("sync"),
-        &url.clone().into(),
-        &mirror2.clone().into(),
-    ])
-    .ok();
+    sync(&url, &mirror2);
     let ino = fs::metadata(p.a.join("doc/photo.raw")).unwrap().ino();
     fs::rename(
         mirror2.join("doc/photo.raw"),
         mirror2.join("photo-moved.raw"),
     )
     .unwrap();
-    ferry([
-        &OsString::from("sync"),
-        &mirror2.clone().into(),
-        &url.clone().into(),
-    ])
-    .ok();
+    sync(&mirror2, &url);
     let r = s3_bisync(&p.a, &url, &p.j, &["--json"]);
     r.ok();
     assert_eq!(summary_field(&r, "renamed"), 1, "{r}");
@@ -1174,22 +1160,12 @@ fn s3_model_random_edits_on_both_sides() {
                 edit(&p.a, op, &mut rng, &mut clock);
             }
             let mirror = work.join(format!("mirror{round}"));
-            ferry([
-                &OsString::from("sync"),
-                &url.clone().into(),
-                &mirror.clone().into(),
-            ])
-            .ok();
+            sync(&url, &mirror);
             for _ in 0..rng.range(0, 6) {
                 let op = rng.range(0, 8) as u8;
                 edit(&mirror, op, &mut rng, &mut clock);
             }
-            ferry([
-                &OsString::from("sync"),
-                &mirror.clone().into(),
-                &url.clone().into(),
-            ])
-            .ok();
+            sync(&mirror, &url);
             let (sa, sb) = (files(&state(&p.a)), s3_state(&url, &work));
             let r = s3_bisync(&p.a, &url, &p.j, &["--force", "--json"]);
             assert_eq!(r.code, Some(0), "seed {seed} round {round}\n{r}");
@@ -1260,20 +1236,10 @@ fn s3_noop_makes_no_head_requests() {
     // Two objects changed on the S3 side: one re-uploaded with new bytes,
     // one with only a new mtime (same bytes, same size).
     let mirror = work.join("mirror");
-    ferry([
-        &OsString::from("sync"),
-        &url.clone().into(),
-        &mirror.clone().into(),
-    ])
-    .ok();
+    sync(&url, &mirror);
     put(&mirror, "d0/f0", b"FILE 0", 1_600_000_500);
     set_mtime(&mirror.join("d1/f1"), (1_600_000_600, 0));
-    ferry([
-        &OsString::from("sync"),
-        &mirror.clone().into(),
-        &url.clone().into(),
-    ])
-    .ok();
+    sync(&mirror, &url);
     let r = s3_bisync(&p.a, &url, &p.j, &["-v", "--json"]);
     r.ok();
     assert!(heads_of_b(&r) <= 4, "{r}");
