@@ -17,8 +17,8 @@ Tools alternate run by run; wall time, user+sys CPU from wait4(); the median and
 --runs runs. One extra run of ferry per scenario under `strace -c -f` counts syscalls, to
 show that the work beyond the scan is proportional to the changes.
 
-Trees are never deleted between timed runs (on this disk mass deletes make later creates
-slow): old trees are moved aside into /tmp/ferry-trash-bisync. Standard library only.
+Trees are generated once under --workdir (default: ferry-bisync-bench in the system temp
+directory, $TMPDIR if set) and reused by later runs. Standard library only.
 """
 
 import argparse
@@ -28,11 +28,11 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-TRASH = "/tmp/ferry-trash-bisync"
 
 
 def log(msg):
@@ -94,7 +94,7 @@ def strace_counts(cmd):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ferry", default=os.path.join(REPO, "target/release/ferry"))
-    ap.add_argument("--workdir", default="/tmp/bisync-bench")
+    ap.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "ferry-bisync-bench"))
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--files", type=int, default=100_000)
     ap.add_argument("--dirs", type=int, default=1000)
@@ -109,7 +109,6 @@ def main():
             tools.remove(t)
     w = os.path.abspath(args.workdir)
     os.makedirs(w, exist_ok=True)
-    os.makedirs(TRASH, exist_ok=True)
     src = os.path.join(w, f"src-{args.files}")
     if not os.path.isdir(src):
         log(f"generating {args.files:,} files in {args.dirs:,} dirs")

@@ -10,14 +10,14 @@ BENCHMARKS.md (or --out) unless --no-write.
 
     python3 bench/bwlimit.py [--rates 1,10,100] [--mib 500] [--ferry PATH]
 """
-import argparse, os, shutil, subprocess, sys, time
+import argparse, os, shutil, subprocess, sys, tempfile, time
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--rates", default="1,10,100", help="MiB/s, comma-separated")
 ap.add_argument("--mib", type=int, default=500, help="transfer size in MiB")
 ap.add_argument("--shapes", default="one,many")
 ap.add_argument("--ferry", default="target/release/ferry")
-ap.add_argument("--workdir", default="/tmp/ferry-bwlimit")
+ap.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "ferry-bwlimit"))
 ap.add_argument("--out", default="BENCHMARKS.md")
 ap.add_argument("--no-write", action="store_true")
 a = ap.parse_args()

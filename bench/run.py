@@ -38,6 +38,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -1223,7 +1224,7 @@ def main():
     ap.add_argument("--scenarios", default=",".join(SCENARIOS))
     ap.add_argument("--tools", default=None, help="default: all (smoke: all but rclone32)")
     ap.add_argument("--ferry", default=os.path.join(REPO, "target", "release", "ferry"))
-    ap.add_argument("--workdir", default="/tmp/ferry-bench")
+    ap.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "ferry-bench"))
     ap.add_argument("--out", default=None, help="report (default BENCHMARKS.md in the repo; smoke: in the work dir)")
     ap.add_argument("--no-strace", action="store_true")
     ap.add_argument("--budget", type=float, default=150,

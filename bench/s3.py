@@ -12,12 +12,12 @@ Starts a throwaway single-node Garage with scripts/garage (installs it if missin
 --rtt-ms N puts bench/latency_proxy.py in front of Garage (a network's round trip).
 Workload sources are bench/run.py's (`small`, `big`) under --workdir.
 """
-import argparse, os, resource, shutil, statistics, subprocess, sys, time
+import argparse, os, resource, shutil, statistics, subprocess, sys, tempfile, time
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--runs", type=int, default=3)
 ap.add_argument("--ferry", default="target/release/ferry")
-ap.add_argument("--workdir", default="/tmp/ferry-bench")
+ap.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "ferry-bench"))
 ap.add_argument("--out", default="BENCHMARKS.md")
 ap.add_argument("--skip", default="", help="comma list of: small,big,lat,list")
 ap.add_argument("--rtt-ms", type=float, default=0,
