@@ -2,7 +2,7 @@
 """Whole-workload benchmark: ferry side by side with rsync, rclone, cp, tar and the syscall floor.
 
     python3 bench/run.py [--smoke] [--runs N] [--workloads small,many,...] [--scenarios copy,noop,touch,ls]
-                         [--tools ferry,rsync,...] [--ferry PATH] [--workdir DIR] [--out FILE]
+                         [--tools ferry,rsync,...] [--ferry PATH] [--base PATH] [--workdir DIR] [--out FILE]
 
 Workloads (generated once, deterministically, under --workdir, and cached):
   small  10,000 files x 4 KiB in 100 dirs     many   100,000 files x 1 KiB in 1,000 dirs
@@ -91,6 +91,8 @@ TOOLS = {
     "fd": ("peer", {"ls"}),
     "floor": ("floor", {"copy", "noop", "touch", "ls"}),
     "floor1": ("floor", {"copy", "noop", "touch", "ls"}),
+    # another ferry binary (--base PATH), side by side with this one: regressions
+    "ferry-base": ("peer", {"copy", "noop", "touch", "ls"}),
 }
 # listing tools that print names only (no stat per entry): shown, but not the "best peer"
 NAMES_ONLY = {"ls": "prints names only (no stat per entry); not counted as best peer",
@@ -392,6 +394,7 @@ def tool_cmd(ctx, tool, scenario, wname, src, dst):
     if scenario == "ls":
         return {
             "ferry": [ctx.ferry, "ls", src],
+            "ferry-base": [ctx.base, "ls", src],
             "find": ["find", src, "-printf", "%s %T@ %p\n"],
             "ls": ["ls", "-fR", src],
             "fd": [ctx.fd, "-u", ".", src],
@@ -401,6 +404,8 @@ def tool_cmd(ctx, tool, scenario, wname, src, dst):
         }[tool], env, None
     if tool == "ferry":
         return [ctx.ferry, "sync", src, dst], env, None
+    if tool == "ferry-base":
+        return [ctx.base, "sync", src, dst], env, None
     if tool == "rsync":
         return ["rsync", "-a", "--delete", src + "/", dst + "/"], env, None
     if tool in ("rclone", "rclone32"):
@@ -942,6 +947,8 @@ def machine_info(ctx):
             "fd": first_line([ctx.fd, "--version"]) if ctx.fd else "missing",
             "strace": first_line(["strace", "-V"]) if ctx.strace else "missing",
             "cc": first_line(["cc", "--version"]), "python": sys.version.split()[0]}
+    if ctx.base:
+        vers["ferry-base"] = f"{first_line([ctx.base, '--version'])} ({ctx.base})"
     info["versions"] = vers
     return info
 
@@ -1225,6 +1232,7 @@ def main():
     ap.add_argument("--tools", default=None, help="default: all (smoke: all but rclone32)")
     ap.add_argument("--ferry", default=os.path.join(REPO, "target", "release", "ferry"))
     ap.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "ferry-bench"))
+    ap.add_argument("--base", default=None, help="a second ferry binary, run side by side as tool ferry-base")
     ap.add_argument("--out", default=None, help="report (default BENCHMARKS.md in the repo; smoke: in the work dir)")
     ap.add_argument("--no-strace", action="store_true")
     ap.add_argument("--budget", type=float, default=150,
@@ -1261,7 +1269,8 @@ def main():
     workloads = [w for w in args.workloads.split(",") if w]
     scenarios = [s for s in args.scenarios.split(",") if s]
     if args.tools is None:
-        args.tools = ",".join(t for t in TOOLS if not (args.smoke and t == "rclone32"))
+        args.tools = ",".join(t for t in TOOLS if not (args.smoke and t == "rclone32")
+                              and (t != "ferry-base" or args.base))
     ctx.tools = [t for t in args.tools.split(",") if t]
     for name, lst, known in (("workload", workloads, WORKLOADS), ("scenario", scenarios, SCENARIOS),
                              ("tool", ctx.tools, list(TOOLS))):
@@ -1275,6 +1284,10 @@ def main():
     ctx.ferry_ok = os.path.isfile(ctx.ferry) and os.access(ctx.ferry, os.X_OK)
     if "ferry" in ctx.tools and not ctx.ferry_ok:
         log(f"bench: ferry binary not found at {ctx.ferry} (build it with `cargo build --release`, or pass --ferry)")
+        return 2
+    ctx.base = os.path.abspath(args.base) if args.base else None
+    if "ferry-base" in ctx.tools and not (ctx.base and os.access(ctx.base, os.X_OK)):
+        log("bench: tool ferry-base needs --base PATH (an executable ferry)")
         return 2
     ctx.fd = shutil.which("fdfind") or shutil.which("fd")
     ctx.missing = {}
