@@ -9,6 +9,7 @@
 
 pub mod bwlimit;
 pub mod download;
+pub mod encode;
 pub mod engine;
 pub mod entry;
 pub mod etag;

@@ -2,16 +2,17 @@
 //! directory's sorted entries as one block (one write per block).
 //!
 //! Output lines: `SIZE MTIME_NS PATH` (directories end with `/`, symlinks
-//! show `-> TARGET`), or one JSON object per entry.
+//! show `-> TARGET`), or one JSON object per entry. Names are written by
+//! [`crate::encode`]: escaped in text, losslessly in JSON.
 
 use std::ffi::CString;
 use std::io::{self, Write};
 use std::sync::{Arc, Mutex};
 
+use crate::encode::{json_name, text_name};
 use crate::entry::{join, Kind, Listing, Meta};
 use crate::filter::Filter;
 use crate::pool::Pool;
-use crate::report::json_str;
 use crate::store::{ListError, Store};
 
 /// Output format of `ls`.
@@ -158,22 +159,22 @@ pub fn format_entry(
         Format::Text => {
             let _ = write!(buf, "{} {} ", m.size, m.mtime_ns());
             if !dir.is_empty() {
-                buf.extend_from_slice(dir);
+                text_name(buf, dir);
                 buf.push(b'/');
             }
-            buf.extend_from_slice(name);
+            text_name(buf, name);
             if m.kind == Kind::Dir {
                 buf.push(b'/');
             }
             if let Some(t) = target {
                 buf.extend_from_slice(b" -> ");
-                buf.extend_from_slice(t);
+                text_name(buf, t);
             }
             buf.push(b'\n');
         }
         Format::Json => {
-            buf.extend_from_slice(b"{\"path\":");
-            json_str(buf, &join(dir, name));
+            buf.push(b'{');
+            json_name(buf, "path", &join(dir, name));
             let _ = write!(
                 buf,
                 ",\"kind\":\"{}\",\"size\":{},\"mtime_ns\":{}",
@@ -185,8 +186,8 @@ pub fn format_entry(
                 let _ = write!(buf, ",\"mode\":{}", m.mode);
             }
             if let Some(t) = target {
-                buf.extend_from_slice(b",\"target\":");
-                json_str(buf, t);
+                buf.push(b',');
+                json_name(buf, "target", t);
             }
             buf.extend_from_slice(b"}\n");
         }

@@ -128,27 +128,9 @@ impl Reporter for Quiet {
     fn error(&self, _: &[u8], _: &io::Error) {}
 }
 
-/// Append `bytes` as a JSON string. Names that are not UTF-8 are written
-/// with U+FFFD in place of the bad bytes, plus nothing else lost in the
-/// valid parts.
+/// Append `bytes` as a JSON string value, lossy: names that are not UTF-8
+/// get U+FFFD in place of the bad bytes. For a name, use
+/// [`crate::encode::json_name`], which keeps the exact bytes.
 pub fn json_str(out: &mut Vec<u8>, bytes: &[u8]) {
-    out.push(b'"');
-    for ch in String::from_utf8_lossy(bytes).chars() {
-        match ch {
-            '"' => out.extend_from_slice(b"\\\""),
-            '\\' => out.extend_from_slice(b"\\\\"),
-            '\n' => out.extend_from_slice(b"\\n"),
-            '\r' => out.extend_from_slice(b"\\r"),
-            '\t' => out.extend_from_slice(b"\\t"),
-            c if (c as u32) < 0x20 => {
-                use std::io::Write;
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => {
-                let mut b = [0u8; 4];
-                out.extend_from_slice(c.encode_utf8(&mut b).as_bytes());
-            }
-        }
-    }
-    out.push(b'"');
+    crate::encode::json_string(out, &String::from_utf8_lossy(bytes));
 }

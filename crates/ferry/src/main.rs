@@ -16,6 +16,7 @@ use ferry_engine::ls::{list_tree, Format};
 use ferry_engine::{Engine, LocalStore, Stats};
 
 use args::{BisyncArgs, Cli, Command, Job, Loc, LsArgs, SyncArgs};
+use ferry_engine::encode::text_name_string;
 use ferry_engine::Store as _;
 use ferry_s3::S3Store;
 use output::{cause, CliReporter, Progress};
@@ -30,6 +31,13 @@ fn main() -> ExitCode {
         }
     };
     raise_fd_limit();
+    let start = Instant::now();
+    // (dry run, bisync) of a run whose refusal gets a JSON summary.
+    let json = match &cli.command {
+        Command::Copy(a) | Command::Sync(a) => a.json.then_some((a.dry_run, false)),
+        Command::Bisync(a) => a.json.then_some((a.dry_run, true)),
+        Command::Ls(_) | Command::Cleanup(_) => None,
+    };
     let res = match cli.command {
         Command::Copy(a) => run_sync(a, ferry_engine::Mode::Copy),
         Command::Sync(a) => run_sync(a, ferry_engine::Mode::Sync),
@@ -40,7 +48,11 @@ fn main() -> ExitCode {
     match res {
         Ok(code) => ExitCode::from(code),
         Err(msg) => {
-            eprintln!("ferry: {msg}");
+            // The message may hold names: escaped like every other line.
+            eprintln!("ferry: {}", text_name_string(msg.as_bytes()));
+            if let Some((dry_run, bisync)) = json {
+                output::refused_summary(dry_run, bisync, start.elapsed(), &msg);
+            }
             ExitCode::from(2)
         }
     }
@@ -72,6 +84,7 @@ fn run_sync(a: SyncArgs, mode: ferry_engine::Mode) -> Result<u8, String> {
         bwlimit: a.bwlimit.map(ferry_engine::bwlimit::Limiter::new),
     };
     let stats = std::sync::Arc::new(Stats::default());
+    output::track_stats(&stats);
     let show_progress = a.progress_enabled();
     let rep = CliReporter::new(a.json, a.verbose > 0 || a.dry_run, a.dry_run);
     let start = Instant::now();
@@ -215,7 +228,8 @@ fn run_cleanup(a: args::CleanupArgs) -> Result<u8, String> {
         .map_err(|e| format!("{}: {}", a.path, cause(&e)))?;
     let verb = if a.dry_run { "would abort" } else { "aborted" };
     for (key, started) in &done {
-        println!("{verb}: s3://{bucket}/{key} (started {started})");
+        let url = text_name_string(format!("s3://{bucket}/{key}").as_bytes());
+        println!("{verb}: {url} (started {started})");
     }
     eprintln!("ferry summary: {} interrupted upload(s) {verb}", done.len());
     Ok(0)
@@ -259,6 +273,7 @@ fn run_bisync(a: BisyncArgs) -> Result<u8, String> {
     };
     let rep = CliReporter::new(a.json, a.verbose > 0 || a.dry_run, a.dry_run);
     let stats = std::sync::Arc::new(Stats::default());
+    output::track_stats(&stats);
     let progress = a
         .progress_enabled()
         .then(|| Progress::start(stats.clone(), &rep));
@@ -344,7 +359,7 @@ fn ls_store<S: ferry_engine::Store>(
     let errors = std::sync::atomic::AtomicU64::new(0);
     let on_error = |path: &[u8], e: &io::Error| {
         errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        eprintln!("ferry: {}: {}", String::from_utf8_lossy(path), cause(e));
+        eprintln!("{}", output::error_line(path, &cause(e)));
     };
     let res = list_tree(store, jobs, None, format, &out, &on_error);
     let flushed = out.into_inner().unwrap_or_else(|e| e.into_inner()).flush();

@@ -1,6 +1,7 @@
 //! What the user sees: action lines (`-v`, `--dry-run`), JSON lines
 //! (`--json`), errors on stderr (`ferry: PATH: cause`), the progress bar and
-//! the summary.
+//! the summary. Every name goes through `ferry_engine::encode` (escaped in
+//! text, lossless in JSON): a name can never forge a line.
 
 use std::io::{self, Write};
 use std::sync::mpsc;
@@ -8,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use ferry_engine::report::json_str;
+use ferry_engine::encode::{json_name, json_string, text_name, text_name_string};
 use ferry_engine::{Action, Reporter, Stats, Summary};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
@@ -21,10 +22,22 @@ pub fn cause(e: &io::Error) -> String {
     }
 }
 
+/// An error line, `ferry: PATH: cause`, with the path and the cause escaped
+/// (neither can start a line of its own).
+pub fn error_line(path: &[u8], cause: &str) -> String {
+    format!(
+        "ferry: {}: {}",
+        text_name_string(path),
+        text_name_string(cause.as_bytes())
+    )
+}
+
 pub struct CliReporter {
     json: bool,
     lines: bool,
     dry_run: bool,
+    /// Why the run was refused (exit 2): `"refused"` in the JSON summary.
+    refused: Option<String>,
     out: Mutex<io::BufWriter<io::Stdout>>,
     bar: Mutex<Option<ProgressBar>>,
 }
@@ -35,6 +48,7 @@ impl CliReporter {
             json,
             lines,
             dry_run,
+            refused: None,
             out: Mutex::new(io::BufWriter::new(io::stdout())),
             bar: Mutex::new(None),
         }
@@ -61,11 +75,20 @@ impl CliReporter {
             for (k, v) in extra {
                 x.push_str(&format!(",\"{k}\":{v}"));
             }
+            let mut tail = String::from(if self.dry_run {
+                ",\"dry_run\":true"
+            } else {
+                ""
+            });
+            if let Some(r) = &self.refused {
+                tail.push_str(",\"refused\":");
+                tail.push_str(&serde_json::Value::from(r.as_str()).to_string());
+            }
             let _ = writeln!(
                 out,
                 "{{\"type\":\"summary\",\"entries_scanned\":{},\"files_copied\":{},\"bytes_copied\":{},\"files_deleted\":{},\"dirs_created\":{}{x},\"unchanged\":{},\"errors\":{},\"elapsed_s\":{:.6}{}}}",
                 s.entries_scanned, s.files_copied, s.bytes_copied, s.files_deleted, s.dirs_created, s.unchanged, s.errors, s.elapsed_s,
-                if self.dry_run { ",\"dry_run\":true" } else { "" }
+                tail
             );
             let _ = out.flush();
         } else {
@@ -95,7 +118,7 @@ impl Reporter for CliReporter {
     fn action(&self, action: Action, path: &[u8], size: u64) {
         if action == Action::Skip {
             // Not an error, but never silent: the entry is not in DST.
-            let p = String::from_utf8_lossy(path).into_owned();
+            let p = text_name_string(path);
             self.with_bar_suspended(|| {
                 eprintln!("ferry: skipped {p} (special file, or a symlink DST cannot store)")
             });
@@ -104,15 +127,15 @@ impl Reporter for CliReporter {
             let mut line = Vec::with_capacity(64 + path.len());
             line.extend_from_slice(b"{\"type\":\"");
             line.extend_from_slice(action.as_str().as_bytes());
-            line.extend_from_slice(b"\",\"path\":");
-            json_str(&mut line, if path.is_empty() { b"." } else { path });
+            line.extend_from_slice(b"\",");
+            json_name(&mut line, "path", if path.is_empty() { b"." } else { path });
             let _ = writeln!(line, ",\"size\":{size}}}");
             let _ = self.out.lock().unwrap().write_all(&line);
         } else if self.lines {
             let mut line = Vec::with_capacity(16 + path.len());
             line.extend_from_slice(action.as_str().as_bytes());
             line.push(b' ');
-            line.extend_from_slice(if path.is_empty() { b"." } else { path });
+            text_name(&mut line, if path.is_empty() { b"." } else { path });
             line.push(b'\n');
             self.with_bar_suspended(|| {
                 let _ = self.out.lock().unwrap().write_all(&line);
@@ -121,19 +144,50 @@ impl Reporter for CliReporter {
     }
 
     fn error(&self, path: &[u8], err: &io::Error) {
-        let p = String::from_utf8_lossy(if path.is_empty() { b"." } else { path });
+        let p = if path.is_empty() { b"." } else { path };
         let c = cause(err);
-        self.with_bar_suspended(|| eprintln!("ferry: {p}: {c}"));
+        let line = error_line(p, &c);
+        self.with_bar_suspended(|| eprintln!("{line}"));
         if self.json {
             let mut line = Vec::new();
-            line.extend_from_slice(b"{\"type\":\"error\",\"path\":");
-            json_str(&mut line, path);
+            line.extend_from_slice(b"{\"type\":\"error\",");
+            json_name(&mut line, "path", path);
             line.extend_from_slice(b",\"error\":");
-            json_str(&mut line, c.as_bytes());
+            json_string(&mut line, &c);
             line.extend_from_slice(b"}\n");
             let _ = self.out.lock().unwrap().write_all(&line);
         }
     }
+}
+
+/// The counters of the run under way, for the summary of a run refused
+/// after it started counting.
+static RUN_STATS: std::sync::OnceLock<Arc<Stats>> = std::sync::OnceLock::new();
+
+/// Make `stats` the counters a refusal's summary reports.
+pub fn track_stats(stats: &Arc<Stats>) {
+    let _ = RUN_STATS.set(stats.clone());
+}
+
+/// With `--json`, the summary line of a run refused with `reason` (exit 2):
+/// the counters so far (zero if it stopped before counting) and
+/// `"refused":REASON`.
+pub fn refused_summary(dry_run: bool, bisync: bool, elapsed: Duration, reason: &str) {
+    let s = match RUN_STATS.get() {
+        Some(st) => st.summary(elapsed),
+        None => Summary {
+            elapsed_s: elapsed.as_secs_f64(),
+            ..Summary::default()
+        },
+    };
+    let mut rep = CliReporter::new(true, false, dry_run);
+    rep.refused = Some(reason.to_owned());
+    let extra: &[(&str, u64)] = if bisync {
+        &[("renamed", 0), ("conflicts", 0)]
+    } else {
+        &[]
+    };
+    rep.write_summary(&s, extra);
 }
 
 impl CliReporter {
@@ -165,7 +219,7 @@ impl ferry_bisync::BiReporter for CliReporter {
         use ferry_bisync::BiAction;
         let p = if path.is_empty() { &b"."[..] } else { path };
         if act == BiAction::Skip {
-            let ps = String::from_utf8_lossy(p).into_owned();
+            let ps = text_name_string(p);
             self.with_bar_suspended(|| {
                 eprintln!(
                     "ferry: skipped {ps} (special file, or a symlink {} cannot store)",
@@ -179,14 +233,15 @@ impl ferry_bisync::BiReporter for CliReporter {
             line.extend_from_slice(act.as_str().as_bytes());
             line.extend_from_slice(b"\",\"side\":\"");
             line.extend_from_slice(on.as_str().as_bytes());
-            line.extend_from_slice(b"\",\"path\":");
-            json_str(&mut line, p);
+            line.extend_from_slice(b"\",");
+            json_name(&mut line, "path", p);
             if let Some(o) = other {
-                line.extend_from_slice(match act {
-                    BiAction::Rename => b",\"from\":",
-                    _ => b",\"renamed_to\":",
-                });
-                json_str(&mut line, o);
+                line.push(b',');
+                let key = match act {
+                    BiAction::Rename => "from",
+                    _ => "renamed_to",
+                };
+                json_name(&mut line, key, o);
             }
             let _ = writeln!(line, ",\"size\":{size}}}");
             let _ = self.out.lock().unwrap().write_all(&line);
@@ -198,13 +253,13 @@ impl ferry_bisync::BiReporter for CliReporter {
             line.push(b' ');
             line.extend_from_slice(on.as_str().as_bytes());
             line.push(b' ');
-            line.extend_from_slice(p);
+            text_name(&mut line, p);
             if let Some(o) = other {
                 line.extend_from_slice(match act {
                     BiAction::Rename => b" <- ",
                     _ => b" -> ",
                 });
-                line.extend_from_slice(o);
+                text_name(&mut line, o);
             }
             line.push(b'\n');
             self.with_bar_suspended(|| {
