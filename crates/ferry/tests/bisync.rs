@@ -1329,7 +1329,7 @@ fn model_event(p: &Pair, event: u8, synced: &mut bool, base: &mut State, round: 
     if ev < 4 || !*synced {
         return;
     }
-    let root = if ev % 2 == 0 { &p.a } else { &p.b };
+    let root = if ev.is_multiple_of(2) { &p.a } else { &p.b };
     let away = root.with_extension("away");
     // Contents (renaming a root changes its own ctime).
     let before = (state(&p.a), state(&p.b));
@@ -1753,6 +1753,62 @@ fn s3_model_random_edits_on_both_sides() {
             base = ra;
         }
     }
+}
+
+/// Delete one object behind ferry's back (curl signs the request).
+fn s3_delete(bucket: &str, key: &str) {
+    let env = |k: &str| std::env::var(k).unwrap();
+    let out = Command::new("curl")
+        .args([
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "-X",
+            "DELETE",
+        ])
+        .arg("--aws-sigv4")
+        .arg(format!("aws:amz:{}:s3", env("FERRY_TEST_S3_REGION")))
+        .arg("--user")
+        .arg(format!(
+            "{}:{}",
+            env("FERRY_TEST_S3_KEY"),
+            env("FERRY_TEST_S3_SECRET")
+        ))
+        .args(["-H", "x-amz-content-sha256: UNSIGNED-PAYLOAD"])
+        .arg(format!("{}/{bucket}/{key}", env("FERRY_TEST_S3_ENDPOINT")))
+        .output()
+        .expect("run curl");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "204", "DELETE {key}");
+}
+
+/// An S3 prefix with no objects is an empty root (S3 cannot tell it from a missing
+/// one): with a journal that knew files, refused unless --force, as a local root is.
+#[test]
+fn s3_emptied_prefix_is_refused_unless_force() {
+    let Some(s3) = s3() else { return };
+    let p = pair();
+    let url = s3.url("emptied");
+    for i in 0..3 {
+        put(&p.a, &format!("d/f{i}"), b"data", 1_600_000_000);
+    }
+    s3_bisync(&p.a, &url, &p.j, &[]).ok();
+    let prefix = url.strip_prefix(&format!("s3://{}/", s3.bucket)).unwrap();
+    for i in 0..3 {
+        s3_delete(&s3.bucket, &format!("{prefix}/d/f{i}"));
+    }
+    let before = snapshot(&p.a);
+    for extra in [&[][..], &["-n"], &["--max-delete", "100"]] {
+        let r = s3_bisync(&p.a, &url, &p.j, extra);
+        r.code_is(2);
+        let want = format!("ferry: B {url} is empty, but held 3 files");
+        assert!(r.err().starts_with(&want), "{r}");
+        assert!(r.err().contains("--force to delete 3 files"), "{r}");
+        assert_untouched(&before, &snapshot(&p.a));
+    }
+    s3_bisync(&p.a, &url, &p.j, &["--force"]).ok();
+    assert!(files(&state(&p.a)).is_empty());
 }
 
 /// HEAD requests the S3 side (B) made, from `-v`.
