@@ -196,6 +196,46 @@ impl Journal {
         Ok(out)
     }
 
+    /// True when a run of this pair has started with this journal (or it
+    /// holds records, as one written by an older ferry does): the pair has
+    /// been synced, so its roots have been seen. A journal file that only
+    /// exists (created by a refused run, or just now) says nothing.
+    pub fn knows_pair(&self) -> Result<bool, String> {
+        let err = |e: rusqlite::Error| format!("journal {}: {e}", self.path.display());
+        let marked: Option<String> = self
+            .conn
+            .query_row("SELECT v FROM meta WHERE k = 'synced'", [], |r| r.get(0))
+            .optional()
+            .map_err(err)?;
+        if marked.is_some() {
+            return Ok(true);
+        }
+        let any: Option<i64> = self
+            .conn
+            .query_row("SELECT 1 FROM chunks LIMIT 1", [], |r| r.get(0))
+            .optional()
+            .map_err(err)?;
+        Ok(any.is_some())
+    }
+
+    /// Record that a run of this pair goes ahead (before its first action):
+    /// from now on [`Journal::knows_pair`] is true.
+    /// Writes nothing when the mark is there (a no-op run writes nothing).
+    pub fn mark_synced(&mut self) -> Result<(), String> {
+        let err = |e: rusqlite::Error| format!("journal {}: {e}", self.path.display());
+        let marked: Option<String> = self
+            .conn
+            .query_row("SELECT v FROM meta WHERE k = 'synced'", [], |r| r.get(0))
+            .optional()
+            .map_err(err)?;
+        if marked.is_none() {
+            self.conn
+                .execute("INSERT INTO meta (k, v) VALUES ('synced', '1')", [])
+                .map_err(err)?;
+        }
+        Ok(())
+    }
+
     /// Forget every record (`--resync`), in one transaction.
     pub fn clear(&mut self) -> Result<(), String> {
         self.conn

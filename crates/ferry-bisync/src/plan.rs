@@ -7,12 +7,15 @@
 //!   becomes a re-creation on the side that deleted it (new files added
 //!   inside a directory deleted on the other side survive), and a file that
 //!   was to replace it becomes a conflict copy.
-//! - **Renames.** A path new on side X whose inode (or size, mtime and
-//!   content, where the store has no inodes) is that of a path X no longer
-//!   has, while the other side still holds that path unchanged, is replayed
-//!   as a rename on the other side instead of copy + delete.
+//! - **Renames.** A path new on side X whose inode (or size and mtime,
+//!   where the store has no inodes) is that of a path X no longer has, while
+//!   the other side still holds that path unchanged, is replayed as a rename
+//!   on the other side instead of copy + delete, but only once its bytes
+//!   are proven those of the old path's synced copy on the other side (an
+//!   inode is reused by a new file as soon as the old one is deleted).
 //! - **Conflicts** get their names: `stem (conflict YYYY-MM-DD HHMM from B).ext`
-//!   (UTC), made unique among every name either side holds.
+//!   (UTC), made unique among every name either side holds, and short
+//!   enough for any file system (the stem is shortened).
 //!
 //! Only paths with something to do become items: a no-op run allocates
 //! nothing per entry.
@@ -31,6 +34,9 @@ use crate::tree::{name_of, parent_key, under_any, Scan};
 pub enum Act {
     /// Contents must be compared first (resolved before [`finish`]).
     Compare,
+    /// `--checksum`: in sync by metadata; contents must still be compared
+    /// (equal: [`Act::Record`], else a conflict; resolved before [`finish`]).
+    Check,
     /// Both sides agree: only the journal learns it.
     Record,
     /// Gone on both sides: drop the journal's record.
@@ -106,9 +112,14 @@ impl Item {
     }
 }
 
-/// Checks that a rename candidate without inode evidence holds the same
-/// bytes as the old path: (side of the new path, new key, old key).
-pub type Verify<'a> = &'a dyn Fn(Side, &[u8], &[u8]) -> bool;
+/// A rename candidate to prove: (side X of the new path, new key, old key).
+/// It is a rename only if X's new path holds the bytes of the old path on
+/// the other side (the synced copy of what X had there).
+pub type Candidate = (Side, Vec<u8>, Vec<u8>);
+
+/// Checks rename candidates (all at once, so they can be checked in
+/// parallel): one answer per candidate, true when the bytes agree.
+pub type Verify<'a> = &'a dyn Fn(&[Candidate]) -> Vec<bool>;
 
 /// The plan of a run.
 #[derive(Debug, Default)]
@@ -123,6 +134,10 @@ pub struct Plan {
     pub deletes: [u64; 2],
     /// Files and symlinks the journal knows (the base of the deletion limit).
     pub known: [u64; 2],
+    /// Directories the journal knows.
+    pub known_dirs: u64,
+    /// Directories to delete on A and on B.
+    pub dir_deletes: [u64; 2],
     /// What the stores are like.
     pub sides: Sides,
 }
@@ -149,6 +164,8 @@ pub struct Ctx<'a> {
     /// Keys unreadable on A and on B, with everything below them (looked
     /// at only for paths with something to do).
     pub unknown: [&'a Mutex<Vec<Vec<u8>>>; 2],
+    /// `--checksum`: files in sync by metadata get their bytes compared.
+    pub checksum: bool,
 }
 
 /// What merging one directory found.
@@ -242,13 +259,16 @@ pub fn merge_dir(cx: &Ctx<'_>, key: &[u8], la: &Listing, lb: &Listing, out: &mut
                 && n.ino != 0
                 && (t.ino == 0 || (!cx.sides.inodes[s as usize] && t.ino != n.ino))
         };
+        let files = |m: &Option<Meta>| m.is_some_and(|m| m.kind == Kind::File);
+        let check = cx.checksum && d == Decision::Keep && files(&va) && files(&vb);
         if d == Decision::Keep
+            && !check
             && (learn(&va, vj.as_ref().map(|r| &r.a), Side::A)
                 || learn(&vb, vj.as_ref().map(|r| &r.b), Side::B))
         {
             d = Decision::Record;
         }
-        if d == Decision::Keep {
+        if d == Decision::Keep && !check {
             out.unchanged += 1;
             continue;
         }
@@ -262,6 +282,7 @@ pub fn merge_dir(cx: &Ctx<'_>, key: &[u8], la: &Listing, lb: &Listing, out: &mut
             continue;
         }
         let act = match d {
+            Decision::Keep if check => Act::Check,
             Decision::Keep => unreachable!("continued above"),
             Decision::Record => Act::Record,
             Decision::Forget => Act::Forget,
@@ -308,10 +329,12 @@ pub fn merge(a: &Scan, b: &Scan, j: &Snapshot, sides: Sides) -> Plan {
         j,
         sides,
         unknown: [&unknown[0], &unknown[1]],
+        checksum: false,
     };
     let mut plan = Plan {
         scanned: (a.count + b.count) as u64,
         known: [j.files(); 2],
+        known_dirs: j.len() as u64 - j.files(),
         sides,
         ..Plan::default()
     };
@@ -364,12 +387,15 @@ fn loser(it: &Item) -> Side {
 
 /// Finish the plan once comparisons are resolved (no [`Act::Compare`]
 /// left): directory rules, renames, conflict names, deletion counts.
-/// `verify` checks that a rename candidate without inode evidence has the
-/// same content as the old path (new side, new key, old key).
+/// `verify` checks that rename candidates hold the content of their old
+/// path (see [`Verify`]).
 pub fn finish(plan: &mut Plan, a: &Scan, b: &Scan, stamp: &str, verify: Verify<'_>) {
     let items = &mut plan.items;
     for it in items.iter_mut() {
-        assert!(it.act != Act::Compare, "comparisons resolved before finish");
+        assert!(
+            !matches!(it.act, Act::Compare | Act::Check),
+            "comparisons resolved before finish"
+        );
         if matches!(it.act, Act::Conflict { .. }) {
             it.act = Act::Conflict {
                 loser: loser(it),
@@ -382,8 +408,10 @@ pub fn finish(plan: &mut Plan, a: &Scan, b: &Scan, stamp: &str, verify: Verify<'
     name_conflicts(items, a, b, stamp);
     for it in items.iter() {
         if let Act::Delete { on } = it.act {
-            if it.side(on).is_some_and(|m| m.kind != Kind::Dir) {
-                plan.deletes[on as usize] += 1;
+            match it.side(on) {
+                Some(m) if m.kind == Kind::Dir => plan.dir_deletes[on as usize] += 1,
+                Some(_) => plan.deletes[on as usize] += 1,
+                None => {}
             }
         }
     }
@@ -433,7 +461,9 @@ fn fix_dirs(items: &mut [Item]) {
     }
 }
 
-/// Pair vanished paths with new ones on the same side.
+/// Pair vanished paths with new ones on the same side. A pair is a rename
+/// only if the bytes agree: a matching inode (with size and mtime) is not
+/// proof, since a deleted file's inode is given to the next file created.
 fn renames(items: &mut [Item], inodes: [bool; 2], verify: Verify<'_>) {
     // Vanished on side X (X = other side of the deletion), still unchanged
     // on the deletion side.
@@ -461,7 +491,7 @@ fn renames(items: &mut [Item], inodes: [bool; 2], verify: Verify<'_>) {
         return;
     }
     let mut new_by_stat: HashMap<(Side, u64, i128), Vec<usize>> = HashMap::new();
-    let mut pairs: Vec<(usize, usize, bool)> = Vec::new();
+    let mut pairs: Vec<(usize, usize)> = Vec::new();
     for (i, it) in items.iter().enumerate() {
         let Act::Copy { from: x } = it.act else {
             continue;
@@ -475,7 +505,7 @@ fn renames(items: &mut [Item], inodes: [bool; 2], verify: Verify<'_>) {
                 let old = items[v].j.expect("vanished paths have a record");
                 let old = old.side(x);
                 if old.size == now.size && old.same_mtime(now) {
-                    pairs.push((i, v, false));
+                    pairs.push((i, v));
                 }
             }
         } else {
@@ -489,18 +519,33 @@ fn renames(items: &mut [Item], inodes: [bool; 2], verify: Verify<'_>) {
         if let Some(olds) = by_stat.get(k) {
             // Only an unambiguous pair, and only if the bytes agree.
             if news.len() == 1 && olds.len() == 1 {
-                pairs.push((news[0], olds[0], true));
+                pairs.push((news[0], olds[0]));
             }
         }
     }
-    for (n, v, check) in pairs {
+    // Each old path pairs with one new path at most (the first, by key).
+    pairs.sort_unstable();
+    let mut taken = HashSet::new();
+    pairs.retain(|&(_, v)| taken.insert(v));
+    let cands: Vec<Candidate> = pairs
+        .iter()
+        .map(|&(n, v)| {
+            let Act::Copy { from: x } = items[n].act else {
+                unreachable!("new paths of pairs are copies")
+            };
+            (x, items[n].key.clone(), items[v].key.clone())
+        })
+        .collect();
+    let ok = if cands.is_empty() {
+        Vec::new()
+    } else {
+        verify(&cands)
+    };
+    for ((n, v), same) in pairs.into_iter().zip(ok) {
         let Act::Copy { from: x } = items[n].act else {
             continue;
         };
-        if items[v].act != (Act::Delete { on: x.other() }) {
-            continue;
-        }
-        if check && !verify(x, &items[n].key, &items[v].key) {
+        if !same || items[v].act != (Act::Delete { on: x.other() }) {
             continue;
         }
         items[n].act = Act::Rename {
@@ -535,23 +580,53 @@ fn name_conflicts(items: &mut [Item], a: &Scan, b: &Scan, stamp: &str) {
     }
 }
 
+/// Longest file name (bytes) a conflict name may have: NAME_MAX of Linux
+/// file systems.
+pub const NAME_MAX: usize = 255;
+
 /// `stem (conflict STAMP from X).ext`, with ` N` before the `)` from the
 /// second candidate on. The extension is from the last dot that is not the
-/// first byte (`.bashrc` has none).
+/// first byte (`.bashrc` has none). A name longer than [`NAME_MAX`] bytes
+/// has its stem shortened (at a UTF-8 character boundary); an extension too
+/// long to keep is taken as part of the stem.
 pub fn conflict_name(name: &[u8], from: Side, stamp: &str, n: u32) -> Vec<u8> {
+    let mut tag = format!(" (conflict {stamp} from {}", from.as_str()).into_bytes();
+    if n > 1 {
+        tag.extend_from_slice(format!(" {n}").as_bytes());
+    }
+    tag.push(b')');
     let dot = name.iter().rposition(|&c| c == b'.').filter(|&i| i > 0);
-    let (stem, ext) = match dot {
+    let (mut stem, mut ext) = match dot {
         Some(i) => name.split_at(i),
         None => (name, &b""[..]),
     };
-    let mut out = stem.to_vec();
-    out.extend_from_slice(format!(" (conflict {stamp} from {}", from.as_str()).as_bytes());
-    if n > 1 {
-        out.extend_from_slice(format!(" {n}").as_bytes());
+    // Keep at least one byte of stem beside the extension.
+    if ext.len() + tag.len() + 1 > NAME_MAX {
+        (stem, ext) = (name, &b""[..]);
     }
-    out.push(b')');
+    let room = NAME_MAX.saturating_sub(tag.len() + ext.len());
+    if stem.len() > room {
+        stem = &stem[..utf8_floor(stem, room)];
+    }
+    let mut out = stem.to_vec();
+    out.extend_from_slice(&tag);
     out.extend_from_slice(ext);
     out
+}
+
+/// The largest cut at or below `at` that does not split a UTF-8 character
+/// (names that are not UTF-8 are cut where a continuation byte does not
+/// follow).
+fn utf8_floor(s: &[u8], at: usize) -> usize {
+    let mut i = at.min(s.len());
+    // At most 3 continuation bytes follow a character's first byte.
+    for _ in 0..3 {
+        if i == 0 || i == s.len() || s[i] & 0xC0 != 0x80 {
+            break;
+        }
+        i -= 1;
+    }
+    i
 }
 
 /// `YYYY-MM-DD HHMM` in UTC for seconds since the epoch.
@@ -603,6 +678,36 @@ mod tests {
         assert_eq!(
             conflict_name(b"a.tar.gz", Side::B, "x", 1),
             b"a.tar (conflict x from B).gz".to_vec()
+        );
+    }
+
+    /// Long names: the result fits NAME_MAX, keeps the stamp and the
+    /// extension, and never splits a UTF-8 character.
+    #[test]
+    fn conflict_names_fit_name_max() {
+        let stamp = "2026-11-22 1530";
+        let long = format!("{}.txt", "é".repeat(126)); // 256 bytes
+        for n in [1, 2, 17] {
+            let c = conflict_name(long.as_bytes(), Side::B, stamp, n);
+            assert!(c.len() <= NAME_MAX, "{}", c.len());
+            let c = String::from_utf8(c).expect("still UTF-8");
+            assert!(c.ends_with(").txt"), "{c}");
+            assert!(c.contains(" (conflict 2026-11-22 1530 from B"), "{c}");
+            assert!(c.starts_with("éé"), "{c}");
+        }
+        // An extension too long to keep beside the stamp is cut like a stem.
+        let ext = format!("a.{}", "x".repeat(250));
+        let c = conflict_name(ext.as_bytes(), Side::A, stamp, 1);
+        assert!(c.len() <= NAME_MAX);
+        assert!(c.ends_with(b" (conflict 2026-11-22 1530 from A)"));
+        // A name that is not UTF-8 is cut before a continuation byte.
+        let raw: Vec<u8> = [b'\xff'; 250].iter().copied().chain(*b".bin").collect();
+        let c = conflict_name(&raw, Side::B, stamp, 1);
+        assert!(c.len() <= NAME_MAX && c.ends_with(b").bin"));
+        // Short names are unchanged by the rule.
+        assert_eq!(
+            conflict_name(b"r.txt", Side::B, "x", 1),
+            b"r (conflict x from B).txt".to_vec()
         );
     }
 
@@ -686,7 +791,7 @@ mod tests {
         let a = scan(&[]);
         let b = scan(&[("d", d(2)), ("d/old", f(1, 4)), ("d/new", f(2, 5))]);
         let mut p = merge(&a, &b, &j, LOCAL);
-        finish(&mut p, &a, &b, "s", &|_, _, _| true);
+        finish(&mut p, &a, &b, "s", &|v| vec![true; v.len()]);
         assert_eq!(
             acts(&p),
             vec![
@@ -703,7 +808,7 @@ mod tests {
         let a = scan(&[("d", f(9, 7))]);
         let b = scan(&[("d", d(2)), ("d/old", f(1, 4)), ("d/new", f(2, 5))]);
         let mut p = merge(&a, &b, &j, LOCAL);
-        finish(&mut p, &a, &b, "s", &|_, _, _| true);
+        finish(&mut p, &a, &b, "s", &|v| vec![true; v.len()]);
         let got = acts(&p);
         assert_eq!(
             got[0],
@@ -724,7 +829,11 @@ mod tests {
         let a = scan(&[("sub", d(1)), ("sub/y", f(3, 10))]);
         let b = scan(&[("x", f(3, 20))]);
         let mut p = merge(&a, &b, &j, LOCAL);
-        finish(&mut p, &a, &b, "s", &|_, _, _| false);
+        let asked = Mutex::new(Vec::new());
+        finish(&mut p, &a, &b, "s", &|v| {
+            asked.lock().unwrap().extend_from_slice(v);
+            vec![true; v.len()]
+        });
         assert_eq!(
             acts(&p),
             vec![
@@ -740,6 +849,31 @@ mod tests {
             ]
         );
         assert_eq!(p.deletes, [0, 0]);
+        // The new path on A is compared with the old path's copy on B.
+        assert_eq!(
+            asked.into_inner().unwrap(),
+            vec![(Side::A, key_of(b"sub/y"), key_of(b"x"))]
+        );
+    }
+
+    /// A deleted file's inode reused by a new file of the same size and
+    /// mtime: unless the bytes are those of the old path, it is a delete
+    /// plus a create, not a rename.
+    #[test]
+    fn inode_reuse_is_not_a_rename() {
+        let j = journal(&[("h", f(3, 10), f(3, 20))]);
+        let a = scan(&[("k", f(3, 10))]);
+        let b = scan(&[("h", f(3, 20))]);
+        let mut p = merge(&a, &b, &j, LOCAL);
+        finish(&mut p, &a, &b, "s", &|v| vec![false; v.len()]);
+        assert_eq!(
+            acts(&p),
+            vec![
+                ("h".into(), Act::Delete { on: Side::B }),
+                ("k".into(), Act::Copy { from: Side::A }),
+            ]
+        );
+        assert_eq!(p.deletes, [0, 1]);
     }
 
     #[test]
@@ -748,11 +882,11 @@ mod tests {
         let a = scan(&[("y", f(3, 0))]);
         let b = scan(&[("x", f(3, 0))]);
         let mut p = merge(&a, &b, &j, LOCAL);
-        finish(&mut p, &a, &b, "s", &|_, _, _| false);
+        finish(&mut p, &a, &b, "s", &|v| vec![false; v.len()]);
         assert_eq!(acts(&p)[1], ("y".into(), Act::Copy { from: Side::A }));
         assert_eq!(p.deletes, [0, 1]);
         let mut p = merge(&a, &b, &j, LOCAL);
-        finish(&mut p, &a, &b, "s", &|_, _, _| true);
+        finish(&mut p, &a, &b, "s", &|v| vec![true; v.len()]);
         assert_eq!(acts(&p)[0], ("x".into(), Act::RenamedAway));
     }
 

@@ -30,12 +30,12 @@ use ferry_engine::store::MetaChange;
 use ferry_engine::{Filter, Kind, Meta, Stats, Store};
 
 use crate::journal::{Journal, Snapshot, Update};
-use crate::plan::{finish, still, Act, Item, Plan, Sides};
+use crate::plan::{finish, still, Act, Candidate, Item, Plan, Sides};
 use crate::reconcile::{Side, Synced};
 use crate::tree::{name_of, parent_key, path_of, scan_merge};
 
 /// Options of a bisync run.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct Options {
     /// Plan and report, change nothing (not even the journal).
     pub dry_run: bool,
@@ -52,6 +52,22 @@ pub struct Options {
     pub filter: Option<Filter>,
     /// fsync each file before it is named.
     pub fsync: bool,
+    /// Files that metadata says are in sync also have their bytes
+    /// compared; different bytes are a conflict (both kept).
+    pub checksum: bool,
+    /// How messages name each root, e.g. `/home/me/docs` (empty: the side's
+    /// letter alone).
+    pub roots: [String; 2],
+}
+
+impl Options {
+    /// `A /path` (or `A` when the root has no name).
+    fn name(&self, s: Side) -> String {
+        match self.roots[s as usize].as_str() {
+            "" => s.as_str().to_string(),
+            r => format!("{} {r}", s.as_str()),
+        }
+    }
 }
 
 /// What happened (or would happen) to one path.
@@ -73,7 +89,8 @@ pub enum BiAction {
     Meta,
     /// Both sides changed: one version moved to a conflict name.
     Conflict,
-    /// An entry the target cannot hold (symlink on S3, special file).
+    /// An entry left out (special file, or a symlink the other side
+    /// cannot hold): see [`BiReporter::skip`].
     Skip,
 }
 
@@ -101,6 +118,12 @@ pub trait BiReporter: Sync {
     fn action(&self, act: BiAction, on: Side, path: &[u8], other: Option<&[u8]>, size: u64);
     /// One path failed; the run goes on.
     fn error(&self, path: &[u8], err: &io::Error);
+    /// The entry at `path` on side `on` is left out of the sync, because
+    /// `why` (a phrase, e.g. "special file (fifo, socket or device)").
+    fn skip(&self, on: Side, path: &[u8], why: &str);
+    /// Something about the run as a whole the user must see (a root
+    /// created), as one line.
+    fn note(&self, msg: &str);
 }
 
 /// Counters of a run besides the engine's [`Stats`].
@@ -145,7 +168,9 @@ fn add(c: &AtomicU64, n: u64) {
 
 /// Open directories of one side, by key (opened once each).
 struct Dirs<S: Store> {
-    root: Arc<S::Dir>,
+    /// Unset while the root does not exist (a dry run of a first run that
+    /// would create it).
+    root: std::sync::OnceLock<Arc<S::Dir>>,
     map: Mutex<HashMap<Vec<u8>, Arc<S::Dir>>>,
 }
 
@@ -154,16 +179,24 @@ fn cname(name: &[u8]) -> io::Result<CString> {
 }
 
 impl<S: Store> Dirs<S> {
-    fn new(root: S::Dir) -> Self {
-        Dirs {
-            root: Arc::new(root),
+    fn new(root: Option<S::Dir>) -> Self {
+        let d = Dirs {
+            root: std::sync::OnceLock::new(),
             map: Mutex::new(HashMap::new()),
+        };
+        if let Some(r) = root {
+            let _ = d.root.set(Arc::new(r));
         }
+        d
     }
 
     fn dir(&self, s: &S, key: &[u8]) -> io::Result<Arc<S::Dir>> {
         if key.is_empty() {
-            return Ok(self.root.clone());
+            return self
+                .root
+                .get()
+                .cloned()
+                .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "the root does not exist"));
         }
         if let Some(d) = self.map.lock().unwrap().get(key) {
             return Ok(d.clone());
@@ -259,6 +292,15 @@ fn synced(side: Side, mine: Meta, other: Meta) -> Synced {
     }
 }
 
+/// The size reported for an entry: a file's or symlink's, 0 for a directory.
+fn size_of(m: &Meta) -> u64 {
+    if m.kind == Kind::Dir {
+        0
+    } else {
+        m.size
+    }
+}
+
 fn changed_err() -> io::Error {
     io::Error::other("changed during the run; left alone (the next run sees it)")
 }
@@ -266,6 +308,16 @@ fn changed_err() -> io::Error {
 /// Run a two-way sync between `a` and `b`. `journal`: `None` only for a
 /// dry run without a journal file. `Err(Refused)`: nothing was changed.
 /// `stats` is counted into as work completes (for a progress display).
+///
+/// Refused (before anything changes, whatever `force` says unless noted):
+/// a root the journal has seen that no longer exists (only `resync` goes
+/// on: a root seen once is never created again); no journal and both
+/// roots non-empty, unless `resync` (without the journal a deletion looks
+/// like a creation); a root that is empty while
+/// the journal knew files and the other side would lose them, unless
+/// `force` (an unmounted disk looks like that); more deletions than
+/// `max_delete`, unless `force`. A first run creates a missing root with
+/// the other root's mode (a dry run says it would).
 pub fn run<A: Store, B: Store>(
     a: &A,
     b: &B,
@@ -276,30 +328,59 @@ pub fn run<A: Store, B: Store>(
 ) -> Result<Outcome, Refused> {
     let start = Instant::now();
     let mut journal = journal;
-    if opts.resync && !opts.dry_run {
-        if let Some(j) = journal.as_deref_mut() {
-            j.clear().map_err(Refused)?;
+    // The journal has seen this pair (so both roots existed at a run).
+    let known = match journal.as_deref() {
+        Some(j) if !opts.resync => j.knows_pair().map_err(Refused)?,
+        _ => false,
+    };
+    let (oa, ob) = (open_root(a, Side::A, opts)?, open_root(b, Side::B, opts)?);
+    // A missing root: the side to create and the mode it gets.
+    let missing = match (&oa, &ob) {
+        (None, None) => {
+            return Err(Refused(format!(
+                "neither {} nor {} exists",
+                opts.name(Side::A),
+                opts.name(Side::B)
+            )))
         }
+        (None, Some((_, m))) => Some((Side::A, m.mode)),
+        (Some((_, m)), None) => Some((Side::B, m.mode)),
+        _ => None,
+    };
+    if let (Some((side, _)), true) = (missing, known) {
+        return Err(Refused(format!(
+            "{}: does not exist, but it did at the last run (an unmounted disk, or a renamed folder?): nothing done; check it, then run again with --resync to sync it as a new, empty side (--force does not)",
+            opts.name(side)
+        )));
     }
-    let (ra, rb) = (root(a, "A", opts)?, root(b, "B", opts)?);
     let fail = |p: &[u8], e: &io::Error| rep.error(p, e);
     // Both trees are listed on the pool while another thread loads the
     // journal, and merged with it as the listings come in: on a no-op run,
     // that is all the work there is.
-    let (ca, cb) = (clone_dir(a)?, clone_dir(b)?);
+    let ra = if oa.is_some() {
+        Some(clone_dir(a)?)
+    } else {
+        None
+    };
+    let rb = if ob.is_some() {
+        Some(clone_dir(b)?)
+    } else {
+        None
+    };
     let sides = Sides {
         implicit_dirs: [!a.has_dir_meta(), !b.has_dir_meta()],
         inodes: [a.has_inodes(), b.has_inodes()],
     };
-    let jr = journal.as_deref_mut().filter(|_| !opts.resync);
+    let jr = journal.as_deref_mut().filter(|_| known);
     let load = move || jr.map_or_else(|| Ok(Snapshot::default()), |j| j.load());
     let (mut plan, mut sa, mut sb) = scan_merge(
-        (a, ca),
-        (b, cb),
+        (a, oa.map(|(d, _)| d)),
+        (b, ob.map(|(d, _)| d)),
         load,
         sides,
         opts.jobs,
         opts.filter.as_ref(),
+        opts.checksum,
         &fail,
     )
     .map_err(Refused)?;
@@ -315,9 +396,23 @@ pub fn run<A: Store, B: Store>(
         stats,
         tx: None,
     };
+    let count = [sa.count, sb.count];
+    // No journal and both sides hold entries: a first run would merge
+    // them, bringing back whatever was deleted since a lost journal's run.
+    if !known && !opts.resync && count[0] > 0 && count[1] > 0 {
+        return Err(Refused(format!(
+            "no journal of an earlier run of {} and {}, and both hold files: without it a deletion cannot be told from a creation (deleted files would come back), so nothing was done; if this is the first run of the pair, or its journal was lost, check both sides, then run again with --resync (merges both trees, deletes nothing)",
+            opts.name(Side::A),
+            opts.name(Side::B)
+        )));
+    }
     for (scan, side) in [(&sa, Side::A), (&sb, Side::B)] {
         for k in &scan.skipped {
-            rep.action(BiAction::Skip, side, &path_of(k), None, 0);
+            rep.skip(
+                side,
+                &path_of(k),
+                "special file (fifo, socket or device): not synced, the path is left alone on both sides",
+            );
         }
     }
     let temps = [std::mem::take(&mut sa.temps), std::mem::take(&mut sb.temps)];
@@ -325,11 +420,25 @@ pub fn run<A: Store, B: Store>(
     let secs = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as i64);
-    let verify = |x: Side, new: &[u8], old: &[u8]| {
-        between!(ex, x, |s, sd, d, dd| same_content(s, sd, new, d, dd, old)).unwrap_or(false)
-    };
+    let verify = |cands: &[Candidate]| ex.verify_renames(cands);
     finish(&mut plan, &sa, &sb, &crate::plan::stamp(secs), &verify);
     drop((sa, sb));
+    // An empty root while the journal knew entries: an unmounted mount
+    // point looks like this, and going on would empty the other side.
+    for side in [Side::A, Side::B] {
+        let (i, o) = (side as usize, side.other() as usize);
+        let held = (plan.known[i], plan.known_dirs);
+        let del = (plan.deletes[o], plan.dir_deletes[o]);
+        if known && !opts.force && count[i] == 0 && del != (0, 0) {
+            return Err(Refused(format!(
+                "{} is empty, but held {} at the last run (an unmounted disk looks like this): nothing done; mount it, or run again with --force to delete {} on {}",
+                opts.name(side),
+                entries(held),
+                entries(del),
+                side.other().as_str()
+            )));
+        }
+    }
     for (i, side) in [(0, "A"), (1, "B")] {
         let (del, known) = (plan.deletes[i], plan.known[i]);
         if !opts.force && known > 0 && del * 100 > known * opts.max_delete as u64 {
@@ -348,12 +457,31 @@ pub fn run<A: Store, B: Store>(
         }
     }
     let ex = if opts.dry_run {
+        if let Some((side, _)) = missing {
+            rep.note(&format!(
+                "would create {} (does not exist)",
+                opts.name(side)
+            ));
+            add(&stats.dirs_created, 1);
+            rep.action(BiAction::Mkdir, side, b"", None, 0);
+        }
         ex.report_dry(&plan);
         ex
     } else {
+        let j = journal.expect("a real run has a journal");
+        if opts.resync {
+            j.clear().map_err(Refused)?;
+        }
+        j.mark_synced().map_err(Refused)?;
+        if let Some((side, mode)) = missing {
+            on_side!(ex, side, |st, dc| create_root(st, dc, mode))
+                .map_err(|e| Refused(format!("{}: {}", opts.name(side), e)))?;
+            rep.note(&format!("created {} (did not exist)", opts.name(side)));
+            add(&stats.dirs_created, 1);
+            rep.action(BiAction::Mkdir, side, b"", None, 0);
+        }
         let (tx, rx) = mpsc::channel();
         let ex = Exec { tx: Some(tx), ..ex };
-        let j = journal.expect("a real run has a journal");
         std::thread::scope(|s| {
             let w = s.spawn(move || j.write_from(rx));
             let mut ex = ex;
@@ -386,15 +514,53 @@ pub fn run<A: Store, B: Store>(
     })
 }
 
-/// Open a root; a missing one is created on a real run.
-fn root<S: Store>(s: &S, what: &str, opts: &Options) -> Result<S::Dir, Refused> {
-    let e = |e: io::Error| Refused(format!("{what}: {e}"));
-    match s.open_root().map_err(e)? {
-        Some((d, m)) if m.kind == Kind::Dir => Ok(d),
-        Some(_) => Err(Refused(format!("{what}: not a directory"))),
-        None if opts.dry_run => Err(Refused(format!("{what}: does not exist"))),
-        None => s.create_root().map_err(e),
+/// `3 files`, `1 file and 2 directories`, `1 directory`.
+fn entries((files, dirs): (u64, u64)) -> String {
+    let n = |k: u64, one: &str, many: &str| format!("{k} {}", if k == 1 { one } else { many });
+    match (files, dirs) {
+        (f, 0) => n(f, "file", "files"),
+        (0, d) => n(d, "directory", "directories"),
+        (f, d) => format!(
+            "{} and {}",
+            n(f, "file", "files"),
+            n(d, "directory", "directories")
+        ),
     }
+}
+
+/// Open a root: `None` when it does not exist.
+fn open_root<S: Store>(
+    s: &S,
+    side: Side,
+    opts: &Options,
+) -> Result<Option<(S::Dir, Meta)>, Refused> {
+    match s.open_root() {
+        Ok(Some((d, m))) if m.kind == Kind::Dir => Ok(Some((d, m))),
+        Ok(Some(_)) => Err(Refused(format!("{}: not a directory", opts.name(side)))),
+        Ok(None) => Ok(None),
+        Err(e) => Err(Refused(format!("{}: {e}", opts.name(side)))),
+    }
+}
+
+/// Create a missing root with mode `mode` (the other root's).
+fn create_root<S: Store>(s: &S, dc: &Dirs<S>, mode: u32) -> io::Result<()> {
+    let d = s.create_root()?;
+    if s.has_dir_meta() && mode & 0o7777 != 0 {
+        let m = Meta {
+            mode,
+            ..dir_rec(None)
+        };
+        s.set_dir_meta(
+            &d,
+            &m,
+            MetaChange {
+                mode: true,
+                ..MetaChange::default()
+            },
+        )?;
+    }
+    let _ = dc.root.set(Arc::new(d));
+    Ok(())
 }
 
 /// A second handle on a root (the scan consumes its own).
@@ -438,10 +604,11 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
         }
     }
 
-    /// Resolve every [`Act::Compare`] by reading both sides (in parallel).
+    /// Resolve every [`Act::Compare`] and [`Act::Check`] by reading both
+    /// sides (in parallel).
     fn compare_all(&self, plan: &mut Plan) {
         let todo: Vec<usize> = (0..plan.items.len())
-            .filter(|&i| plan.items[i].act == Act::Compare)
+            .filter(|&i| matches!(plan.items[i].act, Act::Compare | Act::Check))
             .collect();
         if todo.is_empty() {
             return;
@@ -453,6 +620,8 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
         pool.run(self.opts.jobs, |i, _| {
             let it = &items[i];
             let act = match same_content(self.a, &self.da, &it.key, self.b, &self.db, &it.key) {
+                // In sync by metadata and by content.
+                Ok(true) if it.act == Act::Check => Act::Record,
                 Ok(true) => {
                     let (ma, mb) = (it.a.expect("both"), it.b.expect("both"));
                     if ma.same_mtime(&mb) && (ma.mode == mb.mode || ma.kind == Kind::Symlink) {
@@ -483,53 +652,173 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
         }
     }
 
-    /// Report every planned action (`--dry-run`).
+    /// Prove rename candidates (in parallel): the new path on side X must
+    /// hold the bytes of the old path on the other side, which is the
+    /// synced copy of what X had there (an inode, or a size and mtime, are
+    /// no proof: a new file can reuse a deleted file's inode).
+    fn verify_renames(&self, cands: &[Candidate]) -> Vec<bool> {
+        let ok: Vec<std::sync::atomic::AtomicBool> = cands
+            .iter()
+            .map(|_| std::sync::atomic::AtomicBool::new(false))
+            .collect();
+        let pool: Pool<usize> = Pool::new();
+        pool.push_all(0..cands.len());
+        pool.run(self.opts.jobs, |i, _| {
+            let (x, new, old) = &cands[i];
+            let same = between!(self, *x, |s, sd, d, dd| same_content(
+                s, sd, new, d, dd, old
+            ));
+            ok[i].store(same.unwrap_or(false), Ordering::Relaxed);
+        });
+        ok.into_iter().map(|b| b.into_inner()).collect()
+    }
+
+    /// Report every planned action (`--dry-run`): the lines and counts of
+    /// the real run when nothing fails, in the order of [`Exec::execute`].
     fn report_dry(&self, plan: &Plan) {
-        for it in &plan.items {
-            let p = path_of(&it.key);
-            match &it.act {
-                Act::Copy { from } => {
+        let items = &plan.items;
+        let p = |k: &[u8]| path_of(k);
+        // 1. Conflicts: the loser moves aside, then each side gets the
+        // other's version.
+        for it in items {
+            if let Act::Conflict { loser, name } = &it.act {
+                let winner = loser.other();
+                let lm = *it.side(*loser).expect("conflicts have both sides");
+                let wm = *it.side(winner).expect("conflicts have both sides");
+                add(&self.counts.conflicts, 1);
+                self.rep.action(
+                    BiAction::Conflict,
+                    *loser,
+                    &p(&it.key),
+                    Some(&p(name)),
+                    size_of(&lm),
+                );
+                self.dry_copy(*loser, name, &lm, false);
+                if wm.kind == Kind::Dir {
+                    add(&self.stats.dirs_created, 1);
+                    self.rep
+                        .action(BiAction::Mkdir, *loser, &p(&it.key), None, 0);
+                } else {
+                    self.dry_copy(winner, &it.key, &wm, false);
+                }
+            }
+        }
+        // 2. Directories.
+        for it in items {
+            if let Act::Copy { from } = it.act {
+                if it.side(from).is_some_and(|m| m.kind == Kind::Dir) {
                     let to = from.other();
-                    let m = it.side(*from).expect("copied entries exist");
-                    match m.kind {
-                        Kind::Dir => {
-                            if it.side(to).is_some_and(|t| t.kind != Kind::Dir) {
-                                self.rep.action(BiAction::Delete, to, &p, None, 0);
+                    match it.side(to) {
+                        Some(o) if o.kind == Kind::Dir => {}
+                        old => {
+                            if let Some(o) = old {
                                 add(&self.stats.files_deleted, 1);
+                                self.rep.action(
+                                    BiAction::Delete,
+                                    to,
+                                    &p(&it.key),
+                                    None,
+                                    size_of(o),
+                                );
                             }
                             add(&self.stats.dirs_created, 1);
-                            self.rep.action(BiAction::Mkdir, to, &p, None, 0)
-                        }
-                        _ => {
-                            add(&self.stats.files_copied, 1);
-                            add(&self.stats.bytes_copied, m.size);
-                            let act = match (m.kind, it.side(to)) {
-                                (Kind::Symlink, _) => BiAction::Symlink,
-                                (_, Some(_)) => BiAction::Update,
-                                _ => BiAction::Copy,
-                            };
-                            self.rep.action(act, to, &p, None, m.size)
+                            self.rep.action(BiAction::Mkdir, to, &p(&it.key), None, 0);
                         }
                     }
                 }
-                Act::Meta { from } => self.rep.action(BiAction::Meta, from.other(), &p, None, 0),
-                Act::Delete { on } => {
-                    add(&self.stats.files_deleted, 1);
-                    self.rep.action(BiAction::Delete, *on, &p, None, 0)
-                }
-                Act::Rename { on, from } => {
-                    add(&self.counts.renamed, 1);
-                    let old = path_of(&plan.items[*from].key);
-                    self.rep.action(BiAction::Rename, *on, &p, Some(&old), 0)
-                }
-                Act::Conflict { loser, name } => {
-                    add(&self.counts.conflicts, 1);
-                    self.rep
-                        .action(BiAction::Conflict, *loser, &p, Some(&path_of(name)), 0)
-                }
-                Act::Record | Act::Forget | Act::RenamedAway | Act::Skip | Act::Compare => {}
             }
         }
+        // 3. Renames.
+        for it in items {
+            if let Act::Rename { on, from } = it.act {
+                let m = it.side(on.other()).expect("new path exists");
+                add(&self.counts.renamed, 1);
+                let old = p(&items[from].key);
+                self.rep
+                    .action(BiAction::Rename, on, &p(&it.key), Some(&old), size_of(m));
+            }
+        }
+        // 4. Copies and metadata (a file replacing a directory waits for 6).
+        for it in items {
+            match it.act {
+                Act::Copy { from } => {
+                    let m = it.side(from).expect("copied entries exist");
+                    let over = it.side(from.other());
+                    if m.kind != Kind::Dir && !over.is_some_and(|o| o.kind == Kind::Dir) {
+                        self.dry_copy(from, &it.key, m, over.is_some());
+                    }
+                }
+                Act::Meta { from } => {
+                    let m = it.side(from).expect("both");
+                    self.rep
+                        .action(BiAction::Meta, from.other(), &p(&it.key), None, size_of(m))
+                }
+                _ => {}
+            }
+        }
+        // 5. Deletions: files, then directories deepest first.
+        let deleted = |it: &Item, dirs: bool| match it.act {
+            Act::Delete { on } => it
+                .side(on)
+                .filter(|m| (m.kind == Kind::Dir) == dirs)
+                .map(|m| (on, *m)),
+            _ => None,
+        };
+        for it in items {
+            if let Some((on, m)) = deleted(it, false) {
+                add(&self.stats.files_deleted, 1);
+                self.rep
+                    .action(BiAction::Delete, on, &p(&it.key), None, size_of(&m));
+            }
+        }
+        for it in items.iter().rev() {
+            if let Some((on, _)) = deleted(it, true) {
+                add(&self.stats.files_deleted, 1);
+                self.rep.action(BiAction::Delete, on, &p(&it.key), None, 0);
+            }
+        }
+        // 6. Files replacing directories (now empty).
+        for it in items {
+            if let Act::Copy { from } = it.act {
+                let m = it.side(from).expect("copied entries exist");
+                let to = from.other();
+                if m.kind != Kind::Dir && it.side(to).is_some_and(|o| o.kind == Kind::Dir) {
+                    add(&self.stats.files_deleted, 1);
+                    self.rep.action(BiAction::Delete, to, &p(&it.key), None, 0);
+                    self.dry_copy(from, &it.key, m, false);
+                }
+            }
+        }
+    }
+
+    /// What [`Exec::copy`] reports for a copy of `m` from `from` to `key`
+    /// on the other side (`over`: replacing an entry there).
+    fn dry_copy(&self, from: Side, key: &[u8], m: &Meta, over: bool) {
+        let to = from.other();
+        if m.kind == Kind::Symlink && !on_side!(self, to, |st, _dc| st.supports_symlinks()) {
+            self.skip_symlink(from, key);
+            return;
+        }
+        add(&self.stats.files_copied, 1);
+        add(&self.stats.bytes_copied, m.size);
+        let act = match (m.kind, over) {
+            (Kind::Symlink, _) => BiAction::Symlink,
+            (_, true) => BiAction::Update,
+            _ => BiAction::Copy,
+        };
+        self.rep.action(act, to, &path_of(key), None, m.size);
+    }
+
+    /// A symlink on `on` that the other side cannot hold.
+    fn skip_symlink(&self, on: Side, key: &[u8]) {
+        self.rep.skip(
+            on,
+            &path_of(key),
+            &format!(
+                "symlink, which {} cannot store: not synced",
+                self.opts.name(on.other())
+            ),
+        );
     }
 
     /// Remove temporaries a killed run left (they are ferry's, never a user's).
@@ -715,7 +1004,7 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
             loser,
             &path_of(&it.key),
             Some(&path_of(name)),
-            0,
+            size_of(&lm),
         );
         let mut out = vec![Copy {
             from: loser,
@@ -762,7 +1051,7 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
                     st.remove(&d, &n, false)?;
                     add(&self.stats.files_deleted, 1);
                     self.rep
-                        .action(BiAction::Delete, to, &path_of(&it.key), None, 0);
+                        .action(BiAction::Delete, to, &path_of(&it.key), None, size_of(&o));
                 }
                 if old.is_some_and(|o| o.kind == Kind::Dir) {
                     return Ok(());
@@ -831,7 +1120,7 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
                     on,
                     &path_of(&it.key),
                     Some(&path_of(&old.key)),
-                    0,
+                    size_of(&xm),
                 );
                 self.record(Update::Put(it.key.clone(), synced(x, xm, now)));
                 self.record(Update::Delete(old.key.clone()));
@@ -862,8 +1151,7 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
     fn copy(&self, c: &Copy) {
         let to = c.from.other();
         if c.meta.kind == Kind::Symlink && !on_side!(self, to, |st, _dc| st.supports_symlinks()) {
-            self.rep
-                .action(BiAction::Skip, to, &path_of(&c.dst), None, 0);
+            self.skip_symlink(c.from, &c.src);
             return;
         }
         let res = between!(self, c.from, |s, sd, d, dd| copy_one(
@@ -917,7 +1205,7 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
         match res {
             Ok(now) => {
                 self.rep
-                    .action(BiAction::Meta, to, &path_of(&c.src), None, 0);
+                    .action(BiAction::Meta, to, &path_of(&c.src), None, size_of(&c.meta));
                 self.record(Update::Put(c.src.clone(), synced(c.from, c.meta, now)));
             }
             Err(e) => self.fail(&c.src, &e),
@@ -943,8 +1231,13 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
         match res {
             Ok(()) => {
                 add(&self.stats.files_deleted, 1);
-                self.rep
-                    .action(BiAction::Delete, on, &path_of(&it.key), None, 0);
+                self.rep.action(
+                    BiAction::Delete,
+                    on,
+                    &path_of(&it.key),
+                    None,
+                    size_of(&planned),
+                );
                 self.record(Update::Delete(it.key.clone()));
             }
             // Something this run did not plan to delete is inside (an

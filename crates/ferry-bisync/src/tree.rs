@@ -55,7 +55,8 @@ pub struct Scan {
     /// Keys of entries whose state is unknown (unreadable), with everything
     /// below them: nothing there may be judged deleted.
     pub unknown: Vec<Vec<u8>>,
-    /// Special files (fifos, sockets, devices), skipped.
+    /// Special files (fifos, sockets, devices), skipped. Their keys are
+    /// also unknown: the path is left alone on both sides.
     pub skipped: Vec<Vec<u8>>,
     /// ferry's own temporaries (`.ferry-tmp.*`) left by a killed run: never
     /// synced, removed by the next real run.
@@ -120,9 +121,9 @@ struct Gather<S: Store> {
 }
 
 impl<S: Store> Gather<S> {
-    fn new(root: S::Dir) -> Self {
+    fn new(root: Option<S::Dir>) -> Self {
         Gather {
-            root: Mutex::new(Some(root)),
+            root: Mutex::new(root),
             unknown: Mutex::new(Vec::new()),
             temps: Mutex::new(Vec::new()),
             skipped: Mutex::new(Vec::new()),
@@ -176,7 +177,9 @@ impl<S: Store> Gather<S> {
                     let k = key_of(&join(&rel, name));
                     self.temps.lock().unwrap().push((k, e.meta));
                 } else if e.meta.kind == Kind::Other {
-                    self.skipped.lock().unwrap().push(key_of(&join(&rel, name)));
+                    let k = key_of(&join(&rel, name));
+                    self.unknown.lock().unwrap().push(k.clone());
+                    self.skipped.lock().unwrap().push(k);
                 }
             }
             list.retain_names(|n| !is_temp_name(n));
@@ -232,6 +235,7 @@ enum Journal<'a> {
 /// Merges directories as they are listed (see [`scan_merge`]).
 struct Merger<'a> {
     sides: Sides,
+    checksum: bool,
     unknown: [&'a Mutex<Vec<Vec<u8>>>; 2],
     journal: Mutex<Journal<'a>>,
     /// Signalled when the journal is in (or failed).
@@ -290,6 +294,7 @@ impl<'a> Merger<'a> {
             j,
             sides: self.sides,
             unknown: self.unknown,
+            checksum: self.checksum,
         };
         let empty = Listing::new();
         while let Some(d) = todo.pop() {
@@ -339,7 +344,9 @@ impl<'a> Merger<'a> {
 
 /// List two stores at once on one pool of `jobs` workers and merge them
 /// with the journal as they go; the journal is loaded by `load` on another
-/// thread meanwhile (the roots must exist).
+/// thread meanwhile. A root given as `None` does not exist (yet): that
+/// side is empty. With `checksum`, files in sync by metadata are planned
+/// for a comparison of their bytes ([`Act::Check`]).
 ///
 /// Each directory is one task: its listing on A and on B, the tasks of
 /// its subdirectories (from both listings), then its merge
@@ -350,19 +357,22 @@ impl<'a> Merger<'a> {
 /// and make their keys unknown.
 #[allow(clippy::too_many_arguments)]
 pub fn scan_merge<A: Store, B: Store>(
-    a: (&A, A::Dir),
-    b: (&B, B::Dir),
+    a: (&A, Option<A::Dir>),
+    b: (&B, Option<B::Dir>),
     load: impl FnOnce() -> Result<Snapshot, String> + Send,
     sides: Sides,
     jobs: usize,
     filter: Option<&Filter>,
+    checksum: bool,
     on_error: OnError<'_>,
 ) -> Result<(Plan, Scan, Scan), String> {
+    let root = (a.1.is_some(), b.1.is_some());
     let ga = Gather::<A>::new(a.1);
     let gb = Gather::<B>::new(b.1);
     let jl: std::sync::OnceLock<Result<Snapshot, String>> = std::sync::OnceLock::new();
     let m = Merger {
         sides,
+        checksum,
         unknown: [&ga.unknown, &gb.unknown],
         journal: Mutex::new(Journal::Loading(Vec::new())),
         journal_in: std::sync::Condvar::new(),
@@ -371,8 +381,8 @@ pub fn scan_merge<A: Store, B: Store>(
     let pool: Pool<DirTask<A, B>> = Pool::new();
     pool.push(DirTask {
         rel: Vec::new(),
-        a: Some(None),
-        b: Some(None),
+        a: root.0.then_some(None),
+        b: root.1.then_some(None),
     });
     std::thread::scope(|s| {
         s.spawn(|| {
@@ -447,6 +457,8 @@ pub fn scan_merge<A: Store, B: Store>(
         unchanged: st.unchanged,
         deletes: [0; 2],
         known: [j.files(); 2],
+        known_dirs: j.len() as u64 - j.files(),
+        dir_deletes: [0; 2],
         sides,
     };
     let [ka, kb] = st.kept;
@@ -672,12 +684,13 @@ mod tests {
             let (ca, cb) = (sa.open_root().unwrap().unwrap().0, sb.open_root().unwrap().unwrap().0);
             let fail = |p: &[u8], e: &io::Error| panic!("{}: {e}", String::from_utf8_lossy(p));
             let (got, _, _) = scan_merge(
-                (&sa, ca),
-                (&sb, cb),
+                (&sa, Some(ca)),
+                (&sb, Some(cb)),
                 move || Ok(Snapshot::from_keys(recs)),
                 sides,
                 jobs,
                 None,
+                false,
                 &fail,
             )
             .unwrap();

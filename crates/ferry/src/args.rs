@@ -87,6 +87,10 @@ pub struct BisyncArgs {
     /// Forget the journal and merge both trees as on a first run.
     #[arg(long)]
     pub resync: bool,
+    /// Also compare the bytes of files whose size and mtime say they are in
+    /// sync; different bytes are a conflict (both versions kept).
+    #[arg(short = 'c', long)]
+    pub checksum: bool,
     /// Journal file [default: $XDG_STATE_HOME/ferry/bisync/<hash of A and B>.sqlite].
     #[arg(long, value_name = "PATH")]
     pub journal: Option<PathBuf>,

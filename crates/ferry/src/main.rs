@@ -270,6 +270,8 @@ fn run_bisync(a: BisyncArgs) -> Result<u8, String> {
         jobs,
         filter,
         fsync: a.fsync,
+        checksum: a.checksum,
+        roots: [ra.1.clone(), rb.1.clone()],
     };
     let rep = CliReporter::new(a.json, a.verbose > 0 || a.dry_run, a.dry_run);
     let stats = std::sync::Arc::new(Stats::default());

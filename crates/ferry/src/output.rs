@@ -96,18 +96,20 @@ impl CliReporter {
             drop(out);
             let mut x = String::new();
             for (k, v) in extra {
-                x.push_str(&format!(", {v} {k}"));
+                x.push_str(&format!(", {v} {}", plural(*v, k)));
             }
             eprintln!(
-                "ferry summary: {}{} scanned, {} copied ({}), {} deleted, {} dirs created{x}, {} unchanged, {} errors in {:.2} s",
+                "ferry summary: {}{} scanned, {} copied ({}), {} deleted, {} {} created{x}, {} unchanged, {} {} in {:.2} s",
                 if self.dry_run { "(dry run) " } else { "" },
                 s.entries_scanned,
                 s.files_copied,
                 human_bytes(s.bytes_copied),
                 s.files_deleted,
                 s.dirs_created,
+                plural(s.dirs_created, "dirs"),
                 s.unchanged,
                 s.errors,
+                plural(s.errors, "errors"),
                 s.elapsed_s
             );
         }
@@ -218,15 +220,6 @@ impl ferry_bisync::BiReporter for CliReporter {
     ) {
         use ferry_bisync::BiAction;
         let p = if path.is_empty() { &b"."[..] } else { path };
-        if act == BiAction::Skip {
-            let ps = text_name_string(p);
-            self.with_bar_suspended(|| {
-                eprintln!(
-                    "ferry: skipped {ps} (special file, or a symlink {} cannot store)",
-                    on.as_str()
-                )
-            });
-        }
         if self.json {
             let mut line = Vec::with_capacity(80 + path.len());
             line.extend_from_slice(b"{\"type\":\"");
@@ -270,6 +263,40 @@ impl ferry_bisync::BiReporter for CliReporter {
 
     fn error(&self, path: &[u8], err: &io::Error) {
         Reporter::error(self, path, err)
+    }
+
+    /// `ferry: skipped SIDE PATH: WHY` on stderr (never silent, not an
+    /// error), and a `skip` object with `--json`.
+    fn skip(&self, on: ferry_bisync::Side, path: &[u8], why: &str) {
+        let p = if path.is_empty() { &b"."[..] } else { path };
+        let ps = text_name_string(p);
+        self.with_bar_suspended(|| eprintln!("ferry: skipped {} {ps}: {why}", on.as_str()));
+        if self.json {
+            let mut line = Vec::with_capacity(80 + path.len() + why.len());
+            line.extend_from_slice(b"{\"type\":\"skip\",\"side\":\"");
+            line.extend_from_slice(on.as_str().as_bytes());
+            line.extend_from_slice(b"\",");
+            json_name(&mut line, "path", p);
+            line.extend_from_slice(b",\"reason\":");
+            json_string(&mut line, why);
+            line.extend_from_slice(b",\"size\":0}\n");
+            let _ = self.out.lock().unwrap().write_all(&line);
+        }
+    }
+
+    fn note(&self, msg: &str) {
+        // Notes name roots and paths: escaped like every other line.
+        let msg = text_name_string(msg.as_bytes());
+        self.with_bar_suspended(|| eprintln!("ferry: {msg}"));
+    }
+}
+
+/// A plural noun (`dirs`, `errors`, `conflicts`) in the singular for 1;
+/// words that do not end in `s` (`renamed`) are left alone.
+fn plural(n: u64, word: &str) -> &str {
+    match word.strip_suffix('s') {
+        Some(one) if n == 1 => one,
+        _ => word,
     }
 }
 

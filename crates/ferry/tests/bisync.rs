@@ -234,7 +234,8 @@ fn first_run_merges_both_trees() {
     fs::create_dir_all(p.b.join("empty/dir")).unwrap();
     #[cfg(unix)]
     std::os::unix::fs::symlink("only_a.txt", p.a.join("link")).unwrap();
-    let r = p.run(&["--json"]);
+    // Both sides hold files and there is no journal yet: --resync says "merge them".
+    let r = p.run(&["--json", "--resync"]);
     r.ok();
     assert_eq!(summary_field(&r, "conflicts"), 0, "{r}");
     assert_replicas_equal(&p.a, &p.b);
@@ -267,7 +268,7 @@ fn first_run_same_path_different_content_is_a_conflict() {
     let p = pair();
     put(&p.a, "report.txt", b"A's report", 1_600_000_000);
     put(&p.b, "report.txt", b"B's longer report", 1_600_000_100);
-    let r = p.run(&["--json"]);
+    let r = p.run(&["--json", "--resync"]);
     r.ok();
     assert_eq!(summary_field(&r, "conflicts"), 1, "{r}");
     assert_replicas_equal(&p.a, &p.b);
@@ -555,9 +556,11 @@ fn resync_merges_again_and_missing_journal_loses_nothing() {
     // Different content without a journal: both kept.
     assert_eq!(summary_field(&r, "conflicts"), 1, "{r}");
     assert_eq!(data(&s, "f").unwrap(), b"v1");
-    // A deleted journal behaves the same.
+    // A deleted journal with both sides holding files: refused (see
+    // lost_journal_with_both_sides_non_empty_needs_resync); --resync merges.
     fs::remove_file(&p.j).unwrap();
-    let r = p.run(&["--json"]);
+    p.run(&["--json"]).code_is(2);
+    let r = p.run(&["--json", "--resync"]);
     r.ok();
     assert_eq!(summary_field(&r, "conflicts"), 0, "{r}");
     assert_replicas_equal(&p.a, &p.b);
@@ -591,9 +594,10 @@ fn default_journal_location_and_lock() {
         .collect();
     assert_eq!(files.len(), 1, "{files:?}");
     let journal = dir.join(&files[0]);
-    // The swapped pair is another pair (another journal).
+    // The swapped pair is another pair (another journal: a first run, so --resync).
     let out = Command::new(bin())
         .arg("bisync")
+        .arg("--resync")
         .arg(&p.b)
         .arg(&p.a)
         .env("XDG_STATE_HOME", &state_home)
@@ -703,6 +707,427 @@ fn excluded_entries_are_left_alone() {
 }
 
 // ------------------------------------------------------------------------------------------
+// Missing and empty roots, lost journals (issue 11, items 1 and 3)
+// ------------------------------------------------------------------------------------------
+
+/// A replica the journal has seen is never created again: gone (an unmounted disk, a
+/// renamed folder), the run is refused with one line naming it, exit 2, nothing created
+/// or deleted, and --force does not change that; only --resync does.
+#[test]
+fn missing_root_seen_before_is_refused_even_with_force() {
+    let p = pair();
+    for i in 0..3 {
+        put(&p.a, &format!("f{i}"), b"data", 1_600_000_000);
+    }
+    p.run(&[]).ok();
+    for (root, other, side) in [(&p.a, &p.b, "A"), (&p.b, &p.a, "B")] {
+        let away = root.with_extension("away");
+        fs::rename(root, &away).unwrap();
+        let before = snapshot(other);
+        let journal = fs::read(&p.j).unwrap();
+        for extra in [
+            &[][..],
+            &["--force"],
+            &["--force", "--max-delete", "100"],
+            &["-n"],
+        ] {
+            let r = p.run(extra);
+            r.code_is(2);
+            let err = r.err();
+            assert_eq!(err.lines().count(), 1, "{extra:?}\n{r}");
+            let want = format!("ferry: {side} {}: does not exist", root.display());
+            assert!(err.starts_with(&want), "{extra:?}\n{r}");
+            assert!(err.contains("--resync"), "{r}");
+            assert!(!root.exists(), "{side} was created\n{r}");
+            assert_untouched(&before, &snapshot(other));
+            assert_eq!(fs::read(&p.j).unwrap(), journal);
+        }
+        fs::rename(&away, root).unwrap();
+        let r = p.run(&["--json"]);
+        r.ok();
+        assert_eq!(summary_field(&r, "files_copied"), 0, "{r}");
+    }
+    // After checking, --resync syncs the missing side as a new one.
+    let away = p.b.with_extension("away");
+    fs::rename(&p.b, &away).unwrap();
+    let r = p.run(&["--resync"]);
+    r.ok();
+    assert!(r.err().contains("created B"), "{r}");
+    assert_replicas_equal(&p.a, &p.b);
+    assert_eq!(state(&p.b).len(), 3);
+}
+
+/// A replica that exists but is empty while the journal knew files (an unmounted mount
+/// point) is refused unless --force, with a message saying so; --force deletes on the
+/// other side.
+#[test]
+fn empty_root_seen_with_files_is_refused_unless_force() {
+    let p = pair();
+    for i in 0..3 {
+        put(&p.a, &format!("d/f{i}"), b"data", 1_600_000_000);
+    }
+    p.run(&[]).ok();
+    let away = p.a.with_extension("away");
+    fs::rename(&p.a, &away).unwrap();
+    fs::create_dir(&p.a).unwrap();
+    let before = snapshot(&p.b);
+    for extra in [&[][..], &["--max-delete", "100"], &["-n"]] {
+        let r = p.run(extra);
+        r.code_is(2);
+        let err = r.err();
+        assert_eq!(err.lines().count(), 1, "{r}");
+        let want = format!(
+            "ferry: A {} is empty, but held 3 files and 1 directory at the last run",
+            p.a.display()
+        );
+        assert!(err.starts_with(&want), "{r}");
+        assert!(
+            err.contains(
+                "mount it, or run again with --force to delete 3 files and 1 directory on B"
+            ),
+            "{r}"
+        );
+        assert_untouched(&before, &snapshot(&p.b));
+        assert!(state(&p.a).is_empty());
+    }
+    // Mounted again: nothing to do.
+    fs::remove_dir(&p.a).unwrap();
+    fs::rename(&away, &p.a).unwrap();
+    p.run(&[]).ok();
+    assert_eq!(state(&p.b).len(), 4);
+    // Really emptied on purpose: --force.
+    fs::remove_dir_all(p.a.join("d")).unwrap();
+    p.run(&[]).code_is(2);
+    p.run(&["--force"]).ok();
+    assert!(state(&p.b).is_empty());
+    // An empty side whose partner has nothing unchanged to lose is no reason to refuse.
+    put(&p.a, "x", b"x", 1_600_000_000);
+    p.run(&[]).ok();
+    fs::remove_file(p.b.join("x")).unwrap();
+    put(&p.a, "x", b"x changed", 1_600_000_100);
+    p.run(&[]).ok();
+    assert_eq!(data(&state(&p.b), "x").unwrap(), b"x changed");
+}
+
+/// A first run creates a missing replica, with the other root's mode, and says so; the
+/// dry run says exactly what the real run does, without creating it.
+#[test]
+fn first_run_creates_a_missing_side_and_the_dry_run_says_so() {
+    let p = pair();
+    put(&p.a, "f", b"hello", 1_600_000_000);
+    put(&p.a, "sub/g", b"world!", 1_600_000_000);
+    chmod(&p.a, 0o750);
+    fs::remove_dir(&p.b).unwrap();
+    let dry = p.run(&["-n", "--json"]);
+    dry.ok();
+    assert!(!p.b.exists(), "the dry run created B");
+    assert!(!p.j.exists(), "the dry run created the journal");
+    let want = format!("ferry: would create B {} (does not exist)", p.b.display());
+    assert!(dry.err().contains(&want), "{dry}");
+    let real = p.run(&["--json"]);
+    real.ok();
+    let want = format!("ferry: created B {} (did not exist)", p.b.display());
+    assert!(real.err().contains(&want), "{real}");
+    assert_eq!(fs::metadata(&p.b).unwrap().mode() & 0o7777, 0o750);
+    assert_replicas_equal(&p.a, &p.b);
+    assert_eq!(actions(&dry), actions(&real));
+    assert!(actions(&real).contains(&("mkdir".into(), "B".into(), ".".into(), 0)));
+    for k in SUMMARY_COUNTS {
+        assert_eq!(
+            summary_field(&dry, k),
+            summary_field(&real, k),
+            "{k}\n{dry}\n{real}"
+        );
+    }
+    assert_eq!(summary_field(&real, "dirs_created"), 2, "{real}");
+    // Neither side: refused.
+    let q = pair();
+    fs::remove_dir(&q.a).unwrap();
+    fs::remove_dir(&q.b).unwrap();
+    q.run(&[]).code_is(2);
+    assert!(!q.a.exists() && !q.b.exists());
+}
+
+/// No journal (deleted, or never made) and both sides hold files: refused until
+/// --resync, with a message saying why, since a deletion made since the last run would
+/// come back. A first run with one side empty goes ahead.
+#[test]
+fn lost_journal_with_both_sides_non_empty_needs_resync() {
+    let p = pair();
+    put(&p.a, "keep", b"k", 1_600_000_000);
+    put(&p.a, "gone", b"g", 1_600_000_000);
+    p.run(&[]).ok();
+    fs::remove_file(p.a.join("gone")).unwrap();
+    lose_journal(&p.j);
+    let before = (snapshot(&p.a), snapshot(&p.b));
+    for extra in [&[][..], &["--force"], &["-n"]] {
+        let r = p.run(extra);
+        r.code_is(2);
+        let err = r.err();
+        assert_eq!(err.lines().count(), 1, "{r}");
+        assert!(err.contains("no journal"), "{r}");
+        assert!(err.contains("deleted files would come back"), "{r}");
+        assert!(err.contains("--resync"), "{r}");
+        assert_untouched(&before.0, &snapshot(&p.a));
+        assert_untouched(&before.1, &snapshot(&p.b));
+    }
+    // A refused run leaves no journal that a later run could take for a real one.
+    p.run(&[]).code_is(2);
+    p.run(&["--resync"]).ok();
+    assert_replicas_equal(&p.a, &p.b);
+    assert_eq!(data(&state(&p.a), "gone").unwrap(), b"g");
+    // Later runs use the new journal.
+    fs::remove_file(p.a.join("gone")).unwrap();
+    p.run(&[]).ok();
+    assert!(!p.b.join("gone").exists());
+}
+
+// ------------------------------------------------------------------------------------------
+// Renames proven by content, --checksum (issue 11, item 2)
+// ------------------------------------------------------------------------------------------
+
+/// The issue's reproduction: a deleted file's inode reused by a new file with the same
+/// size and mtime is not a rename.
+#[test]
+fn inode_reuse_is_not_taken_for_a_rename() {
+    let p = pair();
+    put(&p.a, "pad", b"p", 1_600_000_000);
+    put(&p.a, "h", b"AAAA\n", 1);
+    p.run(&[]).ok();
+    let ino = fs::metadata(p.a.join("h")).unwrap().ino();
+    fs::remove_file(p.a.join("h")).unwrap();
+    put(&p.a, "k", b"BBBB\n", 1);
+    let reused = fs::metadata(p.a.join("k")).unwrap().ino() == ino;
+    let r = p.run(&["--json"]);
+    r.ok();
+    assert_eq!(
+        fs::read(p.b.join("k")).unwrap(),
+        b"BBBB\n",
+        "inode reused: {reused}\n{r}"
+    );
+    assert!(!p.b.join("h").exists());
+    assert_eq!(summary_field(&r, "renamed"), 0, "{r}");
+    assert_replicas_equal(&p.a, &p.b);
+    // Whatever the file system does with inodes: the same inode with new bytes (what
+    // reuse amounts to), moved to a new name.
+    put(&p.a, "m", b"CCCC\n", 2);
+    p.run(&[]).ok();
+    rewrite_keep_meta(&p.a.join("m"), b"DDDD\n");
+    fs::rename(p.a.join("m"), p.a.join("n")).unwrap();
+    let r = p.run(&["--json"]);
+    r.ok();
+    assert_eq!(fs::read(p.b.join("n")).unwrap(), b"DDDD\n", "{r}");
+    assert!(!p.b.join("m").exists());
+    assert_eq!(summary_field(&r, "renamed"), 0, "{r}");
+    let r = p.run(&["--json"]);
+    assert_eq!(summary_field(&r, "files_copied"), 0, "{r}");
+    assert_replicas_equal(&p.a, &p.b);
+}
+
+/// `--checksum`: files that size and mtime call in sync have their bytes compared; a
+/// difference (a change that kept size and mtime) is a conflict, both versions kept.
+#[test]
+fn checksum_finds_changes_that_kept_size_and_mtime() {
+    let p = pair();
+    put(&p.a, "f", b"original", 1_600_000_000);
+    put(&p.a, "same", b"same", 1_600_000_000);
+    p.run(&[]).ok();
+    rewrite_keep_meta(&p.a.join("f"), b"ORIGINAL");
+    let r = p.run(&["--json"]);
+    r.ok();
+    assert_eq!(
+        summary_field(&r, "files_copied"),
+        0,
+        "without -c nothing is seen\n{r}"
+    );
+    let r = p.run(&["-c", "-n", "--json"]);
+    r.ok();
+    assert_eq!(summary_field(&r, "conflicts"), 1, "{r}");
+    let r = p.run(&["--checksum", "--json"]);
+    r.ok();
+    assert_eq!(summary_field(&r, "conflicts"), 1, "{r}");
+    assert_eq!(summary_field(&r, "unchanged"), 1, "{r}");
+    assert_replicas_equal(&p.a, &p.b);
+    let s = state(&p.a);
+    assert_eq!(data(&s, "f").unwrap(), b"ORIGINAL");
+    let c = conflict_copies(&s, "f");
+    assert_eq!(c.len(), 1, "{s:?}");
+    assert_eq!(data(&s, &c[0]).unwrap(), b"original");
+    let r = p.run(&["-c", "--json"]);
+    r.ok();
+    assert_eq!(summary_field(&r, "conflicts"), 0, "{r}");
+    assert_eq!(summary_field(&r, "files_copied"), 0, "{r}");
+}
+
+// ------------------------------------------------------------------------------------------
+// Output that cannot lie (issue 11)
+// ------------------------------------------------------------------------------------------
+
+const SUMMARY_COUNTS: [&str; 8] = [
+    "files_copied",
+    "bytes_copied",
+    "files_deleted",
+    "dirs_created",
+    "renamed",
+    "conflicts",
+    "unchanged",
+    "errors",
+];
+
+/// The actions of a `--json` run (type, side, path, size), sorted; conflict names with
+/// their stamp blanked (a dry run and the real run may fall in different minutes).
+fn actions(r: &Run) -> Vec<(String, String, String, u64)> {
+    let blank = |s: &str| match s.find("(conflict ") {
+        Some(i) => format!("{}(conflict STAMP{}", &s[..i], &s[i + 25..]),
+        None => s.to_string(),
+    };
+    let mut v: Vec<_> = json_lines(r)
+        .into_iter()
+        .filter(|j| j.str_field("type") != Some("summary"))
+        .map(|j| {
+            (
+                j.str_field("type").unwrap().to_string(),
+                j.str_field("side").unwrap_or("").to_string(),
+                blank(j.str_field("path").unwrap()),
+                j.get("size").and_then(|v| v.as_u64()).unwrap(),
+            )
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// `bisync -n` reports every action the real run takes (conflicts are three: the
+/// version moved aside and a copy each way), with real sizes, and the same counts.
+#[test]
+fn dry_run_reports_what_the_real_run_does() {
+    let p = pair();
+    put(&p.a, "c.txt", b"c", 1_600_000_000);
+    put(&p.a, "gone", b"gone!", 1_600_000_000);
+    put(&p.a, "moved", &gen_bytes(3000, 1), 1_600_000_000);
+    put(&p.a, "dir/inner", b"i", 1_600_000_000);
+    put(&p.a, "file_to_dir", b"f", 1_600_000_000);
+    for i in 0..8 {
+        put(&p.a, &format!("pad/{i}"), b"p", 1_600_000_000);
+    }
+    p.run(&[]).ok();
+    put(&p.a, "c.txt", b"c from A", 1_600_000_100);
+    put(&p.b, "c.txt", b"c from B!!", 1_600_000_200);
+    put(&p.a, "new_a", b"new on A", 1_600_000_100);
+    put(&p.b, "new_b", b"new on B..", 1_600_000_100);
+    fs::remove_file(p.b.join("gone")).unwrap();
+    fs::rename(p.a.join("moved"), p.a.join("moved2")).unwrap();
+    fs::remove_dir_all(p.b.join("dir")).unwrap();
+    put(&p.b, "dir", b"now a file", 1_600_000_100);
+    fs::remove_file(p.a.join("file_to_dir")).unwrap();
+    put(&p.a, "file_to_dir/x", b"x", 1_600_000_100);
+    chmod(&p.a.join("pad/0"), 0o600);
+    let dry = p.run(&["-n", "--json"]);
+    dry.ok();
+    let real = p.run(&["--json"]);
+    real.ok();
+    assert_replicas_equal(&p.a, &p.b);
+    let (da, ra) = (actions(&dry), actions(&real));
+    assert_eq!(da, ra, "\n{dry}\n{real}");
+    let has = |t: &str, side: &str, path: &str, size: u64| {
+        ra.contains(&(t.into(), side.into(), path.into(), size))
+    };
+    assert!(has("conflict", "B", "c.txt", 10), "{real}");
+    assert!(
+        has("copy", "A", "c (conflict STAMP from B).txt", 10),
+        "{real}"
+    );
+    assert!(has("copy", "B", "c.txt", 8), "{real}");
+    assert!(has("delete", "A", "gone", 5), "{real}");
+    assert!(has("rename", "B", "moved2", 3000), "{real}");
+    for k in SUMMARY_COUNTS {
+        assert_eq!(
+            summary_field(&dry, k),
+            summary_field(&real, k),
+            "{k}\n{dry}\n{real}"
+        );
+    }
+}
+
+/// A conflict on a name near NAME_MAX gets a conflict name that fits (stem shortened,
+/// extension and stamp kept), instead of failing every run.
+#[test]
+fn conflict_on_a_long_name_fits_name_max() {
+    let p = pair();
+    let name = format!("{}.txt", "é".repeat(124)); // 252 bytes
+    put(&p.a, &name, b"v1", 1_600_000_000);
+    p.run(&[]).ok();
+    put(&p.a, &name, b"v2 from A", 1_600_000_100);
+    put(&p.b, &name, b"v2 from B!", 1_600_000_200);
+    let r = p.run(&["--json"]);
+    r.ok();
+    assert_eq!(summary_field(&r, "conflicts"), 1, "{r}");
+    assert_replicas_equal(&p.a, &p.b);
+    let s = state(&p.a);
+    let others: Vec<&String> = s.keys().filter(|k| **k != name).collect();
+    assert_eq!(others.len(), 1, "{s:?}");
+    let c = others[0];
+    assert!(c.len() <= 255, "{}", c.len());
+    assert!(c.starts_with("éé") && c.ends_with(" from B).txt"), "{c}");
+    assert_eq!(data(&s, c).unwrap(), b"v2 from B!");
+    p.run(&[]).ok();
+}
+
+/// Summaries say "1 conflict", "1 dir created", "1 error".
+#[test]
+fn summary_counts_are_pluralised() {
+    let p = pair();
+    put(&p.a, "f", b"v1", 1_600_000_000);
+    p.run(&[]).ok();
+    put(&p.a, "f", b"v2 from A", 1_600_000_100);
+    put(&p.b, "f", b"v2 from B!", 1_600_000_200);
+    fs::create_dir(p.a.join("d")).unwrap();
+    let r = p.run(&[]);
+    r.ok();
+    let line = r
+        .err()
+        .lines()
+        .find(|l| l.starts_with("ferry summary:"))
+        .unwrap()
+        .to_string();
+    assert!(line.contains(", 1 conflict,"), "{line}");
+    assert!(line.contains(" 1 dir created"), "{line}");
+    assert!(line.contains(" 0 errors"), "{line}");
+    assert!(line.contains(" 0 renamed"), "{line}");
+}
+
+/// A special file is skipped with a note naming its side and the real reason, and its
+/// path is left alone on both sides (not taken for a deletion).
+#[test]
+fn special_file_skip_names_its_side_and_reason() {
+    let p = pair();
+    put(&p.a, "p", b"a file", 1_600_000_000);
+    put(&p.a, "pad", b"x", 1_600_000_000);
+    put(&p.a, "pad2", b"x", 1_600_000_000);
+    p.run(&[]).ok();
+    mkfifo(&p.a.join("fifo"));
+    fs::remove_file(p.a.join("p")).unwrap();
+    mkfifo(&p.a.join("p"));
+    let r = p.run(&["--json"]);
+    r.ok();
+    let err = r.err();
+    assert!(err.contains("ferry: skipped A fifo: special file"), "{r}");
+    assert!(err.contains("ferry: skipped A p: special file"), "{r}");
+    assert!(!err.contains("symlink"), "{r}");
+    let skips: Vec<_> = json_lines(&r)
+        .into_iter()
+        .filter(|j| j.str_field("type") == Some("skip"))
+        .collect();
+    assert_eq!(skips.len(), 2, "{r}");
+    assert!(
+        skips.iter().all(|j| j.str_field("side") == Some("A")),
+        "{r}"
+    );
+    assert_eq!(fs::read(p.b.join("p")).unwrap(), b"a file", "{r}");
+    assert!(!p.b.join("fifo").exists());
+}
+
+// ------------------------------------------------------------------------------------------
 // Model-based: random edits on both sides between runs
 // ------------------------------------------------------------------------------------------
 
@@ -757,7 +1182,33 @@ fn edit(root: &Path, op: u8, rng: &mut Rng, clock: &mut u64) {
         }
         true
     };
-    match op % 9 {
+    match op % 10 {
+        // A new file that rename detection could take for a renamed one: a file deleted
+        // and another created elsewhere with the same size and mtime but other bytes (ext4
+        // gives it the deleted file's inode), or, what inode reuse amounts to on any file
+        // system, the same inode rewritten in place and renamed.
+        9 => {
+            if let Some(p) = pick(rng, entries(root, Some(false))) {
+                let full = root.join(&p);
+                let md = fs::symlink_metadata(&full).unwrap();
+                let q = PathBuf::from(rand_path(rng));
+                if md.is_file() && can_create(&q) && !root.join(&q).exists() && !q.starts_with(&p) {
+                    let new: Vec<u8> = fs::read(&full).unwrap().iter().map(|b| b ^ 0x5a).collect();
+                    let t = (md.mtime(), md.mtime_nsec() as u32);
+                    if rng.chance(1, 2) {
+                        fs::remove_file(&full).unwrap();
+                        let n = put(root, q.to_str().unwrap(), &new, 0);
+                        set_mtime(&n, t);
+                    } else {
+                        rewrite_keep_meta(&full, &new);
+                        if let Some(parent) = root.join(&q).parent() {
+                            fs::create_dir_all(parent).unwrap();
+                        }
+                        fs::rename(&full, root.join(&q)).unwrap();
+                    }
+                }
+            }
+        }
         // a symlink (over a file or symlink, or new)
         8 => {
             let p = PathBuf::from(rand_path(rng));
@@ -849,10 +1300,102 @@ fn sync(src: impl AsRef<OsStr>, dst: impl AsRef<OsStr>) {
 
 /// Apply each round's edits, run, check the rules and that the replicas are equal.
 fn model_case(rounds: &[Vec<Op>]) {
+    let rounds: Vec<(u8, Vec<Op>)> = rounds.iter().map(|r| (0, r.clone())).collect();
+    model_case_with(&rounds);
+}
+
+/// Remove a journal file (the journal is "lost").
+fn lose_journal(j: &Path) {
+    for ext in ["", "-wal", "-shm"] {
+        let mut f = j.as_os_str().to_owned();
+        f.push(ext);
+        let _ = fs::remove_file(PathBuf::from(f));
+    }
+}
+
+/// What happens between runs besides the edits (`event % 8`): 0-2 nothing; 3 the
+/// journal is lost; 4/5 A/B is gone (renamed away: must be refused, even with
+/// --force, and never created); 6/7 A/B is empty (an unmounted mount point: refused
+/// without --force unless nothing on the other side would be deleted). A replica that
+/// went away comes back before the round's run.
+fn model_event(p: &Pair, event: u8, synced: &mut bool, base: &mut State, round: usize) {
+    let ev = event % 8;
+    if ev == 3 {
+        lose_journal(&p.j);
+        *synced = false;
+        return;
+    }
+    // Only a pair the journal knows has replicas that may not vanish.
+    if ev < 4 || !*synced {
+        return;
+    }
+    let root = if ev.is_multiple_of(2) { &p.a } else { &p.b };
+    let away = root.with_extension("away");
+    // Contents (renaming a root changes its own ctime).
+    let before = (state(&p.a), state(&p.b));
+    let journal = fs::read(&p.j).unwrap();
+    fs::rename(root, &away).unwrap();
+    let unchanged = |round: usize| {
+        let a = state(if root == &p.a { &away } else { &p.a });
+        let b = state(if root == &p.b { &away } else { &p.b });
+        assert!(
+            a == before.0 && b == before.1,
+            "round {round}: a refused run changed something"
+        );
+    };
+    if ev < 6 {
+        for extra in [&["--force", "--json"][..], &["-n"], &[]] {
+            let r = p.run(extra);
+            r.code_is(2);
+            let err = r.err();
+            assert!(
+                err.lines().count() == 1 && err.contains("does not exist"),
+                "round {round}: {extra:?}\n{r}"
+            );
+            assert!(
+                !root.exists(),
+                "round {round}: a vanished replica was created\n{r}"
+            );
+            unchanged(round);
+        }
+        assert_eq!(fs::read(&p.j).unwrap(), journal, "round {round}");
+        fs::rename(&away, root).unwrap();
+    } else {
+        fs::create_dir(root).unwrap();
+        let (sa, sb) = (state(&p.a), state(&p.b));
+        let r = p.run(&["--json"]);
+        if r.code == Some(2) {
+            assert!(
+                r.err().contains("is empty") && r.err().contains("--force"),
+                "round {round}\n{r}"
+            );
+            assert!(state(root).is_empty(), "round {round}");
+            unchanged(round);
+            fs::remove_dir(root).unwrap();
+            fs::rename(&away, root).unwrap();
+        } else {
+            // Nothing on the other side was unchanged since the last run: nothing to
+            // delete there, so the run goes ahead.
+            r.ok();
+            assert_eq!(summary_field(&r, "files_deleted"), 0, "round {round}\n{r}");
+            let ra = state(&p.a);
+            assert!(ra == state(&p.b), "round {round}: replicas differ\n{r}");
+            let bad = check_rules(base, &sa, &sb, &ra);
+            assert!(bad.is_empty(), "round {round}:\n{}\n{r}", bad.join("\n"));
+            *base = ra;
+            fs::remove_dir_all(&away).unwrap();
+        }
+    }
+}
+
+/// Like [`model_case`], each round with an event (see [`model_event`]) after its edits.
+fn model_case_with(rounds: &[(u8, Vec<Op>)]) {
     let p = pair();
     let mut clock = 0u64;
     let mut base = State::new();
-    for (round, ops) in rounds.iter().enumerate() {
+    // A run has completed with the journal: it knows the pair.
+    let mut synced = false;
+    for (round, (event, ops)) in rounds.iter().enumerate() {
         for &(side, op, seed) in ops {
             let mut rng = Rng::new(seed);
             match side % 3 {
@@ -877,8 +1420,25 @@ fn model_case(rounds: &[Vec<Op>]) {
                 }
             }
         }
+        model_event(&p, *event, &mut synced, &mut base, round);
         let (sa, sb) = (state(&p.a), state(&p.b));
-        let r = p.run(&["--force", "--json"]);
+        let mut args = vec!["--force", "--json"];
+        if !synced {
+            // No journal: a first run, or the journal was lost. Both sides non-empty:
+            // refused (exit 2, nothing changed) until --resync, which merges them as if
+            // nothing had been synced before.
+            if !sa.is_empty() && !sb.is_empty() {
+                let before = (snapshot(&p.a), snapshot(&p.b));
+                let r = p.run(&args);
+                r.code_is(2);
+                assert!(r.err().contains("--resync"), "round {round}\n{r}");
+                assert_untouched(&before.0, &snapshot(&p.a));
+                assert_untouched(&before.1, &snapshot(&p.b));
+                args.push("--resync");
+            }
+            base = State::new();
+        }
+        let r = p.run(&args);
         assert_eq!(r.code, Some(0), "round {round}\n{r}");
         let (ra, rb) = (state(&p.a), state(&p.b));
         assert!(
@@ -904,6 +1464,7 @@ fn model_case(rounds: &[Vec<Op>]) {
             assert_eq!(summary_field(&r2, k), 0, "round {round}: {k}\n{r2}");
         }
         base = ra;
+        synced = true;
     }
 }
 
@@ -925,15 +1486,17 @@ proptest! {
     #![proptest_config(model_config())]
 
     /// Random edits on both replicas between runs (create, modify, delete, rename, mkdir,
-    /// rmdir, file <-> directory, symlinks, the same write on both sides), 1 to 5 runs.
+    /// rmdir, file <-> directory, symlinks, the same write on both sides, a new file on
+    /// a reused inode), 1 to 5 runs, with lost journals, vanished and emptied replicas
+    /// between them.
     #[test]
     fn model_random_edits_on_both_sides(
         rounds in prop::collection::vec(
-            prop::collection::vec((0u8..3, 0u8..9, any::<u64>()), 0..10),
+            (0u8..8, prop::collection::vec((0u8..3, 0u8..10, any::<u64>()), 0..10)),
             1..6,
         )
     ) {
-        model_case(&rounds);
+        model_case_with(&rounds);
     }
 }
 
@@ -1167,7 +1730,14 @@ fn s3_model_random_edits_on_both_sides() {
             }
             sync(&mirror, &url);
             let (sa, sb) = (files(&state(&p.a)), s3_state(&url, &work));
-            let r = s3_bisync(&p.a, &url, &p.j, &["--force", "--json"]);
+            // The first run of the pair: both sides may hold files.
+            let first = ["--force", "--json", "--resync"];
+            let r = s3_bisync(
+                &p.a,
+                &url,
+                &p.j,
+                if round == 0 { &first } else { &first[..2] },
+            );
             assert_eq!(r.code, Some(0), "seed {seed} round {round}\n{r}");
             let (ra, rb) = (files(&state(&p.a)), s3_state(&url, &work));
             assert!(
@@ -1183,6 +1753,62 @@ fn s3_model_random_edits_on_both_sides() {
             base = ra;
         }
     }
+}
+
+/// Delete one object behind ferry's back (curl signs the request).
+fn s3_delete(bucket: &str, key: &str) {
+    let env = |k: &str| std::env::var(k).unwrap();
+    let out = Command::new("curl")
+        .args([
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "-X",
+            "DELETE",
+        ])
+        .arg("--aws-sigv4")
+        .arg(format!("aws:amz:{}:s3", env("FERRY_TEST_S3_REGION")))
+        .arg("--user")
+        .arg(format!(
+            "{}:{}",
+            env("FERRY_TEST_S3_KEY"),
+            env("FERRY_TEST_S3_SECRET")
+        ))
+        .args(["-H", "x-amz-content-sha256: UNSIGNED-PAYLOAD"])
+        .arg(format!("{}/{bucket}/{key}", env("FERRY_TEST_S3_ENDPOINT")))
+        .output()
+        .expect("run curl");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "204", "DELETE {key}");
+}
+
+/// An S3 prefix with no objects is an empty root (S3 cannot tell it from a missing
+/// one): with a journal that knew files, refused unless --force, as a local root is.
+#[test]
+fn s3_emptied_prefix_is_refused_unless_force() {
+    let Some(s3) = s3() else { return };
+    let p = pair();
+    let url = s3.url("emptied");
+    for i in 0..3 {
+        put(&p.a, &format!("d/f{i}"), b"data", 1_600_000_000);
+    }
+    s3_bisync(&p.a, &url, &p.j, &[]).ok();
+    let prefix = url.strip_prefix(&format!("s3://{}/", s3.bucket)).unwrap();
+    for i in 0..3 {
+        s3_delete(&s3.bucket, &format!("{prefix}/d/f{i}"));
+    }
+    let before = snapshot(&p.a);
+    for extra in [&[][..], &["-n"], &["--max-delete", "100"]] {
+        let r = s3_bisync(&p.a, &url, &p.j, extra);
+        r.code_is(2);
+        let want = format!("ferry: B {url} is empty, but held 3 files");
+        assert!(r.err().starts_with(&want), "{r}");
+        assert!(r.err().contains("--force to delete 3 files"), "{r}");
+        assert_untouched(&before, &snapshot(&p.a));
+    }
+    s3_bisync(&p.a, &url, &p.j, &["--force"]).ok();
+    assert!(files(&state(&p.a)).is_empty());
 }
 
 /// HEAD requests the S3 side (B) made, from `-v`.
