@@ -410,14 +410,16 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             self.refine(node, &mut src_list, &mut dst_list);
         }
         Stats::add(&self.stats.entries_scanned, src_list.len() as u64);
-        if src_list.is_empty() && errors.is_empty() && node.parent.is_some() {
-            if !self.dst.keeps_empty_dirs() {
-                // Said, not counted as made: nothing can be stored for it.
-                self.rep.skip(
-                    &node.rel,
-                    "empty directory: the destination keeps no empty directories (S3)",
-                );
-            }
+        if src_list.is_empty()
+            && errors.is_empty()
+            && node.parent.is_some()
+            && !self.dst.keeps_empty_dirs()
+        {
+            // Said, not counted as made: nothing can be stored for it.
+            self.rep.skip(
+                &node.rel,
+                "empty directory: the destination keeps no empty directories (S3)",
+            );
         }
         // Names the source could not read are left alone in the destination.
         let unreadable: Vec<Vec<u8>> = errors.iter().map(|e| e.name.clone()).collect();

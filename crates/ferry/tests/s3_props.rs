@@ -312,7 +312,11 @@ fn transfer(
     }
     // A generated tree without files leaves no object: its prefix does not exist, and
     // a SRC prefix that does not exist is refused unless --force (s3_semantics.rs).
-    if src.as_ref().to_str().is_some_and(|s| s.starts_with("s3://")) {
+    if src
+        .as_ref()
+        .to_str()
+        .is_some_and(|s| s.starts_with("s3://"))
+    {
         args.push(&"--force");
     }
     args.push(src);

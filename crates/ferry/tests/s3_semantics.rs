@@ -236,7 +236,7 @@ fn an_object_that_is_also_a_prefix() {
     for _ in 0..2 {
         let r = run(&[&"sync", &format!("{url}/p"), &dst]);
         r.code_is(1);
-        assert_eq!(r.error_lines(), [want_line.clone()], "{r}");
+        assert_eq!(r.error_lines(), std::slice::from_ref(&want_line), "{r}");
         assert_eq!(std::fs::read(dst.join("a/b")).unwrap(), b"the object a/b");
         assert_eq!(std::fs::read(dst.join("c")).unwrap(), b"c");
     }
