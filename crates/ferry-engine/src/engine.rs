@@ -87,7 +87,7 @@ enum DstAt {
     Nothing,
     Dir(Meta),
     /// Something else (file, symlink): removed first.
-    Other,
+    Other(Meta),
 }
 
 enum Task<S: Store, D: Store> {
@@ -165,6 +165,18 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             None => {
                 let d = self.dst.create_root()?;
                 Stats::add(&self.stats.dirs_created, 1);
+                if !self.src.has_dir_meta() {
+                    // Its final mode at once (no times to set after its
+                    // content): a kill cannot leave it 0700, and an
+                    // existing root's mode is never changed (see `done`).
+                    let mode = MetaChange {
+                        mode: true,
+                        ..MetaChange::default()
+                    };
+                    if let Err(e) = self.dst.set_dir_meta(&d, &src_meta, mode) {
+                        self.fail(b"", &e);
+                    }
+                }
                 (Some(d), None)
             }
         };
@@ -314,28 +326,35 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             // Dry run: report the directory that would be made (replacing
             // whatever is there); everything below it is new.
             (_, None) | (_, Some(_)) if self.opts.dry_run => {
-                if let DstAt::Other = at {
-                    self.rep.action(Action::Delete, &rel, 0);
+                if let DstAt::Other(m) = at {
+                    self.rep.action(Action::Delete, &rel, m.size);
                     Stats::add(&self.stats.files_deleted, 1);
                 }
-                self.rep.action(Action::Mkdir, &rel, 0);
-                Stats::add(&self.stats.dirs_created, 1);
+                if self.dst.keeps_empty_dirs() {
+                    self.rep.action(Action::Mkdir, &rel, 0);
+                    Stats::add(&self.stats.dirs_created, 1);
+                }
                 (None, None)
             }
             (_, None) => (None, None),
             (at, Some(pd)) => {
-                if let DstAt::Other = at {
+                if let DstAt::Other(m) = at {
                     if let Err(e) = self.dst.remove(pd, name, false) {
                         self.fail(&rel, &e);
                         return None;
                     }
                     Stats::add(&self.stats.files_deleted, 1);
+                    self.rep.action(Action::Delete, &rel, m.size);
                 }
                 match self.dst.make_dir(pd, name) {
                     Ok(d) => {
                         parent.dirty.store(true, Ordering::Relaxed);
-                        Stats::add(&self.stats.dirs_created, 1);
-                        self.rep.action(Action::Mkdir, &rel, 0);
+                        // An object store makes nothing: the prefix exists
+                        // once an object is under it.
+                        if self.dst.keeps_empty_dirs() {
+                            Stats::add(&self.stats.dirs_created, 1);
+                            self.rep.action(Action::Mkdir, &rel, 0);
+                        }
                         (Some(d), None)
                     }
                     Err(e) => {
@@ -391,6 +410,17 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             self.refine(node, &mut src_list, &mut dst_list);
         }
         Stats::add(&self.stats.entries_scanned, src_list.len() as u64);
+        if src_list.is_empty()
+            && errors.is_empty()
+            && node.parent.is_some()
+            && !self.dst.keeps_empty_dirs()
+        {
+            // Said, not counted as made: nothing can be stored for it.
+            self.rep.skip(
+                &node.rel,
+                "empty directory: the destination keeps no empty directories (S3)",
+            );
+        }
         // Names the source could not read are left alone in the destination.
         let unreadable: Vec<Vec<u8>> = errors.iter().map(|e| e.name.clone()).collect();
         for e in errors {
@@ -462,7 +492,9 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                         }
                     } else {
                         match sm.kind {
-                            Kind::Dir => subdirs.push(self.dir_task(node, name, sm, DstAt::Other)),
+                            Kind::Dir => {
+                                subdirs.push(self.dir_task(node, name, sm, DstAt::Other(dm)))
+                            }
                             // rename() replaces a file or symlink atomically.
                             Kind::Symlink => self.symlink(node, name, &sm, None),
                             _ => batch.add(name.to_bytes(), sm, Some(dm), false),
@@ -559,10 +591,16 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                 }
             };
             if !self.src.has_dir_meta() {
-                // A prefix has no times or owner to copy; a new directory
-                // still needs its real mode (it was made 0700).
+                // A prefix has no times or owner to copy, but a mode: the
+                // one it lists (0755). A new directory (made 0700) gets it,
+                // and so does one whose mode differs (left 0700 by a killed
+                // run, or changed): directories converge like files. The
+                // root only when made by this run (see `run_tree`).
                 what = MetaChange {
-                    mode: node.dst_meta.is_none(),
+                    mode: match &node.dst_meta {
+                        None => true,
+                        Some(m) => node.parent.is_some() && m.mode != node.src_meta.mode,
+                    },
                     ..MetaChange::default()
                 };
             }
@@ -599,27 +637,45 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
     }
 
     /// Remove a destination entry; false when it failed (already reported).
+    /// Each entry removed (every one of a directory tree) is one `Delete`
+    /// action, with its size, and one in `files_deleted`.
     fn delete(&self, node: &Node<S, D>, name: &CStr, meta: &Meta) -> bool {
         let path = self.path(node, name.to_bytes());
+        let size = if meta.kind == Kind::Dir { 0 } else { meta.size };
         if self.opts.dry_run {
-            self.rep.action(Action::Delete, &path, 0);
+            self.rep.action(Action::Delete, &path, size);
             Stats::add(&self.stats.files_deleted, 1);
             return true;
         }
         let Some(d) = &node.dst else { return true };
-        let is_dir = meta.kind == Kind::Dir;
-        let res = if is_dir && self.opts.filter.is_some() {
-            self.delete_filtered(d, &path, name)
-        } else {
-            self.dst.remove(d, name, is_dir)
+        let deleted = |rel: &[u8], size: u64| {
+            Stats::add(&self.stats.files_deleted, 1);
+            self.rep.action(Action::Delete, rel, size);
         };
+        let res = if meta.kind != Kind::Dir {
+            self.dst
+                .remove(d, name, false)
+                .map(|_| deleted(&path, size))
+        } else if self.opts.filter.is_some() {
+            self.delete_filtered(d, &path, name, &deleted)
+        } else {
+            let mut full = path.clone();
+            self.dst
+                .remove_each(d, name, &mut |sub, size| {
+                    full.truncate(path.len());
+                    if !sub.is_empty() {
+                        full.push(b'/');
+                        full.extend_from_slice(sub);
+                    }
+                    deleted(&full, size);
+                })
+                .map(|_| ())
+        };
+        // Whatever was removed before a failure is gone: the directory
+        // changed either way.
+        node.dirty.store(true, Ordering::Relaxed);
         match res {
-            Ok(n) => {
-                node.dirty.store(true, Ordering::Relaxed);
-                Stats::add(&self.stats.files_deleted, n);
-                self.rep.action(Action::Delete, &path, 0);
-                true
-            }
+            Ok(()) => true,
             Err(e) => {
                 self.fail(&path, &e);
                 false
@@ -629,8 +685,15 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
 
     /// Remove a destination-only directory but keep what the filter
     /// excludes (excluded entries are never deleted): the directory itself
-    /// stays if anything excluded remains inside.
-    fn delete_filtered(&self, parent: &D::Dir, rel: &[u8], name: &CStr) -> io::Result<u64> {
+    /// stays if anything excluded remains inside. `deleted` hears of each
+    /// entry removed (path, size).
+    fn delete_filtered(
+        &self,
+        parent: &D::Dir,
+        rel: &[u8],
+        name: &CStr,
+        deleted: &dyn Fn(&[u8], u64),
+    ) -> io::Result<()> {
         let dir = self.dst.open_dir(parent, name)?;
         let mut list = Listing::new();
         let mut errs = Vec::new();
@@ -639,21 +702,22 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         if let Some(e) = errs.into_iter().next() {
             return Err(e.err);
         }
-        let mut n = 0;
         for e in list.entries() {
             let child = list.cname(e);
-            n += if e.meta.kind == Kind::Dir {
-                self.delete_filtered(&dir, &join(rel, child.to_bytes()), child)?
+            let path = join(rel, child.to_bytes());
+            if e.meta.kind == Kind::Dir {
+                self.delete_filtered(&dir, &path, child, deleted)?;
             } else {
-                self.dst.remove(&dir, child, false)?
-            };
+                self.dst.remove(&dir, child, false)?;
+                deleted(&path, e.meta.size);
+            }
         }
         drop(dir);
-        match self.dst.remove(parent, name, false) {
-            Ok(_) => Ok(n + 1),
-            // Not empty: excluded entries remain, and so does the directory.
-            Err(_) => Ok(n),
+        // Not empty: excluded entries remain, and so does the directory.
+        if self.dst.rmdir(parent, name).is_ok() {
+            deleted(rel, 0);
         }
+        Ok(())
     }
 
     /// Create or replace a symlink (`dst_meta`: an existing symlink to compare).

@@ -750,7 +750,16 @@ impl Store for LocalStore {
             rfs::unlinkat(&dir.fd, name, AtFlags::empty())?;
             return Ok(1);
         }
-        remove_tree(dir.fd.as_fd(), name)
+        remove_tree(dir.fd.as_fd(), name, None)
+    }
+
+    fn remove_each(
+        &self,
+        dir: &LocalDir,
+        name: &CStr,
+        each: &mut dyn FnMut(&[u8], u64),
+    ) -> io::Result<u64> {
+        remove_tree(dir.fd.as_fd(), name, Some((&mut Vec::new(), each)))
     }
 
     fn rename(
@@ -819,9 +828,14 @@ fn open_subdir(parent: BorrowedFd<'_>, name: &CStr) -> io::Result<OwnedFd> {
     )?)
 }
 
+/// Who hears of each entry [`remove_tree`] removes: its path below the
+/// removed directory (the buffer, as it descends) and size.
+type Removed<'a, 'b> = Option<(&'a mut Vec<u8>, &'a mut (dyn FnMut(&[u8], u64) + 'b))>;
+
 /// Remove a directory tree below `parent`, making directories writable when
-/// needed. Returns the number of entries removed (the directory included).
-fn remove_tree(parent: BorrowedFd<'_>, name: &CStr) -> io::Result<u64> {
+/// needed. Returns the number of entries removed (the directory included);
+/// `tell` hears of each (a file's size costs a stat then).
+fn remove_tree(parent: BorrowedFd<'_>, name: &CStr, mut tell: Removed<'_, '_>) -> io::Result<u64> {
     let fd = open_subdir(parent, name)?;
     let mut names: Vec<(CString, bool)> = Vec::new();
     {
@@ -839,12 +853,35 @@ fn remove_tree(parent: BorrowedFd<'_>, name: &CStr) -> io::Result<u64> {
     let mut count = 0;
     let mut made_writable = false;
     for (n, is_dir) in names {
+        // The entry's path below the removed directory, while it is handled.
+        let base = tell.as_mut().map(|(path, _)| {
+            let len = path.len();
+            if len > 0 {
+                path.push(b'/');
+            }
+            path.extend_from_slice(n.to_bytes());
+            len
+        });
         loop {
             let r = if is_dir {
-                remove_tree(fd.as_fd(), &n)
+                remove_tree(
+                    fd.as_fd(),
+                    &n,
+                    tell.as_mut().map(|(p, t)| (&mut **p, &mut **t)),
+                )
             } else {
+                let size = match &tell {
+                    Some(_) => rfs::statat(&fd, &n, AtFlags::SYMLINK_NOFOLLOW)
+                        .map_or(0, |st| st.st_size as u64),
+                    None => 0,
+                };
                 rfs::unlinkat(&fd, &n, AtFlags::empty())
-                    .map(|_| 1)
+                    .map(|_| {
+                        if let Some((path, t)) = tell.as_mut() {
+                            t(path, size);
+                        }
+                        1
+                    })
                     .map_err(Into::into)
             };
             match r {
@@ -859,16 +896,26 @@ fn remove_tree(parent: BorrowedFd<'_>, name: &CStr) -> io::Result<u64> {
                     made_writable = true;
                 }
                 Err(e) if !is_dir && e.raw_os_error() == Some(Errno::ISDIR.raw_os_error()) => {
-                    count += remove_tree(fd.as_fd(), &n)?;
+                    count += remove_tree(
+                        fd.as_fd(),
+                        &n,
+                        tell.as_mut().map(|(p, t)| (&mut **p, &mut **t)),
+                    )?;
                     break;
                 }
                 Err(e) if e.kind() == io::ErrorKind::NotFound => break,
                 Err(e) => return Err(e),
             }
         }
+        if let (Some((path, _)), Some(len)) = (tell.as_mut(), base) {
+            path.truncate(len);
+        }
     }
     drop(fd);
     rfs::unlinkat(parent, name, AtFlags::REMOVEDIR)?;
+    if let Some((path, t)) = tell.as_mut() {
+        t(path, 0);
+    }
     Ok(count + 1)
 }
 

@@ -117,6 +117,12 @@ pub trait Reporter: Sync {
     fn action(&self, action: Action, path: &[u8], size: u64);
     /// An entry failed; the run goes on.
     fn error(&self, path: &[u8], err: &io::Error);
+    /// An entry is not copied, for the reason `why` (a note, not an
+    /// error): the [`Action::Skip`] action, with its reason.
+    fn skip(&self, path: &[u8], why: &str) {
+        let _ = why;
+        self.action(Action::Skip, path, 0);
+    }
 }
 
 /// A reporter that ignores everything (benchmarks, library users).

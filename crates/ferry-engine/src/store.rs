@@ -220,6 +220,21 @@ pub trait Store: Send + Sync {
     /// Remove an entry; directories recursively. Returns how many entries
     /// were removed.
     fn remove(&self, dir: &Self::Dir, name: &CStr, is_dir: bool) -> io::Result<u64>;
+    /// Remove a directory tree like `remove(dir, name, true)`, telling
+    /// `each` about every entry removed, as it goes: its path below `name`
+    /// (empty for `name` itself, which comes last) and its size (0 for
+    /// directories). Returns how many entries were removed: as many as
+    /// `each` was told. The default names the directory alone.
+    fn remove_each(
+        &self,
+        dir: &Self::Dir,
+        name: &CStr,
+        each: &mut dyn FnMut(&[u8], u64),
+    ) -> io::Result<u64> {
+        self.remove(dir, name, true)?;
+        each(b"", 0);
+        Ok(1)
+    }
     /// A content hash the store keeps for a file without reading it (an S3
     /// ETag, quotes removed), for `--checksum`; `None` when it has none.
     fn etag(&self, _dir: &Self::Dir, _name: &CStr) -> io::Result<Option<String>> {
@@ -275,6 +290,12 @@ pub trait Store: Send + Sync {
     /// True when symlinks can be stored (false on object stores: they are
     /// skipped with a note).
     fn supports_symlinks(&self) -> bool {
+        true
+    }
+    /// True when a directory exists by itself, empty or not (false on
+    /// object stores: a prefix exists while objects are under it, so
+    /// making one creates nothing, and an empty directory cannot be kept).
+    fn keeps_empty_dirs(&self) -> bool {
         true
     }
 }

@@ -37,6 +37,11 @@ pub fn parse_s3_url(s: &str) -> Option<Result<(String, String), String>> {
             "{s}: no bucket name (expected s3://BUCKET/PREFIX)"
         )));
     }
+    if let Some(seg) = prefix.split('/').find(|s| *s == "." || *s == "..") {
+        return Some(Err(format!(
+            "{s}: a key with a \"{seg}\" segment cannot be requested exactly (URLs remove such segments)"
+        )));
+    }
     Some(Ok((
         bucket.to_string(),
         prefix.trim_start_matches('/').to_string(),
@@ -156,5 +161,10 @@ mod tests {
         );
         assert!(parse_s3_url("s3:///x").unwrap().is_err());
         assert!(parse_s3_url("/tmp/x").is_none());
+        // Dot segments would be normalised away in the request URL.
+        assert!(parse_s3_url("s3://b/a/../x").unwrap().is_err());
+        assert!(parse_s3_url("s3://b/trav/..").unwrap().is_err());
+        assert!(parse_s3_url("s3://b/./x").unwrap().is_err());
+        assert!(parse_s3_url("s3://b/a..b/.x/").unwrap().is_ok());
     }
 }

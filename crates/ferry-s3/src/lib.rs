@@ -282,7 +282,9 @@ impl S3Store {
                 "name is not UTF-8 (S3 keys must be)",
             )
         })?;
-        Ok(format!("{}{}", dir.prefix, name))
+        let key = format!("{}{}", dir.prefix, name);
+        check_key(&key)?;
+        Ok(key)
     }
 
     /// HEAD an object: its metadata as ferry compares it.
@@ -575,6 +577,9 @@ impl S3Store {
     }
 
     fn abort_upload(&self, key: &str, id: &str) {
+        if check_key(key).is_err() {
+            return;
+        }
         let url = AbortMultipartUpload::new(&self.c.bucket, self.c.creds(), key, id).sign(SIGN_TTL);
         let _ = self.c.send("AbortMultipartUpload", key, || {
             self.c.agent.delete(url.as_str()).call()
@@ -832,6 +837,9 @@ impl S3Store {
             .map_or(0, |d| d.as_secs() as i64);
         let mut done = Vec::new();
         for (key, id, initiated) in self.list_uploads(&self.root)? {
+            if check_key(&key).is_err() {
+                continue; // no request can name it (`abort_upload`)
+            }
             let age = parse_http_or_iso_date(&initiated).map_or(i64::MAX, |(t, _)| now - t);
             if age >= max_age.as_secs() as i64 {
                 if !dry_run {
@@ -977,6 +985,63 @@ impl S3Store {
     }
 }
 
+impl S3Store {
+    /// The error of a listed key that no file path can hold: `name` (in
+    /// the directory listed) is `.` or `..`, or a prefix of such a segment
+    /// or of an empty one (`/`, `./`, `../`).
+    fn unnamable(&self, name: &str, key: &str) -> ListError {
+        let what = match name.trim_end_matches('/') {
+            "" => "an empty segment",
+            "." => "a \".\" segment",
+            _ => "a \"..\" segment",
+        };
+        let b = self.c.bucket.name();
+        let msg = if name.ends_with('/') {
+            format!(
+                "the keys under s3://{b}/{key} have {what}, which no file path can hold: skipped"
+            )
+        } else {
+            format!("the key s3://{b}/{key} has {what}, which no file path can hold: skipped")
+        };
+        ListError {
+            name: name.as_bytes().to_vec(),
+            err: io::Error::new(io::ErrorKind::InvalidData, msg),
+        }
+    }
+
+    /// The object at the root itself (`s3://bucket/KEY` naming one object
+    /// rather than a prefix): its metadata, `None` when there is none.
+    pub fn root_object(&self) -> io::Result<Option<Meta>> {
+        let key = self.root.trim_end_matches('/');
+        if key.is_empty() {
+            return Ok(None);
+        }
+        check_key(key)?;
+        match self.head(key, 0, None) {
+            Ok(m) => Ok(Some(m)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// True when at least one object's key starts with the root prefix
+    /// (`KEY/`; any key in the bucket for the bucket's root). A missing
+    /// bucket is an error (`NotFound`).
+    pub fn root_has_objects(&self) -> io::Result<bool> {
+        let mut a = ListObjectsV2::new(&self.c.bucket, self.c.creds());
+        a.with_prefix(self.root.as_str());
+        a.with_max_keys(1);
+        let url = a.sign(SIGN_TTL);
+        let mut resp = self
+            .c
+            .send("LIST", &self.root, || self.c.agent.get(url.as_str()).call())?;
+        let body = read_body(&mut resp)?;
+        let page = ListObjectsV2::parse_response(&body)
+            .map_err(|e| io::Error::other(format!("LIST {}: {e}", self.root)))?;
+        Ok(!page.contents.is_empty() || !page.common_prefixes.is_empty())
+    }
+}
+
 impl Store for S3Store {
     type Dir = S3Dir;
     type Reader = S3Reader;
@@ -1012,6 +1077,8 @@ impl Store for S3Store {
         out.clear();
         // (name, size, LastModified, version fingerprint)
         let mut files = Vec::new();
+        // Names that are also prefixes (`a` and `a/...`): directories here.
+        let mut prefixes: Vec<String> = Vec::new();
         for page in self.list_dir_pages(&dir.prefix)? {
             for c in page.contents {
                 let name = &c.key[dir.prefix.len().min(c.key.len())..];
@@ -1022,18 +1089,49 @@ impl Store for S3Store {
                 if filter.is_some_and(|f| f.excluded(rel, name.as_bytes(), false)) {
                     continue;
                 }
+                if name == "." || name == ".." {
+                    errors.push(self.unnamable(name, &c.key));
+                    continue;
+                }
                 let lm = c.last_modified.as_deref().and_then(parse_http_or_iso_date);
                 let v = version(c.etag.as_deref(), lm);
                 files.push((name.to_string(), c.size.unwrap_or(0), lm, v));
             }
             for p in page.common_prefixes {
-                let name = p.prefix[dir.prefix.len().min(p.prefix.len())..].trim_end_matches('/');
+                let raw = &p.prefix[dir.prefix.len().min(p.prefix.len())..];
+                let name = raw.trim_end_matches('/');
+                if matches!(raw, "/" | "./" | "../") {
+                    // `a//b`, `a/./b`, `a/../b`: no file path can name them.
+                    errors.push(self.unnamable(raw, &p.prefix));
+                    continue;
+                }
                 if name.is_empty() || filter.is_some_and(|f| f.excluded(rel, name.as_bytes(), true))
                 {
                     continue;
                 }
                 out.push(name.as_bytes(), dir_meta());
+                prefixes.push(name.to_string());
             }
+        }
+        if !prefixes.is_empty() && !files.is_empty() {
+            // An object `a` beside objects `a/...`: a tree cannot have a file
+            // and a directory of one name. The directory is kept (it holds
+            // more), the object reported and left alone.
+            prefixes.sort_unstable();
+            files.retain(|(name, ..)| {
+                if prefixes.binary_search(name).is_err() {
+                    return true;
+                }
+                let key = format!("{}{name}", dir.prefix);
+                errors.push(ListError {
+                    name: name.as_bytes().to_vec(),
+                    err: io::Error::other(format!(
+                        "is both an object and a prefix (s3://{b}/{key} and s3://{b}/{key}/...): skipped the object",
+                        b = self.c.bucket.name()
+                    )),
+                });
+                false
+            });
         }
         if self.lazy_meta {
             // Size exact, mtime from LastModified until `refine` asks.
@@ -1313,24 +1411,42 @@ impl Store for S3Store {
     }
 
     fn remove(&self, dir: &S3Dir, name: &CStr, is_dir: bool) -> io::Result<u64> {
-        let key = self.key(dir, name)?;
         if !is_dir {
-            self.delete_key(&key)?;
+            self.delete_key(&self.key(dir, name)?)?;
             return Ok(1);
         }
-        let prefix = format!("{key}/");
+        self.remove_each(dir, name, &mut |_, _| {})
+    }
+
+    fn remove_each(
+        &self,
+        dir: &S3Dir,
+        name: &CStr,
+        each: &mut dyn FnMut(&[u8], u64),
+    ) -> io::Result<u64> {
+        // Every object under the prefix, a page (one DeleteObjects) at a
+        // time; the prefix itself is counted last, like a directory.
+        let prefix = format!("{}/", self.key(dir, name)?);
         let mut n = 0;
         let mut token: Option<String> = None;
         loop {
             let page = self.list_page(&prefix, false, token.as_deref())?;
-            let keys: Vec<String> = page.contents.into_iter().map(|c| c.key).collect();
+            let keys: Vec<String> = page.contents.iter().map(|c| c.key.clone()).collect();
             self.delete_keys(&keys)?;
-            n += keys.len() as u64;
+            for c in &page.contents {
+                // A directory marker (the prefix itself) is the directory.
+                let rel = c.key.get(prefix.len()..).unwrap_or("");
+                if !rel.is_empty() {
+                    each(rel.as_bytes(), c.size.unwrap_or(0));
+                    n += 1;
+                }
+            }
             match page.next_continuation_token {
                 Some(t) => token = Some(t),
                 None => break,
             }
         }
+        each(b"", 0);
         Ok(n + 1)
     }
 
@@ -1392,6 +1508,10 @@ impl Store for S3Store {
 
     fn latency_bound(&self) -> bool {
         true
+    }
+
+    fn keeps_empty_dirs(&self) -> bool {
+        false
     }
 }
 
@@ -1892,6 +2012,20 @@ fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
     era * 146097 + doe - 719468
 }
 
+/// Refuse a key with a `.` or `..` segment (`a/../b`, `a/.`): URLs are
+/// normalised (RFC 3986, WHATWG; `%2E` too) as they are built, so the
+/// request would reach another key, or the bucket itself. No file path can
+/// hold such a key either: listings report them (see `S3Store::list`).
+pub fn check_key(key: &str) -> io::Result<()> {
+    match key.split('/').find(|s| *s == "." || *s == "..") {
+        None => Ok(()),
+        Some(seg) => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{key}: a key with a \"{seg}\" segment cannot be requested exactly (URLs remove such segments)"),
+        )),
+    }
+}
+
 /// Percent-encode a key for `x-amz-copy-source` (keeping `/`).
 fn encode_key(key: &str) -> String {
     let mut out = String::with_capacity(key.len());
@@ -1997,6 +2131,34 @@ mod tests {
             Some((1_704_164_645, 0))
         );
         assert_eq!(parse_http_or_iso_date("1970-01-01T00:00:00Z"), Some((0, 0)));
+    }
+
+    #[test]
+    fn keys_are_requested_exactly_or_not_at_all() {
+        let b = Bucket::new(
+            "http://127.0.0.1:1".parse().unwrap(),
+            UrlStyle::Path,
+            "b",
+            "r",
+        )
+        .unwrap();
+        // What `check_key` guards against: the URL of `trav/..` is the
+        // bucket's own, that of `a/./x` is `a/x`'s.
+        assert_eq!(b.object_url("trav/..").path(), "/b/");
+        assert_eq!(b.object_url("a/./x").path(), "/b/a/x");
+        for k in ["trav/..", "a/./x", "..", ".", "a/../b", "x/."] {
+            assert!(check_key(k).is_err(), "{k}");
+        }
+        // Empty segments and dots inside names stay as they are.
+        for (k, path) in [
+            ("a//b", "/b/a//b"),
+            ("/x", "/b//x"),
+            ("a..b/.x/..y", "/b/a..b/.x/..y"),
+            ("p/%2E%2E", "/b/p/%252E%252E"),
+        ] {
+            assert!(check_key(k).is_ok(), "{k}");
+            assert_eq!(b.object_url(k).path(), path);
+        }
     }
 
     #[test]

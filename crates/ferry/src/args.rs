@@ -165,6 +165,10 @@ pub struct SyncArgs {
     /// S3 endpoint URL for s3:// paths (default: AWS_ENDPOINT_URL, or AWS).
     #[arg(long, value_name = "URL")]
     pub s3_endpoint: Option<String>,
+    /// Go ahead with an SRC that is missing or empty (an s3:// prefix
+    /// without objects is taken as an empty tree).
+    #[arg(long)]
+    pub force: bool,
 }
 
 impl SyncArgs {
@@ -229,67 +233,6 @@ pub fn is_s3(p: &Path) -> bool {
     p.to_str().is_some_and(|s| s.starts_with("s3://"))
 }
 
-/// Resolve a copy or sync where one side (or both) is `s3://`: trees only.
-pub fn resolve_remote(src: &Path, dst: &Path, endpoint: Option<&str>) -> Result<Job, String> {
-    let side = |p: &Path, what: &str| -> Result<Loc, String> {
-        if is_s3(p) {
-            let url = p.to_str().expect("checked UTF-8");
-            return Ok(Loc::S3(Box::new(ferry_s3::S3Config::from_url(
-                url, endpoint,
-            )?)));
-        }
-        let m = match stat_path(p, true) {
-            Ok(m) => Some(m),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-            Err(e) => return Err(format!("{what} {}: {}", p.display(), cause(&e))),
-        };
-        match (what, m) {
-            ("SRC", None) => Err(format!("SRC {}: No such file or directory", p.display())),
-            (_, Some(m)) if m.kind != Kind::Dir => Err(format!(
-                "{what} {}: not a directory (with s3:// only directory trees are supported)",
-                p.display()
-            )),
-            (_, Some(_)) => {
-                Ok(Loc::Local(p.canonicalize().map_err(|e| {
-                    format!("{what} {}: {}", p.display(), cause(&e))
-                })?))
-            }
-            (_, None) => {
-                let parent = match p.parent() {
-                    Some(q) if !q.as_os_str().is_empty() => q,
-                    _ => Path::new("."),
-                };
-                let abs = parent.canonicalize().map_err(|e| {
-                    format!(
-                        "DST {}: parent directory {}: {}",
-                        p.display(),
-                        parent.display(),
-                        cause(&e)
-                    )
-                })?;
-                Ok(Loc::Local(abs.join(p.file_name().ok_or_else(|| {
-                    format!("DST {}: not a valid target name", p.display())
-                })?)))
-            }
-        }
-    };
-    let (s, d) = (side(src, "SRC")?, side(dst, "DST")?);
-    if let (Loc::S3(a), Loc::S3(b)) = (&s, &d) {
-        let (pa, pb) = (
-            a.prefix.trim_end_matches('/'),
-            b.prefix.trim_end_matches('/'),
-        );
-        let inside = |x: &str, y: &str| y.is_empty() || x == y || x.starts_with(&format!("{y}/"));
-        if a.bucket == b.bucket && (inside(pa, pb) || inside(pb, pa)) {
-            return Err(format!(
-                "SRC s3://{}/{pa} and DST s3://{}/{pb} overlap",
-                a.bucket, b.bucket
-            ));
-        }
-    }
-    Ok(Job::Remote { src: s, dst: d })
-}
-
 /// One replica of a bisync, resolved, and the name the journal knows it by.
 pub fn resolve_replica(
     p: &Path,
@@ -348,8 +291,8 @@ pub fn check_pair(a: &(Loc, String), b: &(Loc, String)) -> Result<(), String> {
 /// What a copy or sync will do, once SRC and DST are understood.
 #[derive(Debug)]
 pub enum Job {
-    /// Trees where at least one side is remote.
-    Remote { src: Loc, dst: Loc },
+    /// At least one side is remote (see `remote::resolve`).
+    Remote(crate::remote::RemoteJob),
     /// Directory to directory.
     Tree { src: PathBuf, dst: PathBuf },
     /// One file to a file path.

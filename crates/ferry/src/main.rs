@@ -4,6 +4,7 @@
 
 mod args;
 mod output;
+mod remote;
 
 use std::ffi::CString;
 use std::io::{self, Write};
@@ -62,7 +63,12 @@ fn main() -> ExitCode {
 fn run_sync(a: SyncArgs, mode: ferry_engine::Mode) -> Result<u8, String> {
     let remote = args::is_s3(&a.src) || args::is_s3(&a.dst);
     let job = if remote {
-        args::resolve_remote(&a.src, &a.dst, a.s3_endpoint.as_deref())?
+        Job::Remote(remote::resolve(
+            &a.src,
+            &a.dst,
+            a.s3_endpoint.as_deref(),
+            a.force,
+        )?)
     } else {
         args::resolve(&a.src, &a.dst)?
     };
@@ -90,7 +96,7 @@ fn run_sync(a: SyncArgs, mode: ferry_engine::Mode) -> Result<u8, String> {
     let start = Instant::now();
     let progress = show_progress.then(|| Progress::start(stats.clone(), &rep));
     let result = match &job {
-        Job::Remote { src, dst } => run_remote(src, dst, jobs, &opts, &stats, &rep, a.verbose > 0),
+        Job::Remote(r) => run_remote(r, jobs, &opts, &stats, &rep, a.verbose > 0),
         Job::Tree { src, dst } => {
             let s = LocalStore::new(src, jobs);
             let d = LocalStore::new(dst, jobs);
@@ -117,13 +123,13 @@ fn run_sync(a: SyncArgs, mode: ferry_engine::Mode) -> Result<u8, String> {
     let summary = match result {
         Ok(s) => s,
         Err(e) => {
-            if let Job::Remote { .. } = &job {
+            if let Job::Remote(_) = &job {
                 return Err(cause(&e));
             }
             let (what, path) = match &job {
                 Job::Tree { dst, .. } => ("DST", dst.clone()),
                 Job::File { dst_dir, .. } => ("DST", dst_dir.clone()),
-                Job::Remote { .. } => unreachable!("handled above"),
+                Job::Remote(_) => unreachable!("handled above"),
             };
             return Err(format!("{what} {}: {}", path.display(), cause(&e)));
         }
@@ -158,12 +164,11 @@ fn note_s3(st: &S3Store, role: &str, verbose: bool) {
     );
 }
 
-/// Copy or sync with an S3 side: the same engine over other stores. With
-/// `verbose`, what the stores did beyond plain copies (resumed transfers,
-/// server-side copies) goes to stderr.
+/// Copy or sync with an S3 side: the same engine over other stores, for a
+/// tree or one file (`job.one`). With `verbose`, what the stores did beyond
+/// plain copies (resumed transfers, server-side copies) goes to stderr.
 fn run_remote(
-    src: &Loc,
-    dst: &Loc,
+    job: &remote::RemoteJob,
     jobs: usize,
     opts: &ferry_engine::Options,
     stats: &Stats,
@@ -186,26 +191,36 @@ fn run_remote(
             );
         }
     };
-    match (src, dst) {
-        (Loc::Local(s), Loc::Local(d)) => {
-            Engine::new(&local(s), &local(d), opts, stats, rep).run_tree()
+    fn go<S: ferry_engine::Store, D: ferry_engine::Store>(
+        e: Engine<'_, S, D>,
+        one: &Option<(CString, CString)>,
+    ) -> io::Result<ferry_engine::Summary> {
+        match one {
+            Some((sn, dn)) => e.run_file(sn, dn),
+            None => e.run_tree(),
         }
+    }
+    match (&job.src, &job.dst) {
+        (Loc::Local(s), Loc::Local(d)) => go(
+            Engine::new(&local(s), &local(d), opts, stats, rep),
+            &job.one,
+        ),
         (Loc::Local(s), Loc::S3(d)) => {
             let d = s3(d)?;
-            let r = Engine::new(&local(s), &d, opts, stats, rep).run_tree();
+            let r = go(Engine::new(&local(s), &d, opts, stats, rep), &job.one);
             note_s3(&d, "destination", verbose);
             r
         }
         (Loc::S3(s), Loc::Local(d)) => {
             let (s, d) = (s3(s)?, local(d));
-            let r = Engine::new(&s, &d, opts, stats, rep).run_tree();
+            let r = go(Engine::new(&s, &d, opts, stats, rep), &job.one);
             note_s3(&s, "source", verbose);
             note_local(&d);
             r
         }
         (Loc::S3(s), Loc::S3(d)) => {
             let (s, d) = (s3(s)?, s3(d)?);
-            let r = Engine::new(&s, &d, opts, stats, rep).run_tree();
+            let r = go(Engine::new(&s, &d, opts, stats, rep), &job.one);
             note_s3(&s, "source", verbose);
             note_s3(&d, "destination", verbose);
             r

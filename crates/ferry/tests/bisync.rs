@@ -1294,8 +1294,15 @@ type Op = (u8, u8, u64);
 
 /// `ferry sync SRC DST`, which must succeed: the S3 tests make changes "on B" in a local
 /// mirror of the bucket and sync them up.
+/// `--force`: the bucket side may be empty (no objects: a prefix that does not exist).
 fn sync(src: impl AsRef<OsStr>, dst: impl AsRef<OsStr>) {
-    ferry([OsStr::new("sync"), src.as_ref(), dst.as_ref()]).ok();
+    ferry([
+        OsStr::new("sync"),
+        OsStr::new("--force"),
+        src.as_ref(),
+        dst.as_ref(),
+    ])
+    .ok();
 }
 
 /// Apply each round's edits, run, check the rules and that the replicas are equal.

@@ -310,6 +310,15 @@ fn transfer(
     for f in flags {
         args.push(f);
     }
+    // A generated tree without files leaves no object: its prefix does not exist, and
+    // a SRC prefix that does not exist is refused unless --force (s3_semantics.rs).
+    if src
+        .as_ref()
+        .to_str()
+        .is_some_and(|s| s.starts_with("s3://"))
+    {
+        args.push(&"--force");
+    }
     args.push(src);
     args.push(dst);
     let r = run(&args);
