@@ -146,19 +146,21 @@ impl Reporter for CliReporter {
     }
 
     fn skip(&self, path: &[u8], why: &str) {
-        let p = String::from_utf8_lossy(if path.is_empty() { b"." } else { path }).into_owned();
-        self.with_bar_suspended(|| eprintln!("ferry: skipped {p} ({why})"));
+        let path: &[u8] = if path.is_empty() { b"." } else { path };
+        let p = text_name_string(path);
+        let why_text = text_name_string(why.as_bytes());
+        self.with_bar_suspended(|| eprintln!("ferry: skipped {p} ({why_text})"));
         if self.json {
             let mut line = Vec::with_capacity(64 + path.len() + why.len());
-            line.extend_from_slice(b"{\"type\":\"skip\",\"path\":");
-            json_str(&mut line, if path.is_empty() { b"." } else { path });
+            line.extend_from_slice(b"{\"type\":\"skip\",");
+            json_name(&mut line, "path", path);
             line.extend_from_slice(b",\"size\":0,\"reason\":");
-            json_str(&mut line, why.as_bytes());
+            json_string(&mut line, why);
             line.extend_from_slice(b"}\n");
             let _ = self.out.lock().unwrap().write_all(&line);
         } else if self.lines {
             let mut line = b"skip ".to_vec();
-            line.extend_from_slice(if path.is_empty() { b"." } else { path });
+            text_name(&mut line, path);
             line.push(b'\n');
             self.with_bar_suspended(|| {
                 let _ = self.out.lock().unwrap().write_all(&line);
