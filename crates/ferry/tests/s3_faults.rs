@@ -186,3 +186,175 @@ fn when_retries_run_out_the_failed_keys_are_listed_and_the_rest_is_done() {
     assert!(stored.contains_key("p/ok1.txt") && stored.contains_key("p/d/ok2.txt"));
     assert!(!stored.contains_key("p/bad1.txt"));
 }
+
+/// How a server that answers the start of a run (the bucket HEAD, the listing) fails after:
+/// `Gone`: every later request's connection is closed unanswered and new connections are
+/// refused (the server went away); `Frozen`: connections are accepted and requests read,
+/// never answered.
+#[derive(Clone, Copy, PartialEq)]
+enum After {
+    Gone,
+    Frozen,
+}
+
+/// A fake S3 endpoint that answers the bucket HEAD and LIST, then fails as `after` says.
+fn start_failing(after: After) -> String {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = format!("http://{}", l.local_addr().unwrap());
+    l.set_nonblocking(true).unwrap();
+    let down = Arc::new(AtomicBool::new(false));
+    std::thread::spawn(move || loop {
+        if down.load(Ordering::Relaxed) {
+            return; // the listener goes: connections are refused from now on
+        }
+        match l.accept() {
+            Ok((conn, _)) => {
+                conn.set_nonblocking(false).unwrap();
+                let down = down.clone();
+                std::thread::spawn(move || {
+                    let mut r = BufReader::new(conn.try_clone().unwrap());
+                    let mut w = conn;
+                    loop {
+                        let mut line = String::new();
+                        if r.read_line(&mut line).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        let mut len = 0usize;
+                        loop {
+                            let mut h = String::new();
+                            if r.read_line(&mut h).unwrap_or(0) == 0 {
+                                return;
+                            }
+                            if h == "\r\n" {
+                                break;
+                            }
+                            if let Some((k, v)) = h.split_once(':') {
+                                if k.eq_ignore_ascii_case("content-length") {
+                                    len = v.trim().parse().unwrap_or(0);
+                                }
+                            }
+                        }
+                        let mut body = vec![0u8; len];
+                        if r.read_exact(&mut body).is_err() {
+                            return;
+                        }
+                        let bucket_level = line
+                            .split_whitespace()
+                            .nth(1)
+                            .and_then(|t| t.split('?').next())
+                            .is_some_and(|p| p.trim_matches('/').split('/').count() == 1);
+                        if bucket_level && (line.starts_with("HEAD") || line.starts_with("GET")) {
+                            let list = "<ListBucketResult><IsTruncated>false</IsTruncated></ListBucketResult>";
+                            let b = if line.starts_with("GET") { list } else { "" };
+                            let _ = write!(
+                                w,
+                                "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{b}",
+                                b.len()
+                            );
+                            continue;
+                        }
+                        match after {
+                            After::Gone => {
+                                down.store(true, Ordering::Relaxed);
+                                return; // closed unanswered
+                            }
+                            After::Frozen => loop {
+                                std::thread::sleep(std::time::Duration::from_secs(3600));
+                            },
+                        }
+                    }
+                });
+            }
+            Err(_) => std::thread::sleep(std::time::Duration::from_millis(20)),
+        }
+    });
+    addr
+}
+
+/// ferry against `endpoint` with fake credentials, ended within a generous bound (a hang
+/// guard: without the rules tested here these runs take many minutes).
+fn bounded_run(endpoint: &str, args: &[&str]) -> Run {
+    let mut c = std::process::Command::new(bin());
+    c.args(args)
+        .args(["--s3-endpoint", endpoint])
+        .env("AWS_ACCESS_KEY_ID", "GKtest")
+        .env("AWS_SECRET_ACCESS_KEY", "secret")
+        .env("AWS_REGION", "garage")
+        .stdin(std::process::Stdio::null());
+    util::s3::run_within(c, std::time::Duration::from_secs(120))
+}
+
+/// Lines on stderr that are not the summary.
+fn message_lines(r: &Run) -> Vec<String> {
+    r.err()
+        .lines()
+        .filter(|l| !l.starts_with("ferry summary:"))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn a_server_gone_mid_run_ends_it_with_one_unreachable_line() {
+    let ep = start_failing(After::Gone);
+    let t = tmpdir();
+    let src = t.path().join("src");
+    for i in 0..300 {
+        write(&src, format!("d{}/f{i:03}", i % 4), b"data");
+    }
+    let r = bounded_run(&ep, &["copy", src.to_str().unwrap(), "s3://b/p"]);
+    assert_eq!(r.code, Some(1), "{r}");
+    let lines = message_lines(&r);
+    let unreachable: Vec<&String> = lines.iter().filter(|l| l.contains("unreachable")).collect();
+    assert_eq!(unreachable.len(), 1, "one line says so: {r}");
+    let line = unreachable[0];
+    assert!(line.starts_with("ferry: s3://b"), "{line}");
+    assert!(line.contains(&ep), "names the endpoint: {line}");
+    assert!(line.contains("left undone"), "{line}");
+    // Not a line per file: at most a few before the endpoint was declared unreachable.
+    assert!(lines.len() <= 5, "{} message lines: {r}", lines.len());
+    // The count covers the files not done (all of them here: none got through).
+    let n: u64 = line
+        .rsplit("stopped, ")
+        .next()
+        .and_then(|s| s.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count in {line}"));
+    assert!(n >= 290, "{line}");
+}
+
+#[test]
+fn a_frozen_server_times_out_and_the_stall_is_shown() {
+    let ep = start_failing(After::Frozen);
+    let t = tmpdir();
+    let src = t.path().join("src");
+    for i in 0..40 {
+        write(&src, format!("f{i:02}"), b"data");
+    }
+    let r = bounded_run(
+        &ep,
+        &["copy", "--timeout", "1", src.to_str().unwrap(), "s3://b/p"],
+    );
+    assert_eq!(r.code, Some(1), "{r}");
+    let err = r.err();
+    assert!(
+        err.contains(&format!("ferry: s3 {ep}: no answer for 1 s (retrying)")),
+        "the stall is shown as it happens: {r}"
+    );
+    let lines = message_lines(&r);
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains(&ep) && l.contains("no answer") && l.contains("unreachable")),
+        "{r}"
+    );
+    assert!(lines.len() <= 5, "{} message lines: {r}", lines.len());
+}
+
+#[test]
+fn timeout_must_be_a_positive_number_of_seconds() {
+    for bad in ["0", "-1", "x", "1s"] {
+        let r = ferry(["ls", "--timeout", bad, "/tmp"]);
+        assert_eq!(r.code, Some(2), "--timeout {bad}: {r}");
+    }
+}
