@@ -78,6 +78,8 @@ struct Conn {
     counters: Counters,
     /// The endpoint as the user gave it (for messages).
     endpoint: String,
+    /// `s3://bucket/prefix` of the store's root (for messages).
+    root_url: String,
     /// No-progress timeout of a request (`--timeout`).
     timeout: Duration,
     /// Whether the endpoint answers (the unreachable rule).
@@ -214,6 +216,9 @@ impl S3Store {
                 direct,
                 counters: Counters::default(),
                 endpoint: cfg.endpoint.as_str().trim_end_matches('/').to_string(),
+                root_url: format!("s3://{}/{}", cfg.bucket, root)
+                    .trim_end_matches('/')
+                    .to_string(),
                 timeout,
                 health: Health::default(),
             }),
@@ -262,14 +267,22 @@ impl Conn {
         }
     }
 
+    /// The cause in a message about the endpoint, without the endpoint:
+    /// `connection refused`, `no answer for 30 s`.
+    fn short_cause(&self, msg: &str) -> String {
+        msg.rsplit(": ")
+            .next()
+            .unwrap_or(msg)
+            .replace(&format!(" from {}", self.endpoint), "")
+    }
+
     /// The error of every request once the endpoint is unreachable.
     fn unreachable(&self, why: &str) -> io::Error {
         io::Error::new(
             io::ErrorKind::NotConnected,
             Unreachable(format!(
                 "{}: endpoint {} unreachable: {why}",
-                self.url_of(""),
-                self.endpoint
+                self.root_url, self.endpoint
             )),
         )
     }
@@ -367,10 +380,9 @@ impl Conn {
             };
             if attempt >= ATTEMPTS {
                 if reach == Reach::Failed {
-                    let msg = retry.to_string();
-                    let why = msg.rsplit(": ").next().unwrap_or(&msg);
-                    if self.health.gave_up(why) {
-                        return Err(self.unreachable(self.health.gone().unwrap_or(why)));
+                    let why = self.short_cause(&retry.to_string());
+                    if self.health.gave_up(&why) {
+                        return Err(self.unreachable(self.health.gone().unwrap_or(&why)));
                     }
                 }
                 return Err(retry);
@@ -1726,11 +1738,11 @@ impl RangedSource for S3Reader {
                             continue;
                         }
                         if reach == Reach::Failed {
-                            let why = msg.rsplit(": ").next().unwrap_or(&msg);
-                            if self.c.health.gave_up(why) {
+                            let why = self.c.short_cause(&msg);
+                            if self.c.health.gave_up(&why) {
                                 return Err(self
                                     .c
-                                    .unreachable(self.c.health.gone().unwrap_or(why)));
+                                    .unreachable(self.c.health.gone().unwrap_or(&why)));
                             }
                         }
                         let url = self.c.url_of(&self.key);

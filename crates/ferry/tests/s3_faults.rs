@@ -245,7 +245,7 @@ fn start_failing(after: After) -> String {
                             .and_then(|t| t.split('?').next())
                             .is_some_and(|p| p.trim_matches('/').split('/').count() == 1);
                         if bucket_level && (line.starts_with("HEAD") || line.starts_with("GET")) {
-                            let list = "<ListBucketResult><IsTruncated>false</IsTruncated></ListBucketResult>";
+                            let list = "<?xml version=\"1.0\" encoding=\"UTF-8\"?><ListBucketResult xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\"><IsTruncated>false</IsTruncated></ListBucketResult>";
                             let b = if line.starts_with("GET") { list } else { "" };
                             let _ = write!(
                                 w,
@@ -308,7 +308,10 @@ fn a_server_gone_mid_run_ends_it_with_one_unreachable_line() {
     let unreachable: Vec<&String> = lines.iter().filter(|l| l.contains("unreachable")).collect();
     assert_eq!(unreachable.len(), 1, "one line says so: {r}");
     let line = unreachable[0];
-    assert!(line.starts_with("ferry: s3://b"), "{line}");
+    assert!(
+        line.starts_with("ferry: s3://b/p: "),
+        "names the path: {line}"
+    );
     assert!(line.contains(&ep), "names the endpoint: {line}");
     assert!(line.contains("left undone"), "{line}");
     // Not a line per file: at most a few before the endpoint was declared unreachable.
