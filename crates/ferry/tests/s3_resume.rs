@@ -245,7 +245,13 @@ fn checksum_compares_multipart_etags_without_downloading_on(s3: &S3) {
 
 #[test]
 fn cleanup_aborts_only_old_enough_uploads() {
-    each_server(cleanup_aborts_only_old_enough_uploads_on);
+    // Not on moto's server: it reports one fixed start time (2010-11-10) for every upload,
+    // so an upload's age cannot be told there.
+    each_server(|s3| {
+        if s3.name != "moto" {
+            cleanup_aborts_only_old_enough_uploads_on(s3)
+        }
+    });
 }
 
 fn cleanup_aborts_only_old_enough_uploads_on(s3: &S3) {
