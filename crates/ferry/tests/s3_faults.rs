@@ -355,9 +355,14 @@ fn a_frozen_server_times_out_and_the_stall_is_shown() {
 }
 
 #[test]
-fn timeout_must_be_a_positive_number_of_seconds() {
+fn timeout_is_a_positive_number_of_seconds() {
     for bad in ["0", "-1", "x", "1s"] {
         let r = ferry(["ls", "--timeout", bad, "/tmp"]);
         assert_eq!(r.code, Some(2), "--timeout {bad}: {r}");
+    }
+    let t = tmpdir();
+    for good in ["2.5", "30"] {
+        let r = ferry(["ls", "--timeout", good, t.path().to_str().unwrap()]);
+        assert_eq!(r.code, Some(0), "--timeout {good}: {r}");
     }
 }
