@@ -293,7 +293,7 @@ fn rclone_reads_what_ferry_wrote_and_ferry_reads_what_rclone_wrote_on(s3: &S3) {
     let url = s3.url("interop-ferry");
     s3.run(&[&"sync", &src, &url]).ok();
     let down = t.path().join("rclone-down");
-    rclone(&s3, &["copy", &rclone_path(&url), down.to_str().unwrap()]);
+    rclone(s3, &["copy", &rclone_path(&url), down.to_str().unwrap()]);
     for rel in ["a.txt", "d1/b.bin", "big.bin", "d1/d2/sp ace+plus%.txt"] {
         assert_eq!(
             std::fs::read(src.join(rel)).unwrap(),
@@ -308,7 +308,7 @@ fn rclone_reads_what_ferry_wrote_and_ferry_reads_what_rclone_wrote_on(s3: &S3) {
     }
     // rclone agrees nothing differs (size and mtime).
     rclone(
-        &s3,
+        s3,
         &[
             "check",
             "--size-only",
@@ -318,7 +318,7 @@ fn rclone_reads_what_ferry_wrote_and_ferry_reads_what_rclone_wrote_on(s3: &S3) {
     );
     // And by content: the multipart object's MD5 is in X-Amz-Meta-Md5chksum, so rclone
     // checks every file's hash (none "could not be checked").
-    let out = rclone(&s3, &["check", src.to_str().unwrap(), &rclone_path(&url)]);
+    let out = rclone(s3, &["check", src.to_str().unwrap(), &rclone_path(&url)]);
     let said = String::from_utf8_lossy(&out.stderr).to_string();
     assert!(
         !said.contains("could not be checked") && said.contains("7 matching files"),
@@ -327,7 +327,7 @@ fn rclone_reads_what_ferry_wrote_and_ferry_reads_what_rclone_wrote_on(s3: &S3) {
 
     // rclone up, ferry down: mtimes intact, nothing re-copied on the second run.
     let url2 = s3.url("interop-rclone");
-    rclone(&s3, &["copy", src.to_str().unwrap(), &rclone_path(&url2)]);
+    rclone(s3, &["copy", src.to_str().unwrap(), &rclone_path(&url2)]);
     let mine = t.path().join("ferry-down");
     s3.run(&[&"sync", &url2, &mine]).ok();
     for rel in [
@@ -479,7 +479,7 @@ fn aws_cli_reads_what_ferry_wrote_on(s3: &S3) {
             )
         })
         .collect();
-    let ls = aws(&s3, &["s3", "ls", "--recursive", &format!("{url}/")]);
+    let ls = aws(s3, &["s3", "ls", "--recursive", &format!("{url}/")]);
     // `2026-11-23 00:33:01      12345 prefix/key`
     let mut got: Vec<(String, u64)> = String::from_utf8(ls.stdout)
         .unwrap()
@@ -496,7 +496,7 @@ fn aws_cli_reads_what_ferry_wrote_on(s3: &S3) {
 
     let down = t.path().join("aws-down");
     aws(
-        &s3,
+        s3,
         &[
             "s3",
             "cp",
@@ -528,7 +528,7 @@ fn aws_cli_reads_what_ferry_wrote_on(s3: &S3) {
         ("d1/b.bin", "100755"),
     ] {
         let head = aws(
-            &s3,
+            s3,
             &[
                 "s3api",
                 "head-object",
@@ -587,7 +587,7 @@ fn ferry_reads_what_aws_cli_wrote_on(s3: &S3) {
     let url = s3.url("awscli-up");
     let (bucket, prefix) = split_url(&url);
     aws(
-        &s3,
+        s3,
         &[
             "s3",
             "cp",
@@ -600,7 +600,7 @@ fn ferry_reads_what_aws_cli_wrote_on(s3: &S3) {
     // One object with rclone-style metadata set by the uploader.
     let meta_file = write(t.path(), "with-meta", b"metadata from the AWS CLI");
     aws(
-        &s3,
+        s3,
         &[
             "s3",
             "cp",
@@ -618,7 +618,7 @@ fn ferry_reads_what_aws_cli_wrote_on(s3: &S3) {
     assert_eq!(summary(&r).errors, 0, "{r}");
 
     let listing = aws(
-        &s3,
+        s3,
         &[
             "s3api",
             "list-objects-v2",

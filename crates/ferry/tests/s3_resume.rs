@@ -69,13 +69,13 @@ fn killed_upload_resumes_its_multipart_upload_on(s3: &S3) {
     // Paced at 8 MiB/s: 6 s in all; killed after 3 s, a few parts are up.
     let child = s3.spawn(["copy", "--bwlimit", "8M", src.to_str().unwrap(), &url]);
     kill_when(child, Duration::from_secs(3), || false);
-    let pending = s3.ferry(&["cleanup", "-n", "--max-age", "0", &url]);
+    let pending = s3.ferry(["cleanup", "-n", "--max-age", "0", &url]);
     assert_eq!(pending.code, Some(0), "{pending}");
     assert!(
         String::from_utf8_lossy(&pending.stdout).contains("big.bin"),
         "the killed run left its upload: {pending}"
     );
-    let r = s3.ferry(&["copy", "-v", src.to_str().unwrap(), &url]);
+    let r = s3.ferry(["copy", "-v", src.to_str().unwrap(), &url]);
     assert_eq!(r.code, Some(0), "{r}");
     let reused = count(&r, "parts reused from 1 resumed upload(s)");
     let sent = count(&r, "parts sent");
@@ -83,7 +83,7 @@ fn killed_upload_resumes_its_multipart_upload_on(s3: &S3) {
     assert_eq!(reused + sent, 6, "{r}");
     // What is on the server is the file, with its mtime.
     let down = w.path().join("down");
-    let r = s3.ferry(&["copy", &url, down.to_str().unwrap()]);
+    let r = s3.ferry(["copy", &url, down.to_str().unwrap()]);
     assert_eq!(r.code, Some(0), "{r}");
     assert_eq!(
         std::fs::read(down.join("big.bin")).unwrap(),
@@ -94,7 +94,7 @@ fn killed_upload_resumes_its_multipart_upload_on(s3: &S3) {
         get_mtime(&src.join("big.bin"))
     );
     // Nothing is left pending.
-    let pending = s3.ferry(&["cleanup", "-n", "--max-age", "0", &url]);
+    let pending = s3.ferry(["cleanup", "-n", "--max-age", "0", &url]);
     assert!(
         !String::from_utf8_lossy(&pending.stdout).contains("big.bin"),
         "{pending}"
@@ -118,14 +118,14 @@ fn resumed_upload_of_a_changed_file_resends_changed_parts_only_on(s3: &S3) {
     data[100] ^= 0xff;
     std::fs::write(&p, &data).unwrap();
     set_mtime(&p, (1_700_000_000, 5));
-    let r = s3.ferry(&["copy", "-v", src.to_str().unwrap(), &url]);
+    let r = s3.ferry(["copy", "-v", src.to_str().unwrap(), &url]);
     assert_eq!(r.code, Some(0), "{r}");
     let reused = count(&r, "parts reused from 1 resumed upload(s)");
     let sent = count(&r, "parts sent");
     assert!(sent >= 1, "the changed first part is sent again: {r}");
     assert_eq!(reused + sent, 5, "{r}");
     let down = w.path().join("down");
-    let r = s3.ferry(&["copy", &url, down.to_str().unwrap()]);
+    let r = s3.ferry(["copy", &url, down.to_str().unwrap()]);
     assert_eq!(r.code, Some(0), "{r}");
     assert_eq!(std::fs::read(down.join("f.bin")).unwrap(), data);
     assert_eq!(get_mtime(&down.join("f.bin")), (1_700_000_000, 5));
@@ -141,7 +141,7 @@ fn killed_download_resumes_from_its_partial_file_on(s3: &S3) {
     let src = w.path().join("src");
     big_file(&src, "big.bin", 96 << 20, 11);
     let url = s3.url("resume-down");
-    let r = s3.ferry(&["copy", src.to_str().unwrap(), &url]);
+    let r = s3.ferry(["copy", src.to_str().unwrap(), &url]);
     assert_eq!(r.code, Some(0), "{r}");
     let down = w.path().join("down");
     // 24 MiB/s: 4 s in all; the received ranges are recorded every second.
@@ -150,7 +150,7 @@ fn killed_download_resumes_from_its_partial_file_on(s3: &S3) {
     let partials = find_prefixed(&down, b".ferry-tmp.part.");
     assert_eq!(partials.len(), 1, "one partial download kept: {partials:?}");
     assert!(!down.join("big.bin").exists());
-    let r = s3.ferry(&["copy", "-v", &url, down.to_str().unwrap()]);
+    let r = s3.ferry(["copy", "-v", &url, down.to_str().unwrap()]);
     assert_eq!(r.code, Some(0), "{r}");
     let reused = count_in(&r, "", "bytes of interrupted downloads reused");
     assert!(reused >= 16 << 20, "{reused} bytes reused: {r}");
@@ -174,7 +174,7 @@ fn killed_download_resumes_from_its_partial_file_on(s3: &S3) {
     );
     assert!(find_prefixed(&down, b".ferry-tmp.").is_empty());
     // A second run changes nothing.
-    let r = s3.ferry(&["copy", "--json", &url, down.to_str().unwrap()]);
+    let r = s3.ferry(["copy", "--json", &url, down.to_str().unwrap()]);
     assert_eq!(summary(&r).files_copied, 0, "{r}");
 }
 
@@ -190,16 +190,13 @@ fn s3_to_s3_copies_big_objects_on_the_server_on(s3: &S3) {
     write(&src, "small.txt", b"small");
     let a = s3.url("ssc-a");
     let b = s3.url("ssc-b");
-    assert_eq!(s3.ferry(&["copy", src.to_str().unwrap(), &a]).code, Some(0));
-    let r = s3.ferry(&["copy", "-v", &a, &b]);
+    assert_eq!(s3.ferry(["copy", src.to_str().unwrap(), &a]).code, Some(0));
+    let r = s3.ferry(["copy", "-v", &a, &b]);
     assert_eq!(r.code, Some(0), "{r}");
     assert_eq!(count(&r, "server-side copies"), 2, "{r}");
     assert_eq!(count(&r, "parts sent"), 0, "{r}");
     let down = w.path().join("down");
-    assert_eq!(
-        s3.ferry(&["copy", &b, down.to_str().unwrap()]).code,
-        Some(0)
-    );
+    assert_eq!(s3.ferry(["copy", &b, down.to_str().unwrap()]).code, Some(0));
     for f in ["big.bin", "small.txt"] {
         assert_eq!(
             std::fs::read(down.join(f)).unwrap(),
@@ -220,26 +217,26 @@ fn checksum_compares_multipart_etags_without_downloading_on(s3: &S3) {
     let p = big_file(&src, "big.bin", (17 << 20) + 3, 9);
     let url = s3.url("etag");
     assert_eq!(
-        s3.ferry(&["copy", src.to_str().unwrap(), &url]).code,
+        s3.ferry(["copy", src.to_str().unwrap(), &url]).code,
         Some(0)
     );
-    let r = s3.ferry(&["copy", "-c", "--json", src.to_str().unwrap(), &url]);
+    let r = s3.ferry(["copy", "-c", "--json", src.to_str().unwrap(), &url]);
     assert_eq!(summary(&r).files_copied, 0, "{r}");
     // Same size and mtime, one byte different: only --checksum sees it.
     let mut data = std::fs::read(&p).unwrap();
     data[(9 << 20) + 1] ^= 1;
     rewrite_keep_meta(&p, &data);
-    let r = s3.ferry(&["copy", "--json", src.to_str().unwrap(), &url]);
+    let r = s3.ferry(["copy", "--json", src.to_str().unwrap(), &url]);
     assert_eq!(summary(&r).files_copied, 0, "{r}");
-    let r = s3.ferry(&["copy", "-c", "--json", src.to_str().unwrap(), &url]);
+    let r = s3.ferry(["copy", "-c", "--json", src.to_str().unwrap(), &url]);
     assert_eq!(summary(&r).files_copied, 1, "{r}");
     // And the other way: S3 → local with --checksum.
     let down = w.path().join("down");
     assert_eq!(
-        s3.ferry(&["copy", &url, down.to_str().unwrap()]).code,
+        s3.ferry(["copy", &url, down.to_str().unwrap()]).code,
         Some(0)
     );
-    let r = s3.ferry(&["copy", "-c", "--json", &url, down.to_str().unwrap()]);
+    let r = s3.ferry(["copy", "-c", "--json", &url, down.to_str().unwrap()]);
     assert_eq!(summary(&r).files_copied, 0, "{r}");
 }
 
@@ -261,24 +258,24 @@ fn cleanup_aborts_only_old_enough_uploads_on(s3: &S3) {
     let url = s3.url("cleanup");
     let child = s3.spawn(["copy", "--bwlimit", "8M", src.to_str().unwrap(), &url]);
     kill_when(child, Duration::from_secs(2), || false);
-    let r = s3.ferry(&["cleanup", &url]);
+    let r = s3.ferry(["cleanup", &url]);
     assert_eq!(r.code, Some(0), "{r}");
     assert!(
         !String::from_utf8_lossy(&r.stdout).contains("left.bin"),
         "younger than 24h: kept: {r}"
     );
-    let r = s3.ferry(&["cleanup", "--max-age", "0", &url]);
+    let r = s3.ferry(["cleanup", "--max-age", "0", &url]);
     assert_eq!(r.code, Some(0), "{r}");
     assert!(
         String::from_utf8_lossy(&r.stdout).contains("aborted: "),
         "{r}"
     );
-    let r = s3.ferry(&["cleanup", "-n", "--max-age", "0", &url]);
+    let r = s3.ferry(["cleanup", "-n", "--max-age", "0", &url]);
     assert!(
         !String::from_utf8_lossy(&r.stdout).contains("left.bin"),
         "{r}"
     );
-    let r = s3.ferry(&["cleanup", "/tmp"]);
+    let r = s3.ferry(["cleanup", "/tmp"]);
     assert_eq!(r.code, Some(2), "{r}");
 }
 
@@ -299,7 +296,7 @@ fn objects_are_headed_only_when_compared_on(s3: &S3) {
     }
     stamp_tree(&src, 1_600_000_000);
     let url = s3.url("heads");
-    let r = s3.ferry(&["copy", "-v", src.to_str().unwrap(), &url]);
+    let r = s3.ferry(["copy", "-v", src.to_str().unwrap(), &url]);
     assert_eq!(
         count(&r, "HEAD requests"),
         0,
@@ -307,19 +304,19 @@ fn objects_are_headed_only_when_compared_on(s3: &S3) {
     );
     let down = w.path().join("down");
     // First download: one GET per object, no HEAD; mtimes come from the GETs.
-    let r = s3.ferry(&["copy", "-v", &url, down.to_str().unwrap()]);
+    let r = s3.ferry(["copy", "-v", &url, down.to_str().unwrap()]);
     assert_eq!(r.code, Some(0), "{r}");
     assert_eq!(count_in(&r, "s3 source", "HEAD requests"), 0, "{r}");
     for p in walk(&src).into_iter().filter(|p| src.join(p).is_file()) {
         assert_eq!(get_mtime(&down.join(&p)), get_mtime(&src.join(&p)), "{p:?}");
     }
     // No-op re-sync: each object is compared, so HEADed once; nothing copied.
-    let r = s3.ferry(&["sync", "-v", "--json", &url, down.to_str().unwrap()]);
+    let r = s3.ferry(["sync", "-v", "--json", &url, down.to_str().unwrap()]);
     assert_eq!(summary(&r).files_copied, 0, "{r}");
     assert_eq!(count_in(&r, "s3 source", "HEAD requests"), 20, "{r}");
     // A size change needs no HEAD to be seen.
     write(&src, "d0/f0.txt", b"a longer content than before");
-    let r = s3.ferry(&["copy", "-v", src.to_str().unwrap(), &url]);
+    let r = s3.ferry(["copy", "-v", src.to_str().unwrap(), &url]);
     assert_eq!(r.code, Some(0), "{r}");
     assert_eq!(count(&r, "HEAD requests"), 19, "{r}");
 }
@@ -406,10 +403,10 @@ fn server_gone_mid_multipart_upload_ends_the_run() {
         let r = util::s3::run_within(c, Duration::from_secs(120));
         assert_eq!(r.code, Some(1), "{r}");
         assert!(r.err().contains(&proxy), "the endpoint is named: {r}");
-        let r = s3.ferry(&["copy", src.to_str().unwrap(), &url]);
+        let r = s3.ferry(["copy", src.to_str().unwrap(), &url]);
         assert_eq!(r.code, Some(0), "{r}");
         let down = w.path().join("down");
-        let r = s3.ferry(&["copy", &url, down.to_str().unwrap()]);
+        let r = s3.ferry(["copy", &url, down.to_str().unwrap()]);
         assert_eq!(r.code, Some(0), "{r}");
         assert!(
             std::fs::read(down.join("big.bin")).unwrap()
