@@ -366,3 +366,126 @@ fn timeout_is_a_positive_number_of_seconds() {
         assert_eq!(r.code, Some(0), "--timeout {good}: {r}");
     }
 }
+
+/// A fake S3 endpoint for one multipart upload: it lists an earlier, interrupted upload
+/// (`old-upload`) of every key asked about, answers ListParts of it with `parts_answer`, and
+/// takes a new upload. Returns the endpoint and the requests seen (`METHOD target`).
+fn start_multipart(parts_answer: &'static str) -> (String, Arc<Mutex<Vec<String>>>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = format!("http://{}", l.local_addr().unwrap());
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let log = seen.clone();
+    std::thread::spawn(move || {
+        for conn in l.incoming() {
+            let Ok(conn) = conn else { continue };
+            let log = log.clone();
+            std::thread::spawn(move || {
+                let mut r = BufReader::new(conn.try_clone().unwrap());
+                let mut w = conn;
+                loop {
+                    let mut line = String::new();
+                    if r.read_line(&mut line).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    let mut len = 0usize;
+                    let mut copy = false;
+                    loop {
+                        let mut h = String::new();
+                        if r.read_line(&mut h).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        if h == "\r\n" {
+                            break;
+                        }
+                        if let Some((k, v)) = h.split_once(':') {
+                            if k.eq_ignore_ascii_case("content-length") {
+                                len = v.trim().parse().unwrap_or(0);
+                            }
+                            copy |= k.eq_ignore_ascii_case("x-amz-copy-source");
+                        }
+                    }
+                    let mut body = vec![0u8; len];
+                    if r.read_exact(&mut body).is_err() {
+                        return;
+                    }
+                    let mut it = line.split_whitespace();
+                    let (m, target) = (it.next().unwrap_or(""), it.next().unwrap_or(""));
+                    log.lock().unwrap().push(format!("{m} {target}"));
+                    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+                    let key = path
+                        .trim_start_matches('/')
+                        .split_once('/')
+                        .map(|x| x.1)
+                        .filter(|k| !k.is_empty());
+                    let ns = "xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\"";
+                    let q = |k: &str| {
+                        query
+                            .split('&')
+                            .any(|p| p == k || p.starts_with(&format!("{k}=")))
+                    };
+                    let answer: String = match (m, key) {
+                        ("GET", None) if q("uploads") => {
+                            let prefix = query
+                                .split('&')
+                                .find_map(|p| p.strip_prefix("prefix="))
+                                .unwrap_or("")
+                                .replace("%2F", "/");
+                            format!("<ListMultipartUploadsResult {ns}><IsTruncated>false</IsTruncated><Upload><Key>{prefix}</Key><UploadId>old-upload</UploadId><Initiated>2026-01-01T00:00:00.000Z</Initiated></Upload></ListMultipartUploadsResult>")
+                        }
+                        ("GET", None) => format!("<?xml version=\"1.0\" encoding=\"UTF-8\"?><ListBucketResult {ns}><IsTruncated>false</IsTruncated></ListBucketResult>"),
+                        ("GET", Some(_)) if q("uploadId") => parts_answer.to_string(),
+                        ("POST", Some(k)) if q("uploads") => format!("<?xml version=\"1.0\" encoding=\"UTF-8\"?><InitiateMultipartUploadResult {ns}><Bucket>b</Bucket><Key>{k}</Key><UploadId>new-upload</UploadId></InitiateMultipartUploadResult>"),
+                        ("POST", Some(k)) => format!("<CompleteMultipartUploadResult {ns}><Key>{k}</Key><ETag>\"x-2\"</ETag></CompleteMultipartUploadResult>"),
+                        ("PUT", Some(_)) if copy => "<CopyObjectResult><ETag>\"x\"</ETag></CopyObjectResult>".to_string(),
+                        _ => String::new(),
+                    };
+                    let _ = write!(
+                        w,
+                        "HTTP/1.1 {} OK\r\ncontent-length: {}\r\netag: \"0123456789abcdef0123456789abcdef\"\r\n\r\n{answer}",
+                        if m == "DELETE" { 204 } else { 200 },
+                        answer.len()
+                    );
+                }
+            });
+        }
+    });
+    (addr, seen)
+}
+
+/// An interrupted upload that cannot be resumed (its parts cannot be read, whatever the
+/// reason) does not fail the file: it is aborted and the file uploaded afresh.
+#[test]
+fn an_upload_that_cannot_be_resumed_is_started_afresh() {
+    for answer in [
+        "<ListPartsResult><Part><PartNumber>one</PartNumber></Part></ListPartsResult>",
+        "<Part><PartNumber>1</PartNumber><ETag>\"e\"</ETag></Part>",
+    ] {
+        let (ep, seen) = start_multipart(answer);
+        let t = tmpdir();
+        let src = t.path().join("src");
+        write(&src, "big.bin", &gen_bytes((9 << 20) + 7, 4));
+        let r = env_run(&ep, &["copy", "-v", src.to_str().unwrap(), "s3://b/p"]);
+        assert_eq!(r.code, Some(0), "{r}");
+        let seen = seen.lock().unwrap();
+        assert!(
+            seen.iter().any(
+                |l| l.starts_with("DELETE /b/p/big.bin?") && l.contains("&uploadId=old-upload")
+            ),
+            "the old upload is aborted: {seen:?}"
+        );
+        let parts: Vec<&String> = seen
+            .iter()
+            .filter(|l| l.starts_with("PUT /b/p/big.bin?") && l.contains("uploadId=new-upload"))
+            .collect();
+        assert_eq!(
+            parts.len(),
+            2,
+            "both parts sent to the new upload: {seen:?}"
+        );
+        assert!(
+            seen.iter()
+                .any(|l| l.starts_with("POST /b/p/big.bin?") && l.contains("&uploadId=new-upload")),
+            "the new upload is completed: {seen:?}"
+        );
+    }
+}
