@@ -163,16 +163,10 @@ pub fn json_name(out: &mut Vec<u8>, key: &str, name: &[u8]) {
 
 /// Append `data` in base64 (RFC 4648 standard alphabet, with padding).
 pub fn base64(out: &mut Vec<u8>, data: &[u8]) {
-    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    for c in data.chunks(3) {
-        let n = (u32::from(c[0]) << 16)
-            | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
-            | u32::from(*c.get(2).unwrap_or(&0));
-        let idx = |s: u32| A[(n >> s & 63) as usize];
-        out.extend_from_slice(&[idx(18), idx(12)]);
-        out.push(if c.len() > 1 { idx(6) } else { b'=' });
-        out.push(if c.len() > 2 { idx(0) } else { b'=' });
-    }
+    use base64::Engine as _;
+    let mut s = String::new();
+    base64::prelude::BASE64_STANDARD.encode_string(data, &mut s);
+    out.extend_from_slice(s.as_bytes());
 }
 
 #[cfg(test)]

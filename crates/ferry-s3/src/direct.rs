@@ -25,9 +25,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-/// How long a connect, a request write or a response read may take.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-const IO_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long a connect may take.
+use crate::fail::CONNECT_TIMEOUT;
 /// Largest response head read.
 const HEAD_MAX: usize = 64 << 10;
 /// Idle connections kept.
@@ -38,6 +37,8 @@ pub(crate) struct Pool {
     /// `host:port` to connect to.
     addr: String,
     idle: Mutex<Vec<TcpStream>>,
+    /// How long a request write or a response read may wait for a byte.
+    io_timeout: Duration,
     /// Cleared once the server answered in a form this client does not
     /// handle (not an error status): from then on everything goes by ureq.
     on: AtomicBool,
@@ -69,7 +70,7 @@ pub(crate) struct Body<'a> {
 impl Pool {
     /// A pool for `url` when it is plain `http` and no proxy is configured
     /// in the environment (ureq would use it).
-    pub(crate) fn for_url(url: &url::Url) -> Option<Pool> {
+    pub(crate) fn for_url(url: &url::Url, io_timeout: Duration) -> Option<Pool> {
         const PROXY_VARS: [&str; 6] = [
             "ALL_PROXY",
             "all_proxy",
@@ -91,6 +92,7 @@ impl Pool {
         Some(Pool {
             addr,
             idle: Mutex::new(Vec::new()),
+            io_timeout,
             on: AtomicBool::new(true),
         })
     }
@@ -107,8 +109,8 @@ impl Pool {
             match TcpStream::connect_timeout(&a, CONNECT_TIMEOUT) {
                 Ok(s) => {
                     s.set_nodelay(true)?;
-                    s.set_read_timeout(Some(IO_TIMEOUT))?;
-                    s.set_write_timeout(Some(IO_TIMEOUT))?;
+                    s.set_read_timeout(Some(self.io_timeout))?;
+                    s.set_write_timeout(Some(self.io_timeout))?;
                     return Ok(s);
                 }
                 Err(e) => last = e,
@@ -401,7 +403,7 @@ mod tests {
     #[test]
     fn only_plain_http_without_proxy() {
         let https = url::Url::parse("https://s3.example.com/b/k").unwrap();
-        assert!(Pool::for_url(&https).is_none());
+        assert!(Pool::for_url(&https, Duration::from_secs(1)).is_none());
         if std::env::var_os("HTTP_PROXY").is_none()
             && std::env::var_os("http_proxy").is_none()
             && std::env::var_os("ALL_PROXY").is_none()
@@ -409,9 +411,15 @@ mod tests {
             && std::env::var_os("HTTPS_PROXY").is_none()
             && std::env::var_os("https_proxy").is_none()
         {
-            let p = Pool::for_url(&url::Url::parse("http://127.0.0.1:3900/b/k").unwrap());
+            let p = Pool::for_url(
+                &url::Url::parse("http://127.0.0.1:3900/b/k").unwrap(),
+                Duration::from_secs(1),
+            );
             assert_eq!(p.unwrap().addr, "127.0.0.1:3900");
-            let p = Pool::for_url(&url::Url::parse("http://[::1]/b/k").unwrap());
+            let p = Pool::for_url(
+                &url::Url::parse("http://[::1]/b/k").unwrap(),
+                Duration::from_secs(1),
+            );
             assert_eq!(p.unwrap().addr, "[::1]:80");
         }
     }

@@ -22,6 +22,7 @@ mod config;
 mod direct;
 #[cfg(test)]
 mod direct_tests;
+mod fail;
 
 use std::any::Any;
 use std::collections::HashMap;
@@ -37,6 +38,7 @@ use ferry_engine::entry::{Kind, Listing, Meta};
 use ferry_engine::etag;
 use ferry_engine::filter::Filter;
 use ferry_engine::store::{ListError, MetaChange, RangedSource, SourceFile, Store, RANGE_PIECE};
+use md5::{Digest, Md5};
 use rusty_s3::actions::{
     AbortMultipartUpload, CompleteMultipartUpload, CreateMultipartUpload, DeleteObject,
     DeleteObjects, GetObject, HeadBucket, HeadObject, ListObjectsV2, ListParts, ObjectIdentifier,
@@ -47,6 +49,8 @@ use ureq::http::Response;
 use ureq::Body;
 
 pub use config::{parse_s3_url, S3Config};
+pub use fail::{set_timeout, timeout, Unreachable, DEFAULT_TIMEOUT, UNREACHABLE_AFTER};
+use fail::{Health, Reach};
 
 /// Objects up to this size go up in one PUT; bigger ones in parts of this size.
 pub const PART_SIZE: u64 = 8 << 20;
@@ -59,6 +63,9 @@ const ATTEMPTS: u32 = 6;
 /// Metadata headers.
 const META_MTIME: &str = "x-amz-meta-mtime";
 const META_MODE: &str = "x-amz-meta-mode";
+/// rclone's whole-object MD5 (base64) of multipart objects, whose ETag is
+/// not one: lets `rclone check` verify them.
+const META_MD5: &str = "x-amz-meta-md5chksum";
 
 /// What every request needs: the bucket, the credentials and the pool of
 /// keep-alive connections. Shared by the store and its readers.
@@ -69,6 +76,14 @@ struct Conn {
     /// Ranged GETs without ureq, for `http://` endpoints (see `direct`).
     direct: Option<direct::Pool>,
     counters: Counters,
+    /// The endpoint as the user gave it (for messages).
+    endpoint: String,
+    /// `s3://bucket/prefix` of the store's root (for messages).
+    root_url: String,
+    /// No-progress timeout of a request (`--timeout`).
+    timeout: Duration,
+    /// Whether the endpoint answers (the unreachable rule).
+    health: Health,
 }
 
 /// An S3 bucket and key prefix as a tree.
@@ -126,6 +141,8 @@ pub struct S3Reader {
     ident: OnceLock<(u64, String)>,
     /// Exact metadata, from the GET's or the HEAD's headers.
     meta: OnceLock<Meta>,
+    /// Its `X-Amz-Meta-Md5chksum`, from the HEAD's headers.
+    md5: OnceLock<String>,
 }
 
 /// An object being written: buffered until it is big enough for a
@@ -136,12 +153,14 @@ pub struct S3Writer {
     buf: Vec<u8>,
     upload: Option<Multipart>,
     /// Server-side copy from this `/bucket/key` (encoded) at commit.
-    copy_from: Option<(String, u64)>,
+    copy_from: Option<(String, u64, Option<String>)>,
 }
 
 struct Multipart {
     id: String,
     etags: Vec<String>,
+    /// Base64 of the whole object's MD5, once every byte was read.
+    md5: Option<String>,
     /// An interrupted upload taken over: its metadata may be stale.
     resumed: bool,
 }
@@ -172,15 +191,19 @@ impl S3Store {
             cfg.region.clone(),
         )
         .map_err(|e| format!("s3://{}: {e}", cfg.bucket))?;
+        // No deadline on a whole request (a big part on a slow link takes
+        // what it takes), but none waits more than `timeout` for a byte.
+        let timeout = fail::timeout();
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
-            .timeout_connect(Some(Duration::from_secs(10)))
-            .timeout_recv_response(Some(Duration::from_secs(120)))
+            .timeout_connect(Some(fail::CONNECT_TIMEOUT))
+            .timeout_per_read(Some(timeout))
+            .timeout_per_write(Some(timeout))
             .max_idle_connections(256)
             .max_idle_connections_per_host(256)
             .build()
             .into();
-        let direct = direct::Pool::for_url(bucket.base_url());
+        let direct = direct::Pool::for_url(bucket.base_url(), timeout);
         let mut root = cfg.prefix.trim_matches('/').to_string();
         if !root.is_empty() {
             root.push('/');
@@ -192,6 +215,12 @@ impl S3Store {
                 agent,
                 direct,
                 counters: Counters::default(),
+                endpoint: cfg.endpoint.as_str().trim_end_matches('/').to_string(),
+                root_url: format!("s3://{}/{}", cfg.bucket, root)
+                    .trim_end_matches('/')
+                    .to_string(),
+                timeout,
+                health: Health::default(),
             }),
             root,
             head_threads: threads.clamp(1, 64),
@@ -229,8 +258,84 @@ impl Conn {
                 == other.creds.as_ref().map(Credentials::key)
     }
 
+    /// `s3://bucket/key` (`s3://bucket` for the bucket itself).
+    fn url_of(&self, key: &str) -> String {
+        if key.is_empty() {
+            format!("s3://{}", self.bucket.name())
+        } else {
+            format!("s3://{}/{key}", self.bucket.name())
+        }
+    }
+
+    /// The cause in a message about the endpoint, without the endpoint:
+    /// `connection refused`, `no answer for 30 s`.
+    fn short_cause(&self, msg: &str) -> String {
+        msg.rsplit(": ")
+            .next()
+            .unwrap_or(msg)
+            .replace(&format!(" from {}", self.endpoint), "")
+    }
+
+    /// The error of every request once the endpoint is unreachable.
+    fn unreachable(&self, why: &str) -> io::Error {
+        io::Error::new(
+            io::ErrorKind::NotConnected,
+            Unreachable(format!(
+                "{}: endpoint {} unreachable: {why}",
+                self.root_url, self.endpoint
+            )),
+        )
+    }
+
+    /// An error status as a message: the path, what the status means, the
+    /// status and the server's words, the endpoint.
+    fn status_error(
+        &self,
+        what: &str,
+        key: &str,
+        status: u16,
+        code: &str,
+        body: &str,
+    ) -> io::Error {
+        let on_bucket = key.is_empty() || what == "LIST" || what == "ListMultipartUploads";
+        let (kind, detail) = status_detail(status, code, body);
+        let meaning = fail::meaning(status, code, on_bucket);
+        let (url, ep) = (self.url_of(key), &self.endpoint);
+        let text = if meaning.is_empty() {
+            format!("{what} {url}: {detail} (endpoint {ep})")
+        } else {
+            format!("{what} {url}: {meaning} ({detail}; endpoint {ep})")
+        };
+        io::Error::new(kind, text)
+    }
+
+    /// An attempt that could not reach the server (or reach it in time):
+    /// noted in the endpoint's health; a stall is announced once.
+    fn note_io(&self, what: &str, key: &str, e: &ureq::Error) -> (Reach, io::Error) {
+        let (reach, msg) = fail::classify(e, &self.endpoint, self.timeout);
+        self.note(reach, matches!(e, ureq::Error::Timeout(t) if *t != ureq::Timeout::Connect)
+            || matches!(e, ureq::Error::Io(i) if matches!(i.kind(), io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock)));
+        (
+            reach,
+            io::Error::other(format!("{what} {}: {msg}", self.url_of(key))),
+        )
+    }
+
+    fn note(&self, reach: Reach, stalled: bool) {
+        self.health.note(reach);
+        if stalled && self.health.first_stall() {
+            eprintln!(
+                "ferry: s3 {}: no answer for {} (retrying)",
+                self.endpoint,
+                fail::secs(self.timeout)
+            );
+        }
+    }
+
     /// Send a request, retrying transient failures with exponential backoff
-    /// and jitter. `what` and `key` name the request in errors.
+    /// and jitter. `what` and `key` name the request in errors. Once the
+    /// endpoint is unreachable (see [`fail::Health`]) every request fails
+    /// at once with an [`Unreachable`] error.
     fn send(
         &self,
         what: &str,
@@ -239,9 +344,13 @@ impl Conn {
     ) -> io::Result<Response<Body>> {
         let mut attempt = 0;
         loop {
+            if let Some(why) = self.health.gone() {
+                return Err(self.unreachable(why));
+            }
             attempt += 1;
-            let retry = match req() {
+            let (retry, reach) = match req() {
                 Ok(mut resp) => {
+                    self.health.note(Reach::Answered);
                     let status = resp.status().as_u16();
                     if (200..300).contains(&status) {
                         return Ok(resp);
@@ -253,7 +362,7 @@ impl Conn {
                         .read_to_string()
                         .unwrap_or_default();
                     let code = xml_field(&body, "Code").unwrap_or_default();
-                    let err = status_error(what, key, status, &code, &body);
+                    let err = self.status_error(what, key, status, &code, &body);
                     // 501 Not Implemented is not a passing state.
                     if !(status >= 500 && status != 501
                         || status == 429
@@ -262,11 +371,20 @@ impl Conn {
                     {
                         return Err(err);
                     }
-                    err
+                    (err, Reach::Answered)
                 }
-                Err(e) => io::Error::other(format!("{what} {key}: {e}")),
+                Err(e) => {
+                    let (reach, err) = self.note_io(what, key, &e);
+                    (err, reach)
+                }
             };
             if attempt >= ATTEMPTS {
+                if reach == Reach::Failed {
+                    let why = self.short_cause(&retry.to_string());
+                    if self.health.gave_up(&why) {
+                        return Err(self.unreachable(self.health.gone().unwrap_or(&why)));
+                    }
+                }
                 return Err(retry);
             }
             backoff(attempt);
@@ -292,12 +410,25 @@ impl S3Store {
     /// `x-amz-meta-mtime` (the listing's LastModified, which has
     /// milliseconds; the Last-Modified header has only seconds).
     fn head(&self, key: &str, size: u64, fallback: Option<(i64, u32)>) -> io::Result<Meta> {
+        Ok(self.head_md5(key, size, fallback)?.0)
+    }
+
+    /// [`head`](Self::head), and the object's `X-Amz-Meta-Md5chksum`.
+    fn head_md5(
+        &self,
+        key: &str,
+        size: u64,
+        fallback: Option<(i64, u32)>,
+    ) -> io::Result<(Meta, Option<String>)> {
         self.c.counters.heads.fetch_add(1, Ordering::Relaxed);
         let url = HeadObject::new(&self.c.bucket, self.c.creds(), key).sign(SIGN_TTL);
         let resp = self
             .c
             .send("HEAD", key, || self.c.agent.head(url.as_str()).call())?;
-        Ok(meta_from_headers(resp.headers(), size, fallback))
+        Ok((
+            meta_from_headers(resp.headers(), size, fallback),
+            md5_from_headers(resp.headers()),
+        ))
     }
 
     /// HEAD several objects of `prefix` at once: (name, listed size,
@@ -420,12 +551,16 @@ impl S3Store {
     }
 
     /// Start the multipart upload of `w` (object metadata goes here).
-    fn create_upload(&self, w: &mut S3Writer) -> io::Result<()> {
+    /// `md5`: the object's `X-Amz-Meta-Md5chksum`, when known up front.
+    fn create_upload(&self, w: &mut S3Writer, md5: Option<&str>) -> io::Result<()> {
         if w.upload.is_some() {
             return Ok(());
         }
         let mut a = CreateMultipartUpload::new(&self.c.bucket, self.c.creds(), &w.key);
-        let hs = Self::meta_headers(&w.meta);
+        let mut hs: Vec<(&str, String)> = Self::meta_headers(&w.meta).into_iter().collect();
+        if let Some(m) = md5 {
+            hs.push((META_MD5, m.to_string()));
+        }
         for (k, v) in &hs {
             a.headers_mut().insert(*k, v.clone());
         }
@@ -443,6 +578,7 @@ impl S3Store {
         w.upload = Some(Multipart {
             id: parsed.upload_id().to_string(),
             etags: Vec::new(),
+            md5: None,
             resumed: false,
         });
         Ok(())
@@ -476,7 +612,13 @@ impl S3Store {
     ) -> io::Result<u64> {
         // An earlier run's upload of this key is taken over: each of its
         // parts whose size and MD5 match what we read is kept, not re-sent.
-        let prior = self.resumable_upload(&w.key)?;
+        // An upload that cannot be resumed, for whatever reason, is not a
+        // reason to fail the file: it is started afresh.
+        let prior = match self.resumable_upload(&w.key) {
+            Ok(p) => p,
+            Err(e) if Unreachable::is(&e) => return Err(e),
+            Err(_) => None,
+        };
         let prior_parts = match prior {
             Some((id, parts)) => {
                 self.c
@@ -486,12 +628,13 @@ impl S3Store {
                 w.upload = Some(Multipart {
                     id,
                     etags: Vec::new(),
+                    md5: None,
                     resumed: true,
                 });
                 parts
             }
             None => {
-                self.create_upload(w)?;
+                self.create_upload(w, None)?;
                 HashMap::new()
             }
         };
@@ -499,6 +642,11 @@ impl S3Store {
         let key = w.key.clone();
         let etags: std::sync::Mutex<Vec<(u16, String)>> = std::sync::Mutex::new(Vec::new());
         let failed: std::sync::Mutex<Option<io::Error>> = std::sync::Mutex::new(None);
+        let has_failed = || failed.lock().expect("failed").is_some();
+        // The whole file's MD5, from the bytes as they are read (rclone's
+        // `X-Amz-Meta-Md5chksum`, set at commit).
+        let mut whole = Md5::new();
+        whole.update(&first);
         let mut total = first.len() as u64;
         let (tx, rx) = std::sync::mpsc::sync_channel::<(u16, Vec<u8>)>(1);
         let rx = std::sync::Mutex::new(rx);
@@ -506,9 +654,15 @@ impl S3Store {
             // Owned here: dropping it when reading ends lets the uploaders finish.
             let tx = tx;
             for _ in 0..PART_CONCURRENCY {
+                // After a failure every uploader keeps taking parts off the
+                // queue (and drops them) until the reader stops: a reader
+                // never waits on a queue nobody takes from.
                 scope.spawn(|| loop {
                     let next = rx.lock().expect("part queue").recv();
                     let Ok((n, data)) = next else { return };
+                    if has_failed() {
+                        continue;
+                    }
                     if let Some((size, tag)) = prior_parts.get(&n) {
                         if *size == data.len() as u64
                             && tag
@@ -524,7 +678,6 @@ impl S3Store {
                         Ok(tag) => etags.lock().expect("etags").push((n, tag)),
                         Err(e) => {
                             failed.lock().expect("failed").get_or_insert(e);
-                            return;
                         }
                     }
                 });
@@ -533,6 +686,9 @@ impl S3Store {
             let mut part = first;
             let mut buf = vec![0u8; chunk];
             loop {
+                if has_failed() {
+                    return Ok(()); // `failed` says why
+                }
                 let full = part.len() >= PART_SIZE as usize;
                 if full {
                     let next = part.split_off(PART_SIZE as usize);
@@ -540,13 +696,10 @@ impl S3Store {
                         .send((number, std::mem::replace(&mut part, next)))
                         .is_err()
                     {
-                        return Ok(()); // every uploader stopped: `failed` says why
+                        return Ok(());
                     }
                     number += 1;
                     continue;
-                }
-                if failed.lock().expect("failed").is_some() {
-                    return Ok(());
                 }
                 let n = src.read(&mut buf)?;
                 if n == 0 {
@@ -556,6 +709,7 @@ impl S3Store {
                     l.acquire(n as u64);
                 }
                 total += n as u64;
+                whole.update(&buf[..n]);
                 part.extend_from_slice(&buf[..n]);
                 if total > size {
                     break;
@@ -572,7 +726,9 @@ impl S3Store {
         read_result?;
         let mut tags = etags.into_inner().expect("etags");
         tags.sort_by_key(|(n, _)| *n);
-        w.upload.as_mut().expect("created").etags = tags.into_iter().map(|(_, t)| t).collect();
+        let up = w.upload.as_mut().expect("created");
+        up.etags = tags.into_iter().map(|(_, t)| t).collect();
+        up.md5 = (total == size).then(|| base64(&whole.finalize()));
         Ok(total)
     }
 
@@ -601,12 +757,22 @@ impl S3Store {
     /// Server-side copy of `source` (`/bucket/key`, `size` bytes) to `key`
     /// with `meta` as its metadata: one CopyObject up to 5 GiB, a multipart
     /// copy (UploadPartCopy, parts in parallel) above.
-    fn copy_object(&self, key: &str, source: &str, size: u64, meta: &Meta) -> io::Result<()> {
+    fn copy_object(
+        &self,
+        key: &str,
+        source: &str,
+        size: u64,
+        meta: &Meta,
+        md5: Option<&str>,
+    ) -> io::Result<()> {
         if size > COPY_MAX {
-            return self.copy_multipart(key, source, size, meta);
+            return self.copy_multipart(key, source, size, meta, md5);
         }
         let mut a = PutObject::new(&self.c.bucket, self.c.creds(), key);
         let mut hs: Vec<(&str, String)> = Self::meta_headers(meta).into_iter().collect();
+        if let Some(m) = md5 {
+            hs.push((META_MD5, m.to_string()));
+        }
         hs.push(("x-amz-copy-source", source.to_string()));
         hs.push(("x-amz-metadata-directive", "REPLACE".to_string()));
         for (k, v) in &hs {
@@ -624,12 +790,19 @@ impl S3Store {
         let body = read_body(&mut resp)?;
         if body.contains("<Error>") {
             let code = xml_field(&body, "Code").unwrap_or_default();
-            return Err(status_error("COPY", key, 200, &code, &body));
+            return Err(self.c.status_error("COPY", key, 200, &code, &body));
         }
         Ok(())
     }
 
-    fn copy_multipart(&self, key: &str, source: &str, size: u64, meta: &Meta) -> io::Result<()> {
+    fn copy_multipart(
+        &self,
+        key: &str,
+        source: &str,
+        size: u64,
+        meta: &Meta,
+        md5: Option<&str>,
+    ) -> io::Result<()> {
         let mut w = S3Writer {
             key: key.to_string(),
             meta: *meta,
@@ -637,7 +810,7 @@ impl S3Store {
             upload: None,
             copy_from: None,
         };
-        self.create_upload(&mut w)?;
+        self.create_upload(&mut w, md5)?;
         let id = w.upload.as_ref().expect("created").id.clone();
         let parts = size.div_ceil(COPY_PART);
         let next = AtomicU64::new(0);
@@ -778,6 +951,8 @@ impl S3Store {
     }
 
     /// The parts of upload `id` on the server: number → (size, ETag).
+    /// Read leniently: the `<Part>` elements of whatever root element the
+    /// server answers with (moto's is `ListPartsResponse`).
     fn list_parts(&self, key: &str, id: &str) -> io::Result<Parts> {
         let mut parts = HashMap::new();
         let mut marker: Option<u16> = None;
@@ -791,20 +966,19 @@ impl S3Store {
                 .c
                 .send("ListParts", key, || self.c.agent.get(url.as_str()).call())?;
             let body = read_body(&mut resp)?;
-            let page = ListParts::parse_response(&body)
-                .map_err(|e| io::Error::other(format!("ListParts {key}: {e}")))?;
-            for p in page.parts {
-                parts.insert(p.number, (p.size, p.etag));
-            }
-            match page.next_part_number_marker {
-                Some(m) => marker = Some(m),
-                None => return Ok(parts),
+            let (page, next) = parse_parts(&body)
+                .ok_or_else(|| io::Error::other(format!("ListParts {key}: unreadable answer")))?;
+            parts.extend(page);
+            match next {
+                Some(m) if marker.is_none_or(|old| m > old) => marker = Some(m),
+                _ => return Ok(parts),
             }
         }
     }
 
     /// An interrupted upload of `key` to resume (the newest; older ones
-    /// are aborted), with the parts it has.
+    /// are aborted), with the parts it has. One whose parts cannot be
+    /// listed is aborted too: the caller starts afresh.
     fn resumable_upload(&self, key: &str) -> io::Result<Option<(String, Parts)>> {
         let mut ups: Vec<(String, String, String)> = self
             .list_uploads(key)?
@@ -823,8 +997,18 @@ impl S3Store {
                 .uploads_aborted
                 .fetch_add(1, Ordering::Relaxed);
         }
-        let parts = self.list_parts(key, &id)?;
-        Ok(Some((id, parts)))
+        match self.list_parts(key, &id) {
+            Ok(parts) => Ok(Some((id, parts))),
+            Err(e) if Unreachable::is(&e) => Err(e),
+            Err(_) => {
+                self.abort_upload(key, &id);
+                self.c
+                    .counters
+                    .uploads_aborted
+                    .fetch_add(1, Ordering::Relaxed);
+                Ok(None)
+            }
+        }
     }
 
     /// Abort the multipart uploads under the root started more than
@@ -1049,9 +1233,8 @@ impl Store for S3Store {
 
     fn open_root(&self) -> io::Result<Option<(S3Dir, Meta)>> {
         let url = HeadBucket::new(&self.c.bucket, self.c.creds()).sign(SIGN_TTL);
-        self.c.send("HEAD bucket", self.c.bucket.name(), || {
-            self.c.agent.head(url.as_str()).call()
-        })?;
+        self.c
+            .send("HEAD", "", || self.c.agent.head(url.as_str()).call())?;
         Ok(Some((
             S3Dir {
                 prefix: self.root.clone(),
@@ -1266,6 +1449,7 @@ impl Store for S3Store {
             body: None,
             ident: OnceLock::new(),
             meta: OnceLock::new(),
+            md5: OnceLock::new(),
         })
     }
 
@@ -1300,7 +1484,7 @@ impl Store for S3Store {
                 // The HEAD gives the engine the source's exact metadata.
                 r.identity()?;
                 let source = format!("/{}/{}", r.c.bucket.name(), encode_key(&r.key));
-                w.copy_from = Some((source, size));
+                w.copy_from = Some((source, size, r.md5.get().cloned()));
                 return Ok(size);
             }
         }
@@ -1348,24 +1532,34 @@ impl Store for S3Store {
     ) -> io::Result<()> {
         let mut w = w;
         w.meta = *meta;
-        if let Some((source, size)) = w.copy_from.take() {
+        if let Some((source, size, md5)) = w.copy_from.take() {
             self.c
                 .counters
                 .server_copies
                 .fetch_add(1, Ordering::Relaxed);
-            return self.copy_object(&w.key, &source, size, &w.meta);
+            return self.copy_object(&w.key, &source, size, &w.meta, md5.as_deref());
         }
         match w.upload.take() {
             None => self.put(&w.key, &w.buf, &w.meta),
             Some(up) => {
                 self.complete(&w.key, &up.id, &up.etags)?;
-                if up.resumed {
-                    // The upload was started by an earlier run: its metadata
-                    // is that run's. Fix it if the file's changed since.
-                    let now = self.head(&w.key, 0, None)?;
-                    if !now.same_mtime(&w.meta) || now.mode != w.meta.mode {
-                        self.copy_object(&w.key, &self.source_of(&w.key), now.size, &w.meta)?;
-                    }
+                // The upload was started by an earlier run: its metadata is
+                // that run's. Fix it if the file's changed since.
+                let now = if up.resumed {
+                    Some(self.head(&w.key, 0, None)?)
+                } else {
+                    None
+                };
+                let stale = now
+                    .as_ref()
+                    .is_some_and(|n| !n.same_mtime(&w.meta) || n.mode != w.meta.mode);
+                // The whole file's MD5 is known only now: it goes into the
+                // metadata by a copy onto itself (on the server, no data
+                // through us), up to the size one CopyObject can copy.
+                let size = now.map_or(w.meta.size, |n| n.size);
+                let md5 = up.md5.as_deref().filter(|_| size <= COPY_MAX);
+                if stale || md5.is_some() {
+                    self.copy_object(&w.key, &self.source_of(&w.key), size, &w.meta, md5)?;
                 }
                 Ok(())
             }
@@ -1392,9 +1586,11 @@ impl Store for S3Store {
     }
 
     fn set_meta(&self, dir: &S3Dir, name: &CStr, meta: &Meta, _what: MetaChange) -> io::Result<()> {
-        // Server-side copy onto itself with replaced metadata: no data moves.
+        // Server-side copy onto itself with replaced metadata: no data
+        // moves. rclone's MD5 of the object stays (the content does).
         let key = self.key(dir, name)?;
-        self.copy_object(&key, &self.source_of(&key), meta.size, meta)
+        let (_, md5) = self.head_md5(&key, 0, None)?;
+        self.copy_object(&key, &self.source_of(&key), meta.size, meta, md5.as_deref())
     }
 
     fn etag(&self, dir: &S3Dir, name: &CStr) -> io::Result<Option<String>> {
@@ -1474,8 +1670,14 @@ impl Store for S3Store {
         }
         // The source's own metadata goes with it (and objects over 5 GiB
         // are copied in parts).
-        let meta = self.head(&from, 0, None)?;
-        self.copy_object(&to, &self.source_of(&from), meta.size, &meta)?;
+        let (meta, md5) = self.head_md5(&from, 0, None)?;
+        self.copy_object(
+            &to,
+            &self.source_of(&from),
+            meta.size,
+            &meta,
+            md5.as_deref(),
+        )?;
         self.delete_key(&from)
     }
 
@@ -1592,6 +1794,9 @@ impl RangedSource for S3Reader {
         if h.contains_key(META_MTIME) {
             let _ = self.meta.set(meta_from_headers(h, 0, None));
         }
+        if let Some(m) = md5_from_headers(h) {
+            let _ = self.md5.set(m);
+        }
         let size = h
             .get("content-length")
             .and_then(|v| v.to_str().ok()?.parse().ok())
@@ -1623,6 +1828,9 @@ impl RangedSource for S3Reader {
         with_piece_buffer(|buf| {
             let mut attempt = 0;
             loop {
+                if let Some(why) = self.c.health.gone() {
+                    return Err(self.c.unreachable(why));
+                }
                 attempt += 1;
                 let range = format!("bytes={}-{}", at, end - 1);
                 let mut direct_body;
@@ -1635,19 +1843,30 @@ impl RangedSource for S3Reader {
                     .map(|d| d.get(&url, at, end, &etag))
                 {
                     Some(Ok(direct::Get::Body(b))) => {
+                        self.c.health.note(Reach::Answered);
                         self.c.counters.direct_gets.fetch_add(1, Ordering::Relaxed);
                         direct_body = b;
                         &mut direct_body
                     }
                     // No connection or no answer: like a connection broken
                     // mid-body, ask again after a pause.
-                    Some(Err(e)) if attempt < ATTEMPTS => {
-                        let _ = e;
-                        backoff(attempt);
-                        continue;
-                    }
                     Some(Err(e)) => {
-                        return Err(io::Error::other(format!("GET {} ({range}): {e}", self.key)))
+                        let (reach, msg) = fail::io_reach(&e, &self.c.endpoint, self.c.timeout);
+                        self.c.note(reach, msg.starts_with("no answer"));
+                        if attempt < ATTEMPTS {
+                            backoff(attempt);
+                            continue;
+                        }
+                        if reach == Reach::Failed {
+                            let why = self.c.short_cause(&msg);
+                            if self.c.health.gave_up(&why) {
+                                return Err(self
+                                    .c
+                                    .unreachable(self.c.health.gone().unwrap_or(&why)));
+                            }
+                        }
+                        let url = self.c.url_of(&self.key);
+                        return Err(io::Error::other(format!("GET {url} ({range}): {msg}")));
                     }
                     other => {
                         if other.is_some() {
@@ -1756,6 +1975,13 @@ fn meta_from_headers(h: &ureq::http::HeaderMap, size: u64, fallback: Option<(i64
     }
 }
 
+/// `X-Amz-Meta-Md5chksum` of an object (rclone's whole-object MD5).
+fn md5_from_headers(h: &ureq::http::HeaderMap) -> Option<String> {
+    h.get(META_MD5)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+}
+
 /// A fingerprint of an object's version, kept in [`Meta::ino`] of listed
 /// objects (an object store has no inodes): its ETag and LastModified as
 /// listed (to the millisecond; a HEAD's has only seconds, so metadata from
@@ -1859,7 +2085,8 @@ fn read_body(resp: &mut Response<Body>) -> io::Result<String> {
         .map_err(io::Error::other)
 }
 
-fn status_error(what: &str, key: &str, status: u16, code: &str, body: &str) -> io::Error {
+/// The kind of an error status, and `HTTP 404 NoSuchKey: message`.
+fn status_detail(status: u16, code: &str, body: &str) -> (io::ErrorKind, String) {
     let kind = match status {
         404 => io::ErrorKind::NotFound,
         401 | 403 => io::ErrorKind::PermissionDenied,
@@ -1873,7 +2100,23 @@ fn status_error(what: &str, key: &str, status: u16, code: &str, body: &str) -> i
         (false, true) => format!(" {code}"),
         (false, false) => format!(" {code}: {msg}"),
     };
-    io::Error::new(kind, format!("{what} {key}: HTTP {status}{detail}"))
+    (kind, format!("HTTP {status}{detail}"))
+}
+
+/// A ListParts answer: number → (size, ETag) of its `<Part>` elements, and
+/// the next part number marker when the listing is truncated. `None` when
+/// a part lacks its number, size or ETag.
+fn parse_parts(body: &str) -> Option<(Parts, Option<u16>)> {
+    let mut parts = HashMap::new();
+    for p in xml_blocks(body, "Part") {
+        let n: u16 = xml_field(p, "PartNumber")?.trim().parse().ok()?;
+        let size: u64 = xml_field(p, "Size")?.trim().parse().ok()?;
+        let etag = xml_unescape(xml_field(p, "ETag")?.trim());
+        parts.insert(n, (size, etag));
+    }
+    let truncated = xml_field(body, "IsTruncated").is_some_and(|t| t.trim() == "true");
+    let next = xml_field(body, "NextPartNumberMarker").and_then(|m| m.trim().parse().ok());
+    Some((parts, next.filter(|_| truncated)))
 }
 
 /// The text of the first `<name>...</name>` element (S3 error bodies).
@@ -1908,6 +2151,12 @@ fn xml_unescape(s: &str) -> String {
         .replace("&apos;", "'")
         .replace("&#39;", "'")
         .replace("&amp;", "&")
+}
+
+/// Standard base64 with padding (`X-Amz-Meta-Md5chksum`).
+fn base64(data: &[u8]) -> String {
+    use base64::Engine as _;
+    base64::prelude::BASE64_STANDARD.encode(data)
 }
 
 fn backoff(attempt: u32) {
@@ -2159,6 +2408,46 @@ mod tests {
             assert!(check_key(k).is_ok(), "{k}");
             assert_eq!(b.object_url(k).path(), path);
         }
+    }
+
+    #[test]
+    fn list_parts_answers_read_whatever_their_root() {
+        // moto's server: root `ListPartsResponse`, a next marker while not truncated.
+        let moto = r#"<?xml version="1.0" encoding="utf-8"?>
+<ListPartsResponse xmlns="http://s3.amazonaws.com/doc/2006-03-01/"><Bucket>b</Bucket><Key>k</Key><UploadId>u</UploadId><PartNumberMarker>0</PartNumberMarker><NextPartNumberMarker>1</NextPartNumberMarker><MaxParts>1000</MaxParts><IsTruncated>false</IsTruncated><Part><PartNumber>1</PartNumber><LastModified>2026-11-23T13:42:43.000Z</LastModified><ETag>"6da323ddf02915cabcfeca8b6e5eb306"</ETag><Size>6000000</Size></Part><Initiator><ID>x</ID></Initiator><StorageClass>STANDARD</StorageClass></ListPartsResponse>"#;
+        let (parts, next) = parse_parts(moto).unwrap();
+        assert_eq!(next, None);
+        assert_eq!(
+            parts[&1],
+            (
+                6_000_000,
+                "\"6da323ddf02915cabcfeca8b6e5eb306\"".to_string()
+            )
+        );
+        // The standard root, truncated, ETags escaped.
+        let aws = "<ListPartsResult><IsTruncated>true</IsTruncated><NextPartNumberMarker>2</NextPartNumberMarker>\
+<Part><PartNumber>1</PartNumber><ETag>&quot;aa&quot;</ETag><Size>5</Size></Part>\
+<Part><PartNumber>2</PartNumber><ETag>&quot;bb&quot;</ETag><Size>6</Size></Part></ListPartsResult>";
+        let (parts, next) = parse_parts(aws).unwrap();
+        assert_eq!(next, Some(2));
+        assert_eq!(parts.len(), 2);
+        assert_eq!(parts[&2], (6, "\"bb\"".to_string()));
+        // A part without its size: unreadable (the caller starts afresh).
+        assert!(
+            parse_parts("<X><Part><PartNumber>1</PartNumber><ETag>a</ETag></Part></X>").is_none()
+        );
+        assert_eq!(parse_parts("<X></X>").unwrap().0.len(), 0);
+    }
+
+    #[test]
+    fn base64_as_rclone_writes_it() {
+        assert_eq!(base64(b""), "");
+        assert_eq!(base64(b"f"), "Zg==");
+        assert_eq!(base64(b"fo"), "Zm8=");
+        assert_eq!(base64(b"foo"), "Zm9v");
+        assert_eq!(base64(b"foobar"), "Zm9vYmFy");
+        // MD5 of "" as rclone's X-Amz-Meta-Md5chksum.
+        assert_eq!(base64(&Md5::digest(b"")), "1B2M2Y8AsgTpgAmY7PhCfg==");
     }
 
     #[test]

@@ -18,6 +18,22 @@ use crate::output::cause;
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// S3: a request that receives (or sends) no byte for this many
+    /// seconds fails and is retried [default: 30].
+    #[arg(long, global = true, value_name = "SECS", value_parser = parse_secs)]
+    pub timeout: Option<std::time::Duration>,
+}
+
+/// Seconds, fractions allowed, more than 0 (`--timeout`).
+fn parse_secs(s: &str) -> Result<std::time::Duration, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v > 0.0 && v.is_finite() && v <= 86_400.0 => {
+            Ok(std::time::Duration::from_secs_f64(v))
+        }
+        _ => Err(format!(
+            "{s:?}: expected seconds, more than 0 (e.g. 30 or 2.5)"
+        )),
+    }
 }
 
 #[derive(Subcommand, Debug)]

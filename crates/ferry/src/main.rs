@@ -39,6 +39,9 @@ fn main() -> ExitCode {
         Command::Bisync(a) => a.json.then_some((a.dry_run, true)),
         Command::Ls(_) | Command::Cleanup(_) => None,
     };
+    if let Some(t) = cli.timeout {
+        ferry_s3::set_timeout(t);
+    }
     let res = match cli.command {
         Command::Copy(a) => run_sync(a, ferry_engine::Mode::Copy),
         Command::Sync(a) => run_sync(a, ferry_engine::Mode::Sync),
@@ -142,6 +145,51 @@ fn run_sync(a: SyncArgs, mode: ferry_engine::Mode) -> Result<u8, String> {
     Ok(if summary.errors > 0 { 1 } else { 0 })
 }
 
+/// Reports what the engine reports, except the errors of requests refused
+/// because an S3 endpoint was declared unreachable: those make one line at
+/// the end, with their count, instead of one line per entry.
+struct Unreachable<'a> {
+    inner: &'a CliReporter,
+    why: std::sync::OnceLock<String>,
+    undone: std::sync::atomic::AtomicU64,
+}
+
+impl<'a> Unreachable<'a> {
+    fn new(inner: &'a CliReporter) -> Self {
+        Unreachable {
+            inner,
+            why: std::sync::OnceLock::new(),
+            undone: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    fn finish(&self) {
+        if let Some(why) = self.why.get() {
+            let n = self.undone.load(std::sync::atomic::Ordering::Relaxed);
+            eprintln!(
+                "ferry: {why}; stopped, {n} {} left undone",
+                if n == 1 { "entry" } else { "entries" }
+            );
+        }
+    }
+}
+
+impl ferry_engine::Reporter for Unreachable<'_> {
+    fn action(&self, action: ferry_engine::Action, path: &[u8], size: u64) {
+        self.inner.action(action, path, size)
+    }
+
+    fn error(&self, path: &[u8], err: &io::Error) {
+        if ferry_s3::Unreachable::is(err) {
+            let _ = self.why.set(cause(err));
+            self.undone
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        } else {
+            self.inner.error(path, err)
+        }
+    }
+}
+
 /// With -v: what an S3 store did (requests that cost, resumed work).
 fn note_s3(st: &S3Store, role: &str, verbose: bool) {
     use std::sync::atomic::Ordering::Relaxed;
@@ -200,32 +248,35 @@ fn run_remote(
             None => e.run_tree(),
         }
     }
-    match (&job.src, &job.dst) {
+    let gate = Unreachable::new(rep);
+    let r = match (&job.src, &job.dst) {
         (Loc::Local(s), Loc::Local(d)) => go(
-            Engine::new(&local(s), &local(d), opts, stats, rep),
+            Engine::new(&local(s), &local(d), opts, stats, &gate),
             &job.one,
         ),
         (Loc::Local(s), Loc::S3(d)) => {
             let d = s3(d)?;
-            let r = go(Engine::new(&local(s), &d, opts, stats, rep), &job.one);
+            let r = go(Engine::new(&local(s), &d, opts, stats, &gate), &job.one);
             note_s3(&d, "destination", verbose);
             r
         }
         (Loc::S3(s), Loc::Local(d)) => {
             let (s, d) = (s3(s)?, local(d));
-            let r = go(Engine::new(&s, &d, opts, stats, rep), &job.one);
+            let r = go(Engine::new(&s, &d, opts, stats, &gate), &job.one);
             note_s3(&s, "source", verbose);
             note_local(&d);
             r
         }
         (Loc::S3(s), Loc::S3(d)) => {
             let (s, d) = (s3(s)?, s3(d)?);
-            let r = go(Engine::new(&s, &d, opts, stats, rep), &job.one);
+            let r = go(Engine::new(&s, &d, opts, stats, &gate), &job.one);
             note_s3(&s, "source", verbose);
             note_s3(&d, "destination", verbose);
             r
         }
-    }
+    };
+    gate.finish();
+    r
 }
 
 fn run_cleanup(a: args::CleanupArgs) -> Result<u8, String> {

@@ -47,27 +47,10 @@ fn unescape(s: &str) -> Vec<u8> {
 }
 
 fn base64_decode(s: &str) -> Vec<u8> {
-    let val = |c: u8| -> u32 {
-        match c {
-            b'A'..=b'Z' => u32::from(c - b'A'),
-            b'a'..=b'z' => u32::from(c - b'a') + 26,
-            b'0'..=b'9' => u32::from(c - b'0') + 52,
-            b'+' => 62,
-            b'/' => 63,
-            _ => panic!("bad base64 {s:?}"),
-        }
-    };
-    assert_eq!(s.len() % 4, 0, "unpadded base64 {s:?}");
-    let mut out = Vec::new();
-    for q in s.as_bytes().chunks(4) {
-        let pad = q.iter().filter(|&&c| c == b'=').count();
-        let n = q[..4 - pad]
-            .iter()
-            .enumerate()
-            .fold(0u32, |n, (i, &c)| n | val(c) << (18 - 6 * i));
-        out.extend_from_slice(&n.to_be_bytes()[1..4 - pad]);
-    }
-    out
+    use base64::Engine as _;
+    base64::prelude::BASE64_STANDARD
+        .decode(s)
+        .unwrap_or_else(|e| panic!("bad base64 {s:?}: {e}"))
 }
 
 /// The exact bytes of a name field of a JSON record: `KEY_bytes` when present, else `KEY`.

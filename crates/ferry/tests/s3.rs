@@ -1,6 +1,7 @@
-//! ferry against a real S3 server: the single-node Garage that
-//! `scripts/test` starts (see scripts/garage), found through
-//! `FERRY_TEST_S3_*` variables. Without them these tests fail, unless
+//! ferry against real S3 servers: the single-node Garage and moto's server
+//! that `scripts/test` starts (see scripts/garage, scripts/moto), found
+//! through `FERRY_TEST_S3_*` and `FERRY_TEST_S3M_*` variables; each test runs
+//! once per server. Without Garage's these tests fail, unless
 //! `FERRY_SKIP_S3=1` says to skip them on purpose.
 
 mod util;
@@ -29,32 +30,35 @@ fn tree(root: &Path) {
 
 #[test]
 fn up_down_round_trip_and_resync_is_noop() {
-    let Some(s3) = s3() else { return };
+    each_server(up_down_round_trip_and_resync_is_noop_on);
+}
+
+fn up_down_round_trip_and_resync_is_noop_on(s3: &S3) {
     let t = tmpdir();
     let src = t.path().join("src");
     tree(&src);
     let url = s3.url("roundtrip");
-    let up = run(&[&"sync", &"--json", &src, &url]);
+    let up = s3.run(&[&"sync", &"--json", &src, &url]);
     up.ok();
     let s = summary(&up);
     assert_eq!((s.files_copied, s.errors), (7, 0), "{up}");
 
     // Second upload: nothing to do (size + mtime from object metadata).
-    let again = run(&[&"sync", &"--json", &src, &url]);
+    let again = s3.run(&[&"sync", &"--json", &src, &url]);
     again.ok();
     assert_eq!(summary(&again).files_copied, 0, "{again}");
 
     // Down into a fresh directory: equal files, mtimes, modes.
     let down = t.path().join("down");
-    let r = run(&[&"sync", &"--json", &url, &down]);
+    let r = s3.run(&[&"sync", &"--json", &url, &down]);
     r.ok();
     assert_files_equal(&src, &down);
-    let r = run(&[&"sync", &"--json", &url, &down]);
+    let r = s3.run(&[&"sync", &"--json", &url, &down]);
     r.ok();
     assert_eq!(summary(&r).files_copied, 0, "{r}");
 
     // ls lists every object with its size and mtime.
-    let ls = run(&[&"ls", &url]);
+    let ls = s3.run(&[&"ls", &url]);
     ls.ok();
     let out = String::from_utf8_lossy(&ls.stdout).to_string();
     let want = format!("9 {} a.txt", mtime_ns(get_mtime(&src.join("a.txt"))));
@@ -63,7 +67,7 @@ fn up_down_round_trip_and_resync_is_noop() {
 
     // --server-mtime: the same entries and sizes from the listing alone,
     // each object's upload time instead of its stored mtime, no mode.
-    let fast = run(&[&"ls", &"--server-mtime", &url]);
+    let fast = s3.run(&[&"ls", &"--server-mtime", &url]);
     fast.ok();
     let fast_out = String::from_utf8_lossy(&fast.stdout).to_string();
     let strip = |text: &str| -> Vec<(String, String)> {
@@ -88,7 +92,7 @@ fn up_down_round_trip_and_resync_is_noop() {
             "stored mtime shown instead of the upload time: {l}"
         );
     }
-    let json = run(&[&"ls", &"--server-mtime", &"--json", &url]);
+    let json = s3.run(&[&"ls", &"--server-mtime", &"--json", &url]);
     json.ok();
     let json = String::from_utf8_lossy(&json.stdout).to_string();
     assert!(
@@ -99,12 +103,15 @@ fn up_down_round_trip_and_resync_is_noop() {
 
 #[test]
 fn sync_to_s3_deletes_and_updates() {
-    let Some(s3) = s3() else { return };
+    each_server(sync_to_s3_deletes_and_updates_on);
+}
+
+fn sync_to_s3_deletes_and_updates_on(s3: &S3) {
     let t = tmpdir();
     let src = t.path().join("src");
     tree(&src);
     let url = s3.url("edits");
-    run(&[&"sync", &src, &url]).ok();
+    s3.run(&[&"sync", &src, &url]).ok();
     // Edit: delete a file and a directory, change one, add one, chmod one.
     std::fs::remove_file(src.join("d1/b.bin")).unwrap();
     std::fs::remove_dir_all(src.join("d3")).unwrap();
@@ -112,25 +119,28 @@ fn sync_to_s3_deletes_and_updates() {
     write(&src, "new/x.txt", b"new");
     chmod(&src.join("empty"), 0o640);
     stamp_tree(&src, 1_600_000_000);
-    let r = run(&[&"sync", &"--json", &src, &url]);
+    let r = s3.run(&[&"sync", &"--json", &src, &url]);
     r.ok();
     let down = t.path().join("down");
-    run(&[&"sync", &url, &down]).ok();
+    s3.run(&[&"sync", &url, &down]).ok();
     assert_files_equal(&src, &down);
     // copy never deletes: an extra object survives a copy, not a sync.
     let extra = t.path().join("extra");
     write(&extra, "only-in-dst.txt", b"x");
-    run(&[&"copy", &extra, &url]).ok();
-    let ls = run(&[&"ls", &url]);
+    s3.run(&[&"copy", &extra, &url]).ok();
+    let ls = s3.run(&[&"ls", &url]);
     assert!(String::from_utf8_lossy(&ls.stdout).contains("only-in-dst.txt"));
-    run(&[&"sync", &src, &url]).ok();
-    let ls = run(&[&"ls", &url]);
+    s3.run(&[&"sync", &src, &url]).ok();
+    let ls = s3.run(&[&"ls", &url]);
     assert!(!String::from_utf8_lossy(&ls.stdout).contains("only-in-dst.txt"));
 }
 
 #[test]
 fn a_directory_wider_than_a_page_is_deleted_in_batches() {
-    let Some(s3) = s3() else { return };
+    each_server(a_directory_wider_than_a_page_is_deleted_in_batches_on);
+}
+
+fn a_directory_wider_than_a_page_is_deleted_in_batches_on(s3: &S3) {
     let t = tmpdir();
     let src = t.path().join("src");
     write(&src, "keep.txt", b"kept");
@@ -139,16 +149,16 @@ fn a_directory_wider_than_a_page_is_deleted_in_batches() {
     }
     write(&src, "gone-not/x", b"a sibling whose name starts the same");
     let url = s3.url("batchdel");
-    run(&[&"sync", &src, &url]).ok();
+    s3.run(&[&"sync", &src, &url]).ok();
     std::fs::remove_dir_all(src.join("gone")).unwrap();
-    let r = run(&[&"sync", &"--json", &"-v", &src, &url]);
+    let r = s3.run(&[&"sync", &"--json", &"-v", &src, &url]);
     r.ok();
     // The directory and its 2,345 objects (three listing pages), in one
     // DeleteObjects request per page.
     assert_eq!(summary(&r).files_deleted, 2_346, "{r}");
     let err = String::from_utf8_lossy(&r.stderr).to_string();
     assert!(err.contains(" 3 batch deletes"), "{err}");
-    let ls = run(&[&"ls", &"--server-mtime", &url]);
+    let ls = s3.run(&[&"ls", &"--server-mtime", &url]);
     ls.ok();
     let mut out: Vec<String> = String::from_utf8_lossy(&ls.stdout)
         .lines()
@@ -160,60 +170,85 @@ fn a_directory_wider_than_a_page_is_deleted_in_batches() {
 
 #[test]
 fn s3_to_s3_and_checksum() {
-    let Some(s3) = s3() else { return };
+    each_server(s3_to_s3_and_checksum_on);
+}
+
+fn s3_to_s3_and_checksum_on(s3: &S3) {
     let t = tmpdir();
     let src = t.path().join("src");
     tree(&src);
     let a = s3.url("s2s-a");
     let b = s3.url("s2s-b");
-    run(&[&"sync", &src, &a]).ok();
-    run(&[&"sync", &a, &b]).ok();
+    s3.run(&[&"sync", &src, &a]).ok();
+    s3.run(&[&"sync", &a, &b]).ok();
     let down = t.path().join("down");
-    run(&[&"sync", &b, &down]).ok();
+    s3.run(&[&"sync", &b, &down]).ok();
     assert_files_equal(&src, &down);
     // Same size and mtime, other bytes: only --checksum sees it.
     rewrite_keep_meta(&src.join("a.txt"), b"HELLO S3\n");
-    let r = run(&[&"sync", &"--json", &src, &a]);
+    let r = s3.run(&[&"sync", &"--json", &src, &a]);
     assert_eq!(summary(&r).files_copied, 0, "{r}");
-    let r = run(&[&"sync", &"--json", &"--checksum", &src, &a]);
+    let r = s3.run(&[&"sync", &"--json", &"--checksum", &src, &a]);
     assert_eq!(summary(&r).files_copied, 1, "{r}");
 }
 
+/// A wrong bucket, wrong credentials or an endpoint nobody listens on: exit 2, one line
+/// that names the `s3://` path and the endpoint and says what the answer means.
 #[test]
-fn bad_bucket_and_credentials_exit_2() {
-    let Some(s3) = s3() else { return };
-    let t = tmpdir();
-    let src = t.path().join("src");
-    write(&src, "f", b"f");
-    let r = run(&[&"sync", &src, &"s3://no-such-bucket-ferry/x"]);
-    r.code_is(2);
-    assert!(r.err().contains("no-such-bucket-ferry"), "{r}");
-    let out = Command::new(bin())
-        .args(["ls", &s3.url("x")])
-        .env("AWS_SECRET_ACCESS_KEY", "wrong-secret-0123456789")
-        .output()
-        .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(2),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let out = Command::new(bin())
-        .args([
+fn bad_bucket_credentials_and_endpoint_exit_2_saying_what_it_means() {
+    each_server(|s3| {
+        let t = tmpdir();
+        let src = t.path().join("src");
+        write(&src, "f", b"f");
+        let r = s3.run(&[&"sync", &src, &"s3://no-such-bucket-ferry/x"]);
+        r.code_is(2);
+        let e = r.err();
+        assert!(
+            e.contains("s3://no-such-bucket-ferry") && e.contains("no such bucket"),
+            "{r}"
+        );
+        assert!(e.contains(&s3.endpoint), "names the endpoint: {r}");
+
+        let mut c = s3.command();
+        c.args([
             "ls",
             "s3://ferry-test/x",
             "--s3-endpoint",
             "http://127.0.0.1:9",
-        ])
-        .output()
-        .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(2),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+        ]);
+        let r = run_within(c, std::time::Duration::from_secs(120));
+        r.code_is(2);
+        let e = r.err();
+        assert!(
+            e.contains("s3://ferry-test")
+                && e.contains("endpoint http://127.0.0.1:9 not reachable: connection refused"),
+            "{r}"
+        );
+    });
+    // Wrong credentials: Garage checks signatures (moto's server does not).
+    if let Some(s3) = servers().into_iter().find(|s| s.name == "garage") {
+        let url = s3.url("x");
+        let mut c = s3.command();
+        c.args(["ls", &url])
+            .env("AWS_SECRET_ACCESS_KEY", "wrong-secret-0123456789");
+        let r = run_within(c, std::time::Duration::from_secs(120));
+        r.code_is(2);
+        let e = r.err();
+        assert!(
+            e.contains("s3://ferry-test") && e.contains("access denied, check the credentials"),
+            "{r}"
+        );
+        assert!(e.contains(&s3.endpoint), "names the endpoint: {r}");
+        let mut c = s3.command();
+        c.args(["ls", &url])
+            .env("AWS_ACCESS_KEY_ID", "GKnosuchkey000000000");
+        let r = run_within(c, std::time::Duration::from_secs(120));
+        r.code_is(2);
+        assert!(
+            r.err().contains("access denied, check the credentials"),
+            "{r}"
+        );
+    }
 }
 
 /// rclone's view of a remote path: `size  YYYY-MM-DD HH:MM:SS.fffffffff path` per object.
@@ -225,19 +260,10 @@ fn rclone(s3: &S3, args: &[&str]) -> std::process::Output {
         .env_remove("AWS_CA_BUNDLE")
         .env("RCLONE_CONFIG_G_TYPE", "s3")
         .env("RCLONE_CONFIG_G_PROVIDER", "Other")
-        .env(
-            "RCLONE_CONFIG_G_ACCESS_KEY_ID",
-            std::env::var("AWS_ACCESS_KEY_ID").unwrap(),
-        )
-        .env(
-            "RCLONE_CONFIG_G_SECRET_ACCESS_KEY",
-            std::env::var("AWS_SECRET_ACCESS_KEY").unwrap(),
-        )
+        .env("RCLONE_CONFIG_G_ACCESS_KEY_ID", &s3.key)
+        .env("RCLONE_CONFIG_G_SECRET_ACCESS_KEY", &s3.secret)
         .env("RCLONE_CONFIG_G_ENDPOINT", &s3.endpoint)
-        .env(
-            "RCLONE_CONFIG_G_REGION",
-            std::env::var("AWS_REGION").unwrap(),
-        )
+        .env("RCLONE_CONFIG_G_REGION", &s3.region)
         .env("RCLONE_CONFIG_G_FORCE_PATH_STYLE", "true")
         .output()
         .expect("rclone is installed by scripts/test");
@@ -255,16 +281,19 @@ fn rclone_path(url: &str) -> String {
 
 #[test]
 fn rclone_reads_what_ferry_wrote_and_ferry_reads_what_rclone_wrote() {
-    let Some(s3) = s3() else { return };
+    each_server(rclone_reads_what_ferry_wrote_and_ferry_reads_what_rclone_wrote_on);
+}
+
+fn rclone_reads_what_ferry_wrote_and_ferry_reads_what_rclone_wrote_on(s3: &S3) {
     let t = tmpdir();
     let src = t.path().join("src");
     tree(&src);
 
     // ferry up, rclone down: rclone sees ferry's mtimes (X-Amz-Meta-Mtime).
     let url = s3.url("interop-ferry");
-    run(&[&"sync", &src, &url]).ok();
+    s3.run(&[&"sync", &src, &url]).ok();
     let down = t.path().join("rclone-down");
-    rclone(&s3, &["copy", &rclone_path(&url), down.to_str().unwrap()]);
+    rclone(s3, &["copy", &rclone_path(&url), down.to_str().unwrap()]);
     for rel in ["a.txt", "d1/b.bin", "big.bin", "d1/d2/sp ace+plus%.txt"] {
         assert_eq!(
             std::fs::read(src.join(rel)).unwrap(),
@@ -279,7 +308,7 @@ fn rclone_reads_what_ferry_wrote_and_ferry_reads_what_rclone_wrote() {
     }
     // rclone agrees nothing differs (size and mtime).
     rclone(
-        &s3,
+        s3,
         &[
             "check",
             "--size-only",
@@ -287,12 +316,20 @@ fn rclone_reads_what_ferry_wrote_and_ferry_reads_what_rclone_wrote() {
             &rclone_path(&url),
         ],
     );
+    // And by content: the multipart object's MD5 is in X-Amz-Meta-Md5chksum, so rclone
+    // checks every file's hash (none "could not be checked").
+    let out = rclone(s3, &["check", src.to_str().unwrap(), &rclone_path(&url)]);
+    let said = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(
+        !said.contains("could not be checked") && said.contains("7 matching files"),
+        "{said}"
+    );
 
     // rclone up, ferry down: mtimes intact, nothing re-copied on the second run.
     let url2 = s3.url("interop-rclone");
-    rclone(&s3, &["copy", src.to_str().unwrap(), &rclone_path(&url2)]);
+    rclone(s3, &["copy", src.to_str().unwrap(), &rclone_path(&url2)]);
     let mine = t.path().join("ferry-down");
-    run(&[&"sync", &url2, &mine]).ok();
+    s3.run(&[&"sync", &url2, &mine]).ok();
     for rel in [
         "a.txt",
         "d1/b.bin",
@@ -310,11 +347,11 @@ fn rclone_reads_what_ferry_wrote_and_ferry_reads_what_rclone_wrote() {
             "{rel}: mtime from rclone's metadata"
         );
     }
-    let again = run(&[&"sync", &"--json", &url2, &mine]);
+    let again = s3.run(&[&"sync", &"--json", &url2, &mine]);
     again.ok();
     assert_eq!(summary(&again).files_copied, 0, "{again}");
     // And ferry uploading over rclone's objects finds them unchanged.
-    let up = run(&[&"sync", &"--json", &src, &url2]);
+    let up = s3.run(&[&"sync", &"--json", &src, &url2]);
     assert_eq!(summary(&up).files_copied, 0, "{up}");
 }
 
@@ -355,6 +392,20 @@ fn aws(s3: &S3, args: &[&str]) -> std::process::Output {
         String::from_utf8_lossy(&out.stderr)
     );
     out
+}
+
+/// Base64 of the MD5 of a file's content (rclone's `X-Amz-Meta-Md5chksum`), by Python.
+fn md5_base64(p: &Path) -> String {
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            "import base64,hashlib,sys; print(base64.b64encode(hashlib.md5(open(sys.argv[1],'rb').read()).digest()).decode())",
+        ])
+        .arg(p)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
 
 /// `s3://bucket/prefix` → (bucket, prefix).
@@ -399,7 +450,10 @@ fn parse_utc_reads_aws_cli_timestamps() {
 /// the object metadata carries mtime and mode in rclone's format.
 #[test]
 fn aws_cli_reads_what_ferry_wrote() {
-    let Some(s3) = s3() else { return };
+    each_server(aws_cli_reads_what_ferry_wrote_on);
+}
+
+fn aws_cli_reads_what_ferry_wrote_on(s3: &S3) {
     let t = tmpdir();
     let src = t.path().join("src");
     tree(&src);
@@ -414,7 +468,7 @@ fn aws_cli_reads_what_ferry_wrote() {
     stamp_tree(&src, 1_500_000_000);
     let url = s3.url("awscli-ferry");
     let (bucket, prefix) = split_url(&url);
-    run(&[&"sync", &src, &url]).ok();
+    s3.run(&[&"sync", &src, &url]).ok();
 
     let want: Vec<(String, u64)> = file_list(&src)
         .into_iter()
@@ -425,7 +479,7 @@ fn aws_cli_reads_what_ferry_wrote() {
             )
         })
         .collect();
-    let ls = aws(&s3, &["s3", "ls", "--recursive", &format!("{url}/")]);
+    let ls = aws(s3, &["s3", "ls", "--recursive", &format!("{url}/")]);
     // `2026-11-23 00:33:01      12345 prefix/key`
     let mut got: Vec<(String, u64)> = String::from_utf8(ls.stdout)
         .unwrap()
@@ -442,7 +496,7 @@ fn aws_cli_reads_what_ferry_wrote() {
 
     let down = t.path().join("aws-down");
     aws(
-        &s3,
+        s3,
         &[
             "s3",
             "cp",
@@ -474,7 +528,7 @@ fn aws_cli_reads_what_ferry_wrote() {
         ("d1/b.bin", "100755"),
     ] {
         let head = aws(
-            &s3,
+            s3,
             &[
                 "s3api",
                 "head-object",
@@ -495,6 +549,14 @@ fn aws_cli_reads_what_ferry_wrote() {
             "{rel}: x-amz-meta-mtime in rclone's format (seconds.nanoseconds)"
         );
         assert_eq!(meta.str_field("mode"), Some(mode), "{rel}: x-amz-meta-mode");
+        if rel == "big.bin" {
+            // Multipart: rclone's whole-file MD5 (its ETag is not one).
+            assert_eq!(
+                meta.str_field("md5chksum"),
+                Some(md5_base64(&src.join(rel)).as_str()),
+                "{rel}: x-amz-meta-md5chksum"
+            );
+        }
         assert_eq!(
             j.get("ContentLength").and_then(Json::as_u64),
             Some(std::fs::metadata(src.join(rel)).unwrap().len()),
@@ -508,7 +570,10 @@ fn aws_cli_reads_what_ferry_wrote() {
 /// (or its `mtime` metadata when the uploader set one), and a second sync copies nothing.
 #[test]
 fn ferry_reads_what_aws_cli_wrote() {
-    let Some(s3) = s3() else { return };
+    each_server(ferry_reads_what_aws_cli_wrote_on);
+}
+
+fn ferry_reads_what_aws_cli_wrote_on(s3: &S3) {
     let t = tmpdir();
     let src = t.path().join("src");
     tree(&src);
@@ -522,7 +587,7 @@ fn ferry_reads_what_aws_cli_wrote() {
     let url = s3.url("awscli-up");
     let (bucket, prefix) = split_url(&url);
     aws(
-        &s3,
+        s3,
         &[
             "s3",
             "cp",
@@ -535,7 +600,7 @@ fn ferry_reads_what_aws_cli_wrote() {
     // One object with rclone-style metadata set by the uploader.
     let meta_file = write(t.path(), "with-meta", b"metadata from the AWS CLI");
     aws(
-        &s3,
+        s3,
         &[
             "s3",
             "cp",
@@ -548,12 +613,12 @@ fn ferry_reads_what_aws_cli_wrote() {
     );
 
     let down = t.path().join("down");
-    let r = run(&[&"sync", &"--json", &url, &down]);
+    let r = s3.run(&[&"sync", &"--json", &url, &down]);
     r.ok();
     assert_eq!(summary(&r).errors, 0, "{r}");
 
     let listing = aws(
-        &s3,
+        s3,
         &[
             "s3api",
             "list-objects-v2",
@@ -605,7 +670,7 @@ fn ferry_reads_what_aws_cli_wrote() {
         assert_eq!(g.3, 0o644, "{rel}: mode of an object without mode metadata");
     }
 
-    let again = run(&[&"sync", &"--json", &url, &down]);
+    let again = s3.run(&[&"sync", &"--json", &url, &down]);
     again.ok();
     assert_eq!(summary(&again).files_copied, 0, "{again}");
 }
@@ -617,7 +682,10 @@ fn ferry_reads_what_aws_cli_wrote() {
 /// nothing to do.
 #[test]
 fn wide_prefix_listed_in_ranges() {
-    let Some(s3) = s3() else { return };
+    each_server(wide_prefix_listed_in_ranges_on);
+}
+
+fn wide_prefix_listed_in_ranges_on(s3: &S3) {
     let t = tmpdir();
     let src = t.path().join("src");
     let mut want = Vec::new();
@@ -637,8 +705,8 @@ fn wide_prefix_listed_in_ranges() {
     }
     stamp_tree(&src, 1_500_000_000);
     let url = s3.url("wide");
-    run(&[&"copy", &src, &url]).ok();
-    let ls = run(&[&"ls", &url]);
+    s3.run(&[&"copy", &src, &url]).ok();
+    let ls = s3.run(&[&"ls", &url]);
     ls.ok();
     let out = String::from_utf8_lossy(&ls.stdout).to_string();
     let mut got: Vec<String> = out
@@ -651,11 +719,11 @@ fn wide_prefix_listed_in_ranges() {
     want.sort();
     assert_eq!(got.len(), want.len());
     assert!(got == want, "listing differs from what was uploaded");
-    let r = run(&[&"sync", &"--json", &src, &url]);
+    let r = s3.run(&[&"sync", &"--json", &src, &url]);
     r.ok();
     assert_eq!(summary(&r).files_copied, 0, "{r}");
     let down = t.path().join("down");
-    let r = run(&[&"sync", &"-v", &url, &down]);
+    let r = s3.run(&[&"sync", &"-v", &url, &down]);
     r.ok();
     assert_files_equal(&src, &down);
     // The first page (f00000…) gave boundaries f01…f09, f1…f9: ranges.

@@ -1,15 +1,21 @@
-//! Shared helpers of the tests against a real S3 server (Garage, started by `scripts/test`
-//! through `scripts/garage`).
+//! Shared helpers of the tests against real S3 servers: Garage and moto's server, started by
+//! `scripts/test` through `scripts/garage` and `scripts/moto`. A test written with
+//! [`each_server`] runs once per server configured.
 
 use std::ffi::OsString;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::time::Duration;
 
 use super::*;
 
 /// Where a test's S3 server is.
 pub struct S3 {
+    /// Which server: "garage", "moto", ...
+    pub name: String,
     pub endpoint: String,
     pub bucket: String,
     pub key: String,
@@ -38,6 +44,7 @@ pub fn s3_from(var: &str) -> Option<S3> {
         })
     };
     let s = S3 {
+        name: var.to_string(),
         endpoint: get("ENDPOINT"),
         bucket: get("BUCKET"),
         key: get("KEY"),
@@ -56,7 +63,99 @@ pub fn s3() -> Option<S3> {
     s3_from("FERRY_TEST_S3")
 }
 
+/// Every server the S3 tests run against: the single-node Garage (`FERRY_TEST_S3_*`; a
+/// missing variable fails, as in [`s3_from`]) and moto's server (`FERRY_TEST_S3M_*`, skipped
+/// when `FERRY_TEST_S3M_ENDPOINT` is not set). None with `FERRY_SKIP_S3`. Unlike
+/// [`s3_from`] this sets nothing in the test process: run ferry with [`S3::run`],
+/// [`S3::ferry`] or [`S3::spawn`], which pass the server's settings to it.
+pub fn servers() -> Vec<S3> {
+    if std::env::var_os("FERRY_SKIP_S3").is_some() {
+        return Vec::new();
+    }
+    let mut v = Vec::new();
+    for (var, name, required) in [
+        ("FERRY_TEST_S3", "garage", true),
+        ("FERRY_TEST_S3M", "moto", false),
+    ] {
+        if !required && std::env::var_os(format!("{var}_ENDPOINT")).is_none() {
+            continue;
+        }
+        let get = |k: &str| {
+            let k = format!("{var}_{k}");
+            std::env::var(&k).unwrap_or_else(|_| {
+                panic!(
+                    "{k} is not set: run the tests with scripts/test (it starts the S3 \
+                     servers), or set FERRY_SKIP_S3=1"
+                )
+            })
+        };
+        v.push(S3 {
+            name: name.to_string(),
+            endpoint: get("ENDPOINT"),
+            bucket: get("BUCKET"),
+            key: get("KEY"),
+            secret: get("SECRET"),
+            region: get("REGION"),
+        });
+    }
+    v
+}
+
+/// Run `test` once against each server of [`servers`] (the server's name goes to stderr
+/// first, so a failure says which one).
+pub fn each_server(test: impl Fn(&S3)) {
+    for s in servers() {
+        eprintln!("--- S3 server: {} ({})", s.name, s.endpoint);
+        test(&s);
+    }
+}
+
 impl S3 {
+    /// `ferry` with this server's endpoint, credentials and region in its environment.
+    pub fn command(&self) -> Command {
+        let mut c = Command::new(bin());
+        c.env("AWS_ACCESS_KEY_ID", &self.key)
+            .env("AWS_SECRET_ACCESS_KEY", &self.secret)
+            .env("AWS_REGION", &self.region)
+            .env("AWS_ENDPOINT_URL", &self.endpoint)
+            .env_remove("AWS_ENDPOINT_URL_S3")
+            .env_remove("AWS_SESSION_TOKEN")
+            .env_remove("AWS_PROFILE")
+            .stdin(Stdio::null());
+        c
+    }
+
+    /// `ferry ARGS...` against this server (mixed argument types).
+    pub fn run(&self, args: &[&dyn AsRef<std::ffi::OsStr>]) -> Run {
+        let v: Vec<OsString> = args.iter().map(|a| a.as_ref().to_owned()).collect();
+        self.ferry(&v)
+    }
+
+    /// `ferry ARGS...` against this server.
+    pub fn ferry<I, A>(&self, args: I) -> Run
+    where
+        I: IntoIterator<Item = A>,
+        A: AsRef<std::ffi::OsStr>,
+    {
+        let mut c = self.command();
+        c.args(args);
+        run_within(c, Duration::from_secs(600))
+    }
+
+    /// Start `ferry ARGS...` against this server without capturing its output.
+    pub fn spawn<I, A>(&self, args: I) -> Child
+    where
+        I: IntoIterator<Item = A>,
+        A: AsRef<std::ffi::OsStr>,
+    {
+        self.command()
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn ferry")
+    }
+
     /// `s3://bucket/NAME-TIME-N`: a prefix no other test (or earlier run) uses.
     pub fn url(&self, name: &str) -> String {
         static N: AtomicU64 = AtomicU64::new(0);
@@ -126,5 +225,36 @@ pub fn assert_files_equal(a: &Path, b: &Path) {
         );
         assert_eq!(x.2, y.2, "{:?}: mtime differs", x.0);
         assert_eq!(x.3, y.3, "{:?}: mode differs", x.0);
+    }
+}
+
+/// Run `cmd` (ferry) to its end and capture what it printed; panics (after killing it) when
+/// it has not ended within `bound`: a hang guard, not a performance assertion.
+pub fn run_within(mut cmd: Command, bound: Duration) -> Run {
+    let args: Vec<OsString> = cmd.get_args().map(|a| a.to_owned()).collect();
+    let child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn ferry");
+    let pid = child.id();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(bound) {
+        Ok(out) => {
+            let out = out.expect("wait for ferry");
+            Run {
+                args,
+                code: out.status.code(),
+                stdout: out.stdout,
+                stderr: out.stderr,
+            }
+        }
+        Err(_) => {
+            let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
+            panic!("ferry {args:?} did not end within {bound:?} (hang guard)");
+        }
     }
 }
