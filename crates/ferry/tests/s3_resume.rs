@@ -142,7 +142,7 @@ fn killed_download_resumes_from_its_partial_file() {
     // 24 MiB/s: 4 s in all; the received ranges are recorded every second.
     let child = spawn_ferry(["copy", "--bwlimit", "24M", &url, down.to_str().unwrap()]);
     kill_when(child, Duration::from_secs(3), || false);
-    let partials = find_prefixed(&down, b".ferry-tmp.part.");
+    let partials = find_prefixed(&down, b".ferry-part-");
     assert_eq!(partials.len(), 1, "one partial download kept: {partials:?}");
     assert!(!down.join("big.bin").exists());
     let r = run(&["copy", "-v", &url, down.to_str().unwrap()]);
@@ -167,7 +167,7 @@ fn killed_download_resumes_from_its_partial_file() {
         get_mtime(&down.join("big.bin")),
         get_mtime(&src.join("big.bin"))
     );
-    assert!(find_prefixed(&down, b".ferry-tmp.").is_empty());
+    assert!(find_prefixed(&down, b".ferry-").is_empty());
     // A second run changes nothing.
     let r = run(&["copy", "--json", &url, down.to_str().unwrap()]);
     assert_eq!(summary(&r).files_copied, 0, "{r}");
