@@ -197,6 +197,9 @@ pub struct Engine<'a, S: Store, D: Store> {
     lanes: usize,
     /// Change nothing: `opts.dry_run`, or the counting pass of `--max-delete`.
     dry_run: bool,
+    /// The counting pass: only what would be removed matters (no metadata
+    /// refined with a request per object).
+    counting: bool,
     /// Compare content (`opts.checksum`; never in the counting pass).
     checksum: bool,
     /// Removals still allowed (`--max-delete`); `u64::MAX`: no limit.
@@ -236,6 +239,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                 dst.dir_write_lanes().max(1)
             },
             dry_run: opts.dry_run,
+            counting: false,
             checksum: opts.checksum,
             budget: AtomicU64::new(u64::MAX),
             refusal: Mutex::new(None),
@@ -248,6 +252,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         static QUIET: crate::report::Quiet = crate::report::Quiet;
         let mut e = Engine::new(self.src, self.dst, self.opts, stats, &QUIET);
         e.dry_run = true;
+        e.counting = true;
         e.checksum = false;
         e.plan.checksum = false;
         e
@@ -285,12 +290,14 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         let total = stats.dst_entries.load(Ordering::Relaxed);
         let allowed = limit.allowed(total);
         if would > allowed {
-            let of = match limit {
-                MaxDelete::Percent(_) => format!(" of {total}"),
-                MaxDelete::Count(_) => String::new(),
+            let what = match limit {
+                MaxDelete::Percent(_) => format!(
+                    "{would} of {total} entries in DST (--max-delete {limit} allows {allowed})"
+                ),
+                MaxDelete::Count(_) => format!("{would} entries in DST (--max-delete {limit})"),
             };
             return Err(refused(format!(
-                "refusing to delete {would}{of} entries in DST: more than --max-delete {limit} allows ({allowed}); nothing was changed"
+                "refusing to delete {what}; nothing was changed"
             )));
         }
         Ok(allowed)
@@ -405,10 +412,13 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         if n == 0 {
             return false;
         }
+        let (entries, them) = if n == 1 {
+            ("entry", "it")
+        } else {
+            ("entries", "them")
+        };
         *self.refusal.lock().expect("refusal") = Some(format!(
-            "SRC is empty and DST has {n} entr{} at its top level: refusing to delete {}; if SRC is a mount point, mount it, or use --force to delete them",
-            if n == 1 { "y" } else { "ies" },
-            if n == 1 { "it" } else { "them all" },
+            "SRC is empty and DST has {n} {entries} at its top level: refusing to delete {them} (if SRC is an unmounted mount point, mount it; --force deletes {them})"
         ));
         true
     }
@@ -633,7 +643,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                 self.fail(&self.path(node, &e.name), &e.err);
             }
         }
-        if self.src.approximate_meta() || self.dst.approximate_meta() {
+        if (self.src.approximate_meta() || self.dst.approximate_meta()) && !self.counting {
             self.refine(node, &mut src_list, &mut dst_list);
         }
         if let Some(d) = &node.dst {
@@ -827,17 +837,23 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                     c
                 }
             };
+            let mut meta = node.src_meta;
             if !self.src.has_dir_meta() {
                 // A prefix has no times or owner to copy; a new directory
-                // still needs its real mode (it was made 0700).
+                // still needs its real mode (it was made 0700), and one
+                // made writable for the run gets its own back.
+                let unlocked = node.unlocked.load(Ordering::Relaxed);
                 what = MetaChange {
-                    mode: node.dst_meta.is_none(),
+                    mode: node.dst_meta.is_none() || unlocked,
                     ..MetaChange::default()
                 };
+                if let (true, Some(m)) = (unlocked, &node.dst_meta) {
+                    meta.mode = m.mode;
+                }
             }
             what.owner &= self.plan.owner;
             if !what.is_empty() {
-                if let Err(e) = self.dst.set_dir_meta(d, &node.src_meta, what) {
+                if let Err(e) = self.dst.set_dir_meta(d, &meta, what) {
                     self.fail(&node.rel, &e);
                 }
             }
