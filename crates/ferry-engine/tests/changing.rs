@@ -30,6 +30,10 @@ struct Growing {
     grows: Arc<AtomicU32>,
     /// When set, the run's moved-bytes counter, checked by the readers.
     watch: Option<Arc<Stats>>,
+    /// Files removed from the source when its root is opened the second
+    /// time (between the `--max-delete` counting pass and the run).
+    shrink: Vec<PathBuf>,
+    roots: AtomicU32,
 }
 
 struct GrowingReader {
@@ -84,6 +88,11 @@ impl Store for Growing {
     type Writer = LocalWriter;
 
     fn open_root(&self) -> io::Result<Option<(LocalDir, Meta)>> {
+        if self.roots.fetch_add(1, Ordering::Relaxed) == 1 {
+            for p in &self.shrink {
+                fs::remove_file(p).unwrap();
+            }
+        }
         self.inner.open_root()
     }
     fn create_root(&self) -> io::Result<LocalDir> {
@@ -201,6 +210,8 @@ fn copy_growing(src: &Path, dst: &Path, grows: u32, bwlimit: Option<u64>) -> (St
         root: src.to_path_buf(),
         grows: counter.clone(),
         watch: None,
+        shrink: Vec::new(),
+        roots: AtomicU32::new(0),
     };
     let d = LocalStore::new(dst, 1);
     let stats = Stats::default();
@@ -299,6 +310,8 @@ fn bytes_are_counted_as_they_move() {
             root: src.clone(),
             grows: Arc::new(AtomicU32::new(0)),
             watch: Some(stats.clone()),
+            shrink: Vec::new(),
+            roots: AtomicU32::new(0),
         };
         let dl = LocalStore::new(&dst, 1);
         let o = opts(bw);
@@ -309,4 +322,56 @@ fn bytes_are_counted_as_they_move() {
         // counted before the file ends where the bytes pass through reads).
         assert_eq!(moved(&stats.bytes_moved), size as u64, "{what}");
     }
+}
+
+/// `--max-delete`: the counting pass allows what it saw; when the source
+/// shrinks before the run itself, the run still removes no more than that.
+#[test]
+fn max_delete_is_never_exceeded_when_the_source_shrinks_meanwhile() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    fs::create_dir_all(&src).unwrap();
+    fs::create_dir_all(dst.join("xd")).unwrap();
+    for i in 0..10 {
+        fs::write(src.join(format!("f{i}")), b"f").unwrap();
+        fs::copy(src.join(format!("f{i}")), dst.join(format!("f{i}"))).unwrap();
+    }
+    // Three to delete when counted: x0 and the directory xd with x1.
+    fs::write(dst.join("x0"), b"x").unwrap();
+    fs::write(dst.join("xd/x1"), b"x").unwrap();
+    let s = Growing {
+        inner: LocalStore::new(&src, 1),
+        root: src.clone(),
+        grows: Arc::new(AtomicU32::new(0)),
+        watch: None,
+        shrink: (0..5).map(|i| src.join(format!("f{i}"))).collect(),
+        roots: AtomicU32::new(0),
+    };
+    let d = LocalStore::new(&dst, 1);
+    let stats = Stats::default();
+    let o = Options {
+        mode: Mode::Sync,
+        max_delete: Some(ferry_engine::MaxDelete::Count(3)),
+        ..opts(None)
+    };
+    Engine::new(&s, &d, &o, &stats, &Quiet).run_tree().unwrap();
+    let n = |c: &AtomicU64| c.load(Ordering::Relaxed);
+    assert_eq!(n(&stats.files_deleted), 3);
+    // f0..f2 removed (name order), then f3, f4, x0 and xd each reported.
+    assert_eq!(n(&stats.errors), 4, "each entry not removed is reported");
+    // 10 files + x0 + xd + x1 = 13 entries, 3 removed.
+    let left = walkdir(&dst);
+    assert_eq!(left.len(), 10, "{left:?}");
+}
+
+fn walkdir(p: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in fs::read_dir(p).unwrap() {
+        let e = e.unwrap().path();
+        if e.is_dir() {
+            out.extend(walkdir(&e));
+        }
+        out.push(e);
+    }
+    out
 }
