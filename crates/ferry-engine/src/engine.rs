@@ -749,7 +749,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                 }
                 Step::ReplaceBySpecial { s, d } => {
                     let name = src_list.cname(&se[s]);
-                    let (sm, dm) = (se[s].meta, de[d].meta);
+                    let dm = de[d].meta;
                     if self.opts.mode == Mode::Copy {
                         let err = io::Error::other(format!(
                             "is a special file in the source (not copied) but a {} in the destination; copy never deletes (use sync)",
@@ -761,7 +761,6 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                     // Sync: the destination must not keep an entry the
                     // source no longer has; the special file itself is
                     // skipped like any other (see docs/CLI.md).
-                    let _ = sm;
                     if self.delete(node, name, &dm) {
                         self.rep
                             .action(Action::Skip, &self.path(node, name.to_bytes()), 0);
