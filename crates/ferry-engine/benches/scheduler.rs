@@ -203,6 +203,8 @@ fn copy_benches(c: &mut Criterion) {
                     jobs,
                     filter: None,
                     bwlimit: None,
+                    max_delete: None,
+                    force: false,
                 };
                 let stats = Stats::default();
                 let t = Instant::now();

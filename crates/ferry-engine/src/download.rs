@@ -1,7 +1,7 @@
 //! Big files from a [`RangedSource`] (objects in S3) into a local file:
 //! several ranged reads in flight, each written at its offset, and resumable.
 //!
-//! The file is a named partial, `.ferry-tmp.part.<hash of the name>`, in the
+//! The file is a named partial, `.ferry-part-<hash of the name>.~ferry~`, in the
 //! target directory. Received ranges go into a [`RangeSet`] (in-order
 //! completions extend its prefix in O(1); out-of-order ones wait in its
 //! fallback map). Every [`SYNC_EVERY`] bytes, and when a run fails, the file
@@ -33,7 +33,7 @@ use rustix::io::Errno;
 
 use crate::bwlimit::Limiter;
 use crate::range::RangeSet;
-use crate::store::{RangedSource, PARTIAL_PREFIX, RANGE_PIECE};
+use crate::store::{self, Progress, RangedSource, RANGE_PIECE};
 use rustix::mm as rfs_mm;
 
 /// Files at least this big are fetched as parallel ranges.
@@ -112,9 +112,7 @@ pub fn partial_name(name: &CStr) -> CString {
         h ^= u64::from(b);
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
-    let mut v = PARTIAL_PREFIX.to_vec();
-    v.extend_from_slice(format!("{h:016x}").as_bytes());
-    CString::new(v).expect("no NUL")
+    store::partial_name(h)
 }
 
 /// A finished download: the open partial, its name, its size, and how many
@@ -139,13 +137,14 @@ pub fn download(
     name: &CStr,
     src: &dyn RangedSource,
     limit: Option<&Limiter>,
+    progress: Option<&Progress<'_>>,
 ) -> io::Result<Downloaded> {
     let t = Tuning {
         chunk: CHUNK,
         sync_every: SYNC_EVERY,
         sync_interval: SYNC_INTERVAL,
     };
-    download_with(dir, name, src, limit, t)
+    download_with(dir, name, src, limit, progress, t)
 }
 
 fn download_with(
@@ -153,6 +152,7 @@ fn download_with(
     name: &CStr,
     src: &dyn RangedSource,
     limit: Option<&Limiter>,
+    moved: Option<&Progress<'_>>,
     t: Tuning,
 ) -> io::Result<Downloaded> {
     let (size, ident) = src.identity()?;
@@ -211,6 +211,9 @@ fn download_with(
                 // Each piece is on disk before it counts as received.
                 let mut put = |off: u64, data: &[u8]| -> io::Result<()> {
                     direct.write(fd.as_fd(), data, off)?;
+                    if let Some(m) = moved {
+                        m.add(data.len() as u64);
+                    }
                     let end = off + data.len() as u64;
                     let snapshot = {
                         let mut p = progress.lock().expect("progress");
@@ -386,6 +389,22 @@ fn save_state(fd: BorrowedFd<'_>, size: u64, ident: &str, set: &RangeSet) -> io:
     Ok(())
 }
 
+/// True when `name` in `dir` is a regular file carrying a decodable resume
+/// record: a partial download ferry wrote (older versions named them
+/// `.ferry-tmp.part.<16 hex>`; a user's file of that name has no record).
+pub fn has_resume_record(dir: BorrowedFd<'_>, name: &CStr) -> bool {
+    let Ok(fd) = rfs::openat(
+        dir,
+        name,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) else {
+        return false;
+    };
+    rfs::fstat(&fd).is_ok_and(|st| st.st_mode & 0o170000 == 0o100000)
+        && matches!(load_state(fd.as_fd()), Ok(Some(_)))
+}
+
 /// The recorded state; `Ok(None)` when there is none (or it is unreadable),
 /// an error when extended attributes are not supported here.
 fn load_state(fd: BorrowedFd<'_>) -> io::Result<Option<State>> {
@@ -495,19 +514,19 @@ mod tests {
         // Bytes before 9.5 chunks arrive; the connection dies there.
         let cut = 9 * T.chunk + T.chunk / 2;
         let src = fake(len, "etag-1", cut);
-        let err = download_with(d.as_fd(), c"big.bin", &src, None, T)
+        let err = download_with(d.as_fd(), c"big.bin", &src, None, None, T)
             .err()
             .unwrap();
         assert!(err.to_string().contains("connection reset"));
         let src2 = fake(len, "etag-1", u64::MAX);
-        let got = download_with(d.as_fd(), c"big.bin", &src2, None, T).unwrap();
+        let got = download_with(d.as_fd(), c"big.bin", &src2, None, None, T).unwrap();
         assert_eq!(got.size, len as u64);
         assert_eq!(contents(&got.fd, got.size), src2.data);
         // Resume state is recorded every `sync_every` bytes and on failure:
         // everything the first run wrote is reused.
         assert_eq!(got.resumed, cut);
         assert_eq!(src2.served.load(Ordering::SeqCst), len as u64 - got.resumed);
-        assert!(got.name.to_bytes().starts_with(PARTIAL_PREFIX));
+        assert!(store::is_partial_name(got.name.to_bytes()));
         // The finished file carries no resume state.
         assert!(matches!(load_state(got.fd.as_fd()), Ok(None)));
     }
@@ -521,10 +540,10 @@ mod tests {
         let cut = 6 * T.chunk + 5000 + 3;
         let mut src = fake(len, "etag-1", cut);
         src.piece = 16 << 10;
-        assert!(download_with(d.as_fd(), c"d.bin", &src, None, T).is_err());
+        assert!(download_with(d.as_fd(), c"d.bin", &src, None, None, T).is_err());
         let mut src2 = fake(len, "etag-1", u64::MAX);
         src2.piece = 16 << 10;
-        let got = download_with(d.as_fd(), c"d.bin", &src2, None, T).unwrap();
+        let got = download_with(d.as_fd(), c"d.bin", &src2, None, None, T).unwrap();
         assert_eq!(got.resumed, cut);
         assert_eq!(contents(&got.fd, got.size), src2.data);
         // Where the filesystem takes O_DIRECT, all but the edges went direct.
@@ -543,10 +562,10 @@ mod tests {
         let (_t, d) = dir();
         let len = 3 * T.chunk as usize;
         let src = fake(len, "etag-1", 2 * T.chunk);
-        assert!(download_with(d.as_fd(), c"f", &src, None, T).is_err());
+        assert!(download_with(d.as_fd(), c"f", &src, None, None, T).is_err());
         let mut src2 = fake(len, "etag-2", u64::MAX);
         src2.data.reverse();
-        let got = download_with(d.as_fd(), c"f", &src2, None, T).unwrap();
+        let got = download_with(d.as_fd(), c"f", &src2, None, None, T).unwrap();
         assert_eq!(got.resumed, 0);
         assert_eq!(src2.served.load(Ordering::SeqCst), len as u64);
         assert_eq!(contents(&got.fd, got.size), src2.data);

@@ -23,7 +23,7 @@ pub mod report;
 pub mod store;
 pub mod write;
 
-pub use engine::{Engine, Mode, Options};
+pub use engine::{Engine, MaxDelete, Mode, Options, Refused};
 pub use entry::{Kind, Listing, Meta};
 pub use filter::Filter;
 pub use local::LocalStore;

@@ -29,14 +29,15 @@ use crate::bwlimit::Limiter;
 use crate::download;
 use crate::entry::{Kind, ListEntry, Listing, Meta};
 use crate::filter::Filter;
-use crate::store::{ListError, MetaChange, SourceFile, Store, TEMP_PREFIX};
+use crate::store::{temp_name, ListError, MetaChange, Progress, SourceFile, Store, RESERVED_LEN};
 
 /// Directories with more entries than this are stat'ed by several threads.
 const PARALLEL_STAT_MIN: usize = 4096;
 /// Files at least this big try a reflink before `copy_file_range`.
 const REFLINK_MIN: u64 = 1 << 20;
-/// Largest single `copy_file_range` / read request.
-const COPY_CHUNK: u64 = 1 << 30;
+/// Largest single `copy_file_range` request: big enough to cost nothing
+/// (16 calls per GiB), small enough for progress to move as bytes do.
+const COPY_CHUNK: u64 = 64 << 20;
 /// Buffer of the read/write fallback path.
 const STREAM_BUF: usize = 1 << 20;
 
@@ -169,11 +170,21 @@ impl LocalStore {
         src: BorrowedFd<'_>,
         size: u64,
         limit: Option<&Limiter>,
+        progress: Option<&Progress<'_>>,
     ) -> io::Result<Option<u64>> {
+        let moved = |n: u64| {
+            if let Some(p) = progress {
+                p.add(n)
+            }
+        };
         // A paced copy moves its bytes itself, so the pacing is real I/O.
         if limit.is_none() && size >= REFLINK_MIN && self.reflink.load(Ordering::Relaxed) {
             match rfs::ioctl_ficlone(out, src) {
-                Ok(()) => return Ok(Some(rfs::fstat(out)?.st_size as u64)),
+                Ok(()) => {
+                    let n = rfs::fstat(out)?.st_size as u64;
+                    moved(n);
+                    return Ok(Some(n));
+                }
                 Err(e) if is_unsupported(e) => self.reflink.store(false, Ordering::Relaxed),
                 Err(e) => return Err(e.into()),
             }
@@ -201,6 +212,7 @@ impl LocalStore {
                 }
                 Ok(n) => {
                     total += n as u64;
+                    moved(n as u64);
                     // A short count that lands exactly on the expected size is
                     // end of file: skip the extra call that would return 0.
                     if total > size || (total == size && n < want) {
@@ -488,7 +500,7 @@ impl Store for LocalStore {
         limit: Option<&Limiter>,
     ) -> io::Result<u64> {
         if let (Some(name), Some(r)) = (&w.big, src.ranged()) {
-            let d = download::download(dir.fd(), name, r, limit)?;
+            let d = download::download(dir.fd(), name, r, limit, src.progress())?;
             self.resumed.fetch_add(d.resumed, Ordering::Relaxed);
             self.direct.fetch_add(d.direct, Ordering::Relaxed);
             w.fd = d.fd;
@@ -497,7 +509,7 @@ impl Store for LocalStore {
             return Ok(d.size);
         }
         if let Some(sfd) = src.as_fd() {
-            if let Some(n) = self.copy_fd(w.fd.as_fd(), sfd, size, limit)? {
+            if let Some(n) = self.copy_fd(w.fd.as_fd(), sfd, size, limit, src.progress())? {
                 return Ok(n);
             }
         }
@@ -801,6 +813,24 @@ impl Store for LocalStore {
     fn preserves_owner(&self) -> bool {
         self.owner
     }
+
+    fn is_own_legacy_partial(&self, dir: &LocalDir, name: &CStr) -> bool {
+        download::has_resume_record(dir.fd(), name)
+    }
+
+    fn make_writable(&self, dir: &LocalDir) -> io::Result<bool> {
+        // Root writes anywhere; a directory that is not ours cannot be
+        // changed (the operations that follow report the real cause).
+        if self.owner {
+            return Ok(false);
+        }
+        let st = rfs::fstat(&dir.fd)?;
+        if st.st_mode & 0o200 != 0 || st.st_uid != self.euid {
+            return Ok(false);
+        }
+        rfs::fchmod(&dir.fd, Mode::from_raw_mode((st.st_mode & 0o7777) | 0o300))?;
+        Ok(true)
+    }
 }
 
 impl SourceFile for LocalReader {
@@ -815,6 +845,11 @@ impl SourceFile for LocalReader {
 
     fn as_fd(&self) -> Option<BorrowedFd<'_>> {
         Some(self.fd.as_fd())
+    }
+
+    fn current(&self) -> Option<(u64, i64, u32)> {
+        let st = rfs::fstat(&self.fd).ok()?;
+        Some((st.st_size as u64, st.st_mtime, st.st_mtime_nsec as u32))
     }
 }
 
@@ -1060,12 +1095,11 @@ thread_local! {
     static STREAMBUF: RefCell<Vec<u8>> = RefCell::new(vec![0u8; STREAM_BUF]);
 }
 
-/// `.ferry-tmp.<pid>.<counter>`: unique per process and call, recognisable
-/// by the next run as a leftover of this one.
+/// A reserved temporary name (`store::temp_name`): our pid and a counter,
+/// unique per process and call, recognisable by the next run as a leftover.
 #[derive(Debug)]
 struct TempName {
-    buf: [u8; 48],
-    len: usize,
+    buf: [u8; RESERVED_LEN + 1],
 }
 
 static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -1078,18 +1112,14 @@ fn pid() -> u32 {
 
 impl TempName {
     fn new() -> TempName {
-        use std::io::Write;
         let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
-        let mut buf = [0u8; 48];
-        let mut cur = io::Cursor::new(&mut buf[..]);
-        cur.write_all(TEMP_PREFIX).expect("fits");
-        write!(cur, "{:x}.{:x}", pid(), n).expect("fits");
-        let len = cur.position() as usize;
-        TempName { buf, len }
+        TempName {
+            buf: temp_name((u64::from(pid()) << 32) | (n & 0xffff_ffff)),
+        }
     }
 
     fn as_cstr(&self) -> &CStr {
-        CStr::from_bytes_with_nul(&self.buf[..=self.len]).expect("NUL-terminated")
+        CStr::from_bytes_with_nul(&self.buf).expect("NUL-terminated")
     }
 }
 

@@ -13,10 +13,12 @@
 //! | symlink | targets unknown here                      | `CheckLink`             |
 //! | dir     | -                                         | `Recurse`               |
 //!
-//! Different kinds are `Replace`. Destination-only entries are `Delete` in
-//! sync mode and kept in copy mode; ferry's own leftover temporaries are
-//! always `RemoveTemp`, except partial downloads (`.ferry-tmp.part.*`) used
-//! recently: they are kept for the next download of their file to resume.
+//! Different kinds are `Replace` (`ReplaceBySpecial` when the source has a
+//! special file, which is not copied). Destination-only entries are `Delete`
+//! in sync mode and kept in copy mode; ferry's own leftover temporaries
+//! (the reserved names of [`crate::store::is_temp_name`], never a user's
+//! name) are always `RemoveTemp`, except partial downloads used recently:
+//! they are kept for the next download of their file to resume.
 
 use crate::entry::{Kind, Listing, Meta};
 use crate::store::{is_partial_name, is_temp_name, MetaChange};
@@ -50,6 +52,10 @@ pub enum Step {
     RemoveTemp { d: usize },
     /// Source entry of a kind that is not copied (fifo, socket, device).
     Skip { s: usize },
+    /// Source entry of a kind that is not copied, where the destination
+    /// has a file, directory or symlink: that entry is stale (sync removes
+    /// it, copy reports it).
+    ReplaceBySpecial { s: usize, d: usize },
 }
 
 /// How to compare.
@@ -127,7 +133,11 @@ pub fn plan_dir(src: &Listing, dst: &Listing, opts: &PlanOptions, out: &mut Vec<
 
 fn compare(s: usize, d: usize, a: &Meta, b: &Meta, opts: &PlanOptions) -> Step {
     if a.kind == Kind::Other {
-        return Step::Skip { s };
+        return if b.kind == Kind::Other {
+            Step::Skip { s }
+        } else {
+            Step::ReplaceBySpecial { s, d }
+        };
     }
     if a.kind != b.kind {
         return Step::Replace { s, d };
@@ -202,7 +212,7 @@ mod tests {
             ("h", m(Kind::Other, 0, 1)),
         ]);
         let d = listing(&[
-            (".ferry-tmp.1.2", f(9, 9)),
+            (".ferry-tmp-0000000100000002.~ferry~", f(9, 9)),
             ("b", f(3, 1)),
             ("c", f(1, 1)),
             ("d", f(1, 1)),
@@ -238,6 +248,40 @@ mod tests {
     }
 
     #[test]
+    fn user_names_like_old_temporaries_are_synced_and_special_files_replace() {
+        let f = |sz, t| m(Kind::File, sz, t);
+        let s = listing(&[
+            (".ferry-tmp.a", f(1, 1)),
+            ("fifo", m(Kind::Other, 0, 1)),
+            ("fifo2", m(Kind::Other, 0, 1)),
+        ]);
+        let d = listing(&[
+            (".ferry-tmp.a", f(2, 1)),
+            (".ferry-tmp.part.0123456789abcdef", f(2, 1)),
+            ("fifo", f(1, 1)),
+            ("fifo2", m(Kind::Other, 0, 1)),
+        ]);
+        assert_eq!(
+            plan(&s, &d, true, false),
+            vec![
+                Step::Update { s: 0, d: 0 },
+                Step::Delete { d: 1 },
+                Step::ReplaceBySpecial { s: 1, d: 2 },
+                Step::Skip { s: 2 },
+            ]
+        );
+        // Copy never deletes a user's file, whatever its name.
+        assert_eq!(
+            plan(&s, &d, false, false),
+            vec![
+                Step::Update { s: 0, d: 0 },
+                Step::ReplaceBySpecial { s: 1, d: 2 },
+                Step::Skip { s: 2 },
+            ]
+        );
+    }
+
+    #[test]
     fn mode_difference_is_metadata_only() {
         let mut a = m(Kind::File, 1, 1);
         a.mode = 0o600;
@@ -262,8 +306,8 @@ mod tests {
         let f = |sz, t| m(Kind::File, sz, t);
         let s = listing(&[("a", f(1, 1))]);
         let d = listing(&[
-            (".ferry-tmp.part.00aa", f(5, 100)),
-            (".ferry-tmp.part.00bb", f(5, 300)),
+            (".ferry-part-00000000000000aa.~ferry~", f(5, 100)),
+            (".ferry-part-00000000000000bb.~ferry~", f(5, 300)),
             ("a", f(1, 1)),
         ]);
         let opts = PlanOptions {

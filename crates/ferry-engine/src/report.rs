@@ -14,10 +14,20 @@ use std::time::Duration;
 pub struct Stats {
     /// Source entries listed (the root not included).
     pub entries_scanned: AtomicU64,
-    /// Files and symlinks written.
+    /// Files written.
     pub files_copied: AtomicU64,
-    /// File bytes written.
+    /// Symlinks created or replaced.
+    pub symlinks_created: AtomicU64,
+    /// File bytes written (files complete in place).
     pub bytes_copied: AtomicU64,
+    /// File bytes moved so far, counted as each piece is written (what a
+    /// progress display shows; a failed or repeated copy counts again).
+    pub bytes_moved: AtomicU64,
+    /// ferry's own leftover temporaries removed from the destination.
+    pub temps_removed: AtomicU64,
+    /// Destination entries seen (listed, or inside a removed tree): the
+    /// base of `--max-delete P%`.
+    pub dst_entries: AtomicU64,
     /// Entries removed from the destination (each entry of a removed tree counts).
     pub files_deleted: AtomicU64,
     /// Directories created.
@@ -45,7 +55,9 @@ impl Stats {
         Summary {
             entries_scanned: g(&self.entries_scanned),
             files_copied: g(&self.files_copied),
+            symlinks_created: g(&self.symlinks_created),
             bytes_copied: g(&self.bytes_copied),
+            temps_removed: g(&self.temps_removed),
             files_deleted: g(&self.files_deleted),
             dirs_created: g(&self.dirs_created),
             unchanged: g(&self.unchanged),
@@ -60,10 +72,14 @@ impl Stats {
 pub struct Summary {
     /// Source entries listed.
     pub entries_scanned: u64,
-    /// Files and symlinks written.
+    /// Files written.
     pub files_copied: u64,
+    /// Symlinks created or replaced.
+    pub symlinks_created: u64,
     /// Bytes written.
     pub bytes_copied: u64,
+    /// Stale temporaries of ferry's removed.
+    pub temps_removed: u64,
     /// Entries removed.
     pub files_deleted: u64,
     /// Directories created.

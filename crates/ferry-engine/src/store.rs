@@ -11,6 +11,7 @@ use std::any::Any;
 use std::ffi::CStr;
 use std::io;
 use std::os::fd::BorrowedFd;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::bwlimit::Limiter;
 use crate::entry::{Listing, Meta};
@@ -72,6 +73,47 @@ pub trait SourceFile: Send {
     /// HEAD's headers), for a source listed with approximate metadata.
     fn meta(&self) -> Option<Meta> {
         None
+    }
+    /// Size and modification time of the file now (a local file: one
+    /// `fstat` of the open descriptor), to see whether it changed while it
+    /// was copied; `None` when the store cannot tell cheaply.
+    fn current(&self) -> Option<(u64, i64, u32)> {
+        None
+    }
+    /// Where a writer that moves the bytes itself (`copy_file_range`,
+    /// parallel ranged reads) counts them as they move, for progress.
+    fn progress(&self) -> Option<&Progress<'_>> {
+        None
+    }
+}
+
+/// Bytes of one file's copy counted as they move, into the file's count and
+/// the run's total (a progress display reads the latter).
+#[derive(Debug)]
+pub struct Progress<'a> {
+    run: &'a AtomicU64,
+    file: AtomicU64,
+}
+
+impl<'a> Progress<'a> {
+    /// A count for one file, adding to `run` as well.
+    pub fn new(run: &'a AtomicU64) -> Progress<'a> {
+        Progress {
+            run,
+            file: AtomicU64::new(0),
+        }
+    }
+
+    /// `n` more bytes moved.
+    #[inline]
+    pub fn add(&self, n: u64) {
+        self.file.fetch_add(n, Ordering::Relaxed);
+        self.run.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Bytes of this file counted so far.
+    pub fn file(&self) -> u64 {
+        self.file.load(Ordering::Relaxed)
     }
 }
 
@@ -298,25 +340,122 @@ pub trait Store: Send + Sync {
     fn keeps_empty_dirs(&self) -> bool {
         true
     }
+    /// True when `name` in `dir` (a name [`is_legacy_partial_name`] accepts)
+    /// is a partial download an older ferry left: it carries the resume
+    /// attribute. Only then is it removed as ferry's own.
+    fn is_own_legacy_partial(&self, _dir: &Self::Dir, _name: &CStr) -> bool {
+        false
+    }
+    /// Make an existing directory writable by us for the entries about to
+    /// change in it (a read-only directory of a non-root user); `Ok(true)`
+    /// when its mode was changed, and must be set back afterwards.
+    fn make_writable(&self, _dir: &Self::Dir) -> io::Result<bool> {
+        Ok(false)
+    }
 }
 
-/// True for names of ferry's temporaries (`.ferry-tmp.*`).
+/// ferry's reserved names, the one place they are made and recognised
+/// (local copies, S3 downloads, bisync): `.ferry-tmp-<16 hex>.~ferry~` for
+/// a file being written, `.ferry-part-<16 hex>.~ferry~` for a resumable
+/// partial download. No user picks such a name by accident; docs/CLI.md
+/// reserves them. Anything else, `.ferry-tmp.x` included, is a user's file.
+const TEMP_HEAD: &[u8] = b".ferry-tmp-";
+const PART_HEAD: &[u8] = b".ferry-part-";
+const RESERVED_TAIL: &[u8] = b".~ferry~";
+/// Length of a temporary's name.
+pub const RESERVED_LEN: usize = TEMP_HEAD.len() + 16 + RESERVED_TAIL.len();
+
+/// The temporary name with identifier `id` (NUL-terminated in a fixed
+/// buffer: made on the hot path of every replaced file).
+pub fn temp_name(id: u64) -> [u8; RESERVED_LEN + 1] {
+    let mut b = [0u8; RESERVED_LEN + 1];
+    b[..RESERVED_LEN].copy_from_slice(&reserved(TEMP_HEAD, id));
+    b
+}
+
+/// The partial download name with identifier `id` (a hash of the final name).
+pub fn partial_name(id: u64) -> std::ffi::CString {
+    std::ffi::CString::new(reserved(PART_HEAD, id)).expect("no NUL")
+}
+
+fn reserved(head: &[u8], id: u64) -> Vec<u8> {
+    let mut b = Vec::with_capacity(head.len() + 16 + RESERVED_TAIL.len());
+    b.extend_from_slice(head);
+    b.extend_from_slice(format!("{id:016x}").as_bytes());
+    b.extend_from_slice(RESERVED_TAIL);
+    b
+}
+
+fn is_reserved(name: &[u8], head: &[u8]) -> bool {
+    name.len() == head.len() + 16 + RESERVED_TAIL.len()
+        && name.starts_with(head)
+        && name.ends_with(RESERVED_TAIL)
+        && name[head.len()..head.len() + 16]
+            .iter()
+            .all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// True for ferry's reserved names (temporaries and partial downloads):
+/// never synced, and in a destination removed as leftovers of a killed run.
 pub fn is_temp_name(name: &[u8]) -> bool {
-    name.starts_with(TEMP_PREFIX)
+    is_reserved(name, TEMP_HEAD) || is_reserved(name, PART_HEAD)
 }
 
-/// True for partial downloads kept for resuming (`.ferry-tmp.part.*`).
+/// True for partial downloads kept for resuming.
 pub fn is_partial_name(name: &[u8]) -> bool {
-    name.starts_with(PARTIAL_PREFIX)
+    is_reserved(name, PART_HEAD)
 }
 
-/// Prefix of temporary names.
-pub const TEMP_PREFIX: &[u8] = b".ferry-tmp.";
-
-/// Prefix of partial downloads: temporaries that survive a failed or killed
-/// run so the next one resumes them (removed once older than
-/// [`PARTIAL_KEEP_SECS`] without use).
-pub const PARTIAL_PREFIX: &[u8] = b".ferry-tmp.part.";
+/// True for the name older versions gave partial downloads,
+/// `.ferry-tmp.part.<16 hex>`: ferry's own only when the file also carries
+/// the `user.ferry.partial` attribute (see [`Store::is_own_legacy_partial`]).
+pub fn is_legacy_partial_name(name: &[u8]) -> bool {
+    const HEAD: &[u8] = b".ferry-tmp.part.";
+    name.len() == HEAD.len() + 16
+        && name.starts_with(HEAD)
+        && name[HEAD.len()..]
+            .iter()
+            .all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'))
+}
 
 /// How long an unused partial download is kept.
 pub const PARTIAL_KEEP_SECS: i64 = 7 * 24 * 3600;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reserved_names_round_trip_and_user_names_are_not_reserved() {
+        for id in [0u64, 1, 0xdead_beef, u64::MAX] {
+            let t = temp_name(id);
+            let p = partial_name(id);
+            let (t, p) = (&t[..RESERVED_LEN], p.as_bytes());
+            assert!(is_temp_name(t) && !is_partial_name(t), "{t:?}");
+            assert!(is_temp_name(p) && is_partial_name(p), "{p:?}");
+        }
+        assert_eq!(
+            &temp_name(0x0123_4567_89ab_cdef)[..],
+            b".ferry-tmp-0123456789abcdef.~ferry~\0"
+        );
+        assert_eq!(
+            partial_name(0xab).as_bytes(),
+            b".ferry-part-00000000000000ab.~ferry~"
+        );
+        for user in [
+            &b".ferry-tmp.12345"[..],
+            b".ferry-tmp.part.0123456789abcdef",
+            b".ferry-tmp-0123456789abcdef.~ferry",
+            b".ferry-tmp-0123456789ABCDEF.~ferry~",
+            b".ferry-tmp-0123456789abcde.~ferry~",
+            b".ferry-tmp-0123456789abcdefx.~ferry~",
+            b"x.ferry-tmp-0123456789abcdef.~ferry~",
+            b".ferry-tmp-",
+        ] {
+            assert!(!is_temp_name(user), "{:?}", String::from_utf8_lossy(user));
+        }
+        assert!(is_legacy_partial_name(b".ferry-tmp.part.0123456789abcdef"));
+        assert!(!is_legacy_partial_name(b".ferry-tmp.part.0123456789abcde"));
+        assert!(!is_legacy_partial_name(b".ferry-tmp.part.0123456789abcdeg"));
+    }
+}

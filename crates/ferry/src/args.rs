@@ -175,14 +175,19 @@ pub struct SyncArgs {
     /// Make each file's data durable (fsync) before it is renamed into place.
     #[arg(long)]
     pub fsync: bool,
+    /// Refuse (exit 2, nothing changed) a run that would remove more than N
+    /// entries of DST, or more than P% of them (e.g. 100, 10%).
+    #[arg(long, value_name = "N|P%", value_parser = ferry_engine::MaxDelete::parse)]
+    pub max_delete: Option<ferry_engine::MaxDelete>,
     /// Print each action.
     #[arg(short, long, action = clap::ArgAction::Count)]
     pub verbose: u8,
     /// S3 endpoint URL for s3:// paths (default: AWS_ENDPOINT_URL, or AWS).
     #[arg(long, value_name = "URL")]
     pub s3_endpoint: Option<String>,
-    /// Go ahead with an SRC that is missing or empty (an s3:// prefix
-    /// without objects is taken as an empty tree).
+    /// Go ahead with an SRC that is missing (an s3:// prefix without
+    /// objects is taken as an empty tree) or empty while DST is not (sync
+    /// then deletes everything in DST).
     #[arg(long)]
     pub force: bool,
 }
@@ -304,6 +309,55 @@ pub fn check_pair(a: &(Loc, String), b: &(Loc, String)) -> Result<(), String> {
     Ok(())
 }
 
+/// (device, inode) of a directory, following symlinks; `None` if it cannot
+/// be stat'ed (a DST not created yet).
+fn identity(p: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()))
+}
+
+/// Refuse SRC and DST directories that are the same, or one inside the
+/// other, by the identity of every ancestor rather than by path: a bind
+/// mount (or any second path to a directory) shows the same directory
+/// under another name, which path comparison cannot see.
+fn overlap_by_identity(src: &Path, dst: &Path) -> Result<(), String> {
+    let chain = |p: &Path| -> Vec<((u64, u64), PathBuf)> {
+        p.ancestors()
+            .filter_map(|a| identity(a).map(|id| (id, a.to_path_buf())))
+            .collect()
+    };
+    let (Some(sid), dst_chain) = (identity(src), chain(dst)) else {
+        return Ok(());
+    };
+    if let Some((_, at)) = dst_chain.iter().find(|(id, _)| *id == sid) {
+        return Err(if at == dst {
+            format!(
+                "SRC {} and DST {} are the same directory (same device and inode: a bind mount or another path to it)",
+                src.display(),
+                dst.display()
+            )
+        } else {
+            format!(
+                "DST {} is inside SRC {}: {} is the same directory as SRC (same device and inode: a bind mount or another path to it)",
+                dst.display(),
+                src.display(),
+                at.display()
+            )
+        });
+    }
+    if let Some(did) = identity(dst) {
+        if let Some((_, at)) = chain(src).iter().find(|(id, _)| *id == did) {
+            return Err(format!(
+                "SRC {} is inside DST {}: {} is the same directory as DST (same device and inode: a bind mount or another path to it)",
+                src.display(),
+                dst.display(),
+                at.display()
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// What a copy or sync will do, once SRC and DST are understood.
 #[derive(Debug)]
 pub enum Job {
@@ -373,6 +427,7 @@ pub fn resolve(src: &Path, dst: &Path) -> Result<Job, String> {
                     dst_abs.display()
                 ));
             }
+            overlap_by_identity(&src_abs, &dst_abs)?;
             if let Some(m) = dm {
                 if m.kind != Kind::Dir {
                     return Err(format!(

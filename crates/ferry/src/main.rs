@@ -91,6 +91,8 @@ fn run_sync(a: SyncArgs, mode: ferry_engine::Mode) -> Result<u8, String> {
         jobs,
         filter,
         bwlimit: a.bwlimit.map(ferry_engine::bwlimit::Limiter::new),
+        max_delete: a.max_delete,
+        force: a.force,
     };
     let stats = std::sync::Arc::new(Stats::default());
     output::track_stats(&stats);
@@ -126,6 +128,9 @@ fn run_sync(a: SyncArgs, mode: ferry_engine::Mode) -> Result<u8, String> {
     let summary = match result {
         Ok(s) => s,
         Err(e) => {
+            if let Some(r) = ferry_engine::Refused::of(&e) {
+                return Err(r.to_string());
+            }
             if let Job::Remote(_) = &job {
                 return Err(cause(&e));
             }

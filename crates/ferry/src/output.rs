@@ -62,17 +62,30 @@ impl CliReporter {
         }
     }
 
+    /// The summary of copy and sync: symlinks counted apart from files, and
+    /// ferry's own stale temporaries removed (text: only when there were any).
     pub fn summary(&self, s: &Summary) {
-        self.write_summary(s, &[]);
+        self.write_summary(
+            s,
+            &[
+                ("symlinks_created", "symlinks", s.symlinks_created, true),
+                (
+                    "temporaries_removed",
+                    "stale temporaries removed",
+                    s.temps_removed,
+                    s.temps_removed > 0,
+                ),
+            ],
+        );
     }
 
     /// The last line of a run: the counters of `s`, with `extra` counters
-    /// (bisync's renames and conflicts) after `dirs_created`.
-    fn write_summary(&self, s: &Summary, extra: &[(&str, u64)]) {
+    /// (JSON key, text label, value, shown in text) after `dirs_created`.
+    fn write_summary(&self, s: &Summary, extra: &[(&str, &str, u64, bool)]) {
         let mut out = self.out.lock().unwrap();
         if self.json {
             let mut x = String::new();
-            for (k, v) in extra {
+            for (k, _, v, _) in extra {
                 x.push_str(&format!(",\"{k}\":{v}"));
             }
             let mut tail = String::from(if self.dry_run {
@@ -95,8 +108,10 @@ impl CliReporter {
             let _ = out.flush();
             drop(out);
             let mut x = String::new();
-            for (k, v) in extra {
-                x.push_str(&format!(", {v} {}", plural(*v, k)));
+            for (_, k, v, shown) in extra {
+                if *shown {
+                    x.push_str(&format!(", {v} {}", plural(*v, k)));
+                }
             }
             eprintln!(
                 "ferry summary: {}{} scanned, {} copied ({}), {} deleted, {} {} created{x}, {} unchanged, {} {} in {:.2} s",
@@ -207,12 +222,17 @@ pub fn refused_summary(dry_run: bool, bisync: bool, elapsed: Duration, reason: &
     };
     let mut rep = CliReporter::new(true, false, dry_run);
     rep.refused = Some(reason.to_owned());
-    let extra: &[(&str, u64)] = if bisync {
-        &[("renamed", 0), ("conflicts", 0)]
+    if bisync {
+        rep.write_summary(
+            &s,
+            &[
+                ("renamed", "renamed", 0, true),
+                ("conflicts", "conflicts", 0, true),
+            ],
+        );
     } else {
-        &[]
-    };
-    rep.write_summary(&s, extra);
+        rep.summary(&s);
+    }
 }
 
 impl CliReporter {
@@ -227,8 +247,15 @@ impl CliReporter {
             unchanged: o.unchanged,
             errors: o.errors,
             elapsed_s: o.elapsed_s,
+            ..Summary::default()
         };
-        self.write_summary(&s, &[("renamed", o.renamed), ("conflicts", o.conflicts)]);
+        self.write_summary(
+            &s,
+            &[
+                ("renamed", "renamed", o.renamed, true),
+                ("conflicts", "conflicts", o.conflicts, true),
+            ],
+        );
     }
 }
 
@@ -357,7 +384,9 @@ impl Progress {
         let handle = std::thread::spawn(move || loop {
             let g = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
             bar.set_length(g(&stats.bytes_planned));
-            bar.set_position(g(&stats.bytes_copied));
+            // Bytes as they move, not as files complete (a run that does
+            // not count them as they move still counts finished files).
+            bar.set_position(g(&stats.bytes_moved).max(g(&stats.bytes_copied)));
             bar.set_message(format!(
                 "{}/{} files, {} scanned, {} deleted, {} errors",
                 g(&stats.files_copied),

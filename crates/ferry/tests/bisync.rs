@@ -1581,7 +1581,7 @@ fn kill_at_random_moments_loses_nothing() {
         let bad = check_rules(&base, &sa, &sb, &ra);
         assert!(bad.is_empty(), "seed {seed}:\n{}", bad.join("\n"));
         assert!(
-            !ra.keys().any(|k| k.contains(".ferry-tmp.")),
+            !ra.keys().any(|k| k.contains(".ferry-tmp-")),
             "seed {seed}: temporaries left"
         );
     }

@@ -123,6 +123,14 @@ fn build_src(src: &Path, rng: &mut Rng) {
         let size = rng.range(1 << 20, 8 << 20) as usize;
         write(src, format!("big/b{b}"), &gen_bytes(size, rng.next_u64()));
     }
+    // Users' files named like the temporaries of older versions: synced like
+    // any other file, never taken for leftovers.
+    write(src, "d01/.ferry-tmp.user", b"mine");
+    write(
+        src,
+        "d02/.ferry-tmp.part.0123456789abcdef",
+        &gen_bytes(5000, 3),
+    );
     stamp_tree(src, 1_500_000_000);
 }
 
@@ -226,6 +234,8 @@ fn reset(dst: &Path, baseline: Option<&Path>) {
 /// Eight `ferry sync` runs killed with SIGKILL at a random moment. Even rounds start again
 /// from `baseline` (so each kill lands at a fresh random point of a full run), odd rounds go
 /// on from the state the previous kill left (stale temporaries, half-done tree).
+/// Rounds 1 and 5 (of 0..8) run with `extra` flags.
+#[allow(clippy::too_many_arguments)]
 fn kill_rounds(
     src: &Path,
     dst: &Path,
@@ -234,6 +244,7 @@ fn kill_rounds(
     rng: &mut Rng,
     phase: &str,
     full: Duration,
+    extra: &[&str],
 ) {
     let full_us = (full.as_micros() as u64).max(1000);
     let mut killed = 0;
@@ -241,11 +252,12 @@ fn kill_rounds(
         if i % 2 == 0 {
             reset(dst, baseline);
         }
-        let mut child = spawn_ferry([
-            std::ffi::OsStr::new("sync"),
-            src.as_os_str(),
-            dst.as_os_str(),
-        ]);
+        let mut args = vec![std::ffi::OsStr::new("sync")];
+        if i % 4 == 1 {
+            args.extend(extra.iter().map(std::ffi::OsStr::new));
+        }
+        args.extend([src.as_os_str(), dst.as_os_str()]);
+        let mut child = spawn_ferry(args);
         let delay = if i % 2 == 0 {
             rng.range(0, full_us)
         } else {
@@ -281,7 +293,7 @@ fn kill_9_never_leaves_half_written_files() {
     add_versions(&mut allowed, &src);
     let scratch = t.path().join("scratch");
     let full = calibrate(&src, &dst, &scratch, None);
-    kill_rounds(&src, &dst, None, &allowed, &mut rng, "A", full);
+    kill_rounds(&src, &dst, None, &allowed, &mut rng, "A", full, &[]);
     run_on("sync", &src, &dst, &[]).ok();
     assert_trees_equal(&src, &dst);
     assert_eq!(
@@ -296,7 +308,17 @@ fn kill_9_never_leaves_half_written_files() {
     modify_src(&src, &mut rng);
     add_versions(&mut allowed, &src);
     let full = calibrate(&src, &dst, &scratch, Some(&baseline));
-    kill_rounds(&src, &dst, Some(&baseline), &allowed, &mut rng, "B", full);
+    // Some rounds delete under --max-delete (planned first, then entry by entry).
+    kill_rounds(
+        &src,
+        &dst,
+        Some(&baseline),
+        &allowed,
+        &mut rng,
+        "B",
+        full,
+        &["--max-delete", "90%"],
+    );
     run_on("sync", &src, &dst, &[]).ok();
     assert_trees_equal(&src, &dst);
     assert_eq!(

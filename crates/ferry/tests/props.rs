@@ -92,6 +92,10 @@ const ODD_NAMES: &[&[u8]] = &[
     b"quote\"'",
     b"..dots",
     b"emoji \xf0\x9f\x98\x80",
+    // Users' names that look like temporaries (only the reserved pattern is ferry's).
+    b".ferry-tmp.1",
+    b".ferry-tmp.part.00aa00aa00aa00aa",
+    b".ferry-tmp-x.~ferry~",
 ];
 
 const LINK_TARGETS: &[&[u8]] = &[
@@ -434,6 +438,13 @@ proptest! {
         apply_edits(&src, &edits);
         let mut f = flags.clone();
         f.push("--json");
+        if fs::read_dir(&src).unwrap().next().is_none() && fs::read_dir(&dst).unwrap().next().is_some() {
+            // Everything deleted: an empty SRC is refused until --force.
+            let before = snapshot(&dst);
+            run_on("sync", &src, &dst, &f).code_is(2);
+            assert_untouched(&before, &snapshot(&dst));
+            f.push("--force");
+        }
         let r = run_on("sync", &src, &dst, &f);
         r.ok();
         prop_assert_eq!(summary(&r).errors, 0);
@@ -548,6 +559,69 @@ proptest! {
         let r = run_on("sync", &src, &dst, &["-c", "--json"]);
         r.ok();
         prop_assert_eq!(summary(&r).files_copied, 0, "{}", r);
+    }
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// `sync --max-delete`: refused (exit 2, DST untouched) exactly when the run would
+    /// remove more than the limit (what `-n` counts, every entry of a removed tree
+    /// included); otherwise it removes that many and reproduces SRC. An empty SRC root
+    /// against a DST with entries is refused unless --force.
+    #[test]
+    fn max_delete_and_empty_src_refuse_exactly_when_they_should(
+        src_spec in tree(),
+        dst_spec in tree(),
+        limit in 0u64..40,
+        percent in any::<bool>(),
+        force in any::<bool>(),
+        j in any::<u8>(),
+    ) {
+        let t = tmpdir();
+        let src = t.path().join("src");
+        let dst = t.path().join("dst");
+        materialize(&src, &to_node(&src_spec));
+        materialize(&dst, &to_node(&dst_spec));
+        let mut flags = jobs_flags(j);
+        flags.push("--json");
+        if force {
+            flags.push("--force");
+        }
+        let empty_refusal = !force
+            && fs::read_dir(&src).unwrap().next().is_none()
+            && fs::read_dir(&dst).unwrap().next().is_some();
+
+        let r = run_on("sync", &src, &dst, &[&flags[..], &["-n"]].concat());
+        if empty_refusal {
+            r.code_is(2);
+        } else {
+            r.ok();
+        }
+        let would = if empty_refusal { 0 } else { summary(&r).files_deleted };
+        let entries = walk(&dst).len() as u64;
+        let (arg, allowed) = if percent {
+            let p = limit.min(100) * 5 / 2;
+            (format!("{p}%"), entries * p / 100)
+        } else {
+            (limit.to_string(), limit)
+        };
+        let before = snapshot(&dst);
+        let r = run_on("sync", &src, &dst, &[&flags[..], &["--max-delete", &arg]].concat());
+        if empty_refusal || would > allowed {
+            r.code_is(2);
+            prop_assert!(
+                empty_refusal || r.err().contains(&format!("refusing to delete {would}")),
+                "{}", r
+            );
+            assert_untouched(&before, &snapshot(&dst));
+        } else {
+            r.ok();
+            let s = summary(&r);
+            prop_assert_eq!(s.files_deleted, would, "{}", r);
+            prop_assert_eq!(s.errors, 0);
+            assert_trees_equal(&src, &dst);
+        }
     }
 }
 

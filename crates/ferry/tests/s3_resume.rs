@@ -147,7 +147,7 @@ fn killed_download_resumes_from_its_partial_file_on(s3: &S3) {
     // 24 MiB/s: 4 s in all; the received ranges are recorded every second.
     let child = s3.spawn(["copy", "--bwlimit", "24M", &url, down.to_str().unwrap()]);
     kill_when(child, Duration::from_secs(3), || false);
-    let partials = find_prefixed(&down, b".ferry-tmp.part.");
+    let partials = find_prefixed(&down, b".ferry-part-");
     assert_eq!(partials.len(), 1, "one partial download kept: {partials:?}");
     assert!(!down.join("big.bin").exists());
     let r = s3.ferry(["copy", "-v", &url, down.to_str().unwrap()]);
@@ -172,7 +172,7 @@ fn killed_download_resumes_from_its_partial_file_on(s3: &S3) {
         get_mtime(&down.join("big.bin")),
         get_mtime(&src.join("big.bin"))
     );
-    assert!(find_prefixed(&down, b".ferry-tmp.").is_empty());
+    assert!(find_prefixed(&down, b".ferry-").is_empty());
     // A second run changes nothing.
     let r = s3.ferry(["copy", "--json", &url, down.to_str().unwrap()]);
     assert_eq!(summary(&r).files_copied, 0, "{r}");

@@ -331,7 +331,8 @@ pub fn find_prefixed(root: &Path, prefix: &[u8]) -> Vec<PathBuf> {
         .collect()
 }
 
-pub const TMP_PREFIX: &[u8] = b".ferry-tmp.";
+/// Start of ferry's reserved temporary names (`.ferry-tmp-<16 hex>.~ferry~`).
+pub const TMP_PREFIX: &[u8] = b".ferry-tmp-";
 
 /// RAII: `chattr -i` the given paths when dropped (so tempdirs can be removed).
 pub struct Immutable(pub Vec<PathBuf>);
