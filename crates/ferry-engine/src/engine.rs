@@ -34,6 +34,8 @@ const BATCH_FILES: usize = 64;
 const BATCH_BYTES: u64 = 8 << 20;
 /// Buffer size of the `--checksum` comparison.
 const COMPARE_BUF: usize = 256 * 1024;
+/// Why a special file is skipped (the `skip` note and record).
+const SPECIAL_SKIP: &str = "special file (fifo, socket or device) in SRC: not copied";
 
 /// One-way mode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -777,7 +779,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                 }
                 Step::Skip { s } => {
                     self.rep
-                        .action(Action::Skip, &self.path(node, src_list.name(&se[s])), 0);
+                        .skip(&self.path(node, src_list.name(&se[s])), SPECIAL_SKIP);
                 }
                 Step::ReplaceBySpecial { s, d } => {
                     let name = src_list.cname(&se[s]);
@@ -795,7 +797,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                     // skipped like any other (see docs/CLI.md).
                     if self.delete(node, name, &dm) {
                         self.rep
-                            .action(Action::Skip, &self.path(node, name.to_bytes()), 0);
+                            .skip(&self.path(node, name.to_bytes()), SPECIAL_SKIP);
                     }
                 }
             }
@@ -1080,7 +1082,10 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
     fn symlink(&self, node: &Node<S, D>, name: &CStr, meta: &Meta, dst_meta: Option<Meta>) {
         let path = self.path(node, name.to_bytes());
         if !self.dst.supports_symlinks() {
-            return self.rep.action(Action::Skip, &path, 0);
+            return self.rep.skip(
+                &path,
+                "symlink in SRC: the destination cannot store symlinks (S3)",
+            );
         }
         let target = match self.src.read_link(&node.src, name) {
             Ok(t) => t,

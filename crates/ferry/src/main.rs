@@ -184,6 +184,10 @@ impl ferry_engine::Reporter for Unreachable<'_> {
         self.inner.action(action, path, size)
     }
 
+    fn skip(&self, path: &[u8], why: &str) {
+        self.inner.skip(path, why)
+    }
+
     fn error(&self, path: &[u8], err: &io::Error) {
         if ferry_s3::Unreachable::is(err) {
             let _ = self.why.set(cause(err));
