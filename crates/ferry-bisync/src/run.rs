@@ -26,7 +26,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use ferry_engine::pool::Pool;
-use ferry_engine::store::MetaChange;
+use ferry_engine::store::{MetaChange, Tracked};
 use ferry_engine::{Filter, Kind, Meta, Stats, Store};
 
 use crate::journal::{Journal, Snapshot, Update};
@@ -353,7 +353,12 @@ pub fn run<A: Store, B: Store>(
             opts.name(side)
         )));
     }
-    let fail = |p: &[u8], e: &io::Error| rep.error(p, e);
+    // A path that cannot be listed is an error of the run (exit 1), like
+    // any other; it is left alone on both sides.
+    let fail = |p: &[u8], e: &io::Error| {
+        add(&stats.errors, 1);
+        rep.error(p, e)
+    };
     // Both trees are listed on the pool while another thread loads the
     // journal, and merged with it as the listings come in: on a no-op run,
     // that is all the work there is.
@@ -1154,13 +1159,15 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
             self.skip_symlink(c.from, &c.src);
             return;
         }
+        let moved = &self.stats.bytes_moved;
         let res = between!(self, c.from, |s, sd, d, dd| copy_one(
             s,
             sd,
             d,
             dd,
             c,
-            self.opts.fsync
+            self.opts.fsync,
+            moved
         ));
         match res {
             Ok(now) => {
@@ -1265,7 +1272,8 @@ struct Copy {
 }
 
 /// Copy `c.src` of `s` to `c.dst` of `d` (temporary + commit, so never
-/// visible half-written); returns the target's metadata afterwards.
+/// visible half-written); returns the target's metadata afterwards. The
+/// bytes are counted into `moved` as they move, as copy and sync count them.
 fn copy_one<S: Store, D: Store>(
     s: &S,
     sd: &Dirs<S>,
@@ -1273,6 +1281,7 @@ fn copy_one<S: Store, D: Store>(
     dd: &Dirs<D>,
     c: &Copy,
     fsync: bool,
+    moved: &AtomicU64,
 ) -> io::Result<Meta> {
     let (sdir, sname) = sd.at(s, &c.src)?;
     let (ddir, dname) = dd.at(d, &c.dst)?;
@@ -1285,7 +1294,7 @@ fn copy_one<S: Store, D: Store>(
         let target = s.read_link(&sdir, &sname)?;
         d.create_symlink(&ddir, &dname, &target, &c.meta)?;
     } else {
-        let mut r = s.open_file(&sdir, &sname)?;
+        let mut r = Tracked::new(s.open_file(&sdir, &sname)?, moved);
         let mut w = d.create_file(&ddir, &dname, &c.meta)?;
         let n = match d.write_from(&ddir, &mut w, &mut r, c.meta.size, None) {
             Ok(n) => n,
@@ -1294,6 +1303,8 @@ fn copy_one<S: Store, D: Store>(
                 return Err(e);
             }
         };
+        r.settle(n);
+        drop(r);
         if n != c.meta.size {
             d.abort(&ddir, w);
             return Err(io::Error::other(format!(

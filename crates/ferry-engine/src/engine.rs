@@ -25,7 +25,7 @@ use crate::plan::{meta_change, plan_dir, PlanOptions, Step};
 use crate::pool::Pool;
 use crate::report::{Action, Reporter, Stats, Summary};
 use crate::store::{
-    is_legacy_partial_name, is_temp_name, ListError, MetaChange, Progress, SourceFile, Store,
+    is_legacy_partial_name, is_temp_name, ListError, MetaChange, SourceFile, Store, Tracked,
 };
 
 /// Files per transfer task, at most.
@@ -1230,10 +1230,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         name: &CStr,
         meta: &Meta,
     ) -> io::Result<Result<u64, (u64, i64, u32)>> {
-        let mut r = Tracked {
-            inner: self.src.open_file(sdir, sname)?,
-            progress: Progress::new(&self.stats.bytes_moved),
-        };
+        let mut r = Tracked::new(self.src.open_file(sdir, sname)?, &self.stats.bytes_moved);
         let mut w = self.dst.create_file(ddir, name, meta)?;
         let n =
             match self
@@ -1247,9 +1244,9 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                 }
             };
         // Bytes no one counted on the way (a server-side copy).
-        Stats::add(&self.stats.bytes_moved, n.saturating_sub(r.progress.file()));
+        r.settle(n);
         // A source listed with approximate metadata knows it exactly now.
-        let exact = r.inner.meta().map(|m| Meta {
+        let exact = r.inner().meta().map(|m| Meta {
             kind: meta.kind,
             uid: meta.uid,
             gid: meta.gid,
@@ -1259,7 +1256,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         let now = if self.src.approximate_meta() {
             None
         } else {
-            r.inner.current()
+            r.inner().current()
         };
         drop(r);
         let meta = exact.as_ref().unwrap_or(meta);
@@ -1387,39 +1384,6 @@ fn kind_word(k: Kind) -> &'static str {
     match k {
         Kind::Dir => "directory",
         k => k.as_str(),
-    }
-}
-
-/// A source file whose bytes are counted as they are read (and, through
-/// [`SourceFile::progress`], by writers that move them themselves).
-struct Tracked<'a, R: SourceFile> {
-    inner: R,
-    progress: Progress<'a>,
-}
-
-impl<R: SourceFile> SourceFile for Tracked<'_, R> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        self.progress.add(n as u64);
-        Ok(n)
-    }
-    fn as_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
-        self.inner.as_fd()
-    }
-    fn ranged(&self) -> Option<&dyn crate::store::RangedSource> {
-        self.inner.ranged()
-    }
-    fn as_any(&self) -> Option<&dyn std::any::Any> {
-        self.inner.as_any()
-    }
-    fn meta(&self) -> Option<Meta> {
-        self.inner.meta()
-    }
-    fn current(&self) -> Option<(u64, i64, u32)> {
-        self.inner.current()
-    }
-    fn progress(&self) -> Option<&Progress<'_>> {
-        Some(&self.progress)
     }
 }
 

@@ -117,6 +117,62 @@ impl<'a> Progress<'a> {
     }
 }
 
+/// A source file whose bytes are counted as they are read (and, through
+/// [`SourceFile::progress`], by writers that move them themselves): what
+/// every copy (copy, sync, bisync) reads through, so a progress display
+/// moves within a big file.
+pub struct Tracked<'a, R: SourceFile> {
+    inner: R,
+    progress: Progress<'a>,
+}
+
+impl<'a, R: SourceFile> Tracked<'a, R> {
+    /// `inner`, its bytes counted into `run` as they move.
+    pub fn new(inner: R, run: &'a AtomicU64) -> Self {
+        Tracked {
+            inner,
+            progress: Progress::new(run),
+        }
+    }
+
+    /// The reader counted.
+    pub fn inner(&self) -> &R {
+        &self.inner
+    }
+
+    /// The copy is over and moved `n` bytes: count those no one counted on
+    /// the way (a server-side copy moves them without reading).
+    pub fn settle(&self, n: u64) {
+        self.progress.add(n.saturating_sub(self.progress.file()));
+    }
+}
+
+impl<R: SourceFile> SourceFile for Tracked<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.progress.add(n as u64);
+        Ok(n)
+    }
+    fn as_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.inner.as_fd()
+    }
+    fn ranged(&self) -> Option<&dyn RangedSource> {
+        self.inner.ranged()
+    }
+    fn as_any(&self) -> Option<&dyn Any> {
+        self.inner.as_any()
+    }
+    fn meta(&self) -> Option<Meta> {
+        self.inner.meta()
+    }
+    fn current(&self) -> Option<(u64, i64, u32)> {
+        self.inner.current()
+    }
+    fn progress(&self) -> Option<&Progress<'_>> {
+        Some(&self.progress)
+    }
+}
+
 /// Largest piece [`RangedSource::read_range`] hands over at once.
 pub const RANGE_PIECE: usize = 1 << 20;
 
