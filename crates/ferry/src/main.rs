@@ -20,7 +20,7 @@ use args::{BisyncArgs, Cli, Command, Job, Loc, LsArgs, SyncArgs};
 use ferry_engine::encode::text_name_string;
 use ferry_engine::Store as _;
 use ferry_s3::S3Store;
-use output::{cause, CliReporter, Progress};
+use output::{cause, CliReporter, Progress, Unreachable};
 
 fn main() -> ExitCode {
     let cli = match <Cli as clap::Parser>::try_parse() {
@@ -148,55 +148,6 @@ fn run_sync(a: SyncArgs, mode: ferry_engine::Mode) -> Result<u8, String> {
     };
     rep.summary(&summary);
     Ok(if summary.errors > 0 { 1 } else { 0 })
-}
-
-/// Reports what the engine reports, except the errors of requests refused
-/// because an S3 endpoint was declared unreachable: those make one line at
-/// the end, with their count, instead of one line per entry.
-struct Unreachable<'a> {
-    inner: &'a CliReporter,
-    why: std::sync::OnceLock<String>,
-    undone: std::sync::atomic::AtomicU64,
-}
-
-impl<'a> Unreachable<'a> {
-    fn new(inner: &'a CliReporter) -> Self {
-        Unreachable {
-            inner,
-            why: std::sync::OnceLock::new(),
-            undone: std::sync::atomic::AtomicU64::new(0),
-        }
-    }
-
-    fn finish(&self) {
-        if let Some(why) = self.why.get() {
-            let n = self.undone.load(std::sync::atomic::Ordering::Relaxed);
-            eprintln!(
-                "ferry: {why}; stopped, {n} {} left undone",
-                if n == 1 { "entry" } else { "entries" }
-            );
-        }
-    }
-}
-
-impl ferry_engine::Reporter for Unreachable<'_> {
-    fn action(&self, action: ferry_engine::Action, path: &[u8], size: u64) {
-        self.inner.action(action, path, size)
-    }
-
-    fn skip(&self, path: &[u8], why: &str) {
-        self.inner.skip(path, why)
-    }
-
-    fn error(&self, path: &[u8], err: &io::Error) {
-        if ferry_s3::Unreachable::is(err) {
-            let _ = self.why.set(cause(err));
-            self.undone
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        } else {
-            self.inner.error(path, err)
-        }
-    }
 }
 
 /// With -v: what an S3 store did (requests that cost, resumed work).
@@ -348,12 +299,14 @@ fn run_bisync(a: BisyncArgs) -> Result<u8, String> {
         checksum: a.checksum,
         roots: [ra.1.clone(), rb.1.clone()],
     };
-    let rep = CliReporter::new(a.json, a.verbose > 0 || a.dry_run, a.dry_run);
+    let cli = CliReporter::new(a.json, a.verbose > 0 || a.dry_run, a.dry_run);
     let stats = std::sync::Arc::new(Stats::default());
     output::track_stats(&stats);
     let progress = a
         .progress_enabled()
-        .then(|| Progress::start(stats.clone(), &rep));
+        .then(|| Progress::start(stats.clone(), &cli));
+    // One line for an S3 endpoint found unreachable, as for copy and sync.
+    let rep = Unreachable::new(&cli);
     let j = journal.as_mut();
     // Listings without a HEAD per object: the journal vouches for objects
     // whose version is the one it recorded; only the others are HEADed.
@@ -390,8 +343,9 @@ fn run_bisync(a: BisyncArgs) -> Result<u8, String> {
     if let Some(p) = progress {
         p.finish();
     }
+    rep.finish();
     let out = res.map_err(|r| r.0)?;
-    rep.bisync_summary(&out);
+    cli.bisync_summary(&out);
     Ok(if out.errors > 0 { 1 } else { 0 })
 }
 

@@ -200,6 +200,93 @@ impl Reporter for CliReporter {
     }
 }
 
+/// Reports what a run reports (copy, sync or bisync), except the errors of
+/// requests refused because an S3 endpoint was declared unreachable: those
+/// make one line at the end, with their count, instead of one line per
+/// entry (they stay counted in the summary's errors).
+pub struct Unreachable<'a> {
+    inner: &'a CliReporter,
+    why: std::sync::OnceLock<String>,
+    undone: std::sync::atomic::AtomicU64,
+}
+
+impl<'a> Unreachable<'a> {
+    pub fn new(inner: &'a CliReporter) -> Self {
+        Unreachable {
+            inner,
+            why: std::sync::OnceLock::new(),
+            undone: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// True when `err` is one of those requests: counted, not shown.
+    fn swallowed(&self, err: &io::Error) -> bool {
+        if !ferry_s3::Unreachable::is(err) {
+            return false;
+        }
+        let _ = self.why.set(cause(err));
+        self.undone
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        true
+    }
+
+    /// The one line, if the endpoint was declared unreachable.
+    pub fn finish(&self) {
+        if let Some(why) = self.why.get() {
+            let n = self.undone.load(std::sync::atomic::Ordering::Relaxed);
+            let line = format!(
+                "ferry: {}; stopped, {n} {} left undone",
+                text_name_string(why.as_bytes()),
+                if n == 1 { "entry" } else { "entries" }
+            );
+            self.inner.with_bar_suspended(|| eprintln!("{line}"));
+        }
+    }
+}
+
+impl Reporter for Unreachable<'_> {
+    fn action(&self, action: Action, path: &[u8], size: u64) {
+        self.inner.action(action, path, size)
+    }
+
+    fn skip(&self, path: &[u8], why: &str) {
+        Reporter::skip(self.inner, path, why)
+    }
+
+    fn error(&self, path: &[u8], err: &io::Error) {
+        if !self.swallowed(err) {
+            Reporter::error(self.inner, path, err)
+        }
+    }
+}
+
+impl ferry_bisync::BiReporter for Unreachable<'_> {
+    fn action(
+        &self,
+        act: ferry_bisync::BiAction,
+        on: ferry_bisync::Side,
+        path: &[u8],
+        other: Option<&[u8]>,
+        size: u64,
+    ) {
+        ferry_bisync::BiReporter::action(self.inner, act, on, path, other, size)
+    }
+
+    fn error(&self, path: &[u8], err: &io::Error) {
+        if !self.swallowed(err) {
+            ferry_bisync::BiReporter::error(self.inner, path, err)
+        }
+    }
+
+    fn skip(&self, on: ferry_bisync::Side, path: &[u8], why: &str) {
+        ferry_bisync::BiReporter::skip(self.inner, on, path, why)
+    }
+
+    fn note(&self, msg: &str) {
+        self.inner.note(msg)
+    }
+}
+
 /// The counters of the run under way, for the summary of a run refused
 /// after it started counting.
 static RUN_STATS: std::sync::OnceLock<Arc<Stats>> = std::sync::OnceLock::new();

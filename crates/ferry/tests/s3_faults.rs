@@ -489,3 +489,95 @@ fn an_upload_that_cannot_be_resumed_is_started_afresh() {
         );
     }
 }
+
+/// A field of the `--json` summary (the last stdout line).
+fn json_summary(r: &Run, key: &str) -> u64 {
+    json_lines(r)
+        .iter()
+        .rev()
+        .find(|j| j.str_field("type") == Some("summary"))
+        .and_then(|j| j.get(key))
+        .and_then(|v| v.as_u64())
+        .unwrap_or_else(|| panic!("no {key} in the summary: {r}"))
+}
+
+/// bisync with an S3 side whose server goes away mid-run (a proxy in front of it that stops
+/// forwarding and refuses connections): one line says the endpoint is unreachable, with the
+/// count of what was left undone, not a line per path; exit 1. The journal keeps the old state
+/// of every path that failed: the next run, with the server back, does what was left (no path
+/// taken for a deletion, no change lost), and the one after it has nothing to do.
+#[test]
+fn bisync_with_a_server_gone_mid_run_ends_with_one_unreachable_line_and_the_rerun_converges() {
+    util::s3::each_server(|s3| {
+        let t = tmpdir();
+        let a = t.path().join("a");
+        let j = t.path().join("journal.db");
+        let url = s3.url("bisync-gone");
+        let bisync = |ep: &str| {
+            let mut c = s3.command();
+            c.args(["bisync", "--json", "--journal"])
+                .arg(&j)
+                .arg(&a)
+                .args([url.as_str(), "--s3-endpoint", ep]);
+            util::s3::run_within(c, std::time::Duration::from_secs(120))
+        };
+        for i in 0..5 {
+            write(&a, format!("seed/s{i}"), b"seed v1");
+        }
+        let r = bisync(&s3.endpoint);
+        assert_eq!(r.code, Some(0), "{r}");
+        // Changes on A: the seed files (known to the journal) and 300 new files.
+        for i in 0..5 {
+            write(&a, format!("seed/s{i}"), b"seed v2, longer");
+        }
+        for i in 0..300 {
+            write(&a, format!("d{}/f{i:03}", i % 4), &[b'x'; 512]);
+        }
+        let todo = 305;
+        let before = util::s3::file_list(&a);
+        let proxy = util::s3::cutting_proxy(&s3.endpoint, 64 << 10);
+        let r = bisync(&proxy);
+        assert_eq!(r.code, Some(1), "{r}");
+        let lines = message_lines(&r);
+        let unreachable: Vec<&String> =
+            lines.iter().filter(|l| l.contains("unreachable")).collect();
+        assert_eq!(unreachable.len(), 1, "one line says so: {r}");
+        let line = unreachable[0];
+        assert!(line.starts_with("ferry: s3://"), "names the path: {line}");
+        assert!(line.contains(&proxy), "names the endpoint: {line}");
+        assert!(line.contains("left undone"), "{line}");
+        // Not a line per path: at most a few before the endpoint was declared unreachable.
+        assert!(lines.len() <= 5, "{} message lines: {r}", lines.len());
+        let undone: u64 = line
+            .rsplit("stopped, ")
+            .next()
+            .and_then(|s| s.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no count in {line}"));
+        let copied = json_summary(&r, "files_copied");
+        let errors = json_summary(&r, "errors");
+        assert!(undone > 0 && errors >= undone, "{r}");
+        assert!(copied < todo, "the cut came before the end: {r}");
+        assert_eq!(copied + errors, todo, "each path copied or failed: {r}");
+        assert_eq!(json_summary(&r, "files_deleted"), 0, "{r}");
+        assert_eq!(util::s3::file_list(&a), before, "A is untouched");
+        // The server is back: the rest is done, nothing else.
+        let r = bisync(&s3.endpoint);
+        assert_eq!(r.code, Some(0), "{r}");
+        // What failed is copied now (a PUT the server did but whose answer the cut lost is
+        // found equal instead: not copied again, not a conflict).
+        let again = json_summary(&r, "files_copied");
+        assert!(again > 0 && again <= todo - copied, "{again} copied: {r}");
+        assert_eq!(json_summary(&r, "files_deleted"), 0, "{r}");
+        assert_eq!(json_summary(&r, "conflicts"), 0, "{r}");
+        assert_eq!(util::s3::file_list(&a), before, "A is untouched");
+        let down = t.path().join("down");
+        let r = s3.ferry(["copy", url.as_str(), down.to_str().unwrap()]);
+        assert_eq!(r.code, Some(0), "{r}");
+        util::s3::assert_files_equal(&a, &down);
+        let r = bisync(&s3.endpoint);
+        assert_eq!(r.code, Some(0), "{r}");
+        assert_eq!(json_summary(&r, "files_copied"), 0, "{r}");
+        assert_eq!(json_summary(&r, "files_deleted"), 0, "{r}");
+    });
+}

@@ -258,3 +258,69 @@ pub fn run_within(mut cmd: Command, bound: Duration) -> Run {
         }
     }
 }
+
+/// A TCP proxy to `upstream` (`http://host:port`) that goes away for good once `cut_after`
+/// bytes went up through it: every connection is shut and new ones are refused, as when the
+/// server dies mid-upload. Returns its endpoint.
+pub fn cutting_proxy(upstream: &str, cut_after: u64) -> String {
+    use std::io::{Read, Write};
+    use std::net::{Shutdown, TcpListener, TcpStream};
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::{Arc, Mutex};
+    let up = upstream
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_string();
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let ep = format!("http://{}", l.local_addr().unwrap());
+    l.set_nonblocking(true).unwrap();
+    let cut = Arc::new(AtomicBool::new(false));
+    let sent = Arc::new(AtomicU64::new(0));
+    let socks: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
+    std::thread::spawn(move || loop {
+        if cut.load(Ordering::Relaxed) {
+            for s in socks.lock().unwrap().drain(..) {
+                let _ = s.shutdown(Shutdown::Both);
+            }
+            return; // the listener goes with this thread
+        }
+        let Ok((c, _)) = l.accept() else {
+            std::thread::sleep(Duration::from_millis(10));
+            continue;
+        };
+        c.set_nonblocking(false).unwrap();
+        let Ok(s) = TcpStream::connect(&up) else {
+            continue;
+        };
+        {
+            let mut v = socks.lock().unwrap();
+            v.push(c.try_clone().unwrap());
+            v.push(s.try_clone().unwrap());
+        }
+        for (mut from, mut to, count) in [
+            (c.try_clone().unwrap(), s.try_clone().unwrap(), true),
+            (s, c, false),
+        ] {
+            let (cut, sent) = (cut.clone(), sent.clone());
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; 64 << 10];
+                loop {
+                    let n = match from.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => n,
+                    };
+                    if cut.load(Ordering::Relaxed) || to.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                    if count && sent.fetch_add(n as u64, Ordering::Relaxed) + n as u64 > cut_after {
+                        cut.store(true, Ordering::Relaxed);
+                        break;
+                    }
+                }
+                let _ = to.shutdown(Shutdown::Both);
+                let _ = from.shutdown(Shutdown::Both);
+            });
+        }
+    });
+    ep
+}
