@@ -306,6 +306,11 @@ pub fn check_pair(a: &(Loc, String), b: &(Loc, String)) -> Result<(), String> {
     if nested(&a.1, &b.1) || nested(&b.1, &a.1) {
         return Err(format!("A {} and B {} overlap", a.1, b.1));
     }
+    // Another path to the same directory (a bind mount, a symlink) is
+    // caught by device and inode.
+    if let (Loc::Local(x), Loc::Local(y)) = (&a.0, &b.0) {
+        overlap_by_identity(x, y, ("A", "B"))?;
+    }
     Ok(())
 }
 
@@ -320,7 +325,7 @@ fn identity(p: &Path) -> Option<(u64, u64)> {
 /// other, by the identity of every ancestor rather than by path: a bind
 /// mount (or any second path to a directory) shows the same directory
 /// under another name, which path comparison cannot see.
-fn overlap_by_identity(src: &Path, dst: &Path) -> Result<(), String> {
+fn overlap_by_identity(src: &Path, dst: &Path, (sn, dn): (&str, &str)) -> Result<(), String> {
     let chain = |p: &Path| -> Vec<((u64, u64), PathBuf)> {
         p.ancestors()
             .filter_map(|a| identity(a).map(|id| (id, a.to_path_buf())))
@@ -332,13 +337,13 @@ fn overlap_by_identity(src: &Path, dst: &Path) -> Result<(), String> {
     if let Some((_, at)) = dst_chain.iter().find(|(id, _)| *id == sid) {
         return Err(if at == dst {
             format!(
-                "SRC {} and DST {} are the same directory (same device and inode: a bind mount or another path to it)",
+                "{sn} {} and {dn} {} are the same directory (same device and inode: a bind mount or another path to it)",
                 src.display(),
                 dst.display()
             )
         } else {
             format!(
-                "DST {} is inside SRC {}: {} is the same directory as SRC (same device and inode: a bind mount or another path to it)",
+                "{dn} {} is inside {sn} {}: {} is the same directory as {sn} (same device and inode: a bind mount or another path to it)",
                 dst.display(),
                 src.display(),
                 at.display()
@@ -348,7 +353,7 @@ fn overlap_by_identity(src: &Path, dst: &Path) -> Result<(), String> {
     if let Some(did) = identity(dst) {
         if let Some((_, at)) = chain(src).iter().find(|(id, _)| *id == did) {
             return Err(format!(
-                "SRC {} is inside DST {}: {} is the same directory as DST (same device and inode: a bind mount or another path to it)",
+                "{sn} {} is inside {dn} {}: {} is the same directory as {dn} (same device and inode: a bind mount or another path to it)",
                 src.display(),
                 dst.display(),
                 at.display()
@@ -427,7 +432,7 @@ pub fn resolve(src: &Path, dst: &Path) -> Result<Job, String> {
                     dst_abs.display()
                 ));
             }
-            overlap_by_identity(&src_abs, &dst_abs)?;
+            overlap_by_identity(&src_abs, &dst_abs, ("SRC", "DST"))?;
             if let Some(m) = dm {
                 if m.kind != Kind::Dir {
                     return Err(format!(

@@ -361,6 +361,29 @@ fn run_ls(a: LsArgs) -> Result<u8, String> {
             store = store.with_lazy_meta();
         }
         let format = if a.json { Format::Json } else { Format::Text };
+        // `s3://b/key` names the object `key` when no object is under
+        // `key/` (as `ls FILE` lists the file); with neither, it is
+        // missing (exit 2), as a local path is.
+        if !url.ends_with('/') && !cfg.prefix.is_empty() {
+            let err = |e: io::Error| format!("{url}: {}", cause(&e));
+            if !store.root_has_objects().map_err(err)? {
+                let Some(m) = store.root_object().map_err(err)? else {
+                    return Err(format!("{url}: no such object or prefix (no objects)"));
+                };
+                let mut buf = Vec::new();
+                ferry_engine::ls::format_entry(
+                    &mut buf,
+                    format,
+                    b"",
+                    url.as_bytes(),
+                    &m,
+                    None,
+                    true,
+                );
+                let _ = io::stdout().lock().write_all(&buf);
+                return Ok(0);
+            }
+        }
         return ls_store(&store, jobs, format, url);
     }
     let meta = ferry_engine::local::stat_path(&a.path, true)

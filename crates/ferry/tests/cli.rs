@@ -1684,6 +1684,48 @@ fn src_and_dst_overlapping_through_a_bind_mount_exit_2() {
 }
 
 #[test]
+fn bisync_replicas_overlapping_through_a_bind_mount_exit_2() {
+    let t = tmpdir();
+    let v = t.path().join("v");
+    sample(&v);
+    write(&v, "sub/inner", b"inner");
+    let vb = t.path().join("vb");
+    let Some(_m) = BindMount::new(&v, &vb) else {
+        return;
+    };
+    let j = t.path().join("j.sqlite");
+    for (a, b) in [
+        (vb.join("sub"), v.clone()),
+        (v.clone(), vb.join("sub")),
+        (vb.clone(), v.clone()),
+    ] {
+        usage_error(
+            &[
+                s("bisync"),
+                s("--resync"),
+                s("--journal"),
+                o(&j),
+                o(&a),
+                o(&b),
+            ],
+            &[&v],
+            None,
+        );
+    }
+    let r = ferry([
+        s("bisync"),
+        s("--journal"),
+        o(&j),
+        o(&vb.join("sub")),
+        o(&v),
+    ]);
+    assert!(
+        r.err().contains("same directory") && r.err().lines().count() == 1,
+        "the refusal does not say why in one line\n{r}"
+    );
+}
+
+#[test]
 fn src_and_dst_overlapping_through_a_symlinked_ancestor_exit_2() {
     let t = tmpdir();
     let v = t.path().join("v");

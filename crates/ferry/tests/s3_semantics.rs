@@ -475,3 +475,38 @@ fn directory_modes_converge_after_a_killed_download() {
         assert_eq!(mode_of(&dst2.join(d)), 0o755, "{d:?} after kill and rerun");
     }
 }
+
+#[test]
+fn ls_of_a_single_object_and_of_a_missing_prefix() {
+    let Some(s3) = s3() else { return };
+    let t = tmpdir();
+    let f = write(t.path(), "one.txt", b"12345");
+    chmod(&f, 0o640);
+    set_mtime(&f, (1_500_000_000, 7));
+    let url = s3.url("lsone");
+    run(&[&"copy", &f, &format!("{url}/d/one.txt")]).ok();
+    // The object, as `ls FILE` lists a file: one line, its size and mtime.
+    let r = run(&[&"ls", &format!("{url}/d/one.txt")]);
+    r.ok();
+    assert_eq!(
+        r.out(),
+        format!("5 1500000000000000007 {url}/d/one.txt\n"),
+        "{r}"
+    );
+    let r = run(&[&"ls", &"--json", &format!("{url}/d/one.txt")]);
+    r.ok();
+    assert!(
+        r.out().contains("\"size\":5") && r.out().contains("\"mode\":416"),
+        "{r}"
+    );
+    // A name that is neither an object nor a prefix: missing, exit 2.
+    let r = run(&[&"ls", &format!("{url}/d/typo")]);
+    r.code_is(2);
+    assert!(r.err().contains("no such object or prefix"), "{r}");
+    // A prefix is listed as a tree, with or without its slash.
+    for u in [format!("{url}/d"), format!("{url}/d/")] {
+        let r = run(&[&"ls", &u]);
+        r.ok();
+        assert!(r.out().ends_with(" one.txt\n"), "{r}");
+    }
+}
