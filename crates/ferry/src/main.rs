@@ -362,26 +362,18 @@ fn run_ls(a: LsArgs) -> Result<u8, String> {
         }
         let format = if a.json { Format::Json } else { Format::Text };
         // `s3://b/key` names the object `key` when no object is under
-        // `key/` (as `ls FILE` lists the file); with neither, it is
-        // missing (exit 2), as a local path is.
+        // `key/` (as `ls FILE` lists the file). With neither, the listing
+        // is empty: S3 cannot tell an empty tree from a missing one.
         if !url.ends_with('/') && !cfg.prefix.is_empty() {
             let err = |e: io::Error| format!("{url}: {}", cause(&e));
             if !store.root_has_objects().map_err(err)? {
-                let Some(m) = store.root_object().map_err(err)? else {
-                    return Err(format!("{url}: no such object or prefix (no objects)"));
-                };
-                let mut buf = Vec::new();
-                ferry_engine::ls::format_entry(
-                    &mut buf,
-                    format,
-                    b"",
-                    url.as_bytes(),
-                    &m,
-                    None,
-                    true,
-                );
-                let _ = io::stdout().lock().write_all(&buf);
-                return Ok(0);
+                if let Some(m) = store.root_object().map_err(err)? {
+                    let mut buf = Vec::new();
+                    let name = url.as_bytes();
+                    ferry_engine::ls::format_entry(&mut buf, format, b"", name, &m, None, true);
+                    let _ = io::stdout().lock().write_all(&buf);
+                    return Ok(0);
+                }
             }
         }
         return ls_store(&store, jobs, format, url);
