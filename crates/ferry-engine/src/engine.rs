@@ -960,6 +960,11 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                 .map(|_| deleted(&path, size))
         } else if self.opts.filter.is_some() || limited {
             self.delete_each(d, &path, name, &deleted)
+        } else if !self.rep.shows_actions() {
+            // Nobody sees the entries: counted, not stat'ed one by one.
+            self.dst.remove(d, name, true).map(|n| {
+                Stats::add(&self.stats.files_deleted, n);
+            })
         } else {
             let mut full = path.clone();
             self.dst

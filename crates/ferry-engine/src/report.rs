@@ -139,6 +139,12 @@ pub trait Reporter: Sync {
         let _ = why;
         self.action(Action::Skip, path, 0);
     }
+    /// True when actions are shown one by one (lines, JSON records): a
+    /// removed tree is then reported entry by entry, with sizes (which a
+    /// local store must stat); otherwise its entries are only counted.
+    fn shows_actions(&self) -> bool {
+        true
+    }
 }
 
 /// A reporter that ignores everything (benchmarks, library users).
@@ -148,6 +154,9 @@ pub struct Quiet;
 impl Reporter for Quiet {
     fn action(&self, _: Action, _: &[u8], _: u64) {}
     fn error(&self, _: &[u8], _: &io::Error) {}
+    fn shows_actions(&self) -> bool {
+        false
+    }
 }
 
 /// Append `bytes` as a JSON string value, lossy: names that are not UTF-8

@@ -274,27 +274,34 @@ pub fn resolve_replica(
             .canonicalize()
             .map_err(|e| format!("{what} {}: {}", p.display(), cause(&e)))?,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let parent = match p.parent() {
-                Some(q) if !q.as_os_str().is_empty() => q,
-                _ => Path::new("."),
-            };
-            let abs = parent.canonicalize().map_err(|e| {
-                format!(
-                    "{what} {}: parent directory {}: {}",
-                    p.display(),
-                    parent.display(),
-                    cause(&e)
-                )
-            })?;
-            abs.join(
-                p.file_name()
-                    .ok_or_else(|| format!("{what} {}: not a valid name", p.display()))?,
-            )
+            let (parent, name) = parent_and_name(what, p)?;
+            parent.join(name)
         }
         Err(e) => return Err(format!("{what} {}: {}", p.display(), cause(&e))),
     };
     let id = abs.to_string_lossy().into_owned();
     Ok((Loc::Local(abs), id))
+}
+
+/// The canonical parent directory of a path that does not exist yet (the
+/// parent must) and its last component; `what` names the path in errors.
+pub fn parent_and_name(what: &str, p: &Path) -> Result<(PathBuf, OsString), String> {
+    let name = p
+        .file_name()
+        .ok_or_else(|| format!("{what} {}: not a valid target name", p.display()))?;
+    let parent = match p.parent() {
+        Some(q) if !q.as_os_str().is_empty() => q,
+        _ => Path::new("."),
+    };
+    let abs = parent.canonicalize().map_err(|e| {
+        format!(
+            "{what} {}: parent directory {}: {}",
+            p.display(),
+            parent.display(),
+            cause(&e)
+        )
+    })?;
+    Ok((abs, name.to_owned()))
 }
 
 /// Refuse replicas that are the same or nested.
@@ -395,22 +402,8 @@ pub fn resolve(src: &Path, dst: &Path) -> Result<Job, String> {
             .canonicalize()
             .map_err(|e| format!("DST {}: {}", dst.display(), cause(&e)))?,
         None => {
-            let name = dst
-                .file_name()
-                .ok_or_else(|| format!("DST {}: not a valid target name", dst.display()))?;
-            let parent = match dst.parent() {
-                Some(p) if !p.as_os_str().is_empty() => p,
-                _ => Path::new("."),
-            };
-            let p = parent.canonicalize().map_err(|e| {
-                format!(
-                    "DST {}: parent directory {}: {}",
-                    dst.display(),
-                    parent.display(),
-                    cause(&e)
-                )
-            })?;
-            p.join(name)
+            let (parent, name) = parent_and_name("DST", dst)?;
+            parent.join(name)
         }
     };
     if src_abs == dst_abs {

@@ -132,14 +132,12 @@ impl CliReporter {
 }
 
 impl Reporter for CliReporter {
+    fn shows_actions(&self) -> bool {
+        self.json || self.lines
+    }
+
     fn action(&self, action: Action, path: &[u8], size: u64) {
-        if action == Action::Skip {
-            // Not an error, but never silent: the entry is not in DST.
-            let p = text_name_string(path);
-            self.with_bar_suspended(|| {
-                eprintln!("ferry: skipped {p} (special file, or a symlink DST cannot store)")
-            });
-        }
+        // Skips come through `skip`, with their reason.
         if self.json {
             let mut line = Vec::with_capacity(64 + path.len());
             line.extend_from_slice(b"{\"type\":\"");
@@ -251,6 +249,10 @@ impl Reporter for Unreachable<'_> {
 
     fn skip(&self, path: &[u8], why: &str) {
         Reporter::skip(self.inner, path, why)
+    }
+
+    fn shows_actions(&self) -> bool {
+        self.inner.shows_actions()
     }
 
     fn error(&self, path: &[u8], err: &io::Error) {

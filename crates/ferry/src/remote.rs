@@ -12,7 +12,7 @@ use ferry_engine::local::stat_path;
 use ferry_engine::Kind;
 use ferry_s3::{S3Config, S3Store};
 
-use crate::args::{is_s3, Loc};
+use crate::args::{is_s3, parent_and_name, Loc};
 use crate::output::cause;
 
 /// A copy or sync with an S3 side, resolved.
@@ -164,7 +164,7 @@ fn dst_tree(dst: &Path, endpoint: Option<&str>) -> Result<Loc, String> {
             })?))
         }
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            let (parent, name) = parent_and_name(dst)?;
+            let (parent, name) = parent_and_name("DST", dst)?;
             Ok(Loc::Local(parent.join(name)))
         }
         Err(e) => Err(format!("DST {}: {}", dst.display(), cause(&e))),
@@ -212,31 +212,10 @@ fn dst_one(dst: &Path, name: &OsStr, endpoint: Option<&str>) -> Result<(Loc, OsS
             dst.display()
         )),
         _ => {
-            let (parent, file) = parent_and_name(dst)?;
+            let (parent, file) = parent_and_name("DST", dst)?;
             Ok((Loc::Local(parent), file))
         }
     }
-}
-
-/// The canonical parent directory of a local DST (it must exist) and the
-/// last component.
-fn parent_and_name(dst: &Path) -> Result<(PathBuf, OsString), String> {
-    let name = dst
-        .file_name()
-        .ok_or_else(|| format!("DST {}: not a valid target name", dst.display()))?;
-    let parent = match dst.parent() {
-        Some(q) if !q.as_os_str().is_empty() => q,
-        _ => Path::new("."),
-    };
-    let abs = parent.canonicalize().map_err(|e| {
-        format!(
-            "DST {}: parent directory {}: {}",
-            dst.display(),
-            parent.display(),
-            cause(&e)
-        )
-    })?;
-    Ok((abs, name.to_owned()))
 }
 
 /// Refuse S3 trees that overlap, and a copy of an object onto itself.
