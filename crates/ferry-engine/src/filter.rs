@@ -156,7 +156,7 @@ impl Filter {
                 if t.is_empty() || t.starts_with(['#', ';']) {
                     continue;
                 }
-                let from = format!("{}:{}", f.display(), n + 1);
+                let from = format!("--filter-from {}:{}", f.display(), n + 1);
                 match (t.strip_prefix("+ "), t.strip_prefix("- ")) {
                     (Some(g), _) => push(&mut l, plus_minus(true, g.trim_start()), &from),
                     (_, Some(g)) => push(&mut l, plus_minus(false, g.trim_start()), &from),
