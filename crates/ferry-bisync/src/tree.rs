@@ -595,7 +595,7 @@ mod tests {
         ) {
             let mut l = Listing::new();
             let mut errs = Vec::new();
-            s.list(d, rel, None, &mut l, &mut errs).unwrap();
+            s.list(d, rel, &mut l, &mut errs).unwrap();
             for e in l.entries() {
                 let p = join(rel, l.name(e));
                 out.push((key_of(&p), e.meta));
