@@ -18,7 +18,7 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use crate::bwlimit::Limiter;
-use crate::entry::{join, Kind, Listing, Meta};
+use crate::entry::{join, same_names, Kind, Listing, Meta};
 use crate::etag;
 use crate::filter::{drop_names, Filter};
 use crate::plan::{meta_change, plan_dir, PlanOptions, Step};
@@ -506,25 +506,13 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
     /// both sides (reported).
     fn refine(&self, node: &Node<S, D>, src: &mut Listing, dst: &mut Listing) {
         let (mut ws, mut wd) = (Vec::new(), Vec::new());
-        {
-            let (se, de) = (src.entries(), dst.entries());
-            let (mut i, mut j) = (0, 0);
-            while i < se.len() && j < de.len() {
-                match src.name(&se[i]).cmp(dst.name(&de[j])) {
-                    std::cmp::Ordering::Less => i += 1,
-                    std::cmp::Ordering::Greater => j += 1,
-                    std::cmp::Ordering::Equal => {
-                        let (a, b) = (&se[i].meta, &de[j].meta);
-                        if a.kind == Kind::File && b.kind == Kind::File && a.size == b.size {
-                            ws.push(i);
-                            wd.push(j);
-                        }
-                        i += 1;
-                        j += 1;
-                    }
-                }
+        same_names(src, dst, |i, j| {
+            let (a, b) = (&src.entries()[i].meta, &dst.entries()[j].meta);
+            if a.kind == Kind::File && b.kind == Kind::File && a.size == b.size {
+                ws.push(i);
+                wd.push(j);
             }
-        }
+        });
         if ws.is_empty() {
             return;
         }

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 
 use ignore::gitignore::{Gitignore, GitignoreBuilder};
 
-use crate::entry::{Kind, Listing, Meta};
+use crate::entry::{same_names, Kind, Listing, Meta};
 use crate::store::{is_temp_name, ListError, Store};
 
 /// The rules as given, before they are compiled by [`Filter::new`].
@@ -270,19 +270,7 @@ impl Filter {
     pub fn retain_pair(&self, rel: &[u8], src: &mut Listing, dst: &mut Listing) {
         let so = self.verdicts(rel, src);
         let mut dout = self.verdicts(rel, dst);
-        let (se, de) = (src.entries(), dst.entries());
-        let (mut i, mut j) = (0, 0);
-        while i < se.len() && j < de.len() {
-            match src.name(&se[i]).cmp(dst.name(&de[j])) {
-                std::cmp::Ordering::Less => i += 1,
-                std::cmp::Ordering::Greater => j += 1,
-                std::cmp::Ordering::Equal => {
-                    dout[j] = so[i];
-                    i += 1;
-                    j += 1;
-                }
-            }
-        }
+        same_names(src, dst, |i, j| dout[j] = so[i]);
         for (l, out) in [(src, &so), (dst, &dout)] {
             let mut k = 0;
             l.retain(|_| {
