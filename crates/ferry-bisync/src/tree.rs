@@ -560,7 +560,7 @@ mod tests {
     use super::*;
     use crate::plan::merge;
     use crate::reconcile::Synced;
-    use ferry_engine::LocalStore;
+    use ferry_local::LocalStore;
     use proptest::prelude::*;
 
     /// Every entry of a local tree, listed through the store (the metadata

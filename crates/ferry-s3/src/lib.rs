@@ -33,10 +33,10 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ferry_engine::bwlimit::Limiter;
-use ferry_engine::download::{with_piece_buffer, DIRECT_ALIGN};
 use ferry_engine::entry::{Kind, Listing, Meta};
 use ferry_engine::etag;
 use ferry_engine::filter::Filter;
+use ferry_engine::piece::{with_piece_buffer, DIRECT_ALIGN};
 use ferry_engine::store::{ListError, MetaChange, RangedSource, SourceFile, Store, RANGE_PIECE};
 use md5::{Digest, Md5};
 use rusty_s3::actions::{

@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 
 use clap::{Args, Parser, Subcommand};
 use ferry_engine::bwlimit::parse_rate;
-use ferry_engine::local::stat_path;
 use ferry_engine::Kind;
+use ferry_local::stat_path;
 
 use crate::output::cause;
 

@@ -14,7 +14,8 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use ferry_engine::ls::{list_tree, Format};
-use ferry_engine::{Engine, LocalStore, Stats};
+use ferry_engine::{Engine, Stats};
+use ferry_local::LocalStore;
 
 use args::{BisyncArgs, Cli, Command, Job, Loc, LsArgs, SyncArgs};
 use ferry_engine::encode::text_name_string;
@@ -378,7 +379,7 @@ fn run_ls(a: LsArgs) -> Result<u8, String> {
         }
         return ls_store(&store, jobs, format, url);
     }
-    let meta = ferry_engine::local::stat_path(&a.path, true)
+    let meta = ferry_local::stat_path(&a.path, true)
         .map_err(|e| format!("{}: {}", a.path.display(), cause(&e)))?;
     let stdout = io::stdout();
     let format = if a.json { Format::Json } else { Format::Text };

@@ -8,8 +8,8 @@ use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use ferry_engine::local::stat_path;
 use ferry_engine::Kind;
+use ferry_local::stat_path;
 use ferry_s3::{S3Config, S3Store};
 
 use crate::args::{is_s3, parent_and_name, Loc};

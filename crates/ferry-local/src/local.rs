@@ -25,11 +25,13 @@ use rustix::fs::{
 };
 use rustix::io::Errno;
 
-use crate::bwlimit::Limiter;
 use crate::download;
-use crate::entry::{Kind, ListEntry, Listing, Meta};
-use crate::filter::Filter;
-use crate::store::{temp_name, ListError, MetaChange, Progress, SourceFile, Store, RESERVED_LEN};
+use ferry_engine::bwlimit::Limiter;
+use ferry_engine::entry::{Kind, ListEntry, Listing, Meta};
+use ferry_engine::filter::Filter;
+use ferry_engine::store::{
+    temp_name, ListError, MetaChange, Progress, SourceFile, Store, RESERVED_LEN,
+};
 
 /// Directories with more entries than this are stat'ed by several threads.
 const PARALLEL_STAT_MIN: usize = 4096;
@@ -53,8 +55,7 @@ pub struct LocalStore {
     reflink: AtomicBool,
     copy_range: AtomicBool,
     /// New files are written as `O_TMPFILE` and named with `linkat`: one
-    /// directory operation instead of create + rename (44% of the cost of a
-    /// small file's copy on ext4, see docs/DESIGN.md).
+    /// directory operation instead of create + rename (docs/DESIGN.md).
     tmpfile: AtomicBool,
     /// Bytes of interrupted downloads reused by resumed ones.
     resumed: AtomicU64,
@@ -523,7 +524,7 @@ impl Store for LocalStore {
                     .min(cap);
                 // Network sources hand over a few KiB per read: gather a
                 // full buffer first, so each write syscall carries `want`
-                // bytes (lesson 3: few, large syscalls).
+                // bytes (few, large syscalls).
                 let mut n = 0;
                 while n < want {
                     match src.read(&mut buf[n..want])? {
