@@ -995,6 +995,7 @@ const EMPTY_META: Meta = Meta {
     uid: 0,
     gid: 0,
     ino: 0,
+    version: 0,
 };
 
 fn kind_from_mode(mode: u32) -> Kind {
@@ -1017,6 +1018,7 @@ fn meta_from_statx(st: &rfs::Statx) -> Meta {
         uid: st.stx_uid,
         gid: st.stx_gid,
         ino: st.stx_ino,
+        version: 0,
     }
 }
 
@@ -1031,6 +1033,7 @@ fn meta_from_stat(st: &rfs::Stat) -> Meta {
         uid: st.st_uid,
         gid: st.st_gid,
         ino: st.st_ino,
+        version: 0,
     }
 }
 
