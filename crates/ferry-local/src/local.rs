@@ -57,6 +57,8 @@ pub struct LocalStore {
     /// New files are written as `O_TMPFILE` and named with `linkat`: one
     /// directory operation instead of create + rename (docs/DESIGN.md).
     tmpfile: AtomicBool,
+    /// Ranged downloads started (big files from an object store).
+    downloads: AtomicU64,
     /// Bytes of interrupted downloads reused by resumed ones.
     resumed: AtomicU64,
     /// Bytes of downloads written with `O_DIRECT`.
@@ -128,6 +130,7 @@ impl LocalStore {
             reflink: AtomicBool::new(true),
             copy_range: AtomicBool::new(true),
             tmpfile: AtomicBool::new(Path::new("/proc/self/fd").is_dir()),
+            downloads: AtomicU64::new(0),
             resumed: AtomicU64::new(0),
             direct: AtomicU64::new(0),
         }
@@ -501,6 +504,7 @@ impl Store for LocalStore {
         limit: Option<&Limiter>,
     ) -> io::Result<u64> {
         if let (Some(name), Some(r)) = (&w.big, src.ranged()) {
+            self.downloads.fetch_add(1, Ordering::Relaxed);
             let d = download::download(dir.fd(), name, r, limit, src.progress())?;
             self.resumed.fetch_add(d.resumed, Ordering::Relaxed);
             self.direct.fetch_add(d.direct, Ordering::Relaxed);
@@ -831,6 +835,17 @@ impl Store for LocalStore {
         }
         rfs::fchmod(&dir.fd, Mode::from_raw_mode((st.st_mode & 0o7777) | 0o300))?;
         Ok(true)
+    }
+
+    fn notes(&self, _role: &str) -> Vec<String> {
+        if self.downloads.load(Ordering::Relaxed) == 0 {
+            return Vec::new();
+        }
+        vec![format!(
+            "{} bytes of interrupted downloads reused, {} bytes of downloads written with O_DIRECT",
+            self.resumed_bytes(),
+            self.direct_bytes()
+        )]
     }
 }
 

@@ -1763,6 +1763,34 @@ impl Store for S3Store {
     fn keeps_empty_dirs(&self) -> bool {
         false
     }
+
+    fn notes(&self, role: &str) -> Vec<String> {
+        let c = self.counters();
+        let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        vec![format!(
+            "s3 {role}: {} HEAD requests, {} parts sent, {} parts reused from {} resumed upload(s), {} server-side copies, {} stale upload(s) aborted, {} ranged GETs on the direct path, {} sent again through the HTTP client, {} listing ranges in parallel, {} batch deletes",
+            n(&c.heads),
+            n(&c.parts_sent),
+            n(&c.parts_reused),
+            n(&c.uploads_resumed),
+            n(&c.server_copies),
+            n(&c.uploads_aborted),
+            n(&c.direct_gets),
+            n(&c.direct_fallbacks),
+            n(&c.list_ranges),
+            n(&c.batch_deletes)
+        )]
+    }
+
+    fn cleanup(&self, max_age: Duration, dry_run: bool) -> io::Result<Vec<(String, String)>> {
+        // The bucket must exist (an error naming it otherwise).
+        self.open_root()?;
+        let bucket = self.c.bucket.name();
+        Ok(S3Store::cleanup(self, max_age, dry_run)?
+            .into_iter()
+            .map(|(key, started)| (format!("s3://{bucket}/{key}"), started))
+            .collect())
+    }
 }
 
 impl SourceFile for S3Reader {
