@@ -1,0 +1,510 @@
+//! Multipart uploads: parts in parallel, resuming an interrupted upload
+//! (ListMultipartUploads, ListParts), server-side copies in parts,
+//! completion, abort and `ferry cleanup`.
+
+use std::collections::HashMap;
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use ferry_engine::bwlimit::Limiter;
+use ferry_engine::entry::Meta;
+use ferry_engine::etag;
+use ferry_engine::store::SourceFile;
+use md5::{Digest, Md5};
+use rusty_s3::actions::{
+    AbortMultipartUpload, CompleteMultipartUpload, CreateMultipartUpload, ListParts, PutObject,
+    UploadPart,
+};
+use rusty_s3::S3Action;
+
+use crate::fail::Unreachable;
+use crate::parse::{
+    base64, check_key, parse_http_or_iso_date, parse_parts, xml_blocks, xml_field, xml_unescape,
+    META_MD5,
+};
+use crate::store::{S3Store, S3Writer};
+use crate::transport::{read_body, SIGN_TTL};
+
+/// Objects up to this size go up in one PUT; bigger ones in parts of this size.
+pub const PART_SIZE: u64 = 8 << 20;
+
+/// Parts of one object in flight at once.
+pub(crate) const PART_CONCURRENCY: usize = 4;
+
+pub(crate) struct Multipart {
+    pub(crate) id: String,
+    pub(crate) etags: Vec<String>,
+    /// Base64 of the whole object's MD5, once every byte was read.
+    pub(crate) md5: Option<String>,
+    /// An interrupted upload taken over: its metadata may be stale.
+    pub(crate) resumed: bool,
+}
+
+/// Parts of a multipart upload on the server: number → (size, ETag).
+pub(crate) type Parts = HashMap<u16, (u64, String)>;
+
+/// Largest object a single CopyObject may copy.
+pub(crate) const COPY_MAX: u64 = 5 << 30;
+
+/// Part size of server-side multipart copies.
+pub(crate) const COPY_PART: u64 = 512 << 20;
+
+impl S3Store {
+    /// Start the multipart upload of `w` (object metadata goes here).
+    /// `md5`: the object's `X-Amz-Meta-Md5chksum`, when known up front.
+    pub(crate) fn create_upload(&self, w: &mut S3Writer, md5: Option<&str>) -> io::Result<()> {
+        if w.upload.is_some() {
+            return Ok(());
+        }
+        let mut a = CreateMultipartUpload::new(&self.c.bucket, self.c.creds(), &w.key);
+        let mut hs: Vec<(&str, String)> = Self::meta_headers(&w.meta).into_iter().collect();
+        if let Some(m) = md5 {
+            hs.push((META_MD5, m.to_string()));
+        }
+        for (k, v) in &hs {
+            a.headers_mut().insert(*k, v.clone());
+        }
+        let url = a.sign(SIGN_TTL);
+        let mut resp = self.c.send("CreateMultipartUpload", &w.key, || {
+            let mut r = self.c.agent.post(url.as_str());
+            for (k, v) in &hs {
+                r = r.header(*k, v.as_str());
+            }
+            r.send_empty()
+        })?;
+        let body = read_body(&mut resp)?;
+        let parsed = CreateMultipartUpload::parse_response(&body)
+            .map_err(|e| io::Error::other(format!("CreateMultipartUpload {}: {e}", w.key)))?;
+        w.upload = Some(Multipart {
+            id: parsed.upload_id().to_string(),
+            etags: Vec::new(),
+            md5: None,
+            resumed: false,
+        });
+        Ok(())
+    }
+
+    /// Send one part; returns its ETag.
+    pub(crate) fn put_part(
+        &self,
+        key: &str,
+        id: &str,
+        number: u16,
+        data: &[u8],
+    ) -> io::Result<String> {
+        self.c.counters.parts_sent.fetch_add(1, Ordering::Relaxed);
+        let url = UploadPart::new(&self.c.bucket, self.c.creds(), key, number, id).sign(SIGN_TTL);
+        let resp = self.c.send("UploadPart", key, || {
+            self.c.agent.put(url.as_str()).send(data)
+        })?;
+        resp.headers()
+            .get("etag")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+            .ok_or_else(|| io::Error::other(format!("UploadPart {key}: no ETag in the answer")))
+    }
+
+    /// Upload the rest of `src` as parts, `PART_CONCURRENCY` in flight: the
+    /// calling thread reads parts in order while uploader threads send them.
+    /// `first` is the first full part, already read.
+    pub(crate) fn upload_parts(
+        &self,
+        w: &mut S3Writer,
+        first: Vec<u8>,
+        src: &mut dyn SourceFile,
+        size: u64,
+        chunk: usize,
+        limit: Option<&Limiter>,
+    ) -> io::Result<u64> {
+        // An earlier run's upload of this key is taken over: each of its
+        // parts whose size and MD5 match what we read is kept, not re-sent.
+        // An upload that cannot be resumed, for whatever reason, is not a
+        // reason to fail the file: it is started afresh.
+        let prior = match self.resumable_upload(&w.key) {
+            Ok(p) => p,
+            Err(e) if Unreachable::is(&e) => return Err(e),
+            Err(_) => None,
+        };
+        let prior_parts = match prior {
+            Some((id, parts)) => {
+                self.c
+                    .counters
+                    .uploads_resumed
+                    .fetch_add(1, Ordering::Relaxed);
+                w.upload = Some(Multipart {
+                    id,
+                    etags: Vec::new(),
+                    md5: None,
+                    resumed: true,
+                });
+                parts
+            }
+            None => {
+                self.create_upload(w, None)?;
+                HashMap::new()
+            }
+        };
+        let id = w.upload.as_ref().expect("created").id.clone();
+        let key = w.key.clone();
+        let etags: std::sync::Mutex<Vec<(u16, String)>> = std::sync::Mutex::new(Vec::new());
+        let failed: std::sync::Mutex<Option<io::Error>> = std::sync::Mutex::new(None);
+        let has_failed = || failed.lock().expect("failed").is_some();
+        // The whole file's MD5, from the bytes as they are read (rclone's
+        // `X-Amz-Meta-Md5chksum`, set at commit).
+        let mut whole = Md5::new();
+        whole.update(&first);
+        let mut total = first.len() as u64;
+        let (tx, rx) = std::sync::mpsc::sync_channel::<(u16, Vec<u8>)>(1);
+        let rx = std::sync::Mutex::new(rx);
+        let read_result = std::thread::scope(|scope| -> io::Result<()> {
+            // Owned here: dropping it when reading ends lets the uploaders finish.
+            let tx = tx;
+            for _ in 0..PART_CONCURRENCY {
+                // After a failure every uploader keeps taking parts off the
+                // queue (and drops them) until the reader stops: a reader
+                // never waits on a queue nobody takes from.
+                scope.spawn(|| loop {
+                    let next = rx.lock().expect("part queue").recv();
+                    let Ok((n, data)) = next else { return };
+                    if has_failed() {
+                        continue;
+                    }
+                    if let Some((size, tag)) = prior_parts.get(&n) {
+                        if *size == data.len() as u64
+                            && tag
+                                .trim_matches('"')
+                                .eq_ignore_ascii_case(&etag::md5_hex(&data))
+                        {
+                            self.c.counters.parts_reused.fetch_add(1, Ordering::Relaxed);
+                            etags.lock().expect("etags").push((n, tag.clone()));
+                            continue;
+                        }
+                    }
+                    match self.put_part(&key, &id, n, &data) {
+                        Ok(tag) => etags.lock().expect("etags").push((n, tag)),
+                        Err(e) => {
+                            failed.lock().expect("failed").get_or_insert(e);
+                        }
+                    }
+                });
+            }
+            let mut number = 1u16;
+            let mut part = first;
+            let mut buf = vec![0u8; chunk];
+            loop {
+                if has_failed() {
+                    return Ok(()); // `failed` says why
+                }
+                let full = part.len() >= PART_SIZE as usize;
+                if full {
+                    let next = part.split_off(PART_SIZE as usize);
+                    if tx
+                        .send((number, std::mem::replace(&mut part, next)))
+                        .is_err()
+                    {
+                        return Ok(());
+                    }
+                    number += 1;
+                    continue;
+                }
+                let n = src.read(&mut buf)?;
+                if n == 0 {
+                    break;
+                }
+                if let Some(l) = limit {
+                    l.acquire(n as u64);
+                }
+                total += n as u64;
+                whole.update(&buf[..n]);
+                part.extend_from_slice(&buf[..n]);
+                if total > size {
+                    break;
+                }
+            }
+            if !part.is_empty() {
+                let _ = tx.send((number, part));
+            }
+            Ok(())
+        });
+        if let Some(e) = failed.into_inner().expect("failed") {
+            return Err(e);
+        }
+        read_result?;
+        let mut tags = etags.into_inner().expect("etags");
+        tags.sort_by_key(|(n, _)| *n);
+        let up = w.upload.as_mut().expect("created");
+        up.etags = tags.into_iter().map(|(_, t)| t).collect();
+        up.md5 = (total == size).then(|| base64(&whole.finalize()));
+        Ok(total)
+    }
+
+    pub(crate) fn abort_upload(&self, key: &str, id: &str) {
+        if check_key(key).is_err() {
+            return;
+        }
+        let url = AbortMultipartUpload::new(&self.c.bucket, self.c.creds(), key, id).sign(SIGN_TTL);
+        let _ = self.c.send("AbortMultipartUpload", key, || {
+            self.c.agent.delete(url.as_str()).call()
+        });
+    }
+
+    /// Server-side copy of `source` (`/bucket/key`, `size` bytes) to `key`
+    /// with `meta` as its metadata: one CopyObject up to 5 GiB, a multipart
+    /// copy (UploadPartCopy, parts in parallel) above.
+    pub(crate) fn copy_object(
+        &self,
+        key: &str,
+        source: &str,
+        size: u64,
+        meta: &Meta,
+        md5: Option<&str>,
+    ) -> io::Result<()> {
+        if size > COPY_MAX {
+            return self.copy_multipart(key, source, size, meta, md5);
+        }
+        let mut a = PutObject::new(&self.c.bucket, self.c.creds(), key);
+        let mut hs: Vec<(&str, String)> = Self::meta_headers(meta).into_iter().collect();
+        if let Some(m) = md5 {
+            hs.push((META_MD5, m.to_string()));
+        }
+        hs.push(("x-amz-copy-source", source.to_string()));
+        hs.push(("x-amz-metadata-directive", "REPLACE".to_string()));
+        for (k, v) in &hs {
+            a.headers_mut().insert(*k, v.clone());
+        }
+        let url = a.sign(SIGN_TTL);
+        let mut resp = self.c.send("COPY", key, || {
+            let mut r = self.c.agent.put(url.as_str());
+            for (k, v) in &hs {
+                r = r.header(*k, v.as_str());
+            }
+            r.send_empty()
+        })?;
+        // A copy can fail after the 200 status line: the error is in the body.
+        let body = read_body(&mut resp)?;
+        if body.contains("<Error>") {
+            let code = xml_field(&body, "Code").unwrap_or_default();
+            return Err(self.c.status_error("COPY", key, 200, &code, &body));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn copy_multipart(
+        &self,
+        key: &str,
+        source: &str,
+        size: u64,
+        meta: &Meta,
+        md5: Option<&str>,
+    ) -> io::Result<()> {
+        let mut w = S3Writer {
+            key: key.to_string(),
+            meta: *meta,
+            buf: Vec::new(),
+            upload: None,
+            copy_from: None,
+        };
+        self.create_upload(&mut w, md5)?;
+        let id = w.upload.as_ref().expect("created").id.clone();
+        let parts = size.div_ceil(COPY_PART);
+        let next = AtomicU64::new(0);
+        let etags: std::sync::Mutex<Vec<(u16, String)>> = std::sync::Mutex::new(Vec::new());
+        let failed: std::sync::Mutex<Option<io::Error>> = std::sync::Mutex::new(None);
+        std::thread::scope(|scope| {
+            for _ in 0..PART_CONCURRENCY.min(parts as usize) {
+                scope.spawn(|| loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= parts || failed.lock().expect("failed").is_some() {
+                        return;
+                    }
+                    let (a, b) = (i * COPY_PART, ((i + 1) * COPY_PART).min(size) - 1);
+                    let n = (i + 1) as u16;
+                    let mut act = UploadPart::new(&self.c.bucket, self.c.creds(), key, n, &id);
+                    let range = format!("bytes={a}-{b}");
+                    act.headers_mut()
+                        .insert("x-amz-copy-source", source.to_string());
+                    act.headers_mut()
+                        .insert("x-amz-copy-source-range", range.clone());
+                    let url = act.sign(SIGN_TTL);
+                    let r = self
+                        .c
+                        .send("UploadPartCopy", key, || {
+                            self.c
+                                .agent
+                                .put(url.as_str())
+                                .header("x-amz-copy-source", source)
+                                .header("x-amz-copy-source-range", range.as_str())
+                                .send_empty()
+                        })
+                        .and_then(|mut resp| read_body(&mut resp))
+                        .and_then(|body| {
+                            xml_field(&body, "ETag").ok_or_else(|| {
+                                io::Error::other(format!("UploadPartCopy {key}: no ETag"))
+                            })
+                        });
+                    match r {
+                        Ok(tag) => etags
+                            .lock()
+                            .expect("etags")
+                            .push((n, tag.replace("&quot;", "\""))),
+                        Err(e) => {
+                            failed.lock().expect("failed").get_or_insert(e);
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        if let Some(e) = failed.into_inner().expect("failed") {
+            self.abort_upload(key, &id);
+            return Err(e);
+        }
+        let mut tags = etags.into_inner().expect("etags");
+        tags.sort_by_key(|(n, _)| *n);
+        let tags: Vec<String> = tags.into_iter().map(|(_, t)| t).collect();
+        self.complete(key, &id, &tags)
+    }
+
+    pub(crate) fn complete(&self, key: &str, id: &str, etags: &[String]) -> io::Result<()> {
+        let complete = CompleteMultipartUpload::new(
+            &self.c.bucket,
+            self.c.creds(),
+            key,
+            id,
+            etags.iter().map(String::as_str),
+        );
+        let url = complete.sign(SIGN_TTL);
+        let body = complete.body();
+        let r = self.c.send("CompleteMultipartUpload", key, || {
+            self.c.agent.post(url.as_str()).send(body.as_bytes())
+        });
+        if r.is_err() {
+            self.abort_upload(key, id);
+        }
+        r.map(|_| ())
+    }
+
+    /// In-progress multipart uploads under `prefix`: (key, upload id,
+    /// initiated), all pages.
+    pub fn list_uploads(&self, prefix: &str) -> io::Result<Vec<(String, String, String)>> {
+        let mut out = Vec::new();
+        let mut markers: Option<(String, String)> = None;
+        loop {
+            let mut q: Vec<(&str, &str)> = vec![("uploads", ""), ("prefix", prefix)];
+            if let Some((k, u)) = &markers {
+                q.push(("key-marker", k));
+                q.push(("upload-id-marker", u));
+            }
+            let url = self.sign_bucket_get(&q);
+            let mut resp = self.c.send("ListMultipartUploads", prefix, || {
+                self.c.agent.get(url.as_str()).call()
+            })?;
+            let body = read_body(&mut resp)?;
+            for block in xml_blocks(&body, "Upload") {
+                let get = |n| xml_field(block, n).map(|v| xml_unescape(&v));
+                if let (Some(k), Some(u)) = (get("Key"), get("UploadId")) {
+                    out.push((k, u, get("Initiated").unwrap_or_default()));
+                }
+            }
+            let truncated = xml_field(&body, "IsTruncated").is_some_and(|t| t == "true");
+            match (
+                truncated,
+                xml_field(&body, "NextKeyMarker"),
+                xml_field(&body, "NextUploadIdMarker"),
+            ) {
+                (true, Some(k), Some(u)) => markers = Some((xml_unescape(&k), u)),
+                _ => return Ok(out),
+            }
+        }
+    }
+
+    /// The parts of upload `id` on the server: number → (size, ETag).
+    /// Read leniently: the `<Part>` elements of whatever root element the
+    /// server answers with (moto's is `ListPartsResponse`).
+    pub(crate) fn list_parts(&self, key: &str, id: &str) -> io::Result<Parts> {
+        let mut parts = HashMap::new();
+        let mut marker: Option<u16> = None;
+        loop {
+            let mut a = ListParts::new(&self.c.bucket, self.c.creds(), key, id);
+            if let Some(m) = marker {
+                a.set_part_number_marker(m);
+            }
+            let url = a.sign(SIGN_TTL);
+            let mut resp = self
+                .c
+                .send("ListParts", key, || self.c.agent.get(url.as_str()).call())?;
+            let body = read_body(&mut resp)?;
+            let (page, next) = parse_parts(&body)
+                .ok_or_else(|| io::Error::other(format!("ListParts {key}: unreadable answer")))?;
+            parts.extend(page);
+            match next {
+                Some(m) if marker.is_none_or(|old| m > old) => marker = Some(m),
+                _ => return Ok(parts),
+            }
+        }
+    }
+
+    /// An interrupted upload of `key` to resume (the newest; older ones
+    /// are aborted), with the parts it has. One whose parts cannot be
+    /// listed is aborted too: the caller starts afresh.
+    pub(crate) fn resumable_upload(&self, key: &str) -> io::Result<Option<(String, Parts)>> {
+        let mut ups: Vec<(String, String, String)> = self
+            .list_uploads(key)?
+            .into_iter()
+            .filter(|(k, _, _)| k == key)
+            .collect();
+        if ups.is_empty() {
+            return Ok(None);
+        }
+        ups.sort_by(|a, b| a.2.cmp(&b.2));
+        let (_, id, _) = ups.pop().expect("not empty");
+        for (k, old, _) in ups {
+            self.abort_upload(&k, &old);
+            self.c
+                .counters
+                .uploads_aborted
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        match self.list_parts(key, &id) {
+            Ok(parts) => Ok(Some((id, parts))),
+            Err(e) if Unreachable::is(&e) => Err(e),
+            Err(_) => {
+                self.abort_upload(key, &id);
+                self.c
+                    .counters
+                    .uploads_aborted
+                    .fetch_add(1, Ordering::Relaxed);
+                Ok(None)
+            }
+        }
+    }
+
+    /// Abort the multipart uploads under the root started more than
+    /// `max_age` ago (interrupted runs nobody resumed): `ferry cleanup`.
+    /// Returns (key, started) of the uploads aborted (or, with `dry_run`,
+    /// that would be).
+    pub fn cleanup(&self, max_age: Duration, dry_run: bool) -> io::Result<Vec<(String, String)>> {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        let mut done = Vec::new();
+        for (key, id, initiated) in self.list_uploads(&self.root)? {
+            if check_key(&key).is_err() {
+                continue; // no request can name it (`abort_upload`)
+            }
+            let age = parse_http_or_iso_date(&initiated).map_or(i64::MAX, |(t, _)| now - t);
+            if age >= max_age.as_secs() as i64 {
+                if !dry_run {
+                    self.abort_upload(&key, &id);
+                    self.c
+                        .counters
+                        .uploads_aborted
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                done.push((key, initiated));
+            }
+        }
+        Ok(done)
+    }
+}
