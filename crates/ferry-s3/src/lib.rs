@@ -29,8 +29,11 @@ mod parse;
 mod reader;
 mod store;
 mod transport;
+/// Public for the parser benchmark (`benches/xml.rs`).
+#[doc(hidden)]
+pub mod xml;
 
-pub use config::{parse_s3_url, S3Config};
+pub use config::{parse_s3_url, ConfigError, S3Config};
 pub use fail::{set_timeout, timeout, Unreachable, DEFAULT_TIMEOUT, UNREACHABLE_AFTER};
 pub use multipart::PART_SIZE;
 pub use parse::{check_key, format_mtime, parse_mtime};

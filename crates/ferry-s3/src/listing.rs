@@ -10,6 +10,7 @@ use rusty_s3::S3Action;
 
 use crate::store::S3Store;
 use crate::transport::{read_body, SIGN_TTL};
+use crate::xml::{self, ListPage};
 
 impl S3Store {
     /// One page of a listing under `prefix` (with or without the delimiter).
@@ -18,7 +19,7 @@ impl S3Store {
         prefix: &str,
         delimiter: bool,
         token: Option<&str>,
-    ) -> io::Result<rusty_s3::actions::ListObjectsV2Response> {
+    ) -> io::Result<ListPage> {
         self.list_page_after(prefix, delimiter, token, None)
     }
 
@@ -32,20 +33,20 @@ impl S3Store {
     /// even.
     pub(crate) fn list_dir_pages(&self, prefix: &str) -> io::Result<Vec<ListPage>> {
         let first = self.list_page(prefix, true, None)?;
-        let Some(token) = first.next_continuation_token.clone() else {
-            return Ok(vec![first.into()]);
+        let Some(token) = first.next.clone() else {
+            return Ok(vec![first]);
         };
         let names: Vec<&str> = first
             .contents
             .iter()
             .map(|c| c.key.as_str())
-            .chain(first.common_prefixes.iter().map(|p| p.prefix.as_str()))
+            .chain(first.common_prefixes.iter().map(String::as_str))
             .map(|k| k.get(prefix.len()..).unwrap_or(""))
             .collect();
         let bounds = split_points(&names, 15);
         if bounds.is_empty() {
             // No guess: page through in order.
-            let mut pages = vec![ListPage::from(first)];
+            let mut pages = vec![first];
             pages.extend(self.list_range(prefix, Some(&token), None, None)?);
             return Ok(pages);
         }
@@ -66,7 +67,7 @@ impl S3Store {
         self.counters()
             .list_ranges
             .fetch_add(ranges.len() as u64, Ordering::Relaxed);
-        let mut pages = vec![ListPage::from(first)];
+        let mut pages = vec![first];
         for r in self.in_parallel(&ranges, ranges.len().div_ceil(16), |&(t, after, upto)| {
             self.list_range(prefix, t, after, upto)
         }) {
@@ -95,16 +96,13 @@ impl S3Store {
                 if first { after } else { None },
             )?;
             first = false;
-            let mut page = ListPage::from(p);
+            let mut page = p;
             let mut past = false;
             if let Some(u) = upto {
                 past = page.contents.last().is_some_and(|c| c.key.as_str() > u)
-                    || page
-                        .common_prefixes
-                        .last()
-                        .is_some_and(|c| c.prefix.as_str() > u);
+                    || page.common_prefixes.last().is_some_and(|c| c.as_str() > u);
                 page.contents.retain(|c| c.key.as_str() <= u);
-                page.common_prefixes.retain(|c| c.prefix.as_str() <= u);
+                page.common_prefixes.retain(|c| c.as_str() <= u);
             }
             token = page.next.take();
             pages.push(page);
@@ -121,7 +119,7 @@ impl S3Store {
         delimiter: bool,
         token: Option<&str>,
         start_after: Option<&str>,
-    ) -> io::Result<rusty_s3::actions::ListObjectsV2Response> {
+    ) -> io::Result<ListPage> {
         let mut a = ListObjectsV2::new(&self.c.bucket, self.c.creds());
         a.with_prefix(prefix);
         if delimiter {
@@ -132,13 +130,17 @@ impl S3Store {
         } else if let Some(s) = start_after {
             a.with_start_after(s);
         }
+        self.fetch_list(prefix, &a)
+    }
+
+    /// Send a ListObjectsV2 and read its page.
+    fn fetch_list(&self, prefix: &str, a: &ListObjectsV2<'_>) -> io::Result<ListPage> {
         let url = a.sign(SIGN_TTL);
         let mut resp = self
             .c
             .send("LIST", prefix, || self.c.agent.get(url.as_str()).call())?;
         let body = read_body(&mut resp)?;
-        ListObjectsV2::parse_response(&body)
-            .map_err(|e| io::Error::other(format!("LIST {prefix}: {e}")))
+        xml::list_page(&body).map_err(|e| io::Error::other(format!("LIST {prefix}: {e}")))
     }
 }
 
@@ -173,13 +175,7 @@ impl S3Store {
         let mut a = ListObjectsV2::new(&self.c.bucket, self.c.creds());
         a.with_prefix(self.root.as_str());
         a.with_max_keys(1);
-        let url = a.sign(SIGN_TTL);
-        let mut resp = self
-            .c
-            .send("LIST", &self.root, || self.c.agent.get(url.as_str()).call())?;
-        let body = read_body(&mut resp)?;
-        let page = ListObjectsV2::parse_response(&body)
-            .map_err(|e| io::Error::other(format!("LIST {}: {e}", self.root)))?;
+        let page = self.fetch_list(&self.root, &a)?;
         Ok(!page.contents.is_empty() || !page.common_prefixes.is_empty())
     }
 }
@@ -204,23 +200,6 @@ pub(crate) fn version(etag: Option<&str>, last_modified: Option<(i64, u32)>) -> 
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
     h | 1
-}
-
-/// One page of a listing, as [`S3Store::list`] reads it.
-pub(crate) struct ListPage {
-    pub(crate) contents: Vec<rusty_s3::actions::list_objects_v2::ListObjectsContent>,
-    pub(crate) common_prefixes: Vec<rusty_s3::actions::list_objects_v2::CommonPrefixes>,
-    pub(crate) next: Option<String>,
-}
-
-impl From<rusty_s3::actions::ListObjectsV2Response> for ListPage {
-    fn from(r: rusty_s3::actions::ListObjectsV2Response) -> Self {
-        ListPage {
-            contents: r.contents,
-            common_prefixes: r.common_prefixes,
-            next: r.next_continuation_token,
-        }
-    }
 }
 
 /// Boundaries (names, rising, all after the page's last name) to cut the

@@ -19,12 +19,10 @@ use rusty_s3::actions::{
 use rusty_s3::S3Action;
 
 use crate::fail::Unreachable;
-use crate::parse::{
-    base64, check_key, parse_http_or_iso_date, parse_parts, xml_blocks, xml_field, xml_unescape,
-    META_MD5,
-};
+use crate::parse::{base64, check_key, parse_http_or_iso_date, META_MD5};
 use crate::store::{S3Store, S3Writer};
 use crate::transport::{read_body, SIGN_TTL};
+use crate::xml::{self, Parts};
 
 /// Objects up to this size go up in one PUT; bigger ones in parts of this size.
 pub const PART_SIZE: u64 = 8 << 20;
@@ -40,9 +38,6 @@ pub(crate) struct Multipart {
     /// An interrupted upload taken over: its metadata may be stale.
     pub(crate) resumed: bool,
 }
-
-/// Parts of a multipart upload on the server: number → (size, ETag).
-pub(crate) type Parts = HashMap<u16, (u64, String)>;
 
 /// Largest object a single CopyObject may copy.
 pub(crate) const COPY_MAX: u64 = 5 << 30;
@@ -74,10 +69,10 @@ impl S3Store {
             r.send_empty()
         })?;
         let body = read_body(&mut resp)?;
-        let parsed = CreateMultipartUpload::parse_response(&body)
+        let id = xml::upload_id(&body)
             .map_err(|e| io::Error::other(format!("CreateMultipartUpload {}: {e}", w.key)))?;
         w.upload = Some(Multipart {
-            id: parsed.upload_id().to_string(),
+            id,
             etags: Vec::new(),
             md5: None,
             resumed: false,
@@ -283,9 +278,8 @@ impl S3Store {
         })?;
         // A copy can fail after the 200 status line: the error is in the body.
         let body = read_body(&mut resp)?;
-        if body.contains("<Error>") {
-            let code = xml_field(&body, "Code").unwrap_or_default();
-            return Err(self.c.status_error("COPY", key, 200, &code, &body));
+        if let Some(e) = xml::error_body(&body) {
+            return Err(self.c.status_error("COPY", key, 200, &e));
         }
         Ok(())
     }
@@ -339,15 +333,11 @@ impl S3Store {
                         })
                         .and_then(|mut resp| read_body(&mut resp))
                         .and_then(|body| {
-                            xml_field(&body, "ETag").ok_or_else(|| {
-                                io::Error::other(format!("UploadPartCopy {key}: no ETag"))
-                            })
+                            xml::copy_part_etag(&body)
+                                .map_err(|e| io::Error::other(format!("UploadPartCopy {key}: {e}")))
                         });
                     match r {
-                        Ok(tag) => etags
-                            .lock()
-                            .expect("etags")
-                            .push((n, tag.replace("&quot;", "\""))),
+                        Ok(tag) => etags.lock().expect("etags").push((n, tag)),
                         Err(e) => {
                             failed.lock().expect("failed").get_or_insert(e);
                             return;
@@ -401,20 +391,12 @@ impl S3Store {
                 self.c.agent.get(url.as_str()).call()
             })?;
             let body = read_body(&mut resp)?;
-            for block in xml_blocks(&body, "Upload") {
-                let get = |n| xml_field(block, n).map(|v| xml_unescape(&v));
-                if let (Some(k), Some(u)) = (get("Key"), get("UploadId")) {
-                    out.push((k, u, get("Initiated").unwrap_or_default()));
-                }
-            }
-            let truncated = xml_field(&body, "IsTruncated").is_some_and(|t| t == "true");
-            match (
-                truncated,
-                xml_field(&body, "NextKeyMarker"),
-                xml_field(&body, "NextUploadIdMarker"),
-            ) {
-                (true, Some(k), Some(u)) => markers = Some((xml_unescape(&k), u)),
-                _ => return Ok(out),
+            let (page, next) = xml::uploads_page(&body)
+                .map_err(|e| io::Error::other(format!("ListMultipartUploads {prefix}: {e}")))?;
+            out.extend(page.into_iter().map(|u| (u.key, u.id, u.initiated)));
+            match next {
+                Some(m) => markers = Some(m),
+                None => return Ok(out),
             }
         }
     }
@@ -435,8 +417,8 @@ impl S3Store {
                 .c
                 .send("ListParts", key, || self.c.agent.get(url.as_str()).call())?;
             let body = read_body(&mut resp)?;
-            let (page, next) = parse_parts(&body)
-                .ok_or_else(|| io::Error::other(format!("ListParts {key}: unreadable answer")))?;
+            let (page, next) = xml::parts_page(&body)
+                .map_err(|e| io::Error::other(format!("ListParts {key}: {e}")))?;
             parts.extend(page);
             match next {
                 Some(m) if marker.is_none_or(|old| m > old) => marker = Some(m),

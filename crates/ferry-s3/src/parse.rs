@@ -1,12 +1,10 @@
 //! What is read from or written into requests and answers: object
 //! metadata headers, XML answers, dates, mtimes and keys.
 
-use std::collections::HashMap;
 use std::io;
 
 use ferry_engine::entry::{Kind, Meta};
-
-use crate::multipart::Parts;
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 
 /// Metadata headers.
 pub(crate) const META_MTIME: &str = "x-amz-meta-mtime";
@@ -54,56 +52,6 @@ pub(crate) fn md5_from_headers(h: &ureq::http::HeaderMap) -> Option<String> {
         .map(str::to_string)
 }
 
-/// A ListParts answer: number → (size, ETag) of its `<Part>` elements, and
-/// the next part number marker when the listing is truncated. `None` when
-/// a part lacks its number, size or ETag.
-pub(crate) fn parse_parts(body: &str) -> Option<(Parts, Option<u16>)> {
-    let mut parts = HashMap::new();
-    for p in xml_blocks(body, "Part") {
-        let n: u16 = xml_field(p, "PartNumber")?.trim().parse().ok()?;
-        let size: u64 = xml_field(p, "Size")?.trim().parse().ok()?;
-        let etag = xml_unescape(xml_field(p, "ETag")?.trim());
-        parts.insert(n, (size, etag));
-    }
-    let truncated = xml_field(body, "IsTruncated").is_some_and(|t| t.trim() == "true");
-    let next = xml_field(body, "NextPartNumberMarker").and_then(|m| m.trim().parse().ok());
-    Some((parts, next.filter(|_| truncated)))
-}
-
-/// The text of the first `<name>...</name>` element (S3 error bodies).
-pub(crate) fn xml_field(body: &str, name: &str) -> Option<String> {
-    let open = format!("<{name}>");
-    let start = body.find(&open)? + open.len();
-    let end = body[start..].find(&format!("</{name}>"))? + start;
-    Some(body[start..end].to_string())
-}
-
-/// The contents of every `<name>...</name>` element.
-pub(crate) fn xml_blocks<'a>(body: &'a str, name: &str) -> Vec<&'a str> {
-    let (open, close) = (format!("<{name}>"), format!("</{name}>"));
-    let mut out = Vec::new();
-    let mut rest = body;
-    while let Some(i) = rest.find(&open) {
-        let after = &rest[i + open.len()..];
-        let Some(j) = after.find(&close) else { break };
-        out.push(&after[..j]);
-        rest = &after[j + close.len()..];
-    }
-    out
-}
-
-pub(crate) fn xml_unescape(s: &str) -> String {
-    if !s.contains('&') {
-        return s.to_string();
-    }
-    s.replace("&lt;", "<")
-        .replace("&gt;", ">")
-        .replace("&quot;", "\"")
-        .replace("&apos;", "'")
-        .replace("&#39;", "'")
-        .replace("&amp;", "&")
-}
-
 /// Standard base64 with padding (`X-Amz-Meta-Md5chksum`).
 pub(crate) fn base64(data: &[u8]) -> String {
     use base64::Engine as _;
@@ -138,65 +86,25 @@ pub fn parse_mtime(s: &str) -> Option<(i64, u32)> {
     Some((sec, nsec))
 }
 
-/// Parse `2024-01-02T03:04:05.000Z` (listings) or an HTTP date
-/// (`Tue, 02 Jan 2024 03:04:05 GMT`, Last-Modified) to epoch seconds.
+/// Parse `2024-01-02T03:04:05.000Z` (listings, RFC 3339) or an HTTP date
+/// (`Tue, 02 Jan 2024 03:04:05 GMT`, Last-Modified, RFC 2822 form) to
+/// (seconds, nanoseconds) since the epoch.
 pub(crate) fn parse_http_or_iso_date(s: &str) -> Option<(i64, u32)> {
     let s = s.trim();
-    let (y, mo, d, h, mi, se, ns): (i64, i64, i64, i64, i64, i64, u32) =
-        if s.len() >= 19 && s.as_bytes()[4] == b'-' {
-            let y = s[0..4].parse().ok()?;
-            let mo = s[5..7].parse().ok()?;
-            let d = s[8..10].parse().ok()?;
-            let h = s[11..13].parse().ok()?;
-            let mi = s[14..16].parse().ok()?;
-            let se = s[17..19].parse().ok()?;
-            let ns = s[19..].strip_prefix('.').map_or(0, |f| {
-                let digits: String = f
-                    .chars()
-                    .take_while(|c| c.is_ascii_digit())
-                    .take(9)
-                    .collect();
-                format!("{digits:0<9}").parse().unwrap_or(0)
-            });
-            (y, mo, d, h, mi, se, ns)
-        } else {
-            let parts: Vec<&str> = s.split_whitespace().collect();
-            if parts.len() < 5 {
-                return None;
-            }
-            let months = [
-                "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
-            ];
-            let mo = months.iter().position(|m| *m == parts[2])? as i64 + 1;
-            let t: Vec<&str> = parts[4].split(':').collect();
-            if t.len() != 3 {
-                return None;
-            }
-            (
-                parts[3].parse().ok()?,
-                mo,
-                parts[1].parse().ok()?,
-                t[0].parse().ok()?,
-                t[1].parse().ok()?,
-                t[2].parse().ok()?,
-                0,
-            )
-        };
-    Some((
-        days_from_civil(y, mo, d) * 86400 + h * 3600 + mi * 60 + se,
-        ns,
-    ))
-}
-
-/// Days since 1970-01-01 of a proleptic Gregorian date.
-pub(crate) fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = if y >= 0 { y } else { y - 399 } / 400;
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146097 + doe - 719468
+    let t = if s.as_bytes().get(4) == Some(&b'-') {
+        s.parse::<jiff::Timestamp>().ok()?
+    } else {
+        jiff::fmt::rfc2822::DateTimeParser::new()
+            .parse_timestamp(s)
+            .ok()?
+    };
+    // Before the epoch the fraction still counts forward from the second.
+    let (sec, ns) = (t.as_second(), t.subsec_nanosecond());
+    Some(if ns < 0 {
+        (sec - 1, (ns + 1_000_000_000) as u32)
+    } else {
+        (sec, ns as u32)
+    })
 }
 
 /// Refuse a key with a `.` or `..` segment (`a/../b`, `a/.`): URLs are
@@ -213,18 +121,18 @@ pub fn check_key(key: &str) -> io::Result<()> {
     }
 }
 
+/// What S3's URI encoding keeps as it is in an object key: letters,
+/// digits, `-`, `_`, `.`, `~`, and `/` between segments.
+const KEY_KEEP: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~')
+    .remove(b'/');
+
 /// Percent-encode a key for `x-amz-copy-source` (keeping `/`).
 pub(crate) fn encode_key(key: &str) -> String {
-    let mut out = String::with_capacity(key.len());
-    for b in key.bytes() {
-        match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b'/' => {
-                out.push(b as char)
-            }
-            _ => out.push_str(&format!("%{b:02X}")),
-        }
-    }
-    out
+    utf8_percent_encode(key, KEY_KEEP).to_string()
 }
 
 #[cfg(test)]
@@ -270,6 +178,37 @@ mod tests {
             Some((1_704_164_645, 0))
         );
         assert_eq!(parse_http_or_iso_date("1970-01-01T00:00:00Z"), Some((0, 0)));
+        // Fractions of any length, offsets, surrounding space.
+        assert_eq!(
+            parse_http_or_iso_date(" 2024-01-02T03:04:05.123456789Z "),
+            Some((1_704_164_645, 123_456_789))
+        );
+        assert_eq!(
+            parse_http_or_iso_date("2024-01-02T04:04:05+01:00"),
+            Some((1_704_164_645, 0))
+        );
+        // Before the epoch, the fraction counts forward from the second.
+        assert_eq!(
+            parse_http_or_iso_date("1969-12-31T23:59:59.500Z"),
+            Some((-1, 500_000_000))
+        );
+        // HTTP dates: single-digit days, other zones.
+        assert_eq!(
+            parse_http_or_iso_date("Thu, 1 Jan 1970 00:00:00 GMT"),
+            Some((0, 0))
+        );
+        assert_eq!(
+            parse_http_or_iso_date("Tue, 02 Jan 2024 04:04:05 +0100"),
+            Some((1_704_164_645, 0))
+        );
+        for bad in [
+            "",
+            "yesterday",
+            "2024-13-02T03:04:05Z",
+            "Tue, 32 Jan 2024 03:04:05 GMT",
+        ] {
+            assert_eq!(parse_http_or_iso_date(bad), None, "{bad}");
+        }
     }
 
     #[test]
@@ -301,35 +240,6 @@ mod tests {
     }
 
     #[test]
-    fn list_parts_answers_read_whatever_their_root() {
-        // moto's server: root `ListPartsResponse`, a next marker while not truncated.
-        let moto = r#"<?xml version="1.0" encoding="utf-8"?>
-<ListPartsResponse xmlns="http://s3.amazonaws.com/doc/2006-03-01/"><Bucket>b</Bucket><Key>k</Key><UploadId>u</UploadId><PartNumberMarker>0</PartNumberMarker><NextPartNumberMarker>1</NextPartNumberMarker><MaxParts>1000</MaxParts><IsTruncated>false</IsTruncated><Part><PartNumber>1</PartNumber><LastModified>2026-11-23T13:42:43.000Z</LastModified><ETag>"6da323ddf02915cabcfeca8b6e5eb306"</ETag><Size>6000000</Size></Part><Initiator><ID>x</ID></Initiator><StorageClass>STANDARD</StorageClass></ListPartsResponse>"#;
-        let (parts, next) = parse_parts(moto).unwrap();
-        assert_eq!(next, None);
-        assert_eq!(
-            parts[&1],
-            (
-                6_000_000,
-                "\"6da323ddf02915cabcfeca8b6e5eb306\"".to_string()
-            )
-        );
-        // The standard root, truncated, ETags escaped.
-        let aws = "<ListPartsResult><IsTruncated>true</IsTruncated><NextPartNumberMarker>2</NextPartNumberMarker>\
-<Part><PartNumber>1</PartNumber><ETag>&quot;aa&quot;</ETag><Size>5</Size></Part>\
-<Part><PartNumber>2</PartNumber><ETag>&quot;bb&quot;</ETag><Size>6</Size></Part></ListPartsResult>";
-        let (parts, next) = parse_parts(aws).unwrap();
-        assert_eq!(next, Some(2));
-        assert_eq!(parts.len(), 2);
-        assert_eq!(parts[&2], (6, "\"bb\"".to_string()));
-        // A part without its size: unreadable (the caller starts afresh).
-        assert!(
-            parse_parts("<X><Part><PartNumber>1</PartNumber><ETag>a</ETag></Part></X>").is_none()
-        );
-        assert_eq!(parse_parts("<X></X>").unwrap().0.len(), 0);
-    }
-
-    #[test]
     fn base64_as_rclone_writes_it() {
         assert_eq!(base64(b""), "");
         assert_eq!(base64(b"f"), "Zg==");
@@ -343,5 +253,16 @@ mod tests {
     #[test]
     fn copy_source_encoding() {
         assert_eq!(encode_key("a b/c+d.txt"), "a%20b/c%2Bd.txt");
+        // Unreserved characters and `/` stay; everything else is %XX of
+        // its UTF-8 bytes, upper-case hex.
+        assert_eq!(encode_key("A-z_0.9~/x//"), "A-z_0.9~/x//");
+        assert_eq!(encode_key("100%/50% off"), "100%25/50%25%20off");
+        assert_eq!(encode_key("été/日本"), "%C3%A9t%C3%A9/%E6%97%A5%E6%9C%AC");
+        assert_eq!(
+            encode_key("a?b#c&d=e;f:g@h,i$j'k(l)m*n!o"),
+            "a%3Fb%23c%26d%3De%3Bf%3Ag%40h%2Ci%24j%27k%28l%29m%2An%21o"
+        );
+        assert_eq!(encode_key("tab\tnl\n"), "tab%09nl%0A");
+        assert_eq!(encode_key(""), "");
     }
 }

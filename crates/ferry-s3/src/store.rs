@@ -15,17 +15,16 @@ use rusty_s3::actions::{
 };
 use rusty_s3::{Bucket, S3Action, UrlStyle};
 
-use crate::config::S3Config;
+use crate::config::{ConfigError, S3Config};
 use crate::direct;
 use crate::fail::{self, Health};
-use crate::listing::version;
 use crate::multipart::{Multipart, COPY_MAX, PART_SIZE};
 use crate::parse::{
-    check_key, encode_key, format_mtime, md5_from_headers, meta_from_headers,
-    parse_http_or_iso_date, xml_blocks, xml_field, META_MODE, META_MTIME,
+    check_key, encode_key, format_mtime, md5_from_headers, meta_from_headers, META_MODE, META_MTIME,
 };
 use crate::reader::S3Reader;
 use crate::transport::{Conn, Counters, SIGN_TTL};
+use crate::xml;
 
 /// An S3 bucket and key prefix as a tree.
 pub struct S3Store {
@@ -61,7 +60,7 @@ pub(crate) type HeadArg<'a> = (&'a str, u64, Option<(i64, u32)>);
 
 impl S3Store {
     /// Connect to the bucket described by `cfg` (no request is made yet).
-    pub fn new(cfg: &S3Config, threads: usize) -> Result<S3Store, String> {
+    pub fn new(cfg: &S3Config, threads: usize) -> Result<S3Store, ConfigError> {
         let style = if cfg.path_style {
             UrlStyle::Path
         } else {
@@ -73,7 +72,10 @@ impl S3Store {
             cfg.bucket.clone(),
             cfg.region.clone(),
         )
-        .map_err(|e| format!("s3://{}: {e}", cfg.bucket))?;
+        .map_err(|source| ConfigError::Bucket {
+            bucket: cfg.bucket.clone(),
+            source,
+        })?;
         // No deadline on a whole request (a big part on a slow link takes
         // what it takes), but none waits more than `timeout` for a byte.
         let timeout = fail::timeout();
@@ -227,13 +229,13 @@ impl S3Store {
             .limit(64 << 20)
             .read_to_string()
             .map_err(|e| io::Error::other(format!("DeleteObjects {what}: {e}")))?;
-        match xml_blocks(&answer, "Error").first() {
+        let failed = xml::delete_errors(&answer)
+            .map_err(|e| io::Error::other(format!("DeleteObjects {what}: {e}")))?;
+        match failed.first() {
             None => Ok(()),
             Some(e) => Err(io::Error::other(format!(
                 "DELETE {}: {} {}",
-                xml_field(e, "Key").unwrap_or_default(),
-                xml_field(e, "Code").unwrap_or_default(),
-                xml_field(e, "Message").unwrap_or_default()
+                e.key, e.code, e.message
             ))),
         }
     }
@@ -342,16 +344,14 @@ impl Store for S3Store {
                     errors.push(self.unnamable(name, &c.key));
                     continue;
                 }
-                let lm = c.last_modified.as_deref().and_then(parse_http_or_iso_date);
-                let v = version(c.etag.as_deref(), lm);
-                files.push((name.to_string(), c.size.unwrap_or(0), lm, v));
+                files.push((name.to_string(), c.size, c.last_modified, c.version));
             }
             for p in page.common_prefixes {
-                let raw = &p.prefix[dir.prefix.len().min(p.prefix.len())..];
+                let raw = &p[dir.prefix.len().min(p.len())..];
                 let name = raw.trim_end_matches('/');
                 if matches!(raw, "/" | "./" | "../") {
                     // `a//b`, `a/./b`, `a/../b`: no file path can name them.
-                    errors.push(self.unnamable(raw, &p.prefix));
+                    errors.push(self.unnamable(raw, &p));
                     continue;
                 }
                 if name.is_empty() || filter.is_some_and(|f| f.excluded(rel, name.as_bytes(), true))
@@ -699,11 +699,11 @@ impl Store for S3Store {
                 // A directory marker (the prefix itself) is the directory.
                 let rel = c.key.get(prefix.len()..).unwrap_or("");
                 if !rel.is_empty() {
-                    each(rel.as_bytes(), c.size.unwrap_or(0));
+                    each(rel.as_bytes(), c.size);
                     n += 1;
                 }
             }
-            match page.next_continuation_token {
+            match page.next {
                 Some(t) => token = Some(t),
                 None => break,
             }

@@ -11,8 +11,8 @@ use ureq::Body;
 
 use crate::direct;
 use crate::fail::{self, Health, Reach, Unreachable};
-use crate::parse::xml_field;
 use crate::store::S3Store;
+use crate::xml::{self, ErrorBody};
 
 /// How long a signed URL stays valid (one request).
 pub(crate) const SIGN_TTL: Duration = Duration::from_secs(3600);
@@ -116,12 +116,11 @@ impl Conn {
         what: &str,
         key: &str,
         status: u16,
-        code: &str,
-        body: &str,
+        e: &ErrorBody,
     ) -> io::Error {
         let on_bucket = key.is_empty() || what == "LIST" || what == "ListMultipartUploads";
-        let (kind, detail) = status_detail(status, code, body);
-        let meaning = fail::meaning(status, code, on_bucket);
+        let (kind, detail) = status_detail(status, e);
+        let meaning = fail::meaning(status, &e.code, on_bucket);
         let (url, ep) = (self.url_of(key), &self.endpoint);
         let text = if meaning.is_empty() {
             format!("{what} {url}: {detail} (endpoint {ep})")
@@ -183,8 +182,9 @@ impl Conn {
                         .limit(64 << 10)
                         .read_to_string()
                         .unwrap_or_default();
-                    let code = xml_field(&body, "Code").unwrap_or_default();
-                    let err = self.status_error(what, key, status, &code, &body);
+                    let e = xml::error_body(&body).unwrap_or_default();
+                    let code = e.code.as_str();
+                    let err = self.status_error(what, key, status, &e);
                     // 501 Not Implemented is not a passing state.
                     if !(status >= 500 && status != 501
                         || status == 429
@@ -278,7 +278,8 @@ pub(crate) fn read_body(resp: &mut Response<Body>) -> io::Result<String> {
 }
 
 /// The kind of an error status, and `HTTP 404 NoSuchKey: message`.
-pub(crate) fn status_detail(status: u16, code: &str, body: &str) -> (io::ErrorKind, String) {
+pub(crate) fn status_detail(status: u16, e: &ErrorBody) -> (io::ErrorKind, String) {
+    let (code, msg) = (e.code.as_str(), e.message.as_str());
     let kind = match status {
         404 => io::ErrorKind::NotFound,
         401 | 403 => io::ErrorKind::PermissionDenied,
@@ -286,7 +287,6 @@ pub(crate) fn status_detail(status: u16, code: &str, body: &str) -> (io::ErrorKi
         _ if code == "NotImplemented" => io::ErrorKind::Unsupported,
         _ => io::ErrorKind::Other,
     };
-    let msg = xml_field(body, "Message").unwrap_or_default();
     let detail = match (code.is_empty(), msg.is_empty()) {
         (true, _) => String::new(),
         (false, true) => format!(" {code}"),

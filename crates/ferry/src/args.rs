@@ -262,7 +262,7 @@ pub fn resolve_replica(
 ) -> Result<(Loc, String), String> {
     if is_s3(p) {
         let url = p.to_str().expect("checked UTF-8");
-        let cfg = ferry_s3::S3Config::from_url(url, endpoint)?;
+        let cfg = ferry_s3::S3Config::from_url(url, endpoint).map_err(|e| e.to_string())?;
         let id = format!("s3://{}/{}", cfg.bucket, cfg.prefix.trim_matches('/'));
         return Ok((Loc::S3(Box::new(cfg)), id));
     }

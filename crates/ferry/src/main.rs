@@ -243,8 +243,9 @@ fn run_cleanup(a: args::CleanupArgs) -> Result<u8, String> {
     if !a.path.starts_with("s3://") {
         return Err(format!("{}: cleanup works on s3:// paths", a.path));
     }
-    let cfg = ferry_s3::S3Config::from_url(&a.path, a.s3_endpoint.as_deref())?;
-    let store = S3Store::new(&cfg, 1)?;
+    let cfg = ferry_s3::S3Config::from_url(&a.path, a.s3_endpoint.as_deref())
+        .map_err(|e| e.to_string())?;
+    let store = S3Store::new(&cfg, 1).map_err(|e| e.to_string())?;
     store
         .open_root()
         .map_err(|e| format!("{}: {}", a.path, cause(&e)))?;
@@ -310,7 +311,11 @@ fn run_bisync(a: BisyncArgs) -> Result<u8, String> {
     let j = journal.as_mut();
     // Listings without a HEAD per object: the journal vouches for objects
     // whose version is the one it recorded; only the others are HEADed.
-    let s3 = |c: &ferry_s3::S3Config| S3Store::new(c, jobs).map(S3Store::with_lazy_meta);
+    let s3 = |c: &ferry_s3::S3Config| {
+        S3Store::new(c, jobs)
+            .map(S3Store::with_lazy_meta)
+            .map_err(|e| e.to_string())
+    };
     let res = match (&ra.0, &rb.0) {
         (Loc::Local(x), Loc::Local(y)) => ferry_bisync::run(
             &LocalStore::new(x, jobs),
@@ -352,11 +357,12 @@ fn run_bisync(a: BisyncArgs) -> Result<u8, String> {
 fn run_ls(a: LsArgs) -> Result<u8, String> {
     if args::is_s3(&a.path) {
         let url = a.path.to_str().expect("s3 URLs are UTF-8");
-        let cfg = ferry_s3::S3Config::from_url(url, a.s3_endpoint.as_deref())?;
+        let cfg = ferry_s3::S3Config::from_url(url, a.s3_endpoint.as_deref())
+            .map_err(|e| e.to_string())?;
         // Mostly waiting on HEADs (one per object for the stored mtime and
         // mode): more in flight than for transfers.
         let jobs = a.jobs.map_or(64, usize::from);
-        let mut store = S3Store::new(&cfg, jobs)?;
+        let mut store = S3Store::new(&cfg, jobs).map_err(|e| e.to_string())?;
         if a.server_mtime {
             store = store.with_lazy_meta();
         }

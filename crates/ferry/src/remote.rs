@@ -91,8 +91,8 @@ fn s3_error(what: &str, url: &str, e: &io::Error) -> String {
 fn resolve_src(src: &Path, endpoint: Option<&str>, force: bool) -> Result<Src, String> {
     if is_s3(src) {
         let u = url(src);
-        let cfg = S3Config::from_url(u, endpoint)?;
-        let store = S3Store::new(&cfg, 1)?;
+        let cfg = S3Config::from_url(u, endpoint).map_err(|e| e.to_string())?;
+        let store = S3Store::new(&cfg, 1).map_err(|e| e.to_string())?;
         // `s3://b/key/` (or the bucket) is always a prefix; `s3://b/key`
         // is the object `key` when there is one.
         let object = if u.ends_with('/') || cfg.prefix.is_empty() {
@@ -151,7 +151,9 @@ fn resolve_src(src: &Path, endpoint: Option<&str>, force: bool) -> Result<Src, S
 /// DST of a tree: a prefix, or a local directory (created if missing).
 fn dst_tree(dst: &Path, endpoint: Option<&str>) -> Result<Loc, String> {
     if is_s3(dst) {
-        return Ok(Loc::S3(Box::new(S3Config::from_url(url(dst), endpoint)?)));
+        return Ok(Loc::S3(Box::new(
+            S3Config::from_url(url(dst), endpoint).map_err(|e| e.to_string())?,
+        )));
     }
     match stat_path(dst, true) {
         Ok(m) if m.kind != Kind::Dir => Err(format!(
@@ -177,12 +179,12 @@ fn dst_one(dst: &Path, name: &OsStr, endpoint: Option<&str>) -> Result<(Loc, OsS
     let into = dst.as_os_str().as_bytes().ends_with(b"/");
     if is_s3(dst) {
         let u = url(dst);
-        let cfg = S3Config::from_url(u, endpoint)?;
+        let cfg = S3Config::from_url(u, endpoint).map_err(|e| e.to_string())?;
         let into = into || cfg.prefix.is_empty() || {
             // A key that is a prefix already is a directory: into it, not
             // beside it (an object and a prefix of one name cannot both be
             // a file tree's).
-            let store = S3Store::new(&cfg, 1)?;
+            let store = S3Store::new(&cfg, 1).map_err(|e| e.to_string())?;
             store
                 .root_has_objects()
                 .map_err(|e| s3_error("DST", u, &e))?
