@@ -15,16 +15,17 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use rusty_s3::actions::ListObjectsV2;
 use std::hint::black_box;
 
-/// A page as Garage and AWS write it, keys with the characters XML escapes.
+/// A page as Garage and AWS write it.
 fn page() -> String {
     let mut s = String::from(
-        r#"<?xml version="1.0" encoding="UTF-8"?><ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/"><Name>bucket</Name><Prefix>data/</Prefix><KeyCount>1000</KeyCount><MaxKeys>1000</MaxKeys><Delimiter>/</Delimiter><IsTruncated>true</IsTruncated><NextContinuationToken>ZGF0YS9mMDAwOTk5</NextContinuationToken>"#,
+        r#"<?xml version="1.0" encoding="UTF-8"?><ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/"><Name>bucket</Name><Prefix>data/</Prefix><KeyCount>1000</KeyCount><MaxKeys>1000</MaxKeys><Delimiter>/</Delimiter><IsTruncated>true</IsTruncated><EncodingType>url</EncodingType><NextContinuationToken>ZGF0YS9mMDAwOTk5</NextContinuationToken>"#,
     );
     for i in 0..1000 {
+        // Keys URL-encoded, as asked with `encoding-type=url`.
         let name = if i % 10 == 0 {
-            format!("data/f{i:06} &amp; co.txt")
+            format!("data%2Ff{i:06}+%26+co.txt")
         } else {
-            format!("data/f{i:06}.txt")
+            format!("data%2Ff{i:06}.txt")
         };
         s.push_str(&format!(
             "<Contents><Key>{name}</Key><LastModified>2024-01-02T03:{:02}:{:02}.{:03}Z</LastModified>\
@@ -89,6 +90,13 @@ fn unescape(s: &str) -> String {
         .replace("&amp;", "&")
 }
 
+fn url_decode(s: &str) -> String {
+    let plus = s.replace('+', " ");
+    percent_encoding::percent_decode_str(&plus)
+        .decode_utf8()
+        .map_or_else(|_| s.to_string(), |d| d.into_owned())
+}
+
 fn by_substring(body: &str) -> Vec<(String, u64, u64)> {
     let mut out = Vec::new();
     let mut rest = body;
@@ -102,7 +110,7 @@ fn by_substring(body: &str) -> Vec<(String, u64, u64)> {
             .and_then(iso_date)
             .unwrap_or((0, 0));
         out.push((
-            unescape(field(c, "Key").unwrap_or("")),
+            url_decode(&unescape(field(c, "Key").unwrap_or(""))),
             field(c, "Size").and_then(|s| s.parse().ok()).unwrap_or(0),
             fnv(&unescape(field(c, "ETag").unwrap_or("")), t),
         ));

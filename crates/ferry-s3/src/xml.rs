@@ -152,7 +152,7 @@ pub fn list_page(body: &str) -> Result<ListPage, XmlError> {
     let mut key: Option<Cow<'_, str>> = None;
     let mut etag: Option<Cow<'_, str>> = None;
     let (mut size, mut lm) = (0u64, None);
-    let mut truncated = None;
+    let (mut truncated, mut url_encoded) = (None, false);
     walk(body, |n| {
         match n {
             Node::Leaf {
@@ -181,6 +181,11 @@ pub fn list_page(body: &str) -> Result<ListPage, XmlError> {
                 text,
                 ..
             } => truncated = Some(text.trim() == "true"),
+            Node::Leaf {
+                name: b"EncodingType",
+                text,
+                ..
+            } => url_encoded = text.trim() == "url",
             Node::End(b"Contents") => {
                 let key = key
                     .take()
@@ -199,7 +204,28 @@ pub fn list_page(body: &str) -> Result<ListPage, XmlError> {
     if truncated == Some(false) {
         page.next = None;
     }
+    if url_encoded {
+        for c in &mut page.contents {
+            url_decode(&mut c.key);
+        }
+        for p in &mut page.common_prefixes {
+            url_decode(p);
+        }
+    }
     Ok(page)
+}
+
+/// Decode a key of a listing asked with `encoding-type=url` (as rusty-s3's
+/// `ListObjectsV2` asks): `+` is a space (AWS and MinIO encode as HTML forms
+/// do), `%XX` a byte. Left as it is when that is not UTF-8.
+fn url_decode(s: &mut String) {
+    if !s.contains(['%', '+']) {
+        return;
+    }
+    let plus = s.replace('+', " ");
+    if let Ok(d) = percent_encoding::percent_decode_str(&plus).decode_utf8() {
+        *s = d.into_owned();
+    }
 }
 
 /// An `<Error>` element: the body of an error status, of a copy that
@@ -420,6 +446,22 @@ mod tests {
             p.next.as_deref(),
             Some("1ueGcxLPRx1Tr/XYExHnhbYLgveDs2J/wm36Hy4vbOwM=")
         );
+    }
+
+    #[test]
+    fn url_encoded_listings_are_decoded() {
+        let body = "<ListBucketResult><EncodingType>url</EncodingType>\
+<Contents><Key>d%2Fa+b%2Bc%25%C3%A9</Key><Size>1</Size></Contents>\
+<Contents><Key>d%2Fplain</Key><Size>1</Size></Contents>\
+<Contents><Key>d%2Fbad%FF</Key><Size>1</Size></Contents>\
+<CommonPrefixes><Prefix>d%2Fsub+dir%2F</Prefix></CommonPrefixes></ListBucketResult>";
+        let p = list_page(body).unwrap();
+        let keys: Vec<&str> = p.contents.iter().map(|c| c.key.as_str()).collect();
+        assert_eq!(keys, ["d/a b+c%é", "d/plain", "d%2Fbad%FF"]);
+        assert_eq!(p.common_prefixes, ["d/sub dir/"]);
+        // Without the encoding the keys are as written.
+        let p = list_page("<L><Contents><Key>a+b%2F</Key></Contents></L>").unwrap();
+        assert_eq!(p.contents[0].key, "a+b%2F");
     }
 
     #[test]
