@@ -6,10 +6,9 @@ use std::sync::atomic::Ordering;
 
 use ferry_engine::store::ListError;
 use rusty_s3::actions::ListObjectsV2;
-use rusty_s3::S3Action;
 
 use crate::store::S3Store;
-use crate::transport::{read_body, SIGN_TTL};
+use crate::transport::read_body;
 use crate::xml::{self, ListPage};
 
 impl S3Store {
@@ -130,15 +129,12 @@ impl S3Store {
         } else if let Some(s) = start_after {
             a.with_start_after(s);
         }
-        self.fetch_list(prefix, &a)
+        self.fetch_list(prefix, a)
     }
 
     /// Send a ListObjectsV2 and read its page.
-    fn fetch_list(&self, prefix: &str, a: &ListObjectsV2<'_>) -> io::Result<ListPage> {
-        let url = a.sign(SIGN_TTL);
-        let mut resp = self
-            .c
-            .send("LIST", prefix, || self.c.agent.get(url.as_str()).call())?;
+    fn fetch_list(&self, prefix: &str, a: ListObjectsV2<'_>) -> io::Result<ListPage> {
+        let mut resp = self.c.call("LIST", prefix, a, &[], None)?;
         let body = read_body(&mut resp)?;
         xml::list_page(&body).map_err(|e| io::Error::other(format!("LIST {prefix}: {e}")))
     }
@@ -175,7 +171,7 @@ impl S3Store {
         let mut a = ListObjectsV2::new(&self.c.bucket, self.c.creds());
         a.with_prefix(self.root.as_str());
         a.with_max_keys(1);
-        let page = self.fetch_list(&self.root, &a)?;
+        let page = self.fetch_list(&self.root, a)?;
         Ok(!page.contents.is_empty() || !page.common_prefixes.is_empty())
     }
 }

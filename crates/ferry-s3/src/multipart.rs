@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ferry_engine::bwlimit::Limiter;
@@ -19,7 +20,7 @@ use rusty_s3::actions::{
 use rusty_s3::S3Action;
 
 use crate::fail::Unreachable;
-use crate::parse::{base64, check_key, parse_http_or_iso_date, META_MD5};
+use crate::parse::{base64, check_key, parse_http_or_iso_date};
 use crate::store::{S3Store, S3Writer};
 use crate::transport::{read_body, SIGN_TTL};
 use crate::xml::{self, Parts};
@@ -45,6 +46,38 @@ pub(crate) const COPY_MAX: u64 = 5 << 30;
 /// Part size of server-side multipart copies.
 pub(crate) const COPY_PART: u64 = 512 << 20;
 
+/// The ETags of an upload's parts as its threads send them, and the first
+/// failure.
+#[derive(Default)]
+struct PartTags {
+    tags: Mutex<Vec<(u16, String)>>,
+    failed: Mutex<Option<io::Error>>,
+}
+
+impl PartTags {
+    fn done(&self, number: u16, etag: String) {
+        self.tags.lock().expect("tags").push((number, etag));
+    }
+
+    fn fail(&self, e: io::Error) {
+        self.failed.lock().expect("failed").get_or_insert(e);
+    }
+
+    fn failed(&self) -> bool {
+        self.failed.lock().expect("failed").is_some()
+    }
+
+    /// The ETags in part order, or the first failure.
+    fn finish(self) -> io::Result<Vec<String>> {
+        if let Some(e) = self.failed.into_inner().expect("failed") {
+            return Err(e);
+        }
+        let mut tags = self.tags.into_inner().expect("tags");
+        tags.sort_by_key(|(n, _)| *n);
+        Ok(tags.into_iter().map(|(_, t)| t).collect())
+    }
+}
+
 impl S3Store {
     /// Start the multipart upload of `w` (object metadata goes here).
     /// `md5`: the object's `X-Amz-Meta-Md5chksum`, when known up front.
@@ -52,22 +85,9 @@ impl S3Store {
         if w.upload.is_some() {
             return Ok(());
         }
-        let mut a = CreateMultipartUpload::new(&self.c.bucket, self.c.creds(), &w.key);
-        let mut hs: Vec<(&str, String)> = Self::meta_headers(&w.meta).into_iter().collect();
-        if let Some(m) = md5 {
-            hs.push((META_MD5, m.to_string()));
-        }
-        for (k, v) in &hs {
-            a.headers_mut().insert(*k, v.clone());
-        }
-        let url = a.sign(SIGN_TTL);
-        let mut resp = self.c.send("CreateMultipartUpload", &w.key, || {
-            let mut r = self.c.agent.post(url.as_str());
-            for (k, v) in &hs {
-                r = r.header(*k, v.as_str());
-            }
-            r.send_empty()
-        })?;
+        let a = CreateMultipartUpload::new(&self.c.bucket, self.c.creds(), &w.key);
+        let hs = Self::meta_headers(&w.meta, md5);
+        let mut resp = self.c.call("CreateMultipartUpload", &w.key, a, &hs, None)?;
         let body = read_body(&mut resp)?;
         let id = xml::upload_id(&body)
             .map_err(|e| io::Error::other(format!("CreateMultipartUpload {}: {e}", w.key)))?;
@@ -89,10 +109,8 @@ impl S3Store {
         data: &[u8],
     ) -> io::Result<String> {
         self.c.counters.parts_sent.fetch_add(1, Ordering::Relaxed);
-        let url = UploadPart::new(&self.c.bucket, self.c.creds(), key, number, id).sign(SIGN_TTL);
-        let resp = self.c.send("UploadPart", key, || {
-            self.c.agent.put(url.as_str()).send(data)
-        })?;
+        let a = UploadPart::new(&self.c.bucket, self.c.creds(), key, number, id);
+        let resp = self.c.call("UploadPart", key, a, &[], Some(data))?;
         resp.headers()
             .get("etag")
             .and_then(|v| v.to_str().ok())
@@ -142,9 +160,7 @@ impl S3Store {
         };
         let id = w.upload.as_ref().expect("created").id.clone();
         let key = w.key.clone();
-        let etags: std::sync::Mutex<Vec<(u16, String)>> = std::sync::Mutex::new(Vec::new());
-        let failed: std::sync::Mutex<Option<io::Error>> = std::sync::Mutex::new(None);
-        let has_failed = || failed.lock().expect("failed").is_some();
+        let tags = PartTags::default();
         // The whole file's MD5, from the bytes as they are read (rclone's
         // `X-Amz-Meta-Md5chksum`, set at commit).
         let mut whole = Md5::new();
@@ -162,7 +178,7 @@ impl S3Store {
                 scope.spawn(|| loop {
                     let next = rx.lock().expect("part queue").recv();
                     let Ok((n, data)) = next else { return };
-                    if has_failed() {
+                    if tags.failed() {
                         continue;
                     }
                     if let Some((size, tag)) = prior_parts.get(&n) {
@@ -172,15 +188,13 @@ impl S3Store {
                                 .eq_ignore_ascii_case(&etag::md5_hex(&data))
                         {
                             self.c.counters.parts_reused.fetch_add(1, Ordering::Relaxed);
-                            etags.lock().expect("etags").push((n, tag.clone()));
+                            tags.done(n, tag.clone());
                             continue;
                         }
                     }
                     match self.put_part(&key, &id, n, &data) {
-                        Ok(tag) => etags.lock().expect("etags").push((n, tag)),
-                        Err(e) => {
-                            failed.lock().expect("failed").get_or_insert(e);
-                        }
+                        Ok(tag) => tags.done(n, tag),
+                        Err(e) => tags.fail(e),
                     }
                 });
             }
@@ -188,8 +202,8 @@ impl S3Store {
             let mut part = first;
             let mut buf = vec![0u8; chunk];
             loop {
-                if has_failed() {
-                    return Ok(()); // `failed` says why
+                if tags.failed() {
+                    return Ok(()); // `tags` says why
                 }
                 let full = part.len() >= PART_SIZE as usize;
                 if full {
@@ -222,26 +236,29 @@ impl S3Store {
             }
             Ok(())
         });
-        if let Some(e) = failed.into_inner().expect("failed") {
-            return Err(e);
-        }
+        let tags = tags.finish()?;
         read_result?;
-        let mut tags = etags.into_inner().expect("etags");
-        tags.sort_by_key(|(n, _)| *n);
         let up = w.upload.as_mut().expect("created");
-        up.etags = tags.into_iter().map(|(_, t)| t).collect();
+        up.etags = tags;
         up.md5 = (total == size).then(|| base64(&whole.finalize()));
         Ok(total)
+    }
+
+    /// Abort an upload an interrupted run left behind (counted).
+    fn abort_abandoned(&self, key: &str, id: &str) {
+        self.abort_upload(key, id);
+        self.c
+            .counters
+            .uploads_aborted
+            .fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn abort_upload(&self, key: &str, id: &str) {
         if check_key(key).is_err() {
             return;
         }
-        let url = AbortMultipartUpload::new(&self.c.bucket, self.c.creds(), key, id).sign(SIGN_TTL);
-        let _ = self.c.send("AbortMultipartUpload", key, || {
-            self.c.agent.delete(url.as_str()).call()
-        });
+        let a = AbortMultipartUpload::new(&self.c.bucket, self.c.creds(), key, id);
+        let _ = self.c.call("AbortMultipartUpload", key, a, &[], None);
     }
 
     /// Server-side copy of `source` (`/bucket/key`, `size` bytes) to `key`
@@ -258,24 +275,11 @@ impl S3Store {
         if size > COPY_MAX {
             return self.copy_multipart(key, source, size, meta, md5);
         }
-        let mut a = PutObject::new(&self.c.bucket, self.c.creds(), key);
-        let mut hs: Vec<(&str, String)> = Self::meta_headers(meta).into_iter().collect();
-        if let Some(m) = md5 {
-            hs.push((META_MD5, m.to_string()));
-        }
+        let a = PutObject::new(&self.c.bucket, self.c.creds(), key);
+        let mut hs = Self::meta_headers(meta, md5);
         hs.push(("x-amz-copy-source", source.to_string()));
         hs.push(("x-amz-metadata-directive", "REPLACE".to_string()));
-        for (k, v) in &hs {
-            a.headers_mut().insert(*k, v.clone());
-        }
-        let url = a.sign(SIGN_TTL);
-        let mut resp = self.c.send("COPY", key, || {
-            let mut r = self.c.agent.put(url.as_str());
-            for (k, v) in &hs {
-                r = r.header(*k, v.as_str());
-            }
-            r.send_empty()
-        })?;
+        let mut resp = self.c.call("COPY", key, a, &hs, None)?;
         // A copy can fail after the 200 status line: the error is in the body.
         let body = read_body(&mut resp)?;
         if let Some(e) = xml::error_body(&body) {
@@ -292,68 +296,51 @@ impl S3Store {
         meta: &Meta,
         md5: Option<&str>,
     ) -> io::Result<()> {
-        let mut w = S3Writer {
-            key: key.to_string(),
-            meta: *meta,
-            buf: Vec::new(),
-            upload: None,
-            copy_from: None,
-        };
+        let mut w = S3Writer::new(key.to_string(), meta);
         self.create_upload(&mut w, md5)?;
         let id = w.upload.as_ref().expect("created").id.clone();
         let parts = size.div_ceil(COPY_PART);
         let next = AtomicU64::new(0);
-        let etags: std::sync::Mutex<Vec<(u16, String)>> = std::sync::Mutex::new(Vec::new());
-        let failed: std::sync::Mutex<Option<io::Error>> = std::sync::Mutex::new(None);
+        let tags = PartTags::default();
         std::thread::scope(|scope| {
             for _ in 0..PART_CONCURRENCY.min(parts as usize) {
                 scope.spawn(|| loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
-                    if i >= parts || failed.lock().expect("failed").is_some() {
+                    if i >= parts || tags.failed() {
                         return;
                     }
                     let (a, b) = (i * COPY_PART, ((i + 1) * COPY_PART).min(size) - 1);
                     let n = (i + 1) as u16;
-                    let mut act = UploadPart::new(&self.c.bucket, self.c.creds(), key, n, &id);
-                    let range = format!("bytes={a}-{b}");
-                    act.headers_mut()
-                        .insert("x-amz-copy-source", source.to_string());
-                    act.headers_mut()
-                        .insert("x-amz-copy-source-range", range.clone());
-                    let url = act.sign(SIGN_TTL);
+                    let act = UploadPart::new(&self.c.bucket, self.c.creds(), key, n, &id);
+                    let hs = [
+                        ("x-amz-copy-source", source.to_string()),
+                        ("x-amz-copy-source-range", format!("bytes={a}-{b}")),
+                    ];
                     let r = self
                         .c
-                        .send("UploadPartCopy", key, || {
-                            self.c
-                                .agent
-                                .put(url.as_str())
-                                .header("x-amz-copy-source", source)
-                                .header("x-amz-copy-source-range", range.as_str())
-                                .send_empty()
-                        })
+                        .call("UploadPartCopy", key, act, &hs, None)
                         .and_then(|mut resp| read_body(&mut resp))
                         .and_then(|body| {
                             xml::copy_part_etag(&body)
                                 .map_err(|e| io::Error::other(format!("UploadPartCopy {key}: {e}")))
                         });
                     match r {
-                        Ok(tag) => etags.lock().expect("etags").push((n, tag)),
+                        Ok(tag) => tags.done(n, tag),
                         Err(e) => {
-                            failed.lock().expect("failed").get_or_insert(e);
+                            tags.fail(e);
                             return;
                         }
                     }
                 });
             }
         });
-        if let Some(e) = failed.into_inner().expect("failed") {
-            self.abort_upload(key, &id);
-            return Err(e);
+        match tags.finish() {
+            Ok(tags) => self.complete(key, &id, &tags),
+            Err(e) => {
+                self.abort_upload(key, &id);
+                Err(e)
+            }
         }
-        let mut tags = etags.into_inner().expect("etags");
-        tags.sort_by_key(|(n, _)| *n);
-        let tags: Vec<String> = tags.into_iter().map(|(_, t)| t).collect();
-        self.complete(key, &id, &tags)
     }
 
     pub(crate) fn complete(&self, key: &str, id: &str, etags: &[String]) -> io::Result<()> {
@@ -412,10 +399,7 @@ impl S3Store {
             if let Some(m) = marker {
                 a.set_part_number_marker(m);
             }
-            let url = a.sign(SIGN_TTL);
-            let mut resp = self
-                .c
-                .send("ListParts", key, || self.c.agent.get(url.as_str()).call())?;
+            let mut resp = self.c.call("ListParts", key, a, &[], None)?;
             let body = read_body(&mut resp)?;
             let (page, next) = xml::parts_page(&body)
                 .map_err(|e| io::Error::other(format!("ListParts {key}: {e}")))?;
@@ -442,21 +426,13 @@ impl S3Store {
         ups.sort_by(|a, b| a.2.cmp(&b.2));
         let (_, id, _) = ups.pop().expect("not empty");
         for (k, old, _) in ups {
-            self.abort_upload(&k, &old);
-            self.c
-                .counters
-                .uploads_aborted
-                .fetch_add(1, Ordering::Relaxed);
+            self.abort_abandoned(&k, &old);
         }
         match self.list_parts(key, &id) {
             Ok(parts) => Ok(Some((id, parts))),
             Err(e) if Unreachable::is(&e) => Err(e),
             Err(_) => {
-                self.abort_upload(key, &id);
-                self.c
-                    .counters
-                    .uploads_aborted
-                    .fetch_add(1, Ordering::Relaxed);
+                self.abort_abandoned(key, &id);
                 Ok(None)
             }
         }
@@ -478,11 +454,7 @@ impl S3Store {
             let age = parse_http_or_iso_date(&initiated).map_or(i64::MAX, |(t, _)| now - t);
             if age >= max_age.as_secs() as i64 {
                 if !dry_run {
-                    self.abort_upload(&key, &id);
-                    self.c
-                        .counters
-                        .uploads_aborted
-                        .fetch_add(1, Ordering::Relaxed);
+                    self.abort_abandoned(&key, &id);
                 }
                 done.push((key, initiated));
             }

@@ -36,10 +36,8 @@ pub struct S3Reader {
 impl SourceFile for S3Reader {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         if self.body.is_none() {
-            let url = GetObject::new(&self.c.bucket, self.c.creds(), &self.key).sign(SIGN_TTL);
-            let resp = self
-                .c
-                .send("GET", &self.key, || self.c.agent.get(url.as_str()).call())?;
+            let a = GetObject::new(&self.c.bucket, self.c.creds(), &self.key);
+            let resp = self.c.call("GET", &self.key, a, &[], None)?;
             if resp.headers().contains_key(META_MTIME) {
                 let _ = self.meta.set(meta_from_headers(resp.headers(), 0, None));
             }
@@ -100,10 +98,8 @@ impl RangedSource for S3Reader {
         if let Some(v) = self.ident.get() {
             return Ok(v.clone());
         }
-        let url = HeadObject::new(&self.c.bucket, self.c.creds(), &self.key).sign(SIGN_TTL);
-        let resp = self
-            .c
-            .send("HEAD", &self.key, || self.c.agent.head(url.as_str()).call())?;
+        let a = HeadObject::new(&self.c.bucket, self.c.creds(), &self.key);
+        let resp = self.c.call("HEAD", &self.key, a, &[], None)?;
         let h = resp.headers();
         // Without ferry's or rclone's metadata the listing's LastModified
         // (milliseconds) is better than this header's (seconds).
@@ -173,13 +169,8 @@ impl RangedSource for S3Reader {
                             backoff(attempt);
                             continue;
                         }
-                        if reach == Reach::Failed {
-                            let why = self.c.short_cause(&msg);
-                            if self.c.health.gave_up(&why) {
-                                return Err(self
-                                    .c
-                                    .unreachable(self.c.health.gone().unwrap_or(&why)));
-                            }
+                        if let Some(e) = self.c.gave_up(reach, &msg) {
+                            return Err(e);
                         }
                         let url = self.c.url_of(&self.key);
                         return Err(io::Error::other(format!("GET {url} ({range}): {msg}")));

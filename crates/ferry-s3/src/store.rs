@@ -20,7 +20,8 @@ use crate::direct;
 use crate::fail::{self, Health};
 use crate::multipart::{Multipart, COPY_MAX, PART_SIZE};
 use crate::parse::{
-    check_key, encode_key, format_mtime, md5_from_headers, meta_from_headers, META_MODE, META_MTIME,
+    check_key, encode_key, format_mtime, md5_from_headers, meta_from_headers, META_MD5, META_MODE,
+    META_MTIME,
 };
 use crate::reader::S3Reader;
 use crate::transport::{Conn, Counters, SIGN_TTL};
@@ -57,6 +58,19 @@ pub struct S3Writer {
 
 /// An object to HEAD: name in its directory, listed size, fallback mtime.
 pub(crate) type HeadArg<'a> = (&'a str, u64, Option<(i64, u32)>);
+
+impl S3Writer {
+    /// A new object `key` with `meta`, nothing written yet.
+    pub(crate) fn new(key: String, meta: &Meta) -> S3Writer {
+        S3Writer {
+            key,
+            meta: *meta,
+            buf: Vec::new(),
+            upload: None,
+            copy_from: None,
+        }
+    }
+}
 
 impl S3Store {
     /// Connect to the bucket described by `cfg` (no request is made yet).
@@ -162,10 +176,8 @@ impl S3Store {
         fallback: Option<(i64, u32)>,
     ) -> io::Result<(Meta, Option<String>)> {
         self.c.counters.heads.fetch_add(1, Ordering::Relaxed);
-        let url = HeadObject::new(&self.c.bucket, self.c.creds(), key).sign(SIGN_TTL);
-        let resp = self
-            .c
-            .send("HEAD", key, || self.c.agent.head(url.as_str()).call())?;
+        let a = HeadObject::new(&self.c.bucket, self.c.creds(), key);
+        let resp = self.c.call("HEAD", key, a, &[], None)?;
         Ok((
             meta_from_headers(resp.headers(), size, fallback),
             md5_from_headers(resp.headers()),
@@ -240,34 +252,29 @@ impl S3Store {
         }
     }
 
-    pub(crate) fn meta_headers(meta: &Meta) -> [(&'static str, String); 2] {
-        [
+    /// An object's metadata headers: mtime, mode and, when known, rclone's
+    /// whole-object MD5.
+    pub(crate) fn meta_headers(meta: &Meta, md5: Option<&str>) -> Vec<(&'static str, String)> {
+        let mut hs = vec![
             (META_MTIME, format_mtime(meta)),
             (META_MODE, format!("{:o}", 0o100000 | meta.mode)),
-        ]
+        ];
+        if let Some(m) = md5 {
+            hs.push((META_MD5, m.to_string()));
+        }
+        hs
     }
 
     pub(crate) fn put(&self, key: &str, body: &[u8], meta: &Meta) -> io::Result<()> {
-        let mut a = PutObject::new(&self.c.bucket, self.c.creds(), key);
-        let hs = Self::meta_headers(meta);
-        for (k, v) in &hs {
-            a.headers_mut().insert(*k, v.clone());
-        }
-        let url = a.sign(SIGN_TTL);
-        self.c.send("PUT", key, || {
-            let mut r = self.c.agent.put(url.as_str());
-            for (k, v) in &hs {
-                r = r.header(*k, v.as_str());
-            }
-            r.send(body)
-        })?;
+        let a = PutObject::new(&self.c.bucket, self.c.creds(), key);
+        self.c
+            .call("PUT", key, a, &Self::meta_headers(meta, None), Some(body))?;
         Ok(())
     }
 
     pub(crate) fn delete_key(&self, key: &str) -> io::Result<()> {
-        let url = DeleteObject::new(&self.c.bucket, self.c.creds(), key).sign(SIGN_TTL);
-        self.c
-            .send("DELETE", key, || self.c.agent.delete(url.as_str()).call())?;
+        let a = DeleteObject::new(&self.c.bucket, self.c.creds(), key);
+        self.c.call("DELETE", key, a, &[], None)?;
         Ok(())
     }
 
@@ -286,10 +293,26 @@ impl S3Store {
             return Ok(None);
         }
         check_key(key)?;
+        self.head_if_any(key)
+    }
+
+    /// HEAD an object: `None` when there is none.
+    fn head_if_any(&self, key: &str) -> io::Result<Option<Meta>> {
         match self.head(key, 0, None) {
             Ok(m) => Ok(Some(m)),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e),
+        }
+    }
+
+    /// The error of a symlink asked of S3.
+    fn no_symlinks(&self, dir: &S3Dir, name: &CStr) -> io::Error {
+        match self.key(dir, name) {
+            Ok(key) => io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!("{key}: S3 has no symlinks"),
+            ),
+            Err(e) => e,
         }
     }
 }
@@ -300,9 +323,8 @@ impl Store for S3Store {
     type Writer = S3Writer;
 
     fn open_root(&self) -> io::Result<Option<(S3Dir, Meta)>> {
-        let url = HeadBucket::new(&self.c.bucket, self.c.creds()).sign(SIGN_TTL);
-        self.c
-            .send("HEAD", "", || self.c.agent.head(url.as_str()).call())?;
+        let a = HeadBucket::new(&self.c.bucket, self.c.creds());
+        self.c.call("HEAD", "", a, &[], None)?;
         Ok(Some((
             S3Dir {
                 prefix: self.root.clone(),
@@ -487,11 +509,7 @@ impl Store for S3Store {
     }
 
     fn stat(&self, dir: &S3Dir, name: &CStr) -> io::Result<Option<Meta>> {
-        match self.head(&self.key(dir, name)?, 0, None) {
-            Ok(m) => Ok(Some(m)),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e),
-        }
+        self.head_if_any(&self.key(dir, name)?)
     }
 
     fn open_dir(&self, parent: &S3Dir, name: &CStr) -> io::Result<S3Dir> {
@@ -520,20 +538,11 @@ impl Store for S3Store {
     }
 
     fn read_link(&self, dir: &S3Dir, name: &CStr) -> io::Result<Vec<u8>> {
-        Err(io::Error::new(
-            io::ErrorKind::Unsupported,
-            format!("{}: S3 has no symlinks", self.key(dir, name)?),
-        ))
+        Err(self.no_symlinks(dir, name))
     }
 
     fn create_file(&self, dir: &S3Dir, name: &CStr, meta: &Meta) -> io::Result<S3Writer> {
-        Ok(S3Writer {
-            key: self.key(dir, name)?,
-            meta: *meta,
-            buf: Vec::new(),
-            upload: None,
-            copy_from: None,
-        })
+        Ok(S3Writer::new(self.key(dir, name)?, meta))
     }
 
     fn write_from(
@@ -645,10 +654,7 @@ impl Store for S3Store {
         _target: &[u8],
         _meta: &Meta,
     ) -> io::Result<()> {
-        Err(io::Error::new(
-            io::ErrorKind::Unsupported,
-            format!("{}: S3 has no symlinks", self.key(dir, name)?),
-        ))
+        Err(self.no_symlinks(dir, name))
     }
 
     fn set_meta(&self, dir: &S3Dir, name: &CStr, meta: &Meta, _what: MetaChange) -> io::Result<()> {
@@ -661,10 +667,8 @@ impl Store for S3Store {
 
     fn etag(&self, dir: &S3Dir, name: &CStr) -> io::Result<Option<String>> {
         let key = self.key(dir, name)?;
-        let url = HeadObject::new(&self.c.bucket, self.c.creds(), &key).sign(SIGN_TTL);
-        let resp = self
-            .c
-            .send("HEAD", &key, || self.c.agent.head(url.as_str()).call())?;
+        let a = HeadObject::new(&self.c.bucket, self.c.creds(), &key);
+        let resp = self.c.call("HEAD", &key, a, &[], None)?;
         Ok(resp
             .headers()
             .get("etag")
@@ -724,15 +728,11 @@ impl Store for S3Store {
         // the best an object store offers.
         let from = self.key(from_dir, from_name)?;
         let to = self.key(to_dir, to_name)?;
-        match self.head(&to, 0, None) {
-            Ok(_) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::AlreadyExists,
-                    format!("{to}: exists"),
-                ))
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e),
+        if self.head_if_any(&to)?.is_some() {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("{to}: exists"),
+            ));
         }
         // The source's own metadata goes with it (and objects over 5 GiB
         // are copied in parts).

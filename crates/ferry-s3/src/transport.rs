@@ -5,7 +5,7 @@ use std::io;
 use std::sync::atomic::AtomicU64;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use rusty_s3::{Bucket, Credentials};
+use rusty_s3::{Bucket, Credentials, Method, S3Action};
 use ureq::http::Response;
 use ureq::Body;
 
@@ -153,6 +153,63 @@ impl Conn {
         }
     }
 
+    /// Sign `action` with `headers` (they are part of the signature) and
+    /// [`send`](Self::send) it with them and `body` (none: an empty body
+    /// for PUT and POST).
+    pub(crate) fn call<'a, A: S3Action<'a>>(
+        &self,
+        what: &str,
+        key: &str,
+        mut action: A,
+        headers: &[(&'static str, String)],
+        body: Option<&[u8]>,
+    ) -> io::Result<Response<Body>> {
+        for (k, v) in headers {
+            action.headers_mut().insert(*k, v.clone());
+        }
+        let url = action.sign(SIGN_TTL);
+        let url = url.as_str();
+        self.send(what, key, || match A::METHOD {
+            Method::Put | Method::Post => {
+                let mut r = match A::METHOD {
+                    Method::Post => self.agent.post(url),
+                    _ => self.agent.put(url),
+                };
+                for (k, v) in headers {
+                    r = r.header(*k, v.as_str());
+                }
+                match body {
+                    Some(b) => r.send(b),
+                    None => r.send_empty(),
+                }
+            }
+            m => {
+                let mut r = match m {
+                    Method::Head => self.agent.head(url),
+                    Method::Delete => self.agent.delete(url),
+                    _ => self.agent.get(url),
+                };
+                for (k, v) in headers {
+                    r = r.header(*k, v.as_str());
+                }
+                r.call()
+            }
+        })
+    }
+
+    /// A request used up its retries, the last attempt ending as `reach`
+    /// with `msg`: the error of an endpoint declared unreachable, when it
+    /// now is.
+    pub(crate) fn gave_up(&self, reach: Reach, msg: &str) -> Option<io::Error> {
+        if reach != Reach::Failed {
+            return None;
+        }
+        let why = self.short_cause(msg);
+        self.health
+            .gave_up(&why)
+            .then(|| self.unreachable(self.health.gone().unwrap_or(&why)))
+    }
+
     /// Send a request, retrying transient failures with exponential backoff
     /// and jitter. `what` and `key` name the request in errors. Once the
     /// endpoint is unreachable (see [`fail::Health`]) every request fails
@@ -201,13 +258,7 @@ impl Conn {
                 }
             };
             if attempt >= ATTEMPTS {
-                if reach == Reach::Failed {
-                    let why = self.short_cause(&retry.to_string());
-                    if self.health.gave_up(&why) {
-                        return Err(self.unreachable(self.health.gone().unwrap_or(&why)));
-                    }
-                }
-                return Err(retry);
+                return Err(self.gave_up(reach, &retry.to_string()).unwrap_or(retry));
             }
             backoff(attempt);
         }
