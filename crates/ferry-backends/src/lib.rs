@@ -61,8 +61,26 @@ pub struct Opts {
     pub lazy_meta: bool,
 }
 
+/// Why a store could not be opened or a location is not served.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// The S3 configuration (endpoint, credentials, URL) is unusable.
+    #[error(transparent)]
+    S3(#[from] ferry_s3::ConfigError),
+    /// A location no backend serves yet (`host:path`, `sftp://`).
+    #[error("{text}: remote shell locations (host {host}, path {path}) are not supported yet; for a local name with ':' write ./{text}")]
+    Unsupported {
+        /// The location as typed.
+        text: String,
+        /// Its host part.
+        host: String,
+        /// Its path part.
+        path: String,
+    },
+}
+
 /// Open the store rooted at `root`.
-pub fn open(root: &Root, opts: &Opts) -> Result<AnyStore, String> {
+pub fn open(root: &Root, opts: &Opts) -> Result<AnyStore, BackendError> {
     Ok(match root {
         Root::Local(p) => AnyStore::Local(LocalStore::new(p, opts.jobs)),
         Root::S3(c) => {
@@ -100,7 +118,7 @@ mod tests {
         let (dir, meta) = s.open_root().unwrap().expect("exists");
         assert_eq!(meta.kind, ferry_engine::Kind::Dir);
         let mut l = Listing::new();
-        s.list(&dir, b"", None, &mut l, &mut Vec::new()).unwrap();
+        s.list(&dir, b"", &mut l, &mut Vec::new()).unwrap();
         let e = &l.entries()[0];
         assert_eq!((l.name(e), e.meta.size), (&b"f"[..], 3));
         assert_ne!(e.meta.ino, 0);

@@ -79,11 +79,13 @@ impl Location {
     }
 
     /// `Err` with the message for locations no backend serves yet.
-    pub fn supported(&self) -> Result<(), String> {
+    pub fn supported(&self) -> Result<(), crate::BackendError> {
         match self {
-            Location::Shell { text, host, path } => Err(format!(
-                "{text}: remote shell locations (host {host}, path {path}) are not supported yet; for a local name with ':' write ./{text}"
-            )),
+            Location::Shell { text, host, path } => Err(crate::BackendError::Unsupported {
+                text: text.clone(),
+                host: host.clone(),
+                path: path.clone(),
+            }),
             _ => Ok(()),
         }
     }
@@ -174,7 +176,7 @@ mod tests {
         // No host before the colon: a local name.
         assert_eq!(p(":x"), local(":x"));
         assert_eq!(p("[::1"), local("[::1"));
-        let e = p("host:path").supported().unwrap_err();
+        let e = p("host:path").supported().unwrap_err().to_string();
         assert!(
             e.contains("not supported yet") && e.contains("./host:path"),
             "{e}"

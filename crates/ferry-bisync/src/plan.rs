@@ -610,25 +610,15 @@ fn utf8_floor(s: &[u8], at: usize) -> usize {
     i
 }
 
-/// `YYYY-MM-DD HHMM` in UTC for seconds since the epoch.
+/// `YYYY-MM-DD HHMM` in UTC for seconds since the epoch (clamped to the
+/// years 0001 to 9999).
 pub fn stamp(secs: i64) -> String {
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    // Civil from days (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + (m <= 2) as i64;
-    format!(
-        "{y:04}-{m:02}-{d:02} {:02}{:02}",
-        rem / 3600,
-        rem % 3600 / 60
-    )
+    let secs = secs.clamp(
+        jiff::Timestamp::MIN.as_second(),
+        jiff::Timestamp::MAX.as_second(),
+    );
+    let t = jiff::Timestamp::from_second(secs).expect("clamped to the range");
+    t.strftime("%Y-%m-%d %H%M").to_string()
 }
 
 /// True when `now` still is what the plan saw: the executor checks this
@@ -696,6 +686,8 @@ mod tests {
     fn stamps() {
         assert_eq!(stamp(0), "1970-01-01 0000");
         assert_eq!(stamp(1_795_361_400), "2026-11-22 1530");
+        assert_eq!(stamp(-60), "1969-12-31 2359");
+        assert_eq!(stamp(951_825_600), "2000-02-29 1200");
     }
 
     fn f(size: u64, ino: u64) -> Meta {

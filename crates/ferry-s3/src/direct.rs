@@ -1,23 +1,21 @@
 //! Ranged GETs over plain `http://` without the HTTP client: the request
 //! (signed exactly as ureq's would be) goes out on a kept-alive
-//! `TcpStream`, the response head is parsed here, and the body is read
-//! from the socket straight into the caller's buffer. Through ureq every
-//! body byte is copied once more, from its buffer into ours, and scanned by
-//! its body state machine: a third of a download's CPU once the page cache
-//! is out of the way (see `ferry_engine::download`).
+//! `TcpStream`, the response head is parsed (httparse), and the body is
+//! read from the socket straight into the caller's buffer. Through ureq
+//! every body byte is copied once more, from its buffer into ours, and
+//! scanned by its body state machine (see `ferry_local::download`).
 //!
 //! Only the plain case is handled: `206 Partial Content` with a
 //! `Content-Length`, a `Content-Range` starting where asked, no transfer
 //! coding. Anything else (an error status, chunked bodies, a proxy in the
 //! environment, `https`) returns [`Get::Fallback`] and the caller sends the
-//! request through ureq, whose retry and error handling then apply as
-//! before. No `splice(2)`: moving the body socket → pipe → file would save
-//! the one copy left here but land in the page cache, whose copy of new
-//! pages costs ten times more than the socket's (the file is written with
-//! `O_DIRECT` from this buffer instead). Body reads set `SO_RCVLOWAT` so
-//! that the thread wakes once per MiB received instead of once per
-//! arriving segment (a wakeup costs ~12 µs in this VM: the download's
-//! CPU fell by a third, BENCHMARKS.md).
+//! request through ureq, with its retry and error handling. No
+//! `splice(2)`: moving the body socket → pipe → file would save the one
+//! copy left here but land in the page cache, whose copy of new pages
+//! costs far more than the socket's (the file is written with `O_DIRECT`
+//! from this buffer instead). Body reads set `SO_RCVLOWAT` so that the
+//! thread wakes once per MiB received instead of once per arriving segment
+//! (design notes: docs/DESIGN.md, S3).
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
@@ -166,66 +164,28 @@ impl Pool {
         }
     }
 
-    /// Parse the head in `buf` (the body's first bytes follow it).
+    /// Read the head in `buf` (the body's first bytes follow it).
     fn answer(&self, stream: TcpStream, buf: Vec<u8>, start: u64, end: u64) -> io::Result<Get<'_>> {
         // Another status (an error, or the range ignored): ureq asks again
         // and handles it. Another form: ureq from now on.
-        let fallback = |_why: &str| Ok(Get::Fallback);
-        let unsupported = |_why: &str| {
+        let unsupported = || {
             self.on.store(false, Ordering::Relaxed);
             Ok(Get::Fallback)
         };
-        let Some(head_len) = find_head_end(&buf) else {
-            return fallback("no response head");
+        let head = match parse_head(&buf) {
+            Head::Complete(h) => h,
+            Head::Partial => return Ok(Get::Fallback),
+            Head::Invalid => return unsupported(),
         };
-        let Ok(head) = std::str::from_utf8(&buf[..head_len]) else {
-            return unsupported("response head not UTF-8");
-        };
-        let mut lines = head.split("\r\n");
-        let status = lines.next().unwrap_or_default();
-        let mut words = status.split(' ');
-        let version = words.next().unwrap_or_default();
-        if words.next() != Some("206") || !version.starts_with("HTTP/1.") {
-            return fallback(status);
+        if head.status != 206 {
+            return Ok(Get::Fallback);
         }
-        let mut keep_alive = version == "HTTP/1.1";
-        let mut length = None;
-        let mut range_ok = false;
-        for l in lines.filter(|l| !l.is_empty()) {
-            let Some((k, v)) = l.split_once(':') else {
-                return unsupported("bad header line");
-            };
-            let v = v.trim();
-            if k.eq_ignore_ascii_case("content-length") {
-                length = v.parse::<u64>().ok();
-            } else if k.eq_ignore_ascii_case("transfer-encoding")
-                || k.eq_ignore_ascii_case("content-encoding") && !v.eq_ignore_ascii_case("identity")
-            {
-                return unsupported("transfer or content coding");
-            } else if k.eq_ignore_ascii_case("content-range") {
-                // `bytes START-END/SIZE`
-                range_ok = v
-                    .strip_prefix("bytes ")
-                    .and_then(|r| r.split_once('-'))
-                    .and_then(|(a, rest)| Some((a.parse::<u64>().ok()?, rest.split_once('/')?.0)))
-                    .and_then(|(a, b)| Some((a, b.parse::<u64>().ok()?)))
-                    == Some((start, end - 1));
-            } else if k.eq_ignore_ascii_case("connection") {
-                for t in v.split(',') {
-                    if t.trim().eq_ignore_ascii_case("close") {
-                        keep_alive = false;
-                    } else if t.trim().eq_ignore_ascii_case("keep-alive") {
-                        keep_alive = true;
-                    }
-                }
-            }
+        if head.coded || head.length != Some(end - start) || head.range != Some((start, end - 1)) {
+            return unsupported();
         }
-        if length != Some(end - start) || !range_ok {
-            return unsupported("not the range asked for");
-        }
-        let early = buf[head_len..].to_vec();
+        let early = buf[head.len..].to_vec();
         if early.len() as u64 > end - start {
-            return unsupported("more body than asked for");
+            return unsupported();
         }
         Ok(Get::Body(Body {
             pool: self,
@@ -233,10 +193,81 @@ impl Pool {
             early,
             early_at: 0,
             left: end - start,
-            keep_alive,
+            keep_alive: head.keep_alive,
             lowat: 1,
         }))
     }
+}
+
+/// What a response head says, as far as this client cares.
+#[derive(Debug, PartialEq, Eq)]
+struct Answer {
+    status: u16,
+    /// Head length, blank line included.
+    len: usize,
+    length: Option<u64>,
+    /// `Content-Range: bytes START-END/SIZE` as (START, END).
+    range: Option<(u64, u64)>,
+    /// A transfer coding or a content coding other than `identity`.
+    coded: bool,
+    keep_alive: bool,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Head {
+    Complete(Answer),
+    /// More bytes needed.
+    Partial,
+    /// Not an HTTP/1.x response head (or more headers than read here).
+    Invalid,
+}
+
+/// Parse the response head at the start of `buf` (httparse).
+fn parse_head(buf: &[u8]) -> Head {
+    let mut headers = [httparse::EMPTY_HEADER; 64];
+    let mut r = httparse::Response::new(&mut headers);
+    let len = match r.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => return Head::Partial,
+        Err(_) => return Head::Invalid,
+    };
+    let mut a = Answer {
+        status: r.code.unwrap_or(0),
+        len,
+        length: None,
+        range: None,
+        coded: false,
+        keep_alive: r.version == Some(1),
+    };
+    for h in r.headers.iter() {
+        let Ok(v) = std::str::from_utf8(h.value) else {
+            continue;
+        };
+        let (k, v) = (h.name, v.trim());
+        if k.eq_ignore_ascii_case("content-length") {
+            a.length = v.parse::<u64>().ok();
+        } else if k.eq_ignore_ascii_case("transfer-encoding")
+            || k.eq_ignore_ascii_case("content-encoding") && !v.eq_ignore_ascii_case("identity")
+        {
+            a.coded = true;
+        } else if k.eq_ignore_ascii_case("content-range") {
+            a.range = v
+                .strip_prefix("bytes ")
+                .and_then(|r| r.split_once('-'))
+                .and_then(|(s, rest)| {
+                    Some((s.parse().ok()?, rest.split_once('/')?.0.parse().ok()?))
+                });
+        } else if k.eq_ignore_ascii_case("connection") {
+            for t in v.split(',') {
+                if t.trim().eq_ignore_ascii_case("close") {
+                    a.keep_alive = false;
+                } else if t.trim().eq_ignore_ascii_case("keep-alive") {
+                    a.keep_alive = true;
+                }
+            }
+        }
+    }
+    Head::Complete(a)
 }
 
 /// Write the request, then read until the end of the response head (and
@@ -250,7 +281,7 @@ fn send_and_read_head(s: &mut TcpStream, req: &[u8], buf: &mut Vec<u8>) -> io::R
             return Err(io::ErrorKind::UnexpectedEof.into());
         }
         buf.extend_from_slice(&chunk[..n]);
-        if find_head_end(buf).is_some() {
+        if parse_head(buf) != Head::Partial {
             return Ok(());
         }
         if buf.len() > HEAD_MAX {
@@ -299,11 +330,6 @@ fn set_rcvlowat(s: &TcpStream, bytes: usize) -> io::Result<()> {
     } else {
         Err(io::Error::last_os_error())
     }
-}
-
-/// Length of the head, blank line included, once complete.
-fn find_head_end(buf: &[u8]) -> Option<usize> {
-    buf.windows(4).position(|w| w == b"\r\n\r\n").map(|i| i + 4)
 }
 
 impl Read for Body<'_> {
@@ -395,9 +421,47 @@ mod tests {
     }
 
     #[test]
-    fn head_end() {
-        assert_eq!(find_head_end(b"HTTP/1.1 206 x\r\n\r\nbody"), Some(18));
-        assert_eq!(find_head_end(b"HTTP/1.1 206 x\r\n"), None);
+    fn response_heads() {
+        let h = b"HTTP/1.1 206 Partial Content\r\nContent-Length: 10\r\n\
+Content-Range: bytes 100-109/5000\r\nETag: \"x\"\r\n\r\nbody";
+        let Head::Complete(a) = parse_head(h) else {
+            panic!("complete")
+        };
+        assert_eq!(
+            a,
+            Answer {
+                status: 206,
+                len: h.len() - 4,
+                length: Some(10),
+                range: Some((100, 109)),
+                coded: false,
+                keep_alive: true
+            }
+        );
+        assert_eq!(
+            parse_head(b"HTTP/1.1 206 Partial Content\r\nContent-Le"),
+            Head::Partial
+        );
+        assert_eq!(parse_head(b""), Head::Partial);
+        assert_eq!(parse_head(b"SSH-2.0-OpenSSH\r\n\r\n"), Head::Invalid);
+        // HTTP/1.0 closes unless asked to keep alive; names in any case.
+        let Head::Complete(a) = parse_head(b"HTTP/1.0 206 x\r\nconnection: Keep-Alive\r\n\r\n")
+        else {
+            panic!("complete")
+        };
+        assert!(a.keep_alive);
+        let Head::Complete(a) = parse_head(
+            b"HTTP/1.1 206 x\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n",
+        ) else {
+            panic!("complete")
+        };
+        assert!(!a.keep_alive && a.coded && a.length.is_none());
+        let Head::Complete(a) =
+            parse_head(b"HTTP/1.1 200 OK\r\nContent-Encoding: identity\r\n\r\n")
+        else {
+            panic!("complete")
+        };
+        assert!(a.status == 200 && !a.coded);
     }
 
     #[test]

@@ -9,6 +9,13 @@ use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use std::io;
+
+use ferry_engine::bwlimit::Limiter;
+use ferry_engine::piece::DIRECT_ALIGN;
+use ferry_engine::store::{RangedSource, Store, RANGE_PIECE};
+use rusty_s3::Credentials;
+
 use super::*;
 
 #[derive(Clone, Copy, PartialEq)]

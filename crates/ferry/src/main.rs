@@ -159,7 +159,8 @@ fn run_cleanup(a: args::CleanupArgs) -> Result<u8, String> {
             jobs: 1,
             lazy_meta: false,
         },
-    )?;
+    )
+    .map_err(|e| e.to_string())?;
     let done = match store.cleanup(a.max_age, a.dry_run) {
         Err(e) if e.kind() == io::ErrorKind::Unsupported => {
             return Err(format!("{}: cleanup works on s3:// paths", a.path))
@@ -223,8 +224,8 @@ fn run_bisync(a: BisyncArgs) -> Result<u8, String> {
         jobs,
         lazy_meta: true,
     };
-    let sa = ferry_backends::open(&ra, &o)?;
-    let sb = ferry_backends::open(&rb, &o)?;
+    let sa = ferry_backends::open(&ra, &o).map_err(|e| e.to_string())?;
+    let sb = ferry_backends::open(&rb, &o).map_err(|e| e.to_string())?;
     let res = ferry_bisync::run(&sa, &sb, journal.as_mut(), &opts, &rep, &stats);
     print_notes(&[(&sa, "A"), (&sb, "B")], a.out.verbose > 0);
     if let Some(p) = progress {
@@ -252,7 +253,8 @@ fn run_ls(a: LsArgs) -> Result<u8, String> {
             jobs,
             lazy_meta: a.server_mtime,
         },
-    )?;
+    )
+    .map_err(|e| e.to_string())?;
     let format = if a.json { Format::Json } else { Format::Text };
     // One entry (a file, an object) is listed as itself, under its name
     // as typed.

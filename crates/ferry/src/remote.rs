@@ -29,7 +29,10 @@ enum Src {
 
 /// The message for a location no backend serves yet.
 fn unsupported(loc: &Location) -> String {
-    loc.supported().err().unwrap_or_default()
+    loc.supported()
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default()
 }
 
 /// The root of the store at `loc`, as typed (a local path is not
@@ -37,7 +40,9 @@ fn unsupported(loc: &Location) -> String {
 pub fn root_of(loc: &Location, endpoint: Option<&str>) -> Result<Root, String> {
     match loc {
         Location::Local(p) => Ok(Root::Local(p.clone())),
-        Location::S3(u) => Ok(Root::S3(Box::new(S3Config::from_url(u, endpoint)?))),
+        Location::S3(u) => Ok(Root::S3(Box::new(
+            S3Config::from_url(u, endpoint).map_err(|e| e.to_string())?,
+        ))),
         Location::Shell { .. } => Err(unsupported(loc)),
     }
 }
@@ -104,8 +109,8 @@ fn resolve_src(
 ) -> Result<Src, String> {
     if let Location::S3(u) = loc {
         let u = u.as_str();
-        let cfg = S3Config::from_url(u, endpoint)?;
-        let store = S3Store::new(&cfg, 1)?;
+        let cfg = S3Config::from_url(u, endpoint).map_err(|e| e.to_string())?;
+        let store = S3Store::new(&cfg, 1).map_err(|e| e.to_string())?;
         // `s3://b/key/` (or the bucket) is always a prefix; `s3://b/key`
         // is the object `key` when there is one.
         let object = if u.ends_with('/') || cfg.prefix.is_empty() {
@@ -164,7 +169,9 @@ fn resolve_src(
 /// DST of a tree: a prefix, or a local directory (created if missing).
 fn dst_tree(dst: &Path, loc: &Location, endpoint: Option<&str>) -> Result<Root, String> {
     if let Location::S3(u) = loc {
-        return Ok(Root::S3(Box::new(S3Config::from_url(u, endpoint)?)));
+        return Ok(Root::S3(Box::new(
+            S3Config::from_url(u, endpoint).map_err(|e| e.to_string())?,
+        )));
     }
     match stat_path(dst, true) {
         Ok(m) if m.kind != Kind::Dir => Err(format!(
@@ -195,12 +202,12 @@ fn dst_one(
     let into = dst.as_os_str().as_bytes().ends_with(b"/");
     if let Location::S3(u) = loc {
         let u = u.as_str();
-        let cfg = S3Config::from_url(u, endpoint)?;
+        let cfg = S3Config::from_url(u, endpoint).map_err(|e| e.to_string())?;
         let into = into || cfg.prefix.is_empty() || {
             // A key that is a prefix already is a directory: into it, not
             // beside it (an object and a prefix of one name cannot both be
             // a file tree's).
-            let store = S3Store::new(&cfg, 1)?;
+            let store = S3Store::new(&cfg, 1).map_err(|e| e.to_string())?;
             store
                 .root_has_objects()
                 .map_err(|e| s3_error("DST", u, &e))?

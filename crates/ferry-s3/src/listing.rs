@@ -1,0 +1,277 @@
+//! Listing a prefix: pagination, and wide prefixes cut into key ranges
+//! listed in parallel.
+
+use std::io;
+use std::sync::atomic::Ordering;
+
+use ferry_engine::store::ListError;
+use rusty_s3::actions::ListObjectsV2;
+
+use crate::store::S3Store;
+use crate::transport::read_body;
+use crate::xml::{self, ListPage};
+
+impl S3Store {
+    /// One page of a listing under `prefix` (with or without the delimiter).
+    pub(crate) fn list_page(
+        &self,
+        prefix: &str,
+        delimiter: bool,
+        token: Option<&str>,
+    ) -> io::Result<ListPage> {
+        self.list_page_after(prefix, delimiter, token, None)
+    }
+
+    /// Every page of the listing of one directory prefix (with the `/`
+    /// delimiter). A prefix wider than one page is not paged through one
+    /// request after another: once the first page shows how its names are
+    /// made, the rest of the key space is cut into ranges at guessed
+    /// boundaries ([`split_points`]) listed in parallel, each from its
+    /// lower bound (StartAfter) to its upper bound. The ranges partition
+    /// the keys exactly whatever the guesses; good guesses only make them
+    /// even.
+    pub(crate) fn list_dir_pages(&self, prefix: &str) -> io::Result<Vec<ListPage>> {
+        let first = self.list_page(prefix, true, None)?;
+        let Some(token) = first.next.clone() else {
+            return Ok(vec![first]);
+        };
+        let names: Vec<&str> = first
+            .contents
+            .iter()
+            .map(|c| c.key.as_str())
+            .chain(first.common_prefixes.iter().map(String::as_str))
+            .map(|k| k.get(prefix.len()..).unwrap_or(""))
+            .collect();
+        let bounds = split_points(&names, 15);
+        if bounds.is_empty() {
+            // No guess: page through in order.
+            let mut pages = vec![first];
+            pages.extend(self.list_range(prefix, Some(&token), None, None)?);
+            return Ok(pages);
+        }
+        // Range 0 continues the first page up to the first bound; range i
+        // covers (bounds[i-1], bounds[i]]; the last one is open. As
+        // (continuation token, start after, up to), on up to 16 threads.
+        let full: Vec<String> = bounds.iter().map(|b| format!("{prefix}{b}")).collect();
+        let ranges: Vec<(Option<&str>, Option<&str>, Option<&str>)> = (0..=full.len())
+            .map(|i| match i.checked_sub(1) {
+                None => (Some(token.as_str()), None, full.first().map(String::as_str)),
+                Some(j) => (
+                    None,
+                    Some(full[j].as_str()),
+                    full.get(i).map(String::as_str),
+                ),
+            })
+            .collect();
+        self.counters()
+            .list_ranges
+            .fetch_add(ranges.len() as u64, Ordering::Relaxed);
+        let mut pages = vec![first];
+        for r in self.in_parallel(&ranges, ranges.len().div_ceil(16), |&(t, after, upto)| {
+            self.list_range(prefix, t, after, upto)
+        }) {
+            pages.extend(r?);
+        }
+        Ok(pages)
+    }
+
+    /// The pages of a listing from `token` or from after key `after`, up
+    /// to and including key `upto` (entries past it dropped).
+    pub(crate) fn list_range(
+        &self,
+        prefix: &str,
+        token: Option<&str>,
+        after: Option<&str>,
+        upto: Option<&str>,
+    ) -> io::Result<Vec<ListPage>> {
+        let mut pages = Vec::new();
+        let mut token = token.map(str::to_string);
+        let mut first = true;
+        loop {
+            let p = self.list_page_after(
+                prefix,
+                true,
+                token.as_deref(),
+                if first { after } else { None },
+            )?;
+            first = false;
+            let mut page = p;
+            let mut past = false;
+            if let Some(u) = upto {
+                past = page.contents.last().is_some_and(|c| c.key.as_str() > u)
+                    || page.common_prefixes.last().is_some_and(|c| c.as_str() > u);
+                page.contents.retain(|c| c.key.as_str() <= u);
+                page.common_prefixes.retain(|c| c.as_str() <= u);
+            }
+            token = page.next.take();
+            pages.push(page);
+            if past || token.is_none() {
+                return Ok(pages);
+            }
+        }
+    }
+
+    /// One page of a listing; `start_after`: only keys after this one.
+    pub(crate) fn list_page_after(
+        &self,
+        prefix: &str,
+        delimiter: bool,
+        token: Option<&str>,
+        start_after: Option<&str>,
+    ) -> io::Result<ListPage> {
+        let mut a = ListObjectsV2::new(&self.c.bucket, self.c.creds());
+        a.with_prefix(prefix);
+        if delimiter {
+            a.with_delimiter("/");
+        }
+        if let Some(t) = token {
+            a.with_continuation_token(t);
+        } else if let Some(s) = start_after {
+            a.with_start_after(s);
+        }
+        self.fetch_list(prefix, a)
+    }
+
+    /// Send a ListObjectsV2 and read its page.
+    fn fetch_list(&self, prefix: &str, a: ListObjectsV2<'_>) -> io::Result<ListPage> {
+        let mut resp = self.c.call("LIST", prefix, a, &[], None)?;
+        let body = read_body(&mut resp)?;
+        xml::list_page(&body).map_err(|e| io::Error::other(format!("LIST {prefix}: {e}")))
+    }
+}
+
+impl S3Store {
+    /// The error of a listed key that no file path can hold: `name` (in
+    /// the directory listed) is `.` or `..`, or a prefix of such a segment
+    /// or of an empty one (`/`, `./`, `../`).
+    pub(crate) fn unnamable(&self, name: &str, key: &str) -> ListError {
+        let what = match name.trim_end_matches('/') {
+            "" => "an empty segment",
+            "." => "a \".\" segment",
+            _ => "a \"..\" segment",
+        };
+        let b = self.c.bucket.name();
+        let msg = if name.ends_with('/') {
+            format!(
+                "the keys under s3://{b}/{key} have {what}, which no file path can hold: skipped"
+            )
+        } else {
+            format!("the key s3://{b}/{key} has {what}, which no file path can hold: skipped")
+        };
+        ListError {
+            name: name.as_bytes().to_vec(),
+            err: io::Error::new(io::ErrorKind::InvalidData, msg),
+        }
+    }
+
+    /// True when at least one object's key starts with the root prefix
+    /// (`KEY/`; any key in the bucket for the bucket's root). A missing
+    /// bucket is an error (`NotFound`).
+    pub fn root_has_objects(&self) -> io::Result<bool> {
+        let mut a = ListObjectsV2::new(&self.c.bucket, self.c.creds());
+        a.with_prefix(self.root.as_str());
+        a.with_max_keys(1);
+        let page = self.fetch_list(&self.root, a)?;
+        Ok(!page.contents.is_empty() || !page.common_prefixes.is_empty())
+    }
+}
+
+/// A fingerprint of an object's version, kept in [`Meta::version`] of listed
+/// objects (an object store has no inodes): its ETag and LastModified as
+/// listed (to the millisecond; a HEAD's has only seconds, so metadata from
+/// a HEAD carries 0). A re-upload or a metadata rewrite changes it; 0 when
+/// either is missing.
+pub(crate) fn version(etag: Option<&str>, last_modified: Option<(i64, u32)>) -> u64 {
+    let (Some(etag), Some((s, ns))) = (etag, last_modified) else {
+        return 0;
+    };
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in etag
+        .trim_matches('"')
+        .bytes()
+        .chain(s.to_le_bytes())
+        .chain(ns.to_le_bytes())
+    {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h | 1
+}
+
+/// Boundaries (names, rising, all after the page's last name) to cut the
+/// rest of a wide listing into about `want` ranges, guessed from its first
+/// page `names` (in order): where the page's first and last names first
+/// differ, at position `d`, the page went through the characters seen
+/// there; the names after it should move one position to the left first,
+/// then two, …: a boundary is the last name up to position `p < d` with
+/// its byte at `p` replaced by a larger one among those seen at `d`,
+/// outer positions (the widest ranges) first until there are `want`.
+/// `f000000`…`f000999` gives `f01`…`f09` and `f1`…`f9`. Only ASCII
+/// positions are used (a boundary must be valid UTF-8). Empty when nothing
+/// can be guessed.
+pub(crate) fn split_points(names: &[&str], want: usize) -> Vec<String> {
+    let (Some(first), Some(last)) = (names.first(), names.last()) else {
+        return Vec::new();
+    };
+    let (f, l) = (first.as_bytes(), last.as_bytes());
+    let Some(d) = f.iter().zip(l).position(|(a, b)| a != b) else {
+        return Vec::new();
+    };
+    let mut seen: Vec<u8> = names
+        .iter()
+        .filter_map(|n| n.as_bytes().get(d).copied())
+        .filter(|c| c.is_ascii() && *c != b'/')
+        .collect();
+    seen.sort_unstable();
+    seen.dedup();
+    // Outer positions first: their ranges are the widest.
+    let mut out: Vec<String> = Vec::new();
+    for p in 0..d {
+        if !l[..=p].is_ascii() || out.len() >= want {
+            break;
+        }
+        for &c in seen.iter().filter(|&&c| c > l[p]) {
+            let mut b = l[..p].to_vec();
+            b.push(c);
+            out.push(String::from_utf8(b).expect("ASCII"));
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+#[cfg(test)]
+mod split_tests {
+    use super::split_points;
+
+    #[test]
+    fn counters_move_left() {
+        let names: Vec<String> = (0..1000).map(|i| format!("f{i:06}")).collect();
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        let b = split_points(&refs, 15);
+        let want: Vec<String> = (1..10)
+            .map(|i| format!("f0{i}"))
+            .chain((1..10).map(|i| format!("f{i}")))
+            .collect();
+        assert_eq!(b, want);
+    }
+
+    #[test]
+    fn hashes_split_on_the_first_byte() {
+        let names: Vec<String> = (0..256).map(|i| format!("0{:02x}{}", i, "ab")).collect();
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        let b = split_points(&refs, 15);
+        assert_eq!(b.len(), 15, "{b:?}");
+        assert!(b.iter().all(|x| x.as_str() > "0ffab"));
+        assert!(b.windows(2).all(|w| w[0] < w[1]));
+    }
+
+    #[test]
+    fn nothing_to_guess() {
+        assert!(split_points(&[], 8).is_empty());
+        assert!(split_points(&["same", "same"], 8).is_empty());
+        // Differing only in a non-ASCII part: no valid boundary.
+        assert!(split_points(&["é1", "é2"], 8).is_empty());
+    }
+}

@@ -1,0 +1,870 @@
+//! The `Store` implementation: the bucket prefix as a tree of
+//! directories (prefixes) and files (objects).
+
+use std::ffi::CStr;
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use ferry_engine::bwlimit::Limiter;
+use ferry_engine::entry::{Kind, Listing, Meta};
+use ferry_engine::hash::{Hash, HashKind, HashSet};
+use ferry_engine::store::{ListError, MetaChange, RangedSource, SourceFile, Store};
+use rusty_s3::actions::{
+    DeleteObject, DeleteObjects, HeadBucket, HeadObject, ObjectIdentifier, PutObject,
+};
+use rusty_s3::{Bucket, S3Action, UrlStyle};
+
+use crate::config::{ConfigError, S3Config};
+use crate::direct;
+use crate::etag;
+use crate::fail::{self, Health};
+use crate::multipart::{Multipart, COPY_MAX, PART_SIZE};
+use crate::parse::{
+    check_key, encode_key, format_mtime, md5_from_headers, meta_from_headers, META_MD5, META_MODE,
+    META_MTIME,
+};
+use crate::reader::S3Reader;
+use crate::transport::{Conn, Counters, SIGN_TTL};
+use crate::xml;
+
+/// An S3 bucket and key prefix as a tree.
+pub struct S3Store {
+    pub(crate) c: Arc<Conn>,
+    /// Key prefix of the root: empty or ending in `/`.
+    pub(crate) root: String,
+    pub(crate) head_threads: usize,
+    /// List without a HEAD per object (see `Store::approximate_meta`).
+    pub(crate) lazy_meta: bool,
+    /// The server refused a DeleteObjects: delete one key per request.
+    pub(crate) no_batch_delete: AtomicBool,
+}
+
+/// A "directory": a key prefix, empty or ending in `/`.
+#[derive(Debug, Clone)]
+pub struct S3Dir {
+    pub(crate) prefix: String,
+}
+
+/// An object being written: buffered until it is big enough for a
+/// multipart upload, committed by the final PUT or completion.
+pub struct S3Writer {
+    pub(crate) key: String,
+    pub(crate) meta: Meta,
+    pub(crate) buf: Vec<u8>,
+    pub(crate) upload: Option<Multipart>,
+    /// Server-side copy from this `/bucket/key` (encoded) at commit.
+    pub(crate) copy_from: Option<(String, u64, Option<String>)>,
+}
+
+/// An object to HEAD: name in its directory, listed size, fallback mtime.
+pub(crate) type HeadArg<'a> = (&'a str, u64, Option<(i64, u32)>);
+
+impl S3Writer {
+    /// A new object `key` with `meta`, nothing written yet.
+    pub(crate) fn new(key: String, meta: &Meta) -> S3Writer {
+        S3Writer {
+            key,
+            meta: *meta,
+            buf: Vec::new(),
+            upload: None,
+            copy_from: None,
+        }
+    }
+}
+
+impl S3Store {
+    /// The ETag (quotes removed, lower case) and `X-Amz-Meta-Md5chksum` of
+    /// object `name` in `dir` (`--checksum`).
+    fn etag_md5(&self, dir: &S3Dir, name: &CStr) -> io::Result<(Option<String>, Option<String>)> {
+        let key = self.key(dir, name)?;
+        let a = HeadObject::new(&self.c.bucket, self.c.creds(), &key);
+        let resp = self.c.call("HEAD", &key, a, &[], None)?;
+        let h = resp.headers();
+        let tag = h.get("etag").and_then(|v| v.to_str().ok());
+        Ok((
+            tag.map(|e| e.trim_matches('"').to_ascii_lowercase()),
+            md5_from_headers(h),
+        ))
+    }
+
+    /// Connect to the bucket described by `cfg` (no request is made yet).
+    pub fn new(cfg: &S3Config, threads: usize) -> Result<S3Store, ConfigError> {
+        let style = if cfg.path_style {
+            UrlStyle::Path
+        } else {
+            UrlStyle::VirtualHost
+        };
+        let bucket = Bucket::new(
+            cfg.endpoint.clone(),
+            style,
+            cfg.bucket.clone(),
+            cfg.region.clone(),
+        )
+        .map_err(|source| ConfigError::Bucket {
+            bucket: cfg.bucket.clone(),
+            source,
+        })?;
+        // No deadline on a whole request (a big part on a slow link takes
+        // what it takes), but none waits more than `timeout` for a byte.
+        let timeout = fail::timeout();
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_connect(Some(fail::CONNECT_TIMEOUT))
+            .timeout_per_read(Some(timeout))
+            .timeout_per_write(Some(timeout))
+            .max_idle_connections(256)
+            .max_idle_connections_per_host(256)
+            .build()
+            .into();
+        let direct = direct::Pool::for_url(bucket.base_url(), timeout);
+        let mut root = cfg.prefix.trim_matches('/').to_string();
+        if !root.is_empty() {
+            root.push('/');
+        }
+        Ok(S3Store {
+            c: Arc::new(Conn {
+                bucket,
+                creds: cfg.credentials.clone(),
+                agent,
+                direct,
+                counters: Counters::default(),
+                endpoint: cfg.endpoint.as_str().trim_end_matches('/').to_string(),
+                root_url: format!("s3://{}/{}", cfg.bucket, root)
+                    .trim_end_matches('/')
+                    .to_string(),
+                timeout,
+                health: Health::default(),
+            }),
+            root,
+            head_threads: threads.clamp(1, 64),
+            lazy_meta: false,
+            no_batch_delete: AtomicBool::new(false),
+        })
+    }
+
+    /// Listings without a HEAD per object: exact sizes, approximate mtimes
+    /// and modes until the engine asks for exact ones (`Store::refine`) of
+    /// the objects it compares. For copy and sync, and `ls --server-mtime`.
+    pub fn with_lazy_meta(mut self) -> S3Store {
+        self.lazy_meta = true;
+        self
+    }
+
+    /// What the store did (parts sent and reused, uploads resumed, ...).
+    pub fn counters(&self) -> &Counters {
+        &self.c.counters
+    }
+}
+
+impl S3Store {
+    pub(crate) fn key(&self, dir: &S3Dir, name: &CStr) -> io::Result<String> {
+        let name = name.to_str().map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "name is not UTF-8 (S3 keys must be)",
+            )
+        })?;
+        let key = format!("{}{}", dir.prefix, name);
+        check_key(&key)?;
+        Ok(key)
+    }
+
+    /// HEAD an object: its metadata as ferry compares it.
+    /// HEAD an object. `fallback`: the mtime to use when the object has no
+    /// `x-amz-meta-mtime` (the listing's LastModified, which has
+    /// milliseconds; the Last-Modified header has only seconds).
+    pub(crate) fn head(
+        &self,
+        key: &str,
+        size: u64,
+        fallback: Option<(i64, u32)>,
+    ) -> io::Result<Meta> {
+        Ok(self.head_md5(key, size, fallback)?.0)
+    }
+
+    /// [`head`](Self::head), and the object's `X-Amz-Meta-Md5chksum`.
+    pub(crate) fn head_md5(
+        &self,
+        key: &str,
+        size: u64,
+        fallback: Option<(i64, u32)>,
+    ) -> io::Result<(Meta, Option<String>)> {
+        self.c.counters.heads.fetch_add(1, Ordering::Relaxed);
+        let a = HeadObject::new(&self.c.bucket, self.c.creds(), key);
+        let resp = self.c.call("HEAD", key, a, &[], None)?;
+        Ok((
+            meta_from_headers(resp.headers(), size, fallback),
+            md5_from_headers(resp.headers()),
+        ))
+    }
+
+    /// HEAD several objects of `prefix` at once: (name, listed size,
+    /// LastModified) → metadata, in the same order.
+    pub(crate) fn head_many(&self, prefix: &str, files: &[HeadArg<'_>]) -> Vec<io::Result<Meta>> {
+        self.in_parallel(files, 8, |(name, size, lm)| {
+            self.head(&format!("{prefix}{name}"), *size, *lm)
+        })
+    }
+
+    /// Delete `keys` (at most 1,000, one listing page): one DeleteObjects
+    /// request instead of a DELETE per key. A server that refuses it (GCS's
+    /// S3 API has none) gets one DELETE per key, several at a time.
+    pub(crate) fn delete_keys(&self, keys: &[String]) -> io::Result<()> {
+        if keys.len() > 1 && !self.no_batch_delete.load(Ordering::Relaxed) {
+            match self.delete_batch(keys) {
+                Err(e) if e.kind() == io::ErrorKind::Unsupported => {
+                    self.no_batch_delete.store(true, Ordering::Relaxed);
+                }
+                r => return r,
+            }
+        }
+        self.in_parallel(keys, 8, |k| match self.delete_key(k) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        })
+        .into_iter()
+        .collect()
+    }
+
+    /// One DeleteObjects (quiet: the answer lists only the keys that
+    /// failed). `Unsupported` when the server does not offer it.
+    pub(crate) fn delete_batch(&self, keys: &[String]) -> io::Result<()> {
+        let ids: Vec<ObjectIdentifier> = keys
+            .iter()
+            .map(|k| ObjectIdentifier::new(k.clone()))
+            .collect();
+        let mut action = DeleteObjects::new(&self.c.bucket, self.c.creds(), ids.iter());
+        action.set_quiet(true);
+        let url = action.sign(SIGN_TTL);
+        let (body, md5) = action.body_with_md5();
+        self.c
+            .counters
+            .batch_deletes
+            .fetch_add(1, Ordering::Relaxed);
+        let what = format!("{} (and {} more)", keys[0], keys.len() - 1);
+        let mut resp = self.c.send("DeleteObjects", &what, || {
+            self.c
+                .agent
+                .post(url.as_str())
+                .header("content-md5", &md5)
+                .send(body.as_bytes())
+        })?;
+        let answer = resp
+            .body_mut()
+            .with_config()
+            .limit(64 << 20)
+            .read_to_string()
+            .map_err(|e| io::Error::other(format!("DeleteObjects {what}: {e}")))?;
+        let failed = xml::delete_errors(&answer)
+            .map_err(|e| io::Error::other(format!("DeleteObjects {what}: {e}")))?;
+        match failed.first() {
+            None => Ok(()),
+            Some(e) => Err(io::Error::other(format!(
+                "DELETE {}: {} {}",
+                e.key, e.code, e.message
+            ))),
+        }
+    }
+
+    /// An object's metadata headers: mtime, mode and, when known, rclone's
+    /// whole-object MD5.
+    pub(crate) fn meta_headers(meta: &Meta, md5: Option<&str>) -> Vec<(&'static str, String)> {
+        let mut hs = vec![
+            (META_MTIME, format_mtime(meta)),
+            (META_MODE, format!("{:o}", 0o100000 | meta.mode)),
+        ];
+        if let Some(m) = md5 {
+            hs.push((META_MD5, m.to_string()));
+        }
+        hs
+    }
+
+    pub(crate) fn put(&self, key: &str, body: &[u8], meta: &Meta) -> io::Result<()> {
+        let a = PutObject::new(&self.c.bucket, self.c.creds(), key);
+        self.c
+            .call("PUT", key, a, &Self::meta_headers(meta, None), Some(body))?;
+        Ok(())
+    }
+
+    pub(crate) fn delete_key(&self, key: &str) -> io::Result<()> {
+        let a = DeleteObject::new(&self.c.bucket, self.c.creds(), key);
+        self.c.call("DELETE", key, a, &[], None)?;
+        Ok(())
+    }
+
+    /// `x-amz-copy-source` of a key of this bucket.
+    pub(crate) fn source_of(&self, key: &str) -> String {
+        format!("/{}/{}", self.c.bucket.name(), encode_key(key))
+    }
+}
+
+impl S3Store {
+    /// The object at the root itself (`s3://bucket/KEY` naming one object
+    /// rather than a prefix): its metadata, `None` when there is none.
+    pub fn root_object(&self) -> io::Result<Option<Meta>> {
+        let key = self.root.trim_end_matches('/');
+        if key.is_empty() {
+            return Ok(None);
+        }
+        check_key(key)?;
+        self.head_if_any(key)
+    }
+
+    /// HEAD an object: `None` when there is none.
+    fn head_if_any(&self, key: &str) -> io::Result<Option<Meta>> {
+        match self.head(key, 0, None) {
+            Ok(m) => Ok(Some(m)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The error of a symlink asked of S3.
+    fn no_symlinks(&self, dir: &S3Dir, name: &CStr) -> io::Error {
+        match self.key(dir, name) {
+            Ok(key) => io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!("{key}: S3 has no symlinks"),
+            ),
+            Err(e) => e,
+        }
+    }
+}
+
+impl Store for S3Store {
+    type Dir = S3Dir;
+    type Reader = S3Reader;
+    type Writer = S3Writer;
+
+    fn open_root(&self) -> io::Result<Option<(S3Dir, Meta)>> {
+        let a = HeadBucket::new(&self.c.bucket, self.c.creds());
+        self.c.call("HEAD", "", a, &[], None)?;
+        Ok(Some((
+            S3Dir {
+                prefix: self.root.clone(),
+            },
+            dir_meta(),
+        )))
+    }
+
+    fn create_root(&self) -> io::Result<S3Dir> {
+        Ok(S3Dir {
+            prefix: self.root.clone(),
+        })
+    }
+
+    fn list(
+        &self,
+        dir: &S3Dir,
+        _rel: &[u8],
+        out: &mut Listing,
+        errors: &mut Vec<ListError>,
+    ) -> io::Result<()> {
+        out.clear();
+        // (name, size, LastModified, version fingerprint)
+        let mut files = Vec::new();
+        // Names that are also prefixes (`a` and `a/...`): directories here.
+        let mut prefixes: Vec<String> = Vec::new();
+        for page in self.list_dir_pages(&dir.prefix)? {
+            for c in page.contents {
+                let name = &c.key[dir.prefix.len().min(c.key.len())..];
+                // A "directory marker" object (the prefix itself) is not an entry.
+                if name.is_empty() || !c.key.starts_with(&dir.prefix) {
+                    continue;
+                }
+                if name == "." || name == ".." {
+                    errors.push(self.unnamable(name, &c.key));
+                    continue;
+                }
+                files.push((name.to_string(), c.size, c.last_modified, c.version));
+            }
+            for p in page.common_prefixes {
+                let raw = &p[dir.prefix.len().min(p.len())..];
+                let name = raw.trim_end_matches('/');
+                if matches!(raw, "/" | "./" | "../") {
+                    // `a//b`, `a/./b`, `a/../b`: no file path can name them.
+                    errors.push(self.unnamable(raw, &p));
+                    continue;
+                }
+                if name.is_empty() {
+                    continue;
+                }
+                out.push(name.as_bytes(), dir_meta());
+                prefixes.push(name.to_string());
+            }
+        }
+        if !prefixes.is_empty() && !files.is_empty() {
+            // An object `a` beside objects `a/...`: a tree cannot have a file
+            // and a directory of one name. The directory is kept (it holds
+            // more), the object reported and left alone.
+            prefixes.sort_unstable();
+            files.retain(|(name, ..)| {
+                if prefixes.binary_search(name).is_err() {
+                    return true;
+                }
+                let key = format!("{}{name}", dir.prefix);
+                errors.push(ListError {
+                    name: name.as_bytes().to_vec(),
+                    err: io::Error::other(format!(
+                        "is both an object and a prefix (s3://{b}/{key} and s3://{b}/{key}/...): skipped the object",
+                        b = self.c.bucket.name()
+                    )),
+                });
+                false
+            });
+        }
+        if self.lazy_meta {
+            // Size exact, mtime from LastModified until `refine` asks.
+            for (name, size, lm, v) in &files {
+                let (mtime_sec, mtime_nsec) = lm.unwrap_or((0, 0));
+                out.push(
+                    name.as_bytes(),
+                    Meta {
+                        kind: Kind::File,
+                        size: *size,
+                        mtime_sec,
+                        mtime_nsec,
+                        mode: 0o644,
+                        uid: 0,
+                        gid: 0,
+                        ino: 0,
+                        version: *v,
+                    },
+                );
+            }
+            out.sort();
+            return Ok(());
+        }
+        // mtime and mode live in object metadata, which listings do not
+        // return: HEAD every object, several at a time.
+        let args: Vec<HeadArg<'_>> = files
+            .iter()
+            .map(|(n, s, lm, _)| (n.as_str(), *s, *lm))
+            .collect();
+        for (i, r) in self.head_many(&dir.prefix, &args).into_iter().enumerate() {
+            match r {
+                Ok(m) => out.push(files[i].0.as_bytes(), m),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(err) => errors.push(ListError {
+                    name: files[i].0.as_bytes().to_vec(),
+                    err,
+                }),
+            }
+        }
+        out.sort();
+        Ok(())
+    }
+
+    fn approximate_meta(&self) -> bool {
+        self.lazy_meta
+    }
+
+    fn has_inodes(&self) -> bool {
+        false
+    }
+
+    fn meta_after_commit(&self, written: &Meta) -> Option<Meta> {
+        // Size, and mtime and mode in the object's metadata, as written
+        // (x-amz-meta-mtime keeps nanoseconds); the listed version is
+        // learnt from the next listing.
+        (written.kind == Kind::File).then_some(Meta {
+            uid: 0,
+            gid: 0,
+            ino: 0,
+            version: 0,
+            mode: written.mode & 0o7777,
+            ..*written
+        })
+    }
+
+    fn refine(
+        &self,
+        dir: &S3Dir,
+        list: &mut Listing,
+        which: &[usize],
+        errors: &mut Vec<ListError>,
+    ) -> io::Result<()> {
+        // The listed mtime is the LastModified: the fallback of objects
+        // without ferry's or rclone's metadata.
+        let names: Vec<(String, u64, (i64, u32))> = which
+            .iter()
+            .map(|&i| {
+                let e = &list.entries()[i];
+                let m = &e.meta;
+                let name = String::from_utf8_lossy(list.name(e)).into_owned();
+                (name, m.size, (m.mtime_sec, m.mtime_nsec))
+            })
+            .collect();
+        let args: Vec<HeadArg<'_>> = names
+            .iter()
+            .map(|(n, s, lm)| (n.as_str(), *s, Some(*lm)))
+            .collect();
+        let results = self.head_many(&dir.prefix, &args);
+        for (k, r) in results.into_iter().enumerate() {
+            match r {
+                Ok(m) => {
+                    // The listing's version fingerprint stays.
+                    let e = &mut list.entries_mut()[which[k]];
+                    e.meta = Meta {
+                        version: e.meta.version,
+                        ..m
+                    };
+                }
+                Err(err) => errors.push(ListError {
+                    name: names[k].0.as_bytes().to_vec(),
+                    err,
+                }),
+            }
+        }
+        Ok(())
+    }
+
+    fn stat(&self, dir: &S3Dir, name: &CStr) -> io::Result<Option<Meta>> {
+        self.head_if_any(&self.key(dir, name)?)
+    }
+
+    fn open_dir(&self, parent: &S3Dir, name: &CStr) -> io::Result<S3Dir> {
+        Ok(S3Dir {
+            prefix: format!("{}/", self.key(parent, name)?),
+        })
+    }
+
+    fn make_dir(&self, parent: &S3Dir, name: &CStr) -> io::Result<S3Dir> {
+        self.open_dir(parent, name)
+    }
+
+    fn set_dir_meta(&self, _dir: &S3Dir, _meta: &Meta, _what: MetaChange) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn open_file(&self, dir: &S3Dir, name: &CStr) -> io::Result<S3Reader> {
+        Ok(S3Reader {
+            c: self.c.clone(),
+            key: self.key(dir, name)?,
+            body: None,
+            ident: OnceLock::new(),
+            meta: OnceLock::new(),
+            md5: OnceLock::new(),
+        })
+    }
+
+    fn read_link(&self, dir: &S3Dir, name: &CStr) -> io::Result<Vec<u8>> {
+        Err(self.no_symlinks(dir, name))
+    }
+
+    fn create_file(&self, dir: &S3Dir, name: &CStr, meta: &Meta) -> io::Result<S3Writer> {
+        Ok(S3Writer::new(self.key(dir, name)?, meta))
+    }
+
+    fn write_from(
+        &self,
+        _dir: &S3Dir,
+        w: &mut S3Writer,
+        src: &mut dyn SourceFile,
+        size: u64,
+        limit: Option<&Limiter>,
+    ) -> io::Result<u64> {
+        if let Some(r) = src.as_any().and_then(|a| a.downcast_ref::<S3Reader>()) {
+            if r.body.is_none() && r.c.same_server(&self.c) {
+                // Same server: copied there at commit, no bytes through us.
+                // The HEAD gives the engine the source's exact metadata.
+                r.identity()?;
+                let source = format!("/{}/{}", r.c.bucket.name(), encode_key(&r.key));
+                w.copy_from = Some((source, size, r.md5.get().cloned()));
+                return Ok(size);
+            }
+        }
+        let part = PART_SIZE as usize;
+        w.buf.reserve(part.min(size as usize + 1));
+        let chunk_len = limit.map_or(1 << 20, |l| l.chunk());
+        let mut chunk = vec![0u8; chunk_len];
+        let mut total = 0u64;
+        loop {
+            let n = src.read(&mut chunk)?;
+            if n == 0 {
+                return Ok(total);
+            }
+            if let Some(l) = limit {
+                l.acquire(n as u64);
+            }
+            total += n as u64;
+            w.buf.extend_from_slice(&chunk[..n]);
+            if total > size {
+                return Ok(total);
+            }
+            if w.buf.len() >= part {
+                // Too big for one PUT: parallel multipart from here on. The
+                // upload's metadata is set now: take the source's exact one.
+                if let Some(m) = src.meta() {
+                    w.meta = Meta {
+                        kind: w.meta.kind,
+                        ..m
+                    };
+                }
+                let first = std::mem::take(&mut w.buf);
+                let rest = self.upload_parts(w, first, src, size, chunk_len, limit)?;
+                return Ok(rest);
+            }
+        }
+    }
+
+    fn commit(
+        &self,
+        _dir: &S3Dir,
+        w: S3Writer,
+        _name: &CStr,
+        meta: &Meta,
+        _fsync: bool,
+    ) -> io::Result<()> {
+        let mut w = w;
+        w.meta = *meta;
+        if let Some((source, size, md5)) = w.copy_from.take() {
+            self.c
+                .counters
+                .server_copies
+                .fetch_add(1, Ordering::Relaxed);
+            return self.copy_object(&w.key, &source, size, &w.meta, md5.as_deref());
+        }
+        match w.upload.take() {
+            None => self.put(&w.key, &w.buf, &w.meta),
+            Some(up) => {
+                self.complete(&w.key, &up.id, &up.etags)?;
+                // The upload was started by an earlier run: its metadata is
+                // that run's. Fix it if the file's changed since.
+                let now = if up.resumed {
+                    Some(self.head(&w.key, 0, None)?)
+                } else {
+                    None
+                };
+                let stale = now
+                    .as_ref()
+                    .is_some_and(|n| !n.same_mtime(&w.meta) || n.mode != w.meta.mode);
+                // The whole file's MD5 is known only now: it goes into the
+                // metadata by a copy onto itself (on the server, no data
+                // through us), up to the size one CopyObject can copy.
+                let size = now.map_or(w.meta.size, |n| n.size);
+                let md5 = up.md5.as_deref().filter(|_| size <= COPY_MAX);
+                if stale || md5.is_some() {
+                    self.copy_object(&w.key, &self.source_of(&w.key), size, &w.meta, md5)?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn abort(&self, _dir: &S3Dir, _w: S3Writer) {
+        // A started multipart upload stays on the server: the next upload
+        // of this key resumes it (parts already there are not sent again),
+        // and `ferry cleanup` removes the ones nobody comes back for.
+    }
+
+    fn create_symlink(
+        &self,
+        dir: &S3Dir,
+        name: &CStr,
+        _target: &[u8],
+        _meta: &Meta,
+    ) -> io::Result<()> {
+        Err(self.no_symlinks(dir, name))
+    }
+
+    fn set_meta(&self, dir: &S3Dir, name: &CStr, meta: &Meta, _what: MetaChange) -> io::Result<()> {
+        // Server-side copy onto itself with replaced metadata: no data
+        // moves. rclone's MD5 of the object stays (the content does).
+        let key = self.key(dir, name)?;
+        let (_, md5) = self.head_md5(&key, 0, None)?;
+        self.copy_object(&key, &self.source_of(&key), meta.size, meta, md5.as_deref())
+    }
+
+    fn hashes(&self) -> HashSet {
+        HashSet::of(&[HashKind::Md5])
+    }
+
+    fn hash(&self, dir: &S3Dir, name: &CStr, kind: HashKind) -> io::Result<Option<Hash>> {
+        // A single-part ETag is the MD5; a multipart object's MD5 is the
+        // `X-Amz-Meta-Md5chksum` ferry and rclone record, when there.
+        let HashKind::Md5 = kind;
+        let (tag, md5) = self.etag_md5(dir, name)?;
+        let from_meta = || {
+            use base64::Engine as _;
+            let d = base64::prelude::BASE64_STANDARD.decode(md5?).ok()?;
+            d.try_into().ok()
+        };
+        Ok(tag
+            .as_deref()
+            .and_then(etag::single_md5)
+            .or_else(from_meta)
+            .map(Hash::Md5))
+    }
+
+    fn matches_bytes<'a>(
+        &self,
+        dir: &S3Dir,
+        name: &CStr,
+        size: u64,
+        open: &mut dyn FnMut() -> io::Result<Box<dyn SourceFile + 'a>>,
+    ) -> io::Result<Option<bool>> {
+        let Some(tag) = self.etag_md5(dir, name)?.0 else {
+            return Ok(None);
+        };
+        // Another object: equal ETags are the same content, and nothing is
+        // read to tell other ones apart (its bytes are compared instead).
+        let other = open()?;
+        if let Some(o) = other.as_any().and_then(|a| a.downcast_ref::<S3Reader>()) {
+            let (_, theirs) = o.identity()?;
+            return Ok((theirs.trim_matches('"').eq_ignore_ascii_case(&tag)).then_some(true));
+        }
+        drop(other);
+        etag::matches(open, size, &tag)
+    }
+
+    fn remove(&self, dir: &S3Dir, name: &CStr, is_dir: bool) -> io::Result<u64> {
+        if !is_dir {
+            self.delete_key(&self.key(dir, name)?)?;
+            return Ok(1);
+        }
+        self.remove_each(dir, name, &mut |_, _| {})
+    }
+
+    fn remove_each(
+        &self,
+        dir: &S3Dir,
+        name: &CStr,
+        each: &mut dyn FnMut(&[u8], u64),
+    ) -> io::Result<u64> {
+        // Every object under the prefix, a page (one DeleteObjects) at a
+        // time; the prefix itself is counted last, like a directory.
+        let prefix = format!("{}/", self.key(dir, name)?);
+        let mut n = 0;
+        let mut token: Option<String> = None;
+        loop {
+            let page = self.list_page(&prefix, false, token.as_deref())?;
+            let keys: Vec<String> = page.contents.iter().map(|c| c.key.clone()).collect();
+            self.delete_keys(&keys)?;
+            for c in &page.contents {
+                // A directory marker (the prefix itself) is the directory.
+                let rel = c.key.get(prefix.len()..).unwrap_or("");
+                if !rel.is_empty() {
+                    each(rel.as_bytes(), c.size);
+                    n += 1;
+                }
+            }
+            match page.next {
+                Some(t) => token = Some(t),
+                None => break,
+            }
+        }
+        each(b"", 0);
+        Ok(n + 1)
+    }
+
+    fn rename(
+        &self,
+        from_dir: &S3Dir,
+        from_name: &CStr,
+        to_dir: &S3Dir,
+        to_name: &CStr,
+    ) -> io::Result<()> {
+        // Server-side copy (data and metadata stay on the server), then
+        // delete. S3 has no "copy unless it exists": the check before it is
+        // the best an object store offers.
+        let from = self.key(from_dir, from_name)?;
+        let to = self.key(to_dir, to_name)?;
+        if self.head_if_any(&to)?.is_some() {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("{to}: exists"),
+            ));
+        }
+        // The source's own metadata goes with it (and objects over 5 GiB
+        // are copied in parts).
+        let (meta, md5) = self.head_md5(&from, 0, None)?;
+        self.copy_object(
+            &to,
+            &self.source_of(&from),
+            meta.size,
+            &meta,
+            md5.as_deref(),
+        )?;
+        self.delete_key(&from)
+    }
+
+    fn rmdir(&self, dir: &S3Dir, name: &CStr) -> io::Result<()> {
+        // A prefix exists only while it has objects: nothing to remove,
+        // but refuse if something is still below it.
+        let prefix = format!("{}/", self.key(dir, name)?);
+        let page = self.list_page(&prefix, false, None)?;
+        if page.contents.is_empty() {
+            Ok(())
+        } else {
+            Err(io::Error::new(
+                io::ErrorKind::DirectoryNotEmpty,
+                format!("{prefix}: not empty"),
+            ))
+        }
+    }
+
+    fn preserves_owner(&self) -> bool {
+        false
+    }
+
+    fn has_dir_meta(&self) -> bool {
+        false
+    }
+
+    fn supports_symlinks(&self) -> bool {
+        false
+    }
+
+    fn latency_bound(&self) -> bool {
+        true
+    }
+
+    fn keeps_empty_dirs(&self) -> bool {
+        false
+    }
+
+    fn notes(&self, role: &str) -> Vec<String> {
+        let c = self.counters();
+        let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        vec![format!(
+            "s3 {role}: {} HEAD requests, {} parts sent, {} parts reused from {} resumed upload(s), {} server-side copies, {} stale upload(s) aborted, {} ranged GETs on the direct path, {} sent again through the HTTP client, {} listing ranges in parallel, {} batch deletes",
+            n(&c.heads),
+            n(&c.parts_sent),
+            n(&c.parts_reused),
+            n(&c.uploads_resumed),
+            n(&c.server_copies),
+            n(&c.uploads_aborted),
+            n(&c.direct_gets),
+            n(&c.direct_fallbacks),
+            n(&c.list_ranges),
+            n(&c.batch_deletes)
+        )]
+    }
+
+    fn cleanup(&self, max_age: Duration, dry_run: bool) -> io::Result<Vec<(String, String)>> {
+        // The bucket must exist (an error naming it otherwise).
+        self.open_root()?;
+        let bucket = self.c.bucket.name();
+        Ok(S3Store::cleanup(self, max_age, dry_run)?
+            .into_iter()
+            .map(|(key, started)| (format!("s3://{bucket}/{key}"), started))
+            .collect())
+    }
+}
+
+pub(crate) fn dir_meta() -> Meta {
+    Meta {
+        kind: Kind::Dir,
+        size: 0,
+        mtime_sec: 0,
+        mtime_nsec: 0,
+        mode: 0o755,
+        uid: 0,
+        gid: 0,
+        ino: 0,
+        version: 0,
+    }
+}

@@ -1,0 +1,360 @@
+//! Sending requests: the connection pool and signing, retries with
+//! backoff, timeouts and the errors a failed request becomes.
+
+use std::io;
+use std::sync::atomic::AtomicU64;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rusty_s3::{Bucket, Credentials, Method, S3Action};
+use ureq::http::Response;
+use ureq::Body;
+
+use crate::direct;
+use crate::fail::{self, Health, Reach, Unreachable};
+use crate::store::S3Store;
+use crate::xml::{self, ErrorBody};
+
+/// How long a signed URL stays valid (one request).
+pub(crate) const SIGN_TTL: Duration = Duration::from_secs(3600);
+
+/// Attempts per request on retryable failures (5xx, SlowDown, resets, timeouts).
+pub(crate) const ATTEMPTS: u32 = 6;
+
+/// What every request needs: the bucket, the credentials and the pool of
+/// keep-alive connections. Shared by the store and its readers.
+pub(crate) struct Conn {
+    pub(crate) bucket: Bucket,
+    pub(crate) creds: Option<Credentials>,
+    pub(crate) agent: ureq::Agent,
+    /// Ranged GETs without ureq, for `http://` endpoints (see `direct`).
+    pub(crate) direct: Option<direct::Pool>,
+    pub(crate) counters: Counters,
+    /// The endpoint as the user gave it (for messages).
+    pub(crate) endpoint: String,
+    /// `s3://bucket/prefix` of the store's root (for messages).
+    pub(crate) root_url: String,
+    /// No-progress timeout of a request (`--timeout`).
+    pub(crate) timeout: Duration,
+    /// Whether the endpoint answers (the unreachable rule).
+    pub(crate) health: Health,
+}
+
+/// What the store did beyond plain requests (for `-v` and the tests).
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Multipart parts uploaded.
+    pub parts_sent: AtomicU64,
+    /// Parts of an interrupted upload found on the server and kept.
+    pub parts_reused: AtomicU64,
+    /// Multipart uploads resumed.
+    pub uploads_resumed: AtomicU64,
+    /// Abandoned multipart uploads aborted.
+    pub uploads_aborted: AtomicU64,
+    /// Objects copied server-side (S3 to S3 on the same server).
+    pub server_copies: AtomicU64,
+    /// HEAD requests (object metadata).
+    pub heads: AtomicU64,
+    /// Ranged GETs answered on the direct path (plain HTTP, no ureq).
+    pub direct_gets: AtomicU64,
+    /// Ranged GETs sent again through ureq after an answer the direct
+    /// path does not handle.
+    pub direct_fallbacks: AtomicU64,
+    /// Key ranges of wide directory prefixes listed in parallel.
+    pub list_ranges: AtomicU64,
+    /// DeleteObjects requests (up to 1,000 keys each).
+    pub batch_deletes: AtomicU64,
+}
+
+impl Conn {
+    pub(crate) fn creds(&self) -> Option<&Credentials> {
+        self.creds.as_ref()
+    }
+
+    /// True when `other` is the same server and account (server-side copy
+    /// between them works).
+    pub(crate) fn same_server(&self, other: &Conn) -> bool {
+        let (a, b) = (self.bucket.base_url(), other.bucket.base_url());
+        a.host_str() == b.host_str()
+            && a.port_or_known_default() == b.port_or_known_default()
+            && self.creds.as_ref().map(Credentials::key)
+                == other.creds.as_ref().map(Credentials::key)
+    }
+
+    /// `s3://bucket/key` (`s3://bucket` for the bucket itself).
+    pub(crate) fn url_of(&self, key: &str) -> String {
+        if key.is_empty() {
+            format!("s3://{}", self.bucket.name())
+        } else {
+            format!("s3://{}/{key}", self.bucket.name())
+        }
+    }
+
+    /// The cause in a message about the endpoint, without the endpoint:
+    /// `connection refused`, `no answer for 30 s`.
+    pub(crate) fn short_cause(&self, msg: &str) -> String {
+        msg.rsplit(": ")
+            .next()
+            .unwrap_or(msg)
+            .replace(&format!(" from {}", self.endpoint), "")
+    }
+
+    /// The error of every request once the endpoint is unreachable.
+    pub(crate) fn unreachable(&self, why: &str) -> io::Error {
+        io::Error::new(
+            io::ErrorKind::NotConnected,
+            Unreachable(format!(
+                "{}: endpoint {} unreachable: {why}",
+                self.root_url, self.endpoint
+            )),
+        )
+    }
+
+    /// An error status as a message: the path, what the status means, the
+    /// status and the server's words, the endpoint.
+    pub(crate) fn status_error(
+        &self,
+        what: &str,
+        key: &str,
+        status: u16,
+        e: &ErrorBody,
+    ) -> io::Error {
+        let on_bucket = key.is_empty() || what == "LIST" || what == "ListMultipartUploads";
+        let (kind, detail) = status_detail(status, e);
+        let meaning = fail::meaning(status, &e.code, on_bucket);
+        let (url, ep) = (self.url_of(key), &self.endpoint);
+        let text = if meaning.is_empty() {
+            format!("{what} {url}: {detail} (endpoint {ep})")
+        } else {
+            format!("{what} {url}: {meaning} ({detail}; endpoint {ep})")
+        };
+        io::Error::new(kind, text)
+    }
+
+    /// An attempt that could not reach the server (or reach it in time):
+    /// noted in the endpoint's health; a stall is announced once.
+    pub(crate) fn note_io(&self, what: &str, key: &str, e: &ureq::Error) -> (Reach, io::Error) {
+        let (reach, msg) = fail::classify(e, &self.endpoint, self.timeout);
+        self.note(reach, matches!(e, ureq::Error::Timeout(t) if *t != ureq::Timeout::Connect)
+            || matches!(e, ureq::Error::Io(i) if matches!(i.kind(), io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock)));
+        (
+            reach,
+            io::Error::other(format!("{what} {}: {msg}", self.url_of(key))),
+        )
+    }
+
+    pub(crate) fn note(&self, reach: Reach, stalled: bool) {
+        self.health.note(reach);
+        if stalled && self.health.first_stall() {
+            eprintln!(
+                "ferry: s3 {}: no answer for {} (retrying)",
+                self.endpoint,
+                fail::secs(self.timeout)
+            );
+        }
+    }
+
+    /// Sign `action` with `headers` (they are part of the signature) and
+    /// [`send`](Self::send) it with them and `body` (none: an empty body
+    /// for PUT and POST).
+    pub(crate) fn call<'a, A: S3Action<'a>>(
+        &self,
+        what: &str,
+        key: &str,
+        mut action: A,
+        headers: &[(&'static str, String)],
+        body: Option<&[u8]>,
+    ) -> io::Result<Response<Body>> {
+        for (k, v) in headers {
+            action.headers_mut().insert(*k, v.clone());
+        }
+        let url = action.sign(SIGN_TTL);
+        let url = url.as_str();
+        self.send(what, key, || match A::METHOD {
+            Method::Put | Method::Post => {
+                let mut r = match A::METHOD {
+                    Method::Post => self.agent.post(url),
+                    _ => self.agent.put(url),
+                };
+                for (k, v) in headers {
+                    r = r.header(*k, v.as_str());
+                }
+                match body {
+                    Some(b) => r.send(b),
+                    None => r.send_empty(),
+                }
+            }
+            m => {
+                let mut r = match m {
+                    Method::Head => self.agent.head(url),
+                    Method::Delete => self.agent.delete(url),
+                    _ => self.agent.get(url),
+                };
+                for (k, v) in headers {
+                    r = r.header(*k, v.as_str());
+                }
+                r.call()
+            }
+        })
+    }
+
+    /// A request used up its retries, the last attempt ending as `reach`
+    /// with `msg`: the error of an endpoint declared unreachable, when it
+    /// now is.
+    pub(crate) fn gave_up(&self, reach: Reach, msg: &str) -> Option<io::Error> {
+        if reach != Reach::Failed {
+            return None;
+        }
+        let why = self.short_cause(msg);
+        self.health
+            .gave_up(&why)
+            .then(|| self.unreachable(self.health.gone().unwrap_or(&why)))
+    }
+
+    /// Send a request, retrying transient failures with exponential backoff
+    /// and jitter. `what` and `key` name the request in errors. Once the
+    /// endpoint is unreachable (see [`fail::Health`]) every request fails
+    /// at once with an [`Unreachable`] error.
+    pub(crate) fn send(
+        &self,
+        what: &str,
+        key: &str,
+        mut req: impl FnMut() -> Result<Response<Body>, ureq::Error>,
+    ) -> io::Result<Response<Body>> {
+        let mut attempt = 0;
+        loop {
+            if let Some(why) = self.health.gone() {
+                return Err(self.unreachable(why));
+            }
+            attempt += 1;
+            let (retry, reach) = match req() {
+                Ok(mut resp) => {
+                    self.health.note(Reach::Answered);
+                    let status = resp.status().as_u16();
+                    if (200..300).contains(&status) {
+                        return Ok(resp);
+                    }
+                    let body = resp
+                        .body_mut()
+                        .with_config()
+                        .limit(64 << 10)
+                        .read_to_string()
+                        .unwrap_or_default();
+                    let e = xml::error_body(&body).unwrap_or_default();
+                    let code = e.code.as_str();
+                    let err = self.status_error(what, key, status, &e);
+                    // 501 Not Implemented is not a passing state.
+                    if !(status >= 500 && status != 501
+                        || status == 429
+                        || code == "SlowDown"
+                        || code == "RequestTimeout")
+                    {
+                        return Err(err);
+                    }
+                    (err, Reach::Answered)
+                }
+                Err(e) => {
+                    let (reach, err) = self.note_io(what, key, &e);
+                    (err, reach)
+                }
+            };
+            if attempt >= ATTEMPTS {
+                return Err(self.gave_up(reach, &retry.to_string()).unwrap_or(retry));
+            }
+            backoff(attempt);
+        }
+    }
+}
+
+impl S3Store {
+    /// `f` of every item, on up to `head_threads` threads (at least
+    /// `per_thread` items each), in the items' order: for requests that
+    /// each wait on a round trip.
+    pub(crate) fn in_parallel<T: Sync, R: Send>(
+        &self,
+        items: &[T],
+        per_thread: usize,
+        f: impl Fn(&T) -> R + Sync,
+    ) -> Vec<R> {
+        let threads = self
+            .head_threads
+            .min(items.len().div_ceil(per_thread))
+            .max(1);
+        let chunk = items.len().div_ceil(threads).max(1);
+        let f = &f;
+        std::thread::scope(|s| {
+            let handles: Vec<_> = items
+                .chunks(chunk)
+                .map(|part| s.spawn(move || part.iter().map(f).collect::<Vec<_>>()))
+                .collect();
+            handles
+                .into_iter()
+                .flat_map(|h| h.join().expect("request thread panicked"))
+                .collect()
+        })
+    }
+
+    /// Sign a GET on the bucket itself with `query` (for requests rusty-s3
+    /// has no action for).
+    pub(crate) fn sign_bucket_get(&self, query: &[(&str, &str)]) -> url::Url {
+        let url = self.c.bucket.base_url().clone();
+        // Signing wants the query sorted by name.
+        let mut query = query.to_vec();
+        query.sort();
+        let Some(creds) = self.c.creds() else {
+            let mut url = url;
+            url.query_pairs_mut().extend_pairs(query.iter().copied());
+            return url;
+        };
+        rusty_s3::signing::sign(
+            &jiff::Timestamp::now(),
+            rusty_s3::Method::Get,
+            url,
+            creds.key(),
+            creds.secret(),
+            creds.token(),
+            self.c.bucket.region(),
+            SIGN_TTL.as_secs(),
+            query.iter().copied(),
+            std::iter::empty(),
+        )
+    }
+}
+
+pub(crate) fn read_body(resp: &mut Response<Body>) -> io::Result<String> {
+    resp.body_mut()
+        .with_config()
+        .limit(256 << 20)
+        .read_to_string()
+        .map_err(io::Error::other)
+}
+
+/// The kind of an error status, and `HTTP 404 NoSuchKey: message`.
+pub(crate) fn status_detail(status: u16, e: &ErrorBody) -> (io::ErrorKind, String) {
+    let (code, msg) = (e.code.as_str(), e.message.as_str());
+    let kind = match status {
+        404 => io::ErrorKind::NotFound,
+        401 | 403 => io::ErrorKind::PermissionDenied,
+        501 => io::ErrorKind::Unsupported,
+        _ if code == "NotImplemented" => io::ErrorKind::Unsupported,
+        _ => io::ErrorKind::Other,
+    };
+    let detail = match (code.is_empty(), msg.is_empty()) {
+        (true, _) => String::new(),
+        (false, true) => format!(" {code}"),
+        (false, false) => format!(" {code}: {msg}"),
+    };
+    (kind, format!("HTTP {status}{detail}"))
+}
+
+pub(crate) fn backoff(attempt: u32) {
+    // 100 ms, 200 ms, 400 ms ... capped at 5 s, plus up to 50% jitter.
+    let base = Duration::from_millis(100)
+        .saturating_mul(1 << attempt.min(6))
+        .min(Duration::from_secs(5));
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let jitter = base.mul_f64((nanos % 1000) as f64 / 2000.0);
+    let backoff_delay = base + jitter;
+    std::thread::sleep(backoff_delay);
+}
