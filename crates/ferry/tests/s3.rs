@@ -631,7 +631,7 @@ fn ferry_reads_what_aws_cli_wrote_on(s3: &S3) {
         ],
     );
     let j = parse_json(&String::from_utf8(listing.stdout).unwrap()).unwrap();
-    let Some(Json::Arr(objects)) = j.get("Contents") else {
+    let Some(Json::Array(objects)) = j.get("Contents") else {
         panic!("no Contents in {j:?}")
     };
     let mut last_modified = std::collections::BTreeMap::new();
