@@ -70,6 +70,16 @@ impl Rng {
     }
 }
 
+/// Write a file of `0..max_size` pseudo-random bytes at `root/rel` with a mode among the
+/// common ones, all drawn from `rng`.
+pub fn write_random(root: &Path, rel: &str, max_size: u64, rng: &mut Rng) -> PathBuf {
+    const MODES: [u32; 5] = [0o644, 0o600, 0o755, 0o640, 0o444];
+    let size = rng.range(0, max_size) as usize;
+    let p = write(root, rel, &gen_bytes(size, rng.next_u64()));
+    chmod(&p, MODES[rng.range(0, MODES.len() as u64) as usize]);
+    p
+}
+
 /// `len` pseudo-random bytes derived from `seed`.
 pub fn gen_bytes(len: usize, seed: u64) -> Vec<u8> {
     let mut rng = Rng::new(seed);
@@ -165,6 +175,15 @@ pub fn chmod(p: &Path, mode: u32) {
 pub fn mkfifo(p: &Path) {
     let st = Command::new("mkfifo").arg(p).status().expect("run mkfifo");
     assert!(st.success(), "mkfifo {} failed", p.display());
+}
+
+/// `new`, or when it equals `old` a time one nanosecond away: an edit that must show.
+pub fn differ(new: Mtime, old: Mtime) -> Mtime {
+    if new == old {
+        (new.0, (new.1 + 1) % 1_000_000_000)
+    } else {
+        new
+    }
 }
 
 /// Set the mtime (with nanoseconds) of a file, directory or symlink (not followed).
@@ -446,10 +465,16 @@ where
     I: IntoIterator<Item = S>,
     S: AsRef<OsStr>,
 {
-    let args: Vec<OsString> = args.into_iter().map(|a| a.as_ref().to_owned()).collect();
-    let child = Command::new(bin())
-        .args(&args)
-        .stdin(Stdio::null())
+    let mut c = Command::new(bin());
+    c.args(args).stdin(Stdio::null());
+    run_within(c, HANG_GUARD)
+}
+
+/// Run `cmd` (ferry) to its end and capture what it printed; panics (after killing it) when
+/// it has not ended within `bound`: a hang guard, not a performance assertion.
+pub fn run_within(mut cmd: Command, bound: Duration) -> Run {
+    let args: Vec<OsString> = cmd.get_args().map(|a| a.to_owned()).collect();
+    let child = cmd
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -459,7 +484,7 @@ where
     std::thread::spawn(move || {
         let _ = tx.send(child.wait_with_output());
     });
-    match rx.recv_timeout(HANG_GUARD) {
+    match rx.recv_timeout(bound) {
         Ok(out) => {
             let out = out.expect("wait for ferry");
             Run {
@@ -471,7 +496,7 @@ where
         }
         Err(_) => {
             let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
-            panic!("ferry {args:?} did not finish (hang guard)");
+            panic!("ferry {args:?} did not end within {bound:?} (hang guard)");
         }
     }
 }
