@@ -109,7 +109,7 @@ pub fn list_sorted<F: Fixture>(fx: &F) {
             (m.kind, m.size),
             (Kind::File, i),
             "{:?}",
-            show(&[n.clone()])
+            show(std::slice::from_ref(n))
         );
     }
 }
@@ -943,7 +943,11 @@ pub fn big_file<F: Fixture>(fx: &F) {
     if let Some(rg) = reader.ranged() {
         for (off, len) in [(size / 2 - 3, 9), (size - 2, 2), ((8 << 20) - 1, 2)] {
             let mut got = Vec::new();
-            rg.read_range(off, len, &mut |_, b| Ok(got.extend_from_slice(b)), None)
+            let mut take = |_, b: &[u8]| {
+                got.extend_from_slice(b);
+                Ok(())
+            };
+            rg.read_range(off, len, &mut take, None)
                 .expect("read_range");
             let want: Vec<u8> = (off..off + len).map(|i| Pattern::byte(64, i)).collect();
             assert_eq!(got, want, "range ({off}, {len})");
