@@ -4,7 +4,10 @@ no-op), `rclone bisync` and `unison`, on 100,000 files x 1 KiB in 1,000 director
 
     python3 bench/bisync.py [--ferry PATH] [--workdir DIR] [--runs N] [--files N] [--dirs N]
                             [--tools ferry,rsync,rclone,unison] [--scenarios noop,change]
-                            [--out FILE]
+                            [--base OLD_FERRY] [--out FILE]
+
+--base runs a second ferry binary as tool ferry-base, on its own pair of replicas and
+journal, alternating with the others: a before/after measured side by side.
 
 Exits 1 if a ferry run failed or ferry's replicas differ at the end (scripts/test runs it
 on 1,000 files as a smoke test).
@@ -40,7 +43,7 @@ def log(msg):
 
 
 def timed(cmd, env=None):
-    """Run cmd; return (wall s, cpu s, exit code)."""
+    """Run cmd; return (wall s, cpu s, exit code, max RSS MiB)."""
     t0 = time.perf_counter()
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     _, status, ru = os.wait4(p.pid, 0)
@@ -50,7 +53,7 @@ def timed(cmd, env=None):
     code = os.waitstatus_to_exitcode(status)
     if code != 0:
         log(f"    {' '.join(cmd)} exited {code}: {err.strip()[-500:]}")
-    return wall, ru.ru_utime + ru.ru_stime, code
+    return wall, ru.ru_utime + ru.ru_stime, code, ru.ru_maxrss / 1024
 
 
 def gen(root, files, dirs, seed):
@@ -101,8 +104,11 @@ def main():
     ap.add_argument("--tools", default="ferry,rsync,rclone,unison")
     ap.add_argument("--scenarios", default="noop,change")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--base", default=None, help="a second ferry binary, run side by side as tool ferry-base")
     args = ap.parse_args()
     tools = [t for t in args.tools.split(",") if t]
+    if args.base:
+        tools.insert(tools.index("ferry") + 1 if "ferry" in tools else 0, "ferry-base")
     for t, exe in [("rclone", "rclone"), ("unison", "unison"), ("rsync", "rsync")]:
         if t in tools and shutil.which(exe) is None:
             log(f"{t}: not installed, skipped")
@@ -130,8 +136,11 @@ def main():
                 subprocess.run([ferry, "copy", src, r], check=True,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     jpath = os.path.join(w, "ferry.sqlite")
+    jbase = os.path.join(w, "ferry-base.sqlite")
+    base = os.path.abspath(args.base) if args.base else None
     cmds = {
         "ferry": lambda a, b: [ferry, "bisync", "--journal", jpath, a, b],
+        "ferry-base": lambda a, b: [base, "bisync", "--journal", jbase, a, b],
         "rsync": lambda a, b: ["rsync", "-a", a + "/", b + "/"],
         "rclone": lambda a, b: ["rclone", "bisync", a, b, "--workdir",
                                 os.path.join(w, "rclone-wd"), "--config", "/dev/null"],
@@ -141,8 +150,9 @@ def main():
     # Initial sync (journals, listings, archives), not timed.
     for t in tools:
         a, b = pairs[t]
-        if t == "ferry":
-            timed(cmds[t](a, b) + ["--resync"] if not os.path.exists(jpath) else cmds[t](a, b), env)
+        if t in ("ferry", "ferry-base"):
+            j = jpath if t == "ferry" else jbase
+            timed(cmds[t](a, b) + ["--resync"] if not os.path.exists(j) else cmds[t](a, b), env)
         elif t == "rclone":
             timed(cmds[t](a, b) + ["--resync"], env)
         elif t == "unison":
@@ -168,9 +178,9 @@ def main():
                     change(a, pick[:n], stamp)
                     change(b, pick[n:], stamp)
                 subprocess.run(["sync"])
-                wall, cpu, code = timed(cmds[t](a, b), env)
-                results.setdefault((scen, t), []).append((wall, cpu, code))
-                log(f"  {t:7s} run {r + 1}: {wall:.3f} s wall, {cpu:.3f} s CPU, exit {code}")
+                wall, cpu, code, rss = timed(cmds[t](a, b), env)
+                results.setdefault((scen, t), []).append((wall, cpu, code, rss))
+                log(f"  {t:7s} run {r + 1}: {wall:.3f} s wall, {cpu:.3f} s CPU, {rss:.0f} MiB, exit {code}")
     # Syscalls of ferry: no-op, then one more 1%-change run.
     sys_counts = {}
     has_strace = shutil.which("strace") is not None
@@ -194,8 +204,8 @@ def main():
                  f"every run; CPU = user+sys. change: {n:,} files changed on EACH side before "
                  f"every run ({2 * n:,} in all).")
     lines.append("")
-    lines.append("| scenario | tool | wall s, median (min-max) | CPU s | x ferry | failed runs |")
-    lines.append("|---|---|---|---|---|---|")
+    lines.append("| scenario | tool | wall s, median (min-max) | CPU s | max RSS MiB | x ferry | failed runs |")
+    lines.append("|---|---|---|---|---|---|---|")
     for scen in scenarios:
         base = None
         if (scen, "ferry") in results:
@@ -207,11 +217,13 @@ def main():
             walls = [x[0] for x in v]
             med = statistics.median(walls)
             cpu = statistics.median(x[1] for x in v)
+            rss = statistics.median(x[3] for x in v)
             fails = sum(1 for x in v if x[2] != 0)
-            label = {"rsync": "rsync -a (one-way)", "ferry": "**ferry bisync**"}.get(t, t + (" bisync" if t == "rclone" else ""))
-            ratio = f"{med / base:.1f}" if base else "-"
+            label = {"rsync": "rsync -a (one-way)", "ferry": "**ferry bisync**",
+                     "ferry-base": "ferry bisync (--base)"}.get(t, t + (" bisync" if t == "rclone" else ""))
+            ratio = f"{med / base:.2f}" if base else "-"
             lines.append(f"| {scen} | {label} | {med:.3f} ({min(walls):.3f}-{max(walls):.3f}) "
-                         f"| {cpu:.3f} | {ratio} | {fails} |")
+                         f"| {cpu:.3f} | {rss:.0f} | {ratio} | {fails} |")
     if sys_counts:
         lines.append("")
         lines.append("ferry bisync syscalls (`strace -c -f`, one run each):")
@@ -230,7 +242,7 @@ def main():
             f.write(text)
     # Results must be right, not only fast: every ferry run succeeded and its replicas
     # are equal at the end (so the harness can run as a smoke test).
-    bad = [x for (scen, t), v in results.items() if t == "ferry" for x in v if x[2] != 0]
+    bad = [x for (scen, t), v in results.items() if t.startswith("ferry") for x in v if x[2] != 0]
     if "ferry" in tools:
         a, b = pairs["ferry"]
         if subprocess.run(["diff", "-r", a, b], stdout=subprocess.DEVNULL).returncode != 0:

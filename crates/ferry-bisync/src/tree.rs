@@ -136,7 +136,6 @@ impl<S: Store> Gather<S> {
         store: &S,
         rel: Vec<u8>,
         parent: Option<Arc<S::Dir>>,
-        filter: Option<&Filter>,
         on_error: OnError<'_>,
     ) -> Option<Opened<S::Dir>> {
         let dir = match &parent {
@@ -155,7 +154,7 @@ impl<S: Store> Gather<S> {
         };
         let mut list = Listing::new();
         let mut errors: Vec<ListError> = Vec::new();
-        if let Err(e) = store.list(&dir, &rel, filter, &mut list, &mut errors) {
+        if let Err(e) = store.list(&dir, &rel, &mut list, &mut errors) {
             on_error(&rel, &e);
             self.unknown.lock().unwrap().push(key_of(&rel));
             return None;
@@ -391,11 +390,13 @@ pub fn scan_merge<A: Store, B: Store>(
         });
         pool.run(jobs.max(2), |t, pool| {
             let la =
-                t.a.and_then(|p| ga.list(a.0, t.rel.clone(), p, filter, on_error))
-                    .map(|(d, l)| exact(a.0, &m, Side::A, &t.rel, d, l, on_error));
+                t.a.and_then(|p| ga.list(a.0, t.rel.clone(), p, on_error))
+                    .map(|(d, l)| exact(a.0, &m, Side::A, &t.rel, d, l, on_error))
+                    .map(|(d, l)| (d, filtered(filter, &ga.unknown, &t.rel, l)));
             let lb =
-                t.b.and_then(|p| gb.list(b.0, t.rel.clone(), p, filter, on_error))
-                    .map(|(d, l)| exact(b.0, &m, Side::B, &t.rel, d, l, on_error));
+                t.b.and_then(|p| gb.list(b.0, t.rel.clone(), p, on_error))
+                    .map(|(d, l)| exact(b.0, &m, Side::B, &t.rel, d, l, on_error))
+                    .map(|(d, l)| (d, filtered(filter, &gb.unknown, &t.rel, l)));
             // Subdirectories of either side, in name order, one task each.
             let mut sa = sub_dirs(&la).into_iter().peekable();
             let mut sb = sub_dirs(&lb).into_iter().peekable();
@@ -529,6 +530,26 @@ fn exact<S: Store>(
     (d, l)
 }
 
+/// A side's listing (metadata exact) without what the filter leaves out.
+/// A file left out for its size or mtime may be in on the other side: its
+/// key is unknown, so the path is out of the run on both sides and its
+/// journal record stays as it is.
+fn filtered(
+    f: Option<&Filter>,
+    unknown: &Mutex<Vec<Vec<u8>>>,
+    rel: &[u8],
+    mut l: Listing,
+) -> Listing {
+    if let Some(f) = f {
+        f.retain(rel, &mut l, |name, by_meta| {
+            if by_meta {
+                unknown.lock().unwrap().push(key_of(&join(rel, name)));
+            }
+        });
+    }
+    l
+}
+
 /// Names of the subdirectories in a listing.
 fn sub_dirs<D>(l: &Option<(Arc<D>, Listing)>) -> Vec<Vec<u8>> {
     l.as_ref().map_or(Vec::new(), |(_, l)| {
@@ -574,7 +595,7 @@ mod tests {
         ) {
             let mut l = Listing::new();
             let mut errs = Vec::new();
-            s.list(d, rel, None, &mut l, &mut errs).unwrap();
+            s.list(d, rel, &mut l, &mut errs).unwrap();
             for e in l.entries() {
                 let p = join(rel, l.name(e));
                 out.push((key_of(&p), e.meta));

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use ferry_bisync::{BiAction, BiReporter, Journal, Options, Side};
 use ferry_engine::bwlimit::Limiter;
 use ferry_engine::store::{ListError, MetaChange, SourceFile};
-use ferry_engine::{Filter, Listing, LocalStore, Meta, Stats, Store};
+use ferry_engine::{Listing, LocalStore, Meta, Stats, Store};
 
 /// A local store whose readers hand over bytes only through `read` (no
 /// descriptor: no `copy_file_range`) and note `bytes_moved` before each
@@ -60,14 +60,13 @@ impl Store for Probe {
         &self,
         dir: &D,
         rel: &[u8],
-        filter: Option<&Filter>,
         out: &mut Listing,
         errors: &mut Vec<ListError>,
     ) -> io::Result<()> {
         if self.unlistable.as_deref() == Some(rel) {
             return Err(io::Error::other("cannot list"));
         }
-        self.inner.list(dir, rel, filter, out, errors)
+        self.inner.list(dir, rel, out, errors)
     }
     fn stat(&self, dir: &D, name: &CStr) -> io::Result<Option<Meta>> {
         self.inner.stat(dir, name)

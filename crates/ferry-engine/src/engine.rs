@@ -18,9 +18,9 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use crate::bwlimit::Limiter;
-use crate::entry::{join, Kind, Listing, Meta};
+use crate::entry::{join, same_names, Kind, Listing, Meta};
 use crate::etag;
-use crate::filter::Filter;
+use crate::filter::{drop_names, Filter};
 use crate::plan::{meta_change, plan_dir, PlanOptions, Step};
 use crate::pool::Pool;
 use crate::report::{Action, Reporter, Stats, Summary};
@@ -506,25 +506,13 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
     /// both sides (reported).
     fn refine(&self, node: &Node<S, D>, src: &mut Listing, dst: &mut Listing) {
         let (mut ws, mut wd) = (Vec::new(), Vec::new());
-        {
-            let (se, de) = (src.entries(), dst.entries());
-            let (mut i, mut j) = (0, 0);
-            while i < se.len() && j < de.len() {
-                match src.name(&se[i]).cmp(dst.name(&de[j])) {
-                    std::cmp::Ordering::Less => i += 1,
-                    std::cmp::Ordering::Greater => j += 1,
-                    std::cmp::Ordering::Equal => {
-                        let (a, b) = (&se[i].meta, &de[j].meta);
-                        if a.kind == Kind::File && b.kind == Kind::File && a.size == b.size {
-                            ws.push(i);
-                            wd.push(j);
-                        }
-                        i += 1;
-                        j += 1;
-                    }
-                }
+        same_names(src, dst, |i, j| {
+            let (a, b) = (&src.entries()[i].meta, &dst.entries()[j].meta);
+            if a.kind == Kind::File && b.kind == Kind::File && a.size == b.size {
+                ws.push(i);
+                wd.push(j);
             }
-        }
+        });
         if ws.is_empty() {
             return;
         }
@@ -635,14 +623,52 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         }))
     }
 
+    /// Leave out of both listings of a directory what the filter does
+    /// ([`Filter::retain_pair`]); a file whose metadata could not be made
+    /// exact is left alone on both sides (reported in its side's errors).
+    fn filter_pair(
+        &self,
+        f: &Filter,
+        node: &Node<S, D>,
+        src: &mut Listing,
+        serr: &mut Vec<ListError>,
+        dst: &mut Listing,
+        derr: &mut Vec<ListError>,
+    ) -> io::Result<()> {
+        let bad_src = f.prepare(self.src, &node.src, &node.rel, src, serr)?;
+        let bad_dst = match &node.dst {
+            Some(d) => f.prepare(self.dst, d, &node.rel, dst, derr)?,
+            None => Vec::new(),
+        };
+        drop_names(dst, &bad_src);
+        drop_names(src, &bad_dst);
+        f.retain_pair(&node.rel, src, dst);
+        Ok(())
+    }
+
+    /// List a destination-only directory for its removal, without what the
+    /// filter leaves out (never deleted).
+    fn list_dst(
+        &self,
+        dir: &D::Dir,
+        rel: &[u8],
+        list: &mut Listing,
+        errs: &mut Vec<ListError>,
+    ) -> io::Result<()> {
+        self.dst.list(dir, rel, list, errs)?;
+        match &self.opts.filter {
+            Some(f) => f.apply(self.dst, dir, rel, list, errs, |_, _| ()),
+            None => Ok(()),
+        }
+    }
+
     /// List both sides of a directory, plan, and act.
     fn scan(&self, node: &Arc<Node<S, D>>, pool: &Pool<Task<S, D>>) {
-        let filter = self.opts.filter.as_ref();
         let mut src_list = Listing::new();
         let mut errors: Vec<ListError> = Vec::new();
         if let Err(e) = self
             .src
-            .list(&node.src, &node.rel, filter, &mut src_list, &mut errors)
+            .list(&node.src, &node.rel, &mut src_list, &mut errors)
         {
             // Without a complete source listing nothing may be deleted here.
             self.fail(&node.rel, &e);
@@ -650,21 +676,35 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             return;
         }
         let mut dst_list = Listing::new();
+        let mut derr = Vec::new();
         if let (Some(d), Some(_)) = (&node.dst, &node.dst_meta) {
-            let mut derr = Vec::new();
-            if let Err(e) = self
-                .dst
-                .list(d, &node.rel, filter, &mut dst_list, &mut derr)
-            {
+            if let Err(e) = self.dst.list(d, &node.rel, &mut dst_list, &mut derr) {
                 self.fail(&node.rel, &e);
                 self.done(node);
                 return;
             }
-            for e in derr {
-                self.fail(&self.path(node, &e.name), &e.err);
+        }
+        if let Some(f) = &self.opts.filter {
+            if let Err(e) = self.filter_pair(
+                f,
+                node,
+                &mut src_list,
+                &mut errors,
+                &mut dst_list,
+                &mut derr,
+            ) {
+                self.fail(&node.rel, &e);
+                self.done(node);
+                return;
             }
         }
-        if (self.src.approximate_meta() || self.dst.approximate_meta()) && !self.counting {
+        for e in derr {
+            self.fail(&self.path(node, &e.name), &e.err);
+        }
+        // With mtime rules the filter made the listings exact already.
+        let exact = self.opts.filter.as_ref().is_some_and(Filter::needs_mtime);
+        if (self.src.approximate_meta() || self.dst.approximate_meta()) && !self.counting && !exact
+        {
             self.refine(node, &mut src_list, &mut dst_list);
         }
         if let Some(d) = &node.dst {
@@ -1004,8 +1044,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         let dir = self.dst.open_dir(parent, name)?;
         let mut list = Listing::new();
         let mut errs = Vec::new();
-        self.dst
-            .list(&dir, rel, self.opts.filter.as_ref(), &mut list, &mut errs)?;
+        self.list_dst(&dir, rel, &mut list, &mut errs)?;
         let mut n = 1 + errs.len() as u64;
         for e in list.entries() {
             let path = join(rel, list.name(e));
@@ -1035,8 +1074,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         let dir = self.dst.open_dir(parent, name)?;
         let mut list = Listing::new();
         let mut errs = Vec::new();
-        self.dst
-            .list(&dir, rel, self.opts.filter.as_ref(), &mut list, &mut errs)?;
+        self.list_dst(&dir, rel, &mut list, &mut errs)?;
         if let Some(e) = errs.into_iter().next() {
             return Err(e.err);
         }

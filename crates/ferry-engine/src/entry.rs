@@ -198,6 +198,24 @@ fn prefix_key(name: &[u8]) -> u64 {
     u64::from_be_bytes(b)
 }
 
+/// Call `f(i, j)` for each name at index `i` of `a` and `j` of `b` (both
+/// sorted), in name order.
+pub fn same_names(a: &Listing, b: &Listing, mut f: impl FnMut(usize, usize)) {
+    let (ae, be) = (a.entries(), b.entries());
+    let (mut i, mut j) = (0, 0);
+    while i < ae.len() && j < be.len() {
+        match a.name(&ae[i]).cmp(b.name(&be[j])) {
+            Ordering::Less => i += 1,
+            Ordering::Greater => j += 1,
+            Ordering::Equal => {
+                f(i, j);
+                i += 1;
+                j += 1;
+            }
+        }
+    }
+}
+
 /// Join a relative directory path and a name with `/`.
 pub fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
     let mut p = Vec::with_capacity(dir.len() + 1 + name.len());

@@ -28,7 +28,6 @@ use rustix::io::Errno;
 use crate::bwlimit::Limiter;
 use crate::download;
 use crate::entry::{Kind, ListEntry, Listing, Meta};
-use crate::filter::Filter;
 use crate::store::{temp_name, ListError, MetaChange, Progress, SourceFile, Store, RESERVED_LEN};
 
 /// Directories with more entries than this are stat'ed by several threads.
@@ -289,15 +288,12 @@ impl Store for LocalStore {
     fn list(
         &self,
         dir: &LocalDir,
-        rel: &[u8],
-        filter: Option<&Filter>,
+        _rel: &[u8],
         out: &mut Listing,
         errors: &mut Vec<ListError>,
     ) -> io::Result<()> {
         out.clear();
-        // Phase 1: names (getdents64), pruning excluded entries whose type
-        // the directory entry already tells.
-        let mut unknown = false;
+        // Phase 1: names (getdents64).
         DIRBUF.with(|buf| -> io::Result<()> {
             let mut buf = buf.borrow_mut();
             // From the start: a handle listed before is at its end.
@@ -313,19 +309,8 @@ impl Store for LocalStore {
                     FileType::RegularFile => Kind::File,
                     FileType::Directory => Kind::Dir,
                     FileType::Symlink => Kind::Symlink,
-                    FileType::Unknown => {
-                        unknown = true;
-                        Kind::Other
-                    }
                     _ => Kind::Other,
                 };
-                if let Some(f) = filter {
-                    if ent.file_type() != FileType::Unknown
-                        && f.excluded(rel, name, kind == Kind::Dir)
-                    {
-                        continue;
-                    }
-                }
                 out.push(
                     name,
                     Meta {
@@ -390,21 +375,6 @@ impl Store for LocalStore {
                 idx += 1;
                 keep
             });
-        }
-        if unknown {
-            if let Some(f) = filter {
-                let names: Vec<(Vec<u8>, bool)> = out
-                    .entries()
-                    .iter()
-                    .map(|e| (out.name(e).to_vec(), e.meta.kind == Kind::Dir))
-                    .collect();
-                let mut idx = 0;
-                out.retain(|_| {
-                    let (name, is_dir) = &names[idx];
-                    idx += 1;
-                    !f.excluded(rel, name, *is_dir)
-                });
-            }
         }
         out.sort();
         Ok(())

@@ -72,7 +72,14 @@ pub fn list_tree<S: Store, W: Write + Send>(
         };
         let mut list = Listing::new();
         let mut errors: Vec<ListError> = Vec::new();
-        if let Err(e) = store.list(&dir.dir, &dir.rel, filter, &mut list, &mut errors) {
+        if let Err(e) = store
+            .list(&dir.dir, &dir.rel, &mut list, &mut errors)
+            .and_then(|()| {
+                filter.map_or(Ok(()), |f| {
+                    f.apply(store, &dir.dir, &dir.rel, &mut list, &mut errors, |_, _| ())
+                })
+            })
+        {
             return on_error(&dir.rel, &e);
         }
         for e in &errors {

@@ -15,7 +15,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::bwlimit::Limiter;
 use crate::entry::{Listing, Meta};
-use crate::filter::Filter;
 
 /// Which parts of an entry's metadata to change.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -209,14 +208,13 @@ pub trait Store: Send + Sync {
     fn create_root(&self) -> io::Result<Self::Dir>;
 
     /// List a directory into `out` (cleared first), sorted by name.
-    /// `rel` is the directory's path relative to the root, for `filter`.
-    /// Entries that vanish while listed are left out silently; entries that
+    /// `rel` is the directory's path relative to the root. Entries that
+    /// vanish while listed are left out silently; entries that
     /// cannot be read are left out and reported in `errors`.
     fn list(
         &self,
         dir: &Self::Dir,
         rel: &[u8],
-        filter: Option<&Filter>,
         out: &mut Listing,
         errors: &mut Vec<ListError>,
     ) -> io::Result<()>;

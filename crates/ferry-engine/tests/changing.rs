@@ -17,7 +17,6 @@ use std::sync::Arc;
 
 use ferry_engine::bwlimit::Limiter;
 use ferry_engine::entry::{Listing, Meta};
-use ferry_engine::filter::Filter;
 use ferry_engine::local::{LocalDir, LocalReader, LocalWriter};
 use ferry_engine::report::Quiet;
 use ferry_engine::store::{ListError, MetaChange, SourceFile, Store};
@@ -102,11 +101,10 @@ impl Store for Growing {
         &self,
         dir: &LocalDir,
         rel: &[u8],
-        filter: Option<&Filter>,
         out: &mut Listing,
         errors: &mut Vec<ListError>,
     ) -> io::Result<()> {
-        self.inner.list(dir, rel, filter, out, errors)
+        self.inner.list(dir, rel, out, errors)
     }
     fn stat(&self, dir: &LocalDir, name: &CStr) -> io::Result<Option<Meta>> {
         self.inner.stat(dir, name)

@@ -36,7 +36,6 @@ use ferry_engine::bwlimit::Limiter;
 use ferry_engine::download::{with_piece_buffer, DIRECT_ALIGN};
 use ferry_engine::entry::{Kind, Listing, Meta};
 use ferry_engine::etag;
-use ferry_engine::filter::Filter;
 use ferry_engine::store::{ListError, MetaChange, RangedSource, SourceFile, Store, RANGE_PIECE};
 use md5::{Digest, Md5};
 use rusty_s3::actions::{
@@ -1252,8 +1251,7 @@ impl Store for S3Store {
     fn list(
         &self,
         dir: &S3Dir,
-        rel: &[u8],
-        filter: Option<&Filter>,
+        _rel: &[u8],
         out: &mut Listing,
         errors: &mut Vec<ListError>,
     ) -> io::Result<()> {
@@ -1267,9 +1265,6 @@ impl Store for S3Store {
                 let name = &c.key[dir.prefix.len().min(c.key.len())..];
                 // A "directory marker" object (the prefix itself) is not an entry.
                 if name.is_empty() || !c.key.starts_with(&dir.prefix) {
-                    continue;
-                }
-                if filter.is_some_and(|f| f.excluded(rel, name.as_bytes(), false)) {
                     continue;
                 }
                 if name == "." || name == ".." {
@@ -1288,8 +1283,7 @@ impl Store for S3Store {
                     errors.push(self.unnamable(raw, &p.prefix));
                     continue;
                 }
-                if name.is_empty() || filter.is_some_and(|f| f.excluded(rel, name.as_bytes(), true))
-                {
+                if name.is_empty() {
                     continue;
                 }
                 out.push(name.as_bytes(), dir_meta());

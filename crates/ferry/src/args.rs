@@ -68,20 +68,9 @@ pub struct CleanupArgs {
     pub s3_endpoint: Option<String>,
 }
 
-/// `90`, `90s`, `30m`, `24h`, `7d`.
+/// `90`, `90s`, `30m`, `24h`, `7d` (see [`crate::filter_args::parse_duration`]).
 pub fn parse_age(s: &str) -> Result<std::time::Duration, String> {
-    let s = s.trim();
-    let (num, mult) = match s.char_indices().last() {
-        Some((i, 's')) => (&s[..i], 1),
-        Some((i, 'm')) => (&s[..i], 60),
-        Some((i, 'h')) => (&s[..i], 3600),
-        Some((i, 'd')) => (&s[..i], 86400),
-        _ => (s, 1),
-    };
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("{s}: not a duration (e.g. 30m, 24h, 7d)"))?;
-    Ok(std::time::Duration::from_secs(n * mult))
+    crate::filter_args::parse_duration(s)
 }
 
 #[derive(Args, Debug)]
@@ -110,15 +99,31 @@ pub struct BisyncArgs {
     /// Journal file [default: $XDG_STATE_HOME/ferry/bisync/<hash of A and B>.sqlite].
     #[arg(long, value_name = "PATH")]
     pub journal: Option<PathBuf>,
-    /// Exclude paths matching GLOB (gitignore syntax; repeatable).
-    #[arg(long, value_name = "GLOB")]
-    pub exclude: Vec<String>,
-    /// Read exclude rules (gitignore syntax) from FILE (repeatable).
-    #[arg(long, value_name = "FILE")]
-    pub exclude_from: Vec<PathBuf>,
+    #[command(flatten)]
+    pub filter: FilterArgs,
+    #[command(flatten)]
+    pub tx: TransferArgs,
+    #[command(flatten)]
+    pub out: OutputArgs,
+    /// Make each file's data durable (fsync) before it is named.
+    #[arg(long)]
+    pub fsync: bool,
+}
+
+/// Flags of copy, sync, bisync and ls: where and how many at once.
+#[derive(Args, Debug)]
+pub struct TransferArgs {
     /// Worker threads [default: from the machine].
     #[arg(short = 'j', long, value_parser = clap::value_parser!(u16).range(1..=1024), value_name = "N")]
     pub jobs: Option<u16>,
+    /// S3 endpoint URL for s3:// paths (default: AWS_ENDPOINT_URL, or AWS).
+    #[arg(long, value_name = "URL")]
+    pub s3_endpoint: Option<String>,
+}
+
+/// Output flags of copy, sync and bisync.
+#[derive(Args, Debug)]
+pub struct OutputArgs {
     /// JSON lines on stdout: one per action, the summary last.
     #[arg(long)]
     pub json: bool,
@@ -128,15 +133,45 @@ pub struct BisyncArgs {
     /// Never show progress.
     #[arg(long)]
     pub no_progress: bool,
-    /// Make each file's data durable (fsync) before it is named.
-    #[arg(long)]
-    pub fsync: bool,
     /// Print each action.
     #[arg(short, long, action = clap::ArgAction::Count)]
     pub verbose: u8,
-    /// S3 endpoint URL for s3:// paths (default: AWS_ENDPOINT_URL, or AWS).
-    #[arg(long, value_name = "URL")]
-    pub s3_endpoint: Option<String>,
+}
+
+/// What is in the run: rules on names, sizes and mtimes (copy, sync,
+/// bisync). The order they are evaluated in is in docs/CLI.md.
+#[derive(Args, Debug)]
+pub struct FilterArgs {
+    /// Exclude paths matching GLOB (gitignore syntax; repeatable).
+    #[arg(long, value_name = "GLOB")]
+    pub exclude: Vec<String>,
+    /// Read exclude rules (gitignore syntax) from FILE (repeatable).
+    #[arg(long, value_name = "FILE")]
+    pub exclude_from: Vec<PathBuf>,
+    /// Take files matching GLOB (repeatable); given, every other file is
+    /// left out (directories are still walked).
+    #[arg(long, value_name = "GLOB")]
+    pub include: Vec<String>,
+    /// Read rules from FILE: `+ GLOB` takes, `- GLOB` leaves out, the first
+    /// match wins; `#` starts a comment (repeatable).
+    #[arg(long, value_name = "FILE")]
+    pub filter_from: Vec<PathBuf>,
+    /// Leave out files smaller than SIZE (bytes, or 100K, 10M, 1.5G, 2T:
+    /// powers of 1024).
+    #[arg(long, value_name = "SIZE", value_parser = crate::filter_args::parse_size)]
+    pub min_size: Option<u64>,
+    /// Leave out files larger than SIZE (bytes, or 100K, 10M, 1.5G, 2T:
+    /// powers of 1024).
+    #[arg(long, value_name = "SIZE", value_parser = crate::filter_args::parse_size)]
+    pub max_size: Option<u64>,
+    /// Leave out files modified less than AGE ago (30s, 10m, 2h, 7d, 2w) or
+    /// after a date (2026-01-02, 2026-01-02T15:04:05Z).
+    #[arg(long, value_name = "AGE", value_parser = crate::filter_args::parse_when)]
+    pub min_age: Option<i128>,
+    /// Leave out files modified more than AGE ago (30s, 10m, 2h, 7d, 2w) or
+    /// before a date (2026-01-02, 2026-01-02T15:04:05Z).
+    #[arg(long, value_name = "AGE", value_parser = crate::filter_args::parse_when)]
+    pub max_age: Option<i128>,
 }
 
 #[derive(Args, Debug)]
@@ -151,24 +186,12 @@ pub struct SyncArgs {
     /// Compare content, not size and mtime, of same-size files.
     #[arg(short = 'c', long)]
     pub checksum: bool,
-    /// Exclude paths matching GLOB (gitignore syntax; repeatable).
-    #[arg(long, value_name = "GLOB")]
-    pub exclude: Vec<String>,
-    /// Read exclude rules (gitignore syntax) from FILE (repeatable).
-    #[arg(long, value_name = "FILE")]
-    pub exclude_from: Vec<PathBuf>,
-    /// Worker threads [default: from the machine].
-    #[arg(short = 'j', long, value_parser = clap::value_parser!(u16).range(1..=1024), value_name = "N")]
-    pub jobs: Option<u16>,
-    /// Show progress on stderr [default: when stderr is a terminal].
-    #[arg(long, overrides_with = "no_progress")]
-    pub progress: bool,
-    /// Never show progress.
-    #[arg(long)]
-    pub no_progress: bool,
-    /// JSON lines on stdout: one per action, the summary last.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub filter: FilterArgs,
+    #[command(flatten)]
+    pub tx: TransferArgs,
+    #[command(flatten)]
+    pub out: OutputArgs,
     /// Limit bandwidth over all transfers, e.g. 10M, 512K (bytes per second).
     #[arg(long, value_name = "RATE", value_parser = parse_rate)]
     pub bwlimit: Option<u64>,
@@ -179,12 +202,6 @@ pub struct SyncArgs {
     /// entries of DST, or more than P% of them (e.g. 100, 10%).
     #[arg(long, value_name = "N|P%", value_parser = ferry_engine::MaxDelete::parse)]
     pub max_delete: Option<ferry_engine::MaxDelete>,
-    /// Print each action.
-    #[arg(short, long, action = clap::ArgAction::Count)]
-    pub verbose: u8,
-    /// S3 endpoint URL for s3:// paths (default: AWS_ENDPOINT_URL, or AWS).
-    #[arg(long, value_name = "URL")]
-    pub s3_endpoint: Option<String>,
     /// Go ahead with an SRC that is missing (an s3:// prefix without
     /// objects is taken as an empty tree) or empty while DST is not (sync
     /// then deletes everything in DST).
@@ -192,15 +209,28 @@ pub struct SyncArgs {
     pub force: bool,
 }
 
-impl SyncArgs {
-    pub fn progress_enabled(&self) -> bool {
-        progress_enabled(self.progress, self.no_progress, self.json)
+impl FilterArgs {
+    /// The compiled rules, `None` when there are none.
+    pub fn build(&self) -> Result<Option<ferry_engine::Filter>, String> {
+        ferry_engine::Filter::new(&ferry_engine::filter::Rules {
+            include: self.include.clone(),
+            exclude: self.exclude.clone(),
+            exclude_from: self.exclude_from.clone(),
+            filter_from: self.filter_from.clone(),
+            min_size: self.min_size,
+            max_size: self.max_size,
+            mtime_from: self.max_age,
+            mtime_to: self.min_age,
+        })
+        .map_err(|e| e.to_string())
     }
 }
 
-impl BisyncArgs {
+impl OutputArgs {
+    /// `--progress` / `--no-progress`: the flags, else on when stderr is a
+    /// terminal and stdout is not JSON.
     pub fn progress_enabled(&self) -> bool {
-        progress_enabled(self.progress, self.no_progress, self.json)
+        !self.no_progress && (self.progress || (std::io::stderr().is_terminal() && !self.json))
     }
 }
 
@@ -211,23 +241,13 @@ pub struct LsArgs {
     /// One JSON object per entry.
     #[arg(long)]
     pub json: bool,
-    /// Worker threads [default: from the machine].
-    #[arg(short = 'j', long, value_parser = clap::value_parser!(u16).range(1..=1024), value_name = "N")]
-    pub jobs: Option<u16>,
-    /// S3 endpoint URL for s3:// paths (default: AWS_ENDPOINT_URL, or AWS).
-    #[arg(long, value_name = "URL")]
-    pub s3_endpoint: Option<String>,
+    #[command(flatten)]
+    pub tx: TransferArgs,
     /// S3: show each object's upload time (LastModified) instead of the
     /// mtime kept in its metadata, and no mode: the listing alone, no HEAD
     /// request per object.
     #[arg(long)]
     pub server_mtime: bool,
-}
-
-/// `--progress` / `--no-progress`: the flags, else on when stderr is a
-/// terminal and stdout is not JSON.
-fn progress_enabled(progress: bool, no_progress: bool, json: bool) -> bool {
-    !no_progress && (progress || (std::io::stderr().is_terminal() && !json))
 }
 
 /// Worker threads: the flag, or two per core (workers block on I/O).

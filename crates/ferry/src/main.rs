@@ -3,6 +3,7 @@
 //! All the work happens in `ferry-engine`.
 
 mod args;
+mod filter_args;
 mod output;
 mod remote;
 
@@ -35,8 +36,8 @@ fn main() -> ExitCode {
     let start = Instant::now();
     // (dry run, bisync) of a run whose refusal gets a JSON summary.
     let json = match &cli.command {
-        Command::Copy(a) | Command::Sync(a) => a.json.then_some((a.dry_run, false)),
-        Command::Bisync(a) => a.json.then_some((a.dry_run, true)),
+        Command::Copy(a) | Command::Sync(a) => a.out.json.then_some((a.dry_run, false)),
+        Command::Bisync(a) => a.out.json.then_some((a.dry_run, true)),
         Command::Ls(_) | Command::Cleanup(_) => None,
     };
     if let Some(t) = cli.timeout {
@@ -69,19 +70,18 @@ fn run_sync(a: SyncArgs, mode: ferry_engine::Mode) -> Result<u8, String> {
         Job::Remote(remote::resolve(
             &a.src,
             &a.dst,
-            a.s3_endpoint.as_deref(),
+            a.tx.s3_endpoint.as_deref(),
             a.force,
         )?)
     } else {
         args::resolve(&a.src, &a.dst)?
     };
-    let filter =
-        ferry_engine::Filter::new(&a.exclude, &a.exclude_from).map_err(|e| e.to_string())?;
+    let filter = a.filter.build()?;
     // Object stores are latency-bound: many requests in flight by default.
     let jobs = if remote {
-        a.jobs.map_or(32, usize::from)
+        a.tx.jobs.map_or(32, usize::from)
     } else {
-        args::jobs(a.jobs)
+        args::jobs(a.tx.jobs)
     };
     let opts = ferry_engine::Options {
         mode,
@@ -96,12 +96,12 @@ fn run_sync(a: SyncArgs, mode: ferry_engine::Mode) -> Result<u8, String> {
     };
     let stats = std::sync::Arc::new(Stats::default());
     output::track_stats(&stats);
-    let show_progress = a.progress_enabled();
-    let rep = CliReporter::new(a.json, a.verbose > 0 || a.dry_run, a.dry_run);
+    let show_progress = a.out.progress_enabled();
+    let rep = CliReporter::new(a.out.json, a.out.verbose > 0 || a.dry_run, a.dry_run);
     let start = Instant::now();
     let progress = show_progress.then(|| Progress::start(stats.clone(), &rep));
     let result = match &job {
-        Job::Remote(r) => run_remote(r, jobs, &opts, &stats, &rep, a.verbose > 0),
+        Job::Remote(r) => run_remote(r, jobs, &opts, &stats, &rep, a.out.verbose > 0),
         Job::Tree { src, dst } => {
             let s = LocalStore::new(src, jobs);
             let d = LocalStore::new(dst, jobs);
@@ -264,17 +264,16 @@ fn run_cleanup(a: args::CleanupArgs) -> Result<u8, String> {
 /// Two-way sync; `Err` is a usage or configuration error, or a refusal
 /// (exit 2, nothing changed).
 fn run_bisync(a: BisyncArgs) -> Result<u8, String> {
-    let ra = args::resolve_replica(&a.a, "A", a.s3_endpoint.as_deref())?;
-    let rb = args::resolve_replica(&a.b, "B", a.s3_endpoint.as_deref())?;
+    let ra = args::resolve_replica(&a.a, "A", a.tx.s3_endpoint.as_deref())?;
+    let rb = args::resolve_replica(&a.b, "B", a.tx.s3_endpoint.as_deref())?;
     args::check_pair(&ra, &rb)?;
     let remote = matches!(ra.0, Loc::S3(_)) || matches!(rb.0, Loc::S3(_));
     let jobs = if remote {
-        a.jobs.map_or(32, usize::from)
+        a.tx.jobs.map_or(32, usize::from)
     } else {
-        args::jobs(a.jobs)
+        args::jobs(a.tx.jobs)
     };
-    let filter =
-        ferry_engine::Filter::new(&a.exclude, &a.exclude_from).map_err(|e| e.to_string())?;
+    let filter = a.filter.build()?;
     let ids = (ra.1.as_str(), rb.1.as_str());
     let jpath = match &a.journal {
         Some(p) => p.clone(),
@@ -299,10 +298,11 @@ fn run_bisync(a: BisyncArgs) -> Result<u8, String> {
         checksum: a.checksum,
         roots: [ra.1.clone(), rb.1.clone()],
     };
-    let cli = CliReporter::new(a.json, a.verbose > 0 || a.dry_run, a.dry_run);
+    let cli = CliReporter::new(a.out.json, a.out.verbose > 0 || a.dry_run, a.dry_run);
     let stats = std::sync::Arc::new(Stats::default());
     output::track_stats(&stats);
     let progress = a
+        .out
         .progress_enabled()
         .then(|| Progress::start(stats.clone(), &cli));
     // One line for an S3 endpoint found unreachable, as for copy and sync.
@@ -323,20 +323,20 @@ fn run_bisync(a: BisyncArgs) -> Result<u8, String> {
         (Loc::Local(x), Loc::S3(y)) => {
             let sb = s3(y)?;
             let r = ferry_bisync::run(&LocalStore::new(x, jobs), &sb, j, &opts, &rep, &stats);
-            note_s3(&sb, "B", a.verbose > 0);
+            note_s3(&sb, "B", a.out.verbose > 0);
             r
         }
         (Loc::S3(x), Loc::Local(y)) => {
             let sa = s3(x)?;
             let r = ferry_bisync::run(&sa, &LocalStore::new(y, jobs), j, &opts, &rep, &stats);
-            note_s3(&sa, "A", a.verbose > 0);
+            note_s3(&sa, "A", a.out.verbose > 0);
             r
         }
         (Loc::S3(x), Loc::S3(y)) => {
             let (sa, sb) = (s3(x)?, s3(y)?);
             let r = ferry_bisync::run(&sa, &sb, j, &opts, &rep, &stats);
-            note_s3(&sa, "A", a.verbose > 0);
-            note_s3(&sb, "B", a.verbose > 0);
+            note_s3(&sa, "A", a.out.verbose > 0);
+            note_s3(&sb, "B", a.out.verbose > 0);
             r
         }
     };
@@ -352,10 +352,10 @@ fn run_bisync(a: BisyncArgs) -> Result<u8, String> {
 fn run_ls(a: LsArgs) -> Result<u8, String> {
     if args::is_s3(&a.path) {
         let url = a.path.to_str().expect("s3 URLs are UTF-8");
-        let cfg = ferry_s3::S3Config::from_url(url, a.s3_endpoint.as_deref())?;
+        let cfg = ferry_s3::S3Config::from_url(url, a.tx.s3_endpoint.as_deref())?;
         // Mostly waiting on HEADs (one per object for the stored mtime and
         // mode): more in flight than for transfers.
-        let jobs = a.jobs.map_or(64, usize::from);
+        let jobs = a.tx.jobs.map_or(64, usize::from);
         let mut store = S3Store::new(&cfg, jobs)?;
         if a.server_mtime {
             store = store.with_lazy_meta();
@@ -389,7 +389,7 @@ fn run_ls(a: LsArgs) -> Result<u8, String> {
         let _ = stdout.lock().write_all(&buf);
         return Ok(0);
     }
-    let jobs = args::jobs(a.jobs);
+    let jobs = args::jobs(a.tx.jobs);
     let store = LocalStore::new(&a.path, jobs);
     ls_store(&store, jobs, format, &a.path.display().to_string())
 }

@@ -693,3 +693,75 @@ fn wide_prefix_listed_in_ranges_on(s3: &S3) {
         .unwrap_or_else(|| panic!("no range count\n{r}"));
     assert!(ranges >= 10, "{r}");
 }
+
+/// The filters work the same with S3 on either side: `--max-size` leaves out
+/// big files when uploading and downloading, and never deletes what it
+/// leaves out on the destination; `--max-age` reads the mtime ferry keeps in
+/// the object's metadata, not the upload time.
+#[test]
+fn filters_with_s3_source_and_destination() {
+    each_server(filters_with_s3_source_and_destination_on);
+}
+
+fn filters_with_s3_source_and_destination_on(s3: &S3) {
+    let t = tmpdir();
+    let src = t.path().join("src");
+    write(&src, "small", &gen_bytes(100, 1));
+    write(&src, "d/tiny", &gen_bytes(10, 2));
+    write(&src, "big", &gen_bytes(5000, 3));
+    stamp_tree(&src, 1_500_000_000);
+    let url = s3.url("filters");
+    let keys = |r: &Run| -> Vec<String> {
+        let mut v: Vec<String> = r
+            .out()
+            .lines()
+            .filter_map(|l| l.splitn(3, ' ').nth(2))
+            .filter(|p| !p.ends_with('/'))
+            .map(str::to_string)
+            .collect();
+        v.sort();
+        v
+    };
+
+    // Destination S3: big is not uploaded; an object too big to be in the
+    // run is not deleted by sync, a small one only there is.
+    let other = t.path().join("other");
+    write(&other, "big-dst-only", &gen_bytes(6000, 4));
+    write(&other, "stray", b"x");
+    stamp_tree(&other, 1_400_000_000);
+    s3.run(&[&"copy", &other, &url]).ok();
+    s3.run(&[&"sync", &"--max-size", &"1K", &src, &url]).ok();
+    let ls = s3.run(&[&"ls", &url]);
+    ls.ok();
+    assert_eq!(keys(&ls), ["big-dst-only", "d/tiny", "small"], "{ls}");
+
+    // Source S3: only what is at most 50 bytes comes down; a big local file
+    // only in DST stays, a small one goes.
+    let down = t.path().join("down");
+    write(&down, "keep-big", &gen_bytes(5000, 5));
+    write(&down, "stray", b"y");
+    s3.run(&[&"sync", &"--max-size", &"50", &url, &down]).ok();
+    let mut got: Vec<String> = walk(&down)
+        .into_iter()
+        .filter(|p| down.join(p).is_file())
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect();
+    got.sort();
+    assert_eq!(got, ["d/tiny", "keep-big"]);
+    assert_eq!(
+        std::fs::read(down.join("d/tiny")).unwrap(),
+        gen_bytes(10, 2)
+    );
+
+    // The objects were uploaded just now, their files' mtimes are from
+    // 2014 and 2017: --max-age 1d takes none of them, --min-age 1d all.
+    let young = t.path().join("young");
+    s3.run(&[&"copy", &"--max-age", &"1d", &url, &young]).ok();
+    assert!(walk(&young).iter().all(|p| !young.join(p).is_file()));
+    let old = t.path().join("old");
+    s3.run(&[&"copy", &"--min-age", &"1d", &url, &old]).ok();
+    assert_eq!(
+        walk(&old).iter().filter(|p| old.join(p).is_file()).count(),
+        3
+    );
+}
