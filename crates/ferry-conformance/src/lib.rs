@@ -266,7 +266,7 @@ pub fn root<S: Store>(s: &S) -> S::Dir {
 pub fn list<S: Store>(s: &S, dir: &S::Dir, rel: &[u8]) -> Vec<(Vec<u8>, Meta)> {
     let mut out = Listing::new();
     let mut errors = Vec::new();
-    s.list(dir, rel, None, &mut out, &mut errors).expect("list");
+    s.list(dir, rel, &mut out, &mut errors).expect("list");
     assert!(errors.is_empty(), "list errors: {errors:?}");
     assert!(out.is_sorted(), "listing not sorted by name bytes");
     out.entries()
