@@ -72,6 +72,8 @@ fn kind_of(c: i64) -> Kind {
     }
 }
 
+/// A side's record; `ino` is the identity column: its inode (see
+/// [`Snapshot::children`] for sides without inodes).
 fn meta(kind: Kind, size: i64, mtime_ns: i64, mode: i64, ino: i64) -> Meta {
     Meta {
         kind,
@@ -82,6 +84,7 @@ fn meta(kind: Kind, size: i64, mtime_ns: i64, mode: i64, ino: i64) -> Meta {
         uid: 0,
         gid: 0,
         ino: ino as u64,
+        version: 0,
     }
 }
 
@@ -167,7 +170,9 @@ impl Journal {
     }
 
     /// Every record, grouped by directory.
-    pub fn load(&self) -> Result<Snapshot, String> {
+    /// `inodes`: per side, whether its entries have inodes; a side without
+    /// gets its records' identity column as `Meta::version`.
+    pub fn load(&self, inodes: [bool; 2]) -> Result<Snapshot, String> {
         let bad = || format!("journal {}: damaged record", self.path.display());
         let err = |e: rusqlite::Error| format!("journal {}: {e}", self.path.display());
         // The file's size bounds the records' (one allocation, no regrowth).
@@ -181,6 +186,7 @@ impl Journal {
             .map_err(err)?;
         let mut out = Snapshot {
             data: Vec::with_capacity(size.clamp(0, 1 << 30) as usize),
+            versions: [!inodes[0], !inodes[1]],
             ..Snapshot::default()
         };
         let mut st = self
@@ -296,6 +302,8 @@ pub struct Snapshot {
     last: Option<(Vec<u8>, usize, usize)>,
     len: usize,
     files: u64,
+    /// Per side: the identity column holds object versions, not inodes.
+    versions: [bool; 2],
 }
 
 impl Snapshot {
@@ -378,9 +386,21 @@ impl Snapshot {
     }
 
     /// The records of directory `dir`'s children, in name order.
+    /// A side without inodes gets the identity column as `Meta::version`.
     pub fn children(&self, dir: &[u8]) -> impl Iterator<Item = (&[u8], Synced)> {
         let (s, e) = self.dirs.get(dir).copied().unwrap_or((0, 0));
-        Records(&self.data[s..e]).map(|(n, r)| (n, unpack(r.expect("checked")).expect("checked")))
+        let versions = self.versions;
+        let side = move |m: &mut Meta, version: bool| {
+            if version {
+                (m.version, m.ino) = (m.ino, 0);
+            }
+        };
+        Records(&self.data[s..e]).map(move |(n, r)| {
+            let mut rec = unpack(r.expect("checked")).expect("checked");
+            side(&mut rec.a, versions[0]);
+            side(&mut rec.b, versions[1]);
+            (n, rec)
+        })
     }
 
     /// The record at `key`.
@@ -563,7 +583,9 @@ impl<'a> Iterator for Records<'a> {
     }
 }
 
-/// Bytes of one side in a record: size, mtime (ns), mode, inode.
+/// Bytes of one side in a record: size, mtime (ns), mode, identity (the
+/// inode, or on a store without inodes the object's version: a store
+/// sets at most one of them).
 const SIDE: usize = 8 + 8 + 4 + 8;
 
 /// Bytes of a packed record: kind, then both sides.
@@ -578,7 +600,8 @@ fn pack(s: &Synced) -> Vec<u8> {
         v.extend_from_slice(&m.size.to_le_bytes());
         v.extend_from_slice(&mtime_ns(m).to_le_bytes());
         v.extend_from_slice(&m.mode.to_le_bytes());
-        v.extend_from_slice(&m.ino.to_le_bytes());
+        let id = if m.ino != 0 { m.ino } else { m.version };
+        v.extend_from_slice(&id.to_le_bytes());
     }
     v
 }
@@ -687,7 +710,7 @@ mod tests {
         assert_eq!(j.write_from(rx).unwrap(), 5);
         drop(j);
         let j = Journal::open(&p, ("/a", "/b")).unwrap();
-        let l = j.load().unwrap();
+        let l = j.load([true; 2]).unwrap();
         let keys: Vec<Vec<u8>> = l.walk().into_iter().map(|(k, _)| k).collect();
         assert_eq!(keys, vec![b"a".to_vec(), b"a\0z".to_vec(), b"a.x".to_vec()]);
         assert_eq!(l.get(b"a"), Some(s));
@@ -696,6 +719,33 @@ mod tests {
             .err()
             .expect("another pair is refused");
         assert!(e.contains("belongs to /a and /b"), "{e}");
+    }
+
+    /// A side without inodes keeps its objects' versions in the identity
+    /// column, in the record format every journal has; they come back as
+    /// `Meta::version`, the other side's inodes as `Meta::ino`.
+    #[test]
+    fn versions_of_a_side_without_inodes_round_trip() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("j.sqlite");
+        let mut j = Journal::open(&p, ("/a", "s3://b/p")).unwrap();
+        let (tx, rx) = mpsc::channel();
+        let object = Meta {
+            version: 0xfeed_f00d,
+            ..m(Kind::File, 3, 1_500_000_000_123, 0)
+        };
+        let s = Synced {
+            a: m(Kind::File, 3, 1_500_000_000_123, 7),
+            b: object,
+        };
+        tx.send(Update::Put(b"f".to_vec(), s)).unwrap();
+        drop(tx);
+        j.write_from(rx).unwrap();
+        let l = j.load([true, false]).unwrap();
+        assert_eq!(l.get(b"f"), Some(s));
+        // Read as if both sides had inodes: the same column, as an inode.
+        let raw = j.load([true; 2]).unwrap().get(b"f").unwrap();
+        assert_eq!((raw.b.ino, raw.b.version), (0xfeed_f00d, 0));
     }
 
     /// Many updates in random order, in batches, in several directories
@@ -743,7 +793,7 @@ mod tests {
             }
             drop(tx);
             j.write_from(rx).unwrap();
-            let l = j.load().unwrap();
+            let l = j.load([true; 2]).unwrap();
             let got: Vec<(Vec<u8>, Synced)> = l.walk();
             let want: Vec<(Vec<u8>, Synced)> = model.iter().map(|(k, s)| (k.clone(), *s)).collect();
             assert_eq!(got.len(), want.len(), "round {round}");
@@ -783,7 +833,7 @@ mod tests {
         }
         let j = Journal::open(&p, ("/a", "/b")).unwrap();
         let keys: Vec<Vec<u8>> = j
-            .load()
+            .load([true; 2])
             .unwrap()
             .walk()
             .into_iter()
@@ -800,7 +850,7 @@ mod tests {
         );
         drop(j);
         let j = Journal::open(&p, ("/a", "/b")).unwrap();
-        assert_eq!(j.load().unwrap().len(), 4);
+        assert_eq!(j.load([true; 2]).unwrap().len(), 4);
         let ps: i64 = j
             .conn
             .query_row("PRAGMA page_size", [], |r| r.get(0))

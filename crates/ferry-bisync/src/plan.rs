@@ -149,9 +149,8 @@ pub struct Sides {
     /// an empty one cannot be seen, so a known directory that is not seen
     /// is not taken as deleted.
     pub implicit_dirs: [bool; 2],
-    /// Per side: `Meta::ino` is an inode (a rename keeps it); otherwise it
-    /// is an object's version fingerprint (or 0) and renames are found by
-    /// size, mtime and content.
+    /// Per side: entries have inodes (`Meta::ino`, kept by a rename);
+    /// otherwise renames are found by size, mtime and content.
     pub inodes: [bool; 2],
 }
 
@@ -226,38 +225,20 @@ pub fn merge_dir(cx: &Ctx<'_>, key: &[u8], la: &Listing, lb: &Listing, out: &mut
         if is_dir(&va) || is_dir(&vb) || vj.is_some_and(|r| r.a.kind == Kind::Dir) {
             out.subdirs.push((name.to_vec(), listed));
         }
-        // On a store without inodes `ino` is the object's version
-        // fingerprint: not a change by itself (a rewrite with the same
-        // size, mtime and mode changes nothing ferry syncs), so the rules
-        // do not see it; but a record whose fingerprint is not the
-        // current one learns it, so the next run can trust the listing
-        // without asking for the object's metadata.
-        let plain = |m: Meta, s: Side| {
-            if cx.sides.inodes[s as usize] {
-                m
-            } else {
-                Meta { ino: 0, ..m }
-            }
-        };
-        let rj = vj.map(|r| Synced {
-            a: plain(r.a, Side::A),
-            b: plain(r.b, Side::B),
-        });
-        let mut d = reconcile(
-            rj.as_ref(),
-            va.map(|m| plain(m, Side::A)).as_ref(),
-            vb.map(|m| plain(m, Side::B)).as_ref(),
-        );
-        // A record lacking the inode or fingerprint a side now reports
-        // (or, without inodes, holding an older fingerprint) learns it.
-        let learn = |now: &Option<Meta>, then: Option<&Meta>, s: Side| {
+        // An object's version fingerprint (`Meta::version`) is not a
+        // change by itself (a rewrite with the same size, mtime and mode
+        // changes nothing ferry syncs), so the rules do not see it; but a
+        // record lacking the inode a side now reports, or holding another
+        // version than the listed one, learns it, so the next run can
+        // trust the listing without asking for the object's metadata.
+        let mut d = reconcile(vj.as_ref(), va.as_ref(), vb.as_ref());
+        let learn = |now: &Option<Meta>, then: Option<&Meta>, _: Side| {
             let (Some(n), Some(t)) = (now, then) else {
                 return false;
             };
             n.kind == Kind::File
                 && t.kind == Kind::File
-                && n.ino != 0
-                && (t.ino == 0 || (!cx.sides.inodes[s as usize] && t.ino != n.ino))
+                && ((n.ino != 0 && t.ino == 0) || (n.version != 0 && t.version != n.version))
         };
         let files = |m: &Option<Meta>| m.is_some_and(|m| m.kind == Kind::File);
         let check = cx.checksum && d == Decision::Keep && files(&va) && files(&vb);
@@ -727,6 +708,7 @@ mod tests {
             uid: 0,
             gid: 0,
             ino,
+            version: 0,
         }
     }
 

@@ -189,6 +189,7 @@ mod tests {
             uid: 0,
             gid: 0,
             ino,
+            version: 0,
         }
     }
 

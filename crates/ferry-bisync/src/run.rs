@@ -282,6 +282,7 @@ fn dir_rec(m: Option<&Meta>) -> Meta {
         uid: 0,
         gid: 0,
         ino: 0,
+        version: 0,
     }
 }
 
@@ -377,7 +378,7 @@ pub fn run<A: Store, B: Store>(
         inodes: [a.has_inodes(), b.has_inodes()],
     };
     let jr = journal.as_deref_mut().filter(|_| known);
-    let load = move || jr.map_or_else(|| Ok(Snapshot::default()), |j| j.load());
+    let load = move || jr.map_or_else(|| Ok(Snapshot::default()), |j| j.load(sides.inodes));
     let (mut plan, mut sa, mut sb) = scan_merge(
         (a, oa.map(|(d, _)| d)),
         (b, ob.map(|(d, _)| d)),

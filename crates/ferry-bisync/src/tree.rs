@@ -468,7 +468,7 @@ pub fn scan_merge<A: Store, B: Store>(
 
 /// Make exact the approximate metadata of an object store's listing of
 /// directory `rel` (sizes are exact; mtimes and modes live in object
-/// metadata): a file whose size and version fingerprint (`Meta::ino`) are
+/// metadata): a file whose size and version fingerprint (`Meta::version`) are
 /// those the journal recorded for this side is unchanged since the last
 /// sync and takes the recorded metadata; only the others are asked for
 /// theirs ([`Store::refine`]: a HEAD each). A no-op run then makes no
@@ -505,8 +505,8 @@ fn exact<S: Store>(
                 Some(t)
                     if t.kind == Kind::File
                         && t.size == e.meta.size
-                        && t.ino != 0
-                        && t.ino == e.meta.ino =>
+                        && t.version != 0
+                        && t.version == e.meta.version =>
                 {
                     e.meta = t
                 }
@@ -581,7 +581,7 @@ mod tests {
     use super::*;
     use crate::plan::merge;
     use crate::reconcile::Synced;
-    use ferry_engine::LocalStore;
+    use ferry_local::LocalStore;
     use proptest::prelude::*;
 
     /// Every entry of a local tree, listed through the store (the metadata
@@ -648,6 +648,7 @@ mod tests {
         uid: 0,
         gid: 0,
         ino: 0,
+        version: 0,
     };
 
     proptest! {

@@ -14,7 +14,8 @@ use std::sync::{Arc, Mutex};
 use ferry_bisync::{BiAction, BiReporter, Journal, Options, Side};
 use ferry_engine::bwlimit::Limiter;
 use ferry_engine::store::{ListError, MetaChange, SourceFile};
-use ferry_engine::{Listing, LocalStore, Meta, Stats, Store};
+use ferry_engine::{Listing, Meta, Stats, Store};
+use ferry_local::LocalStore;
 
 /// A local store whose readers hand over bytes only through `read` (no
 /// descriptor: no `copy_file_range`) and note `bytes_moved` before each

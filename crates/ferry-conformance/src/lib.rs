@@ -133,6 +133,7 @@ pub fn file_meta(size: u64, mtime: (i64, u32), mode: u32) -> Meta {
         uid: euid(),
         gid: egid(),
         ino: 0,
+        version: 0,
     }
 }
 

@@ -19,8 +19,8 @@ use std::time::Instant;
 
 use crate::bwlimit::Limiter;
 use crate::entry::{join, same_names, Kind, Listing, Meta};
-use crate::etag;
 use crate::filter::{drop_names, Filter};
+use crate::hash::{hash_bytes, Hash};
 use crate::plan::{meta_change, plan_dir, PlanOptions, Step};
 use crate::pool::Pool;
 use crate::report::{Action, Reporter, Stats, Summary};
@@ -1294,6 +1294,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             uid: meta.uid,
             gid: meta.gid,
             ino: meta.ino,
+            version: meta.version,
             ..m
         });
         let now = if self.src.approximate_meta() {
@@ -1387,8 +1388,11 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         Ok(self.stats.summary(start.elapsed()))
     }
 
-    /// `--checksum`: compare content. A store that keeps a hash (S3 ETag)
-    /// spares reading its side: the other side's bytes are hashed to match.
+    /// `--checksum`: compare content. Hashes a store keeps spare reading
+    /// its side: two of one kind are compared, one is matched by hashing
+    /// the other side's bytes. Then a store's own fingerprint of the file
+    /// (an S3 multipart ETag) is matched against the other side's bytes;
+    /// else both sides are read and compared.
     fn same_content(
         &self,
         sdir: &S::Dir,
@@ -1397,29 +1401,42 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         dname: &CStr,
         size: u64,
     ) -> io::Result<bool> {
-        match (self.src.etag(sdir, sname)?, self.dst.etag(ddir, dname)?) {
-            (Some(a), Some(b)) if a == b => return Ok(true),
-            (Some(a), Some(b)) if etag::surely_differ(&a, &b, size) => return Ok(false),
-            (None, Some(e)) => {
-                if let Some(same) =
-                    etag::matches(&mut || self.src.open_file(sdir, sname), size, &e)?
-                {
-                    return Ok(same);
-                }
-            }
-            (Some(e), None) => {
-                if let Some(same) =
-                    etag::matches(&mut || self.dst.open_file(ddir, dname), size, &e)?
-                {
-                    return Ok(same);
-                }
-            }
-            _ => {}
+        let (sk, dk) = (self.src.hashes(), self.dst.hashes());
+        let common = sk.intersection(dk).first();
+        let sh = match common.or(sk.first()) {
+            Some(k) => self.src.hash(sdir, sname, k)?,
+            None => None,
+        };
+        let dh = match common.or(dk.first()) {
+            Some(k) => self.dst.hash(ddir, dname, k)?,
+            None => None,
+        };
+        let open_src = || self.src.open_file(sdir, sname);
+        let open_dst = || self.dst.open_file(ddir, dname);
+        match (sh, dh) {
+            (Some(a), Some(b)) if a.kind() == b.kind() => return Ok(a == b),
+            (_, Some(h)) => return hashed_equal(&mut open_src()?, h, size),
+            (Some(h), None) => return hashed_equal(&mut open_dst()?, h, size),
+            (None, None) => {}
+        }
+        let mut boxed_src = || Ok(Box::new(open_src()?) as Box<dyn SourceFile>);
+        if let Some(same) = self.dst.matches_bytes(ddir, dname, size, &mut boxed_src)? {
+            return Ok(same);
+        }
+        let mut boxed_dst = || Ok(Box::new(open_dst()?) as Box<dyn SourceFile>);
+        if let Some(same) = self.src.matches_bytes(sdir, sname, size, &mut boxed_dst)? {
+            return Ok(same);
         }
         let mut a = self.src.open_file(sdir, sname)?;
         let mut b = self.dst.open_file(ddir, dname)?;
         same_bytes(&mut a, &mut b)
     }
+}
+
+/// True when `r` yields `size` bytes whose hash is `want`.
+fn hashed_equal(r: &mut dyn SourceFile, want: Hash, size: u64) -> io::Result<bool> {
+    let (got, n) = hash_bytes(r, want.kind())?;
+    Ok(n == size && got == want)
 }
 
 /// A kind as a word in messages.

@@ -51,8 +51,13 @@ pub struct Meta {
     pub uid: u32,
     /// Group.
     pub gid: u32,
-    /// Inode number (0 where the backend has none).
+    /// Inode number: kept by the entry when it is renamed (0 where the
+    /// backend has no inodes, see `Store::has_inodes`).
     pub ino: u64,
+    /// A fingerprint of the content's version, as the backend lists it (an
+    /// object store's ETag and upload time; 0 where the backend has none):
+    /// a different one is another version, the same one the same.
+    pub version: u64,
 }
 
 impl Meta {
@@ -242,6 +247,7 @@ mod tests {
             uid: 0,
             gid: 0,
             ino: 0,
+            version: 0,
         }
     }
 

@@ -426,6 +426,7 @@ mod tests {
             uid: 0,
             gid: 0,
             ino: 0,
+            version: 0,
         }
     }
 

@@ -8,24 +8,20 @@
 #![deny(missing_docs)]
 
 pub mod bwlimit;
-pub mod download;
 pub mod encode;
 pub mod engine;
 pub mod entry;
-pub mod etag;
 pub mod filter;
-pub mod local;
+pub mod hash;
 pub mod ls;
+pub mod piece;
 pub mod plan;
 pub mod pool;
-pub mod range;
 pub mod report;
 pub mod store;
-pub mod write;
 
 pub use engine::{Engine, MaxDelete, Mode, Options, Refused};
 pub use entry::{Kind, Listing, Meta};
 pub use filter::Filter;
-pub use local::LocalStore;
 pub use report::{Action, Reporter, Stats, Summary};
 pub use store::Store;

@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::bwlimit::Limiter;
 use crate::entry::{Listing, Meta};
+use crate::hash::{Hash, HashKind, HashSet};
 
 /// Which parts of an entry's metadata to change.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -331,9 +332,28 @@ pub trait Store: Send + Sync {
         each(b"", 0);
         Ok(1)
     }
-    /// A content hash the store keeps for a file without reading it (an S3
-    /// ETag, quotes removed), for `--checksum`; `None` when it has none.
-    fn etag(&self, _dir: &Self::Dir, _name: &CStr) -> io::Result<Option<String>> {
+    /// The hash kinds the store keeps for files without reading them
+    /// (`--checksum` then reads only the other side).
+    fn hashes(&self) -> HashSet {
+        HashSet::NONE
+    }
+    /// The `kind` hash the store keeps for file `name`, one of
+    /// [`Store::hashes`]; `None` when this file has none (an S3 object
+    /// uploaded in parts by a tool that recorded no MD5).
+    fn hash(&self, _dir: &Self::Dir, _name: &CStr, _kind: HashKind) -> io::Result<Option<Hash>> {
+        Ok(None)
+    }
+    /// Whether the bytes `open` yields (another store's file, opened anew
+    /// for each pass) are the content of `name`, told by a fingerprint the
+    /// store keeps that no [`HashKind`] expresses (an S3 multipart ETag: the
+    /// MD5 of the parts' MD5s). `None` when the store cannot tell.
+    fn matches_bytes<'a>(
+        &self,
+        _dir: &Self::Dir,
+        _name: &CStr,
+        _size: u64,
+        _open: &mut dyn FnMut() -> io::Result<Box<dyn SourceFile + 'a>>,
+    ) -> io::Result<Option<bool>> {
         Ok(None)
     }
     /// How many workers should create entries in one directory at once
@@ -371,9 +391,9 @@ pub trait Store: Send + Sync {
     fn has_dir_meta(&self) -> bool {
         true
     }
-    /// True when [`Meta::ino`] is an inode: an entry keeps it when renamed
-    /// (false on object stores, where it is a version fingerprint of the
-    /// object, or 0).
+    /// True when entries have inodes ([`Meta::ino`]), which they keep when
+    /// renamed (false on object stores: `ino` is 0 there, and an object's
+    /// version is [`Meta::version`]).
     fn has_inodes(&self) -> bool {
         true
     }
@@ -405,6 +425,23 @@ pub trait Store: Send + Sync {
     /// when its mode was changed, and must be set back afterwards.
     fn make_writable(&self, _dir: &Self::Dir) -> io::Result<bool> {
         Ok(false)
+    }
+    /// Lines for `-v` about what the store did beyond plain requests
+    /// (resumed transfers, requests that cost), `role` naming it ("source",
+    /// "destination", "A", "B"); none by default.
+    fn notes(&self, _role: &str) -> Vec<String> {
+        Vec::new()
+    }
+    /// Remove what interrupted transfers left on the store's side and no
+    /// run resumed, started at least `max_age` ago (`ferry cleanup`);
+    /// returns each one's location and start time (with `dry_run`, those
+    /// that would go). `Unsupported` where the store keeps no such thing.
+    fn cleanup(
+        &self,
+        _max_age: std::time::Duration,
+        _dry_run: bool,
+    ) -> io::Result<Vec<(String, String)>> {
+        Err(io::Error::from(io::ErrorKind::Unsupported))
     }
 }
 

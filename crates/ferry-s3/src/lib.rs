@@ -22,6 +22,7 @@ mod config;
 mod direct;
 #[cfg(test)]
 mod direct_tests;
+mod etag;
 mod fail;
 
 use std::any::Any;
@@ -33,9 +34,9 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ferry_engine::bwlimit::Limiter;
-use ferry_engine::download::{with_piece_buffer, DIRECT_ALIGN};
 use ferry_engine::entry::{Kind, Listing, Meta};
-use ferry_engine::etag;
+use ferry_engine::hash::{Hash, HashKind, HashSet};
+use ferry_engine::piece::{with_piece_buffer, DIRECT_ALIGN};
 use ferry_engine::store::{ListError, MetaChange, RangedSource, SourceFile, Store, RANGE_PIECE};
 use md5::{Digest, Md5};
 use rusty_s3::actions::{
@@ -427,6 +428,22 @@ impl S3Store {
         Ok((
             meta_from_headers(resp.headers(), size, fallback),
             md5_from_headers(resp.headers()),
+        ))
+    }
+
+    /// The ETag (quotes removed, lower case) and `X-Amz-Meta-Md5chksum` of
+    /// object `name` in `dir` (`--checksum`).
+    fn etag_md5(&self, dir: &S3Dir, name: &CStr) -> io::Result<(Option<String>, Option<String>)> {
+        let key = self.key(dir, name)?;
+        let url = HeadObject::new(&self.c.bucket, self.c.creds(), &key).sign(SIGN_TTL);
+        let resp = self
+            .c
+            .send("HEAD", &key, || self.c.agent.head(url.as_str()).call())?;
+        let h = resp.headers();
+        let tag = h.get("etag").and_then(|v| v.to_str().ok());
+        Ok((
+            tag.map(|e| e.trim_matches('"').to_ascii_lowercase()),
+            md5_from_headers(h),
         ))
     }
 
@@ -1324,7 +1341,8 @@ impl Store for S3Store {
                         mode: 0o644,
                         uid: 0,
                         gid: 0,
-                        ino: *v,
+                        ino: 0,
+                        version: *v,
                     },
                 );
             }
@@ -1367,6 +1385,7 @@ impl Store for S3Store {
             uid: 0,
             gid: 0,
             ino: 0,
+            version: 0,
             mode: written.mode & 0o7777,
             ..*written
         })
@@ -1401,7 +1420,7 @@ impl Store for S3Store {
                     // The listing's version fingerprint stays.
                     let e = &mut list.entries_mut()[which[k]];
                     e.meta = Meta {
-                        ino: e.meta.ino,
+                        version: e.meta.version,
                         ..m
                     };
                 }
@@ -1587,17 +1606,46 @@ impl Store for S3Store {
         self.copy_object(&key, &self.source_of(&key), meta.size, meta, md5.as_deref())
     }
 
-    fn etag(&self, dir: &S3Dir, name: &CStr) -> io::Result<Option<String>> {
-        let key = self.key(dir, name)?;
-        let url = HeadObject::new(&self.c.bucket, self.c.creds(), &key).sign(SIGN_TTL);
-        let resp = self
-            .c
-            .send("HEAD", &key, || self.c.agent.head(url.as_str()).call())?;
-        Ok(resp
-            .headers()
-            .get("etag")
-            .and_then(|v| v.to_str().ok())
-            .map(|e| e.trim_matches('"').to_ascii_lowercase()))
+    fn hashes(&self) -> HashSet {
+        HashSet::of(&[HashKind::Md5])
+    }
+
+    fn hash(&self, dir: &S3Dir, name: &CStr, kind: HashKind) -> io::Result<Option<Hash>> {
+        // A single-part ETag is the MD5; a multipart object's MD5 is the
+        // `X-Amz-Meta-Md5chksum` ferry and rclone record, when there.
+        let HashKind::Md5 = kind;
+        let (tag, md5) = self.etag_md5(dir, name)?;
+        let from_meta = || {
+            use base64::Engine as _;
+            let d = base64::prelude::BASE64_STANDARD.decode(md5?).ok()?;
+            d.try_into().ok()
+        };
+        Ok(tag
+            .as_deref()
+            .and_then(etag::single_md5)
+            .or_else(from_meta)
+            .map(Hash::Md5))
+    }
+
+    fn matches_bytes<'a>(
+        &self,
+        dir: &S3Dir,
+        name: &CStr,
+        size: u64,
+        open: &mut dyn FnMut() -> io::Result<Box<dyn SourceFile + 'a>>,
+    ) -> io::Result<Option<bool>> {
+        let Some(tag) = self.etag_md5(dir, name)?.0 else {
+            return Ok(None);
+        };
+        // Another object: equal ETags are the same content, and nothing is
+        // read to tell other ones apart (its bytes are compared instead).
+        let other = open()?;
+        if let Some(o) = other.as_any().and_then(|a| a.downcast_ref::<S3Reader>()) {
+            let (_, theirs) = o.identity()?;
+            return Ok((theirs.trim_matches('"').eq_ignore_ascii_case(&tag)).then_some(true));
+        }
+        drop(other);
+        etag::matches(open, size, &tag)
     }
 
     fn remove(&self, dir: &S3Dir, name: &CStr, is_dir: bool) -> io::Result<u64> {
@@ -1723,6 +1771,34 @@ impl Store for S3Store {
 
     fn keeps_empty_dirs(&self) -> bool {
         false
+    }
+
+    fn notes(&self, role: &str) -> Vec<String> {
+        let c = self.counters();
+        let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        vec![format!(
+            "s3 {role}: {} HEAD requests, {} parts sent, {} parts reused from {} resumed upload(s), {} server-side copies, {} stale upload(s) aborted, {} ranged GETs on the direct path, {} sent again through the HTTP client, {} listing ranges in parallel, {} batch deletes",
+            n(&c.heads),
+            n(&c.parts_sent),
+            n(&c.parts_reused),
+            n(&c.uploads_resumed),
+            n(&c.server_copies),
+            n(&c.uploads_aborted),
+            n(&c.direct_gets),
+            n(&c.direct_fallbacks),
+            n(&c.list_ranges),
+            n(&c.batch_deletes)
+        )]
+    }
+
+    fn cleanup(&self, max_age: Duration, dry_run: bool) -> io::Result<Vec<(String, String)>> {
+        // The bucket must exist (an error naming it otherwise).
+        self.open_root()?;
+        let bucket = self.c.bucket.name();
+        Ok(S3Store::cleanup(self, max_age, dry_run)?
+            .into_iter()
+            .map(|(key, started)| (format!("s3://{bucket}/{key}"), started))
+            .collect())
     }
 }
 
@@ -1981,6 +2057,7 @@ fn meta_from_headers(h: &ureq::http::HeaderMap, size: u64, fallback: Option<(i64
         uid: 0,
         gid: 0,
         ino: 0,
+        version: 0,
     }
 }
 
@@ -1991,8 +2068,8 @@ fn md5_from_headers(h: &ureq::http::HeaderMap) -> Option<String> {
         .map(str::to_string)
 }
 
-/// A fingerprint of an object's version, kept in [`Meta::ino`] of listed
-/// objects (an object store has no inodes): its ETag and LastModified as
+/// A fingerprint of an object's version, kept in [`Meta::version`] of listed
+/// objects: its ETag and LastModified as
 /// listed (to the millisecond; a HEAD's has only seconds, so metadata from
 /// a HEAD carries 0). A re-upload or a metadata rewrite changes it; 0 when
 /// either is missing.
@@ -2083,6 +2160,7 @@ fn dir_meta() -> Meta {
         uid: 0,
         gid: 0,
         ino: 0,
+        version: 0,
     }
 }
 
@@ -2372,6 +2450,7 @@ mod tests {
             uid: 0,
             gid: 0,
             ino: 0,
+            version: 0,
         };
         assert_eq!(format_mtime(&m), "1600000000.123456789");
         assert_eq!(

@@ -6,9 +6,10 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
 use clap::{Args, Parser, Subcommand};
+use ferry_backends::{Location, Root};
 use ferry_engine::bwlimit::parse_rate;
-use ferry_engine::local::stat_path;
 use ferry_engine::Kind;
+use ferry_local::stat_path;
 
 use crate::output::cause;
 
@@ -260,31 +261,22 @@ pub fn jobs(flag: Option<u16>) -> usize {
     })
 }
 
-/// One side of a copy or sync.
-#[derive(Debug)]
-pub enum Loc {
-    /// A local directory.
-    Local(PathBuf),
-    /// An S3 bucket prefix.
-    S3(Box<ferry_s3::S3Config>),
+/// Worker threads of a run over `roots`: the flag, else many requests in
+/// flight when a root is an object store (latency-bound), else [`jobs`].
+pub fn jobs_for(flag: Option<u16>, roots: &[&Root]) -> usize {
+    if roots.iter().any(|r| r.local_path().is_none()) {
+        flag.map_or(32, usize::from)
+    } else {
+        jobs(flag)
+    }
 }
 
-/// True for `s3://...` arguments.
-pub fn is_s3(p: &Path) -> bool {
-    p.to_str().is_some_and(|s| s.starts_with("s3://"))
-}
-
-/// One replica of a bisync, resolved, and the name the journal knows it by.
-pub fn resolve_replica(
-    p: &Path,
-    what: &str,
-    endpoint: Option<&str>,
-) -> Result<(Loc, String), String> {
-    if is_s3(p) {
-        let url = p.to_str().expect("checked UTF-8");
-        let cfg = ferry_s3::S3Config::from_url(url, endpoint)?;
-        let id = format!("s3://{}/{}", cfg.bucket, cfg.prefix.trim_matches('/'));
-        return Ok((Loc::S3(Box::new(cfg)), id));
+/// One replica of a bisync, resolved (its `Root::id` is the name the
+/// journal knows it by).
+pub fn resolve_replica(p: &Path, what: &str, endpoint: Option<&str>) -> Result<Root, String> {
+    let loc = Location::parse(p.as_os_str());
+    if !loc.is_local() {
+        return crate::remote::root_of(&loc, endpoint);
     }
     let abs = match stat_path(p, true) {
         Ok(m) if m.kind != Kind::Dir => {
@@ -299,8 +291,7 @@ pub fn resolve_replica(
         }
         Err(e) => return Err(format!("{what} {}: {}", p.display(), cause(&e))),
     };
-    let id = abs.to_string_lossy().into_owned();
-    Ok((Loc::Local(abs), id))
+    Ok(Root::Local(abs))
 }
 
 /// The canonical parent directory of a path that does not exist yet (the
@@ -325,17 +316,18 @@ pub fn parent_and_name(what: &str, p: &Path) -> Result<(PathBuf, OsString), Stri
 }
 
 /// Refuse replicas that are the same or nested.
-pub fn check_pair(a: &(Loc, String), b: &(Loc, String)) -> Result<(), String> {
+pub fn check_pair(a: &Root, b: &Root) -> Result<(), String> {
+    let (ia, ib) = (a.id(), b.id());
     let nested = |x: &str, y: &str| {
         let y = y.trim_end_matches('/');
         x == y || x.starts_with(&format!("{y}/"))
     };
-    if nested(&a.1, &b.1) || nested(&b.1, &a.1) {
-        return Err(format!("A {} and B {} overlap", a.1, b.1));
+    if nested(&ia, &ib) || nested(&ib, &ia) {
+        return Err(format!("A {ia} and B {ib} overlap"));
     }
     // Another path to the same directory (a bind mount, a symlink) is
     // caught by device and inode.
-    if let (Loc::Local(x), Loc::Local(y)) = (&a.0, &b.0) {
+    if let (Some(x), Some(y)) = (a.local_path(), b.local_path()) {
         overlap_by_identity(x, y, ("A", "B"))?;
     }
     Ok(())
@@ -392,21 +384,16 @@ fn overlap_by_identity(src: &Path, dst: &Path, (sn, dn): (&str, &str)) -> Result
 
 /// What a copy or sync will do, once SRC and DST are understood.
 #[derive(Debug)]
-pub enum Job {
-    /// At least one side is remote (see `remote::resolve`).
-    Remote(crate::remote::RemoteJob),
-    /// Directory to directory.
-    Tree { src: PathBuf, dst: PathBuf },
-    /// One file to a file path.
-    File {
-        src_dir: PathBuf,
-        src_name: OsString,
-        dst_dir: PathBuf,
-        dst_name: OsString,
-    },
+pub struct Job {
+    /// The source tree, or the directory (prefix) holding the one file.
+    pub src: Root,
+    /// The destination tree, or the directory (prefix) to hold the file.
+    pub dst: Root,
+    /// One file or object: its name in `src` and its name in `dst`.
+    pub one: Option<(std::ffi::CString, std::ffi::CString)>,
 }
 
-/// Decide what SRC and DST mean, or refuse (see docs/CLI.md).
+/// Decide what a local SRC and DST mean, or refuse (see docs/CLI.md).
 pub fn resolve(src: &Path, dst: &Path) -> Result<Job, String> {
     let sm = stat_path(src, true).map_err(|e| format!("SRC {}: {}", src.display(), cause(&e)))?;
     let src_abs = src
@@ -454,9 +441,10 @@ pub fn resolve(src: &Path, dst: &Path) -> Result<Job, String> {
                     ));
                 }
             }
-            Ok(Job::Tree {
-                src: src_abs,
-                dst: dst_abs,
+            Ok(Job {
+                src: Root::Local(src_abs),
+                dst: Root::Local(dst_abs),
+                one: None,
             })
         }
         Kind::File => {
@@ -480,11 +468,14 @@ pub fn resolve(src: &Path, dst: &Path) -> Result<Job, String> {
             };
             let (src_dir, src_name) = split(&src_abs);
             let (dst_dir, dst_name) = split(&dst_abs);
-            Ok(Job::File {
-                src_dir,
-                src_name,
-                dst_dir,
-                dst_name,
+            let names = (
+                crate::remote::cname(&src_name, "SRC")?,
+                crate::remote::cname(&dst_name, "DST")?,
+            );
+            Ok(Job {
+                src: Root::Local(src_dir),
+                dst: Root::Local(dst_dir),
+                one: Some(names),
             })
         }
         _ => Err(format!(

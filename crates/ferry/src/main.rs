@@ -7,20 +7,19 @@ mod filter_args;
 mod output;
 mod remote;
 
-use std::ffi::CString;
 use std::io::{self, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::process::ExitCode;
 use std::sync::Mutex;
 use std::time::Instant;
 
-use ferry_engine::ls::{list_tree, Format};
-use ferry_engine::{Engine, LocalStore, Stats};
-
-use args::{BisyncArgs, Cli, Command, Job, Loc, LsArgs, SyncArgs};
+use ferry_backends::{AnyStore, Location, Opts};
 use ferry_engine::encode::text_name_string;
+use ferry_engine::ls::{list_tree, Format};
 use ferry_engine::Store as _;
-use ferry_s3::S3Store;
+use ferry_engine::{Engine, Stats};
+
+use args::{BisyncArgs, Cli, Command, Job, LsArgs, SyncArgs};
 use output::{cause, CliReporter, Progress, Unreachable};
 
 fn main() -> ExitCode {
@@ -65,24 +64,9 @@ fn main() -> ExitCode {
 
 /// Run copy or sync; `Err` is a usage or configuration error (exit 2).
 fn run_sync(a: SyncArgs, mode: ferry_engine::Mode) -> Result<u8, String> {
-    let remote = args::is_s3(&a.src) || args::is_s3(&a.dst);
-    let job = if remote {
-        Job::Remote(remote::resolve(
-            &a.src,
-            &a.dst,
-            a.tx.s3_endpoint.as_deref(),
-            a.force,
-        )?)
-    } else {
-        args::resolve(&a.src, &a.dst)?
-    };
+    let job = remote::resolve(&a.src, &a.dst, a.tx.s3_endpoint.as_deref(), a.force)?;
     let filter = a.filter.build()?;
-    // Object stores are latency-bound: many requests in flight by default.
-    let jobs = if remote {
-        a.tx.jobs.map_or(32, usize::from)
-    } else {
-        args::jobs(a.tx.jobs)
-    };
+    let jobs = args::jobs_for(a.tx.jobs, &[&job.src, &job.dst]);
     let opts = ferry_engine::Options {
         mode,
         dry_run: a.dry_run,
@@ -100,28 +84,7 @@ fn run_sync(a: SyncArgs, mode: ferry_engine::Mode) -> Result<u8, String> {
     let rep = CliReporter::new(a.out.json, a.out.verbose > 0 || a.dry_run, a.dry_run);
     let start = Instant::now();
     let progress = show_progress.then(|| Progress::start(stats.clone(), &rep));
-    let result = match &job {
-        Job::Remote(r) => run_remote(r, jobs, &opts, &stats, &rep, a.out.verbose > 0),
-        Job::Tree { src, dst } => {
-            let s = LocalStore::new(src, jobs);
-            let d = LocalStore::new(dst, jobs);
-            Engine::new(&s, &d, &opts, &stats, &rep).run_tree()
-        }
-        Job::File {
-            src_dir,
-            src_name,
-            dst_dir,
-            dst_name,
-        } => {
-            let s = LocalStore::new(src_dir, 1);
-            let d = LocalStore::new(dst_dir, 1);
-            let sn = CString::new(src_name.as_bytes())
-                .map_err(|_| "SRC: name contains NUL".to_string())?;
-            let dn = CString::new(dst_name.as_bytes())
-                .map_err(|_| "DST: name contains NUL".to_string())?;
-            Engine::new(&s, &d, &opts, &stats, &rep).run_file(&sn, &dn)
-        }
-    };
+    let result = run_job(&job, jobs, &opts, &stats, &rep, a.out.verbose > 0);
     if let Some(p) = progress {
         p.finish();
     }
@@ -131,15 +94,12 @@ fn run_sync(a: SyncArgs, mode: ferry_engine::Mode) -> Result<u8, String> {
             if let Some(r) = ferry_engine::Refused::of(&e) {
                 return Err(r.to_string());
             }
-            if let Job::Remote(_) = &job {
-                return Err(cause(&e));
-            }
-            let (what, path) = match &job {
-                Job::Tree { dst, .. } => ("DST", dst.clone()),
-                Job::File { dst_dir, .. } => ("DST", dst_dir.clone()),
-                Job::Remote(_) => unreachable!("handled above"),
-            };
-            return Err(format!("{what} {}: {}", path.display(), cause(&e)));
+            // Between local trees the cause is DST's; other stores name
+            // the location in their messages.
+            return Err(match (job.src.local_path(), job.dst.local_path()) {
+                (Some(_), Some(dst)) => format!("DST {}: {}", dst.display(), cause(&e)),
+                _ => cause(&e),
+            });
         }
     };
     let summary = ferry_engine::Summary {
@@ -150,33 +110,22 @@ fn run_sync(a: SyncArgs, mode: ferry_engine::Mode) -> Result<u8, String> {
     Ok(if summary.errors > 0 { 1 } else { 0 })
 }
 
-/// With -v: what an S3 store did (requests that cost, resumed work).
-fn note_s3(st: &S3Store, role: &str, verbose: bool) {
-    use std::sync::atomic::Ordering::Relaxed;
-    if !verbose {
-        return;
+/// With -v: what each store did beyond plain requests (resumed transfers,
+/// requests that cost), `role` naming it.
+fn print_notes(stores: &[(&AnyStore, &str)], verbose: bool) {
+    if verbose {
+        for (s, role) in stores {
+            for n in s.notes(role) {
+                eprintln!("ferry: {n}");
+            }
+        }
     }
-    let c = st.counters();
-    eprintln!(
-        "ferry: s3 {role}: {} HEAD requests, {} parts sent, {} parts reused from {} resumed upload(s), {} server-side copies, {} stale upload(s) aborted, {} ranged GETs on the direct path, {} sent again through the HTTP client, {} listing ranges in parallel, {} batch deletes",
-        c.heads.load(Relaxed),
-        c.parts_sent.load(Relaxed),
-        c.parts_reused.load(Relaxed),
-        c.uploads_resumed.load(Relaxed),
-        c.server_copies.load(Relaxed),
-        c.uploads_aborted.load(Relaxed),
-        c.direct_gets.load(Relaxed),
-        c.direct_fallbacks.load(Relaxed),
-        c.list_ranges.load(Relaxed),
-        c.batch_deletes.load(Relaxed)
-    );
 }
 
-/// Copy or sync with an S3 side: the same engine over other stores, for a
-/// tree or one file (`job.one`). With `verbose`, what the stores did beyond
-/// plain copies (resumed transfers, server-side copies) goes to stderr.
-fn run_remote(
-    job: &remote::RemoteJob,
+/// Copy or sync `job`, a tree or one file, with the engine over the two
+/// stores it names, whatever their backends.
+fn run_job(
+    job: &Job,
     jobs: usize,
     opts: &ferry_engine::Options,
     stats: &Stats,
@@ -184,78 +133,43 @@ fn run_remote(
     verbose: bool,
 ) -> io::Result<ferry_engine::Summary> {
     // No HEAD per object while listing: only the objects compared are HEADed.
-    let s3 = |c: &ferry_s3::S3Config| {
-        S3Store::new(c, jobs)
-            .map(S3Store::with_lazy_meta)
-            .map_err(io::Error::other)
+    let o = Opts {
+        jobs,
+        lazy_meta: true,
     };
-    let local = |p: &std::path::Path| LocalStore::new(p, jobs);
-    let note_local = |st: &LocalStore| {
-        if verbose {
-            eprintln!(
-                "ferry: {} bytes of interrupted downloads reused, {} bytes of downloads written with O_DIRECT",
-                st.resumed_bytes(),
-                st.direct_bytes()
-            );
-        }
-    };
-    fn go<S: ferry_engine::Store, D: ferry_engine::Store>(
-        e: Engine<'_, S, D>,
-        one: &Option<(CString, CString)>,
-    ) -> io::Result<ferry_engine::Summary> {
-        match one {
-            Some((sn, dn)) => e.run_file(sn, dn),
-            None => e.run_tree(),
-        }
-    }
+    let s = ferry_backends::open(&job.src, &o).map_err(io::Error::other)?;
+    let d = ferry_backends::open(&job.dst, &o).map_err(io::Error::other)?;
     let gate = Unreachable::new(rep);
-    let r = match (&job.src, &job.dst) {
-        (Loc::Local(s), Loc::Local(d)) => go(
-            Engine::new(&local(s), &local(d), opts, stats, &gate),
-            &job.one,
-        ),
-        (Loc::Local(s), Loc::S3(d)) => {
-            let d = s3(d)?;
-            let r = go(Engine::new(&local(s), &d, opts, stats, &gate), &job.one);
-            note_s3(&d, "destination", verbose);
-            r
-        }
-        (Loc::S3(s), Loc::Local(d)) => {
-            let (s, d) = (s3(s)?, local(d));
-            let r = go(Engine::new(&s, &d, opts, stats, &gate), &job.one);
-            note_s3(&s, "source", verbose);
-            note_local(&d);
-            r
-        }
-        (Loc::S3(s), Loc::S3(d)) => {
-            let (s, d) = (s3(s)?, s3(d)?);
-            let r = go(Engine::new(&s, &d, opts, stats, &gate), &job.one);
-            note_s3(&s, "source", verbose);
-            note_s3(&d, "destination", verbose);
-            r
-        }
+    let e = Engine::new(&s, &d, opts, stats, &gate);
+    let r = match &job.one {
+        Some((sn, dn)) => e.run_file(sn, dn),
+        None => e.run_tree(),
     };
+    print_notes(&[(&s, "source"), (&d, "destination")], verbose);
     gate.finish();
     r
 }
 
 fn run_cleanup(a: args::CleanupArgs) -> Result<u8, String> {
-    if !a.path.starts_with("s3://") {
-        return Err(format!("{}: cleanup works on s3:// paths", a.path));
-    }
-    let cfg = ferry_s3::S3Config::from_url(&a.path, a.s3_endpoint.as_deref())?;
-    let store = S3Store::new(&cfg, 1)?;
-    store
-        .open_root()
-        .map_err(|e| format!("{}: {}", a.path, cause(&e)))?;
-    let bucket = &cfg.bucket;
-    let done = store
-        .cleanup(a.max_age, a.dry_run)
-        .map_err(|e| format!("{}: {}", a.path, cause(&e)))?;
+    let loc = Location::parse(std::ffi::OsStr::new(&a.path));
+    let root = remote::root_of(&loc, a.s3_endpoint.as_deref())?;
+    let store = ferry_backends::open(
+        &root,
+        &Opts {
+            jobs: 1,
+            lazy_meta: false,
+        },
+    )?;
+    let done = match store.cleanup(a.max_age, a.dry_run) {
+        Err(e) if e.kind() == io::ErrorKind::Unsupported => {
+            return Err(format!("{}: cleanup works on s3:// paths", a.path))
+        }
+        r => r.map_err(|e| format!("{}: {}", a.path, cause(&e)))?,
+    };
     let verb = if a.dry_run { "would abort" } else { "aborted" };
-    for (key, started) in &done {
-        let url = text_name_string(format!("s3://{bucket}/{key}").as_bytes());
-        println!("{verb}: {url} (started {started})");
+    for (what, started) in &done {
+        let what = text_name_string(what.as_bytes());
+        println!("{verb}: {what} (started {started})");
     }
     eprintln!("ferry summary: {} interrupted upload(s) {verb}", done.len());
     Ok(0)
@@ -267,14 +181,10 @@ fn run_bisync(a: BisyncArgs) -> Result<u8, String> {
     let ra = args::resolve_replica(&a.a, "A", a.tx.s3_endpoint.as_deref())?;
     let rb = args::resolve_replica(&a.b, "B", a.tx.s3_endpoint.as_deref())?;
     args::check_pair(&ra, &rb)?;
-    let remote = matches!(ra.0, Loc::S3(_)) || matches!(rb.0, Loc::S3(_));
-    let jobs = if remote {
-        a.tx.jobs.map_or(32, usize::from)
-    } else {
-        args::jobs(a.tx.jobs)
-    };
+    let jobs = args::jobs_for(a.tx.jobs, &[&ra, &rb]);
     let filter = a.filter.build()?;
-    let ids = (ra.1.as_str(), rb.1.as_str());
+    let (ida, idb) = (ra.id(), rb.id());
+    let ids = (ida.as_str(), idb.as_str());
     let jpath = match &a.journal {
         Some(p) => p.clone(),
         None => ferry_bisync::default_path(ids)?,
@@ -296,7 +206,7 @@ fn run_bisync(a: BisyncArgs) -> Result<u8, String> {
         filter,
         fsync: a.fsync,
         checksum: a.checksum,
-        roots: [ra.1.clone(), rb.1.clone()],
+        roots: [ida.clone(), idb.clone()],
     };
     let cli = CliReporter::new(a.out.json, a.out.verbose > 0 || a.dry_run, a.dry_run);
     let stats = std::sync::Arc::new(Stats::default());
@@ -307,39 +217,16 @@ fn run_bisync(a: BisyncArgs) -> Result<u8, String> {
         .then(|| Progress::start(stats.clone(), &cli));
     // One line for an S3 endpoint found unreachable, as for copy and sync.
     let rep = Unreachable::new(&cli);
-    let j = journal.as_mut();
     // Listings without a HEAD per object: the journal vouches for objects
     // whose version is the one it recorded; only the others are HEADed.
-    let s3 = |c: &ferry_s3::S3Config| S3Store::new(c, jobs).map(S3Store::with_lazy_meta);
-    let res = match (&ra.0, &rb.0) {
-        (Loc::Local(x), Loc::Local(y)) => ferry_bisync::run(
-            &LocalStore::new(x, jobs),
-            &LocalStore::new(y, jobs),
-            j,
-            &opts,
-            &rep,
-            &stats,
-        ),
-        (Loc::Local(x), Loc::S3(y)) => {
-            let sb = s3(y)?;
-            let r = ferry_bisync::run(&LocalStore::new(x, jobs), &sb, j, &opts, &rep, &stats);
-            note_s3(&sb, "B", a.out.verbose > 0);
-            r
-        }
-        (Loc::S3(x), Loc::Local(y)) => {
-            let sa = s3(x)?;
-            let r = ferry_bisync::run(&sa, &LocalStore::new(y, jobs), j, &opts, &rep, &stats);
-            note_s3(&sa, "A", a.out.verbose > 0);
-            r
-        }
-        (Loc::S3(x), Loc::S3(y)) => {
-            let (sa, sb) = (s3(x)?, s3(y)?);
-            let r = ferry_bisync::run(&sa, &sb, j, &opts, &rep, &stats);
-            note_s3(&sa, "A", a.out.verbose > 0);
-            note_s3(&sb, "B", a.out.verbose > 0);
-            r
-        }
+    let o = Opts {
+        jobs,
+        lazy_meta: true,
     };
+    let sa = ferry_backends::open(&ra, &o)?;
+    let sb = ferry_backends::open(&rb, &o)?;
+    let res = ferry_bisync::run(&sa, &sb, journal.as_mut(), &opts, &rep, &stats);
+    print_notes(&[(&sa, "A"), (&sb, "B")], a.out.verbose > 0);
     if let Some(p) = progress {
         p.finish();
     }
@@ -350,48 +237,34 @@ fn run_bisync(a: BisyncArgs) -> Result<u8, String> {
 }
 
 fn run_ls(a: LsArgs) -> Result<u8, String> {
-    if args::is_s3(&a.path) {
-        let url = a.path.to_str().expect("s3 URLs are UTF-8");
-        let cfg = ferry_s3::S3Config::from_url(url, a.tx.s3_endpoint.as_deref())?;
-        // Mostly waiting on HEADs (one per object for the stored mtime and
-        // mode): more in flight than for transfers.
-        let jobs = a.tx.jobs.map_or(64, usize::from);
-        let mut store = S3Store::new(&cfg, jobs)?;
-        if a.server_mtime {
-            store = store.with_lazy_meta();
-        }
-        let format = if a.json { Format::Json } else { Format::Text };
-        // `s3://b/key` names the object `key` when no object is under
-        // `key/` (as `ls FILE` lists the file). With neither, the listing
-        // is empty: S3 cannot tell an empty tree from a missing one.
-        if !url.ends_with('/') && !cfg.prefix.is_empty() {
-            let err = |e: io::Error| format!("{url}: {}", cause(&e));
-            if !store.root_has_objects().map_err(err)? {
-                if let Some(m) = store.root_object().map_err(err)? {
-                    let mut buf = Vec::new();
-                    let name = url.as_bytes();
-                    ferry_engine::ls::format_entry(&mut buf, format, b"", name, &m, None, true);
-                    let _ = io::stdout().lock().write_all(&buf);
-                    return Ok(0);
-                }
-            }
-        }
-        return ls_store(&store, jobs, format, url);
-    }
-    let meta = ferry_engine::local::stat_path(&a.path, true)
-        .map_err(|e| format!("{}: {}", a.path.display(), cause(&e)))?;
-    let stdout = io::stdout();
+    let loc = Location::parse(a.path.as_os_str());
+    let what = loc.to_string();
+    let root = remote::root_of(&loc, a.tx.s3_endpoint.as_deref())?;
+    // Object stores: mostly waiting on HEADs (one per object for the stored
+    // mtime and mode), so more in flight than for transfers.
+    let jobs = match root.local_path() {
+        Some(_) => args::jobs(a.tx.jobs),
+        None => a.tx.jobs.map_or(64, usize::from),
+    };
+    let store = ferry_backends::open(
+        &root,
+        &Opts {
+            jobs,
+            lazy_meta: a.server_mtime,
+        },
+    )?;
     let format = if a.json { Format::Json } else { Format::Text };
-    if meta.kind != ferry_engine::Kind::Dir {
+    // One entry (a file, an object) is listed as itself, under its name
+    // as typed.
+    let one = remote::ls_entry(&loc, &store).map_err(|e| format!("{what}: {}", cause(&e)))?;
+    if let Some(m) = one {
         let mut buf = Vec::new();
         let name = a.path.as_os_str().as_bytes();
-        ferry_engine::ls::format_entry(&mut buf, format, b"", name, &meta, None, true);
-        let _ = stdout.lock().write_all(&buf);
+        ferry_engine::ls::format_entry(&mut buf, format, b"", name, &m, None, true);
+        let _ = io::stdout().lock().write_all(&buf);
         return Ok(0);
     }
-    let jobs = args::jobs(a.tx.jobs);
-    let store = LocalStore::new(&a.path, jobs);
-    ls_store(&store, jobs, format, &a.path.display().to_string())
+    ls_store(&store, jobs, format, &what)
 }
 
 /// `ls` of a whole tree of any store; `what` names it in errors.

@@ -1,63 +1,71 @@
-//! What SRC and DST mean when one of them is `s3://` (docs/CLI.md,
-//! "Arguments"). Unlike local paths this asks the server: whether
-//! `s3://b/key` names one object or a prefix, whether a prefix has any
-//! objects at all. Every refusal is a usage error (exit 2).
+//! What SRC and DST mean (docs/CLI.md, "Arguments"), for any pair of
+//! locations: each is parsed once ([`Location`]) and resolved to the root
+//! of a store ([`Root`]) by the rules of its backend. Two local paths
+//! follow the local rules (`args::resolve`); with an object store on
+//! either side this asks the server: whether `s3://b/key` names one object
+//! or a prefix, whether a prefix has any objects at all. Every refusal is
+//! a usage error (exit 2).
 
 use std::ffi::{CString, OsStr, OsString};
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use ferry_engine::local::stat_path;
-use ferry_engine::Kind;
+use ferry_backends::{AnyStore, Location, Root};
+use ferry_engine::{Kind, Meta};
+use ferry_local::stat_path;
 use ferry_s3::{S3Config, S3Store};
 
-use crate::args::{is_s3, parent_and_name, Loc};
+use crate::args::{parent_and_name, Job};
 use crate::output::cause;
-
-/// A copy or sync with an S3 side, resolved.
-#[derive(Debug)]
-pub struct RemoteJob {
-    /// The source tree, or the directory (prefix) holding the one file.
-    pub src: Loc,
-    /// The destination tree, or the directory (prefix) to hold the file.
-    pub dst: Loc,
-    /// One file or object: its name in `src` and its name in `dst`.
-    pub one: Option<(CString, CString)>,
-}
 
 /// What SRC turned out to be.
 enum Src {
-    Tree(Loc),
+    Tree(Root),
     /// One file or object: where it is, its name there, and the name a
     /// directory DST gives it (the name typed).
-    One(Loc, OsString, OsString),
+    One(Root, OsString, OsString),
 }
 
-/// Resolve SRC and DST of a copy or sync where one of them (or both) is
-/// `s3://`. `force`: a missing (objectless) SRC prefix is taken as an empty
-/// tree instead of refused.
-pub fn resolve(
-    src: &Path,
-    dst: &Path,
-    endpoint: Option<&str>,
-    force: bool,
-) -> Result<RemoteJob, String> {
-    let job = match resolve_src(src, endpoint, force)? {
-        Src::Tree(s) => RemoteJob {
+/// The message for a location no backend serves yet.
+fn unsupported(loc: &Location) -> String {
+    loc.supported().err().unwrap_or_default()
+}
+
+/// The root of the store at `loc`, as typed (a local path is not
+/// resolved further: each command has its rules for that).
+pub fn root_of(loc: &Location, endpoint: Option<&str>) -> Result<Root, String> {
+    match loc {
+        Location::Local(p) => Ok(Root::Local(p.clone())),
+        Location::S3(u) => Ok(Root::S3(Box::new(S3Config::from_url(u, endpoint)?))),
+        Location::Shell { .. } => Err(unsupported(loc)),
+    }
+}
+
+/// Resolve SRC and DST of a copy or sync. `force`: a missing (objectless)
+/// SRC prefix is taken as an empty tree instead of refused.
+pub fn resolve(src: &Path, dst: &Path, endpoint: Option<&str>, force: bool) -> Result<Job, String> {
+    let (sl, dl) = (
+        Location::parse(src.as_os_str()),
+        Location::parse(dst.as_os_str()),
+    );
+    sl.supported().map_err(|e| format!("SRC {e}"))?;
+    dl.supported().map_err(|e| format!("DST {e}"))?;
+    if sl.is_local() && dl.is_local() {
+        return crate::args::resolve(src, dst);
+    }
+    let job = match resolve_src(src, &sl, endpoint, force)? {
+        Src::Tree(s) => Job {
             src: s,
-            dst: dst_tree(dst, endpoint)?,
+            dst: dst_tree(dst, &dl, endpoint)?,
             one: None,
         },
         Src::One(s, name, typed) => {
-            let (d, dname) = dst_one(dst, &typed, endpoint)?;
-            let c = |n: &OsStr, what: &str| {
-                CString::new(n.as_bytes()).map_err(|_| format!("{what}: name contains NUL"))
-            };
-            RemoteJob {
+            let (d, dname) = dst_one(dst, &dl, &typed, endpoint)?;
+            Job {
                 src: s,
                 dst: d,
-                one: Some((c(&name, "SRC")?, c(&dname, "DST")?)),
+                one: Some((cname(&name, "SRC")?, cname(&dname, "DST")?)),
             }
         }
     };
@@ -65,9 +73,9 @@ pub fn resolve(
     Ok(job)
 }
 
-/// The text of an `s3://` argument.
-fn url(p: &Path) -> &str {
-    p.to_str().expect("s3:// URLs are UTF-8 (checked by is_s3)")
+/// A name as a C string; `what` names it in the error.
+pub fn cname(n: &OsStr, what: &str) -> Result<CString, String> {
+    CString::new(n.as_bytes()).map_err(|_| format!("{what}: name contains NUL"))
 }
 
 /// `cfg` rooted at the parent prefix of its key, and the key's last segment.
@@ -88,9 +96,14 @@ fn s3_error(what: &str, url: &str, e: &io::Error) -> String {
     }
 }
 
-fn resolve_src(src: &Path, endpoint: Option<&str>, force: bool) -> Result<Src, String> {
-    if is_s3(src) {
-        let u = url(src);
+fn resolve_src(
+    src: &Path,
+    loc: &Location,
+    endpoint: Option<&str>,
+    force: bool,
+) -> Result<Src, String> {
+    if let Location::S3(u) = loc {
+        let u = u.as_str();
         let cfg = S3Config::from_url(u, endpoint)?;
         let store = S3Store::new(&cfg, 1)?;
         // `s3://b/key/` (or the bucket) is always a prefix; `s3://b/key`
@@ -113,7 +126,7 @@ fn resolve_src(src: &Path, endpoint: Option<&str>, force: bool) -> Result<Src, S
             }
             let (parent, name) = split_key(&cfg);
             return Ok(Src::One(
-                Loc::S3(parent),
+                Root::S3(parent),
                 OsString::from(&name),
                 OsString::from(name),
             ));
@@ -123,14 +136,14 @@ fn resolve_src(src: &Path, endpoint: Option<&str>, force: bool) -> Result<Src, S
                 "SRC {u}: no such prefix (no objects; --force to take it as empty)"
             ));
         }
-        return Ok(Src::Tree(Loc::S3(Box::new(cfg))));
+        return Ok(Src::Tree(Root::S3(Box::new(cfg))));
     }
     let m = stat_path(src, true).map_err(|e| format!("SRC {}: {}", src.display(), cause(&e)))?;
     let abs = src
         .canonicalize()
         .map_err(|e| format!("SRC {}: {}", src.display(), cause(&e)))?;
     match m.kind {
-        Kind::Dir => Ok(Src::Tree(Loc::Local(abs))),
+        Kind::Dir => Ok(Src::Tree(Root::Local(abs))),
         Kind::File => {
             // A symlink is followed: the file it names is read, under the
             // name typed.
@@ -139,7 +152,7 @@ fn resolve_src(src: &Path, endpoint: Option<&str>, force: bool) -> Result<Src, S
             let dir = abs
                 .parent()
                 .map_or_else(|| PathBuf::from("/"), Path::to_path_buf);
-            Ok(Src::One(Loc::Local(dir), name, typed))
+            Ok(Src::One(Root::Local(dir), name, typed))
         }
         _ => Err(format!(
             "SRC {}: not a regular file or directory",
@@ -149,9 +162,9 @@ fn resolve_src(src: &Path, endpoint: Option<&str>, force: bool) -> Result<Src, S
 }
 
 /// DST of a tree: a prefix, or a local directory (created if missing).
-fn dst_tree(dst: &Path, endpoint: Option<&str>) -> Result<Loc, String> {
-    if is_s3(dst) {
-        return Ok(Loc::S3(Box::new(S3Config::from_url(url(dst), endpoint)?)));
+fn dst_tree(dst: &Path, loc: &Location, endpoint: Option<&str>) -> Result<Root, String> {
+    if let Location::S3(u) = loc {
+        return Ok(Root::S3(Box::new(S3Config::from_url(u, endpoint)?)));
     }
     match stat_path(dst, true) {
         Ok(m) if m.kind != Kind::Dir => Err(format!(
@@ -159,13 +172,13 @@ fn dst_tree(dst: &Path, endpoint: Option<&str>) -> Result<Loc, String> {
             dst.display()
         )),
         Ok(_) => {
-            Ok(Loc::Local(dst.canonicalize().map_err(|e| {
+            Ok(Root::Local(dst.canonicalize().map_err(|e| {
                 format!("DST {}: {}", dst.display(), cause(&e))
             })?))
         }
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             let (parent, name) = parent_and_name("DST", dst)?;
-            Ok(Loc::Local(parent.join(name)))
+            Ok(Root::Local(parent.join(name)))
         }
         Err(e) => Err(format!("DST {}: {}", dst.display(), cause(&e))),
     }
@@ -173,10 +186,15 @@ fn dst_tree(dst: &Path, endpoint: Option<&str>) -> Result<Loc, String> {
 
 /// DST of one file or object `name`: a file path or key, or a directory
 /// (prefix) to put it in, under `name`.
-fn dst_one(dst: &Path, name: &OsStr, endpoint: Option<&str>) -> Result<(Loc, OsString), String> {
+fn dst_one(
+    dst: &Path,
+    loc: &Location,
+    name: &OsStr,
+    endpoint: Option<&str>,
+) -> Result<(Root, OsString), String> {
     let into = dst.as_os_str().as_bytes().ends_with(b"/");
-    if is_s3(dst) {
-        let u = url(dst);
+    if let Location::S3(u) = loc {
+        let u = u.as_str();
         let cfg = S3Config::from_url(u, endpoint)?;
         let into = into || cfg.prefix.is_empty() || {
             // A key that is a prefix already is a directory: into it, not
@@ -188,17 +206,17 @@ fn dst_one(dst: &Path, name: &OsStr, endpoint: Option<&str>) -> Result<(Loc, OsS
                 .map_err(|e| s3_error("DST", u, &e))?
         };
         if into {
-            return Ok((Loc::S3(Box::new(cfg)), name.to_owned()));
+            return Ok((Root::S3(Box::new(cfg)), name.to_owned()));
         }
         let (parent, key) = split_key(&cfg);
-        return Ok((Loc::S3(parent), OsString::from(key)));
+        return Ok((Root::S3(parent), OsString::from(key)));
     }
     match stat_path(dst, true) {
         Ok(m) if m.kind == Kind::Dir => {
             let abs = dst
                 .canonicalize()
                 .map_err(|e| format!("DST {}: {}", dst.display(), cause(&e)))?;
-            Ok((Loc::Local(abs), name.to_owned()))
+            Ok((Root::Local(abs), name.to_owned()))
         }
         Ok(m) if m.kind != Kind::File => Err(format!(
             "DST {}: not a regular file or directory",
@@ -213,14 +231,14 @@ fn dst_one(dst: &Path, name: &OsStr, endpoint: Option<&str>) -> Result<(Loc, OsS
         )),
         _ => {
             let (parent, file) = parent_and_name("DST", dst)?;
-            Ok((Loc::Local(parent), file))
+            Ok((Root::Local(parent), file))
         }
     }
 }
 
 /// Refuse S3 trees that overlap, and a copy of an object onto itself.
-fn check_overlap(job: &RemoteJob) -> Result<(), String> {
-    let (Loc::S3(a), Loc::S3(b)) = (&job.src, &job.dst) else {
+fn check_overlap(job: &Job) -> Result<(), String> {
+    let (Root::S3(a), Root::S3(b)) = (&job.src, &job.dst) else {
         return Ok(());
     };
     let (pa, pb) = (
@@ -246,4 +264,34 @@ fn check_overlap(job: &RemoteJob) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// `ls`: the one entry `loc` names when it is not a tree (a local file, an
+/// object `s3://b/key` with no object under `key/`), `None` for a tree.
+/// With neither object nor objects under an `s3://` key the tree is empty:
+/// S3 cannot tell an empty tree from a missing one.
+pub fn ls_entry(loc: &Location, store: &AnyStore) -> io::Result<Option<Meta>> {
+    match (loc, store) {
+        (Location::S3(url), AnyStore::S3(s)) => {
+            let keyed = !url.ends_with('/') && parse_key(url).is_some_and(|k| !k.is_empty());
+            if keyed && !s.root_has_objects()? {
+                return s.root_object();
+            }
+            Ok(None)
+        }
+        (Location::Local(p), AnyStore::Local(_)) => {
+            let meta = stat_path(p, true)?;
+            Ok((meta.kind != Kind::Dir).then_some(meta))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// The key part of an `s3://bucket/key` URL.
+fn parse_key(url: &str) -> Option<&str> {
+    let rest = url.strip_prefix("s3://")?;
+    Some(
+        rest.split_once('/')
+            .map_or("", |(_, k)| k.trim_start_matches('/')),
+    )
 }

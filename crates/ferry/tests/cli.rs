@@ -79,6 +79,33 @@ fn missing_src_exits_2() {
 }
 
 #[test]
+fn remote_shell_locations_exit_2_until_a_backend_serves_them() {
+    let t = tmpdir();
+    let src = t.path().join("src");
+    write(&src, "f", b"x");
+    let dst = t.path().join("dst");
+    let (src, dst) = (src.to_str().unwrap(), dst.to_str().unwrap());
+    for args in [
+        vec!["copy", "host:dir", dst],
+        vec!["sync", src, "user@host:dir"],
+        vec!["copy", src, "sftp://host/dir"],
+        vec!["ls", "C:"],
+        vec!["bisync", src, "[::1]:dir"],
+    ] {
+        let r = ferry(&args);
+        r.code_is(2);
+        assert!(r.err().contains("not supported yet"), "{args:?}\n{r}");
+        assert!(r.err().lines().count() == 1, "{args:?}\n{r}");
+    }
+    assert!(!Path::new(dst).exists());
+    // A ':' after a '/' is a local name.
+    let colon = t.path().join("a:b");
+    let r = ferry([s("copy"), s(src), o(&colon)]);
+    r.code_is(0);
+    assert_eq!(fs::read(colon.join("f")).unwrap(), b"x");
+}
+
+#[test]
 fn dangling_src_symlink_exits_2() {
     let t = tmpdir();
     let src = ln(t.path(), "src", "does-not-exist");

@@ -1,5 +1,4 @@
-//! The coalescing write path (lesson 3 of DESIGN.md, seed 002): small
-//! writes are gathered into full buffers, large writes pass straight
+//! The coalescing write path: small writes are gathered into full buffers, large writes pass straight
 //! through, and when a large write arrives with data already buffered both
 //! go out in one `writev`. Every write syscall but the last carries at least
 //! a full buffer, so the count is within one of `bytes / capacity` (the
@@ -8,7 +7,7 @@
 
 use std::io::{self, IoSlice, Write};
 
-/// Default buffer: 256 KiB (seed 000: 16 KiB buffers were the bottleneck).
+/// Default buffer: 256 KiB (small buffers make many small syscalls).
 pub const DEFAULT_CAPACITY: usize = 256 * 1024;
 
 /// A writer that coalesces small writes and passes large ones through.

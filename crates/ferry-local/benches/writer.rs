@@ -1,10 +1,10 @@
-//! Lesson 3 of DESIGN.md: few, large syscalls.
+//! Few, large syscalls.
 //!
 //! Two write patterns of ~100 MiB each:
 //! * `svn`: the svn-import pattern, writes of 9, 5 and 86,000 bytes repeated;
 //! * `4k`: a stream of 4 KiB writes,
 //!
-//! through `ferry_engine::write::Coalescer` (256 KiB), std `BufWriter`
+//! through `ferry_local::write::Coalescer` (256 KiB), std `BufWriter`
 //! (default 8 KiB and 256 KiB) and unbuffered `write_all`. Criterion times
 //! the writes into a real file in /tmp (an unnamed O_TMPFILE, truncated
 //! between iterations, no fsync); a counting sink counts the write calls
@@ -14,7 +14,7 @@
 //! ceil(bytes / 256 KiB) and throughput. Goal: the Coalescer within 1.1x of
 //! the minimum.
 //!
-//! Run: `cargo bench -p ferry-engine --bench writer -- --warm-up-time 1 --measurement-time 3`
+//! Run: `cargo bench -p ferry-local --bench writer -- --warm-up-time 1 --measurement-time 3`
 
 use std::cell::RefCell;
 use std::io::{self, BufWriter, IoSlice, Seek, Write};
@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use criterion::{
     criterion_group, criterion_main, BenchmarkId, Criterion, SamplingMode, Throughput,
 };
-use ferry_engine::write::{Coalescer, DEFAULT_CAPACITY};
+use ferry_local::write::{Coalescer, DEFAULT_CAPACITY};
 
 const TARGET: u64 = 100 * 1024 * 1024;
 const BIG: usize = 86_000;

@@ -17,10 +17,11 @@ use std::sync::Arc;
 
 use ferry_engine::bwlimit::Limiter;
 use ferry_engine::entry::{Listing, Meta};
-use ferry_engine::local::{LocalDir, LocalReader, LocalWriter};
 use ferry_engine::report::Quiet;
 use ferry_engine::store::{ListError, MetaChange, SourceFile, Store};
-use ferry_engine::{Engine, LocalStore, Mode, Options, Stats};
+use ferry_engine::{Engine, Mode, Options, Stats};
+use ferry_local::local::{LocalDir, LocalReader, LocalWriter};
+use ferry_local::LocalStore;
 
 /// The local store, whose readers grow their file `grows` more times.
 struct Growing {

@@ -1,6 +1,6 @@
-//! Lesson 5 of DESIGN.md: the common case takes the fast path.
+//! The common case takes the fast path.
 //!
-//! Streams of 100,000 acks of 16 KiB each into `ferry_engine::range::RangeSet`
+//! Streams of 100,000 acks of 16 KiB each into `ferry_local::range::RangeSet`
 //! and into a naive `BTreeMap<u64, u64>` range set (merge on insert):
 //! * `in_order`: ack i covers [i*16K, (i+1)*16K);
 //! * `window8`: slightly reordered: a random permutation within each
@@ -11,7 +11,7 @@
 //! stream. Extra figures (stderr): ns per ack and allocations per ack.
 //! In-order must show 0 allocations per ack.
 //!
-//! Run: `cargo bench -p ferry-engine --bench ranges -- --warm-up-time 1 --measurement-time 3`
+//! Run: `cargo bench -p ferry-local --bench ranges -- --warm-up-time 1 --measurement-time 3`
 
 // The counting allocator needs `unsafe impl GlobalAlloc`.
 #![allow(unsafe_code)]
@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use ferry_engine::range::RangeSet;
+use ferry_local::range::RangeSet;
 
 struct CountingAlloc;
 

@@ -1,4 +1,4 @@
-//! Lesson 2 of DESIGN.md: syscalls never wait on CPU work.
+//! Syscalls never wait on CPU work.
 //!
 //! Entries per second of the scanner on one wide directory of 100,000 empty
 //! files (/tmp/ferry-bench-wide-100k, created once if missing and kept):
@@ -15,7 +15,7 @@
 //! Warm cache: the directory is listed repeatedly. Extra figures (stderr):
 //! entries per second (median iteration).
 //!
-//! Run: `cargo bench -p ferry-engine --bench listing -- --warm-up-time 1 --measurement-time 3`
+//! Run: `cargo bench -p ferry-local --bench listing -- --warm-up-time 1 --measurement-time 3`
 
 use std::cell::RefCell;
 use std::hint::black_box;
@@ -28,7 +28,8 @@ use criterion::{
     criterion_group, criterion_main, BenchmarkId, Criterion, SamplingMode, Throughput,
 };
 use ferry_engine::ls::{list_tree, Format};
-use ferry_engine::{Listing, LocalStore, Store};
+use ferry_engine::{Listing, Store};
+use ferry_local::LocalStore;
 
 const WIDE: &str = "/tmp/ferry-bench-wide-100k";
 const N: u64 = 100_000;

@@ -1,16 +1,19 @@
-//! S3 ETags computed from local bytes, so `--checksum` against an object
-//! store reads only the local side. A single-part upload's ETag is the MD5 of
-//! the content; a multipart upload's is the MD5 of the parts' MD5s followed
-//! by `-<parts>`. The part size is not recorded, but uploaders use a whole
-//! number of MiB, so only sizes giving that part count are possible: the
-//! common ones (8 MiB: ferry, AWS CLI; 5 MiB: rclone) are tried first, and
-//! a mismatch is only trusted when every possible size was tried.
+//! What an S3 ETag says about an object's content, so `--checksum` against
+//! an object store reads only the other side. A single-part upload's ETag
+//! is the MD5 of the content (the store offers it as an MD5 hash); a
+//! multipart upload's is the MD5 of the parts' MD5s followed by
+//! `-<parts>`, reproduced from the other side's bytes here
+//! (`Store::matches_bytes`). The part size is not recorded, but uploaders
+//! use a whole number of MiB, so only sizes giving that part count are
+//! possible: the common ones (8 MiB: ferry, AWS CLI; 5 MiB: rclone) are
+//! tried first, and a mismatch is only trusted when every possible size
+//! was tried.
 
 use std::io;
 
+use ferry_engine::hash::feed;
+use ferry_engine::store::SourceFile;
 use md5::{Digest, Md5};
-
-use crate::store::SourceFile;
 
 const MIB: u64 = 1 << 20;
 
@@ -83,20 +86,19 @@ pub fn parse(etag: &str, size: u64) -> Option<Kind> {
     }
 }
 
-/// True when two ETags are known to describe different content without
-/// reading anything (both plain MD5s).
-pub fn surely_differ(a: &str, b: &str, size: u64) -> bool {
-    matches!(
-        (parse(a, size), parse(b, size)),
-        (Some(Kind::Single(x)), Some(Kind::Single(y))) if x != y
-    )
+/// The content's MD5 when `etag` is a single-part upload's.
+pub fn single_md5(etag: &str) -> Option<[u8; 16]> {
+    match parse(etag, 0)? {
+        Kind::Single(d) => Some(d),
+        Kind::Multipart { .. } => None,
+    }
 }
 
 /// Whether the content of a `size`-byte file has ETag `etag`; `open` opens
 /// it (once per part size tried). `None` when that cannot be told: the ETag
 /// is not MD5-based, or no likely part size matched but others are possible.
-pub fn matches<R: SourceFile>(
-    open: &mut dyn FnMut() -> io::Result<R>,
+pub fn matches<'a>(
+    open: &mut dyn FnMut() -> io::Result<Box<dyn SourceFile + 'a>>,
     size: u64,
     etag: &str,
 ) -> io::Result<Option<bool>> {
@@ -108,7 +110,7 @@ pub fn matches<R: SourceFile>(
         Kind::Single(want) => {
             let mut src = open()?;
             let mut h = Md5::new();
-            let n = feed(&mut src, &mut h, u64::MAX, &mut buf)?;
+            let n = feed(&mut *src, u64::MAX, &mut buf, &mut |b| h.update(b))?;
             Ok(Some(n == size && digest(h) == want))
         }
         Kind::Multipart {
@@ -124,7 +126,7 @@ pub fn matches<R: SourceFile>(
                 let mut total = 0;
                 for _ in 0..parts {
                     let mut h = Md5::new();
-                    total += feed(&mut src, &mut h, part * MIB, &mut buf)?;
+                    total += feed(&mut *src, part * MIB, &mut buf, &mut |b| h.update(b))?;
                     all.update(digest(h));
                 }
                 let mut extra = [0u8; 1];
@@ -138,21 +140,6 @@ pub fn matches<R: SourceFile>(
             Ok(exhaustive.then_some(false))
         }
     }
-}
-
-/// Hash up to `limit` bytes of `src`; returns how many were read.
-fn feed<R: SourceFile>(src: &mut R, h: &mut Md5, limit: u64, buf: &mut [u8]) -> io::Result<u64> {
-    let mut n = 0u64;
-    while n < limit {
-        let want = (limit - n).min(buf.len() as u64) as usize;
-        let k = src.read(&mut buf[..want])?;
-        if k == 0 {
-            break;
-        }
-        h.update(&buf[..k]);
-        n += k as u64;
-    }
-    Ok(n)
 }
 
 fn digest(h: Md5) -> [u8; 16] {
@@ -217,7 +204,7 @@ mod tests {
         assert_eq!(e, "\"5eb63bbbe01eeed093cb22bb8f5acdc3\"");
         let open = |d: &[u8]| {
             let d = d.to_vec();
-            move || Ok(Mem(d.clone(), 0))
+            move || Ok(Box::new(Mem(d.clone(), 0)) as Box<dyn SourceFile>)
         };
         assert_eq!(matches(&mut open(&data), 11, &e).unwrap(), Some(true));
         assert_eq!(
@@ -243,7 +230,7 @@ mod tests {
         ] {
             let data: Vec<u8> = (0..len).map(|i| (i * 31 % 251) as u8).collect();
             let e = multipart_etag(&data, (part * MIB) as usize);
-            let mut open = || Ok(Mem(data.clone(), 0));
+            let mut open = || Ok(Box::new(Mem(data.clone(), 0)) as Box<dyn SourceFile>);
             assert_eq!(
                 matches(&mut open, len, &e).unwrap(),
                 if part == 19 { None } else { Some(true) },
@@ -251,7 +238,7 @@ mod tests {
             );
             let mut other = data.clone();
             other[len as usize / 2] ^= 1;
-            let mut open = || Ok(Mem(other.clone(), 0));
+            let mut open = || Ok(Box::new(Mem(other.clone(), 0)) as Box<dyn SourceFile>);
             assert_eq!(
                 matches(&mut open, len, &e).unwrap(),
                 sure.then_some(false),
@@ -266,10 +253,10 @@ mod tests {
         assert_eq!(parse("abc", 10), None);
         // 3 parts cannot make 1 MiB with whole-MiB parts.
         assert_eq!(parse("5eb63bbbe01eeed093cb22bb8f5acdc3-3", MIB), None);
-        assert!(surely_differ(
-            "5eb63bbbe01eeed093cb22bb8f5acdc3",
-            "\"5eb63bbbe01eeed093cb22bb8f5acdc4\"",
-            1
-        ));
+        assert_eq!(
+            single_md5("\"5eb63bbbe01eeed093cb22bb8f5acdc3\"").map(|d| hex(&d)),
+            Some("5eb63bbbe01eeed093cb22bb8f5acdc3".to_string())
+        );
+        assert_eq!(single_md5("5eb63bbbe01eeed093cb22bb8f5acdc3-2"), None);
     }
 }

@@ -25,10 +25,12 @@ use rustix::fs::{
 };
 use rustix::io::Errno;
 
-use crate::bwlimit::Limiter;
 use crate::download;
-use crate::entry::{Kind, ListEntry, Listing, Meta};
-use crate::store::{temp_name, ListError, MetaChange, Progress, SourceFile, Store, RESERVED_LEN};
+use ferry_engine::bwlimit::Limiter;
+use ferry_engine::entry::{Kind, ListEntry, Listing, Meta};
+use ferry_engine::store::{
+    temp_name, ListError, MetaChange, Progress, SourceFile, Store, RESERVED_LEN,
+};
 
 /// Directories with more entries than this are stat'ed by several threads.
 const PARALLEL_STAT_MIN: usize = 4096;
@@ -52,9 +54,10 @@ pub struct LocalStore {
     reflink: AtomicBool,
     copy_range: AtomicBool,
     /// New files are written as `O_TMPFILE` and named with `linkat`: one
-    /// directory operation instead of create + rename (44% of the cost of a
-    /// small file's copy on ext4, see docs/DESIGN.md).
+    /// directory operation instead of create + rename (docs/DESIGN.md).
     tmpfile: AtomicBool,
+    /// Ranged downloads started (big files from an object store).
+    downloads: AtomicU64,
     /// Bytes of interrupted downloads reused by resumed ones.
     resumed: AtomicU64,
     /// Bytes of downloads written with `O_DIRECT`.
@@ -126,6 +129,7 @@ impl LocalStore {
             reflink: AtomicBool::new(true),
             copy_range: AtomicBool::new(true),
             tmpfile: AtomicBool::new(Path::new("/proc/self/fd").is_dir()),
+            downloads: AtomicU64::new(0),
             resumed: AtomicU64::new(0),
             direct: AtomicU64::new(0),
         }
@@ -471,6 +475,7 @@ impl Store for LocalStore {
         limit: Option<&Limiter>,
     ) -> io::Result<u64> {
         if let (Some(name), Some(r)) = (&w.big, src.ranged()) {
+            self.downloads.fetch_add(1, Ordering::Relaxed);
             let d = download::download(dir.fd(), name, r, limit, src.progress())?;
             self.resumed.fetch_add(d.resumed, Ordering::Relaxed);
             self.direct.fetch_add(d.direct, Ordering::Relaxed);
@@ -494,7 +499,7 @@ impl Store for LocalStore {
                     .min(cap);
                 // Network sources hand over a few KiB per read: gather a
                 // full buffer first, so each write syscall carries `want`
-                // bytes (lesson 3: few, large syscalls).
+                // bytes (few, large syscalls).
                 let mut n = 0;
                 while n < want {
                     match src.read(&mut buf[n..want])? {
@@ -802,6 +807,17 @@ impl Store for LocalStore {
         rfs::fchmod(&dir.fd, Mode::from_raw_mode((st.st_mode & 0o7777) | 0o300))?;
         Ok(true)
     }
+
+    fn notes(&self, _role: &str) -> Vec<String> {
+        if self.downloads.load(Ordering::Relaxed) == 0 {
+            return Vec::new();
+        }
+        vec![format!(
+            "{} bytes of interrupted downloads reused, {} bytes of downloads written with O_DIRECT",
+            self.resumed_bytes(),
+            self.direct_bytes()
+        )]
+    }
 }
 
 impl SourceFile for LocalReader {
@@ -965,6 +981,7 @@ const EMPTY_META: Meta = Meta {
     uid: 0,
     gid: 0,
     ino: 0,
+    version: 0,
 };
 
 fn kind_from_mode(mode: u32) -> Kind {
@@ -987,6 +1004,7 @@ fn meta_from_statx(st: &rfs::Statx) -> Meta {
         uid: st.stx_uid,
         gid: st.stx_gid,
         ino: st.stx_ino,
+        version: 0,
     }
 }
 
@@ -1001,6 +1019,7 @@ fn meta_from_stat(st: &rfs::Stat) -> Meta {
         uid: st.st_uid,
         gid: st.st_gid,
         ino: st.st_ino,
+        version: 0,
     }
 }
 

@@ -1,5 +1,5 @@
 //! A set of byte ranges received or acknowledged (resume, parallel ranged
-//! transfers): lesson 5 of DESIGN.md. The common case is in-order
+//! transfers). The common case is in-order
 //! appends, which only move the end of the contiguous prefix: O(1) and
 //! allocation-free. Ranges that arrive ahead of the prefix go to a
 //! `BTreeMap` (the out-of-order fallback) and are absorbed into the prefix

@@ -1,4 +1,4 @@
-//! Lesson 1 of DESIGN.md: no artificial delay between jobs.
+//! No artificial delay between jobs.
 //!
 //! * `pool/*`: 10,000 no-op jobs through the real worker pool
 //!   (`ferry_engine::pool::Pool`) with 1, 2 and 4 workers, either queued at
@@ -16,7 +16,7 @@
 //! Extra figures (stderr, after criterion's output): µs per job and µs per
 //! file (median and best of the measured iterations).
 //!
-//! Run: `cargo bench -p ferry-engine --bench scheduler -- --warm-up-time 1 --measurement-time 3`
+//! Run: `cargo bench -p ferry-local --bench scheduler -- --warm-up-time 1 --measurement-time 3`
 
 use std::cell::RefCell;
 use std::hint::black_box;
@@ -28,7 +28,8 @@ use criterion::{
 };
 use ferry_engine::pool::Pool;
 use ferry_engine::report::Quiet;
-use ferry_engine::{Engine, LocalStore, Mode, Options, Stats};
+use ferry_engine::{Engine, Mode, Options, Stats};
+use ferry_local::LocalStore;
 
 const JOBS: u32 = 10_000;
 const DIRS: u32 = 100;

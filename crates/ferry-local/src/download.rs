@@ -14,8 +14,8 @@
 //!
 //! Bytes go to disk with `O_DIRECT` where the filesystem allows it: whole
 //! 4 KiB blocks straight from the receive buffer to the device, no
-//! page-cache copy (on the benchmark machine a buffered write of new pages
-//! costs ~1.5 CPU-s per GiB, a direct one ~0.1), no writeback left behind,
+//! page-cache copy (a buffered write of new pages costs the CPU far more
+//! than a direct one), no writeback left behind,
 //! and the `fdatasync` before each record only flushes the device cache.
 //! The unaligned edges of a piece (the object's last bytes, a range
 //! resumed mid-block) go through the page cache on a second descriptor;
@@ -31,10 +31,11 @@ use std::time::{Duration, Instant};
 use rustix::fs::{self as rfs, Mode, OFlags, XattrFlags};
 use rustix::io::Errno;
 
-use crate::bwlimit::Limiter;
+use ferry_engine::bwlimit::Limiter;
+use ferry_engine::piece::DIRECT_ALIGN;
+use ferry_engine::store::{self, Progress, RangedSource};
+
 use crate::range::RangeSet;
-use crate::store::{self, Progress, RangedSource, RANGE_PIECE};
-use rustix::mm as rfs_mm;
 
 /// Files at least this big are fetched as parallel ranges.
 pub const RANGED_MIN: u64 = 32 << 20;
@@ -56,53 +57,8 @@ struct Tuning {
     sync_every: u64,
     sync_interval: Duration,
 }
-/// Alignment of direct writes (file offset, length and memory): the page
-/// size, which covers every logical block size in use.
-pub const DIRECT_ALIGN: usize = 4096;
 /// The extended attribute holding the resume state.
 const XATTR: &CStr = c"user.ferry.partial";
-
-/// Bytes kept per thread for [`with_piece_buffer`]: one transparent huge
-/// page (x86-64, arm64 with 4 KiB pages).
-const HUGE_PAGE: usize = 2 << 20;
-
-thread_local! {
-    static PIECE_BUF: std::cell::RefCell<Option<Vec<u8>>> = const { std::cell::RefCell::new(None) };
-}
-
-/// Run `f` with a buffer of [`RANGE_PIECE`] bytes for the pieces of
-/// [`RangedSource::read_range`]: aligned for `O_DIRECT` writes, kept by the
-/// thread from one call to the next (not allocated and zeroed per range),
-/// and on a transparent huge page where the kernel grants one. A direct
-/// write pins the buffer's pages for the device: 256 small pages per MiB
-/// cost ~12% of a download's CPU (perf, BENCHMARKS.md); one huge page
-/// costs next to nothing.
-pub fn with_piece_buffer<R>(f: impl FnOnce(&mut [u8]) -> R) -> R {
-    let mut raw = PIECE_BUF
-        .with(|b| b.borrow_mut().take())
-        .unwrap_or_else(|| {
-            let mut raw: Vec<u8> = Vec::with_capacity(2 * HUGE_PAGE);
-            let skew = raw.as_ptr().align_offset(HUGE_PAGE);
-            advise_huge(raw.as_mut_ptr().wrapping_add(skew));
-            // Zeroed only now: the advice holds before the first touch.
-            raw.resize(skew + RANGE_PIECE, 0);
-            raw
-        });
-    let skew = raw.as_ptr().align_offset(HUGE_PAGE);
-    let out = f(&mut raw[skew..skew + RANGE_PIECE]);
-    PIECE_BUF.with(|b| *b.borrow_mut() = Some(raw));
-    out
-}
-
-/// Ask for transparent huge pages on the `HUGE_PAGE` bytes at `at` (a hint:
-/// refused or ignored, the buffer works the same on small pages).
-#[allow(unsafe_code)]
-fn advise_huge(at: *mut u8) {
-    // SAFETY: `at` starts a range of `HUGE_PAGE` bytes inside one live
-    // allocation (capacity `2 * HUGE_PAGE`, `at` aligned within its first
-    // half); MADV_HUGEPAGE changes how pages are backed, never contents.
-    let _ = unsafe { rfs_mm::madvise(at.cast(), HUGE_PAGE, rfs_mm::Advice::LinuxHugepage) };
-}
 
 /// The name of the partial download of `name`.
 pub fn partial_name(name: &CStr) -> CString {
@@ -583,20 +539,6 @@ mod tests {
         );
         assert_eq!(decode(b"garbage"), None);
         assert_eq!(decode(b"ferry-partial 1\nx\n"), None);
-    }
-
-    #[test]
-    fn piece_buffers_are_aligned_and_kept_by_the_thread() {
-        let first = with_piece_buffer(|b| {
-            assert_eq!(b.len(), RANGE_PIECE);
-            assert!(b.as_ptr().addr().is_multiple_of(DIRECT_ALIGN));
-            b.fill(7);
-            b.as_ptr().addr()
-        });
-        // The same memory next time on this thread, another on another one.
-        assert_eq!(with_piece_buffer(|b| b.as_ptr().addr()), first);
-        let other = std::thread::spawn(|| with_piece_buffer(|b| b.as_ptr().addr()));
-        assert_ne!(other.join().unwrap(), first);
     }
 
     #[test]

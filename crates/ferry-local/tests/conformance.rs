@@ -1,7 +1,7 @@
 //! The backend conformance suite (crates/ferry-conformance) on the local store.
 
 use ferry_conformance::{local::read_only, Denied, Fixture};
-use ferry_engine::LocalStore;
+use ferry_local::LocalStore;
 
 /// A local store rooted in a new temporary directory.
 struct Local {

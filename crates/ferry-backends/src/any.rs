@@ -1,0 +1,324 @@
+//! [`AnyStore`]: every backend behind one `Store` type, its associated
+//! types enums of the backends' own. The forwarding is generated: adding a
+//! backend is one line in the `backends!` call at the bottom.
+
+use std::any::Any;
+use std::ffi::CStr;
+use std::io;
+use std::os::fd::BorrowedFd;
+use std::time::Duration;
+
+use ferry_engine::bwlimit::Limiter;
+use ferry_engine::entry::{Listing, Meta};
+use ferry_engine::hash::{Hash, HashKind, HashSet};
+use ferry_engine::store::{ListError, MetaChange, Progress, RangedSource, SourceFile, Store};
+use ferry_local::LocalStore;
+use ferry_s3::S3Store;
+
+/// A directory, reader or writer of one backend handed to another: the
+/// engine only ever passes a store what that store made.
+#[cold]
+fn mismatch() -> ! {
+    unreachable!("a directory or writer of one backend was passed to another")
+}
+
+macro_rules! backends {
+    ($($v:ident($s:ty)),+ $(,)?) => {
+        /// A store of any backend.
+        pub enum AnyStore {
+            $(
+                #[allow(missing_docs)]
+                $v($s),
+            )+
+        }
+
+        /// An open directory of any backend.
+        pub enum AnyDir {
+            $(
+                #[allow(missing_docs)]
+                $v(<$s as Store>::Dir),
+            )+
+        }
+
+        /// A file open for reading, of any backend. Not boxed: one reader
+        /// lives per open file and is rarely moved, and a box would cost an
+        /// allocation for every small local file copied.
+        #[allow(clippy::large_enum_variant)]
+        pub enum AnyReader {
+            $(
+                #[allow(missing_docs)]
+                $v(<$s as Store>::Reader),
+            )+
+        }
+
+        /// A file being written, of any backend.
+        pub enum AnyWriter {
+            $(
+                #[allow(missing_docs)]
+                $v(<$s as Store>::Writer),
+            )+
+        }
+
+        impl SourceFile for AnyReader {
+            fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+                match self { $(AnyReader::$v(r) => r.read(buf),)+ }
+            }
+            fn as_fd(&self) -> Option<BorrowedFd<'_>> {
+                match self { $(AnyReader::$v(r) => r.as_fd(),)+ }
+            }
+            fn ranged(&self) -> Option<&dyn RangedSource> {
+                match self { $(AnyReader::$v(r) => r.ranged(),)+ }
+            }
+            fn as_any(&self) -> Option<&dyn Any> {
+                match self { $(AnyReader::$v(r) => r.as_any(),)+ }
+            }
+            fn meta(&self) -> Option<Meta> {
+                match self { $(AnyReader::$v(r) => r.meta(),)+ }
+            }
+            fn current(&self) -> Option<(u64, i64, u32)> {
+                match self { $(AnyReader::$v(r) => r.current(),)+ }
+            }
+            fn progress(&self) -> Option<&Progress<'_>> {
+                match self { $(AnyReader::$v(r) => r.progress(),)+ }
+            }
+        }
+
+        #[allow(unreachable_patterns)]
+        impl Store for AnyStore {
+            type Dir = AnyDir;
+            type Reader = AnyReader;
+            type Writer = AnyWriter;
+
+            fn open_root(&self) -> io::Result<Option<(AnyDir, Meta)>> {
+                match self {
+                    $(AnyStore::$v(s) => Ok(s.open_root()?.map(|(d, m)| (AnyDir::$v(d), m))),)+
+                }
+            }
+            fn create_root(&self) -> io::Result<AnyDir> {
+                match self { $(AnyStore::$v(s) => s.create_root().map(AnyDir::$v),)+ }
+            }
+            fn list(
+                &self,
+                dir: &AnyDir,
+                rel: &[u8],
+                out: &mut Listing,
+                errors: &mut Vec<ListError>,
+            ) -> io::Result<()> {
+                match (self, dir) {
+                    $((AnyStore::$v(s), AnyDir::$v(d)) => s.list(d, rel, out, errors),)+
+                    _ => mismatch(),
+                }
+            }
+            fn approximate_meta(&self) -> bool {
+                match self { $(AnyStore::$v(s) => s.approximate_meta(),)+ }
+            }
+            fn refine(
+                &self,
+                dir: &AnyDir,
+                list: &mut Listing,
+                which: &[usize],
+                errors: &mut Vec<ListError>,
+            ) -> io::Result<()> {
+                match (self, dir) {
+                    $((AnyStore::$v(s), AnyDir::$v(d)) => s.refine(d, list, which, errors),)+
+                    _ => mismatch(),
+                }
+            }
+            fn stat(&self, dir: &AnyDir, name: &CStr) -> io::Result<Option<Meta>> {
+                match (self, dir) {
+                    $((AnyStore::$v(s), AnyDir::$v(d)) => s.stat(d, name),)+
+                    _ => mismatch(),
+                }
+            }
+            fn open_dir(&self, parent: &AnyDir, name: &CStr) -> io::Result<AnyDir> {
+                match (self, parent) {
+                    $((AnyStore::$v(s), AnyDir::$v(d)) => s.open_dir(d, name).map(AnyDir::$v),)+
+                    _ => mismatch(),
+                }
+            }
+            fn make_dir(&self, parent: &AnyDir, name: &CStr) -> io::Result<AnyDir> {
+                match (self, parent) {
+                    $((AnyStore::$v(s), AnyDir::$v(d)) => s.make_dir(d, name).map(AnyDir::$v),)+
+                    _ => mismatch(),
+                }
+            }
+            fn set_dir_meta(&self, dir: &AnyDir, meta: &Meta, what: MetaChange) -> io::Result<()> {
+                match (self, dir) {
+                    $((AnyStore::$v(s), AnyDir::$v(d)) => s.set_dir_meta(d, meta, what),)+
+                    _ => mismatch(),
+                }
+            }
+            fn open_file(&self, dir: &AnyDir, name: &CStr) -> io::Result<AnyReader> {
+                match (self, dir) {
+                    $((AnyStore::$v(s), AnyDir::$v(d)) => s.open_file(d, name).map(AnyReader::$v),)+
+                    _ => mismatch(),
+                }
+            }
+            fn read_link(&self, dir: &AnyDir, name: &CStr) -> io::Result<Vec<u8>> {
+                match (self, dir) {
+                    $((AnyStore::$v(s), AnyDir::$v(d)) => s.read_link(d, name),)+
+                    _ => mismatch(),
+                }
+            }
+            fn create_file(&self, dir: &AnyDir, name: &CStr, meta: &Meta) -> io::Result<AnyWriter> {
+                match (self, dir) {
+                    $((AnyStore::$v(s), AnyDir::$v(d)) => s.create_file(d, name, meta).map(AnyWriter::$v),)+
+                    _ => mismatch(),
+                }
+            }
+            fn write_from(
+                &self,
+                dir: &AnyDir,
+                w: &mut AnyWriter,
+                src: &mut dyn SourceFile,
+                size: u64,
+                limit: Option<&Limiter>,
+            ) -> io::Result<u64> {
+                match (self, dir, w) {
+                    $((AnyStore::$v(s), AnyDir::$v(d), AnyWriter::$v(w)) => s.write_from(d, w, src, size, limit),)+
+                    _ => mismatch(),
+                }
+            }
+            fn commit(
+                &self,
+                dir: &AnyDir,
+                w: AnyWriter,
+                name: &CStr,
+                meta: &Meta,
+                fsync: bool,
+            ) -> io::Result<()> {
+                match (self, dir, w) {
+                    $((AnyStore::$v(s), AnyDir::$v(d), AnyWriter::$v(w)) => s.commit(d, w, name, meta, fsync),)+
+                    _ => mismatch(),
+                }
+            }
+            fn create_empty(&self, dir: &AnyDir, name: &CStr, meta: &Meta, fsync: bool) -> io::Result<bool> {
+                match (self, dir) {
+                    $((AnyStore::$v(s), AnyDir::$v(d)) => s.create_empty(d, name, meta, fsync),)+
+                    _ => mismatch(),
+                }
+            }
+            fn abort(&self, dir: &AnyDir, w: AnyWriter) {
+                match (self, dir, w) {
+                    $((AnyStore::$v(s), AnyDir::$v(d), AnyWriter::$v(w)) => s.abort(d, w),)+
+                    _ => mismatch(),
+                }
+            }
+            fn create_symlink(&self, dir: &AnyDir, name: &CStr, target: &[u8], meta: &Meta) -> io::Result<()> {
+                match (self, dir) {
+                    $((AnyStore::$v(s), AnyDir::$v(d)) => s.create_symlink(d, name, target, meta),)+
+                    _ => mismatch(),
+                }
+            }
+            fn set_meta(&self, dir: &AnyDir, name: &CStr, meta: &Meta, what: MetaChange) -> io::Result<()> {
+                match (self, dir) {
+                    $((AnyStore::$v(s), AnyDir::$v(d)) => s.set_meta(d, name, meta, what),)+
+                    _ => mismatch(),
+                }
+            }
+            fn remove(&self, dir: &AnyDir, name: &CStr, is_dir: bool) -> io::Result<u64> {
+                match (self, dir) {
+                    $((AnyStore::$v(s), AnyDir::$v(d)) => s.remove(d, name, is_dir),)+
+                    _ => mismatch(),
+                }
+            }
+            fn remove_each(
+                &self,
+                dir: &AnyDir,
+                name: &CStr,
+                each: &mut dyn FnMut(&[u8], u64),
+            ) -> io::Result<u64> {
+                match (self, dir) {
+                    $((AnyStore::$v(s), AnyDir::$v(d)) => s.remove_each(d, name, each),)+
+                    _ => mismatch(),
+                }
+            }
+            fn hashes(&self) -> HashSet {
+                match self { $(AnyStore::$v(s) => s.hashes(),)+ }
+            }
+            fn hash(&self, dir: &AnyDir, name: &CStr, kind: HashKind) -> io::Result<Option<Hash>> {
+                match (self, dir) {
+                    $((AnyStore::$v(s), AnyDir::$v(d)) => s.hash(d, name, kind),)+
+                    _ => mismatch(),
+                }
+            }
+            fn matches_bytes<'a>(
+                &self,
+                dir: &AnyDir,
+                name: &CStr,
+                size: u64,
+                open: &mut dyn FnMut() -> io::Result<Box<dyn SourceFile + 'a>>,
+            ) -> io::Result<Option<bool>> {
+                match (self, dir) {
+                    $((AnyStore::$v(s), AnyDir::$v(d)) => s.matches_bytes(d, name, size, open),)+
+                    _ => mismatch(),
+                }
+            }
+            fn dir_write_lanes(&self) -> usize {
+                match self { $(AnyStore::$v(s) => s.dir_write_lanes(),)+ }
+            }
+            fn latency_bound(&self) -> bool {
+                match self { $(AnyStore::$v(s) => s.latency_bound(),)+ }
+            }
+            fn rename(
+                &self,
+                from_dir: &AnyDir,
+                from_name: &CStr,
+                to_dir: &AnyDir,
+                to_name: &CStr,
+            ) -> io::Result<()> {
+                match (self, from_dir, to_dir) {
+                    $((AnyStore::$v(s), AnyDir::$v(f), AnyDir::$v(t)) => s.rename(f, from_name, t, to_name),)+
+                    _ => mismatch(),
+                }
+            }
+            fn rmdir(&self, dir: &AnyDir, name: &CStr) -> io::Result<()> {
+                match (self, dir) {
+                    $((AnyStore::$v(s), AnyDir::$v(d)) => s.rmdir(d, name),)+
+                    _ => mismatch(),
+                }
+            }
+            fn preserves_owner(&self) -> bool {
+                match self { $(AnyStore::$v(s) => s.preserves_owner(),)+ }
+            }
+            fn has_dir_meta(&self) -> bool {
+                match self { $(AnyStore::$v(s) => s.has_dir_meta(),)+ }
+            }
+            fn has_inodes(&self) -> bool {
+                match self { $(AnyStore::$v(s) => s.has_inodes(),)+ }
+            }
+            fn meta_after_commit(&self, written: &Meta) -> Option<Meta> {
+                match self { $(AnyStore::$v(s) => s.meta_after_commit(written),)+ }
+            }
+            fn supports_symlinks(&self) -> bool {
+                match self { $(AnyStore::$v(s) => s.supports_symlinks(),)+ }
+            }
+            fn keeps_empty_dirs(&self) -> bool {
+                match self { $(AnyStore::$v(s) => s.keeps_empty_dirs(),)+ }
+            }
+            fn is_own_legacy_partial(&self, dir: &AnyDir, name: &CStr) -> bool {
+                match (self, dir) {
+                    $((AnyStore::$v(s), AnyDir::$v(d)) => s.is_own_legacy_partial(d, name),)+
+                    _ => mismatch(),
+                }
+            }
+            fn make_writable(&self, dir: &AnyDir) -> io::Result<bool> {
+                match (self, dir) {
+                    $((AnyStore::$v(s), AnyDir::$v(d)) => s.make_writable(d),)+
+                    _ => mismatch(),
+                }
+            }
+            fn notes(&self, role: &str) -> Vec<String> {
+                match self { $(AnyStore::$v(s) => Store::notes(s, role),)+ }
+            }
+            fn cleanup(&self, max_age: Duration, dry_run: bool) -> io::Result<Vec<(String, String)>> {
+                match self { $(AnyStore::$v(s) => Store::cleanup(s, max_age, dry_run),)+ }
+            }
+        }
+    };
+}
+
+backends! {
+    Local(LocalStore),
+    S3(S3Store),
+}

@@ -1,0 +1,183 @@
+//! What a location argument names, decided once from its text, before
+//! anything is asked of a file system or a server.
+//!
+//! Rules, in order:
+//! - `s3://BUCKET/PREFIX`: S3.
+//! - `sftp://...`, `ssh://...`: a remote shell location (no backend yet).
+//! - `[user@]host:path` when the first `:` comes before any `/` (rsync's
+//!   rule; `[v6-address]:path` too): a remote shell location (no backend
+//!   yet). A local name holding a `:` is written with a `/` before it:
+//!   `./a:b`, `/abs/a:b`.
+//! - Anything else (`/path`, `./rel`, `rel`, names that are not UTF-8): a
+//!   local path.
+
+use std::ffi::OsStr;
+use std::fmt;
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+
+/// A location as typed, by backend.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Location {
+    /// A local path.
+    Local(PathBuf),
+    /// An `s3://bucket/prefix` URL.
+    S3(String),
+    /// `[user@]host:path`, `sftp://...` or `ssh://...`: recognised, but no
+    /// backend serves it yet.
+    Shell {
+        /// The argument as typed.
+        text: String,
+        /// `user@host` (or the URL's authority).
+        host: String,
+        /// The path on that host.
+        path: String,
+    },
+}
+
+impl Location {
+    /// Parse a location argument.
+    pub fn parse(arg: &OsStr) -> Location {
+        let bytes = arg.as_bytes();
+        let Ok(text) = std::str::from_utf8(bytes) else {
+            return Location::Local(PathBuf::from(arg));
+        };
+        if text.starts_with("s3://") {
+            return Location::S3(text.to_string());
+        }
+        for scheme in ["sftp://", "ssh://"] {
+            if let Some(rest) = text.strip_prefix(scheme) {
+                let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
+                return Location::Shell {
+                    text: text.to_string(),
+                    host: host.to_string(),
+                    path: format!("/{path}"),
+                };
+            }
+        }
+        if let Some((host, path)) = host_and_path(text) {
+            return Location::Shell {
+                text: text.to_string(),
+                host: host.to_string(),
+                path: path.to_string(),
+            };
+        }
+        Location::Local(PathBuf::from(arg))
+    }
+
+    /// True for local paths.
+    pub fn is_local(&self) -> bool {
+        matches!(self, Location::Local(_))
+    }
+
+    /// The local path, for local locations.
+    pub fn local_path(&self) -> Option<&std::path::Path> {
+        match self {
+            Location::Local(p) => Some(p),
+            _ => None,
+        }
+    }
+
+    /// `Err` with the message for locations no backend serves yet.
+    pub fn supported(&self) -> Result<(), String> {
+        match self {
+            Location::Shell { text, host, path } => Err(format!(
+                "{text}: remote shell locations (host {host}, path {path}) are not supported yet; for a local name with ':' write ./{text}"
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl fmt::Display for Location {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Location::Local(p) => write!(f, "{}", p.display()),
+            Location::S3(u) => f.write_str(u),
+            Location::Shell { text, .. } => f.write_str(text),
+        }
+    }
+}
+
+/// rsync's rule: `host:path` when a `:` comes before any `/`; the host is
+/// not empty, and `[...]` brackets an IPv6 address.
+fn host_and_path(text: &str) -> Option<(&str, &str)> {
+    let end = if text.starts_with('[') || text.contains("@[") {
+        text.find("]:")? + 1
+    } else {
+        text.find(':')?
+    };
+    let host = &text[..end];
+    if host.is_empty() || host.contains('/') {
+        return None;
+    }
+    Some((host, &text[end + 1..]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(s: &str) -> Location {
+        Location::parse(OsStr::new(s))
+    }
+
+    fn local(s: &str) -> Location {
+        Location::Local(PathBuf::from(s))
+    }
+
+    fn shell(text: &str, host: &str, path: &str) -> Location {
+        Location::Shell {
+            text: text.into(),
+            host: host.into(),
+            path: path.into(),
+        }
+    }
+
+    #[test]
+    fn local_paths() {
+        for s in [
+            "/a/b", "./rel", "rel", "a/b:c", "./a:b", "/x:y", ".", "", "../:x",
+        ] {
+            assert_eq!(p(s), local(s), "{s:?}");
+            assert!(p(s).supported().is_ok());
+        }
+        let odd = OsStr::from_bytes(b"h\xff:x");
+        assert_eq!(Location::parse(odd), Location::Local(PathBuf::from(odd)));
+    }
+
+    #[test]
+    fn s3_urls() {
+        for s in ["s3://b", "s3://b/", "s3://b/p/q", "s3://", "s3://b/a:c"] {
+            assert_eq!(p(s), Location::S3(s.into()), "{s:?}");
+        }
+        assert!(!p("s3://b").is_local());
+        // Not the scheme: an upper-case S3: is rsync's host `S3`.
+        assert_eq!(p("S3://b"), shell("S3://b", "S3", "//b"));
+    }
+
+    #[test]
+    fn remote_shell_locations_are_recognised_and_refused() {
+        assert_eq!(p("host:path"), shell("host:path", "host", "path"));
+        assert_eq!(p("u@h:/abs"), shell("u@h:/abs", "u@h", "/abs"));
+        assert_eq!(p("h:"), shell("h:", "h", ""));
+        // A drive-letter-like name is a host here, as in rsync.
+        assert_eq!(p("C:"), shell("C:", "C", ""));
+        assert_eq!(p("C:/x"), shell("C:/x", "C", "/x"));
+        assert_eq!(p("[::1]:d"), shell("[::1]:d", "[::1]", "d"));
+        assert_eq!(
+            p("u@[fe80::1]:d"),
+            shell("u@[fe80::1]:d", "u@[fe80::1]", "d")
+        );
+        assert_eq!(p("sftp://h/p/q"), shell("sftp://h/p/q", "h", "/p/q"));
+        assert_eq!(p("ssh://u@h"), shell("ssh://u@h", "u@h", "/"));
+        // No host before the colon: a local name.
+        assert_eq!(p(":x"), local(":x"));
+        assert_eq!(p("[::1"), local("[::1"));
+        let e = p("host:path").supported().unwrap_err();
+        assert!(
+            e.contains("not supported yet") && e.contains("./host:path"),
+            "{e}"
+        );
+    }
+}

@@ -1,0 +1,14 @@
+//! ferry's local filesystem [`Store`](ferry_engine::Store): trees on a
+//! local disk, every operation relative to an open directory descriptor.
+//!
+//! [`local`] is the store itself; [`download`] fetches big files from a
+//! ranged source (S3) as parallel, resumable ranges into a local partial,
+//! tracked by a [`range::RangeSet`]; [`write`] coalesces small writes.
+#![deny(missing_docs)]
+
+pub mod download;
+pub mod local;
+pub mod range;
+pub mod write;
+
+pub use local::{stat_path, LocalStore};
