@@ -300,7 +300,8 @@ impl Store for LocalStore {
         // Phase 1: names (getdents64).
         DIRBUF.with(|buf| -> io::Result<()> {
             let mut buf = buf.borrow_mut();
-            // Each directory handle is listed once, from a fresh open.
+            // From the start: a handle listed before is at its end.
+            rfs::seek(&dir.fd, rfs::SeekFrom::Start(0))?;
             let mut iter = RawDir::new(&dir.fd, &mut buf[..]);
             while let Some(ent) = iter.next() {
                 let ent = ent?;

@@ -61,6 +61,14 @@ pub(crate) fn base64(data: &[u8]) -> String {
 
 /// `1600000000.123456789`: seconds with a nanosecond fraction (rclone's format).
 pub fn format_mtime(m: &Meta) -> String {
+    if m.mtime_sec < 0 && m.mtime_nsec > 0 {
+        // -2 s + 0.5 s is -1.5 s.
+        return format!(
+            "-{}.{:09}",
+            -(m.mtime_sec + 1),
+            1_000_000_000 - m.mtime_nsec
+        );
+    }
     format!("{}.{:09}", m.mtime_sec, m.mtime_nsec)
 }
 
@@ -80,7 +88,7 @@ pub fn parse_mtime(s: &str) -> Option<(i64, u32)> {
         digits.push('0');
     }
     let nsec: u32 = digits.parse().ok()?;
-    if sec < 0 && nsec > 0 {
+    if s.starts_with('-') && nsec > 0 {
         // "-1.5" is 1.5 s before the epoch: -2 s + 0.5 s.
         return Some((sec - 1, 1_000_000_000 - nsec));
     }
@@ -167,6 +175,16 @@ mod tests {
         );
         assert_eq!(parse_mtime("1600000000"), Some((1_600_000_000, 0)));
         assert_eq!(parse_mtime("x"), None);
+        for (sec, nsec, text) in [(-2, 500_000_000, "-1.500000000"), (-1, 1, "-0.999999999")] {
+            let m = Meta {
+                mtime_sec: sec,
+                mtime_nsec: nsec,
+                ..m
+            };
+            assert_eq!(format_mtime(&m), text);
+            assert_eq!(parse_mtime(text), Some((sec, nsec)));
+        }
+        assert_eq!(parse_mtime("-1"), Some((-1, 0)));
     }
 
     #[test]

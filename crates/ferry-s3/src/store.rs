@@ -780,7 +780,22 @@ impl Store for S3Store {
         }
         // The source's own metadata goes with it (and objects over 5 GiB
         // are copied in parts).
-        let (meta, md5) = self.head_md5(&from, 0, None)?;
+        let (meta, md5) = match self.head_md5(&from, 0, None) {
+            // A directory: a prefix, whose objects would move one by one.
+            Err(e)
+                if e.kind() == io::ErrorKind::NotFound
+                    && !self
+                        .list_page(&format!("{from}/"), false, None)?
+                        .contents
+                        .is_empty() =>
+            {
+                return Err(io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    format!("{from}/: S3 cannot rename a prefix"),
+                ));
+            }
+            r => r?,
+        };
         self.copy_object(
             &to,
             &self.source_of(&from),

@@ -101,7 +101,6 @@ fn check_dst(dst: &Path, allowed: &Allowed, round: &str) -> usize {
 }
 
 fn build_src(src: &Path, rng: &mut Rng) {
-    let modes = [0o644, 0o600, 0o755, 0o640, 0o444];
     for d in 0..40 {
         let dir = format!("d{d:02}");
         let nfiles = 70;
@@ -111,9 +110,7 @@ fn build_src(src: &Path, rng: &mut Rng) {
             } else {
                 format!("{dir}/f{f:03}")
             };
-            let size = rng.range(0, 4000) as usize;
-            let p = write(src, &rel, &gen_bytes(size, rng.next_u64()));
-            chmod(&p, modes[rng.range(0, modes.len() as u64) as usize]);
+            write_random(src, &rel, 4000, rng);
         }
         if d % 4 == 0 {
             ln(src, format!("{dir}/link"), "f001");

@@ -56,7 +56,7 @@ fn base64_decode(s: &str) -> Vec<u8> {
 /// The exact bytes of a name field of a JSON record: `KEY_bytes` when present, else `KEY`.
 #[track_caller]
 fn name_of(j: &Json, key: &str) -> Option<Vec<u8>> {
-    if let Some(b) = j.get(&format!("{key}_bytes")) {
+    if let Some(b) = j.get(format!("{key}_bytes")) {
         let b = base64_decode(b.as_str().expect("_bytes is a string"));
         assert!(
             std::str::from_utf8(&b).is_err(),

@@ -267,14 +267,6 @@ fn edit() -> impl Strategy<Value = Edit> {
     ]
 }
 
-fn differ(new: Mtime, old: Mtime) -> Mtime {
-    if new == old {
-        (new.0, (new.1 + 1) % 1_000_000_000)
-    } else {
-        new
-    }
-}
-
 fn remove_any(p: &Path) {
     let md = fs::symlink_metadata(p).unwrap();
     if md.is_dir() {

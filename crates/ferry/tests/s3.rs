@@ -355,45 +355,6 @@ fn rclone_reads_what_ferry_wrote_and_ferry_reads_what_rclone_wrote_on(s3: &S3) {
     assert_eq!(summary(&up).files_copied, 0, "{up}");
 }
 
-/// The AWS CLI (v1 or v2) against the test server: `aws --endpoint-url ENDPOINT ARGS...`,
-/// asserted to succeed. No config or credentials files of the user are read.
-///
-/// The CLI sends every upload with `Expect: 100-continue`; now and then (with Garage 2.5,
-/// CLI v1.45 and v2.9 alike) it misreads the answer ("Failed to parse headers") and waits
-/// for its read timeout, 60 s by default, before it retries. A shorter timeout keeps such a
-/// retry cheap; it is not a limit on how long anything may take (the CLI retries).
-fn aws(s3: &S3, args: &[&str]) -> std::process::Output {
-    let out = Command::new("aws")
-        .arg("--endpoint-url")
-        .arg(&s3.endpoint)
-        .args(["--cli-read-timeout", "10"])
-        .args(args)
-        .env("AWS_CONFIG_FILE", "/dev/null")
-        .env("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
-        .env("AWS_ACCESS_KEY_ID", &s3.key)
-        .env("AWS_SECRET_ACCESS_KEY", &s3.secret)
-        // v1 reads only AWS_DEFAULT_REGION; Garage rejects signatures for another region.
-        .env("AWS_DEFAULT_REGION", &s3.region)
-        .env("AWS_REGION", &s3.region)
-        .env("AWS_EC2_METADATA_DISABLED", "true")
-        .env("AWS_PAGER", "")
-        .env("PYTHONIOENCODING", "utf-8")
-        // Newer CLIs add CRC checksums to every request unless told not to.
-        .env("AWS_REQUEST_CHECKSUM_CALCULATION", "when_required")
-        .env("AWS_RESPONSE_CHECKSUM_VALIDATION", "when_required")
-        .env_remove("AWS_CA_BUNDLE")
-        .env_remove("AWS_ENDPOINT_URL")
-        .env_remove("AWS_PROFILE")
-        .output()
-        .expect("the AWS CLI (Debian package awscli) is installed by scripts/test");
-    assert!(
-        out.status.success(),
-        "aws {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
 /// Base64 of the MD5 of a file's content (rclone's `X-Amz-Meta-Md5chksum`), by Python.
 fn md5_base64(p: &Path) -> String {
     let out = Command::new("python3")
@@ -406,11 +367,6 @@ fn md5_base64(p: &Path) -> String {
         .unwrap();
     assert!(out.status.success());
     String::from_utf8(out.stdout).unwrap().trim().to_string()
-}
-
-/// `s3://bucket/prefix` → (bucket, prefix).
-fn split_url(url: &str) -> (&str, &str) {
-    url.strip_prefix("s3://").unwrap().split_once('/').unwrap()
 }
 
 /// `2026-11-23T00:33:01.123000+00:00` or `...Z` (UTC) → (seconds, nanoseconds).
@@ -445,6 +401,18 @@ fn parse_utc_reads_aws_cli_timestamps() {
     assert_eq!(parse_utc("2000-03-01T00:00:01Z"), (951_868_801, 0));
 }
 
+/// [`tree`] and keys that need encoding: `+`, `%`, unicode and an emoji.
+fn odd_tree(src: &Path) {
+    tree(src);
+    write(src, "odd/plus+sign", b"plus");
+    write(src, "odd/100%", b"percent");
+    write(
+        src,
+        "odd/\u{65e5}\u{672c}\u{8a9e} \u{1f600}.txt",
+        b"unicode",
+    );
+}
+
 /// Odd keys and a multipart-sized object, as ferry writes them, read by the AWS CLI: the
 /// listing has exactly ferry's keys and sizes, a recursive download has the same bytes, and
 /// the object metadata carries mtime and mode in rclone's format.
@@ -456,15 +424,8 @@ fn aws_cli_reads_what_ferry_wrote() {
 fn aws_cli_reads_what_ferry_wrote_on(s3: &S3) {
     let t = tmpdir();
     let src = t.path().join("src");
-    tree(&src);
-    write(&src, "odd/plus+sign", b"plus");
-    write(&src, "odd/100%", b"percent");
+    odd_tree(&src);
     write(&src, "odd/two  spaces.txt", b"spaces");
-    write(
-        &src,
-        "odd/\u{65e5}\u{672c}\u{8a9e} \u{1f600}.txt",
-        b"unicode",
-    );
     stamp_tree(&src, 1_500_000_000);
     let url = s3.url("awscli-ferry");
     let (bucket, prefix) = split_url(&url);
@@ -576,14 +537,7 @@ fn ferry_reads_what_aws_cli_wrote() {
 fn ferry_reads_what_aws_cli_wrote_on(s3: &S3) {
     let t = tmpdir();
     let src = t.path().join("src");
-    tree(&src);
-    write(&src, "odd/plus+sign", b"plus");
-    write(&src, "odd/100%", b"percent");
-    write(
-        &src,
-        "odd/\u{65e5}\u{672c}\u{8a9e} \u{1f600}.txt",
-        b"unicode",
-    );
+    odd_tree(&src);
     let url = s3.url("awscli-up");
     let (bucket, prefix) = split_url(&url);
     aws(
@@ -631,7 +585,7 @@ fn ferry_reads_what_aws_cli_wrote_on(s3: &S3) {
         ],
     );
     let j = parse_json(&String::from_utf8(listing.stdout).unwrap()).unwrap();
-    let Some(Json::Arr(objects)) = j.get("Contents") else {
+    let Some(Json::Array(objects)) = j.get("Contents") else {
         panic!("no Contents in {j:?}")
     };
     let mut last_modified = std::collections::BTreeMap::new();

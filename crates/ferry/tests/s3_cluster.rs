@@ -56,7 +56,6 @@ fn signal(pid: &str, sig: &str) {
 /// directories, with modes and nanosecond mtimes.
 fn build_tree(root: &Path) -> usize {
     let mut rng = Rng::new(3);
-    let modes = [0o644, 0o600, 0o755, 0o640, 0o444];
     let mut n = 0;
     for d in 0..12 {
         for f in 0..25 {
@@ -65,9 +64,7 @@ fn build_tree(root: &Path) -> usize {
             } else {
                 format!("d{d:02}/f{f:02}")
             };
-            let size = rng.range(0, 20_000) as usize;
-            let p = write(root, &rel, &gen_bytes(size, rng.next_u64()));
-            chmod(&p, modes[rng.range(0, modes.len() as u64) as usize]);
+            write_random(root, &rel, 20_000, &mut rng);
             n += 1;
         }
     }

@@ -46,38 +46,41 @@ fn start(script: Script) -> (String, Arc<Server>) {
     (addr, server)
 }
 
+/// The next request on a connection: its request line and body; `None` at its end.
+fn read_request(r: &mut BufReader<TcpStream>) -> Option<(String, Vec<u8>)> {
+    let mut line = String::new();
+    if r.read_line(&mut line).unwrap_or(0) == 0 {
+        return None;
+    }
+    let mut len = 0usize;
+    loop {
+        let mut h = String::new();
+        if r.read_line(&mut h).unwrap_or(0) == 0 {
+            return None;
+        }
+        if h == "\r\n" {
+            break;
+        }
+        if let Some((k, v)) = h.split_once(':') {
+            if k.eq_ignore_ascii_case("content-length") {
+                len = v.trim().parse().unwrap_or(0);
+            }
+        }
+    }
+    let mut body = vec![0u8; len];
+    r.read_exact(&mut body).ok()?;
+    Some((line, body))
+}
+
 fn serve(conn: TcpStream, s: &Server, script: &(dyn Fn(&str) -> (Option<u32>, How) + Sync)) {
     let mut r = BufReader::new(conn.try_clone().unwrap());
     let mut w = conn;
-    loop {
-        let mut line = String::new();
-        if r.read_line(&mut line).unwrap_or(0) == 0 {
-            return;
-        }
+    while let Some((line, body)) = read_request(&mut r) {
         let mut parts = line.split_whitespace();
         let (method, target) = (
             parts.next().unwrap_or("").to_string(),
             parts.next().unwrap_or("").to_string(),
         );
-        let mut len = 0usize;
-        loop {
-            let mut h = String::new();
-            if r.read_line(&mut h).unwrap_or(0) == 0 {
-                return;
-            }
-            if h == "\r\n" {
-                break;
-            }
-            if let Some((k, v)) = h.split_once(':') {
-                if k.eq_ignore_ascii_case("content-length") {
-                    len = v.trim().parse().unwrap_or(0);
-                }
-            }
-        }
-        let mut body = vec![0u8; len];
-        if r.read_exact(&mut body).is_err() {
-            return;
-        }
         let path = target.split('?').next().unwrap_or("").to_string();
         // Path style: /bucket or /bucket/key.
         let key = path
@@ -215,30 +218,7 @@ fn start_failing(after: After) -> String {
                 std::thread::spawn(move || {
                     let mut r = BufReader::new(conn.try_clone().unwrap());
                     let mut w = conn;
-                    loop {
-                        let mut line = String::new();
-                        if r.read_line(&mut line).unwrap_or(0) == 0 {
-                            return;
-                        }
-                        let mut len = 0usize;
-                        loop {
-                            let mut h = String::new();
-                            if r.read_line(&mut h).unwrap_or(0) == 0 {
-                                return;
-                            }
-                            if h == "\r\n" {
-                                break;
-                            }
-                            if let Some((k, v)) = h.split_once(':') {
-                                if k.eq_ignore_ascii_case("content-length") {
-                                    len = v.trim().parse().unwrap_or(0);
-                                }
-                            }
-                        }
-                        let mut body = vec![0u8; len];
-                        if r.read_exact(&mut body).is_err() {
-                            return;
-                        }
+                    while let Some((line, _)) = read_request(&mut r) {
                         let bucket_level = line
                             .split_whitespace()
                             .nth(1)
@@ -282,7 +262,7 @@ fn bounded_run(endpoint: &str, args: &[&str]) -> Run {
         .env("AWS_SECRET_ACCESS_KEY", "secret")
         .env("AWS_REGION", "garage")
         .stdin(std::process::Stdio::null());
-    util::s3::run_within(c, std::time::Duration::from_secs(120))
+    run_within(c, std::time::Duration::from_secs(120))
 }
 
 /// Lines on stderr that are not the summary.
@@ -519,7 +499,7 @@ fn bisync_with_a_server_gone_mid_run_ends_with_one_unreachable_line_and_the_reru
                 .arg(&j)
                 .arg(&a)
                 .args([url.as_str(), "--s3-endpoint", ep]);
-            util::s3::run_within(c, std::time::Duration::from_secs(120))
+            run_within(c, std::time::Duration::from_secs(120))
         };
         for i in 0..5 {
             write(&a, format!("seed/s{i}"), b"seed v1");

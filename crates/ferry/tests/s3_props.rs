@@ -187,14 +187,6 @@ fn edit() -> impl Strategy<Value = Edit> {
     ]
 }
 
-fn differ(new: Mtime, old: Mtime) -> Mtime {
-    if new == old {
-        (new.0, (new.1 + 1) % 1_000_000_000)
-    } else {
-        new
-    }
-}
-
 fn new_file(p: &Path, size: usize, seed: u64, meta: &Meta) {
     materialize(
         p,

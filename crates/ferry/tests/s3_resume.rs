@@ -334,7 +334,7 @@ fn server_gone_mid_multipart_upload_ends_the_run() {
         let proxy = cutting_proxy(&s3.endpoint, 20 << 20);
         let mut c = s3.command();
         c.args(["copy", src.to_str().unwrap(), &url, "--s3-endpoint", &proxy]);
-        let r = util::s3::run_within(c, Duration::from_secs(120));
+        let r = run_within(c, Duration::from_secs(120));
         assert_eq!(r.code, Some(1), "{r}");
         assert!(r.err().contains(&proxy), "the endpoint is named: {r}");
         let r = s3.ferry(["copy", src.to_str().unwrap(), &url]);

@@ -9,46 +9,28 @@ mod util;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::process::Command;
 
 use util::s3::*;
 use util::*;
-
-/// `s3://bucket/prefix` → (bucket, prefix).
-fn split_url(url: &str) -> (&str, &str) {
-    url.strip_prefix("s3://").unwrap().split_once('/').unwrap()
-}
 
 /// Upload `body` to the exact key `key` with the AWS CLI (`s3api put-object` sends the key
 /// as it is, whatever its segments), asserted to succeed.
 fn aws_put(s3: &S3, key: &str, body: &[u8]) {
     let t = tmpdir();
     let f = write(t.path(), "body", body);
-    let out = Command::new("aws")
-        .arg("--endpoint-url")
-        .arg(&s3.endpoint)
-        .args(["--cli-read-timeout", "10", "s3api", "put-object"])
-        .args(["--bucket", &s3.bucket, "--key", key, "--body"])
-        .arg(&f)
-        .env("AWS_CONFIG_FILE", "/dev/null")
-        .env("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
-        .env("AWS_ACCESS_KEY_ID", &s3.key)
-        .env("AWS_SECRET_ACCESS_KEY", &s3.secret)
-        .env("AWS_DEFAULT_REGION", &s3.region)
-        .env("AWS_REGION", &s3.region)
-        .env("AWS_EC2_METADATA_DISABLED", "true")
-        .env("AWS_PAGER", "")
-        .env("AWS_REQUEST_CHECKSUM_CALCULATION", "when_required")
-        .env("AWS_RESPONSE_CHECKSUM_VALIDATION", "when_required")
-        .env_remove("AWS_CA_BUNDLE")
-        .env_remove("AWS_ENDPOINT_URL")
-        .env_remove("AWS_PROFILE")
-        .output()
-        .expect("the AWS CLI (Debian package awscli) is installed by scripts/test");
-    assert!(
-        out.status.success(),
-        "aws s3api put-object {key:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
+    let f = f.to_str().expect("a UTF-8 temporary path");
+    aws(
+        s3,
+        &[
+            "s3api",
+            "put-object",
+            "--bucket",
+            &s3.bucket,
+            "--key",
+            key,
+            "--body",
+            f,
+        ],
     );
 }
 

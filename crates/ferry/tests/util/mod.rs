@@ -1,7 +1,7 @@
 //! Shared helpers for the black-box tests of the `ferry` binary.
 //!
-//! Everything here uses std only (plus the `touch` and `mkfifo` utilities for the few
-//! things std cannot do: symlink mtimes and fifos).
+//! Everything here uses std, tempfile and serde_json only (plus the `touch` and `mkfifo` utilities for
+//! the few things std cannot do: symlink mtimes and fifos).
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -68,6 +68,16 @@ impl Rng {
     pub fn chance(&mut self, num: u64, den: u64) -> bool {
         self.range(0, den) < num
     }
+}
+
+/// Write a file of `0..max_size` pseudo-random bytes at `root/rel` with a mode among the
+/// common ones, all drawn from `rng`.
+pub fn write_random(root: &Path, rel: &str, max_size: u64, rng: &mut Rng) -> PathBuf {
+    const MODES: [u32; 5] = [0o644, 0o600, 0o755, 0o640, 0o444];
+    let size = rng.range(0, max_size) as usize;
+    let p = write(root, rel, &gen_bytes(size, rng.next_u64()));
+    chmod(&p, MODES[rng.range(0, MODES.len() as u64) as usize]);
+    p
 }
 
 /// `len` pseudo-random bytes derived from `seed`.
@@ -165,6 +175,15 @@ pub fn chmod(p: &Path, mode: u32) {
 pub fn mkfifo(p: &Path) {
     let st = Command::new("mkfifo").arg(p).status().expect("run mkfifo");
     assert!(st.success(), "mkfifo {} failed", p.display());
+}
+
+/// `new`, or when it equals `old` a time one nanosecond away: an edit that must show.
+pub fn differ(new: Mtime, old: Mtime) -> Mtime {
+    if new == old {
+        (new.0, (new.1 + 1) % 1_000_000_000)
+    } else {
+        new
+    }
 }
 
 /// Set the mtime (with nanoseconds) of a file, directory or symlink (not followed).
@@ -446,10 +465,16 @@ where
     I: IntoIterator<Item = S>,
     S: AsRef<OsStr>,
 {
-    let args: Vec<OsString> = args.into_iter().map(|a| a.as_ref().to_owned()).collect();
-    let child = Command::new(bin())
-        .args(&args)
-        .stdin(Stdio::null())
+    let mut c = Command::new(bin());
+    c.args(args).stdin(Stdio::null());
+    run_within(c, HANG_GUARD)
+}
+
+/// Run `cmd` (ferry) to its end and capture what it printed; panics (after killing it) when
+/// it has not ended within `bound`: a hang guard, not a performance assertion.
+pub fn run_within(mut cmd: Command, bound: Duration) -> Run {
+    let args: Vec<OsString> = cmd.get_args().map(|a| a.to_owned()).collect();
+    let child = cmd
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -459,7 +484,7 @@ where
     std::thread::spawn(move || {
         let _ = tx.send(child.wait_with_output());
     });
-    match rx.recv_timeout(HANG_GUARD) {
+    match rx.recv_timeout(bound) {
         Ok(out) => {
             let out = out.expect("wait for ferry");
             Run {
@@ -471,7 +496,7 @@ where
         }
         Err(_) => {
             let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
-            panic!("ferry {args:?} did not finish (hang guard)");
+            panic!("ferry {args:?} did not end within {bound:?} (hang guard)");
         }
     }
 }
@@ -835,248 +860,32 @@ pub fn assert_untouched(before: &Snapshot, after: &Snapshot) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Minimal JSON parser (serde_json is not a dev-dependency)
+// JSON (serde_json), with the accessors the tests use
 // ---------------------------------------------------------------------------------------------
 
-#[derive(Clone, Debug, PartialEq)]
-pub enum Json {
-    Null,
-    Bool(bool),
-    /// Raw number text (kept exact: nanosecond mtimes do not fit in f64).
-    Num(String),
-    Str(String),
-    Arr(Vec<Json>),
-    Obj(Vec<(String, Json)>),
+pub use serde_json::Value as Json;
+
+/// What the tests read from a JSON value beyond serde_json's own accessors.
+pub trait JsonExt {
+    /// The string field `key` of an object.
+    fn str_field(&self, key: &str) -> Option<&str>;
+    /// An integer, exact (nanosecond mtimes do not fit in f64).
+    fn as_i128(&self) -> Option<i128>;
 }
 
-impl Json {
-    pub fn get(&self, key: &str) -> Option<&Json> {
-        match self {
-            Json::Obj(kv) => kv.iter().find(|(k, _)| k == key).map(|(_, v)| v),
-            _ => None,
-        }
-    }
-    pub fn as_str(&self) -> Option<&str> {
-        match self {
-            Json::Str(s) => Some(s),
-            _ => None,
-        }
-    }
-    pub fn as_u64(&self) -> Option<u64> {
-        match self {
-            Json::Num(n) => n.parse().ok(),
-            _ => None,
-        }
-    }
-    pub fn as_i128(&self) -> Option<i128> {
-        match self {
-            Json::Num(n) => n.parse().ok(),
-            _ => None,
-        }
-    }
-    pub fn as_f64(&self) -> Option<f64> {
-        match self {
-            Json::Num(n) => n.parse().ok(),
-            _ => None,
-        }
-    }
-    pub fn str_field(&self, key: &str) -> Option<&str> {
+impl JsonExt for Json {
+    fn str_field(&self, key: &str) -> Option<&str> {
         self.get(key).and_then(Json::as_str)
     }
-}
-
-struct P<'a> {
-    s: &'a [u8],
-    i: usize,
-}
-
-impl P<'_> {
-    fn ws(&mut self) {
-        while self.i < self.s.len() && matches!(self.s[self.i], b' ' | b'\t' | b'\n' | b'\r') {
-            self.i += 1;
-        }
-    }
-    fn peek(&self) -> Option<u8> {
-        self.s.get(self.i).copied()
-    }
-    fn expect(&mut self, c: u8) -> Result<(), String> {
-        if self.peek() == Some(c) {
-            self.i += 1;
-            Ok(())
-        } else {
-            Err(format!("expected '{}' at byte {}", c as char, self.i))
-        }
-    }
-    fn lit(&mut self, word: &str, v: Json) -> Result<Json, String> {
-        if self.s[self.i..].starts_with(word.as_bytes()) {
-            self.i += word.len();
-            Ok(v)
-        } else {
-            Err(format!("bad literal at byte {}", self.i))
-        }
-    }
-    fn value(&mut self) -> Result<Json, String> {
-        self.ws();
-        match self.peek() {
-            None => Err("unexpected end".into()),
-            Some(b'{') => {
-                self.i += 1;
-                let mut kv = Vec::new();
-                self.ws();
-                if self.peek() == Some(b'}') {
-                    self.i += 1;
-                    return Ok(Json::Obj(kv));
-                }
-                loop {
-                    self.ws();
-                    let k = self.string()?;
-                    self.ws();
-                    self.expect(b':')?;
-                    let v = self.value()?;
-                    kv.push((k, v));
-                    self.ws();
-                    match self.peek() {
-                        Some(b',') => self.i += 1,
-                        Some(b'}') => {
-                            self.i += 1;
-                            return Ok(Json::Obj(kv));
-                        }
-                        _ => return Err(format!("expected ',' or '}}' at byte {}", self.i)),
-                    }
-                }
-            }
-            Some(b'[') => {
-                self.i += 1;
-                let mut v = Vec::new();
-                self.ws();
-                if self.peek() == Some(b']') {
-                    self.i += 1;
-                    return Ok(Json::Arr(v));
-                }
-                loop {
-                    v.push(self.value()?);
-                    self.ws();
-                    match self.peek() {
-                        Some(b',') => self.i += 1,
-                        Some(b']') => {
-                            self.i += 1;
-                            return Ok(Json::Arr(v));
-                        }
-                        _ => return Err(format!("expected ',' or ']' at byte {}", self.i)),
-                    }
-                }
-            }
-            Some(b'"') => Ok(Json::Str(self.string()?)),
-            Some(b't') => self.lit("true", Json::Bool(true)),
-            Some(b'f') => self.lit("false", Json::Bool(false)),
-            Some(b'n') => self.lit("null", Json::Null),
-            Some(c) if c == b'-' || c.is_ascii_digit() => {
-                let start = self.i;
-                if self.peek() == Some(b'-') {
-                    self.i += 1;
-                }
-                let digits = |p: &mut Self| {
-                    let st = p.i;
-                    while p.peek().is_some_and(|c| c.is_ascii_digit()) {
-                        p.i += 1;
-                    }
-                    p.i > st
-                };
-                if !digits(self) {
-                    return Err(format!("bad number at byte {start}"));
-                }
-                if self.peek() == Some(b'.') {
-                    self.i += 1;
-                    if !digits(self) {
-                        return Err(format!("bad fraction at byte {start}"));
-                    }
-                }
-                if matches!(self.peek(), Some(b'e' | b'E')) {
-                    self.i += 1;
-                    if matches!(self.peek(), Some(b'+' | b'-')) {
-                        self.i += 1;
-                    }
-                    if !digits(self) {
-                        return Err(format!("bad exponent at byte {start}"));
-                    }
-                }
-                Ok(Json::Num(
-                    String::from_utf8(self.s[start..self.i].to_vec()).unwrap(),
-                ))
-            }
-            Some(c) => Err(format!("unexpected '{}' at byte {}", c as char, self.i)),
-        }
-    }
-    fn hex4(&mut self) -> Result<u32, String> {
-        let h = self.s.get(self.i..self.i + 4).ok_or("short \\u escape")?;
-        let h = std::str::from_utf8(h).map_err(|_| "bad \\u escape")?;
-        let v = u32::from_str_radix(h, 16).map_err(|_| format!("bad \\u escape {h}"))?;
-        self.i += 4;
-        Ok(v)
-    }
-    fn string(&mut self) -> Result<String, String> {
-        self.expect(b'"')?;
-        let mut out: Vec<u8> = Vec::new();
-        loop {
-            let c = self.peek().ok_or("unterminated string")?;
-            self.i += 1;
-            match c {
-                b'"' => break,
-                b'\\' => {
-                    let e = self.peek().ok_or("unterminated escape")?;
-                    self.i += 1;
-                    let ch: char = match e {
-                        b'"' => '"',
-                        b'\\' => '\\',
-                        b'/' => '/',
-                        b'b' => '\u{8}',
-                        b'f' => '\u{c}',
-                        b'n' => '\n',
-                        b'r' => '\r',
-                        b't' => '\t',
-                        b'u' => {
-                            let hi = self.hex4()?;
-                            if (0xD800..0xDC00).contains(&hi)
-                                && self.s[self.i..].starts_with(b"\\u")
-                            {
-                                let save = self.i;
-                                self.i += 2;
-                                let lo = self.hex4()?;
-                                if (0xDC00..0xE000).contains(&lo) {
-                                    char::from_u32(0x10000 + ((hi - 0xD800) << 10) + (lo - 0xDC00))
-                                        .unwrap_or('\u{FFFD}')
-                                } else {
-                                    self.i = save;
-                                    '\u{FFFD}'
-                                }
-                            } else {
-                                char::from_u32(hi).unwrap_or('\u{FFFD}')
-                            }
-                        }
-                        other => return Err(format!("bad escape \\{}", other as char)),
-                    };
-                    let mut buf = [0u8; 4];
-                    out.extend_from_slice(ch.encode_utf8(&mut buf).as_bytes());
-                }
-                c if c < 0x20 => return Err(format!("raw control byte {c:#x} in string")),
-                c => out.push(c),
-            }
-        }
-        String::from_utf8(out).map_err(|_| "invalid UTF-8 in string".to_owned())
+    fn as_i128(&self) -> Option<i128> {
+        self.as_i64()
+            .map(i128::from)
+            .or_else(|| self.as_u64().map(i128::from))
     }
 }
 
 pub fn parse_json(s: &str) -> Result<Json, String> {
-    let mut p = P {
-        s: s.as_bytes(),
-        i: 0,
-    };
-    let v = p.value()?;
-    p.ws();
-    if p.i != p.s.len() {
-        return Err(format!("trailing data at byte {}", p.i));
-    }
-    Ok(v)
+    serde_json::from_str(s).map_err(|e| e.to_string())
 }
 
 /// Parse every stdout line of a `--json` run (all must be JSON objects).
@@ -1086,7 +895,7 @@ pub fn json_lines(r: &Run) -> Vec<Json> {
     let mut v = Vec::new();
     for (i, line) in out.lines().enumerate() {
         match parse_json(line) {
-            Ok(j @ Json::Obj(_)) => v.push(j),
+            Ok(j @ Json::Object(_)) => v.push(j),
             Ok(_) => panic!(
                 "stdout line {} is JSON but not an object: {line:?}\n{r}",
                 i + 1

@@ -7,7 +7,6 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc;
 use std::time::Duration;
 
 use super::*;
@@ -228,37 +227,6 @@ pub fn assert_files_equal(a: &Path, b: &Path) {
     }
 }
 
-/// Run `cmd` (ferry) to its end and capture what it printed; panics (after killing it) when
-/// it has not ended within `bound`: a hang guard, not a performance assertion.
-pub fn run_within(mut cmd: Command, bound: Duration) -> Run {
-    let args: Vec<OsString> = cmd.get_args().map(|a| a.to_owned()).collect();
-    let child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn ferry");
-    let pid = child.id();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    match rx.recv_timeout(bound) {
-        Ok(out) => {
-            let out = out.expect("wait for ferry");
-            Run {
-                args,
-                code: out.status.code(),
-                stdout: out.stdout,
-                stderr: out.stderr,
-            }
-        }
-        Err(_) => {
-            let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
-            panic!("ferry {args:?} did not end within {bound:?} (hang guard)");
-        }
-    }
-}
-
 /// A TCP proxy to `upstream` (`http://host:port`) that goes away for good once `cut_after`
 /// bytes went up through it: every connection is shut and new ones are refused, as when the
 /// server dies mid-upload. Returns its endpoint.
@@ -323,4 +291,48 @@ pub fn cutting_proxy(upstream: &str, cut_after: u64) -> String {
         }
     });
     ep
+}
+
+/// `s3://bucket/prefix` → (bucket, prefix).
+pub fn split_url(url: &str) -> (&str, &str) {
+    url.strip_prefix("s3://").unwrap().split_once('/').unwrap()
+}
+
+/// The AWS CLI (v1 or v2) against the test server: `aws --endpoint-url ENDPOINT ARGS...`,
+/// asserted to succeed. No config or credentials files of the user are read.
+///
+/// The CLI sends every upload with `Expect: 100-continue`; now and then (with Garage 2.5,
+/// CLI v1.45 and v2.9 alike) it misreads the answer ("Failed to parse headers") and waits
+/// for its read timeout, 60 s by default, before it retries. A shorter timeout keeps such a
+/// retry cheap; it is not a limit on how long anything may take (the CLI retries).
+pub fn aws(s3: &S3, args: &[&str]) -> std::process::Output {
+    let out = Command::new("aws")
+        .arg("--endpoint-url")
+        .arg(&s3.endpoint)
+        .args(["--cli-read-timeout", "10"])
+        .args(args)
+        .env("AWS_CONFIG_FILE", "/dev/null")
+        .env("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
+        .env("AWS_ACCESS_KEY_ID", &s3.key)
+        .env("AWS_SECRET_ACCESS_KEY", &s3.secret)
+        // v1 reads only AWS_DEFAULT_REGION; Garage rejects signatures for another region.
+        .env("AWS_DEFAULT_REGION", &s3.region)
+        .env("AWS_REGION", &s3.region)
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .env("AWS_PAGER", "")
+        .env("PYTHONIOENCODING", "utf-8")
+        // Newer CLIs add CRC checksums to every request unless told not to.
+        .env("AWS_REQUEST_CHECKSUM_CALCULATION", "when_required")
+        .env("AWS_RESPONSE_CHECKSUM_VALIDATION", "when_required")
+        .env_remove("AWS_CA_BUNDLE")
+        .env_remove("AWS_ENDPOINT_URL")
+        .env_remove("AWS_PROFILE")
+        .output()
+        .expect("the AWS CLI (Debian package awscli) is installed by scripts/test");
+    assert!(
+        out.status.success(),
+        "aws {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
 }
