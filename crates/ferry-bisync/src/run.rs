@@ -25,8 +25,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
+use ferry_engine::bwlimit::Limiter;
+use ferry_engine::copy::Copier;
 use ferry_engine::pool::Pool;
-use ferry_engine::store::{MetaChange, Tracked};
+use ferry_engine::store::MetaChange;
 use ferry_engine::{Filter, Kind, Meta, Stats, Store};
 
 use crate::journal::{Journal, Snapshot, Update};
@@ -52,6 +54,8 @@ pub struct Options {
     pub filter: Option<Filter>,
     /// fsync each file before it is named.
     pub fsync: bool,
+    /// Bandwidth limit over all transfers together (`--bwlimit`).
+    pub bwlimit: Option<Limiter>,
     /// Files that metadata says are in sync also have their bytes
     /// compared; different bytes are a conflict (both kept).
     pub checksum: bool,
@@ -577,27 +581,39 @@ fn clone_dir<S: Store>(s: &S) -> Result<S::Dir, Refused> {
     }
 }
 
-/// True when two files (or two symlinks) hold the same bytes.
+/// True when two files (or two symlinks) hold the same bytes: the
+/// engine's content compare (a store's hash spares reading its side).
 fn same_content<S: Store, D: Store>(
-    s: &S,
+    cp: &Copier<'_, S, D>,
     sd: &Dirs<S>,
     skey: &[u8],
-    d: &D,
     dd: &Dirs<D>,
     dkey: &[u8],
 ) -> io::Result<bool> {
+    let (s, d) = (cp.src, cp.dst);
     let (sdir, sname) = sd.at(s, skey)?;
     let (ddir, dname) = dd.at(d, dkey)?;
-    let sm = s.stat(&sdir, &sname)?;
-    if sm.is_some_and(|m| m.kind == Kind::Symlink) {
+    let sm = s
+        .stat(&sdir, &sname)?
+        .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
+    if sm.kind == Kind::Symlink {
         return Ok(s.read_link(&sdir, &sname)? == d.read_link(&ddir, &dname)?);
     }
-    let mut x = s.open_file(&sdir, &sname)?;
-    let mut y = d.open_file(&ddir, &dname)?;
-    ferry_engine::engine::same_bytes(&mut x, &mut y)
+    cp.same_content(&sdir, &sname, &ddir, &dname, sm.size)
 }
 
 impl<A: Store, B: Store> Exec<'_, A, B> {
+    /// The engine's file copy from `s` to `d` with this run's options.
+    fn copier<'x, S: Store, D: Store>(&'x self, s: &'x S, d: &'x D) -> Copier<'x, S, D> {
+        Copier {
+            src: s,
+            dst: d,
+            fsync: self.opts.fsync,
+            bwlimit: self.opts.bwlimit.as_ref(),
+            moved: &self.stats.bytes_moved,
+        }
+    }
+
     fn fail(&self, key: &[u8], e: &io::Error) {
         add(&self.stats.errors, 1);
         self.rep.error(&path_of(key), e);
@@ -624,7 +640,14 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
         pool.push_all(todo);
         pool.run(self.opts.jobs, |i, _| {
             let it = &items[i];
-            let act = match same_content(self.a, &self.da, &it.key, self.b, &self.db, &it.key) {
+            let same = same_content(
+                &self.copier(self.a, self.b),
+                &self.da,
+                &it.key,
+                &self.db,
+                &it.key,
+            );
+            let act = match same {
                 // In sync by metadata and by content.
                 Ok(true) if it.act == Act::Check => Act::Record,
                 Ok(true) => {
@@ -671,7 +694,11 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
         pool.run(self.opts.jobs, |i, _| {
             let (x, new, old) = &cands[i];
             let same = between!(self, *x, |s, sd, d, dd| same_content(
-                s, sd, new, d, dd, old
+                &self.copier(s, d),
+                sd,
+                new,
+                dd,
+                old
             ));
             ok[i].store(same.unwrap_or(false), Ordering::Relaxed);
         });
@@ -1159,28 +1186,23 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
             self.skip_symlink(c.from, &c.src);
             return;
         }
-        let moved = &self.stats.bytes_moved;
         let res = between!(self, c.from, |s, sd, d, dd| copy_one(
-            s,
+            &self.copier(s, d),
             sd,
-            d,
             dd,
-            c,
-            self.opts.fsync,
-            moved
+            c
         ));
         match res {
-            Ok(now) => {
+            Ok((from, now)) => {
                 add(&self.stats.files_copied, 1);
-                add(&self.stats.bytes_copied, c.meta.size);
+                add(&self.stats.bytes_copied, from.size);
                 let act = match (c.meta.kind, c.expect) {
                     (Kind::Symlink, _) => BiAction::Symlink,
                     (_, Some(_)) => BiAction::Update,
                     _ => BiAction::Copy,
                 };
-                self.rep
-                    .action(act, to, &path_of(&c.dst), None, c.meta.size);
-                self.record(Update::Put(c.dst.clone(), synced(c.from, c.meta, now)));
+                self.rep.action(act, to, &path_of(&c.dst), None, from.size);
+                self.record(Update::Put(c.dst.clone(), synced(c.from, from, now)));
             }
             Err(e) => self.fail(&c.dst, &e),
         }
@@ -1271,18 +1293,16 @@ struct Copy {
     expect: Option<Meta>,
 }
 
-/// Copy `c.src` of `s` to `c.dst` of `d` (temporary + commit, so never
-/// visible half-written); returns the target's metadata afterwards. The
-/// bytes are counted into `moved` as they move, as copy and sync count them.
+/// Copy `c.src` to `c.dst` (the engine's file copy: temporary + commit, so
+/// never visible half-written, paced and counted); returns the source's
+/// metadata the copy was made from and the target's afterwards.
 fn copy_one<S: Store, D: Store>(
-    s: &S,
+    cp: &Copier<'_, S, D>,
     sd: &Dirs<S>,
-    d: &D,
     dd: &Dirs<D>,
     c: &Copy,
-    fsync: bool,
-    moved: &AtomicU64,
-) -> io::Result<Meta> {
+) -> io::Result<(Meta, Meta)> {
+    let (s, d) = (cp.src, cp.dst);
     let (sdir, sname) = sd.at(s, &c.src)?;
     let (ddir, dname) = dd.at(d, &c.dst)?;
     // The target must still be what the plan saw: absent, or unchanged
@@ -1290,33 +1310,20 @@ fn copy_one<S: Store, D: Store>(
     if !still(d.stat(&ddir, &dname)?.as_ref(), c.expect.as_ref()) {
         return Err(changed_err());
     }
+    let mut from = c.meta;
     if c.meta.kind == Kind::Symlink {
         let target = s.read_link(&sdir, &sname)?;
         d.create_symlink(&ddir, &dname, &target, &c.meta)?;
     } else {
-        let mut r = Tracked::new(s.open_file(&sdir, &sname)?, moved);
-        let mut w = d.create_file(&ddir, &dname, &c.meta)?;
-        let n = match d.write_from(&ddir, &mut w, &mut r, c.meta.size, None) {
-            Ok(n) => n,
-            Err(e) => {
-                d.abort(&ddir, w);
-                return Err(e);
-            }
-        };
-        r.settle(n);
-        drop(r);
-        if n != c.meta.size {
-            d.abort(&ddir, w);
-            return Err(io::Error::other(format!(
-                "changed while being copied (size {} when listed, {n} read); the next run copies it",
-                c.meta.size
-            )));
-        }
-        d.commit(&ddir, w, &dname, &c.meta, fsync)?;
-        if let Some(m) = d.meta_after_commit(&c.meta) {
-            return Ok(m);
+        from = cp
+            .copy_file(&sdir, &sname, &ddir, &dname, &c.meta, c.expect.is_none())?
+            .meta;
+        if let Some(m) = d.meta_after_commit(&from) {
+            return Ok((from, m));
         }
     }
-    d.stat(&ddir, &dname)?
-        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "vanished after the copy"))
+    let now = d
+        .stat(&ddir, &dname)?
+        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "vanished after the copy"))?;
+    Ok((from, now))
 }

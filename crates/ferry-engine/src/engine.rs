@@ -18,22 +18,18 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use crate::bwlimit::Limiter;
+use crate::copy::Copier;
 use crate::entry::{join, Kind, Listing, Meta};
-use crate::etag;
 use crate::filter::Filter;
 use crate::plan::{meta_change, plan_dir, PlanOptions, Step};
 use crate::pool::Pool;
 use crate::report::{Action, Reporter, Stats, Summary};
-use crate::store::{
-    is_legacy_partial_name, is_temp_name, ListError, MetaChange, SourceFile, Store, Tracked,
-};
+use crate::store::{is_legacy_partial_name, is_temp_name, ListError, MetaChange, Store};
 
 /// Files per transfer task, at most.
 const BATCH_FILES: usize = 64;
 /// Bytes per transfer task, at most (a bigger file gets a task of its own).
 const BATCH_BYTES: u64 = 8 << 20;
-/// Buffer size of the `--checksum` comparison.
-const COMPARE_BUF: usize = 256 * 1024;
 /// Why a special file is skipped (the `skip` note and record).
 const SPECIAL_SKIP: &str = "special file (fifo, socket or device) in SRC: not copied";
 
@@ -1137,7 +1133,10 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             let (Some(d), Some(dm)) = (&node.dst, dst_meta) else {
                 return;
             };
-            match self.same_content(&node.src, name, d, name, meta.size) {
+            match self
+                .copier()
+                .same_content(&node.src, name, d, name, meta.size)
+            {
                 Ok(true) => {
                     Stats::add(&self.stats.unchanged, 1);
                     let c = meta_change(meta, &dm, self.plan.owner);
@@ -1162,7 +1161,11 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             return;
         }
         let Some(d) = &node.dst else { return };
-        match self.copy_file(&node.src, name, d, name, meta, dst_meta.is_none()) {
+        match self
+            .copier()
+            .copy_file(&node.src, name, d, name, meta, dst_meta.is_none())
+            .map(|c| c.bytes)
+        {
             Ok(n) => {
                 node.dirty.store(true, Ordering::Relaxed);
                 Stats::add(&self.stats.files_copied, 1);
@@ -1173,114 +1176,15 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         }
     }
 
-    /// Copy one file to a temporary, set its metadata, rename into place.
-    /// `fresh`: the destination has no entry of that name.
-    ///
-    /// A source that can tell its current size and mtime cheaply (a local
-    /// file: one `fstat` of the open descriptor, after the copy) is checked
-    /// against what was expected: a file that changed while it was copied
-    /// (or since it was listed) is copied once more against its new state,
-    /// and if it changed again the copy fails. Either way a copy that may
-    /// be torn is dropped, never given the source's mtime.
-    fn copy_file(
-        &self,
-        sdir: &S::Dir,
-        sname: &CStr,
-        ddir: &D::Dir,
-        name: &CStr,
-        meta: &Meta,
-        fresh: bool,
-    ) -> io::Result<u64> {
-        // An empty file has no content to hide while half-written: the
-        // store may create it under its name directly, without reading the
-        // source (whose listed metadata must then be exact).
-        if fresh
-            && meta.size == 0
-            && !self.src.approximate_meta()
-            && self.dst.create_empty(ddir, name, meta, self.opts.fsync)?
-        {
-            return Ok(0);
+    /// The file copy and content compare of this run.
+    fn copier(&self) -> Copier<'_, S, D> {
+        Copier {
+            src: self.src,
+            dst: self.dst,
+            fsync: self.opts.fsync,
+            bwlimit: self.opts.bwlimit.as_ref(),
+            moved: &self.stats.bytes_moved,
         }
-        let mut want = *meta;
-        let mut seen = (meta.size, meta.mtime_sec, meta.mtime_nsec);
-        for _ in 0..2 {
-            match self.copy_once(sdir, sname, ddir, name, &want)? {
-                Ok(n) => return Ok(n),
-                Err(now) => {
-                    seen = now;
-                    want = Meta {
-                        size: now.0,
-                        mtime_sec: now.1,
-                        mtime_nsec: now.2,
-                        ..want
-                    };
-                }
-            }
-        }
-        Err(io::Error::other(format!(
-            "changed while being copied (size {} when listed, {} now), not copied: the next run copies it again",
-            meta.size, seen.0
-        )))
-    }
-
-    /// One attempt of `copy_file`: `Ok(Ok(bytes))` when committed,
-    /// `Ok(Err(now))` when the source changed (nothing committed; `now`:
-    /// its current size and mtime).
-    #[allow(clippy::type_complexity)]
-    fn copy_once(
-        &self,
-        sdir: &S::Dir,
-        sname: &CStr,
-        ddir: &D::Dir,
-        name: &CStr,
-        meta: &Meta,
-    ) -> io::Result<Result<u64, (u64, i64, u32)>> {
-        let mut r = Tracked::new(self.src.open_file(sdir, sname)?, &self.stats.bytes_moved);
-        let mut w = self.dst.create_file(ddir, name, meta)?;
-        let n =
-            match self
-                .dst
-                .write_from(ddir, &mut w, &mut r, meta.size, self.opts.bwlimit.as_ref())
-            {
-                Ok(n) => n,
-                Err(e) => {
-                    self.dst.abort(ddir, w);
-                    return Err(e);
-                }
-            };
-        // Bytes no one counted on the way (a server-side copy).
-        r.settle(n);
-        // A source listed with approximate metadata knows it exactly now.
-        let exact = r.inner().meta().map(|m| Meta {
-            kind: meta.kind,
-            uid: meta.uid,
-            gid: meta.gid,
-            ino: meta.ino,
-            ..m
-        });
-        let now = if self.src.approximate_meta() {
-            None
-        } else {
-            r.inner().current()
-        };
-        drop(r);
-        let meta = exact.as_ref().unwrap_or(meta);
-        if let Some(now) = now {
-            if now != (n, meta.mtime_sec, meta.mtime_nsec) || n != meta.size {
-                self.dst.abort(ddir, w);
-                return Ok(Err(now));
-            }
-        } else if n != meta.size {
-            self.dst.abort(ddir, w);
-            return Err(io::Error::other(format!(
-                "changed while being copied (size {} when listed, {}{} read)",
-                meta.size,
-                n,
-                if n > meta.size { "+" } else { "" }
-            )));
-        }
-        self.dst.commit(ddir, w, name, meta, self.opts.fsync)?;
-        Ok(Ok(n))
     }
 
     /// Copy or sync a single file `src_name` (in the source root directory)
@@ -1307,9 +1211,9 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             None => true,
             Some(dm) if dm.kind != Kind::File => true,
             Some(dm) if dm.size != sm.size => true,
-            Some(_) if self.checksum => {
-                !self.same_content(&sdir, src_name, &ddir, dst_name, sm.size)?
-            }
+            Some(_) if self.checksum => !self
+                .copier()
+                .same_content(&sdir, src_name, &ddir, dst_name, sm.size)?,
             Some(dm) => !sm.same_mtime(&dm),
         };
         if !changed {
@@ -1337,7 +1241,10 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             Stats::add(&self.stats.bytes_copied, sm.size);
             return Ok(self.stats.summary(start.elapsed()));
         }
-        let res = self.copy_file(&sdir, src_name, &ddir, dst_name, &sm, dm.is_none());
+        let res = self
+            .copier()
+            .copy_file(&sdir, src_name, &ddir, dst_name, &sm, dm.is_none())
+            .map(|c| c.bytes);
         match res {
             Ok(n) => {
                 Stats::add(&self.stats.files_copied, 1);
@@ -1348,40 +1255,6 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         }
         Ok(self.stats.summary(start.elapsed()))
     }
-
-    /// `--checksum`: compare content. A store that keeps a hash (S3 ETag)
-    /// spares reading its side: the other side's bytes are hashed to match.
-    fn same_content(
-        &self,
-        sdir: &S::Dir,
-        sname: &CStr,
-        ddir: &D::Dir,
-        dname: &CStr,
-        size: u64,
-    ) -> io::Result<bool> {
-        match (self.src.etag(sdir, sname)?, self.dst.etag(ddir, dname)?) {
-            (Some(a), Some(b)) if a == b => return Ok(true),
-            (Some(a), Some(b)) if etag::surely_differ(&a, &b, size) => return Ok(false),
-            (None, Some(e)) => {
-                if let Some(same) =
-                    etag::matches(&mut || self.src.open_file(sdir, sname), size, &e)?
-                {
-                    return Ok(same);
-                }
-            }
-            (Some(e), None) => {
-                if let Some(same) =
-                    etag::matches(&mut || self.dst.open_file(ddir, dname), size, &e)?
-                {
-                    return Ok(same);
-                }
-            }
-            _ => {}
-        }
-        let mut a = self.src.open_file(sdir, sname)?;
-        let mut b = self.dst.open_file(ddir, dname)?;
-        same_bytes(&mut a, &mut b)
-    }
 }
 
 /// A kind as a word in messages.
@@ -1390,35 +1263,6 @@ fn kind_word(k: Kind) -> &'static str {
         Kind::Dir => "directory",
         k => k.as_str(),
     }
-}
-
-/// True when two readers yield the same bytes (read side by side in
-/// 256 KiB blocks): the content compare of `--checksum` and bisync.
-pub fn same_bytes(a: &mut dyn SourceFile, b: &mut dyn SourceFile) -> io::Result<bool> {
-    let mut ba = vec![0u8; COMPARE_BUF];
-    let mut bb = vec![0u8; COMPARE_BUF];
-    loop {
-        let n = read_full(a, &mut ba)?;
-        let m = read_full(b, &mut bb)?;
-        if n != m || ba[..n] != bb[..m] {
-            return Ok(false);
-        }
-        if n == 0 {
-            return Ok(true);
-        }
-    }
-}
-
-fn read_full(r: &mut dyn SourceFile, buf: &mut [u8]) -> io::Result<usize> {
-    let mut n = 0;
-    while n < buf.len() {
-        let k = r.read(&mut buf[n..])?;
-        if k == 0 {
-            break;
-        }
-        n += k;
-    }
-    Ok(n)
 }
 
 /// Files of one directory gathered into one transfer task.

@@ -8,6 +8,7 @@
 #![deny(missing_docs)]
 
 pub mod bwlimit;
+pub mod copy;
 pub mod download;
 pub mod encode;
 pub mod engine;

@@ -131,6 +131,9 @@ pub struct BisyncArgs {
     /// Make each file's data durable (fsync) before it is named.
     #[arg(long)]
     pub fsync: bool,
+    /// Limit bandwidth over all transfers, e.g. 10M, 512K (bytes per second).
+    #[arg(long, value_name = "RATE", value_parser = parse_rate)]
+    pub bwlimit: Option<u64>,
     /// Print each action.
     #[arg(short, long, action = clap::ArgAction::Count)]
     pub verbose: u8,

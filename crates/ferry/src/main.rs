@@ -296,6 +296,7 @@ fn run_bisync(a: BisyncArgs) -> Result<u8, String> {
         jobs,
         filter,
         fsync: a.fsync,
+        bwlimit: a.bwlimit.map(ferry_engine::bwlimit::Limiter::new),
         checksum: a.checksum,
         roots: [ra.1.clone(), rb.1.clone()],
     };
