@@ -22,9 +22,9 @@ use crate::copy::Copier;
 use crate::entry::{join, Kind, Listing, Meta};
 use crate::filter::Filter;
 use crate::plan::{meta_change, plan_dir, PlanOptions, Step};
-use crate::pool::Pool;
 use crate::report::{Action, Reporter, Stats, Summary};
 use crate::store::{is_legacy_partial_name, is_temp_name, ListError, MetaChange, Store};
+use crate::walk::{self, Queue, Visitor};
 
 /// Files per transfer task, at most.
 const BATCH_FILES: usize = 64;
@@ -166,7 +166,8 @@ enum DstAt {
     Other(Meta),
 }
 
-enum Task<S: Store, D: Store> {
+/// A directory of the walk: the root's node, or a subdirectory to open.
+enum DirTask<S: Store, D: Store> {
     Scan(Arc<Node<S, D>>),
     Dir {
         parent: Arc<Node<S, D>>,
@@ -174,11 +175,16 @@ enum Task<S: Store, D: Store> {
         src_meta: Meta,
         dst: DstAt,
     },
-    Files {
-        node: Arc<Node<S, D>>,
-        batch: FileBatch,
-    },
 }
+
+/// A batch of files of one directory to transfer.
+struct Files<S: Store, D: Store> {
+    node: Arc<Node<S, D>>,
+    batch: FileBatch,
+}
+
+/// The engine's queue on the walk's pool.
+type Q<'q, S, D> = Queue<'q, DirTask<S, D>, Files<S, D>>;
 
 /// Runs copy and sync between two stores.
 pub struct Engine<'a, S: Store, D: Store> {
@@ -343,47 +349,10 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             parent: None,
             lanes: Mutex::new((0, VecDeque::new())),
         });
-        let pool: Pool<Task<S, D>> = Pool::new();
-        pool.push(Task::Scan(root));
-        pool.run(self.opts.jobs, |task, pool| self.run_task(task, pool));
+        walk::walk(&Walker(self), self.opts.jobs, vec![DirTask::Scan(root)]);
         match self.refusal.lock().expect("refusal").take() {
             Some(msg) => Err(refused(msg)),
             None => Ok(()),
-        }
-    }
-
-    fn run_task(&self, task: Task<S, D>, pool: &Pool<Task<S, D>>) {
-        match task {
-            Task::Scan(node) => self.scan(&node, pool),
-            Task::Dir {
-                parent,
-                name,
-                src_meta,
-                dst,
-            } => {
-                // The child node reports to its parent when it completes;
-                // if it could not be opened, the task does.
-                match self.open_node(&parent, &name, src_meta, dst) {
-                    Some(node) => self.scan(&node, pool),
-                    None => self.done(&parent),
-                }
-            }
-            Task::Files { node, batch } => {
-                let mut batch = Some(batch);
-                while let Some(b) = batch {
-                    for (i, e) in b.files.entries().iter().enumerate() {
-                        let name = b.files.cname(e);
-                        self.transfer(&node, name, &e.meta, b.dst[i], b.check[i]);
-                    }
-                    self.done(&node);
-                    // This lane goes on with the directory's waiting batches.
-                    let mut l = node.lanes.lock().expect("lanes");
-                    batch = l.1.pop_front();
-                    if batch.is_none() {
-                        l.0 -= 1;
-                    }
-                }
-            }
         }
     }
 
@@ -632,14 +601,18 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
     }
 
     /// List both sides of a directory, plan, and act.
-    fn scan(&self, node: &Arc<Node<S, D>>, pool: &Pool<Task<S, D>>) {
+    fn scan(&self, node: &Arc<Node<S, D>>, q: &Q<'_, S, D>) {
         let filter = self.opts.filter.as_ref();
         let mut src_list = Listing::new();
         let mut errors: Vec<ListError> = Vec::new();
-        if let Err(e) = self
-            .src
-            .list(&node.src, &node.rel, filter, &mut src_list, &mut errors)
-        {
+        if let Err(e) = walk::list(
+            self.src,
+            &node.src,
+            &node.rel,
+            filter,
+            &mut src_list,
+            &mut |_, e| errors.push(e),
+        ) {
             // Without a complete source listing nothing may be deleted here.
             self.fail(&node.rel, &e);
             self.done(node);
@@ -647,17 +620,17 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         }
         let mut dst_list = Listing::new();
         if let (Some(d), Some(_)) = (&node.dst, &node.dst_meta) {
-            let mut derr = Vec::new();
-            if let Err(e) = self
-                .dst
-                .list(d, &node.rel, filter, &mut dst_list, &mut derr)
-            {
+            if let Err(e) = walk::list(
+                self.dst,
+                d,
+                &node.rel,
+                filter,
+                &mut dst_list,
+                &mut |path, e| self.fail(&path, &e.err),
+            ) {
                 self.fail(&node.rel, &e);
                 self.done(node);
                 return;
-            }
-            for e in derr {
-                self.fail(&self.path(node, &e.name), &e.err);
             }
         }
         if (self.src.approximate_meta() || self.dst.approximate_meta()) && !self.counting {
@@ -694,7 +667,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         self.unlock_if_needed(node, &steps);
 
         let mut batch = FileBatch::default();
-        let mut subdirs: Vec<Task<S, D>> = Vec::new();
+        let mut subdirs: Vec<DirTask<S, D>> = Vec::new();
         let se = src_list.entries();
         let de = dst_list.entries();
         for step in steps {
@@ -798,15 +771,13 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                 }
             }
             if batch.full() {
-                self.queue_batch(node, &mut batch, pool);
+                self.queue_batch(node, &mut batch, q);
             }
         }
-        self.queue_batch(node, &mut batch, pool);
+        self.queue_batch(node, &mut batch, q);
         if !subdirs.is_empty() {
             node.pending.fetch_add(subdirs.len(), Ordering::AcqRel);
-            // Reversed so that the pool (a stack) visits them in name order.
-            subdirs.reverse();
-            pool.push_all(subdirs);
+            q.dirs(subdirs);
         }
         self.done(node);
     }
@@ -817,8 +788,8 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         name: &CStr,
         src_meta: Meta,
         dst: DstAt,
-    ) -> Task<S, D> {
-        Task::Dir {
+    ) -> DirTask<S, D> {
+        DirTask::Dir {
             parent: node.clone(),
             name: name.to_owned(),
             src_meta,
@@ -826,7 +797,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         }
     }
 
-    fn queue_batch(&self, node: &Arc<Node<S, D>>, batch: &mut FileBatch, pool: &Pool<Task<S, D>>) {
+    fn queue_batch(&self, node: &Arc<Node<S, D>>, batch: &mut FileBatch, q: &Q<'_, S, D>) {
         if batch.files.is_empty() {
             return;
         }
@@ -842,7 +813,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             }
             l.0 += 1;
         }
-        pool.push(Task::Files {
+        q.work(Files {
             node: node.clone(),
             batch: b,
         });
@@ -1000,8 +971,14 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         let dir = self.dst.open_dir(parent, name)?;
         let mut list = Listing::new();
         let mut errs = Vec::new();
-        self.dst
-            .list(&dir, rel, self.opts.filter.as_ref(), &mut list, &mut errs)?;
+        walk::list(
+            self.dst,
+            &dir,
+            rel,
+            self.opts.filter.as_ref(),
+            &mut list,
+            &mut |_, e| errs.push(e),
+        )?;
         let mut n = 1 + errs.len() as u64;
         for e in list.entries() {
             let path = join(rel, list.name(e));
@@ -1031,8 +1008,14 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         let dir = self.dst.open_dir(parent, name)?;
         let mut list = Listing::new();
         let mut errs = Vec::new();
-        self.dst
-            .list(&dir, rel, self.opts.filter.as_ref(), &mut list, &mut errs)?;
+        walk::list(
+            self.dst,
+            &dir,
+            rel,
+            self.opts.filter.as_ref(),
+            &mut list,
+            &mut |_, e| errs.push(e),
+        )?;
         if let Some(e) = errs.into_iter().next() {
             return Err(e.err);
         }
@@ -1254,6 +1237,52 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             Err(e) => self.fail(path, &e),
         }
         Ok(self.stats.summary(start.elapsed()))
+    }
+}
+
+/// The engine as the visitor of its walk.
+struct Walker<'e, 'a, S: Store, D: Store>(&'e Engine<'a, S, D>);
+
+impl<S: Store, D: Store> Visitor for Walker<'_, '_, S, D> {
+    type Dir = DirTask<S, D>;
+    type Work = Files<S, D>;
+
+    fn dir(&self, task: DirTask<S, D>, q: &Q<'_, S, D>) {
+        let e = self.0;
+        match task {
+            DirTask::Scan(node) => e.scan(&node, q),
+            DirTask::Dir {
+                parent,
+                name,
+                src_meta,
+                dst,
+            } => {
+                // The child node reports to its parent when it completes;
+                // if it could not be opened, the task does.
+                match e.open_node(&parent, &name, src_meta, dst) {
+                    Some(node) => e.scan(&node, q),
+                    None => e.done(&parent),
+                }
+            }
+        }
+    }
+
+    fn work(&self, Files { node, batch }: Files<S, D>, _: &Q<'_, S, D>) {
+        let e = self.0;
+        let mut batch = Some(batch);
+        while let Some(b) = batch {
+            for (i, f) in b.files.entries().iter().enumerate() {
+                let name = b.files.cname(f);
+                e.transfer(&node, name, &f.meta, b.dst[i], b.check[i]);
+            }
+            e.done(&node);
+            // This lane goes on with the directory's waiting batches.
+            let mut l = node.lanes.lock().expect("lanes");
+            batch = l.1.pop_front();
+            if batch.is_none() {
+                l.0 -= 1;
+            }
+        }
     }
 }
 

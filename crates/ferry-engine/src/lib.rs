@@ -22,6 +22,7 @@ pub mod pool;
 pub mod range;
 pub mod report;
 pub mod store;
+pub mod walk;
 pub mod write;
 
 pub use engine::{Engine, MaxDelete, Mode, Options, Refused};
