@@ -31,10 +31,10 @@ use ferry_engine::pool::Pool;
 use ferry_engine::store::MetaChange;
 use ferry_engine::{Filter, Kind, Meta, Stats, Store};
 
-use crate::journal::{Journal, Snapshot, Update};
-use crate::plan::{finish, still, Act, Candidate, Item, Plan, Sides};
+use crate::journal::{Journal, NoRecords, Records, Update};
+use crate::plan::{dir_rec, finish, record_of, still, Act, Candidate, Item, Plan, Sides};
 use crate::reconcile::{Side, Synced};
-use crate::tree::{name_of, parent_key, path_of, scan_merge};
+use crate::tree::{name_of, parent_key, path_of, scan_merge, InSync, ScanOpts};
 
 /// Options of a bisync run.
 #[derive(Debug, Default)]
@@ -275,20 +275,6 @@ macro_rules! between {
     };
 }
 
-/// Metadata standing for a directory in the journal (only its kind counts).
-fn dir_rec(m: Option<&Meta>) -> Meta {
-    Meta {
-        kind: Kind::Dir,
-        size: 0,
-        mtime_sec: 0,
-        mtime_nsec: 0,
-        mode: m.map_or(0, |m| m.mode),
-        uid: 0,
-        gid: 0,
-        ino: 0,
-    }
-}
-
 fn synced(side: Side, mine: Meta, other: Meta) -> Synced {
     match side {
         Side::A => Synced { a: mine, b: other },
@@ -380,19 +366,69 @@ pub fn run<A: Store, B: Store>(
         implicit_dirs: [!a.has_dir_meta(), !b.has_dir_meta()],
         inodes: [a.has_inodes(), b.has_inodes()],
     };
-    let jr = journal.as_deref_mut().filter(|_| known);
-    let load = move || jr.map_or_else(|| Ok(Snapshot::default()), |j| j.load());
-    let (mut plan, mut sa, mut sb) = scan_merge(
-        (a, oa.map(|(d, _)| d)),
-        (b, ob.map(|(d, _)| d)),
-        load,
-        sides,
-        opts.jobs,
-        opts.filter.as_ref(),
-        opts.checksum,
-        &fail,
-    )
-    .map_err(Refused)?;
+    // A real --resync writes the records of what it finds in sync while it
+    // scans, a directory at a time (its journal is cleared first, and
+    // nothing refuses a resync once it scans: with no records nothing is
+    // deleted). Other runs write only after the refusal checks.
+    let early = !opts.dry_run && opts.resync;
+    if early {
+        let j = journal.as_deref_mut().expect("a real run has a journal");
+        j.clear().map_err(Refused)?;
+        j.mark_synced().map_err(Refused)?;
+    }
+    let cp = Copier {
+        src: a,
+        dst: b,
+        fsync: opts.fsync,
+        bwlimit: opts.bwlimit.as_ref(),
+        moved: &stats.bytes_moved,
+    };
+    let jr: Option<&Journal> = journal.as_deref();
+    let records: &dyn Records = match jr {
+        Some(j) if known => j,
+        _ => &NoRecords,
+    };
+    // Records wait here while the writer is behind, a bounded number of
+    // directories' worth.
+    let (tx, rx) = mpsc::sync_channel::<Update>(16);
+    let scanned = std::thread::scope(|s| {
+        let writer = early.then(|| {
+            let j = jr.expect("a real run has a journal");
+            s.spawn(move || j.write_from(rx))
+        });
+        let o = ScanOpts {
+            sides,
+            jobs: opts.jobs,
+            filter: opts.filter.as_ref(),
+            checksum: opts.checksum,
+            on_error: &fail,
+            compare: Some(&cp),
+            in_sync: if opts.dry_run {
+                InSync::Count
+            } else if early {
+                InSync::Write(&tx)
+            } else {
+                InSync::Keep
+            },
+            stop_if_both_hold: !known && !opts.resync,
+        };
+        let r = scan_merge(
+            (a, oa.map(|(d, _)| d)),
+            (b, ob.map(|(d, _)| d)),
+            records,
+            &o,
+        );
+        drop(o);
+        drop(tx);
+        if let Some(w) = writer {
+            if let Err(e) = w.join().expect("journal writer") {
+                rep.error(b"", &io::Error::other(e));
+                add(&stats.errors, 1);
+            }
+        }
+        r
+    });
+    let (mut plan, mut sa, mut sb) = scanned.map_err(Refused)?;
     Stats::add(&stats.entries_scanned, plan.scanned);
     let ex = Exec {
         a,
@@ -425,12 +461,12 @@ pub fn run<A: Store, B: Store>(
         }
     }
     let temps = [std::mem::take(&mut sa.temps), std::mem::take(&mut sb.temps)];
-    ex.compare_all(&mut plan);
     let secs = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as i64);
     let verify = |cands: &[Candidate]| ex.verify_renames(cands);
-    finish(&mut plan, &sa, &sb, &crate::plan::stamp(secs), &verify);
+    let taken = |k: &[u8]| ex.exists(Side::A, k) || ex.exists(Side::B, k);
+    finish(&mut plan, &taken, &crate::plan::stamp(secs), &verify);
     drop((sa, sb));
     // An empty root while the journal knew entries: an unmounted mount
     // point looks like this, and going on would empty the other side.
@@ -478,10 +514,9 @@ pub fn run<A: Store, B: Store>(
         ex
     } else {
         let j = journal.expect("a real run has a journal");
-        if opts.resync {
-            j.clear().map_err(Refused)?;
+        if !early {
+            j.mark_synced().map_err(Refused)?;
         }
-        j.mark_synced().map_err(Refused)?;
         if let Some((side, mode)) = missing {
             on_side!(ex, side, |st, dc| create_root(st, dc, mode))
                 .map_err(|e| Refused(format!("{}: {}", opts.name(side), e)))?;
@@ -517,6 +552,7 @@ pub fn run<A: Store, B: Store>(
         conflicts: g(&c.conflicts),
         // Paths found equal whose record was only written now count as unchanged.
         unchanged: plan.unchanged
+            + plan.recorded
             + plan.items.iter().filter(|it| it.act == Act::Record).count() as u64,
         errors: g(&ex.stats.errors),
         elapsed_s: start.elapsed().as_secs_f64(),
@@ -625,59 +661,13 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
         }
     }
 
-    /// Resolve every [`Act::Compare`] and [`Act::Check`] by reading both
-    /// sides (in parallel).
-    fn compare_all(&self, plan: &mut Plan) {
-        let todo: Vec<usize> = (0..plan.items.len())
-            .filter(|&i| matches!(plan.items[i].act, Act::Compare | Act::Check))
-            .collect();
-        if todo.is_empty() {
-            return;
-        }
-        let results: Mutex<Vec<(usize, Act)>> = Mutex::new(Vec::new());
-        let items = &plan.items;
-        let pool: Pool<usize> = Pool::new();
-        pool.push_all(todo);
-        pool.run(self.opts.jobs, |i, _| {
-            let it = &items[i];
-            let same = same_content(
-                &self.copier(self.a, self.b),
-                &self.da,
-                &it.key,
-                &self.db,
-                &it.key,
-            );
-            let act = match same {
-                // In sync by metadata and by content.
-                Ok(true) if it.act == Act::Check => Act::Record,
-                Ok(true) => {
-                    let (ma, mb) = (it.a.expect("both"), it.b.expect("both"));
-                    if ma.same_mtime(&mb) && (ma.mode == mb.mode || ma.kind == Kind::Symlink) {
-                        Act::Record
-                    } else {
-                        // Same bytes: the newer mtime (and its mode) wins.
-                        let from = if mb.mtime_ns() > ma.mtime_ns() {
-                            Side::B
-                        } else {
-                            Side::A
-                        };
-                        Act::Meta { from }
-                    }
-                }
-                Ok(false) => Act::Conflict {
-                    loser: Side::B,
-                    name: Vec::new(),
-                },
-                Err(e) => {
-                    self.fail(&it.key, &e);
-                    Act::Skip
-                }
-            };
-            results.lock().unwrap().push((i, act));
-        });
-        for (i, act) in results.into_inner().unwrap() {
-            plan.items[i].act = act;
-        }
+    /// True when an entry is at `key` on side `on` (a failure to look
+    /// counts as none: a rename onto an entry there fails, never replaces).
+    fn exists(&self, on: Side, key: &[u8]) -> bool {
+        on_side!(self, on, |st, dc| dc
+            .at(st, key)
+            .and_then(|(d, n)| st.stat(&d, &n))
+            .is_ok_and(|m| m.is_some()))
     }
 
     /// Prove rename candidates (in parallel): the new path on side X must
@@ -875,18 +865,7 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
         // Journal-only records first: they cost nothing.
         for it in items {
             match it.act {
-                Act::Record => {
-                    let (ma, mb) = (it.a.expect("both"), it.b.expect("both"));
-                    let s = if ma.kind == Kind::Dir {
-                        Synced {
-                            a: dir_rec(Some(&ma)),
-                            b: dir_rec(Some(&mb)),
-                        }
-                    } else {
-                        Synced { a: ma, b: mb }
-                    };
-                    self.record(Update::Put(it.key.clone(), s));
-                }
+                Act::Record => self.record(Update::Put(it.key.clone(), record_of(it))),
                 Act::Forget => self.record(Update::Delete(it.key.clone())),
                 _ => {}
             }
