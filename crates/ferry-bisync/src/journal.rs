@@ -4,19 +4,19 @@
 //! Records are stored by directory: a row holds a run of at most
 //! [`CHUNK_MAX`] consecutive children (by name) of one directory, keyed by
 //! the directory's key (its relative path with `/` written as NUL, a byte
-//! no file name holds) and the run's first name. Loading is one ordered
-//! table scan of about one row per directory (100,000 records in 1,000
-//! directories: 1,000 rows), decoded straight into the per-directory form
-//! the merge walks ([`Snapshot`]); SQLite's per-row cost, which dominated
-//! a no-op run's journal load with one row per path, is paid per chunk.
-//! An update rewrites the chunk that holds its name (once per
-//! transaction, however many of the transaction's updates fall in it).
+//! no file name holds) and the run's first name. A walk reads a
+//! directory's rows when it visits the directory ([`Records::dir`]: one
+//! indexed range of about one row per directory), so SQLite's per-row cost
+//! is paid per chunk and memory holds only the directories in flight. An
+//! update rewrites the chunk that holds its name (once per transaction,
+//! however many of the transaction's updates fall in it).
 //!
 //! Rows are only written after the action they describe is complete, in
-//! small transactions (see [`Writer`]): a run killed at any moment leaves
-//! a journal that is at worst stale, never ahead of the replicas. A stale
-//! row makes the next run see a change on a side where there is none (an
-//! extra copy, or a conflict where both sides moved on), never a deletion.
+//! small transactions (see [`Journal::write_from`]): a run killed at any
+//! moment leaves a journal that is at worst stale, never ahead of the
+//! replicas. A stale row makes the next run see a change on a side where
+//! there is none (an extra copy, or a conflict where both sides moved on),
+//! never a deletion.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -112,10 +112,10 @@ impl Journal {
         // Exclusive locking (our own flock already keeps other runs out)
         // keeps the WAL index in memory: no -shm file to map and initialise.
         // 64 KiB pages (set before the first table exists): a chunk of
-        // records fits in one page instead of a chain of overflow pages,
-        // which halves the load. Pages are read into SQLite's own bounded
-        // cache, not mapped: mapped pages of a journal read whole would
-        // stay in the process's memory. The index on `dir` alone lists the
+        // records takes one page and at most one overflow page instead of a
+        // chain of small ones. Pages are read into SQLite's own bounded
+        // cache, not mapped: the mapped pages of a journal read in full
+        // would stay in the process's memory. The index on `dir` alone lists the
         // directories holding records without reading the records.
         conn.execute_batch(
             "PRAGMA page_size=65536;
@@ -378,31 +378,42 @@ impl DirRecs {
 
 impl Records for Journal {
     fn dir(&self, dir: &[u8]) -> Result<DirRecs, String> {
-        let bad = || format!("journal {}: damaged record", self.path.display());
-        let err = |e: rusqlite::Error| format!("journal {}: {e}", self.path.display());
-        let conn = self.conn.lock().unwrap();
-        let mut st = conn
-            .prepare_cached("SELECT data FROM chunks WHERE dir = ?1 ORDER BY first")
-            .map_err(err)?;
-        let mut rows = st.query([dir]).map_err(err)?;
         let mut out = DirRecs::default();
-        while let Some(r) = rows.next().map_err(err)? {
-            let data = r.get_ref(0).map_err(err)?.as_blob().map_err(|_| bad())?;
-            out.push_chunk(data).ok_or_else(bad)?;
-        }
+        self.blobs(
+            "SELECT data FROM chunks WHERE dir = ?1 ORDER BY first",
+            &[&dir],
+            &mut |data| out.push_chunk(data),
+        )?;
         Ok(out)
     }
 
     fn each_dir(&self, f: &mut dyn FnMut(&[u8])) -> Result<(), String> {
+        self.blobs(
+            "SELECT DISTINCT dir FROM chunks INDEXED BY chunks_dir ORDER BY dir",
+            &[],
+            &mut |d| Some(f(d)),
+        )
+    }
+}
+
+impl Journal {
+    /// Run `sql` and hand the first column of each row (a blob) to `f`;
+    /// `f` returning `None`, or a column that is no blob, is a damaged
+    /// journal.
+    fn blobs(
+        &self,
+        sql: &str,
+        args: &[&dyn rusqlite::ToSql],
+        f: &mut dyn FnMut(&[u8]) -> Option<()>,
+    ) -> Result<(), String> {
         let bad = || format!("journal {}: damaged record", self.path.display());
         let err = |e: rusqlite::Error| format!("journal {}: {e}", self.path.display());
         let conn = self.conn.lock().unwrap();
-        let mut st = conn
-            .prepare_cached("SELECT DISTINCT dir FROM chunks INDEXED BY chunks_dir ORDER BY dir")
-            .map_err(err)?;
-        let mut rows = st.query([]).map_err(err)?;
+        let mut st = conn.prepare_cached(sql).map_err(err)?;
+        let mut rows = st.query(args).map_err(err)?;
         while let Some(r) = rows.next().map_err(err)? {
-            f(r.get_ref(0).map_err(err)?.as_blob().map_err(|_| bad())?);
+            let b = r.get_ref(0).map_err(err)?.as_blob().map_err(|_| bad())?;
+            f(b).ok_or_else(bad)?;
         }
         Ok(())
     }

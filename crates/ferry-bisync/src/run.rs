@@ -1,5 +1,5 @@
-//! The executor: scan both sides (and load the journal) at once, plan,
-//! then carry the plan out over any two [`Store`]s, recording each
+//! The executor: scan both sides with the journal (see [`crate::tree`]),
+//! plan, then carry the plan out over any two [`Store`]s, recording each
 //! completed action in the journal.
 //!
 //! Order of work, chosen so that nothing is ever overwritten or deleted

@@ -957,17 +957,14 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         }
     }
 
-    /// What a removal of the destination directory `name` would remove,
-    /// the directory included (what the filter excludes is kept), each
-    /// entry told to `deleted` (path, size), the directory last; returns
-    /// how many.
-    fn count_tree(
+    /// Open destination directory `name` (at `rel`) and list it: the open
+    /// directory, its listing and the entries that could not be read.
+    fn list_dst_dir(
         &self,
         parent: &D::Dir,
         rel: &[u8],
         name: &CStr,
-        deleted: &dyn Fn(&[u8], u64),
-    ) -> io::Result<u64> {
+    ) -> io::Result<(D::Dir, Listing, Vec<ListError>)> {
         let dir = self.dst.open_dir(parent, name)?;
         let mut list = Listing::new();
         let mut errs = Vec::new();
@@ -979,6 +976,21 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             &mut list,
             &mut |_, e| errs.push(e),
         )?;
+        Ok((dir, list, errs))
+    }
+
+    /// What a removal of the destination directory `name` would remove,
+    /// the directory included (what the filter excludes is kept), each
+    /// entry told to `deleted` (path, size), the directory last; returns
+    /// how many.
+    fn count_tree(
+        &self,
+        parent: &D::Dir,
+        rel: &[u8],
+        name: &CStr,
+        deleted: &dyn Fn(&[u8], u64),
+    ) -> io::Result<u64> {
+        let (dir, list, errs) = self.list_dst_dir(parent, rel, name)?;
         let mut n = 1 + errs.len() as u64;
         for e in list.entries() {
             let path = join(rel, list.name(e));
@@ -1005,17 +1017,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         name: &CStr,
         deleted: &dyn Fn(&[u8], u64),
     ) -> io::Result<()> {
-        let dir = self.dst.open_dir(parent, name)?;
-        let mut list = Listing::new();
-        let mut errs = Vec::new();
-        walk::list(
-            self.dst,
-            &dir,
-            rel,
-            self.opts.filter.as_ref(),
-            &mut list,
-            &mut |_, e| errs.push(e),
-        )?;
+        let (dir, list, errs) = self.list_dst_dir(parent, rel, name)?;
         if let Some(e) = errs.into_iter().next() {
             return Err(e.err);
         }
