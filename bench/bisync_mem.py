@@ -9,9 +9,10 @@ no-op `ferry sync` of the same pair.
 Default tree: 1,000,000 files of 64 bytes in 1,000 directories, made once under --workdir
 (default: ferry-bisync-mem in the system temp directory, $TMPDIR if set) as `a`, then copied
 to `b` with `cp -a` (same mtimes); later runs reuse it. Making it takes minutes.
-Each binary (--ferry, and --base if given, side by side) gets its own journal, removed
-before its first run. Peak RSS is `ru_maxrss` of the child (what `/usr/bin/time -v` prints
-as "Maximum resident set size"). Standard library only.
+Each binary (--ferry, and --base if given, one after the other) gets its own journal,
+removed before its first run. Peak RSS is `ru_maxrss` of the child (what `/usr/bin/time -v`
+prints as "Maximum resident set size"), CPU is user + system time. Exits 1 if a run failed.
+Standard library only.
 """
 
 import argparse
@@ -57,7 +58,7 @@ def gen(root, files, dirs, size):
 
 
 def measured(cmd, env):
-    """Run cmd; return (wall s, peak RSS MiB, exit code)."""
+    """Run cmd; return (wall s, CPU s, peak RSS MiB, exit code)."""
     t0 = time.perf_counter()
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     _, status, ru = os.wait4(p.pid, 0)
@@ -67,7 +68,7 @@ def measured(cmd, env):
     code = os.waitstatus_to_exitcode(status)
     if code != 0:
         log(f"    {' '.join(cmd)} exited {code}: {err.strip()[-500:]}")
-    return wall, ru.ru_maxrss / 1024, code
+    return wall, ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024, code
 
 
 def main():
@@ -108,18 +109,17 @@ def main():
             ("sync no-op", [exe, "sync"] + jobs + [a + "/", b]),
         ]
         for what, cmd in runs:
-            wall, rss, code = measured(cmd, env)
+            wall, cpu, rss, code = measured(cmd, env)
             failed |= code != 0
-            rows.append((label, what, wall, rss))
-            log(f"  {label}: {what}: {wall:.2f} s, {rss:.1f} MiB")
+            rows.append((label, what, f"{wall:.2f}", f"{cpu:.2f}", f"{rss:.1f}"))
+            log(f"  {label}: {what}: {wall:.2f} s, {cpu:.2f} CPU-s, {rss:.1f} MiB")
         jsize = sum(os.path.getsize(f) for f in (j, j + "-wal") if os.path.exists(f))
-        rows.append((label, "journal size (MiB)", 0.0, jsize / 2**20))
+        rows.append((label, "journal file size", "", "", f"{jsize / 2**20:.1f}"))
     print(f"\n{args.files:,} files x {args.size} B in {args.dirs:,} directories, sides equal\n")
-    print("| binary | run | wall s | max RSS MiB |")
-    print("|---|---|---|---|")
-    for label, what, wall, rss in rows:
-        wall_s = "" if what.startswith("journal") else f"{wall:.2f}"
-        print(f"| {label} | {what} | {wall_s} | {rss:.1f} |")
+    print("| binary | run | wall s | CPU s | max RSS MiB |")
+    print("|---|---|---|---|---|")
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
     return 1 if failed else 0
 
 

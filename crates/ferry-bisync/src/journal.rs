@@ -391,7 +391,10 @@ impl Records for Journal {
         self.blobs(
             "SELECT DISTINCT dir FROM chunks INDEXED BY chunks_dir ORDER BY dir",
             &[],
-            &mut |d| Some(f(d)),
+            &mut |d| {
+                f(d);
+                Some(())
+            },
         )
     }
 }
@@ -469,6 +472,11 @@ impl Snapshot {
     /// Number of records.
     pub fn len(&self) -> usize {
         self.dirs.values().map(|d| d.len).sum()
+    }
+
+    /// True when there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// Records of files and symlinks.
@@ -766,7 +774,7 @@ mod tests {
     fn round_trip_in_key_order() {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("j.sqlite");
-        let mut j = Journal::open(&p, ("/a", "/b")).unwrap();
+        let j = Journal::open(&p, ("/a", "/b")).unwrap();
         let (tx, rx) = mpsc::channel();
         let s = Synced {
             a: m(Kind::File, 3, 1_500_000_000_123, 7),
@@ -798,7 +806,7 @@ mod tests {
         use std::collections::BTreeMap;
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("j.sqlite");
-        let mut j = Journal::open(&p, ("/a", "/b")).unwrap();
+        let j = Journal::open(&p, ("/a", "/b")).unwrap();
         let ps: i64 = j
             .conn
             .lock()

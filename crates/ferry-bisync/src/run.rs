@@ -418,7 +418,6 @@ pub fn run<A: Store, B: Store>(
             records,
             &o,
         );
-        drop(o);
         drop(tx);
         if let Some(w) = writer {
             if let Err(e) = w.join().expect("journal writer") {
