@@ -2,11 +2,12 @@
 //! each side at the last sync ([`Synced`]).
 //!
 //! Records are stored by directory: a row holds a run of at most
-//! [`CHUNK_MAX`] consecutive children (by name) of one directory, keyed by
+//! [`CHUNK_MAX`] consecutive children (by name) of one directory, and at
+//! most [`ROW_BYTES`] (no overflow pages), keyed by
 //! the directory's key (its relative path with `/` written as NUL, a byte
 //! no file name holds) and the run's first name. A walk reads a
 //! directory's rows when it visits the directory ([`Records::dir`]: one
-//! indexed range of about one row per directory), so SQLite's per-row cost
+//! indexed range of a few rows per directory), so SQLite's per-row cost
 //! is paid per chunk and memory holds only the directories in flight. An
 //! update rewrites the chunk that holds its name (once per transaction,
 //! however many of the transaction's updates fall in it).
@@ -34,6 +35,10 @@ const VERSION: &str = "2";
 
 /// Records per chunk row at most; a fuller chunk is split in halves.
 const CHUNK_MAX: usize = 512;
+
+/// A row's bytes at most (key and records): what a 64 KiB page of an
+/// index b-tree (a WITHOUT ROWID table) holds without an overflow page.
+const ROW_BYTES: usize = 16_000;
 
 /// An open journal. Its connection is shared by the walk's workers, each
 /// reading the records of the directory it visits, and the writer.
@@ -582,19 +587,36 @@ fn write_chunks(
         return Ok(());
     }
     let mut ins = tx.prepare_cached("INSERT INTO chunks (dir, first, data) VALUES (?1, ?2, ?3)")?;
-    let per = if recs.len() <= CHUNK_MAX {
-        CHUNK_MAX
+    // One row when all fit, else rows half full: room for later inserts.
+    let size = |(n, r): &(Vec<u8>, Vec<u8>)| 2 + n.len() + r.len();
+    let room = ROW_BYTES
+        .saturating_sub(dir.len() + 2 * 255)
+        .max(ROW_BYTES / 8);
+    let total: usize = recs.iter().map(size).sum();
+    let (per, bytes) = if recs.len() <= CHUNK_MAX && total <= room {
+        (CHUNK_MAX, room)
     } else {
-        CHUNK_MAX / 2
+        (CHUNK_MAX / 2, room / 2)
     };
-    for part in recs.chunks(per) {
-        let mut data = Vec::with_capacity(part.iter().map(|(n, r)| 2 + n.len() + r.len()).sum());
-        for (n, r) in part {
+    let mut part = 0;
+    while part < recs.len() {
+        let mut end = part;
+        let mut len = 0;
+        while end < recs.len()
+            && end - part < per
+            && (end == part || len + size(&recs[end]) <= bytes)
+        {
+            len += size(&recs[end]);
+            end += 1;
+        }
+        let mut data = Vec::with_capacity(len);
+        for (n, r) in &recs[part..end] {
             data.extend_from_slice(&(n.len() as u16).to_le_bytes());
             data.extend_from_slice(n);
             data.extend_from_slice(r);
         }
-        ins.execute(params![dir, part[0].0, data])?;
+        ins.execute(params![dir, recs[part].0, data])?;
+        part = end;
     }
     Ok(())
 }
