@@ -25,9 +25,9 @@ use std::sync::Mutex;
 
 use ferry_engine::{Kind, Listing, Meta};
 
-use crate::journal::Snapshot;
+use crate::journal::DirRecs;
 use crate::reconcile::{reconcile, unchanged, Decision, Side, Synced};
-use crate::tree::{name_of, parent_key, under_any, Scan};
+use crate::tree::{name_of, parent_key, under_any};
 
 /// What to do with one path.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -132,6 +132,9 @@ pub struct Plan {
     pub unchanged: u64,
     /// Files and symlinks to delete on A and on B.
     pub deletes: [u64; 2],
+    /// Paths found in sync whose record the scan wrote (or, in a dry run,
+    /// would have written) itself.
+    pub recorded: u64,
     /// Files and symlinks the journal knows (the base of the deletion limit).
     pub known: [u64; 2],
     /// Directories the journal knows.
@@ -156,8 +159,6 @@ pub struct Sides {
 
 /// What merging a directory needs besides its lists.
 pub struct Ctx<'a> {
-    /// The journal.
-    pub j: &'a Snapshot,
     /// What the stores are like.
     pub sides: Sides,
     /// Keys unreadable on A and on B, with everything below them (looked
@@ -181,11 +182,19 @@ pub struct DirMerged {
 }
 
 /// Merge one directory (key `key`): its listings on A and B (empty where a
-/// side has no such directory) with the journal's records of its children,
-/// by name: every child where something must be done or recorded, with the
-/// decision of [`reconcile`]; a child in sync costs no allocation.
-pub fn merge_dir(cx: &Ctx<'_>, key: &[u8], la: &Listing, lb: &Listing, out: &mut DirMerged) {
-    let mut lj = cx.j.children(key).peekable();
+/// side has no such directory) with the journal's records of its children
+/// (`recs`), by name: every child where something must be done or
+/// recorded, with the decision of [`reconcile`]; a child in sync costs no
+/// allocation.
+pub fn merge_dir(
+    cx: &Ctx<'_>,
+    key: &[u8],
+    la: &Listing,
+    lb: &Listing,
+    recs: &DirRecs,
+    out: &mut DirMerged,
+) {
+    let mut lj = recs.iter().peekable();
     let (ea, eb) = (la.entries(), lb.entries());
     let mut ck = key.to_vec();
     if !ck.is_empty() {
@@ -286,28 +295,19 @@ pub fn merge_dir(cx: &Ctx<'_>, key: &[u8], la: &Listing, lb: &Listing, out: &mut
     }
 }
 
-/// Directories holding journal records that no merge reached: below a
-/// directory no side lists and the journal has no record of (a journal
-/// from a killed run can hold those), in key order. Each must be merged
-/// with empty listings so its records are judged too.
-pub fn orphans(j: &Snapshot, merged: &HashSet<Vec<u8>>) -> Vec<Vec<u8>> {
-    let mut v: Vec<Vec<u8>> = j
-        .dirs()
-        .filter(|d| !merged.contains(*d))
-        .map(|d| d.to_vec())
-        .collect();
-    v.sort();
-    v
-}
-
-/// Merge both scans (each holding every directory's listing) with the
+/// Merge both trees (each holding every directory's listing) with the
 /// journal, one directory after another: the reference for the merge the
-/// scan does as listings arrive ([`crate::tree::scan_merge`]), in tests.
+/// walk does as listings arrive ([`crate::tree::scan_merge`]), in tests.
 #[cfg(test)]
-pub fn merge(a: &Scan, b: &Scan, j: &Snapshot, sides: Sides) -> Plan {
+pub fn merge(
+    a: &crate::tree::Tree,
+    b: &crate::tree::Tree,
+    j: &crate::journal::Snapshot,
+    sides: Sides,
+) -> Plan {
+    use crate::journal::Records;
     let unknown = [Mutex::new(a.unknown.clone()), Mutex::new(b.unknown.clone())];
     let cx = Ctx {
-        j,
         sides,
         unknown: [&unknown[0], &unknown[1]],
         checksum: false,
@@ -321,7 +321,6 @@ pub fn merge(a: &Scan, b: &Scan, j: &Snapshot, sides: Sides) -> Plan {
     };
     let empty = Listing::new();
     let mut merged = HashSet::new();
-    let mut seen = 0;
     let mut todo = vec![Vec::new()];
     let mut orphan_pass = false;
     loop {
@@ -333,10 +332,9 @@ pub fn merge(a: &Scan, b: &Scan, j: &Snapshot, sides: Sides) -> Plan {
             let la = a.dirs.get(&path).unwrap_or(&empty);
             let lb = b.dirs.get(&path).unwrap_or(&empty);
             let mut out = DirMerged::default();
-            merge_dir(&cx, &key, la, lb, &mut out);
+            merge_dir(&cx, &key, la, lb, &j.dir(&key).unwrap(), &mut out);
             plan.items.append(&mut out.items);
             plan.unchanged += out.unchanged;
-            seen += out.seen_j;
             for (name, _) in out.subdirs {
                 let mut k = key.clone();
                 if !k.is_empty() {
@@ -346,16 +344,81 @@ pub fn merge(a: &Scan, b: &Scan, j: &Snapshot, sides: Sides) -> Plan {
                 todo.push(k);
             }
         }
-        if seen >= j.len() || orphan_pass {
+        if orphan_pass {
             break;
         }
         orphan_pass = true;
-        todo = orphans(j, &merged);
+        // Journal records no merge reached (below directories nobody has).
+        j.each_dir(&mut |d| {
+            if !merged.contains(d) {
+                todo.push(d.to_vec());
+            }
+        })
+        .unwrap();
         todo.reverse();
     }
     plan.items.sort_by(|x, y| x.key.cmp(&y.key));
     plan
 }
+
+/// What the journal records for a path both sides agree on.
+pub fn record_of(it: &Item) -> Synced {
+    let (ma, mb) = (it.a.expect("both"), it.b.expect("both"));
+    if ma.kind == Kind::Dir {
+        Synced {
+            a: dir_rec(Some(&ma)),
+            b: dir_rec(Some(&mb)),
+        }
+    } else {
+        Synced { a: ma, b: mb }
+    }
+}
+
+/// Metadata standing for a directory in the journal (only its kind counts).
+pub fn dir_rec(m: Option<&Meta>) -> Meta {
+    Meta {
+        kind: Kind::Dir,
+        size: 0,
+        mtime_sec: 0,
+        mtime_nsec: 0,
+        mode: m.map_or(0, |m| m.mode),
+        uid: 0,
+        gid: 0,
+        ino: 0,
+        version: 0,
+    }
+}
+
+/// The action of an [`Act::Compare`] or [`Act::Check`] once the bytes of
+/// both sides are known to be equal (`same`) or not.
+pub fn compared(it: &Item, same: bool) -> Act {
+    if !same {
+        return Act::Conflict {
+            loser: Side::B,
+            name: Vec::new(),
+        };
+    }
+    if it.act == Act::Check {
+        // In sync by metadata and by content.
+        return Act::Record;
+    }
+    let (ma, mb) = (it.a.expect("both"), it.b.expect("both"));
+    if ma.same_mtime(&mb) && (ma.mode == mb.mode || ma.kind == Kind::Symlink) {
+        Act::Record
+    } else {
+        // Same bytes: the newer mtime (and its mode) wins.
+        let from = if mb.mtime_ns() > ma.mtime_ns() {
+            Side::B
+        } else {
+            Side::A
+        };
+        Act::Meta { from }
+    }
+}
+
+/// True when something exists at a key on either side (conflict names
+/// must be free on both).
+pub type Taken<'a> = &'a dyn Fn(&[u8]) -> bool;
 
 /// The side that moves aside in a conflict: the one that is not a
 /// directory (a directory's content is merged, never renamed), else B.
@@ -367,10 +430,10 @@ fn loser(it: &Item) -> Side {
 }
 
 /// Finish the plan once comparisons are resolved (no [`Act::Compare`]
-/// left): directory rules, renames, conflict names, deletion counts.
-/// `verify` checks that rename candidates hold the content of their old
-/// path (see [`Verify`]).
-pub fn finish(plan: &mut Plan, a: &Scan, b: &Scan, stamp: &str, verify: Verify<'_>) {
+/// left): directory rules, renames, conflict names (free where `taken`
+/// says so), deletion counts. `verify` checks that rename candidates hold
+/// the content of their old path (see [`Verify`]).
+pub fn finish(plan: &mut Plan, taken: Taken<'_>, stamp: &str, verify: Verify<'_>) {
     let items = &mut plan.items;
     for it in items.iter_mut() {
         assert!(
@@ -386,7 +449,7 @@ pub fn finish(plan: &mut Plan, a: &Scan, b: &Scan, stamp: &str, verify: Verify<'
     }
     fix_dirs(items);
     renames(items, plan.sides.inodes, verify);
-    name_conflicts(items, a, b, stamp);
+    name_conflicts(items, taken, stamp);
     for it in items.iter() {
         if let Act::Delete { on } = it.act {
             match it.side(on) {
@@ -538,7 +601,7 @@ fn renames(items: &mut [Item], inodes: [bool; 2], verify: Verify<'_>) {
 }
 
 /// Give each conflict a name no entry has on either side.
-fn name_conflicts(items: &mut [Item], a: &Scan, b: &Scan, stamp: &str) {
+fn name_conflicts(items: &mut [Item], exists: Taken<'_>, stamp: &str) {
     let mut taken: HashSet<Vec<u8>> = HashSet::new();
     for it in items.iter_mut() {
         let Act::Conflict { loser, name } = &mut it.act else {
@@ -552,7 +615,7 @@ fn name_conflicts(items: &mut [Item], a: &Scan, b: &Scan, stamp: &str) {
                 k.push(0);
             }
             k.extend_from_slice(&conflict_name(name_of(&it.key), *loser, stamp, n));
-            if a.get(&k).is_none() && b.get(&k).is_none() && !taken.contains(&k) {
+            if !taken.contains(&k) && !exists(&k) {
                 taken.insert(k.clone());
                 *name = k;
                 break;
@@ -634,7 +697,8 @@ pub fn still(now: Option<&Meta>, planned: Option<&Meta>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tree::key_of;
+    use crate::journal::Snapshot;
+    use crate::tree::{key_of, Tree};
 
     #[test]
     fn conflict_names() {
@@ -717,13 +781,18 @@ mod tests {
         inodes: [true; 2],
     };
 
-    fn scan(ents: &[(&str, Meta)]) -> Scan {
+    /// Names held on either tree.
+    fn taken<'t>(a: &'t Tree, b: &'t Tree) -> impl Fn(&[u8]) -> bool + 't {
+        |k| a.get(k).is_some() || b.get(k).is_some()
+    }
+
+    fn scan(ents: &[(&str, Meta)]) -> Tree {
         let mut v: Vec<(Vec<u8>, Meta)> = ents
             .iter()
             .map(|(p, m)| (key_of(p.as_bytes()), *m))
             .collect();
         v.sort_by(|x, y| x.0.cmp(&y.0));
-        Scan::of(&v)
+        Tree::of(&v)
     }
 
     fn journal(ents: &[(&str, Meta, Meta)]) -> Snapshot {
@@ -765,7 +834,7 @@ mod tests {
         let a = scan(&[]);
         let b = scan(&[("d", d(2)), ("d/old", f(1, 4)), ("d/new", f(2, 5))]);
         let mut p = merge(&a, &b, &j, LOCAL);
-        finish(&mut p, &a, &b, "s", &|v| vec![true; v.len()]);
+        finish(&mut p, &taken(&a, &b), "s", &|v| vec![true; v.len()]);
         assert_eq!(
             acts(&p),
             vec![
@@ -782,7 +851,7 @@ mod tests {
         let a = scan(&[("d", f(9, 7))]);
         let b = scan(&[("d", d(2)), ("d/old", f(1, 4)), ("d/new", f(2, 5))]);
         let mut p = merge(&a, &b, &j, LOCAL);
-        finish(&mut p, &a, &b, "s", &|v| vec![true; v.len()]);
+        finish(&mut p, &taken(&a, &b), "s", &|v| vec![true; v.len()]);
         let got = acts(&p);
         assert_eq!(
             got[0],
@@ -804,7 +873,7 @@ mod tests {
         let b = scan(&[("x", f(3, 20))]);
         let mut p = merge(&a, &b, &j, LOCAL);
         let asked = Mutex::new(Vec::new());
-        finish(&mut p, &a, &b, "s", &|v| {
+        finish(&mut p, &taken(&a, &b), "s", &|v| {
             asked.lock().unwrap().extend_from_slice(v);
             vec![true; v.len()]
         });
@@ -839,7 +908,7 @@ mod tests {
         let a = scan(&[("k", f(3, 10))]);
         let b = scan(&[("h", f(3, 20))]);
         let mut p = merge(&a, &b, &j, LOCAL);
-        finish(&mut p, &a, &b, "s", &|v| vec![false; v.len()]);
+        finish(&mut p, &taken(&a, &b), "s", &|v| vec![false; v.len()]);
         assert_eq!(
             acts(&p),
             vec![
@@ -856,11 +925,11 @@ mod tests {
         let a = scan(&[("y", f(3, 0))]);
         let b = scan(&[("x", f(3, 0))]);
         let mut p = merge(&a, &b, &j, LOCAL);
-        finish(&mut p, &a, &b, "s", &|v| vec![false; v.len()]);
+        finish(&mut p, &taken(&a, &b), "s", &|v| vec![false; v.len()]);
         assert_eq!(acts(&p)[1], ("y".into(), Act::Copy { from: Side::A }));
         assert_eq!(p.deletes, [0, 1]);
         let mut p = merge(&a, &b, &j, LOCAL);
-        finish(&mut p, &a, &b, "s", &|v| vec![true; v.len()]);
+        finish(&mut p, &taken(&a, &b), "s", &|v| vec![true; v.len()]);
         assert_eq!(acts(&p)[0], ("x".into(), Act::RenamedAway));
     }
 

@@ -1,5 +1,5 @@
-//! The executor: scan both sides (and load the journal) at once, plan,
-//! then carry the plan out over any two [`Store`]s, recording each
+//! The executor: scan both sides with the journal (see [`crate::tree`]),
+//! plan, then carry the plan out over any two [`Store`]s, recording each
 //! completed action in the journal.
 //!
 //! Order of work, chosen so that nothing is ever overwritten or deleted
@@ -25,14 +25,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
+use ferry_engine::bwlimit::Limiter;
+use ferry_engine::copy::Copier;
 use ferry_engine::pool::Pool;
-use ferry_engine::store::{MetaChange, Tracked};
+use ferry_engine::store::MetaChange;
 use ferry_engine::{Filter, Kind, Meta, Stats, Store};
 
-use crate::journal::{Journal, Snapshot, Update};
-use crate::plan::{finish, still, Act, Candidate, Item, Plan, Sides};
+use crate::journal::{Journal, NoRecords, Records, Update};
+use crate::plan::{dir_rec, finish, record_of, still, Act, Candidate, Item, Plan, Sides};
 use crate::reconcile::{Side, Synced};
-use crate::tree::{name_of, parent_key, path_of, scan_merge};
+use crate::tree::{name_of, parent_key, path_of, scan_merge, InSync, ScanOpts};
 
 /// Options of a bisync run.
 #[derive(Debug, Default)]
@@ -52,6 +54,8 @@ pub struct Options {
     pub filter: Option<Filter>,
     /// fsync each file before it is named.
     pub fsync: bool,
+    /// Bandwidth limit over all transfers together (`--bwlimit`).
+    pub bwlimit: Option<Limiter>,
     /// Files that metadata says are in sync also have their bytes
     /// compared; different bytes are a conflict (both kept).
     pub checksum: bool,
@@ -271,21 +275,6 @@ macro_rules! between {
     };
 }
 
-/// Metadata standing for a directory in the journal (only its kind counts).
-fn dir_rec(m: Option<&Meta>) -> Meta {
-    Meta {
-        kind: Kind::Dir,
-        size: 0,
-        mtime_sec: 0,
-        mtime_nsec: 0,
-        mode: m.map_or(0, |m| m.mode),
-        uid: 0,
-        gid: 0,
-        ino: 0,
-        version: 0,
-    }
-}
-
 fn synced(side: Side, mine: Meta, other: Meta) -> Synced {
     match side {
         Side::A => Synced { a: mine, b: other },
@@ -377,19 +366,71 @@ pub fn run<A: Store, B: Store>(
         implicit_dirs: [!a.has_dir_meta(), !b.has_dir_meta()],
         inodes: [a.has_inodes(), b.has_inodes()],
     };
-    let jr = journal.as_deref_mut().filter(|_| known);
-    let load = move || jr.map_or_else(|| Ok(Snapshot::default()), |j| j.load(sides.inodes));
-    let (mut plan, mut sa, mut sb) = scan_merge(
-        (a, oa.map(|(d, _)| d)),
-        (b, ob.map(|(d, _)| d)),
-        load,
-        sides,
-        opts.jobs,
-        opts.filter.as_ref(),
-        opts.checksum,
-        &fail,
-    )
-    .map_err(Refused)?;
+    if let Some(j) = journal.as_deref_mut() {
+        j.set_sides(sides.inodes);
+    }
+    // A real --resync writes the records of what it finds in sync while it
+    // scans, a directory at a time (its journal is cleared first, and
+    // nothing refuses a resync once it scans: with no records nothing is
+    // deleted). Other runs write only after the refusal checks.
+    let early = !opts.dry_run && opts.resync;
+    if early {
+        let j = journal.as_deref_mut().expect("a real run has a journal");
+        j.clear().map_err(Refused)?;
+        j.mark_synced().map_err(Refused)?;
+    }
+    let cp = Copier {
+        src: a,
+        dst: b,
+        fsync: opts.fsync,
+        bwlimit: opts.bwlimit.as_ref(),
+        moved: &stats.bytes_moved,
+    };
+    let jr: Option<&Journal> = journal.as_deref();
+    let records: &dyn Records = match jr {
+        Some(j) if known => j,
+        _ => &NoRecords,
+    };
+    // Records wait here while the writer is behind, a bounded number of
+    // directories' worth.
+    let (tx, rx) = mpsc::sync_channel::<Update>(16);
+    let scanned = std::thread::scope(|s| {
+        let writer = early.then(|| {
+            let j = jr.expect("a real run has a journal");
+            s.spawn(move || j.write_from(rx))
+        });
+        let o = ScanOpts {
+            sides,
+            jobs: opts.jobs,
+            filter: opts.filter.as_ref(),
+            checksum: opts.checksum,
+            on_error: &fail,
+            compare: Some(&cp),
+            in_sync: if opts.dry_run {
+                InSync::Count
+            } else if early {
+                InSync::Write(&tx)
+            } else {
+                InSync::Keep
+            },
+            stop_if_both_hold: !known && !opts.resync,
+        };
+        let r = scan_merge(
+            (a, oa.map(|(d, _)| d)),
+            (b, ob.map(|(d, _)| d)),
+            records,
+            &o,
+        );
+        drop(tx);
+        if let Some(w) = writer {
+            if let Err(e) = w.join().expect("journal writer") {
+                rep.error(b"", &io::Error::other(e));
+                add(&stats.errors, 1);
+            }
+        }
+        r
+    });
+    let (mut plan, mut sa, mut sb) = scanned.map_err(Refused)?;
     Stats::add(&stats.entries_scanned, plan.scanned);
     let ex = Exec {
         a,
@@ -422,12 +463,12 @@ pub fn run<A: Store, B: Store>(
         }
     }
     let temps = [std::mem::take(&mut sa.temps), std::mem::take(&mut sb.temps)];
-    ex.compare_all(&mut plan);
     let secs = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as i64);
     let verify = |cands: &[Candidate]| ex.verify_renames(cands);
-    finish(&mut plan, &sa, &sb, &crate::plan::stamp(secs), &verify);
+    let taken = |k: &[u8]| ex.exists(Side::A, k) || ex.exists(Side::B, k);
+    finish(&mut plan, &taken, &crate::plan::stamp(secs), &verify);
     drop((sa, sb));
     // An empty root while the journal knew entries: an unmounted mount
     // point looks like this, and going on would empty the other side.
@@ -475,10 +516,9 @@ pub fn run<A: Store, B: Store>(
         ex
     } else {
         let j = journal.expect("a real run has a journal");
-        if opts.resync {
-            j.clear().map_err(Refused)?;
+        if !early {
+            j.mark_synced().map_err(Refused)?;
         }
-        j.mark_synced().map_err(Refused)?;
         if let Some((side, mode)) = missing {
             on_side!(ex, side, |st, dc| create_root(st, dc, mode))
                 .map_err(|e| Refused(format!("{}: {}", opts.name(side), e)))?;
@@ -514,6 +554,7 @@ pub fn run<A: Store, B: Store>(
         conflicts: g(&c.conflicts),
         // Paths found equal whose record was only written now count as unchanged.
         unchanged: plan.unchanged
+            + plan.recorded
             + plan.items.iter().filter(|it| it.act == Act::Record).count() as u64,
         errors: g(&ex.stats.errors),
         elapsed_s: start.elapsed().as_secs_f64(),
@@ -578,27 +619,39 @@ fn clone_dir<S: Store>(s: &S) -> Result<S::Dir, Refused> {
     }
 }
 
-/// True when two files (or two symlinks) hold the same bytes.
+/// True when two files (or two symlinks) hold the same bytes: the
+/// engine's content compare (a store's hash spares reading its side).
 fn same_content<S: Store, D: Store>(
-    s: &S,
+    cp: &Copier<'_, S, D>,
     sd: &Dirs<S>,
     skey: &[u8],
-    d: &D,
     dd: &Dirs<D>,
     dkey: &[u8],
 ) -> io::Result<bool> {
+    let (s, d) = (cp.src, cp.dst);
     let (sdir, sname) = sd.at(s, skey)?;
     let (ddir, dname) = dd.at(d, dkey)?;
-    let sm = s.stat(&sdir, &sname)?;
-    if sm.is_some_and(|m| m.kind == Kind::Symlink) {
+    let sm = s
+        .stat(&sdir, &sname)?
+        .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
+    if sm.kind == Kind::Symlink {
         return Ok(s.read_link(&sdir, &sname)? == d.read_link(&ddir, &dname)?);
     }
-    let mut x = s.open_file(&sdir, &sname)?;
-    let mut y = d.open_file(&ddir, &dname)?;
-    ferry_engine::engine::same_bytes(&mut x, &mut y)
+    cp.same_content(&sdir, &sname, &ddir, &dname, sm.size)
 }
 
 impl<A: Store, B: Store> Exec<'_, A, B> {
+    /// The engine's file copy from `s` to `d` with this run's options.
+    fn copier<'x, S: Store, D: Store>(&'x self, s: &'x S, d: &'x D) -> Copier<'x, S, D> {
+        Copier {
+            src: s,
+            dst: d,
+            fsync: self.opts.fsync,
+            bwlimit: self.opts.bwlimit.as_ref(),
+            moved: &self.stats.bytes_moved,
+        }
+    }
+
     fn fail(&self, key: &[u8], e: &io::Error) {
         add(&self.stats.errors, 1);
         self.rep.error(&path_of(key), e);
@@ -610,52 +663,13 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
         }
     }
 
-    /// Resolve every [`Act::Compare`] and [`Act::Check`] by reading both
-    /// sides (in parallel).
-    fn compare_all(&self, plan: &mut Plan) {
-        let todo: Vec<usize> = (0..plan.items.len())
-            .filter(|&i| matches!(plan.items[i].act, Act::Compare | Act::Check))
-            .collect();
-        if todo.is_empty() {
-            return;
-        }
-        let results: Mutex<Vec<(usize, Act)>> = Mutex::new(Vec::new());
-        let items = &plan.items;
-        let pool: Pool<usize> = Pool::new();
-        pool.push_all(todo);
-        pool.run(self.opts.jobs, |i, _| {
-            let it = &items[i];
-            let act = match same_content(self.a, &self.da, &it.key, self.b, &self.db, &it.key) {
-                // In sync by metadata and by content.
-                Ok(true) if it.act == Act::Check => Act::Record,
-                Ok(true) => {
-                    let (ma, mb) = (it.a.expect("both"), it.b.expect("both"));
-                    if ma.same_mtime(&mb) && (ma.mode == mb.mode || ma.kind == Kind::Symlink) {
-                        Act::Record
-                    } else {
-                        // Same bytes: the newer mtime (and its mode) wins.
-                        let from = if mb.mtime_ns() > ma.mtime_ns() {
-                            Side::B
-                        } else {
-                            Side::A
-                        };
-                        Act::Meta { from }
-                    }
-                }
-                Ok(false) => Act::Conflict {
-                    loser: Side::B,
-                    name: Vec::new(),
-                },
-                Err(e) => {
-                    self.fail(&it.key, &e);
-                    Act::Skip
-                }
-            };
-            results.lock().unwrap().push((i, act));
-        });
-        for (i, act) in results.into_inner().unwrap() {
-            plan.items[i].act = act;
-        }
+    /// True when an entry is at `key` on side `on` (a failure to look
+    /// counts as none: a rename onto an entry there fails, never replaces).
+    fn exists(&self, on: Side, key: &[u8]) -> bool {
+        on_side!(self, on, |st, dc| dc
+            .at(st, key)
+            .and_then(|(d, n)| st.stat(&d, &n))
+            .is_ok_and(|m| m.is_some()))
     }
 
     /// Prove rename candidates (in parallel): the new path on side X must
@@ -672,7 +686,11 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
         pool.run(self.opts.jobs, |i, _| {
             let (x, new, old) = &cands[i];
             let same = between!(self, *x, |s, sd, d, dd| same_content(
-                s, sd, new, d, dd, old
+                &self.copier(s, d),
+                sd,
+                new,
+                dd,
+                old
             ));
             ok[i].store(same.unwrap_or(false), Ordering::Relaxed);
         });
@@ -849,18 +867,7 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
         // Journal-only records first: they cost nothing.
         for it in items {
             match it.act {
-                Act::Record => {
-                    let (ma, mb) = (it.a.expect("both"), it.b.expect("both"));
-                    let s = if ma.kind == Kind::Dir {
-                        Synced {
-                            a: dir_rec(Some(&ma)),
-                            b: dir_rec(Some(&mb)),
-                        }
-                    } else {
-                        Synced { a: ma, b: mb }
-                    };
-                    self.record(Update::Put(it.key.clone(), s));
-                }
+                Act::Record => self.record(Update::Put(it.key.clone(), record_of(it))),
                 Act::Forget => self.record(Update::Delete(it.key.clone())),
                 _ => {}
             }
@@ -1160,28 +1167,23 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
             self.skip_symlink(c.from, &c.src);
             return;
         }
-        let moved = &self.stats.bytes_moved;
         let res = between!(self, c.from, |s, sd, d, dd| copy_one(
-            s,
+            &self.copier(s, d),
             sd,
-            d,
             dd,
-            c,
-            self.opts.fsync,
-            moved
+            c
         ));
         match res {
-            Ok(now) => {
+            Ok((from, now)) => {
                 add(&self.stats.files_copied, 1);
-                add(&self.stats.bytes_copied, c.meta.size);
+                add(&self.stats.bytes_copied, from.size);
                 let act = match (c.meta.kind, c.expect) {
                     (Kind::Symlink, _) => BiAction::Symlink,
                     (_, Some(_)) => BiAction::Update,
                     _ => BiAction::Copy,
                 };
-                self.rep
-                    .action(act, to, &path_of(&c.dst), None, c.meta.size);
-                self.record(Update::Put(c.dst.clone(), synced(c.from, c.meta, now)));
+                self.rep.action(act, to, &path_of(&c.dst), None, from.size);
+                self.record(Update::Put(c.dst.clone(), synced(c.from, from, now)));
             }
             Err(e) => self.fail(&c.dst, &e),
         }
@@ -1272,18 +1274,16 @@ struct Copy {
     expect: Option<Meta>,
 }
 
-/// Copy `c.src` of `s` to `c.dst` of `d` (temporary + commit, so never
-/// visible half-written); returns the target's metadata afterwards. The
-/// bytes are counted into `moved` as they move, as copy and sync count them.
+/// Copy `c.src` to `c.dst` (the engine's file copy: temporary + commit, so
+/// never visible half-written, paced and counted); returns the source's
+/// metadata the copy was made from and the target's afterwards.
 fn copy_one<S: Store, D: Store>(
-    s: &S,
+    cp: &Copier<'_, S, D>,
     sd: &Dirs<S>,
-    d: &D,
     dd: &Dirs<D>,
     c: &Copy,
-    fsync: bool,
-    moved: &AtomicU64,
-) -> io::Result<Meta> {
+) -> io::Result<(Meta, Meta)> {
+    let (s, d) = (cp.src, cp.dst);
     let (sdir, sname) = sd.at(s, &c.src)?;
     let (ddir, dname) = dd.at(d, &c.dst)?;
     // The target must still be what the plan saw: absent, or unchanged
@@ -1291,33 +1291,20 @@ fn copy_one<S: Store, D: Store>(
     if !still(d.stat(&ddir, &dname)?.as_ref(), c.expect.as_ref()) {
         return Err(changed_err());
     }
+    let mut from = c.meta;
     if c.meta.kind == Kind::Symlink {
         let target = s.read_link(&sdir, &sname)?;
         d.create_symlink(&ddir, &dname, &target, &c.meta)?;
     } else {
-        let mut r = Tracked::new(s.open_file(&sdir, &sname)?, moved);
-        let mut w = d.create_file(&ddir, &dname, &c.meta)?;
-        let n = match d.write_from(&ddir, &mut w, &mut r, c.meta.size, None) {
-            Ok(n) => n,
-            Err(e) => {
-                d.abort(&ddir, w);
-                return Err(e);
-            }
-        };
-        r.settle(n);
-        drop(r);
-        if n != c.meta.size {
-            d.abort(&ddir, w);
-            return Err(io::Error::other(format!(
-                "changed while being copied (size {} when listed, {n} read); the next run copies it",
-                c.meta.size
-            )));
-        }
-        d.commit(&ddir, w, &dname, &c.meta, fsync)?;
-        if let Some(m) = d.meta_after_commit(&c.meta) {
-            return Ok(m);
+        from = cp
+            .copy_file(&sdir, &sname, &ddir, &dname, &c.meta, c.expect.is_none())?
+            .meta;
+        if let Some(m) = d.meta_after_commit(&from) {
+            return Ok((from, m));
         }
     }
-    d.stat(&ddir, &dname)?
-        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "vanished after the copy"))
+    let now = d
+        .stat(&ddir, &dname)?
+        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "vanished after the copy"))?;
+    Ok((from, now))
 }

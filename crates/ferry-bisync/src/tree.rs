@@ -1,22 +1,34 @@
-//! Scan: both trees listed at once on the engine's worker pool, each kept
-//! as one sorted [`Listing`] per directory: nothing is copied or flattened
-//! after listing; the plan's merge walks the directories (see
-//! [`crate::plan::merge`]). A key is the relative path with NUL for `/`
-//! (see [`crate::journal`]): byte order of keys is the order of that walk.
+//! Scan: both trees walked at once on the engine's worker pool
+//! ([`ferry_engine::walk`]), each directory merged, as soon as it is listed
+//! on both sides, with the journal's records of it, read from the journal
+//! then ([`Records::dir`]). A path in sync is decided on the spot and
+//! nothing of it is kept; only paths with work become [`Item`]s. Content
+//! comparisons run on the same pool while the walk goes on, and a first
+//! run's records are written a directory at a time as each completes: memory
+//! holds the directories in flight and the work, not the tree.
+//!
+//! A key is the relative path with NUL for `/` (see [`crate::journal`]):
+//! byte order of keys is the order of the walk.
+//!
+//! (Over 800 lines with its tests: the property test of the streaming merge
+//! against the reference merge lives beside what it checks.)
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::ffi::CString;
+use std::hash::{Hash, Hasher};
 use std::io;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
 
+use ferry_engine::copy::Copier;
 use ferry_engine::entry::join;
-use ferry_engine::pool::Pool;
-use ferry_engine::store::{is_temp_name, ListError};
+use ferry_engine::store::is_temp_name;
+use ferry_engine::walk::{self, Queue, Visitor};
 use ferry_engine::{Filter, Kind, Listing, Meta, Store};
 
-use crate::journal::Snapshot;
-use crate::plan::{merge_dir, orphans, Act, Ctx, DirMerged, Item, Plan, Sides};
-use crate::reconcile::Side;
+use crate::journal::{DirRecs, Records, Update};
+use crate::plan::{compared, merge_dir, record_of, Act, Ctx, DirMerged, Item, Plan, Sides};
+use crate::reconcile::{Side, Synced};
 
 /// Key of a relative path (`/` → NUL).
 pub fn key_of(path: &[u8]) -> Vec<u8> {
@@ -43,14 +55,10 @@ pub fn name_of(key: &[u8]) -> &[u8] {
     }
 }
 
-/// A scanned tree.
+/// What the scan of one side found besides the plan.
 #[derive(Debug, Default)]
 pub struct Scan {
-    /// Each listed directory's entries by the directory's relative path
-    /// (`/`-separated, empty for the root), in name order, without ferry's
-    /// temporaries and special files.
-    pub dirs: HashMap<Vec<u8>, Listing>,
-    /// Number of entries in `dirs`.
+    /// Entries listed (without ferry's temporaries and special files).
     pub count: usize,
     /// Keys of entries whose state is unknown (unreadable), with everything
     /// below them: nothing there may be judged deleted.
@@ -58,12 +66,25 @@ pub struct Scan {
     /// Special files (fifos, sockets, devices), skipped. Their keys are
     /// also unknown: the path is left alone on both sides.
     pub skipped: Vec<Vec<u8>>,
-    /// ferry's own temporaries (`.ferry-tmp.*`) left by a killed run: never
-    /// synced, removed by the next real run.
+    /// ferry's own temporaries left by a killed run: never synced, removed
+    /// by the next real run.
     pub temps: Vec<(Vec<u8>, Meta)>,
 }
 
-impl Scan {
+/// A whole tree, listed: the reference merge's input, in tests.
+#[cfg(test)]
+#[derive(Debug, Default)]
+pub struct Tree {
+    /// Each directory's entries by its relative path, in name order.
+    pub dirs: std::collections::HashMap<Vec<u8>, Listing>,
+    /// Number of entries in `dirs`.
+    pub count: usize,
+    /// Keys of unreadable entries.
+    pub unknown: Vec<Vec<u8>>,
+}
+
+#[cfg(test)]
+impl Tree {
     /// The entry at `key`.
     pub fn get(&self, key: &[u8]) -> Option<&Meta> {
         let dir = path_of(parent_key(key).unwrap_or(b""));
@@ -75,13 +96,11 @@ impl Scan {
             .map(|i| &es[i].meta)
     }
 
-    /// A scan holding `entries` (keys with their metadata, any order), for
-    /// tests.
-    #[cfg(test)]
-    pub fn of(entries: &[(Vec<u8>, Meta)]) -> Scan {
+    /// A tree holding `entries` (keys with their metadata, any order).
+    pub fn of(entries: &[(Vec<u8>, Meta)]) -> Tree {
         let mut v: Vec<&(Vec<u8>, Meta)> = entries.iter().collect();
         v.sort_by(|x, y| x.0.cmp(&y.0));
-        let mut s = Scan::default();
+        let mut s = Tree::default();
         s.dirs.insert(Vec::new(), Listing::new());
         for (k, m) in v {
             let dir = path_of(parent_key(k).unwrap_or(b""));
@@ -98,16 +117,43 @@ impl Scan {
     }
 }
 
-/// One directory to list on the sides that hold it (each with its open
-/// parent; `None` for the root), then to merge.
-struct DirTask<A: Store, B: Store> {
-    rel: Vec<u8>,
-    a: Option<Option<Arc<A::Dir>>>,
-    b: Option<Option<Arc<B::Dir>>>,
-}
-
 /// Reports a path that could not be listed or read.
 pub type OnError<'a> = &'a (dyn Fn(&[u8], &io::Error) + Sync);
+
+/// What becomes of paths found in sync that the journal does not know as
+/// such yet (records only).
+pub enum InSync<'a> {
+    /// Kept in the plan: the executor writes them after the refusal checks.
+    Keep,
+    /// Only counted (a dry run writes nothing).
+    Count,
+    /// Written during the scan, each directory's at once when it completes
+    /// (a first run, whose journal was just cleared).
+    Write(&'a mpsc::SyncSender<Update>),
+}
+
+/// How to scan.
+pub struct ScanOpts<'a, A: Store, B: Store> {
+    /// What the stores are like.
+    pub sides: Sides,
+    /// Worker threads.
+    pub jobs: usize,
+    /// Exclude rules.
+    pub filter: Option<&'a Filter>,
+    /// Files in sync by metadata get their bytes compared ([`Act::Check`]).
+    pub checksum: bool,
+    /// Where errors go (their keys become unknown).
+    pub on_error: OnError<'a>,
+    /// Compare contents during the scan (A's files against B's) and plan
+    /// the outcome; `None` leaves [`Act::Compare`] and [`Act::Check`] in the
+    /// plan.
+    pub compare: Option<&'a Copier<'a, A, B>>,
+    /// Records of paths found in sync.
+    pub in_sync: InSync<'a>,
+    /// Stop at the root when both roots hold entries: the run is refused
+    /// then (no journal), and nothing more is needed.
+    pub stop_if_both_hold: bool,
+}
 
 /// A listed directory, kept open for its subdirectories, and its listing.
 type Opened<D> = (Arc<D>, Listing);
@@ -134,35 +180,33 @@ impl<S: Store> Gather<S> {
     fn list(
         &self,
         store: &S,
-        rel: Vec<u8>,
+        rel: &[u8],
         parent: Option<Arc<S::Dir>>,
         on_error: OnError<'_>,
     ) -> Option<Opened<S::Dir>> {
         let dir = match &parent {
             None => self.root.lock().unwrap().take().expect("root once"),
             Some(p) => {
-                let name = CString::new(name_of_path(&rel)).expect("names hold no NUL");
+                let name = CString::new(name_of_path(rel)).expect("names hold no NUL");
                 match store.open_dir(p, &name) {
                     Ok(d) => d,
                     Err(e) => {
-                        on_error(&rel, &e);
-                        self.unknown.lock().unwrap().push(key_of(&rel));
+                        on_error(rel, &e);
+                        self.unknown.lock().unwrap().push(key_of(rel));
                         return None;
                     }
                 }
             }
         };
         let mut list = Listing::new();
-        let mut errors: Vec<ListError> = Vec::new();
-        if let Err(e) = store.list(&dir, &rel, &mut list, &mut errors) {
-            on_error(&rel, &e);
-            self.unknown.lock().unwrap().push(key_of(&rel));
-            return None;
-        }
-        for e in &errors {
-            let p = join(&rel, &e.name);
+        let mut entry_err = |p: Vec<u8>, e: ferry_engine::store::ListError| {
             on_error(&p, &e.err);
             self.unknown.lock().unwrap().push(key_of(&p));
+        };
+        if let Err(e) = walk::list(store, &dir, rel, None, &mut list, &mut entry_err) {
+            on_error(rel, &e);
+            self.unknown.lock().unwrap().push(key_of(rel));
+            return None;
         }
         // Temporaries and special files are set aside here, so the
         // listing holds only what is synced.
@@ -173,10 +217,10 @@ impl<S: Store> Gather<S> {
             for e in list.entries() {
                 let name = list.name(e);
                 if is_temp_name(name) {
-                    let k = key_of(&join(&rel, name));
+                    let k = key_of(&join(rel, name));
                     self.temps.lock().unwrap().push((k, e.meta));
                 } else if e.meta.kind == Kind::Other {
-                    let k = key_of(&join(&rel, name));
+                    let k = key_of(&join(rel, name));
                     self.unknown.lock().unwrap().push(k.clone());
                     self.skipped.lock().unwrap().push(k);
                 }
@@ -187,10 +231,9 @@ impl<S: Store> Gather<S> {
         Some((Arc::new(dir), list))
     }
 
-    fn finish(self, dirs: HashMap<Vec<u8>, Listing>, count: usize) -> Scan {
+    fn finish(self, count: usize) -> Scan {
         let mut scan = Scan {
             count,
-            dirs,
             unknown: self.unknown.into_inner().unwrap(),
             skipped: self.skipped.into_inner().unwrap(),
             temps: self.temps.into_inner().unwrap(),
@@ -202,332 +245,307 @@ impl<S: Store> Gather<S> {
     }
 }
 
-/// A directory listed on both sides (where it exists), waiting for the
-/// journal to be merged.
-struct Listed {
+/// One directory to visit: listed on the sides that hold it (each with its
+/// open parent; `None` for the root), merged with its records.
+struct DirTask<A: Store, B: Store> {
     rel: Vec<u8>,
-    a: Option<Listing>,
-    b: Option<Listing>,
+    a: Option<Option<Arc<A::Dir>>>,
+    b: Option<Option<Arc<B::Dir>>>,
 }
 
-/// What the merge gathered.
+/// A directory whose contents are being compared: its records in sync
+/// wait for the last comparison, then are written together.
+struct Pending<A: Store, B: Store> {
+    key: Vec<u8>,
+    da: Arc<A::Dir>,
+    db: Arc<B::Dir>,
+    /// Comparison batches not done yet.
+    left: AtomicUsize,
+    recs: Mutex<Vec<(Vec<u8>, Synced)>>,
+}
+
+/// Children of one directory to compare, A's bytes against B's.
+struct Compare<A: Store, B: Store> {
+    dir: Arc<Pending<A, B>>,
+    items: Vec<Item>,
+}
+
+/// Comparisons per pool task at most.
+const COMPARE_BATCH: usize = 64;
+
+/// What the walk gathers.
 #[derive(Default)]
-struct MergeState {
-    /// Keys of the directories merged.
-    merged: HashSet<Vec<u8>>,
+struct State {
+    /// Paths with work.
     items: Vec<Item>,
     unchanged: u64,
-    seen_j: usize,
-    /// Listings kept for the plan's later steps (directories with
-    /// something to do), per side.
-    kept: [HashMap<Vec<u8>, Listing>; 2],
+    recorded: u64,
     count: [usize; 2],
+    /// Records of files and symlinks, and of directories, read.
+    known: (u64, u64),
+    /// Hashes of the keys of the directories whose records were read (all
+    /// directories visited, in the pass over directories no walk reached).
+    visited: HashSet<u64>,
+    /// Why the journal could not be read.
+    failed: Option<String>,
 }
 
-/// The journal once loaded, and the directories listed before that.
-enum Journal<'a> {
-    Loading(Vec<Listed>),
-    Ready(&'a Snapshot),
-    Failed,
+fn key_hash(key: &[u8]) -> u64 {
+    let mut h = std::hash::DefaultHasher::new();
+    key.hash(&mut h);
+    h.finish()
 }
 
-/// Merges directories as they are listed (see [`scan_merge`]).
-struct Merger<'a> {
-    sides: Sides,
-    checksum: bool,
-    unknown: [&'a Mutex<Vec<Vec<u8>>>; 2],
-    journal: Mutex<Journal<'a>>,
-    /// Signalled when the journal is in (or failed).
-    journal_in: std::sync::Condvar,
-    st: Mutex<MergeState>,
+/// The scan as a walk of both stores.
+struct Walker<'a, A: Store, B: Store> {
+    a: &'a A,
+    b: &'a B,
+    j: &'a dyn Records,
+    o: &'a ScanOpts<'a, A, B>,
+    ga: Gather<A>,
+    gb: Gather<B>,
+    st: Mutex<State>,
+    /// Visiting directories below which no walk went (see [`scan_merge`]).
+    orphans: AtomicBool,
 }
 
-impl<'a> Merger<'a> {
-    /// Merge directory `rel` now if the journal is in, else keep it for
-    /// when it is.
-    fn listed(&self, d: Listed) {
-        let j = match &mut *self.journal.lock().unwrap() {
-            Journal::Loading(waiting) => return waiting.push(d),
-            Journal::Ready(j) => *j,
-            Journal::Failed => return,
-        };
-        self.merge(j, vec![d]);
-    }
+type Q<'q, A, B> = Queue<'q, DirTask<A, B>, Compare<A, B>>;
 
-    /// The journal is in (or failed to load): merge what waited for it.
-    fn journal(&self, j: Option<&'a Snapshot>) {
-        let waiting = {
-            let mut g = self.journal.lock().unwrap();
-            let next = match j {
-                Some(j) => Journal::Ready(j),
-                None => Journal::Failed,
-            };
-            let w = match std::mem::replace(&mut *g, next) {
-                Journal::Loading(w) => w,
-                _ => Vec::new(),
-            };
-            self.journal_in.notify_all();
-            w
-        };
-        if let Some(j) = j {
-            self.merge(j, waiting);
-        }
-    }
+impl<A: Store, B: Store> Visitor for Walker<'_, A, B> {
+    type Dir = DirTask<A, B>;
+    type Work = Compare<A, B>;
 
-    /// The journal, once it is in (`None`: it failed to load).
-    fn wait_journal(&self) -> Option<&'a Snapshot> {
-        let mut g = self.journal.lock().unwrap();
-        loop {
-            match &*g {
-                Journal::Loading(_) => g = self.journal_in.wait(g).unwrap(),
-                Journal::Ready(j) => return Some(*j),
-                Journal::Failed => return None,
+    fn dir(&self, t: DirTask<A, B>, q: &Q<'_, A, B>) {
+        let o = self.o;
+        let key = key_of(&t.rel);
+        let orphans = self.orphans.load(Ordering::Relaxed);
+        let recs = match self.j.dir(&key) {
+            Ok(r) => r,
+            Err(e) => {
+                self.st.lock().unwrap().failed = Some(e);
+                return q.stop();
             }
+        };
+        {
+            let mut st = self.st.lock().unwrap();
+            if (orphans || !recs.is_empty()) && !st.visited.insert(key_hash(&key)) {
+                return;
+            }
+            st.known.0 += recs.files();
+            st.known.1 += recs.len() as u64 - recs.files();
         }
-    }
-
-    /// Merge directories, and the directories below them that only the
-    /// journal holds.
-    fn merge(&self, j: &Snapshot, mut todo: Vec<Listed>) {
+        let la =
+            t.a.and_then(|p| self.ga.list(self.a, &t.rel, p, o.on_error))
+                .map(|(d, l)| self.exact(self.a, Side::A, &t.rel, d, l, &recs))
+                .map(|(d, l)| (d, filtered(o.filter, &self.ga.unknown, &t.rel, l)));
+        let lb =
+            t.b.and_then(|p| self.gb.list(self.b, &t.rel, p, o.on_error))
+                .map(|(d, l)| self.exact(self.b, Side::B, &t.rel, d, l, &recs))
+                .map(|(d, l)| (d, filtered(o.filter, &self.gb.unknown, &t.rel, l)));
+        let na = la.as_ref().map_or(0, |(_, l)| l.len());
+        let nb = lb.as_ref().map_or(0, |(_, l)| l.len());
+        if t.rel.is_empty() && o.stop_if_both_hold && na > 0 && nb > 0 {
+            self.st.lock().unwrap().count = [na, nb];
+            return q.stop();
+        }
         let cx = Ctx {
-            j,
-            sides: self.sides,
-            unknown: self.unknown,
-            checksum: self.checksum,
+            sides: o.sides,
+            unknown: [&self.ga.unknown, &self.gb.unknown],
+            checksum: o.checksum,
         };
         let empty = Listing::new();
-        while let Some(d) = todo.pop() {
-            let key = key_of(&d.rel);
-            let mut out = DirMerged::default();
-            let (la, lb) = (d.a.as_ref(), d.b.as_ref());
-            merge_dir(
-                &cx,
-                &key,
-                la.unwrap_or(&empty),
-                lb.unwrap_or(&empty),
-                &mut out,
-            );
-            // Later steps (conflict names) look at the names of
-            // directories with work; a directory in sync is dropped here.
-            let keep = out
-                .items
-                .iter()
-                .any(|it| !matches!(it.act, Act::Record | Act::Forget));
-            for (name, listed) in &out.subdirs {
-                if *listed == [false, false] {
-                    todo.push(Listed {
-                        rel: join(&d.rel, name),
-                        a: None,
-                        b: None,
+        let mut out = DirMerged::default();
+        merge_dir(
+            &cx,
+            &key,
+            la.as_ref().map_or(&empty, |(_, l)| l),
+            lb.as_ref().map_or(&empty, |(_, l)| l),
+            &recs,
+            &mut out,
+        );
+        drop(recs);
+        // Subdirectories of either side (or only the journal's), in name order.
+        let subdirs: Vec<DirTask<A, B>> = out
+            .subdirs
+            .iter()
+            .map(|(name, listed)| DirTask {
+                rel: join(&t.rel, name),
+                a: listed[0].then(|| la.as_ref().map(|(d, _)| d.clone())),
+                b: listed[1].then(|| lb.as_ref().map(|(d, _)| d.clone())),
+            })
+            .collect();
+        let mut work = Vec::new();
+        let mut cmp = Vec::new();
+        let mut recs = Vec::new();
+        let mut recorded = 0;
+        for it in out.items {
+            match it.act {
+                Act::Compare | Act::Check if o.compare.is_some() => cmp.push(it),
+                _ => recorded += self.place(it, &mut work, &mut recs),
+            }
+        }
+        {
+            let mut st = self.st.lock().unwrap();
+            st.count[0] += na;
+            st.count[1] += nb;
+            st.unchanged += out.unchanged;
+            st.recorded += recorded;
+            st.items.append(&mut work);
+        }
+        match (cmp.is_empty(), la, lb) {
+            (false, Some((da, _)), Some((db, _))) => {
+                let batches: Vec<Vec<Item>> =
+                    cmp.chunks(COMPARE_BATCH).map(<[Item]>::to_vec).collect();
+                let dir = Arc::new(Pending {
+                    key,
+                    da,
+                    db,
+                    left: AtomicUsize::new(batches.len()),
+                    recs: Mutex::new(recs),
+                });
+                for items in batches {
+                    q.work(Compare {
+                        dir: dir.clone(),
+                        items,
                     });
                 }
             }
-            let mut st = self.st.lock().unwrap();
-            st.count[0] += la.map_or(0, |l| l.len());
-            st.count[1] += lb.map_or(0, |l| l.len());
-            st.items.append(&mut out.items);
-            st.unchanged += out.unchanged;
-            st.seen_j += out.seen_j;
-            if keep {
-                if let Some(l) = d.a {
-                    st.kept[0].insert(d.rel.clone(), l);
-                }
-                if let Some(l) = d.b {
-                    st.kept[1].insert(d.rel.clone(), l);
-                }
-            }
-            st.merged.insert(key);
+            _ => self.in_sync(key, recs),
         }
+        q.dirs(subdirs);
     }
-}
 
-/// List two stores at once on one pool of `jobs` workers and merge them
-/// with the journal as they go; the journal is loaded by `load` on another
-/// thread meanwhile. A root given as `None` does not exist (yet): that
-/// side is empty. With `checksum`, files in sync by metadata are planned
-/// for a comparison of their bytes ([`Act::Check`]).
-///
-/// Each directory is one task: its listing on A and on B, the tasks of
-/// its subdirectories (from both listings), then its merge
-/// ([`merge_dir`]); its listings are dropped there unless it holds work.
-/// Memory stays with the directories in flight, and the merge runs beside
-/// the listing instead of after it. Directories listed before the journal
-/// is in wait for it. Per-entry errors are reported through `on_error`
-/// and make their keys unknown.
-#[allow(clippy::too_many_arguments)]
-pub fn scan_merge<A: Store, B: Store>(
-    a: (&A, Option<A::Dir>),
-    b: (&B, Option<B::Dir>),
-    load: impl FnOnce() -> Result<Snapshot, String> + Send,
-    sides: Sides,
-    jobs: usize,
-    filter: Option<&Filter>,
-    checksum: bool,
-    on_error: OnError<'_>,
-) -> Result<(Plan, Scan, Scan), String> {
-    let root = (a.1.is_some(), b.1.is_some());
-    let ga = Gather::<A>::new(a.1);
-    let gb = Gather::<B>::new(b.1);
-    let jl: std::sync::OnceLock<Result<Snapshot, String>> = std::sync::OnceLock::new();
-    let m = Merger {
-        sides,
-        checksum,
-        unknown: [&ga.unknown, &gb.unknown],
-        journal: Mutex::new(Journal::Loading(Vec::new())),
-        journal_in: std::sync::Condvar::new(),
-        st: Mutex::new(MergeState::default()),
-    };
-    let pool: Pool<DirTask<A, B>> = Pool::new();
-    pool.push(DirTask {
-        rel: Vec::new(),
-        a: root.0.then_some(None),
-        b: root.1.then_some(None),
-    });
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            let r = jl.get_or_init(load);
-            m.journal(r.as_ref().ok());
-        });
-        pool.run(jobs.max(2), |t, pool| {
-            let la =
-                t.a.and_then(|p| ga.list(a.0, t.rel.clone(), p, on_error))
-                    .map(|(d, l)| exact(a.0, &m, Side::A, &t.rel, d, l, on_error))
-                    .map(|(d, l)| (d, filtered(filter, &ga.unknown, &t.rel, l)));
-            let lb =
-                t.b.and_then(|p| gb.list(b.0, t.rel.clone(), p, on_error))
-                    .map(|(d, l)| exact(b.0, &m, Side::B, &t.rel, d, l, on_error))
-                    .map(|(d, l)| (d, filtered(filter, &gb.unknown, &t.rel, l)));
-            // Subdirectories of either side, in name order, one task each.
-            let mut sa = sub_dirs(&la).into_iter().peekable();
-            let mut sb = sub_dirs(&lb).into_iter().peekable();
-            let mut tasks = Vec::new();
-            loop {
-                let name = match (sa.peek(), sb.peek()) {
-                    (None, None) => break,
-                    (Some(x), Some(y)) => x.min(y).clone(),
-                    (Some(x), None) => x.clone(),
-                    (None, Some(y)) => y.clone(),
-                };
-                let on_a = sa.next_if(|x| *x == name).is_some();
-                let on_b = sb.next_if(|y| *y == name).is_some();
-                tasks.push(DirTask {
-                    rel: join(&t.rel, &name),
-                    a: on_a.then(|| la.as_ref().map(|(d, _)| d.clone())),
-                    b: on_b.then(|| lb.as_ref().map(|(d, _)| d.clone())),
-                });
-            }
-            // The pool pops the last pushed first: the first name goes last.
-            tasks.reverse();
-            pool.push_all(tasks);
-            m.listed(Listed {
-                rel: t.rel,
-                a: la.map(|(_, l)| l),
-                b: lb.map(|(_, l)| l),
-            });
-        });
-    });
-    let j = match jl.get() {
-        Some(Ok(j)) => j,
-        Some(Err(e)) => return Err(e.clone()),
-        None => unreachable!("the loader ran"),
-    };
-    // Journal records no merge reached (below directories nobody lists).
-    let orphans = {
-        let st = m.st.lock().unwrap();
-        if st.seen_j < j.len() {
-            orphans(j, &st.merged)
-        } else {
-            Vec::new()
-        }
-    };
-    for key in orphans.into_iter().rev() {
-        if !m.st.lock().unwrap().merged.contains(&key) {
-            let d = Listed {
-                rel: path_of(&key),
-                a: None,
-                b: None,
+    fn work(&self, c: Compare<A, B>, _: &Q<'_, A, B>) {
+        let cp = self.o.compare.expect("compare tasks compare");
+        let (da, db) = (&*c.dir.da, &*c.dir.db);
+        let mut work = Vec::new();
+        let mut recs = Vec::new();
+        let mut recorded = 0;
+        for mut it in c.items {
+            let ma = it.a.expect("both");
+            let name = CString::new(name_of(&it.key)).expect("names hold no NUL");
+            let same = if ma.kind == Kind::Symlink {
+                self.a
+                    .read_link(da, &name)
+                    .and_then(|x| Ok(x == self.b.read_link(db, &name)?))
+            } else {
+                cp.same_content(da, &name, db, &name, ma.size)
             };
-            m.merge(j, vec![d]);
+            it.act = match same {
+                Ok(same) => compared(&it, same),
+                Err(e) => {
+                    (self.o.on_error)(&path_of(&it.key), &e);
+                    Act::Skip
+                }
+            };
+            recorded += self.place(it, &mut work, &mut recs);
+        }
+        {
+            let mut st = self.st.lock().unwrap();
+            st.recorded += recorded;
+            st.items.append(&mut work);
+        }
+        let mut mine = c.dir.recs.lock().unwrap();
+        mine.append(&mut recs);
+        drop(mine);
+        if c.dir.left.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let recs = std::mem::take(&mut *c.dir.recs.lock().unwrap());
+            self.in_sync(c.dir.key.clone(), recs);
         }
     }
-    let mut st = m.st.into_inner().unwrap();
-    st.items.sort_by(|x, y| x.key.cmp(&y.key));
-    let plan = Plan {
-        items: st.items,
-        scanned: (st.count[0] + st.count[1]) as u64,
-        unchanged: st.unchanged,
-        deletes: [0; 2],
-        known: [j.files(); 2],
-        known_dirs: j.len() as u64 - j.files(),
-        dir_deletes: [0; 2],
-        sides,
-    };
-    let [ka, kb] = st.kept;
-    Ok((plan, ga.finish(ka, st.count[0]), gb.finish(kb, st.count[1])))
 }
 
-/// Make exact the approximate metadata of an object store's listing of
-/// directory `rel` (sizes are exact; mtimes and modes live in object
-/// metadata): a file whose size and version fingerprint (`Meta::version`) are
-/// those the journal recorded for this side is unchanged since the last
-/// sync and takes the recorded metadata; only the others are asked for
-/// theirs ([`Store::refine`]: a HEAD each). A no-op run then makes no
-/// request beyond the listing. Entries that cannot be asked are unknown.
-fn exact<S: Store>(
-    s: &S,
-    m: &Merger<'_>,
-    side: Side,
-    rel: &[u8],
-    d: Arc<S::Dir>,
-    mut l: Listing,
-    on_error: OnError<'_>,
-) -> (Arc<S::Dir>, Listing) {
-    if !s.approximate_meta() {
-        return (d, l);
-    }
-    let key = key_of(rel);
-    let j = m.wait_journal();
-    let mut recs = j.map(|j| j.children(&key).peekable());
-    let mut which = Vec::new();
-    {
-        let (names, ents) = l.parts_mut();
-        for (i, e) in ents.iter_mut().enumerate() {
-            if e.meta.kind != Kind::File {
-                continue;
+impl<A: Store, B: Store> Walker<'_, A, B> {
+    /// Where a decided item goes: a path found in sync (a record only) is
+    /// kept, counted or set aside in `recs` to be written, as `in_sync`
+    /// says; anything else is work. Returns 1 for a record not kept.
+    fn place(&self, it: Item, work: &mut Vec<Item>, recs: &mut Vec<(Vec<u8>, Synced)>) -> u64 {
+        match (&it.act, &self.o.in_sync) {
+            (Act::Record, InSync::Count) => 1,
+            (Act::Record, InSync::Write(_)) => {
+                recs.push((name_of(&it.key).to_vec(), record_of(&it)));
+                1
             }
-            let (o, n) = e.name_span();
-            let name = &names[o..o + n];
-            let rec = recs.as_mut().and_then(|r| {
-                while r.next_if(|(rn, _)| *rn < name).is_some() {}
-                r.next_if(|(rn, _)| *rn == name).map(|(_, s)| *s.side(side))
-            });
-            match rec {
-                Some(t)
-                    if t.kind == Kind::File
-                        && t.size == e.meta.size
-                        && t.version != 0
-                        && t.version == e.meta.version =>
-                {
-                    e.meta = t
+            _ => {
+                work.push(it);
+                0
+            }
+        }
+    }
+
+    /// A directory's records of paths in sync, complete.
+    fn in_sync(&self, key: Vec<u8>, mut recs: Vec<(Vec<u8>, Synced)>) {
+        if let (InSync::Write(tx), false) = (&self.o.in_sync, recs.is_empty()) {
+            recs.sort_by(|x, y| x.0.cmp(&y.0));
+            let _ = tx.send(Update::Dir(key, recs));
+        }
+    }
+
+    /// Make exact the approximate metadata of an object store's listing of
+    /// directory `rel` (sizes are exact; mtimes and modes live in object
+    /// metadata): a file whose size and version fingerprint (`Meta::version`)
+    /// are those the journal recorded for this side is unchanged since the
+    /// last sync and takes the recorded metadata; only the others are asked
+    /// for theirs ([`Store::refine`]: a HEAD each). A no-op run then makes
+    /// no request beyond the listing. Entries that cannot be asked are
+    /// unknown.
+    fn exact<S: Store>(
+        &self,
+        s: &S,
+        side: Side,
+        rel: &[u8],
+        d: Arc<S::Dir>,
+        mut l: Listing,
+        recs: &DirRecs,
+    ) -> Opened<S::Dir> {
+        if !s.approximate_meta() {
+            return (d, l);
+        }
+        let mut recs = recs.iter().peekable();
+        let mut which = Vec::new();
+        {
+            let (names, ents) = l.parts_mut();
+            for (i, e) in ents.iter_mut().enumerate() {
+                if e.meta.kind != Kind::File {
+                    continue;
                 }
-                _ => which.push(i),
+                let (o, n) = e.name_span();
+                let name = &names[o..o + n];
+                while recs.next_if(|(rn, _)| *rn < name).is_some() {}
+                let rec = recs
+                    .next_if(|(rn, _)| *rn == name)
+                    .map(|(_, s)| *s.side(side));
+                match rec {
+                    Some(t)
+                        if t.kind == Kind::File
+                            && t.size == e.meta.size
+                            && t.version != 0
+                            && t.version == e.meta.version =>
+                    {
+                        e.meta = t
+                    }
+                    _ => which.push(i),
+                }
             }
         }
-    }
-    if !which.is_empty() {
-        let unknown = m.unknown[side as usize];
-        let mut errors = Vec::new();
-        if let Err(e) = s.refine(&d, &mut l, &which, &mut errors) {
-            on_error(rel, &e);
-            unknown.lock().unwrap().push(key);
+        if !which.is_empty() {
+            let unknown = match side {
+                Side::A => &self.ga.unknown,
+                Side::B => &self.gb.unknown,
+            };
+            let mut errors = Vec::new();
+            if let Err(e) = s.refine(&d, &mut l, &which, &mut errors) {
+                (self.o.on_error)(rel, &e);
+                unknown.lock().unwrap().push(key_of(rel));
+            }
+            for e in errors {
+                let p = join(rel, &e.name);
+                (self.o.on_error)(&p, &e.err);
+                unknown.lock().unwrap().push(key_of(&p));
+            }
         }
-        for e in errors {
-            let p = join(rel, &e.name);
-            on_error(&p, &e.err);
-            unknown.lock().unwrap().push(key_of(&p));
-        }
+        (d, l)
     }
-    (d, l)
 }
 
 /// A side's listing (metadata exact) without what the filter leaves out.
@@ -550,15 +568,88 @@ fn filtered(
     l
 }
 
-/// Names of the subdirectories in a listing.
-fn sub_dirs<D>(l: &Option<(Arc<D>, Listing)>) -> Vec<Vec<u8>> {
-    l.as_ref().map_or(Vec::new(), |(_, l)| {
-        l.entries()
-            .iter()
-            .filter(|e| e.meta.kind == Kind::Dir)
-            .map(|e| l.name(e).to_vec())
-            .collect()
-    })
+/// Walk two stores at once on one pool and merge each directory with the
+/// journal's records of it (`j`) as it is listed. A root given as `None`
+/// does not exist (yet): that side is empty. Per-entry errors are reported
+/// through `o.on_error` and make their keys unknown.
+///
+/// Each directory is one task: its records read from the journal, its
+/// listing on A and on B, its merge ([`merge_dir`]), the comparisons it
+/// needs queued as tasks of their own, then its subdirectories. Records
+/// below directories no side lists and the journal does not name as
+/// directories (a journal from a killed run can hold those) are merged in
+/// a second pass over the directories the journal holds that the walk did
+/// not visit. Errors: the journal could not be read.
+pub fn scan_merge<A: Store, B: Store>(
+    a: (&A, Option<A::Dir>),
+    b: (&B, Option<B::Dir>),
+    j: &dyn Records,
+    o: &ScanOpts<'_, A, B>,
+) -> Result<(Plan, Scan, Scan), String> {
+    let root = (a.1.is_some(), b.1.is_some());
+    let w = Walker {
+        a: a.0,
+        b: b.0,
+        j,
+        o,
+        ga: Gather::<A>::new(a.1),
+        gb: Gather::<B>::new(b.1),
+        st: Mutex::new(State::default()),
+        orphans: AtomicBool::new(false),
+    };
+    let jobs = o.jobs.max(2);
+    walk::walk(
+        &w,
+        jobs,
+        vec![DirTask {
+            rel: Vec::new(),
+            a: root.0.then_some(None),
+            b: root.1.then_some(None),
+        }],
+    );
+    let stopped = {
+        let st = w.st.lock().unwrap();
+        if let Some(e) = &st.failed {
+            return Err(e.clone());
+        }
+        o.stop_if_both_hold && st.count[0] > 0 && st.count[1] > 0
+    };
+    if !stopped {
+        let mut orphans = Vec::new();
+        {
+            let st = w.st.lock().unwrap();
+            j.each_dir(&mut |d| {
+                if !st.visited.contains(&key_hash(d)) {
+                    orphans.push(DirTask {
+                        rel: path_of(d),
+                        a: None,
+                        b: None,
+                    });
+                }
+            })?;
+        }
+        if !orphans.is_empty() {
+            w.orphans.store(true, Ordering::Relaxed);
+            walk::walk(&w, jobs, orphans);
+            if let Some(e) = w.st.lock().unwrap().failed.take() {
+                return Err(e);
+            }
+        }
+    }
+    let mut st = w.st.into_inner().unwrap();
+    st.items.sort_by(|x, y| x.key.cmp(&y.key));
+    let plan = Plan {
+        items: st.items,
+        scanned: (st.count[0] + st.count[1]) as u64,
+        unchanged: st.unchanged,
+        recorded: st.recorded,
+        deletes: [0; 2],
+        known: [st.known.0; 2],
+        known_dirs: st.known.1,
+        dir_deletes: [0; 2],
+        sides: o.sides,
+    };
+    Ok((plan, w.ga.finish(st.count[0]), w.gb.finish(st.count[1])))
 }
 
 /// Last component of a `/` path.
@@ -579,6 +670,7 @@ pub fn under_any(prefixes: &[Vec<u8>], key: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::journal::Snapshot;
     use crate::plan::merge;
     use crate::reconcile::Synced;
     use ferry_local::LocalStore;
@@ -586,7 +678,7 @@ mod tests {
 
     /// Every entry of a local tree, listed through the store (the metadata
     /// the scan sees).
-    fn full_scan(s: &LocalStore) -> Scan {
+    fn full_scan(s: &LocalStore) -> Tree {
         fn go(
             s: &LocalStore,
             d: &<LocalStore as Store>::Dir,
@@ -608,7 +700,7 @@ mod tests {
         let (root, _) = s.open_root().unwrap().unwrap();
         let mut v = Vec::new();
         go(s, &root, b"", &mut v);
-        Scan::of(&v)
+        Tree::of(&v)
     }
 
     /// Paths of a random tree: `d` ending = directory.
@@ -705,15 +797,21 @@ mod tests {
             let want = merge(&fa, &fb, &snap, sides);
             let (ca, cb) = (sa.open_root().unwrap().unwrap().0, sb.open_root().unwrap().unwrap().0);
             let fail = |p: &[u8], e: &io::Error| panic!("{}: {e}", String::from_utf8_lossy(p));
+            let opts = ScanOpts::<LocalStore, LocalStore> {
+                sides,
+                jobs,
+                filter: None,
+                checksum: false,
+                on_error: &fail,
+                compare: None,
+                in_sync: InSync::Keep,
+                stop_if_both_hold: false,
+            };
             let (got, _, _) = scan_merge(
                 (&sa, Some(ca)),
                 (&sb, Some(cb)),
-                move || Ok(Snapshot::from_keys(recs)),
-                sides,
-                jobs,
-                None,
-                false,
-                &fail,
+                &Snapshot::from_keys(recs),
+                &opts,
             )
             .unwrap();
             let acts = |p: &Plan| -> Vec<(Vec<u8>, crate::plan::Act)> {

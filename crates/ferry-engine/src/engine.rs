@@ -18,22 +18,18 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use crate::bwlimit::Limiter;
+use crate::copy::Copier;
 use crate::entry::{join, same_names, Kind, Listing, Meta};
 use crate::filter::{drop_names, Filter};
-use crate::hash::{hash_bytes, Hash};
 use crate::plan::{meta_change, plan_dir, PlanOptions, Step};
-use crate::pool::Pool;
 use crate::report::{Action, Reporter, Stats, Summary};
-use crate::store::{
-    is_legacy_partial_name, is_temp_name, ListError, MetaChange, SourceFile, Store, Tracked,
-};
+use crate::store::{is_legacy_partial_name, is_temp_name, ListError, MetaChange, Store};
+use crate::walk::{self, Queue, Visitor};
 
 /// Files per transfer task, at most.
 const BATCH_FILES: usize = 64;
 /// Bytes per transfer task, at most (a bigger file gets a task of its own).
 const BATCH_BYTES: u64 = 8 << 20;
-/// Buffer size of the `--checksum` comparison.
-const COMPARE_BUF: usize = 256 * 1024;
 /// Why a special file is skipped (the `skip` note and record).
 const SPECIAL_SKIP: &str = "special file (fifo, socket or device) in SRC: not copied";
 
@@ -170,7 +166,8 @@ enum DstAt {
     Other(Meta),
 }
 
-enum Task<S: Store, D: Store> {
+/// A directory of the walk: the root's node, or a subdirectory to open.
+enum DirTask<S: Store, D: Store> {
     Scan(Arc<Node<S, D>>),
     Dir {
         parent: Arc<Node<S, D>>,
@@ -178,11 +175,16 @@ enum Task<S: Store, D: Store> {
         src_meta: Meta,
         dst: DstAt,
     },
-    Files {
-        node: Arc<Node<S, D>>,
-        batch: FileBatch,
-    },
 }
+
+/// A batch of files of one directory to transfer.
+struct Files<S: Store, D: Store> {
+    node: Arc<Node<S, D>>,
+    batch: FileBatch,
+}
+
+/// The engine's queue on the walk's pool.
+type Q<'q, S, D> = Queue<'q, DirTask<S, D>, Files<S, D>>;
 
 /// Runs copy and sync between two stores.
 pub struct Engine<'a, S: Store, D: Store> {
@@ -347,47 +349,10 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             parent: None,
             lanes: Mutex::new((0, VecDeque::new())),
         });
-        let pool: Pool<Task<S, D>> = Pool::new();
-        pool.push(Task::Scan(root));
-        pool.run(self.opts.jobs, |task, pool| self.run_task(task, pool));
+        walk::walk(&Walker(self), self.opts.jobs, vec![DirTask::Scan(root)]);
         match self.refusal.lock().expect("refusal").take() {
             Some(msg) => Err(refused(msg)),
             None => Ok(()),
-        }
-    }
-
-    fn run_task(&self, task: Task<S, D>, pool: &Pool<Task<S, D>>) {
-        match task {
-            Task::Scan(node) => self.scan(&node, pool),
-            Task::Dir {
-                parent,
-                name,
-                src_meta,
-                dst,
-            } => {
-                // The child node reports to its parent when it completes;
-                // if it could not be opened, the task does.
-                match self.open_node(&parent, &name, src_meta, dst) {
-                    Some(node) => self.scan(&node, pool),
-                    None => self.done(&parent),
-                }
-            }
-            Task::Files { node, batch } => {
-                let mut batch = Some(batch);
-                while let Some(b) = batch {
-                    for (i, e) in b.files.entries().iter().enumerate() {
-                        let name = b.files.cname(e);
-                        self.transfer(&node, name, &e.meta, b.dst[i], b.check[i]);
-                    }
-                    self.done(&node);
-                    // This lane goes on with the directory's waiting batches.
-                    let mut l = node.lanes.lock().expect("lanes");
-                    batch = l.1.pop_front();
-                    if batch.is_none() {
-                        l.0 -= 1;
-                    }
-                }
-            }
         }
     }
 
@@ -646,30 +611,19 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         Ok(())
     }
 
-    /// List a destination-only directory for its removal, without what the
-    /// filter leaves out (never deleted).
-    fn list_dst(
-        &self,
-        dir: &D::Dir,
-        rel: &[u8],
-        list: &mut Listing,
-        errs: &mut Vec<ListError>,
-    ) -> io::Result<()> {
-        self.dst.list(dir, rel, list, errs)?;
-        match &self.opts.filter {
-            Some(f) => f.apply(self.dst, dir, rel, list, errs, |_, _| ()),
-            None => Ok(()),
-        }
-    }
-
     /// List both sides of a directory, plan, and act.
-    fn scan(&self, node: &Arc<Node<S, D>>, pool: &Pool<Task<S, D>>) {
+    fn scan(&self, node: &Arc<Node<S, D>>, q: &Q<'_, S, D>) {
         let mut src_list = Listing::new();
         let mut errors: Vec<ListError> = Vec::new();
-        if let Err(e) = self
-            .src
-            .list(&node.src, &node.rel, &mut src_list, &mut errors)
-        {
+        // The filter decides on both listings together (`filter_pair`).
+        if let Err(e) = walk::list(
+            self.src,
+            &node.src,
+            &node.rel,
+            None,
+            &mut src_list,
+            &mut |_, e| errors.push(e),
+        ) {
             // Without a complete source listing nothing may be deleted here.
             self.fail(&node.rel, &e);
             self.done(node);
@@ -678,7 +632,9 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         let mut dst_list = Listing::new();
         let mut derr = Vec::new();
         if let (Some(d), Some(_)) = (&node.dst, &node.dst_meta) {
-            if let Err(e) = self.dst.list(d, &node.rel, &mut dst_list, &mut derr) {
+            if let Err(e) = walk::list(self.dst, d, &node.rel, None, &mut dst_list, &mut |_, e| {
+                derr.push(e)
+            }) {
                 self.fail(&node.rel, &e);
                 self.done(node);
                 return;
@@ -738,7 +694,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         self.unlock_if_needed(node, &steps);
 
         let mut batch = FileBatch::default();
-        let mut subdirs: Vec<Task<S, D>> = Vec::new();
+        let mut subdirs: Vec<DirTask<S, D>> = Vec::new();
         let se = src_list.entries();
         let de = dst_list.entries();
         for step in steps {
@@ -842,15 +798,13 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                 }
             }
             if batch.full() {
-                self.queue_batch(node, &mut batch, pool);
+                self.queue_batch(node, &mut batch, q);
             }
         }
-        self.queue_batch(node, &mut batch, pool);
+        self.queue_batch(node, &mut batch, q);
         if !subdirs.is_empty() {
             node.pending.fetch_add(subdirs.len(), Ordering::AcqRel);
-            // Reversed so that the pool (a stack) visits them in name order.
-            subdirs.reverse();
-            pool.push_all(subdirs);
+            q.dirs(subdirs);
         }
         self.done(node);
     }
@@ -861,8 +815,8 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         name: &CStr,
         src_meta: Meta,
         dst: DstAt,
-    ) -> Task<S, D> {
-        Task::Dir {
+    ) -> DirTask<S, D> {
+        DirTask::Dir {
             parent: node.clone(),
             name: name.to_owned(),
             src_meta,
@@ -870,7 +824,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         }
     }
 
-    fn queue_batch(&self, node: &Arc<Node<S, D>>, batch: &mut FileBatch, pool: &Pool<Task<S, D>>) {
+    fn queue_batch(&self, node: &Arc<Node<S, D>>, batch: &mut FileBatch, q: &Q<'_, S, D>) {
         if batch.files.is_empty() {
             return;
         }
@@ -886,7 +840,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             }
             l.0 += 1;
         }
-        pool.push(Task::Files {
+        q.work(Files {
             node: node.clone(),
             batch: b,
         });
@@ -1030,6 +984,25 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         }
     }
 
+    /// Open destination directory `name` (at `rel`) and list it: the open
+    /// directory, its listing and the entries that could not be read.
+    fn list_dst_dir(
+        &self,
+        parent: &D::Dir,
+        rel: &[u8],
+        name: &CStr,
+    ) -> io::Result<(D::Dir, Listing, Vec<ListError>)> {
+        let dir = self.dst.open_dir(parent, name)?;
+        let mut list = Listing::new();
+        let mut errs = Vec::new();
+        self.dst.list(&dir, rel, &mut list, &mut errs)?;
+        // What the filter leaves out is never deleted.
+        if let Some(f) = &self.opts.filter {
+            f.apply(self.dst, &dir, rel, &mut list, &mut errs, |_, _| ())?;
+        }
+        Ok((dir, list, errs))
+    }
+
     /// What a removal of the destination directory `name` would remove,
     /// the directory included (what the filter excludes is kept), each
     /// entry told to `deleted` (path, size), the directory last; returns
@@ -1041,10 +1014,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         name: &CStr,
         deleted: &dyn Fn(&[u8], u64),
     ) -> io::Result<u64> {
-        let dir = self.dst.open_dir(parent, name)?;
-        let mut list = Listing::new();
-        let mut errs = Vec::new();
-        self.list_dst(&dir, rel, &mut list, &mut errs)?;
+        let (dir, list, errs) = self.list_dst_dir(parent, rel, name)?;
         let mut n = 1 + errs.len() as u64;
         for e in list.entries() {
             let path = join(rel, list.name(e));
@@ -1071,10 +1041,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         name: &CStr,
         deleted: &dyn Fn(&[u8], u64),
     ) -> io::Result<()> {
-        let dir = self.dst.open_dir(parent, name)?;
-        let mut list = Listing::new();
-        let mut errs = Vec::new();
-        self.list_dst(&dir, rel, &mut list, &mut errs)?;
+        let (dir, list, errs) = self.list_dst_dir(parent, rel, name)?;
         if let Some(e) = errs.into_iter().next() {
             return Err(e.err);
         }
@@ -1175,7 +1142,10 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             let (Some(d), Some(dm)) = (&node.dst, dst_meta) else {
                 return;
             };
-            match self.same_content(&node.src, name, d, name, meta.size) {
+            match self
+                .copier()
+                .same_content(&node.src, name, d, name, meta.size)
+            {
                 Ok(true) => {
                     Stats::add(&self.stats.unchanged, 1);
                     let c = meta_change(meta, &dm, self.plan.owner);
@@ -1200,7 +1170,11 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             return;
         }
         let Some(d) = &node.dst else { return };
-        match self.copy_file(&node.src, name, d, name, meta, dst_meta.is_none()) {
+        match self
+            .copier()
+            .copy_file(&node.src, name, d, name, meta, dst_meta.is_none())
+            .map(|c| c.bytes)
+        {
             Ok(n) => {
                 node.dirty.store(true, Ordering::Relaxed);
                 Stats::add(&self.stats.files_copied, 1);
@@ -1211,115 +1185,15 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         }
     }
 
-    /// Copy one file to a temporary, set its metadata, rename into place.
-    /// `fresh`: the destination has no entry of that name.
-    ///
-    /// A source that can tell its current size and mtime cheaply (a local
-    /// file: one `fstat` of the open descriptor, after the copy) is checked
-    /// against what was expected: a file that changed while it was copied
-    /// (or since it was listed) is copied once more against its new state,
-    /// and if it changed again the copy fails. Either way a copy that may
-    /// be torn is dropped, never given the source's mtime.
-    fn copy_file(
-        &self,
-        sdir: &S::Dir,
-        sname: &CStr,
-        ddir: &D::Dir,
-        name: &CStr,
-        meta: &Meta,
-        fresh: bool,
-    ) -> io::Result<u64> {
-        // An empty file has no content to hide while half-written: the
-        // store may create it under its name directly, without reading the
-        // source (whose listed metadata must then be exact).
-        if fresh
-            && meta.size == 0
-            && !self.src.approximate_meta()
-            && self.dst.create_empty(ddir, name, meta, self.opts.fsync)?
-        {
-            return Ok(0);
+    /// The file copy and content compare of this run.
+    fn copier(&self) -> Copier<'_, S, D> {
+        Copier {
+            src: self.src,
+            dst: self.dst,
+            fsync: self.opts.fsync,
+            bwlimit: self.opts.bwlimit.as_ref(),
+            moved: &self.stats.bytes_moved,
         }
-        let mut want = *meta;
-        let mut seen = (meta.size, meta.mtime_sec, meta.mtime_nsec);
-        for _ in 0..2 {
-            match self.copy_once(sdir, sname, ddir, name, &want)? {
-                Ok(n) => return Ok(n),
-                Err(now) => {
-                    seen = now;
-                    want = Meta {
-                        size: now.0,
-                        mtime_sec: now.1,
-                        mtime_nsec: now.2,
-                        ..want
-                    };
-                }
-            }
-        }
-        Err(io::Error::other(format!(
-            "changed while being copied (size {} when listed, {} now), not copied: the next run copies it again",
-            meta.size, seen.0
-        )))
-    }
-
-    /// One attempt of `copy_file`: `Ok(Ok(bytes))` when committed,
-    /// `Ok(Err(now))` when the source changed (nothing committed; `now`:
-    /// its current size and mtime).
-    #[allow(clippy::type_complexity)]
-    fn copy_once(
-        &self,
-        sdir: &S::Dir,
-        sname: &CStr,
-        ddir: &D::Dir,
-        name: &CStr,
-        meta: &Meta,
-    ) -> io::Result<Result<u64, (u64, i64, u32)>> {
-        let mut r = Tracked::new(self.src.open_file(sdir, sname)?, &self.stats.bytes_moved);
-        let mut w = self.dst.create_file(ddir, name, meta)?;
-        let n =
-            match self
-                .dst
-                .write_from(ddir, &mut w, &mut r, meta.size, self.opts.bwlimit.as_ref())
-            {
-                Ok(n) => n,
-                Err(e) => {
-                    self.dst.abort(ddir, w);
-                    return Err(e);
-                }
-            };
-        // Bytes no one counted on the way (a server-side copy).
-        r.settle(n);
-        // A source listed with approximate metadata knows it exactly now.
-        let exact = r.inner().meta().map(|m| Meta {
-            kind: meta.kind,
-            uid: meta.uid,
-            gid: meta.gid,
-            ino: meta.ino,
-            version: meta.version,
-            ..m
-        });
-        let now = if self.src.approximate_meta() {
-            None
-        } else {
-            r.inner().current()
-        };
-        drop(r);
-        let meta = exact.as_ref().unwrap_or(meta);
-        if let Some(now) = now {
-            if now != (n, meta.mtime_sec, meta.mtime_nsec) || n != meta.size {
-                self.dst.abort(ddir, w);
-                return Ok(Err(now));
-            }
-        } else if n != meta.size {
-            self.dst.abort(ddir, w);
-            return Err(io::Error::other(format!(
-                "changed while being copied (size {} when listed, {}{} read)",
-                meta.size,
-                n,
-                if n > meta.size { "+" } else { "" }
-            )));
-        }
-        self.dst.commit(ddir, w, name, meta, self.opts.fsync)?;
-        Ok(Ok(n))
     }
 
     /// Copy or sync a single file `src_name` (in the source root directory)
@@ -1346,9 +1220,9 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             None => true,
             Some(dm) if dm.kind != Kind::File => true,
             Some(dm) if dm.size != sm.size => true,
-            Some(_) if self.checksum => {
-                !self.same_content(&sdir, src_name, &ddir, dst_name, sm.size)?
-            }
+            Some(_) if self.checksum => !self
+                .copier()
+                .same_content(&sdir, src_name, &ddir, dst_name, sm.size)?,
             Some(dm) => !sm.same_mtime(&dm),
         };
         if !changed {
@@ -1376,7 +1250,10 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             Stats::add(&self.stats.bytes_copied, sm.size);
             return Ok(self.stats.summary(start.elapsed()));
         }
-        let res = self.copy_file(&sdir, src_name, &ddir, dst_name, &sm, dm.is_none());
+        let res = self
+            .copier()
+            .copy_file(&sdir, src_name, &ddir, dst_name, &sm, dm.is_none())
+            .map(|c| c.bytes);
         match res {
             Ok(n) => {
                 Stats::add(&self.stats.files_copied, 1);
@@ -1387,56 +1264,52 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         }
         Ok(self.stats.summary(start.elapsed()))
     }
-
-    /// `--checksum`: compare content. Hashes a store keeps spare reading
-    /// its side: two of one kind are compared, one is matched by hashing
-    /// the other side's bytes. Then a store's own fingerprint of the file
-    /// (an S3 multipart ETag) is matched against the other side's bytes;
-    /// else both sides are read and compared.
-    fn same_content(
-        &self,
-        sdir: &S::Dir,
-        sname: &CStr,
-        ddir: &D::Dir,
-        dname: &CStr,
-        size: u64,
-    ) -> io::Result<bool> {
-        let (sk, dk) = (self.src.hashes(), self.dst.hashes());
-        let common = sk.intersection(dk).first();
-        let sh = match common.or(sk.first()) {
-            Some(k) => self.src.hash(sdir, sname, k)?,
-            None => None,
-        };
-        let dh = match common.or(dk.first()) {
-            Some(k) => self.dst.hash(ddir, dname, k)?,
-            None => None,
-        };
-        let open_src = || self.src.open_file(sdir, sname);
-        let open_dst = || self.dst.open_file(ddir, dname);
-        match (sh, dh) {
-            (Some(a), Some(b)) if a.kind() == b.kind() => return Ok(a == b),
-            (_, Some(h)) => return hashed_equal(&mut open_src()?, h, size),
-            (Some(h), None) => return hashed_equal(&mut open_dst()?, h, size),
-            (None, None) => {}
-        }
-        let mut boxed_src = || Ok(Box::new(open_src()?) as Box<dyn SourceFile>);
-        if let Some(same) = self.dst.matches_bytes(ddir, dname, size, &mut boxed_src)? {
-            return Ok(same);
-        }
-        let mut boxed_dst = || Ok(Box::new(open_dst()?) as Box<dyn SourceFile>);
-        if let Some(same) = self.src.matches_bytes(sdir, sname, size, &mut boxed_dst)? {
-            return Ok(same);
-        }
-        let mut a = self.src.open_file(sdir, sname)?;
-        let mut b = self.dst.open_file(ddir, dname)?;
-        same_bytes(&mut a, &mut b)
-    }
 }
 
-/// True when `r` yields `size` bytes whose hash is `want`.
-fn hashed_equal(r: &mut dyn SourceFile, want: Hash, size: u64) -> io::Result<bool> {
-    let (got, n) = hash_bytes(r, want.kind())?;
-    Ok(n == size && got == want)
+/// The engine as the visitor of its walk.
+struct Walker<'e, 'a, S: Store, D: Store>(&'e Engine<'a, S, D>);
+
+impl<S: Store, D: Store> Visitor for Walker<'_, '_, S, D> {
+    type Dir = DirTask<S, D>;
+    type Work = Files<S, D>;
+
+    fn dir(&self, task: DirTask<S, D>, q: &Q<'_, S, D>) {
+        let e = self.0;
+        match task {
+            DirTask::Scan(node) => e.scan(&node, q),
+            DirTask::Dir {
+                parent,
+                name,
+                src_meta,
+                dst,
+            } => {
+                // The child node reports to its parent when it completes;
+                // if it could not be opened, the task does.
+                match e.open_node(&parent, &name, src_meta, dst) {
+                    Some(node) => e.scan(&node, q),
+                    None => e.done(&parent),
+                }
+            }
+        }
+    }
+
+    fn work(&self, Files { node, batch }: Files<S, D>, _: &Q<'_, S, D>) {
+        let e = self.0;
+        let mut batch = Some(batch);
+        while let Some(b) = batch {
+            for (i, f) in b.files.entries().iter().enumerate() {
+                let name = b.files.cname(f);
+                e.transfer(&node, name, &f.meta, b.dst[i], b.check[i]);
+            }
+            e.done(&node);
+            // This lane goes on with the directory's waiting batches.
+            let mut l = node.lanes.lock().expect("lanes");
+            batch = l.1.pop_front();
+            if batch.is_none() {
+                l.0 -= 1;
+            }
+        }
+    }
 }
 
 /// A kind as a word in messages.
@@ -1445,35 +1318,6 @@ fn kind_word(k: Kind) -> &'static str {
         Kind::Dir => "directory",
         k => k.as_str(),
     }
-}
-
-/// True when two readers yield the same bytes (read side by side in
-/// 256 KiB blocks): the content compare of `--checksum` and bisync.
-pub fn same_bytes(a: &mut dyn SourceFile, b: &mut dyn SourceFile) -> io::Result<bool> {
-    let mut ba = vec![0u8; COMPARE_BUF];
-    let mut bb = vec![0u8; COMPARE_BUF];
-    loop {
-        let n = read_full(a, &mut ba)?;
-        let m = read_full(b, &mut bb)?;
-        if n != m || ba[..n] != bb[..m] {
-            return Ok(false);
-        }
-        if n == 0 {
-            return Ok(true);
-        }
-    }
-}
-
-fn read_full(r: &mut dyn SourceFile, buf: &mut [u8]) -> io::Result<usize> {
-    let mut n = 0;
-    while n < buf.len() {
-        let k = r.read(&mut buf[n..])?;
-        if k == 0 {
-            break;
-        }
-        n += k;
-    }
-    Ok(n)
 }
 
 /// Files of one directory gathered into one transfer task.

@@ -8,6 +8,7 @@
 #![deny(missing_docs)]
 
 pub mod bwlimit;
+pub mod copy;
 pub mod encode;
 pub mod engine;
 pub mod entry;
@@ -19,6 +20,7 @@ pub mod plan;
 pub mod pool;
 pub mod report;
 pub mod store;
+pub mod walk;
 
 pub use engine::{Engine, MaxDelete, Mode, Options, Refused};
 pub use entry::{Kind, Listing, Meta};

@@ -7,13 +7,14 @@
 
 use std::ffi::CString;
 use std::io::{self, Write};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::encode::{json_name, text_name};
 use crate::entry::{join, Kind, Listing, Meta};
 use crate::filter::Filter;
-use crate::pool::Pool;
 use crate::store::{ListError, Store};
+use crate::walk::{self, Queue, Visitor};
 
 /// Output format of `ls`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,55 +38,52 @@ enum Task<S: Store> {
     Sub { parent: Arc<Dir<S>>, name: CString },
 }
 
-/// List the whole tree of `store` to `out`. Per-entry errors go to `on_error`
-/// (path, error); returns the number of entries listed.
-pub fn list_tree<S: Store, W: Write + Send>(
-    store: &S,
+/// `ls` as a walk of one store.
+struct Ls<'a, S: Store, W: Write + Send> {
+    store: &'a S,
     jobs: usize,
-    filter: Option<&Filter>,
+    filter: Option<&'a Filter>,
     format: Format,
-    out: &Mutex<W>,
-    on_error: &(dyn Fn(&[u8], &io::Error) + Sync),
-) -> io::Result<u64> {
-    let (root, _) = store
-        .open_root()?
-        .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
-    let root = Mutex::new(Some(root));
-    let exact = !store.approximate_meta();
-    let count = std::sync::atomic::AtomicU64::new(0);
-    let write_err: Mutex<Option<io::Error>> = Mutex::new(None);
-    let pool: Pool<Task<S>> = Pool::new();
-    pool.push(Task::Root);
-    pool.run(jobs, |task, pool| {
+    out: &'a Mutex<W>,
+    on_error: &'a (dyn Fn(&[u8], &io::Error) + Sync),
+    root: Mutex<Option<S::Dir>>,
+    exact: bool,
+    count: AtomicU64,
+    write_err: Mutex<Option<io::Error>>,
+}
+
+impl<S: Store, W: Write + Send> Visitor for Ls<'_, S, W> {
+    type Dir = Task<S>;
+    type Work = ();
+
+    fn dir(&self, task: Task<S>, q: &Queue<'_, Task<S>, ()>) {
+        let store = self.store;
         let dir = match task {
             Task::Root => Arc::new(Dir {
                 rel: Vec::new(),
-                dir: root.lock().unwrap().take().expect("root once"),
+                dir: self.root.lock().unwrap().take().expect("root once"),
             }),
             Task::Sub { parent, name } => {
                 let rel = join(&parent.rel, name.to_bytes());
                 match store.open_dir(&parent.dir, &name) {
                     Ok(d) => Arc::new(Dir { rel, dir: d }),
-                    Err(e) => return on_error(&rel, &e),
+                    Err(e) => return (self.on_error)(&rel, &e),
                 }
             }
         };
         let mut list = Listing::new();
-        let mut errors: Vec<ListError> = Vec::new();
-        if let Err(e) = store
-            .list(&dir.dir, &dir.rel, &mut list, &mut errors)
-            .and_then(|()| {
-                filter.map_or(Ok(()), |f| {
-                    f.apply(store, &dir.dir, &dir.rel, &mut list, &mut errors, |_, _| ())
-                })
-            })
-        {
-            return on_error(&dir.rel, &e);
+        let mut entry_err = |path: Vec<u8>, e: ListError| (self.on_error)(&path, &e.err);
+        if let Err(e) = walk::list(
+            store,
+            &dir.dir,
+            &dir.rel,
+            self.filter,
+            &mut list,
+            &mut entry_err,
+        ) {
+            return (self.on_error)(&dir.rel, &e);
         }
-        for e in &errors {
-            on_error(&join(&dir.rel, &e.name), &e.err);
-        }
-        count.fetch_add(list.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        self.count.fetch_add(list.len() as u64, Ordering::Relaxed);
         let mut subdirs = Vec::new();
         for e in list.entries() {
             if e.meta.kind == Kind::Dir {
@@ -105,18 +103,19 @@ pub fn list_tree<S: Store, W: Write + Send>(
                 };
                 format_entry(
                     &mut buf,
-                    format,
+                    self.format,
                     &dir.rel,
                     list.name(e),
                     &e.meta,
                     target.as_deref(),
-                    exact,
+                    self.exact,
                 );
             }
             buf
         };
         // A huge directory is formatted by several threads, in order.
         let entries = list.entries();
+        let jobs = self.jobs;
         let parts: Vec<Vec<u8>> = if entries.len() >= PARALLEL_FORMAT_MIN && jobs > 1 {
             let chunk = entries.len().div_ceil(jobs);
             std::thread::scope(|s| {
@@ -133,21 +132,50 @@ pub fn list_tree<S: Store, W: Write + Send>(
             vec![format_part(entries)]
         };
         if parts.iter().any(|p| !p.is_empty()) {
-            let mut w = out.lock().unwrap();
+            let mut w = self.out.lock().unwrap();
             if let Err(e) = parts.iter().try_for_each(|p| w.write_all(p)) {
                 drop(w);
-                *write_err.lock().unwrap() = Some(e);
-                pool.stop();
+                *self.write_err.lock().unwrap() = Some(e);
+                q.stop();
                 return;
             }
         }
-        subdirs.reverse();
-        pool.push_all(subdirs);
-    });
-    if let Some(e) = write_err.into_inner().unwrap() {
+        q.dirs(subdirs);
+    }
+
+    fn work(&self, (): (), _: &Queue<'_, Task<S>, ()>) {}
+}
+
+/// List the whole tree of `store` to `out`. Per-entry errors go to `on_error`
+/// (path, error); returns the number of entries listed.
+pub fn list_tree<S: Store, W: Write + Send>(
+    store: &S,
+    jobs: usize,
+    filter: Option<&Filter>,
+    format: Format,
+    out: &Mutex<W>,
+    on_error: &(dyn Fn(&[u8], &io::Error) + Sync),
+) -> io::Result<u64> {
+    let (root, _) = store
+        .open_root()?
+        .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
+    let ls = Ls {
+        store,
+        jobs,
+        filter,
+        format,
+        out,
+        on_error,
+        root: Mutex::new(Some(root)),
+        exact: !store.approximate_meta(),
+        count: AtomicU64::new(0),
+        write_err: Mutex::new(None),
+    };
+    walk::walk(&ls, jobs, vec![Task::Root]);
+    if let Some(e) = ls.write_err.into_inner().unwrap() {
         return Err(e);
     }
-    Ok(count.into_inner())
+    Ok(ls.count.into_inner())
 }
 
 /// Append one entry's line to `buf`. `exact`: false when the metadata is

@@ -106,9 +106,26 @@ pub struct BisyncArgs {
     pub tx: TransferArgs,
     #[command(flatten)]
     pub out: OutputArgs,
-    /// Make each file's data durable (fsync) before it is named.
+    #[command(flatten)]
+    pub write: WriteArgs,
+}
+
+/// How copy, sync and bisync write: pace and durability.
+#[derive(Args, Debug)]
+pub struct WriteArgs {
+    /// Limit bandwidth over all transfers, e.g. 10M, 512K (bytes per second).
+    #[arg(long, value_name = "RATE", value_parser = parse_rate)]
+    pub bwlimit: Option<u64>,
+    /// Make each file's data durable (fsync) before it is renamed into place.
     #[arg(long)]
     pub fsync: bool,
+}
+
+impl WriteArgs {
+    /// The shared pacing of all transfers, when --bwlimit is given.
+    pub fn limiter(&self) -> Option<ferry_engine::bwlimit::Limiter> {
+        self.bwlimit.map(ferry_engine::bwlimit::Limiter::new)
+    }
 }
 
 /// Flags of copy, sync, bisync and ls: where and how many at once.
@@ -193,12 +210,8 @@ pub struct SyncArgs {
     pub tx: TransferArgs,
     #[command(flatten)]
     pub out: OutputArgs,
-    /// Limit bandwidth over all transfers, e.g. 10M, 512K (bytes per second).
-    #[arg(long, value_name = "RATE", value_parser = parse_rate)]
-    pub bwlimit: Option<u64>,
-    /// Make each file's data durable (fsync) before it is renamed into place.
-    #[arg(long)]
-    pub fsync: bool,
+    #[command(flatten)]
+    pub write: WriteArgs,
     /// Refuse (exit 2, nothing changed) a run that would remove more than N
     /// entries of DST, or more than P% of them (e.g. 100, 10%).
     #[arg(long, value_name = "N|P%", value_parser = ferry_engine::MaxDelete::parse)]

@@ -71,10 +71,10 @@ fn run_sync(a: SyncArgs, mode: ferry_engine::Mode) -> Result<u8, String> {
         mode,
         dry_run: a.dry_run,
         checksum: a.checksum,
-        fsync: a.fsync,
+        fsync: a.write.fsync,
         jobs,
         filter,
-        bwlimit: a.bwlimit.map(ferry_engine::bwlimit::Limiter::new),
+        bwlimit: a.write.limiter(),
         max_delete: a.max_delete,
         force: a.force,
     };
@@ -205,7 +205,8 @@ fn run_bisync(a: BisyncArgs) -> Result<u8, String> {
         resync: a.resync,
         jobs,
         filter,
-        fsync: a.fsync,
+        fsync: a.write.fsync,
+        bwlimit: a.write.limiter(),
         checksum: a.checksum,
         roots: [ida.clone(), idb.clone()],
     };

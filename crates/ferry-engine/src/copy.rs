@@ -1,0 +1,307 @@
+//! One file copy, and the content compare of `--checksum`, for every
+//! command that moves files (copy, sync, bisync): a [`Copier`] over a
+//! source and a destination [`Store`] with the run's shared options.
+//!
+//! A copy goes through the destination's temporary + commit path (never
+//! visible half-written), paced by `--bwlimit`, its bytes counted as they
+//! move (progress), and checked against what was expected afterwards: a
+//! source that changed while it was copied is copied once more against its
+//! new state, and if it changed again the copy fails. A new empty file is
+//! created in one step where the store can.
+
+use std::ffi::CStr;
+use std::io;
+use std::sync::atomic::AtomicU64;
+
+use crate::bwlimit::Limiter;
+use crate::entry::Meta;
+use crate::hash::{hash_bytes, Hash};
+use crate::store::{SourceFile, Store, Tracked};
+
+/// Buffer size of the content compare.
+const COMPARE_BUF: usize = 256 * 1024;
+
+/// Copies files from `src` to `dst`.
+pub struct Copier<'a, S: Store, D: Store> {
+    /// Where files are read.
+    pub src: &'a S,
+    /// Where files are written.
+    pub dst: &'a D,
+    /// Make each file durable before it is named (`--fsync`).
+    pub fsync: bool,
+    /// Bandwidth limit over all transfers together (`--bwlimit`).
+    pub bwlimit: Option<&'a Limiter>,
+    /// The run's count of bytes moved (what a progress display reads).
+    pub moved: &'a AtomicU64,
+}
+
+/// A committed copy.
+#[derive(Clone, Copy, Debug)]
+pub struct Copied {
+    /// Bytes copied.
+    pub bytes: u64,
+    /// The source's metadata the copy was committed with: the listed one,
+    /// made exact by the reader (a store listing approximate metadata) or
+    /// updated by a source that changed before the second attempt.
+    pub meta: Meta,
+}
+
+impl<S: Store, D: Store> Copier<'_, S, D> {
+    /// Copy `sname` of `sdir` to `name` in `ddir` through a temporary, set
+    /// its metadata, rename it into place. `meta`: the source as listed;
+    /// `fresh`: the destination has no entry of that name.
+    ///
+    /// A source that can tell its current size and mtime cheaply (a local
+    /// file: one `fstat` of the open descriptor, after the copy) is checked
+    /// against what was expected: a file that changed while it was copied
+    /// (or since it was listed) is copied once more against its new state,
+    /// and if it changed again the copy fails. Either way a copy that may
+    /// be torn is dropped, never given the source's mtime.
+    pub fn copy_file(
+        &self,
+        sdir: &S::Dir,
+        sname: &CStr,
+        ddir: &D::Dir,
+        name: &CStr,
+        meta: &Meta,
+        fresh: bool,
+    ) -> io::Result<Copied> {
+        // An empty file has no content to hide while half-written: the
+        // store may create it under its name directly, without reading the
+        // source (whose listed metadata must then be exact).
+        if fresh
+            && meta.size == 0
+            && !self.src.approximate_meta()
+            && self.dst.create_empty(ddir, name, meta, self.fsync)?
+        {
+            return Ok(Copied {
+                bytes: 0,
+                meta: *meta,
+            });
+        }
+        let mut want = *meta;
+        let mut seen = (meta.size, meta.mtime_sec, meta.mtime_nsec);
+        for _ in 0..2 {
+            match self.copy_once(sdir, sname, ddir, name, &want)? {
+                Ok(c) => return Ok(c),
+                Err(now) => {
+                    seen = now;
+                    want = Meta {
+                        size: now.0,
+                        mtime_sec: now.1,
+                        mtime_nsec: now.2,
+                        ..want
+                    };
+                }
+            }
+        }
+        Err(io::Error::other(format!(
+            "changed while being copied (size {} when listed, {} now), not copied: the next run copies it again",
+            meta.size, seen.0
+        )))
+    }
+
+    /// One attempt of `copy_file`: `Ok(Ok(copied))` when committed,
+    /// `Ok(Err(now))` when the source changed (nothing committed; `now`:
+    /// its current size and mtime).
+    #[allow(clippy::type_complexity)]
+    fn copy_once(
+        &self,
+        sdir: &S::Dir,
+        sname: &CStr,
+        ddir: &D::Dir,
+        name: &CStr,
+        meta: &Meta,
+    ) -> io::Result<Result<Copied, (u64, i64, u32)>> {
+        let mut r = Tracked::new(self.src.open_file(sdir, sname)?, self.moved);
+        let mut w = self.dst.create_file(ddir, name, meta)?;
+        let n = match self
+            .dst
+            .write_from(ddir, &mut w, &mut r, meta.size, self.bwlimit)
+        {
+            Ok(n) => n,
+            Err(e) => {
+                self.dst.abort(ddir, w);
+                return Err(e);
+            }
+        };
+        // Bytes no one counted on the way (a server-side copy).
+        r.settle(n);
+        // A source listed with approximate metadata knows it exactly now.
+        let exact = r.inner().meta().map(|m| Meta {
+            kind: meta.kind,
+            uid: meta.uid,
+            gid: meta.gid,
+            ino: meta.ino,
+            version: meta.version,
+            ..m
+        });
+        let now = if self.src.approximate_meta() {
+            None
+        } else {
+            r.inner().current()
+        };
+        drop(r);
+        let meta = exact.as_ref().unwrap_or(meta);
+        if let Some(now) = now {
+            if now != (n, meta.mtime_sec, meta.mtime_nsec) || n != meta.size {
+                self.dst.abort(ddir, w);
+                return Ok(Err(now));
+            }
+        } else if n != meta.size {
+            self.dst.abort(ddir, w);
+            return Err(io::Error::other(format!(
+                "changed while being copied (size {} when listed, {}{} read)",
+                meta.size,
+                n,
+                if n > meta.size { "+" } else { "" }
+            )));
+        }
+        self.dst.commit(ddir, w, name, meta, self.fsync)?;
+        Ok(Ok(Copied {
+            bytes: n,
+            meta: *meta,
+        }))
+    }
+
+    /// True when `sname` of `sdir` and `dname` of `ddir` hold the same
+    /// bytes (`size`: the size both have). Hashes a store keeps spare
+    /// reading its side: two of one kind are compared, one is matched by
+    /// hashing the other side's bytes. Then a store's own fingerprint of
+    /// the file (an S3 multipart ETag) is matched against the other side's
+    /// bytes; else both sides are read and compared.
+    pub fn same_content(
+        &self,
+        sdir: &S::Dir,
+        sname: &CStr,
+        ddir: &D::Dir,
+        dname: &CStr,
+        size: u64,
+    ) -> io::Result<bool> {
+        let (sk, dk) = (self.src.hashes(), self.dst.hashes());
+        let common = sk.intersection(dk).first();
+        let sh = match common.or(sk.first()) {
+            Some(k) => self.src.hash(sdir, sname, k)?,
+            None => None,
+        };
+        let dh = match common.or(dk.first()) {
+            Some(k) => self.dst.hash(ddir, dname, k)?,
+            None => None,
+        };
+        let open_src = || self.src.open_file(sdir, sname);
+        let open_dst = || self.dst.open_file(ddir, dname);
+        match (sh, dh) {
+            (Some(a), Some(b)) if a.kind() == b.kind() => return Ok(a == b),
+            (_, Some(h)) => return hashed_equal(&mut open_src()?, h, size),
+            (Some(h), None) => return hashed_equal(&mut open_dst()?, h, size),
+            (None, None) => {}
+        }
+        let mut boxed_src = || Ok(Box::new(open_src()?) as Box<dyn SourceFile>);
+        if let Some(same) = self.dst.matches_bytes(ddir, dname, size, &mut boxed_src)? {
+            return Ok(same);
+        }
+        let mut boxed_dst = || Ok(Box::new(open_dst()?) as Box<dyn SourceFile>);
+        if let Some(same) = self.src.matches_bytes(sdir, sname, size, &mut boxed_dst)? {
+            return Ok(same);
+        }
+        let mut a = self.src.open_file(sdir, sname)?;
+        let mut b = self.dst.open_file(ddir, dname)?;
+        same_bytes(&mut a, &mut b, size)
+    }
+}
+
+/// True when `r` yields `size` bytes whose hash is `want`.
+fn hashed_equal(r: &mut dyn SourceFile, want: Hash, size: u64) -> io::Result<bool> {
+    let (got, n) = hash_bytes(r, want.kind())?;
+    Ok(n == size && got == want)
+}
+
+/// True when two readers yield the same bytes (read side by side in blocks
+/// of up to 256 KiB). `size`: the size they are expected to have, which
+/// sizes the buffers (a small file costs no big allocation to clear).
+pub fn same_bytes(a: &mut dyn SourceFile, b: &mut dyn SourceFile, size: u64) -> io::Result<bool> {
+    let len = usize::try_from(size.saturating_add(1)).map_or(COMPARE_BUF, |n| n.min(COMPARE_BUF));
+    let mut ba = vec![0u8; len];
+    let mut bb = vec![0u8; len];
+    loop {
+        let n = read_full(a, &mut ba)?;
+        let m = read_full(b, &mut bb)?;
+        if n != m || ba[..n] != bb[..m] {
+            return Ok(false);
+        }
+        // A short block is the end of both (no read after the end).
+        if n < len {
+            return Ok(true);
+        }
+    }
+}
+
+/// Fill `buf`; fewer bytes only at the end of the file.
+fn read_full(r: &mut dyn SourceFile, buf: &mut [u8]) -> io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        let k = r.read(&mut buf[n..])?;
+        if k == 0 {
+            break;
+        }
+        n += k;
+    }
+    Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::BorrowedFd;
+
+    /// Bytes handed out at most `step` at a time.
+    struct Slow<'a> {
+        data: &'a [u8],
+        step: usize,
+    }
+
+    impl SourceFile for Slow<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            let n = buf.len().min(self.step).min(self.data.len());
+            buf[..n].copy_from_slice(&self.data[..n]);
+            self.data = &self.data[n..];
+            Ok(n)
+        }
+        fn as_fd(&self) -> Option<BorrowedFd<'_>> {
+            None
+        }
+    }
+
+    /// Equal only when every byte and the length agree, whatever the
+    /// expected size says and however the reads are cut.
+    #[test]
+    fn same_bytes_compares_every_byte_and_the_length() {
+        let big: Vec<u8> = (0..600_000u32).map(|i| (i % 251) as u8).collect();
+        let mut last = big.clone();
+        *last.last_mut().unwrap() ^= 1;
+        let short = &big[..big.len() - 1];
+        let cases: [(&[u8], &[u8], bool); 6] = [
+            (&big, &big, true),
+            (&big, &last, false),
+            (&big, short, false),
+            (short, &big, false),
+            (b"", b"", true),
+            (b"", b"x", false),
+        ];
+        for (x, y, want) in cases {
+            for size in [0, 1, x.len() as u64, y.len() as u64, 1 << 40] {
+                for step in [1, 7, 1 << 20] {
+                    let (mut a, mut b) = (Slow { data: x, step }, Slow { data: y, step });
+                    let got = same_bytes(&mut a, &mut b, size).unwrap();
+                    assert_eq!(
+                        got,
+                        want,
+                        "{} vs {} bytes, size {size}, step {step}",
+                        x.len(),
+                        y.len()
+                    );
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,101 @@
+//! The tree walk every command shares (ls, copy/sync, bisync): directories
+//! are tasks of one [`Pool`], each visited by a [`Visitor`] that lists it
+//! (through [`list`], the one place a listing is produced) on the one or
+//! two stores it walks, acts on the sorted listings and queues its
+//! subdirectories ([`Queue::dirs`]) and any other work ([`Queue::work`],
+//! e.g. a batch of file copies) on the same pool.
+//!
+//! The pool is a stack: subdirectories are pushed so that they are visited
+//! in name order, and work pushed by a directory runs before the walk goes
+//! further, so memory stays with the directories in flight, not the tree.
+
+use std::io;
+
+use crate::entry::{join, Listing};
+use crate::filter::Filter;
+use crate::pool::Pool;
+use crate::store::{ListError, Store};
+
+/// What a walk does at each directory.
+pub trait Visitor: Sync {
+    /// A directory to visit (what the visitor needs of it: open handles,
+    /// its path).
+    type Dir: Send;
+    /// Other work queued on the walk's pool.
+    type Work: Send;
+    /// Visit one directory: list it, act, queue its subdirectories.
+    fn dir(&self, dir: Self::Dir, q: &Queue<'_, Self::Dir, Self::Work>);
+    /// Run one piece of other work.
+    fn work(&self, work: Self::Work, q: &Queue<'_, Self::Dir, Self::Work>);
+}
+
+/// A task of the walk's pool.
+pub enum Task<D, W> {
+    /// A directory to visit.
+    Dir(D),
+    /// Other work.
+    Work(W),
+}
+
+/// Where a visitor queues more tasks.
+pub struct Queue<'p, D, W> {
+    pool: &'p Pool<Task<D, W>>,
+}
+
+impl<D: Send, W: Send> Queue<'_, D, W> {
+    /// Queue subdirectories, given in name order (visited in that order).
+    pub fn dirs(&self, mut dirs: Vec<D>) {
+        if dirs.is_empty() {
+            return;
+        }
+        dirs.reverse();
+        self.pool.push_all(dirs.into_iter().map(Task::Dir));
+    }
+
+    /// Queue one piece of work.
+    pub fn work(&self, w: W) {
+        self.pool.push(Task::Work(w));
+    }
+
+    /// Drop every queued task and end the walk once running ones return.
+    pub fn stop(&self) {
+        self.pool.stop();
+    }
+}
+
+/// Walk from `roots` (visited in the order given) on `jobs` workers until
+/// every directory and piece of work queued is done.
+pub fn walk<V: Visitor>(v: &V, jobs: usize, roots: Vec<V::Dir>) {
+    let pool: Pool<Task<V::Dir, V::Work>> = Pool::new();
+    Queue { pool: &pool }.dirs(roots);
+    pool.run(jobs, |t, pool| {
+        let q = Queue { pool };
+        match t {
+            Task::Dir(d) => v.dir(d, &q),
+            Task::Work(w) => v.work(w, &q),
+        }
+    });
+}
+
+/// List directory `rel` (its path from the root) of `store` into `out`,
+/// sorted by name: every walk's listings are made here. Entries that could
+/// not be read are left out and given to `on_error` with their path, as
+/// the error of a listing that failed as a whole is returned.
+pub fn list<S: Store>(
+    store: &S,
+    dir: &S::Dir,
+    rel: &[u8],
+    filter: Option<&Filter>,
+    out: &mut Listing,
+    on_error: &mut dyn FnMut(Vec<u8>, ListError),
+) -> io::Result<()> {
+    let mut errors: Vec<ListError> = Vec::new();
+    store.list(dir, rel, out, &mut errors)?;
+    if let Some(f) = filter {
+        f.apply(store, dir, rel, out, &mut errors, |_, _| ())?;
+    }
+    for e in errors {
+        on_error(join(rel, &e.name), e);
+    }
+    Ok(())
+}
