@@ -19,6 +19,9 @@
 //!
 //! Only paths with something to do become items: a no-op run allocates
 //! nothing per entry.
+//!
+//! (Over 800 lines: the cross-path rules (renames, directories, conflict names) read together, with
+//! their tests.)
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;

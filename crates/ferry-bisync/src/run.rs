@@ -17,6 +17,9 @@
 //! must still be what the plan saw (unchanged since the last sync); if it
 //! changed during the run it is left alone and reported, and the next run
 //! sees the change.
+//!
+//! (Over 800 lines: the executor of every bisync action kind and the refusal checks before it, in
+//! action order.)
 
 use std::collections::HashMap;
 use std::ffi::CString;

@@ -8,6 +8,9 @@
 //! still being listed. Each directory node counts its outstanding children;
 //! the last one to finish sets the directory's metadata (mtime after its
 //! content) and reports to its parent.
+//!
+//! (Over 800 lines: scan, plan, transfer and removal of copy/sync share the engine's state; each
+//! stage is a method group in data-flow order.)
 
 use std::collections::VecDeque;
 use std::ffi::{CStr, CString};

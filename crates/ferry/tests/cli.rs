@@ -1,4 +1,6 @@
 //! Black-box tests of the `ferry` command line against docs/CLI.md.
+//!
+//! (Over 800 lines: one test per rule of docs/CLI.md; the list is as long as the contract.)
 
 mod util;
 

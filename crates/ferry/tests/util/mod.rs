@@ -2,6 +2,8 @@
 //!
 //! Everything here uses std, tempfile and serde_json only (plus the `touch` and `mkfifo` utilities for
 //! the few things std cannot do: symlink mtimes and fifos).
+//!
+//! (Over 800 lines: the one home of the test helpers every black-box test file shares.)
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, BTreeSet};
