@@ -210,11 +210,7 @@ impl Journal {
     pub fn knows_pair(&self) -> Result<bool, String> {
         let err = |e: rusqlite::Error| format!("journal {}: {e}", self.path.display());
         let conn = self.conn.lock().unwrap();
-        let marked: Option<String> = conn
-            .query_row("SELECT v FROM meta WHERE k = 'synced'", [], |r| r.get(0))
-            .optional()
-            .map_err(err)?;
-        if marked.is_some() {
+        if synced_mark(&conn).map_err(err)? {
             return Ok(true);
         }
         let any: Option<i64> = conn
@@ -230,11 +226,7 @@ impl Journal {
     pub fn mark_synced(&mut self) -> Result<(), String> {
         let err = |e: rusqlite::Error| format!("journal {}: {e}", self.path.display());
         let conn = self.conn.get_mut().unwrap();
-        let marked: Option<String> = conn
-            .query_row("SELECT v FROM meta WHERE k = 'synced'", [], |r| r.get(0))
-            .optional()
-            .map_err(err)?;
-        if marked.is_none() {
+        if !synced_mark(conn).map_err(err)? {
             conn.execute("INSERT INTO meta (k, v) VALUES ('synced', '1')", [])
                 .map_err(err)?;
         }
@@ -459,6 +451,15 @@ impl Journal {
 }
 
 /// A journal held in memory, for tests: records by directory.
+
+/// Whether the journal holds the mark of a run that went ahead.
+fn synced_mark(conn: &Connection) -> rusqlite::Result<bool> {
+    let marked: Option<String> = conn
+        .query_row("SELECT v FROM meta WHERE k = 'synced'", [], |r| r.get(0))
+        .optional()?;
+    Ok(marked.is_some())
+}
+
 #[cfg(test)]
 #[derive(Debug, Default)]
 pub struct Snapshot {

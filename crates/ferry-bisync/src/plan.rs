@@ -288,13 +288,24 @@ pub fn merge_dir(
                 name: Vec::new(),
             },
         };
-        out.items.push(Item {
+        let mut it = Item {
             key: ck.clone(),
             j: vj,
             a: va,
             b: vb,
             act,
-        });
+        };
+        // Two files of the same size and mtime are taken to be equal, as
+        // sync's quick check takes them (`--checksum` compares their bytes).
+        if it.act == Act::Compare
+            && !cx.checksum
+            && files(&va)
+            && files(&vb)
+            && va.zip(vb).is_some_and(|(a, b)| a.size == b.size && a.same_mtime(&b))
+        {
+            it.act = compared(&it, true);
+        }
+        out.items.push(it);
     }
 }
 

@@ -303,11 +303,14 @@ fn transfer(
         args.push(f);
     }
     // A generated tree without files leaves no object: its prefix does not exist, and
-    // a SRC prefix that does not exist is refused unless --force (s3_semantics.rs).
-    if src
-        .as_ref()
-        .to_str()
-        .is_some_and(|s| s.starts_with("s3://"))
+    // a SRC prefix that does not exist is refused unless --force (s3_semantics.rs). Random
+    // edits can also empty SRC, and a sync from an empty SRC over a DST with entries is
+    // refused unless --force (the guard has its own tests): these tests check equality.
+    if cmd == "sync"
+        || src
+            .as_ref()
+            .to_str()
+            .is_some_and(|s| s.starts_with("s3://"))
     {
         args.push(&"--force");
     }
