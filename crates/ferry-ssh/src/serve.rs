@@ -57,11 +57,13 @@ pub fn serve_on(mut input: impl Read, output: impl Write + Send + 'static) -> io
     proto::write_hello(&mut output)?;
     match proto::read_hello(&mut input)? {
         Hello::Ferry { protocol, .. } if protocol == proto::PROTOCOL => {}
-        Hello::Ferry { protocol, version } => return Err(io::Error::other(format!(
+        Hello::Ferry { protocol, version } => {
+            return Err(io::Error::other(format!(
             "the client is ferry {version} (protocol {protocol}), this is ferry {} (protocol {})",
             proto::version(),
             proto::PROTOCOL
-        ))),
+        )))
+        }
         Hello::Other(_) => return Err(io::Error::other("the client is not a ferry")),
     }
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
