@@ -431,7 +431,7 @@ mod tests {
         assert!(read_frame(&mut r).unwrap().is_none());
         assert_eq!(
             read_hello(&mut &b"bash: ferry: command not found\n"[..]).unwrap(),
-            Hello::Other(b"b".to_vec())
+            Hello::Other(b"bash: ferry: comm".to_vec())
         );
     }
 

@@ -398,7 +398,7 @@ pub fn ls_entry(loc: &Location, store: &AnyStore) -> io::Result<Option<Meta>> {
         (Location::Shell { path, .. }, AnyStore::Ssh(s)) => {
             let meta = s
                 .stat_path(path.as_bytes(), true)?
-                .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
+                .ok_or_else(|| io::Error::from_raw_os_error(2))?;
             Ok((meta.kind != Kind::Dir).then_some(meta))
         }
         (Location::Local(p), AnyStore::Local(_)) => {
