@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::io::{self, BufRead, BufReader, BufWriter, Write};
+use std::io::{self, BufRead, BufReader};
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender};
@@ -343,7 +343,7 @@ fn open(t: &Target) -> Result<Arc<Conn>, String> {
         }
     }
     let (tx, rx) = mpsc::sync_channel::<Vec<u8>>(QUEUED);
-    std::thread::spawn(move || write_frames(stdin, rx));
+    std::thread::spawn(move || proto::write_frames(stdin, rx));
     let mut conn = Conn {
         host: t.host.clone(),
         tx,
@@ -374,23 +374,6 @@ fn open(t: &Target) -> Result<Arc<Conn>, String> {
     let c = conn.clone();
     std::thread::spawn(move || read_replies(&c, stdout, child, err, errt));
     Ok(conn)
-}
-
-fn write_frames(stdin: impl Write, rx: Receiver<Vec<u8>>) {
-    let mut out = BufWriter::with_capacity(256 << 10, stdin);
-    while let Ok(f) = rx.recv() {
-        if out.write_all(&f).is_err() {
-            return;
-        }
-        for f in rx.try_iter() {
-            if out.write_all(&f).is_err() {
-                return;
-            }
-        }
-        if out.flush().is_err() {
-            return;
-        }
-    }
 }
 
 fn read_replies(

@@ -124,6 +124,23 @@ pub fn read_frame(r: &mut impl Read) -> io::Result<Option<(u64, Vec<u8>)>> {
     Ok(Some((u64::from_le_bytes(id), body)))
 }
 
+/// Write the frames `rx` hands over to `out` until it closes or a write
+/// fails: as many as are queued, then one flush (one end's writer thread).
+pub fn write_frames(out: impl Write, rx: std::sync::mpsc::Receiver<Vec<u8>>) {
+    let mut out = io::BufWriter::with_capacity(256 << 10, out);
+    while let Ok(f) = rx.recv() {
+        let queued = std::iter::once(f).chain(rx.try_iter());
+        for f in queued {
+            if out.write_all(&f).is_err() {
+                return;
+            }
+        }
+        if out.flush().is_err() {
+            return;
+        }
+    }
+}
+
 /// Decode a message from a frame's bytes.
 pub fn decode<'a, T: Deserialize<'a>>(b: &'a [u8]) -> io::Result<T> {
     postcard::from_bytes(b).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))

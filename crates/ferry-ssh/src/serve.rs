@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 use std::ffi::{CString, OsStr};
-use std::io::{self, BufWriter, Read, Write};
+use std::io::{self, Read, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
@@ -68,7 +68,7 @@ pub fn serve_on(mut input: impl Read, output: impl Write + Send + 'static) -> io
     }
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     let (out_tx, out_rx) = mpsc::channel::<Vec<u8>>();
-    let writer = std::thread::spawn(move || write_replies(output, out_rx));
+    let writer = std::thread::spawn(move || proto::write_frames(output, out_rx));
     let st = Arc::new(State {
         store: LocalStore::new("/", cores),
         dirs: Mutex::new(HashMap::new()),
@@ -167,23 +167,6 @@ fn write_chunk(st: &State, file: u64, data: &[u8]) {
     if let Err(e) = r {
         if let Some(Writing::Open(d, w)) = ws.insert(file, Writing::Failed(e)) {
             st.store.abort(&d, w);
-        }
-    }
-}
-
-fn write_replies(output: impl Write, rx: Receiver<Vec<u8>>) {
-    let mut out = BufWriter::with_capacity(256 << 10, output);
-    while let Ok(f) = rx.recv() {
-        if out.write_all(&f).is_err() {
-            return;
-        }
-        for f in rx.try_iter() {
-            if out.write_all(&f).is_err() {
-                return;
-            }
-        }
-        if out.flush().is_err() {
-            return;
         }
     }
 }
@@ -463,15 +446,12 @@ fn pread_full(r: &LocalReader, offset: u64, buf: &mut [u8]) -> io::Result<usize>
     Ok(n)
 }
 
-/// Bytes in memory as a source file.
+/// Bytes of a request as the source of a write.
 struct Bytes<'a>(&'a [u8]);
 
 impl SourceFile for Bytes<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = self.0.len().min(buf.len());
-        buf[..n].copy_from_slice(&self.0[..n]);
-        self.0 = &self.0[n..];
-        Ok(n)
+        Read::read(&mut self.0, buf)
     }
     fn as_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         None
