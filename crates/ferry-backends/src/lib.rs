@@ -158,6 +158,30 @@ pub fn open(root: &Root, opts: &Opts) -> Result<AnyStore, BackendError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ssh_roots_of_shell_locations() {
+        let r = |t: &str| match Location::parse(std::ffi::OsStr::new(t)) {
+            Location::Shell { text, host, path } => SshRoot::of(&text, &host, &path),
+            l => panic!("{l:?}"),
+        };
+        let h = r("u@h:dir/x").unwrap();
+        assert_eq!(
+            (h.host.as_str(), h.port, &h.path[..]),
+            ("u@h", None, &b"dir/x"[..])
+        );
+        assert_eq!(Root::Ssh(h).id(), "u@h:dir/x");
+        let h = r("ssh://u@h:2222/abs/p").unwrap();
+        assert_eq!(
+            (h.host.as_str(), h.port, &h.path[..]),
+            ("u@h", Some(2222), &b"/abs/p"[..])
+        );
+        assert_eq!(Root::Ssh(h).id(), "ssh://u@h:2222/abs/p");
+        let h = r("ssh://[::1]/p").unwrap();
+        assert_eq!((h.host.as_str(), h.port), ("[::1]", None));
+        assert_eq!(r("h:").unwrap().path, b"");
+        assert!(r("ssh://h:port/p").unwrap_err().contains("bad port"));
+    }
     use ferry_engine::{Listing, Store};
 
     #[test]

@@ -470,3 +470,49 @@ fn classify(t: &Target, code: Option<i32>, tail: &[String]) -> String {
         None => format!("{h}: the connection ended before ferry serve answered: {last}"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_split_as_a_shell_does() {
+        let w = |s: &str| split_words(s).unwrap();
+        assert_eq!(w("ssh -p 2222  -F cfg"), ["ssh", "-p", "2222", "-F", "cfg"]);
+        assert_eq!(
+            w(r#"ssh -o 'A B' "c \"d\"" e\ f ''"#),
+            ["ssh", "-o", "A B", "c \"d\"", "e f", ""]
+        );
+        assert!(split_words("ssh 'x").is_err());
+        let t = Target {
+            rsh: w("ssh -F c"),
+            host: "u@h".into(),
+            port: Some(22),
+            remote_ferry: "/opt/ferry".into(),
+        };
+        assert_eq!(
+            t.argv(),
+            ["ssh", "-F", "c", "-p", "22", "u@h", "/opt/ferry serve"]
+        );
+    }
+
+    #[test]
+    fn failed_sessions_are_classified_from_what_ssh_said() {
+        let t = Target {
+            rsh: vec!["ssh".into()],
+            host: "h".into(),
+            port: None,
+            remote_ferry: "ferry".into(),
+        };
+        let c = |code, l: &str| classify(&t, Some(code), &[l.to_string()]);
+        assert!(c(
+            255,
+            "ssh: Could not resolve hostname h: Name or service not known"
+        )
+        .contains("host unreachable"));
+        assert!(c(255, "u@h: Permission denied (publickey).").contains("authentication failed"));
+        assert!(c(255, "Host key verification failed.").contains("host key verification failed"));
+        assert!(c(127, "bash: line 1: ferry: command not found").contains("no ferry on the remote"));
+        assert!(c(1, "boom").contains("exited with status 1"));
+    }
+}

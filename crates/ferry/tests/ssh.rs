@@ -208,6 +208,12 @@ fn ls_of_a_remote_tree_and_file() {
     let r = remote(&rsh, &["ls".as_ref(), &at(&host, &d.path().join("t/a"))]);
     r.ok();
     assert!(r.out().starts_with("5 "), "{r}");
+    // ssh://host:port/path: the port goes to ssh as -p.
+    let port = std::env::var("FERRY_TEST_SSH_PORT").unwrap();
+    let url = format!("ssh://{host}:{port}{}", d.path().join("t").display());
+    let r = remote(&rsh, &["ls".as_ref(), url.as_ref()]);
+    r.ok();
+    assert_eq!(r.out(), local.out(), "{r}");
 }
 
 #[test]
@@ -284,6 +290,24 @@ fn connections_that_cannot_start_say_why_in_one_line() {
     ]);
     one_line(&r, "no ferry on the remote");
     assert!(r.err().contains("--remote-ferry"), "{r}");
+    // A ferry speaking another protocol version.
+    let other = d.path().join("other-ferry");
+    std::fs::write(
+        &other,
+        "#!/bin/sh\nprintf 'FERRY-SERVE\\n\\347\\003\\000\\000\\0059.9.9'\ncat > /dev/null\n",
+    )
+    .unwrap();
+    chmod(&other, 0o755);
+    let r = ferry([
+        "copy".as_ref(),
+        "-e".as_ref(),
+        rsh.as_ref(),
+        "--remote-ferry".as_ref(),
+        other.as_os_str(),
+        src.as_os_str(),
+        &at(&host, &dst),
+    ]);
+    one_line(&r, "is version 9.9.9 (protocol 999)");
     assert!(!dst.exists());
 }
 
