@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::io::{self, BufRead, BufReader};
 use std::process::{Child, ChildStdout, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
@@ -174,6 +174,8 @@ pub struct Conn {
     tx: SyncSender<Vec<u8>>,
     pending: Mutex<Pending>,
     next: AtomicU64,
+    /// Set once the connection is gone (read without a lock).
+    gone: AtomicBool,
     /// The server runs as root.
     pub root: bool,
 }
@@ -203,6 +205,15 @@ impl Conn {
     fn lost(&self) -> io::Error {
         let why = self.pending.lock().unwrap().dead.clone();
         lost_error(why.unwrap_or_else(|| format!("{}: connection lost", self.host)))
+    }
+
+    /// `Err` once the connection is gone: work that would end in a request
+    /// (reading a source file for it) is not started.
+    pub fn alive(&self) -> io::Result<()> {
+        if self.gone.load(Ordering::Relaxed) {
+            return Err(self.lost());
+        }
+        Ok(())
     }
 
     /// Send a message that gets no reply.
@@ -253,6 +264,7 @@ impl Conn {
             p.dead.get_or_insert(why.clone());
             std::mem::take(&mut p.calls)
         };
+        self.gone.store(true, Ordering::Relaxed);
         for (_, slot) in calls {
             let _ = slot.send(Err(lost_error(why.clone())));
         }
@@ -349,6 +361,7 @@ fn open(t: &Target) -> Result<Arc<Conn>, String> {
         tx,
         pending: Mutex::new(Pending::default()),
         next: AtomicU64::new(1),
+        gone: AtomicBool::new(false),
         root: false,
     };
     let conn = {

@@ -327,6 +327,7 @@ impl Store for SshStore {
     }
 
     fn create_file(&self, dir: &SshDir, name: &CStr, meta: &Meta) -> io::Result<SshWriter> {
+        self.conn.alive()?;
         let file = self.conn.handle();
         if meta.size <= INLINE_MAX {
             return Ok(SshWriter {
