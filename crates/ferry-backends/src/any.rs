@@ -14,6 +14,7 @@ use ferry_engine::hash::{Hash, HashKind, HashSet};
 use ferry_engine::store::{ListError, MetaChange, Progress, RangedSource, SourceFile, Store};
 use ferry_local::LocalStore;
 use ferry_s3::S3Store;
+use ferry_ssh::SshStore;
 
 /// A directory, reader or writer of one backend handed to another: the
 /// engine only ever passes a store what that store made.
@@ -321,4 +322,5 @@ macro_rules! backends {
 backends! {
     Local(LocalStore),
     S3(S3Store),
+    Ssh(SshStore),
 }

@@ -18,6 +18,7 @@ use std::path::PathBuf;
 pub use any::{AnyDir, AnyReader, AnyStore, AnyWriter};
 pub use ferry_local::LocalStore;
 pub use ferry_s3::{S3Config, S3Store};
+pub use ferry_ssh::SshStore;
 pub use location::Location;
 
 /// A location resolved to the root of a store: a local directory (or the
@@ -29,6 +30,58 @@ pub enum Root {
     Local(PathBuf),
     /// A bucket and key prefix.
     S3(Box<S3Config>),
+    /// A path on another machine, over ssh.
+    Ssh(SshRoot),
+}
+
+/// Where an SSH store is rooted: `[user@]host`, a port given in an
+/// `ssh://` URL, and the path there (relative: to the remote home).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SshRoot {
+    /// `[user@]host`.
+    pub host: String,
+    /// The port of an `ssh://host:port/` URL.
+    pub port: Option<u16>,
+    /// The path on the host (empty: the remote home).
+    pub path: Vec<u8>,
+}
+
+impl SshRoot {
+    /// The root of a `Location::Shell` (`host:path` or `ssh://...`).
+    pub fn of(text: &str, host: &str, path: &str) -> Result<SshRoot, String> {
+        let (host, port) = match (text.starts_with("ssh://"), host.rsplit_once(':')) {
+            (true, Some((h, p))) if !p.contains(']') => (
+                h,
+                Some(
+                    p.parse::<u16>()
+                        .map_err(|_| format!("{text}: bad port {p:?}"))?,
+                ),
+            ),
+            _ => (host, None),
+        };
+        Ok(SshRoot {
+            host: host.to_string(),
+            port,
+            path: path.as_bytes().to_vec(),
+        })
+    }
+
+    /// The same host, rooted at `path`.
+    pub fn at(&self, path: Vec<u8>) -> SshRoot {
+        SshRoot {
+            path,
+            ..self.clone()
+        }
+    }
+
+    /// `host:path` (`ssh://host:port/path` with a port), as a user writes it.
+    pub fn text(&self) -> String {
+        let path = String::from_utf8_lossy(&self.path);
+        match self.port {
+            Some(p) => format!("ssh://{}:{p}/{}", self.host, path.trim_start_matches('/')),
+            None => format!("{}:{path}", self.host),
+        }
+    }
 }
 
 impl Root {
@@ -38,6 +91,7 @@ impl Root {
         match self {
             Root::Local(p) => p.to_string_lossy().into_owned(),
             Root::S3(c) => format!("s3://{}/{}", c.bucket, c.prefix.trim_matches('/')),
+            Root::Ssh(r) => r.text().trim_end_matches('/').to_string(),
         }
     }
 
@@ -67,7 +121,10 @@ pub enum BackendError {
     /// The S3 configuration (endpoint, credentials, URL) is unusable.
     #[error(transparent)]
     S3(#[from] ferry_s3::ConfigError),
-    /// A location no backend serves yet (`host:path`, `sftp://`).
+    /// The SSH connection could not be made (the one line says why).
+    #[error("{0}")]
+    Ssh(String),
+    /// A location no backend serves yet (`sftp://`).
     #[error("{text}: remote shell locations (host {host}, path {path}) are not supported yet; for a local name with ':' write ./{text}")]
     Unsupported {
         /// The location as typed.
@@ -91,12 +148,40 @@ pub fn open(root: &Root, opts: &Opts) -> Result<AnyStore, BackendError> {
                 s
             })
         }
+        Root::Ssh(r) => {
+            let t = ferry_ssh::Target::new(&r.host, r.port).map_err(BackendError::Ssh)?;
+            AnyStore::Ssh(SshStore::open(&t, &r.path).map_err(BackendError::Ssh)?)
+        }
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ssh_roots_of_shell_locations() {
+        let r = |t: &str| match Location::parse(std::ffi::OsStr::new(t)) {
+            Location::Shell { text, host, path } => SshRoot::of(&text, &host, &path),
+            l => panic!("{l:?}"),
+        };
+        let h = r("u@h:dir/x").unwrap();
+        assert_eq!(
+            (h.host.as_str(), h.port, &h.path[..]),
+            ("u@h", None, &b"dir/x"[..])
+        );
+        assert_eq!(Root::Ssh(h).id(), "u@h:dir/x");
+        let h = r("ssh://u@h:2222/abs/p").unwrap();
+        assert_eq!(
+            (h.host.as_str(), h.port, &h.path[..]),
+            ("u@h", Some(2222), &b"/abs/p"[..])
+        );
+        assert_eq!(Root::Ssh(h).id(), "ssh://u@h:2222/abs/p");
+        let h = r("ssh://[::1]/p").unwrap();
+        assert_eq!((h.host.as_str(), h.port), ("[::1]", None));
+        assert_eq!(r("h:").unwrap().path, b"");
+        assert!(r("ssh://h:port/p").unwrap_err().contains("bad port"));
+    }
     use ferry_engine::{Listing, Store};
 
     #[test]

@@ -3,11 +3,12 @@
 //!
 //! Rules, in order:
 //! - `s3://BUCKET/PREFIX`: S3.
-//! - `sftp://...`, `ssh://...`: a remote shell location (no backend yet).
+//! - `ssh://[user@]host[:port]/path`: a remote shell location (SSH).
+//!   `sftp://...` is recognised and refused (no SFTP backend yet).
 //! - `[user@]host:path` when the first `:` comes before any `/` (rsync's
-//!   rule; `[v6-address]:path` too): a remote shell location (no backend
-//!   yet). A local name holding a `:` is written with a `/` before it:
-//!   `./a:b`, `/abs/a:b`.
+//!   rule; `[v6-address]:path` too): a remote shell location (SSH; an
+//!   empty path is the remote home). A local name holding a `:` is written
+//!   with a `/` before it: `./a:b`, `/abs/a:b`.
 //! - Anything else (`/path`, `./rel`, `rel`, names that are not UTF-8): a
 //!   local path.
 
@@ -23,8 +24,8 @@ pub enum Location {
     Local(PathBuf),
     /// An `s3://bucket/prefix` URL.
     S3(String),
-    /// `[user@]host:path`, `sftp://...` or `ssh://...`: recognised, but no
-    /// backend serves it yet.
+    /// `[user@]host:path` or `ssh://...` (the SSH backend), or `sftp://...`
+    /// (recognised, refused: no backend serves it yet).
     Shell {
         /// The argument as typed.
         text: String,
@@ -81,11 +82,13 @@ impl Location {
     /// `Err` with the message for locations no backend serves yet.
     pub fn supported(&self) -> Result<(), crate::BackendError> {
         match self {
-            Location::Shell { text, host, path } => Err(crate::BackendError::Unsupported {
-                text: text.clone(),
-                host: host.clone(),
-                path: path.clone(),
-            }),
+            Location::Shell { text, host, path } if text.starts_with("sftp://") => {
+                Err(crate::BackendError::Unsupported {
+                    text: text.clone(),
+                    host: host.clone(),
+                    path: path.clone(),
+                })
+            }
             _ => Ok(()),
         }
     }
@@ -159,7 +162,7 @@ mod tests {
     }
 
     #[test]
-    fn remote_shell_locations_are_recognised_and_refused() {
+    fn remote_shell_locations_are_recognised() {
         assert_eq!(p("host:path"), shell("host:path", "host", "path"));
         assert_eq!(p("u@h:/abs"), shell("u@h:/abs", "u@h", "/abs"));
         assert_eq!(p("h:"), shell("h:", "h", ""));
@@ -176,10 +179,9 @@ mod tests {
         // No host before the colon: a local name.
         assert_eq!(p(":x"), local(":x"));
         assert_eq!(p("[::1"), local("[::1"));
-        let e = p("host:path").supported().unwrap_err().to_string();
-        assert!(
-            e.contains("not supported yet") && e.contains("./host:path"),
-            "{e}"
-        );
+        assert!(p("host:path").supported().is_ok());
+        assert!(p("ssh://u@h:22/x").supported().is_ok());
+        let e = p("sftp://h/x").supported().unwrap_err().to_string();
+        assert!(e.contains("not supported yet"), "{e}");
     }
 }

@@ -52,6 +52,10 @@ pub enum Command {
     /// ways between A and B since the last run (kept in a journal); when
     /// both sides changed a path, keep both versions.
     Bisync(BisyncArgs),
+    /// Serve this machine's files on stdin/stdout to a ferry at the other
+    /// end of ssh (ferry starts it itself for host:path locations).
+    #[command(hide = true)]
+    Serve,
 }
 
 #[derive(Args, Debug)]
@@ -76,9 +80,9 @@ pub fn parse_age(s: &str) -> Result<std::time::Duration, String> {
 
 #[derive(Args, Debug)]
 pub struct BisyncArgs {
-    /// First replica: a directory or s3://bucket/prefix.
+    /// First replica: a directory, s3://bucket/prefix or [user@]host:path.
     pub a: PathBuf,
-    /// Second replica: a directory or s3://bucket/prefix.
+    /// Second replica: a directory, s3://bucket/prefix or [user@]host:path.
     pub b: PathBuf,
     /// Print every planned action; change nothing (not even the journal).
     #[arg(short = 'n', long)]
@@ -137,6 +141,20 @@ pub struct TransferArgs {
     /// S3 endpoint URL for s3:// paths (default: AWS_ENDPOINT_URL, or AWS).
     #[arg(long, value_name = "URL")]
     pub s3_endpoint: Option<String>,
+    /// The remote shell for host:path locations, e.g. 'ssh -p 2222 -F cfg'
+    /// [default: FERRY_RSH, or ssh].
+    #[arg(short = 'e', long = "rsh", value_name = "CMD")]
+    pub rsh: Option<String>,
+    /// The command that runs ferry on the remote host [default: ferry].
+    #[arg(long, value_name = "PATH")]
+    pub remote_ferry: Option<String>,
+}
+
+impl TransferArgs {
+    /// Make -e and --remote-ferry this run's settings for SSH locations.
+    pub fn configure_ssh(&self) {
+        ferry_ssh::configure(self.rsh.clone(), self.remote_ferry.clone());
+    }
 }
 
 /// Output flags of copy, sync and bisync.

@@ -37,8 +37,14 @@ fn main() -> ExitCode {
     let json = match &cli.command {
         Command::Copy(a) | Command::Sync(a) => a.out.json.then_some((a.dry_run, false)),
         Command::Bisync(a) => a.out.json.then_some((a.dry_run, true)),
-        Command::Ls(_) | Command::Cleanup(_) => None,
+        Command::Ls(_) | Command::Cleanup(_) | Command::Serve => None,
     };
+    match &cli.command {
+        Command::Copy(a) | Command::Sync(a) => a.tx.configure_ssh(),
+        Command::Bisync(a) => a.tx.configure_ssh(),
+        Command::Ls(a) => a.tx.configure_ssh(),
+        Command::Cleanup(_) | Command::Serve => {}
+    }
     if let Some(t) = cli.timeout {
         ferry_s3::set_timeout(t);
     }
@@ -48,6 +54,9 @@ fn main() -> ExitCode {
         Command::Ls(a) => run_ls(a),
         Command::Cleanup(a) => run_cleanup(a),
         Command::Bisync(a) => run_bisync(a),
+        Command::Serve => ferry_ssh::serve()
+            .map(|()| 0)
+            .map_err(|e| format!("serve: {}", cause(&e))),
     };
     match res {
         Ok(code) => ExitCode::from(code),

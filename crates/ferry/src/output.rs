@@ -217,9 +217,10 @@ impl<'a> Unreachable<'a> {
         }
     }
 
-    /// True when `err` is one of those requests: counted, not shown.
+    /// True when `err` is one of those requests (or of a lost SSH
+    /// connection): counted, not shown.
     fn swallowed(&self, err: &io::Error) -> bool {
-        if !ferry_s3::Unreachable::is(err) {
+        if !(ferry_s3::Unreachable::is(err) || ferry_ssh::Lost::is(err)) {
             return false;
         }
         let _ = self.why.set(cause(err));

@@ -11,7 +11,7 @@ use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use ferry_backends::{AnyStore, Location, Root};
+use ferry_backends::{AnyStore, Location, Root, SshRoot};
 use ferry_engine::{Kind, Meta};
 use ferry_local::stat_path;
 use ferry_s3::{S3Config, S3Store};
@@ -43,7 +43,62 @@ pub fn root_of(loc: &Location, endpoint: Option<&str>) -> Result<Root, String> {
         Location::S3(u) => Ok(Root::S3(Box::new(
             S3Config::from_url(u, endpoint).map_err(|e| e.to_string())?,
         ))),
-        Location::Shell { .. } => Err(unsupported(loc)),
+        Location::Shell { text, host, path } => {
+            loc.supported().map_err(|_| unsupported(loc))?;
+            Ok(Root::Ssh(SshRoot::of(text, host, path)?))
+        }
+    }
+}
+
+/// The SSH root of a `host:path` location and a store to ask about it
+/// (this run's connection to the host, made here).
+fn ssh_of(loc: &Location, text: &str) -> Result<(SshRoot, ferry_ssh::SshStore), String> {
+    let Ok(Root::Ssh(r)) = root_of(loc, None) else {
+        unreachable!("a shell location")
+    };
+    let t = ferry_ssh::Target::new(&r.host, r.port).map_err(|e| format!("{text}: {e}"))?;
+    let s = ferry_ssh::SshStore::open(&t, &r.path)?;
+    Ok((r, s))
+}
+
+/// A remote path's parent and last component (`dir/` is `dir`; an empty
+/// parent is the remote home).
+fn split_remote(path: &[u8]) -> (Vec<u8>, OsString) {
+    let mut p = path;
+    while p.len() > 1 && p.ends_with(b"/") {
+        p = &p[..p.len() - 1];
+    }
+    match p.iter().rposition(|b| *b == b'/') {
+        Some(0) => (b"/".to_vec(), OsStr::from_bytes(&p[1..]).to_owned()),
+        Some(i) => (p[..i].to_vec(), OsStr::from_bytes(&p[i + 1..]).to_owned()),
+        None => (Vec::new(), OsStr::from_bytes(p).to_owned()),
+    }
+}
+
+/// Stat a remote path, following a final symlink; `what` (SRC, DST)
+/// names it in errors.
+fn ssh_stat(
+    s: &ferry_ssh::SshStore,
+    path: &[u8],
+    what: &str,
+    text: &str,
+) -> Result<Option<Meta>, String> {
+    s.stat_path(path, true)
+        .map_err(|e| format!("{what} {text}: {}", cause(&e)))
+}
+
+/// The remote parent of a DST to be created must be a directory.
+fn ssh_parent(s: &ferry_ssh::SshStore, parent: &[u8], text: &str) -> Result<(), String> {
+    match ssh_stat(s, parent, "DST", text)? {
+        Some(m) if m.kind == Kind::Dir => Ok(()),
+        _ => Err(format!(
+            "DST {text}: parent directory {}: no such directory",
+            if parent.is_empty() {
+                "(home)".into()
+            } else {
+                String::from_utf8_lossy(parent)
+            }
+        )),
     }
 }
 
@@ -143,6 +198,18 @@ fn resolve_src(
         }
         return Ok(Src::Tree(Root::S3(Box::new(cfg))));
     }
+    if let Location::Shell { text, .. } = loc {
+        let (r, s) = ssh_of(loc, text)?;
+        return match ssh_stat(&s, &r.path, "SRC", text)? {
+            None => Err(format!("SRC {text}: no such file or directory")),
+            Some(m) if m.kind == Kind::Dir => Ok(Src::Tree(Root::Ssh(r))),
+            Some(m) if m.kind == Kind::File => {
+                let (parent, name) = split_remote(&r.path);
+                Ok(Src::One(Root::Ssh(r.at(parent)), name.clone(), name))
+            }
+            Some(_) => Err(format!("SRC {text}: not a regular file or directory")),
+        };
+    }
     let m = stat_path(src, true).map_err(|e| format!("SRC {}: {}", src.display(), cause(&e)))?;
     let abs = src
         .canonicalize()
@@ -172,6 +239,19 @@ fn dst_tree(dst: &Path, loc: &Location, endpoint: Option<&str>) -> Result<Root, 
         return Ok(Root::S3(Box::new(
             S3Config::from_url(u, endpoint).map_err(|e| e.to_string())?,
         )));
+    }
+    if let Location::Shell { text, .. } = loc {
+        let (r, s) = ssh_of(loc, text)?;
+        return match ssh_stat(&s, &r.path, "DST", text)? {
+            Some(m) if m.kind == Kind::Dir => Ok(Root::Ssh(r)),
+            Some(_) => Err(format!(
+                "DST {text}: exists and is not a directory (SRC is a directory tree)"
+            )),
+            None => {
+                ssh_parent(&s, &split_remote(&r.path).0, text)?;
+                Ok(Root::Ssh(r))
+            }
+        };
     }
     match stat_path(dst, true) {
         Ok(m) if m.kind != Kind::Dir => Err(format!(
@@ -218,6 +298,22 @@ fn dst_one(
         let (parent, key) = split_key(&cfg);
         return Ok((Root::S3(parent), OsString::from(key)));
     }
+    if let Location::Shell { text, .. } = loc {
+        let (r, s) = ssh_of(loc, text)?;
+        let (parent, file) = split_remote(&r.path);
+        return match ssh_stat(&s, &r.path, "DST", text)? {
+            Some(m) if m.kind == Kind::Dir => Ok((Root::Ssh(r), name.to_owned())),
+            Some(m) if m.kind == Kind::File => Ok((Root::Ssh(r.at(parent)), file)),
+            Some(_) => Err(format!("DST {text}: not a regular file or directory")),
+            None if into => Err(format!(
+                "DST {text}: no such directory (create it, or name the target file)"
+            )),
+            None => {
+                ssh_parent(&s, &parent, text)?;
+                Ok((Root::Ssh(r.at(parent)), file))
+            }
+        };
+    }
     match stat_path(dst, true) {
         Ok(m) if m.kind == Kind::Dir => {
             let abs = dst
@@ -243,8 +339,21 @@ fn dst_one(
     }
 }
 
-/// Refuse S3 trees that overlap, and a copy of an object onto itself.
+/// Refuse S3 trees that overlap, and a copy of an object onto itself;
+/// remote trees on one host whose paths, as typed, overlap.
 fn check_overlap(job: &Job) -> Result<(), String> {
+    if let (Root::Ssh(a), Root::Ssh(b)) = (&job.src, &job.dst) {
+        let (pa, pb) = (job.src.id(), job.dst.id());
+        let inside = |x: &str, y: &str| x == y || x.starts_with(&format!("{y}/"));
+        if a.host == b.host
+            && a.port == b.port
+            && job.one.is_none()
+            && (inside(&pa, &pb) || inside(&pb, &pa))
+        {
+            return Err(format!("SRC {pa} and DST {pb} overlap"));
+        }
+        return Ok(());
+    }
     let (Root::S3(a), Root::S3(b)) = (&job.src, &job.dst) else {
         return Ok(());
     };
@@ -285,6 +394,12 @@ pub fn ls_entry(loc: &Location, store: &AnyStore) -> io::Result<Option<Meta>> {
                 return s.root_object();
             }
             Ok(None)
+        }
+        (Location::Shell { path, .. }, AnyStore::Ssh(s)) => {
+            let meta = s
+                .stat_path(path.as_bytes(), true)?
+                .ok_or_else(|| io::Error::from_raw_os_error(2))?;
+            Ok((meta.kind != Kind::Dir).then_some(meta))
         }
         (Location::Local(p), AnyStore::Local(_)) => {
             let meta = stat_path(p, true)?;

@@ -1,0 +1,531 @@
+//! One connection to a `ferry serve`: the system `ssh` (or the `-e`
+//! command) as a child process, a writer thread feeding its stdin and a
+//! reader thread taking replies from its stdout and handing each to the
+//! request of its id. Any number of threads call at once; each blocks only
+//! on its own reply.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::io::{self, BufRead, BufReader};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, SyncSender};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::JoinHandle;
+
+use crate::proto::{self, Hello, Req, Resp};
+
+/// Frames queued for the writer thread at most (a big file's chunks wait
+/// for room: memory stays bounded).
+const QUEUED: usize = 64;
+/// Lines of ssh's stderr kept for the message of a failed connection.
+const TAIL: usize = 20;
+
+/// How to reach a host: the command, the host and port, the remote binary.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Target {
+    /// The remote shell command, split into words (`ssh`, `-e` or
+    /// `FERRY_RSH`).
+    pub rsh: Vec<String>,
+    /// `[user@]host`.
+    pub host: String,
+    /// A port given in an `ssh://` URL.
+    pub port: Option<u16>,
+    /// The command that runs ferry on the remote (`--remote-ferry`).
+    pub remote_ferry: String,
+}
+
+static SETTINGS: OnceLock<(Option<String>, Option<String>)> = OnceLock::new();
+
+/// The `-e/--rsh` command and the `--remote-ferry` of this run (unset:
+/// `FERRY_RSH` or `ssh`, and `ferry`).
+pub fn configure(rsh: Option<String>, remote_ferry: Option<String>) {
+    let _ = SETTINGS.set((rsh, remote_ferry));
+}
+
+impl Target {
+    /// The target for `host` (`[user@]host`, brackets around an IPv6
+    /// address allowed) and `port`, with this run's settings.
+    pub fn new(host: &str, port: Option<u16>) -> Result<Target, String> {
+        let (rsh, rf) = SETTINGS.get().cloned().unwrap_or_default();
+        let rsh = rsh
+            .or_else(|| {
+                std::env::var("FERRY_RSH")
+                    .ok()
+                    .filter(|s| !s.trim().is_empty())
+            })
+            .unwrap_or_else(|| "ssh".into());
+        let rsh = split_words(&rsh).map_err(|e| format!("-e/FERRY_RSH {rsh:?}: {e}"))?;
+        if rsh.is_empty() {
+            return Err("-e/FERRY_RSH: empty command".into());
+        }
+        let host = match host.split_once('@') {
+            Some((u, h)) => format!("{u}@{}", h.trim_start_matches('[').trim_end_matches(']')),
+            None => host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_string(),
+        };
+        if host.starts_with('-') || host.is_empty() {
+            return Err(format!("{host:?}: not a host name"));
+        }
+        Ok(Target {
+            rsh,
+            host,
+            port,
+            remote_ferry: rf.unwrap_or_else(|| "ferry".into()),
+        })
+    }
+
+    fn argv(&self) -> Vec<String> {
+        let mut a = self.rsh.clone();
+        if let Some(p) = self.port {
+            a.extend(["-p".into(), p.to_string()]);
+        }
+        a.push(self.host.clone());
+        a.push(format!("{} serve", self.remote_ferry));
+        a
+    }
+}
+
+/// Words of a command line, as a shell splits them: blanks separate,
+/// single and double quotes group, a backslash escapes the next character.
+pub fn split_words(s: &str) -> Result<Vec<String>, String> {
+    let (mut words, mut cur, mut has) = (Vec::new(), String::new(), false);
+    let mut it = s.chars();
+    while let Some(c) = it.next() {
+        match c {
+            ' ' | '\t' | '\n' => {
+                if has {
+                    words.push(std::mem::take(&mut cur));
+                    has = false;
+                }
+            }
+            '\'' => {
+                has = true;
+                loop {
+                    match it.next() {
+                        Some('\'') => break,
+                        Some(c) => cur.push(c),
+                        None => return Err("unterminated '".into()),
+                    }
+                }
+            }
+            '"' => {
+                has = true;
+                loop {
+                    match it.next() {
+                        Some('"') => break,
+                        Some('\\') => cur.push(it.next().ok_or("trailing \\")?),
+                        Some(c) => cur.push(c),
+                        None => return Err("unterminated \"".into()),
+                    }
+                }
+            }
+            '\\' => {
+                has = true;
+                cur.push(it.next().ok_or("trailing \\")?);
+            }
+            c => {
+                has = true;
+                cur.push(c);
+            }
+        }
+    }
+    if has {
+        words.push(cur);
+    }
+    Ok(words)
+}
+
+/// The error of a request whose connection is gone: a run reports these
+/// once, with a count, not one line per entry.
+#[derive(Debug)]
+pub struct Lost(pub String);
+
+impl fmt::Display for Lost {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Lost {}
+
+impl Lost {
+    /// True when `e` is (or carries) a [`Lost`].
+    pub fn is(e: &io::Error) -> bool {
+        e.get_ref()
+            .is_some_and(|i| i.downcast_ref::<Lost>().is_some())
+    }
+}
+
+type Slot = SyncSender<io::Result<Vec<u8>>>;
+
+#[derive(Default)]
+struct Pending {
+    calls: HashMap<u64, Slot>,
+    /// Why the connection is gone, once it is.
+    dead: Option<String>,
+}
+
+/// A live connection.
+pub struct Conn {
+    host: String,
+    tx: SyncSender<Vec<u8>>,
+    pending: Mutex<Pending>,
+    next: AtomicU64,
+    /// Set once the connection is gone (read without a lock).
+    gone: AtomicBool,
+    /// The server runs as root.
+    pub root: bool,
+}
+
+/// A reply's bytes, decoded on demand (byte strings borrowed from them).
+pub struct Body(pub Vec<u8>);
+
+impl Body {
+    /// The reply; a reply that is an error becomes `Err`.
+    pub fn get(&self) -> io::Result<Resp<'_>> {
+        match proto::decode(&self.0)? {
+            Resp::Err(e) => Err(e.into()),
+            r => Ok(r),
+        }
+    }
+}
+
+/// A reply the caller did not expect.
+pub fn unexpected(r: &Resp<'_>) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!("unexpected reply from ferry serve: {r:?}"),
+    )
+}
+
+impl Conn {
+    fn lost(&self) -> io::Error {
+        let why = self.pending.lock().unwrap().dead.clone();
+        lost_error(why.unwrap_or_else(|| format!("{}: connection lost", self.host)))
+    }
+
+    /// `Err` once the connection is gone: work that would end in a request
+    /// (reading a source file for it) is not started.
+    pub fn alive(&self) -> io::Result<()> {
+        if self.gone.load(Ordering::Relaxed) {
+            return Err(self.lost());
+        }
+        Ok(())
+    }
+
+    /// Send a message that gets no reply.
+    pub fn send(&self, req: &Req<'_>) -> io::Result<()> {
+        self.tx.send(proto::frame(0, req)).map_err(|_| self.lost())
+    }
+
+    /// Send a request; its reply comes on the receiver.
+    pub fn start(&self, req: &Req<'_>) -> io::Result<Receiver<io::Result<Vec<u8>>>> {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let (stx, srx) = mpsc::sync_channel(1);
+        {
+            let mut p = self.pending.lock().unwrap();
+            if let Some(why) = &p.dead {
+                return Err(lost_error(why.clone()));
+            }
+            p.calls.insert(id, stx);
+        }
+        if self.tx.send(proto::frame(id, req)).is_err() {
+            self.pending.lock().unwrap().calls.remove(&id);
+            return Err(self.lost());
+        }
+        Ok(srx)
+    }
+
+    /// Wait for a reply started with [`Conn::start`].
+    pub fn wait(&self, rx: &Receiver<io::Result<Vec<u8>>>) -> io::Result<Body> {
+        match rx.recv() {
+            Ok(r) => r.map(Body),
+            Err(_) => Err(self.lost()),
+        }
+    }
+
+    /// Send a request and wait for its reply.
+    pub fn call(&self, req: &Req<'_>) -> io::Result<Body> {
+        let rx = self.start(req)?;
+        self.wait(&rx)
+    }
+
+    /// A new handle number.
+    pub fn handle(&self) -> u64 {
+        self.next.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn die(&self, why: String) {
+        let calls = {
+            let mut p = self.pending.lock().unwrap();
+            p.dead.get_or_insert(why.clone());
+            std::mem::take(&mut p.calls)
+        };
+        self.gone.store(true, Ordering::Relaxed);
+        for (_, slot) in calls {
+            let _ = slot.send(Err(lost_error(why.clone())));
+        }
+    }
+}
+
+fn lost_error(why: String) -> io::Error {
+    io::Error::new(io::ErrorKind::ConnectionAborted, Lost(why))
+}
+
+/// The last lines of ssh's stderr (what ssh or the remote said), for the
+/// message of a connection that failed or was lost.
+struct Stderr {
+    tail: Mutex<Vec<String>>,
+}
+
+impl Stderr {
+    fn last(&self) -> Option<String> {
+        self.tail.lock().unwrap().last().cloned()
+    }
+}
+
+/// The connection to `t`, made once per run and shared.
+pub fn connect(t: &Target) -> Result<Arc<Conn>, String> {
+    static CONNS: Mutex<Vec<(Target, Arc<Conn>)>> = Mutex::new(Vec::new());
+    let mut conns = CONNS.lock().unwrap();
+    if let Some((_, c)) = conns.iter().find(|(k, _)| k == t) {
+        return Ok(c.clone());
+    }
+    let c = open(t)?;
+    conns.push((t.clone(), c.clone()));
+    Ok(c)
+}
+
+fn open(t: &Target) -> Result<Arc<Conn>, String> {
+    let argv = t.argv();
+    let mut child = Command::new(&argv[0])
+        .args(&argv[1..])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run {:?} (the -e/FERRY_RSH command): {e}", argv[0]))?;
+    let err = Arc::new(Stderr {
+        tail: Mutex::new(Vec::new()),
+    });
+    let errt = {
+        let (err, pipe) = (err.clone(), child.stderr.take().expect("piped"));
+        std::thread::spawn(move || {
+            for line in BufReader::new(pipe).lines() {
+                let Ok(line) = line else { break };
+                let mut tail = err.tail.lock().unwrap();
+                if tail.len() == TAIL {
+                    tail.remove(0);
+                }
+                tail.push(line);
+            }
+        })
+    };
+    let mut stdin = child.stdin.take().expect("piped");
+    let mut stdout = child.stdout.take().expect("piped");
+    let _ = proto::write_hello(&mut stdin);
+    let hello = proto::read_hello(&mut stdout);
+    match hello {
+        Ok(Hello::Ferry { protocol, .. }) if protocol == proto::PROTOCOL => {}
+        Ok(Hello::Ferry { protocol, version }) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!(
+                "{}: the remote ferry ({}) is version {version} (protocol {protocol}), this is {} (protocol {}): install ferry {} there, or name one with --remote-ferry PATH",
+                t.host, t.remote_ferry, proto::version(), proto::PROTOCOL, proto::version()
+            ));
+        }
+        Ok(Hello::Other(b)) => {
+            let _ = child.kill();
+            let what = format!(
+                "{}: `{} serve` did not answer as ferry serve does (it wrote {:?}); name ferry there with --remote-ferry PATH",
+                t.host,
+                t.remote_ferry,
+                String::from_utf8_lossy(&b)
+            );
+            let _ = child.wait();
+            return Err(what);
+        }
+        Err(_) => {
+            drop(stdin);
+            return Err(ended(t, child, errt, &err));
+        }
+    }
+    let (tx, rx) = mpsc::sync_channel::<Vec<u8>>(QUEUED);
+    std::thread::spawn(move || proto::write_frames(stdin, rx));
+    let mut conn = Conn {
+        host: t.host.clone(),
+        tx,
+        pending: Mutex::new(Pending::default()),
+        next: AtomicU64::new(1),
+        gone: AtomicBool::new(false),
+        root: false,
+    };
+    let conn = {
+        // Whether the server keeps owners, asked before the reader runs:
+        // this first reply is read here.
+        let body = conn
+            .tx
+            .send(proto::frame(u64::MAX, &Req::IsRoot))
+            .ok()
+            .and_then(|()| proto::read_frame(&mut stdout).ok().flatten());
+        match body.as_ref().map(|(_, b)| Body(b.clone())) {
+            Some(b) => match b.get() {
+                Ok(Resp::Bool(root)) => conn.root = root,
+                _ => return Err(format!("{}: ferry serve answered out of protocol", t.host)),
+            },
+            None => {
+                drop(conn);
+                return Err(ended(t, child, errt, &err));
+            }
+        }
+        Arc::new(conn)
+    };
+    let c = conn.clone();
+    std::thread::spawn(move || read_replies(&c, stdout, child, err, errt));
+    Ok(conn)
+}
+
+fn read_replies(
+    conn: &Conn,
+    stdout: ChildStdout,
+    mut child: Child,
+    err: Arc<Stderr>,
+    errt: JoinHandle<()>,
+) {
+    let mut r = BufReader::with_capacity(256 << 10, stdout);
+    let end = loop {
+        match proto::read_frame(&mut r) {
+            Ok(Some((id, body))) => {
+                let slot = conn.pending.lock().unwrap().calls.remove(&id);
+                if let Some(s) = slot {
+                    let _ = s.send(Ok(body));
+                }
+            }
+            Ok(None) => break None,
+            Err(e) => break Some(e),
+        }
+    };
+    // The stream ended: say why, with what ssh said last.
+    let _ = child.kill();
+    let status = child.wait().ok().and_then(|s| s.code());
+    let _ = errt.join();
+    let mut why = format!("{}: connection lost", conn.host);
+    if let Some(e) = end {
+        why.push_str(&format!(" ({e})"));
+    }
+    match (err.last(), status) {
+        (Some(l), _) => why.push_str(&format!(" (ssh: {l})")),
+        (None, Some(c)) => why.push_str(&format!(" (ssh exited with status {c})")),
+        _ => {}
+    }
+    conn.die(why);
+}
+
+/// The session ended before it started: wait for ssh, then say why.
+fn ended(t: &Target, mut child: Child, errt: JoinHandle<()>, err: &Stderr) -> String {
+    let status = child.wait().ok().and_then(|s| s.code());
+    let _ = errt.join();
+    let tail = err.tail.lock().unwrap().clone();
+    classify(t, status, &tail)
+}
+
+/// One line for a session that did not start: what ssh or the remote said.
+fn classify(t: &Target, code: Option<i32>, tail: &[String]) -> String {
+    let h = &t.host;
+    let all = tail.join("\n");
+    let last = tail
+        .iter()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .map(|l| l.trim().to_string())
+        .unwrap_or_default();
+    let has = |s: &str| all.contains(s);
+    if has("REMOTE HOST IDENTIFICATION HAS CHANGED") || has("Host key verification failed") {
+        return format!("{h}: host key verification failed: the host's key is not the one known_hosts has for it (ssh: {last})");
+    }
+    if has("Permission denied") || has("Too many authentication failures") {
+        return format!("{h}: authentication failed (ssh: {last})");
+    }
+    for s in [
+        "Could not resolve hostname",
+        "Connection refused",
+        "timed out",
+        "No route to host",
+        "Network is unreachable",
+        "Connection closed by",
+        "Connection reset",
+        "kex_exchange_identification",
+    ] {
+        if has(s) {
+            return format!("{h}: host unreachable (ssh: {last})");
+        }
+    }
+    if code == Some(127)
+        || has("command not found")
+        || has(": not found")
+        || has("No such file or directory")
+    {
+        return format!(
+            "{h}: no ferry on the remote (`{} serve`: {last}); install ferry there or name it with --remote-ferry PATH",
+            t.remote_ferry
+        );
+    }
+    match code {
+        Some(255) => format!("{h}: ssh failed: {last}"),
+        Some(c) => format!(
+            "{h}: `{} serve` exited with status {c} before answering: {last}",
+            t.remote_ferry
+        ),
+        None => format!("{h}: the connection ended before ferry serve answered: {last}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_split_as_a_shell_does() {
+        let w = |s: &str| split_words(s).unwrap();
+        assert_eq!(w("ssh -p 2222  -F cfg"), ["ssh", "-p", "2222", "-F", "cfg"]);
+        assert_eq!(
+            w(r#"ssh -o 'A B' "c \"d\"" e\ f ''"#),
+            ["ssh", "-o", "A B", "c \"d\"", "e f", ""]
+        );
+        assert!(split_words("ssh 'x").is_err());
+        let t = Target {
+            rsh: w("ssh -F c"),
+            host: "u@h".into(),
+            port: Some(22),
+            remote_ferry: "/opt/ferry".into(),
+        };
+        assert_eq!(
+            t.argv(),
+            ["ssh", "-F", "c", "-p", "22", "u@h", "/opt/ferry serve"]
+        );
+    }
+
+    #[test]
+    fn failed_sessions_are_classified_from_what_ssh_said() {
+        let t = Target {
+            rsh: vec!["ssh".into()],
+            host: "h".into(),
+            port: None,
+            remote_ferry: "ferry".into(),
+        };
+        let c = |code, l: &str| classify(&t, Some(code), &[l.to_string()]);
+        assert!(c(
+            255,
+            "ssh: Could not resolve hostname h: Name or service not known"
+        )
+        .contains("host unreachable"));
+        assert!(c(255, "u@h: Permission denied (publickey).").contains("authentication failed"));
+        assert!(c(255, "Host key verification failed.").contains("host key verification failed"));
+        assert!(c(127, "bash: line 1: ferry: command not found").contains("no ferry on the remote"));
+        assert!(c(1, "boom").contains("exited with status 1"));
+    }
+}

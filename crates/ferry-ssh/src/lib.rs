@@ -1,0 +1,19 @@
+//! ferry's SSH [`Store`](ferry_engine::Store): a tree on another machine,
+//! reached with the system `ssh` (so `~/.ssh/config`, agents, ProxyJump
+//! and known_hosts work as they do for ssh itself), served there by
+//! `ferry serve` through the same local store a local run uses.
+//!
+//! [`proto`] is the wire protocol (versioned hello, framed requests with
+//! ids, many in flight); [`conn`] one connection (the ssh child, a writer
+//! and a reader thread); [`store`] the `Store` over it; [`serve`] the
+//! remote end.
+#![deny(missing_docs)]
+
+pub mod conn;
+pub mod proto;
+pub mod serve;
+pub mod store;
+
+pub use conn::{configure, split_words, Lost, Target};
+pub use serve::serve;
+pub use store::{SshDir, SshReader, SshStore, SshWriter};

@@ -1,0 +1,465 @@
+//! The wire protocol between [`SshStore`](crate::SshStore) and `ferry serve`.
+//!
+//! Both ends first write a fixed hello (`FERRY-SERVE\n`, the protocol
+//! version as a little-endian `u32`, the ferry version as text); a
+//! different protocol ends the session with one line naming both versions.
+//! Then every message is a frame: `u32` length (little-endian, of what
+//! follows), a `u64` request id, and the message encoded with postcard
+//! (serde, varints, byte strings borrowed from the frame on decoding).
+//! Replies carry the id of their request, so any number of requests are in
+//! flight over the one stream and are answered in any order. Id 0 is a
+//! message that gets no reply (closing a handle, a write of a big file,
+//! an abort); the errors of those writes come back on the file's commit.
+//! Handles (directories, open files, files being written) are numbered by
+//! the client, so a request naming a new handle needs no answer first.
+
+use std::io::{self, Read, Write};
+
+use ferry_engine::entry::{Kind, Meta};
+use ferry_engine::store::MetaChange;
+use serde::{Deserialize, Serialize};
+
+/// The protocol version both ends must speak.
+pub const PROTOCOL: u32 = 1;
+/// The hello's first bytes.
+const MAGIC: &[u8; 12] = b"FERRY-SERVE\n";
+/// Largest frame accepted (a whole small file, a big directory's listing).
+pub const MAX_FRAME: usize = 1 << 30;
+/// Files up to this size travel whole: returned with their open, sent with
+/// their commit.
+pub const INLINE_MAX: u64 = 256 << 10;
+/// Bytes per message of a big file's content.
+pub const CHUNK: usize = 1 << 20;
+
+/// The ferry version of this build.
+pub fn version() -> &'static str {
+    env!("CARGO_PKG_VERSION")
+}
+
+/// Write this end's hello.
+pub fn write_hello(w: &mut impl Write) -> io::Result<()> {
+    let v = version().as_bytes();
+    let mut b = Vec::with_capacity(MAGIC.len() + 5 + v.len());
+    b.extend_from_slice(MAGIC);
+    b.extend_from_slice(&PROTOCOL.to_le_bytes());
+    b.push(v.len() as u8);
+    b.extend_from_slice(v);
+    w.write_all(&b)?;
+    w.flush()
+}
+
+/// What the other end said in its hello.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Hello {
+    /// A ferry speaking `protocol`, of version `version`.
+    Ferry {
+        /// Its protocol version.
+        protocol: u32,
+        /// Its ferry version.
+        version: String,
+    },
+    /// Something else answered (the first bytes it sent).
+    Other(Vec<u8>),
+}
+
+/// Read the other end's hello; `UnexpectedEof` when it closed first.
+pub fn read_hello(r: &mut impl Read) -> io::Result<Hello> {
+    let mut head = [0u8; MAGIC.len() + 5];
+    let mut n = 0;
+    while n < head.len() {
+        match r.read(&mut head[n..])? {
+            0 if n == 0 => return Err(io::ErrorKind::UnexpectedEof.into()),
+            0 => return Ok(Hello::Other(head[..n].to_vec())),
+            k => n += k,
+        }
+        if head[..n.min(MAGIC.len())] != MAGIC[..n.min(MAGIC.len())] {
+            return Ok(Hello::Other(head[..n].to_vec()));
+        }
+    }
+    let protocol = u32::from_le_bytes(head[MAGIC.len()..MAGIC.len() + 4].try_into().unwrap());
+    let mut v = vec![0u8; head[MAGIC.len() + 4] as usize];
+    r.read_exact(&mut v)?;
+    Ok(Hello::Ferry {
+        protocol,
+        version: String::from_utf8_lossy(&v).into_owned(),
+    })
+}
+
+/// A frame being built: length and id in front, the message after.
+pub fn frame(id: u64, msg: &impl Serialize) -> Vec<u8> {
+    let mut b = Vec::with_capacity(64);
+    b.extend_from_slice(&[0u8; 4]);
+    b.extend_from_slice(&id.to_le_bytes());
+    let mut b = postcard::to_extend(msg, b).expect("messages always encode");
+    let len = (b.len() - 4) as u32;
+    b[..4].copy_from_slice(&len.to_le_bytes());
+    b
+}
+
+/// Read one frame: its id and its message bytes (`None` at a clean end of
+/// the stream, between frames).
+pub fn read_frame(r: &mut impl Read) -> io::Result<Option<(u64, Vec<u8>)>> {
+    let mut len = [0u8; 4];
+    let mut n = 0;
+    while n < 4 {
+        match r.read(&mut len[n..]) {
+            Ok(0) if n == 0 => return Ok(None),
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let len = u32::from_le_bytes(len) as usize;
+    if !(8..=MAX_FRAME).contains(&len) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("bad frame length {len}"),
+        ));
+    }
+    let mut id = [0u8; 8];
+    r.read_exact(&mut id)?;
+    let mut body = vec![0u8; len - 8];
+    r.read_exact(&mut body)?;
+    Ok(Some((u64::from_le_bytes(id), body)))
+}
+
+/// Write the frames `rx` hands over to `out` until it closes or a write
+/// fails: as many as are queued, then one flush (one end's writer thread).
+pub fn write_frames(out: impl Write, rx: std::sync::mpsc::Receiver<Vec<u8>>) {
+    let mut out = io::BufWriter::with_capacity(256 << 10, out);
+    while let Ok(f) = rx.recv() {
+        let queued = std::iter::once(f).chain(rx.try_iter());
+        for f in queued {
+            if out.write_all(&f).is_err() {
+                return;
+            }
+        }
+        if out.flush().is_err() {
+            return;
+        }
+    }
+}
+
+/// Decode a message from a frame's bytes.
+pub fn decode<'a, T: Deserialize<'a>>(b: &'a [u8]) -> io::Result<T> {
+    postcard::from_bytes(b).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}
+
+/// [`Kind`] on the wire.
+#[derive(Serialize, Deserialize)]
+#[serde(remote = "Kind")]
+enum KindDef {
+    File,
+    Dir,
+    Symlink,
+    Other,
+}
+
+/// [`Meta`] on the wire: every field, so the remote end's entries are
+/// exactly the local store's.
+#[derive(Serialize, Deserialize)]
+#[serde(remote = "Meta")]
+struct MetaDef {
+    #[serde(with = "KindDef")]
+    kind: Kind,
+    size: u64,
+    mtime_sec: i64,
+    mtime_nsec: u32,
+    mode: u32,
+    uid: u32,
+    gid: u32,
+    ino: u64,
+    version: u64,
+}
+
+/// A [`Meta`] in a message.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug)]
+pub struct M(#[serde(with = "MetaDef")] pub Meta);
+
+/// [`MetaChange`] as bits: mtime 1, mode 2, owner 4.
+pub fn what_bits(w: MetaChange) -> u8 {
+    w.mtime as u8 | (w.mode as u8) << 1 | (w.owner as u8) << 2
+}
+
+/// The [`MetaChange`] of [`what_bits`].
+pub fn what_of(b: u8) -> MetaChange {
+    MetaChange {
+        mtime: b & 1 != 0,
+        mode: b & 2 != 0,
+        owner: b & 4 != 0,
+    }
+}
+
+/// A request (client to server). Names and paths are bytes (no NUL);
+/// `dir`, `file` and `new` are handles; each variant says what it does.
+#[allow(missing_docs)]
+#[derive(Serialize, Deserialize, Debug)]
+pub enum Req<'a> {
+    /// Open (or with `create`, create) the tree at `path` as handle `dir`:
+    /// [`Resp::Meta`] (`None`: missing, and nothing opened).
+    Root {
+        path: &'a [u8],
+        dir: u64,
+        create: bool,
+    },
+    /// Metadata of a path, following a final symlink when `follow`:
+    /// [`Resp::Meta`].
+    StatPath { path: &'a [u8], follow: bool },
+    /// [`Resp::Meta`] of `name` in `dir`.
+    Stat { dir: u64, name: &'a [u8] },
+    /// The listing of `dir`: [`Resp::Listing`].
+    List { dir: u64 },
+    /// Open subdirectory `name` as handle `new`: [`Resp::Ok`].
+    OpenDir { dir: u64, name: &'a [u8], new: u64 },
+    /// Create subdirectory `name` and open it as handle `new`: [`Resp::Ok`].
+    MakeDir { dir: u64, name: &'a [u8], new: u64 },
+    /// Set metadata of directory `dir`: [`Resp::Ok`].
+    SetDirMeta { dir: u64, meta: M, what: u8 },
+    /// Forget a handle (no reply).
+    Close { handle: u64 },
+    /// Open file `name` as handle `file`: [`Resp::Opened`]. A file up to
+    /// [`INLINE_MAX`] comes whole in the reply (and the handle is not kept).
+    Open { dir: u64, name: &'a [u8], file: u64 },
+    /// Up to `len` bytes of open file `file` at `offset`: [`Resp::Data`].
+    Read { file: u64, offset: u64, len: u32 },
+    /// A symlink's target: [`Resp::Bytes`].
+    ReadLink { dir: u64, name: &'a [u8] },
+    /// A whole small file: create, write, commit in one: [`Resp::Ok`].
+    Put {
+        dir: u64,
+        name: &'a [u8],
+        meta: M,
+        fsync: bool,
+        #[serde(with = "serde_bytes")]
+        data: &'a [u8],
+    },
+    /// Start writing a big file as handle `file` (no reply).
+    Create {
+        dir: u64,
+        name: &'a [u8],
+        meta: M,
+        file: u64,
+    },
+    /// The next bytes of file `file` (no reply).
+    Write {
+        file: u64,
+        #[serde(with = "serde_bytes")]
+        data: &'a [u8],
+    },
+    /// Finish file `file` under `name`: [`Resp::Ok`], or the first error
+    /// of its creation, writes or commit.
+    Commit {
+        dir: u64,
+        file: u64,
+        name: &'a [u8],
+        meta: M,
+        fsync: bool,
+    },
+    /// Drop file `file` and its temporary (no reply).
+    Abort { dir: u64, file: u64 },
+    /// [`Resp::Bool`]: whether the empty file was made.
+    CreateEmpty {
+        dir: u64,
+        name: &'a [u8],
+        meta: M,
+        fsync: bool,
+    },
+    /// [`Resp::Ok`].
+    Symlink {
+        dir: u64,
+        name: &'a [u8],
+        target: &'a [u8],
+        meta: M,
+    },
+    /// [`Resp::Ok`].
+    SetMeta {
+        dir: u64,
+        name: &'a [u8],
+        meta: M,
+        what: u8,
+    },
+    /// [`Resp::Count`].
+    Remove {
+        dir: u64,
+        name: &'a [u8],
+        is_dir: bool,
+    },
+    /// [`Resp::Removed`]: every entry removed, in order.
+    RemoveEach { dir: u64, name: &'a [u8] },
+    /// [`Resp::Ok`].
+    Rename {
+        from_dir: u64,
+        from: &'a [u8],
+        to_dir: u64,
+        to: &'a [u8],
+    },
+    /// [`Resp::Ok`].
+    Rmdir { dir: u64, name: &'a [u8] },
+    /// [`Resp::Bool`].
+    MakeWritable { dir: u64 },
+    /// [`Resp::Bool`].
+    OwnLegacyPartial { dir: u64, name: &'a [u8] },
+    /// [`Resp::Bool`]: whether the server runs as root (keeps owners).
+    IsRoot,
+}
+
+/// An error on the wire: the OS error number when there is one, else the
+/// kind and the message.
+#[derive(Serialize, Deserialize, Debug)]
+pub struct WireErr {
+    errno: i32,
+    kind: u8,
+    msg: String,
+}
+
+const KINDS: [io::ErrorKind; 10] = [
+    io::ErrorKind::Other,
+    io::ErrorKind::NotFound,
+    io::ErrorKind::PermissionDenied,
+    io::ErrorKind::AlreadyExists,
+    io::ErrorKind::InvalidInput,
+    io::ErrorKind::InvalidData,
+    io::ErrorKind::Unsupported,
+    io::ErrorKind::DirectoryNotEmpty,
+    io::ErrorKind::UnexpectedEof,
+    io::ErrorKind::NotADirectory,
+];
+
+impl From<&io::Error> for WireErr {
+    fn from(e: &io::Error) -> WireErr {
+        WireErr {
+            errno: e.raw_os_error().unwrap_or(0),
+            kind: KINDS.iter().position(|k| *k == e.kind()).unwrap_or(0) as u8,
+            msg: e.to_string(),
+        }
+    }
+}
+
+impl From<WireErr> for io::Error {
+    fn from(w: WireErr) -> io::Error {
+        if w.errno != 0 {
+            return io::Error::from_raw_os_error(w.errno);
+        }
+        io::Error::new(KINDS[(w.kind as usize).min(KINDS.len() - 1)], w.msg)
+    }
+}
+
+/// A reply (server to client).
+#[allow(missing_docs)]
+#[derive(Serialize, Deserialize, Debug)]
+pub enum Resp<'a> {
+    /// Done.
+    Ok,
+    /// Failed.
+    Err(WireErr),
+    /// An entry's metadata, `None` when it does not exist.
+    Meta(Option<M>),
+    /// A directory's entries, sorted: the names NUL-terminated one after
+    /// the other, their metadata in the same order, and the entries that
+    /// could not be read.
+    Listing {
+        #[serde(with = "serde_bytes")]
+        names: &'a [u8],
+        metas: Vec<M>,
+        errors: Vec<(&'a [u8], WireErr)>,
+    },
+    /// A file opened: its whole content when small (up to one byte past
+    /// its size, to show growth), and its size and mtime after reading.
+    Opened {
+        #[serde(with = "serde_bytes")]
+        data: Option<&'a [u8]>,
+        current: Option<(u64, i64, u32)>,
+    },
+    /// Bytes read; a short read is the end of the file, and then
+    /// `current` holds its size and mtime.
+    Data {
+        #[serde(with = "serde_bytes")]
+        data: &'a [u8],
+        current: Option<(u64, i64, u32)>,
+    },
+    /// A symlink's target.
+    Bytes(&'a [u8]),
+    /// A yes or no.
+    Bool(bool),
+    /// A count.
+    Count(u64),
+    /// Entries removed (path below the removed name, size), the name last.
+    Removed(Vec<(Vec<u8>, u64)>),
+}
+
+/// Encode an `io::Result<()>` as a reply.
+pub fn reply_of(r: io::Result<()>) -> Resp<'static> {
+    match r {
+        Ok(()) => Resp::Ok,
+        Err(e) => Resp::Err((&e).into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_and_hello_round_trip() {
+        let mut b = Vec::new();
+        write_hello(&mut b).unwrap();
+        let meta = Meta {
+            kind: Kind::Symlink,
+            size: 5,
+            mtime_sec: -3,
+            mtime_nsec: 999_999_999,
+            mode: 0o4755,
+            uid: 1000,
+            gid: 7,
+            ino: u64::MAX,
+            version: 3,
+        };
+        b.extend(frame(
+            9,
+            &Req::Put {
+                dir: 1,
+                name: b"a\xff",
+                meta: M(meta),
+                fsync: true,
+                data: b"xyz",
+            },
+        ));
+        let mut r = &b[..];
+        assert_eq!(
+            read_hello(&mut r).unwrap(),
+            Hello::Ferry {
+                protocol: PROTOCOL,
+                version: version().into()
+            }
+        );
+        let (id, body) = read_frame(&mut r).unwrap().unwrap();
+        assert_eq!(id, 9);
+        match decode::<Req>(&body).unwrap() {
+            Req::Put {
+                dir: 1,
+                name,
+                meta: M(m),
+                fsync: true,
+                data,
+            } => assert_eq!((name, m, data), (&b"a\xff"[..], meta, &b"xyz"[..])),
+            other => panic!("{other:?}"),
+        }
+        assert!(read_frame(&mut r).unwrap().is_none());
+        assert_eq!(
+            read_hello(&mut &b"bash: ferry: command not found\n"[..]).unwrap(),
+            Hello::Other(b"bash: ferry: comm".to_vec())
+        );
+    }
+
+    #[test]
+    fn errors_keep_their_errno_or_kind() {
+        let e: io::Error = WireErr::from(&io::Error::from_raw_os_error(39)).into();
+        assert_eq!(e.raw_os_error(), Some(39));
+        let e: io::Error = WireErr::from(&io::Error::new(io::ErrorKind::Unsupported, "x")).into();
+        assert_eq!(
+            (e.kind(), e.to_string()),
+            (io::ErrorKind::Unsupported, "x".into())
+        );
+    }
+}

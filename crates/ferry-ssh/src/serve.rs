@@ -1,0 +1,459 @@
+//! `ferry serve`: this machine's files for a ferry at the other end of a
+//! byte stream (stdin/stdout under ssh), through the same [`LocalStore`]
+//! as a local run: the fast scanner, the atomic temporary + rename writes,
+//! exact metadata.
+//!
+//! One thread reads requests. Those that must keep their order (the
+//! creation, writes and abort of a big file, closing a handle) it carries
+//! out itself; everything else goes to a pool of workers, so many requests
+//! run at once (listings, stats, whole small files) and a slow one holds up
+//! no other. Replies go through one writer thread, which writes as many as
+//! are ready and then flushes.
+
+use std::collections::HashMap;
+use std::ffi::{CString, OsStr};
+use std::io::{self, Read, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
+use std::sync::{Arc, Mutex};
+
+use ferry_engine::entry::Listing;
+use ferry_engine::store::{SourceFile, Store};
+use ferry_local::local::{LocalDir, LocalReader, LocalWriter};
+use ferry_local::LocalStore;
+
+use crate::proto::{self, what_of, Hello, Req, Resp, WireErr, INLINE_MAX, M};
+
+/// Workers carrying out requests at once.
+const WORKERS: usize = 16;
+
+/// A file being written: open, or failed (the error goes back on commit).
+enum Writing {
+    Open(Arc<LocalDir>, LocalWriter),
+    Failed(io::Error),
+}
+
+struct State {
+    store: LocalStore,
+    dirs: Mutex<HashMap<u64, Arc<LocalDir>>>,
+    readers: Mutex<HashMap<u64, Arc<LocalReader>>>,
+    writers: Mutex<HashMap<u64, Writing>>,
+    out: Mutex<Sender<Vec<u8>>>,
+}
+
+/// Serve on stdin and stdout until the other end closes the stream.
+pub fn serve() -> io::Result<()> {
+    // The descriptors themselves, past std's line buffering of stdout.
+    use std::os::fd::AsFd;
+    let input = std::fs::File::from(io::stdin().as_fd().try_clone_to_owned()?);
+    let output = std::fs::File::from(io::stdout().as_fd().try_clone_to_owned()?);
+    serve_on(io::BufReader::with_capacity(256 << 10, input), output)
+}
+
+/// Serve requests read from `input`, replies written to `output`.
+pub fn serve_on(mut input: impl Read, output: impl Write + Send + 'static) -> io::Result<()> {
+    let mut output = output;
+    proto::write_hello(&mut output)?;
+    match proto::read_hello(&mut input)? {
+        Hello::Ferry { protocol, .. } if protocol == proto::PROTOCOL => {}
+        Hello::Ferry { protocol, version } => {
+            return Err(io::Error::other(format!(
+            "the client is ferry {version} (protocol {protocol}), this is ferry {} (protocol {})",
+            proto::version(),
+            proto::PROTOCOL
+        )))
+        }
+        Hello::Other(_) => return Err(io::Error::other("the client is not a ferry")),
+    }
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let (out_tx, out_rx) = mpsc::channel::<Vec<u8>>();
+    let writer = std::thread::spawn(move || proto::write_frames(output, out_rx));
+    let st = Arc::new(State {
+        store: LocalStore::new("/", cores),
+        dirs: Mutex::new(HashMap::new()),
+        readers: Mutex::new(HashMap::new()),
+        writers: Mutex::new(HashMap::new()),
+        out: Mutex::new(out_tx),
+    });
+    let (work_tx, work_rx) = mpsc::sync_channel::<(u64, Vec<u8>)>(WORKERS * 4);
+    let work_rx = Arc::new(Mutex::new(work_rx));
+    let workers: Vec<_> = (0..WORKERS)
+        .map(|_| {
+            let (st, rx) = (st.clone(), work_rx.clone());
+            std::thread::spawn(move || work(&st, &rx))
+        })
+        .collect();
+    let res = read_requests(&st, &mut input, &work_tx);
+    drop(work_tx);
+    for w in workers {
+        let _ = w.join();
+    }
+    // The client is gone: what it was writing is dropped with its temporary.
+    let left: Vec<_> = st.writers.lock().unwrap().drain().collect();
+    for (_, w) in left {
+        if let Writing::Open(dir, w) = w {
+            st.store.abort(&dir, w);
+        }
+    }
+    drop(st);
+    let _ = writer.join();
+    res
+}
+
+fn read_requests(
+    st: &State,
+    input: &mut impl Read,
+    work: &SyncSender<(u64, Vec<u8>)>,
+) -> io::Result<()> {
+    while let Some((id, body)) = proto::read_frame(input)? {
+        match proto::decode::<Req>(&body)? {
+            Req::Close { handle } => {
+                st.dirs.lock().unwrap().remove(&handle);
+                st.readers.lock().unwrap().remove(&handle);
+            }
+            Req::Create {
+                dir,
+                name,
+                meta,
+                file,
+            } => {
+                let w = match dir_of(st, dir).and_then(|d| {
+                    let w = st.store.create_file(&d, &cname(name)?, &meta.0)?;
+                    Ok(Writing::Open(d, w))
+                }) {
+                    Ok(w) => w,
+                    Err(e) => Writing::Failed(e),
+                };
+                st.writers.lock().unwrap().insert(file, w);
+            }
+            Req::Write { file, data } => write_chunk(st, file, data),
+            Req::Abort { file, .. } => {
+                let w = st.writers.lock().unwrap().remove(&file);
+                if let Some(Writing::Open(d, w)) = w {
+                    st.store.abort(&d, w);
+                }
+            }
+            _ => {
+                if work.send((id, body)).is_err() {
+                    break;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Append `data` to the file being written as `file`; a failure is kept
+/// for its commit.
+fn write_chunk(st: &State, file: u64, data: &[u8]) {
+    let mut ws = st.writers.lock().unwrap();
+    let Some(slot) = ws.get_mut(&file) else {
+        return;
+    };
+    let Writing::Open(dir, w) = slot else {
+        return;
+    };
+    let r = st
+        .store
+        .write_from(dir, w, &mut Bytes(data), data.len() as u64, None)
+        .and_then(|n| {
+            if n == data.len() as u64 {
+                Ok(())
+            } else {
+                Err(io::Error::other("short write"))
+            }
+        });
+    if let Err(e) = r {
+        if let Some(Writing::Open(d, w)) = ws.insert(file, Writing::Failed(e)) {
+            st.store.abort(&d, w);
+        }
+    }
+}
+
+fn work(st: &State, rx: &Mutex<Receiver<(u64, Vec<u8>)>>) {
+    let mut listing = Listing::new();
+    loop {
+        let job = rx.lock().unwrap().recv();
+        let Ok((id, body)) = job else {
+            return;
+        };
+        let f = match proto::decode::<Req>(&body) {
+            Ok(req) => answer(st, id, req, &mut listing),
+            Err(e) => proto::frame(id, &Resp::Err(WireErr::from(&e))),
+        };
+        if id != 0 {
+            let _ = st.out.lock().unwrap().send(f);
+        }
+    }
+}
+
+fn err_frame(id: u64, e: &io::Error) -> Vec<u8> {
+    proto::frame(id, &Resp::Err(e.into()))
+}
+
+/// Carry out one request; its reply frame.
+fn answer(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> Vec<u8> {
+    match answer_io(st, id, req, listing) {
+        Ok(f) => f,
+        Err(e) => err_frame(id, &e),
+    }
+}
+
+fn answer_io(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> io::Result<Vec<u8>> {
+    let s = &st.store;
+    let ok = |r: io::Result<()>| r.map(|()| proto::frame(id, &Resp::Ok));
+    match req {
+        Req::Root { path, dir, create } => {
+            let p = if path.is_empty() { b"." } else { path };
+            let at = LocalStore::new(Path::new(OsStr::from_bytes(p)), 1);
+            let opened = if create {
+                let d = at.create_root()?;
+                let m = at.open_root()?.map(|(_, m)| m);
+                m.map(|m| (d, m))
+            } else {
+                at.open_root()?
+            };
+            let meta = opened.map(|(d, m)| {
+                st.dirs.lock().unwrap().insert(dir, Arc::new(d));
+                M(m)
+            });
+            Ok(proto::frame(id, &Resp::Meta(meta)))
+        }
+        Req::StatPath { path, follow } => {
+            let p = if path.is_empty() { b"." } else { path };
+            let m = match ferry_local::stat_path(Path::new(OsStr::from_bytes(p)), follow) {
+                Ok(m) => Some(M(m)),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+                Err(e) => return Err(e),
+            };
+            Ok(proto::frame(id, &Resp::Meta(m)))
+        }
+        Req::Stat { dir, name } => {
+            let m = s.stat(&*dir_of(st, dir)?, &cname(name)?)?;
+            Ok(proto::frame(id, &Resp::Meta(m.map(M))))
+        }
+        Req::List { dir } => {
+            let mut errors = Vec::new();
+            s.list(&*dir_of(st, dir)?, b"", listing, &mut errors)?;
+            let mut names = Vec::with_capacity(listing.len() * 16);
+            let mut metas = Vec::with_capacity(listing.len());
+            for e in listing.entries() {
+                names.extend_from_slice(listing.name(e));
+                names.push(0);
+                metas.push(M(e.meta));
+            }
+            let errs: Vec<_> = errors
+                .iter()
+                .map(|e| (&e.name[..], WireErr::from(&e.err)))
+                .collect();
+            Ok(proto::frame(
+                id,
+                &Resp::Listing {
+                    names: &names,
+                    metas,
+                    errors: errs,
+                },
+            ))
+        }
+        Req::OpenDir { dir, name, new } => {
+            let d = s.open_dir(&*dir_of(st, dir)?, &cname(name)?)?;
+            st.dirs.lock().unwrap().insert(new, Arc::new(d));
+            ok(Ok(()))
+        }
+        Req::MakeDir { dir, name, new } => {
+            let d = s.make_dir(&*dir_of(st, dir)?, &cname(name)?)?;
+            st.dirs.lock().unwrap().insert(new, Arc::new(d));
+            ok(Ok(()))
+        }
+        Req::SetDirMeta { dir, meta, what } => {
+            ok(s.set_dir_meta(&*dir_of(st, dir)?, &meta.0, what_of(what)))
+        }
+        Req::Open { dir, name, file } => {
+            let r = s.open_file(&*dir_of(st, dir)?, &cname(name)?)?;
+            let size = r.current().map_or(u64::MAX, |c| c.0);
+            if size > INLINE_MAX {
+                st.readers.lock().unwrap().insert(file, Arc::new(r));
+                return Ok(proto::frame(
+                    id,
+                    &Resp::Opened {
+                        data: None,
+                        current: None,
+                    },
+                ));
+            }
+            // One byte past the size: a file that grew shows it.
+            let mut data = vec![0u8; size as usize + 1];
+            let n = pread_full(&r, 0, &mut data)?;
+            Ok(proto::frame(
+                id,
+                &Resp::Opened {
+                    data: Some(&data[..n]),
+                    current: r.current(),
+                },
+            ))
+        }
+        Req::Read { file, offset, len } => {
+            let r = st
+                .readers
+                .lock()
+                .unwrap()
+                .get(&file)
+                .cloned()
+                .ok_or_else(|| bad_handle(file))?;
+            let mut data = vec![0u8; (len as usize).min(proto::CHUNK)];
+            let n = pread_full(&r, offset, &mut data)?;
+            let current = if n < data.len() { r.current() } else { None };
+            Ok(proto::frame(
+                id,
+                &Resp::Data {
+                    data: &data[..n],
+                    current,
+                },
+            ))
+        }
+        Req::ReadLink { dir, name } => {
+            let t = s.read_link(&*dir_of(st, dir)?, &cname(name)?)?;
+            Ok(proto::frame(id, &Resp::Bytes(&t)))
+        }
+        Req::Put {
+            dir,
+            name,
+            meta,
+            fsync,
+            data,
+        } => {
+            let d = dir_of(st, dir)?;
+            let name = cname(name)?;
+            let mut w = s.create_file(&d, &name, &meta.0)?;
+            match s.write_from(&d, &mut w, &mut Bytes(data), data.len() as u64, None) {
+                Ok(n) if n == data.len() as u64 => ok(s.commit(&d, w, &name, &meta.0, fsync)),
+                Ok(_) => {
+                    s.abort(&d, w);
+                    Err(io::Error::other("short write"))
+                }
+                Err(e) => {
+                    s.abort(&d, w);
+                    Err(e)
+                }
+            }
+        }
+        Req::Commit {
+            file,
+            name,
+            meta,
+            fsync,
+            ..
+        } => {
+            let w = st.writers.lock().unwrap().remove(&file);
+            match w {
+                Some(Writing::Open(d, w)) => ok(s.commit(&d, w, &cname(name)?, &meta.0, fsync)),
+                Some(Writing::Failed(e)) => Err(e),
+                None => Err(bad_handle(file)),
+            }
+        }
+        Req::CreateEmpty {
+            dir,
+            name,
+            meta,
+            fsync,
+        } => {
+            let made = s.create_empty(&*dir_of(st, dir)?, &cname(name)?, &meta.0, fsync)?;
+            Ok(proto::frame(id, &Resp::Bool(made)))
+        }
+        Req::Symlink {
+            dir,
+            name,
+            target,
+            meta,
+        } => ok(s.create_symlink(&*dir_of(st, dir)?, &cname(name)?, target, &meta.0)),
+        Req::SetMeta {
+            dir,
+            name,
+            meta,
+            what,
+        } => ok(s.set_meta(&*dir_of(st, dir)?, &cname(name)?, &meta.0, what_of(what))),
+        Req::Remove { dir, name, is_dir } => {
+            let n = s.remove(&*dir_of(st, dir)?, &cname(name)?, is_dir)?;
+            Ok(proto::frame(id, &Resp::Count(n)))
+        }
+        Req::RemoveEach { dir, name } => {
+            let mut told = Vec::new();
+            s.remove_each(&*dir_of(st, dir)?, &cname(name)?, &mut |p, z| {
+                told.push((p.to_vec(), z))
+            })?;
+            Ok(proto::frame(id, &Resp::Removed(told)))
+        }
+        Req::Rename {
+            from_dir,
+            from,
+            to_dir,
+            to,
+        } => ok(s.rename(
+            &*dir_of(st, from_dir)?,
+            &cname(from)?,
+            &*dir_of(st, to_dir)?,
+            &cname(to)?,
+        )),
+        Req::Rmdir { dir, name } => ok(s.rmdir(&*dir_of(st, dir)?, &cname(name)?)),
+        Req::MakeWritable { dir } => {
+            let b = s.make_writable(&*dir_of(st, dir)?)?;
+            Ok(proto::frame(id, &Resp::Bool(b)))
+        }
+        Req::OwnLegacyPartial { dir, name } => {
+            let b = s.is_own_legacy_partial(&*dir_of(st, dir)?, &cname(name)?);
+            Ok(proto::frame(id, &Resp::Bool(b)))
+        }
+        Req::IsRoot => Ok(proto::frame(
+            id,
+            &Resp::Bool(rustix::process::geteuid().is_root()),
+        )),
+        Req::Close { .. } | Req::Create { .. } | Req::Write { .. } | Req::Abort { .. } => {
+            unreachable!("handled in order by the reading thread")
+        }
+    }
+}
+
+fn bad_handle(h: u64) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, format!("no handle {h}"))
+}
+
+fn dir_of(st: &State, h: u64) -> io::Result<Arc<LocalDir>> {
+    st.dirs
+        .lock()
+        .unwrap()
+        .get(&h)
+        .cloned()
+        .ok_or_else(|| bad_handle(h))
+}
+
+fn cname(b: &[u8]) -> io::Result<CString> {
+    CString::new(b).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "name contains NUL"))
+}
+
+/// Read at `offset` until `buf` is full or the file ends; bytes read.
+fn pread_full(r: &LocalReader, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+    let fd = r.as_fd().expect("a local file has a descriptor");
+    let mut n = 0;
+    while n < buf.len() {
+        match rustix::io::pread(fd, &mut buf[n..], offset + n as u64) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(n)
+}
+
+/// Bytes of a request as the source of a write.
+struct Bytes<'a>(&'a [u8]);
+
+impl SourceFile for Bytes<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        Read::read(&mut self.0, buf)
+    }
+    fn as_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        None
+    }
+}

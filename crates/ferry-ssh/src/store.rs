@@ -1,0 +1,552 @@
+//! [`SshStore`]: the engine's `Store` over a connection to `ferry serve`.
+//! Every operation is one request; the engine's workers keep many in
+//! flight (`latency_bound`). A small file is read with its open and
+//! written with its commit (one request each); a big one is read ahead
+//! several chunks at a time and written as a stream of chunks that get no
+//! reply, its errors coming back on its commit.
+
+use std::collections::VecDeque;
+use std::ffi::CStr;
+use std::io;
+use std::os::fd::BorrowedFd;
+use std::sync::mpsc::Receiver;
+use std::sync::Arc;
+
+use ferry_engine::bwlimit::Limiter;
+use ferry_engine::entry::{Listing, Meta};
+use ferry_engine::store::{ListError, MetaChange, SourceFile, Store};
+
+use crate::conn::{self, unexpected, Conn, Target};
+use crate::proto::{what_bits, Req, Resp, CHUNK, INLINE_MAX, M};
+
+/// Chunks of a big file requested ahead of the reader.
+const READ_AHEAD: usize = 4;
+
+/// A tree on another machine, served by `ferry serve` there.
+pub struct SshStore {
+    conn: Arc<Conn>,
+    path: Vec<u8>,
+}
+
+/// An open remote directory (a handle of the server's).
+pub struct SshDir {
+    conn: Arc<Conn>,
+    id: u64,
+}
+
+impl Drop for SshDir {
+    fn drop(&mut self) {
+        let _ = self.conn.send(&Req::Close { handle: self.id });
+    }
+}
+
+/// A remote file open for reading.
+pub struct SshReader {
+    conn: Arc<Conn>,
+    /// The server's handle of a big file (a small one came whole).
+    file: Option<u64>,
+    /// The reply holding the bytes being handed out, and where they are in it.
+    body: Vec<u8>,
+    span: (usize, usize),
+    /// Chunk reads in flight, in order, and the offset of the next one.
+    ahead: VecDeque<Receiver<io::Result<Vec<u8>>>>,
+    next: u64,
+    eof: bool,
+    current: Option<(u64, i64, u32)>,
+}
+
+/// A remote file being written.
+pub struct SshWriter {
+    file: u64,
+    /// A small file's content, sent whole with its commit.
+    whole: Option<Vec<u8>>,
+}
+
+impl SshStore {
+    /// The tree at `path` on `target`'s host (connecting, or sharing this
+    /// run's connection to it).
+    pub fn open(target: &Target, path: &[u8]) -> Result<SshStore, String> {
+        Ok(SshStore {
+            conn: conn::connect(target)?,
+            path: path.to_vec(),
+        })
+    }
+
+    /// Metadata of `path` on the remote (following a final symlink when
+    /// `follow`), `None` when it does not exist.
+    pub fn stat_path(&self, path: &[u8], follow: bool) -> io::Result<Option<Meta>> {
+        meta_of(self.conn.call(&Req::StatPath { path, follow })?.get()?)
+    }
+
+    fn dir(&self, id: u64) -> SshDir {
+        SshDir {
+            conn: self.conn.clone(),
+            id,
+        }
+    }
+
+    fn ok(&self, req: &Req<'_>) -> io::Result<()> {
+        match self.conn.call(req)?.get()? {
+            Resp::Ok => Ok(()),
+            r => Err(unexpected(&r)),
+        }
+    }
+
+    fn yes(&self, req: &Req<'_>) -> io::Result<bool> {
+        match self.conn.call(req)?.get()? {
+            Resp::Bool(b) => Ok(b),
+            r => Err(unexpected(&r)),
+        }
+    }
+
+    fn root(&self, create: bool) -> io::Result<Option<(SshDir, Meta)>> {
+        let id = self.conn.handle();
+        let m = meta_of(
+            self.conn
+                .call(&Req::Root {
+                    path: &self.path,
+                    dir: id,
+                    create,
+                })?
+                .get()?,
+        )?;
+        Ok(m.map(|m| (self.dir(id), m)))
+    }
+}
+
+fn meta_of(r: Resp<'_>) -> io::Result<Option<Meta>> {
+    match r {
+        Resp::Meta(m) => Ok(m.map(|m| m.0)),
+        r => Err(unexpected(&r)),
+    }
+}
+
+/// Where `part` (a slice of `whole`) starts in it.
+fn offset_in(whole: &[u8], part: &[u8]) -> usize {
+    part.as_ptr() as usize - whole.as_ptr() as usize
+}
+
+impl SshReader {
+    /// Keep [`READ_AHEAD`] chunk reads in flight.
+    fn fill(&mut self, file: u64) -> io::Result<()> {
+        while !self.eof && self.ahead.len() < READ_AHEAD {
+            let rx = self.conn.start(&Req::Read {
+                file,
+                offset: self.next,
+                len: CHUNK as u32,
+            })?;
+            self.ahead.push_back(rx);
+            self.next += CHUNK as u64;
+        }
+        Ok(())
+    }
+}
+
+impl SourceFile for SshReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            let (a, b) = self.span;
+            if a < b {
+                let n = (b - a).min(buf.len());
+                buf[..n].copy_from_slice(&self.body[a..a + n]);
+                self.span.0 += n;
+                return Ok(n);
+            }
+            let Some(file) = self.file else {
+                return Ok(0);
+            };
+            if self.eof && self.ahead.is_empty() {
+                return Ok(0);
+            }
+            self.fill(file)?;
+            let rx = self.ahead.pop_front().expect("a read in flight");
+            let body = self.conn.wait(&rx)?;
+            let (span, short, current) = match body.get()? {
+                Resp::Data { data, current } => (
+                    (
+                        offset_in(&body.0, data),
+                        offset_in(&body.0, data) + data.len(),
+                    ),
+                    data.len() < CHUNK,
+                    current,
+                ),
+                r => return Err(unexpected(&r)),
+            };
+            if short && !self.eof {
+                // The end: reads past it come back empty and are dropped.
+                self.eof = true;
+                self.current = current;
+                self.ahead.clear();
+            }
+            self.body = body.0;
+            self.span = span;
+        }
+    }
+    fn as_fd(&self) -> Option<BorrowedFd<'_>> {
+        None
+    }
+    fn current(&self) -> Option<(u64, i64, u32)> {
+        self.current
+    }
+}
+
+impl Drop for SshReader {
+    fn drop(&mut self) {
+        if let Some(f) = self.file {
+            let _ = self.conn.send(&Req::Close { handle: f });
+        }
+    }
+}
+
+impl Store for SshStore {
+    type Dir = SshDir;
+    type Reader = SshReader;
+    type Writer = SshWriter;
+
+    fn open_root(&self) -> io::Result<Option<(SshDir, Meta)>> {
+        self.root(false)
+    }
+
+    fn create_root(&self) -> io::Result<SshDir> {
+        self.root(true)?
+            .map(|(d, _)| d)
+            .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))
+    }
+
+    fn list(
+        &self,
+        dir: &SshDir,
+        _rel: &[u8],
+        out: &mut Listing,
+        errors: &mut Vec<ListError>,
+    ) -> io::Result<()> {
+        out.clear();
+        let body = self.conn.call(&Req::List { dir: dir.id })?;
+        let Resp::Listing {
+            names,
+            metas,
+            errors: errs,
+        } = body.get()?
+        else {
+            return Err(io::Error::other("unexpected reply to a listing"));
+        };
+        for (name, m) in names.split(|b| *b == 0).zip(metas) {
+            out.push(name, m.0);
+        }
+        for (name, e) in errs {
+            errors.push(ListError {
+                name: name.to_vec(),
+                err: e.into(),
+            });
+        }
+        Ok(())
+    }
+
+    fn stat(&self, dir: &SshDir, name: &CStr) -> io::Result<Option<Meta>> {
+        meta_of(
+            self.conn
+                .call(&Req::Stat {
+                    dir: dir.id,
+                    name: name.to_bytes(),
+                })?
+                .get()?,
+        )
+    }
+
+    fn open_dir(&self, parent: &SshDir, name: &CStr) -> io::Result<SshDir> {
+        let new = self.conn.handle();
+        self.ok(&Req::OpenDir {
+            dir: parent.id,
+            name: name.to_bytes(),
+            new,
+        })?;
+        Ok(self.dir(new))
+    }
+
+    fn make_dir(&self, parent: &SshDir, name: &CStr) -> io::Result<SshDir> {
+        let new = self.conn.handle();
+        self.ok(&Req::MakeDir {
+            dir: parent.id,
+            name: name.to_bytes(),
+            new,
+        })?;
+        Ok(self.dir(new))
+    }
+
+    fn set_dir_meta(&self, dir: &SshDir, meta: &Meta, what: MetaChange) -> io::Result<()> {
+        self.ok(&Req::SetDirMeta {
+            dir: dir.id,
+            meta: M(*meta),
+            what: what_bits(what),
+        })
+    }
+
+    fn open_file(&self, dir: &SshDir, name: &CStr) -> io::Result<SshReader> {
+        let file = self.conn.handle();
+        let body = self.conn.call(&Req::Open {
+            dir: dir.id,
+            name: name.to_bytes(),
+            file,
+        })?;
+        let (span, current, big) = match body.get()? {
+            Resp::Opened {
+                data: Some(d),
+                current,
+            } => (
+                (offset_in(&body.0, d), offset_in(&body.0, d) + d.len()),
+                current,
+                false,
+            ),
+            Resp::Opened { data: None, .. } => ((0, 0), None, true),
+            r => return Err(unexpected(&r)),
+        };
+        Ok(SshReader {
+            conn: self.conn.clone(),
+            file: big.then_some(file),
+            body: body.0,
+            span,
+            ahead: VecDeque::new(),
+            next: 0,
+            eof: !big,
+            current,
+        })
+    }
+
+    fn read_link(&self, dir: &SshDir, name: &CStr) -> io::Result<Vec<u8>> {
+        match self
+            .conn
+            .call(&Req::ReadLink {
+                dir: dir.id,
+                name: name.to_bytes(),
+            })?
+            .get()?
+        {
+            Resp::Bytes(b) => Ok(b.to_vec()),
+            r => Err(unexpected(&r)),
+        }
+    }
+
+    fn create_file(&self, dir: &SshDir, name: &CStr, meta: &Meta) -> io::Result<SshWriter> {
+        self.conn.alive()?;
+        let file = self.conn.handle();
+        if meta.size <= INLINE_MAX {
+            return Ok(SshWriter {
+                file,
+                whole: Some(Vec::with_capacity(meta.size as usize + 1)),
+            });
+        }
+        self.conn.send(&Req::Create {
+            dir: dir.id,
+            name: name.to_bytes(),
+            meta: M(*meta),
+            file,
+        })?;
+        Ok(SshWriter { file, whole: None })
+    }
+
+    fn write_from(
+        &self,
+        _dir: &SshDir,
+        w: &mut SshWriter,
+        src: &mut dyn SourceFile,
+        size: u64,
+        limit: Option<&Limiter>,
+    ) -> io::Result<u64> {
+        let mut chunk = Vec::new();
+        let whole = w.whole.is_some();
+        let buf = match &mut w.whole {
+            Some(b) => b,
+            None => &mut chunk,
+        };
+        let cap = limit.map_or(CHUNK, |l| l.chunk().clamp(1, CHUNK));
+        let mut total = 0u64;
+        loop {
+            // One byte past the size at most: growth shows without a
+            // second pass.
+            let want = ((size - total.min(size)) as usize)
+                .saturating_add(1)
+                .min(cap);
+            let start = if whole { buf.len() } else { 0 };
+            if !whole {
+                buf.clear();
+            }
+            buf.resize(start + want, 0);
+            let mut n = 0;
+            while n < want {
+                match src.read(&mut buf[start + n..start + want])? {
+                    0 => break,
+                    k => n += k,
+                }
+            }
+            buf.truncate(start + n);
+            if n > 0 && !whole {
+                self.conn.send(&Req::Write {
+                    file: w.file,
+                    data: buf,
+                })?;
+            }
+            if let Some(l) = limit {
+                l.acquire(n as u64);
+            }
+            total += n as u64;
+            if n < want || total > size {
+                return Ok(total);
+            }
+        }
+    }
+
+    fn commit(
+        &self,
+        dir: &SshDir,
+        w: SshWriter,
+        name: &CStr,
+        meta: &Meta,
+        fsync: bool,
+    ) -> io::Result<()> {
+        match &w.whole {
+            Some(data) => self.ok(&Req::Put {
+                dir: dir.id,
+                name: name.to_bytes(),
+                meta: M(*meta),
+                fsync,
+                data,
+            }),
+            None => self.ok(&Req::Commit {
+                dir: dir.id,
+                file: w.file,
+                name: name.to_bytes(),
+                meta: M(*meta),
+                fsync,
+            }),
+        }
+    }
+
+    fn create_empty(
+        &self,
+        dir: &SshDir,
+        name: &CStr,
+        meta: &Meta,
+        fsync: bool,
+    ) -> io::Result<bool> {
+        self.yes(&Req::CreateEmpty {
+            dir: dir.id,
+            name: name.to_bytes(),
+            meta: M(*meta),
+            fsync,
+        })
+    }
+
+    fn abort(&self, dir: &SshDir, w: SshWriter) {
+        if w.whole.is_none() {
+            let _ = self.conn.send(&Req::Abort {
+                dir: dir.id,
+                file: w.file,
+            });
+        }
+    }
+
+    fn create_symlink(
+        &self,
+        dir: &SshDir,
+        name: &CStr,
+        target: &[u8],
+        meta: &Meta,
+    ) -> io::Result<()> {
+        self.ok(&Req::Symlink {
+            dir: dir.id,
+            name: name.to_bytes(),
+            target,
+            meta: M(*meta),
+        })
+    }
+
+    fn set_meta(&self, dir: &SshDir, name: &CStr, meta: &Meta, what: MetaChange) -> io::Result<()> {
+        self.ok(&Req::SetMeta {
+            dir: dir.id,
+            name: name.to_bytes(),
+            meta: M(*meta),
+            what: what_bits(what),
+        })
+    }
+
+    fn remove(&self, dir: &SshDir, name: &CStr, is_dir: bool) -> io::Result<u64> {
+        match self
+            .conn
+            .call(&Req::Remove {
+                dir: dir.id,
+                name: name.to_bytes(),
+                is_dir,
+            })?
+            .get()?
+        {
+            Resp::Count(n) => Ok(n),
+            r => Err(unexpected(&r)),
+        }
+    }
+
+    fn remove_each(
+        &self,
+        dir: &SshDir,
+        name: &CStr,
+        each: &mut dyn FnMut(&[u8], u64),
+    ) -> io::Result<u64> {
+        match self
+            .conn
+            .call(&Req::RemoveEach {
+                dir: dir.id,
+                name: name.to_bytes(),
+            })?
+            .get()?
+        {
+            Resp::Removed(v) => {
+                for (p, z) in &v {
+                    each(p, *z);
+                }
+                Ok(v.len() as u64)
+            }
+            r => Err(unexpected(&r)),
+        }
+    }
+
+    fn latency_bound(&self) -> bool {
+        true
+    }
+
+    fn rename(
+        &self,
+        from_dir: &SshDir,
+        from_name: &CStr,
+        to_dir: &SshDir,
+        to_name: &CStr,
+    ) -> io::Result<()> {
+        self.ok(&Req::Rename {
+            from_dir: from_dir.id,
+            from: from_name.to_bytes(),
+            to_dir: to_dir.id,
+            to: to_name.to_bytes(),
+        })
+    }
+
+    fn rmdir(&self, dir: &SshDir, name: &CStr) -> io::Result<()> {
+        self.ok(&Req::Rmdir {
+            dir: dir.id,
+            name: name.to_bytes(),
+        })
+    }
+
+    fn preserves_owner(&self) -> bool {
+        self.conn.root
+    }
+
+    fn is_own_legacy_partial(&self, dir: &SshDir, name: &CStr) -> bool {
+        self.yes(&Req::OwnLegacyPartial {
+            dir: dir.id,
+            name: name.to_bytes(),
+        })
+        .unwrap_or(false)
+    }
+
+    fn make_writable(&self, dir: &SshDir) -> io::Result<bool> {
+        self.yes(&Req::MakeWritable { dir: dir.id })
+    }
+}

@@ -1,0 +1,431 @@
+//! The SSH backend against a real OpenSSH server (`scripts/sshd`, which
+//! `scripts/test` starts: `FERRY_TEST_SSH_*`), with this build of ferry as
+//! the remote `ferry serve` (`--remote-ferry`): the conformance suite
+//! through the Store trait, random trees pushed and pulled, bisync, ls,
+//! and the one-line errors of connections that cannot start or are lost.
+//! Every test skips with a line saying so when the server is not set up.
+//! The remote host is this machine, so remote trees are checked on disk.
+
+mod util;
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::time::Duration;
+
+use ferry_conformance::{local::read_only, Denied, Fixture};
+use ferry_ssh::{SshStore, Target};
+use proptest::prelude::*;
+use util::*;
+
+/// (the -e command, the host alias), or why the tests skip.
+fn server() -> Result<(String, String), String> {
+    let v = |k: &str| {
+        std::env::var(format!("FERRY_TEST_SSH_{k}"))
+            .map_err(|_| format!("FERRY_TEST_SSH_{k} is not set (scripts/test starts sshd)"))
+    };
+    Ok((v("RSH")?, v("HOST")?))
+}
+
+macro_rules! need_server {
+    () => {
+        match server() {
+            Ok(s) => s,
+            Err(why) => {
+                eprintln!("skipped: {why}");
+                return;
+            }
+        }
+    };
+}
+
+/// `host:path` of a local path (the server is this machine).
+fn at(host: &str, p: &Path) -> OsString {
+    let mut s = OsString::from(format!("{host}:"));
+    s.push(p.as_os_str());
+    s
+}
+
+/// ferry with the test server's -e and this build as the remote ferry.
+fn remote(rsh: &str, args: &[&std::ffi::OsStr]) -> Run {
+    let mut a: Vec<OsString> = vec![args[0].into(), "-e".into(), rsh.into()];
+    a.push("--remote-ferry".into());
+    a.push(bin());
+    a.extend(args[1..].iter().map(|s| s.to_os_string()));
+    ferry(&a)
+}
+
+fn summary_field(r: &Run, field: &str) -> u64 {
+    let line = r
+        .out()
+        .lines()
+        .rev()
+        .find(|l| l.contains("\"type\":\"summary\""))
+        .unwrap_or_else(|| panic!("no summary\n{r}"))
+        .to_owned();
+    let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+    v[field]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{field} in {line}"))
+}
+
+// ------------------------------------------------------------------ conformance
+
+struct Ssh {
+    tmp: tempfile::TempDir,
+    store: SshStore,
+}
+
+impl Fixture for Ssh {
+    type Store = SshStore;
+    fn store(&self) -> &SshStore {
+        &self.store
+    }
+    fn denied(&self) -> Result<Denied<SshStore>, String> {
+        let guard = read_only(self.tmp.path())?;
+        let store = open(self.tmp.path())?;
+        Ok(Denied {
+            store,
+            guard: Box::new(guard),
+        })
+    }
+}
+
+fn open(p: &Path) -> Result<SshStore, String> {
+    let (rsh, host) = server()?;
+    ferry_ssh::configure(Some(rsh), Some(bin().to_string_lossy().into_owned()));
+    SshStore::open(&Target::new(&host, None)?, p.as_os_str().as_bytes())
+}
+
+fn ssh() -> Result<Ssh, String> {
+    server()?;
+    let tmp = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let store = open(tmp.path())?;
+    Ok(Ssh { tmp, store })
+}
+
+ferry_conformance::suite!(conformance, ssh);
+
+// ------------------------------------------------------------------ random trees
+
+#[derive(Clone, Debug)]
+enum Gen {
+    File(usize, u64, u32, Mtime),
+    Link(&'static str, Mtime),
+    Dir(BTreeMap<String, Gen>, u32, Mtime),
+}
+
+fn node(g: &Gen) -> Node {
+    match g {
+        Gen::File(size, seed, mode, t) => Node::File {
+            data: gen_bytes(*size, *seed),
+            meta: Meta::new(*mode, *t),
+        },
+        Gen::Link(target, t) => Node::Symlink {
+            target: (*target).into(),
+            meta: Meta::new(0o777, *t),
+        },
+        Gen::Dir(kids, mode, t) => Node::Dir {
+            entries: kids.iter().map(|(n, k)| (n.into(), node(k))).collect(),
+            meta: Meta::new(*mode, *t),
+        },
+    }
+}
+
+fn gen_tree() -> impl Strategy<Value = Gen> {
+    let t = (1_000_000_000i64..1_900_000_000, 0u32..1_000_000_000);
+    let size = prop_oneof![
+        3 => 0usize..300,
+        1 => Just(4096usize),
+        1 => Just(300_000usize),
+        1 => Just((2usize << 20) + 5),
+    ];
+    let leaf = prop_oneof![
+        4 => (size, any::<u64>(), prop::sample::select(&[0o644u32, 0o600, 0o755, 0o444][..]), t.clone())
+            .prop_map(|(s, seed, m, t)| Gen::File(s, seed, m, t)),
+        1 => (prop::sample::select(&["a", "../x", "/nowhere", "d/e"][..]), t.clone())
+            .prop_map(|(l, t)| Gen::Link(l, t)),
+    ];
+    let name = prop_oneof![3 => "[a-z]{1,5}", 1 => Just("sp ace\u{e9}".to_string())];
+    leaf.prop_recursive(3, 40, 6, move |inner| {
+        (
+            prop::collection::btree_map(name.clone(), inner, 0..6),
+            prop::sample::select(&[0o755u32, 0o700, 0o750][..]),
+            t.clone(),
+        )
+            .prop_map(|(k, m, t)| Gen::Dir(k, m, t))
+    })
+    .prop_filter("a directory at the top", |g| matches!(g, Gen::Dir(..)))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 12, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// A random tree pushed to host:path and pulled back is equal in bytes
+    /// and metadata; the second push and pull copy nothing.
+    #[test]
+    fn random_trees_push_and_pull(g in gen_tree()) {
+        let Ok((rsh, host)) = server() else {
+            eprintln!("skipped: FERRY_TEST_SSH_* not set");
+            return Ok(());
+        };
+        let d = tmpdir();
+        let (src, there, back) = (d.path().join("src"), d.path().join("there"), d.path().join("back"));
+        materialize(&src, &node(&g));
+        let there_at = at(&host, &there);
+        let push: Vec<&std::ffi::OsStr> = vec!["sync".as_ref(), "--json".as_ref(), src.as_os_str(), &there_at];
+        let r = remote(&rsh, &push);
+        r.ok();
+        assert_trees_equal(&src, &there);
+        let r = remote(&rsh, &push);
+        r.ok();
+        prop_assert_eq!(summary_field(&r, "files_copied"), 0, "{}", r);
+        let pull_from = at(&host, &there);
+        let pull: Vec<&std::ffi::OsStr> = vec!["sync".as_ref(), "--json".as_ref(), &pull_from, back.as_os_str()];
+        remote(&rsh, &pull).ok();
+        assert_trees_equal(&src, &back);
+        let r = remote(&rsh, &pull);
+        r.ok();
+        prop_assert_eq!(summary_field(&r, "files_copied"), 0, "{}", r);
+    }
+}
+
+// ------------------------------------------------------------------ CLI
+
+#[test]
+fn ls_of_a_remote_tree_and_file() {
+    let (rsh, host) = need_server!();
+    let d = tmpdir();
+    write(d.path(), "t/a", b"hello");
+    write(d.path(), "t/sub/b", b"xy");
+    let r = remote(&rsh, &["ls".as_ref(), &at(&host, &d.path().join("t"))]);
+    r.ok();
+    let local = ferry(["ls".as_ref(), d.path().join("t").as_os_str()]);
+    local.ok();
+    assert_eq!(r.out(), local.out(), "{r}");
+    assert!(r.out().contains("sub/b"), "{r}");
+    let r = remote(&rsh, &["ls".as_ref(), &at(&host, &d.path().join("t/a"))]);
+    r.ok();
+    assert!(r.out().starts_with("5 "), "{r}");
+    // ssh://host:port/path: the port goes to ssh as -p.
+    let port = std::env::var("FERRY_TEST_SSH_PORT").unwrap();
+    let url = format!("ssh://{host}:{port}{}", d.path().join("t").display());
+    let r = remote(&rsh, &["ls".as_ref(), url.as_ref()]);
+    r.ok();
+    assert_eq!(r.out(), local.out(), "{r}");
+}
+
+#[test]
+fn one_file_to_and_from_a_remote_directory() {
+    let (rsh, host) = need_server!();
+    let d = tmpdir();
+    write(d.path(), "f", b"one file");
+    std::fs::create_dir(d.path().join("r")).unwrap();
+    let f = d.path().join("f");
+    remote(
+        &rsh,
+        &[
+            "copy".as_ref(),
+            f.as_os_str(),
+            &at(&host, &d.path().join("r")),
+        ],
+    )
+    .ok();
+    assert_eq!(std::fs::read(d.path().join("r/f")).unwrap(), b"one file");
+    let back = d.path().join("g");
+    remote(
+        &rsh,
+        &[
+            "copy".as_ref(),
+            &at(&host, &d.path().join("r/f")),
+            back.as_os_str(),
+        ],
+    )
+    .ok();
+    assert_eq!(std::fs::read(&back).unwrap(), b"one file");
+}
+
+/// The errors of a session that cannot start: one line each, exit 2.
+#[test]
+fn connections_that_cannot_start_say_why_in_one_line() {
+    let (rsh, host) = need_server!();
+    let d = tmpdir();
+    write(d.path(), "src/a", b"a");
+    let src = d.path().join("src");
+    let dst = d.path().join("dst");
+    let one_line = |r: &Run, want: &str| {
+        r.code_is(2);
+        let lines = r.error_lines();
+        assert_eq!(lines.len(), 1, "{r}");
+        assert!(lines[0].contains(want), "want {want:?}\n{r}");
+    };
+    let missing = d.path().join("nope/deeper");
+    let r = remote(
+        &rsh,
+        &["copy".as_ref(), &at(&host, &missing), dst.as_os_str()],
+    );
+    one_line(&r, "no such file or directory");
+    let r = remote(
+        &rsh,
+        &["copy".as_ref(), src.as_os_str(), &at(&host, &missing)],
+    );
+    one_line(&r, "no such directory");
+    for (alias, want) in [
+        ("ferry-test-down", "host unreachable"),
+        ("ferry-test-badauth", "authentication failed"),
+        ("ferry-test-badkey", "host key verification failed"),
+    ] {
+        let r = remote(&rsh, &["copy".as_ref(), src.as_os_str(), &at(alias, &dst)]);
+        one_line(&r, want);
+    }
+    let r = ferry([
+        "copy".as_ref(),
+        "-e".as_ref(),
+        rsh.as_ref(),
+        "--remote-ferry".as_ref(),
+        "/nonexistent/ferry".as_ref(),
+        src.as_os_str(),
+        &at(&host, &dst),
+    ]);
+    one_line(&r, "no ferry on the remote");
+    assert!(r.err().contains("--remote-ferry"), "{r}");
+    // A ferry speaking another protocol version.
+    let other = d.path().join("other-ferry");
+    std::fs::write(
+        &other,
+        "#!/bin/sh\nprintf 'FERRY-SERVE\\n\\347\\003\\000\\000\\0059.9.9'\ncat > /dev/null\n",
+    )
+    .unwrap();
+    chmod(&other, 0o755);
+    let r = ferry([
+        "copy".as_ref(),
+        "-e".as_ref(),
+        rsh.as_ref(),
+        "--remote-ferry".as_ref(),
+        other.as_os_str(),
+        src.as_os_str(),
+        &at(&host, &dst),
+    ]);
+    one_line(&r, "is version 9.9.9 (protocol 999)");
+    assert!(!dst.exists());
+}
+
+/// Paths and file contents of a tree (bisync keeps no directory metadata).
+fn content(root: &Path) -> Vec<(std::path::PathBuf, Option<Vec<u8>>)> {
+    walk(root)
+        .into_iter()
+        .map(|p| {
+            let full = root.join(&p);
+            let data = full.is_file().then(|| std::fs::read(&full).unwrap());
+            (p, data)
+        })
+        .collect()
+}
+
+#[test]
+fn bisync_between_a_local_dir_and_a_remote_one() {
+    let (rsh, host) = need_server!();
+    let d = tmpdir();
+    let (a, b) = (d.path().join("a"), d.path().join("b"));
+    write(&a, "only-a", b"from a");
+    for i in 0..4 {
+        write(&a, format!("keep{i}"), b"kept");
+    }
+    let j = d.path().join("journal.sqlite");
+    let bis = |extra: &[&str]| {
+        let mut args: Vec<&std::ffi::OsStr> =
+            vec!["bisync".as_ref(), "--journal".as_ref(), j.as_os_str()];
+        args.extend(extra.iter().map(|s| std::ffi::OsStr::new(*s)));
+        let rb = at(&host, &b);
+        args.push(a.as_os_str());
+        args.push(&rb);
+        remote(&rsh, &args)
+    };
+    bis(&[]).ok();
+    assert_eq!(content(&a), content(&b));
+    write(&b, "only-b", b"from b");
+    write(&a, "sub/new", b"new in a");
+    std::fs::remove_file(a.join("only-a")).unwrap();
+    bis(&[]).ok();
+    assert_eq!(content(&a), content(&b));
+    assert!(!b.join("only-a").exists() && a.join("only-b").exists());
+    assert!(j.exists(), "the journal is kept locally");
+}
+
+/// The remote `ferry serve` killed mid-run: exit 1 with one line about the
+/// connection, nothing half-written under a final name, and a rerun
+/// completes the copy.
+#[test]
+fn a_connection_lost_mid_run_is_one_line_and_a_rerun_completes() {
+    let (rsh, host) = need_server!();
+    let d = tmpdir();
+    let src = d.path().join("src");
+    for i in 0..40 {
+        write(&src, format!("f{i:02}"), &gen_bytes(200_000, i));
+    }
+    let dst = d.path().join("dst");
+    // A remote ferry that says where it runs, so the test can kill it.
+    let pidf = d.path().join("serve.pid");
+    let wrapper = d.path().join("ferry-wrapper");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\necho $$ > '{}'\nexec '{}' \"$@\"\n",
+            pidf.display(),
+            bin().to_string_lossy()
+        ),
+    )
+    .unwrap();
+    chmod(&wrapper, 0o755);
+    let child = std::process::Command::new(bin())
+        .args([
+            "copy".as_ref(),
+            "-e".as_ref(),
+            rsh.as_ref() as &std::ffi::OsStr,
+            "--remote-ferry".as_ref(),
+            wrapper.as_os_str(),
+            "--bwlimit".as_ref(),
+            "1M".as_ref(),
+            "-j".as_ref(),
+            "2".as_ref(),
+            src.as_os_str(),
+            &at(&host, &dst),
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut waited = 0;
+    while !(pidf.exists() && dst.exists() && std::fs::read_dir(&dst).unwrap().count() >= 2) {
+        std::thread::sleep(Duration::from_millis(50));
+        waited += 1;
+        assert!(waited < 400, "the copy did not start");
+    }
+    let pid = std::fs::read_to_string(&pidf).unwrap();
+    std::process::Command::new("kill")
+        .args(["-9", pid.trim()])
+        .status()
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("ferry: ")).collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(lines[0].contains("connection lost"), "{err}");
+    // Whatever is there under a final name is whole.
+    for e in std::fs::read_dir(&dst).unwrap() {
+        let e = e.unwrap();
+        let name = e.file_name();
+        if let Some(i) = name.to_str().and_then(|n| n.strip_prefix('f')) {
+            let i: u64 = i.parse().unwrap();
+            assert_eq!(
+                std::fs::read(e.path()).unwrap(),
+                gen_bytes(200_000, i),
+                "{name:?}"
+            );
+        }
+    }
+    remote(&rsh, &["copy".as_ref(), src.as_os_str(), &at(&host, &dst)]).ok();
+    assert_trees_equal(&src, &dst);
+}
