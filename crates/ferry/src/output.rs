@@ -181,6 +181,10 @@ impl Reporter for CliReporter {
         }
     }
 
+    fn note(&self, msg: &str) {
+        ferry_bisync::BiReporter::note(self, msg)
+    }
+
     fn error(&self, path: &[u8], err: &io::Error) {
         let p = if path.is_empty() { b"." } else { path };
         let c = cause(err);
@@ -253,6 +257,10 @@ impl Reporter for Unreachable<'_> {
 
     fn shows_actions(&self) -> bool {
         self.inner.shows_actions()
+    }
+
+    fn note(&self, msg: &str) {
+        Reporter::note(self.inner, msg)
     }
 
     fn error(&self, path: &[u8], err: &io::Error) {
