@@ -208,7 +208,12 @@ pub(crate) fn write(
 /// True when directory `dir` hands a default ACL down to what is created
 /// in it (new entries then start with an access ACL).
 pub(crate) fn hands_down(dir: BorrowedFd<'_>) -> bool {
-    matches!(rfs::fgetxattr(dir, ACL_DEFAULT, &mut [][..]), Ok(n) if n > 0)
+    // A size query (empty buffer): any answer but "no such attribute" (or
+    // none supported) means there is one (a default ACL is never empty).
+    matches!(
+        rfs::fgetxattr(dir, ACL_DEFAULT, &mut [0u8; 0][..]),
+        Ok(_) | Err(Errno::RANGE)
+    )
 }
 
 #[cfg(test)]

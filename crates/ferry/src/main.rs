@@ -164,7 +164,7 @@ fn attr_notes(asked: XattrSel, stores: &[(&AnyStore, String)], note: &dyn Fn(&st
         let lacking = asked.lacking(s.xattr_caps());
         if lacking.any() {
             note(&format!(
-                "note: {}: {name} keeps none (an object store keeps mode, mtime and owner in object metadata, no extended attributes or ACLs): files are copied without them",
+                "note: {}: {name} keeps none (an object store keeps mode and mtime in object metadata, no owner, extended attributes or ACLs): files are copied without them",
                 lacking.describe()
             ));
         }

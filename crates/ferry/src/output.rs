@@ -293,7 +293,7 @@ impl ferry_bisync::BiReporter for Unreachable<'_> {
     }
 
     fn note(&self, msg: &str) {
-        self.inner.note(msg)
+        ferry_bisync::BiReporter::note(self.inner, msg)
     }
 }
 

@@ -139,12 +139,14 @@ impl Acl {
     }
 }
 
-fn acl() -> impl Strategy<Value = Acl> {
+/// A random ACL; `owner`: permissions the owner entry always has (an unprivileged owner
+/// must still read and enter its tree).
+fn acl(owner: u16) -> impl Strategy<Value = Acl> {
     let perm = || 0u16..8;
     let named = || prop::collection::vec((1000u32..1008, 0u16..8), 0..4);
     (perm(), perm(), perm(), perm(), named(), named()).prop_map(
-        |(user, group, other, mask, users, groups)| Acl {
-            user,
+        move |(user, group, other, mask, users, groups)| Acl {
+            user: user | owner,
             group,
             other,
             mask,
@@ -152,6 +154,15 @@ fn acl() -> impl Strategy<Value = Acl> {
             groups,
         },
     )
+}
+
+/// Root may deny itself nothing; an unprivileged owner keeps rwx.
+fn owner_perms(root: bool) -> u16 {
+    if root {
+        0
+    } else {
+        7
+    }
 }
 
 // ------------------------------------------------------------------------------------------
@@ -239,8 +250,8 @@ fn extra(trusted: bool) -> impl Strategy<Value = Extra> {
         } else {
             Just(Vec::new()).boxed()
         },
-        prop::option::weighted(0.4, acl()),
-        prop::option::weighted(0.4, acl()),
+        prop::option::weighted(0.4, acl(owner_perms(trusted))),
+        prop::option::weighted(0.4, acl(owner_perms(trusted))),
     )
         .prop_map(|(xattrs, trusted, access, default)| Extra {
             xattrs,
@@ -251,6 +262,7 @@ fn extra(trusted: bool) -> impl Strategy<Value = Extra> {
 }
 
 const MODES: &[u32] = &[0o644, 0o600, 0o640, 0o755, 0o664, 0o700, 0o750];
+const DIR_MODES: &[u32] = &[0o755, 0o700, 0o750, 0o775, 0o711];
 
 fn tree(trusted: bool) -> impl Strategy<Value = Spec> {
     let leaf = prop_oneof![
@@ -261,7 +273,7 @@ fn tree(trusted: bool) -> impl Strategy<Value = Spec> {
     let sub = leaf.prop_recursive(3, 24, 5, move |inner| {
         (
             prop::collection::btree_map("[a-z]{1,6}", inner, 0..5),
-            prop::sample::select(MODES),
+            prop::sample::select(DIR_MODES),
             extra(trusted),
         )
             .prop_map(|(kids, mode, extra)| Spec::Dir { kids, mode, extra })
@@ -338,16 +350,16 @@ enum Edit {
     DropDefault,
 }
 
-fn edit() -> impl Strategy<Value = Edit> {
+fn edit(root: bool) -> impl Strategy<Value = Edit> {
     prop_oneof![
         (attr_name(), prop::collection::vec(any::<u8>(), 0..100))
             .prop_map(|(n, v)| Edit::Add([&b"user."[..], &n].concat(), v)),
         (any::<Index>(), prop::collection::vec(any::<u8>(), 0..100))
             .prop_map(|(i, v)| Edit::Change(i, v)),
         any::<Index>().prop_map(Edit::Remove),
-        acl().prop_map(Edit::SetAcl),
+        acl(owner_perms(root)).prop_map(Edit::SetAcl),
         Just(Edit::DropAcl),
-        acl().prop_map(Edit::SetDefault),
+        acl(owner_perms(root)).prop_map(Edit::SetDefault),
         Just(Edit::DropDefault),
     ]
 }
@@ -446,7 +458,7 @@ proptest! {
     #[test]
     fn attributes_and_acls_are_copied_and_converge(
         spec in tree(is_root()),
-        edits in prop::collection::vec((any::<Index>(), edit()), 1..12),
+        edits in prop::collection::vec((any::<Index>(), edit(is_root())), 1..12),
     ) {
         let t = tmpdir();
         let src = t.path().join("src");
@@ -493,7 +505,7 @@ proptest! {
     #[test]
     fn unprivileged_user_keeps_attributes_and_acls(
         spec in tree(false),
-        edits in prop::collection::vec((any::<Index>(), edit()), 1..8),
+        edits in prop::collection::vec((any::<Index>(), edit(false)), 1..8),
     ) {
         if !is_root() {
             // Unprivileged already: the property above is this one.
@@ -687,7 +699,7 @@ fn bisync_carries_attributes_of_what_it_copies() {
     set_attr(&f, ACCESS, &acl.raw()).unwrap();
     let j = t.path().join("j.sqlite");
     let bisync = || {
-        run(&[&"bisync", &"-X", &"-A", &"--journal", &j, &a, &b])
+        util::s3::run(&[&"bisync", &"-X", &"-A", &"--journal", &j, &a, &b])
     };
     bisync().ok();
     let g = b.join("d/f");
