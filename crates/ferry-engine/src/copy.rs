@@ -171,7 +171,9 @@ impl<S: Store, D: Store> Copier<'_, S, D> {
             )));
         }
         if let Some(x) = self.xattrs {
-            let res = self.dst.set_writer_xattrs(ddir, &mut w, meta, x.sel, &attrs);
+            let res = self
+                .dst
+                .set_writer_xattrs(ddir, &mut w, meta, x.sel, &attrs);
             if let Err(e) = x.settle(res) {
                 self.dst.abort(ddir, w);
                 return Err(e);

@@ -913,9 +913,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             // Attributes last: a directory's ACL may deny us what its
             // content needed, and setting the mode first keeps the mask.
             if let Err(e) = self.dir_xattrs(node, d).and_then(|x| match x {
-                Some((want, have)) => self
-                    .copier()
-                    .put_xattrs(d, None, &meta, &want, Some(&have)),
+                Some((want, have)) => self.copier().put_xattrs(d, None, &meta, &want, Some(&have)),
                 None => Ok(()),
             }) {
                 self.fail(&node.rel, &e);
@@ -1204,11 +1202,14 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             return;
         }
         if let Some(d) = &node.dst {
-            match self.dst.create_symlink(d, name, &target, meta).and_then(|()| {
-                node.dirty.store(true, Ordering::Relaxed);
-                self.copier()
-                    .new_entry_xattrs(&node.src, name, d, name, meta)
-            }) {
+            match self
+                .dst
+                .create_symlink(d, name, &target, meta)
+                .and_then(|()| {
+                    node.dirty.store(true, Ordering::Relaxed);
+                    self.copier()
+                        .new_entry_xattrs(&node.src, name, d, name, meta)
+                }) {
                 Ok(()) => {}
                 Err(e) => self.fail(&path, &e),
             }

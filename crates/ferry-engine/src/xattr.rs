@@ -68,10 +68,13 @@ impl XattrSel {
     }
 }
 
+/// One attribute: its name and value.
+type Pair = (Box<[u8]>, Box<[u8]>);
+
 /// One entry's attributes: names with their values, sorted by name.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Xattrs {
-    list: Vec<(Box<[u8]>, Box<[u8]>)>,
+    list: Vec<Pair>,
 }
 
 impl Xattrs {
@@ -249,16 +252,39 @@ mod tests {
 
     #[test]
     fn get_finds_by_name_and_unsupported_is_counted_once_per_entry() {
-        let x = set(&[(b"user.b".to_vec(), b"2".to_vec()), (b"user.a".to_vec(), b"\0".to_vec())]);
+        let x = set(&[
+            (b"user.b".to_vec(), b"2".to_vec()),
+            (b"user.a".to_vec(), b"\0".to_vec()),
+        ]);
         assert_eq!(x.get(b"user.a"), Some(&b"\0"[..]));
         assert_eq!(x.get(b"user.c"), None);
-        let run = XattrRun::new(XattrSel::ALL, XattrSel::ALL, XattrSel { xattrs: true, acls: false });
-        assert_eq!(run.sel, XattrSel { xattrs: true, acls: false });
+        let run = XattrRun::new(
+            XattrSel::ALL,
+            XattrSel::ALL,
+            XattrSel {
+                xattrs: true,
+                acls: false,
+            },
+        );
+        assert_eq!(
+            run.sel,
+            XattrSel {
+                xattrs: true,
+                acls: false
+            }
+        );
         assert!(run.note("DST").is_none());
         assert!(run.settle(Err(io::ErrorKind::Unsupported.into())).is_ok());
-        assert!(run.settle(Err(io::ErrorKind::PermissionDenied.into())).is_err());
+        assert!(run
+            .settle(Err(io::ErrorKind::PermissionDenied.into()))
+            .is_err());
         let note = run.note("DST /x").unwrap();
-        assert!(note.contains("1 entry left without their extended attributes"), "{note}");
-        assert!(XattrRun::new(XattrSel::NONE, XattrSel::ALL, XattrSel::ALL).active().is_none());
+        assert!(
+            note.contains("1 entry left without their extended attributes"),
+            "{note}"
+        );
+        assert!(XattrRun::new(XattrSel::NONE, XattrSel::ALL, XattrSel::ALL)
+            .active()
+            .is_none());
     }
 }

@@ -840,10 +840,7 @@ impl Store for LocalStore {
         sel: XattrSel,
         out: &mut Xattrs,
     ) -> io::Result<()> {
-        let t = match name {
-            Some(n) => Target::At(dir.fd(), n),
-            None => Target::Fd(dir.fd()),
-        };
+        let t = Target::of(dir.fd(), name);
         xattr::read(t, kind, sel, self.owner, out)
     }
 
@@ -860,10 +857,7 @@ impl Store for LocalStore {
         want: &Xattrs,
         have: Option<&Xattrs>,
     ) -> io::Result<()> {
-        let t = match name {
-            Some(n) => Target::At(dir.fd(), n),
-            None => Target::Fd(dir.fd()),
-        };
+        let t = Target::of(dir.fd(), name);
         let mode = (meta.kind != Kind::Symlink).then_some(meta.mode);
         let mut got = Xattrs::new();
         let have = match have {

@@ -46,6 +46,16 @@ pub(crate) enum Target<'a> {
     At(BorrowedFd<'a>, &'a CStr),
 }
 
+impl<'a> Target<'a> {
+    /// Entry `name` of `dir`, or `dir` itself when `None`.
+    pub(crate) fn of(dir: BorrowedFd<'a>, name: Option<&'a CStr>) -> Target<'a> {
+        match name {
+            Some(n) => Target::At(dir, n),
+            None => Target::Fd(dir),
+        }
+    }
+}
+
 /// `/proc/self/fd/<dir>/<name>`: the entry by a path, for the `l*xattr` calls.
 fn proc_path(dir: BorrowedFd<'_>, name: &CStr) -> CString {
     let mut p = format!("/proc/self/fd/{}/", dir.as_raw_fd()).into_bytes();
@@ -99,9 +109,12 @@ fn get(t: Target<'_>, name: &CStr, out: &mut [u8]) -> Result<usize, Errno> {
 fn set(t: Target<'_>, name: &CStr, value: &[u8]) -> Result<(), Errno> {
     match t {
         Target::Fd(fd) => rfs::fsetxattr(fd, name, value, XattrFlags::empty()),
-        Target::At(dir, n) => {
-            rfs::lsetxattr(proc_path(dir, n).as_c_str(), name, value, XattrFlags::empty())
-        }
+        Target::At(dir, n) => rfs::lsetxattr(
+            proc_path(dir, n).as_c_str(),
+            name,
+            value,
+            XattrFlags::empty(),
+        ),
     }
 }
 
@@ -233,7 +246,10 @@ mod tests {
         for root in [false, true] {
             assert!(keeps(b"user.a", Kind::File, x, root));
             assert!(keeps(b"user.a", Kind::Dir, x, root));
-            assert!(!keeps(b"user.a", Kind::Symlink, x, root), "Linux refuses user.* on symlinks");
+            assert!(
+                !keeps(b"user.a", Kind::Symlink, x, root),
+                "Linux refuses user.* on symlinks"
+            );
             assert!(!keeps(b"user.a", Kind::File, a, root));
             assert_eq!(keeps(b"trusted.a", Kind::File, x, root), root);
             assert_eq!(keeps(b"security.capability", Kind::File, x, root), root);

@@ -143,7 +143,10 @@ fn run_job(
     let d = ferry_backends::open(&job.dst, &o).map_err(io::Error::other)?;
     attr_notes(
         opts.xattrs,
-        &[(&s, format!("SRC {}", job.src.id())), (&d, format!("DST {}", job.dst.id()))],
+        &[
+            (&s, format!("SRC {}", job.src.id())),
+            (&d, format!("DST {}", job.dst.id())),
+        ],
         &|m| Reporter::note(rep, m),
     );
     let gate = Unreachable::new(rep);

@@ -318,7 +318,13 @@ fn make(p: &Path, spec: &Spec) {
             fs::write(p, gen_bytes(*size, *seed)).unwrap();
             chmod(p, *mode);
             give(p, extra, false, false);
-            set_mtime(p, (1_600_000_000 + *seed as i64 % 1000, (*seed % 1_000_000_000) as u32));
+            set_mtime(
+                p,
+                (
+                    1_600_000_000 + *seed as i64 % 1000,
+                    (*seed % 1_000_000_000) as u32,
+                ),
+            );
         }
         Spec::Link { target, extra } => {
             symlink(target, p).unwrap();
@@ -408,10 +414,7 @@ fn inodes(root: &Path) -> BTreeMap<PathBuf, u64> {
 }
 
 fn records(r: &Run, kind: &str) -> usize {
-    json_lines(r)
-        .iter()
-        .filter(|j| j["type"] == kind)
-        .count()
+    json_lines(r).iter().filter(|j| j["type"] == kind).count()
 }
 
 fn config(cases: u32) -> ProptestConfig {
@@ -439,7 +442,7 @@ fn chown_nobody(root: &Path) {
     for p in paths {
         rustix::fs::chownat(
             rustix::fs::CWD,
-            &join(root, &p),
+            join(root, &p),
             Some(rustix::fs::Uid::from_raw(65534)),
             Some(rustix::fs::Gid::from_raw(65534)),
             rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
@@ -542,7 +545,10 @@ proptest! {
 /// per inode): copied exactly. Skipped where /dev/shm keeps no user attributes.
 #[test]
 fn large_values_on_tmpfs() {
-    let Ok(t) = tempfile::Builder::new().prefix("ferry-xattr-").tempdir_in("/dev/shm") else {
+    let Ok(t) = tempfile::Builder::new()
+        .prefix("ferry-xattr-")
+        .tempdir_in("/dev/shm")
+    else {
         return;
     };
     let src = t.path().join("src");
@@ -609,7 +615,20 @@ fn destination_without_xattr_support_is_one_note() {
     for i in 0..5 {
         let f = write(&src, format!("d/f{i}"), b"x");
         set_attr(&f, b"user.a", b"1").unwrap();
-        set_attr(&f, ACCESS, &Acl { user: 6, group: 4, other: 0, mask: 6, users: vec![(1000, 6)], groups: vec![] }.raw()).unwrap();
+        set_attr(
+            &f,
+            ACCESS,
+            &Acl {
+                user: 6,
+                group: 4,
+                other: 0,
+                mask: 6,
+                users: vec![(1000, 6)],
+                groups: vec![],
+            }
+            .raw(),
+        )
+        .unwrap();
     }
     let dst = t.path().join("ram");
     fs::create_dir(&dst).unwrap();
@@ -629,7 +648,13 @@ fn destination_without_xattr_support_is_one_note() {
     r.ok();
     let s = summary(&r);
     assert_eq!((s.files_copied, s.errors), (5, 0), "{r}");
-    assert_eq!(r.err().matches("does not support extended attributes").count(), 1, "{r}");
+    assert_eq!(
+        r.err()
+            .matches("does not support extended attributes")
+            .count(),
+        1,
+        "{r}"
+    );
     assert!(r.err().contains("5 entries left without"), "{r}");
 }
 
@@ -641,7 +666,14 @@ fn inherited_acls_are_replaced_by_the_source_ones() {
     let t = tmpdir();
     let src = t.path().join("src");
     let dst = t.path().join("dst");
-    let dflt = Acl { user: 7, group: 7, other: 7, mask: 7, users: vec![(1003, 7)], groups: vec![] };
+    let dflt = Acl {
+        user: 7,
+        group: 7,
+        other: 7,
+        mask: 7,
+        users: vec![(1003, 7)],
+        groups: vec![],
+    };
     write(&src, "plain", b"a");
     chmod(&src.join("plain"), 0o640);
     let sub = mkdirs(&src, "sub");
@@ -662,7 +694,20 @@ fn inherited_acls_are_replaced_by_the_source_ones() {
     bare(&write(&src, "sub/new", b"bytes"), 0o600);
     bare(&write(&src, "sub/empty", b""), 0o604);
     let own = write(&src, "sub/own", b"acl");
-    set_attr(&own, ACCESS, &Acl { user: 6, group: 0, other: 0, mask: 4, users: vec![], groups: vec![(1005, 4)] }.raw()).unwrap();
+    set_attr(
+        &own,
+        ACCESS,
+        &Acl {
+            user: 6,
+            group: 0,
+            other: 0,
+            mask: 4,
+            users: vec![],
+            groups: vec![(1005, 4)],
+        }
+        .raw(),
+    )
+    .unwrap();
     bare(&mkdirs(&src, "sub/inner"), 0o700);
     set_mtime(&src.join("sub"), (1_600_000_000, 0));
     run_on("sync", &src, &dst, &["-A"]).ok();
@@ -695,12 +740,17 @@ fn bisync_carries_attributes_of_what_it_copies() {
     let (a, b) = (t.path().join("a"), t.path().join("b"));
     let f = write(&a, "d/f", b"one");
     set_attr(&f, b"user.x", b"\0bin\0").unwrap();
-    let acl = Acl { user: 6, group: 4, other: 4, mask: 6, users: vec![(1001, 6)], groups: vec![(1002, 4)] };
+    let acl = Acl {
+        user: 6,
+        group: 4,
+        other: 4,
+        mask: 6,
+        users: vec![(1001, 6)],
+        groups: vec![(1002, 4)],
+    };
     set_attr(&f, ACCESS, &acl.raw()).unwrap();
     let j = t.path().join("j.sqlite");
-    let bisync = || {
-        util::s3::run(&[&"bisync", &"-X", &"-A", &"--journal", &j, &a, &b])
-    };
+    let bisync = || util::s3::run(&[&"bisync", &"-X", &"-A", &"--journal", &j, &a, &b]);
     bisync().ok();
     let g = b.join("d/f");
     assert_eq!(fs::read(&g).unwrap(), b"one");
