@@ -9,9 +9,10 @@ use std::os::fd::BorrowedFd;
 use std::time::Duration;
 
 use ferry_engine::bwlimit::Limiter;
-use ferry_engine::entry::{Listing, Meta};
+use ferry_engine::entry::{Kind, Listing, Meta};
 use ferry_engine::hash::{Hash, HashKind, HashSet};
 use ferry_engine::store::{ListError, MetaChange, Progress, RangedSource, SourceFile, Store};
+use ferry_engine::xattr::{XattrSel, Xattrs};
 use ferry_local::LocalStore;
 use ferry_s3::S3Store;
 use ferry_ssh::SshStore;
@@ -306,6 +307,55 @@ macro_rules! backends {
             fn make_writable(&self, dir: &AnyDir) -> io::Result<bool> {
                 match (self, dir) {
                     $((AnyStore::$v(s), AnyDir::$v(d)) => s.make_writable(d),)+
+                    _ => mismatch(),
+                }
+            }
+            fn xattr_caps(&self) -> XattrSel {
+                match self { $(AnyStore::$v(s) => s.xattr_caps(),)+ }
+            }
+            fn get_xattrs(
+                &self,
+                dir: &AnyDir,
+                name: Option<&CStr>,
+                kind: Kind,
+                sel: XattrSel,
+                out: &mut Xattrs,
+            ) -> io::Result<()> {
+                match (self, dir) {
+                    $((AnyStore::$v(s), AnyDir::$v(d)) => s.get_xattrs(d, name, kind, sel, out),)+
+                    _ => mismatch(),
+                }
+            }
+            fn reader_xattrs(&self, r: &AnyReader, sel: XattrSel, out: &mut Xattrs) -> io::Result<()> {
+                match (self, r) {
+                    $((AnyStore::$v(s), AnyReader::$v(r)) => s.reader_xattrs(r, sel, out),)+
+                    _ => mismatch(),
+                }
+            }
+            fn set_xattrs(
+                &self,
+                dir: &AnyDir,
+                name: Option<&CStr>,
+                meta: &Meta,
+                sel: XattrSel,
+                want: &Xattrs,
+                have: Option<&Xattrs>,
+            ) -> io::Result<()> {
+                match (self, dir) {
+                    $((AnyStore::$v(s), AnyDir::$v(d)) => s.set_xattrs(d, name, meta, sel, want, have),)+
+                    _ => mismatch(),
+                }
+            }
+            fn set_writer_xattrs(
+                &self,
+                dir: &AnyDir,
+                w: &mut AnyWriter,
+                meta: &Meta,
+                sel: XattrSel,
+                want: &Xattrs,
+            ) -> io::Result<()> {
+                match (self, dir, w) {
+                    $((AnyStore::$v(s), AnyDir::$v(d), AnyWriter::$v(w)) => s.set_writer_xattrs(d, w, meta, sel, want),)+
                     _ => mismatch(),
                 }
             }

@@ -32,6 +32,7 @@ use ferry_engine::bwlimit::Limiter;
 use ferry_engine::copy::Copier;
 use ferry_engine::pool::Pool;
 use ferry_engine::store::MetaChange;
+use ferry_engine::xattr::{XattrRun, XattrSel};
 use ferry_engine::{Filter, Kind, Meta, Stats, Store};
 
 use crate::journal::{Journal, NoRecords, Records, Update};
@@ -65,6 +66,9 @@ pub struct Options {
     /// How messages name each root, e.g. `/home/me/docs` (empty: the side's
     /// letter alone).
     pub roots: [String; 2],
+    /// Extended attributes and ACLs carried by the files and symlinks a
+    /// run copies or updates (`-X`, `-A`), where both stores keep them.
+    pub xattrs: XattrSel,
 }
 
 impl Options {
@@ -242,6 +246,8 @@ struct Exec<'r, A: Store, B: Store> {
     /// Shared with the caller (a progress display reads it while we run).
     stats: &'r Stats,
     tx: Option<mpsc::Sender<Update>>,
+    /// The attributes kept (`opts.xattrs` where both stores keep them).
+    xattrs: XattrRun,
 }
 
 /// `$body` with `$st` and `$dc` bound to one side's store and directories.
@@ -388,6 +394,8 @@ pub fn run<A: Store, B: Store>(
         fsync: opts.fsync,
         bwlimit: opts.bwlimit.as_ref(),
         moved: &stats.bytes_moved,
+        // Only compares: nothing written.
+        xattrs: None,
     };
     let jr: Option<&Journal> = journal.as_deref();
     let records: &dyn Records = match jr {
@@ -445,6 +453,7 @@ pub fn run<A: Store, B: Store>(
         counts: Counts::default(),
         stats,
         tx: None,
+        xattrs: XattrRun::new(opts.xattrs, a.xattr_caps(), b.xattr_caps()),
     };
     let count = [sa.count, sb.count];
     // No journal and both sides hold entries: a first run would merge
@@ -545,6 +554,9 @@ pub fn run<A: Store, B: Store>(
             ex
         })
     };
+    if let Some(n) = ex.xattrs.note("a replica") {
+        rep.note(&n);
+    }
     let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
     let c = &ex.counts;
     Ok(Outcome {
@@ -652,6 +664,7 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
             fsync: self.opts.fsync,
             bwlimit: self.opts.bwlimit.as_ref(),
             moved: &self.stats.bytes_moved,
+            xattrs: self.xattrs.active(),
         }
     }
 
@@ -1220,6 +1233,16 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
                 self.rep
                     .action(BiAction::Meta, to, &path_of(&c.src), None, size_of(&c.meta));
                 self.record(Update::Put(c.src.clone(), synced(c.from, c.meta, now)));
+                let attrs = between!(self, c.from, |s, sd, d, dd| same_attrs(
+                    &self.copier(s, d),
+                    sd,
+                    dd,
+                    &c.src,
+                    &c.meta
+                ));
+                if let Err(e) = attrs {
+                    self.fail(&c.src, &e);
+                }
             }
             Err(e) => self.fail(&c.src, &e),
         }
@@ -1277,6 +1300,27 @@ struct Copy {
     expect: Option<Meta>,
 }
 
+/// Give `key` on the copier's destination side the attributes it has on
+/// its source side (`-X`, `-A`; `meta`: the entry's metadata, as set).
+fn same_attrs<S: Store, D: Store>(
+    cp: &Copier<'_, S, D>,
+    sd: &Dirs<S>,
+    dd: &Dirs<D>,
+    key: &[u8],
+    meta: &Meta,
+) -> io::Result<()> {
+    if cp.xattrs.is_none() {
+        return Ok(());
+    }
+    let (s, d) = (cp.src, cp.dst);
+    let (sdir, sname) = sd.at(s, key)?;
+    let (ddir, dname) = dd.at(d, key)?;
+    match cp.xattr_diff(&sdir, Some(&sname), &ddir, Some(&dname), meta.kind)? {
+        Some((want, have)) => cp.put_xattrs(&ddir, Some(&dname), meta, &want, Some(&have)),
+        None => Ok(()),
+    }
+}
+
 /// Copy `c.src` to `c.dst` (the engine's file copy: temporary + commit, so
 /// never visible half-written, paced and counted); returns the source's
 /// metadata the copy was made from and the target's afterwards.
@@ -1298,6 +1342,7 @@ fn copy_one<S: Store, D: Store>(
     if c.meta.kind == Kind::Symlink {
         let target = s.read_link(&sdir, &sname)?;
         d.create_symlink(&ddir, &dname, &target, &c.meta)?;
+        cp.new_entry_xattrs(&sdir, &sname, &ddir, &dname, &c.meta)?;
     } else {
         from = cp
             .copy_file(&sdir, &sname, &ddir, &dname, &c.meta, c.expect.is_none())?

@@ -7,16 +7,19 @@
 //! move (progress), and checked against what was expected afterwards: a
 //! source that changed while it was copied is copied once more against its
 //! new state, and if it changed again the copy fails. A new empty file is
-//! created in one step where the store can.
+//! created in one step where the store can. With `-X`/`-A` the copy carries
+//! the source's extended attributes and ACLs, given to the file before it
+//! is named.
 
 use std::ffi::CStr;
 use std::io;
 use std::sync::atomic::AtomicU64;
 
 use crate::bwlimit::Limiter;
-use crate::entry::Meta;
+use crate::entry::{Kind, Meta};
 use crate::hash::{hash_bytes, Hash};
 use crate::store::{SourceFile, Store, Tracked};
+use crate::xattr::{XattrRun, Xattrs};
 
 /// Buffer size of the content compare.
 const COMPARE_BUF: usize = 256 * 1024;
@@ -33,6 +36,9 @@ pub struct Copier<'a, S: Store, D: Store> {
     pub bwlimit: Option<&'a Limiter>,
     /// The run's count of bytes moved (what a progress display reads).
     pub moved: &'a AtomicU64,
+    /// Extended attributes and ACLs to keep (`-X`, `-A`); `None`: none,
+    /// and no call made for them.
+    pub xattrs: Option<&'a XattrRun>,
 }
 
 /// A committed copy.
@@ -74,6 +80,7 @@ impl<S: Store, D: Store> Copier<'_, S, D> {
             && !self.src.approximate_meta()
             && self.dst.create_empty(ddir, name, meta, self.fsync)?
         {
+            self.new_entry_xattrs(sdir, sname, ddir, name, meta)?;
             return Ok(Copied {
                 bytes: 0,
                 meta: *meta,
@@ -114,6 +121,12 @@ impl<S: Store, D: Store> Copier<'_, S, D> {
         meta: &Meta,
     ) -> io::Result<Result<Copied, (u64, i64, u32)>> {
         let mut r = Tracked::new(self.src.open_file(sdir, sname)?, self.moved);
+        // The source's attributes, from the descriptor just opened (one
+        // call for a file that has none).
+        let mut attrs = Xattrs::new();
+        if let Some(x) = self.xattrs {
+            self.src.reader_xattrs(r.inner(), x.sel, &mut attrs)?;
+        }
         let mut w = self.dst.create_file(ddir, name, meta)?;
         let n = match self
             .dst
@@ -157,11 +170,79 @@ impl<S: Store, D: Store> Copier<'_, S, D> {
                 if n > meta.size { "+" } else { "" }
             )));
         }
+        if let Some(x) = self.xattrs {
+            let res = self
+                .dst
+                .set_writer_xattrs(ddir, &mut w, meta, x.sel, &attrs);
+            if let Err(e) = x.settle(res) {
+                self.dst.abort(ddir, w);
+                return Err(e);
+            }
+        }
         self.dst.commit(ddir, w, name, meta, self.fsync)?;
         Ok(Ok(Copied {
             bytes: n,
             meta: *meta,
         }))
+    }
+
+    /// The attributes of source entry `sname` of `sdir` and of destination
+    /// entry `dname` of `ddir` (`None`: the directories themselves), when
+    /// they differ: `(source's, destination's)`. `None` when they are
+    /// equal or the run keeps none (then nothing is read).
+    pub fn xattr_diff(
+        &self,
+        sdir: &S::Dir,
+        sname: Option<&CStr>,
+        ddir: &D::Dir,
+        dname: Option<&CStr>,
+        kind: Kind,
+    ) -> io::Result<Option<(Xattrs, Xattrs)>> {
+        let Some(x) = self.xattrs else {
+            return Ok(None);
+        };
+        let (mut want, mut have) = (Xattrs::new(), Xattrs::new());
+        self.src.get_xattrs(sdir, sname, kind, x.sel, &mut want)?;
+        self.dst.get_xattrs(ddir, dname, kind, x.sel, &mut have)?;
+        Ok((want != have).then_some((want, have)))
+    }
+
+    /// Give destination entry `dname` of `ddir` (the directory itself when
+    /// `None`) the attributes `want` where it has `have` (`None`: just
+    /// made), after its other metadata (`meta`). A destination that keeps
+    /// no attributes at all is counted for the run's note, not an error.
+    pub fn put_xattrs(
+        &self,
+        ddir: &D::Dir,
+        dname: Option<&CStr>,
+        meta: &Meta,
+        want: &Xattrs,
+        have: Option<&Xattrs>,
+    ) -> io::Result<()> {
+        let Some(x) = self.xattrs else {
+            return Ok(());
+        };
+        x.settle(self.dst.set_xattrs(ddir, dname, meta, x.sel, want, have))
+    }
+
+    /// Give an entry this run just made at `dname` of `ddir` (a symlink, an
+    /// empty file created under its name) the attributes of `sname` of
+    /// `sdir`. One call on the source for an entry that has none.
+    pub fn new_entry_xattrs(
+        &self,
+        sdir: &S::Dir,
+        sname: &CStr,
+        ddir: &D::Dir,
+        dname: &CStr,
+        meta: &Meta,
+    ) -> io::Result<()> {
+        let Some(x) = self.xattrs else {
+            return Ok(());
+        };
+        let mut want = Xattrs::new();
+        self.src
+            .get_xattrs(sdir, Some(sname), meta.kind, x.sel, &mut want)?;
+        self.put_xattrs(ddir, Some(dname), meta, &want, None)
     }
 
     /// True when `sname` of `sdir` and `dname` of `ddir` hold the same

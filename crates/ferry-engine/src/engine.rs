@@ -28,6 +28,7 @@ use crate::plan::{meta_change, plan_dir, PlanOptions, Step};
 use crate::report::{Action, Reporter, Stats, Summary};
 use crate::store::{is_legacy_partial_name, is_temp_name, ListError, MetaChange, Store};
 use crate::walk::{self, Queue, Visitor};
+use crate::xattr::{XattrRun, XattrSel};
 
 /// Files per transfer task, at most.
 const BATCH_FILES: usize = 64;
@@ -68,6 +69,9 @@ pub struct Options {
     /// Go ahead even when the source root is empty and the destination is
     /// not (`sync --force`).
     pub force: bool,
+    /// Extended attributes and ACLs to keep (`-X`, `-A`), where both
+    /// stores keep them.
+    pub xattrs: XattrSel,
 }
 
 /// `--max-delete N` or `--max-delete P%`: how many destination entries a
@@ -213,6 +217,8 @@ pub struct Engine<'a, S: Store, D: Store> {
     budget: AtomicU64,
     /// Why the run was refused (nothing changed), once it is.
     refusal: Mutex<Option<String>>,
+    /// The attributes kept (`opts.xattrs` where both stores keep them).
+    xattrs: XattrRun,
 }
 
 impl<'a, S: Store, D: Store> Engine<'a, S, D> {
@@ -250,6 +256,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             checksum: opts.checksum,
             budget: AtomicU64::new(u64::MAX),
             refusal: Mutex::new(None),
+            xattrs: XattrRun::new(opts.xattrs, src.xattr_caps(), dst.xattr_caps()),
         }
     }
 
@@ -287,7 +294,15 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         if let (Some(limit), true) = (self.opts.max_delete, self.dry_run) {
             self.check_limit(limit, self.stats)?;
         }
+        self.xattr_note();
         Ok(self.stats.summary(start.elapsed()))
+    }
+
+    /// The one note of a run whose destination refused attributes.
+    fn xattr_note(&self) {
+        if let Some(n) = self.xattrs.note("DST") {
+            self.rep.note(&n);
+        }
     }
 
     /// Removals allowed by `limit` given what a (dry) walk counted; a
@@ -723,9 +738,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                 }
                 Step::Same { s, d, meta } => {
                     Stats::add(&self.stats.unchanged, 1);
-                    if !meta.is_empty() {
-                        self.set_meta(node, src_list.cname(&se[s]), &se[s].meta, meta);
-                    }
+                    self.set_meta(node, src_list.cname(&se[s]), &se[s].meta, meta);
                     let _ = d;
                 }
                 Step::CheckLink { s, d } => {
@@ -897,10 +910,25 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                     self.fail(&node.rel, &e);
                 }
             }
+            // Attributes last: a directory's ACL may deny us what its
+            // content needed, and setting the mode first keeps the mask.
+            if let Err(e) = self.dir_xattrs(node, d).and_then(|x| match x {
+                Some((want, have)) => self.copier().put_xattrs(d, None, &meta, &want, Some(&have)),
+                None => Ok(()),
+            }) {
+                self.fail(&node.rel, &e);
+            }
         } else if self.dry_run {
             if let Some(m) = &node.dst_meta {
                 let c = meta_change(&node.src_meta, m, self.plan.owner);
-                if c.mode || c.owner {
+                let attrs = match &node.dst {
+                    Some(d) => self.dir_xattrs(node, d).unwrap_or_else(|e| {
+                        self.fail(&node.rel, &e);
+                        None
+                    }),
+                    None => None,
+                };
+                if c.mode || c.owner || attrs.is_some() {
                     self.rep.action(Action::Meta, &node.rel, 0);
                 }
             }
@@ -910,16 +938,68 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         }
     }
 
+    /// The attributes of a directory pair, when they differ (see
+    /// [`Copier::xattr_diff`]).
+    fn dir_xattrs(
+        &self,
+        node: &Node<S, D>,
+        d: &D::Dir,
+    ) -> io::Result<Option<(crate::xattr::Xattrs, crate::xattr::Xattrs)>> {
+        self.copier()
+            .xattr_diff(&node.src, None, d, None, Kind::Dir)
+    }
+
+    /// Bring an entry of `node` whose content is unchanged up to date: its
+    /// metadata (`what`), and with `-X`/`-A` its attributes.
     fn set_meta(&self, node: &Node<S, D>, name: &CStr, meta: &Meta, what: MetaChange) {
-        self.rep
-            .action(Action::Meta, &self.path(node, name.to_bytes()), 0);
-        if self.dry_run {
+        let path = || self.path(node, name.to_bytes());
+        self.fix_unchanged(&node.src, name, node.dst.as_ref(), name, &path, meta, what);
+    }
+
+    /// Bring `dname` of `ddir`, whose content equals `sname` of `sdir`, up
+    /// to date: its metadata (`what`) and, with `-X`/`-A`, its attributes
+    /// (listed on both sides, written only where they differ). One `meta`
+    /// action when anything changes; `path` names it.
+    #[allow(clippy::too_many_arguments)]
+    fn fix_unchanged(
+        &self,
+        sdir: &S::Dir,
+        sname: &CStr,
+        ddir: Option<&D::Dir>,
+        dname: &CStr,
+        path: &dyn Fn() -> Vec<u8>,
+        meta: &Meta,
+        what: MetaChange,
+    ) {
+        let cp = self.copier();
+        let attrs = match (cp.xattrs, ddir) {
+            (Some(_), Some(d)) => cp
+                .xattr_diff(sdir, Some(sname), d, Some(dname), meta.kind)
+                .unwrap_or_else(|e| {
+                    self.fail(&path(), &e);
+                    None
+                }),
+            _ => None,
+        };
+        if what.is_empty() && attrs.is_none() {
             return;
         }
-        if let Some(d) = &node.dst {
-            if let Err(e) = self.dst.set_meta(d, name, meta, what) {
-                self.fail(&self.path(node, name.to_bytes()), &e);
+        let path = path();
+        self.rep.action(Action::Meta, &path, 0);
+        let Some(d) = ddir.filter(|_| !self.dry_run) else {
+            return;
+        };
+        let res = (|| {
+            if !what.is_empty() {
+                self.dst.set_meta(d, dname, meta, what)?;
             }
+            match &attrs {
+                Some((want, have)) => cp.put_xattrs(d, Some(dname), meta, want, Some(have)),
+                None => Ok(()),
+            }
+        })();
+        if let Err(e) = res {
+            self.fail(&path, &e);
         }
     }
 
@@ -1109,9 +1189,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                 Ok(t) if t == target => {
                     Stats::add(&self.stats.unchanged, 1);
                     let c = meta_change(meta, &dm, self.plan.owner);
-                    if !c.is_empty() {
-                        self.set_meta(node, name, meta, c);
-                    }
+                    self.set_meta(node, name, meta, c);
                     return;
                 }
                 Ok(_) => {}
@@ -1124,8 +1202,15 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             return;
         }
         if let Some(d) = &node.dst {
-            match self.dst.create_symlink(d, name, &target, meta) {
-                Ok(()) => node.dirty.store(true, Ordering::Relaxed),
+            match self
+                .dst
+                .create_symlink(d, name, &target, meta)
+                .and_then(|()| {
+                    node.dirty.store(true, Ordering::Relaxed);
+                    self.copier()
+                        .new_entry_xattrs(&node.src, name, d, name, meta)
+                }) {
+                Ok(()) => {}
                 Err(e) => self.fail(&path, &e),
             }
         }
@@ -1152,9 +1237,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                 Ok(true) => {
                     Stats::add(&self.stats.unchanged, 1);
                     let c = meta_change(meta, &dm, self.plan.owner);
-                    if !c.is_empty() {
-                        self.set_meta(node, name, meta, c);
-                    }
+                    self.set_meta(node, name, meta, c);
                     return;
                 }
                 Ok(false) => {}
@@ -1196,6 +1279,11 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             fsync: self.opts.fsync,
             bwlimit: self.opts.bwlimit.as_ref(),
             moved: &self.stats.bytes_moved,
+            xattrs: if self.counting {
+                None
+            } else {
+                self.xattrs.active()
+            },
         }
     }
 
@@ -1232,14 +1320,9 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             Stats::add(&self.stats.unchanged, 1);
             let dm = dm.expect("unchanged implies present");
             let c = meta_change(&sm, &dm, self.plan.owner);
-            if !c.is_empty() {
-                self.rep.action(Action::Meta, path, 0);
-                if !self.dry_run {
-                    if let Err(e) = self.dst.set_meta(&ddir, dst_name, &sm, c) {
-                        self.fail(path, &e);
-                    }
-                }
-            }
+            let p = || path.to_vec();
+            self.fix_unchanged(&sdir, src_name, Some(&ddir), dst_name, &p, &sm, c);
+            self.xattr_note();
             return Ok(self.stats.summary(start.elapsed()));
         }
         let action = if dm.is_some() {
@@ -1265,6 +1348,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             }
             Err(e) => self.fail(path, &e),
         }
+        self.xattr_note();
         Ok(self.stats.summary(start.elapsed()))
     }
 }

@@ -21,6 +21,7 @@ pub mod pool;
 pub mod report;
 pub mod store;
 pub mod walk;
+pub mod xattr;
 
 pub use engine::{Engine, MaxDelete, Mode, Options, Refused};
 pub use entry::{Kind, Listing, Meta};

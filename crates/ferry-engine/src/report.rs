@@ -139,6 +139,11 @@ pub trait Reporter: Sync {
         let _ = why;
         self.action(Action::Skip, path, 0);
     }
+    /// Something about the run as a whole the user must see, once (a
+    /// destination that refused extended attributes), as one line.
+    fn note(&self, msg: &str) {
+        let _ = msg;
+    }
     /// True when actions are shown one by one (lines, JSON records): a
     /// removed tree is then reported entry by entry, with sizes (which a
     /// local store must stat); otherwise its entries are only counted.

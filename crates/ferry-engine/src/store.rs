@@ -14,8 +14,9 @@ use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::bwlimit::Limiter;
-use crate::entry::{Listing, Meta};
+use crate::entry::{Kind, Listing, Meta};
 use crate::hash::{Hash, HashKind, HashSet};
+use crate::xattr::{XattrSel, Xattrs};
 
 /// Which parts of an entry's metadata to change.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -425,6 +426,60 @@ pub trait Store: Send + Sync {
     /// when its mode was changed, and must be set back afterwards.
     fn make_writable(&self, _dir: &Self::Dir) -> io::Result<bool> {
         Ok(false)
+    }
+    /// The extended attributes and ACLs the store keeps (`-X`, `-A`):
+    /// none by default.
+    fn xattr_caps(&self) -> XattrSel {
+        XattrSel::NONE
+    }
+    /// The attributes `sel` selects of entry `name` of `dir` (`kind`; the
+    /// directory itself when `name` is `None`), into `out` (cleared first):
+    /// those this store keeps and this process may read and write.
+    fn get_xattrs(
+        &self,
+        _dir: &Self::Dir,
+        _name: Option<&CStr>,
+        _kind: Kind,
+        _sel: XattrSel,
+        out: &mut Xattrs,
+    ) -> io::Result<()> {
+        out.clear();
+        Ok(())
+    }
+    /// Like [`Store::get_xattrs`], of a file open for reading.
+    fn reader_xattrs(&self, _r: &Self::Reader, _sel: XattrSel, out: &mut Xattrs) -> io::Result<()> {
+        out.clear();
+        Ok(())
+    }
+    /// Give entry `name` of `dir` (the directory itself when `None`) the
+    /// attributes `want` of those `sel` selects, where it has `have`
+    /// (`None`: an entry this run just made, which has what the store gives
+    /// new entries, such as an ACL inherited from the directory). `meta`:
+    /// the entry's metadata, already set. `Unsupported` when the store
+    /// cannot keep them here.
+    fn set_xattrs(
+        &self,
+        _dir: &Self::Dir,
+        _name: Option<&CStr>,
+        _meta: &Meta,
+        _sel: XattrSel,
+        _want: &Xattrs,
+        _have: Option<&Xattrs>,
+    ) -> io::Result<()> {
+        Err(io::Error::from(io::ErrorKind::Unsupported))
+    }
+    /// Give the file being written in `dir` the attributes `want` of those
+    /// `sel` selects, before it is committed with `meta` (named: it is
+    /// never visible without them). `Unsupported` as for `set_xattrs`.
+    fn set_writer_xattrs(
+        &self,
+        _dir: &Self::Dir,
+        _w: &mut Self::Writer,
+        _meta: &Meta,
+        _sel: XattrSel,
+        _want: &Xattrs,
+    ) -> io::Result<()> {
+        Err(io::Error::from(io::ErrorKind::Unsupported))
     }
     /// Lines for `-v` about what the store did beyond plain requests
     /// (resumed transfers, requests that cost), `role` naming it ("source",

@@ -3,12 +3,14 @@
 //!
 //! [`local`] is the store itself; [`download`] fetches big files from a
 //! ranged source (S3) as parallel, resumable ranges into a local partial,
-//! tracked by a [`range::RangeSet`]; [`write`] coalesces small writes.
+//! tracked by a [`range::RangeSet`]; [`write`] coalesces small writes;
+//! `xattr` reads and writes extended attributes and ACLs (`-X`, `-A`).
 #![deny(missing_docs)]
 
 pub mod download;
 pub mod local;
 pub mod range;
 pub mod write;
+mod xattr;
 
 pub use local::{stat_path, LocalStore};

@@ -29,11 +29,13 @@ use rustix::fs::{
 use rustix::io::Errno;
 
 use crate::download;
+use crate::xattr::{self, Target};
 use ferry_engine::bwlimit::Limiter;
 use ferry_engine::entry::{Kind, ListEntry, Listing, Meta};
 use ferry_engine::store::{
     temp_name, ListError, MetaChange, Progress, SourceFile, Store, RESERVED_LEN,
 };
+use ferry_engine::xattr::{XattrSel, Xattrs};
 
 /// Directories with more entries than this are stat'ed by several threads.
 const PARALLEL_STAT_MIN: usize = 4096;
@@ -75,6 +77,9 @@ pub struct LocalDir {
     /// directory); found on first need (a directory only scanned never
     /// needs it).
     new_gid: OnceLock<Option<u32>>,
+    /// Whether the directory hands a default ACL down to new entries;
+    /// asked on first need (only runs keeping ACLs ask).
+    hands_down: OnceLock<bool>,
 }
 
 impl LocalDir {
@@ -104,6 +109,9 @@ pub struct LocalWriter {
     /// Permission bits asked for at creation (commit may be given others:
     /// a source's exact metadata known only once read).
     mode: u32,
+    /// Owner and group were set before the attributes (a file
+    /// capability is dropped by any later `chown`): commit leaves them.
+    owned: bool,
 }
 
 impl LocalWriter {
@@ -114,6 +122,7 @@ impl LocalWriter {
             big: (meta.size >= download::RANGED_MIN).then(|| name.to_owned()),
             partial: None,
             mode: meta.mode & 0o7777,
+            owned: false,
         }
     }
 }
@@ -247,10 +256,17 @@ impl LocalStore {
         self.owner && (meta.uid != self.euid || meta.gid != new_gid(dir).unwrap_or(self.egid))
     }
 
+    /// Entries created in `dir` start with an ACL that a run keeping ACLs
+    /// (`sel`) must compare: the directory hands a default ACL down.
+    fn inherits(&self, dir: &LocalDir, sel: XattrSel) -> bool {
+        sel.acls && *dir.hands_down.get_or_init(|| xattr::hands_down(dir.fd()))
+    }
+
     fn wrap_dir(&self, fd: OwnedFd) -> io::Result<LocalDir> {
         Ok(LocalDir {
             fd,
             new_gid: OnceLock::new(),
+            hands_down: OnceLock::new(),
         })
     }
 }
@@ -411,6 +427,7 @@ impl Store for LocalStore {
                 .get()
                 .map(|g| OnceLock::from(*g))
                 .unwrap_or_default(),
+            hands_down: OnceLock::new(),
         })
     }
 
@@ -534,7 +551,7 @@ impl Store for LocalStore {
         fsync: bool,
     ) -> io::Result<()> {
         let res = (|| -> io::Result<()> {
-            if self.need_chown(dir, meta) {
+            if !w.owned && self.need_chown(dir, meta) {
                 rfs::fchown(&w.fd, Some(uid(meta.uid)), Some(gid(meta.gid)))?;
             }
             // A partial download was created 0600.
@@ -809,6 +826,77 @@ impl Store for LocalStore {
         }
         rfs::fchmod(&dir.fd, Mode::from_raw_mode((st.st_mode & 0o7777) | 0o300))?;
         Ok(true)
+    }
+
+    fn xattr_caps(&self) -> XattrSel {
+        XattrSel::ALL
+    }
+
+    fn get_xattrs(
+        &self,
+        dir: &LocalDir,
+        name: Option<&CStr>,
+        kind: Kind,
+        sel: XattrSel,
+        out: &mut Xattrs,
+    ) -> io::Result<()> {
+        let t = Target::of(dir.fd(), name);
+        xattr::read(t, kind, sel, self.owner, out)
+    }
+
+    fn reader_xattrs(&self, r: &LocalReader, sel: XattrSel, out: &mut Xattrs) -> io::Result<()> {
+        xattr::read(Target::Fd(r.fd.as_fd()), Kind::File, sel, self.owner, out)
+    }
+
+    fn set_xattrs(
+        &self,
+        dir: &LocalDir,
+        name: Option<&CStr>,
+        meta: &Meta,
+        sel: XattrSel,
+        want: &Xattrs,
+        have: Option<&Xattrs>,
+    ) -> io::Result<()> {
+        let t = Target::of(dir.fd(), name);
+        let mode = (meta.kind != Kind::Symlink).then_some(meta.mode);
+        let mut got = Xattrs::new();
+        let have = match have {
+            Some(h) => h,
+            // New: a directory or file may have inherited an ACL.
+            None if meta.kind != Kind::Symlink && self.inherits(dir, sel) => {
+                xattr::read(t, meta.kind, sel, self.owner, &mut got)?;
+                &got
+            }
+            None => &got,
+        };
+        if want == have {
+            return Ok(());
+        }
+        xattr::write(t, want, have, mode)
+    }
+
+    fn set_writer_xattrs(
+        &self,
+        dir: &LocalDir,
+        w: &mut LocalWriter,
+        meta: &Meta,
+        sel: XattrSel,
+        want: &Xattrs,
+    ) -> io::Result<()> {
+        let t = Target::Fd(w.fd.as_fd());
+        let mut have = Xattrs::new();
+        if self.inherits(dir, sel) {
+            xattr::read(t, Kind::File, sel, self.owner, &mut have)?;
+        }
+        if want == &have {
+            return Ok(());
+        }
+        // A file capability is dropped by a later chown: owner first.
+        if want.get(b"security.capability").is_some() && self.need_chown(dir, meta) {
+            rfs::fchown(&w.fd, Some(uid(meta.uid)), Some(gid(meta.gid)))?;
+            w.owned = true;
+        }
+        xattr::write(t, want, &have, Some(meta.mode))
     }
 
     fn notes(&self, _role: &str) -> Vec<String> {

@@ -112,6 +112,31 @@ pub struct BisyncArgs {
     pub out: OutputArgs,
     #[command(flatten)]
     pub write: WriteArgs,
+    #[command(flatten)]
+    pub attrs: AttrArgs,
+}
+
+/// What copy, sync and bisync keep beyond bytes, times, modes and owners.
+#[derive(Args, Debug)]
+pub struct AttrArgs {
+    /// Keep extended attributes (user.*; as root also trusted.* and
+    /// security.*), as rsync -X does.
+    #[arg(short = 'X', long)]
+    pub xattrs: bool,
+    /// Keep POSIX ACLs (access ACLs, and default ACLs of directories), as
+    /// rsync -A does.
+    #[arg(short = 'A', long)]
+    pub acls: bool,
+}
+
+impl AttrArgs {
+    /// The attributes asked for.
+    pub fn sel(&self) -> ferry_engine::xattr::XattrSel {
+        ferry_engine::xattr::XattrSel {
+            xattrs: self.xattrs,
+            acls: self.acls,
+        }
+    }
 }
 
 /// How copy, sync and bisync write: pace and durability.
@@ -230,6 +255,8 @@ pub struct SyncArgs {
     pub out: OutputArgs,
     #[command(flatten)]
     pub write: WriteArgs,
+    #[command(flatten)]
+    pub attrs: AttrArgs,
     /// Refuse (exit 2, nothing changed) a run that would remove more than N
     /// entries of DST, or more than P% of them (e.g. 100, 10%).
     #[arg(long, value_name = "N|P%", value_parser = ferry_engine::MaxDelete::parse)]

@@ -16,8 +16,9 @@ use std::time::Instant;
 use ferry_backends::{AnyStore, Location, Opts};
 use ferry_engine::encode::text_name_string;
 use ferry_engine::ls::{list_tree, Format};
+use ferry_engine::xattr::XattrSel;
 use ferry_engine::Store as _;
-use ferry_engine::{Engine, Stats};
+use ferry_engine::{Engine, Reporter, Stats};
 
 use args::{BisyncArgs, Cli, Command, Job, LsArgs, SyncArgs};
 use output::{cause, CliReporter, Progress, Unreachable};
@@ -86,6 +87,7 @@ fn run_sync(a: SyncArgs, mode: ferry_engine::Mode) -> Result<u8, String> {
         bwlimit: a.write.limiter(),
         max_delete: a.max_delete,
         force: a.force,
+        xattrs: a.attrs.sel(),
     };
     let stats = std::sync::Arc::new(Stats::default());
     output::track_stats(&stats);
@@ -148,6 +150,14 @@ fn run_job(
     };
     let s = ferry_backends::open(&job.src, &o).map_err(io::Error::other)?;
     let d = ferry_backends::open(&job.dst, &o).map_err(io::Error::other)?;
+    attr_notes(
+        opts.xattrs,
+        &[
+            (&s, format!("SRC {}", job.src.id())),
+            (&d, format!("DST {}", job.dst.id())),
+        ],
+        &|m| Reporter::note(rep, m),
+    );
     let gate = Unreachable::new(rep);
     let e = Engine::new(&s, &d, opts, stats, &gate);
     let r = match &job.one {
@@ -157,6 +167,20 @@ fn run_job(
     print_notes(&[(&s, "source"), (&d, "destination")], verbose);
     gate.finish();
     r
+}
+
+/// `-X`/`-A` with a store that keeps no such thing (S3): said once per
+/// store, before the run; its files are copied without them.
+fn attr_notes(asked: XattrSel, stores: &[(&AnyStore, String)], note: &dyn Fn(&str)) {
+    for (s, name) in stores {
+        let lacking = asked.lacking(s.xattr_caps());
+        if lacking.any() {
+            note(&format!(
+                "note: {}: {name} keeps none (an object store keeps mode and mtime in object metadata, no owner, extended attributes or ACLs): files are copied without them",
+                lacking.describe()
+            ));
+        }
+    }
 }
 
 fn run_cleanup(a: args::CleanupArgs) -> Result<u8, String> {
@@ -218,6 +242,7 @@ fn run_bisync(a: BisyncArgs) -> Result<u8, String> {
         bwlimit: a.write.limiter(),
         checksum: a.checksum,
         roots: [ida.clone(), idb.clone()],
+        xattrs: a.attrs.sel(),
     };
     let cli = CliReporter::new(a.out.json, a.out.verbose > 0 || a.dry_run, a.dry_run);
     let stats = std::sync::Arc::new(Stats::default());
@@ -236,6 +261,11 @@ fn run_bisync(a: BisyncArgs) -> Result<u8, String> {
     };
     let sa = ferry_backends::open(&ra, &o).map_err(|e| e.to_string())?;
     let sb = ferry_backends::open(&rb, &o).map_err(|e| e.to_string())?;
+    attr_notes(
+        opts.xattrs,
+        &[(&sa, format!("A {ida}")), (&sb, format!("B {idb}"))],
+        &|m| ferry_bisync::BiReporter::note(&cli, m),
+    );
     let res = ferry_bisync::run(&sa, &sb, journal.as_mut(), &opts, &rep, &stats);
     print_notes(&[(&sa, "A"), (&sb, "B")], a.out.verbose > 0);
     if let Some(p) = progress {

@@ -181,6 +181,10 @@ impl Reporter for CliReporter {
         }
     }
 
+    fn note(&self, msg: &str) {
+        ferry_bisync::BiReporter::note(self, msg)
+    }
+
     fn error(&self, path: &[u8], err: &io::Error) {
         let p = if path.is_empty() { b"." } else { path };
         let c = cause(err);
@@ -256,6 +260,10 @@ impl Reporter for Unreachable<'_> {
         self.inner.shows_actions()
     }
 
+    fn note(&self, msg: &str) {
+        Reporter::note(self.inner, msg)
+    }
+
     fn error(&self, path: &[u8], err: &io::Error) {
         if !self.swallowed(err) {
             Reporter::error(self.inner, path, err)
@@ -286,7 +294,7 @@ impl ferry_bisync::BiReporter for Unreachable<'_> {
     }
 
     fn note(&self, msg: &str) {
-        self.inner.note(msg)
+        ferry_bisync::BiReporter::note(self.inner, msg)
     }
 }
 
