@@ -3,12 +3,15 @@
 //!
 //! [`local`] is the store itself; [`download`] fetches big files from a
 //! ranged source (S3) as parallel, resumable ranges into a local partial,
-//! tracked by a [`range::RangeSet`]; [`write`] coalesces small writes.
+//! tracked by a [`range::RangeSet`]; [`write`] coalesces small writes;
+//! `sparse` copies files with holes, `special` makes fifos and device nodes.
 #![deny(missing_docs)]
 
 pub mod download;
 pub mod local;
 pub mod range;
+mod sparse;
+mod special;
 pub mod write;
 
 pub use local::{stat_path, LocalStore};
