@@ -298,6 +298,15 @@ macro_rules! backends {
             fn keeps_empty_dirs(&self) -> bool {
                 match self { $(AnyStore::$v(s) => s.keeps_empty_dirs(),)+ }
             }
+            fn supports_special(&self) -> bool {
+                match self { $(AnyStore::$v(s) => s.supports_special(),)+ }
+            }
+            fn create_special(&self, dir: &AnyDir, name: &CStr, meta: &Meta, replace: bool) -> io::Result<()> {
+                match (self, dir) {
+                    $((AnyStore::$v(s), AnyDir::$v(d)) => s.create_special(d, name, meta, replace),)+
+                    _ => mismatch(),
+                }
+            }
             fn is_own_legacy_partial(&self, dir: &AnyDir, name: &CStr) -> bool {
                 match (self, dir) {
                     $((AnyStore::$v(s), AnyDir::$v(d)) => s.is_own_legacy_partial(d, name),)+

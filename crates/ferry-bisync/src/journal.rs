@@ -72,7 +72,8 @@ fn kind_code(k: Kind) -> i64 {
         Kind::File => 0,
         Kind::Dir => 1,
         Kind::Symlink => 2,
-        Kind::Other => 3,
+        // Special files are never recorded (bisync skips them).
+        _ => 3,
     }
 }
 
@@ -96,6 +97,8 @@ fn meta(kind: Kind, size: i64, mtime_ns: i64, mode: i64, ino: i64) -> Meta {
         gid: 0,
         ino: ino as u64,
         version: 0,
+        rdev: 0,
+        sparse: false,
     }
 }
 

@@ -301,7 +301,9 @@ pub fn merge_dir(
             && !cx.checksum
             && files(&va)
             && files(&vb)
-            && va.zip(vb).is_some_and(|(a, b)| a.size == b.size && a.same_mtime(&b))
+            && va
+                .zip(vb)
+                .is_some_and(|(a, b)| a.size == b.size && a.same_mtime(&b))
         {
             it.act = compared(&it, true);
         }
@@ -400,6 +402,8 @@ pub fn dir_rec(m: Option<&Meta>) -> Meta {
         gid: 0,
         ino: 0,
         version: 0,
+        rdev: 0,
+        sparse: false,
     }
 }
 
@@ -779,6 +783,8 @@ mod tests {
             gid: 0,
             ino,
             version: 0,
+            rdev: 0,
+            sparse: false,
         }
     }
 

@@ -190,6 +190,8 @@ mod tests {
             gid: 0,
             ino,
             version: 0,
+            rdev: 0,
+            sparse: false,
         }
     }
 

@@ -214,7 +214,7 @@ impl<S: Store> Gather<S> {
         // Temporaries and special files are set aside here, so the
         // listing holds only what is synced.
         let odd = |e: &ferry_engine::entry::ListEntry, n: &[u8]| {
-            e.meta.kind == Kind::Other || is_temp_name(n)
+            e.meta.kind.is_special() || is_temp_name(n)
         };
         if list.entries().iter().any(|e| odd(e, list.name(e))) {
             for e in list.entries() {
@@ -222,14 +222,14 @@ impl<S: Store> Gather<S> {
                 if is_temp_name(name) {
                     let k = key_of(&join(rel, name));
                     self.temps.lock().unwrap().push((k, e.meta));
-                } else if e.meta.kind == Kind::Other {
+                } else if e.meta.kind.is_special() {
                     let k = key_of(&join(rel, name));
                     self.unknown.lock().unwrap().push(k.clone());
                     self.skipped.lock().unwrap().push(k);
                 }
             }
             list.retain_names(|n| !is_temp_name(n));
-            list.retain(|e| e.meta.kind != Kind::Other);
+            list.retain(|e| !e.meta.kind.is_special());
         }
         Some((Arc::new(dir), list))
     }
@@ -744,6 +744,8 @@ mod tests {
         gid: 0,
         ino: 0,
         version: 0,
+        rdev: 0,
+        sparse: false,
     };
 
     proptest! {

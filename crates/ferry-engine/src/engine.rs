@@ -34,8 +34,13 @@ use crate::xattr::{XattrRun, XattrSel};
 const BATCH_FILES: usize = 64;
 /// Bytes per transfer task, at most (a bigger file gets a task of its own).
 const BATCH_BYTES: u64 = 8 << 20;
-/// Why a special file is skipped (the `skip` note and record).
-const SPECIAL_SKIP: &str = "special file (fifo, socket or device) in SRC: not copied";
+/// Why a socket is skipped (the `skip` note and record).
+const SOCKET_SKIP: &str = "socket in SRC: not copied (a socket is only an address that a running program listens on; ferry does not recreate it)";
+/// Why an entry of a type ferry does not know is skipped.
+const OTHER_SKIP: &str = "special file of an unknown type in SRC: not copied";
+/// Why fifos and device nodes are skipped where the destination cannot
+/// store them (said once per run; the others are `skip` actions).
+const NODE_SKIP: &str = "fifo or device node in SRC: the destination cannot store special files (S3); this note is shown once, the others are skipped too";
 
 /// One-way mode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -219,6 +224,9 @@ pub struct Engine<'a, S: Store, D: Store> {
     refusal: Mutex<Option<String>>,
     /// The attributes kept (`opts.xattrs` where both stores keep them).
     xattrs: XattrRun,
+    /// A fifo or device node was skipped for a destination that cannot
+    /// store them (the note is shown once).
+    nodes_noted: AtomicBool,
 }
 
 impl<'a, S: Store, D: Store> Engine<'a, S, D> {
@@ -257,6 +265,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             budget: AtomicU64::new(u64::MAX),
             refusal: Mutex::new(None),
             xattrs: XattrRun::new(opts.xattrs, src.xattr_caps(), dst.xattr_caps()),
+            nodes_noted: AtomicBool::new(false),
         }
     }
 
@@ -727,6 +736,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                             DstAt::Nothing,
                         )),
                         Kind::Symlink => self.symlink(node, src_list.cname(&se[s]), &m, None),
+                        k if k.is_node() => self.special(node, src_list.cname(&se[s]), &m, None),
                         _ => batch.add(src_list.name(&se[s]), m, None, false),
                     }
                 }
@@ -762,11 +772,16 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                             self.fail(&self.path(node, name.to_bytes()), &err);
                             continue;
                         }
+                        if sm.kind.is_node() && !self.dst.supports_special() {
+                            self.stale_at_special(node, name, &sm, &dm);
+                            continue;
+                        }
                         if !self.delete(node, name, &dm) {
                             continue;
                         }
                         match sm.kind {
                             Kind::Symlink => self.symlink(node, name, &sm, None),
+                            k if k.is_node() => self.special(node, name, &sm, None),
                             _ => batch.add(name.to_bytes(), sm, None, false),
                         }
                     } else {
@@ -776,6 +791,10 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                             }
                             // rename() replaces a file or symlink atomically.
                             Kind::Symlink => self.symlink(node, name, &sm, None),
+                            k if k.is_node() && !self.dst.supports_special() => {
+                                self.stale_at_special(node, name, &sm, &dm)
+                            }
+                            k if k.is_node() => self.special(node, name, &sm, Some(dm)),
                             _ => batch.add(name.to_bytes(), sm, Some(dm), false),
                         }
                     }
@@ -790,27 +809,11 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                     self.remove_temp(node, dst_list.cname(&de[d]), de[d].meta.kind)
                 }
                 Step::Skip { s } => {
-                    self.rep
-                        .skip(&self.path(node, src_list.name(&se[s])), SPECIAL_SKIP);
+                    let m = se[s].meta;
+                    self.skip_special(&self.path(node, src_list.name(&se[s])), &m);
                 }
                 Step::ReplaceBySpecial { s, d } => {
-                    let name = src_list.cname(&se[s]);
-                    let dm = de[d].meta;
-                    if self.opts.mode == Mode::Copy {
-                        let err = io::Error::other(format!(
-                            "is a special file in the source (not copied) but a {} in the destination; copy never deletes (use sync)",
-                            kind_word(dm.kind)
-                        ));
-                        self.fail(&self.path(node, name.to_bytes()), &err);
-                        continue;
-                    }
-                    // Sync: the destination must not keep an entry the
-                    // source no longer has; the special file itself is
-                    // skipped like any other (see docs/CLI.md).
-                    if self.delete(node, name, &dm) {
-                        self.rep
-                            .skip(&self.path(node, name.to_bytes()), SPECIAL_SKIP);
-                    }
+                    self.stale_at_special(node, src_list.cname(&se[s]), &se[s].meta, &de[d].meta)
                 }
             }
             if batch.full() {
@@ -1216,6 +1219,62 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         }
     }
 
+    /// Say why a source entry that is not copied is skipped: a socket or
+    /// an unknown type (a note each), or a fifo or device node for a
+    /// destination that cannot store them (one note per run, then `skip`
+    /// actions).
+    fn skip_special(&self, path: &[u8], meta: &Meta) {
+        match meta.kind {
+            Kind::Socket => self.rep.skip(path, SOCKET_SKIP),
+            k if k.is_node() => {
+                if self.nodes_noted.swap(true, Ordering::Relaxed) {
+                    self.rep.action(Action::Skip, path, 0);
+                } else {
+                    self.rep.skip(path, NODE_SKIP);
+                }
+            }
+            _ => self.rep.skip(path, OTHER_SKIP),
+        }
+    }
+
+    /// The source has an entry that is not copied (`meta`) where the
+    /// destination has another (`dm`): that one is stale. Sync removes it
+    /// (then the skip note), copy reports it (copy never deletes).
+    fn stale_at_special(&self, node: &Node<S, D>, name: &CStr, meta: &Meta, dm: &Meta) {
+        let path = self.path(node, name.to_bytes());
+        if self.opts.mode == Mode::Copy {
+            let err = io::Error::other(format!(
+                "is a {} in the source (not copied) but a {} in the destination; copy never deletes (use sync)",
+                kind_word(meta.kind),
+                kind_word(dm.kind)
+            ));
+            return self.fail(&path, &err);
+        }
+        if self.delete(node, name, dm) {
+            self.skip_special(&path, meta);
+        }
+    }
+
+    /// Create or replace a fifo or device node (`dst_meta`: the entry it
+    /// replaces, a file, symlink or node of another kind or device).
+    fn special(&self, node: &Node<S, D>, name: &CStr, meta: &Meta, dst_meta: Option<Meta>) {
+        let path = self.path(node, name.to_bytes());
+        if !self.dst.supports_special() {
+            return self.skip_special(&path, meta);
+        }
+        self.rep.action(Action::Mknod, &path, 0);
+        Stats::add(&self.stats.specials_created, 1);
+        if self.dry_run {
+            return;
+        }
+        if let Some(d) = &node.dst {
+            match self.dst.create_special(d, name, meta, dst_meta.is_some()) {
+                Ok(()) => node.dirty.store(true, Ordering::Relaxed),
+                Err(e) => self.fail(&path, &e),
+            }
+        }
+    }
+
     /// Transfer one file (`check`: compare content first, `--checksum`).
     fn transfer(
         &self,
@@ -1403,6 +1462,9 @@ impl<S: Store, D: Store> Visitor for Walker<'_, '_, S, D> {
 fn kind_word(k: Kind) -> &'static str {
     match k {
         Kind::Dir => "directory",
+        Kind::CharDev => "character device",
+        Kind::BlockDev => "block device",
+        Kind::Other => "special file of an unknown type",
         k => k.as_str(),
     }
 }

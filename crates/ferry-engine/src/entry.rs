@@ -8,8 +8,9 @@
 use std::cmp::Ordering;
 use std::ffi::CStr;
 
-/// What an entry is. Anything that is not a file, directory or symlink
-/// (fifo, socket, device) is `Other` and is skipped by copy and sync.
+/// What an entry is. Fifos and device nodes are created on the
+/// destination as they are (no content, a device keeps [`Meta::rdev`]);
+/// sockets and entries of types ferry does not know are skipped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Kind {
     /// A regular file.
@@ -18,8 +19,16 @@ pub enum Kind {
     Dir,
     /// A symbolic link (never followed inside a tree).
     Symlink,
-    /// Fifo, socket, block or character device.
+    /// Of a type ferry does not know.
     Other,
+    /// A named pipe.
+    Fifo,
+    /// A character device node.
+    CharDev,
+    /// A block device node.
+    BlockDev,
+    /// A Unix domain socket (never copied).
+    Socket,
 }
 
 impl Kind {
@@ -30,7 +39,27 @@ impl Kind {
             Kind::Dir => "dir",
             Kind::Symlink => "symlink",
             Kind::Other => "other",
+            Kind::Fifo => "fifo",
+            Kind::CharDev => "chardev",
+            Kind::BlockDev => "blockdev",
+            Kind::Socket => "socket",
         }
+    }
+
+    /// A fifo or device node: created on the destination with its
+    /// metadata (and a device's `rdev`), no content.
+    pub fn is_node(self) -> bool {
+        matches!(self, Kind::Fifo | Kind::CharDev | Kind::BlockDev)
+    }
+
+    /// Anything but a file, directory or symlink.
+    pub fn is_special(self) -> bool {
+        !matches!(self, Kind::File | Kind::Dir | Kind::Symlink)
+    }
+
+    /// A kind that is never copied (sockets, unknown types).
+    pub fn is_skipped(self) -> bool {
+        matches!(self, Kind::Socket | Kind::Other)
     }
 }
 
@@ -58,6 +87,13 @@ pub struct Meta {
     /// object store's ETag and upload time; 0 where the backend has none):
     /// a different one is another version, the same one the same.
     pub version: u64,
+    /// The device a device node stands for (`st_rdev`; 0 for other kinds
+    /// and where the backend has none).
+    pub rdev: u64,
+    /// A file that occupies fewer blocks than its size needs
+    /// (`st_blocks * 512 < st_size`, as `cp` tests it): it may have holes,
+    /// which a local copy keeps (false where the backend cannot tell).
+    pub sparse: bool,
 }
 
 impl Meta {
@@ -248,6 +284,8 @@ mod tests {
             gid: 0,
             ino: 0,
             version: 0,
+            rdev: 0,
+            sparse: false,
         }
     }
 

@@ -427,6 +427,8 @@ mod tests {
             gid: 0,
             ino: 0,
             version: 0,
+            rdev: 0,
+            sparse: false,
         }
     }
 

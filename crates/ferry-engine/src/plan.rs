@@ -12,9 +12,11 @@
 //! | file    | same size and mtime                       | `Same` (+ meta fix-up)  |
 //! | symlink | targets unknown here                      | `CheckLink`             |
 //! | dir     | -                                         | `Recurse`               |
+//! | fifo, device | device number differs                | `Replace`               |
+//! | fifo, device | same device number                   | `Same` (+ meta fix-up)  |
 //!
-//! Different kinds are `Replace` (`ReplaceBySpecial` when the source has a
-//! special file, which is not copied). Destination-only entries are `Delete`
+//! Different kinds are `Replace` (`ReplaceBySpecial` when the source has an
+//! entry that is not copied: a socket, a type ferry does not know). Destination-only entries are `Delete`
 //! in sync mode and kept in copy mode; ferry's own leftover temporaries
 //! (the reserved names of [`crate::store::is_temp_name`], never a user's
 //! name) are always `RemoveTemp`, except partial downloads used recently:
@@ -50,7 +52,7 @@ pub enum Step {
     Delete { d: usize },
     /// A leftover temporary of an interrupted run: remove.
     RemoveTemp { d: usize },
-    /// Source entry of a kind that is not copied (fifo, socket, device).
+    /// Source entry of a kind that is not copied (socket, unknown type).
     Skip { s: usize },
     /// Source entry of a kind that is not copied, where the destination
     /// has a file, directory or symlink: that entry is stale (sync removes
@@ -99,7 +101,7 @@ pub fn plan_dir(src: &Listing, dst: &Listing, opts: &PlanOptions, out: &mut Vec<
             std::cmp::Ordering::Less => {
                 let name = src.name(&se[i]);
                 if !is_temp_name(name) {
-                    out.push(if se[i].meta.kind == Kind::Other {
+                    out.push(if se[i].meta.kind.is_skipped() {
                         Step::Skip { s: i }
                     } else {
                         Step::Create { s: i }
@@ -132,8 +134,8 @@ pub fn plan_dir(src: &Listing, dst: &Listing, opts: &PlanOptions, out: &mut Vec<
 }
 
 fn compare(s: usize, d: usize, a: &Meta, b: &Meta, opts: &PlanOptions) -> Step {
-    if a.kind == Kind::Other {
-        return if b.kind == Kind::Other {
+    if a.kind.is_skipped() {
+        return if b.kind.is_skipped() {
             Step::Skip { s }
         } else {
             Step::ReplaceBySpecial { s, d }
@@ -145,6 +147,12 @@ fn compare(s: usize, d: usize, a: &Meta, b: &Meta, opts: &PlanOptions) -> Step {
     match a.kind {
         Kind::Dir => Step::Recurse { s, d },
         Kind::Symlink => Step::CheckLink { s, d },
+        k if k.is_node() && a.rdev != b.rdev => Step::Replace { s, d },
+        k if k.is_node() => Step::Same {
+            s,
+            d,
+            meta: meta_change(a, b, opts.owner),
+        },
         _ if a.size != b.size => Step::Update { s, d },
         _ if opts.checksum => Step::Check { s, d },
         _ if !a.same_mtime(b) => Step::Update { s, d },
@@ -171,6 +179,8 @@ mod tests {
             gid: 0,
             ino: 0,
             version: 0,
+            rdev: 0,
+            sparse: false,
         }
     }
 
@@ -278,6 +288,49 @@ mod tests {
                 Step::Update { s: 0, d: 0 },
                 Step::ReplaceBySpecial { s: 1, d: 2 },
                 Step::Skip { s: 2 },
+            ]
+        );
+    }
+
+    #[test]
+    fn nodes_are_created_compared_by_type_and_device_and_sockets_skipped() {
+        let node = |kind, rdev| Meta {
+            rdev,
+            ..m(kind, 0, 1)
+        };
+        let s = listing(&[
+            ("a", node(Kind::Fifo, 0)),
+            ("b", node(Kind::CharDev, 0x103)),
+            ("c", node(Kind::CharDev, 0x103)),
+            ("d", node(Kind::BlockDev, 0x700)),
+            ("e", node(Kind::Fifo, 0)),
+            ("f", m(Kind::File, 1, 1)),
+            ("g", node(Kind::Socket, 0)),
+            ("h", node(Kind::Socket, 0)),
+        ]);
+        let d = listing(&[
+            ("b", node(Kind::CharDev, 0x103)),
+            ("c", node(Kind::CharDev, 0x105)),
+            ("d", node(Kind::CharDev, 0x700)),
+            ("e", m(Kind::File, 1, 1)),
+            ("f", node(Kind::Fifo, 0)),
+            ("h", node(Kind::Fifo, 0)),
+        ]);
+        assert_eq!(
+            plan(&s, &d, true, false),
+            vec![
+                Step::Create { s: 0 },
+                Step::Same {
+                    s: 1,
+                    d: 0,
+                    meta: MetaChange::default()
+                },
+                Step::Replace { s: 2, d: 1 },
+                Step::Replace { s: 3, d: 2 },
+                Step::Replace { s: 4, d: 3 },
+                Step::Replace { s: 5, d: 4 },
+                Step::Skip { s: 6 },
+                Step::ReplaceBySpecial { s: 7, d: 5 },
             ]
         );
     }

@@ -18,6 +18,8 @@ pub struct Stats {
     pub files_copied: AtomicU64,
     /// Symlinks created or replaced.
     pub symlinks_created: AtomicU64,
+    /// Fifos and device nodes created or replaced.
+    pub specials_created: AtomicU64,
     /// File bytes written (files complete in place).
     pub bytes_copied: AtomicU64,
     /// File bytes moved so far, counted as each piece is written (what a
@@ -56,6 +58,7 @@ impl Stats {
             entries_scanned: g(&self.entries_scanned),
             files_copied: g(&self.files_copied),
             symlinks_created: g(&self.symlinks_created),
+            specials_created: g(&self.specials_created),
             bytes_copied: g(&self.bytes_copied),
             temps_removed: g(&self.temps_removed),
             files_deleted: g(&self.files_deleted),
@@ -76,6 +79,8 @@ pub struct Summary {
     pub files_copied: u64,
     /// Symlinks created or replaced.
     pub symlinks_created: u64,
+    /// Fifos and device nodes created or replaced.
+    pub specials_created: u64,
     /// Bytes written.
     pub bytes_copied: u64,
     /// Stale temporaries of ferry's removed.
@@ -101,13 +106,16 @@ pub enum Action {
     Update,
     /// A symlink was created or replaced.
     Symlink,
+    /// A fifo or device node was created or replaced.
+    Mknod,
     /// A directory was created.
     Mkdir,
     /// An entry (and everything under it) was removed.
     Delete,
     /// Only metadata (mtime, mode, owner) was changed.
     Meta,
-    /// An entry of a kind ferry does not copy (fifo, socket, device) was skipped.
+    /// An entry ferry does not copy (a socket; a fifo or device node where
+    /// the destination cannot store one) was skipped.
     Skip,
 }
 
@@ -118,6 +126,7 @@ impl Action {
             Action::Copy => "copy",
             Action::Update => "update",
             Action::Symlink => "symlink",
+            Action::Mknod => "mknod",
             Action::Mkdir => "mkdir",
             Action::Delete => "delete",
             Action::Meta => "meta",

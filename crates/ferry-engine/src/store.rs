@@ -409,6 +409,24 @@ pub trait Store: Send + Sync {
     fn supports_symlinks(&self) -> bool {
         true
     }
+    /// True when fifos and device nodes can be stored
+    /// ([`Store::create_special`]); false on object stores, where they are
+    /// skipped with one note.
+    fn supports_special(&self) -> bool {
+        false
+    }
+    /// Create a fifo or device node `name` (kind and device number from
+    /// `meta`) with its metadata; `replace`: an entry of that name exists
+    /// and is replaced atomically.
+    fn create_special(
+        &self,
+        _dir: &Self::Dir,
+        _name: &CStr,
+        _meta: &Meta,
+        _replace: bool,
+    ) -> io::Result<()> {
+        Err(io::Error::from(io::ErrorKind::Unsupported))
+    }
     /// True when a directory exists by itself, empty or not (false on
     /// object stores: a prefix exists while objects are under it, so
     /// making one creates nothing, and an empty directory cannot be kept).

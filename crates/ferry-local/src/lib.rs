@@ -5,11 +5,14 @@
 //! ranged source (S3) as parallel, resumable ranges into a local partial,
 //! tracked by a [`range::RangeSet`]; [`write`] coalesces small writes;
 //! `xattr` reads and writes extended attributes and ACLs (`-X`, `-A`).
+//! `sparse` copies files with holes, `special` makes fifos and device nodes.
 #![deny(missing_docs)]
 
 pub mod download;
 pub mod local;
 pub mod range;
+mod sparse;
+mod special;
 pub mod write;
 mod xattr;
 

@@ -7,7 +7,8 @@
 //! cache `statx` is CPU-bound in the kernel. Writes go to a temporary name in
 //! the target directory and are renamed into place after their metadata is
 //! set. Copies between local files try a reflink (FICLONE) for big files,
-//! then `copy_file_range`, then fall back to a read/write loop.
+//! then `copy_file_range`, then fall back to a read/write loop; a source
+//! with holes has only its data copied (`sparse.rs`).
 //!
 //! (Over 800 lines: one trait implementation, the local backend's Store methods and the syscalls
 //! they share.)
@@ -30,6 +31,7 @@ use rustix::io::Errno;
 
 use crate::download;
 use crate::xattr::{self, Target};
+use crate::{sparse, special};
 use ferry_engine::bwlimit::Limiter;
 use ferry_engine::entry::{Kind, ListEntry, Listing, Meta};
 use ferry_engine::store::{
@@ -112,6 +114,8 @@ pub struct LocalWriter {
     /// Owner and group were set before the attributes (a file
     /// capability is dropped by any later `chown`): commit leaves them.
     owned: bool,
+    /// The source may have holes: only its data is copied (see `sparse`).
+    sparse: bool,
 }
 
 impl LocalWriter {
@@ -123,6 +127,7 @@ impl LocalWriter {
             partial: None,
             mode: meta.mode & 0o7777,
             owned: false,
+            sparse: meta.sparse,
         }
     }
 }
@@ -173,7 +178,8 @@ impl LocalStore {
                 | StatxFlags::GID
                 | StatxFlags::MTIME
                 | StatxFlags::INO
-                | StatxFlags::SIZE,
+                | StatxFlags::SIZE
+                | StatxFlags::BLOCKS,
         )?;
         *meta = meta_from_statx(&st);
         Ok(())
@@ -184,6 +190,7 @@ impl LocalStore {
         out: BorrowedFd<'_>,
         src: BorrowedFd<'_>,
         size: u64,
+        sparse: bool,
         limit: Option<&Limiter>,
         progress: Option<&Progress<'_>>,
     ) -> io::Result<Option<u64>> {
@@ -203,6 +210,9 @@ impl LocalStore {
                 Err(e) if is_unsupported(e) => self.reflink.store(false, Ordering::Relaxed),
                 Err(e) => return Err(e.into()),
             }
+        }
+        if sparse {
+            return sparse::copy_data(out, src, size, limit, progress, &self.copy_range).map(Some);
         }
         if !self.copy_range.load(Ordering::Relaxed) {
             return Ok(None);
@@ -332,6 +342,10 @@ impl Store for LocalStore {
                     FileType::RegularFile => Kind::File,
                     FileType::Directory => Kind::Dir,
                     FileType::Symlink => Kind::Symlink,
+                    FileType::Fifo => Kind::Fifo,
+                    FileType::CharacterDevice => Kind::CharDev,
+                    FileType::BlockDevice => Kind::BlockDev,
+                    FileType::Socket => Kind::Socket,
                     _ => Kind::Other,
                 };
                 out.push(
@@ -505,7 +519,9 @@ impl Store for LocalStore {
             return Ok(d.size);
         }
         if let Some(sfd) = src.as_fd() {
-            if let Some(n) = self.copy_fd(w.fd.as_fd(), sfd, size, limit, src.progress())? {
+            if let Some(n) =
+                self.copy_fd(w.fd.as_fd(), sfd, size, w.sparse, limit, src.progress())?
+            {
                 return Ok(n);
             }
         }
@@ -720,6 +736,28 @@ impl Store for LocalStore {
             let _ = rfs::unlinkat(&dir.fd, tmp.as_cstr(), AtFlags::empty());
         }
         res
+    }
+
+    fn supports_special(&self) -> bool {
+        true
+    }
+
+    fn create_special(
+        &self,
+        dir: &LocalDir,
+        name: &CStr,
+        meta: &Meta,
+        replace: bool,
+    ) -> io::Result<()> {
+        let tmp = replace.then(TempName::new);
+        special::make_node(
+            dir.fd(),
+            name,
+            tmp.as_ref().map(TempName::as_cstr),
+            meta,
+            self.need_chown(dir, meta),
+            self.need_chmod(meta.mode),
+        )
     }
 
     fn set_meta(
@@ -1073,6 +1111,8 @@ const EMPTY_META: Meta = Meta {
     gid: 0,
     ino: 0,
     version: 0,
+    rdev: 0,
+    sparse: false,
 };
 
 fn kind_from_mode(mode: u32) -> Kind {
@@ -1080,14 +1120,27 @@ fn kind_from_mode(mode: u32) -> Kind {
         0o100000 => Kind::File,
         0o040000 => Kind::Dir,
         0o120000 => Kind::Symlink,
+        0o010000 => Kind::Fifo,
+        0o020000 => Kind::CharDev,
+        0o060000 => Kind::BlockDev,
+        0o140000 => Kind::Socket,
         _ => Kind::Other,
     }
 }
 
+/// `cp`'s test for a file that may have holes: fewer 512-byte blocks than
+/// its size fills. (A small file kept inside its inode has no blocks and
+/// passes too; its copy then costs two `lseek`s more.)
+fn maybe_sparse(kind: Kind, size: u64, blocks: u64) -> bool {
+    kind == Kind::File && blocks < size / 512
+}
+
 fn meta_from_statx(st: &rfs::Statx) -> Meta {
     let mode = st.stx_mode as u32;
+    let kind = kind_from_mode(mode);
+    let blocks = StatxFlags::from_bits_retain(st.stx_mask).contains(StatxFlags::BLOCKS);
     Meta {
-        kind: kind_from_mode(mode),
+        kind,
         size: st.stx_size,
         mtime_sec: st.stx_mtime.tv_sec,
         mtime_nsec: st.stx_mtime.tv_nsec,
@@ -1096,13 +1149,16 @@ fn meta_from_statx(st: &rfs::Statx) -> Meta {
         gid: st.stx_gid,
         ino: st.stx_ino,
         version: 0,
+        rdev: rfs::makedev(st.stx_rdev_major, st.stx_rdev_minor),
+        sparse: blocks && maybe_sparse(kind, st.stx_size, st.stx_blocks),
     }
 }
 
 fn meta_from_stat(st: &rfs::Stat) -> Meta {
     let mode = st.st_mode;
+    let kind = kind_from_mode(mode);
     Meta {
-        kind: kind_from_mode(mode),
+        kind,
         size: st.st_size as u64,
         mtime_sec: st.st_mtime,
         mtime_nsec: st.st_mtime_nsec as u32,
@@ -1111,6 +1167,8 @@ fn meta_from_stat(st: &rfs::Stat) -> Meta {
         gid: st.st_gid,
         ino: st.st_ino,
         version: 0,
+        rdev: st.st_rdev,
+        sparse: maybe_sparse(kind, st.st_size as u64, st.st_blocks as u64),
     }
 }
 
@@ -1125,7 +1183,7 @@ pub fn stat_path(path: &Path, follow: bool) -> io::Result<Meta> {
     Ok(meta_from_stat(&st))
 }
 
-fn times(meta: &Meta) -> Timestamps {
+pub(crate) fn times(meta: &Meta) -> Timestamps {
     Timestamps {
         last_access: Timespec {
             tv_sec: 0,
@@ -1138,15 +1196,16 @@ fn times(meta: &Meta) -> Timestamps {
     }
 }
 
-fn uid(u: u32) -> rustix::fs::Uid {
+pub(crate) fn uid(u: u32) -> rustix::fs::Uid {
     rustix::fs::Uid::from_raw(u)
 }
 
-fn gid(g: u32) -> rustix::fs::Gid {
+pub(crate) fn gid(g: u32) -> rustix::fs::Gid {
     rustix::fs::Gid::from_raw(g)
 }
 
-fn is_unsupported(e: Errno) -> bool {
+/// Errors that mean a copy syscall cannot copy between these files.
+pub(crate) fn is_unsupported(e: Errno) -> bool {
     matches!(
         e,
         Errno::OPNOTSUPP | Errno::XDEV | Errno::INVAL | Errno::NOSYS | Errno::BADF | Errno::PERM

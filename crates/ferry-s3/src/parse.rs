@@ -43,6 +43,8 @@ pub(crate) fn meta_from_headers(
         gid: 0,
         ino: 0,
         version: 0,
+        rdev: 0,
+        sparse: false,
     }
 }
 
@@ -163,6 +165,8 @@ mod tests {
             gid: 0,
             ino: 0,
             version: 0,
+            rdev: 0,
+            sparse: false,
         };
         assert_eq!(format_mtime(&m), "1600000000.123456789");
         assert_eq!(

@@ -433,6 +433,8 @@ impl Store for S3Store {
                         gid: 0,
                         ino: 0,
                         version: *v,
+                        rdev: 0,
+                        sparse: false,
                     },
                 );
             }
@@ -883,5 +885,7 @@ pub(crate) fn dir_meta() -> Meta {
         gid: 0,
         ino: 0,
         version: 0,
+        rdev: 0,
+        sparse: false,
     }
 }

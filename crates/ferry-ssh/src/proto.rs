@@ -154,6 +154,10 @@ enum KindDef {
     Dir,
     Symlink,
     Other,
+    Fifo,
+    CharDev,
+    BlockDev,
+    Socket,
 }
 
 /// [`Meta`] on the wire: every field, so the remote end's entries are
@@ -171,6 +175,8 @@ struct MetaDef {
     gid: u32,
     ino: u64,
     version: u64,
+    rdev: u64,
+    sparse: bool,
 }
 
 /// A [`Meta`] in a message.

@@ -70,6 +70,12 @@ impl CliReporter {
             &[
                 ("symlinks_created", "symlinks", s.symlinks_created, true),
                 (
+                    "specials_created",
+                    "special files",
+                    s.specials_created,
+                    s.specials_created > 0,
+                ),
+                (
                     "temporaries_removed",
                     "stale temporaries removed",
                     s.temps_removed,

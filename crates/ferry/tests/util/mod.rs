@@ -938,7 +938,8 @@ pub fn summary(r: &Run) -> Summary {
             .str_field("type")
             .unwrap_or_else(|| panic!("line {} has no string type\n{r}", i + 1));
         assert!(
-            ["copy", "update", "delete", "mkdir", "symlink", "meta", "skip", "error"].contains(&t),
+            ["copy", "update", "delete", "mkdir", "symlink", "mknod", "meta", "skip", "error"]
+                .contains(&t),
             "line {}: unknown action type {t:?}\n{r}",
             i + 1
         );
