@@ -81,7 +81,10 @@ SCENARIO_TITLE = {
 # name -> (kind, scenarios)
 TOOLS = {
     "ferry": ("ferry", {"copy", "noop", "touch", "ls"}),
+    # ferry and rsync keeping hard links, ACLs and extended attributes: their cost
+    "ferry-hax": ("ferry", {"copy", "noop", "touch"}),
     "rsync": ("peer", {"copy", "noop", "touch"}),
+    "rsync-hax": ("peer", {"copy", "noop", "touch"}),
     "rclone": ("peer", {"copy", "noop", "touch", "ls"}),
     "rclone32": ("peer", {"copy", "noop", "touch"}),
     "cp": ("peer", {"copy"}),
@@ -404,10 +407,14 @@ def tool_cmd(ctx, tool, scenario, wname, src, dst):
         }[tool], env, None
     if tool == "ferry":
         return [ctx.ferry, "sync", src, dst], env, None
+    if tool == "ferry-hax":
+        return [ctx.ferry, "sync", "-H", "-A", "-X", src, dst], env, None
     if tool == "ferry-base":
         return [ctx.base, "sync", src, dst], env, None
     if tool == "rsync":
         return ["rsync", "-a", "--delete", src + "/", dst + "/"], env, None
+    if tool == "rsync-hax":
+        return ["rsync", "-aHAX", "--delete", src + "/", dst + "/"], env, None
     if tool in ("rclone", "rclone32"):
         argv = ["rclone", "sync", "--links", "--create-empty-src-dirs", src, dst]
         if tool == "rclone32":
@@ -1291,7 +1298,7 @@ def main():
         return 2
     ctx.fd = shutil.which("fdfind") or shutil.which("fd")
     ctx.missing = {}
-    for t, exe in (("rsync", "rsync"), ("rclone", "rclone"), ("rclone32", "rclone"), ("cp", "cp"),
+    for t, exe in (("rsync", "rsync"), ("rsync-hax", "rsync"), ("rclone", "rclone"), ("rclone32", "rclone"), ("cp", "cp"),
                    ("tar", "tar"), ("find", "find"), ("ls", "ls")):
         if not shutil.which(exe):
             ctx.missing[t] = f"`{exe}` not installed"

@@ -453,8 +453,6 @@ impl Journal {
     }
 }
 
-/// A journal held in memory, for tests: records by directory.
-
 /// Whether the journal holds the mark of a run that went ahead.
 fn synced_mark(conn: &Connection) -> rusqlite::Result<bool> {
     let marked: Option<String> = conn
@@ -463,6 +461,7 @@ fn synced_mark(conn: &Connection) -> rusqlite::Result<bool> {
     Ok(marked.is_some())
 }
 
+/// A journal held in memory, for tests: records by directory.
 #[cfg(test)]
 #[derive(Debug, Default)]
 pub struct Snapshot {
