@@ -301,7 +301,9 @@ pub fn merge_dir(
             && !cx.checksum
             && files(&va)
             && files(&vb)
-            && va.zip(vb).is_some_and(|(a, b)| a.size == b.size && a.same_mtime(&b))
+            && va
+                .zip(vb)
+                .is_some_and(|(a, b)| a.size == b.size && a.same_mtime(&b))
         {
             it.act = compared(&it, true);
         }

@@ -94,7 +94,11 @@ impl Fixture for Ssh {
 
 fn open(p: &Path) -> Result<SshStore, String> {
     let (rsh, host) = server()?;
-    ferry_ssh::configure(Some(rsh), Some(bin().to_string_lossy().into_owned()));
+    ferry_ssh::configure(ferry_ssh::Settings {
+        rsh: Some(rsh),
+        remote_ferry: Some(bin().to_string_lossy().into_owned()),
+        ..Default::default()
+    });
     SshStore::open(&Target::new(&host, None)?, p.as_os_str().as_bytes())
 }
 
