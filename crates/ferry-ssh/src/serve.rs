@@ -367,15 +367,14 @@ fn answer_io(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> io::Re
                 .ok_or_else(|| bad_handle(file))?;
             let mut data = vec![0u8; (len as usize).min(proto::CHUNK)];
             let n = pread_full(&r, offset, &mut data)?;
-            let f = proto::frame_sized(
+            Ok(proto::frame_sized(
                 id,
                 &Resp::Data {
                     data: &data[..n],
                     current: if n < data.len() { r.current() } else { None },
                 },
                 n,
-            );
-            return Ok(f);
+            ))
         }
         Req::ReadLink { dir, name } => {
             let t = s.read_link(&*dir_of(st, dir)?, &cname(name)?)?;

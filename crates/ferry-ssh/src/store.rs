@@ -77,6 +77,9 @@ pub struct SshReader {
     ranged: Option<Ranged>,
 }
 
+/// A file open on one connection: the connection and the handle.
+type Handle = (Arc<Conn>, u64);
+
 /// A big remote file read in ranges over several connections.
 struct Ranged {
     conn: Arc<Conn>,
@@ -86,7 +89,7 @@ struct Ranged {
     /// Size, mtime and inode when opened: the content ranges are read from.
     opened: (u64, i64, u32, u64),
     /// Its handles on the other connections, opened when first needed.
-    others: Mutex<Vec<Option<(Arc<Conn>, u64)>>>,
+    others: Mutex<Vec<Option<Handle>>>,
     /// The connection of the next range.
     turn: AtomicUsize,
     width: usize,
@@ -94,7 +97,7 @@ struct Ranged {
 
 impl Ranged {
     /// The connection and handle for the next range.
-    fn next(&self) -> io::Result<(Arc<Conn>, u64)> {
+    fn next(&self) -> io::Result<Handle> {
         let k = self.turn.fetch_add(1, Ordering::Relaxed) % self.width;
         if k == 0 {
             return Ok((self.conn.clone(), self.file));
