@@ -301,9 +301,7 @@ pub fn merge_dir(
             && !cx.checksum
             && files(&va)
             && files(&vb)
-            && va
-                .zip(vb)
-                .is_some_and(|(a, b)| a.size == b.size && a.same_mtime(&b))
+            && va.zip(vb).is_some_and(|(a, b)| a.size == b.size && a.same_mtime(&b))
         {
             it.act = compared(&it, true);
         }

@@ -976,11 +976,7 @@ fn first_run_trusts_size_and_mtime_and_compares_the_rest() {
     put(&p.b, "differ", b"yyyy", 1_600_000_500);
     let r = p.run(&["--resync", "-c", "-n", "--json"]);
     r.ok();
-    assert_eq!(
-        summary_field(&r, "conflicts"),
-        2,
-        "-c: quick and differ\n{r}"
-    );
+    assert_eq!(summary_field(&r, "conflicts"), 2, "-c: quick and differ\n{r}");
     let r = p.run(&["--resync", "--json"]);
     r.ok();
     assert_eq!(summary_field(&r, "conflicts"), 1, "differ only\n{r}");
