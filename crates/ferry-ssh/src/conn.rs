@@ -33,21 +33,42 @@ pub struct Target {
     pub port: Option<u16>,
     /// The command that runs ferry on the remote (`--remote-ferry`).
     pub remote_ferry: String,
+    /// Whether this binary may be installed on the remote when it has no
+    /// ferry of this protocol (no `--remote-ferry`, no
+    /// `--no-remote-install`).
+    pub install: bool,
 }
 
-static SETTINGS: OnceLock<(Option<String>, Option<String>)> = OnceLock::new();
-
-/// The `-e/--rsh` command and the `--remote-ferry` of this run (unset:
-/// `FERRY_RSH` or `ssh`, and `ferry`).
-pub fn configure(rsh: Option<String>, remote_ferry: Option<String>) {
-    let _ = SETTINGS.set((rsh, remote_ferry));
+/// This run's settings for SSH locations.
+#[derive(Clone, Debug, Default)]
+pub struct Settings {
+    /// `-e/--rsh` (unset: `FERRY_RSH`, or `ssh`).
+    pub rsh: Option<String>,
+    /// `--remote-ferry` (unset: `ferry`, installed when missing).
+    pub remote_ferry: Option<String>,
+    /// `--connections` (unset: from the cores of both ends).
+    pub connections: Option<u16>,
+    /// `--no-remote-install`.
+    pub no_remote_install: bool,
 }
+
+static SETTINGS: OnceLock<Settings> = OnceLock::new();
+
+/// Make `s` this run's settings.
+pub fn configure(s: Settings) {
+    let _ = SETTINGS.set(s);
+}
+
+/// Connections per host at most when `--connections` is not given.
+const DEFAULT_CONNECTIONS: usize = 4;
 
 impl Target {
     /// The target for `host` (`[user@]host`, brackets around an IPv6
     /// address allowed) and `port`, with this run's settings.
     pub fn new(host: &str, port: Option<u16>) -> Result<Target, String> {
-        let (rsh, rf) = SETTINGS.get().cloned().unwrap_or_default();
+        let set = SETTINGS.get().cloned().unwrap_or_default();
+        let install = set.remote_ferry.is_none() && !set.no_remote_install;
+        let (rsh, rf) = (set.rsh, set.remote_ferry);
         let rsh = rsh
             .or_else(|| {
                 std::env::var("FERRY_RSH")
@@ -74,16 +95,22 @@ impl Target {
             host,
             port,
             remote_ferry: rf.unwrap_or_else(|| "ferry".into()),
+            install,
         })
     }
 
     fn argv(&self) -> Vec<String> {
+        self.command(&format!("{} serve", self.remote_ferry))
+    }
+
+    /// The ssh command line that runs `remote` (a shell command) there.
+    pub(crate) fn command(&self, remote: &str) -> Vec<String> {
         let mut a = self.rsh.clone();
         if let Some(p) = self.port {
             a.extend(["-p".into(), p.to_string()]);
         }
         a.push(self.host.clone());
-        a.push(format!("{} serve", self.remote_ferry));
+        a.push(remote.into());
         a
     }
 }
@@ -178,6 +205,13 @@ pub struct Conn {
     gone: AtomicBool,
     /// The server runs as root.
     pub root: bool,
+    /// The server's cores.
+    pub cores: usize,
+    /// How it was reached (the remote ferry found or installed).
+    target: Target,
+    /// Further connections to the same host for big files, opened when
+    /// first needed (`None`: not yet).
+    extra: Mutex<Vec<Option<Arc<Conn>>>>,
 }
 
 /// A reply's bytes, decoded on demand (byte strings borrowed from them).
@@ -258,6 +292,43 @@ impl Conn {
         self.next.fetch_add(1, Ordering::Relaxed)
     }
 
+    /// How many connections big files use: `--connections`, or the
+    /// fewest cores of the two ends (one ssh stream is bound to one core
+    /// by its cipher), up to [`DEFAULT_CONNECTIONS`].
+    pub fn width(&self) -> usize {
+        let set = SETTINGS.get().cloned().unwrap_or_default();
+        match set.connections {
+            Some(n) => usize::from(n).max(1),
+            None => {
+                let here = std::thread::available_parallelism().map_or(1, |n| n.get());
+                here.min(self.cores).clamp(1, DEFAULT_CONNECTIONS)
+            }
+        }
+    }
+
+    /// Connection `k` (0 is this one) of [`Conn::width`], opened now if it
+    /// is not yet; this one when another cannot be opened (the work goes
+    /// on, on fewer connections).
+    pub fn nth(self: &Arc<Conn>, k: usize) -> Arc<Conn> {
+        if k == 0 {
+            return self.clone();
+        }
+        let mut extra = self.extra.lock().unwrap();
+        if extra.len() < k {
+            extra.resize(k, None);
+        }
+        match &extra[k - 1] {
+            Some(c) if !c.gone.load(Ordering::Relaxed) => c.clone(),
+            _ => match open(&self.target) {
+                Ok(c) => {
+                    extra[k - 1] = Some(c.clone());
+                    c
+                }
+                Err(_) => self.clone(),
+            },
+        }
+    }
+
     fn die(&self, why: String) {
         let calls = {
             let mut p = self.pending.lock().unwrap();
@@ -287,19 +358,39 @@ impl Stderr {
     }
 }
 
-/// The connection to `t`, made once per run and shared.
+/// The connection to `t`, made once per run and shared. When the remote
+/// has no ferry of this protocol and `t` allows it, this binary is
+/// installed there ([`crate::install`]) and run.
 pub fn connect(t: &Target) -> Result<Arc<Conn>, String> {
     static CONNS: Mutex<Vec<(Target, Arc<Conn>)>> = Mutex::new(Vec::new());
     let mut conns = CONNS.lock().unwrap();
     if let Some((_, c)) = conns.iter().find(|(k, _)| k == t) {
         return Ok(c.clone());
     }
-    let c = open(t)?;
+    let c = match open(t) {
+        Ok(c) => c,
+        Err(Failed::Other(why)) => return Err(why),
+        Err(Failed::NoFerry(why)) if !t.install => return Err(why),
+        Err(Failed::NoFerry(why)) => {
+            let installed = crate::install::install(t, &why)?;
+            open(&installed).map_err(|f| match f {
+                Failed::Other(w) | Failed::NoFerry(w) => w,
+            })?
+        }
+    };
     conns.push((t.clone(), c.clone()));
     Ok(c)
 }
 
-fn open(t: &Target) -> Result<Arc<Conn>, String> {
+/// Why a session did not start.
+enum Failed {
+    /// No ferry of this protocol answered (the message says which).
+    NoFerry(String),
+    /// Anything else (ssh could not connect, ...).
+    Other(String),
+}
+
+fn open(t: &Target) -> Result<Arc<Conn>, Failed> {
     let argv = t.argv();
     let mut child = Command::new(&argv[0])
         .args(&argv[1..])
@@ -307,7 +398,12 @@ fn open(t: &Target) -> Result<Arc<Conn>, String> {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| format!("cannot run {:?} (the -e/FERRY_RSH command): {e}", argv[0]))?;
+        .map_err(|e| {
+            Failed::Other(format!(
+                "cannot run {:?} (the -e/FERRY_RSH command): {e}",
+                argv[0]
+            ))
+        })?;
     let err = Arc::new(Stderr {
         tail: Mutex::new(Vec::new()),
     });
@@ -326,6 +422,11 @@ fn open(t: &Target) -> Result<Arc<Conn>, String> {
     };
     let mut stdin = child.stdin.take().expect("piped");
     let mut stdout = child.stdout.take().expect("piped");
+    {
+        use std::os::fd::AsFd;
+        crate::serve::grow_pipe(stdin.as_fd());
+        crate::serve::grow_pipe(stdout.as_fd());
+    }
     let _ = proto::write_hello(&mut stdin);
     let hello = proto::read_hello(&mut stdout);
     match hello {
@@ -333,10 +434,10 @@ fn open(t: &Target) -> Result<Arc<Conn>, String> {
         Ok(Hello::Ferry { protocol, version }) => {
             let _ = child.kill();
             let _ = child.wait();
-            return Err(format!(
+            return Err(Failed::NoFerry(format!(
                 "{}: the remote ferry ({}) is version {version} (protocol {protocol}), this is {} (protocol {}): install ferry {} there, or name one with --remote-ferry PATH",
                 t.host, t.remote_ferry, proto::version(), proto::PROTOCOL, proto::version()
-            ));
+            )));
         }
         Ok(Hello::Other(b)) => {
             let _ = child.kill();
@@ -347,7 +448,7 @@ fn open(t: &Target) -> Result<Arc<Conn>, String> {
                 String::from_utf8_lossy(&b)
             );
             let _ = child.wait();
-            return Err(what);
+            return Err(Failed::NoFerry(what));
         }
         Err(_) => {
             drop(stdin);
@@ -363,19 +464,30 @@ fn open(t: &Target) -> Result<Arc<Conn>, String> {
         next: AtomicU64::new(1),
         gone: AtomicBool::new(false),
         root: false,
+        cores: 1,
+        target: t.clone(),
+        extra: Mutex::new(Vec::new()),
     };
     let conn = {
-        // Whether the server keeps owners, asked before the reader runs:
-        // this first reply is read here.
+        // Whether the server keeps owners and its cores, asked before the
+        // reader runs: this first reply is read here.
         let body = conn
             .tx
-            .send(proto::frame(u64::MAX, &Req::IsRoot))
+            .send(proto::frame(u64::MAX, &Req::Info))
             .ok()
             .and_then(|()| proto::read_frame(&mut stdout).ok().flatten());
         match body.as_ref().map(|(_, b)| Body(b.clone())) {
             Some(b) => match b.get() {
-                Ok(Resp::Bool(root)) => conn.root = root,
-                _ => return Err(format!("{}: ferry serve answered out of protocol", t.host)),
+                Ok(Resp::Info { root, cores }) => {
+                    conn.root = root;
+                    conn.cores = (cores as usize).max(1);
+                }
+                _ => {
+                    return Err(Failed::Other(format!(
+                        "{}: ferry serve answered out of protocol",
+                        t.host
+                    )))
+                }
             },
             None => {
                 drop(conn);
@@ -426,12 +538,20 @@ fn read_replies(
 }
 
 /// The session ended before it started: wait for ssh, then say why.
-fn ended(t: &Target, mut child: Child, errt: JoinHandle<()>, err: &Stderr) -> String {
+fn ended(t: &Target, mut child: Child, errt: JoinHandle<()>, err: &Stderr) -> Failed {
     let status = child.wait().ok().and_then(|s| s.code());
     let _ = errt.join();
     let tail = err.tail.lock().unwrap().clone();
-    classify(t, status, &tail)
+    let why = classify(t, status, &tail);
+    if why.contains(NO_FERRY) {
+        Failed::NoFerry(why)
+    } else {
+        Failed::Other(why)
+    }
 }
+
+/// What [`classify`] says when the remote has no ferry.
+const NO_FERRY: &str = "no ferry on the remote";
 
 /// One line for a session that did not start: what ssh or the remote said.
 fn classify(t: &Target, code: Option<i32>, tail: &[String]) -> String {
@@ -470,7 +590,7 @@ fn classify(t: &Target, code: Option<i32>, tail: &[String]) -> String {
         || has("No such file or directory")
     {
         return format!(
-            "{h}: no ferry on the remote (`{} serve`: {last}); install ferry there or name it with --remote-ferry PATH",
+            "{h}: {NO_FERRY} (`{} serve`: {last}); install ferry there or name it with --remote-ferry PATH",
             t.remote_ferry
         );
     }
@@ -502,6 +622,7 @@ mod tests {
             host: "u@h".into(),
             port: Some(22),
             remote_ferry: "/opt/ferry".into(),
+            install: false,
         };
         assert_eq!(
             t.argv(),
@@ -516,6 +637,7 @@ mod tests {
             host: "h".into(),
             port: None,
             remote_ferry: "ferry".into(),
+            install: true,
         };
         let c = |code, l: &str| classify(&t, Some(code), &[l.to_string()]);
         assert!(c(

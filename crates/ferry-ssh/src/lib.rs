@@ -10,10 +10,11 @@
 #![deny(missing_docs)]
 
 pub mod conn;
+pub mod install;
 pub mod proto;
 pub mod serve;
 pub mod store;
 
-pub use conn::{configure, split_words, Lost, Target};
+pub use conn::{configure, split_words, Lost, Settings, Target};
 pub use serve::serve;
 pub use store::{SshDir, SshReader, SshStore, SshWriter};

@@ -20,7 +20,7 @@ use ferry_engine::store::MetaChange;
 use serde::{Deserialize, Serialize};
 
 /// The protocol version both ends must speak.
-pub const PROTOCOL: u32 = 1;
+pub const PROTOCOL: u32 = 2;
 /// The hello's first bytes.
 const MAGIC: &[u8; 12] = b"FERRY-SERVE\n";
 /// Largest frame accepted (a whole small file, a big directory's listing).
@@ -87,7 +87,13 @@ pub fn read_hello(r: &mut impl Read) -> io::Result<Hello> {
 
 /// A frame being built: length and id in front, the message after.
 pub fn frame(id: u64, msg: &impl Serialize) -> Vec<u8> {
-    let mut b = Vec::with_capacity(64);
+    frame_sized(id, msg, 0)
+}
+
+/// [`frame`] of a message carrying `bytes` bytes of data: the frame is
+/// allocated once, at its full size.
+pub fn frame_sized(id: u64, msg: &impl Serialize, bytes: usize) -> Vec<u8> {
+    let mut b = Vec::with_capacity(64 + bytes);
     b.extend_from_slice(&[0u8; 4]);
     b.extend_from_slice(&id.to_le_bytes());
     let mut b = postcard::to_extend(msg, b).expect("messages always encode");
@@ -119,8 +125,11 @@ pub fn read_frame(r: &mut impl Read) -> io::Result<Option<(u64, Vec<u8>)>> {
     }
     let mut id = [0u8; 8];
     r.read_exact(&mut id)?;
-    let mut body = vec![0u8; len - 8];
-    r.read_exact(&mut body)?;
+    // Read into spare capacity: a chunk's megabyte is not zeroed first.
+    let mut body = Vec::with_capacity(len - 8);
+    if r.take(len as u64 - 8).read_to_end(&mut body)? < len - 8 {
+        return Err(io::ErrorKind::UnexpectedEof.into());
+    }
     Ok(Some((u64::from_le_bytes(id), body)))
 }
 
@@ -227,6 +236,10 @@ pub enum Req<'a> {
     /// Open file `name` as handle `file`: [`Resp::Opened`]. A file up to
     /// [`INLINE_MAX`] comes whole in the reply (and the handle is not kept).
     Open { dir: u64, name: &'a [u8], file: u64 },
+    /// Open the file at `path` (as [`Req::StatPath`] names it) as handle
+    /// `file`, whatever its size: [`Resp::Opened`] with no data (a big
+    /// file's other connections read ranges of it).
+    OpenPath { path: &'a [u8], file: u64 },
     /// Up to `len` bytes of open file `file` at `offset`: [`Resp::Data`].
     Read { file: u64, offset: u64, len: u32 },
     /// A symlink's target: [`Resp::Bytes`].
@@ -306,8 +319,8 @@ pub enum Req<'a> {
     MakeWritable { dir: u64 },
     /// [`Resp::Bool`].
     OwnLegacyPartial { dir: u64, name: &'a [u8] },
-    /// [`Resp::Bool`]: whether the server runs as root (keeps owners).
-    IsRoot,
+    /// [`Resp::Info`]: what the server is.
+    Info,
 }
 
 /// An error on the wire: the OS error number when there is one, else the
@@ -371,11 +384,14 @@ pub enum Resp<'a> {
         errors: Vec<(&'a [u8], WireErr)>,
     },
     /// A file opened: its whole content when small (up to one byte past
-    /// its size, to show growth), and its size and mtime after reading.
+    /// its size, to show growth), and its size and mtime (after reading a
+    /// small one; a big one's, with its inode number, identify the content
+    /// its ranges are read from).
     Opened {
         #[serde(with = "serde_bytes")]
         data: Option<&'a [u8]>,
         current: Option<(u64, i64, u32)>,
+        ino: u64,
     },
     /// Bytes read; a short read is the end of the file, and then
     /// `current` holds its size and mtime.
@@ -392,6 +408,8 @@ pub enum Resp<'a> {
     Count(u64),
     /// Entries removed (path below the removed name, size), the name last.
     Removed(Vec<(Vec<u8>, u64)>),
+    /// The server: whether it runs as root (keeps owners), its cores.
+    Info { root: bool, cores: u32 },
 }
 
 /// Encode an `io::Result<()>` as a reply.

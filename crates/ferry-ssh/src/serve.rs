@@ -3,12 +3,13 @@
 //! as a local run: the fast scanner, the atomic temporary + rename writes,
 //! exact metadata.
 //!
-//! One thread reads requests. Those that must keep their order (the
-//! creation, writes and abort of a big file, closing a handle) it carries
-//! out itself; everything else goes to a pool of workers, so many requests
-//! run at once (listings, stats, whole small files) and a slow one holds up
-//! no other. Replies go through one writer thread, which writes as many as
-//! are ready and then flushes.
+//! One thread reads requests. Closing a handle it carries out itself; the
+//! requests of big files being written (creation, writes, commit, abort),
+//! which must keep their order, go to one disk thread, so the stream is
+//! read on while a chunk goes to disk; everything else goes to a pool of
+//! workers, so many requests run at once (listings, stats, whole small
+//! files) and a slow one holds up no other. Replies go through one writer
+//! thread, which writes as many as are ready and then flushes.
 
 use std::collections::HashMap;
 use std::ffi::{CString, OsStr};
@@ -27,6 +28,11 @@ use crate::proto::{self, what_of, Hello, Req, Resp, WireErr, INLINE_MAX, M};
 
 /// Workers carrying out requests at once.
 const WORKERS: usize = 16;
+/// Requests queued for the disk thread at most (chunks of big files).
+const DISK_QUEUE: usize = 8;
+/// Bytes the pipes to and from ssh hold (the kernel's default is 64 KiB):
+/// room for whole chunks while the other side is busy.
+pub const PIPE_BYTES: usize = 1 << 20;
 
 /// A file being written: open, or failed (the error goes back on commit).
 enum Writing {
@@ -48,7 +54,15 @@ pub fn serve() -> io::Result<()> {
     use std::os::fd::AsFd;
     let input = std::fs::File::from(io::stdin().as_fd().try_clone_to_owned()?);
     let output = std::fs::File::from(io::stdout().as_fd().try_clone_to_owned()?);
+    grow_pipe(input.as_fd());
+    grow_pipe(output.as_fd());
     serve_on(io::BufReader::with_capacity(256 << 10, input), output)
+}
+
+/// Give a pipe [`PIPE_BYTES`] of room (a hint: not a pipe, or a limit
+/// below it, and it stays as it is).
+pub fn grow_pipe(fd: std::os::fd::BorrowedFd<'_>) {
+    let _ = rustix::pipe::fcntl_setpipe_size(fd, PIPE_BYTES);
 }
 
 /// Serve requests read from `input`, replies written to `output`.
@@ -84,11 +98,18 @@ pub fn serve_on(mut input: impl Read, output: impl Write + Send + 'static) -> io
             std::thread::spawn(move || work(&st, &rx))
         })
         .collect();
-    let res = read_requests(&st, &mut input, &work_tx);
+    let (disk_tx, disk_rx) = mpsc::sync_channel::<(u64, Vec<u8>)>(DISK_QUEUE);
+    let disk = {
+        let st = st.clone();
+        std::thread::spawn(move || write_files(&st, &disk_rx))
+    };
+    let res = read_requests(&st, &mut input, &work_tx, &disk_tx);
     drop(work_tx);
+    drop(disk_tx);
     for w in workers {
         let _ = w.join();
     }
+    let _ = disk.join();
     // The client is gone: what it was writing is dropped with its temporary.
     let left: Vec<_> = st.writers.lock().unwrap().drain().collect();
     for (_, w) in left {
@@ -105,13 +126,39 @@ fn read_requests(
     st: &State,
     input: &mut impl Read,
     work: &SyncSender<(u64, Vec<u8>)>,
+    disk: &SyncSender<(u64, Vec<u8>)>,
 ) -> io::Result<()> {
     while let Some((id, body)) = proto::read_frame(input)? {
-        match proto::decode::<Req>(&body)? {
+        let to = match proto::decode::<Req>(&body)? {
             Req::Close { handle } => {
                 st.dirs.lock().unwrap().remove(&handle);
                 st.readers.lock().unwrap().remove(&handle);
+                continue;
             }
+            Req::Create { .. } | Req::Write { .. } | Req::Commit { .. } | Req::Abort { .. } => disk,
+            _ => work,
+        };
+        if to.send((id, body)).is_err() {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// The disk thread: big files' creation, writes, commits and aborts, in
+/// the order they came.
+fn write_files(st: &State, rx: &Receiver<(u64, Vec<u8>)>) {
+    while let Ok((id, body)) = rx.recv() {
+        let req = match proto::decode::<Req>(&body) {
+            Ok(r) => r,
+            Err(e) => {
+                if id != 0 {
+                    let _ = st.out.lock().unwrap().send(err_frame(id, &e));
+                }
+                continue;
+            }
+        };
+        match req {
             Req::Create {
                 dir,
                 name,
@@ -134,14 +181,12 @@ fn read_requests(
                     st.store.abort(&d, w);
                 }
             }
-            _ => {
-                if work.send((id, body)).is_err() {
-                    break;
-                }
+            req => {
+                let f = answer(st, id, req, &mut Listing::new());
+                let _ = st.out.lock().unwrap().send(f);
             }
         }
     }
-    Ok(())
 }
 
 /// Append `data` to the file being written as `file`; a failure is kept
@@ -273,14 +318,7 @@ fn answer_io(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> io::Re
             let r = s.open_file(&*dir_of(st, dir)?, &cname(name)?)?;
             let size = r.current().map_or(u64::MAX, |c| c.0);
             if size > INLINE_MAX {
-                st.readers.lock().unwrap().insert(file, Arc::new(r));
-                return Ok(proto::frame(
-                    id,
-                    &Resp::Opened {
-                        data: None,
-                        current: None,
-                    },
-                ));
+                return Ok(keep_open(st, id, file, r));
             }
             // One byte past the size: a file that grew shows it.
             let mut data = vec![0u8; size as usize + 1];
@@ -290,8 +328,34 @@ fn answer_io(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> io::Re
                 &Resp::Opened {
                     data: Some(&data[..n]),
                     current: r.current(),
+                    ino: 0,
                 },
             ))
+        }
+        Req::OpenPath { path, file } => {
+            let p = Path::new(OsStr::from_bytes(path));
+            let (dir, name) = match (p.parent(), p.file_name()) {
+                (Some(d), Some(n)) => (
+                    if d.as_os_str().is_empty() {
+                        Path::new(".")
+                    } else {
+                        d
+                    },
+                    n,
+                ),
+                _ => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        "not a file path",
+                    ))
+                }
+            };
+            let at = LocalStore::new(dir, 1);
+            let (d, _) = at
+                .open_root()?
+                .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
+            let r = at.open_file(&d, &cname(name.as_bytes())?)?;
+            Ok(keep_open(st, id, file, r))
         }
         Req::Read { file, offset, len } => {
             let r = st
@@ -303,13 +367,13 @@ fn answer_io(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> io::Re
                 .ok_or_else(|| bad_handle(file))?;
             let mut data = vec![0u8; (len as usize).min(proto::CHUNK)];
             let n = pread_full(&r, offset, &mut data)?;
-            let current = if n < data.len() { r.current() } else { None };
-            Ok(proto::frame(
+            Ok(proto::frame_sized(
                 id,
                 &Resp::Data {
                     data: &data[..n],
-                    current,
+                    current: if n < data.len() { r.current() } else { None },
                 },
+                n,
             ))
         }
         Req::ReadLink { dir, name } => {
@@ -404,14 +468,34 @@ fn answer_io(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> io::Re
             let b = s.is_own_legacy_partial(&*dir_of(st, dir)?, &cname(name)?);
             Ok(proto::frame(id, &Resp::Bool(b)))
         }
-        Req::IsRoot => Ok(proto::frame(
+        Req::Info => Ok(proto::frame(
             id,
-            &Resp::Bool(rustix::process::geteuid().is_root()),
+            &Resp::Info {
+                root: rustix::process::geteuid().is_root(),
+                cores: std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
+            },
         )),
         Req::Close { .. } | Req::Create { .. } | Req::Write { .. } | Req::Abort { .. } => {
-            unreachable!("handled in order by the reading thread")
+            unreachable!("handled in order by the reading and disk threads")
         }
     }
+}
+
+/// Keep big file `r` open as handle `file`: the [`Resp::Opened`] frame
+/// with its size, mtime and inode.
+fn keep_open(st: &State, id: u64, file: u64, r: LocalReader) -> Vec<u8> {
+    let fd = r.as_fd().expect("a local file has a descriptor");
+    let ino = rustix::fs::fstat(fd).map_or(0, |s| s.st_ino);
+    let current = r.current();
+    st.readers.lock().unwrap().insert(file, Arc::new(r));
+    proto::frame(
+        id,
+        &Resp::Opened {
+            data: None,
+            current,
+            ino,
+        },
+    )
 }
 
 fn bad_handle(h: u64) -> io::Error {

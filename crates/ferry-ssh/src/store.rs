@@ -4,17 +4,24 @@
 //! written with its commit (one request each); a big one is read ahead
 //! several chunks at a time and written as a stream of chunks that get no
 //! reply, its errors coming back on its commit.
+//!
+//! A big file read into a store that fetches ranges (the local one) is a
+//! [`RangedSource`]: its ranges are read over [`Conn::width`] connections
+//! at once, and the local writer's resumable partial keeps what arrived
+//! when a run is killed, as for objects in S3.
 
 use std::collections::VecDeque;
 use std::ffi::CStr;
 use std::io;
 use std::os::fd::BorrowedFd;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::Receiver;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use ferry_engine::bwlimit::Limiter;
 use ferry_engine::entry::{Listing, Meta};
-use ferry_engine::store::{ListError, MetaChange, SourceFile, Store};
+use ferry_engine::piece::with_piece_buffer;
+use ferry_engine::store::{ListError, MetaChange, RangedSource, SourceFile, Store};
 
 use crate::conn::{self, unexpected, Conn, Target};
 use crate::proto::{what_bits, Req, Resp, CHUNK, INLINE_MAX, M};
@@ -28,10 +35,23 @@ pub struct SshStore {
     path: Vec<u8>,
 }
 
-/// An open remote directory (a handle of the server's).
+/// An open remote directory (a handle of the server's) and its path there
+/// (big files are opened by path on other connections).
 pub struct SshDir {
     conn: Arc<Conn>,
     id: u64,
+    path: Arc<[u8]>,
+}
+
+/// `dir/name`.
+fn join(dir: &[u8], name: &[u8]) -> Arc<[u8]> {
+    let mut p = Vec::with_capacity(dir.len() + 1 + name.len());
+    p.extend_from_slice(dir);
+    if !p.is_empty() && !p.ends_with(b"/") {
+        p.push(b'/');
+    }
+    p.extend_from_slice(name);
+    p.into()
 }
 
 impl Drop for SshDir {
@@ -53,6 +73,142 @@ pub struct SshReader {
     next: u64,
     eof: bool,
     current: Option<(u64, i64, u32)>,
+    /// A big file's ranged reads.
+    ranged: Option<Ranged>,
+}
+
+/// A file open on one connection: the connection and the handle.
+type Handle = (Arc<Conn>, u64);
+
+/// A big remote file read in ranges over several connections.
+struct Ranged {
+    conn: Arc<Conn>,
+    /// Its path there, its handle on the first connection.
+    path: Arc<[u8]>,
+    file: u64,
+    /// Size, mtime and inode when opened: the content ranges are read from.
+    opened: (u64, i64, u32, u64),
+    /// Its handles on the other connections, opened when first needed.
+    others: Mutex<Vec<Option<Handle>>>,
+    /// The connection of the next range.
+    turn: AtomicUsize,
+    width: usize,
+}
+
+impl Ranged {
+    /// The connection and handle for the next range.
+    fn next(&self) -> io::Result<Handle> {
+        let k = self.turn.fetch_add(1, Ordering::Relaxed) % self.width;
+        if k == 0 {
+            return Ok((self.conn.clone(), self.file));
+        }
+        let mut others = self.others.lock().unwrap();
+        if others.len() < k {
+            others.resize(k, None);
+        }
+        if let Some(h) = &others[k - 1] {
+            return Ok(h.clone());
+        }
+        let c = self.conn.nth(k);
+        if Arc::ptr_eq(&c, &self.conn) {
+            return Ok((c, self.file));
+        }
+        let file = c.handle();
+        let body = c.call(&Req::OpenPath {
+            path: &self.path,
+            file,
+        })?;
+        match body.get()? {
+            Resp::Opened {
+                current: Some((size, s, ns)),
+                ino,
+                ..
+            } if (size, s, ns, ino) == self.opened => {}
+            Resp::Opened { .. } => {
+                let _ = c.send(&Req::Close { handle: file });
+                return Err(changed());
+            }
+            r => return Err(unexpected(&r)),
+        }
+        others[k - 1] = Some((c.clone(), file));
+        Ok((c, file))
+    }
+}
+
+fn changed() -> io::Error {
+    io::Error::other("the file changed while it was copied")
+}
+
+impl RangedSource for Ranged {
+    fn identity(&self) -> io::Result<(u64, String)> {
+        let (size, s, ns, ino) = self.opened;
+        Ok((size, format!("ssh:{s}.{ns:09}:{ino}")))
+    }
+
+    fn read_range(
+        &self,
+        offset: u64,
+        len: u64,
+        out: &mut dyn FnMut(u64, &[u8]) -> io::Result<()>,
+        limit: Option<&Limiter>,
+    ) -> io::Result<()> {
+        let (conn, file) = self.next()?;
+        // The path still names the content opened (a replaced file's
+        // handle would read the old one): one round trip per range.
+        let now = meta_of(
+            conn.call(&Req::StatPath {
+                path: &self.path,
+                follow: false,
+            })?
+            .get()?,
+        )?;
+        match now {
+            Some(m) if (m.size, m.mtime_sec, m.mtime_nsec, m.ino) == self.opened => {}
+            _ => return Err(changed()),
+        }
+        let end = offset + len;
+        let mut ahead = VecDeque::new();
+        let mut next = offset;
+        while next < end || !ahead.is_empty() {
+            while next < end && ahead.len() < READ_AHEAD {
+                let n = (end - next).min(CHUNK as u64) as u32;
+                let rx = conn.start(&Req::Read {
+                    file,
+                    offset: next,
+                    len: n,
+                })?;
+                ahead.push_back((next, n, rx));
+                next += u64::from(n);
+            }
+            let (at, n, rx) = ahead.pop_front().expect("a read in flight");
+            let body = conn.wait(&rx)?;
+            let data = match body.get()? {
+                Resp::Data { data, .. } => data,
+                r => return Err(unexpected(&r)),
+            };
+            if data.len() < n as usize {
+                return Err(changed());
+            }
+            // Into the aligned piece buffer: the local writer hands it to
+            // the disk with O_DIRECT.
+            with_piece_buffer(|b| {
+                b[..data.len()].copy_from_slice(data);
+                out(at, &b[..data.len()])
+            })?;
+            if let Some(l) = limit {
+                l.acquire(data.len() as u64);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Ranged {
+    fn drop(&mut self) {
+        for (c, f) in self.others.get_mut().unwrap().iter().flatten() {
+            let _ = c.send(&Req::Close { handle: *f });
+        }
+    }
 }
 
 /// A remote file being written.
@@ -78,10 +234,11 @@ impl SshStore {
         meta_of(self.conn.call(&Req::StatPath { path, follow })?.get()?)
     }
 
-    fn dir(&self, id: u64) -> SshDir {
+    fn dir(&self, id: u64, path: Arc<[u8]>) -> SshDir {
         SshDir {
             conn: self.conn.clone(),
             id,
+            path,
         }
     }
 
@@ -110,7 +267,7 @@ impl SshStore {
                 })?
                 .get()?,
         )?;
-        Ok(m.map(|m| (self.dir(id), m)))
+        Ok(m.map(|m| (self.dir(id, self.path.as_slice().into()), m)))
     }
 }
 
@@ -188,6 +345,9 @@ impl SourceFile for SshReader {
     fn current(&self) -> Option<(u64, i64, u32)> {
         self.current
     }
+    fn ranged(&self) -> Option<&dyn RangedSource> {
+        self.ranged.as_ref().map(|r| r as &dyn RangedSource)
+    }
 }
 
 impl Drop for SshReader {
@@ -260,7 +420,7 @@ impl Store for SshStore {
             name: name.to_bytes(),
             new,
         })?;
-        Ok(self.dir(new))
+        Ok(self.dir(new, join(&parent.path, name.to_bytes())))
     }
 
     fn make_dir(&self, parent: &SshDir, name: &CStr) -> io::Result<SshDir> {
@@ -270,7 +430,7 @@ impl Store for SshStore {
             name: name.to_bytes(),
             new,
         })?;
-        Ok(self.dir(new))
+        Ok(self.dir(new, join(&parent.path, name.to_bytes())))
     }
 
     fn set_dir_meta(&self, dir: &SshDir, meta: &Meta, what: MetaChange) -> io::Result<()> {
@@ -292,14 +452,33 @@ impl Store for SshStore {
             Resp::Opened {
                 data: Some(d),
                 current,
+                ..
             } => (
                 (offset_in(&body.0, d), offset_in(&body.0, d) + d.len()),
                 current,
-                false,
+                None,
             ),
-            Resp::Opened { data: None, .. } => ((0, 0), None, true),
+            Resp::Opened {
+                data: None,
+                current,
+                ino,
+            } => (
+                (0, 0),
+                None,
+                Some(current.map(|(z, s, ns)| (z, s, ns, ino))),
+            ),
             r => return Err(unexpected(&r)),
         };
+        let ranged = big.flatten().map(|opened| Ranged {
+            conn: self.conn.clone(),
+            path: join(&dir.path, name.to_bytes()),
+            file,
+            opened,
+            others: Mutex::new(Vec::new()),
+            turn: AtomicUsize::new(0),
+            width: self.conn.width(),
+        });
+        let big = big.is_some();
         Ok(SshReader {
             conn: self.conn.clone(),
             file: big.then_some(file),
@@ -309,6 +488,7 @@ impl Store for SshStore {
             next: 0,
             eof: !big,
             current,
+            ranged,
         })
     }
 

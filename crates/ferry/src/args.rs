@@ -170,15 +170,28 @@ pub struct TransferArgs {
     /// [default: FERRY_RSH, or ssh].
     #[arg(short = 'e', long = "rsh", value_name = "CMD")]
     pub rsh: Option<String>,
-    /// The command that runs ferry on the remote host [default: ferry].
+    /// The command that runs ferry on the remote host [default: ferry, or
+    /// this binary installed there].
     #[arg(long, value_name = "PATH")]
     pub remote_ferry: Option<String>,
+    /// Never copy this binary to a remote host that has no ferry.
+    #[arg(long)]
+    pub no_remote_install: bool,
+    /// ssh connections per host for big files [default: the fewer cores
+    /// of the two ends, at most 4].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub connections: Option<u16>,
 }
 
 impl TransferArgs {
-    /// Make -e and --remote-ferry this run's settings for SSH locations.
+    /// Make the SSH flags this run's settings for SSH locations.
     pub fn configure_ssh(&self) {
-        ferry_ssh::configure(self.rsh.clone(), self.remote_ferry.clone());
+        ferry_ssh::configure(ferry_ssh::Settings {
+            rsh: self.rsh.clone(),
+            remote_ferry: self.remote_ferry.clone(),
+            connections: self.connections,
+            no_remote_install: self.no_remote_install,
+        });
     }
 }
 

@@ -94,7 +94,11 @@ impl Fixture for Ssh {
 
 fn open(p: &Path) -> Result<SshStore, String> {
     let (rsh, host) = server()?;
-    ferry_ssh::configure(Some(rsh), Some(bin().to_string_lossy().into_owned()));
+    ferry_ssh::configure(ferry_ssh::Settings {
+        rsh: Some(rsh),
+        remote_ferry: Some(bin().to_string_lossy().into_owned()),
+        ..Default::default()
+    });
     SshStore::open(&Target::new(&host, None)?, p.as_os_str().as_bytes())
 }
 
@@ -428,4 +432,327 @@ fn a_connection_lost_mid_run_is_one_line_and_a_rerun_completes() {
     }
     remote(&rsh, &["copy".as_ref(), src.as_os_str(), &at(&host, &dst)]).ok();
     assert_trees_equal(&src, &dst);
+}
+
+// ------------------------------------------------------------------ self-install
+
+/// An -e command that runs the remote command with `env` before it (a
+/// remote HOME and PATH of the test's own, so the real ones are never
+/// touched): a shell script around the test server's ssh.
+fn rsh_with(rsh: &str, dir: &Path, env: &str) -> String {
+    let script = dir.join("rsh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/bash\nlast=\"${{@: -1}}\"\nset -- \"${{@:1:$#-1}}\"\nexec {rsh} \"$@\" \"unset XDG_CACHE_HOME; export {env}; $last\"\n"
+        ),
+    )
+    .unwrap();
+    chmod(&script, 0o755);
+    script.to_string_lossy().into_owned()
+}
+
+/// A remote without ferry: this binary is installed once in the fresh
+/// cache and reused next time; a cached file of that name with other
+/// content is neither run nor replaced; --no-remote-install says in one
+/// line what to do.
+#[test]
+fn self_install_once_then_reused_and_checked() {
+    let (rsh, host) = need_server!();
+    let d = tmpdir();
+    let home = d.path().join("home");
+    std::fs::create_dir(&home).unwrap();
+    let rsh = rsh_with(
+        &rsh,
+        d.path(),
+        &format!("HOME='{}' PATH=/usr/bin:/bin", home.display()),
+    );
+    write(d.path(), "src/a", b"installed");
+    let src = d.path().join("src");
+    let dst = at(&host, &d.path().join("dst"));
+    let copy = |extra: &[&str]| {
+        let mut a: Vec<OsString> = vec!["copy".into(), "-e".into(), rsh.clone().into()];
+        a.extend(extra.iter().map(OsString::from));
+        a.push(src.clone().into());
+        a.push(dst.clone());
+        ferry(&a)
+    };
+    let r = copy(&["--no-remote-install"]);
+    r.code_is(2);
+    assert_eq!(r.error_lines().len(), 1, "{r}");
+    assert!(r.err().contains("no ferry on the remote"), "{r}");
+    assert!(!home.join(".cache").exists(), "{r}");
+    let r = copy(&[]);
+    r.ok();
+    assert!(r.err().contains("installed this ferry"), "{r}");
+    assert_eq!(std::fs::read(d.path().join("dst/a")).unwrap(), b"installed");
+    let cache = home.join(".cache/ferry");
+    let names: Vec<_> = std::fs::read_dir(&cache)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(names.len(), 1, "one file, no temporaries: {names:?}");
+    let cached = &names[0];
+    assert_eq!(
+        std::fs::read(cached).unwrap(),
+        std::fs::read(bin()).unwrap()
+    );
+    let before = std::fs::metadata(cached).unwrap().modified().unwrap();
+    // Reused: no second upload.
+    write(d.path(), "src/b", b"second");
+    let r = copy(&[]);
+    r.ok();
+    assert!(!r.err().contains("installed"), "{r}");
+    assert_eq!(
+        std::fs::metadata(cached).unwrap().modified().unwrap(),
+        before
+    );
+    assert_eq!(std::fs::read(d.path().join("dst/b")).unwrap(), b"second");
+    // A corrupt file of that name: not run, not replaced. (Made anew: the
+    // last run's remote ferry may still be running from the old one.)
+    std::fs::remove_file(cached).unwrap();
+    std::fs::write(cached, b"#!/bin/sh\necho not ferry\n").unwrap();
+    write(d.path(), "src/c", b"third");
+    let r = copy(&[]);
+    r.code_is(2);
+    assert_eq!(r.error_lines().len(), 1, "{r}");
+    assert!(r.err().contains("is not this ferry"), "{r}");
+    assert_eq!(
+        std::fs::read(cached).unwrap(),
+        b"#!/bin/sh\necho not ferry\n"
+    );
+    assert!(!d.path().join("dst/c").exists());
+}
+
+/// ferry on the remote PATH is found and run (no installing).
+#[test]
+fn ferry_on_the_remote_path_is_used() {
+    let (rsh, host) = need_server!();
+    let d = tmpdir();
+    let binp = d.path().join("bin");
+    std::fs::create_dir(&binp).unwrap();
+    std::os::unix::fs::symlink(bin(), binp.join("ferry")).unwrap();
+    let rsh = rsh_with(
+        &rsh,
+        d.path(),
+        &format!(
+            "HOME='{}' PATH='{}':/usr/bin:/bin",
+            d.path().display(),
+            binp.display()
+        ),
+    );
+    write(d.path(), "src/a", b"by PATH");
+    let r = ferry([
+        "copy".as_ref(),
+        "-e".as_ref(),
+        rsh.as_ref() as &std::ffi::OsStr,
+        "--no-remote-install".as_ref(),
+        d.path().join("src").as_os_str(),
+        &at(&host, &d.path().join("dst")),
+    ]);
+    r.ok();
+    assert_eq!(std::fs::read(d.path().join("dst/a")).unwrap(), b"by PATH");
+}
+
+// ------------------------------------------------------------------ more paths
+
+/// host:path to host:path (both through this machine), then an edit, a
+/// --dry-run that changes nothing, --checksum that sees a same-size,
+/// same-mtime change, and --exclude.
+#[test]
+fn remote_to_remote_dry_run_checksum_exclude() {
+    let (rsh, host) = need_server!();
+    let d = tmpdir();
+    let (a, b) = (d.path().join("a"), d.path().join("b"));
+    for i in 0..20 {
+        write(
+            &a,
+            format!("d{}/f{i}", i % 3),
+            &gen_bytes(1000 + i * 500, i as u64),
+        );
+    }
+    write(&a, "skip.log", b"not copied");
+    let (ra, rb) = (at(&host, &a), at(&host, &b));
+    let sync = |extra: &[&str]| {
+        let mut args: Vec<&std::ffi::OsStr> = vec!["sync".as_ref(), "--json".as_ref()];
+        args.extend(extra.iter().map(std::ffi::OsStr::new));
+        args.push(&ra);
+        args.push(&rb);
+        remote(&rsh, &args)
+    };
+    let r = sync(&["--exclude", "*.log"]);
+    r.ok();
+    assert!(!b.join("skip.log").exists(), "{r}");
+    std::fs::remove_file(a.join("skip.log")).unwrap();
+    // Same size and mtime, other bytes: only --checksum sees it.
+    let f = a.join("d1/f1");
+    let t = get_mtime(&f);
+    std::fs::write(&f, gen_bytes(1500, 99)).unwrap();
+    set_mtime(&f, t);
+    write(&a, "new", b"new file");
+    let r = sync(&["--dry-run", "--checksum"]);
+    r.ok();
+    assert!(!b.join("new").exists(), "{r}");
+    assert_ne!(std::fs::read(b.join("d1/f1")).unwrap(), gen_bytes(1500, 99));
+    let r = sync(&[]);
+    r.ok();
+    assert_eq!(summary_field(&r, "files_copied"), 1, "{r}");
+    assert_ne!(std::fs::read(b.join("d1/f1")).unwrap(), gen_bytes(1500, 99));
+    let r = sync(&["--checksum"]);
+    r.ok();
+    assert_eq!(summary_field(&r, "files_copied"), 1, "{r}");
+    assert_trees_equal(&a, &b);
+}
+
+/// host:path to s3:// and back, streamed through this machine (Garage:
+/// FERRY_TEST_S3_*).
+#[test]
+fn remote_to_s3_and_back() {
+    let (rsh, host) = need_server!();
+    let get = |k: &str| std::env::var(k).ok();
+    let (Some(ep), Some(key), Some(secret), Some(region), Some(bucket)) = (
+        get("FERRY_TEST_S3_ENDPOINT"),
+        get("FERRY_TEST_S3_KEY"),
+        get("FERRY_TEST_S3_SECRET"),
+        get("FERRY_TEST_S3_REGION"),
+        get("FERRY_TEST_S3_BUCKET"),
+    ) else {
+        eprintln!("skipped: FERRY_TEST_S3_* are not set (scripts/test starts Garage)");
+        return;
+    };
+    std::env::set_var("AWS_ACCESS_KEY_ID", key);
+    std::env::set_var("AWS_SECRET_ACCESS_KEY", secret);
+    std::env::set_var("AWS_REGION", region);
+    std::env::set_var("AWS_ENDPOINT_URL", ep);
+    let d = tmpdir();
+    let src = d.path().join("src");
+    for i in 0..10 {
+        write(&src, format!("s/f{i}"), &gen_bytes(i * 3000, i as u64));
+    }
+    write(&src, "big", &gen_bytes((33 << 20) + 7, 5));
+    let n = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let url = format!("s3://{bucket}/ssh-{n}");
+    remote(&rsh, &["copy".as_ref(), &at(&host, &src), url.as_ref()]).ok();
+    let back = d.path().join("back");
+    remote(&rsh, &["copy".as_ref(), url.as_ref(), &at(&host, &back)]).ok();
+    assert_eq!(content(&src), content(&back));
+}
+
+/// ferry itself killed (-9) mid-run over ssh: the rerun completes and no
+/// temporary is left on the remote.
+#[test]
+fn local_ferry_killed_then_rerun_leaves_no_temporaries() {
+    let (rsh, host) = need_server!();
+    let d = tmpdir();
+    let src = d.path().join("src");
+    for i in 0..30 {
+        write(&src, format!("f{i:02}"), &gen_bytes(300_000, i));
+    }
+    let dst = d.path().join("dst");
+    let mut child = std::process::Command::new(bin())
+        .args([
+            "copy".as_ref(),
+            "-e".as_ref(),
+            rsh.as_ref() as &std::ffi::OsStr,
+            "--remote-ferry".as_ref(),
+            bin().as_os_str(),
+            "--bwlimit".as_ref(),
+            "1M".as_ref(),
+            src.as_os_str(),
+            &at(&host, &dst),
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut waited = 0;
+    while !(dst.exists() && std::fs::read_dir(&dst).unwrap().count() >= 2) {
+        std::thread::sleep(Duration::from_millis(50));
+        waited += 1;
+        assert!(waited < 400, "the copy did not start");
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    remote(&rsh, &["copy".as_ref(), src.as_os_str(), &at(&host, &dst)]).ok();
+    assert_trees_equal(&src, &dst);
+    // The remote ends of the killed run are gone with their temporaries.
+    let mut left = Vec::new();
+    for _ in 0..100 {
+        left = find_prefixed(&dst, b".ferry-");
+        if left.is_empty() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(left.is_empty(), "{left:?}");
+}
+
+/// A big file pushed and pulled with --connections 3 is byte-equal; a
+/// pull killed part way resumes from the ranges that arrived.
+#[test]
+fn big_file_over_three_connections_and_a_resumed_pull() {
+    let (rsh, host) = need_server!();
+    let d = tmpdir();
+    let data = gen_bytes((64 << 20) + 1, 64);
+    write(d.path(), "src/big", &data);
+    let there = d.path().join("there");
+    let three: [&std::ffi::OsStr; 2] = ["--connections".as_ref(), "3".as_ref()];
+    let copy = |from: &std::ffi::OsStr, to: &std::ffi::OsStr, extra: &[&std::ffi::OsStr]| {
+        let mut a: Vec<&std::ffi::OsStr> = vec!["copy".as_ref()];
+        a.extend_from_slice(extra);
+        a.extend([from, to]);
+        remote(&rsh, &a)
+    };
+    copy(d.path().join("src").as_os_str(), &at(&host, &there), &three).ok();
+    assert!(std::fs::read(there.join("big")).unwrap() == data);
+    let back = d.path().join("back");
+    copy(&at(&host, &there), back.as_os_str(), &three).ok();
+    assert!(std::fs::read(back.join("big")).unwrap() == data);
+    // A pull killed part way: the partial stays, the rerun fetches the rest.
+    let again = d.path().join("again");
+    let mut child = std::process::Command::new(bin())
+        .args([
+            "copy".as_ref(),
+            "-e".as_ref(),
+            rsh.as_ref() as &std::ffi::OsStr,
+            "--remote-ferry".as_ref(),
+            bin().as_os_str(),
+            "--bwlimit".as_ref(),
+            "8M".as_ref(),
+            &at(&host, &there),
+            again.as_os_str(),
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Two seconds after the partial appears (its ranges are recorded every
+    // second): some of it has arrived and is on record.
+    let (mut waited, mut seen) = (0, 0);
+    while seen < 40 {
+        if again.exists() && !find_prefixed(&again, b".ferry-part-").is_empty() {
+            seen += 1;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        waited += 1;
+        assert!(waited < 600, "the pull did not start");
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let r = copy(&at(&host, &there), again.as_os_str(), &["-v".as_ref()]);
+    r.ok();
+    assert!(std::fs::read(again.join("big")).unwrap() == data);
+    let reused = r
+        .all()
+        .lines()
+        .find_map(|l| {
+            l.split_once(" bytes of interrupted downloads reused")
+                .and_then(|(a, _)| a.rsplit(' ').next()?.parse::<u64>().ok())
+        })
+        .unwrap_or(0);
+    assert!(reused > 0, "nothing resumed\n{r}");
+    assert!(find_prefixed(&again, b".ferry-").is_empty());
 }

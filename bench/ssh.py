@@ -1,0 +1,181 @@
+#!/usr/bin/env python3
+"""ferry over ssh side by side with rsync -a over the same ssh (and scp -r and rclone sftp
+when installed), on a throwaway sshd on 127.0.0.1 (scripts/sshd), runs alternated, medians.
+
+    python3 bench/ssh.py [--runs 3] [--ferry target/release/ferry] [--rtt-ms N] [--smoke]
+
+Workloads (generated under --workdir, removed at the end):
+  small: 10,000 x 4 KiB, first copy, push (local -> host:path) and pull (host:path -> local);
+  noop:  100,000 x 1 KiB already in place, push (nothing to copy);
+  big:   one 1 GiB file, first copy, push and pull.
+Each row: wall time (median of --runs), MiB/s for big, and the CPU seconds of the local
+side (the tool and its ssh children). --rtt-ms N puts bench/latency_proxy.py between the
+clients and sshd. --smoke runs tiny workloads once and checks the copies are equal (what
+scripts/test runs, so this never rots). --only big,push picks rows.
+"""
+import argparse, filecmp, os, resource, shutil, statistics, subprocess, sys, tempfile, time
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--runs", type=int, default=3)
+ap.add_argument("--ferry", default="target/release/ferry")
+ap.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "ferry-bench-ssh"))
+ap.add_argument("--rtt-ms", type=float, default=0)
+ap.add_argument("--smoke", action="store_true")
+ap.add_argument("--tools", default="", help="comma list (default: ferry,rsync and scp,rclone when installed)")
+ap.add_argument("--only", default="", help="comma list of workloads and directions: small,noop,big,push,pull")
+a = ap.parse_args()
+ferry = os.path.abspath(a.ferry)
+repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+runs = 1 if a.smoke else a.runs
+W = {"small": (200, 4096), "noop": (300, 1024), "big": (1, 3 << 20)} if a.smoke else \
+    {"small": (10_000, 4096), "noop": (100_000, 1024), "big": (1, 1 << 30)}
+only = set(filter(None, a.only.split(",")))
+
+os.makedirs(a.workdir, exist_ok=True)
+sdir = os.path.join(a.workdir, "sshd")
+env_lines = subprocess.run([os.path.join(repo, "scripts/sshd"), "start", sdir], check=True,
+                           capture_output=True, text=True).stdout
+cfg = {}
+for line in env_lines.splitlines():
+    line = line.replace("export ", "")
+    # FERRY_TEST_SSH_RSH='ssh -F DIR/ssh_config' has a blank inside its quotes.
+    for part in line.split(" FERRY_"):
+        k, v = part.removeprefix("FERRY_").split("=", 1)
+        cfg[k] = v.strip("'")
+config = os.path.join(sdir, "ssh_config")
+host = "ferry-test"
+proxy = None
+if a.rtt_ms:
+    import socket
+    sk = socket.socket()
+    sk.bind(("127.0.0.1", 0))
+    pport = sk.getsockname()[1]
+    sk.close()
+    proxy = subprocess.Popen([sys.executable, os.path.join(repo, "bench/latency_proxy.py"), str(pport),
+                              f"127.0.0.1:{cfg['TEST_SSH_PORT']}", str(a.rtt_ms / 2)],
+                             stdout=subprocess.PIPE, text=True)
+    assert proxy.stdout.readline().strip() == "ready"
+    with open(config) as f:
+        text = f.read().replace(f"Port {cfg['TEST_SSH_PORT']}", f"Port {pport}")
+    config = os.path.join(sdir, "ssh_config_rtt")
+    with open(config, "w") as f:
+        f.write(text)
+ssh = f"ssh -F {config} -c aes128-gcm@openssh.com"
+
+# (rclone is slow on even the smoke workloads: by default in full runs only.)
+tools = [t for t in a.tools.split(",") if t] or \
+    ["ferry", "rsync"] + [t for t in ("scp", "rclone") if shutil.which(t) and not (a.smoke and t == "rclone")]
+
+
+def cmd(tool, src, dst, push):
+    at = lambda p: f"{host}:{p}"
+    s, d = (src, at(dst)) if push else (at(src), dst)
+    if tool == "ferry":
+        return [ferry, "copy", "-e", ssh, "--remote-ferry", ferry, s, d]
+    if tool == "rsync":
+        return ["rsync", "-a", "-e", ssh, s + "/", d]
+    if tool == "scp":
+        return ["scp", "-O", "-q", "-r", "-F", config, "-c", "aes128-gcm@openssh.com", s, d]
+    if tool == "rclone":
+        # rclone's own SSH client, to the same server (and proxy).
+        port = config_port()
+        r = lambda p: (f":sftp,host=127.0.0.1,port={port},user={os.environ.get('USER') or 'root'},"
+                       f"key_file={sdir}/id,known_hosts_file={sdir}/known_hosts:{p}")
+        return ["rclone", "copy", "--transfers", "8"] + ([src, r(dst)] if push else [r(src), dst])
+    raise SystemExit(f"unknown tool {tool}")
+
+
+def config_port():
+    with open(config) as f:
+        return next(l.split()[1] for l in f if l.strip().startswith("Port ") and l.split()[1] != "1")
+
+
+def gen(root, n, size):
+    os.makedirs(root, exist_ok=True)
+    per = 1000
+    for i in range(n):
+        d = os.path.join(root, f"d{i // per:03}") if n > 1 else root
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, f"f{i:06}"), "wb") as f:
+            if size > 1 << 20:
+                for _ in range(size >> 20):
+                    f.write(os.urandom(1 << 20))
+            else:
+                f.write(os.urandom(size))
+
+
+def timed(argv):
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t = time.perf_counter()
+    r = subprocess.run(argv, capture_output=True, text=True)
+    wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if r.returncode != 0:
+        raise SystemExit(f"{argv[0]} failed ({r.returncode}): {r.stderr.strip()[-500:]}")
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def same(x, y):
+    c = filecmp.dircmp(x, y)
+    if c.left_only or c.right_only or c.diff_files or c.funny_files:
+        raise SystemExit(f"{x} and {y} differ: {c.left_only[:3]} {c.right_only[:3]} {c.diff_files[:3]}")
+    for s in c.common_dirs:
+        same(os.path.join(x, s), os.path.join(y, s))
+
+
+rows = []
+try:
+    for wl, (n, size) in W.items():
+        if only and wl not in only:
+            continue
+        src = os.path.join(a.workdir, wl, "src")
+        gen(src, n, size)
+        total = n * size
+        for push in (True, False):
+            if wl == "noop" and not push:
+                continue
+            if only & {"push", "pull"} and ("push" if push else "pull") not in only:
+                continue
+            for tool in tools:
+                if wl == "noop" and tool == "scp":
+                    continue  # scp has no no-op: it copies everything again
+                walls, cpus = [], []
+                for _ in range(runs):
+                    far = os.path.join(a.workdir, wl, "there")
+                    near = os.path.join(a.workdir, wl, "back")
+                    if push:
+                        dst = far
+                        if wl == "noop":
+                            # In place already (a first copy by the same tool).
+                            shutil.rmtree(dst, ignore_errors=True)
+                            timed(cmd(tool, src, dst, True))
+                        else:
+                            shutil.rmtree(dst, ignore_errors=True)
+                        wall, cpu = timed(cmd(tool, src, dst, True))
+                    else:
+                        if not os.path.isdir(far):
+                            timed(cmd("ferry", src, far, True))
+                        shutil.rmtree(near, ignore_errors=True)
+                        dst = near
+                        wall, cpu = timed(cmd(tool, far, near, False))
+                    walls.append(wall)
+                    cpus.append(cpu)
+                    if a.smoke:
+                        same(src, dst if push else near)
+                w = statistics.median(walls)
+                rate = f"{total / w / (1 << 20):.0f} MiB/s" if wl == "big" else ""
+                rows.append((wl, "push" if push else "pull", tool, w, statistics.median(cpus), rate))
+                print(f"{wl:5} {'push' if push else 'pull'} {tool:7} {w:7.2f} s  cpu {rows[-1][4]:6.2f} s  {rate}",
+                      flush=True)
+        shutil.rmtree(os.path.join(a.workdir, wl), ignore_errors=True)
+finally:
+    if proxy:
+        proxy.kill()
+    subprocess.run([os.path.join(repo, "scripts/sshd"), "stop", sdir])
+    shutil.rmtree(a.workdir, ignore_errors=True)
+
+print()
+print(f"| workload | dir | tool | wall s (median of {runs}) | local CPU s | rate |")
+print("|---|---|---|---|---|---|")
+for wl, d, tool, w, cpu, rate in rows:
+    print(f"| {wl} | {d} | {tool} | {w:.2f} | {cpu:.2f} | {rate} |")
