@@ -438,6 +438,8 @@ mod tests {
             gid: 7,
             ino: u64::MAX,
             version: 3,
+            rdev: 0x0103,
+            sparse: true,
         };
         b.extend(frame(
             9,
