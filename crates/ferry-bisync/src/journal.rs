@@ -96,6 +96,8 @@ fn meta(kind: Kind, size: i64, mtime_ns: i64, mode: i64, ino: i64) -> Meta {
         gid: 0,
         ino: ino as u64,
         version: 0,
+        nlink: 0,
+        dev: 0,
     }
 }
 

@@ -389,6 +389,8 @@ pub fn dir_rec(m: Option<&Meta>) -> Meta {
         gid: 0,
         ino: 0,
         version: 0,
+        nlink: 0,
+        dev: 0,
     }
 }
 
@@ -768,6 +770,8 @@ mod tests {
             gid: 0,
             ino,
             version: 0,
+            nlink: 0,
+            dev: 0,
         }
     }
 

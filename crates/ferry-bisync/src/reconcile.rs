@@ -190,6 +190,8 @@ mod tests {
             gid: 0,
             ino,
             version: 0,
+            nlink: 0,
+            dev: 0,
         }
     }
 

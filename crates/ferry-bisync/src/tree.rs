@@ -744,6 +744,8 @@ mod tests {
         gid: 0,
         ino: 0,
         version: 0,
+        nlink: 0,
+        dev: 0,
     };
 
     proptest! {

@@ -134,6 +134,8 @@ pub fn file_meta(size: u64, mtime: (i64, u32), mode: u32) -> Meta {
         gid: egid(),
         ino: 0,
         version: 0,
+        nlink: 0,
+        dev: 0,
     }
 }
 

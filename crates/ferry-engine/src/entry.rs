@@ -58,6 +58,12 @@ pub struct Meta {
     /// object store's ETag and upload time; 0 where the backend has none):
     /// a different one is another version, the same one the same.
     pub version: u64,
+    /// Number of names (hard links) of the inode, as listed; 0 or 1 where
+    /// the backend has no hard links (see `Store::has_hard_links`).
+    pub nlink: u32,
+    /// Device of the inode: with [`Meta::ino`], the identity that hard
+    /// links share (0 where the backend has no inodes).
+    pub dev: u64,
 }
 
 impl Meta {
@@ -248,6 +254,8 @@ mod tests {
             gid: 0,
             ino: 0,
             version: 0,
+            nlink: 0,
+            dev: 0,
         }
     }
 

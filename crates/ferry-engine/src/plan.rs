@@ -171,6 +171,8 @@ mod tests {
             gid: 0,
             ino: 0,
             version: 0,
+            nlink: 0,
+            dev: 0,
         }
     }
 

@@ -18,6 +18,8 @@ pub struct Stats {
     pub files_copied: AtomicU64,
     /// Symlinks created or replaced.
     pub symlinks_created: AtomicU64,
+    /// Hard links made (`-H`): names given to a file already in DST.
+    pub hard_links: AtomicU64,
     /// File bytes written (files complete in place).
     pub bytes_copied: AtomicU64,
     /// File bytes moved so far, counted as each piece is written (what a
@@ -56,6 +58,7 @@ impl Stats {
             entries_scanned: g(&self.entries_scanned),
             files_copied: g(&self.files_copied),
             symlinks_created: g(&self.symlinks_created),
+            hard_links: g(&self.hard_links),
             bytes_copied: g(&self.bytes_copied),
             temps_removed: g(&self.temps_removed),
             files_deleted: g(&self.files_deleted),
@@ -76,6 +79,8 @@ pub struct Summary {
     pub files_copied: u64,
     /// Symlinks created or replaced.
     pub symlinks_created: u64,
+    /// Hard links made.
+    pub hard_links: u64,
     /// Bytes written.
     pub bytes_copied: u64,
     /// Stale temporaries of ferry's removed.
@@ -109,6 +114,8 @@ pub enum Action {
     Meta,
     /// An entry of a kind ferry does not copy (fifo, socket, device) was skipped.
     Skip,
+    /// A file was given another name, a hard link (`-H`).
+    HardLink,
 }
 
 impl Action {
@@ -122,6 +129,7 @@ impl Action {
             Action::Delete => "delete",
             Action::Meta => "meta",
             Action::Skip => "skip",
+            Action::HardLink => "hardlink",
         }
     }
 }
@@ -138,6 +146,17 @@ pub trait Reporter: Sync {
     fn skip(&self, path: &[u8], why: &str) {
         let _ = why;
         self.action(Action::Skip, path, 0);
+    }
+    /// `path` was made a hard link of `to` (both relative to the root):
+    /// the [`Action::HardLink`] action.
+    fn hard_link(&self, path: &[u8], to: &[u8]) {
+        let _ = to;
+        self.action(Action::HardLink, path, 0);
+    }
+    /// Something the user should know once about the whole run (a thing
+    /// the destination cannot keep), not tied to one entry.
+    fn note(&self, msg: &str) {
+        let _ = msg;
     }
     /// True when actions are shown one by one (lines, JSON records): a
     /// removed tree is then reported entry by entry, with sizes (which a

@@ -206,6 +206,7 @@ fn copy_benches(c: &mut Criterion) {
                     bwlimit: None,
                     max_delete: None,
                     force: false,
+                    hard_links: false,
                 };
                 let stats = Stats::default();
                 let t = Instant::now();

@@ -164,6 +164,7 @@ impl LocalStore {
                 | StatxFlags::GID
                 | StatxFlags::MTIME
                 | StatxFlags::INO
+                | StatxFlags::NLINK
                 | StatxFlags::SIZE,
         )?;
         *meta = meta_from_statx(&st);
@@ -785,6 +786,39 @@ impl Store for LocalStore {
         }
     }
 
+    fn has_hard_links(&self) -> bool {
+        true
+    }
+
+    fn link(
+        &self,
+        from_dir: &LocalDir,
+        from_name: &CStr,
+        dir: &LocalDir,
+        name: &CStr,
+    ) -> io::Result<()> {
+        match rfs::linkat(&from_dir.fd, from_name, &dir.fd, name, AtFlags::empty()) {
+            Err(Errno::EXIST) => {}
+            r => return Ok(r?),
+        }
+        // Replacing an existing entry: link under a temporary name, then
+        // rename over it (atomic replace). The caller never links a name
+        // to the file it already is (rename would then leave both names).
+        let t = TempName::new();
+        rfs::linkat(
+            &from_dir.fd,
+            from_name,
+            &dir.fd,
+            t.as_cstr(),
+            AtFlags::empty(),
+        )?;
+        if let Err(e) = rfs::renameat(&dir.fd, t.as_cstr(), &dir.fd, name) {
+            let _ = rfs::unlinkat(&dir.fd, t.as_cstr(), AtFlags::empty());
+            return Err(e.into());
+        }
+        Ok(())
+    }
+
     fn rmdir(&self, dir: &LocalDir, name: &CStr) -> io::Result<()> {
         Ok(rfs::unlinkat(&dir.fd, name, AtFlags::REMOVEDIR)?)
     }
@@ -985,6 +1019,8 @@ const EMPTY_META: Meta = Meta {
     gid: 0,
     ino: 0,
     version: 0,
+    nlink: 0,
+    dev: 0,
 };
 
 fn kind_from_mode(mode: u32) -> Kind {
@@ -1008,6 +1044,8 @@ fn meta_from_statx(st: &rfs::Statx) -> Meta {
         gid: st.stx_gid,
         ino: st.stx_ino,
         version: 0,
+        nlink: st.stx_nlink,
+        dev: rfs::makedev(st.stx_dev_major, st.stx_dev_minor),
     }
 }
 
@@ -1023,6 +1061,8 @@ fn meta_from_stat(st: &rfs::Stat) -> Meta {
         gid: st.st_gid,
         ino: st.st_ino,
         version: 0,
+        nlink: st.st_nlink as u32,
+        dev: st.st_dev as u64,
     }
 }
 

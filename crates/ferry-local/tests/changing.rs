@@ -198,6 +198,7 @@ fn opts(bwlimit: Option<u64>) -> Options {
         bwlimit: bwlimit.map(Limiter::new),
         max_delete: None,
         force: false,
+        hard_links: false,
     }
 }
 

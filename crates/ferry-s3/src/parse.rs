@@ -43,6 +43,8 @@ pub(crate) fn meta_from_headers(
         gid: 0,
         ino: 0,
         version: 0,
+        nlink: 0,
+        dev: 0,
     }
 }
 
@@ -163,6 +165,8 @@ mod tests {
             gid: 0,
             ino: 0,
             version: 0,
+            nlink: 0,
+            dev: 0,
         };
         assert_eq!(format_mtime(&m), "1600000000.123456789");
         assert_eq!(

@@ -433,6 +433,8 @@ impl Store for S3Store {
                         gid: 0,
                         ino: 0,
                         version: *v,
+                        nlink: 0,
+                        dev: 0,
                     },
                 );
             }
@@ -476,6 +478,8 @@ impl Store for S3Store {
             gid: 0,
             ino: 0,
             version: 0,
+            nlink: 0,
+            dev: 0,
             mode: written.mode & 0o7777,
             ..*written
         })
@@ -883,5 +887,7 @@ pub(crate) fn dir_meta() -> Meta {
         gid: 0,
         ino: 0,
         version: 0,
+        nlink: 0,
+        dev: 0,
     }
 }

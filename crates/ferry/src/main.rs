@@ -77,6 +77,7 @@ fn run_sync(a: SyncArgs, mode: ferry_engine::Mode) -> Result<u8, String> {
         bwlimit: a.write.limiter(),
         max_delete: a.max_delete,
         force: a.force,
+        hard_links: a.hard_links,
     };
     let stats = std::sync::Arc::new(Stats::default());
     output::track_stats(&stats);

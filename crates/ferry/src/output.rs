@@ -69,6 +69,7 @@ impl CliReporter {
             s,
             &[
                 ("symlinks_created", "symlinks", s.symlinks_created, true),
+                ("hard_links", "hard links", s.hard_links, s.hard_links > 0),
                 (
                     "temporaries_removed",
                     "stale temporaries removed",
@@ -156,6 +157,34 @@ impl Reporter for CliReporter {
                 let _ = self.out.lock().unwrap().write_all(&line);
             });
         }
+    }
+
+    /// `hardlink PATH -> FIRST` with -v (` -> ` appears in a name only
+    /// escaped), a `hardlink` record with the first name as `"target"`.
+    fn hard_link(&self, path: &[u8], to: &[u8]) {
+        if self.json {
+            let mut line = Vec::with_capacity(64 + path.len() + to.len());
+            line.extend_from_slice(b"{\"type\":\"hardlink\",");
+            json_name(&mut line, "path", path);
+            line.push(b',');
+            json_name(&mut line, "target", to);
+            line.extend_from_slice(b",\"size\":0}\n");
+            let _ = self.out.lock().unwrap().write_all(&line);
+        } else if self.lines {
+            let mut line = b"hardlink ".to_vec();
+            text_name(&mut line, path);
+            line.extend_from_slice(b" -> ");
+            text_name(&mut line, to);
+            line.push(b'\n');
+            self.with_bar_suspended(|| {
+                let _ = self.out.lock().unwrap().write_all(&line);
+            });
+        }
+    }
+
+    fn note(&self, msg: &str) {
+        let msg = text_name_string(msg.as_bytes());
+        self.with_bar_suspended(|| eprintln!("ferry: note: {msg}"));
     }
 
     fn skip(&self, path: &[u8], why: &str) {
@@ -251,6 +280,14 @@ impl Reporter for Unreachable<'_> {
         Reporter::skip(self.inner, path, why)
     }
 
+    fn hard_link(&self, path: &[u8], to: &[u8]) {
+        self.inner.hard_link(path, to)
+    }
+
+    fn note(&self, msg: &str) {
+        Reporter::note(self.inner, msg)
+    }
+
     fn shows_actions(&self) -> bool {
         self.inner.shows_actions()
     }
@@ -285,7 +322,7 @@ impl ferry_bisync::BiReporter for Unreachable<'_> {
     }
 
     fn note(&self, msg: &str) {
-        self.inner.note(msg)
+        ferry_bisync::BiReporter::note(self.inner, msg)
     }
 }
 
