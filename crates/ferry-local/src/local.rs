@@ -1062,7 +1062,7 @@ fn meta_from_stat(st: &rfs::Stat) -> Meta {
         ino: st.st_ino,
         version: 0,
         nlink: st.st_nlink as u32,
-        dev: st.st_dev as u64,
+        dev: st.st_dev,
     }
 }
 
