@@ -30,7 +30,7 @@ use crate::store::{is_legacy_partial_name, is_temp_name, ListError, MetaChange, 
 use crate::walk::{self, Queue, Visitor};
 
 mod links;
-use links::{Links, Outcome};
+use links::{How, Links, Outcome};
 
 /// Files per transfer task, at most.
 const BATCH_FILES: usize = 64;
@@ -748,9 +748,15 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                 Step::Same { s, d, meta } => {
                     let (name, sm) = (src_list.cname(&se[s]), se[s].meta);
                     match &self.links {
-                        Some(l) => {
-                            self.linked_same(l, node, &mut batch, name, sm, de[d].meta, meta)
-                        }
+                        Some(l) => self.group_file(
+                            l,
+                            node,
+                            &mut batch,
+                            name,
+                            sm,
+                            Some(de[d].meta),
+                            How::Same(meta),
+                        ),
                         None => self.same(node, name, &sm, meta),
                     }
                 }
@@ -866,7 +872,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         check: bool,
     ) {
         match &self.links {
-            Some(l) => self.linked_file(l, node, batch, name, sm, dm, check),
+            Some(l) => self.group_file(l, node, batch, name, sm, dm, How::Transfer { check }),
             None => batch.add(name.to_bytes(), sm, dm, check),
         }
     }

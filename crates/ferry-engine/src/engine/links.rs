@@ -161,44 +161,16 @@ fn cannot_link(e: &io::Error) -> bool {
 /// How a file reached the links: to transfer (`check`: compare content
 /// first) or found the same on both sides (with these metadata changes).
 #[derive(Clone, Copy)]
-enum How {
+pub(super) enum How {
     Transfer { check: bool },
     Same(MetaChange),
 }
 
 impl<S: Store, D: Store> Engine<'_, S, D> {
-    /// A file to transfer under `-H` (see `Engine::add_file`).
+    /// A file of SRC under `-H` (see `Engine::add_file`, `Engine::same`):
+    /// transferred, kept, linked to its group's leader, or waiting for it.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn linked_file(
-        &self,
-        l: &Links<S, D>,
-        node: &Arc<Node<S, D>>,
-        batch: &mut FileBatch,
-        name: &CStr,
-        sm: Meta,
-        dm: Option<Meta>,
-        check: bool,
-    ) {
-        self.group_file(l, node, batch, name, sm, dm, How::Transfer { check });
-    }
-
-    /// A file the same on both sides under `-H` (see `Engine::same`).
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn linked_same(
-        &self,
-        l: &Links<S, D>,
-        node: &Arc<Node<S, D>>,
-        batch: &mut FileBatch,
-        name: &CStr,
-        sm: Meta,
-        dm: Meta,
-        meta: MetaChange,
-    ) {
-        self.group_file(l, node, batch, name, sm, Some(dm), How::Same(meta));
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn group_file(
+    pub(super) fn group_file(
         &self,
         l: &Links<S, D>,
         node: &Arc<Node<S, D>>,
