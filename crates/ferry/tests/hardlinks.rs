@@ -277,7 +277,7 @@ proptest! {
 }
 
 /// Two names of one file in SRC: `copy -n -H` reports the link and makes nothing, `-v`
-/// names it `hardlink PATH -> FIRST`, `--json` has a `hardlink` record with its target and
+/// names it `hardlink PATH -> FIRST` (FIRST: the name the parallel walk met first, either), `--json` has a `hardlink` record with its target and
 /// the summary counts it; without -H DST gets two files.
 #[test]
 fn links_are_reported_and_without_h_names_are_separate_files() {
@@ -289,7 +289,11 @@ fn links_are_reported_and_without_h_names_are_separate_files() {
 
     let r = run_on("copy", &src, &dst, &["-H", "-n"]);
     r.ok();
-    assert!(r.out().contains("hardlink b/two -> a/one"), "{r}");
+    let out = r.out();
+    assert!(
+        out.contains("hardlink b/two -> a/one") || out.contains("hardlink a/one -> b/two"),
+        "{r}"
+    );
     assert!(!dst.exists(), "dry run made DST\n{r}");
 
     let r = run_on("copy", &src, &dst, &["-H", "--json"]);
@@ -298,9 +302,9 @@ fn links_are_reported_and_without_h_names_are_separate_files() {
         .into_iter()
         .find(|l| l.str_field("type") == Some("hardlink"))
         .unwrap_or_else(|| panic!("no hardlink record\n{r}"));
-    assert_eq!(
-        (rec.str_field("path"), rec.str_field("target")),
-        (Some("b/two"), Some("a/one")),
+    let pair = (rec.str_field("path"), rec.str_field("target"));
+    assert!(
+        pair == (Some("b/two"), Some("a/one")) || pair == (Some("a/one"), Some("b/two")),
         "{r}"
     );
     let s = summary(&r);
@@ -391,8 +395,11 @@ fn sync_h_as_an_unprivileged_user() {
     nobody(&src);
     let r = as_nobody(&["sync", "-H", "--json"]).unwrap();
     r.ok();
+    // One file copied: x/c2, or (when the walk met x/c2 first and kept DST's file for
+    // it) c's group, whose other name is then linked again.
     let s = summary(&r);
-    assert_eq!((s.files_copied, s.hard_links), (1, 1), "{r}");
+    assert_eq!(s.files_copied, 1, "{r}");
+    assert!((1..=2).contains(&s.hard_links), "{r}");
     assert_trees_equal(&src, &dst);
     assert_same_links(&src, &dst, &r);
 
