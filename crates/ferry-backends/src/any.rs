@@ -274,6 +274,21 @@ macro_rules! backends {
                     _ => mismatch(),
                 }
             }
+            fn has_hard_links(&self) -> bool {
+                match self { $(AnyStore::$v(s) => s.has_hard_links(),)+ }
+            }
+            fn link(
+                &self,
+                from_dir: &AnyDir,
+                from_name: &CStr,
+                dir: &AnyDir,
+                name: &CStr,
+            ) -> io::Result<()> {
+                match (self, from_dir, dir) {
+                    $((AnyStore::$v(s), AnyDir::$v(f), AnyDir::$v(t)) => s.link(f, from_name, t, name),)+
+                    _ => mismatch(),
+                }
+            }
             fn rmdir(&self, dir: &AnyDir, name: &CStr) -> io::Result<()> {
                 match (self, dir) {
                     $((AnyStore::$v(s), AnyDir::$v(d)) => s.rmdir(d, name),)+

@@ -99,6 +99,8 @@ fn meta(kind: Kind, size: i64, mtime_ns: i64, mode: i64, ino: i64) -> Meta {
         version: 0,
         rdev: 0,
         sparse: false,
+        nlink: 0,
+        dev: 0,
     }
 }
 

@@ -404,6 +404,8 @@ pub fn dir_rec(m: Option<&Meta>) -> Meta {
         version: 0,
         rdev: 0,
         sparse: false,
+        nlink: 0,
+        dev: 0,
     }
 }
 
@@ -785,6 +787,8 @@ mod tests {
             version: 0,
             rdev: 0,
             sparse: false,
+            nlink: 0,
+            dev: 0,
         }
     }
 

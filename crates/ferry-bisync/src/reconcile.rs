@@ -192,6 +192,8 @@ mod tests {
             version: 0,
             rdev: 0,
             sparse: false,
+            nlink: 0,
+            dev: 0,
         }
     }
 

@@ -136,6 +136,8 @@ pub fn file_meta(size: u64, mtime: (i64, u32), mode: u32) -> Meta {
         version: 0,
         rdev: 0,
         sparse: false,
+        nlink: 0,
+        dev: 0,
     }
 }
 

@@ -30,6 +30,9 @@ use crate::store::{is_legacy_partial_name, is_temp_name, ListError, MetaChange, 
 use crate::walk::{self, Queue, Visitor};
 use crate::xattr::{XattrRun, XattrSel};
 
+mod links;
+use links::{How, Links, Outcome};
+
 /// Files per transfer task, at most.
 const BATCH_FILES: usize = 64;
 /// Bytes per transfer task, at most (a bigger file gets a task of its own).
@@ -77,6 +80,9 @@ pub struct Options {
     /// Extended attributes and ACLs to keep (`-X`, `-A`), where both
     /// stores keep them.
     pub xattrs: XattrSel,
+    /// Names of one file in the source are names of one file in the
+    /// destination (`-H`, see `engine/links.rs`).
+    pub hard_links: bool,
 }
 
 /// `--max-delete N` or `--max-delete P%`: how many destination entries a
@@ -227,6 +233,8 @@ pub struct Engine<'a, S: Store, D: Store> {
     /// A fifo or device node was skipped for a destination that cannot
     /// store them (the note is shown once).
     nodes_noted: AtomicBool,
+    /// The hard-link groups met so far (`-H`).
+    links: Option<Links<S, D>>,
 }
 
 impl<'a, S: Store, D: Store> Engine<'a, S, D> {
@@ -266,6 +274,9 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             refusal: Mutex::new(None),
             xattrs: XattrRun::new(opts.xattrs, src.xattr_caps(), dst.xattr_caps()),
             nodes_noted: AtomicBool::new(false),
+            links: opts
+                .hard_links
+                .then(|| Links::new(src.has_hard_links() && dst.has_hard_links())),
         }
     }
 
@@ -278,6 +289,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         e.counting = true;
         e.checksum = false;
         e.plan.checksum = false;
+        e.links = None;
         e
     }
 
@@ -737,19 +749,41 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                         )),
                         Kind::Symlink => self.symlink(node, src_list.cname(&se[s]), &m, None),
                         k if k.is_node() => self.special(node, src_list.cname(&se[s]), &m, None),
-                        _ => batch.add(src_list.name(&se[s]), m, None, false),
+                        _ => {
+                            self.add_file(node, &mut batch, src_list.cname(&se[s]), m, None, false)
+                        }
                     }
                 }
-                Step::Update { s, d } => {
-                    batch.add(src_list.name(&se[s]), se[s].meta, Some(de[d].meta), false)
-                }
-                Step::Check { s, d } => {
-                    batch.add(src_list.name(&se[s]), se[s].meta, Some(de[d].meta), true)
-                }
+                Step::Update { s, d } => self.add_file(
+                    node,
+                    &mut batch,
+                    src_list.cname(&se[s]),
+                    se[s].meta,
+                    Some(de[d].meta),
+                    false,
+                ),
+                Step::Check { s, d } => self.add_file(
+                    node,
+                    &mut batch,
+                    src_list.cname(&se[s]),
+                    se[s].meta,
+                    Some(de[d].meta),
+                    true,
+                ),
                 Step::Same { s, d, meta } => {
-                    Stats::add(&self.stats.unchanged, 1);
-                    self.set_meta(node, src_list.cname(&se[s]), &se[s].meta, meta);
-                    let _ = d;
+                    let (name, sm) = (src_list.cname(&se[s]), se[s].meta);
+                    match &self.links {
+                        Some(l) => self.group_file(
+                            l,
+                            node,
+                            &mut batch,
+                            name,
+                            sm,
+                            Some(de[d].meta),
+                            How::Same(meta),
+                        ),
+                        None => self.same(node, name, &sm, meta),
+                    }
                 }
                 Step::CheckLink { s, d } => {
                     self.symlink(node, src_list.cname(&se[s]), &se[s].meta, Some(de[d].meta))
@@ -782,7 +816,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                         match sm.kind {
                             Kind::Symlink => self.symlink(node, name, &sm, None),
                             k if k.is_node() => self.special(node, name, &sm, None),
-                            _ => batch.add(name.to_bytes(), sm, None, false),
+                            _ => self.add_file(node, &mut batch, name, sm, None, false),
                         }
                     } else {
                         match sm.kind {
@@ -795,7 +829,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                                 self.stale_at_special(node, name, &sm, &dm)
                             }
                             k if k.is_node() => self.special(node, name, &sm, Some(dm)),
-                            _ => batch.add(name.to_bytes(), sm, Some(dm), false),
+                            _ => self.add_file(node, &mut batch, name, sm, Some(dm), false),
                         }
                     }
                 }
@@ -841,6 +875,30 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             src_meta,
             dst,
         }
+    }
+
+    /// A file to transfer (`dm`: the destination's entry of that name;
+    /// `check`: compare content first): batched, or with `-H` first
+    /// matched with the other names of its file (`engine/links.rs`).
+    fn add_file(
+        &self,
+        node: &Arc<Node<S, D>>,
+        batch: &mut FileBatch,
+        name: &CStr,
+        sm: Meta,
+        dm: Option<Meta>,
+        check: bool,
+    ) {
+        match &self.links {
+            Some(l) => self.group_file(l, node, batch, name, sm, dm, How::Transfer { check }),
+            None => batch.add(name.to_bytes(), sm, dm, check),
+        }
+    }
+
+    /// A file the same on both sides: counted, its metadata fixed.
+    fn same(&self, node: &Node<S, D>, name: &CStr, sm: &Meta, meta: MetaChange) {
+        Stats::add(&self.stats.unchanged, 1);
+        self.set_meta(node, name, sm, meta);
     }
 
     fn queue_batch(&self, node: &Arc<Node<S, D>>, batch: &mut FileBatch, q: &Q<'_, S, D>) {
@@ -1283,11 +1341,11 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         meta: &Meta,
         dst_meta: Option<Meta>,
         check: bool,
-    ) {
+    ) -> Outcome {
         let path = self.path(node, name.to_bytes());
         if check {
             let (Some(d), Some(dm)) = (&node.dst, dst_meta) else {
-                return;
+                return Outcome::Failed;
             };
             match self
                 .copier()
@@ -1297,10 +1355,13 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                     Stats::add(&self.stats.unchanged, 1);
                     let c = meta_change(meta, &dm, self.plan.owner);
                     self.set_meta(node, name, meta, c);
-                    return;
+                    return Outcome::Same;
                 }
                 Ok(false) => {}
-                Err(e) => return self.fail(&path, &e),
+                Err(e) => {
+                    self.fail(&path, &e);
+                    return Outcome::Failed;
+                }
             }
         }
         let action = if dst_meta.is_some() {
@@ -1312,9 +1373,11 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             self.rep.action(action, &path, meta.size);
             Stats::add(&self.stats.files_copied, 1);
             Stats::add(&self.stats.bytes_copied, meta.size);
-            return;
+            return Outcome::Copied;
         }
-        let Some(d) = &node.dst else { return };
+        let Some(d) = &node.dst else {
+            return Outcome::Failed;
+        };
         match self
             .copier()
             .copy_file(&node.src, name, d, name, meta, dst_meta.is_none())
@@ -1325,8 +1388,12 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                 Stats::add(&self.stats.files_copied, 1);
                 Stats::add(&self.stats.bytes_copied, n);
                 self.rep.action(action, &path, n);
+                Outcome::Copied
             }
-            Err(e) => self.fail(&path, &e),
+            Err(e) => {
+                self.fail(&path, &e);
+                Outcome::Failed
+            }
         }
     }
 
@@ -1445,7 +1512,10 @@ impl<S: Store, D: Store> Visitor for Walker<'_, '_, S, D> {
         while let Some(b) = batch {
             for (i, f) in b.files.entries().iter().enumerate() {
                 let name = b.files.cname(f);
-                e.transfer(&node, name, &f.meta, b.dst[i], b.check[i]);
+                let out = e.transfer(&node, name, &f.meta, b.dst[i], b.check[i]);
+                if let (Some(l), true) = (&e.links, f.meta.nlink > 1) {
+                    e.led(l, &node, name, &f.meta, b.dst[i], out);
+                }
             }
             e.done(&node);
             // This lane goes on with the directory's waiting batches.

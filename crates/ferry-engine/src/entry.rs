@@ -94,6 +94,12 @@ pub struct Meta {
     /// (`st_blocks * 512 < st_size`, as `cp` tests it): it may have holes,
     /// which a local copy keeps (false where the backend cannot tell).
     pub sparse: bool,
+    /// Number of names (hard links) of the inode, as listed; 0 or 1 where
+    /// the backend has no hard links (see `Store::has_hard_links`).
+    pub nlink: u32,
+    /// Device of the inode: with [`Meta::ino`], the identity that hard
+    /// links share (0 where the backend has no inodes).
+    pub dev: u64,
 }
 
 impl Meta {
@@ -286,6 +292,8 @@ mod tests {
             version: 0,
             rdev: 0,
             sparse: false,
+            nlink: 0,
+            dev: 0,
         }
     }
 

@@ -20,6 +20,8 @@ pub struct Stats {
     pub symlinks_created: AtomicU64,
     /// Fifos and device nodes created or replaced.
     pub specials_created: AtomicU64,
+    /// Hard links made (`-H`): names given to a file already in DST.
+    pub hard_links: AtomicU64,
     /// File bytes written (files complete in place).
     pub bytes_copied: AtomicU64,
     /// File bytes moved so far, counted as each piece is written (what a
@@ -59,6 +61,7 @@ impl Stats {
             files_copied: g(&self.files_copied),
             symlinks_created: g(&self.symlinks_created),
             specials_created: g(&self.specials_created),
+            hard_links: g(&self.hard_links),
             bytes_copied: g(&self.bytes_copied),
             temps_removed: g(&self.temps_removed),
             files_deleted: g(&self.files_deleted),
@@ -81,6 +84,8 @@ pub struct Summary {
     pub symlinks_created: u64,
     /// Fifos and device nodes created or replaced.
     pub specials_created: u64,
+    /// Hard links made.
+    pub hard_links: u64,
     /// Bytes written.
     pub bytes_copied: u64,
     /// Stale temporaries of ferry's removed.
@@ -117,6 +122,8 @@ pub enum Action {
     /// An entry ferry does not copy (a socket; a fifo or device node where
     /// the destination cannot store one) was skipped.
     Skip,
+    /// A file was given another name, a hard link (`-H`).
+    HardLink,
 }
 
 impl Action {
@@ -131,6 +138,7 @@ impl Action {
             Action::Delete => "delete",
             Action::Meta => "meta",
             Action::Skip => "skip",
+            Action::HardLink => "hardlink",
         }
     }
 }
@@ -147,6 +155,12 @@ pub trait Reporter: Sync {
     fn skip(&self, path: &[u8], why: &str) {
         let _ = why;
         self.action(Action::Skip, path, 0);
+    }
+    /// `path` was made a hard link of `to` (both relative to the root):
+    /// the [`Action::HardLink`] action.
+    fn hard_link(&self, path: &[u8], to: &[u8]) {
+        let _ = to;
+        self.action(Action::HardLink, path, 0);
     }
     /// Something about the run as a whole the user must see, once (a
     /// destination that refused extended attributes), as one line.

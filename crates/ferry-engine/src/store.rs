@@ -398,6 +398,27 @@ pub trait Store: Send + Sync {
     fn has_inodes(&self) -> bool {
         true
     }
+    /// True when a file can have several names (hard links, made by
+    /// [`Store::link`]): [`Meta::nlink`] counts them, and names with the
+    /// same [`Meta::dev`] and [`Meta::ino`] are one file (false on object
+    /// stores, where every key is an object of its own).
+    fn has_hard_links(&self) -> bool {
+        false
+    }
+    /// Make `name` in `dir` another name of the file `from_name` in
+    /// `from_dir` (a hard link), replacing a file or symlink of that name
+    /// atomically. `Unsupported` where the store has no hard links
+    /// (`CrossesDevices` where the two names are on different filesystems).
+    fn link(
+        &self,
+        from_dir: &Self::Dir,
+        from_name: &CStr,
+        dir: &Self::Dir,
+        name: &CStr,
+    ) -> io::Result<()> {
+        let _ = (from_dir, from_name, dir, name);
+        Err(io::Error::from(io::ErrorKind::Unsupported))
+    }
     /// The metadata a file committed with `written` now has, when the
     /// store knows it without asking (an object store keeps what it was
     /// given); `None` when it must be read back (a local file's inode).

@@ -200,7 +200,7 @@ impl XattrRun {
         let n = self.unsupported.load(Ordering::Relaxed);
         (n > 0).then(|| {
             format!(
-                "note: {dst} does not support extended attributes (the filesystem refused them): {n} {} left without their {}",
+                "{dst} does not support extended attributes (the filesystem refused them): {n} {} left without their {}",
                 if n == 1 { "entry" } else { "entries" },
                 match (self.sel.xattrs, self.sel.acls) {
                     (true, true) => "extended attributes and ACLs",

@@ -207,6 +207,7 @@ fn copy_benches(c: &mut Criterion) {
                     max_delete: None,
                     force: false,
                     xattrs: Default::default(),
+                    hard_links: false,
                 };
                 let stats = Stats::default();
                 let t = Instant::now();

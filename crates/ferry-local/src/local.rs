@@ -178,6 +178,7 @@ impl LocalStore {
                 | StatxFlags::GID
                 | StatxFlags::MTIME
                 | StatxFlags::INO
+                | StatxFlags::NLINK
                 | StatxFlags::SIZE
                 | StatxFlags::BLOCKS,
         )?;
@@ -840,6 +841,39 @@ impl Store for LocalStore {
         }
     }
 
+    fn has_hard_links(&self) -> bool {
+        true
+    }
+
+    fn link(
+        &self,
+        from_dir: &LocalDir,
+        from_name: &CStr,
+        dir: &LocalDir,
+        name: &CStr,
+    ) -> io::Result<()> {
+        match rfs::linkat(&from_dir.fd, from_name, &dir.fd, name, AtFlags::empty()) {
+            Err(Errno::EXIST) => {}
+            r => return Ok(r?),
+        }
+        // Replacing an existing entry: link under a temporary name, then
+        // rename over it (atomic replace). The caller never links a name
+        // to the file it already is (rename would then leave both names).
+        let t = TempName::new();
+        rfs::linkat(
+            &from_dir.fd,
+            from_name,
+            &dir.fd,
+            t.as_cstr(),
+            AtFlags::empty(),
+        )?;
+        if let Err(e) = rfs::renameat(&dir.fd, t.as_cstr(), &dir.fd, name) {
+            let _ = rfs::unlinkat(&dir.fd, t.as_cstr(), AtFlags::empty());
+            return Err(e.into());
+        }
+        Ok(())
+    }
+
     fn rmdir(&self, dir: &LocalDir, name: &CStr) -> io::Result<()> {
         Ok(rfs::unlinkat(&dir.fd, name, AtFlags::REMOVEDIR)?)
     }
@@ -1113,6 +1147,8 @@ const EMPTY_META: Meta = Meta {
     version: 0,
     rdev: 0,
     sparse: false,
+    nlink: 0,
+    dev: 0,
 };
 
 fn kind_from_mode(mode: u32) -> Kind {
@@ -1151,6 +1187,8 @@ fn meta_from_statx(st: &rfs::Statx) -> Meta {
         version: 0,
         rdev: rfs::makedev(st.stx_rdev_major, st.stx_rdev_minor),
         sparse: blocks && maybe_sparse(kind, st.stx_size, st.stx_blocks),
+        nlink: st.stx_nlink,
+        dev: rfs::makedev(st.stx_dev_major, st.stx_dev_minor),
     }
 }
 
@@ -1169,6 +1207,8 @@ fn meta_from_stat(st: &rfs::Stat) -> Meta {
         version: 0,
         rdev: st.st_rdev,
         sparse: maybe_sparse(kind, st.st_size as u64, st.st_blocks as u64),
+        nlink: st.st_nlink as u32,
+        dev: st.st_dev,
     }
 }
 

@@ -199,6 +199,7 @@ fn opts(bwlimit: Option<u64>) -> Options {
         max_delete: None,
         force: false,
         xattrs: Default::default(),
+        hard_links: false,
     }
 }
 

@@ -45,6 +45,8 @@ pub(crate) fn meta_from_headers(
         version: 0,
         rdev: 0,
         sparse: false,
+        nlink: 0,
+        dev: 0,
     }
 }
 
@@ -167,6 +169,8 @@ mod tests {
             version: 0,
             rdev: 0,
             sparse: false,
+            nlink: 0,
+            dev: 0,
         };
         assert_eq!(format_mtime(&m), "1600000000.123456789");
         assert_eq!(

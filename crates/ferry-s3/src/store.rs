@@ -435,6 +435,8 @@ impl Store for S3Store {
                         version: *v,
                         rdev: 0,
                         sparse: false,
+                        nlink: 0,
+                        dev: 0,
                     },
                 );
             }
@@ -478,6 +480,8 @@ impl Store for S3Store {
             gid: 0,
             ino: 0,
             version: 0,
+            nlink: 0,
+            dev: 0,
             mode: written.mode & 0o7777,
             ..*written
         })
@@ -887,5 +891,7 @@ pub(crate) fn dir_meta() -> Meta {
         version: 0,
         rdev: 0,
         sparse: false,
+        nlink: 0,
+        dev: 0,
     }
 }

@@ -186,6 +186,8 @@ struct MetaDef {
     version: u64,
     rdev: u64,
     sparse: bool,
+    nlink: u32,
+    dev: u64,
 }
 
 /// A [`Meta`] in a message.
@@ -440,6 +442,8 @@ mod tests {
             version: 3,
             rdev: 0x0103,
             sparse: true,
+            nlink: 2,
+            dev: 0x803,
         };
         b.extend(frame(
             9,

@@ -260,6 +260,10 @@ pub struct SyncArgs {
     /// Compare content, not size and mtime, of same-size files.
     #[arg(short = 'c', long)]
     pub checksum: bool,
+    /// Keep hard links: names of one file in SRC are names of one file in
+    /// DST (copied once, linked), also across runs.
+    #[arg(short = 'H', long)]
+    pub hard_links: bool,
     #[command(flatten)]
     pub filter: FilterArgs,
     #[command(flatten)]

@@ -88,6 +88,7 @@ fn run_sync(a: SyncArgs, mode: ferry_engine::Mode) -> Result<u8, String> {
         max_delete: a.max_delete,
         force: a.force,
         xattrs: a.attrs.sel(),
+        hard_links: a.hard_links,
     };
     let stats = std::sync::Arc::new(Stats::default());
     output::track_stats(&stats);

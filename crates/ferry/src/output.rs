@@ -69,6 +69,7 @@ impl CliReporter {
             s,
             &[
                 ("symlinks_created", "symlinks", s.symlinks_created, true),
+                ("hard_links", "hard links", s.hard_links, s.hard_links > 0),
                 (
                     "specials_created",
                     "special files",
@@ -164,6 +165,34 @@ impl Reporter for CliReporter {
         }
     }
 
+    /// `hardlink PATH -> FIRST` with -v (` -> ` appears in a name only
+    /// escaped), a `hardlink` record with the first name as `"target"`.
+    fn hard_link(&self, path: &[u8], to: &[u8]) {
+        if self.json {
+            let mut line = Vec::with_capacity(64 + path.len() + to.len());
+            line.extend_from_slice(b"{\"type\":\"hardlink\",");
+            json_name(&mut line, "path", path);
+            line.push(b',');
+            json_name(&mut line, "target", to);
+            line.extend_from_slice(b",\"size\":0}\n");
+            let _ = self.out.lock().unwrap().write_all(&line);
+        } else if self.lines {
+            let mut line = b"hardlink ".to_vec();
+            text_name(&mut line, path);
+            line.extend_from_slice(b" -> ");
+            text_name(&mut line, to);
+            line.push(b'\n');
+            self.with_bar_suspended(|| {
+                let _ = self.out.lock().unwrap().write_all(&line);
+            });
+        }
+    }
+
+    fn note(&self, msg: &str) {
+        let msg = text_name_string(msg.as_bytes());
+        self.with_bar_suspended(|| eprintln!("ferry: note: {msg}"));
+    }
+
     fn skip(&self, path: &[u8], why: &str) {
         let path: &[u8] = if path.is_empty() { b"." } else { path };
         let p = text_name_string(path);
@@ -185,10 +214,6 @@ impl Reporter for CliReporter {
                 let _ = self.out.lock().unwrap().write_all(&line);
             });
         }
-    }
-
-    fn note(&self, msg: &str) {
-        ferry_bisync::BiReporter::note(self, msg)
     }
 
     fn error(&self, path: &[u8], err: &io::Error) {
@@ -262,12 +287,16 @@ impl Reporter for Unreachable<'_> {
         Reporter::skip(self.inner, path, why)
     }
 
-    fn shows_actions(&self) -> bool {
-        self.inner.shows_actions()
+    fn hard_link(&self, path: &[u8], to: &[u8]) {
+        self.inner.hard_link(path, to)
     }
 
     fn note(&self, msg: &str) {
         Reporter::note(self.inner, msg)
+    }
+
+    fn shows_actions(&self) -> bool {
+        self.inner.shows_actions()
     }
 
     fn error(&self, path: &[u8], err: &io::Error) {

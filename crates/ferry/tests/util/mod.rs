@@ -918,6 +918,8 @@ pub struct Summary {
     pub unchanged: u64,
     pub errors: u64,
     pub elapsed_s: f64,
+    /// `hard_links` (copy and sync; 0 where the summary has none, bisync).
+    pub hard_links: u64,
 }
 
 /// The summary (last stdout line) of a `--json` run; checks that all lines are JSON, that every
@@ -938,8 +940,11 @@ pub fn summary(r: &Run) -> Summary {
             .str_field("type")
             .unwrap_or_else(|| panic!("line {} has no string type\n{r}", i + 1));
         assert!(
-            ["copy", "update", "delete", "mkdir", "symlink", "mknod", "meta", "skip", "error"]
-                .contains(&t),
+            [
+                "copy", "update", "delete", "mkdir", "symlink", "mknod", "hardlink", "meta",
+                "skip", "error"
+            ]
+            .contains(&t),
             "line {}: unknown action type {t:?}\n{r}",
             i + 1
         );
@@ -970,6 +975,7 @@ pub fn summary(r: &Run) -> Summary {
         unchanged: n("unchanged"),
         errors: n("errors"),
         elapsed_s: elapsed,
+        hard_links: last.get("hard_links").map_or(0, |_| n("hard_links")),
     }
 }
 
