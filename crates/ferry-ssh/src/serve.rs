@@ -259,18 +259,16 @@ fn pwrite_all(fd: std::os::fd::BorrowedFd<'_>, data: &[u8], at: u64) -> io::Resu
 }
 
 /// Give the file being written its attributes and commit it: the reply
-/// [`Req::Commit`] and [`Req::Put`] describe.
+/// [`Req::Commit`] and [`Req::Put`] describe (`Ok`, or `Bool(false)`).
 fn finish(
-    st: &State,
-    id: u64,
+    s: &LocalStore,
     d: &LocalDir,
     mut w: LocalWriter,
     name: &[u8],
     meta: &Meta,
     fsync: bool,
     xattrs: Option<(u8, Attrs<'_>)>,
-) -> io::Result<Vec<u8>> {
-    let s = &st.store;
+) -> io::Result<Resp<'static>> {
     let name = match cname(name) {
         Ok(n) => n,
         Err(e) => {
@@ -292,10 +290,7 @@ fn finish(
         }
     }
     s.commit(d, w, &name, meta, fsync)?;
-    Ok(proto::frame(
-        id,
-        &if kept { Resp::Ok } else { Resp::Bool(false) },
-    ))
+    Ok(if kept { Resp::Ok } else { Resp::Bool(false) })
 }
 
 fn work(st: &State, rx: &Mutex<Receiver<(u64, Vec<u8>)>>) {
@@ -492,7 +487,8 @@ fn answer_io(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> io::Re
             let mut w = s.create_file(&d, &cname(name)?, &meta.0)?;
             match s.write_from(&d, &mut w, &mut Bytes(data), data.len() as u64, None) {
                 Ok(n) if n == data.len() as u64 => {
-                    finish(st, id, &d, w, name, &meta.0, fsync, xattrs)
+                    let r = finish(s, &d, w, name, &meta.0, fsync, xattrs)?;
+                    Ok(proto::frame(id, &r))
                 }
                 Ok(_) => {
                     s.abort(&d, w);
@@ -514,7 +510,10 @@ fn answer_io(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> io::Re
         } => {
             let w = st.writers.lock().unwrap().remove(&file);
             match w {
-                Some(Writing::Open(d, w)) => finish(st, id, &d, w, name, &meta.0, fsync, xattrs),
+                Some(Writing::Open(d, w)) => {
+                    let r = finish(s, &d, w, name, &meta.0, fsync, xattrs)?;
+                    Ok(proto::frame(id, &r))
+                }
                 Some(Writing::Failed(e)) => Err(e),
                 None => Err(bad_handle(file)),
             }

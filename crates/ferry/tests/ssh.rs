@@ -924,7 +924,7 @@ fn fifos_and_devices_pushed_and_pulled() {
     for (rel, ft, dev) in &nodes {
         rfs::mknodat(
             rfs::CWD,
-            &src.join(rel),
+            src.join(rel),
             *ft,
             Mode::from_raw_mode(0o640),
             *dev,
