@@ -385,6 +385,30 @@ impl SshStore {
         Ok(total)
     }
 
+    /// [`Req::GetXattrs`] of `name` in directory handle `dir`, into `out`.
+    fn xattrs(
+        &self,
+        dir: u64,
+        name: Option<&[u8]>,
+        kind: Kind,
+        sel: u8,
+        out: &mut Xattrs,
+    ) -> io::Result<()> {
+        let body = self.conn.call(&Req::GetXattrs {
+            dir,
+            name,
+            kind: K(kind),
+            sel,
+        })?;
+        match body.get()? {
+            Resp::Xattrs(a) => {
+                xattrs_of(&a, out);
+                Ok(())
+            }
+            r => Err(unexpected(&r)),
+        }
+    }
+
     fn yes(&self, req: &Req<'_>) -> io::Result<bool> {
         match self.conn.call(req)?.get()? {
             Resp::Bool(b) => Ok(b),
@@ -941,19 +965,7 @@ impl Store for SshStore {
         sel: XattrSel,
         out: &mut Xattrs,
     ) -> io::Result<()> {
-        let body = self.conn.call(&Req::GetXattrs {
-            dir: dir.id,
-            name: name.map(CStr::to_bytes),
-            kind: K(kind),
-            sel: sel_bits(sel),
-        })?;
-        match body.get()? {
-            Resp::Xattrs(a) => {
-                xattrs_of(&a, out);
-                Ok(())
-            }
-            r => Err(unexpected(&r)),
-        }
+        self.xattrs(dir.id, name.map(CStr::to_bytes), kind, sel_bits(sel), out)
     }
 
     fn reader_xattrs(&self, r: &SshReader, sel: XattrSel, out: &mut Xattrs) -> io::Result<()> {
@@ -965,19 +977,7 @@ impl Store for SshStore {
         // Opened before the run asked: by name, this once; the next opens
         // bring them.
         self.open_xattrs.store(bits, Ordering::Relaxed);
-        let body = self.conn.call(&Req::GetXattrs {
-            dir: r.at.0,
-            name: Some(&r.at.1),
-            kind: K(Kind::File),
-            sel: bits,
-        })?;
-        match body.get()? {
-            Resp::Xattrs(a) => {
-                xattrs_of(&a, out);
-                Ok(())
-            }
-            r => Err(unexpected(&r)),
-        }
+        self.xattrs(r.at.0, Some(&r.at.1), Kind::File, bits, out)
     }
 
     fn set_xattrs(
