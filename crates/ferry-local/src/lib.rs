@@ -17,3 +17,4 @@ pub mod write;
 mod xattr;
 
 pub use local::{stat_path, LocalStore};
+pub use sparse::data_runs;

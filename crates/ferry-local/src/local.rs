@@ -130,6 +130,11 @@ impl LocalWriter {
             sparse: meta.sparse,
         }
     }
+
+    /// The file being written (a server writing what arrives at offsets).
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
 }
 
 impl LocalStore {
@@ -545,15 +550,19 @@ impl Store for LocalStore {
                     }
                 }
                 if n == 0 {
-                    return Ok(total);
+                    return sparse::end_stream(w.fd.as_fd(), w.sparse, total);
                 }
-                write_all(w.fd.as_fd(), &buf[..n])?;
+                if w.sparse {
+                    sparse::write_skipping_zeros(w.fd.as_fd(), &buf[..n])?;
+                } else {
+                    write_all(w.fd.as_fd(), &buf[..n])?;
+                }
                 if let Some(l) = limit {
                     l.acquire(n as u64);
                 }
                 total += n as u64;
                 if total > size || n < want {
-                    return Ok(total);
+                    return sparse::end_stream(w.fd.as_fd(), w.sparse, total);
                 }
             }
         })
@@ -1252,7 +1261,7 @@ pub(crate) fn is_unsupported(e: Errno) -> bool {
     )
 }
 
-fn write_all(fd: BorrowedFd<'_>, mut buf: &[u8]) -> io::Result<()> {
+pub(crate) fn write_all(fd: BorrowedFd<'_>, mut buf: &[u8]) -> io::Result<()> {
     while !buf.is_empty() {
         match rustix::io::write(fd, buf) {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),

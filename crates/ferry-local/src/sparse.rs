@@ -174,6 +174,58 @@ impl Segments<'_, '_> {
 
 static NO_COPY_RANGE: AtomicBool = AtomicBool::new(false);
 
+/// Block size of the zero test of streamed data.
+const BLOCK: usize = 4096;
+
+/// The runs of `buf` that hold data, as `(start, end)`: the bytes outside
+/// them are whole [`BLOCK`]-aligned blocks of zeros (a tail shorter than a
+/// block counts as a block). What a stream without `SEEK_DATA` (bytes from
+/// another machine) tells of its holes.
+pub fn data_runs(buf: &[u8]) -> impl Iterator<Item = (usize, usize)> + '_ {
+    let mut at = 0;
+    std::iter::from_fn(move || {
+        let zero = |i: usize| buf[i..(i + BLOCK).min(buf.len())].iter().all(|b| *b == 0);
+        while at < buf.len() && zero(at) {
+            at += BLOCK;
+        }
+        if at >= buf.len() {
+            return None;
+        }
+        let start = at;
+        while at < buf.len() && !zero(at) {
+            at += BLOCK;
+        }
+        Some((start, at.min(buf.len())))
+    })
+}
+
+/// Write streamed bytes `buf` at the position of `out` (a file written
+/// from its start), its blocks of zeros skipped so they stay holes;
+/// [`end_stream`] gives the file its size.
+pub(crate) fn write_skipping_zeros(out: BorrowedFd<'_>, buf: &[u8]) -> io::Result<()> {
+    let pos = rfs::seek(out, SeekFrom::Current(0))?;
+    let mut end = 0;
+    for (a, b) in data_runs(buf) {
+        rfs::seek(out, SeekFrom::Start(pos + a as u64))?;
+        crate::local::write_all(out, &buf[a..b])?;
+        end = b;
+    }
+    if end < buf.len() {
+        rfs::seek(out, SeekFrom::Start(pos + buf.len() as u64))?;
+    }
+    Ok(())
+}
+
+/// The end of a stream of `total` bytes: a file written with
+/// [`write_skipping_zeros`] (`sparse`) gets its size, its trailing zeros
+/// a hole.
+pub(crate) fn end_stream(out: BorrowedFd<'_>, sparse: bool, total: u64) -> io::Result<u64> {
+    if sparse {
+        rfs::ftruncate(out, total)?;
+    }
+    Ok(total)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -17,10 +17,11 @@ use std::io::{self, Read, Write};
 
 use ferry_engine::entry::{Kind, Meta};
 use ferry_engine::store::MetaChange;
+use ferry_engine::xattr::{XattrSel, Xattrs};
 use serde::{Deserialize, Serialize};
 
 /// The protocol version both ends must speak.
-pub const PROTOCOL: u32 = 2;
+pub const PROTOCOL: u32 = 3;
 /// The hello's first bytes.
 const MAGIC: &[u8; 12] = b"FERRY-SERVE\n";
 /// Largest frame accepted (a whole small file, a big directory's listing).
@@ -208,6 +209,40 @@ pub fn what_of(b: u8) -> MetaChange {
     }
 }
 
+/// [`XattrSel`] as bits: extended attributes 1, ACLs 2.
+pub fn sel_bits(s: XattrSel) -> u8 {
+    s.xattrs as u8 | (s.acls as u8) << 1
+}
+
+/// The [`XattrSel`] of [`sel_bits`].
+pub fn sel_of(b: u8) -> XattrSel {
+    XattrSel {
+        xattrs: b & 1 != 0,
+        acls: b & 2 != 0,
+    }
+}
+
+/// One entry's attributes on the wire: (name, value) pairs, by name.
+pub type Attrs<'a> = Vec<(&'a [u8], &'a [u8])>;
+
+/// `x` on the wire.
+pub fn attrs(x: &Xattrs) -> Attrs<'_> {
+    x.iter().collect()
+}
+
+/// The [`Xattrs`] of wire attributes `a` (sorted, as they were sent).
+pub fn xattrs_of(a: &[(&[u8], &[u8])], out: &mut Xattrs) {
+    out.clear();
+    for (n, v) in a {
+        out.push(n, v);
+    }
+    out.sort();
+}
+
+/// A [`Kind`] in a message.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug)]
+pub struct K(#[serde(with = "KindDef")] pub Kind);
+
 /// A request (client to server). Names and paths are bytes (no NUL);
 /// `dir`, `file` and `new` are handles; each variant says what it does.
 #[allow(missing_docs)]
@@ -235,9 +270,16 @@ pub enum Req<'a> {
     SetDirMeta { dir: u64, meta: M, what: u8 },
     /// Forget a handle (no reply).
     Close { handle: u64 },
-    /// Open file `name` as handle `file`: [`Resp::Opened`]. A file up to
-    /// [`INLINE_MAX`] comes whole in the reply (and the handle is not kept).
-    Open { dir: u64, name: &'a [u8], file: u64 },
+    /// Open file `name` as handle `file`: [`Resp::Opened`], with the
+    /// attributes `xattrs` selects ([`sel_bits`]; 0: none) read from the
+    /// open file. A file up to [`INLINE_MAX`] comes whole in the reply
+    /// (and the handle is not kept).
+    Open {
+        dir: u64,
+        name: &'a [u8],
+        file: u64,
+        xattrs: u8,
+    },
     /// Open the file at `path` (as [`Req::StatPath`] names it) as handle
     /// `file`, whatever its size: [`Resp::Opened`] with no data (a big
     /// file's other connections read ranges of it).
@@ -246,7 +288,10 @@ pub enum Req<'a> {
     Read { file: u64, offset: u64, len: u32 },
     /// A symlink's target: [`Resp::Bytes`].
     ReadLink { dir: u64, name: &'a [u8] },
-    /// A whole small file: create, write, commit in one: [`Resp::Ok`].
+    /// A whole small file: create, write, give it the attributes `xattrs`
+    /// ([`sel_bits`], attributes) if any, commit, in one: [`Resp::Ok`], or
+    /// [`Resp::Bool`] `false` when committed but the filesystem refused
+    /// the attributes.
     Put {
         dir: u64,
         name: &'a [u8],
@@ -254,6 +299,7 @@ pub enum Req<'a> {
         fsync: bool,
         #[serde(with = "serde_bytes")]
         data: &'a [u8],
+        xattrs: Option<(u8, Attrs<'a>)>,
     },
     /// Start writing a big file as handle `file` (no reply).
     Create {
@@ -268,14 +314,27 @@ pub enum Req<'a> {
         #[serde(with = "serde_bytes")]
         data: &'a [u8],
     },
-    /// Finish file `file` under `name`: [`Resp::Ok`], or the first error
-    /// of its creation, writes or commit.
+    /// Bytes of file `file` at `offset` (no reply): a file with holes is
+    /// sent as its data only, then [`Req::SetLen`].
+    WriteAt {
+        file: u64,
+        offset: u64,
+        #[serde(with = "serde_bytes")]
+        data: &'a [u8],
+    },
+    /// The size of file `file`, its end past the last data a hole (no
+    /// reply).
+    SetLen { file: u64, size: u64 },
+    /// Finish file `file` under `name`, with attributes as [`Req::Put`]:
+    /// [`Resp::Ok`] (or `Bool(false)` as there), or the first error of its
+    /// creation, writes or commit.
     Commit {
         dir: u64,
         file: u64,
         name: &'a [u8],
         meta: M,
         fsync: bool,
+        xattrs: Option<(u8, Attrs<'a>)>,
     },
     /// Drop file `file` and its temporary (no reply).
     Abort { dir: u64, file: u64 },
@@ -323,6 +382,32 @@ pub enum Req<'a> {
     OwnLegacyPartial { dir: u64, name: &'a [u8] },
     /// [`Resp::Info`]: what the server is.
     Info,
+    /// The attributes `sel` ([`sel_bits`]) selects of `name` in `dir` (the
+    /// directory itself when `None`), of kind `kind`: [`Resp::Xattrs`].
+    GetXattrs {
+        dir: u64,
+        name: Option<&'a [u8]>,
+        kind: K,
+        sel: u8,
+    },
+    /// Give `name` in `dir` (the directory when `None`) the attributes
+    /// `want` where it has `have` (`None`: just made): [`Resp::Ok`].
+    SetXattrs {
+        dir: u64,
+        name: Option<&'a [u8]>,
+        meta: M,
+        sel: u8,
+        want: Attrs<'a>,
+        have: Option<Attrs<'a>>,
+    },
+    /// Create (with `replace`, atomically replace) fifo or device node
+    /// `name` as `meta` says: [`Resp::Ok`].
+    Special {
+        dir: u64,
+        name: &'a [u8],
+        meta: M,
+        replace: bool,
+    },
 }
 
 /// An error on the wire: the OS error number when there is one, else the
@@ -388,20 +473,28 @@ pub enum Resp<'a> {
     /// A file opened: its whole content when small (up to one byte past
     /// its size, to show growth), and its size and mtime (after reading a
     /// small one; a big one's, with its inode number, identify the content
-    /// its ranges are read from).
+    /// its ranges are read from); whether it may have holes (a big one's
+    /// reads then send them as [`Resp::Data`]'s `zeros`); the attributes
+    /// asked for.
     Opened {
         #[serde(with = "serde_bytes")]
         data: Option<&'a [u8]>,
         current: Option<(u64, i64, u32)>,
         ino: u64,
+        sparse: bool,
+        xattrs: Attrs<'a>,
     },
-    /// Bytes read; a short read is the end of the file, and then
-    /// `current` holds its size and mtime.
+    /// Bytes read: `data` with runs of zeros (offset in the range, length)
+    /// put in, in order, that did not travel (holes). A short read is the
+    /// end of the file, and then `current` holds its size and mtime.
     Data {
         #[serde(with = "serde_bytes")]
         data: &'a [u8],
         current: Option<(u64, i64, u32)>,
+        zeros: Vec<(u32, u32)>,
     },
+    /// An entry's attributes.
+    Xattrs(Attrs<'a>),
     /// A symlink's target.
     Bytes(&'a [u8]),
     /// A yes or no.
@@ -453,6 +546,7 @@ mod tests {
                 meta: M(meta),
                 fsync: true,
                 data: b"xyz",
+                xattrs: Some((3, vec![(&b"user.a"[..], &b"\0\xff"[..])])),
             },
         ));
         let mut r = &b[..];
@@ -472,7 +566,14 @@ mod tests {
                 meta: M(m),
                 fsync: true,
                 data,
-            } => assert_eq!((name, m, data), (&b"a\xff"[..], meta, &b"xyz"[..])),
+                xattrs: Some((3, a)),
+            } => {
+                assert_eq!((name, m, data), (&b"a\xff"[..], meta, &b"xyz"[..]));
+                let mut x = Xattrs::new();
+                xattrs_of(&a, &mut x);
+                assert_eq!(x.get(b"user.a"), Some(&b"\0\xff"[..]));
+                assert_eq!(sel_of(3), XattrSel::ALL);
+            }
             other => panic!("{other:?}"),
         }
         assert!(read_frame(&mut r).unwrap().is_none());

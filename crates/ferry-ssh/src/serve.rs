@@ -19,12 +19,15 @@ use std::path::Path;
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
 use std::sync::{Arc, Mutex};
 
-use ferry_engine::entry::Listing;
+use ferry_engine::entry::{Listing, Meta};
 use ferry_engine::store::{SourceFile, Store};
+use ferry_engine::xattr::Xattrs;
 use ferry_local::local::{LocalDir, LocalReader, LocalWriter};
 use ferry_local::LocalStore;
 
-use crate::proto::{self, what_of, Hello, Req, Resp, WireErr, INLINE_MAX, M};
+use crate::proto::{
+    self, attrs, sel_of, what_of, xattrs_of, Attrs, Hello, Req, Resp, WireErr, INLINE_MAX, M,
+};
 
 /// Workers carrying out requests at once.
 const WORKERS: usize = 16;
@@ -43,7 +46,8 @@ enum Writing {
 struct State {
     store: LocalStore,
     dirs: Mutex<HashMap<u64, Arc<LocalDir>>>,
-    readers: Mutex<HashMap<u64, Arc<LocalReader>>>,
+    /// Open files, and whether each may have holes.
+    readers: Mutex<HashMap<u64, (Arc<LocalReader>, bool)>>,
     writers: Mutex<HashMap<u64, Writing>>,
     out: Mutex<Sender<Vec<u8>>>,
 }
@@ -135,7 +139,12 @@ fn read_requests(
                 st.readers.lock().unwrap().remove(&handle);
                 continue;
             }
-            Req::Create { .. } | Req::Write { .. } | Req::Commit { .. } | Req::Abort { .. } => disk,
+            Req::Create { .. }
+            | Req::Write { .. }
+            | Req::WriteAt { .. }
+            | Req::SetLen { .. }
+            | Req::Commit { .. }
+            | Req::Abort { .. } => disk,
             _ => work,
         };
         if to.send((id, body)).is_err() {
@@ -175,6 +184,12 @@ fn write_files(st: &State, rx: &Receiver<(u64, Vec<u8>)>) {
                 st.writers.lock().unwrap().insert(file, w);
             }
             Req::Write { file, data } => write_chunk(st, file, data),
+            Req::WriteAt { file, offset, data } => {
+                on_writer(st, file, |w| pwrite_all(w.fd(), data, offset))
+            }
+            Req::SetLen { file, size } => {
+                on_writer(st, file, |w| Ok(rustix::fs::ftruncate(w.fd(), size)?))
+            }
             Req::Abort { file, .. } => {
                 let w = st.writers.lock().unwrap().remove(&file);
                 if let Some(Writing::Open(d, w)) = w {
@@ -214,6 +229,68 @@ fn write_chunk(st: &State, file: u64, data: &[u8]) {
             st.store.abort(&d, w);
         }
     }
+}
+
+/// Do `f` to the file being written as `file`; a failure is kept for its
+/// commit.
+fn on_writer(st: &State, file: u64, f: impl FnOnce(&LocalWriter) -> io::Result<()>) {
+    let mut ws = st.writers.lock().unwrap();
+    let Some(Writing::Open(_, w)) = ws.get(&file) else {
+        return;
+    };
+    if let Err(e) = f(w) {
+        if let Some(Writing::Open(d, w)) = ws.insert(file, Writing::Failed(e)) {
+            st.store.abort(&d, w);
+        }
+    }
+}
+
+fn pwrite_all(fd: std::os::fd::BorrowedFd<'_>, data: &[u8], at: u64) -> io::Result<()> {
+    let mut n = 0;
+    while n < data.len() {
+        match rustix::io::pwrite(fd, &data[n..], at + n as u64) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(k) => n += k,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// Give the file being written its attributes and commit it: the reply
+/// [`Req::Commit`] and [`Req::Put`] describe (`Ok`, or `Bool(false)`).
+fn finish(
+    s: &LocalStore,
+    d: &LocalDir,
+    mut w: LocalWriter,
+    name: &[u8],
+    meta: &Meta,
+    fsync: bool,
+    xattrs: Option<(u8, Attrs<'_>)>,
+) -> io::Result<Resp<'static>> {
+    let name = match cname(name) {
+        Ok(n) => n,
+        Err(e) => {
+            s.abort(d, w);
+            return Err(e);
+        }
+    };
+    let mut kept = true;
+    if let Some((sel, a)) = xattrs {
+        let mut want = Xattrs::new();
+        xattrs_of(&a, &mut want);
+        match s.set_writer_xattrs(d, &mut w, meta, sel_of(sel), &want) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::Unsupported => kept = false,
+            Err(e) => {
+                s.abort(d, w);
+                return Err(e);
+            }
+        }
+    }
+    s.commit(d, w, &name, meta, fsync)?;
+    Ok(if kept { Resp::Ok } else { Resp::Bool(false) })
 }
 
 fn work(st: &State, rx: &Mutex<Receiver<(u64, Vec<u8>)>>) {
@@ -314,11 +391,20 @@ fn answer_io(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> io::Re
         Req::SetDirMeta { dir, meta, what } => {
             ok(s.set_dir_meta(&*dir_of(st, dir)?, &meta.0, what_of(what)))
         }
-        Req::Open { dir, name, file } => {
+        Req::Open {
+            dir,
+            name,
+            file,
+            xattrs,
+        } => {
             let r = s.open_file(&*dir_of(st, dir)?, &cname(name)?)?;
+            let mut x = Xattrs::new();
+            if xattrs != 0 {
+                s.reader_xattrs(&r, sel_of(xattrs), &mut x)?;
+            }
             let size = r.current().map_or(u64::MAX, |c| c.0);
             if size > INLINE_MAX {
-                return Ok(keep_open(st, id, file, r));
+                return Ok(keep_open(st, id, file, r, &x));
             }
             // One byte past the size: a file that grew shows it.
             let mut data = vec![0u8; size as usize + 1];
@@ -329,6 +415,8 @@ fn answer_io(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> io::Re
                     data: Some(&data[..n]),
                     current: r.current(),
                     ino: 0,
+                    sparse: false,
+                    xattrs: attrs(&x),
                 },
             ))
         }
@@ -355,23 +443,30 @@ fn answer_io(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> io::Re
                 .open_root()?
                 .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
             let r = at.open_file(&d, &cname(name.as_bytes())?)?;
-            Ok(keep_open(st, id, file, r))
+            Ok(keep_open(st, id, file, r, &Xattrs::new()))
         }
         Req::Read { file, offset, len } => {
-            let r = st
+            let (r, sparse) = st
                 .readers
                 .lock()
                 .unwrap()
                 .get(&file)
                 .cloned()
                 .ok_or_else(|| bad_handle(file))?;
-            let mut data = vec![0u8; (len as usize).min(proto::CHUNK)];
-            let n = pread_full(&r, offset, &mut data)?;
+            let len = (len as usize).min(proto::CHUNK);
+            let mut data = vec![0u8; len];
+            let (n, zeros) = if sparse {
+                read_data(&r, offset, &mut data)?
+            } else {
+                (pread_full(&r, offset, &mut data)?, Vec::new())
+            };
+            let covered = n + zeros.iter().map(|z| z.1 as usize).sum::<usize>();
             Ok(proto::frame_sized(
                 id,
                 &Resp::Data {
                     data: &data[..n],
-                    current: if n < data.len() { r.current() } else { None },
+                    current: if covered < len { r.current() } else { None },
+                    zeros,
                 },
                 n,
             ))
@@ -386,12 +481,15 @@ fn answer_io(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> io::Re
             meta,
             fsync,
             data,
+            xattrs,
         } => {
             let d = dir_of(st, dir)?;
-            let name = cname(name)?;
-            let mut w = s.create_file(&d, &name, &meta.0)?;
+            let mut w = s.create_file(&d, &cname(name)?, &meta.0)?;
             match s.write_from(&d, &mut w, &mut Bytes(data), data.len() as u64, None) {
-                Ok(n) if n == data.len() as u64 => ok(s.commit(&d, w, &name, &meta.0, fsync)),
+                Ok(n) if n == data.len() as u64 => {
+                    let r = finish(s, &d, w, name, &meta.0, fsync, xattrs)?;
+                    Ok(proto::frame(id, &r))
+                }
                 Ok(_) => {
                     s.abort(&d, w);
                     Err(io::Error::other("short write"))
@@ -407,11 +505,15 @@ fn answer_io(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> io::Re
             name,
             meta,
             fsync,
+            xattrs,
             ..
         } => {
             let w = st.writers.lock().unwrap().remove(&file);
             match w {
-                Some(Writing::Open(d, w)) => ok(s.commit(&d, w, &cname(name)?, &meta.0, fsync)),
+                Some(Writing::Open(d, w)) => {
+                    let r = finish(s, &d, w, name, &meta.0, fsync, xattrs)?;
+                    Ok(proto::frame(id, &r))
+                }
                 Some(Writing::Failed(e)) => Err(e),
                 None => Err(bad_handle(file)),
             }
@@ -475,27 +577,127 @@ fn answer_io(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> io::Re
                 cores: std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
             },
         )),
-        Req::Close { .. } | Req::Create { .. } | Req::Write { .. } | Req::Abort { .. } => {
+        Req::GetXattrs {
+            dir,
+            name,
+            kind,
+            sel,
+        } => {
+            let mut x = Xattrs::new();
+            let name = name.map(cname).transpose()?;
+            s.get_xattrs(
+                &*dir_of(st, dir)?,
+                name.as_deref(),
+                kind.0,
+                sel_of(sel),
+                &mut x,
+            )?;
+            Ok(proto::frame(id, &Resp::Xattrs(attrs(&x))))
+        }
+        Req::SetXattrs {
+            dir,
+            name,
+            meta,
+            sel,
+            want,
+            have,
+        } => {
+            let (mut w, mut h) = (Xattrs::new(), Xattrs::new());
+            xattrs_of(&want, &mut w);
+            if let Some(have) = &have {
+                xattrs_of(have, &mut h);
+            }
+            let name = name.map(cname).transpose()?;
+            ok(s.set_xattrs(
+                &*dir_of(st, dir)?,
+                name.as_deref(),
+                &meta.0,
+                sel_of(sel),
+                &w,
+                have.is_some().then_some(&h),
+            ))
+        }
+        Req::Special {
+            dir,
+            name,
+            meta,
+            replace,
+        } => ok(s.create_special(&*dir_of(st, dir)?, &cname(name)?, &meta.0, replace)),
+        Req::Close { .. }
+        | Req::Create { .. }
+        | Req::Write { .. }
+        | Req::WriteAt { .. }
+        | Req::SetLen { .. }
+        | Req::Abort { .. } => {
             unreachable!("handled in order by the reading and disk threads")
         }
     }
 }
 
 /// Keep big file `r` open as handle `file`: the [`Resp::Opened`] frame
-/// with its size, mtime and inode.
-fn keep_open(st: &State, id: u64, file: u64, r: LocalReader) -> Vec<u8> {
+/// with its size, mtime, inode, whether it may have holes (fewer blocks
+/// than its size fills) and its attributes `x`.
+fn keep_open(st: &State, id: u64, file: u64, r: LocalReader, x: &Xattrs) -> Vec<u8> {
     let fd = r.as_fd().expect("a local file has a descriptor");
-    let ino = rustix::fs::fstat(fd).map_or(0, |s| s.st_ino);
+    let (ino, sparse) = rustix::fs::fstat(fd).map_or((0, false), |s| {
+        (s.st_ino, (s.st_blocks as u64) * 512 < s.st_size as u64)
+    });
     let current = r.current();
-    st.readers.lock().unwrap().insert(file, Arc::new(r));
+    st.readers
+        .lock()
+        .unwrap()
+        .insert(file, (Arc::new(r), sparse));
     proto::frame(
         id,
         &Resp::Opened {
             data: None,
             current,
             ino,
+            sparse,
+            xattrs: attrs(x),
         },
     )
+}
+
+/// Read `buf.len()` bytes at `offset` of a file that may have holes: the
+/// data into the front of `buf`, and the holes met as runs of zeros
+/// (offset in the range, length) for [`Resp::Data`]. Fewer bytes in all
+/// only at the end of the file.
+fn read_data(r: &LocalReader, offset: u64, buf: &mut [u8]) -> io::Result<(usize, Vec<(u32, u32)>)> {
+    use rustix::fs::SeekFrom;
+    let fd = r.as_fd().expect("a local file has a descriptor");
+    let size = rustix::fs::fstat(fd)?.st_size as u64;
+    let end = (offset + buf.len() as u64).min(size.max(offset));
+    let (mut at, mut n, mut zeros) = (offset, 0usize, Vec::new());
+    while at < end {
+        let data = match rustix::fs::seek(fd, SeekFrom::Data(at)) {
+            Ok(d) => d.min(end),
+            Err(rustix::io::Errno::NXIO) => end,
+            Err(e) => return Err(e.into()),
+        };
+        if data > at {
+            zeros.push(((at - offset) as u32, (data - at) as u32));
+            at = data;
+            continue;
+        }
+        let hole = match rustix::fs::seek(fd, SeekFrom::Hole(at)) {
+            Ok(h) => h.min(end),
+            Err(rustix::io::Errno::NXIO) => end,
+            Err(e) => return Err(e.into()),
+        };
+        let want = (hole - at) as usize;
+        let k = pread_full(r, at, &mut buf[n..n + want])?;
+        n += k;
+        at += k as u64;
+        if k < want {
+            break;
+        }
+    }
+    if at == end && end < offset + buf.len() as u64 {
+        // The end of the file: a read past it shows growth.
+        n += pread_full(r, end, &mut buf[n..n + 1])?;
+    }
+    Ok((n, zeros))
 }
 
 fn bad_handle(h: u64) -> io::Error {

@@ -14,17 +14,18 @@ use std::collections::VecDeque;
 use std::ffi::CStr;
 use std::io;
 use std::os::fd::BorrowedFd;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex};
 
 use ferry_engine::bwlimit::Limiter;
-use ferry_engine::entry::{Listing, Meta};
+use ferry_engine::entry::{Kind, Listing, Meta};
 use ferry_engine::piece::with_piece_buffer;
 use ferry_engine::store::{ListError, MetaChange, RangedSource, SourceFile, Store};
+use ferry_engine::xattr::{XattrSel, Xattrs};
 
 use crate::conn::{self, unexpected, Conn, Target};
-use crate::proto::{what_bits, Req, Resp, CHUNK, INLINE_MAX, M};
+use crate::proto::{attrs, sel_bits, what_bits, xattrs_of, Req, Resp, CHUNK, INLINE_MAX, K, M};
 
 /// Chunks of a big file requested ahead of the reader.
 const READ_AHEAD: usize = 4;
@@ -33,6 +34,13 @@ const READ_AHEAD: usize = 4;
 pub struct SshStore {
     conn: Arc<Conn>,
     path: Vec<u8>,
+    /// The attributes a run reads of the files it opens ([`sel_bits`]),
+    /// learned from its first [`Store::reader_xattrs`]: later opens bring
+    /// them back with the file.
+    open_xattrs: AtomicU8,
+    /// The remote filesystem refused a committed file's attributes: the
+    /// next files' are refused here, so the run's note counts them.
+    refused: AtomicBool,
 }
 
 /// An open remote directory (a handle of the server's) and its path there
@@ -75,6 +83,10 @@ pub struct SshReader {
     current: Option<(u64, i64, u32)>,
     /// A big file's ranged reads.
     ranged: Option<Ranged>,
+    /// The attributes that came with the open (`sel_bits`, values), and
+    /// where the file is (directory handle, name) to ask for them otherwise.
+    xattrs: (u8, Xattrs),
+    at: (u64, Vec<u8>),
 }
 
 /// A file open on one connection: the connection and the handle.
@@ -182,21 +194,22 @@ impl RangedSource for Ranged {
             }
             let (at, n, rx) = ahead.pop_front().expect("a read in flight");
             let body = conn.wait(&rx)?;
-            let data = match body.get()? {
-                Resp::Data { data, .. } => data,
+            let (data, zeros) = match body.get()? {
+                Resp::Data { data, zeros, .. } => (data, zeros),
                 r => return Err(unexpected(&r)),
             };
-            if data.len() < n as usize {
-                return Err(changed());
-            }
             // Into the aligned piece buffer: the local writer hands it to
             // the disk with O_DIRECT.
-            with_piece_buffer(|b| {
-                b[..data.len()].copy_from_slice(data);
-                out(at, &b[..data.len()])
+            let len = with_piece_buffer(|b| {
+                let len = expand(data, &zeros, b);
+                if len < n as usize {
+                    return Err(changed());
+                }
+                out(at, &b[..len])?;
+                Ok(len)
             })?;
             if let Some(l) = limit {
-                l.acquire(data.len() as u64);
+                l.acquire(len as u64);
             }
         }
         Ok(())
@@ -211,11 +224,30 @@ impl Drop for Ranged {
     }
 }
 
+/// Put the content of a [`Resp::Data`] into `out`: `data` with the runs
+/// of `zeros` put in; returns its length.
+fn expand(data: &[u8], zeros: &[(u32, u32)], out: &mut [u8]) -> usize {
+    let (mut o, mut d) = (0usize, 0usize);
+    for &(at, len) in zeros {
+        let k = at as usize - o;
+        out[o..at as usize].copy_from_slice(&data[d..d + k]);
+        d += k;
+        out[at as usize..at as usize + len as usize].fill(0);
+        o = at as usize + len as usize;
+    }
+    out[o..o + data.len() - d].copy_from_slice(&data[d..]);
+    o + data.len() - d
+}
+
 /// A remote file being written.
 pub struct SshWriter {
     file: u64,
     /// A small file's content, sent whole with its commit.
     whole: Option<Vec<u8>>,
+    /// The source may have holes: only its data is sent, at its offsets.
+    sparse: bool,
+    /// Its attributes ([`sel_bits`], values), sent with its commit.
+    xattrs: Option<(u8, Xattrs)>,
 }
 
 impl SshStore {
@@ -225,6 +257,8 @@ impl SshStore {
         Ok(SshStore {
             conn: conn::connect(target)?,
             path: path.to_vec(),
+            open_xattrs: AtomicU8::new(0),
+            refused: AtomicBool::new(false),
         })
     }
 
@@ -245,6 +279,132 @@ impl SshStore {
     fn ok(&self, req: &Req<'_>) -> io::Result<()> {
         match self.conn.call(req)?.get()? {
             Resp::Ok => Ok(()),
+            r => Err(unexpected(&r)),
+        }
+    }
+
+    /// Commit with [`Req::Put`] or [`Req::Commit`]: `Bool(false)` is a
+    /// file committed without the attributes the remote filesystem refused.
+    fn committed(&self, req: &Req<'_>) -> io::Result<()> {
+        match self.conn.call(req)?.get()? {
+            Resp::Ok => Ok(()),
+            Resp::Bool(false) => {
+                self.refused.store(true, Ordering::Relaxed);
+                Ok(())
+            }
+            r => Err(unexpected(&r)),
+        }
+    }
+
+    /// Send the data of `src` (up to one byte past `size`) to file `file`
+    /// at its offsets, holes left out, then its size: the data segments of
+    /// a local file (`SEEK_DATA`), else the blocks of a stream that are not
+    /// zeros. Returns the bytes the file has.
+    fn send_sparse(
+        &self,
+        file: u64,
+        src: &mut dyn SourceFile,
+        size: u64,
+        limit: Option<&Limiter>,
+    ) -> io::Result<u64> {
+        let cap = limit.map_or(CHUNK, |l| l.chunk().clamp(1, CHUNK));
+        let stop = size.saturating_add(1);
+        let mut buf = vec![0u8; cap];
+        let send = |at: u64, data: &[u8]| -> io::Result<()> {
+            for (a, b) in ferry_local::data_runs(data) {
+                self.conn.send(&Req::WriteAt {
+                    file,
+                    offset: at + a as u64,
+                    data: &data[a..b],
+                })?;
+            }
+            if let Some(l) = limit {
+                l.acquire(data.len() as u64);
+            }
+            Ok(())
+        };
+        let mut total = 0u64;
+        if let Some(fd) = src.as_fd() {
+            use rustix::fs::SeekFrom;
+            let mut off = 0u64;
+            while off < stop {
+                let data = match rustix::fs::seek(fd, SeekFrom::Data(off)) {
+                    Ok(d) if d < stop => d,
+                    Ok(_) | Err(rustix::io::Errno::NXIO) => break,
+                    Err(e) => return Err(e.into()),
+                };
+                let hole = match rustix::fs::seek(fd, SeekFrom::Hole(data)) {
+                    Ok(h) => h.min(stop),
+                    Err(rustix::io::Errno::NXIO) => break,
+                    Err(e) => return Err(e.into()),
+                };
+                let mut at = data;
+                while at < hole {
+                    let want = ((hole - at) as usize).min(cap);
+                    let n = loop {
+                        match rustix::io::pread(fd, &mut buf[..want], at) {
+                            Err(rustix::io::Errno::INTR) => continue,
+                            r => break r?,
+                        }
+                    };
+                    if n == 0 {
+                        break;
+                    }
+                    send(at, &buf[..n])?;
+                    if let Some(p) = src.progress() {
+                        p.add(n as u64);
+                    }
+                    at += n as u64;
+                    total = at;
+                }
+                if at < hole {
+                    break;
+                }
+                off = hole;
+            }
+            // Holes at the end: the size listed.
+            total = total.max(size);
+        } else {
+            loop {
+                let want = ((stop - total) as usize).min(cap);
+                let mut n = 0;
+                while n < want {
+                    match src.read(&mut buf[n..want])? {
+                        0 => break,
+                        k => n += k,
+                    }
+                }
+                send(total, &buf[..n])?;
+                total += n as u64;
+                if n < want || total >= stop {
+                    break;
+                }
+            }
+        }
+        self.conn.send(&Req::SetLen { file, size: total })?;
+        Ok(total)
+    }
+
+    /// [`Req::GetXattrs`] of `name` in directory handle `dir`, into `out`.
+    fn xattrs(
+        &self,
+        dir: u64,
+        name: Option<&[u8]>,
+        kind: Kind,
+        sel: u8,
+        out: &mut Xattrs,
+    ) -> io::Result<()> {
+        let body = self.conn.call(&Req::GetXattrs {
+            dir,
+            name,
+            kind: K(kind),
+            sel,
+        })?;
+        match body.get()? {
+            Resp::Xattrs(a) => {
+                xattrs_of(&a, out);
+                Ok(())
+            }
             r => Err(unexpected(&r)),
         }
     }
@@ -318,15 +478,31 @@ impl SourceFile for SshReader {
             self.fill(file)?;
             let rx = self.ahead.pop_front().expect("a read in flight");
             let body = self.conn.wait(&rx)?;
-            let (span, short, current) = match body.get()? {
-                Resp::Data { data, current } => (
+            let (span, short, current, full) = match body.get()? {
+                Resp::Data {
+                    data,
+                    current,
+                    zeros,
+                } if zeros.is_empty() => (
                     (
                         offset_in(&body.0, data),
                         offset_in(&body.0, data) + data.len(),
                     ),
                     data.len() < CHUNK,
                     current,
+                    None,
                 ),
+                Resp::Data {
+                    data,
+                    current,
+                    zeros,
+                } => {
+                    // Holes: their zeros put back (a local writer skips them).
+                    let mut full = vec![0u8; CHUNK + 1];
+                    let n = expand(data, &zeros, &mut full);
+                    full.truncate(n);
+                    ((0, n), n < CHUNK, current, Some(full))
+                }
                 r => return Err(unexpected(&r)),
             };
             if short && !self.eof {
@@ -335,7 +511,7 @@ impl SourceFile for SshReader {
                 self.current = current;
                 self.ahead.clear();
             }
-            self.body = body.0;
+            self.body = full.unwrap_or(body.0);
             self.span = span;
         }
     }
@@ -443,30 +619,41 @@ impl Store for SshStore {
 
     fn open_file(&self, dir: &SshDir, name: &CStr) -> io::Result<SshReader> {
         let file = self.conn.handle();
+        let sel = self.open_xattrs.load(Ordering::Relaxed);
         let body = self.conn.call(&Req::Open {
             dir: dir.id,
             name: name.to_bytes(),
             file,
+            xattrs: sel,
         })?;
+        let mut x = Xattrs::new();
         let (span, current, big) = match body.get()? {
             Resp::Opened {
                 data: Some(d),
                 current,
+                xattrs,
                 ..
-            } => (
-                (offset_in(&body.0, d), offset_in(&body.0, d) + d.len()),
-                current,
-                None,
-            ),
+            } => {
+                xattrs_of(&xattrs, &mut x);
+                (
+                    (offset_in(&body.0, d), offset_in(&body.0, d) + d.len()),
+                    current,
+                    None,
+                )
+            }
             Resp::Opened {
                 data: None,
                 current,
                 ino,
-            } => (
-                (0, 0),
-                None,
-                Some(current.map(|(z, s, ns)| (z, s, ns, ino))),
-            ),
+                sparse,
+                xattrs,
+            } => {
+                xattrs_of(&xattrs, &mut x);
+                // A file with holes is read in order, its holes not sent,
+                // so a local writer keeps them.
+                let opened = current.map(|(z, s, ns)| (z, s, ns, ino));
+                ((0, 0), None, Some(opened.filter(|_| !sparse)))
+            }
             r => return Err(unexpected(&r)),
         };
         let ranged = big.flatten().map(|opened| Ranged {
@@ -489,6 +676,8 @@ impl Store for SshStore {
             eof: !big,
             current,
             ranged,
+            xattrs: (sel, x),
+            at: (dir.id, name.to_bytes().to_vec()),
         })
     }
 
@@ -510,9 +699,13 @@ impl Store for SshStore {
         self.conn.alive()?;
         let file = self.conn.handle();
         if meta.size <= INLINE_MAX {
+            // Holes of a small file travel as zeros, which the remote
+            // writer skips.
             return Ok(SshWriter {
                 file,
                 whole: Some(Vec::with_capacity(meta.size as usize + 1)),
+                sparse: false,
+                xattrs: None,
             });
         }
         self.conn.send(&Req::Create {
@@ -521,7 +714,12 @@ impl Store for SshStore {
             meta: M(*meta),
             file,
         })?;
-        Ok(SshWriter { file, whole: None })
+        Ok(SshWriter {
+            file,
+            whole: None,
+            sparse: meta.sparse,
+            xattrs: None,
+        })
     }
 
     fn write_from(
@@ -532,6 +730,9 @@ impl Store for SshStore {
         size: u64,
         limit: Option<&Limiter>,
     ) -> io::Result<u64> {
+        if w.sparse {
+            return self.send_sparse(w.file, src, size, limit);
+        }
         let mut chunk = Vec::new();
         let whole = w.whole.is_some();
         let buf = match &mut w.whole {
@@ -583,20 +784,23 @@ impl Store for SshStore {
         meta: &Meta,
         fsync: bool,
     ) -> io::Result<()> {
+        let xattrs = w.xattrs.as_ref().map(|(sel, x)| (*sel, attrs(x)));
         match &w.whole {
-            Some(data) => self.ok(&Req::Put {
+            Some(data) => self.committed(&Req::Put {
                 dir: dir.id,
                 name: name.to_bytes(),
                 meta: M(*meta),
                 fsync,
                 data,
+                xattrs,
             }),
-            None => self.ok(&Req::Commit {
+            None => self.committed(&Req::Commit {
                 dir: dir.id,
                 file: w.file,
                 name: name.to_bytes(),
                 meta: M(*meta),
                 fsync,
+                xattrs,
             }),
         }
     }
@@ -728,5 +932,86 @@ impl Store for SshStore {
 
     fn make_writable(&self, dir: &SshDir) -> io::Result<bool> {
         self.yes(&Req::MakeWritable { dir: dir.id })
+    }
+
+    fn supports_special(&self) -> bool {
+        true
+    }
+
+    fn create_special(
+        &self,
+        dir: &SshDir,
+        name: &CStr,
+        meta: &Meta,
+        replace: bool,
+    ) -> io::Result<()> {
+        self.ok(&Req::Special {
+            dir: dir.id,
+            name: name.to_bytes(),
+            meta: M(*meta),
+            replace,
+        })
+    }
+
+    fn xattr_caps(&self) -> XattrSel {
+        XattrSel::ALL
+    }
+
+    fn get_xattrs(
+        &self,
+        dir: &SshDir,
+        name: Option<&CStr>,
+        kind: Kind,
+        sel: XattrSel,
+        out: &mut Xattrs,
+    ) -> io::Result<()> {
+        self.xattrs(dir.id, name.map(CStr::to_bytes), kind, sel_bits(sel), out)
+    }
+
+    fn reader_xattrs(&self, r: &SshReader, sel: XattrSel, out: &mut Xattrs) -> io::Result<()> {
+        let bits = sel_bits(sel);
+        if r.xattrs.0 == bits {
+            out.clone_from(&r.xattrs.1);
+            return Ok(());
+        }
+        // Opened before the run asked: by name, this once; the next opens
+        // bring them.
+        self.open_xattrs.store(bits, Ordering::Relaxed);
+        self.xattrs(r.at.0, Some(&r.at.1), Kind::File, bits, out)
+    }
+
+    fn set_xattrs(
+        &self,
+        dir: &SshDir,
+        name: Option<&CStr>,
+        meta: &Meta,
+        sel: XattrSel,
+        want: &Xattrs,
+        have: Option<&Xattrs>,
+    ) -> io::Result<()> {
+        self.ok(&Req::SetXattrs {
+            dir: dir.id,
+            name: name.map(CStr::to_bytes),
+            meta: M(*meta),
+            sel: sel_bits(sel),
+            want: attrs(want),
+            have: have.map(attrs),
+        })
+    }
+
+    fn set_writer_xattrs(
+        &self,
+        _dir: &SshDir,
+        w: &mut SshWriter,
+        _meta: &Meta,
+        sel: XattrSel,
+        want: &Xattrs,
+    ) -> io::Result<()> {
+        if self.refused.load(Ordering::Relaxed) {
+            return Err(io::ErrorKind::Unsupported.into());
+        }
+        // Sent with the commit, which sets them before the file is named.
+        w.xattrs = Some((sel_bits(sel), want.clone()));
+        Ok(())
     }
 }

@@ -756,3 +756,313 @@ fn big_file_over_three_connections_and_a_resumed_pull() {
     assert!(reused > 0, "nothing resumed\n{r}");
     assert!(find_prefixed(&again, b".ferry-").is_empty());
 }
+
+// ------------------------------------------------------------- what -a -X -A keeps
+
+/// Every attribute of `p` (not following a symlink), by the syscalls.
+fn xattrs_of(p: &Path) -> BTreeMap<Vec<u8>, Vec<u8>> {
+    let c = std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap();
+    let mut names = vec![0u8; 65536];
+    let n = rustix::fs::llistxattr(c.as_c_str(), &mut names[..]).unwrap();
+    let mut out = BTreeMap::new();
+    for name in names[..n].split(|&b| b == 0).filter(|n| !n.is_empty()) {
+        let cn = std::ffi::CString::new(name).unwrap();
+        let mut v = vec![0u8; 65536];
+        let len = rustix::fs::lgetxattr(c.as_c_str(), cn.as_c_str(), &mut v[..]).unwrap();
+        out.insert(name.to_vec(), v[..len].to_vec());
+    }
+    out
+}
+
+fn set_xattr(p: &Path, name: &str, value: &[u8]) {
+    rustix::fs::lsetxattr(p, name, value, rustix::fs::XattrFlags::empty())
+        .unwrap_or_else(|e| panic!("setxattr {} {name}: {e}", p.display()));
+}
+
+/// A POSIX ACL as the kernel's raw value: owner, named user 4242 (with
+/// `perm`), group, mask, other.
+fn acl_value(perm: u16) -> Vec<u8> {
+    const UNDEF: u32 = u32::MAX;
+    let mut out = 2u32.to_le_bytes().to_vec();
+    for (tag, p, id) in [
+        (0x01u16, 7u16, UNDEF),
+        (0x02, perm, 4242),
+        (0x04, 5, UNDEF),
+        (0x10, 7, UNDEF),
+        (0x20, 0, UNDEF),
+    ] {
+        out.extend_from_slice(&tag.to_le_bytes());
+        out.extend_from_slice(&p.to_le_bytes());
+        out.extend_from_slice(&id.to_le_bytes());
+    }
+    out
+}
+
+/// The attributes of every entry of `a` and `b` (roots included) are equal.
+#[track_caller]
+fn assert_same_xattrs(a: &Path, b: &Path, r: &Run) {
+    let mut paths = vec![std::path::PathBuf::new()];
+    paths.extend(walk(a));
+    for rel in paths {
+        assert_eq!(
+            xattrs_of(&a.join(&rel)),
+            xattrs_of(&b.join(&rel)),
+            "attributes of {rel:?} (left SRC, right DST)\n{r}"
+        );
+    }
+}
+
+/// -X -A over ssh keep user attributes (binary values, on a small file, a
+/// big one, a directory, a symlink) and access and default ACLs, pushed,
+/// changed and synced again (attributes only), and pulled.
+#[test]
+fn xattrs_and_acls_pushed_and_pulled() {
+    let (rsh, host) = need_server!();
+    let d = tmpdir();
+    let src = d.path().join("src");
+    write(&src, "small", b"small file");
+    write(&src, "big", &gen_bytes(700 << 10, 1));
+    write(&src, "dir/inner", b"inner");
+    std::os::unix::fs::symlink("small", src.join("link")).unwrap();
+    if rustix::fs::lsetxattr(&src, "user.probe", b"1", rustix::fs::XattrFlags::empty()).is_err() {
+        eprintln!("skipped: {} keeps no user attributes", src.display());
+        return;
+    }
+    rustix::fs::lremovexattr(&src, "user.probe").unwrap();
+    set_xattr(&src.join("small"), "user.bin", b"\0\xff\x01 binary");
+    set_xattr(&src.join("small"), "user.second", &[7u8; 3000]);
+    set_xattr(&src.join("big"), "user.big", b"on a big file");
+    set_xattr(&src.join("dir"), "user.dir", b"on a directory");
+    set_xattr(&src.join("big"), "system.posix_acl_access", &acl_value(4));
+    set_xattr(&src.join("dir"), "system.posix_acl_access", &acl_value(5));
+    set_xattr(&src.join("dir"), "system.posix_acl_default", &acl_value(6));
+    if is_root() {
+        set_xattr(&src.join("link"), "trusted.link", b"on a symlink");
+    }
+    let dst = d.path().join("dst");
+    let push = || {
+        remote(
+            &rsh,
+            &[
+                "sync".as_ref(),
+                "-XA".as_ref(),
+                "--json".as_ref(),
+                src.as_os_str(),
+                &at(&host, &dst),
+            ],
+        )
+    };
+    let r = push();
+    r.ok();
+    assert!(!r.err().contains("keeps none"), "{r}");
+    assert_same_xattrs(&src, &dst, &r);
+    assert_trees_equal(&src, &dst);
+    // Attributes changed, bytes not: the attributes follow, no file is copied.
+    set_xattr(&src.join("small"), "user.bin", b"new value");
+    rustix::fs::lremovexattr(src.join("small"), "user.second").unwrap();
+    set_xattr(&src.join("big"), "system.posix_acl_access", &acl_value(6));
+    let r = push();
+    r.ok();
+    assert_eq!(summary_field(&r, "files_copied"), 0, "{r}");
+    assert_same_xattrs(&src, &dst, &r);
+    // Pulled back into a new tree.
+    let back = d.path().join("back");
+    let r = remote(
+        &rsh,
+        &[
+            "copy".as_ref(),
+            "-XA".as_ref(),
+            &at(&host, &dst),
+            back.as_os_str(),
+        ],
+    );
+    r.ok();
+    assert_same_xattrs(&src, &back, &r);
+    // Remote to remote.
+    let far = d.path().join("far");
+    let r = remote(
+        &rsh,
+        &[
+            "copy".as_ref(),
+            "-XA".as_ref(),
+            &at(&host, &dst),
+            &at(&host, &far),
+        ],
+    );
+    r.ok();
+    assert_same_xattrs(&src, &far, &r);
+}
+
+/// Type, device number, mode and mtime of `rel` equal in both trees.
+#[track_caller]
+fn assert_same_node(a: &Path, b: &Path, rel: &str, r: &Run) {
+    use std::os::unix::fs::MetadataExt;
+    let f = |p: &Path| {
+        let m = std::fs::symlink_metadata(p.join(rel))
+            .unwrap_or_else(|e| panic!("{}: {e}\n{r}", p.join(rel).display()));
+        (m.mode(), m.rdev(), m.mtime(), m.mtime_nsec(), m.uid())
+    };
+    assert_eq!(f(a), f(b), "{rel}: (mode, rdev, mtime, ns, uid)\n{r}");
+}
+
+/// Fifos (and as root device nodes) pushed to and pulled from the remote.
+#[test]
+fn fifos_and_devices_pushed_and_pulled() {
+    use rustix::fs::{self as rfs, FileType, Mode};
+    let (rsh, host) = need_server!();
+    let d = tmpdir();
+    let src = d.path().join("src");
+    write(&src, "sub/file", b"x");
+    let mut nodes = vec![
+        ("fifo", FileType::Fifo, 0),
+        ("sub/fifo2", FileType::Fifo, 0),
+    ];
+    if is_root() {
+        nodes.push(("null", FileType::CharacterDevice, rfs::makedev(1, 3)));
+        nodes.push(("blk", FileType::BlockDevice, rfs::makedev(7, 200)));
+    }
+    for (rel, ft, dev) in &nodes {
+        rfs::mknodat(
+            rfs::CWD,
+            src.join(rel),
+            *ft,
+            Mode::from_raw_mode(0o640),
+            *dev,
+        )
+        .unwrap();
+    }
+    set_mtime(&src.join("fifo"), (1_234_567, 89));
+    let dst = d.path().join("dst");
+    let r = remote(&rsh, &["sync".as_ref(), src.as_os_str(), &at(&host, &dst)]);
+    r.ok();
+    assert!(!r.err().contains("skipped"), "{r}");
+    let back = d.path().join("back");
+    let r2 = remote(&rsh, &["copy".as_ref(), &at(&host, &dst), back.as_os_str()]);
+    r2.ok();
+    for (rel, ..) in &nodes {
+        assert_same_node(&src, &dst, rel, &r);
+        assert_same_node(&src, &back, rel, &r2);
+    }
+    // A fifo that became a file and back: replaced on the remote.
+    std::fs::remove_file(src.join("fifo")).unwrap();
+    write(&src, "fifo", b"now a file");
+    remote(&rsh, &["sync".as_ref(), src.as_os_str(), &at(&host, &dst)]).ok();
+    assert_eq!(std::fs::read(dst.join("fifo")).unwrap(), b"now a file");
+}
+
+/// The data segments of a file (`SEEK_DATA`/`SEEK_HOLE`).
+fn seek_map(p: &Path) -> Vec<(u64, u64)> {
+    use rustix::fs::{self as rfs, SeekFrom};
+    use std::os::fd::AsFd;
+    let f = std::fs::File::open(p).unwrap();
+    let size = f.metadata().unwrap().len();
+    let (mut out, mut off) = (Vec::new(), 0);
+    while off < size {
+        let Ok(data) = rfs::seek(f.as_fd(), SeekFrom::Data(off)) else {
+            break;
+        };
+        let hole = rfs::seek(f.as_fd(), SeekFrom::Hole(data)).unwrap();
+        out.push((data, hole));
+        off = hole;
+    }
+    out
+}
+
+/// A file of `size` bytes whose only data are `segs` (offset, length).
+fn write_sparse(p: &Path, size: u64, segs: &[(u64, usize)]) {
+    use std::os::unix::fs::FileExt;
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    let f = std::fs::File::create(p).unwrap();
+    for (i, &(off, len)) in segs.iter().enumerate() {
+        let mut b = gen_bytes(len, i as u64 + 7);
+        b.iter_mut().for_each(|x| *x |= 1);
+        f.write_all_at(&b, off).unwrap();
+    }
+    f.set_len(size).unwrap();
+}
+
+/// Sparse files (holes at the start, the middle and the end; a small one
+/// that travels whole, a big one, a gibibyte with a mebibyte of data)
+/// pushed, pulled and copied remote to remote keep their hole maps and
+/// bytes; a rerun copies nothing.
+#[test]
+fn sparse_files_pushed_and_pulled_keep_their_holes() {
+    use std::os::unix::fs::MetadataExt;
+    let (rsh, host) = need_server!();
+    let d = tmpdir();
+    let src = d.path().join("src");
+    const M: u64 = 1 << 20;
+    write_sparse(&src.join("small"), 200 << 10, &[(64 << 10, 8192)]);
+    write_sparse(
+        &src.join("big"),
+        40 * M,
+        &[
+            (3 * M, 100_000),
+            (5 * M + 4096, 2 * M as usize),
+            (30 * M, 4096),
+        ],
+    );
+    write_sparse(
+        &src.join("gib"),
+        1 << 30,
+        &[(100 * M, M as usize / 2), (600 * M, M as usize / 2)],
+    );
+    write(&src, "dense", &gen_bytes(3 << 20, 5));
+    if seek_map(&src.join("big")).len() != 3 {
+        eprintln!(
+            "skipped: the filesystem of {} reports no holes",
+            src.display()
+        );
+        return;
+    }
+    let on_disk = |p: &Path| std::fs::metadata(p).unwrap().blocks() * 512;
+    let check = |a: &Path, b: &Path, r: &Run| {
+        for f in ["small", "big", "gib", "dense"] {
+            assert_eq!(seek_map(&a.join(f)), seek_map(&b.join(f)), "{f}\n{r}");
+        }
+        assert!(on_disk(&b.join("gib")) < 2 * M, "{r}");
+        assert_trees_equal(a, b);
+    };
+    let dst = d.path().join("dst");
+    let push = || {
+        remote(
+            &rsh,
+            &[
+                "sync".as_ref(),
+                "--json".as_ref(),
+                src.as_os_str(),
+                &at(&host, &dst),
+            ],
+        )
+    };
+    let start = std::time::Instant::now();
+    let r = push();
+    r.ok();
+    check(&src, &dst, &r);
+    eprintln!("push took {:?}", start.elapsed());
+    let r = push();
+    r.ok();
+    assert_eq!(summary_field(&r, "files_copied"), 0, "{r}");
+    let back = d.path().join("back");
+    let pull = || {
+        remote(
+            &rsh,
+            &[
+                "sync".as_ref(),
+                "--json".as_ref(),
+                &at(&host, &dst),
+                back.as_os_str(),
+            ],
+        )
+    };
+    let r = pull();
+    r.ok();
+    check(&src, &back, &r);
+    let r = pull();
+    r.ok();
+    assert_eq!(summary_field(&r, "files_copied"), 0, "{r}");
+    let far = d.path().join("far");
+    let r = remote(&rsh, &["copy".as_ref(), &at(&host, &dst), &at(&host, &far)]);
+    r.ok();
+    check(&src, &far, &r);
+}
