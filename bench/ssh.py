@@ -8,8 +8,12 @@ Workloads (generated under --workdir, removed at the end):
   small: 10,000 x 4 KiB, first copy, push (local -> host:path) and pull (host:path -> local);
   noop:  100,000 x 1 KiB already in place, push (nothing to copy);
   big:   one 1 GiB file, first copy, push and pull.
-Each row: wall time (median of --runs), MiB/s for big, and the CPU seconds of the local
-side (the tool and its ssh children). --rtt-ms N puts bench/latency_proxy.py between the
+Each row: wall time (median of --runs), MiB/s for big, the CPU seconds of the local
+side (the tool and its ssh children) and of the remote side (the sshd sessions and what they
+ran, from the sshd master's reaped children), and for big the CPU per GiB of each end.
+--cipher NAME gives every tool's ssh `-c NAME` (default aes128-gcm@openssh.com, the same
+cipher for all); --cipher default gives none (each tool as users run it: ferry puts AES-GCM
+first when ssh is left to its defaults, rsync and scp take ssh's default order). --rtt-ms N puts bench/latency_proxy.py between the
 clients and sshd. --smoke runs tiny workloads once and checks the copies are equal (what
 scripts/test runs, so this never rots). --only big,push picks rows.
 """
@@ -22,6 +26,8 @@ ap.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "ferry-
 ap.add_argument("--rtt-ms", type=float, default=0)
 ap.add_argument("--smoke", action="store_true")
 ap.add_argument("--tools", default="", help="comma list (default: ferry,rsync and scp,rclone when installed)")
+ap.add_argument("--cipher", default="aes128-gcm@openssh.com",
+                help="the cipher every tool's ssh is given (-c), or 'default': none, each tool as users run it")
 ap.add_argument("--only", default="", help="comma list of workloads and directions: small,noop,big,push,pull")
 a = ap.parse_args()
 ferry = os.path.abspath(a.ferry)
@@ -60,7 +66,8 @@ if a.rtt_ms:
     config = os.path.join(sdir, "ssh_config_rtt")
     with open(config, "w") as f:
         f.write(text)
-ssh = f"ssh -F {config} -c aes128-gcm@openssh.com"
+cipher = [] if a.cipher == "default" else ["-c", a.cipher]
+ssh = " ".join(["ssh", "-F", config] + cipher)
 
 # (rclone is slow on even the smoke workloads: by default in full runs only.)
 tools = [t for t in a.tools.split(",") if t] or \
@@ -75,7 +82,7 @@ def cmd(tool, src, dst, push):
     if tool == "rsync":
         return ["rsync", "-a", "-e", ssh, s + "/", d]
     if tool == "scp":
-        return ["scp", "-O", "-q", "-r", "-F", config, "-c", "aes128-gcm@openssh.com", s, d]
+        return ["scp", "-O", "-q", "-r", "-F", config] + cipher + [s, d]
     if tool == "rclone":
         # rclone's own SSH client, to the same server (and proxy).
         port = config_port()
@@ -104,15 +111,35 @@ def gen(root, n, size):
                 f.write(os.urandom(size))
 
 
+def sshd_pid():
+    with open(os.path.join(sdir, "sshd.pid")) as f:
+        return int(f.read())
+
+
+def remote_cpu():
+    """CPU seconds of the sshd sessions (and what they ran: ferry serve, rsync --server,
+    the sftp server) reaped so far by the sshd master, once none is left running."""
+    pid = sshd_pid()
+    for _ in range(200):
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            if not f.read().split():
+                break
+        time.sleep(0.01)
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
+
+
 def timed(argv):
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    rbefore = remote_cpu()
     t = time.perf_counter()
     r = subprocess.run(argv, capture_output=True, text=True)
     wall = time.perf_counter() - t
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if r.returncode != 0:
         raise SystemExit(f"{argv[0]} failed ({r.returncode}): {r.stderr.strip()[-500:]}")
-    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), remote_cpu() - rbefore
 
 
 def same(x, y):
@@ -139,7 +166,7 @@ try:
             for tool in tools:
                 if wl == "noop" and tool == "scp":
                     continue  # scp has no no-op: it copies everything again
-                walls, cpus = [], []
+                walls, cpus, rcpus = [], [], []
                 for _ in range(runs):
                     far = os.path.join(a.workdir, wl, "there")
                     near = os.path.join(a.workdir, wl, "back")
@@ -151,22 +178,27 @@ try:
                             timed(cmd(tool, src, dst, True))
                         else:
                             shutil.rmtree(dst, ignore_errors=True)
-                        wall, cpu = timed(cmd(tool, src, dst, True))
+                        wall, cpu, rcpu = timed(cmd(tool, src, dst, True))
                     else:
                         if not os.path.isdir(far):
                             timed(cmd("ferry", src, far, True))
                         shutil.rmtree(near, ignore_errors=True)
                         dst = near
-                        wall, cpu = timed(cmd(tool, far, near, False))
+                        wall, cpu, rcpu = timed(cmd(tool, far, near, False))
                     walls.append(wall)
                     cpus.append(cpu)
+                    rcpus.append(rcpu)
                     if a.smoke:
                         same(src, dst if push else near)
                 w = statistics.median(walls)
                 rate = f"{total / w / (1 << 20):.0f} MiB/s" if wl == "big" else ""
-                rows.append((wl, "push" if push else "pull", tool, w, statistics.median(cpus), rate))
-                print(f"{wl:5} {'push' if push else 'pull'} {tool:7} {w:7.2f} s  cpu {rows[-1][4]:6.2f} s  {rate}",
-                      flush=True)
+                c, rc = statistics.median(cpus), statistics.median(rcpus)
+                if wl == "big":
+                    gib = total / (1 << 30)
+                    rate += f", CPU/GiB {c / gib:.2f} s here + {rc / gib:.2f} s there"
+                rows.append((wl, "push" if push else "pull", tool, w, c, rc, rate))
+                print(f"{wl:5} {'push' if push else 'pull'} {tool:7} {w:7.2f} s  cpu {c:6.2f} s here"
+                      f" {rc:6.2f} s there  {rate}", flush=True)
         shutil.rmtree(os.path.join(a.workdir, wl), ignore_errors=True)
 finally:
     if proxy:
@@ -175,7 +207,8 @@ finally:
     shutil.rmtree(a.workdir, ignore_errors=True)
 
 print()
-print(f"| workload | dir | tool | wall s (median of {runs}) | local CPU s | rate |")
-print("|---|---|---|---|---|---|")
-for wl, d, tool, w, cpu, rate in rows:
-    print(f"| {wl} | {d} | {tool} | {w:.2f} | {cpu:.2f} | {rate} |")
+print(f"cipher: {a.cipher}; rtt: {a.rtt_ms} ms")
+print(f"| workload | dir | tool | wall s (median of {runs}) | CPU s here | CPU s there (sshd + server) | rate |")
+print("|---|---|---|---|---|---|---|")
+for wl, d, tool, w, cpu, rcpu, rate in rows:
+    print(f"| {wl} | {d} | {tool} | {w:.2f} | {cpu:.2f} | {rcpu:.2f} | {rate} |")

@@ -10,7 +10,7 @@ use std::io::{self, BufRead, BufReader};
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread::JoinHandle;
 
 use crate::proto::{self, Hello, Req, Resp};
@@ -37,6 +37,9 @@ pub struct Target {
     /// ferry of this protocol (no `--remote-ferry`, no
     /// `--no-remote-install`).
     pub install: bool,
+    /// Options put before the host: AES-GCM first when ssh would use its
+    /// built-in cipher order ([`fast_cipher`]).
+    pub options: Vec<String>,
 }
 
 /// This run's settings for SSH locations.
@@ -90,12 +93,16 @@ impl Target {
         if host.starts_with('-') || host.is_empty() {
             return Err(format!("{host:?}: not a host name"));
         }
+        let options = fast_cipher(&rsh, &host, port)
+            .map(|c| vec!["-o".into(), c])
+            .unwrap_or_default();
         Ok(Target {
             rsh,
             host,
             port,
             remote_ferry: rf.unwrap_or_else(|| "ferry".into()),
             install,
+            options,
         })
     }
 
@@ -109,10 +116,63 @@ impl Target {
         if let Some(p) = self.port {
             a.extend(["-p".into(), p.to_string()]);
         }
+        a.extend(self.options.iter().cloned());
         a.push(self.host.clone());
         a.push(remote.into());
         a
     }
+}
+
+/// OpenSSH's built-in cipher order (unchanged since 6.9).
+const SSH_DEFAULT_CIPHERS: &str = "chacha20-poly1305@openssh.com,aes128-ctr,aes192-ctr,aes256-ctr,aes128-gcm@openssh.com,aes256-gcm@openssh.com";
+
+/// `Ciphers=...` with AES-GCM first, when `rsh` is OpenSSH's `ssh` left to
+/// its built-in cipher order (no `-c`, no `Ciphers` on its command line or
+/// in its configuration for `host`, as `ssh -G` prints it) and this CPU
+/// has AES instructions: one stream's throughput is bound by its cipher,
+/// and AES-GCM with those instructions is the fastest ssh has. The
+/// server's own list still decides what it accepts; a user's choice is
+/// never changed.
+fn fast_cipher(rsh: &[String], host: &str, port: Option<u16>) -> Option<String> {
+    let prog = std::path::Path::new(rsh.first()?).file_name()?;
+    if prog != "ssh"
+        || rsh[1..].iter().any(|w| {
+            (w.starts_with("-c") && !w.starts_with("--"))
+                || w.to_ascii_lowercase().contains("ciphers")
+        })
+        || !cpu_has_aes()
+    {
+        return None;
+    }
+    let mut cmd = Command::new(&rsh[0]);
+    cmd.args(&rsh[1..]).arg("-G");
+    if let Some(p) = port {
+        cmd.args(["-p", &p.to_string()]);
+    }
+    let out = cmd
+        .arg(host)
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let list = text.lines().find_map(|l| l.strip_prefix("ciphers "))?;
+    if !out.status.success() || list.trim() != SSH_DEFAULT_CIPHERS {
+        return None;
+    }
+    let (gcm, rest): (Vec<&str>, Vec<&str>) = SSH_DEFAULT_CIPHERS
+        .split(',')
+        .partition(|c| c.contains("-gcm@"));
+    Some(format!("Ciphers={}", [gcm, rest].concat().join(",")))
+}
+
+/// Whether this CPU has AES instructions (`aes` among its flags).
+fn cpu_has_aes() -> bool {
+    std::fs::read_to_string("/proc/cpuinfo").is_ok_and(|s| {
+        s.lines()
+            .filter(|l| l.starts_with("flags") || l.starts_with("Features"))
+            .any(|l| l.split_whitespace().any(|w| w == "aes"))
+    })
 }
 
 /// Words of a command line, as a shell splits them: blanks separate,
@@ -212,6 +272,10 @@ pub struct Conn {
     /// Further connections to the same host for big files, opened when
     /// first needed (`None`: not yet).
     extra: Mutex<Vec<Option<Arc<Conn>>>>,
+    /// Set by [`close_all`]: the end of the stream is expected.
+    closing: AtomicBool,
+    /// Set (and notified) once ssh has exited and been waited for.
+    closed: (Mutex<bool>, Condvar),
 }
 
 /// A reply's bytes, decoded on demand (byte strings borrowed from them).
@@ -358,11 +422,45 @@ impl Stderr {
     }
 }
 
+/// This run's connections, one per target.
+static CONNS: Mutex<Vec<(Target, Arc<Conn>)>> = Mutex::new(Vec::new());
+
+/// End this run's sessions: close each connection's input, so that its
+/// `ferry serve` and then ssh exit, and wait for them (a few seconds at
+/// most), so that a run leaves no ssh behind it.
+pub fn close_all() {
+    let conns: Vec<Arc<Conn>> = CONNS
+        .lock()
+        .unwrap()
+        .drain(..)
+        .flat_map(|(_, c)| {
+            let extra: Vec<Arc<Conn>> = c.extra.lock().unwrap().drain(..).flatten().collect();
+            std::iter::once(c).chain(extra)
+        })
+        .collect();
+    for c in &conns {
+        c.closing.store(true, Ordering::Relaxed);
+        // An empty frame tells the writer to close the stream.
+        let _ = c.tx.send(Vec::new());
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    for c in &conns {
+        let (lock, cv) = &c.closed;
+        let mut done = lock.lock().unwrap();
+        while !*done {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            done = cv.wait_timeout(done, left).unwrap().0;
+        }
+    }
+}
+
 /// The connection to `t`, made once per run and shared. When the remote
 /// has no ferry of this protocol and `t` allows it, this binary is
 /// installed there ([`crate::install`]) and run.
 pub fn connect(t: &Target) -> Result<Arc<Conn>, String> {
-    static CONNS: Mutex<Vec<(Target, Arc<Conn>)>> = Mutex::new(Vec::new());
     let mut conns = CONNS.lock().unwrap();
     if let Some((_, c)) = conns.iter().find(|(k, _)| k == t) {
         return Ok(c.clone());
@@ -467,6 +565,8 @@ fn open(t: &Target) -> Result<Arc<Conn>, Failed> {
         cores: 1,
         target: t.clone(),
         extra: Mutex::new(Vec::new()),
+        closing: AtomicBool::new(false),
+        closed: (Mutex::new(false), Condvar::new()),
     };
     let conn = {
         // Whether the server keeps owners and its cores, asked before the
@@ -521,10 +621,18 @@ fn read_replies(
             Err(e) => break Some(e),
         }
     };
-    // The stream ended: say why, with what ssh said last.
-    let _ = child.kill();
+    // The stream ended: say why, with what ssh said last. (At the end of
+    // a run, ssh is exiting on its own: waited for, not killed.)
+    if !conn.closing.load(Ordering::Relaxed) {
+        let _ = child.kill();
+    }
     let status = child.wait().ok().and_then(|s| s.code());
     let _ = errt.join();
+    {
+        let (lock, cv) = &conn.closed;
+        *lock.lock().unwrap() = true;
+        cv.notify_all();
+    }
     let mut why = format!("{}: connection lost", conn.host);
     if let Some(e) = end {
         why.push_str(&format!(" ({e})"));
@@ -623,10 +731,52 @@ mod tests {
             port: Some(22),
             remote_ferry: "/opt/ferry".into(),
             install: false,
+            options: vec!["-o".into(), "Ciphers=x".into()],
         };
         assert_eq!(
             t.argv(),
-            ["ssh", "-F", "c", "-p", "22", "u@h", "/opt/ferry serve"]
+            [
+                "ssh",
+                "-F",
+                "c",
+                "-p",
+                "22",
+                "-o",
+                "Ciphers=x",
+                "u@h",
+                "/opt/ferry serve"
+            ]
+        );
+    }
+
+    #[test]
+    fn aes_gcm_goes_first_only_where_ssh_is_left_to_its_defaults() {
+        let w = |s: &str| split_words(s).unwrap();
+        // Not OpenSSH's ssh, or a cipher named on its command line: untouched
+        // (no `ssh -G` is run for these).
+        assert_eq!(fast_cipher(&w("dbclient"), "h", None), None);
+        assert_eq!(fast_cipher(&w("ssh -c aes256-ctr"), "h", None), None);
+        assert_eq!(
+            fast_cipher(&w("ssh -o Ciphers=aes256-ctr"), "h", None),
+            None
+        );
+        if !cpu_has_aes() || Command::new("ssh").arg("-V").output().is_err() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("cfg");
+        std::fs::write(&cfg, "Host chosen\n  Ciphers aes256-ctr\n").unwrap();
+        let f = cfg.to_str().unwrap();
+        // A configuration that chooses: untouched.
+        assert_eq!(
+            fast_cipher(&w(&format!("ssh -F {f}")), "chosen", None),
+            None
+        );
+        // Defaults: the same ciphers, AES-GCM first.
+        let c = fast_cipher(&w(&format!("ssh -F {f}")), "other", Some(2222)).unwrap();
+        assert_eq!(
+            c,
+            "Ciphers=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com,aes128-ctr,aes192-ctr,aes256-ctr"
         );
     }
 
@@ -638,6 +788,7 @@ mod tests {
             port: None,
             remote_ferry: "ferry".into(),
             install: true,
+            options: Vec::new(),
         };
         let c = |code, l: &str| classify(&t, Some(code), &[l.to_string()]);
         assert!(c(

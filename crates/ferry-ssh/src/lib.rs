@@ -15,6 +15,6 @@ pub mod proto;
 pub mod serve;
 pub mod store;
 
-pub use conn::{configure, split_words, Lost, Settings, Target};
+pub use conn::{close_all, configure, split_words, Lost, Settings, Target};
 pub use serve::serve;
 pub use store::{SshDir, SshReader, SshStore, SshWriter};

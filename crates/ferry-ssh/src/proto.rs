@@ -135,12 +135,18 @@ pub fn read_frame(r: &mut impl Read) -> io::Result<Option<(u64, Vec<u8>)>> {
 }
 
 /// Write the frames `rx` hands over to `out` until it closes or a write
-/// fails: as many as are queued, then one flush (one end's writer thread).
+/// fails, or an empty one ends the stream: as many as are queued, then one
+/// flush (one end's writer thread).
 pub fn write_frames(out: impl Write, rx: std::sync::mpsc::Receiver<Vec<u8>>) {
     let mut out = io::BufWriter::with_capacity(256 << 10, out);
     while let Ok(f) = rx.recv() {
         let queued = std::iter::once(f).chain(rx.try_iter());
         for f in queued {
+            if f.is_empty() {
+                // The end: flushed, then the stream closed (dropped).
+                let _ = out.flush();
+                return;
+            }
             if out.write_all(&f).is_err() {
                 return;
             }

@@ -59,6 +59,7 @@ fn main() -> ExitCode {
             .map(|()| 0)
             .map_err(|e| format!("serve: {}", cause(&e))),
     };
+    ferry_ssh::close_all();
     match res {
         Ok(code) => ExitCode::from(code),
         Err(msg) => {
