@@ -21,7 +21,7 @@ use ferry_engine::xattr::{XattrSel, Xattrs};
 use serde::{Deserialize, Serialize};
 
 /// The protocol version both ends must speak.
-pub const PROTOCOL: u32 = 3;
+pub const PROTOCOL: u32 = 4;
 /// The hello's first bytes.
 const MAGIC: &[u8; 12] = b"FERRY-SERVE\n";
 /// Largest frame accepted (a whole small file, a big directory's listing).
@@ -413,6 +413,14 @@ pub enum Req<'a> {
         name: &'a [u8],
         meta: M,
         replace: bool,
+    },
+    /// Make `name` in `dir` another name (a hard link) of `from_name` in
+    /// `from_dir`, atomically replacing what has that name: [`Resp::Ok`].
+    Link {
+        from_dir: u64,
+        from_name: &'a [u8],
+        dir: u64,
+        name: &'a [u8],
     },
 }
 

@@ -623,6 +623,17 @@ fn answer_io(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> io::Re
             meta,
             replace,
         } => ok(s.create_special(&*dir_of(st, dir)?, &cname(name)?, &meta.0, replace)),
+        Req::Link {
+            from_dir,
+            from_name,
+            dir,
+            name,
+        } => ok(s.link(
+            &*dir_of(st, from_dir)?,
+            &cname(from_name)?,
+            &*dir_of(st, dir)?,
+            &cname(name)?,
+        )),
         Req::Close { .. }
         | Req::Create { .. }
         | Req::Write { .. }

@@ -953,6 +953,25 @@ impl Store for SshStore {
         })
     }
 
+    fn has_hard_links(&self) -> bool {
+        true
+    }
+
+    fn link(
+        &self,
+        from_dir: &SshDir,
+        from_name: &CStr,
+        dir: &SshDir,
+        name: &CStr,
+    ) -> io::Result<()> {
+        self.ok(&Req::Link {
+            from_dir: from_dir.id,
+            from_name: from_name.to_bytes(),
+            dir: dir.id,
+            name: name.to_bytes(),
+        })
+    }
+
     fn xattr_caps(&self) -> XattrSel {
         XattrSel::ALL
     }

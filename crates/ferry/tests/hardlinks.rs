@@ -7,6 +7,7 @@
 mod util;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::OsString;
 use std::fs;
 use std::os::unix::fs::{lchown, MetadataExt};
 use std::path::{Path, PathBuf};
@@ -14,6 +15,7 @@ use std::path::{Path, PathBuf};
 use proptest::prelude::*;
 use proptest::sample::Index;
 use util::s3::*;
+use util::ssh::*;
 use util::*;
 
 /// Directories of the generated trees (the root first).
@@ -273,6 +275,58 @@ proptest! {
         assert_trees_equal(&src, &dst);
         assert_same_links(&src, &dst, &r);
         assert_rerun_does_nothing(&src, &dst, &flags);
+    }
+}
+
+fn ssh_config() -> ProptestConfig {
+    ProptestConfig {
+        cases: 8,
+        ..config()
+    }
+}
+
+proptest! {
+    #![proptest_config(ssh_config())]
+
+    /// The same over ssh (`ferry serve` on the other end makes the links): a linked tree
+    /// pushed with `sync -H`, random edits pushed again, then pulled back into a fresh
+    /// directory and into the first copy; every time the inode groups are SRC's.
+    #[test]
+    fn sync_h_over_ssh_push_and_pull(
+        spec in tree(),
+        edits in prop::collection::vec(edit(), 1..6),
+    ) {
+        let Ok((rsh, host)) = ssh_server() else {
+            eprintln!("skipped: FERRY_TEST_SSH_* not set (scripts/test starts sshd)");
+            return Ok(());
+        };
+        let t = tmpdir();
+        let (src, far, back) = (t.path().join("src"), t.path().join("far"), t.path().join("back"));
+        materialize_tree(&src, &spec);
+        let push = |f: &[&str]| {
+            let mut a: Vec<OsString> = f.iter().map(OsString::from).collect();
+            a.extend([src.clone().into(), ssh_at(&host, &far)]);
+            ferry_ssh(&rsh, "sync", &a)
+        };
+        let r = push(&["-H", "--json"]);
+        r.ok();
+        assert_trees_equal(&src, &far);
+        assert_same_links(&src, &far, &r);
+        let linked: usize = link_groups(&src).iter().map(|g| g.len() - 1).sum();
+        prop_assert_eq!(summary(&r).hard_links as usize, linked, "{}", r);
+
+        apply_edits(&src, &edits);
+        let r = push(&["-H"]);
+        r.ok();
+        assert_trees_equal(&src, &far);
+        assert_same_links(&src, &far, &r);
+
+        for into in [&back, &src] {
+            let r = ferry_ssh(&rsh, "sync", &[OsString::from("-H"), ssh_at(&host, &far), into.clone().into()]);
+            r.ok();
+            assert_trees_equal(&far, into);
+            assert_same_links(&far, into, &r);
+        }
     }
 }
 

@@ -19,6 +19,7 @@ use std::sync::mpsc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 pub mod s3;
+pub mod ssh;
 
 /// Path of the binary under test (`FERRY_TEST_BIN` overrides it, e.g. to check the tests
 /// themselves against a reference implementation).
