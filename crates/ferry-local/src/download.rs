@@ -112,29 +112,13 @@ fn download_with(
     t: Tuning,
 ) -> io::Result<Downloaded> {
     let (size, ident) = src.identity()?;
-    let pname = partial_name(name);
-    let fd = rfs::openat(
-        dir,
-        &pname,
-        OFlags::RDWR | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::from_raw_mode(0o600),
-    )?;
-    let mut ranges = RangeSet::new();
-    let mut resumable = true;
-    match load_state(fd.as_fd()) {
-        Ok(Some((s, id, rs))) if s == size && id == ident => {
-            for (a, b) in rs {
-                ranges.insert(a.min(size), b.min(size));
-            }
-        }
-        Ok(_) => {}
-        Err(_) => resumable = false,
-    }
+    let Partial {
+        fd,
+        name: pname,
+        ranges,
+        resumable,
+    } = open_partial(dir, name, size, &ident)?;
     let resumed = ranges.total();
-    if resumed == 0 {
-        rfs::ftruncate(&fd, 0)?;
-    }
-    rfs::ftruncate(&fd, size)?;
     let direct = Direct::open(dir, &pname, fd.as_fd());
     let mut pieces = Vec::new();
     for (a, b) in ranges.missing(size) {
@@ -150,11 +134,10 @@ fn download_with(
     let next = AtomicUsize::new(0);
     let progress = Mutex::new((ranges, 0u64, Instant::now()));
     let failed: Mutex<Option<io::Error>> = Mutex::new(None);
-    let record = Mutex::new(());
+    let saving = Mutex::new(());
     let save = |set: &RangeSet| -> io::Result<()> {
-        let _one = record.lock().expect("record lock");
-        rfs::fdatasync(&fd)?;
-        save_state(fd.as_fd(), size, &ident, set)
+        let _one = saving.lock().expect("record lock");
+        record(fd.as_fd(), size, &ident, set)
     };
     std::thread::scope(|scope| {
         for _ in 0..STREAMS.min(pieces.len()) {
@@ -204,10 +187,7 @@ fn download_with(
         return Err(e);
     }
     debug_assert!(ranges.is_complete(size));
-    match rfs::fremovexattr(&fd, XATTR) {
-        Ok(()) | Err(Errno::NODATA) | Err(Errno::OPNOTSUPP) => {}
-        Err(e) => return Err(e.into()),
-    }
+    forget_record(fd.as_fd())?;
     Ok(Downloaded {
         fd,
         name: pname,
@@ -215,6 +195,75 @@ fn download_with(
         resumed,
         direct: direct.bytes.load(Ordering::Relaxed),
     })
+}
+
+/// The partial of a name, open for writing at offsets.
+pub struct Partial {
+    /// The partial file, `size` long.
+    pub fd: OwnedFd,
+    /// Its name in the directory.
+    pub name: CString,
+    /// What an earlier run recorded as on disk, for the same size and
+    /// identity (else nothing: the file was emptied).
+    pub ranges: RangeSet,
+    /// False when its record could not be read (no extended attributes
+    /// here): nothing will be resumed.
+    pub resumable: bool,
+}
+
+/// Open (or create, mode 0600) the partial of `name` in `dir` for content
+/// of `size` bytes and identity `ident`, keeping the ranges an earlier run
+/// recorded for that same content.
+pub fn open_partial(
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    size: u64,
+    ident: &str,
+) -> io::Result<Partial> {
+    let pname = partial_name(name);
+    let fd = rfs::openat(
+        dir,
+        &pname,
+        OFlags::RDWR | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o600),
+    )?;
+    let mut ranges = RangeSet::new();
+    let mut resumable = true;
+    match load_state(fd.as_fd()) {
+        Ok(Some((s, id, rs))) if s == size && id == ident => {
+            for (a, b) in rs {
+                ranges.insert(a.min(size), b.min(size));
+            }
+        }
+        Ok(_) => {}
+        Err(_) => resumable = false,
+    }
+    if ranges.total() == 0 {
+        rfs::ftruncate(&fd, 0)?;
+    }
+    rfs::ftruncate(&fd, size)?;
+    Ok(Partial {
+        fd,
+        name: pname,
+        ranges,
+        resumable,
+    })
+}
+
+/// Record that `set` of the partial `fd` (content `size`, `ident`) is
+/// written: flushed to disk first, so the record never claims bytes that
+/// are not there.
+pub fn record(fd: BorrowedFd<'_>, size: u64, ident: &str, set: &RangeSet) -> io::Result<()> {
+    rfs::fdatasync(fd)?;
+    save_state(fd, size, ident, set)
+}
+
+/// Drop the record of a complete partial (before it is renamed into place).
+pub fn forget_record(fd: BorrowedFd<'_>) -> io::Result<()> {
+    match rfs::fremovexattr(fd, XATTR) {
+        Ok(()) | Err(Errno::NODATA) | Err(Errno::OPNOTSUPP) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// A second descriptor of the partial, opened with `O_DIRECT`, while direct

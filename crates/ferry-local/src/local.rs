@@ -167,6 +167,31 @@ impl LocalStore {
         self.direct.load(Ordering::Relaxed)
     }
 
+    /// A writer of `name` in `dir` (content `meta.size` bytes, identity
+    /// `ident`) that writes into its resumable partial, for a writer
+    /// elsewhere that sends ranges (`ferry serve` receiving a push): with
+    /// the ranges an earlier run recorded. Committed like a finished
+    /// download; dropped without [`Store::abort`], the partial stays.
+    pub fn partial_writer(
+        &self,
+        dir: &LocalDir,
+        name: &CStr,
+        meta: &Meta,
+        ident: &str,
+    ) -> io::Result<(LocalWriter, crate::range::RangeSet)> {
+        let p = download::open_partial(dir.fd(), name, meta.size, ident)?;
+        let w = LocalWriter {
+            fd: p.fd,
+            tmp: None,
+            big: None,
+            partial: Some(p.name),
+            mode: meta.mode & 0o7777,
+            owned: false,
+            sparse: false,
+        };
+        Ok((w, p.ranges))
+    }
+
     /// The root path.
     pub fn root(&self) -> &Path {
         &self.root

@@ -12,6 +12,7 @@
 pub mod conn;
 pub mod install;
 pub mod proto;
+mod push;
 pub mod serve;
 pub mod store;
 

@@ -422,6 +422,27 @@ pub enum Req<'a> {
         dir: u64,
         name: &'a [u8],
     },
+    /// Start writing a big file as handle `file` into its resumable
+    /// partial, for content `ident` of `meta.size` bytes:
+    /// [`Resp::Ranges`], what an earlier run recorded as written (then
+    /// [`Req::WriteAt`], [`Req::PartSync`], [`Req::PartRecord`],
+    /// [`Req::Commit`] or [`Req::Abort`], which keeps the partial).
+    PartOpen {
+        dir: u64,
+        name: &'a [u8],
+        meta: M,
+        ident: &'a str,
+        file: u64,
+    },
+    /// Open the partial at `path` (another connection's [`Req::PartOpen`]
+    /// made it) as handle `file`, for [`Req::WriteAt`] (no reply).
+    PartAttach { path: &'a [u8], file: u64 },
+    /// Flush file `file` to disk: [`Resp::Ok`], or the first error of its
+    /// writes; with `close`, the handle is forgotten.
+    PartSync { file: u64, close: bool },
+    /// Record that `ranges` of partial `file` are written and flushed (no
+    /// reply; best effort).
+    PartRecord { file: u64, ranges: Vec<(u64, u64)> },
 }
 
 /// An error on the wire: the OS error number when there is one, else the
@@ -519,6 +540,8 @@ pub enum Resp<'a> {
     Removed(Vec<(Vec<u8>, u64)>),
     /// The server: whether it runs as root (keeps owners), its cores.
     Info { root: bool, cores: u32 },
+    /// Byte ranges `[start, end)`.
+    Ranges(Vec<(u64, u64)>),
 }
 
 /// Encode an `io::Result<()>` as a reply.

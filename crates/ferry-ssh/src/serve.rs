@@ -14,6 +14,7 @@
 use std::collections::HashMap;
 use std::ffi::{CString, OsStr};
 use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
@@ -40,7 +41,30 @@ pub const PIPE_BYTES: usize = 1 << 20;
 /// A file being written: open, or failed (the error goes back on commit).
 enum Writing {
     Open(Arc<LocalDir>, LocalWriter),
+    /// A resumable partial ([`Req::PartOpen`]): its size and identity. A
+    /// failure or a lost client leaves it, with its record, for a rerun.
+    Part(Arc<LocalDir>, LocalWriter, u64, String),
+    /// Another connection's partial, written here at offsets
+    /// ([`Req::PartAttach`]).
+    Attached(OwnedFd),
     Failed(io::Error),
+}
+
+impl Writing {
+    fn fd(&self) -> Option<BorrowedFd<'_>> {
+        match self {
+            Writing::Open(_, w) | Writing::Part(_, w, ..) => Some(w.fd()),
+            Writing::Attached(fd) => Some(fd.as_fd()),
+            Writing::Failed(_) => None,
+        }
+    }
+
+    /// Let go of it: a temporary is removed, a partial kept.
+    fn discard(self, store: &LocalStore) {
+        if let Writing::Open(d, w) = self {
+            store.abort(&d, w);
+        }
+    }
 }
 
 struct State {
@@ -114,12 +138,11 @@ pub fn serve_on(mut input: impl Read, output: impl Write + Send + 'static) -> io
         let _ = w.join();
     }
     let _ = disk.join();
-    // The client is gone: what it was writing is dropped with its temporary.
+    // The client is gone: what it was writing is dropped with its
+    // temporary (a partial stays, with what its record says is written).
     let left: Vec<_> = st.writers.lock().unwrap().drain().collect();
     for (_, w) in left {
-        if let Writing::Open(dir, w) = w {
-            st.store.abort(&dir, w);
-        }
+        w.discard(&st.store);
     }
     drop(st);
     let _ = writer.join();
@@ -144,6 +167,10 @@ fn read_requests(
             | Req::WriteAt { .. }
             | Req::SetLen { .. }
             | Req::Commit { .. }
+            | Req::PartOpen { .. }
+            | Req::PartAttach { .. }
+            | Req::PartSync { .. }
+            | Req::PartRecord { .. }
             | Req::Abort { .. } => disk,
             _ => work,
         };
@@ -185,15 +212,76 @@ fn write_files(st: &State, rx: &Receiver<(u64, Vec<u8>)>) {
             }
             Req::Write { file, data } => write_chunk(st, file, data),
             Req::WriteAt { file, offset, data } => {
-                on_writer(st, file, |w| pwrite_all(w.fd(), data, offset))
+                on_writer(st, file, |fd| pwrite_all(fd, data, offset))
             }
             Req::SetLen { file, size } => {
-                on_writer(st, file, |w| Ok(rustix::fs::ftruncate(w.fd(), size)?))
+                on_writer(st, file, |fd| Ok(rustix::fs::ftruncate(fd, size)?))
             }
             Req::Abort { file, .. } => {
                 let w = st.writers.lock().unwrap().remove(&file);
-                if let Some(Writing::Open(d, w)) = w {
-                    st.store.abort(&d, w);
+                if let Some(w) = w {
+                    w.discard(&st.store);
+                }
+            }
+            Req::PartOpen {
+                dir,
+                name,
+                meta,
+                ident,
+                file,
+            } => {
+                let r = dir_of(st, dir).and_then(|d| {
+                    let (w, done) = st.store.partial_writer(&d, &cname(name)?, &meta.0, ident)?;
+                    Ok((Writing::Part(d, w, meta.0.size, ident.to_owned()), done))
+                });
+                let f = match r {
+                    Ok((w, done)) => {
+                        st.writers.lock().unwrap().insert(file, w);
+                        proto::frame(id, &Resp::Ranges(done.ranges()))
+                    }
+                    Err(e) => err_frame(id, &e),
+                };
+                let _ = st.out.lock().unwrap().send(f);
+            }
+            Req::PartAttach { path, file } => {
+                let w = rustix::fs::open(
+                    OsStr::from_bytes(path),
+                    rustix::fs::OFlags::WRONLY
+                        | rustix::fs::OFlags::NOFOLLOW
+                        | rustix::fs::OFlags::CLOEXEC,
+                    rustix::fs::Mode::empty(),
+                )
+                .map_or_else(|e| Writing::Failed(e.into()), Writing::Attached);
+                st.writers.lock().unwrap().insert(file, w);
+            }
+            Req::PartSync { file, close } => {
+                let r = {
+                    let mut ws = st.writers.lock().unwrap();
+                    let r = match ws.get(&file) {
+                        Some(Writing::Failed(e)) => Err(io::Error::new(e.kind(), e.to_string())),
+                        Some(w) => w.fd().map_or(Ok(()), |fd| Ok(rustix::fs::fdatasync(fd)?)),
+                        None => Err(bad_handle(file)),
+                    };
+                    if close {
+                        ws.remove(&file);
+                    }
+                    r
+                };
+                let f = match r {
+                    Ok(()) => proto::frame(id, &Resp::Ok),
+                    Err(e) => err_frame(id, &e),
+                };
+                let _ = st.out.lock().unwrap().send(f);
+            }
+            Req::PartRecord { file, ranges } => {
+                let ws = st.writers.lock().unwrap();
+                if let Some(Writing::Part(_, w, size, ident)) = ws.get(&file) {
+                    let mut set = ferry_local::range::RangeSet::new();
+                    for (a, b) in ranges {
+                        set.insert(a, b);
+                    }
+                    // Best effort: a record not made costs a resend.
+                    let _ = ferry_local::download::record(w.fd(), *size, ident, &set);
                 }
             }
             req => {
@@ -233,14 +321,14 @@ fn write_chunk(st: &State, file: u64, data: &[u8]) {
 
 /// Do `f` to the file being written as `file`; a failure is kept for its
 /// commit.
-fn on_writer(st: &State, file: u64, f: impl FnOnce(&LocalWriter) -> io::Result<()>) {
+fn on_writer(st: &State, file: u64, f: impl FnOnce(BorrowedFd<'_>) -> io::Result<()>) {
     let mut ws = st.writers.lock().unwrap();
-    let Some(Writing::Open(_, w)) = ws.get(&file) else {
+    let Some(fd) = ws.get(&file).and_then(Writing::fd) else {
         return;
     };
-    if let Err(e) = f(w) {
-        if let Some(Writing::Open(d, w)) = ws.insert(file, Writing::Failed(e)) {
-            st.store.abort(&d, w);
+    if let Err(e) = f(fd) {
+        if let Some(w) = ws.insert(file, Writing::Failed(e)) {
+            w.discard(&st.store);
         }
     }
 }
@@ -514,8 +602,13 @@ fn answer_io(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> io::Re
                     let r = finish(s, &d, w, name, &meta.0, fsync, xattrs)?;
                     Ok(proto::frame(id, &r))
                 }
+                Some(Writing::Part(d, w, ..)) => {
+                    ferry_local::download::forget_record(w.fd())?;
+                    let r = finish(s, &d, w, name, &meta.0, fsync, xattrs)?;
+                    Ok(proto::frame(id, &r))
+                }
                 Some(Writing::Failed(e)) => Err(e),
-                None => Err(bad_handle(file)),
+                Some(Writing::Attached(_)) | None => Err(bad_handle(file)),
             }
         }
         Req::CreateEmpty {
@@ -639,6 +732,10 @@ fn answer_io(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> io::Re
         | Req::Write { .. }
         | Req::WriteAt { .. }
         | Req::SetLen { .. }
+        | Req::PartOpen { .. }
+        | Req::PartAttach { .. }
+        | Req::PartSync { .. }
+        | Req::PartRecord { .. }
         | Req::Abort { .. } => {
             unreachable!("handled in order by the reading and disk threads")
         }

@@ -11,10 +11,10 @@
 //! when a run is killed, as for objects in S3.
 
 use std::collections::VecDeque;
-use std::ffi::CStr;
+use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::BorrowedFd;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex};
 
@@ -26,6 +26,7 @@ use ferry_engine::xattr::{XattrSel, Xattrs};
 
 use crate::conn::{self, unexpected, Conn, Target};
 use crate::proto::{attrs, sel_bits, what_bits, xattrs_of, Req, Resp, CHUNK, INLINE_MAX, K, M};
+use crate::push;
 
 /// Chunks of a big file requested ahead of the reader.
 const READ_AHEAD: usize = 4;
@@ -41,6 +42,8 @@ pub struct SshStore {
     /// The remote filesystem refused a committed file's attributes: the
     /// next files' are refused here, so the run's note counts them.
     refused: AtomicBool,
+    /// Ranged pushes: how many, bytes sent, bytes an earlier run had sent.
+    pushes: [AtomicU64; 3],
 }
 
 /// An open remote directory (a handle of the server's) and its path there
@@ -248,6 +251,10 @@ pub struct SshWriter {
     sparse: bool,
     /// Its attributes ([`sel_bits`], values), sent with its commit.
     xattrs: Option<(u8, Xattrs)>,
+    /// A big file not started yet: its name and metadata. Started by
+    /// [`Store::write_from`], as a ranged push ([`crate::push`]) when the
+    /// source is a local file, else as one stream.
+    later: Option<(CString, Meta)>,
 }
 
 impl SshStore {
@@ -259,6 +266,7 @@ impl SshStore {
             path: path.to_vec(),
             open_xattrs: AtomicU8::new(0),
             refused: AtomicBool::new(false),
+            pushes: Default::default(),
         })
     }
 
@@ -706,6 +714,16 @@ impl Store for SshStore {
                 whole: Some(Vec::with_capacity(meta.size as usize + 1)),
                 sparse: false,
                 xattrs: None,
+                later: None,
+            });
+        }
+        if meta.size >= ferry_local::download::RANGED_MIN && !meta.sparse {
+            return Ok(SshWriter {
+                file,
+                whole: None,
+                sparse: false,
+                xattrs: None,
+                later: Some((name.to_owned(), *meta)),
             });
         }
         self.conn.send(&Req::Create {
@@ -719,17 +737,40 @@ impl Store for SshStore {
             whole: None,
             sparse: meta.sparse,
             xattrs: None,
+            later: None,
         })
     }
 
     fn write_from(
         &self,
-        _dir: &SshDir,
+        dir: &SshDir,
         w: &mut SshWriter,
         src: &mut dyn SourceFile,
         size: u64,
         limit: Option<&Limiter>,
     ) -> io::Result<u64> {
+        if let Some((name, meta)) = w.later.take() {
+            if let Some(fd) = src.as_fd() {
+                let to = push::Target {
+                    dir: dir.id,
+                    dir_path: &dir.path,
+                    name: &name,
+                };
+                let (sent, resumed) =
+                    push::push(&self.conn, to, &meta, w.file, fd, limit, src.progress())?;
+                for (c, n) in self.pushes.iter().zip([1, sent, resumed]) {
+                    c.fetch_add(n, Ordering::Relaxed);
+                }
+                // A file that grew meanwhile shows as longer than listed.
+                return Ok(rustix::fs::fstat(fd).map_or(size, |st| st.st_size as u64));
+            }
+            self.conn.send(&Req::Create {
+                dir: dir.id,
+                name: name.to_bytes(),
+                meta: M(meta),
+                file: w.file,
+            })?;
+        }
         if w.sparse {
             return self.send_sparse(w.file, src, size, limit);
         }
@@ -821,7 +862,8 @@ impl Store for SshStore {
     }
 
     fn abort(&self, dir: &SshDir, w: SshWriter) {
-        if w.whole.is_none() {
+        // (A big file not started has nothing there.)
+        if w.whole.is_none() && w.later.is_none() {
             let _ = self.conn.send(&Req::Abort {
                 dir: dir.id,
                 file: w.file,
@@ -951,6 +993,17 @@ impl Store for SshStore {
             meta: M(*meta),
             replace,
         })
+    }
+
+    fn notes(&self, role: &str) -> Vec<String> {
+        let [n, sent, resumed] = self.pushes.each_ref().map(|c| c.load(Ordering::Relaxed));
+        if n == 0 {
+            return Vec::new();
+        }
+        vec![format!(
+            "ssh {role}: {n} big files pushed in ranges over up to {} connections: {sent} bytes sent, {resumed} bytes of interrupted pushes reused",
+            self.conn.width()
+        )]
     }
 
     fn has_hard_links(&self) -> bool {

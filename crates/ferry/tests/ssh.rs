@@ -757,6 +757,83 @@ fn big_file_over_three_connections_and_a_resumed_pull() {
     assert!(find_prefixed(&again, b".ferry-").is_empty());
 }
 
+/// A big push goes in ranges over several connections into a resumable partial there: a
+/// push killed part way leaves the partial with its record, the rerun sends only the rest
+/// (`-v` says how much it reused), and the result is whole, with nothing left beside it.
+#[test]
+fn big_push_over_connections_resumes_after_a_kill() {
+    let (rsh, host) = need_server!();
+    let d = tmpdir();
+    let data = gen_bytes((48 << 20) + 3, 48);
+    write(d.path(), "src/big", &data);
+    let src = d.path().join("src");
+    let there = d.path().join("there");
+    let mut child = std::process::Command::new(bin())
+        .args([
+            "copy".as_ref(),
+            "-e".as_ref(),
+            rsh.as_ref() as &std::ffi::OsStr,
+            "--remote-ferry".as_ref(),
+            bin().as_os_str(),
+            "--connections".as_ref(),
+            "3".as_ref(),
+            "--bwlimit".as_ref(),
+            "8M".as_ref(),
+            src.as_os_str(),
+            &at(&host, &there),
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Killed once the partial there has ranges on record (flushed and
+    // recorded every second).
+    let recorded = |dir: &Path| {
+        find_prefixed(dir, b".ferry-part-").iter().any(|p| {
+            xattrs_of(&dir.join(p))
+                .get(&b"user.ferry.partial"[..])
+                .is_some_and(|v| {
+                    v.split(|&b| b == b'\n')
+                        .nth(3)
+                        .is_some_and(|l| !l.is_empty())
+                })
+        })
+    };
+    let mut waited = 0;
+    while !(there.exists() && recorded(&there)) {
+        std::thread::sleep(Duration::from_millis(50));
+        waited += 1;
+        assert!(waited < 600, "the push did not start");
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(!there.join("big").exists());
+    let r = remote(
+        &rsh,
+        &[
+            "copy".as_ref(),
+            "-v".as_ref(),
+            src.as_os_str(),
+            &at(&host, &there),
+        ],
+    );
+    r.ok();
+    assert!(std::fs::read(there.join("big")).unwrap() == data);
+    let reused = r
+        .all()
+        .lines()
+        .find_map(|l| {
+            l.split_once(" bytes of interrupted pushes reused")
+                .and_then(|(a, _)| a.rsplit(' ').next()?.parse::<u64>().ok())
+        })
+        .unwrap_or(0);
+    assert!(
+        reused > 0 && reused < data.len() as u64,
+        "nothing resumed\n{r}"
+    );
+    assert!(find_prefixed(&there, b".ferry-").is_empty());
+}
+
 // ------------------------------------------------------------- what -a -X -A keeps
 
 /// Every attribute of `p` (not following a symlink), by the syscalls.

@@ -1,0 +1,237 @@
+//! Big local files pushed in ranges over several connections
+//! ([`Conn::width`]) into a resumable partial on the server, as big pulls
+//! and S3 downloads are fetched.
+//!
+//! The first connection opens the partial ([`Req::PartOpen`]: the ranges an
+//! earlier run of the same content recorded come back), the others open it
+//! by path ([`Req::PartAttach`]). Each connection's thread takes the next
+//! missing piece, reads it from the local file at its offset and sends it
+//! as [`Req::WriteAt`] frames; every [`SYNC_EVERY`] bytes it asks its server
+//! to flush ([`Req::PartSync`]; also once a second), and only then are its pieces counted as
+//! written and recorded on the first connection ([`Req::PartRecord`]): the
+//! record never claims bytes that are not on disk. A killed push leaves the
+//! partial and its record; a rerun of the same content (size, mtime, inode)
+//! sends only what is missing. The commit renames the partial into place.
+
+use std::ffi::CStr;
+use std::io;
+use std::os::fd::BorrowedFd;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use ferry_engine::bwlimit::Limiter;
+use ferry_engine::entry::Meta;
+use ferry_engine::store::Progress;
+use ferry_local::range::RangeSet;
+
+use crate::conn::{unexpected, Conn};
+use crate::proto::{Req, Resp, CHUNK, M};
+
+/// Byte ranges `[start, end)`.
+type Ranges = [(u64, u64)];
+
+/// Size of the pieces handed to the connections.
+const PIECE: u64 = 8 << 20;
+/// Bytes a connection sends between two flushes (and records), and the
+/// longest time between them (a slow link still makes progress on record).
+const SYNC_EVERY: u64 = 64 << 20;
+const SYNC_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The identity of a local file's content a partial is resumed for.
+pub(crate) fn identity(meta: &Meta) -> String {
+    format!(
+        "push {} {}.{:09} {}",
+        meta.size, meta.mtime_sec, meta.mtime_nsec, meta.ino
+    )
+}
+
+/// Where a pushed file goes: the directory's handle and path there.
+pub(crate) struct Target<'a> {
+    pub dir: u64,
+    pub dir_path: &'a [u8],
+    pub name: &'a CStr,
+}
+
+/// Push `meta.size` bytes of `fd` to `to` as handle `file` of `conn`:
+/// the bytes sent now and the bytes an earlier run had sent. Committed (or
+/// aborted, which keeps the partial) with `file` on `conn` afterwards.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn push(
+    conn: &Arc<Conn>,
+    to: Target<'_>,
+    meta: &Meta,
+    file: u64,
+    fd: BorrowedFd<'_>,
+    limit: Option<&Limiter>,
+    progress: Option<&Progress<'_>>,
+) -> io::Result<(u64, u64)> {
+    let size = meta.size;
+    let ident = identity(meta);
+    let done = match conn
+        .call(&Req::PartOpen {
+            dir: to.dir,
+            name: to.name.to_bytes(),
+            meta: M(*meta),
+            ident: &ident,
+            file,
+        })?
+        .get()?
+    {
+        Resp::Ranges(r) => r,
+        r => return Err(unexpected(&r)),
+    };
+    let mut set = RangeSet::new();
+    for (a, b) in done {
+        set.insert(a.min(size), b.min(size));
+    }
+    let resumed = set.total();
+    let mut pieces = Vec::new();
+    for (a, b) in set.missing(size) {
+        let mut at = a;
+        while at < b {
+            let end = ((at / PIECE + 1) * PIECE).min(b);
+            pieces.push((at, end));
+            at = end;
+        }
+    }
+    let path = {
+        let pname = ferry_local::download::partial_name(to.name);
+        let mut p = to.dir_path.to_vec();
+        if !p.is_empty() && !p.ends_with(b"/") {
+            p.push(b'/');
+        }
+        p.extend_from_slice(pname.to_bytes());
+        p
+    };
+    let width = conn.width().min(pieces.len()).max(1);
+    let next = AtomicUsize::new(0);
+    let written = Mutex::new(set);
+    let failed: Mutex<Option<io::Error>> = Mutex::new(None);
+    std::thread::scope(|scope| {
+        for k in 0..width {
+            let (next, written, failed, path) = (&next, &written, &failed, &path);
+            let pieces = &pieces;
+            scope.spawn(move || {
+                let c = conn.nth(k);
+                let own = !Arc::ptr_eq(&c, conn);
+                let h = if own {
+                    let h = c.handle();
+                    if let Err(e) = c.send(&Req::PartAttach { path, file: h }) {
+                        failed.lock().unwrap().get_or_insert(e);
+                        return;
+                    }
+                    h
+                } else {
+                    file
+                };
+                let r = send_pieces(&c, h, fd, pieces, next, failed, limit, progress, |got| {
+                    let snapshot = {
+                        let mut w = written.lock().unwrap();
+                        for &(a, b) in got {
+                            w.insert(a, b);
+                        }
+                        w.ranges()
+                    };
+                    // Best effort: a record not made costs a resend.
+                    let _ = conn.send(&Req::PartRecord {
+                        file,
+                        ranges: snapshot,
+                    });
+                });
+                // (send_pieces flushed what it sent: this only lets go.)
+                let closed = match own {
+                    true => c
+                        .call(&Req::PartSync {
+                            file: h,
+                            close: true,
+                        })
+                        .and_then(|b| b.get().map(|_| ())),
+                    false => Ok(()),
+                };
+                if let Err(e) = r.and(closed) {
+                    failed.lock().unwrap().get_or_insert(e);
+                }
+            });
+        }
+    });
+    if let Some(e) = failed.into_inner().unwrap() {
+        return Err(e);
+    }
+    Ok((size - resumed, resumed))
+}
+
+/// One connection's share: the next pieces, read from `fd` and sent as
+/// handle `h` of `c`, flushed there every [`SYNC_EVERY`] bytes and at the
+/// end, then handed to `synced`.
+#[allow(clippy::too_many_arguments)]
+fn send_pieces(
+    c: &Conn,
+    h: u64,
+    fd: BorrowedFd<'_>,
+    pieces: &[(u64, u64)],
+    next: &AtomicUsize,
+    failed: &Mutex<Option<io::Error>>,
+    limit: Option<&Limiter>,
+    progress: Option<&Progress<'_>>,
+    mut synced: impl FnMut(&Ranges),
+) -> io::Result<()> {
+    let cap = limit.map_or(CHUNK, |l| l.chunk().clamp(1, CHUNK));
+    let mut buf = vec![0u8; cap];
+    let mut unsynced: Vec<(u64, u64)> = Vec::new();
+    let (mut since, mut last) = (0u64, std::time::Instant::now());
+    let flush = |unsynced: &mut Vec<(u64, u64)>, synced: &mut dyn FnMut(&Ranges)| {
+        c.call(&Req::PartSync {
+            file: h,
+            close: false,
+        })?
+        .get()?;
+        synced(unsynced);
+        unsynced.clear();
+        io::Result::Ok(())
+    };
+    loop {
+        let i = next.fetch_add(1, Ordering::Relaxed);
+        if i >= pieces.len() || failed.lock().unwrap().is_some() {
+            break;
+        }
+        let (a, b) = pieces[i];
+        let mut at = a;
+        while at < b {
+            let want = ((b - at) as usize).min(cap);
+            let n = loop {
+                match rustix::io::pread(fd, &mut buf[..want], at) {
+                    Err(rustix::io::Errno::INTR) => continue,
+                    r => break r?,
+                }
+            };
+            if n == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the source file shrank while being copied",
+                ));
+            }
+            c.send(&Req::WriteAt {
+                file: h,
+                offset: at,
+                data: &buf[..n],
+            })?;
+            if let Some(l) = limit {
+                l.acquire(n as u64);
+            }
+            if let Some(p) = progress {
+                p.add(n as u64);
+            }
+            at += n as u64;
+        }
+        unsynced.push((a, b));
+        since += b - a;
+        if since >= SYNC_EVERY || last.elapsed() >= SYNC_INTERVAL {
+            (since, last) = (0, std::time::Instant::now());
+            flush(&mut unsynced, &mut synced)?;
+        }
+    }
+    if !unsynced.is_empty() {
+        flush(&mut unsynced, &mut synced)?;
+    }
+    Ok(())
+}
