@@ -163,33 +163,31 @@ try:
                 continue
             if only & {"push", "pull"} and ("push" if push else "pull") not in only:
                 continue
-            for tool in tools:
-                if wl == "noop" and tool == "scp":
-                    continue  # scp has no no-op: it copies everything again
-                walls, cpus, rcpus = [], [], []
-                for _ in range(runs):
+            # scp has no no-op: it copies everything again.
+            use = [t for t in tools if not (wl == "noop" and t == "scp")]
+            got = {t: ([], [], []) for t in use}
+            for _ in range(runs):
+                for tool in use:  # alternated: a noisy moment hits every tool alike
                     far = os.path.join(a.workdir, wl, "there")
                     near = os.path.join(a.workdir, wl, "back")
                     if push:
                         dst = far
+                        shutil.rmtree(dst, ignore_errors=True)
                         if wl == "noop":
                             # In place already (a first copy by the same tool).
-                            shutil.rmtree(dst, ignore_errors=True)
                             timed(cmd(tool, src, dst, True))
-                        else:
-                            shutil.rmtree(dst, ignore_errors=True)
-                        wall, cpu, rcpu = timed(cmd(tool, src, dst, True))
+                        res = timed(cmd(tool, src, dst, True))
                     else:
                         if not os.path.isdir(far):
                             timed(cmd("ferry", src, far, True))
                         shutil.rmtree(near, ignore_errors=True)
-                        dst = near
-                        wall, cpu, rcpu = timed(cmd(tool, far, near, False))
-                    walls.append(wall)
-                    cpus.append(cpu)
-                    rcpus.append(rcpu)
+                        res = timed(cmd(tool, far, near, False))
+                    for acc, v in zip(got[tool], res):
+                        acc.append(v)
                     if a.smoke:
-                        same(src, dst if push else near)
+                        same(src, far if push else near)
+            for tool in use:
+                walls, cpus, rcpus = got[tool]
                 w = statistics.median(walls)
                 rate = f"{total / w / (1 << 20):.0f} MiB/s" if wl == "big" else ""
                 c, rc = statistics.median(cpus), statistics.median(rcpus)
