@@ -35,6 +35,9 @@ use links::{How, Links, Outcome};
 
 /// Files per transfer task, at most.
 const BATCH_FILES: usize = 64;
+/// Files per transfer task where a store waits a round trip per file: small
+/// tasks, so that the workers (many, for such stores) all have files.
+const BATCH_FILES_LATENCY: usize = 8;
 /// Bytes per transfer task, at most (a bigger file gets a task of its own).
 const BATCH_BYTES: u64 = 8 << 20;
 /// Why a socket is skipped (the `skip` note and record).
@@ -217,6 +220,8 @@ pub struct Engine<'a, S: Store, D: Store> {
     /// contend (500,000 files in one directory: 2 lanes 11.6 s, 4 lanes
     /// 20.7 s). Unlimited when the source is latency-bound (S3).
     lanes: usize,
+    /// Files per transfer task, at most.
+    batch_files: usize,
     /// Change nothing: `opts.dry_run`, or the counting pass of `--max-delete`.
     dry_run: bool,
     /// The counting pass: only what would be removed matters (no metadata
@@ -262,6 +267,11 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             stats,
             rep,
             plan,
+            batch_files: if src.latency_bound() || dst.latency_bound() {
+                BATCH_FILES_LATENCY
+            } else {
+                BATCH_FILES
+            },
             lanes: if src.latency_bound() {
                 usize::MAX
             } else {
@@ -850,7 +860,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                     self.stale_at_special(node, src_list.cname(&se[s]), &se[s].meta, &de[d].meta)
                 }
             }
-            if batch.full() {
+            if batch.full(self.batch_files) {
                 self.queue_batch(node, &mut batch, q);
             }
         }
@@ -1556,7 +1566,7 @@ impl FileBatch {
         self.bytes += meta.size;
     }
 
-    fn full(&self) -> bool {
-        self.files.len() >= BATCH_FILES || self.bytes >= BATCH_BYTES
+    fn full(&self, files: usize) -> bool {
+        self.files.len() >= files || self.bytes >= BATCH_BYTES
     }
 }

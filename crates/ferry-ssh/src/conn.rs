@@ -422,6 +422,18 @@ impl Stderr {
     }
 }
 
+/// The longest round trip measured on this run's connections, in µs.
+static RTT_US: AtomicU64 = AtomicU64::new(0);
+
+/// The longest round trip to a host of this run (the first request's,
+/// measured when its connection was made); `None` before any connection.
+pub fn round_trip() -> Option<std::time::Duration> {
+    match RTT_US.load(Ordering::Relaxed) {
+        0 => None,
+        us => Some(std::time::Duration::from_micros(us)),
+    }
+}
+
 /// This run's connections, one per target.
 static CONNS: Mutex<Vec<(Target, Arc<Conn>)>> = Mutex::new(Vec::new());
 
@@ -571,11 +583,14 @@ fn open(t: &Target) -> Result<Arc<Conn>, Failed> {
     let conn = {
         // Whether the server keeps owners and its cores, asked before the
         // reader runs: this first reply is read here.
+        let asked = std::time::Instant::now();
         let body = conn
             .tx
             .send(proto::frame(u64::MAX, &Req::Info))
             .ok()
             .and_then(|()| proto::read_frame(&mut stdout).ok().flatten());
+        let rtt = asked.elapsed().as_micros().max(1) as u64;
+        RTT_US.fetch_max(rtt, Ordering::Relaxed);
         match body.as_ref().map(|(_, b)| Body(b.clone())) {
             Some(b) => match b.get() {
                 Ok(Resp::Info { root, cores }) => {

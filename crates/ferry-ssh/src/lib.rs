@@ -16,6 +16,6 @@ mod push;
 pub mod serve;
 pub mod store;
 
-pub use conn::{close_all, configure, split_words, Lost, Settings, Target};
+pub use conn::{close_all, configure, round_trip, split_words, Lost, Settings, Target};
 pub use serve::serve;
 pub use store::{SshDir, SshReader, SshStore, SshWriter};

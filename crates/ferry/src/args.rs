@@ -339,8 +339,16 @@ pub fn jobs(flag: Option<u16>) -> usize {
 /// Worker threads of a run over `roots`: the flag, else many requests in
 /// flight when a root is an object store (latency-bound), else [`jobs`].
 pub fn jobs_for(flag: Option<u16>, roots: &[&Root]) -> usize {
-    if roots.iter().any(|r| r.local_path().is_none()) {
-        flag.map_or(32, usize::from)
+    if let Some(n) = flag.filter(|_| roots.iter().any(|r| r.local_path().is_none())) {
+        return usize::from(n);
+    }
+    if roots.iter().any(|r| matches!(r, Root::Ssh(_))) {
+        // Each worker waits one round trip per small file: enough of them
+        // to keep the link busy (12 per ms of round trip).
+        let ms = ferry_ssh::round_trip().map_or(0, |d| d.as_millis() as usize);
+        (ms * 12).clamp(32, 256)
+    } else if roots.iter().any(|r| r.local_path().is_none()) {
+        32
     } else {
         jobs(flag)
     }
