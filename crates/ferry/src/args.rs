@@ -181,6 +181,10 @@ pub struct TransferArgs {
     /// of the two ends, at most 4].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=64))]
     pub connections: Option<u16>,
+    /// Reach host:path and ssh:// locations over SFTP (no ferry on the
+    /// remote; what is kept is told in docs/CLI.md).
+    #[arg(long)]
+    pub sftp: bool,
 }
 
 impl TransferArgs {
@@ -192,6 +196,7 @@ impl TransferArgs {
             connections: self.connections,
             no_remote_install: self.no_remote_install,
         });
+        ferry_backends::force_sftp(self.sftp);
     }
 }
 
