@@ -219,8 +219,8 @@ static FELL_BACK: Mutex<Vec<(String, Option<u16>)>> = Mutex::new(Vec::new());
 /// A session with the host of `root` (`Root::Ssh` or `Root::Sftp`),
 /// rooted at its path. A `Root::Ssh` whose host was reached but cannot run
 /// ferry (none there and none installed: `--no-remote-install`, another
-/// OS or architecture, a shell that runs only `internal-sftp`) is served
-/// over SFTP instead, with one note on stderr per host. When SFTP cannot
+/// OS or architecture, a shell that runs only `internal-sftp`; not a ferry
+/// named with `--remote-ferry`) is served over SFTP instead, with one note on stderr per host. When SFTP cannot
 /// start either, the SSH error is the one reported.
 pub fn remote(root: &Root) -> Result<Remote, BackendError> {
     let (r, sftp) = match root {
@@ -238,7 +238,13 @@ pub fn remote(root: &Root) -> Result<Remote, BackendError> {
     }
     let why = match SshStore::open(&t, &r.path) {
         Ok(s) => return Ok(Remote::Ssh(s)),
-        Err(why) if ferry_ssh::conn::is_ssh_failure(&why) => return Err(BackendError::Ssh(why)),
+        // ssh failed, or the user named the ferry to run there.
+        Err(why)
+            if ferry_ssh::conn::is_ssh_failure(&why)
+                || ferry_ssh::conn::settings().remote_ferry.is_some() =>
+        {
+            return Err(BackendError::Ssh(why))
+        }
         Err(why) => why,
     };
     let s = SftpStore::open(&t, &r.path).map_err(|_| BackendError::Ssh(why.clone()))?;

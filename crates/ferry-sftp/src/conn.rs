@@ -121,7 +121,9 @@ impl Conn {
     /// How many sessions big files use: `--connections`, else 4 (the
     /// server runs one single-threaded `sftp-server` per session).
     pub fn width(&self) -> usize {
-        ferry_ssh::conn::connections().map_or(4, |n| usize::from(n).max(1))
+        ferry_ssh::conn::settings()
+            .connections
+            .map_or(4, |n| usize::from(n).max(1))
     }
 
     /// Session `k` (0 is this one) of [`Conn::width`], opened now if it is

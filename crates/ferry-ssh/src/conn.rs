@@ -59,9 +59,9 @@ pub fn configure(s: Settings) {
     let _ = SETTINGS.set(s);
 }
 
-/// `--connections`, when given.
-pub fn connections() -> Option<u16> {
-    SETTINGS.get().and_then(|s| s.connections)
+/// This run's settings.
+pub fn settings() -> Settings {
+    SETTINGS.get().cloned().unwrap_or_default()
 }
 
 /// Connections per host at most when `--connections` is not given.
