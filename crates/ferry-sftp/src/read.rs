@@ -60,13 +60,12 @@ fn open_read(conn: &Conn, path: &[u8]) -> io::Result<Vec<u8>> {
     .handle()
 }
 
+/// A read's reply: its offset, the reply, where its data is in the body.
+type Got = (u64, Reply, (usize, usize));
+
 /// The next reply of `ahead`, in order; a short one has its rest asked
 /// again, first. `None` at the end of the file.
-fn next_data(
-    conn: &Conn,
-    handle: &[u8],
-    ahead: &mut Ahead,
-) -> io::Result<Option<(u64, Reply, (usize, usize))>> {
+fn next_data(conn: &Conn, handle: &[u8], ahead: &mut Ahead) -> io::Result<Option<Got>> {
     let Some((at, len, rx)) = ahead.pop_front() else {
         return Ok(None);
     };

@@ -134,6 +134,9 @@ pub struct Set {
     pub owner: Option<(u32, u32)>,
 }
 
+/// Names of a directory read, with their attributes.
+pub type Names<'a> = Vec<(&'a [u8], Attrs)>;
+
 /// A reply: the packet after its length (type, id, fields).
 pub struct Reply {
     pub t: u8,
@@ -325,7 +328,7 @@ impl Reply {
     }
 
     /// The names of a directory read (name, attributes), `None` at its end.
-    pub fn names(&self) -> io::Result<Option<Vec<(&[u8], Attrs)>>> {
+    pub fn names(&self) -> io::Result<Option<Names<'_>>> {
         if self.t != NAME {
             return match self.status()? {
                 false => Ok(None),
