@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """ferry over ssh side by side with rsync -a over the same ssh (and scp -r and rclone sftp
-when installed), on a throwaway sshd on 127.0.0.1 (scripts/sshd), runs alternated, medians.
+when installed; ferry-sftp is ferry --sftp: the server's sftp subsystem, no remote ferry),
+on a throwaway sshd on 127.0.0.1 (scripts/sshd), runs alternated, medians.
 
     python3 bench/ssh.py [--runs 3] [--ferry target/release/ferry] [--rtt-ms N] [--smoke]
 
@@ -25,7 +26,7 @@ ap.add_argument("--ferry", default="target/release/ferry")
 ap.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "ferry-bench-ssh"))
 ap.add_argument("--rtt-ms", type=float, default=0)
 ap.add_argument("--smoke", action="store_true")
-ap.add_argument("--tools", default="", help="comma list (default: ferry,rsync and scp,rclone when installed)")
+ap.add_argument("--tools", default="", help="comma list (default: ferry,ferry-sftp,rsync and scp,rclone when installed)")
 ap.add_argument("--cipher", default="aes128-gcm@openssh.com",
                 help="the cipher every tool's ssh is given (-c), or 'default': none, each tool as users run it")
 ap.add_argument("--only", default="", help="comma list of workloads and directions: small,noop,big,push,pull")
@@ -71,7 +72,7 @@ ssh = " ".join(["ssh", "-F", config] + cipher)
 
 # (rclone is slow on even the smoke workloads: by default in full runs only.)
 tools = [t for t in a.tools.split(",") if t] or \
-    ["ferry", "rsync"] + [t for t in ("scp", "rclone") if shutil.which(t) and not (a.smoke and t == "rclone")]
+    ["ferry", "ferry-sftp", "rsync"] + [t for t in ("scp", "rclone") if shutil.which(t) and not (a.smoke and t == "rclone")]
 
 
 def cmd(tool, src, dst, push):
@@ -79,6 +80,8 @@ def cmd(tool, src, dst, push):
     s, d = (src, at(dst)) if push else (at(src), dst)
     if tool == "ferry":
         return [ferry, "copy", "-e", ssh, "--remote-ferry", ferry, s, d]
+    if tool == "ferry-sftp":
+        return [ferry, "copy", "--sftp", "-e", ssh, s, d]
     if tool == "rsync":
         return ["rsync", "-a", "-e", ssh, s + "/", d]
     if tool == "scp":

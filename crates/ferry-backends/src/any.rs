@@ -15,6 +15,7 @@ use ferry_engine::store::{ListError, MetaChange, Progress, RangedSource, SourceF
 use ferry_engine::xattr::{XattrSel, Xattrs};
 use ferry_local::LocalStore;
 use ferry_s3::S3Store;
+use ferry_sftp::SftpStore;
 use ferry_ssh::SshStore;
 
 /// A directory, reader or writer of one backend handed to another: the
@@ -389,6 +390,9 @@ macro_rules! backends {
             fn cleanup(&self, max_age: Duration, dry_run: bool) -> io::Result<Vec<(String, String)>> {
                 match self { $(AnyStore::$v(s) => Store::cleanup(s, max_age, dry_run),)+ }
             }
+            fn mtime_step_ns(&self) -> u32 {
+                match self { $(AnyStore::$v(s) => s.mtime_step_ns(),)+ }
+            }
         }
     };
 }
@@ -397,4 +401,5 @@ backends! {
     Local(LocalStore),
     S3(S3Store),
     Ssh(SshStore),
+    Sftp(SftpStore),
 }

@@ -13,11 +13,16 @@
 mod any;
 pub mod location;
 
+use ferry_engine::Meta;
+use std::io;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
 
 pub use any::{AnyDir, AnyReader, AnyStore, AnyWriter};
 pub use ferry_local::LocalStore;
 pub use ferry_s3::{S3Config, S3Store};
+pub use ferry_sftp::SftpStore;
 pub use ferry_ssh::SshStore;
 pub use location::Location;
 
@@ -32,6 +37,9 @@ pub enum Root {
     S3(Box<S3Config>),
     /// A path on another machine, over ssh.
     Ssh(SshRoot),
+    /// A path on another machine, over SFTP (`sftp://`, `--sftp`, or a
+    /// `host:path` whose host cannot run ferry).
+    Sftp(SshRoot),
 }
 
 /// Where an SSH store is rooted: `[user@]host`, a port given in an
@@ -49,7 +57,8 @@ pub struct SshRoot {
 impl SshRoot {
     /// The root of a `Location::Shell` (`host:path` or `ssh://...`).
     pub fn of(text: &str, host: &str, path: &str) -> Result<SshRoot, String> {
-        let (host, port) = match (text.starts_with("ssh://"), host.rsplit_once(':')) {
+        let url = text.starts_with("ssh://") || text.starts_with("sftp://");
+        let (host, port) = match (url, host.rsplit_once(':')) {
             (true, Some((h, p))) if !p.contains(']') => (
                 h,
                 Some(
@@ -91,7 +100,7 @@ impl Root {
         match self {
             Root::Local(p) => p.to_string_lossy().into_owned(),
             Root::S3(c) => format!("s3://{}/{}", c.bucket, c.prefix.trim_matches('/')),
-            Root::Ssh(r) => r.text().trim_end_matches('/').to_string(),
+            Root::Ssh(r) | Root::Sftp(r) => r.text().trim_end_matches('/').to_string(),
         }
     }
 
@@ -124,7 +133,7 @@ pub enum BackendError {
     /// The SSH connection could not be made (the one line says why).
     #[error("{0}")]
     Ssh(String),
-    /// A location no backend serves yet (`sftp://`).
+    /// A location no backend serves (none today).
     #[error("{text}: remote shell locations (host {host}, path {path}) are not supported yet; for a local name with ':' write ./{text}")]
     Unsupported {
         /// The location as typed.
@@ -148,11 +157,106 @@ pub fn open(root: &Root, opts: &Opts) -> Result<AnyStore, BackendError> {
                 s
             })
         }
-        Root::Ssh(r) => {
-            let t = ferry_ssh::Target::new(&r.host, r.port).map_err(BackendError::Ssh)?;
-            AnyStore::Ssh(SshStore::open(&t, &r.path).map_err(BackendError::Ssh)?)
-        }
+        Root::Ssh(_) | Root::Sftp(_) => match remote(root)? {
+            Remote::Ssh(s) => AnyStore::Ssh(s),
+            Remote::Sftp(s) => AnyStore::Sftp(s),
+        },
     })
+}
+
+/// `--sftp`: every remote shell location is served over SFTP.
+static FORCE_SFTP: AtomicBool = AtomicBool::new(false);
+
+/// Serve every remote shell location over SFTP (`--sftp`).
+pub fn force_sftp(on: bool) {
+    FORCE_SFTP.store(on, Ordering::Relaxed);
+}
+
+/// The root of a remote shell location: SFTP for `sftp://...` or with
+/// `--sftp`, else SSH (`host:path`, `ssh://...`).
+pub fn shell_root(text: &str, host: &str, path: &str) -> Result<Root, String> {
+    let r = SshRoot::of(text, host, path)?;
+    Ok(
+        if text.starts_with("sftp://") || FORCE_SFTP.load(Ordering::Relaxed) {
+            Root::Sftp(r)
+        } else {
+            Root::Ssh(r)
+        },
+    )
+}
+
+/// A session with a remote root's host, to ask about paths before a run.
+pub enum Remote {
+    /// `ferry serve` over ssh.
+    Ssh(SshStore),
+    /// SFTP.
+    Sftp(SftpStore),
+}
+
+impl Remote {
+    /// Metadata of `path` there (following a final symlink when
+    /// `follow`), `None` when it does not exist.
+    pub fn stat_path(&self, path: &[u8], follow: bool) -> io::Result<Option<Meta>> {
+        match self {
+            Remote::Ssh(s) => s.stat_path(path, follow),
+            Remote::Sftp(s) => s.stat_path(path, follow),
+        }
+    }
+
+    /// `r` as a root of the backend this session speaks.
+    pub fn root(&self, r: SshRoot) -> Root {
+        match self {
+            Remote::Ssh(_) => Root::Ssh(r),
+            Remote::Sftp(_) => Root::Sftp(r),
+        }
+    }
+}
+
+/// Hosts (and ports) where ferry could not run, this run: reached over
+/// SFTP from then on.
+static FELL_BACK: Mutex<Vec<(String, Option<u16>)>> = Mutex::new(Vec::new());
+
+/// A session with the host of `root` (`Root::Ssh` or `Root::Sftp`),
+/// rooted at its path. A `Root::Ssh` whose host was reached but cannot run
+/// ferry (none there and none installed: `--no-remote-install`, another
+/// OS or architecture, a shell that runs only `internal-sftp`; not a ferry
+/// named with `--remote-ferry`) is served over SFTP instead, with one note on stderr per host. When SFTP cannot
+/// start either, the SSH error is the one reported.
+pub fn remote(root: &Root) -> Result<Remote, BackendError> {
+    let (r, sftp) = match root {
+        Root::Ssh(r) => (r, false),
+        Root::Sftp(r) => (r, true),
+        _ => unreachable!("a remote root"),
+    };
+    let t = ferry_ssh::Target::new(&r.host, r.port).map_err(BackendError::Ssh)?;
+    let key = (r.host.clone(), r.port);
+    let fell = FELL_BACK.lock().unwrap().contains(&key);
+    if sftp || fell {
+        return Ok(Remote::Sftp(
+            SftpStore::open(&t, &r.path).map_err(BackendError::Ssh)?,
+        ));
+    }
+    let why = match SshStore::open(&t, &r.path) {
+        Ok(s) => return Ok(Remote::Ssh(s)),
+        // ssh failed, or the user named the ferry to run there.
+        Err(why)
+            if ferry_ssh::conn::is_ssh_failure(&why)
+                || ferry_ssh::conn::settings().remote_ferry.is_some() =>
+        {
+            return Err(BackendError::Ssh(why))
+        }
+        Err(why) => why,
+    };
+    let s = SftpStore::open(&t, &r.path).map_err(|_| BackendError::Ssh(why.clone()))?;
+    let mut fell = FELL_BACK.lock().unwrap();
+    if !fell.contains(&key) {
+        fell.push(key);
+        eprintln!(
+            "ferry: note: ferry cannot run on {}: using SFTP ({why})",
+            r.host
+        );
+    }
+    Ok(Remote::Sftp(s))
 }
 
 #[cfg(test)]
@@ -183,6 +287,25 @@ mod tests {
         assert!(r("ssh://h:port/p").unwrap_err().contains("bad port"));
     }
     use ferry_engine::{Listing, Store};
+
+    #[test]
+    fn sftp_roots_of_shell_locations() {
+        let r = |t: &str| match Location::parse(std::ffi::OsStr::new(t)) {
+            Location::Shell { text, host, path } => shell_root(&text, &host, &path).unwrap(),
+            l => panic!("{l:?}"),
+        };
+        match r("sftp://u@h:2200/d") {
+            Root::Sftp(s) => assert_eq!(
+                (s.host.as_str(), s.port, &s.path[..]),
+                ("u@h", Some(2200), &b"/d"[..])
+            ),
+            x => panic!("{x:?}"),
+        }
+        assert!(matches!(r("h:d"), Root::Ssh(_)));
+        force_sftp(true);
+        assert!(matches!(r("h:d"), Root::Sftp(_)));
+        force_sftp(false);
+    }
 
     #[test]
     fn a_local_root_opens_as_any_store_and_forwards() {

@@ -4,7 +4,7 @@
 //! Rules, in order:
 //! - `s3://BUCKET/PREFIX`: S3.
 //! - `ssh://[user@]host[:port]/path`: a remote shell location (SSH).
-//!   `sftp://...` is recognised and refused (no SFTP backend yet).
+//!   `sftp://[user@]host[:port]/path`: the same, served over SFTP.
 //! - `[user@]host:path` when the first `:` comes before any `/` (rsync's
 //!   rule; `[v6-address]:path` too): a remote shell location (SSH; an
 //!   empty path is the remote home). A local name holding a `:` is written
@@ -25,7 +25,7 @@ pub enum Location {
     /// An `s3://bucket/prefix` URL.
     S3(String),
     /// `[user@]host:path` or `ssh://...` (the SSH backend), or `sftp://...`
-    /// (recognised, refused: no backend serves it yet).
+    /// (the SFTP backend).
     Shell {
         /// The argument as typed.
         text: String,
@@ -79,18 +79,10 @@ impl Location {
         }
     }
 
-    /// `Err` with the message for locations no backend serves yet.
+    /// `Err` with the message for locations no backend serves yet (none
+    /// today: every location parsed has a backend).
     pub fn supported(&self) -> Result<(), crate::BackendError> {
-        match self {
-            Location::Shell { text, host, path } if text.starts_with("sftp://") => {
-                Err(crate::BackendError::Unsupported {
-                    text: text.clone(),
-                    host: host.clone(),
-                    path: path.clone(),
-                })
-            }
-            _ => Ok(()),
-        }
+        Ok(())
     }
 }
 
@@ -181,7 +173,6 @@ mod tests {
         assert_eq!(p("[::1"), local("[::1"));
         assert!(p("host:path").supported().is_ok());
         assert!(p("ssh://u@h:22/x").supported().is_ok());
-        let e = p("sftp://h/x").supported().unwrap_err().to_string();
-        assert!(e.contains("not supported yet"), "{e}");
+        assert!(p("sftp://h/x").supported().is_ok());
     }
 }

@@ -510,6 +510,10 @@ pub fn meta_mtime<F: Fixture>(fx: &F) {
         (-315_360_000, 250_000_000),
         (4_102_444_800, 1),
     ];
+    let times: Vec<_> = times
+        .into_iter()
+        .filter(|t| t.0 >= 0 || fx.keeps_times_before_epoch())
+        .collect();
     for (i, t) in times.iter().enumerate() {
         let name = format!("t{i}").into_bytes();
         let meta = file_meta(1, *t, 0o644);

@@ -60,6 +60,12 @@ pub trait Fixture {
         1
     }
 
+    /// True when mtimes before 1970 are kept (false for SFTP, whose times
+    /// are unsigned 32-bit seconds).
+    fn keeps_times_before_epoch(&self) -> bool {
+        true
+    }
+
     /// A second store over the same root that the backend refuses changes
     /// to (a read-only directory, credentials the server rejects), and a
     /// guard that lifts the refusal when dropped. `Err(reason)` when the

@@ -240,6 +240,16 @@ pub struct Engine<'a, S: Store, D: Store> {
     nodes_noted: AtomicBool,
     /// The hard-link groups met so far (`-H`).
     links: Option<Links<S, D>>,
+    /// The coarser mtime step of the two stores (`Store::mtime_step_ns`):
+    /// mtimes are compared, and written, to it.
+    mtime_step: u32,
+}
+
+/// Mtimes of `list` truncated to `step` nanoseconds.
+fn coarsen(list: &mut Listing, step: u32) {
+    for e in list.entries_mut() {
+        e.meta.mtime_nsec -= e.meta.mtime_nsec % step;
+    }
 }
 
 impl<'a, S: Store, D: Store> Engine<'a, S, D> {
@@ -287,6 +297,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             links: opts
                 .hard_links
                 .then(|| Links::new(src.has_hard_links() && dst.has_hard_links())),
+            mtime_step: src.mtime_step_ns().max(dst.mtime_step_ns()),
         }
     }
 
@@ -738,6 +749,10 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             self.fail(&self.path(node, &e.name), &e.err);
         }
 
+        if self.mtime_step > 1 {
+            coarsen(&mut src_list, self.mtime_step);
+            coarsen(&mut dst_list, self.mtime_step);
+        }
         let mut steps = Vec::with_capacity(src_list.len().max(dst_list.len()));
         plan_dir(&src_list, &dst_list, &self.plan, &mut steps);
         self.unlock_if_needed(node, &steps);

@@ -520,6 +520,12 @@ pub trait Store: Send + Sync {
     ) -> io::Result<()> {
         Err(io::Error::from(io::ErrorKind::Unsupported))
     }
+    /// The finest step of the mtimes the store keeps, in nanoseconds (1:
+    /// exact; SFTP keeps whole seconds). The engine compares mtimes to the
+    /// coarser step of its two stores.
+    fn mtime_step_ns(&self) -> u32 {
+        1
+    }
     /// Lines for `-v` about what the store did beyond plain requests
     /// (resumed transfers, requests that cost), `role` naming it ("source",
     /// "destination", "A", "B"); none by default.

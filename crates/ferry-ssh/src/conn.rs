@@ -62,6 +62,11 @@ pub fn configure(s: Settings) {
     let _ = SETTINGS.set(s);
 }
 
+/// This run's settings.
+pub fn settings() -> Settings {
+    SETTINGS.get().cloned().unwrap_or_default()
+}
+
 /// Connections per host at most when `--connections` is not given.
 const DEFAULT_CONNECTIONS: usize = 4;
 
@@ -108,6 +113,15 @@ impl Target {
 
     fn argv(&self) -> Vec<String> {
         self.command(&format!("{} serve", self.remote_ferry))
+    }
+
+    /// The ssh command line that starts subsystem `name` (`sftp`) there
+    /// (`ssh -s host name`): no remote shell involved.
+    pub fn subsystem(&self, name: &str) -> Vec<String> {
+        let mut a = self.rsh.clone();
+        a.push("-s".into());
+        a.extend(self.command(name).drain(self.rsh.len()..));
+        a
     }
 
     /// The ssh command line that runs `remote` (a shell command) there.
@@ -676,8 +690,23 @@ fn ended(t: &Target, mut child: Child, errt: JoinHandle<()>, err: &Stderr) -> Fa
 /// What [`classify`] says when the remote has no ferry.
 const NO_FERRY: &str = "no ferry on the remote";
 
+/// True when `why`, a message of [`classify`] (or of [`connect`]), says
+/// ssh itself failed (unreachable, authentication, host key, no ssh):
+/// the host was not reached, so nothing else over ssh can work either.
+pub fn is_ssh_failure(why: &str) -> bool {
+    [
+        ": host key verification failed:",
+        ": authentication failed (",
+        ": host unreachable (",
+        ": ssh failed: ",
+        "(the -e/FERRY_RSH command)",
+    ]
+    .iter()
+    .any(|s| why.contains(s))
+}
+
 /// One line for a session that did not start: what ssh or the remote said.
-fn classify(t: &Target, code: Option<i32>, tail: &[String]) -> String {
+pub fn classify(t: &Target, code: Option<i32>, tail: &[String]) -> String {
     let h = &t.host;
     let all = tail.join("\n");
     let last = tail
@@ -793,6 +822,10 @@ mod tests {
             c,
             "Ciphers=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com,aes128-ctr,aes192-ctr,aes256-ctr"
         );
+        assert_eq!(
+            t.subsystem("sftp"),
+            ["ssh", "-F", "c", "-s", "-p", "22", "u@h", "sftp"]
+        );
     }
 
     #[test]
@@ -815,5 +848,17 @@ mod tests {
         assert!(c(255, "Host key verification failed.").contains("host key verification failed"));
         assert!(c(127, "bash: line 1: ferry: command not found").contains("no ferry on the remote"));
         assert!(c(1, "boom").contains("exited with status 1"));
+        // What ssh failed at is told apart from what the remote could not run.
+        assert!(is_ssh_failure(&c(
+            255,
+            "ssh: connect to host h port 22: Connection refused"
+        )));
+        assert!(is_ssh_failure(&c(
+            255,
+            "u@h: Permission denied (publickey)."
+        )));
+        assert!(is_ssh_failure(&c(255, "Host key verification failed.")));
+        assert!(!is_ssh_failure(&c(127, "sh: 1: ferry: not found")));
+        assert!(!is_ssh_failure(&c(1, "boom")));
     }
 }

@@ -181,6 +181,10 @@ pub struct TransferArgs {
     /// of the two ends, at most 4].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=64))]
     pub connections: Option<u16>,
+    /// Reach host:path and ssh:// locations over SFTP (no ferry on the
+    /// remote; what is kept is told in docs/CLI.md).
+    #[arg(long)]
+    pub sftp: bool,
 }
 
 impl TransferArgs {
@@ -192,6 +196,7 @@ impl TransferArgs {
             connections: self.connections,
             no_remote_install: self.no_remote_install,
         });
+        ferry_backends::force_sftp(self.sftp);
     }
 }
 
@@ -342,7 +347,7 @@ pub fn jobs_for(flag: Option<u16>, roots: &[&Root]) -> usize {
     if let Some(n) = flag.filter(|_| roots.iter().any(|r| r.local_path().is_none())) {
         return usize::from(n);
     }
-    if roots.iter().any(|r| matches!(r, Root::Ssh(_))) {
+    if roots.iter().any(|r| matches!(r, Root::Ssh(_) | Root::Sftp(_))) {
         // Each worker waits one round trip per small file: enough of them
         // to keep the link busy (12 per ms of round trip).
         let ms = ferry_ssh::round_trip().map_or(0, |d| d.as_millis() as usize);

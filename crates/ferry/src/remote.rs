@@ -11,7 +11,7 @@ use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use ferry_backends::{AnyStore, Location, Root, SshRoot};
+use ferry_backends::{AnyStore, Location, Remote, Root, SshRoot};
 use ferry_engine::{Kind, Meta};
 use ferry_local::stat_path;
 use ferry_s3::{S3Config, S3Store};
@@ -45,19 +45,19 @@ pub fn root_of(loc: &Location, endpoint: Option<&str>) -> Result<Root, String> {
         ))),
         Location::Shell { text, host, path } => {
             loc.supported().map_err(|_| unsupported(loc))?;
-            Ok(Root::Ssh(SshRoot::of(text, host, path)?))
+            ferry_backends::shell_root(text, host, path)
         }
     }
 }
 
-/// The SSH root of a `host:path` location and a store to ask about it
-/// (this run's connection to the host, made here).
-fn ssh_of(loc: &Location, text: &str) -> Result<(SshRoot, ferry_ssh::SshStore), String> {
-    let Ok(Root::Ssh(r)) = root_of(loc, None) else {
+/// The root of a `host:path` location and a session to ask about it
+/// (this run's connection to the host, made here: SSH, or SFTP).
+fn ssh_of(loc: &Location, text: &str) -> Result<(SshRoot, Remote), String> {
+    let root = root_of(loc, None)?;
+    let s = ferry_backends::remote(&root).map_err(|e| format!("{text}: {e}"))?;
+    let (Root::Ssh(r) | Root::Sftp(r)) = root else {
         unreachable!("a shell location")
     };
-    let t = ferry_ssh::Target::new(&r.host, r.port).map_err(|e| format!("{text}: {e}"))?;
-    let s = ferry_ssh::SshStore::open(&t, &r.path)?;
     Ok((r, s))
 }
 
@@ -77,18 +77,13 @@ fn split_remote(path: &[u8]) -> (Vec<u8>, OsString) {
 
 /// Stat a remote path, following a final symlink; `what` (SRC, DST)
 /// names it in errors.
-fn ssh_stat(
-    s: &ferry_ssh::SshStore,
-    path: &[u8],
-    what: &str,
-    text: &str,
-) -> Result<Option<Meta>, String> {
+fn ssh_stat(s: &Remote, path: &[u8], what: &str, text: &str) -> Result<Option<Meta>, String> {
     s.stat_path(path, true)
         .map_err(|e| format!("{what} {text}: {}", cause(&e)))
 }
 
 /// The remote parent of a DST to be created must be a directory.
-fn ssh_parent(s: &ferry_ssh::SshStore, parent: &[u8], text: &str) -> Result<(), String> {
+fn ssh_parent(s: &Remote, parent: &[u8], text: &str) -> Result<(), String> {
     match ssh_stat(s, parent, "DST", text)? {
         Some(m) if m.kind == Kind::Dir => Ok(()),
         _ => Err(format!(
@@ -202,10 +197,10 @@ fn resolve_src(
         let (r, s) = ssh_of(loc, text)?;
         return match ssh_stat(&s, &r.path, "SRC", text)? {
             None => Err(format!("SRC {text}: no such file or directory")),
-            Some(m) if m.kind == Kind::Dir => Ok(Src::Tree(Root::Ssh(r))),
+            Some(m) if m.kind == Kind::Dir => Ok(Src::Tree(s.root(r))),
             Some(m) if m.kind == Kind::File => {
                 let (parent, name) = split_remote(&r.path);
-                Ok(Src::One(Root::Ssh(r.at(parent)), name.clone(), name))
+                Ok(Src::One(s.root(r.at(parent)), name.clone(), name))
             }
             Some(_) => Err(format!("SRC {text}: not a regular file or directory")),
         };
@@ -243,13 +238,13 @@ fn dst_tree(dst: &Path, loc: &Location, endpoint: Option<&str>) -> Result<Root, 
     if let Location::Shell { text, .. } = loc {
         let (r, s) = ssh_of(loc, text)?;
         return match ssh_stat(&s, &r.path, "DST", text)? {
-            Some(m) if m.kind == Kind::Dir => Ok(Root::Ssh(r)),
+            Some(m) if m.kind == Kind::Dir => Ok(s.root(r)),
             Some(_) => Err(format!(
                 "DST {text}: exists and is not a directory (SRC is a directory tree)"
             )),
             None => {
                 ssh_parent(&s, &split_remote(&r.path).0, text)?;
-                Ok(Root::Ssh(r))
+                Ok(s.root(r))
             }
         };
     }
@@ -302,15 +297,15 @@ fn dst_one(
         let (r, s) = ssh_of(loc, text)?;
         let (parent, file) = split_remote(&r.path);
         return match ssh_stat(&s, &r.path, "DST", text)? {
-            Some(m) if m.kind == Kind::Dir => Ok((Root::Ssh(r), name.to_owned())),
-            Some(m) if m.kind == Kind::File => Ok((Root::Ssh(r.at(parent)), file)),
+            Some(m) if m.kind == Kind::Dir => Ok((s.root(r), name.to_owned())),
+            Some(m) if m.kind == Kind::File => Ok((s.root(r.at(parent)), file)),
             Some(_) => Err(format!("DST {text}: not a regular file or directory")),
             None if into => Err(format!(
                 "DST {text}: no such directory (create it, or name the target file)"
             )),
             None => {
                 ssh_parent(&s, &parent, text)?;
-                Ok((Root::Ssh(r.at(parent)), file))
+                Ok((s.root(r.at(parent)), file))
             }
         };
     }
@@ -342,7 +337,7 @@ fn dst_one(
 /// Refuse S3 trees that overlap, and a copy of an object onto itself;
 /// remote trees on one host whose paths, as typed, overlap.
 fn check_overlap(job: &Job) -> Result<(), String> {
-    if let (Root::Ssh(a), Root::Ssh(b)) = (&job.src, &job.dst) {
+    if let (Root::Ssh(a) | Root::Sftp(a), Root::Ssh(b) | Root::Sftp(b)) = (&job.src, &job.dst) {
         let (pa, pb) = (job.src.id(), job.dst.id());
         let inside = |x: &str, y: &str| x == y || x.starts_with(&format!("{y}/"));
         if a.host == b.host
@@ -396,6 +391,12 @@ pub fn ls_entry(loc: &Location, store: &AnyStore) -> io::Result<Option<Meta>> {
             Ok(None)
         }
         (Location::Shell { path, .. }, AnyStore::Ssh(s)) => {
+            let meta = s
+                .stat_path(path.as_bytes(), true)?
+                .ok_or_else(|| io::Error::from_raw_os_error(2))?;
+            Ok((meta.kind != Kind::Dir).then_some(meta))
+        }
+        (Location::Shell { path, .. }, AnyStore::Sftp(s)) => {
             let meta = s
                 .stat_path(path.as_bytes(), true)?
                 .ok_or_else(|| io::Error::from_raw_os_error(2))?;

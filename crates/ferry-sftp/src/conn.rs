@@ -1,0 +1,361 @@
+//! One SFTP session: the system `ssh` (or the `-e` command) running the
+//! `sftp` subsystem, a writer thread feeding its stdin (requests queued by
+//! any thread are written in batches) and a reader thread handing each
+//! reply to the request of its id. Any number of threads call at once;
+//! each blocks only on its own reply, so requests of all the engine's
+//! workers are in flight together.
+
+use std::collections::HashMap;
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::mpsc::{self, Receiver, SyncSender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use ferry_ssh::conn::{classify, is_ssh_failure};
+use ferry_ssh::{Lost, Target};
+
+use crate::wire::{self, Rd, Reply, Req};
+
+/// Packets queued for the writer thread at most (a big file's writes wait
+/// for room: memory stays bounded).
+const QUEUED: usize = 64;
+/// Lines of ssh's stderr kept for the message of a failed session.
+const TAIL: usize = 20;
+/// Bytes per read or write request at most: OpenSSH's limit is 255 KiB; a
+/// whole number of 4 KiB blocks keeps ranged downloads block-aligned.
+const CHUNK_MAX: u32 = 252 << 10;
+
+type Slot = SyncSender<io::Result<Reply>>;
+
+#[derive(Default)]
+struct Pending {
+    calls: HashMap<u32, Slot>,
+    /// Why the session is gone, once it is.
+    dead: Option<String>,
+}
+
+/// What the server offers beyond SFTP version 3.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Extensions {
+    /// `posix-rename@openssh.com`: rename replacing the target atomically.
+    pub posix_rename: bool,
+    /// `fsync@openssh.com`.
+    pub fsync: bool,
+    /// `lsetstat@openssh.com`: set a symlink's own times.
+    pub lsetstat: bool,
+}
+
+/// A live session.
+pub struct Conn {
+    /// `[user@]host`, for messages.
+    pub host: String,
+    tx: SyncSender<Vec<u8>>,
+    pending: Mutex<Pending>,
+    next: AtomicU32,
+    gone: AtomicBool,
+    /// What the server offers.
+    pub ext: Extensions,
+    /// Bytes per read or write request.
+    pub chunk: u32,
+    target: Target,
+    /// Further sessions to the same host for big files, opened when first
+    /// needed.
+    extra: Mutex<Vec<Option<Arc<Conn>>>>,
+}
+
+fn lost_error(why: String) -> io::Error {
+    io::Error::new(io::ErrorKind::ConnectionAborted, Lost(why))
+}
+
+impl Conn {
+    fn lost(&self) -> io::Error {
+        let why = self.pending.lock().unwrap().dead.clone();
+        lost_error(why.unwrap_or_else(|| format!("{}: SFTP session lost", self.host)))
+    }
+
+    /// `Err` once the session is gone.
+    pub fn alive(&self) -> io::Result<()> {
+        if self.gone.load(Ordering::Relaxed) {
+            return Err(self.lost());
+        }
+        Ok(())
+    }
+
+    /// Send a request; its reply comes on the receiver.
+    pub fn start(&self, req: Req) -> io::Result<Receiver<io::Result<Reply>>> {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let (stx, srx) = mpsc::sync_channel(1);
+        {
+            let mut p = self.pending.lock().unwrap();
+            if let Some(why) = &p.dead {
+                return Err(lost_error(why.clone()));
+            }
+            p.calls.insert(id, stx);
+        }
+        if self.tx.send(req.finish(id)).is_err() {
+            self.pending.lock().unwrap().calls.remove(&id);
+            return Err(self.lost());
+        }
+        Ok(srx)
+    }
+
+    /// Send a request whose reply nobody waits for (closing a handle).
+    pub fn send(&self, req: Req) {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let _ = self.tx.send(req.finish(id));
+    }
+
+    /// Wait for a reply started with [`Conn::start`].
+    pub fn wait(&self, rx: &Receiver<io::Result<Reply>>) -> io::Result<Reply> {
+        rx.recv().unwrap_or_else(|_| Err(self.lost()))
+    }
+
+    /// Send a request and wait for its reply.
+    pub fn call(&self, req: Req) -> io::Result<Reply> {
+        let rx = self.start(req)?;
+        self.wait(&rx)
+    }
+
+    /// How many sessions big files use: `--connections`, else 4 (the
+    /// server runs one single-threaded `sftp-server` per session).
+    pub fn width(&self) -> usize {
+        ferry_ssh::conn::settings()
+            .connections
+            .map_or(4, |n| usize::from(n).max(1))
+    }
+
+    /// Session `k` (0 is this one) of [`Conn::width`], opened now if it is
+    /// not yet; this one when another cannot be opened.
+    pub fn nth(self: &Arc<Conn>, k: usize) -> Arc<Conn> {
+        if k == 0 {
+            return self.clone();
+        }
+        let mut extra = self.extra.lock().unwrap();
+        if extra.len() < k {
+            extra.resize(k, None);
+        }
+        match &extra[k - 1] {
+            Some(c) if !c.gone.load(Ordering::Relaxed) => c.clone(),
+            _ => match open(&self.target) {
+                Ok(c) => {
+                    extra[k - 1] = Some(c.clone());
+                    c
+                }
+                Err(_) => self.clone(),
+            },
+        }
+    }
+
+    fn die(&self, why: String) {
+        let calls = {
+            let mut p = self.pending.lock().unwrap();
+            p.dead.get_or_insert(why.clone());
+            std::mem::take(&mut p.calls)
+        };
+        self.gone.store(true, Ordering::Relaxed);
+        for (_, slot) in calls {
+            let _ = slot.send(Err(lost_error(why.clone())));
+        }
+    }
+}
+
+/// The session to `t`, made once per run and shared.
+pub fn connect(t: &Target) -> Result<Arc<Conn>, String> {
+    static CONNS: Mutex<Vec<(Target, Arc<Conn>)>> = Mutex::new(Vec::new());
+    let mut conns = CONNS.lock().unwrap();
+    if let Some((_, c)) = conns.iter().find(|(k, _)| k == t) {
+        return Ok(c.clone());
+    }
+    let c = open(t)?;
+    conns.push((t.clone(), c.clone()));
+    Ok(c)
+}
+
+/// ssh's stderr, its last lines kept by a thread of their own.
+type Tail = Arc<Mutex<Vec<String>>>;
+
+fn keep_tail(pipe: impl Read + Send + 'static) -> (Tail, JoinHandle<()>) {
+    let tail = Tail::default();
+    let t = tail.clone();
+    let h = std::thread::spawn(move || {
+        for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+            let mut v = t.lock().unwrap();
+            if v.len() == TAIL {
+                v.remove(0);
+            }
+            v.push(line);
+        }
+    });
+    (tail, h)
+}
+
+/// One line for a session that ended before the server answered.
+fn failed(t: &Target, mut child: Child, errt: JoinHandle<()>, tail: &Tail) -> String {
+    let code = child.wait().ok().and_then(|s| s.code());
+    let _ = errt.join();
+    let tail = tail.lock().unwrap().clone();
+    let why = classify(t, code, &tail);
+    if is_ssh_failure(&why) {
+        return why;
+    }
+    let last = tail.iter().rev().find(|l| !l.trim().is_empty());
+    format!(
+        "{}: the SFTP server did not start (ssh -s {} sftp{})",
+        t.host,
+        t.host,
+        last.map(|l| format!(": {}", l.trim())).unwrap_or_default()
+    )
+}
+
+fn read_packet(r: &mut impl Read) -> io::Result<Option<Reply>> {
+    let mut len = [0u8; 4];
+    match r.read_exact(&mut len) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    let len = u32::from_be_bytes(len) as usize;
+    if !(1..=(1 << 20)).contains(&len) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("SFTP: a packet of {len} bytes"),
+        ));
+    }
+    let mut body = Vec::with_capacity(len);
+    r.take(len as u64).read_to_end(&mut body)?;
+    if body.len() < len {
+        return Ok(None);
+    }
+    // Type and id stay in front of the fields: moving the rest would copy
+    // every read's data once more.
+    Ok(Some(Reply { t: body[0], body }))
+}
+
+fn open(t: &Target) -> Result<Arc<Conn>, String> {
+    let argv = t.subsystem("sftp");
+    let mut child = Command::new(&argv[0])
+        .args(&argv[1..])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run {:?} (the -e/FERRY_RSH command): {e}", argv[0]))?;
+    let (tail, errt) = keep_tail(child.stderr.take().expect("piped"));
+    let mut stdin = child.stdin.take().expect("piped");
+    let mut stdout = child.stdout.take().expect("piped");
+    {
+        use std::os::fd::AsFd;
+        ferry_ssh::serve::grow_pipe(stdin.as_fd());
+        ferry_ssh::serve::grow_pipe(stdout.as_fd());
+    }
+    // INIT, version 3; the VERSION reply lists the extensions.
+    let _ = stdin.write_all(&[0, 0, 0, 5, wire::INIT, 0, 0, 0, 3]);
+    let version = match read_packet(&mut stdout) {
+        Ok(Some(r)) if r.t == wire::VERSION => r,
+        Ok(Some(r)) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!(
+                "{}: the SFTP server answered out of protocol (type {})",
+                t.host, r.t
+            ));
+        }
+        _ => {
+            drop(stdin);
+            return Err(failed(t, child, errt, &tail));
+        }
+    };
+    let mut ext = Extensions::default();
+    let mut limits = false;
+    {
+        // After the type: the version, then the extensions.
+        let mut r = Rd(&version.body[1..]);
+        let _ = r.u32();
+        while let (Ok(name), Ok(_)) = (r.str(), r.str()) {
+            match name {
+                b"posix-rename@openssh.com" => ext.posix_rename = true,
+                b"fsync@openssh.com" => ext.fsync = true,
+                b"lsetstat@openssh.com" => ext.lsetstat = true,
+                b"limits@openssh.com" => limits = true,
+                _ => {}
+            }
+        }
+    }
+    let (tx, rx) = mpsc::sync_channel::<Vec<u8>>(QUEUED);
+    std::thread::spawn(move || ferry_ssh::proto::write_frames(stdin, rx));
+    let mut conn = Conn {
+        host: t.host.clone(),
+        tx,
+        pending: Mutex::new(Pending::default()),
+        next: AtomicU32::new(1),
+        gone: AtomicBool::new(false),
+        ext,
+        // Without limits@openssh.com: what every server takes.
+        chunk: 32 << 10,
+        target: t.clone(),
+        extra: Mutex::new(Vec::new()),
+    };
+    if limits {
+        // Asked before the reader runs: this first reply is read here.
+        let _ = conn.tx.send(Req::ext("limits@openssh.com").finish(0));
+        match read_packet(&mut stdout) {
+            Ok(Some(r)) => {
+                let mut rd = r.extended().map_err(|e| format!("{}: {e}", t.host))?;
+                let fields = (rd.u64(), rd.u64(), rd.u64());
+                if let (Ok(_packet), Ok(read), Ok(write)) = fields {
+                    let fit = read.min(write).min(u64::from(CHUNK_MAX)) as u32;
+                    conn.chunk = (fit & !4095).max(conn.chunk);
+                }
+            }
+            _ => {
+                drop(conn);
+                return Err(failed(t, child, errt, &tail));
+            }
+        }
+    }
+    let conn = Arc::new(conn);
+    let c = conn.clone();
+    std::thread::spawn(move || read_replies(&c, stdout, child, tail, errt));
+    Ok(conn)
+}
+
+fn read_replies(
+    conn: &Conn,
+    stdout: ChildStdout,
+    mut child: Child,
+    tail: Tail,
+    errt: JoinHandle<()>,
+) {
+    let mut r = BufReader::with_capacity(256 << 10, stdout);
+    let end = loop {
+        match read_packet(&mut r) {
+            Ok(Some(reply)) => {
+                let Some(id) = reply.body.get(1..5) else {
+                    break Some(io::Error::new(io::ErrorKind::InvalidData, "SFTP: no id"));
+                };
+                let id = u32::from_be_bytes(id.try_into().expect("4 bytes"));
+                let slot = conn.pending.lock().unwrap().calls.remove(&id);
+                if let Some(s) = slot {
+                    let _ = s.send(Ok(reply));
+                }
+            }
+            Ok(None) => break None,
+            Err(e) => break Some(e),
+        }
+    };
+    let _ = child.kill();
+    let status = child.wait().ok().and_then(|s| s.code());
+    let _ = errt.join();
+    let mut why = format!("{}: SFTP session lost", conn.host);
+    if let Some(e) = end {
+        why.push_str(&format!(" ({e})"));
+    }
+    match (tail.lock().unwrap().last(), status) {
+        (Some(l), _) => why.push_str(&format!(" (ssh: {l})")),
+        (None, Some(c)) => why.push_str(&format!(" (ssh exited with status {c})")),
+        _ => {}
+    }
+    conn.die(why);
+}

@@ -1,0 +1,482 @@
+//! [`SftpStore`]: the engine's `Store` over an SFTP session. SFTP names
+//! everything by path, so a directory is its path; every operation is one
+//! or a few requests, and the engine's workers keep many in flight
+//! (`latency_bound`). Reading is in `read.rs`, writing in `write.rs`.
+
+use std::collections::VecDeque;
+use std::ffi::CStr;
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use ferry_engine::bwlimit::Limiter;
+use ferry_engine::entry::{Kind, Listing, Meta};
+use ferry_engine::store::{temp_name, ListError, MetaChange, SourceFile, Store, RESERVED_LEN};
+use ferry_ssh::Target;
+
+use crate::conn::{self, Conn};
+use crate::read::SftpReader;
+use crate::wire::{self as w, Attrs, Req, Set};
+use crate::write::SftpWriter;
+
+/// `READDIR`s of one directory in flight (the server answers them in
+/// order, each with the next batch of names).
+const READDIR_AHEAD: usize = 4;
+
+/// A tree on another machine, reached over SFTP.
+pub struct SftpStore {
+    pub(crate) conn: Arc<Conn>,
+    root: Vec<u8>,
+}
+
+/// A directory: its path on the server.
+pub struct SftpDir {
+    pub(crate) path: Arc<[u8]>,
+}
+
+/// `dir/name` (a name alone in the login directory).
+pub(crate) fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
+    let mut p = Vec::with_capacity(dir.len() + 1 + name.len());
+    p.extend_from_slice(dir);
+    if !p.is_empty() && !p.ends_with(b"/") {
+        p.push(b'/');
+    }
+    p.extend_from_slice(name);
+    p
+}
+
+/// A path the server takes: the login directory is `.`.
+fn here(p: &[u8]) -> &[u8] {
+    if p.is_empty() {
+        b"."
+    } else {
+        p
+    }
+}
+
+/// A new temporary's path in `dir`.
+pub(crate) fn temp_path(dir: &[u8]) -> Vec<u8> {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    let id = (u64::from(std::process::id()) << 32) | (n & 0xffff_ffff);
+    join(dir, &temp_name(id)[..RESERVED_LEN])
+}
+
+/// SFTP times are 32-bit seconds after the epoch.
+pub(crate) fn secs(m: &Meta) -> u32 {
+    m.mtime_sec.clamp(0, i64::from(u32::MAX)) as u32
+}
+
+/// The attributes of `m` that `what` selects.
+pub(crate) fn set_of(m: &Meta, what: MetaChange) -> Set {
+    Set {
+        mode: (what.mode && m.kind != Kind::Symlink).then_some(m.mode & 0o7777),
+        mtime: what.mtime.then(|| secs(m)),
+        owner: None,
+    }
+}
+
+impl SftpStore {
+    /// The tree at `path` on `target`'s host (connecting, or sharing this
+    /// run's session to it). An empty path is the login directory.
+    pub fn open(target: &Target, path: &[u8]) -> Result<SftpStore, String> {
+        Ok(SftpStore {
+            conn: conn::connect(target)?,
+            root: path.to_vec(),
+        })
+    }
+
+    /// Metadata of `path` (following a final symlink when `follow`),
+    /// `None` when it does not exist.
+    pub fn stat_path(&self, path: &[u8], follow: bool) -> io::Result<Option<Meta>> {
+        let t = if follow { w::STAT } else { w::LSTAT };
+        Ok(self
+            .conn
+            .call(Req::path(t, here(path)))?
+            .attrs_if()?
+            .map(|a| a.meta()))
+    }
+
+    pub(crate) fn ok(&self, req: Req) -> io::Result<()> {
+        self.conn.call(req)?.ok()
+    }
+
+    fn lstat(&self, path: &[u8]) -> io::Result<Option<Attrs>> {
+        self.conn.call(Req::path(w::LSTAT, path))?.attrs_if()
+    }
+
+    fn dir(&self, path: Vec<u8>) -> SftpDir {
+        SftpDir { path: path.into() }
+    }
+
+    /// Rename `from` to `to`, replacing `to` (a file or symlink)
+    /// atomically where the server offers `posix-rename@openssh.com`.
+    /// Elsewhere SFTP's rename never replaces: the old `to` is moved aside
+    /// to a temporary name first, put back if the rename fails, and
+    /// removed after it.
+    pub(crate) fn replace(&self, dir: &[u8], from: &[u8], to: &[u8]) -> io::Result<()> {
+        if self.conn.ext.posix_rename {
+            return self.ok(Req::ext("posix-rename@openssh.com").str(from).str(to));
+        }
+        let err = match self.ok(Req::path(w::RENAME, from).str(to)) {
+            Ok(()) => return Ok(()),
+            Err(e) => e,
+        };
+        if self.lstat(to)?.is_none() {
+            return Err(err);
+        }
+        let aside = temp_path(dir);
+        self.ok(Req::path(w::RENAME, to).str(&aside))?;
+        if let Err(e) = self.ok(Req::path(w::RENAME, from).str(to)) {
+            let _ = self.ok(Req::path(w::RENAME, &aside).str(to));
+            return Err(e);
+        }
+        // A reserved name: if this fails, the next run removes it.
+        let _ = self.ok(Req::path(w::REMOVE, &aside));
+        Ok(())
+    }
+
+    /// Every entry of directory `path`, as the server lists them (names
+    /// with their attributes: no request per entry).
+    fn read_dir(&self, path: &[u8], mut each: impl FnMut(&[u8], Attrs)) -> io::Result<()> {
+        let h = self
+            .conn
+            .call(Req::path(w::OPENDIR, here(path)))?
+            .handle()?;
+        let res = (|| {
+            let mut ahead = VecDeque::new();
+            loop {
+                while ahead.len() < READDIR_AHEAD {
+                    ahead.push_back(self.conn.start(Req::path(w::READDIR, &h))?);
+                }
+                let rx = ahead.pop_front().expect("in flight");
+                let reply = self.conn.wait(&rx)?;
+                match reply.names()? {
+                    Some(v) => {
+                        for (name, a) in v {
+                            if name != b"." && name != b".." {
+                                each(name, a);
+                            }
+                        }
+                    }
+                    // The end (the reads still in flight answer the same).
+                    None => return Ok(()),
+                }
+            }
+        })();
+        self.conn.send(Req::path(w::CLOSE, &h));
+        res
+    }
+
+    /// Remove the tree `path` (a directory), telling `each` about every
+    /// entry removed (its path below `rel`, its size); the files of one
+    /// directory are removed with all their requests in flight.
+    fn remove_tree(
+        &self,
+        path: &[u8],
+        rel: &[u8],
+        each: &mut dyn FnMut(&[u8], u64),
+    ) -> io::Result<u64> {
+        let mut files = Vec::new();
+        let mut dirs = Vec::new();
+        self.read_dir(path, |name, a| {
+            let m = a.meta();
+            if m.kind == Kind::Dir {
+                dirs.push(name.to_vec());
+            } else {
+                files.push((name.to_vec(), m.size));
+            }
+        })?;
+        let mut n = 0;
+        for d in dirs {
+            n += self.remove_tree(&join(path, &d), &join(rel, &d), each)?;
+        }
+        let started = files
+            .iter()
+            .map(|(f, _)| self.conn.start(Req::path(w::REMOVE, &join(path, f))))
+            .collect::<Vec<_>>();
+        let mut first = None;
+        for ((f, size), rx) in files.iter().zip(started) {
+            match rx.and_then(|rx| self.conn.wait(&rx)?.ok()) {
+                Ok(()) => {
+                    each(&join(rel, f), *size);
+                    n += 1;
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    first.get_or_insert(e);
+                }
+            }
+        }
+        if let Some(e) = first {
+            return Err(e);
+        }
+        self.rmdir_path(path)?;
+        each(rel, 0);
+        Ok(n + 1)
+    }
+
+    /// `RMDIR`, its failure told apart: SFTP says only "failure" for a
+    /// directory that is not empty.
+    fn rmdir_path(&self, path: &[u8]) -> io::Result<()> {
+        match self.ok(Req::path(w::RMDIR, path)) {
+            Err(e) if e.kind() == io::ErrorKind::Other => {
+                let mut any = false;
+                if self.read_dir(path, |_, _| any = true).is_ok() && any {
+                    return Err(io::Error::new(
+                        io::ErrorKind::DirectoryNotEmpty,
+                        format!("{}: directory not empty", String::from_utf8_lossy(path)),
+                    ));
+                }
+                Err(e)
+            }
+            r => r,
+        }
+    }
+
+    /// `SETSTAT` of a path, or of a symlink itself (`lsetstat@openssh.com`;
+    /// a symlink's time is left as made where the server cannot).
+    pub(crate) fn set_path(&self, path: &[u8], kind: Kind, set: &Set) -> io::Result<()> {
+        if kind == Kind::Symlink {
+            if !self.conn.ext.lsetstat || set.mtime.is_none() {
+                return Ok(());
+            }
+            return self.ok(Req::ext("lsetstat@openssh.com").str(path).attrs(set));
+        }
+        self.ok(Req::path(w::SETSTAT, path).attrs(set))
+    }
+}
+
+impl Store for SftpStore {
+    type Dir = SftpDir;
+    type Reader = SftpReader;
+    type Writer = SftpWriter;
+
+    fn open_root(&self) -> io::Result<Option<(SftpDir, Meta)>> {
+        match self.stat_path(&self.root, true)? {
+            None => Ok(None),
+            Some(m) if m.kind == Kind::Dir => Ok(Some((self.dir(self.root.clone()), m))),
+            Some(_) => Err(io::Error::new(
+                io::ErrorKind::NotADirectory,
+                format!("{}: not a directory", String::from_utf8_lossy(&self.root)),
+            )),
+        }
+    }
+
+    fn create_root(&self) -> io::Result<SftpDir> {
+        match self.ok(Req::path(w::MKDIR, here(&self.root)).attrs(&Set::default())) {
+            Ok(()) => {}
+            Err(e) => match self.stat_path(&self.root, true)? {
+                Some(m) if m.kind == Kind::Dir => {}
+                _ => return Err(e),
+            },
+        }
+        Ok(self.dir(self.root.clone()))
+    }
+
+    fn list(
+        &self,
+        dir: &SftpDir,
+        _rel: &[u8],
+        out: &mut Listing,
+        _errors: &mut Vec<ListError>,
+    ) -> io::Result<()> {
+        out.clear();
+        self.read_dir(&dir.path, |name, a| out.push(name, a.meta()))?;
+        out.sort();
+        Ok(())
+    }
+
+    fn stat(&self, dir: &SftpDir, name: &CStr) -> io::Result<Option<Meta>> {
+        Ok(self
+            .lstat(&join(&dir.path, name.to_bytes()))?
+            .map(|a| a.meta()))
+    }
+
+    fn open_dir(&self, parent: &SftpDir, name: &CStr) -> io::Result<SftpDir> {
+        let p = join(&parent.path, name.to_bytes());
+        match self.conn.call(Req::path(w::STAT, &p))?.attrs()?.meta().kind {
+            Kind::Dir => Ok(self.dir(p)),
+            _ => Err(io::Error::new(
+                io::ErrorKind::NotADirectory,
+                format!("{}: not a directory", String::from_utf8_lossy(&p)),
+            )),
+        }
+    }
+
+    fn make_dir(&self, parent: &SftpDir, name: &CStr) -> io::Result<SftpDir> {
+        let p = join(&parent.path, name.to_bytes());
+        let set = Set {
+            mode: Some(0o700),
+            ..Set::default()
+        };
+        if let Err(e) = self.ok(Req::path(w::MKDIR, &p).attrs(&set)) {
+            if e.kind() == io::ErrorKind::Other && self.lstat(&p)?.is_some() {
+                return Err(io::Error::new(
+                    io::ErrorKind::AlreadyExists,
+                    format!("{}: exists", String::from_utf8_lossy(&p)),
+                ));
+            }
+            return Err(e);
+        }
+        Ok(self.dir(p))
+    }
+
+    fn set_dir_meta(&self, dir: &SftpDir, meta: &Meta, what: MetaChange) -> io::Result<()> {
+        let set = set_of(meta, what);
+        if set.mode.is_none() && set.mtime.is_none() {
+            return Ok(());
+        }
+        self.ok(Req::path(w::SETSTAT, here(&dir.path)).attrs(&set))
+    }
+
+    fn open_file(&self, dir: &SftpDir, name: &CStr) -> io::Result<SftpReader> {
+        SftpReader::open(&self.conn, join(&dir.path, name.to_bytes()))
+    }
+
+    fn read_link(&self, dir: &SftpDir, name: &CStr) -> io::Result<Vec<u8>> {
+        self.conn
+            .call(Req::path(w::READLINK, &join(&dir.path, name.to_bytes())))?
+            .name()
+    }
+
+    fn create_file(&self, dir: &SftpDir, name: &CStr, meta: &Meta) -> io::Result<SftpWriter> {
+        SftpWriter::create(self, &dir.path, name.to_bytes(), meta)
+    }
+
+    fn write_from(
+        &self,
+        _dir: &SftpDir,
+        wr: &mut SftpWriter,
+        src: &mut dyn SourceFile,
+        size: u64,
+        limit: Option<&Limiter>,
+    ) -> io::Result<u64> {
+        wr.write_from(self, src, size, limit)
+    }
+
+    fn commit(
+        &self,
+        dir: &SftpDir,
+        wr: SftpWriter,
+        name: &CStr,
+        meta: &Meta,
+        fsync: bool,
+    ) -> io::Result<()> {
+        wr.commit(self, &join(&dir.path, name.to_bytes()), meta, fsync)
+    }
+
+    fn create_empty(
+        &self,
+        dir: &SftpDir,
+        name: &CStr,
+        meta: &Meta,
+        fsync: bool,
+    ) -> io::Result<bool> {
+        crate::write::create_empty(self, &join(&dir.path, name.to_bytes()), meta, fsync)
+    }
+
+    fn abort(&self, _dir: &SftpDir, wr: SftpWriter) {
+        wr.abort(self);
+    }
+
+    fn create_symlink(
+        &self,
+        dir: &SftpDir,
+        name: &CStr,
+        target: &[u8],
+        meta: &Meta,
+    ) -> io::Result<()> {
+        let tmp = temp_path(&dir.path);
+        // OpenSSH's order: the target first, then the link's path.
+        self.ok(Req::path(w::SYMLINK, target).str(&tmp))?;
+        let done = self
+            .set_path(&tmp, Kind::Symlink, &set_of(meta, MetaChange::ALL))
+            .and_then(|()| self.replace(&dir.path, &tmp, &join(&dir.path, name.to_bytes())));
+        if done.is_err() {
+            let _ = self.ok(Req::path(w::REMOVE, &tmp));
+        }
+        done
+    }
+
+    fn set_meta(
+        &self,
+        dir: &SftpDir,
+        name: &CStr,
+        meta: &Meta,
+        what: MetaChange,
+    ) -> io::Result<()> {
+        let set = set_of(meta, what);
+        if set.mode.is_none() && set.mtime.is_none() {
+            return Ok(());
+        }
+        self.set_path(&join(&dir.path, name.to_bytes()), meta.kind, &set)
+    }
+
+    fn remove(&self, dir: &SftpDir, name: &CStr, _is_dir: bool) -> io::Result<u64> {
+        self.remove_each(dir, name, &mut |_, _| {})
+    }
+
+    fn remove_each(
+        &self,
+        dir: &SftpDir,
+        name: &CStr,
+        each: &mut dyn FnMut(&[u8], u64),
+    ) -> io::Result<u64> {
+        let p = join(&dir.path, name.to_bytes());
+        let Some(a) = self.lstat(&p)? else {
+            return Err(io::Error::from(io::ErrorKind::NotFound));
+        };
+        let m = a.meta();
+        if m.kind == Kind::Dir {
+            return self.remove_tree(&p, b"", each);
+        }
+        self.ok(Req::path(w::REMOVE, &p))?;
+        each(b"", m.size);
+        Ok(1)
+    }
+
+    fn latency_bound(&self) -> bool {
+        true
+    }
+
+    fn rename(
+        &self,
+        from_dir: &SftpDir,
+        from_name: &CStr,
+        to_dir: &SftpDir,
+        to_name: &CStr,
+    ) -> io::Result<()> {
+        let to = join(&to_dir.path, to_name.to_bytes());
+        // SFTP's own rename never replaces an entry.
+        match self.ok(Req::path(w::RENAME, &join(&from_dir.path, from_name.to_bytes())).str(&to)) {
+            Err(e) if e.kind() == io::ErrorKind::Other && self.lstat(&to)?.is_some() => {
+                Err(io::Error::new(
+                    io::ErrorKind::AlreadyExists,
+                    format!("{}: exists", String::from_utf8_lossy(&to)),
+                ))
+            }
+            r => r,
+        }
+    }
+
+    fn rmdir(&self, dir: &SftpDir, name: &CStr) -> io::Result<()> {
+        self.rmdir_path(&join(&dir.path, name.to_bytes()))
+    }
+
+    fn preserves_owner(&self) -> bool {
+        false
+    }
+
+    fn has_inodes(&self) -> bool {
+        false
+    }
+
+    fn mtime_step_ns(&self) -> u32 {
+        1_000_000_000
+    }
+
+    fn notes(&self, role: &str) -> Vec<String> {
+        crate::write::notes(role)
+    }
+}

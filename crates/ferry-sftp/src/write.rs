@@ -1,0 +1,515 @@
+//! Writing over SFTP: a file is written under a temporary name, given its
+//! mode and mtime (`FSETSTAT`), closed and renamed into place. A small
+//! file is sent whole at commit (open, then write + setstat + close in
+//! flight together, then the rename); a bigger one streams with several
+//! `WRITE`s in flight.
+//!
+//! A big local file (`RANGED_MIN` and up) goes in 32 MiB ranges over
+//! several sessions at once into a named partial,
+//! `.ferry-part-<hash of its path>.~ferry~`, beside a record of the ranges
+//! that arrived (another reserved name, rewritten after each range, after
+//! `fsync@openssh.com` of the partial where offered): a run killed midway
+//! is resumed by the next, which sends only the missing ranges of the same
+//! source (size and mtime).
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::BorrowedFd;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::Receiver;
+use std::sync::Mutex;
+
+use ferry_engine::bwlimit::Limiter;
+use ferry_engine::entry::Meta;
+use ferry_engine::store::{partial_name, MetaChange, Progress, SourceFile};
+use ferry_local::download::{CHUNK as RANGE, RANGED_MIN};
+use ferry_local::range::RangeSet;
+
+use crate::conn::Conn;
+use crate::store::{join, set_of, temp_path, SftpStore};
+use crate::wire::{self as w, Reply, Req, Set};
+
+/// Writes of one file in flight.
+const WRITE_AHEAD: usize = 16;
+/// First line of a partial's record.
+const RECORD: &str = "ferry sftp partial 1";
+
+type Rx = Receiver<io::Result<Reply>>;
+
+/// A file being written.
+pub struct SftpWriter {
+    /// Its directory, and the path it is created for (a partial's name
+    /// comes from it).
+    dir: Vec<u8>,
+    path: Vec<u8>,
+    /// Its temporary's (or partial's) path.
+    temp: Vec<u8>,
+    /// A small file's content, sent whole at commit.
+    whole: Option<Vec<u8>>,
+    /// The open temporary of a bigger one, and its writes in flight.
+    handle: Option<Vec<u8>>,
+    acks: VecDeque<Rx>,
+    /// A resumable partial's record, removed at commit.
+    record: Option<Vec<u8>>,
+}
+
+/// Big uploads resumed, and the bytes they did not send again, for `-v`.
+static RESUMED: AtomicU64 = AtomicU64::new(0);
+static RESUMED_BYTES: AtomicU64 = AtomicU64::new(0);
+
+fn open_write(conn: &Conn, path: &[u8], flags: u32) -> io::Result<Vec<u8>> {
+    let set = Set {
+        mode: Some(0o600),
+        ..Set::default()
+    };
+    conn.call(Req::path(w::OPEN, path).u32(w::F_WRITE | flags).attrs(&set))?
+        .handle()
+}
+
+fn write_req(conn: &Conn, handle: &[u8], at: u64, data: &[u8]) -> io::Result<Rx> {
+    conn.start(Req::path(w::WRITE, handle).u64(at).str(data))
+}
+
+/// Wait for every reply of `acks`: the first error, if any.
+fn drain(conn: &Conn, acks: &mut VecDeque<Rx>) -> io::Result<()> {
+    let mut first = Ok(());
+    for rx in acks.drain(..) {
+        let r = conn.wait(&rx).and_then(|r| r.ok());
+        if first.is_ok() {
+            first = r;
+        }
+    }
+    first
+}
+
+/// FNV-1a of `b`: the partial's name of a path.
+fn fnv(b: &[u8]) -> u64 {
+    b.iter().fold(0xcbf2_9ce4_8422_2325, |h, &c| {
+        (h ^ u64::from(c)).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+/// The ranges a partial's record names, when it is of source `ident`.
+fn parse_record(text: &[u8], ident: &str) -> Option<RangeSet> {
+    let text = std::str::from_utf8(text).ok()?;
+    let mut lines = text.lines();
+    if lines.next()? != RECORD || lines.next()? != ident {
+        return None;
+    }
+    let mut set = RangeSet::new();
+    for l in lines {
+        if l == "end" {
+            return Some(set);
+        }
+        let (a, b) = l.split_once('-')?;
+        let (a, b) = (a.parse().ok()?, b.parse().ok()?);
+        if a >= b {
+            return None;
+        }
+        set.insert(a, b);
+    }
+    // No end line: a record cut short is not trusted.
+    None
+}
+
+fn record_text(ident: &str, set: &RangeSet) -> Vec<u8> {
+    let mut t = format!("{RECORD}\n{ident}\n");
+    for (a, b) in set.ranges() {
+        t.push_str(&format!("{a}-{b}\n"));
+    }
+    t.push_str("end\n");
+    t.into_bytes()
+}
+
+/// The whole of a small file at `path`, `None` when it does not exist.
+fn read_small(conn: &Conn, path: &[u8]) -> io::Result<Option<Vec<u8>>> {
+    let h = match open_read_if(conn, path)? {
+        Some(h) => h,
+        None => return Ok(None),
+    };
+    let r = conn.call(Req::path(w::READ, &h).u64(0).u32(conn.chunk));
+    conn.send(Req::path(w::CLOSE, &h));
+    let r = r?;
+    Ok(Some(match r.data()? {
+        Some((a, b)) => r.body[a..b].to_vec(),
+        None => Vec::new(),
+    }))
+}
+
+fn open_read_if(conn: &Conn, path: &[u8]) -> io::Result<Option<Vec<u8>>> {
+    let r = conn.call(
+        Req::path(w::OPEN, path)
+            .u32(w::F_READ)
+            .attrs(&Set::default()),
+    )?;
+    match r.handle() {
+        Ok(h) => Ok(Some(h)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Replace the small file `path` with `data` (one write: a record cut
+/// short by a kill is told by its missing end line).
+fn write_small(conn: &Conn, path: &[u8], data: &[u8]) -> io::Result<()> {
+    let h = open_write(conn, path, w::F_CREAT | w::F_TRUNC)?;
+    let wrote = write_req(conn, &h, 0, data).and_then(|rx| conn.wait(&rx)?.ok());
+    let closed = conn.call(Req::path(w::CLOSE, &h)).and_then(|r| r.ok());
+    wrote.and(closed)
+}
+
+/// `[from, to)` of local file `fd` to `handle` on `conn`, several writes
+/// in flight.
+fn send_range(
+    conn: &Conn,
+    handle: &[u8],
+    fd: BorrowedFd<'_>,
+    (from, to): (u64, u64),
+    progress: Option<&Progress<'_>>,
+    limit: Option<&Limiter>,
+) -> io::Result<()> {
+    let mut acks = VecDeque::new();
+    let mut buf = vec![0u8; conn.chunk as usize];
+    let mut at = from;
+    let res = (|| {
+        while at < to {
+            let want = ((to - at) as usize).min(buf.len());
+            let n = loop {
+                match rustix::io::pread(fd, &mut buf[..want], at) {
+                    Err(rustix::io::Errno::INTR) => continue,
+                    r => break r?,
+                }
+            };
+            if n == 0 {
+                return Err(io::Error::other("the file changed while it was copied"));
+            }
+            acks.push_back(write_req(conn, handle, at, &buf[..n])?);
+            if acks.len() >= WRITE_AHEAD {
+                let rx = acks.pop_front().expect("in flight");
+                conn.wait(&rx)?.ok()?;
+            }
+            if let Some(l) = limit {
+                l.acquire(n as u64);
+            }
+            if let Some(p) = progress {
+                p.add(n as u64);
+            }
+            at += n as u64;
+        }
+        Ok(())
+    })();
+    let drained = drain(conn, &mut acks);
+    res.and(drained)
+}
+
+impl SftpWriter {
+    pub(crate) fn create(
+        s: &SftpStore,
+        dir: &[u8],
+        name: &[u8],
+        meta: &Meta,
+    ) -> io::Result<SftpWriter> {
+        s.conn.alive()?;
+        Ok(SftpWriter {
+            dir: dir.to_vec(),
+            path: join(dir, name),
+            temp: temp_path(dir),
+            whole: (meta.size <= u64::from(s.conn.chunk))
+                .then(|| Vec::with_capacity(meta.size as usize + 1)),
+            handle: None,
+            acks: VecDeque::new(),
+            record: None,
+        })
+    }
+
+    pub(crate) fn write_from(
+        &mut self,
+        s: &SftpStore,
+        src: &mut dyn SourceFile,
+        size: u64,
+        limit: Option<&Limiter>,
+    ) -> io::Result<u64> {
+        let chunk = s.conn.chunk as usize;
+        let cap = limit.map_or(chunk, |l| l.chunk().clamp(1, chunk));
+        if self.whole.is_none() && size >= RANGED_MIN {
+            if let Some(fd) = src.as_fd() {
+                let fd = fd.try_clone_to_owned()?;
+                return self.ranged(s, std::os::fd::AsFd::as_fd(&fd), src, size, limit);
+            }
+        }
+        if self.whole.is_none() {
+            self.handle = Some(open_write(&s.conn, &self.temp, w::F_CREAT | w::F_EXCL)?);
+        }
+        let mut buf = Vec::new();
+        let mut total = 0u64;
+        loop {
+            // One byte past the size at most: growth shows without a
+            // second pass.
+            let want = ((size - total.min(size)) as usize)
+                .saturating_add(1)
+                .min(cap);
+            let b = self.whole.as_mut().unwrap_or(&mut buf);
+            let start = if self.handle.is_some() { 0 } else { b.len() };
+            b.truncate(start);
+            b.resize(start + want, 0);
+            let mut n = 0;
+            while n < want {
+                match src.read(&mut b[start + n..start + want])? {
+                    0 => break,
+                    k => n += k,
+                }
+            }
+            b.truncate(start + n);
+            if let (Some(h), true) = (&self.handle, n > 0) {
+                self.acks.push_back(write_req(&s.conn, h, total, b)?);
+                if self.acks.len() >= WRITE_AHEAD {
+                    let rx = self.acks.pop_front().expect("in flight");
+                    s.conn.wait(&rx)?.ok()?;
+                }
+            }
+            if let Some(l) = limit {
+                l.acquire(n as u64);
+            }
+            total += n as u64;
+            if n < want || total > size {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// A big local file in ranges over several sessions, into a partial
+    /// resumed where a killed run left it.
+    fn ranged(
+        &mut self,
+        s: &SftpStore,
+        fd: BorrowedFd<'_>,
+        src: &dyn SourceFile,
+        size: u64,
+        limit: Option<&Limiter>,
+    ) -> io::Result<u64> {
+        let conn = &s.conn;
+        let st = rustix::fs::fstat(fd)?;
+        let ident = format!("{size} {}.{:09}", st.st_mtime, st.st_mtime_nsec);
+        let key = fnv(&self.path);
+        let part = join(&self.dir, partial_name(key).as_bytes());
+        let record = join(
+            &self.dir,
+            partial_name(key ^ 0x9e37_79b9_7f4a_7c15).as_bytes(),
+        );
+        // What a killed run sent of this same source, if its partial is
+        // still there.
+        let had = match read_small(conn, &record)? {
+            Some(t) => parse_record(&t, &ident).filter(|set| {
+                let stat = conn
+                    .call(Req::path(w::LSTAT, &part))
+                    .and_then(|r| r.attrs_if());
+                matches!(stat, Ok(Some(a)) if a.size.unwrap_or(0) <= size && set.total() > 0)
+            }),
+            None => None,
+        };
+        let flags = w::F_CREAT | if had.is_some() { 0 } else { w::F_TRUNC };
+        let h0 = open_write(conn, &part, flags)?;
+        self.temp = part.clone();
+        self.handle = Some(h0.clone());
+        self.record = Some(record.clone());
+        let done = had.unwrap_or_default();
+        if done.total() > 0 {
+            RESUMED.fetch_add(1, Ordering::Relaxed);
+            RESUMED_BYTES.fetch_add(done.total(), Ordering::Relaxed);
+            if let Some(p) = src.progress() {
+                p.add(done.total());
+            }
+        }
+        let todo: Vec<(u64, u64)> = done
+            .missing(size)
+            .into_iter()
+            .flat_map(|(a, b)| {
+                (a..b)
+                    .step_by(RANGE as usize)
+                    .map(move |x| (x, (x + RANGE).min(b)))
+            })
+            .collect();
+        let progress = src.progress();
+        let next = AtomicUsize::new(0);
+        let done = Mutex::new((done, 0u64));
+        let width = conn.width().min(todo.len()).max(1);
+        let work = |k: usize| -> io::Result<()> {
+            let c = conn.nth(k);
+            let h = if std::sync::Arc::ptr_eq(&c, conn) {
+                h0.clone()
+            } else {
+                open_write(&c, &part, 0)?
+            };
+            let res = (|| {
+                loop {
+                    let Some(&r) = todo.get(next.fetch_add(1, Ordering::Relaxed)) else {
+                        return Ok(());
+                    };
+                    send_range(&c, &h, fd, r, progress, limit)?;
+                    let mut d = done.lock().unwrap();
+                    d.0.insert(r.0, r.1);
+                    d.1 += r.1 - r.0;
+                    // Every 128 MiB: the partial made durable, then the
+                    // record says so (it never claims bytes not on disk).
+                    if d.1 >= 128 << 20 {
+                        d.1 = 0;
+                        if c.ext.fsync {
+                            c.call(Req::ext("fsync@openssh.com").str(&h))?.ok()?;
+                        }
+                        write_small(&c, &record, &record_text(&ident, &d.0))?;
+                    }
+                }
+            })();
+            if !std::sync::Arc::ptr_eq(&c, conn) {
+                let closed = c.call(Req::path(w::CLOSE, &h)).and_then(|r| r.ok());
+                return res.and(closed);
+            }
+            res
+        };
+        let results: Vec<io::Result<()>> = std::thread::scope(|sc| {
+            let hs: Vec<_> = (1..width).map(|k| sc.spawn(move || work(k))).collect();
+            let mut v = vec![work(0)];
+            v.extend(hs.into_iter().map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(io::Error::other("a writer thread panicked")))
+            }));
+            v
+        });
+        if let Some(e) = results.into_iter().find_map(Result::err) {
+            // Kept for the next run: the record written last says what
+            // of it is sure.
+            let d = done.lock().unwrap();
+            if conn.ext.fsync {
+                let _ = conn.call(Req::ext("fsync@openssh.com").str(&h0));
+            }
+            let _ = write_small(conn, &record, &record_text(&ident, &d.0));
+            return Err(e);
+        }
+        Ok(size)
+    }
+
+    pub(crate) fn commit(
+        mut self,
+        s: &SftpStore,
+        path: &[u8],
+        meta: &Meta,
+        fsync: bool,
+    ) -> io::Result<()> {
+        let conn = &s.conn;
+        let mut acks = std::mem::take(&mut self.acks);
+        let res = (|| {
+            let h = match (&self.handle, &self.whole) {
+                (Some(h), _) => h.clone(),
+                (None, whole) => {
+                    let h = open_write(conn, &self.temp, w::F_CREAT | w::F_EXCL)?;
+                    self.handle = Some(h.clone());
+                    for (i, part) in whole
+                        .as_deref()
+                        .unwrap_or_default()
+                        .chunks(conn.chunk as usize)
+                        .enumerate()
+                    {
+                        acks.push_back(write_req(
+                            conn,
+                            &h,
+                            (i * conn.chunk as usize) as u64,
+                            part,
+                        )?);
+                    }
+                    h
+                }
+            };
+            acks.push_back(
+                conn.start(Req::path(w::FSETSTAT, &h).attrs(&set_of(meta, MetaChange::ALL)))?,
+            );
+            if fsync && conn.ext.fsync {
+                acks.push_back(conn.start(Req::ext("fsync@openssh.com").str(&h))?);
+            }
+            self.handle = None;
+            acks.push_back(conn.start(Req::path(w::CLOSE, &h))?);
+            drain(conn, &mut acks)?;
+            s.replace(&self.dir, &self.temp, path)
+        })();
+        match res {
+            Ok(()) => {
+                if let Some(r) = &self.record {
+                    let _ = s.ok(Req::path(w::REMOVE, r));
+                }
+                Ok(())
+            }
+            Err(e) => {
+                let _ = drain(conn, &mut acks);
+                self.abort(s);
+                Err(e)
+            }
+        }
+    }
+
+    pub(crate) fn abort(self, s: &SftpStore) {
+        if let Some(h) = &self.handle {
+            let _ = s.conn.call(Req::path(w::CLOSE, h));
+        }
+        // A resumable partial stays for the next run.
+        if self.record.is_none() {
+            let _ = s.ok(Req::path(w::REMOVE, &self.temp));
+        }
+    }
+}
+
+/// Make the empty file `path` with `meta`, unless it exists (`false`).
+pub(crate) fn create_empty(
+    s: &SftpStore,
+    path: &[u8],
+    meta: &Meta,
+    fsync: bool,
+) -> io::Result<bool> {
+    let conn = &s.conn;
+    let h = match open_write(conn, path, w::F_CREAT | w::F_EXCL) {
+        Ok(h) => h,
+        Err(e) if e.kind() == io::ErrorKind::Other => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    let mut acks = VecDeque::new();
+    acks.push_back(conn.start(Req::path(w::FSETSTAT, &h).attrs(&set_of(meta, MetaChange::ALL)))?);
+    if fsync && conn.ext.fsync {
+        acks.push_back(conn.start(Req::ext("fsync@openssh.com").str(&h))?);
+    }
+    acks.push_back(conn.start(Req::path(w::CLOSE, &h))?);
+    drain(conn, &mut acks)?;
+    Ok(true)
+}
+
+/// Lines for `-v`.
+pub(crate) fn notes(role: &str) -> Vec<String> {
+    let n = RESUMED.load(Ordering::Relaxed);
+    if n == 0 {
+        return Vec::new();
+    }
+    vec![format!(
+        "{role}: {n} upload(s) resumed, {} bytes not sent again",
+        RESUMED_BYTES.load(Ordering::Relaxed)
+    )]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_round_trip_and_are_trusted_only_whole() {
+        let mut set = RangeSet::new();
+        set.insert(0, 10);
+        set.insert(20, 30);
+        let t = record_text("5 1.000000002", &set);
+        assert_eq!(parse_record(&t, "5 1.000000002"), Some(set.clone()));
+        // Another source, a record cut short: nothing trusted.
+        assert_eq!(parse_record(&t, "5 1.000000003"), None);
+        for cut in 0..t.len() - 1 {
+            assert_eq!(parse_record(&t[..cut], "5 1.000000002"), None, "{cut}");
+        }
+        assert_eq!(
+            parse_record(b"ferry sftp partial 1\nx\n9-3\nend\n", "x"),
+            None
+        );
+    }
+}

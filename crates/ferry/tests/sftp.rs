@@ -1,0 +1,373 @@
+//! The SFTP backend end to end against a real OpenSSH server
+//! (`scripts/sshd`: `FERRY_TEST_SSH_*`, and `FERRY_TEST_SFTP_*` for its
+//! internal-sftp chroot, which has no shell and no ferry): random trees
+//! pushed and pulled over `sftp://`, `host:path` falling back to SFTP
+//! where ferry cannot run (said once), `--sftp`, the one-line errors, and
+//! a big push killed and run again. Every test skips with a line saying so
+//! when the server is not set up. The server is this machine, so remote
+//! trees are checked on disk.
+
+mod util;
+
+use std::collections::BTreeMap;
+use std::ffi::{OsStr, OsString};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use proptest::prelude::*;
+use util::*;
+
+/// (the -e command, the host alias), or why the tests skip.
+fn server() -> Result<(String, String), String> {
+    let v = |k: &str| {
+        std::env::var(format!("FERRY_TEST_SSH_{k}"))
+            .map_err(|_| format!("FERRY_TEST_SSH_{k} is not set (scripts/test starts sshd)"))
+    };
+    Ok((v("RSH")?, v("HOST")?))
+}
+
+/// The chroot: (its host alias, its writable directory here, the same as
+/// the server names it).
+fn chroot() -> Result<(String, PathBuf, String), String> {
+    let v = |k: &str| {
+        std::env::var(format!("FERRY_TEST_SFTP_{k}"))
+            .map_err(|_| format!("FERRY_TEST_SFTP_{k} is not set (scripts/sshd as root)"))
+    };
+    Ok((v("HOST")?, v("ROOT")?.into(), v("PATH")?))
+}
+
+macro_rules! need {
+    ($e:expr) => {
+        match $e {
+            Ok(s) => s,
+            Err(why) => {
+                eprintln!("skipped: {why}");
+                return;
+            }
+        }
+    };
+}
+
+fn url(host: &str, p: &Path) -> OsString {
+    format!("sftp://{host}{}", p.display()).into()
+}
+
+fn at(host: &str, p: &str) -> OsString {
+    format!("{host}:{p}").into()
+}
+
+/// ferry with the test server's -e.
+fn run(rsh: &str, args: &[&OsStr]) -> Run {
+    let mut a: Vec<OsString> = vec![args[0].into(), "-e".into(), rsh.into()];
+    a.extend(args[1..].iter().map(|s| s.to_os_string()));
+    ferry(&a)
+}
+
+fn copied(r: &Run) -> u64 {
+    let line = r
+        .out()
+        .lines()
+        .rev()
+        .find(|l| l.contains("\"type\":\"summary\""))
+        .unwrap_or_else(|| panic!("no summary\n{r}"))
+        .to_owned();
+    let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+    v["files_copied"].as_u64().unwrap()
+}
+
+// ------------------------------------------------------------------ random trees
+
+#[derive(Clone, Debug)]
+enum Gen {
+    File(usize, u64, u32, i64),
+    Link(&'static str, i64),
+    Dir(BTreeMap<String, Gen>, u32, i64),
+}
+
+/// SFTP keeps whole seconds: the trees' mtimes have no fraction.
+fn node(g: &Gen) -> Node {
+    match g {
+        Gen::File(size, seed, mode, t) => Node::File {
+            data: gen_bytes(*size, *seed),
+            meta: Meta::new(*mode, (*t, 0)),
+        },
+        Gen::Link(target, t) => Node::Symlink {
+            target: (*target).into(),
+            meta: Meta::new(0o777, (*t, 0)),
+        },
+        Gen::Dir(kids, mode, t) => Node::Dir {
+            entries: kids.iter().map(|(n, k)| (n.into(), node(k))).collect(),
+            meta: Meta::new(*mode, (*t, 0)),
+        },
+    }
+}
+
+fn gen_tree() -> impl Strategy<Value = Gen> {
+    let t = 1_000_000_000i64..1_900_000_000;
+    let size = prop_oneof![
+        3 => 0usize..300,
+        1 => Just(4096usize),
+        1 => Just(300_000usize),
+        1 => Just((2usize << 20) + 5),
+    ];
+    let leaf = prop_oneof![
+        4 => (size, any::<u64>(), prop::sample::select(&[0o644u32, 0o600, 0o755, 0o444][..]), t.clone())
+            .prop_map(|(s, seed, m, t)| Gen::File(s, seed, m, t)),
+        1 => (prop::sample::select(&["a", "../x", "/nowhere", "d/e"][..]), t.clone())
+            .prop_map(|(l, t)| Gen::Link(l, t)),
+    ];
+    let name = prop_oneof![3 => "[a-z]{1,5}", 1 => Just("sp ace\u{e9}".to_string())];
+    leaf.prop_recursive(3, 40, 6, move |inner| {
+        (
+            prop::collection::btree_map(name.clone(), inner, 0..6),
+            prop::sample::select(&[0o755u32, 0o700, 0o750][..]),
+            t.clone(),
+        )
+            .prop_map(|(k, m, t)| Gen::Dir(k, m, t))
+    })
+    .prop_filter("a directory at the top", |g| matches!(g, Gen::Dir(..)))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 10, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// A random tree pushed to sftp:// and pulled back is equal in bytes
+    /// and metadata; the second push and pull copy nothing.
+    #[test]
+    fn random_trees_push_and_pull(g in gen_tree()) {
+        let Ok((rsh, host)) = server() else {
+            eprintln!("skipped: FERRY_TEST_SSH_* not set");
+            return Ok(());
+        };
+        let d = tmpdir();
+        let (src, there, back) = (d.path().join("src"), d.path().join("there"), d.path().join("back"));
+        materialize(&src, &node(&g));
+        let there_at = url(&host, &there);
+        let push: Vec<&OsStr> = vec!["sync".as_ref(), "--json".as_ref(), src.as_os_str(), &there_at];
+        run(&rsh, &push).ok();
+        assert_trees_equal(&src, &there);
+        let r = run(&rsh, &push);
+        r.ok();
+        prop_assert_eq!(copied(&r), 0, "{}", r);
+        let pull: Vec<&OsStr> = vec!["sync".as_ref(), "--json".as_ref(), &there_at, back.as_os_str()];
+        run(&rsh, &pull).ok();
+        assert_trees_equal(&src, &back);
+        let r = run(&rsh, &pull);
+        r.ok();
+        prop_assert_eq!(copied(&r), 0, "{}", r);
+    }
+}
+
+/// A few entries, with whole-second mtimes (what SFTP keeps).
+fn small_tree(root: &Path) {
+    write(root, "a", b"alpha");
+    write(root, "sub/b", &gen_bytes(300_000, 2));
+    ln(root, "sub/l", "../a");
+    for (i, rel) in walk(root).iter().rev().enumerate() {
+        set_mtime(&root.join(rel), (1_700_000_000 + i as i64, 0));
+    }
+    set_mtime(root, (1_600_000_000, 0));
+}
+
+// ------------------------------------------------------------------ fallback, --sftp
+
+/// `host:path` on the internal-sftp chroot (no shell, no ferry): pushed
+/// and pulled over SFTP, with one note saying so.
+#[test]
+fn host_path_falls_back_to_sftp_where_ferry_cannot_run() {
+    let (rsh, _) = need!(server());
+    let (host, local, remote) = need!(chroot());
+    let d = tmpdir();
+    let src = d.path().join("src");
+    small_tree(&src);
+    let there = tempfile::tempdir_in(&local).unwrap();
+    let name = there.path().file_name().unwrap().to_str().unwrap();
+    let dst = at(&host, &format!("{remote}/{name}/t"));
+    let r = run(&rsh, &["copy".as_ref(), src.as_os_str(), &dst]);
+    r.ok();
+    assert_eq!(
+        r.err().matches("ferry: note: ferry cannot run on").count(),
+        1,
+        "{r}"
+    );
+    assert!(r.err().contains("using SFTP"), "{r}");
+    assert_trees_equal(&src, &there.path().join("t"));
+    let back = d.path().join("back");
+    let r = run(&rsh, &["copy".as_ref(), &dst, back.as_os_str()]);
+    r.ok();
+    assert_eq!(r.err().matches("ferry: note:").count(), 1, "{r}");
+    assert_trees_equal(&src, &back);
+}
+
+/// `--no-remote-install` and no ferry on the remote's PATH: SFTP, said once.
+#[test]
+fn no_remote_install_without_a_remote_ferry_falls_back_to_sftp() {
+    let (rsh, host) = need!(server());
+    if std::process::Command::new("sh")
+        .args(["-c", "command -v ferry"])
+        .status()
+        .is_ok_and(|s| s.success())
+    {
+        eprintln!("skipped: a ferry is on this machine's PATH");
+        return;
+    }
+    let d = tmpdir();
+    let src = d.path().join("src");
+    small_tree(&src);
+    let dst = d.path().join("dst");
+    let r = run(
+        &rsh,
+        &[
+            "copy".as_ref(),
+            "--no-remote-install".as_ref(),
+            src.as_os_str(),
+            &at(&host, dst.to_str().unwrap()),
+        ],
+    );
+    r.ok();
+    assert_eq!(
+        r.err().matches("ferry: note: ferry cannot run on").count(),
+        1,
+        "{r}"
+    );
+    assert_trees_equal(&src, &dst);
+}
+
+/// `--sftp` reaches `host:path` over SFTP from the start: a remote ferry
+/// that does not exist is never asked for, and nothing is noted.
+#[test]
+fn sftp_flag_forces_sftp_for_host_path() {
+    let (rsh, host) = need!(server());
+    let d = tmpdir();
+    let src = d.path().join("src");
+    small_tree(&src);
+    let dst = d.path().join("dst");
+    let args = |sftp: bool| {
+        let mut a: Vec<OsString> = vec!["copy".into()];
+        if sftp {
+            a.push("--sftp".into());
+        }
+        a.extend([
+            "--remote-ferry".into(),
+            "/nonexistent/ferry".into(),
+            src.clone().into_os_string(),
+            at(&host, dst.to_str().unwrap()),
+        ]);
+        a
+    };
+    let without = args(false);
+    let r = run(
+        &rsh,
+        &without.iter().map(|s| s.as_os_str()).collect::<Vec<_>>(),
+    );
+    r.code_is(2);
+    let with = args(true);
+    let r = run(
+        &rsh,
+        &with.iter().map(|s| s.as_os_str()).collect::<Vec<_>>(),
+    );
+    r.ok();
+    assert!(!r.err().contains("note"), "{r}");
+    assert_trees_equal(&src, &dst);
+}
+
+// ------------------------------------------------------------------ errors
+
+/// A missing root, a server that does not answer, a key it refuses: one
+/// line each, exit 2, over sftp:// and over a fallback alike.
+#[test]
+fn errors_are_one_line_and_exit_2() {
+    let (rsh, host) = need!(server());
+    let d = tmpdir();
+    let src = d.path().join("src");
+    write(&src, "a", b"a");
+    let dst = d.path().join("dst");
+    let one_line = |r: &Run, want: &str| {
+        r.code_is(2);
+        let lines = r.error_lines();
+        assert_eq!(lines.len(), 1, "{r}");
+        assert!(lines[0].contains(want), "want {want:?}\n{r}");
+    };
+    let missing = d.path().join("nope/deeper");
+    let r = run(
+        &rsh,
+        &["copy".as_ref(), &url(&host, &missing), dst.as_os_str()],
+    );
+    one_line(&r, "no such file or directory");
+    let r = run(
+        &rsh,
+        &["copy".as_ref(), src.as_os_str(), &url(&host, &missing)],
+    );
+    one_line(&r, "no such directory");
+    for (alias, want) in [
+        ("ferry-test-down", "host unreachable"),
+        ("ferry-test-badauth", "authentication failed"),
+    ] {
+        let r = run(&rsh, &["copy".as_ref(), src.as_os_str(), &url(alias, &dst)]);
+        one_line(&r, want);
+        let r = run(
+            &rsh,
+            &[
+                "copy".as_ref(),
+                "--no-remote-install".as_ref(),
+                src.as_os_str(),
+                &at(alias, dst.to_str().unwrap()),
+            ],
+        );
+        one_line(&r, want);
+        assert!(!r.err().contains("SFTP"), "{r}");
+    }
+}
+
+// ------------------------------------------------------------------ kill -9
+
+/// A big push killed (-9) part way: the rerun sends only what is missing
+/// and completes; no temporary or partial is left.
+#[test]
+fn big_push_killed_then_rerun_resumes_and_leaves_nothing() {
+    let (rsh, host) = need!(server());
+    let d = tmpdir();
+    let data = gen_bytes(200 << 20, 9);
+    write(d.path(), "src/big", &data);
+    let src = d.path().join("src");
+    let dst = d.path().join("dst");
+    let mut child = std::process::Command::new(bin())
+        .args([
+            "copy".as_ref(),
+            "-e".as_ref(),
+            rsh.as_ref() as &OsStr,
+            "--bwlimit".as_ref(),
+            "40M".as_ref(),
+            src.as_os_str(),
+            &url(&host, &dst),
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // The partial's record is written every 128 MiB: wait until there is one.
+    let mut waited = 0;
+    while !dst.exists() || find_prefixed(&dst, b".ferry-part-").len() < 2 {
+        std::thread::sleep(Duration::from_millis(50));
+        waited += 1;
+        assert!(waited < 1200, "no partial record appeared");
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let r = run(
+        &rsh,
+        &[
+            "copy".as_ref(),
+            "-v".as_ref(),
+            src.as_os_str(),
+            &url(&host, &dst),
+        ],
+    );
+    r.ok();
+    assert!(std::fs::read(dst.join("big")).unwrap() == data);
+    assert!(
+        r.all().contains("upload(s) resumed"),
+        "nothing resumed\n{r}"
+    );
+    assert!(find_prefixed(&dst, b".ferry-").is_empty());
+}
