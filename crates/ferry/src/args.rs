@@ -347,7 +347,10 @@ pub fn jobs_for(flag: Option<u16>, roots: &[&Root]) -> usize {
     if let Some(n) = flag.filter(|_| roots.iter().any(|r| r.local_path().is_none())) {
         return usize::from(n);
     }
-    if roots.iter().any(|r| matches!(r, Root::Ssh(_) | Root::Sftp(_))) {
+    if roots
+        .iter()
+        .any(|r| matches!(r, Root::Ssh(_) | Root::Sftp(_)))
+    {
         // Each worker waits one round trip per small file: enough of them
         // to keep the link busy (12 per ms of round trip).
         let ms = ferry_ssh::round_trip().map_or(0, |d| d.as_millis() as usize);
