@@ -32,6 +32,8 @@ use crate::xattr::{XattrRun, XattrSel};
 
 mod links;
 use links::{How, Links, Outcome};
+mod scoped;
+pub use scoped::Scope;
 
 /// Files per transfer task, at most.
 const BATCH_FILES: usize = 64;
@@ -235,6 +237,9 @@ pub struct Engine<'a, S: Store, D: Store> {
     nodes_noted: AtomicBool,
     /// The hard-link groups met so far (`-H`).
     links: Option<Links<S, D>>,
+    /// A scoped run's deep directories (`run_scoped`); `None`: every
+    /// subdirectory is walked.
+    scope: Option<Vec<Vec<u8>>>,
 }
 
 impl<'a, S: Store, D: Store> Engine<'a, S, D> {
@@ -277,6 +282,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             links: opts
                 .hard_links
                 .then(|| Links::new(src.has_hard_links() && dst.has_hard_links())),
+            scope: None,
         }
     }
 
@@ -788,12 +794,14 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                 Step::CheckLink { s, d } => {
                     self.symlink(node, src_list.cname(&se[s]), &se[s].meta, Some(de[d].meta))
                 }
-                Step::Recurse { s, d } => subdirs.push(self.dir_task(
-                    node,
-                    src_list.cname(&se[s]),
-                    se[s].meta,
-                    DstAt::Dir(de[d].meta),
-                )),
+                Step::Recurse { s, d } if self.recurses(node, src_list.name(&se[s])) => subdirs
+                    .push(self.dir_task(
+                        node,
+                        src_list.cname(&se[s]),
+                        se[s].meta,
+                        DstAt::Dir(de[d].meta),
+                    )),
+                Step::Recurse { .. } => {}
                 Step::Replace { s, d } => {
                     let (sm, dm) = (se[s].meta, de[d].meta);
                     let name = src_list.cname(&se[s]);
