@@ -271,7 +271,15 @@ fn run_bisync(a: BisyncArgs) -> Result<u8, String> {
         &|m| ferry_bisync::BiReporter::note(&cli, m),
     );
     if a.watch.watch {
-        return watch::bisync(&a.watch, (&ra, &rb), (&sa, &sb), journal.as_mut(), opts, &rep);
+        return watch::bisync(
+            &a.watch,
+            (&ra, &rb),
+            (&sa, &sb),
+            journal.as_mut(),
+            opts,
+            &rep,
+            &cli,
+        );
     }
     let res = ferry_bisync::run(&sa, &sb, journal.as_mut(), &opts, &rep, &stats);
     print_notes(&[(&sa, "A"), (&sb, "B")], a.out.verbose > 0);

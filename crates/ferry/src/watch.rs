@@ -48,6 +48,21 @@ fn say(msg: &str) {
     );
 }
 
+/// A target whose JSON lines and action lines are written out after each
+/// run, for scripts and journals reading them as they come.
+struct Flushed<'a, T: Target> {
+    t: T,
+    rep: &'a CliReporter,
+}
+
+impl<T: Target> Target for Flushed<'_, T> {
+    fn run(&mut self, w: &Work) -> Outcome {
+        let o = self.t.run(w);
+        self.rep.flush();
+        o
+    }
+}
+
 /// `copy --watch` / `sync --watch`.
 pub fn sync(
     w: &WatchArgs,
@@ -74,12 +89,15 @@ pub fn sync(
         status: &status,
     };
     let describe = |e: &std::io::Error| cause(e);
-    let mut target = ferry_watch::sync::SyncTarget::<AnyStore, AnyStore> {
-        src: &s,
-        dst: &d,
-        opts,
-        rep: &tee,
-        describe: &describe,
+    let mut target = Flushed {
+        t: ferry_watch::sync::SyncTarget::<AnyStore, AnyStore> {
+            src: &s,
+            dst: &d,
+            opts,
+            rep: &tee,
+            describe: &describe,
+        },
+        rep,
     };
     // Only SRC is watched: DST is ferry's to write.
     let cfg = config(w, &[&job.src]);
@@ -136,18 +154,22 @@ pub fn bisync(
     journal: Option<&mut ferry_bisync::Journal>,
     opts: ferry_bisync::Options,
     rep: &Unreachable<'_>,
+    cli: &CliReporter,
 ) -> Result<u8, String> {
     if opts.dry_run {
         return Err("--watch and --dry-run do not go together".into());
     }
     let status = status_server(w, &format!("{} <-> {}", roots.0.id(), roots.1.id()))?;
-    let mut target = Bisync {
-        a: stores.0,
-        b: stores.1,
-        journal,
-        opts,
-        rep,
-        status: &status,
+    let mut target = Flushed {
+        t: Bisync {
+            a: stores.0,
+            b: stores.1,
+            journal,
+            opts,
+            rep,
+            status: &status,
+        },
+        rep: cli,
     };
     let cfg = config(w, &[roots.0, roots.1]);
     Ok(ferry_watch::watch(&cfg, &mut target, &status, &say))
