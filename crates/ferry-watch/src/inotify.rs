@@ -331,8 +331,12 @@ impl Tree {
             let isdir = fl.contains(ReadFlags::ISDIR);
             let Some(name) = name else {
                 // An event of the watched directory itself.
-                if fl.intersects(ReadFlags::IGNORED | ReadFlags::DELETE_SELF | ReadFlags::MOVE_SELF | ReadFlags::UNMOUNT)
-                {
+                if fl.intersects(
+                    ReadFlags::IGNORED
+                        | ReadFlags::DELETE_SELF
+                        | ReadFlags::MOVE_SELF
+                        | ReadFlags::UNMOUNT,
+                ) {
                     if Some(wd) == self.root_wd {
                         self.root_wd = None;
                         self.drop_dir(b"");

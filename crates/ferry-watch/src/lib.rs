@@ -130,7 +130,15 @@ fn under(p: &[u8], dir: &[u8]) -> bool {
 }
 
 impl Pending {
-    fn touch(&mut self, side: usize, path: Vec<u8>, ready: bool, deep: bool, own: bool, now: Instant) {
+    fn touch(
+        &mut self,
+        side: usize,
+        path: Vec<u8>,
+        ready: bool,
+        deep: bool,
+        own: bool,
+        now: Instant,
+    ) {
         let it = self.items.entry((side, path)).or_insert(Item {
             ready,
             deep,
@@ -188,7 +196,10 @@ impl Pending {
                 }
             }
             Change::Back(s) => {
-                note("back", "a watched root is back: the whole tree is compared again".into());
+                note(
+                    "back",
+                    "a watched root is back: the whole tree is compared again".into(),
+                );
                 self.gone.retain(|&g| g != s);
                 self.set_full(now);
             }

@@ -148,18 +148,66 @@ impl Status {
         self.with(|i| {
             let mut s = String::new();
             let mut m = |name: &str, kind: &str, help: &str, v: String| {
-                let _ = write!(s, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n");
+                let _ = write!(
+                    s,
+                    "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n"
+                );
             };
-            m("ferry_watch_files_transferred_total", "counter", "Files copied or updated.", i.files.to_string());
-            m("ferry_watch_bytes_transferred_total", "counter", "Bytes of files copied or updated.", i.bytes.to_string());
-            m("ferry_watch_errors_total", "counter", "Entries that failed, and runs that could not happen.", i.errors.to_string());
-            m("ferry_watch_queue_length", "gauge", "Changed paths waiting for a run.", i.queue.to_string());
-            m("ferry_watch_runs_total", "counter", "Runs (scoped and full).", i.runs.to_string());
-            m("ferry_watch_full_runs_total", "counter", "Full runs (the first, after an overflow, a root back, a poll).", i.full_runs.to_string());
-            m("ferry_watch_watched_directories", "gauge", "Directories with an inotify watch when the watch began.", i.watched.to_string());
-            m("ferry_watch_running", "gauge", "1 while a run is in progress.", u8::from(i.running).to_string());
+            m(
+                "ferry_watch_files_transferred_total",
+                "counter",
+                "Files copied or updated.",
+                i.files.to_string(),
+            );
+            m(
+                "ferry_watch_bytes_transferred_total",
+                "counter",
+                "Bytes of files copied or updated.",
+                i.bytes.to_string(),
+            );
+            m(
+                "ferry_watch_errors_total",
+                "counter",
+                "Entries that failed, and runs that could not happen.",
+                i.errors.to_string(),
+            );
+            m(
+                "ferry_watch_queue_length",
+                "gauge",
+                "Changed paths waiting for a run.",
+                i.queue.to_string(),
+            );
+            m(
+                "ferry_watch_runs_total",
+                "counter",
+                "Runs (scoped and full).",
+                i.runs.to_string(),
+            );
+            m(
+                "ferry_watch_full_runs_total",
+                "counter",
+                "Full runs (the first, after an overflow, a root back, a poll).",
+                i.full_runs.to_string(),
+            );
+            m(
+                "ferry_watch_watched_directories",
+                "gauge",
+                "Directories with an inotify watch when the watch began.",
+                i.watched.to_string(),
+            );
+            m(
+                "ferry_watch_running",
+                "gauge",
+                "1 while a run is in progress.",
+                u8::from(i.running).to_string(),
+            );
             let lat = i.last_latency.map_or(0.0, |d| d.as_secs_f64());
-            m("ferry_watch_last_change_latency_seconds", "gauge", "From the oldest change of the last run to its end.", format!("{lat:.6}"));
+            m(
+                "ferry_watch_last_change_latency_seconds",
+                "gauge",
+                "From the oldest change of the last run to its end.",
+                format!("{lat:.6}"),
+            );
             s
         })
     }
@@ -315,7 +363,11 @@ impl Reporter for Tee<'_> {
 /// Serve `status` on `addr` from a thread; with `token`, every request must
 /// carry it (`Authorization: Bearer TOKEN`, or `?token=TOKEN`). Returns the
 /// address bound.
-pub fn serve(addr: SocketAddr, token: Option<String>, status: Arc<Status>) -> io::Result<SocketAddr> {
+pub fn serve(
+    addr: SocketAddr,
+    token: Option<String>,
+    status: Arc<Status>,
+) -> io::Result<SocketAddr> {
     let l = TcpListener::bind(addr)?;
     let bound = l.local_addr()?;
     std::thread::Builder::new()
@@ -363,7 +415,12 @@ fn answer(mut c: TcpStream, token: Option<&str>, status: &Status) -> io::Result<
     }
     match path {
         "/" | "/index.html" => reply(&mut c, "200 OK", "text/html; charset=utf-8", &status.page()),
-        "/metrics" => reply(&mut c, "200 OK", "text/plain; version=0.0.4; charset=utf-8", &status.metrics()),
+        "/metrics" => reply(
+            &mut c,
+            "200 OK",
+            "text/plain; version=0.0.4; charset=utf-8",
+            &status.metrics(),
+        ),
         "/status.json" => reply(&mut c, "200 OK", "application/json", &status.json()),
         _ => reply(&mut c, "404 Not Found", "text/plain", "not found\n"),
     }

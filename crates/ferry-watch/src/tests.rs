@@ -35,7 +35,14 @@ fn a_written_file_waits_for_its_close_or_for_quiet() {
     assert_eq!(since, t0);
     assert_eq!(dirs(&w), vec![("a".into(), false)]);
     // Closed: at once.
-    collect(&mut p, vec![Change::Entry(0, b"g".to_vec(), false), Change::Entry(0, b"g".to_vec(), true)], t1);
+    collect(
+        &mut p,
+        vec![
+            Change::Entry(0, b"g".to_vec(), false),
+            Change::Entry(0, b"g".to_vec(), true),
+        ],
+        t1,
+    );
     let (w, _) = p.take(t1, settle).expect("closed");
     assert_eq!(dirs(&w), vec![("".into(), false)]);
     assert!(p.items.is_empty() && p.deadline(settle).is_none());
@@ -74,7 +81,13 @@ fn a_directory_rename_moves_what_is_pending_inside() {
     assert_eq!(w.renames, vec![(b"d/x".to_vec(), b"e/y".to_vec(), true)]);
     assert_eq!(
         dirs(&w),
-        vec![("".into(), false), ("d".into(), false), ("e".into(), false), ("m".into(), false), ("n".into(), true)]
+        vec![
+            ("".into(), false),
+            ("d".into(), false),
+            ("e".into(), false),
+            ("m".into(), false),
+            ("n".into(), true)
+        ]
     );
     // The file written inside, now under its new name, still waits.
     assert!(p.items.contains_key(&(0, b"e/y/f".to_vec())));
@@ -85,12 +98,23 @@ fn overflow_and_roots_say_so_once_and_compare_everything() {
     let settle = Duration::from_millis(100);
     let t0 = Instant::now();
     let mut p = Pending::default();
-    let n = collect(&mut p, vec![Change::Entry(0, b"f".to_vec(), true), Change::Overflow(0)], t0);
+    let n = collect(
+        &mut p,
+        vec![Change::Entry(0, b"f".to_vec(), true), Change::Overflow(0)],
+        t0,
+    );
     assert_eq!(n, vec!["overflow".to_string()]);
     let (w, _) = p.take(t0, settle).expect("full");
     assert!(w.full && p.items.is_empty());
-    collect(&mut p, vec![Change::Gone(0), Change::Entry(0, b"f".to_vec(), true)], t0);
-    assert!(p.take(t0, settle).is_none(), "nothing runs while a root is gone");
+    collect(
+        &mut p,
+        vec![Change::Gone(0), Change::Entry(0, b"f".to_vec(), true)],
+        t0,
+    );
+    assert!(
+        p.take(t0, settle).is_none(),
+        "nothing runs while a root is gone"
+    );
     assert!(p.deadline(settle).is_none(), "and no timer runs");
     collect(&mut p, vec![Change::Back(0)], t0);
     assert!(p.take(t0, settle).expect("back").0.full);

@@ -253,8 +253,8 @@ fn run_bisync(a: BisyncArgs) -> Result<u8, String> {
     let cli = CliReporter::new(a.out.json, a.out.verbose > 0 || a.dry_run, a.dry_run);
     let stats = std::sync::Arc::new(Stats::default());
     output::track_stats(&stats);
-    let progress = (a.out.progress_enabled() && !a.watch.watch)
-        .then(|| Progress::start(stats.clone(), &cli));
+    let progress =
+        (a.out.progress_enabled() && !a.watch.watch).then(|| Progress::start(stats.clone(), &cli));
     // One line for an S3 endpoint found unreachable, as for copy and sync.
     let rep = Unreachable::new(&cli);
     // Listings without a HEAD per object: the journal vouches for objects

@@ -130,8 +130,11 @@ impl Target for Bisync<'_> {
         );
         self.opts.resync = false;
         let g = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
-        self.status
-            .moved(g(&stats.files_copied), g(&stats.bytes_copied), g(&stats.errors));
+        self.status.moved(
+            g(&stats.files_copied),
+            g(&stats.bytes_copied),
+            g(&stats.errors),
+        );
         match res {
             Ok(out) => Outcome {
                 errors: out.errors,

@@ -139,7 +139,12 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
     /// The directory to scan for `rel`: `rel` itself when it is a directory
     /// on both sides, else its nearest ancestor that is; `true` when it is
     /// `rel` itself.
-    fn resolve(&self, src_root: &S::Dir, dst_root: &D::Dir, rel: &[u8]) -> io::Result<(Vec<u8>, bool)> {
+    fn resolve(
+        &self,
+        src_root: &S::Dir,
+        dst_root: &D::Dir,
+        rel: &[u8],
+    ) -> io::Result<(Vec<u8>, bool)> {
         let mut at: Vec<u8> = Vec::new();
         let mut dirs: Option<(S::Dir, D::Dir)> = None;
         for c in components(rel) {
