@@ -3,6 +3,7 @@
 
 mod util;
 
+use std::ffi::OsStr;
 use std::fs;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -22,7 +23,7 @@ struct Watch {
 }
 
 impl Watch {
-    fn start(args: &[&str], src: &Path, dst: &Path) -> Watch {
+    fn start(args: &[&str], src: impl AsRef<OsStr>, dst: impl AsRef<OsStr>) -> Watch {
         let mut cmd = Command::new(bin());
         cmd.args(args)
             .arg("--watch")
@@ -415,6 +416,40 @@ fn bisync_watch_converges_both_ways() {
     ]);
     r.ok();
     assert!(!r.out().contains("\"type\":\"copy\""), "{r}");
+}
+
+#[test]
+fn a_source_that_cannot_notify_is_polled() {
+    let (rsh, host) = match util::ssh::ssh_server() {
+        Ok(s) => s,
+        Err(why) => {
+            eprintln!("skipped: {why}");
+            return;
+        }
+    };
+    let t = tmpdir();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    fs::create_dir(&src).unwrap();
+    write(&src, "a/f", b"1");
+    let ferry_bin = bin();
+    let remote = util::ssh::ssh_at(&host, &src);
+    let args = [
+        "-e",
+        rsh.as_str(),
+        "--remote-ferry",
+        ferry_bin.to_str().unwrap(),
+        "--poll",
+        "300ms",
+    ];
+    let mut sync = vec!["sync"];
+    sync.extend(args);
+    let mut w = Watch::start(&sync, &remote, &dst);
+    converge(&src, &dst, &mut w);
+    write(&src, "a/g", b"2");
+    fs::remove_file(src.join("a/f")).unwrap();
+    converge(&src, &dst, &mut w);
+    let (code, err) = w.stop();
+    assert_eq!(code, Some(0), "{err}");
 }
 
 // ---- status page and metrics ----------------------------------------------------------------
