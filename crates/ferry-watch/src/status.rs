@@ -146,68 +146,26 @@ impl Status {
     /// `/metrics`: Prometheus text exposition format 0.0.4.
     pub fn metrics(&self) -> String {
         self.with(|i| {
+            let lat = i.last_latency.map_or(0.0, |d| d.as_secs_f64());
+            #[rustfmt::skip]
+            let rows: [(&str, &str, &str, String); 9] = [
+                ("ferry_watch_files_transferred_total", "counter", "Files copied or updated.", i.files.to_string()),
+                ("ferry_watch_bytes_transferred_total", "counter", "Bytes of files copied or updated.", i.bytes.to_string()),
+                ("ferry_watch_errors_total", "counter", "Entries that failed, and runs that could not happen.", i.errors.to_string()),
+                ("ferry_watch_queue_length", "gauge", "Changed paths waiting for a run.", i.queue.to_string()),
+                ("ferry_watch_runs_total", "counter", "Runs (scoped and full).", i.runs.to_string()),
+                ("ferry_watch_full_runs_total", "counter", "Full runs (the first, after an overflow, a root back, a poll).", i.full_runs.to_string()),
+                ("ferry_watch_watched_directories", "gauge", "Directories with an inotify watch when the watch began.", i.watched.to_string()),
+                ("ferry_watch_running", "gauge", "1 while a run is in progress.", u8::from(i.running).to_string()),
+                ("ferry_watch_last_change_latency_seconds", "gauge", "From the oldest change of the last run to its end.", format!("{lat:.6}")),
+            ];
             let mut s = String::new();
-            let mut m = |name: &str, kind: &str, help: &str, v: String| {
+            for (name, kind, help, v) in rows {
                 let _ = write!(
                     s,
                     "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n"
                 );
-            };
-            m(
-                "ferry_watch_files_transferred_total",
-                "counter",
-                "Files copied or updated.",
-                i.files.to_string(),
-            );
-            m(
-                "ferry_watch_bytes_transferred_total",
-                "counter",
-                "Bytes of files copied or updated.",
-                i.bytes.to_string(),
-            );
-            m(
-                "ferry_watch_errors_total",
-                "counter",
-                "Entries that failed, and runs that could not happen.",
-                i.errors.to_string(),
-            );
-            m(
-                "ferry_watch_queue_length",
-                "gauge",
-                "Changed paths waiting for a run.",
-                i.queue.to_string(),
-            );
-            m(
-                "ferry_watch_runs_total",
-                "counter",
-                "Runs (scoped and full).",
-                i.runs.to_string(),
-            );
-            m(
-                "ferry_watch_full_runs_total",
-                "counter",
-                "Full runs (the first, after an overflow, a root back, a poll).",
-                i.full_runs.to_string(),
-            );
-            m(
-                "ferry_watch_watched_directories",
-                "gauge",
-                "Directories with an inotify watch when the watch began.",
-                i.watched.to_string(),
-            );
-            m(
-                "ferry_watch_running",
-                "gauge",
-                "1 while a run is in progress.",
-                u8::from(i.running).to_string(),
-            );
-            let lat = i.last_latency.map_or(0.0, |d| d.as_secs_f64());
-            m(
-                "ferry_watch_last_change_latency_seconds",
-                "gauge",
-                "From the oldest change of the last run to its end.",
-                format!("{lat:.6}"),
-            );
+            }
             s
         })
     }

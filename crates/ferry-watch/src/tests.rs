@@ -82,7 +82,6 @@ fn a_directory_rename_moves_what_is_pending_inside() {
     assert_eq!(
         dirs(&w),
         vec![
-            ("".into(), false),
             ("d".into(), false),
             ("e".into(), false),
             ("m".into(), false),
