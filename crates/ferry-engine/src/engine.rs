@@ -32,6 +32,8 @@ use crate::xattr::{XattrRun, XattrSel};
 
 mod links;
 use links::{How, Links, Outcome};
+mod scoped;
+pub use scoped::Scope;
 
 /// Files per transfer task, at most.
 const BATCH_FILES: usize = 64;
@@ -243,6 +245,9 @@ pub struct Engine<'a, S: Store, D: Store> {
     /// The coarser mtime step of the two stores (`Store::mtime_step_ns`):
     /// mtimes are compared, and written, to it.
     mtime_step: u32,
+    /// A scoped run's deep directories (`run_scoped`); `None`: every
+    /// subdirectory is walked.
+    scope: Option<Vec<Vec<u8>>>,
 }
 
 /// Mtimes of `list` truncated to `step` nanoseconds.
@@ -298,6 +303,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                 .hard_links
                 .then(|| Links::new(src.has_hard_links() && dst.has_hard_links())),
             mtime_step: src.mtime_step_ns().max(dst.mtime_step_ns()),
+            scope: None,
         }
     }
 
@@ -813,12 +819,14 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                 Step::CheckLink { s, d } => {
                     self.symlink(node, src_list.cname(&se[s]), &se[s].meta, Some(de[d].meta))
                 }
-                Step::Recurse { s, d } => subdirs.push(self.dir_task(
-                    node,
-                    src_list.cname(&se[s]),
-                    se[s].meta,
-                    DstAt::Dir(de[d].meta),
-                )),
+                Step::Recurse { s, d } if self.recurses(node, src_list.name(&se[s])) => subdirs
+                    .push(self.dir_task(
+                        node,
+                        src_list.cname(&se[s]),
+                        se[s].meta,
+                        DstAt::Dir(de[d].meta),
+                    )),
+                Step::Recurse { .. } => {}
                 Step::Replace { s, d } => {
                     let (sm, dm) = (se[s].meta, de[d].meta);
                     let name = src_list.cname(&se[s]);

@@ -23,7 +23,7 @@ pub mod store;
 pub mod walk;
 pub mod xattr;
 
-pub use engine::{Engine, MaxDelete, Mode, Options, Refused};
+pub use engine::{Engine, MaxDelete, Mode, Options, Refused, Scope};
 pub use entry::{Kind, Listing, Meta};
 pub use filter::Filter;
 pub use report::{Action, Reporter, Stats, Summary};

@@ -124,6 +124,9 @@ pub enum Action {
     Skip,
     /// A file was given another name, a hard link (`-H`).
     HardLink,
+    /// An entry was renamed in the destination as it was in the source
+    /// (`--watch`); the path is the new name.
+    Rename,
 }
 
 impl Action {
@@ -139,6 +142,7 @@ impl Action {
             Action::Meta => "meta",
             Action::Skip => "skip",
             Action::HardLink => "hardlink",
+            Action::Rename => "rename",
         }
     }
 }

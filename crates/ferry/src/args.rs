@@ -114,6 +114,8 @@ pub struct BisyncArgs {
     pub write: WriteArgs,
     #[command(flatten)]
     pub attrs: AttrArgs,
+    #[command(flatten)]
+    pub watch: WatchArgs,
 }
 
 /// What copy, sync and bisync keep beyond bytes, times, modes and owners.
@@ -200,6 +202,40 @@ impl TransferArgs {
     }
 }
 
+/// `--watch` and its settings (copy, sync, bisync; docs/CLI.md).
+#[derive(Args, Debug)]
+pub struct WatchArgs {
+    /// After the first run, keep running: local sides are watched (inotify)
+    /// and each change is synced as it happens; other sides are polled.
+    /// SIGINT/SIGTERM stop it after the run in flight (exit 0).
+    #[arg(long)]
+    pub watch: bool,
+    /// A file written but not closed is synced once it has been quiet this
+    /// long (e.g. 100ms, 1s).
+    #[arg(long, value_name = "TIME", default_value = "100ms", value_parser = crate::filter_args::parse_duration, requires = "watch")]
+    pub settle: std::time::Duration,
+    /// How often a side that cannot be watched (S3, SSH) is listed and
+    /// compared (e.g. 30s, 5m).
+    #[arg(long, value_name = "INTERVAL", default_value = "30s", value_parser = crate::filter_args::parse_duration, requires = "watch")]
+    pub poll: std::time::Duration,
+    /// Serve a status page and /metrics on ADDR (PORT alone: 127.0.0.1).
+    #[arg(long, value_name = "ADDR", value_parser = parse_status_addr, requires = "watch")]
+    pub status: Option<std::net::SocketAddr>,
+    /// The token a request must carry (Authorization: Bearer TOKEN, or
+    /// ?token=TOKEN); required for an ADDR that is not loopback.
+    #[arg(long, value_name = "TOKEN", requires = "status")]
+    pub status_token: Option<String>,
+}
+
+/// `PORT` (on 127.0.0.1) or `IP:PORT`.
+fn parse_status_addr(s: &str) -> Result<std::net::SocketAddr, String> {
+    if let Ok(port) = s.parse::<u16>() {
+        return Ok(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
+    }
+    s.parse()
+        .map_err(|_| format!("{s:?}: expected PORT or IP:PORT (e.g. 127.0.0.1:7878)"))
+}
+
 /// Output flags of copy, sync and bisync.
 #[derive(Args, Debug)]
 pub struct OutputArgs {
@@ -279,6 +315,8 @@ pub struct SyncArgs {
     pub write: WriteArgs,
     #[command(flatten)]
     pub attrs: AttrArgs,
+    #[command(flatten)]
+    pub watch: WatchArgs,
     /// Refuse (exit 2, nothing changed) a run that would remove more than N
     /// entries of DST, or more than P% of them (e.g. 100, 10%).
     #[arg(long, value_name = "N|P%", value_parser = ferry_engine::MaxDelete::parse)]

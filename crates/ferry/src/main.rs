@@ -6,6 +6,7 @@ mod args;
 mod filter_args;
 mod output;
 mod remote;
+mod watch;
 
 use std::io::{self, Write};
 use std::os::unix::ffi::OsStrExt;
@@ -95,6 +96,9 @@ fn run_sync(a: SyncArgs, mode: ferry_engine::Mode) -> Result<u8, String> {
     output::track_stats(&stats);
     let show_progress = a.out.progress_enabled();
     let rep = CliReporter::new(a.out.json, a.out.verbose > 0 || a.dry_run, a.dry_run);
+    if a.watch.watch {
+        return watch::sync(&a.watch, &job, &opts, &rep);
+    }
     let start = Instant::now();
     let progress = show_progress.then(|| Progress::start(stats.clone(), &rep));
     let result = run_job(&job, jobs, &opts, &stats, &rep, a.out.verbose > 0);
@@ -249,10 +253,8 @@ fn run_bisync(a: BisyncArgs) -> Result<u8, String> {
     let cli = CliReporter::new(a.out.json, a.out.verbose > 0 || a.dry_run, a.dry_run);
     let stats = std::sync::Arc::new(Stats::default());
     output::track_stats(&stats);
-    let progress = a
-        .out
-        .progress_enabled()
-        .then(|| Progress::start(stats.clone(), &cli));
+    let progress =
+        (a.out.progress_enabled() && !a.watch.watch).then(|| Progress::start(stats.clone(), &cli));
     // One line for an S3 endpoint found unreachable, as for copy and sync.
     let rep = Unreachable::new(&cli);
     // Listings without a HEAD per object: the journal vouches for objects
@@ -268,6 +270,17 @@ fn run_bisync(a: BisyncArgs) -> Result<u8, String> {
         &[(&sa, format!("A {ida}")), (&sb, format!("B {idb}"))],
         &|m| ferry_bisync::BiReporter::note(&cli, m),
     );
+    if a.watch.watch {
+        return watch::bisync(
+            &a.watch,
+            (&ra, &rb),
+            (&sa, &sb),
+            journal.as_mut(),
+            opts,
+            &rep,
+            &cli,
+        );
+    }
     let res = ferry_bisync::run(&sa, &sb, journal.as_mut(), &opts, &rep, &stats);
     print_notes(&[(&sa, "A"), (&sb, "B")], a.out.verbose > 0);
     if let Some(p) = progress {

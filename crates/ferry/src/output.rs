@@ -62,6 +62,11 @@ impl CliReporter {
         }
     }
 
+    /// Write out the lines held so far (`--watch`: after each run).
+    pub fn flush(&self) {
+        let _ = self.out.lock().unwrap().flush();
+    }
+
     /// The summary of copy and sync: symlinks counted apart from files, and
     /// ferry's own stale temporaries removed (text: only when there were any).
     pub fn summary(&self, s: &Summary) {

@@ -1,0 +1,442 @@
+//! The kernel's view of a local tree: one inotify watch per directory, read
+//! by one thread that blocks in `read()` (no timeout while the tree is
+//! watched whole) and turns events into [`Change`]s for the loop.
+//!
+//! Watch descriptors map to paths relative to the root; a directory renamed
+//! inside the tree keeps its watches and the map's paths are moved with it.
+//! A directory created (or moved in) is watched at once, with everything in
+//! it, before the loop scans it: an entry made before its directory's watch
+//! was added is found by that scan, one made after by its event.
+//!
+//! Degraded states, each said once by the loop: the kernel's queue
+//! overflowed (events lost: the map is rebuilt and the whole tree
+//! rescanned), the watch limit is reached (unwatched directories are polled
+//! and their watches retried every poll interval), the root went away (its
+//! parent is watched until it is back, then everything is rescanned).
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::Sender;
+use std::time::Duration;
+
+use rustix::event::{poll, PollFd, PollFlags, Timespec};
+use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
+use rustix::io::Errno;
+
+use crate::Change;
+
+/// What each directory's watch asks for.
+fn dir_flags() -> WatchFlags {
+    WatchFlags::CREATE
+        | WatchFlags::DELETE
+        | WatchFlags::MODIFY
+        | WatchFlags::CLOSE_WRITE
+        | WatchFlags::ATTRIB
+        | WatchFlags::MOVED_FROM
+        | WatchFlags::MOVED_TO
+        | WatchFlags::DELETE_SELF
+        | WatchFlags::MOVE_SELF
+        | WatchFlags::ONLYDIR
+        | WatchFlags::DONT_FOLLOW
+        | WatchFlags::EXCL_UNLINK
+}
+
+/// `a/b` joined with `c`.
+fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
+    ferry_engine::entry::join(dir, name)
+}
+
+/// `p` is `dir` or below it.
+fn under(p: &[u8], dir: &[u8]) -> bool {
+    p == dir || (p.starts_with(dir) && p.get(dir.len()) == Some(&b'/'))
+}
+
+/// The watches of one tree.
+pub struct Tree {
+    side: usize,
+    root: PathBuf,
+    fd: OwnedFd,
+    /// Watch descriptor → directory (relative to the root, `""` = root).
+    dirs: HashMap<i32, Vec<u8>>,
+    root_wd: Option<i32>,
+    /// The root's parent, watched while the root is gone.
+    parent_wd: Option<i32>,
+    /// Directories that got no watch (the limit): topmost ones.
+    unwatched: Vec<Vec<u8>>,
+    /// Directories the last walk could not add because of the limit.
+    limit_hit: bool,
+    /// How often unwatched directories are polled.
+    poll: Duration,
+}
+
+impl Tree {
+    /// Watch `root` (side `side` of the run) and every directory in it.
+    pub fn new(side: usize, root: &Path, poll: Duration) -> std::io::Result<Tree> {
+        let fd = inotify::init(CreateFlags::CLOEXEC)?;
+        let mut t = Tree {
+            side,
+            root: root.to_path_buf(),
+            fd,
+            dirs: HashMap::new(),
+            root_wd: None,
+            parent_wd: None,
+            unwatched: Vec::new(),
+            limit_hit: false,
+            poll,
+        };
+        if !t.watch_root() {
+            t.watch_parent();
+        }
+        Ok(t)
+    }
+
+    /// Directories watched.
+    pub fn watched(&self) -> usize {
+        self.dirs.len()
+    }
+
+    fn abs(&self, rel: &[u8]) -> PathBuf {
+        if rel.is_empty() {
+            self.root.clone()
+        } else {
+            self.root.join(OsStr::from_bytes(rel))
+        }
+    }
+
+    /// Watch the root and its tree; false if the root is not there.
+    fn watch_root(&mut self) -> bool {
+        self.unwatched.clear();
+        match inotify::add_watch(&self.fd, &self.root, dir_flags()) {
+            Ok(wd) => {
+                self.root_wd = Some(wd);
+                self.dirs.insert(wd, Vec::new());
+                self.walk(Vec::new());
+                true
+            }
+            Err(Errno::NOSPC) => {
+                self.limit_hit = true;
+                self.unwatched.push(Vec::new());
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    fn watch_parent(&mut self) {
+        let parent = self.root.parent().unwrap_or(Path::new("/"));
+        self.parent_wd = inotify::add_watch(
+            &self.fd,
+            parent,
+            WatchFlags::CREATE | WatchFlags::MOVED_TO | WatchFlags::ONLYDIR,
+        )
+        .ok();
+    }
+
+    /// Add watches to every directory below `rel` (watched already), depth
+    /// first, reading directories only (file types from getdents).
+    fn walk(&mut self, rel: Vec<u8>) {
+        let mut stack = vec![rel];
+        while let Some(dir) = stack.pop() {
+            let Ok(rd) = std::fs::read_dir(self.abs(&dir)) else {
+                continue;
+            };
+            for e in rd.flatten() {
+                if !e.file_type().is_ok_and(|t| t.is_dir()) {
+                    continue;
+                }
+                let sub = join(&dir, e.file_name().as_bytes());
+                match inotify::add_watch(&self.fd, e.path(), dir_flags()) {
+                    Ok(wd) => {
+                        self.dirs.insert(wd, sub.clone());
+                        stack.push(sub);
+                    }
+                    Err(Errno::NOSPC) => {
+                        self.limit_hit = true;
+                        if !self.unwatched.iter().any(|u| under(&sub, u)) {
+                            self.unwatched.push(sub);
+                        }
+                    }
+                    Err(_) => {}
+                }
+            }
+        }
+    }
+
+    /// Watch a directory that appeared at `rel` and its tree.
+    fn add_dir(&mut self, rel: &[u8]) {
+        match inotify::add_watch(&self.fd, self.abs(rel), dir_flags()) {
+            Ok(wd) => {
+                self.dirs.insert(wd, rel.to_vec());
+                self.walk(rel.to_vec());
+            }
+            Err(Errno::NOSPC) => {
+                self.limit_hit = true;
+                if !self.unwatched.iter().any(|u| under(rel, u)) {
+                    self.unwatched.push(rel.to_vec());
+                }
+            }
+            Err(_) => {}
+        }
+    }
+
+    /// Forget the watches at and below `rel` (moved out of the tree).
+    fn drop_dir(&mut self, rel: &[u8]) {
+        let gone: Vec<i32> = self
+            .dirs
+            .iter()
+            .filter(|(_, p)| under(p, rel))
+            .map(|(w, _)| *w)
+            .collect();
+        for wd in gone {
+            self.dirs.remove(&wd);
+            let _ = inotify::remove_watch(&self.fd, wd);
+        }
+    }
+
+    /// A directory moved inside the tree: its watches' paths move too.
+    fn move_dir(&mut self, from: &[u8], to: &[u8]) {
+        for p in self.dirs.values_mut() {
+            if under(p, from) {
+                let mut q = to.to_vec();
+                q.extend_from_slice(&p[from.len()..]);
+                *p = q;
+            }
+        }
+        for u in &mut self.unwatched {
+            if under(u, from) {
+                let mut q = to.to_vec();
+                q.extend_from_slice(&u[from.len()..]);
+                *u = q;
+            }
+        }
+    }
+
+    /// After an overflow: watch every directory again (a directory already
+    /// watched keeps its descriptor) and forget the descriptors of
+    /// directories no longer found.
+    fn rebuild(&mut self) {
+        for wd in self.dirs.keys().copied().collect::<Vec<_>>() {
+            let _ = inotify::remove_watch(&self.fd, wd);
+        }
+        self.dirs.clear();
+        self.root_wd = None;
+        if !self.watch_root() {
+            self.watch_parent();
+        }
+    }
+
+    /// Read events until the loop goes away; each batch of events read at
+    /// once goes to `tx` as one message.
+    pub fn run(mut self, tx: Sender<crate::Msg>) {
+        let mut buf = vec![0u8; 64 << 10];
+        let mut said_limit = false;
+        loop {
+            if self.limit_hit && !said_limit {
+                said_limit = true;
+                let max = std::fs::read_to_string("/proc/sys/fs/inotify/max_user_watches")
+                    .map(|s| s.trim().to_string())
+                    .unwrap_or_default();
+                let _ = tx.send(crate::Msg::Note(format!(
+                    "the inotify watch limit is reached (fs.inotify.max_user_watches = {max}): directories without a watch are rescanned every {:?} until a watch can be added",
+                    self.poll
+                )));
+            }
+            // A timeout only while something cannot be watched.
+            let degraded = self.root_wd.is_none() || !self.unwatched.is_empty();
+            if degraded {
+                let t = Timespec::try_from(self.poll).unwrap_or(Timespec {
+                    tv_sec: 1,
+                    tv_nsec: 0,
+                });
+                let mut fds = [PollFd::new(&self.fd, PollFlags::IN)];
+                match poll(&mut fds, Some(&t)) {
+                    Ok(0) => {
+                        let changes = self.retry();
+                        if !changes.is_empty() && tx.send(crate::Msg::Changes(changes)).is_err() {
+                            return;
+                        }
+                        continue;
+                    }
+                    Ok(_) | Err(Errno::INTR) => {}
+                    Err(_) => return,
+                }
+            }
+            let n = match rustix::io::read(&self.fd, &mut buf[..]) {
+                Ok(n) => n,
+                Err(Errno::INTR) => continue,
+                Err(_) => return,
+            };
+            let changes = self.decode(&buf[..n]);
+            if !changes.is_empty() && tx.send(crate::Msg::Changes(changes)).is_err() {
+                return;
+            }
+        }
+    }
+
+    /// The poll of a degraded tree: the root, if it is back; directories
+    /// that had no watch are watched again where possible and rescanned.
+    fn retry(&mut self) -> Vec<Change> {
+        if self.root_wd.is_none() {
+            if self.watch_root() {
+                if let Some(p) = self.parent_wd.take() {
+                    let _ = inotify::remove_watch(&self.fd, p);
+                }
+                return vec![Change::Back(self.side)];
+            }
+            return Vec::new();
+        }
+        let old = std::mem::take(&mut self.unwatched);
+        let mut out = Vec::new();
+        for rel in old {
+            out.push(Change::Deep(self.side, rel.clone()));
+            if rel.is_empty() {
+                self.watch_root();
+            } else {
+                self.add_dir(&rel);
+            }
+        }
+        out
+    }
+
+    /// Turn one `read()` of events into changes.
+    fn decode(&mut self, bytes: &[u8]) -> Vec<Change> {
+        let mut out = Vec::new();
+        // MOVED_FROM waiting for its MOVED_TO (same cookie, same read).
+        let mut moves: Vec<(u32, Vec<u8>, bool)> = Vec::new();
+        let side = self.side;
+        let evs = parse(bytes);
+        for (wd, fl, cookie, name) in evs {
+            if fl.contains(ReadFlags::QUEUE_OVERFLOW) {
+                self.rebuild();
+                out.push(Change::Overflow(side));
+                continue;
+            }
+            if Some(wd) == self.parent_wd {
+                if name.as_deref() == self.root.file_name().map(|n| n.as_bytes())
+                    && self.watch_root()
+                {
+                    if let Some(p) = self.parent_wd.take() {
+                        let _ = inotify::remove_watch(&self.fd, p);
+                    }
+                    out.push(Change::Back(side));
+                }
+                continue;
+            }
+            let Some(dir) = self.dirs.get(&wd).cloned() else {
+                continue;
+            };
+            let isdir = fl.contains(ReadFlags::ISDIR);
+            let Some(name) = name else {
+                // An event of the watched directory itself.
+                if fl.intersects(
+                    ReadFlags::IGNORED
+                        | ReadFlags::DELETE_SELF
+                        | ReadFlags::MOVE_SELF
+                        | ReadFlags::UNMOUNT,
+                ) {
+                    if Some(wd) == self.root_wd {
+                        self.root_wd = None;
+                        self.drop_dir(b"");
+                        self.watch_parent();
+                        // It may be back already (renamed over).
+                        if self.watch_root() {
+                            if let Some(p) = self.parent_wd.take() {
+                                let _ = inotify::remove_watch(&self.fd, p);
+                            }
+                            out.push(Change::Back(side));
+                        } else {
+                            out.push(Change::Gone(side));
+                        }
+                    } else if fl.contains(ReadFlags::IGNORED) {
+                        self.dirs.remove(&wd);
+                    }
+                } else if fl.contains(ReadFlags::ATTRIB) {
+                    out.push(Change::Dir(side, dir));
+                }
+                continue;
+            };
+            let path = join(&dir, &name);
+            if fl.contains(ReadFlags::MOVED_FROM) {
+                moves.push((cookie, path, isdir));
+                continue;
+            }
+            if fl.contains(ReadFlags::MOVED_TO) {
+                if let Some(i) = moves.iter().position(|m| m.0 == cookie) {
+                    let (_, from, _) = moves.swap_remove(i);
+                    if isdir {
+                        self.move_dir(&from, &path);
+                    }
+                    out.push(Change::Rename(side, from, path, isdir));
+                    continue;
+                }
+                if isdir {
+                    self.add_dir(&path);
+                    out.push(Change::Deep(side, path));
+                } else {
+                    out.push(Change::Entry(side, path, true));
+                }
+                continue;
+            }
+            if isdir && fl.contains(ReadFlags::CREATE) {
+                self.add_dir(&path);
+                out.push(Change::Deep(side, path));
+                continue;
+            }
+            if isdir && fl.contains(ReadFlags::ATTRIB) {
+                // Its own watch reports it too (as `Dir`).
+                continue;
+            }
+            // A file being written waits for its close or for quiet.
+            let ready = !fl.intersects(ReadFlags::MODIFY | ReadFlags::CREATE) || isdir;
+            out.push(Change::Entry(side, path, ready));
+        }
+        // Moved out of the tree: gone from here.
+        for (_, from, isdir) in moves {
+            if isdir {
+                self.drop_dir(&from);
+            }
+            out.push(Change::Entry(side, from, true));
+        }
+        out
+    }
+}
+
+/// One event as read: watch descriptor, mask, cookie, name.
+type Event = (i32, ReadFlags, u32, Option<Vec<u8>>);
+
+/// The events of one `read()`: `struct inotify_event` (wd, mask, cookie,
+/// len, then `len` bytes of NUL-padded name) one after the other.
+fn parse(mut b: &[u8]) -> Vec<Event> {
+    let word = |b: &[u8], i: usize| u32::from_ne_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+    let mut out = Vec::new();
+    while b.len() >= 16 {
+        let (wd, mask, cookie, len) = (word(b, 0) as i32, word(b, 4), word(b, 8), word(b, 12));
+        let end = 16 + len as usize;
+        if b.len() < end {
+            break;
+        }
+        let raw = &b[16..end];
+        let name = (len > 0).then(|| {
+            let n = raw.iter().position(|&c| c == 0).unwrap_or(raw.len());
+            raw[..n].to_vec()
+        });
+        out.push((wd, ReadFlags::from_bits_retain(mask), cookie, name));
+        b = &b[end..];
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::under;
+
+    #[test]
+    fn under_is_by_whole_components() {
+        assert!(under(b"a/b", b"a"));
+        assert!(under(b"a", b"a"));
+        assert!(!under(b"ab", b"a"));
+    }
+}

@@ -1,0 +1,384 @@
+//! `--watch`: one full run, then runs of what changed, until SIGINT/SIGTERM.
+//!
+//! Local sides are watched with inotify ([`inotify::Tree`], one thread per
+//! tree blocked in `read()`); sides that cannot notify are polled: a full
+//! run every `--poll` interval. The loop ([`watch`]) coalesces changes per
+//! path and hands each batch to a [`Target`] as a [`Work`]: for one-way
+//! sync ([`sync::SyncTarget`]) the renames seen and the directories to
+//! re-plan with the engine's scoped run; bisync runs whole. The loop blocks
+//! on its channel with no timeout while nothing is pending: a settle timer
+//! runs only while a file is still being written, a poll timer only while a
+//! side is polled (or a local side is degraded).
+
+pub mod inotify;
+pub mod signals;
+pub mod status;
+pub mod sync;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::mpsc::{channel, RecvTimeoutError, Sender};
+use std::time::{Duration, Instant};
+
+pub use ferry_engine::Scope;
+pub use status::{Status, Tee};
+
+/// What the kernel (or a poll) says changed on side `.0`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// An entry at this path changed; `true` when it is complete (closed,
+    /// removed, renamed), `false` while it may still be written.
+    Entry(usize, Vec<u8>, bool),
+    /// A directory's own metadata changed.
+    Dir(usize, Vec<u8>),
+    /// A directory appeared (created, moved in) or must be compared whole.
+    Deep(usize, Vec<u8>),
+    /// Renamed inside the tree: from, to, is a directory.
+    Rename(usize, Vec<u8>, Vec<u8>, bool),
+    /// The kernel's event queue overflowed: events were lost.
+    Overflow(usize),
+    /// The side's root went away.
+    Gone(usize),
+    /// The side's root is back.
+    Back(usize),
+}
+
+/// Messages to the loop.
+pub enum Msg {
+    /// Changes read at once.
+    Changes(Vec<Change>),
+    /// A line to say once (`ferry: note: ...`).
+    Note(String),
+    /// SIGINT or SIGTERM: stop after the run in flight.
+    Stop,
+}
+
+/// One batch of work for a [`Target`].
+#[derive(Debug, Default, Clone)]
+pub struct Work {
+    /// Compare everything (first run, overflow, a root back, a poll).
+    pub full: bool,
+    /// Otherwise: the directories to re-plan.
+    pub scope: Scope,
+    /// Renames seen, in order: from, to, is a directory.
+    pub renames: Vec<(Vec<u8>, Vec<u8>, bool)>,
+}
+
+/// How a run went.
+#[derive(Debug, Default, Clone)]
+pub struct Outcome {
+    /// Entries that failed.
+    pub errors: u64,
+    /// Why the run as a whole did not happen (a refusal, an unreachable
+    /// side): said, and the loop goes on.
+    pub failed: Option<String>,
+}
+
+/// What the loop runs.
+pub trait Target {
+    /// Do one batch of work.
+    fn run(&mut self, work: &Work) -> Outcome;
+}
+
+/// Settings of the loop.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Local roots watched with inotify (side = index).
+    pub local: Vec<PathBuf>,
+    /// Poll a side that cannot notify at this interval (a full run).
+    pub poll: Option<Duration>,
+    /// How long a file that is written and not closed must be quiet.
+    pub settle: Duration,
+    /// Interval for degraded local sides (directories without a watch).
+    pub degraded_poll: Duration,
+}
+
+/// The longest a path written without a close waits: a log file written
+/// all the time is still copied this often.
+fn max_wait(settle: Duration) -> Duration {
+    (settle * 20).max(Duration::from_secs(2))
+}
+
+struct Item {
+    ready: bool,
+    deep: bool,
+    /// The directory itself (its metadata), not its parent.
+    own: bool,
+    first: Instant,
+    last: Instant,
+}
+
+/// Changes coalesced per path until they are run.
+#[derive(Default)]
+struct Pending {
+    items: HashMap<(usize, Vec<u8>), Item>,
+    renames: Vec<(Vec<u8>, Vec<u8>, bool)>,
+    full: bool,
+    full_since: Option<Instant>,
+    gone: Vec<usize>,
+}
+
+fn parent(p: &[u8]) -> Vec<u8> {
+    match p.iter().rposition(|&b| b == b'/') {
+        Some(i) => p[..i].to_vec(),
+        None => Vec::new(),
+    }
+}
+
+fn under(p: &[u8], dir: &[u8]) -> bool {
+    p == dir || (p.starts_with(dir) && p.get(dir.len()) == Some(&b'/'))
+}
+
+impl Pending {
+    fn touch(
+        &mut self,
+        side: usize,
+        path: Vec<u8>,
+        ready: bool,
+        deep: bool,
+        own: bool,
+        now: Instant,
+    ) {
+        let it = self.items.entry((side, path)).or_insert(Item {
+            ready,
+            deep,
+            own,
+            first: now,
+            last: now,
+        });
+        it.last = now;
+        // A write after a close makes it unfinished again.
+        it.ready = ready;
+        it.deep |= deep;
+        it.own |= own;
+    }
+
+    /// Take in one change; notes to say go to `note`.
+    fn add(&mut self, c: Change, now: Instant, note: &mut dyn FnMut(&'static str, String)) {
+        match c {
+            Change::Entry(s, p, ready) => self.touch(s, p, ready, false, false, now),
+            Change::Dir(s, p) => self.touch(s, p, true, false, true, now),
+            Change::Deep(s, p) => self.touch(s, p, true, true, true, now),
+            Change::Rename(s, from, to, isdir) => {
+                if isdir {
+                    // Pending paths inside move with their directory.
+                    let moved: Vec<(usize, Vec<u8>)> = self
+                        .items
+                        .keys()
+                        .filter(|(side, p)| *side == s && under(p, &from) && p != &from)
+                        .cloned()
+                        .collect();
+                    for k in moved {
+                        let it = self.items.remove(&k).expect("listed");
+                        let mut q = to.clone();
+                        q.extend_from_slice(&k.1[from.len()..]);
+                        self.items.insert((s, q), it);
+                    }
+                }
+                self.touch(s, from.clone(), true, false, false, now);
+                self.touch(s, to.clone(), true, false, false, now);
+                self.renames.push((from, to, isdir));
+            }
+            Change::Overflow(_) => {
+                note(
+                    "overflow",
+                    "the kernel's event queue overflowed (fs.inotify.max_queued_events): events were lost, so the whole tree is compared again".into(),
+                );
+                self.set_full(now);
+            }
+            Change::Gone(s) => {
+                note(
+                    "gone",
+                    "a watched root is gone: nothing is synced (and nothing deleted) until it is back".into(),
+                );
+                if !self.gone.contains(&s) {
+                    self.gone.push(s);
+                }
+            }
+            Change::Back(s) => {
+                note(
+                    "back",
+                    "a watched root is back: the whole tree is compared again".into(),
+                );
+                self.gone.retain(|&g| g != s);
+                self.set_full(now);
+            }
+        }
+    }
+
+    fn set_full(&mut self, now: Instant) {
+        self.full = true;
+        self.full_since.get_or_insert(now);
+    }
+
+    /// When the next item becomes ready, if none is.
+    fn deadline(&self, settle: Duration) -> Option<Instant> {
+        if !self.gone.is_empty() {
+            return None;
+        }
+        if self.full || self.items.values().any(|i| i.ready) {
+            return Some(Instant::now());
+        }
+        self.items
+            .values()
+            .map(|i| (i.last + settle).min(i.first + max_wait(settle)))
+            .min()
+    }
+
+    /// The work ready at `now` (taken out), with the time of its oldest
+    /// change.
+    fn take(&mut self, now: Instant, settle: Duration) -> Option<(Work, Instant)> {
+        if !self.gone.is_empty() {
+            return None;
+        }
+        if self.full {
+            let since = self.full_since.take().unwrap_or(now);
+            let oldest = self.items.values().map(|i| i.first).min().unwrap_or(since);
+            self.items.clear();
+            self.renames.clear();
+            self.full = false;
+            return Some((
+                Work {
+                    full: true,
+                    ..Work::default()
+                },
+                oldest.min(since),
+            ));
+        }
+        let is_ready =
+            |i: &Item| i.ready || now >= i.last + settle || now >= i.first + max_wait(settle);
+        if !self.items.values().any(is_ready) {
+            return None;
+        }
+        let keys: Vec<(usize, Vec<u8>)> = self
+            .items
+            .iter()
+            .filter(|(_, i)| is_ready(i))
+            .map(|(k, _)| k.clone())
+            .collect();
+        let mut work = Work {
+            renames: std::mem::take(&mut self.renames),
+            ..Work::default()
+        };
+        let mut oldest = now;
+        for k in keys {
+            let it = self.items.remove(&k).expect("listed");
+            oldest = oldest.min(it.first);
+            let (dir, deep) = if it.own || it.deep {
+                (k.1, it.deep)
+            } else {
+                (parent(&k.1), false)
+            };
+            match work.scope.dirs.iter_mut().find(|d| d.0 == dir) {
+                Some(d) => d.1 |= deep,
+                None => work.scope.dirs.push((dir, deep)),
+            }
+        }
+        Some((work, oldest))
+    }
+}
+
+/// Run `target` once whole, then on every change until a signal; returns
+/// the exit code (0 after SIGINT/SIGTERM).
+pub fn watch(cfg: &Config, target: &mut dyn Target, status: &Status, note: &dyn Fn(&str)) -> u8 {
+    let (tx, rx) = channel::<Msg>();
+    if let Err(e) = signals::forward(tx.clone()) {
+        note(&format!("signals: {e}"));
+        return 2;
+    }
+    for (side, root) in cfg.local.iter().enumerate() {
+        if let Err(e) = start_tree(side, root, cfg.degraded_poll, tx.clone(), status) {
+            note(&format!("{}: inotify: {e}", root.display()));
+            return 2;
+        }
+    }
+    drop(tx);
+    let mut said: Vec<&'static str> = Vec::new();
+    let mut say = |key: &'static str, msg: String| {
+        if !said.contains(&key) {
+            said.push(key);
+            note(&format!("note: {msg}"));
+        }
+    };
+    let mut pending = Pending::default();
+    let mut stop = false;
+    let mut next_poll: Option<Instant> = None;
+    let mut first = Some(Instant::now());
+    let mut take = |m: Msg, pending: &mut Pending, stop: &mut bool| match m {
+        Msg::Changes(cs) => {
+            let now = Instant::now();
+            for c in cs {
+                pending.add(c, now, &mut say);
+            }
+        }
+        Msg::Note(n) => note(&format!("note: {n}")),
+        Msg::Stop => *stop = true,
+    };
+    loop {
+        // What arrived during the last run, before deciding the next.
+        while let Ok(m) = rx.try_recv() {
+            take(m, &mut pending, &mut stop);
+        }
+        if stop {
+            return 0;
+        }
+        // The first run, then whatever is ready.
+        let job = match first.take() {
+            Some(t) => Some((
+                Work {
+                    full: true,
+                    ..Work::default()
+                },
+                t,
+            )),
+            None => pending.take(Instant::now(), cfg.settle),
+        };
+        if let Some((work, since)) = job {
+            status.run_started(&work, pending.items.len());
+            let out = target.run(&work);
+            if let Some(f) = &out.failed {
+                note(f);
+            }
+            status.run_done(since.elapsed(), &out, pending.items.len());
+            next_poll = cfg.poll.map(|p| Instant::now() + p);
+            continue;
+        }
+        status.queue(pending.items.len());
+        let deadline = match (pending.deadline(cfg.settle), next_poll) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let msg = match deadline {
+            None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+            Some(d) => rx.recv_timeout(d.saturating_duration_since(Instant::now())),
+        };
+        match msg {
+            Ok(m) => take(m, &mut pending, &mut stop),
+            Err(RecvTimeoutError::Timeout) => {
+                if next_poll.is_some_and(|p| Instant::now() >= p) {
+                    next_poll = None;
+                    pending.set_full(Instant::now());
+                }
+            }
+            Err(RecvTimeoutError::Disconnected) => return 0,
+        }
+    }
+}
+
+fn start_tree(
+    side: usize,
+    root: &std::path::Path,
+    poll: Duration,
+    tx: Sender<Msg>,
+    status: &Status,
+) -> std::io::Result<()> {
+    let tree = inotify::Tree::new(side, root, poll)?;
+    status.watched(tree.watched());
+    std::thread::Builder::new()
+        .name(format!("ferry-inotify-{side}"))
+        .spawn(move || tree.run(tx))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

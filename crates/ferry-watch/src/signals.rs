@@ -1,0 +1,34 @@
+//! SIGINT and SIGTERM: the first one asks the loop to stop after the run in
+//! flight (a thread blocked on a self-pipe forwards it, so no thread wakes
+//! while nothing happens); a second one ends the process at once (exit 130).
+
+use std::io::Read;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::AtomicBool;
+use std::sync::mpsc::Sender;
+use std::sync::Arc;
+
+use signal_hook::consts::{SIGINT, SIGTERM};
+
+use crate::Msg;
+
+/// Install the handlers; the first signal sends [`Msg::Stop`] to `tx`.
+pub fn forward(tx: Sender<Msg>) -> std::io::Result<()> {
+    let (mut rd, wr) = UnixStream::pair()?;
+    let seen = Arc::new(AtomicBool::new(false));
+    for sig in [SIGINT, SIGTERM] {
+        // Registered first, so it sees the flag as the earlier signal left it.
+        signal_hook::flag::register_conditional_shutdown(sig, 130, seen.clone())?;
+        signal_hook::flag::register(sig, seen.clone())?;
+        signal_hook::low_level::pipe::register(sig, wr.try_clone()?)?;
+    }
+    std::thread::Builder::new()
+        .name("ferry-signals".into())
+        .spawn(move || {
+            let mut b = [0u8; 1];
+            if rd.read(&mut b).is_ok() {
+                let _ = tx.send(Msg::Stop);
+            }
+        })?;
+    Ok(())
+}

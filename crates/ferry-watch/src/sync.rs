@@ -1,0 +1,127 @@
+//! One-way copy/sync as a watch [`Target`]: renames replayed on the
+//! destination with `Store::rename`, then the engine's scoped run over the
+//! directories that changed (or its full run).
+
+use std::ffi::CString;
+use std::io;
+
+use ferry_engine::{Action, Engine, Kind, Mode, Options, Refused, Reporter, Stats, Store};
+
+use crate::{Outcome, Target, Work};
+
+/// copy/sync from `src` to `dst`.
+pub struct SyncTarget<'a, S: Store, D: Store> {
+    /// The source store.
+    pub src: &'a S,
+    /// The destination store.
+    pub dst: &'a D,
+    /// The run's options.
+    pub opts: &'a Options,
+    /// Where actions and errors go.
+    pub rep: &'a dyn Reporter,
+    /// Turns a run's error into its one line.
+    pub describe: &'a dyn Fn(&io::Error) -> String,
+}
+
+/// The directory of `rel` opened from the root, component by component;
+/// `None` if some component is missing or no directory.
+fn open_rel<T: Store>(s: &T, rel: &[u8]) -> io::Result<Option<T::Dir>> {
+    let Some((mut d, _)) = s.open_root()? else {
+        return Ok(None);
+    };
+    for c in rel.split(|&b| b == b'/').filter(|c| !c.is_empty()) {
+        let name = CString::new(c).map_err(io::Error::other)?;
+        match s.stat(&d, &name)? {
+            Some(m) if m.kind == Kind::Dir => d = s.open_dir(&d, &name)?,
+            _ => return Ok(None),
+        }
+    }
+    Ok(Some(d))
+}
+
+fn split(p: &[u8]) -> (&[u8], &[u8]) {
+    match p.iter().rposition(|&b| b == b'/') {
+        Some(i) => (&p[..i], &p[i + 1..]),
+        None => (&[][..], p),
+    }
+}
+
+impl<S: Store, D: Store> SyncTarget<'_, S, D> {
+    /// Replay the rename `from` → `to` on the destination when the source
+    /// has `to` and not `from`, and the destination has `from` of the same
+    /// kind and not `to` (the store's rename never replaces). True when done.
+    fn rename(&self, from: &[u8], to: &[u8]) -> io::Result<bool> {
+        let ((fd, fname), (td, tname)) = (split(from), split(to));
+        let (fname, tname) = (
+            CString::new(fname).map_err(io::Error::other)?,
+            CString::new(tname).map_err(io::Error::other)?,
+        );
+        let (Some(sf), Some(st)) = (open_rel(self.src, fd)?, open_rel(self.src, td)?) else {
+            return Ok(false);
+        };
+        let (Some(df), Some(dt)) = (open_rel(self.dst, fd)?, open_rel(self.dst, td)?) else {
+            return Ok(false);
+        };
+        let (Some(sm), None) = (self.src.stat(&st, &tname)?, self.src.stat(&sf, &fname)?) else {
+            return Ok(false);
+        };
+        let (Some(dm), None) = (self.dst.stat(&df, &fname)?, self.dst.stat(&dt, &tname)?) else {
+            return Ok(false);
+        };
+        if sm.kind != dm.kind {
+            return Ok(false);
+        }
+        match self.dst.rename(&df, &fname, &dt, &tname) {
+            Ok(()) => {
+                self.rep.action(Action::Rename, to, 0);
+                Ok(true)
+            }
+            Err(e) if e.kind() == io::ErrorKind::Unsupported => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+impl<S: Store, D: Store> Target for SyncTarget<'_, S, D> {
+    fn run(&mut self, work: &Work) -> Outcome {
+        let stats = Stats::default();
+        let mut scope = work.scope.clone();
+        if !work.full {
+            for (from, to, isdir) in &work.renames {
+                // copy never removes a name from DST: no rename there.
+                let done = self.opts.mode == Mode::Sync
+                    && match self.rename(from, to) {
+                        Ok(d) => d,
+                        Err(e) => {
+                            self.rep.error(to, &e);
+                            false
+                        }
+                    };
+                // A directory not renamed there is compared whole.
+                if !done && *isdir {
+                    scope.dirs.push((to.clone(), true));
+                }
+            }
+        }
+        let e = Engine::new(self.src, self.dst, self.opts, &stats, self.rep);
+        let res = if work.full {
+            e.run_tree()
+        } else {
+            e.run_scoped(&scope)
+        };
+        let errors = stats.errors.load(std::sync::atomic::Ordering::Relaxed);
+        match res {
+            Ok(_) => Outcome {
+                errors,
+                failed: None,
+            },
+            Err(e) => Outcome {
+                errors,
+                failed: Some(match Refused::of(&e) {
+                    Some(r) => format!("{r} (watching on)"),
+                    None => format!("{} (watching on)", (self.describe)(&e)),
+                }),
+            },
+        }
+    }
+}

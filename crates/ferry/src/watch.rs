@@ -1,0 +1,179 @@
+//! `--watch` for copy, sync and bisync: the flags turned into a
+//! `ferry_watch::Config`, the stores opened once, the status server
+//! started; the loop itself is `ferry_watch::watch`.
+
+use std::sync::Arc;
+
+use ferry_backends::{AnyStore, Opts, Root};
+use ferry_watch::{Config, Outcome, Status, Target, Tee, Work};
+
+use crate::args::{Job, WatchArgs};
+use crate::output::{cause, CliReporter, Unreachable};
+
+/// The loop's settings: `local` roots are watched; any other side is
+/// polled.
+fn config(w: &WatchArgs, roots: &[&Root]) -> Config {
+    let local: Vec<_> = roots
+        .iter()
+        .filter_map(|r| r.local_path().map(|p| p.to_path_buf()))
+        .collect();
+    Config {
+        poll: (local.len() < roots.len()).then_some(w.poll),
+        local,
+        settle: w.settle,
+        degraded_poll: w.poll,
+    }
+}
+
+/// Start the status server if asked; a non-loopback address needs a token.
+fn status_server(w: &WatchArgs, what: &str) -> Result<Arc<Status>, String> {
+    let status = Arc::new(Status::new(what));
+    if let Some(addr) = w.status {
+        if !addr.ip().is_loopback() && w.status_token.is_none() {
+            return Err(format!(
+                "--status {addr}: not a loopback address; give --status-token TOKEN to serve it there"
+            ));
+        }
+        let bound = ferry_watch::status::serve(addr, w.status_token.clone(), status.clone())
+            .map_err(|e| format!("--status {addr}: {}", cause(&e)))?;
+        eprintln!("ferry: status on http://{bound}/ (metrics: /metrics)");
+    }
+    Ok(status)
+}
+
+fn say(msg: &str) {
+    eprintln!(
+        "ferry: {}",
+        ferry_engine::encode::text_name_string(msg.as_bytes())
+    );
+}
+
+/// A target whose JSON lines and action lines are written out after each
+/// run, for scripts and journals reading them as they come.
+struct Flushed<'a, T: Target> {
+    t: T,
+    rep: &'a CliReporter,
+}
+
+impl<T: Target> Target for Flushed<'_, T> {
+    fn run(&mut self, w: &Work) -> Outcome {
+        let o = self.t.run(w);
+        self.rep.flush();
+        o
+    }
+}
+
+/// `copy --watch` / `sync --watch`.
+pub fn sync(
+    w: &WatchArgs,
+    job: &Job,
+    opts: &ferry_engine::Options,
+    rep: &CliReporter,
+) -> Result<u8, String> {
+    if job.one.is_some() {
+        return Err("--watch needs a directory (or prefix) as SRC, not one file".into());
+    }
+    if opts.dry_run {
+        return Err("--watch and --dry-run do not go together".into());
+    }
+    let o = Opts {
+        jobs: opts.jobs,
+        lazy_meta: true,
+    };
+    let s = ferry_backends::open(&job.src, &o).map_err(|e| e.to_string())?;
+    let d = ferry_backends::open(&job.dst, &o).map_err(|e| e.to_string())?;
+    let status = status_server(w, &format!("{} -> {}", job.src.id(), job.dst.id()))?;
+    let gate = Unreachable::new(rep);
+    let tee = Tee {
+        inner: &gate,
+        status: &status,
+    };
+    let describe = |e: &std::io::Error| cause(e);
+    let mut target = Flushed {
+        t: ferry_watch::sync::SyncTarget::<AnyStore, AnyStore> {
+            src: &s,
+            dst: &d,
+            opts,
+            rep: &tee,
+            describe: &describe,
+        },
+        rep,
+    };
+    // Only SRC is watched: DST is ferry's to write.
+    let cfg = config(w, &[&job.src]);
+    let code = ferry_watch::watch(&cfg, &mut target, &status, &say);
+    gate.finish();
+    Ok(code)
+}
+
+/// bisync as a watch target: a whole bisync run on every change of either
+/// side (the first one with `--resync` if asked, the others without).
+struct Bisync<'a> {
+    a: &'a AnyStore,
+    b: &'a AnyStore,
+    journal: Option<&'a mut ferry_bisync::Journal>,
+    opts: ferry_bisync::Options,
+    rep: &'a Unreachable<'a>,
+    status: &'a Status,
+}
+
+impl Target for Bisync<'_> {
+    fn run(&mut self, _: &Work) -> Outcome {
+        let stats = ferry_engine::Stats::default();
+        let res = ferry_bisync::run(
+            self.a,
+            self.b,
+            self.journal.as_deref_mut(),
+            &self.opts,
+            self.rep,
+            &stats,
+        );
+        self.opts.resync = false;
+        let g = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+        self.status.moved(
+            g(&stats.files_copied),
+            g(&stats.bytes_copied),
+            g(&stats.errors),
+        );
+        match res {
+            Ok(out) => Outcome {
+                errors: out.errors,
+                failed: None,
+            },
+            Err(r) => Outcome {
+                errors: 0,
+                failed: Some(format!("{} (watching on)", r.0)),
+            },
+        }
+    }
+}
+
+/// `bisync --watch`: both sides watched (or polled), a bisync per batch.
+#[allow(clippy::too_many_arguments)]
+pub fn bisync(
+    w: &WatchArgs,
+    roots: (&Root, &Root),
+    stores: (&AnyStore, &AnyStore),
+    journal: Option<&mut ferry_bisync::Journal>,
+    opts: ferry_bisync::Options,
+    rep: &Unreachable<'_>,
+    cli: &CliReporter,
+) -> Result<u8, String> {
+    if opts.dry_run {
+        return Err("--watch and --dry-run do not go together".into());
+    }
+    let status = status_server(w, &format!("{} <-> {}", roots.0.id(), roots.1.id()))?;
+    let mut target = Flushed {
+        t: Bisync {
+            a: stores.0,
+            b: stores.1,
+            journal,
+            opts,
+            rep,
+            status: &status,
+        },
+        rep: cli,
+    };
+    let cfg = config(w, &[roots.0, roots.1]);
+    Ok(ferry_watch::watch(&cfg, &mut target, &status, &say))
+}

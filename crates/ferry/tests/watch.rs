@@ -1,0 +1,644 @@
+//! `--watch`: a replica that converges while its source is edited, through
+//! overflows and kills; SIGTERM exits 0; the status page and `/metrics`.
+
+mod util;
+
+use std::ffi::OsStr;
+use std::fs;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use util::*;
+
+/// A running `ferry ... --watch`, its stderr lines forwarded to a channel.
+struct Watch {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Watch {
+    fn start(args: &[&str], src: impl AsRef<OsStr>, dst: impl AsRef<OsStr>) -> Watch {
+        let mut cmd = Command::new(bin());
+        cmd.args(args)
+            .arg("--watch")
+            .arg(src)
+            .arg(dst)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("spawn ferry");
+        let err = child.stderr.take().expect("stderr");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for l in BufReader::new(err).lines().map_while(Result::ok) {
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        Watch {
+            child,
+            lines: rx,
+            seen: Vec::new(),
+        }
+    }
+
+    /// The stderr lines so far.
+    fn stderr(&mut self) -> String {
+        while let Ok(l) = self.lines.try_recv() {
+            self.seen.push(l);
+        }
+        self.seen.join("\n")
+    }
+
+    /// The first stderr line containing `what` (waits for it).
+    fn line_with(&mut self, what: &str) -> String {
+        let end = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(l) = self.seen.iter().find(|l| l.contains(what)) {
+                return l.clone();
+            }
+            let left = end.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => self.seen.push(l),
+                Err(_) => panic!("no line with {what:?}; stderr:\n{}", self.seen.join("\n")),
+            }
+        }
+    }
+
+    /// SIGTERM, and the exit code.
+    fn stop(mut self) -> (Option<i32>, String) {
+        let pid = self.child.id();
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(pid.to_string())
+            .status();
+        let end = Instant::now() + Duration::from_secs(30);
+        let code = loop {
+            if let Some(s) = self.child.try_wait().expect("wait") {
+                break s.code();
+            }
+            if Instant::now() > end {
+                let _ = self.child.kill();
+                panic!("ferry did not exit after SIGTERM:\n{}", self.stderr());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        // The reader thread ends with the pipe.
+        while let Ok(l) = self.lines.recv_timeout(Duration::from_secs(5)) {
+            self.seen.push(l);
+        }
+        (code, self.seen.join("\n"))
+    }
+}
+
+/// Wait until `dst` equals `src` (names, kinds, bytes, mtimes, modes, link
+/// targets): a replica converges, whenever that is; the bound only keeps a
+/// broken run from hanging the suite.
+fn converge(src: &Path, dst: &Path, w: &mut Watch) {
+    let end = Instant::now() + Duration::from_secs(60);
+    loop {
+        if dst.exists() && tree_diffs(src, dst).is_empty() {
+            return;
+        }
+        if Instant::now() > end {
+            eprintln!("ferry stderr:\n{}", w.stderr());
+            assert_trees_equal(src, dst);
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
+/// Entries under `root` (relative), files and directories apart.
+fn entries(root: &Path) -> (Vec<PathBuf>, Vec<PathBuf>) {
+    let (mut files, mut dirs) = (Vec::new(), Vec::new());
+    for p in walk(root) {
+        match fs::symlink_metadata(root.join(&p)) {
+            Ok(m) if m.is_dir() => dirs.push(p),
+            Ok(_) => files.push(p),
+            Err(_) => {}
+        }
+    }
+    (files, dirs)
+}
+
+fn pick<'a>(rng: &mut Rng, v: &'a [PathBuf]) -> Option<&'a PathBuf> {
+    (!v.is_empty()).then(|| &v[rng.range(0, v.len() as u64) as usize])
+}
+
+/// A place for a new entry: the root or an existing directory.
+fn new_path(root: &Path, rng: &mut Rng, dirs: &[PathBuf]) -> PathBuf {
+    let base = match rng.chance(1, 3) {
+        true => PathBuf::new(),
+        false => pick(rng, dirs).cloned().unwrap_or_default(),
+    };
+    let p = base.join(format!("n{}", rng.range(0, 1 << 20)));
+    if root.join(&p).exists() {
+        return base.join(format!("m{}", rng.next_u64()));
+    }
+    p
+}
+
+/// One random edit of the tree at `root`, as a person or a program makes
+/// them: creates, writes in several chunks, renames of files and
+/// directories, deletes, type changes.
+fn edit(root: &Path, rng: &mut Rng) {
+    let (files, dirs) = entries(root);
+    match rng.range(0, 10) {
+        0 | 1 => {
+            let p = root.join(new_path(root, rng, &dirs));
+            let mut f = fs::File::create(&p).unwrap();
+            for i in 0..rng.range(1, 4) {
+                let chunk = gen_bytes(rng.range(0, 20_000) as usize, rng.next_u64() ^ i);
+                f.write_all(&chunk).unwrap();
+                if rng.chance(1, 3) {
+                    std::thread::sleep(Duration::from_millis(rng.range(1, 30)));
+                }
+            }
+        }
+        2 => {
+            fs::create_dir(root.join(new_path(root, rng, &dirs))).unwrap();
+        }
+        3 => {
+            // A directory with content made at once (before any watch on it).
+            let d = root.join(new_path(root, rng, &dirs));
+            fs::create_dir_all(d.join("in/deeper")).unwrap();
+            write(&d, "in/deeper/f", &gen_bytes(100, rng.next_u64()));
+            write(&d, "g", b"g");
+        }
+        4 => {
+            if let Some(f) = pick(rng, &files) {
+                let mut h = fs::OpenOptions::new().append(true).open(root.join(f)).ok();
+                if let Some(h) = h.as_mut() {
+                    let _ = h.write_all(&gen_bytes(rng.range(1, 5000) as usize, rng.next_u64()));
+                }
+            }
+        }
+        5 => {
+            if let Some(f) = pick(rng, &files) {
+                let to = new_path(root, rng, &dirs);
+                let _ = fs::rename(root.join(f), root.join(to));
+            }
+        }
+        6 => {
+            if let Some(d) = pick(rng, &dirs) {
+                let to = new_path(root, rng, &dirs);
+                // Not into itself.
+                if !to.starts_with(d) {
+                    let _ = fs::rename(root.join(d), root.join(to));
+                }
+            }
+        }
+        7 => {
+            if let Some(f) = pick(rng, &files) {
+                let _ = fs::remove_file(root.join(f));
+            } else if let Some(d) = pick(rng, &dirs) {
+                let _ = fs::remove_dir_all(root.join(d));
+            }
+        }
+        8 => {
+            // Type changes: file → directory, directory → file, → symlink.
+            if let (true, Some(f)) = (rng.chance(1, 2), pick(rng, &files)) {
+                let p = root.join(f);
+                let _ = fs::remove_file(&p);
+                if rng.chance(1, 2) {
+                    let _ = fs::create_dir(&p);
+                } else {
+                    let _ = symlink("target/of/link", &p);
+                }
+            } else if let Some(d) = pick(rng, &dirs) {
+                let p = root.join(d);
+                let _ = fs::remove_dir_all(&p);
+                let _ = fs::write(&p, b"was a directory");
+            }
+        }
+        _ => {
+            if let Some(f) = pick(rng, &files) {
+                let p = root.join(f);
+                if !fs::symlink_metadata(&p).is_ok_and(|m| m.file_type().is_symlink()) {
+                    chmod(&p, [0o600, 0o644, 0o755][rng.range(0, 3) as usize]);
+                }
+            }
+        }
+    }
+}
+
+fn seed_tree(src: &Path, rng: &mut Rng) {
+    for i in 0..6 {
+        mkdirs(src, format!("d{i}/sub"));
+        for j in 0..4 {
+            write_random(src, &format!("d{i}/f{j}"), 5000, rng);
+        }
+        write_random(src, &format!("d{i}/sub/s"), 5000, rng);
+    }
+    write(src, "top", b"top");
+}
+
+#[test]
+fn replica_converges_while_the_source_is_edited() {
+    let t = tmpdir();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    fs::create_dir(&src).unwrap();
+    let mut rng = Rng::new(16);
+    seed_tree(&src, &mut rng);
+    let mut w = Watch::start(&["sync"], &src, &dst);
+    converge(&src, &dst, &mut w);
+    for round in 0..4 {
+        for _ in 0..30 + round * 10 {
+            edit(&src, &mut rng);
+        }
+        converge(&src, &dst, &mut w);
+    }
+    let (code, err) = w.stop();
+    assert_eq!(code, Some(0), "exit after SIGTERM; stderr:\n{err}");
+    assert!(!err.contains("ferry: note: the kernel"), "{err}");
+}
+
+#[test]
+fn copy_watch_adds_and_never_deletes() {
+    let t = tmpdir();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    fs::create_dir(&src).unwrap();
+    write(&src, "a/keep", b"1");
+    let mut w = Watch::start(&["copy"], &src, &dst);
+    converge(&src, &dst, &mut w);
+    fs::rename(src.join("a/keep"), src.join("a/moved")).unwrap();
+    write(&src, "a/new", b"2");
+    let end = Instant::now() + Duration::from_secs(30);
+    while !(dst.join("a/new").exists() && dst.join("a/moved").exists()) {
+        assert!(Instant::now() < end, "not copied:\n{}", w.stderr());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(fs::read(dst.join("a/keep")).unwrap(), b"1");
+    let (code, _) = w.stop();
+    assert_eq!(code, Some(0));
+}
+
+/// `/proc/sys/fs/inotify/max_queued_events` lowered while the watch's
+/// inotify instance is made (the kernel reads it then), restored at once.
+struct QueueLimit(String);
+
+impl QueueLimit {
+    const PATH: &'static str = "/proc/sys/fs/inotify/max_queued_events";
+
+    fn lower(to: u32) -> Option<QueueLimit> {
+        let old = fs::read_to_string(Self::PATH).ok()?;
+        fs::write(Self::PATH, to.to_string()).ok()?;
+        Some(QueueLimit(old.trim().to_string()))
+    }
+}
+
+impl Drop for QueueLimit {
+    fn drop(&mut self) {
+        let _ = fs::write(Self::PATH, &self.0);
+    }
+}
+
+#[test]
+fn an_overflowed_queue_still_converges() {
+    let t = tmpdir();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    fs::create_dir(&src).unwrap();
+    let mut rng = Rng::new(17);
+    seed_tree(&src, &mut rng);
+    let Some(limit) = QueueLimit::lower(16) else {
+        eprintln!("skipped: {} is not writable (needs root)", QueueLimit::PATH);
+        return;
+    };
+    let mut w = Watch::start(&["sync"], &src, &dst);
+    converge(&src, &dst, &mut w);
+    drop(limit);
+    // Far more events than the queue holds, made faster than one run.
+    for i in 0..400 {
+        write(&src, format!("burst/{}/f{i}", i % 7), &gen_bytes(64, i));
+    }
+    for _ in 0..40 {
+        edit(&src, &mut rng);
+    }
+    converge(&src, &dst, &mut w);
+    let note = w.line_with("overflowed");
+    assert!(note.starts_with("ferry: note: "), "{note}");
+    let (code, err) = w.stop();
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(err.matches("overflowed").count(), 1, "said once:\n{err}");
+}
+
+#[test]
+fn killed_while_watching_then_restarted_converges() {
+    let t = tmpdir();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    fs::create_dir(&src).unwrap();
+    let mut rng = Rng::new(18);
+    seed_tree(&src, &mut rng);
+    let mut w = Watch::start(&["sync"], &src, &dst);
+    converge(&src, &dst, &mut w);
+    for i in 0..60 {
+        edit(&src, &mut rng);
+        if i == 30 {
+            let _ = w.child.kill();
+            let _ = w.child.wait();
+        }
+    }
+    for _ in 0..20 {
+        edit(&src, &mut rng);
+    }
+    let mut w = Watch::start(&["sync"], &src, &dst);
+    converge(&src, &dst, &mut w);
+    edit(&src, &mut rng);
+    converge(&src, &dst, &mut w);
+    let (code, err) = w.stop();
+    assert_eq!(code, Some(0), "{err}");
+}
+
+#[test]
+fn a_vanished_root_deletes_nothing_and_is_synced_when_back() {
+    let t = tmpdir();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    fs::create_dir(&src).unwrap();
+    write(&src, "a/f", b"f");
+    write(&src, "g", b"g");
+    let mut w = Watch::start(&["sync"], &src, &dst);
+    converge(&src, &dst, &mut w);
+    let aside = t.path().join("aside");
+    fs::rename(&src, &aside).unwrap();
+    w.line_with("root is gone");
+    assert_eq!(fs::read(dst.join("a/f")).unwrap(), b"f", "nothing deleted");
+    write(&aside, "h", b"h");
+    fs::rename(&aside, &src).unwrap();
+    converge(&src, &dst, &mut w);
+    assert_eq!(fs::read(dst.join("h")).unwrap(), b"h");
+    let (code, err) = w.stop();
+    assert_eq!(code, Some(0), "{err}");
+}
+
+#[test]
+fn bisync_watch_converges_both_ways() {
+    let t = tmpdir();
+    let (a, b) = (t.path().join("a"), t.path().join("b"));
+    fs::create_dir(&a).unwrap();
+    fs::create_dir(&b).unwrap();
+    write(&a, "from_a/f", b"a");
+    let journal = t.path().join("j.sqlite");
+    let j = journal.to_str().unwrap();
+    let mut w = Watch::start(&["bisync", "--journal", j], &a, &b);
+    // (bisync keeps directory mtimes apart: files are compared.)
+    let end = Instant::now() + Duration::from_secs(30);
+    while fs::read(b.join("from_a/f")).ok().as_deref() != Some(b"a") {
+        assert!(Instant::now() < end, "not synced:\n{}", w.stderr());
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    write(&b, "from_b/g", b"b");
+    fs::rename(a.join("from_a/f"), a.join("from_a/f2")).unwrap();
+    let end = Instant::now() + Duration::from_secs(30);
+    while !(a.join("from_b/g").exists()
+        && b.join("from_a/f2").exists()
+        && !b.join("from_a/f").exists())
+    {
+        assert!(Instant::now() < end, "not synced:\n{}", w.stderr());
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    let (code, err) = w.stop();
+    assert_eq!(code, Some(0), "{err}");
+    // The journal is consistent: a plain run afterwards has nothing to do.
+    let r = ferry([
+        "bisync",
+        "--journal",
+        j,
+        "--json",
+        a.to_str().unwrap(),
+        b.to_str().unwrap(),
+    ]);
+    r.ok();
+    assert!(!r.out().contains("\"type\":\"copy\""), "{r}");
+}
+
+#[test]
+fn a_source_that_cannot_notify_is_polled() {
+    let (rsh, host) = match util::ssh::ssh_server() {
+        Ok(s) => s,
+        Err(why) => {
+            eprintln!("skipped: {why}");
+            return;
+        }
+    };
+    let t = tmpdir();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    fs::create_dir(&src).unwrap();
+    write(&src, "a/f", b"1");
+    let ferry_bin = bin();
+    let remote = util::ssh::ssh_at(&host, &src);
+    let args = [
+        "-e",
+        rsh.as_str(),
+        "--remote-ferry",
+        ferry_bin.to_str().unwrap(),
+        "--poll",
+        "300ms",
+    ];
+    let mut sync = vec!["sync"];
+    sync.extend(args);
+    let mut w = Watch::start(&sync, &remote, &dst);
+    converge(&src, &dst, &mut w);
+    write(&src, "a/g", b"2");
+    fs::remove_file(src.join("a/f")).unwrap();
+    converge(&src, &dst, &mut w);
+    let (code, err) = w.stop();
+    assert_eq!(code, Some(0), "{err}");
+}
+
+// ---- status page and metrics ----------------------------------------------------------------
+
+/// GET `path` from the status server; (status line, body).
+fn get(addr: &str, path: &str, auth: Option<&str>) -> (String, String) {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let auth = auth.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Connection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).unwrap();
+    let (head, body) = resp.split_once("\r\n\r\n").expect("a head");
+    (
+        head.lines().next().unwrap_or("").to_string(),
+        body.to_string(),
+    )
+}
+
+/// A strict parser of the Prometheus text format (0.0.4): `# HELP`, `# TYPE`
+/// and sample lines only, each sample after its family's TYPE, names and
+/// values valid, counters named `_total`. The samples by name.
+fn parse_metrics(text: &str) -> std::collections::BTreeMap<String, f64> {
+    let valid_name = |n: &str| {
+        !n.is_empty()
+            && n.chars().enumerate().all(|(i, c)| {
+                c.is_ascii_alphabetic() || c == '_' || c == ':' || (i > 0 && c.is_ascii_digit())
+            })
+    };
+    let mut types = std::collections::BTreeMap::new();
+    let mut out = std::collections::BTreeMap::new();
+    assert!(text.ends_with('\n'), "the text ends with a newline");
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# ") {
+            let mut p = rest.splitn(3, ' ');
+            let (kw, name, arg) = (
+                p.next().unwrap(),
+                p.next().unwrap_or(""),
+                p.next().unwrap_or(""),
+            );
+            assert!(valid_name(name), "bad metric name in {line:?}");
+            match kw {
+                "HELP" => assert!(!arg.is_empty(), "empty HELP: {line:?}"),
+                "TYPE" => {
+                    assert!(
+                        ["counter", "gauge", "histogram", "summary", "untyped"].contains(&arg),
+                        "bad TYPE: {line:?}"
+                    );
+                    assert!(
+                        types.insert(name.to_string(), arg.to_string()).is_none(),
+                        "TYPE twice: {name}"
+                    );
+                }
+                _ => panic!("unknown comment keyword: {line:?}"),
+            }
+            continue;
+        }
+        assert!(
+            !line.starts_with('#') && !line.trim().is_empty(),
+            "bad line {line:?}"
+        );
+        let mut p = line.split(' ');
+        let (name, value) = (p.next().unwrap(), p.next().expect("a value"));
+        if let Some(ts) = p.next() {
+            ts.parse::<i64>().expect("a timestamp");
+        }
+        assert!(p.next().is_none(), "extra fields: {line:?}");
+        assert!(valid_name(name), "bad sample name {line:?}");
+        let kind = types
+            .get(name)
+            .unwrap_or_else(|| panic!("sample before its TYPE: {line:?}"));
+        if kind == "counter" {
+            assert!(name.ends_with("_total"), "counter without _total: {name}");
+        }
+        let v: f64 = value
+            .parse()
+            .unwrap_or_else(|_| panic!("bad value: {line:?}"));
+        assert!(
+            out.insert(name.to_string(), v).is_none(),
+            "sample twice: {name}"
+        );
+    }
+    out
+}
+
+#[test]
+fn status_page_and_metrics_show_what_was_moved() {
+    let t = tmpdir();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    fs::create_dir(&src).unwrap();
+    write(&src, "old", b"old");
+    let mut w = Watch::start(
+        &[
+            "sync",
+            "--status",
+            "127.0.0.1:0",
+            "--status-token",
+            "s3cret",
+        ],
+        &src,
+        &dst,
+    );
+    let line = w.line_with("status on http://");
+    let addr = line
+        .split("http://")
+        .nth(1)
+        .and_then(|r| r.split('/').next())
+        .expect("an address")
+        .to_string();
+    converge(&src, &dst, &mut w);
+    write(&src, "dir/fresh.txt", &gen_bytes(4096, 1));
+    converge(&src, &dst, &mut w);
+    assert!(
+        get(&addr, "/metrics", None).0.contains("401"),
+        "a token is asked"
+    );
+    let (st, text) = get(&addr, "/metrics", Some("s3cret"));
+    assert!(st.contains("200"), "{st}");
+    let m = parse_metrics(&text);
+    assert_eq!(m["ferry_watch_files_transferred_total"], 2.0, "{text}");
+    assert_eq!(m["ferry_watch_bytes_transferred_total"], 4099.0, "{text}");
+    assert_eq!(m["ferry_watch_errors_total"], 0.0);
+    assert_eq!(m["ferry_watch_queue_length"], 0.0);
+    assert!(m["ferry_watch_runs_total"] >= 2.0);
+    assert!(m["ferry_watch_last_change_latency_seconds"] > 0.0);
+    let (st, page) = get(&addr, "/?token=s3cret", None);
+    assert!(st.contains("200"), "{st}");
+    assert!(
+        page.contains("dir/fresh.txt"),
+        "the transfer is shown:\n{page}"
+    );
+    assert!(
+        page.contains("<svg id=\"throughput\"") && page.contains("<polyline"),
+        "the chart"
+    );
+    chromium_check(&addr, "s3cret");
+    let (code, err) = w.stop();
+    assert_eq!(code, Some(0), "{err}");
+}
+
+/// The page rendered by a real browser (Debian's chromium, headless): the
+/// transfer and the chart are in its DOM. Skipped without chromium.
+fn chromium_check(addr: &str, token: &str) {
+    let Some(bin) = ["chromium", "chromium-browser"].into_iter().find(|b| {
+        Command::new(b)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    }) else {
+        eprintln!("skipped: chromium is not installed (the page was checked over HTTP only)");
+        return;
+    };
+    let profile = tmpdir();
+    let out = Command::new(bin)
+        .args(["--headless", "--no-sandbox", "--disable-gpu", "--dump-dom"])
+        .arg(format!("--user-data-dir={}", profile.path().display()))
+        .arg(format!("http://{addr}/?token={token}"))
+        .output()
+        .expect("chromium");
+    let dom = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        dom.contains("dir/fresh.txt"),
+        "chromium's DOM:\n{dom}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        dom.contains("<svg id=\"throughput\"") && dom.contains("<polyline"),
+        "{dom}"
+    );
+}
+
+#[test]
+fn status_on_another_address_needs_a_token() {
+    let t = tmpdir();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    fs::create_dir(&src).unwrap();
+    let r = ferry([
+        "sync",
+        "--watch",
+        "--status",
+        "0.0.0.0:0",
+        src.to_str().unwrap(),
+        dst.to_str().unwrap(),
+    ]);
+    r.code_is(2);
+    assert!(r.err().contains("--status-token"), "{r}");
+    assert!(!dst.exists(), "nothing done");
+}
