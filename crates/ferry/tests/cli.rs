@@ -81,18 +81,14 @@ fn missing_src_exits_2() {
 }
 
 #[test]
-fn remote_shell_locations_go_to_ssh_and_sftp_is_refused() {
+fn remote_shell_locations_go_to_ssh_and_sftp() {
     let t = tmpdir();
     let src = t.path().join("src");
     write(&src, "f", b"x");
     let dst = t.path().join("dst");
     let (src, dst) = (src.to_str().unwrap(), dst.to_str().unwrap());
-    let r = ferry(["copy", src, "sftp://host/dir"]);
-    r.code_is(2);
-    assert!(r.err().contains("not supported yet"), "{r}");
-    assert!(r.err().lines().count() == 1, "{r}");
-    // rsync's host:path (and ssh://) run the -e command: one that cannot
-    // run is one line, exit 2, nothing done.
+    // rsync's host:path (and ssh://, sftp://) run the -e command: one that
+    // cannot run is one line, exit 2, nothing done.
     let rsh = "/nonexistent-ferry-test/ssh -x";
     for args in [
         vec!["copy", "-e", rsh, "host:dir", dst],
@@ -100,6 +96,8 @@ fn remote_shell_locations_go_to_ssh_and_sftp_is_refused() {
         vec!["copy", "-e", rsh, src, "ssh://host:2222/dir"],
         vec!["ls", "-e", rsh, "C:"],
         vec!["bisync", "-e", rsh, src, "[::1]:dir"],
+        vec!["copy", "-e", rsh, src, "sftp://host/dir"],
+        vec!["copy", "--sftp", "-e", rsh, src, "host:dir"],
     ] {
         let r = ferry(&args);
         r.code_is(2);
