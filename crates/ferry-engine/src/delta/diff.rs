@@ -23,10 +23,15 @@ const AHEAD: usize = 4;
 const MAX_PROBE: usize = 64;
 
 /// The signature's blocks by weak checksum: slots hold block index + 1,
-/// 0 is empty; linear probing; identical blocks entered once.
+/// 0 is empty; linear probing; identical blocks entered once. In front of
+/// it a bit per 16 slots' worth of checksums: most positions of new data
+/// miss there, in a table that stays in the first-level cache, with a
+/// branch that is almost always taken the same way.
 struct Table {
     slots: Vec<u32>,
     bits: u32,
+    filter: Vec<u64>,
+    filter_bits: u32,
 }
 
 impl Table {
@@ -34,9 +39,12 @@ impl Table {
         let n = sig.weak.len();
         let cap = (n * 2).next_power_of_two().max(16);
         let bits = cap.trailing_zeros();
+        let fcap = (n * 16).next_power_of_two().max(64);
         let mut t = Table {
             slots: vec![0; cap],
             bits,
+            filter: vec![0; fcap / 64],
+            filter_bits: fcap.trailing_zeros(),
         };
         let mask = cap - 1;
         'blocks: for i in 0..n {
@@ -53,8 +61,15 @@ impl Table {
                 p = (p + 1) & mask;
             }
             t.slots[p] = i as u32 + 1;
+            let f = t.filter_at(w);
+            t.filter[f >> 6] |= 1 << (f & 63);
         }
         t
+    }
+
+    #[inline(always)]
+    fn filter_at(&self, w: u32) -> usize {
+        (w.wrapping_mul(0x85EB_CA77) >> (32 - self.filter_bits)) as usize
     }
 
     #[inline(always)]
@@ -66,6 +81,10 @@ impl Table {
     /// that of `data` (computed only when a weak checksum matches).
     #[inline(always)]
     fn find(&self, sig: &Signature, w: u32, data: &[u8]) -> Option<u32> {
+        let f = self.filter_at(w);
+        if self.filter[f >> 6] & (1 << (f & 63)) == 0 {
+            return None;
+        }
         let mask = self.slots.len() - 1;
         let mut p = self.home(w);
         let mut s = None;
