@@ -17,6 +17,7 @@
 //! signature, the receiver a buffer; neither holds a file.
 
 use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 mod diff;
 mod patch;
@@ -25,7 +26,7 @@ mod sign;
 mod tests;
 
 pub use diff::diff;
-pub use patch::{mismatch, Patcher};
+pub use patch::{mismatch, PatchSink, Patcher};
 pub use sign::{sign, strong, weak, Rolling};
 
 /// Smallest block (rsync's `BLOCK_SIZE`).
@@ -79,6 +80,11 @@ impl Signature {
     pub fn block_len(&self, i: u32) -> usize {
         let at = u64::from(i) * u64::from(self.block);
         (self.size - at).min(u64::from(self.block)) as usize
+    }
+
+    /// Bytes of [`Signature::encode`]'s output.
+    pub fn encoded_len(&self) -> usize {
+        SIG_HEAD + self.weak.len() * (4 + STRONG)
     }
 
     /// The signature as bytes (what travels): a header, then per block
@@ -291,7 +297,6 @@ pub struct DiffSummary {
 /// A fresh key for one file's strong hashes: a process-wide secret from
 /// the system's random source, hashed with a counter and the time.
 pub fn new_key() -> [u8; 32] {
-    use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::OnceLock;
     static SECRET: OnceLock<[u8; 32]> = OnceLock::new();
     static COUNT: AtomicU64 = AtomicU64::new(0);
@@ -321,4 +326,125 @@ pub fn new_key() -> [u8; 32] {
     h.update(&n.to_le_bytes());
     h.update(&t.to_le_bytes());
     *h.finalize().as_bytes()
+}
+
+/// When a run sends changed files by delta.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Mode {
+    /// Never (`--whole-file`).
+    Off,
+    /// Where a store does its part at the far end of a network link
+    /// ([`crate::store::DeltaRole::Remote`]).
+    #[default]
+    Auto,
+    /// Also between local trees (`--delta`).
+    On,
+}
+
+/// A run's delta figures, counted as files complete.
+#[derive(Debug, Default)]
+pub struct Counts {
+    /// Files sent by delta.
+    pub files: AtomicU64,
+    /// Their bytes sent as literals.
+    pub literal: AtomicU64,
+    /// Their bytes copied from the old copies.
+    pub matched: AtomicU64,
+    /// Bytes that moved between the two stores: signatures and ops of the
+    /// files sent by delta, the content of those sent whole.
+    pub wire: AtomicU64,
+    /// Deltas that failed (a rebuilt file whose hash did not match, an old
+    /// copy that could not be read) and were sent whole instead.
+    pub fallbacks: AtomicU64,
+}
+
+/// A snapshot of [`Counts`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Figures {
+    /// Files sent by delta.
+    pub files: u64,
+    /// Literal bytes.
+    pub literal: u64,
+    /// Matched bytes.
+    pub matched: u64,
+    /// Bytes between the stores.
+    pub wire: u64,
+    /// Deltas sent whole instead.
+    pub fallbacks: u64,
+}
+
+impl Counts {
+    /// The figures now.
+    pub fn figures(&self) -> Figures {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        Figures {
+            files: g(&self.files),
+            literal: g(&self.literal),
+            matched: g(&self.matched),
+            wire: g(&self.wire),
+            fallbacks: g(&self.fallbacks),
+        }
+    }
+}
+
+/// A copier's delta settings: whether local trees take part too, and
+/// where the figures go.
+#[derive(Clone, Copy, Debug)]
+pub struct Use<'a> {
+    /// `--delta`: between local stores too.
+    pub local: bool,
+    /// The run's figures.
+    pub counts: &'a Counts,
+}
+
+impl<'a> Use<'a> {
+    /// The settings of `mode` (`None` for [`Mode::Off`]).
+    pub fn of(mode: Mode, counts: &'a Counts) -> Option<Use<'a>> {
+        match mode {
+            Mode::Off => None,
+            Mode::Auto => Some(Use {
+                local: false,
+                counts,
+            }),
+            Mode::On => Some(Use {
+                local: true,
+                counts,
+            }),
+        }
+    }
+}
+
+/// The ops on their way from the sender to the receiver's sink: counted
+/// (literal, matched, encoded bytes, the size the end op gives) and their
+/// literals paced by `--bwlimit`.
+pub struct Tally<'a> {
+    /// Where the ops go.
+    pub sink: &'a mut dyn OpSink,
+    /// The signature the ops refer to (block lengths).
+    pub sig: &'a Signature,
+    /// `--bwlimit`.
+    pub limit: Option<&'a crate::bwlimit::Limiter>,
+    /// What went through.
+    pub sum: DiffSummary,
+}
+
+impl OpSink for Tally<'_> {
+    fn op(&mut self, op: Op<'_>) -> io::Result<()> {
+        self.sum.ops += op.encoded_len() as u64;
+        match op {
+            Op::Copy { first, count } => {
+                let at = u64::from(first) * u64::from(self.sig.block);
+                let end = (u64::from(first) + u64::from(count)) * u64::from(self.sig.block);
+                self.sum.matched += end.min(self.sig.size).saturating_sub(at);
+            }
+            Op::Literal(d) => {
+                self.sum.literal += d.len() as u64;
+                if let Some(l) = self.limit {
+                    l.acquire(d.len() as u64);
+                }
+            }
+            Op::End { size, .. } => self.sum.size = size,
+        }
+        self.sink.op(op)
+    }
 }

@@ -124,3 +124,22 @@ pub fn mismatch() -> io::Error {
         "delta: the rebuilt file's hash is not the source's (the old copy changed or a block was misread)",
     )
 }
+
+/// A [`Patcher`] as the sink of a delta's ops, its bytes going to `out`.
+pub struct PatchSink<'p, F> {
+    patcher: &'p mut Patcher,
+    out: F,
+}
+
+impl Patcher {
+    /// This patcher as an [`OpSink`](super::OpSink) writing to `out`.
+    pub fn sink<F: FnMut(&[u8]) -> io::Result<()>>(&mut self, out: F) -> PatchSink<'_, F> {
+        PatchSink { patcher: self, out }
+    }
+}
+
+impl<F: FnMut(&[u8]) -> io::Result<()>> super::OpSink for PatchSink<'_, F> {
+    fn op(&mut self, op: Op<'_>) -> io::Result<()> {
+        self.patcher.apply(op, &mut self.out)
+    }
+}
