@@ -206,7 +206,10 @@ fn update(d: &Path, spoil: Option<u64>, delta: DeltaMode) -> Figures {
     let sum = Engine::new(&s, &t, &o, &stats, &Quiet).run_tree().unwrap();
     assert_eq!(sum.errors, 0);
     assert_eq!(sum.files_copied, 1);
-    assert!(fs::read(dst.join("f")).unwrap() == new, "DST differs from SRC");
+    assert!(
+        fs::read(dst.join("f")).unwrap() == new,
+        "DST differs from SRC"
+    );
     sum.delta
 }
 
