@@ -13,10 +13,11 @@ use std::sync::{Arc, Condvar, Mutex};
 
 use ferry_engine::delta::{self, Op, OpSink, Patcher, Signature};
 use ferry_engine::store::{SourceFile, Store};
+use ferry_local::delta::SeqOut;
 use ferry_local::local::LocalReader;
 use rustix::fs::{self as rfs, Mode, OFlags};
 
-use super::{bad_handle, cname, dir_of, on_writer, pread_full, pwrite_all, State, Writing};
+use super::{bad_handle, cname, dir_of, on_writer, pread_full, State, Writing};
 use crate::proto::{self, Resp, CHUNK};
 
 /// Batches of ops computed ahead of the client's reads.
@@ -39,7 +40,7 @@ pub(super) struct DiffJob {
 /// The rebuilds and diffs under way, by file handle.
 #[derive(Default)]
 pub(super) struct Deltas {
-    patches: Mutex<HashMap<u64, Patcher>>,
+    patches: Mutex<HashMap<u64, (Patcher, SeqOut)>>,
     diffs: Mutex<HashMap<u64, Arc<DiffJob>>>,
 }
 
@@ -78,6 +79,11 @@ pub(super) fn patch_from(st: &State, dir: u64, file: u64, old: &[u8], block: u32
         )?;
         Patcher::new(File::from(fd), block, size)
     });
+    let out = match st.writers.lock().unwrap().get(&file) {
+        Some(Writing::Open(_, w)) => SeqOut::new(w.fd()),
+        _ => return,
+    };
+    let p = out.and_then(|out| Ok((p?, out)));
     match p {
         Ok(p) => {
             st.deltas.patches.lock().unwrap().insert(file, p);
@@ -90,20 +96,18 @@ pub(super) fn patch_from(st: &State, dir: u64, file: u64, old: &[u8], block: u32
 /// applied; the rebuild is over once the end op matched.
 pub(super) fn patch(st: &State, file: u64, ops: &[u8]) {
     let mut ps = st.deltas.patches.lock().unwrap();
-    let Some(p) = ps.get_mut(&file) else {
+    let Some((p, out)) = ps.get_mut(&file) else {
         // The rebuild failed already (its writer keeps the error).
         return;
     };
     let mut ended = false;
-    on_writer(st, file, |w| {
+    on_writer(st, file, |_| {
         delta::decode_ops(ops, &mut |op| {
             ended |= matches!(op, Op::End { .. });
-            let mut at = p.written();
-            p.apply(op, &mut |b| {
-                pwrite_all(w.fd(), b, at)?;
-                at += b.len() as u64;
-                Ok(())
-            })
+            if ended {
+                out.finish()?;
+            }
+            p.apply(op, &mut |b| out.write(b))
         })
     });
     let failed = !matches!(
