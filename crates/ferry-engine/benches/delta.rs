@@ -71,7 +71,7 @@ fn theirs_sig(old: &[u8]) -> fast_rsync::Signature {
         old,
         fast_rsync::SignatureOptions {
             block_size: block_size(old.len() as u64),
-            crypto_hash_size: 8,
+            crypto_hash_size: 4,
         },
     )
 }

@@ -95,7 +95,7 @@ impl Table {
             }
             let j = slot - 1;
             if sig.weak[j as usize] == w && sig.block_len(j) == data.len() {
-                let h = *s.get_or_insert_with(|| strong(&sig.key, data));
+                let h = *s.get_or_insert_with(|| strong(&sig.key, data, sig.strong_len));
                 if sig.strong[j as usize] == h {
                     return Some(j);
                 }
@@ -248,7 +248,7 @@ fn search(
                 if len == rest.len()
                     && !rest.is_empty()
                     && sig.weak[last as usize] == super::weak(rest)
-                    && sig.strong[last as usize] == strong(&sig.key, rest)
+                    && sig.strong[last as usize] == strong(&sig.key, rest, sig.strong_len)
                 {
                     out.literal(&buf[lit..pos])?;
                     out.copy(last, len)?;

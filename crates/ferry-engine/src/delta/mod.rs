@@ -33,10 +33,11 @@ pub use sign::{sign, strong, weak, Rolling};
 pub const MIN_BLOCK: u32 = 700;
 /// Largest block (rsync's `MAX_BLOCK_SIZE`).
 pub const MAX_BLOCK: u32 = 128 << 10;
-/// Bytes of a block's strong hash kept in a signature. Keyed with a secret
-/// per-file key and backed by the whole-file hash, so a wrong match costs
-/// at most a second transfer and cannot be provoked.
-pub const STRONG: usize = 8;
+/// Bytes of a block's strong hash kept in a signature, at least and at
+/// most ([`strong_len`] picks within).
+pub const MIN_STRONG: u8 = 4;
+/// See [`MIN_STRONG`].
+pub const MAX_STRONG: u8 = 8;
 /// Files smaller than this (on either side) are sent whole: their delta
 /// saves too little to pay for the signature's round trip.
 pub const MIN_SIZE: u64 = 1 << 20;
@@ -51,6 +52,19 @@ pub fn block_size(size: u64) -> u32 {
     b.clamp(u64::from(MIN_BLOCK), u64::from(MAX_BLOCK)) as u32
 }
 
+/// Bytes of strong hash per block for an old file of `size` bytes in
+/// `block`s: rsync's rule (weak and strong checksum together get about
+/// log2(size) + log2(blocks) + 10 bits, so a false match anywhere in the
+/// file is unlikely), within [`MIN_STRONG`]..=[`MAX_STRONG`]. The hash is
+/// keyed with a key secret to the sender until the signature is made, so
+/// no content can be made to collide on purpose, and the whole-file hash
+/// catches the rare chance match (the file is then sent whole).
+pub fn strong_len(size: u64, block: u32) -> u8 {
+    let log = |x: u64| 63 - x.max(1).leading_zeros();
+    let bits = 10 + 2 * log(size) - log(u64::from(block)).min(10 + 2 * log(size));
+    ((bits + 1).saturating_sub(32).div_ceil(8) as u8).clamp(MIN_STRONG, MAX_STRONG)
+}
+
 /// The receiver's summary of its old file.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Signature {
@@ -60,15 +74,17 @@ pub struct Signature {
     pub size: u64,
     /// The strong hash's key, drawn for this file.
     pub key: [u8; 32],
+    /// Bytes of each strong hash ([`strong_len`]).
+    pub strong_len: u8,
     /// Weak checksum of each block ([`weak`]).
     pub weak: Vec<u32>,
     /// Strong hash of each block ([`strong`]).
-    pub strong: Vec<[u8; STRONG]>,
+    pub strong: Vec<u64>,
 }
 
 /// Encoding version of [`Signature::encode`].
 const SIG_FORMAT: u8 = 1;
-const SIG_HEAD: usize = 1 + 4 + 8 + 32;
+const SIG_HEAD: usize = 1 + 4 + 8 + 32 + 1;
 
 impl Signature {
     /// Number of blocks of a file of `size` bytes cut in `block`s.
@@ -84,20 +100,22 @@ impl Signature {
 
     /// Bytes of [`Signature::encode`]'s output.
     pub fn encoded_len(&self) -> usize {
-        SIG_HEAD + self.weak.len() * (4 + STRONG)
+        SIG_HEAD + self.weak.len() * (4 + usize::from(self.strong_len))
     }
 
     /// The signature as bytes (what travels): a header, then per block
     /// the weak checksum (little-endian) and the strong hash.
     pub fn encode(&self) -> Vec<u8> {
-        let mut b = Vec::with_capacity(SIG_HEAD + self.weak.len() * (4 + STRONG));
+        let mut b = Vec::with_capacity(self.encoded_len());
         b.push(SIG_FORMAT);
         b.extend_from_slice(&self.block.to_le_bytes());
         b.extend_from_slice(&self.size.to_le_bytes());
         b.extend_from_slice(&self.key);
+        b.push(self.strong_len);
+        let sl = usize::from(self.strong_len);
         for (w, s) in self.weak.iter().zip(&self.strong) {
             b.extend_from_slice(&w.to_le_bytes());
-            b.extend_from_slice(s);
+            b.extend_from_slice(&s.to_le_bytes()[..sl]);
         }
         b
     }
@@ -117,24 +135,32 @@ impl Signature {
         let block = u32::from_le_bytes(b[1..5].try_into().unwrap());
         let size = u64::from_le_bytes(b[5..13].try_into().unwrap());
         let key: [u8; 32] = b[13..45].try_into().unwrap();
+        let strong_len = b[45];
         if !(MIN_BLOCK..=MAX_BLOCK).contains(&block) {
             return Err(bad("block size out of range"));
         }
+        if !(MIN_STRONG..=MAX_STRONG).contains(&strong_len) {
+            return Err(bad("strong hash length out of range"));
+        }
         let n = Signature::blocks_of(size, block);
         let body = &b[SIG_HEAD..];
-        if n > u64::from(u32::MAX) || body.len() as u64 != n * (4 + STRONG as u64) {
+        let per = 4 + usize::from(strong_len);
+        if n > u64::from(u32::MAX) || body.len() as u64 != n * per as u64 {
             return Err(bad("length does not match the file size"));
         }
         let mut weak = Vec::with_capacity(n as usize);
         let mut strong = Vec::with_capacity(n as usize);
-        for e in body.chunks_exact(4 + STRONG) {
+        for e in body.chunks_exact(per) {
             weak.push(u32::from_le_bytes(e[..4].try_into().unwrap()));
-            strong.push(e[4..].try_into().unwrap());
+            let mut s = [0u8; 8];
+            s[..per - 4].copy_from_slice(&e[4..]);
+            strong.push(u64::from_le_bytes(s));
         }
         Ok(Signature {
             block,
             size,
             key,
+            strong_len,
             weak,
             strong,
         })

@@ -6,7 +6,7 @@ use std::io;
 use std::sync::mpsc;
 use std::sync::Mutex;
 
-use super::{Signature, STRONG};
+use super::{strong_len, Signature};
 use crate::store::SourceFile;
 
 /// Added to every byte in the weak checksum (rsync's `CHAR_OFFSET` idea:
@@ -21,10 +21,14 @@ pub fn weak(data: &[u8]) -> u32 {
     Rolling::new(data).value()
 }
 
-/// The strong hash of a block under `key` (blake3 keyed, truncated).
-pub fn strong(key: &[u8; 32], data: &[u8]) -> [u8; STRONG] {
+/// The strong hash of a block under `key` (blake3 keyed), its first `len`
+/// bytes (little-endian; the rest zero).
+pub fn strong(key: &[u8; 32], data: &[u8], len: u8) -> u64 {
     let h = blake3::keyed_hash(key, data);
-    h.as_bytes()[..STRONG].try_into().unwrap()
+    let mut b = [0u8; 8];
+    let n = usize::from(len).min(8);
+    b[..n].copy_from_slice(&h.as_bytes()[..n]);
+    u64::from_le_bytes(b)
 }
 
 /// The weak checksum of a window that slides one byte at a time.
@@ -103,7 +107,8 @@ pub fn sign(
     threads: usize,
 ) -> io::Result<Signature> {
     let n = Signature::blocks_of(size, block) as usize;
-    let out = Mutex::new((vec![0u32; n], vec![[0u8; STRONG]; n]));
+    let out = Mutex::new((vec![0u32; n], vec![0u64; n]));
+    let sl = strong_len(size, block);
     let per = (CHUNK / block as usize).max(1);
     let piece = per * block as usize;
     let threads = threads.max(1);
@@ -122,7 +127,7 @@ pub fn sign(
                 let mut ss = Vec::with_capacity(per);
                 for b in buf.chunks(block as usize) {
                     ws.push(weak(b));
-                    ss.push(strong(&key, b));
+                    ss.push(strong(&key, b, sl));
                 }
                 let mut o = out.lock().unwrap();
                 o.0[first..first + ws.len()].copy_from_slice(&ws);
@@ -178,6 +183,7 @@ pub fn sign(
         block,
         size,
         key,
+        strong_len: sl,
         weak,
         strong,
     })

@@ -307,3 +307,11 @@ fn signatures_and_ops_reject_garbage() {
     assert!(decode_ops(&[TAG_LITERAL, 10, 1], &mut |_| Ok(())).is_err());
     assert!(decode_ops(&[9], &mut |_| Ok(())).is_err());
 }
+
+#[test]
+fn strong_hashes_grow_with_the_file_as_rsyncs() {
+    assert_eq!(strong_len(0, MIN_BLOCK), MIN_STRONG);
+    assert_eq!(strong_len(1 << 30, block_size(1 << 30)), 4);
+    assert_eq!(strong_len(1 << 40, block_size(1 << 40)), 6);
+    assert_eq!(strong_len(u64::MAX, MAX_BLOCK), MAX_STRONG);
+}
