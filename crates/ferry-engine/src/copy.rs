@@ -231,11 +231,14 @@ impl<S: Store, D: Store> Copier<'_, S, D> {
     /// The signature of the destination's old copy of `name`, when this
     /// file goes by delta: a changed file (`!fresh`) of at least
     /// [`delta::MIN_SIZE`] bytes on both sides, both stores taking part,
-    /// at least one at the far end of a network link unless `--delta`.
+    /// at least one at the far end of a network link unless `--delta`. A
+    /// source with holes goes whole (its copy keeps them; a rebuild would
+    /// write them out).
     fn signature(&self, ddir: &D::Dir, name: &CStr, meta: &Meta, fresh: bool) -> Option<Signature> {
         let d = self.delta?;
         let (s, t) = (self.src.delta_role(), self.dst.delta_role());
         if fresh
+            || meta.sparse
             || meta.size < delta::MIN_SIZE
             || s == DeltaRole::None
             || t == DeltaRole::None
