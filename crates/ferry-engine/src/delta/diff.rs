@@ -224,6 +224,8 @@ fn search(
     let (mut pos, mut lit) = (0usize, 0usize);
     let mut eof = false;
     let mut roll: Option<Rolling> = None;
+    let nblocks = sig.weak.len() as u32;
+    let mut next: Option<u32> = None;
     loop {
         // Keep more than a block ahead, so the window can roll.
         while !eof && buf.len() - pos <= b {
@@ -257,6 +259,22 @@ fn search(
             }
             return out.literal(&buf[lit..end]);
         }
+        // Right after a match the next block is the likely one: its strong
+        // hash is checked first, without the weak checksum (unchanged runs
+        // cost one hash per block). A chance match of the truncated hash is
+        // caught by the end hash, as any other.
+        if let Some(k) = next.take() {
+            if roll.is_none()
+                && sig.block_len(k) == b
+                && sig.strong[k as usize] == strong(&sig.key, &buf[pos..pos + b], sig.strong_len)
+            {
+                out.copy(k, b)?;
+                pos += b;
+                lit = pos;
+                next = (k + 1 < nblocks).then_some(k + 1);
+                continue;
+            }
+        }
         let r = roll.get_or_insert_with(|| Rolling::new(&buf[pos..pos + b]));
         // The hot loop: roll until a block matches, the window reaches
         // the end of what was read, or the literal is long enough to send.
@@ -280,6 +298,7 @@ fn search(
                 pos += b;
                 lit = pos;
                 roll = None;
+                next = (j + 1 < nblocks).then_some(j + 1);
             }
             None if pos == end - b => {
                 // No byte to roll in: the window can only shrink (the end
