@@ -8,7 +8,12 @@ on a throwaway sshd on 127.0.0.1 (scripts/sshd), runs alternated, medians.
 Workloads (generated under --workdir, removed at the end):
   small: 10,000 x 4 KiB, first copy, push (local -> host:path) and pull (host:path -> local);
   noop:  100,000 x 1 KiB already in place, push (nothing to copy);
-  big:   one 1 GiB file, first copy, push and pull.
+  big:   one 1 GiB file, first copy, push and pull;
+  delta: one 1 GiB file the receiving side has an old copy of, pushed and pulled again,
+         with 100 scattered 4 KiB changes ("scattered") and with 1 MiB appended ("append"):
+         ferry's delta transfer against rsync's, bytes on the wire beside the wall time
+         (ferry: the --json summary's wire_bytes, signature and ops; rsync: --stats' total
+         bytes sent plus received).
 Each row: wall time (median of --runs), MiB/s for big, the CPU seconds of the local
 side (the tool and its ssh children) and of the remote side (the sshd sessions and what they
 ran, from the sshd master's reaped children), and for big the CPU per GiB of each end.
@@ -16,9 +21,10 @@ ran, from the sshd master's reaped children), and for big the CPU per GiB of eac
 cipher for all); --cipher default gives none (each tool as users run it: ferry puts AES-GCM
 first when ssh is left to its defaults, rsync and scp take ssh's default order). --rtt-ms N puts bench/latency_proxy.py between the
 clients and sshd. --smoke runs tiny workloads once and checks the copies are equal (what
-scripts/test runs, so this never rots). --only big,push picks rows.
+scripts/test runs, so this never rots). --only big,push picks rows (--only delta: the delta
+rows alone).
 """
-import argparse, filecmp, os, resource, shutil, statistics, subprocess, sys, tempfile, time
+import argparse, filecmp, json, os, re, resource, shutil, statistics, subprocess, sys, tempfile, time
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--runs", type=int, default=3)
@@ -29,7 +35,7 @@ ap.add_argument("--smoke", action="store_true")
 ap.add_argument("--tools", default="", help="comma list (default: ferry,ferry-sftp,rsync and scp,rclone when installed)")
 ap.add_argument("--cipher", default="aes128-gcm@openssh.com",
                 help="the cipher every tool's ssh is given (-c), or 'default': none, each tool as users run it")
-ap.add_argument("--only", default="", help="comma list of workloads and directions: small,noop,big,push,pull")
+ap.add_argument("--only", default="", help="comma list of workloads and directions: small,noop,big,delta,push,pull")
 a = ap.parse_args()
 ferry = os.path.abspath(a.ferry)
 repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -133,7 +139,7 @@ def remote_cpu():
     return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
 
 
-def timed(argv):
+def timed(argv, out=None):
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     rbefore = remote_cpu()
     t = time.perf_counter()
@@ -142,7 +148,74 @@ def timed(argv):
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if r.returncode != 0:
         raise SystemExit(f"{argv[0]} failed ({r.returncode}): {r.stderr.strip()[-500:]}")
+    if out is not None:
+        out.append(r.stdout)
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), remote_cpu() - rbefore
+
+
+def wire_bytes(tool, stdout):
+    """Bytes on the wire a run reported: ferry's --json summary, rsync's --stats."""
+    if tool == "ferry":
+        line = [l for l in stdout.splitlines() if '"type":"summary"' in l][-1]
+        return json.loads(line).get("wire_bytes", 0)
+    n = lambda k: int(re.search(rf"Total bytes {k}: ([\d,]+)", stdout).group(1).replace(",", ""))
+    return n("sent") + n("received")
+
+
+def delta_rows():
+    """The delta workload: an old copy on the receiving side, the new file sent again."""
+    size = (4 << 20) if a.smoke else (1 << 30)
+    base = os.path.join(a.workdir, "delta")
+    old = os.path.join(base, "old")
+    gen(old, 1, size)
+    name = "f000000"
+    # An hour old: rsync's quick check compares whole seconds.
+    t = time.time() - 3600
+    os.utime(os.path.join(old, name), (t, t))
+
+    def scattered(p):
+        with open(p, "r+b") as f:
+            for k in range(100):
+                f.seek(k * (size // 100) + 12345)
+                f.write(os.urandom(4096))
+
+    def append(p):
+        with open(p, "ab") as f:
+            f.write(os.urandom(1 << 20))
+
+    for variant, edit in (("scattered", scattered), ("append", append)):
+        new = os.path.join(base, "new-" + variant)
+        shutil.copytree(old, new)
+        edit(os.path.join(new, name))
+        far = os.path.join(base, "far-" + variant)  # the new file on the remote, for pulls
+        shutil.copytree(new, far)
+        for push in (True, False):
+            if only & {"push", "pull"} and ("push" if push else "pull") not in only:
+                continue
+            for tool in [t for t in tools if t in ("ferry", "rsync")]:
+                walls, cpus, rcpus, wires = [], [], [], []
+                for _ in range(runs):
+                    recv = os.path.join(base, "there" if push else "back")
+                    shutil.rmtree(recv, ignore_errors=True)
+                    shutil.copytree(old, recv)
+                    argv = cmd(tool, new if push else far, recv, push)
+                    argv.insert(2, "--json" if tool == "ferry" else "--stats")
+                    out = []
+                    wall, cpu, rcpu = timed(argv, out)
+                    walls.append(wall)
+                    cpus.append(cpu)
+                    rcpus.append(rcpu)
+                    wires.append(wire_bytes(tool, out[0]))
+                    if a.smoke and not filecmp.cmp(os.path.join(new, name), os.path.join(recv, name), False):
+                        raise SystemExit(f"delta {variant}: {tool} left a different file")
+                w = statistics.median(walls)
+                wire = statistics.median(wires)
+                d = "push" if push else "pull"
+                rows.append((f"delta {variant}", d, tool, w, statistics.median(cpus), statistics.median(rcpus),
+                             f"{wire / 1e6:.2f} MB on the wire"))
+                print(f"delta {variant:9} {d} {tool:7} {w:7.2f} s  cpu {rows[-1][4]:6.2f} s here"
+                      f" {rows[-1][5]:6.2f} s there  {rows[-1][6]}", flush=True)
+    shutil.rmtree(base, ignore_errors=True)
 
 
 def same(x, y):
@@ -201,6 +274,8 @@ try:
                 print(f"{wl:5} {'push' if push else 'pull'} {tool:7} {w:7.2f} s  cpu {c:6.2f} s here"
                       f" {rc:6.2f} s there  {rate}", flush=True)
         shutil.rmtree(os.path.join(a.workdir, wl), ignore_errors=True)
+    if not only or "delta" in only:
+        delta_rows()
 finally:
     if proxy:
         proxy.kill()

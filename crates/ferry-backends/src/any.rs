@@ -9,9 +9,12 @@ use std::os::fd::BorrowedFd;
 use std::time::Duration;
 
 use ferry_engine::bwlimit::Limiter;
+use ferry_engine::delta::{DiffSummary, OpSink, Signature};
 use ferry_engine::entry::{Kind, Listing, Meta};
 use ferry_engine::hash::{Hash, HashKind, HashSet};
-use ferry_engine::store::{ListError, MetaChange, Progress, RangedSource, SourceFile, Store};
+use ferry_engine::store::{
+    DeltaRole, ListError, MetaChange, Progress, RangedSource, SourceFile, Store,
+};
 use ferry_engine::xattr::{XattrSel, Xattrs};
 use ferry_local::LocalStore;
 use ferry_s3::S3Store;
@@ -383,6 +386,36 @@ macro_rules! backends {
                     $((AnyStore::$v(s), AnyDir::$v(d), AnyWriter::$v(w)) => s.set_writer_xattrs(d, w, meta, sel, want),)+
                     _ => mismatch(),
                 }
+            }
+            fn delta_role(&self) -> DeltaRole {
+                match self { $(AnyStore::$v(s) => s.delta_role(),)+ }
+            }
+            fn delta_signature(&self, dir: &AnyDir, name: &CStr, min: u64) -> io::Result<Option<Signature>> {
+                match (self, dir) {
+                    $((AnyStore::$v(s), AnyDir::$v(d)) => s.delta_signature(d, name, min),)+
+                    _ => mismatch(),
+                }
+            }
+            fn delta_write(
+                &self,
+                dir: &AnyDir,
+                w: &mut AnyWriter,
+                old: &CStr,
+                sig: &Signature,
+                feed: &mut dyn FnMut(&mut dyn OpSink) -> io::Result<DiffSummary>,
+            ) -> io::Result<DiffSummary> {
+                match (self, dir, w) {
+                    $((AnyStore::$v(s), AnyDir::$v(d), AnyWriter::$v(w)) => s.delta_write(d, w, old, sig, feed),)+
+                    _ => mismatch(),
+                }
+            }
+            fn delta_diff(
+                &self,
+                r: &mut dyn SourceFile,
+                sig: &Signature,
+                sink: &mut dyn OpSink,
+            ) -> io::Result<DiffSummary> {
+                match self { $(AnyStore::$v(s) => s.delta_diff(r, sig, sink),)+ }
             }
             fn notes(&self, role: &str) -> Vec<String> {
                 match self { $(AnyStore::$v(s) => Store::notes(s, role),)+ }

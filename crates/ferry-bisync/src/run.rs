@@ -69,6 +69,8 @@ pub struct Options {
     /// Extended attributes and ACLs carried by the files and symlinks a
     /// run copies or updates (`-X`, `-A`), where both stores keep them.
     pub xattrs: XattrSel,
+    /// When changed files go by delta (`--delta`, `--whole-file`).
+    pub delta: ferry_engine::delta::Mode,
 }
 
 impl Options {
@@ -396,6 +398,7 @@ pub fn run<A: Store, B: Store>(
         moved: &stats.bytes_moved,
         // Only compares: nothing written.
         xattrs: None,
+        delta: None,
     };
     let jr: Option<&Journal> = journal.as_deref();
     let records: &dyn Records = match jr {
@@ -665,6 +668,7 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
             bwlimit: self.opts.bwlimit.as_ref(),
             moved: &self.stats.bytes_moved,
             xattrs: self.xattrs.active(),
+            delta: ferry_engine::delta::Use::of(self.opts.delta, &self.stats.delta),
         }
     }
 

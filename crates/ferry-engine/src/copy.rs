@@ -9,16 +9,20 @@
 //! new state, and if it changed again the copy fails. A new empty file is
 //! created in one step where the store can. With `-X`/`-A` the copy carries
 //! the source's extended attributes and ACLs, given to the file before it
-//! is named.
+//! is named. A changed file both stores can send by delta goes that way
+//! (`crate::delta`): the destination signs its old copy, the source's ops
+//! rebuild the new one into the temporary; a delta that fails in any way
+//! (a rebuilt file whose hash is not the source's) is sent whole instead.
 
 use std::ffi::CStr;
 use std::io;
 use std::sync::atomic::AtomicU64;
 
 use crate::bwlimit::Limiter;
+use crate::delta::{self, DiffSummary, Signature, Tally};
 use crate::entry::{Kind, Meta};
 use crate::hash::{hash_bytes, Hash};
-use crate::store::{SourceFile, Store, Tracked};
+use crate::store::{DeltaRole, SourceFile, Store, Tracked};
 use crate::xattr::{XattrRun, Xattrs};
 
 /// Buffer size of the content compare.
@@ -39,6 +43,9 @@ pub struct Copier<'a, S: Store, D: Store> {
     /// Extended attributes and ACLs to keep (`-X`, `-A`); `None`: none,
     /// and no call made for them.
     pub xattrs: Option<&'a XattrRun>,
+    /// Changed files by delta where both stores can (`None`:
+    /// `--whole-file`).
+    pub delta: Option<delta::Use<'a>>,
 }
 
 /// A committed copy.
@@ -88,10 +95,13 @@ impl<S: Store, D: Store> Copier<'_, S, D> {
         }
         let mut want = *meta;
         let mut seen = (meta.size, meta.mtime_sec, meta.mtime_nsec);
-        for _ in 0..2 {
-            match self.copy_once(sdir, sname, ddir, name, &want)? {
-                Ok(c) => return Ok(c),
-                Err(now) => {
+        let mut sig = self.signature(ddir, name, meta, fresh);
+        let mut tries = 0;
+        while tries < 2 {
+            match self.copy_once(sdir, sname, ddir, name, &want, sig.as_ref()) {
+                Ok(Ok(c)) => return Ok(c),
+                Ok(Err(now)) => {
+                    tries += 1;
                     seen = now;
                     want = Meta {
                         size: now.0,
@@ -100,6 +110,13 @@ impl<S: Store, D: Store> Copier<'_, S, D> {
                         ..want
                     };
                 }
+                Err(_) if sig.is_some() => {
+                    // The delta failed (its rebuilt file did not match, the
+                    // old copy could not be read): the file goes whole.
+                    sig = None;
+                    self.count(|c| &c.fallbacks, 1);
+                }
+                Err(e) => return Err(e),
             }
         }
         Err(io::Error::other(format!(
@@ -119,6 +136,7 @@ impl<S: Store, D: Store> Copier<'_, S, D> {
         ddir: &D::Dir,
         name: &CStr,
         meta: &Meta,
+        sig: Option<&Signature>,
     ) -> io::Result<Result<Copied, (u64, i64, u32)>> {
         let mut r = Tracked::new(self.src.open_file(sdir, sname)?, self.moved);
         // The source's attributes, from the descriptor just opened (one
@@ -128,11 +146,17 @@ impl<S: Store, D: Store> Copier<'_, S, D> {
             self.src.reader_xattrs(r.inner(), x.sel, &mut attrs)?;
         }
         let mut w = self.dst.create_file(ddir, name, meta)?;
-        let n = match self
-            .dst
-            .write_from(ddir, &mut w, &mut r, meta.size, self.bwlimit)
-        {
-            Ok(n) => n,
+        let wrote = match sig {
+            None => self
+                .dst
+                .write_from(ddir, &mut w, &mut r, meta.size, self.bwlimit)
+                .map(|n| (n, None)),
+            Some(sig) => self
+                .delta_write(ddir, &mut w, name, sig, &mut r)
+                .map(|d| (d.size, Some(d))),
+        };
+        let (n, delta) = match wrote {
+            Ok(x) => x,
             Err(e) => {
                 self.dst.abort(ddir, w);
                 return Err(e);
@@ -152,7 +176,9 @@ impl<S: Store, D: Store> Copier<'_, S, D> {
         let now = if self.src.approximate_meta() {
             None
         } else {
-            r.inner().current()
+            delta
+                .and_then(|d| d.current)
+                .or_else(|| r.inner().current())
         };
         drop(r);
         let meta = exact.as_ref().unwrap_or(meta);
@@ -180,10 +206,78 @@ impl<S: Store, D: Store> Copier<'_, S, D> {
             }
         }
         self.dst.commit(ddir, w, name, meta, self.fsync)?;
+        match (delta, sig) {
+            (Some(d), Some(sig)) => {
+                self.count(|c| &c.files, 1);
+                self.count(|c| &c.literal, d.literal);
+                self.count(|c| &c.matched, d.matched);
+                self.count(|c| &c.wire, sig.encoded_len() as u64 + d.ops);
+            }
+            _ => self.count(|c| &c.wire, n),
+        }
         Ok(Ok(Copied {
             bytes: n,
             meta: *meta,
         }))
+    }
+
+    /// Add `n` to one of the run's delta figures (when it keeps them).
+    fn count(&self, which: impl Fn(&delta::Counts) -> &AtomicU64, n: u64) {
+        if let Some(d) = self.delta {
+            which(d.counts).fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// The signature of the destination's old copy of `name`, when this
+    /// file goes by delta: a changed file (`!fresh`) of at least
+    /// [`delta::MIN_SIZE`] bytes on both sides, both stores taking part,
+    /// at least one at the far end of a network link unless `--delta`. A
+    /// source with holes goes whole (its copy keeps them; a rebuild would
+    /// write them out).
+    fn signature(&self, ddir: &D::Dir, name: &CStr, meta: &Meta, fresh: bool) -> Option<Signature> {
+        let d = self.delta?;
+        let (s, t) = (self.src.delta_role(), self.dst.delta_role());
+        if fresh
+            || meta.sparse
+            || meta.size < delta::MIN_SIZE
+            || s == DeltaRole::None
+            || t == DeltaRole::None
+            || !(d.local || s == DeltaRole::Remote || t == DeltaRole::Remote)
+        {
+            return None;
+        }
+        match self.dst.delta_signature(ddir, name, delta::MIN_SIZE) {
+            Ok(sig) => sig,
+            Err(_) => {
+                self.count(|c| &c.fallbacks, 1);
+                None
+            }
+        }
+    }
+
+    /// Write the new content into `w` as the destination's old copy of
+    /// `name` (described by `sig`) rebuilt with the ops of `r` against it.
+    fn delta_write(
+        &self,
+        ddir: &D::Dir,
+        w: &mut D::Writer,
+        name: &CStr,
+        sig: &Signature,
+        r: &mut Tracked<'_, S::Reader>,
+    ) -> io::Result<DiffSummary> {
+        self.dst.delta_write(ddir, w, name, sig, &mut |sink| {
+            let mut t = Tally {
+                sink,
+                sig,
+                limit: self.bwlimit,
+                sum: DiffSummary::default(),
+            };
+            let got = self.src.delta_diff(r, sig, &mut t)?;
+            Ok(DiffSummary {
+                current: got.current,
+                ..t.sum
+            })
+        })
     }
 
     /// The attributes of source entry `sname` of `sdir` and of destination

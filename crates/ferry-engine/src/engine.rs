@@ -88,6 +88,8 @@ pub struct Options {
     /// Names of one file in the source are names of one file in the
     /// destination (`-H`, see `engine/links.rs`).
     pub hard_links: bool,
+    /// When changed files go by delta (`--delta`, `--whole-file`).
+    pub delta: crate::delta::Mode,
 }
 
 /// `--max-delete N` or `--max-delete P%`: how many destination entries a
@@ -1443,6 +1445,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             } else {
                 self.xattrs.active()
             },
+            delta: crate::delta::Use::of(self.opts.delta, &self.stats.delta),
         }
     }
 

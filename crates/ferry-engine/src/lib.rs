@@ -9,6 +9,7 @@
 
 pub mod bwlimit;
 pub mod copy;
+pub mod delta;
 pub mod encode;
 pub mod engine;
 pub mod entry;

@@ -44,6 +44,9 @@ pub struct Stats {
     pub bytes_planned: AtomicU64,
     /// Files queued for transfer so far (for progress).
     pub files_planned: AtomicU64,
+    /// Delta transfers: files, literal and matched bytes, bytes between
+    /// the stores.
+    pub delta: crate::delta::Counts,
 }
 
 impl Stats {
@@ -69,6 +72,7 @@ impl Stats {
             unchanged: g(&self.unchanged),
             errors: g(&self.errors),
             elapsed_s: elapsed.as_secs_f64(),
+            delta: self.delta.figures(),
         }
     }
 }
@@ -100,6 +104,8 @@ pub struct Summary {
     pub errors: u64,
     /// Wall time.
     pub elapsed_s: f64,
+    /// Delta transfers.
+    pub delta: crate::delta::Figures,
 }
 
 /// What happened (or, in a dry run, would happen) to one entry.

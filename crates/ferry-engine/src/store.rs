@@ -14,6 +14,7 @@ use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::bwlimit::Limiter;
+use crate::delta::{DiffSummary, OpSink, Signature};
 use crate::entry::{Kind, Listing, Meta};
 use crate::hash::{Hash, HashKind, HashSet};
 use crate::xattr::{XattrSel, Xattrs};
@@ -532,6 +533,48 @@ pub trait Store: Send + Sync {
     fn notes(&self, _role: &str) -> Vec<String> {
         Vec::new()
     }
+    /// How the store takes part in delta transfers ([`crate::delta`]):
+    /// not at all by default.
+    fn delta_role(&self) -> DeltaRole {
+        DeltaRole::None
+    }
+    /// The delta signature of file `name` in `dir` as it is now, made
+    /// where the file is; `None` when it is not a regular file of at least
+    /// `min` bytes (or the store takes no part in deltas).
+    fn delta_signature(
+        &self,
+        _dir: &Self::Dir,
+        _name: &CStr,
+        _min: u64,
+    ) -> io::Result<Option<Signature>> {
+        Ok(None)
+    }
+    /// Write into `w` (created in `dir`) the new content rebuilt from the
+    /// old file `old` of `dir`, the one `sig` describes, and the ops `feed`
+    /// hands to the sink it is given; the content's hash is checked
+    /// against the one that ends the ops (where the rebuild happens: here,
+    /// or at the latest by the commit). Returns what `feed` returned.
+    fn delta_write(
+        &self,
+        _dir: &Self::Dir,
+        _w: &mut Self::Writer,
+        _old: &CStr,
+        _sig: &Signature,
+        _feed: &mut dyn FnMut(&mut dyn OpSink) -> io::Result<DiffSummary>,
+    ) -> io::Result<DiffSummary> {
+        Err(io::Error::from(io::ErrorKind::Unsupported))
+    }
+    /// The ops turning the file `sig` describes into the content of `r`
+    /// (one of this store's readers, not read yet), into `sink`. By
+    /// default `r` is read here; a store may have the far end compute them.
+    fn delta_diff(
+        &self,
+        r: &mut dyn SourceFile,
+        sig: &Signature,
+        sink: &mut dyn OpSink,
+    ) -> io::Result<DiffSummary> {
+        crate::delta::diff(r, sig, sink)
+    }
     /// Remove what interrupted transfers left on the store's side and no
     /// run resumed, started at least `max_age` ago (`ferry cleanup`);
     /// returns each one's location and start time (with `dry_run`, those
@@ -543,6 +586,19 @@ pub trait Store: Send + Sync {
     ) -> io::Result<Vec<(String, String)>> {
         Err(io::Error::from(io::ErrorKind::Unsupported))
     }
+}
+
+/// How a store takes part in delta transfers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeltaRole {
+    /// It does not (objects in S3: no old copy to read blocks of).
+    None,
+    /// Signature, ops and rebuild are done in this process (a local
+    /// tree): worth it only where writing is dearer than reading (`--delta`).
+    Local,
+    /// They are done at the far end of a network link (`ferry serve`):
+    /// used by default.
+    Remote,
 }
 
 /// ferry's reserved names, the one place they are made and recognised

@@ -208,6 +208,7 @@ fn copy_benches(c: &mut Criterion) {
                     force: false,
                     xattrs: Default::default(),
                     hard_links: false,
+                    delta: Default::default(),
                 };
                 let stats = Stats::default();
                 let t = Instant::now();

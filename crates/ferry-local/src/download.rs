@@ -268,7 +268,7 @@ pub fn forget_record(fd: BorrowedFd<'_>) -> io::Result<()> {
 
 /// A second descriptor of the partial, opened with `O_DIRECT`, while direct
 /// writes work.
-struct Direct {
+pub(crate) struct Direct {
     fd: Option<OwnedFd>,
     /// Cleared when the filesystem refuses a direct write.
     on: AtomicBool,
@@ -281,7 +281,19 @@ impl Direct {
     /// known to do it well and the name is still the file `fd` (nothing
     /// replaced it in between). Elsewhere (NFS, FUSE, tmpfs...) a direct
     /// write may be a synchronous round trip or refused: the page cache.
-    fn open(dir: BorrowedFd<'_>, name: &CStr, fd: BorrowedFd<'_>) -> Direct {
+    pub(crate) fn open(dir: BorrowedFd<'_>, name: &CStr, fd: BorrowedFd<'_>) -> Direct {
+        Direct::open_with(dir, name, fd, OFlags::NOFOLLOW)
+    }
+
+    /// `O_DIRECT` on the file open as `fd` itself (through `/proc/self/fd`:
+    /// an unnamed temporary too), where [`Direct::open`] would give it.
+    pub(crate) fn reopen(fd: BorrowedFd<'_>) -> Direct {
+        use std::os::fd::AsRawFd;
+        let path = CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())).expect("no NUL");
+        Direct::open_with(fd, &path, fd, OFlags::empty())
+    }
+
+    fn open_with(dir: BorrowedFd<'_>, name: &CStr, fd: BorrowedFd<'_>, follow: OFlags) -> Direct {
         // ext2/3/4, XFS, Btrfs, F2FS.
         const LOCAL: [u64; 4] = [0xEF53, 0x5846_5342, 0x9123_683E, 0xF2F5_2010];
         let local = rfs::fstatfs(fd).is_ok_and(|s| LOCAL.contains(&(s.f_type as u64)));
@@ -290,7 +302,7 @@ impl Direct {
                 rfs::openat(
                     dir,
                     name,
-                    OFlags::WRONLY | OFlags::DIRECT | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                    OFlags::WRONLY | OFlags::DIRECT | follow | OFlags::CLOEXEC,
                     Mode::empty(),
                 )
                 .ok()
@@ -309,7 +321,7 @@ impl Direct {
 
     /// Write `data` at `off`: the whole aligned blocks in the middle
     /// directly when `data` sits aligned in memory, the rest through `fd`.
-    fn write(&self, fd: BorrowedFd<'_>, data: &[u8], off: u64) -> io::Result<()> {
+    pub(crate) fn write(&self, fd: BorrowedFd<'_>, data: &[u8], off: u64) -> io::Result<()> {
         const A: u64 = DIRECT_ALIGN as u64;
         let dfd = match &self.fd {
             Some(d) if self.on.load(Ordering::Relaxed) => d,

@@ -8,6 +8,7 @@
 //! `sparse` copies files with holes, `special` makes fifos and device nodes.
 #![deny(missing_docs)]
 
+pub mod delta;
 pub mod download;
 pub mod local;
 pub mod range;

@@ -33,9 +33,10 @@ use crate::download;
 use crate::xattr::{self, Target};
 use crate::{sparse, special};
 use ferry_engine::bwlimit::Limiter;
+use ferry_engine::delta::{DiffSummary, OpSink, Signature};
 use ferry_engine::entry::{Kind, ListEntry, Listing, Meta};
 use ferry_engine::store::{
-    temp_name, ListError, MetaChange, Progress, SourceFile, Store, RESERVED_LEN,
+    temp_name, DeltaRole, ListError, MetaChange, Progress, SourceFile, Store, RESERVED_LEN,
 };
 use ferry_engine::xattr::{XattrSel, Xattrs};
 
@@ -497,6 +498,30 @@ impl Store for LocalStore {
             Mode::empty(),
         )?;
         Ok(LocalReader { fd })
+    }
+
+    fn delta_role(&self) -> DeltaRole {
+        DeltaRole::Local
+    }
+
+    fn delta_signature(
+        &self,
+        dir: &LocalDir,
+        name: &CStr,
+        min: u64,
+    ) -> io::Result<Option<Signature>> {
+        crate::delta::signature(self, dir, name, min)
+    }
+
+    fn delta_write(
+        &self,
+        dir: &LocalDir,
+        w: &mut LocalWriter,
+        old: &CStr,
+        sig: &Signature,
+        feed: &mut dyn FnMut(&mut dyn OpSink) -> io::Result<DiffSummary>,
+    ) -> io::Result<DiffSummary> {
+        crate::delta::rebuild(dir, w.fd(), old, sig, feed)
     }
 
     fn read_link(&self, dir: &LocalDir, name: &CStr) -> io::Result<Vec<u8>> {

@@ -200,6 +200,7 @@ fn opts(bwlimit: Option<u64>) -> Options {
         force: false,
         xattrs: Default::default(),
         hard_links: false,
+        delta: Default::default(),
     }
 }
 

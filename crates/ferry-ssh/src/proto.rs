@@ -21,7 +21,7 @@ use ferry_engine::xattr::{XattrSel, Xattrs};
 use serde::{Deserialize, Serialize};
 
 /// The protocol version both ends must speak.
-pub const PROTOCOL: u32 = 4;
+pub const PROTOCOL: u32 = 5;
 /// The hello's first bytes.
 const MAGIC: &[u8; 12] = b"FERRY-SERVE\n";
 /// Largest frame accepted (a whole small file, a big directory's listing).
@@ -443,6 +443,37 @@ pub enum Req<'a> {
     /// Record that `ranges` of partial `file` are written and flushed (no
     /// reply; best effort).
     PartRecord { file: u64, ranges: Vec<(u64, u64)> },
+    /// The delta signature of `name` in `dir`, made there, when it is a
+    /// regular file of at least `min` bytes: [`Resp::Signature`].
+    Sign { dir: u64, name: &'a [u8], min: u64 },
+    /// Build file `file` (just created with [`Req::Create`]) from the old
+    /// file `old` of `dir`, signed with `block`-byte blocks at `size`
+    /// bytes, and the ops of the [`Req::Patch`]es that follow (no reply; a
+    /// failure, or a rebuilt file whose hash is not the source's, comes
+    /// back on its commit).
+    PatchFrom {
+        dir: u64,
+        file: u64,
+        old: &'a [u8],
+        block: u32,
+        size: u64,
+    },
+    /// The next ops of file `file`'s rebuild, encoded (no reply).
+    Patch {
+        file: u64,
+        #[serde(with = "serde_bytes")]
+        ops: &'a [u8],
+    },
+    /// Start the ops that turn the file the encoded signature `sig`
+    /// describes into open file `file` (read from its start), computed
+    /// ahead of the [`Req::DiffRead`]s that fetch them (no reply).
+    Diff {
+        file: u64,
+        #[serde(with = "serde_bytes")]
+        sig: &'a [u8],
+    },
+    /// The `seq`-th batch (from 0) of file `file`'s ops: [`Resp::Ops`].
+    DiffRead { file: u64, seq: u64 },
 }
 
 /// An error on the wire: the OS error number when there is one, else the
@@ -542,6 +573,17 @@ pub enum Resp<'a> {
     Info { root: bool, cores: u32 },
     /// Byte ranges `[start, end)`.
     Ranges(Vec<(u64, u64)>),
+    /// An encoded delta signature; `None`: not a regular file of the size
+    /// asked for.
+    Signature(#[serde(with = "serde_bytes")] Option<&'a [u8]>),
+    /// Encoded delta ops; `end`: the last batch (ending with the end op),
+    /// with the file's size and mtime after it was read.
+    Ops {
+        #[serde(with = "serde_bytes")]
+        ops: &'a [u8],
+        end: bool,
+        current: Option<(u64, i64, u32)>,
+    },
 }
 
 /// Encode an `io::Result<()>` as a reply.

@@ -30,6 +30,8 @@ use crate::proto::{
     self, attrs, sel_of, what_of, xattrs_of, Attrs, Hello, Req, Resp, WireErr, INLINE_MAX, M,
 };
 
+mod delta;
+
 /// Workers carrying out requests at once.
 const WORKERS: usize = 16;
 /// Requests queued for the disk thread at most (chunks of big files).
@@ -74,6 +76,8 @@ struct State {
     readers: Mutex<HashMap<u64, (Arc<LocalReader>, bool)>>,
     writers: Mutex<HashMap<u64, Writing>>,
     out: Mutex<Sender<Vec<u8>>>,
+    /// Delta rebuilds and diffs under way.
+    deltas: delta::Deltas,
 }
 
 /// Serve on stdin and stdout until the other end closes the stream.
@@ -117,6 +121,7 @@ pub fn serve_on(mut input: impl Read, output: impl Write + Send + 'static) -> io
         readers: Mutex::new(HashMap::new()),
         writers: Mutex::new(HashMap::new()),
         out: Mutex::new(out_tx),
+        deltas: delta::Deltas::default(),
     });
     let (work_tx, work_rx) = mpsc::sync_channel::<(u64, Vec<u8>)>(WORKERS * 4);
     let work_rx = Arc::new(Mutex::new(work_rx));
@@ -160,6 +165,11 @@ fn read_requests(
             Req::Close { handle } => {
                 st.dirs.lock().unwrap().remove(&handle);
                 st.readers.lock().unwrap().remove(&handle);
+                st.deltas.drop_handle(handle);
+                continue;
+            }
+            Req::Diff { file, sig } => {
+                delta::start_diff(st, file, sig);
                 continue;
             }
             Req::Create { .. }
@@ -171,7 +181,9 @@ fn read_requests(
             | Req::PartAttach { .. }
             | Req::PartSync { .. }
             | Req::PartRecord { .. }
-            | Req::Abort { .. } => disk,
+            | Req::Abort { .. }
+            | Req::PatchFrom { .. }
+            | Req::Patch { .. } => disk,
             _ => work,
         };
         if to.send((id, body)).is_err() {
@@ -217,7 +229,26 @@ fn write_files(st: &State, rx: &Receiver<(u64, Vec<u8>)>) {
             Req::SetLen { file, size } => {
                 on_writer(st, file, |fd| Ok(rustix::fs::ftruncate(fd, size)?))
             }
+            Req::PatchFrom {
+                dir,
+                file,
+                old,
+                block,
+                size,
+            } => delta::patch_from(st, dir, file, old, block, size),
+            Req::Patch { file, ops } => delta::patch(st, file, ops),
+            Req::Commit { file, .. } if st.deltas.unfinished(file) => {
+                if let Some(Writing::Open(d, w)) = st.writers.lock().unwrap().remove(&file) {
+                    st.store.abort(&d, w);
+                }
+                let e = io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "delta: the ops stopped before their end",
+                );
+                let _ = st.out.lock().unwrap().send(err_frame(id, &e));
+            }
             Req::Abort { file, .. } => {
+                st.deltas.drop_handle(file);
                 let w = st.writers.lock().unwrap().remove(&file);
                 if let Some(w) = w {
                     w.discard(&st.store);
@@ -727,7 +758,12 @@ fn answer_io(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> io::Re
             &*dir_of(st, dir)?,
             &cname(name)?,
         )),
+        Req::Sign { dir, name, min } => delta::sign(st, id, dir, name, min),
+        Req::DiffRead { file, seq } => delta::diff_read(st, id, file, seq),
         Req::Close { .. }
+        | Req::Diff { .. }
+        | Req::PatchFrom { .. }
+        | Req::Patch { .. }
         | Req::Create { .. }
         | Req::Write { .. }
         | Req::WriteAt { .. }

@@ -19,12 +19,15 @@ use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex};
 
 use ferry_engine::bwlimit::Limiter;
+use ferry_engine::delta::{DiffSummary, OpSink, Signature};
 use ferry_engine::entry::{Kind, Listing, Meta};
 use ferry_engine::piece::with_piece_buffer;
-use ferry_engine::store::{ListError, MetaChange, RangedSource, SourceFile, Store};
+use ferry_engine::store::{DeltaRole, ListError, MetaChange, RangedSource, SourceFile, Store};
 use ferry_engine::xattr::{XattrSel, Xattrs};
 
 use crate::conn::{self, unexpected, Conn, Target};
+
+mod delta;
 use crate::proto::{attrs, sel_bits, what_bits, xattrs_of, Req, Resp, CHUNK, INLINE_MAX, K, M};
 use crate::push;
 
@@ -532,6 +535,9 @@ impl SourceFile for SshReader {
     fn ranged(&self) -> Option<&dyn RangedSource> {
         self.ranged.as_ref().map(|r| r as &dyn RangedSource)
     }
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
 }
 
 impl Drop for SshReader {
@@ -701,6 +707,39 @@ impl Store for SshStore {
             Resp::Bytes(b) => Ok(b.to_vec()),
             r => Err(unexpected(&r)),
         }
+    }
+
+    fn delta_role(&self) -> DeltaRole {
+        DeltaRole::Remote
+    }
+
+    fn delta_signature(
+        &self,
+        dir: &SshDir,
+        name: &CStr,
+        min: u64,
+    ) -> io::Result<Option<Signature>> {
+        self.sign(dir, name, min)
+    }
+
+    fn delta_write(
+        &self,
+        dir: &SshDir,
+        w: &mut SshWriter,
+        old: &CStr,
+        sig: &Signature,
+        feed: &mut dyn FnMut(&mut dyn OpSink) -> io::Result<DiffSummary>,
+    ) -> io::Result<DiffSummary> {
+        self.patch(dir, w, old, sig, feed)
+    }
+
+    fn delta_diff(
+        &self,
+        r: &mut dyn SourceFile,
+        sig: &Signature,
+        sink: &mut dyn OpSink,
+    ) -> io::Result<DiffSummary> {
+        self.diff(r, sig, sink)
     }
 
     fn create_file(&self, dir: &SshDir, name: &CStr, meta: &Meta) -> io::Result<SshWriter> {

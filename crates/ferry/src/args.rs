@@ -150,9 +150,27 @@ pub struct WriteArgs {
     /// Make each file's data durable (fsync) before it is renamed into place.
     #[arg(long)]
     pub fsync: bool,
+    /// Send changed files whole, never by delta (rsync's --whole-file).
+    #[arg(short = 'W', long, conflicts_with = "delta")]
+    pub whole_file: bool,
+    /// Send changed files of 1 MiB and more by delta between local trees
+    /// too (where DST is a slow network filesystem); over ssh it is the
+    /// default.
+    #[arg(long)]
+    pub delta: bool,
 }
 
 impl WriteArgs {
+    /// When changed files go by delta.
+    pub fn delta_mode(&self) -> ferry_engine::delta::Mode {
+        use ferry_engine::delta::Mode;
+        match (self.whole_file, self.delta) {
+            (true, _) => Mode::Off,
+            (_, true) => Mode::On,
+            _ => Mode::Auto,
+        }
+    }
+
     /// The shared pacing of all transfers, when --bwlimit is given.
     pub fn limiter(&self) -> Option<ferry_engine::bwlimit::Limiter> {
         self.bwlimit.map(ferry_engine::bwlimit::Limiter::new)

@@ -91,6 +91,7 @@ fn run_sync(a: SyncArgs, mode: ferry_engine::Mode) -> Result<u8, String> {
         force: a.force,
         xattrs: a.attrs.sel(),
         hard_links: a.hard_links,
+        delta: a.write.delta_mode(),
     };
     let stats = std::sync::Arc::new(Stats::default());
     output::track_stats(&stats);
@@ -249,6 +250,7 @@ fn run_bisync(a: BisyncArgs) -> Result<u8, String> {
         checksum: a.checksum,
         roots: [ida.clone(), idb.clone()],
         xattrs: a.attrs.sel(),
+        delta: a.write.delta_mode(),
     };
     let cli = CliReporter::new(a.out.json, a.out.verbose > 0 || a.dry_run, a.dry_run);
     let stats = std::sync::Arc::new(Stats::default());
@@ -288,7 +290,7 @@ fn run_bisync(a: BisyncArgs) -> Result<u8, String> {
     }
     rep.finish();
     let out = res.map_err(|r| r.0)?;
-    cli.bisync_summary(&out);
+    cli.bisync_summary(&out, stats.delta.figures());
     Ok(if out.errors > 0 { 1 } else { 0 })
 }
 

@@ -100,6 +100,13 @@ impl CliReporter {
             for (k, _, v, _) in extra {
                 x.push_str(&format!(",\"{k}\":{v}"));
             }
+            let d = &s.delta;
+            if d.files > 0 || d.fallbacks > 0 || d.wire > 0 {
+                x.push_str(&format!(
+                    ",\"delta_files\":{},\"literal_bytes\":{},\"matched_bytes\":{},\"wire_bytes\":{},\"delta_fallbacks\":{}",
+                    d.files, d.literal, d.matched, d.wire, d.fallbacks
+                ));
+            }
             let mut tail = String::from(if self.dry_run {
                 ",\"dry_run\":true"
             } else {
@@ -124,6 +131,21 @@ impl CliReporter {
                 if *shown {
                     x.push_str(&format!(", {v} {}", plural(*v, k)));
                 }
+            }
+            let d = &s.delta;
+            if d.files > 0 || d.fallbacks > 0 {
+                x.push_str(&format!(
+                    ", {} by delta ({} literal, {} matched, {} on the wire{})",
+                    d.files,
+                    human_bytes(d.literal),
+                    human_bytes(d.matched),
+                    human_bytes(d.wire),
+                    if d.fallbacks > 0 {
+                        format!(", {} sent whole after a failed delta", d.fallbacks)
+                    } else {
+                        String::new()
+                    }
+                ));
             }
             eprintln!(
                 "ferry summary: {}{} scanned, {} copied ({}), {} deleted, {} {} created{x}, {} unchanged, {} {} in {:.2} s",
@@ -375,7 +397,7 @@ pub fn refused_summary(dry_run: bool, bisync: bool, elapsed: Duration, reason: &
 
 impl CliReporter {
     /// The last line of a bisync: like copy/sync's, plus renames and conflicts.
-    pub fn bisync_summary(&self, o: &ferry_bisync::Outcome) {
+    pub fn bisync_summary(&self, o: &ferry_bisync::Outcome, delta: ferry_engine::delta::Figures) {
         let s = Summary {
             entries_scanned: o.entries_scanned,
             files_copied: o.files_copied,
@@ -385,6 +407,7 @@ impl CliReporter {
             unchanged: o.unchanged,
             errors: o.errors,
             elapsed_s: o.elapsed_s,
+            delta,
             ..Summary::default()
         };
         self.write_summary(

@@ -1,0 +1,167 @@
+//! Delta transfers over the connection (`ferry_engine::delta`): the
+//! remote end signs its old copy (a push), rebuilds a file from its old
+//! copy and the ops sent to it (a push), and computes the ops of a file it
+//! has against a signature sent to it (a pull). The client only passes
+//! signatures and ops along.
+
+use std::collections::VecDeque;
+use std::ffi::CStr;
+use std::io;
+
+use ferry_engine::delta::{self, DiffSummary, Op, OpSink, Signature};
+use ferry_engine::store::SourceFile;
+
+use super::{SshDir, SshReader, SshStore, SshWriter};
+use crate::conn::{unexpected, Conn};
+use crate::proto::{Req, Resp, CHUNK, M};
+
+/// Batches of ops requested ahead of the one being applied.
+const AHEAD: usize = 2;
+
+impl SshStore {
+    /// [`Store::delta_signature`](ferry_engine::store::Store::delta_signature).
+    pub(super) fn sign(
+        &self,
+        dir: &SshDir,
+        name: &CStr,
+        min: u64,
+    ) -> io::Result<Option<Signature>> {
+        let body = self.conn.call(&Req::Sign {
+            dir: dir.id,
+            name: name.to_bytes(),
+            min,
+        })?;
+        match body.get()? {
+            Resp::Signature(Some(b)) => Signature::decode(b).map(Some),
+            Resp::Signature(None) => Ok(None),
+            r => Err(unexpected(&r)),
+        }
+    }
+
+    /// [`Store::delta_write`](ferry_engine::store::Store::delta_write): the
+    /// ops go to the remote end, which rebuilds the file; a rebuilt file
+    /// whose hash is not the source's fails its commit.
+    pub(super) fn patch(
+        &self,
+        dir: &SshDir,
+        w: &mut SshWriter,
+        old: &CStr,
+        sig: &Signature,
+        feed: &mut dyn FnMut(&mut dyn OpSink) -> io::Result<DiffSummary>,
+    ) -> io::Result<DiffSummary> {
+        if w.whole.is_some() {
+            // A file small enough to travel with its commit.
+            return Err(io::Error::from(io::ErrorKind::Unsupported));
+        }
+        if let Some((name, meta)) = w.later.take() {
+            // A big file is rebuilt in a temporary there, not pushed in
+            // ranges: created now.
+            self.conn.send(&Req::Create {
+                dir: dir.id,
+                name: name.to_bytes(),
+                meta: M(meta),
+                file: w.file,
+            })?;
+        }
+        self.conn.send(&Req::PatchFrom {
+            dir: dir.id,
+            file: w.file,
+            old: old.to_bytes(),
+            block: sig.block,
+            size: sig.size,
+        })?;
+        let mut out = Frames {
+            conn: &self.conn,
+            file: w.file,
+            buf: Vec::new(),
+        };
+        let sum = feed(&mut out)?;
+        out.flush()?;
+        Ok(sum)
+    }
+
+    /// [`Store::delta_diff`](ferry_engine::store::Store::delta_diff): a big
+    /// remote file not read yet has its ops computed where it is; anything
+    /// else is read here.
+    pub(super) fn diff(
+        &self,
+        r: &mut dyn SourceFile,
+        sig: &Signature,
+        sink: &mut dyn OpSink,
+    ) -> io::Result<DiffSummary> {
+        let remote = r
+            .as_any()
+            .and_then(|a| a.downcast_ref::<SshReader>())
+            .and_then(|s| match s.file {
+                Some(f) if s.next == 0 && s.span.0 == s.span.1 => Some((s.conn.clone(), f)),
+                _ => None,
+            });
+        let Some((conn, file)) = remote else {
+            return delta::diff(r, sig, sink);
+        };
+        conn.send(&Req::Diff {
+            file,
+            sig: &sig.encode(),
+        })?;
+        remote_ops(&conn, file, sink)
+    }
+}
+
+/// Fetch the remote diff of `file` batch by batch, [`AHEAD`] in flight,
+/// each op handed to `sink`.
+fn remote_ops(conn: &Conn, file: u64, sink: &mut dyn OpSink) -> io::Result<DiffSummary> {
+    let mut ahead = VecDeque::new();
+    let mut seq = 0u64;
+    loop {
+        while ahead.len() < AHEAD {
+            ahead.push_back(conn.start(&Req::DiffRead { file, seq })?);
+            seq += 1;
+        }
+        let rx = ahead.pop_front().expect("a read in flight");
+        let body = conn.wait(&rx)?;
+        match body.get()? {
+            Resp::Ops { ops, end, current } => {
+                delta::decode_ops(ops, &mut |op| sink.op(op))?;
+                if end {
+                    // Reads past the end fail on the server; their replies
+                    // are dropped unread.
+                    return Ok(DiffSummary {
+                        current,
+                        ..DiffSummary::default()
+                    });
+                }
+            }
+            r => return Err(unexpected(&r)),
+        }
+    }
+}
+
+/// Ops sent as [`Req::Patch`] frames of about a chunk.
+struct Frames<'a> {
+    conn: &'a Conn,
+    file: u64,
+    buf: Vec<u8>,
+}
+
+impl Frames<'_> {
+    fn flush(&mut self) -> io::Result<()> {
+        if !self.buf.is_empty() {
+            self.conn.send(&Req::Patch {
+                file: self.file,
+                ops: &self.buf,
+            })?;
+            self.buf.clear();
+        }
+        Ok(())
+    }
+}
+
+impl OpSink for Frames<'_> {
+    fn op(&mut self, op: Op<'_>) -> io::Result<()> {
+        op.encode(&mut self.buf);
+        if self.buf.len() >= CHUNK {
+            self.flush()?;
+        }
+        Ok(())
+    }
+}
