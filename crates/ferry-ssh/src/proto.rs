@@ -437,9 +437,10 @@ pub enum Req<'a> {
     /// Open the partial at `path` (another connection's [`Req::PartOpen`]
     /// made it) as handle `file`, for [`Req::WriteAt`] (no reply).
     PartAttach { path: &'a [u8], file: u64 },
-    /// Flush file `file` to disk: [`Resp::Ok`], or the first error of its
-    /// writes; with `close`, the handle is forgotten.
-    PartSync { file: u64, close: bool },
+    /// [`Resp::Ok`], or the first error of file `file`'s writes; with
+    /// `flush`, once its writes are flushed to disk; with `close`, the
+    /// handle is forgotten.
+    PartSync { file: u64, flush: bool, close: bool },
     /// Record that `ranges` of partial `file` are written and flushed (no
     /// reply; best effort).
     PartRecord { file: u64, ranges: Vec<(u64, u64)> },

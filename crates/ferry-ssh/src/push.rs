@@ -7,9 +7,11 @@
 //! by path ([`Req::PartAttach`]). Each connection's thread takes the next
 //! missing piece, reads it from the local file at its offset and sends it
 //! as [`Req::WriteAt`] frames; every [`SYNC_EVERY`] bytes it asks its server
-//! to flush ([`Req::PartSync`]; also once a second), and only then are its pieces counted as
-//! written and recorded on the first connection ([`Req::PartRecord`]): the
-//! record never claims bytes that are not on disk. A killed push leaves the
+//! to flush ([`Req::PartSync`]; also every two seconds), and only then are
+//! its pieces counted as written and recorded on the first connection
+//! ([`Req::PartRecord`]): the record never claims bytes that are not on
+//! disk. The last pieces are not flushed (the commit follows; a kill before
+//! it sends them again). A killed push leaves the
 //! partial and its record; a rerun of the same content (size, mtime, inode)
 //! sends only what is missing. The commit renames the partial into place.
 
@@ -34,8 +36,10 @@ type Ranges = [(u64, u64)];
 const PIECE: u64 = 8 << 20;
 /// Bytes a connection sends between two flushes (and records), and the
 /// longest time between them (a slow link still makes progress on record).
-const SYNC_EVERY: u64 = 64 << 20;
-const SYNC_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+/// Few: a flush waits for the disk, which a copy otherwise leaves to the
+/// kernel's writeback.
+const SYNC_EVERY: u64 = 256 << 20;
+const SYNC_INTERVAL: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The identity of a local file's content a partial is resumed for.
 pub(crate) fn identity(meta: &Meta) -> String {
@@ -143,6 +147,7 @@ pub(crate) fn push(
                     true => c
                         .call(&Req::PartSync {
                             file: h,
+                            flush: false,
                             close: true,
                         })
                         .and_then(|b| b.get().map(|_| ())),
@@ -182,6 +187,7 @@ fn send_pieces(
     let flush = |unsynced: &mut Vec<(u64, u64)>, synced: &mut dyn FnMut(&Ranges)| {
         c.call(&Req::PartSync {
             file: h,
+            flush: true,
             close: false,
         })?
         .get()?;
@@ -229,9 +235,6 @@ fn send_pieces(
             (since, last) = (0, std::time::Instant::now());
             flush(&mut unsynced, &mut synced)?;
         }
-    }
-    if !unsynced.is_empty() {
-        flush(&mut unsynced, &mut synced)?;
     }
     Ok(())
 }

@@ -285,12 +285,15 @@ fn write_files(st: &State, rx: &Receiver<(u64, Vec<u8>)>) {
                 .map_or_else(|e| Writing::Failed(e.into()), Writing::Attached);
                 st.writers.lock().unwrap().insert(file, w);
             }
-            Req::PartSync { file, close } => {
+            Req::PartSync { file, flush, close } => {
                 let r = {
                     let mut ws = st.writers.lock().unwrap();
                     let r = match ws.get(&file) {
                         Some(Writing::Failed(e)) => Err(io::Error::new(e.kind(), e.to_string())),
-                        Some(w) => w.fd().map_or(Ok(()), |fd| Ok(rustix::fs::fdatasync(fd)?)),
+                        Some(w) => match (flush, w.fd()) {
+                            (true, Some(fd)) => rustix::fs::fdatasync(fd).map_err(io::Error::from),
+                            _ => Ok(()),
+                        },
                         None => Err(bad_handle(file)),
                     };
                     if close {
