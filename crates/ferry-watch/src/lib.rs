@@ -339,6 +339,14 @@ pub fn watch(cfg: &Config, target: &mut dyn Target, status: &Status, note: &dyn 
             if let Some(f) = &out.failed {
                 note(f);
             }
+            // A scoped run that failed, wholly or for some entries (a
+            // directory that vanished or changed type while it ran), may
+            // have left part of its changes undone: a full run follows.
+            // (A full run's failures wait for the next change: they may be
+            // lasting, and retrying them would never let the loop idle.)
+            if !work.full && (out.failed.is_some() || out.errors > 0) {
+                pending.set_full(Instant::now());
+            }
             status.run_done(since.elapsed(), &out, pending.items.len());
             next_poll = cfg.poll.map(|p| Instant::now() + p);
             continue;
