@@ -98,15 +98,10 @@ pub(crate) fn push(
             at = end;
         }
     }
-    let path = {
-        let pname = ferry_local::download::partial_name(to.name);
-        let mut p = to.dir_path.to_vec();
-        if !p.is_empty() && !p.ends_with(b"/") {
-            p.push(b'/');
-        }
-        p.extend_from_slice(pname.to_bytes());
-        p
-    };
+    let path = crate::store::join(
+        to.dir_path,
+        ferry_local::download::partial_name(to.name).to_bytes(),
+    );
     let width = conn.width().min(pieces.len()).max(1);
     let next = AtomicUsize::new(0);
     let written = Mutex::new(set);

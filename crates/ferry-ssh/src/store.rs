@@ -58,7 +58,7 @@ pub struct SshDir {
 }
 
 /// `dir/name`.
-fn join(dir: &[u8], name: &[u8]) -> Arc<[u8]> {
+pub(crate) fn join(dir: &[u8], name: &[u8]) -> Arc<[u8]> {
     let mut p = Vec::with_capacity(dir.len() + 1 + name.len());
     p.extend_from_slice(dir);
     if !p.is_empty() && !p.ends_with(b"/") {

@@ -17,16 +17,8 @@ use std::time::Duration;
 use ferry_conformance::{local::read_only, Denied, Fixture};
 use ferry_ssh::{SshStore, Target};
 use proptest::prelude::*;
+use util::ssh::{gen_tree, node, ssh_at as at, ssh_server as server};
 use util::*;
-
-/// (the -e command, the host alias), or why the tests skip.
-fn server() -> Result<(String, String), String> {
-    let v = |k: &str| {
-        std::env::var(format!("FERRY_TEST_SSH_{k}"))
-            .map_err(|_| format!("FERRY_TEST_SSH_{k} is not set (scripts/test starts sshd)"))
-    };
-    Ok((v("RSH")?, v("HOST")?))
-}
 
 macro_rules! need_server {
     () => {
@@ -38,13 +30,6 @@ macro_rules! need_server {
             }
         }
     };
-}
-
-/// `host:path` of a local path (the server is this machine).
-fn at(host: &str, p: &Path) -> OsString {
-    let mut s = OsString::from(format!("{host}:"));
-    s.push(p.as_os_str());
-    s
 }
 
 /// ferry with the test server's -e and this build as the remote ferry.
@@ -113,63 +98,13 @@ ferry_conformance::suite!(conformance, ssh);
 
 // ------------------------------------------------------------------ random trees
 
-#[derive(Clone, Debug)]
-enum Gen {
-    File(usize, u64, u32, Mtime),
-    Link(&'static str, Mtime),
-    Dir(BTreeMap<String, Gen>, u32, Mtime),
-}
-
-fn node(g: &Gen) -> Node {
-    match g {
-        Gen::File(size, seed, mode, t) => Node::File {
-            data: gen_bytes(*size, *seed),
-            meta: Meta::new(*mode, *t),
-        },
-        Gen::Link(target, t) => Node::Symlink {
-            target: (*target).into(),
-            meta: Meta::new(0o777, *t),
-        },
-        Gen::Dir(kids, mode, t) => Node::Dir {
-            entries: kids.iter().map(|(n, k)| (n.into(), node(k))).collect(),
-            meta: Meta::new(*mode, *t),
-        },
-    }
-}
-
-fn gen_tree() -> impl Strategy<Value = Gen> {
-    let t = (1_000_000_000i64..1_900_000_000, 0u32..1_000_000_000);
-    let size = prop_oneof![
-        3 => 0usize..300,
-        1 => Just(4096usize),
-        1 => Just(300_000usize),
-        1 => Just((2usize << 20) + 5),
-    ];
-    let leaf = prop_oneof![
-        4 => (size, any::<u64>(), prop::sample::select(&[0o644u32, 0o600, 0o755, 0o444][..]), t.clone())
-            .prop_map(|(s, seed, m, t)| Gen::File(s, seed, m, t)),
-        1 => (prop::sample::select(&["a", "../x", "/nowhere", "d/e"][..]), t.clone())
-            .prop_map(|(l, t)| Gen::Link(l, t)),
-    ];
-    let name = prop_oneof![3 => "[a-z]{1,5}", 1 => Just("sp ace\u{e9}".to_string())];
-    leaf.prop_recursive(3, 40, 6, move |inner| {
-        (
-            prop::collection::btree_map(name.clone(), inner, 0..6),
-            prop::sample::select(&[0o755u32, 0o700, 0o750][..]),
-            t.clone(),
-        )
-            .prop_map(|(k, m, t)| Gen::Dir(k, m, t))
-    })
-    .prop_filter("a directory at the top", |g| matches!(g, Gen::Dir(..)))
-}
-
 proptest! {
     #![proptest_config(ProptestConfig { cases: 12, failure_persistence: None, ..ProptestConfig::default() })]
 
     /// A random tree pushed to host:path and pulled back is equal in bytes
     /// and metadata; the second push and pull copy nothing.
     #[test]
-    fn random_trees_push_and_pull(g in gen_tree()) {
+    fn random_trees_push_and_pull(g in gen_tree(true)) {
         let Ok((rsh, host)) = server() else {
             eprintln!("skipped: FERRY_TEST_SSH_* not set");
             return Ok(());
@@ -643,6 +578,74 @@ fn remote_to_s3_and_back() {
 
 /// ferry itself killed (-9) mid-run over ssh: the rerun completes and no
 /// temporary is left on the remote.
+/// Names with a newline, non-UTF-8 bytes, a leading dash and blanks go
+/// both ways over ssh byte for byte; a second run copies nothing.
+#[test]
+fn odd_names_pushed_and_pulled() {
+    let (rsh, host) = need_server!();
+    let d = tmpdir();
+    let (src, there, back) = (
+        d.path().join("src"),
+        d.path().join("there"),
+        d.path().join("back"),
+    );
+    util::ssh::odd_names_tree(&src);
+    for (from, to) in [
+        (src.clone().into_os_string(), at(&host, &there)),
+        (at(&host, &there), back.clone().into_os_string()),
+    ] {
+        for copies in [5, 0] {
+            let r = remote(&rsh, &["sync".as_ref(), "--json".as_ref(), &from, &to]);
+            r.ok();
+            assert_eq!(summary_field(&r, "files_copied"), copies, "{r}");
+        }
+    }
+    assert_trees_equal(&src, &there);
+    assert_trees_equal(&src, &back);
+}
+
+/// `ferry copy` with the server's -e, this build as the remote ferry and
+/// `args`, started and not waited for (its output dropped): for killing.
+fn spawn_copy(rsh: &str, args: &[&std::ffi::OsStr]) -> std::process::Child {
+    let mut a: Vec<&std::ffi::OsStr> = vec![
+        "copy".as_ref(),
+        "-e".as_ref(),
+        rsh.as_ref(),
+        "--remote-ferry".as_ref(),
+    ];
+    let b = bin();
+    a.push(&b);
+    a.extend_from_slice(args);
+    std::process::Command::new(bin())
+        .args(a)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// Wait until `ready` (checked every 50 ms, `tries` times at most).
+#[track_caller]
+fn wait_until(what: &str, tries: u32, mut ready: impl FnMut() -> bool) {
+    let mut waited = 0;
+    while !ready() {
+        std::thread::sleep(Duration::from_millis(50));
+        waited += 1;
+        assert!(waited < tries, "{what}");
+    }
+}
+
+/// The number just before `phrase` in a run's output (0 when absent).
+fn figure_before(r: &Run, phrase: &str) -> u64 {
+    r.all()
+        .lines()
+        .find_map(|l| {
+            l.split_once(phrase)
+                .and_then(|(a, _)| a.rsplit(' ').next()?.parse::<u64>().ok())
+        })
+        .unwrap_or(0)
+}
+
 #[test]
 fn local_ferry_killed_then_rerun_leaves_no_temporaries() {
     let (rsh, host) = need_server!();
@@ -652,28 +655,18 @@ fn local_ferry_killed_then_rerun_leaves_no_temporaries() {
         write(&src, format!("f{i:02}"), &gen_bytes(300_000, i));
     }
     let dst = d.path().join("dst");
-    let mut child = std::process::Command::new(bin())
-        .args([
-            "copy".as_ref(),
-            "-e".as_ref(),
-            rsh.as_ref() as &std::ffi::OsStr,
-            "--remote-ferry".as_ref(),
-            bin().as_os_str(),
+    let mut child = spawn_copy(
+        &rsh,
+        &[
             "--bwlimit".as_ref(),
             "1M".as_ref(),
             src.as_os_str(),
             &at(&host, &dst),
-        ])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut waited = 0;
-    while !(dst.exists() && std::fs::read_dir(&dst).unwrap().count() >= 2) {
-        std::thread::sleep(Duration::from_millis(50));
-        waited += 1;
-        assert!(waited < 400, "the copy did not start");
-    }
+        ],
+    );
+    wait_until("the copy did not start", 400, || {
+        dst.exists() && std::fs::read_dir(&dst).unwrap().count() >= 2
+    });
     child.kill().unwrap();
     child.wait().unwrap();
     remote(&rsh, &["copy".as_ref(), src.as_os_str(), &at(&host, &dst)]).ok();
@@ -713,46 +706,30 @@ fn big_file_over_three_connections_and_a_resumed_pull() {
     assert!(std::fs::read(back.join("big")).unwrap() == data);
     // A pull killed part way: the partial stays, the rerun fetches the rest.
     let again = d.path().join("again");
-    let mut child = std::process::Command::new(bin())
-        .args([
-            "copy".as_ref(),
-            "-e".as_ref(),
-            rsh.as_ref() as &std::ffi::OsStr,
-            "--remote-ferry".as_ref(),
-            bin().as_os_str(),
+    let mut child = spawn_copy(
+        &rsh,
+        &[
             "--bwlimit".as_ref(),
             "8M".as_ref(),
             &at(&host, &there),
             again.as_os_str(),
-        ])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+        ],
+    );
     // Two seconds after the partial appears (its ranges are recorded every
     // second): some of it has arrived and is on record.
-    let (mut waited, mut seen) = (0, 0);
-    while seen < 40 {
+    let mut seen = 0;
+    wait_until("the pull did not start", 600, || {
         if again.exists() && !find_prefixed(&again, b".ferry-part-").is_empty() {
             seen += 1;
         }
-        std::thread::sleep(Duration::from_millis(50));
-        waited += 1;
-        assert!(waited < 600, "the pull did not start");
-    }
+        seen >= 40
+    });
     child.kill().unwrap();
     child.wait().unwrap();
     let r = copy(&at(&host, &there), again.as_os_str(), &["-v".as_ref()]);
     r.ok();
     assert!(std::fs::read(again.join("big")).unwrap() == data);
-    let reused = r
-        .all()
-        .lines()
-        .find_map(|l| {
-            l.split_once(" bytes of interrupted downloads reused")
-                .and_then(|(a, _)| a.rsplit(' ').next()?.parse::<u64>().ok())
-        })
-        .unwrap_or(0);
+    let reused = figure_before(&r, " bytes of interrupted downloads reused");
     assert!(reused > 0, "nothing resumed\n{r}");
     assert!(find_prefixed(&again, b".ferry-").is_empty());
 }
@@ -768,26 +745,19 @@ fn big_push_over_connections_resumes_after_a_kill() {
     write(d.path(), "src/big", &data);
     let src = d.path().join("src");
     let there = d.path().join("there");
-    let mut child = std::process::Command::new(bin())
-        .args([
-            "copy".as_ref(),
-            "-e".as_ref(),
-            rsh.as_ref() as &std::ffi::OsStr,
-            "--remote-ferry".as_ref(),
-            bin().as_os_str(),
+    let mut child = spawn_copy(
+        &rsh,
+        &[
             "--connections".as_ref(),
             "3".as_ref(),
             "--bwlimit".as_ref(),
             "8M".as_ref(),
             src.as_os_str(),
             &at(&host, &there),
-        ])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+        ],
+    );
     // Killed once the partial there has ranges on record (flushed and
-    // recorded every second).
+    // recorded every two seconds).
     let recorded = |dir: &Path| {
         find_prefixed(dir, b".ferry-part-").iter().any(|p| {
             xattrs_of(&dir.join(p))
@@ -799,12 +769,9 @@ fn big_push_over_connections_resumes_after_a_kill() {
                 })
         })
     };
-    let mut waited = 0;
-    while !(there.exists() && recorded(&there)) {
-        std::thread::sleep(Duration::from_millis(50));
-        waited += 1;
-        assert!(waited < 600, "the push did not start");
-    }
+    wait_until("the push did not start", 600, || {
+        there.exists() && recorded(&there)
+    });
     child.kill().unwrap();
     child.wait().unwrap();
     assert!(!there.join("big").exists());
@@ -819,14 +786,7 @@ fn big_push_over_connections_resumes_after_a_kill() {
     );
     r.ok();
     assert!(std::fs::read(there.join("big")).unwrap() == data);
-    let reused = r
-        .all()
-        .lines()
-        .find_map(|l| {
-            l.split_once(" bytes of interrupted pushes reused")
-                .and_then(|(a, _)| a.rsplit(' ').next()?.parse::<u64>().ok())
-        })
-        .unwrap_or(0);
+    let reused = figure_before(&r, " bytes of interrupted pushes reused");
     assert!(
         reused > 0 && reused < data.len() as u64,
         "nothing resumed\n{r}"

@@ -2,8 +2,11 @@
 //! (`FERRY_TEST_SSH_*`, set by `scripts/test`). The server is this machine, so a remote
 //! tree is checked on disk.
 
+use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::Path;
+
+use proptest::prelude::*;
 
 use super::*;
 
@@ -30,4 +33,81 @@ pub fn ferry_ssh<S: AsRef<OsStr>>(rsh: &str, cmd: &str, args: &[S]) -> Run {
     a.push(bin());
     a.extend(args.iter().map(|s| s.as_ref().to_os_string()));
     ferry(&a)
+}
+
+/// A random tree for the remote backends' push and pull property tests.
+#[derive(Clone, Debug)]
+pub enum Gen {
+    File(usize, u64, u32, Mtime),
+    Link(&'static str, Mtime),
+    Dir(BTreeMap<String, Gen>, u32, Mtime),
+}
+
+/// The tree `g` describes.
+pub fn node(g: &Gen) -> Node {
+    match g {
+        Gen::File(size, seed, mode, t) => Node::File {
+            data: gen_bytes(*size, *seed),
+            meta: Meta::new(*mode, *t),
+        },
+        Gen::Link(target, t) => Node::Symlink {
+            target: (*target).into(),
+            meta: Meta::new(0o777, *t),
+        },
+        Gen::Dir(kids, mode, t) => Node::Dir {
+            entries: kids.iter().map(|(n, k)| (n.into(), node(k))).collect(),
+            meta: Meta::new(*mode, *t),
+        },
+    }
+}
+
+/// Random trees with a directory at the top: files of several sizes,
+/// symlinks, names with a blank and a non-ASCII letter; mtimes with
+/// nanoseconds when `nanos` (else whole seconds, for SFTP).
+pub fn gen_tree(nanos: bool) -> impl Strategy<Value = Gen> {
+    let t = (
+        1_000_000_000i64..1_900_000_000,
+        0u32..if nanos { 1_000_000_000 } else { 1 },
+    );
+    let size = prop_oneof![
+        3 => 0usize..300,
+        1 => Just(4096usize),
+        1 => Just(300_000usize),
+        1 => Just((2usize << 20) + 5),
+    ];
+    let leaf = prop_oneof![
+        4 => (size, any::<u64>(), prop::sample::select(&[0o644u32, 0o600, 0o755, 0o444][..]), t.clone())
+            .prop_map(|(s, seed, m, t)| Gen::File(s, seed, m, t)),
+        1 => (prop::sample::select(&["a", "../x", "/nowhere", "d/e"][..]), t.clone())
+            .prop_map(|(l, t)| Gen::Link(l, t)),
+    ];
+    let name = prop_oneof![3 => "[a-z]{1,5}", 1 => Just("sp ace\u{e9}".to_string())];
+    leaf.prop_recursive(3, 40, 6, move |inner| {
+        (
+            prop::collection::btree_map(name.clone(), inner, 0..6),
+            prop::sample::select(&[0o755u32, 0o700, 0o750][..]),
+            t.clone(),
+        )
+            .prop_map(|(k, m, t)| Gen::Dir(k, m, t))
+    })
+    .prop_filter("a directory at the top", |g| matches!(g, Gen::Dir(..)))
+}
+
+/// A tree of names users get by mistake: a newline, bytes that are not
+/// UTF-8, a leading dash, blanks; in a directory of such a name too.
+pub fn odd_names_tree(root: &Path) -> Vec<Vec<u8>> {
+    use std::os::unix::ffi::OsStrExt;
+    let names: Vec<Vec<u8>> = vec![
+        b"line\nbreak".to_vec(),
+        b"bad\xff\xfebytes".to_vec(),
+        b"-dash".to_vec(),
+        b" lead and trail ".to_vec(),
+        b"dir\n\xff/inner\nname".to_vec(),
+    ];
+    for (i, n) in names.iter().enumerate() {
+        let p = root.join(std::ffi::OsStr::from_bytes(n));
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, gen_bytes(100 + i, i as u64)).unwrap();
+    }
+    names
 }
