@@ -22,6 +22,16 @@ struct Watch {
     seen: Vec<String>,
 }
 
+/// A test that fails leaves no watch running behind it.
+impl Drop for Watch {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 impl Watch {
     fn start(args: &[&str], src: impl AsRef<OsStr>, dst: impl AsRef<OsStr>) -> Watch {
         let mut cmd = Command::new(bin());
