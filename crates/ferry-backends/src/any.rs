@@ -12,6 +12,7 @@ use ferry_engine::bwlimit::Limiter;
 use ferry_engine::delta::{DiffSummary, OpSink, Signature};
 use ferry_engine::entry::{Kind, Listing, Meta};
 use ferry_engine::hash::{Hash, HashKind, HashSet};
+use ferry_engine::keep::{KeepBase, KeepTo};
 use ferry_engine::store::{
     DeltaRole, ListError, MetaChange, Progress, RangedSource, SourceFile, Store,
 };
@@ -425,6 +426,12 @@ macro_rules! backends {
             }
             fn mtime_step_ns(&self) -> u32 {
                 match self { $(AnyStore::$v(s) => s.mtime_step_ns(),)+ }
+            }
+            fn keep(&self, dir: &AnyDir, name: &CStr, to: &KeepTo<'_>) -> io::Result<()> {
+                match (self, dir) { $((AnyStore::$v(s), AnyDir::$v(d)) => s.keep(d, name, to),)+ _ => mismatch() }
+            }
+            fn can_keep(&self, base: &KeepBase) -> bool {
+                match self { $(AnyStore::$v(s) => s.can_keep(base),)+ }
             }
         }
     };

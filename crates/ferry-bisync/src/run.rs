@@ -399,6 +399,7 @@ pub fn run<A: Store, B: Store>(
         // Only compares: nothing written.
         xattrs: None,
         delta: None,
+        keep: None,
     };
     let jr: Option<&Journal> = journal.as_deref();
     let records: &dyn Records = match jr {
@@ -669,6 +670,7 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
             moved: &self.stats.bytes_moved,
             xattrs: self.xattrs.active(),
             delta: ferry_engine::delta::Use::of(self.opts.delta, &self.stats.delta),
+            keep: None,
         }
     }
 
@@ -1349,7 +1351,15 @@ fn copy_one<S: Store, D: Store>(
         cp.new_entry_xattrs(&sdir, &sname, &ddir, &dname, &c.meta)?;
     } else {
         from = cp
-            .copy_file(&sdir, &sname, &ddir, &dname, &c.meta, c.expect.is_none())?
+            .copy_file(
+                &sdir,
+                &sname,
+                &ddir,
+                &dname,
+                &c.dst,
+                &c.meta,
+                c.expect.as_ref(),
+            )?
             .meta;
         if let Some(m) = d.meta_after_commit(&from) {
             return Ok((from, m));

@@ -22,6 +22,7 @@ use crate::bwlimit::Limiter;
 use crate::delta::{self, DiffSummary, Signature, Tally};
 use crate::entry::{Kind, Meta};
 use crate::hash::{hash_bytes, Hash};
+use crate::keep::Keeper;
 use crate::store::{DeltaRole, SourceFile, Store, Tracked};
 use crate::xattr::{XattrRun, Xattrs};
 
@@ -46,6 +47,9 @@ pub struct Copier<'a, S: Store, D: Store> {
     /// Changed files by delta where both stores can (`None`:
     /// `--whole-file`).
     pub delta: Option<delta::Use<'a>>,
+    /// Keep the file a copy replaces, before it is replaced (`--backup-dir`,
+    /// `--suffix`, `--versions`); `None`: replace it for good.
+    pub keep: Option<&'a Keeper>,
 }
 
 /// A committed copy.
@@ -62,7 +66,9 @@ pub struct Copied {
 impl<S: Store, D: Store> Copier<'_, S, D> {
     /// Copy `sname` of `sdir` to `name` in `ddir` through a temporary, set
     /// its metadata, rename it into place. `meta`: the source as listed;
-    /// `fresh`: the destination has no entry of that name.
+    /// `rel`: the destination's path below its root (where a kept copy of
+    /// what it replaces goes); `old`: the destination's entry of that name
+    /// (`None`: there is none).
     ///
     /// A source that can tell its current size and mtime cheaply (a local
     /// file: one `fstat` of the open descriptor, after the copy) is checked
@@ -76,9 +82,11 @@ impl<S: Store, D: Store> Copier<'_, S, D> {
         sname: &CStr,
         ddir: &D::Dir,
         name: &CStr,
+        rel: &[u8],
         meta: &Meta,
-        fresh: bool,
+        old: Option<&Meta>,
     ) -> io::Result<Copied> {
+        let fresh = old.is_none();
         // An empty file has no content to hide while half-written: the
         // store may create it under its name directly, without reading the
         // source (whose listed metadata must then be exact).
@@ -98,7 +106,7 @@ impl<S: Store, D: Store> Copier<'_, S, D> {
         let mut sig = self.signature(ddir, name, meta, fresh);
         let mut tries = 0;
         while tries < 2 {
-            match self.copy_once(sdir, sname, ddir, name, &want, sig.as_ref()) {
+            match self.copy_once(sdir, sname, ddir, name, &want, sig.as_ref(), rel, old) {
                 Ok(Ok(c)) => return Ok(c),
                 Ok(Err(now)) => {
                     tries += 1;
@@ -137,6 +145,8 @@ impl<S: Store, D: Store> Copier<'_, S, D> {
         name: &CStr,
         meta: &Meta,
         sig: Option<&Signature>,
+        rel: &[u8],
+        old: Option<&Meta>,
     ) -> io::Result<Result<Copied, (u64, i64, u32)>> {
         let mut r = Tracked::new(self.src.open_file(sdir, sname)?, self.moved);
         // The source's attributes, from the descriptor just opened (one
@@ -201,6 +211,15 @@ impl<S: Store, D: Store> Copier<'_, S, D> {
                 .dst
                 .set_writer_xattrs(ddir, &mut w, meta, x.sel, &attrs);
             if let Err(e) = x.settle(res) {
+                self.dst.abort(ddir, w);
+                return Err(e);
+            }
+        }
+        // What the file replaces is kept first (a hard link where the store
+        // can: the name never goes missing); if it cannot be kept, nothing
+        // is replaced.
+        if let (Some(k), Some(old)) = (self.keep, old) {
+            if let Err(e) = k.keep(self.dst, ddir, name, rel, old, true) {
                 self.dst.abort(ddir, w);
                 return Err(e);
             }

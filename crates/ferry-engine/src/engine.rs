@@ -1415,7 +1415,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         };
         match self
             .copier()
-            .copy_file(&node.src, name, d, name, meta, dst_meta.is_none())
+            .copy_file(&node.src, name, d, name, &path, meta, dst_meta.as_ref())
             .map(|c| c.bytes)
         {
             Ok(n) => {
@@ -1446,6 +1446,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                 self.xattrs.active()
             },
             delta: crate::delta::Use::of(self.opts.delta, &self.stats.delta),
+            keep: None,
         }
     }
 
@@ -1500,7 +1501,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         }
         let res = self
             .copier()
-            .copy_file(&sdir, src_name, &ddir, dst_name, &sm, dm.is_none())
+            .copy_file(&sdir, src_name, &ddir, dst_name, path, &sm, dm.as_ref())
             .map(|c| c.bytes);
         match res {
             Ok(n) => {

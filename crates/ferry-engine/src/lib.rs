@@ -15,6 +15,7 @@ pub mod engine;
 pub mod entry;
 pub mod filter;
 pub mod hash;
+pub mod keep;
 pub mod ls;
 pub mod piece;
 pub mod plan;

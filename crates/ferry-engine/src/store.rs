@@ -17,6 +17,7 @@ use crate::bwlimit::Limiter;
 use crate::delta::{DiffSummary, OpSink, Signature};
 use crate::entry::{Kind, Listing, Meta};
 use crate::hash::{Hash, HashKind, HashSet};
+use crate::keep::{KeepBase, KeepTo};
 use crate::xattr::{XattrSel, Xattrs};
 
 /// Which parts of an entry's metadata to change.
@@ -574,6 +575,24 @@ pub trait Store: Send + Sync {
         sink: &mut dyn OpSink,
     ) -> io::Result<DiffSummary> {
         crate::delta::diff(r, sig, sink)
+    }
+    /// Keep the entry `name` of `dir` (a file, symlink or special file,
+    /// never a directory) at `to` before a run replaces or removes it
+    /// (`--backup-dir`, `--suffix`, `--versions`; see [`crate::keep`]):
+    /// the cheapest move the store has (a hard link or rename; a
+    /// server-side copy), never a download. Parents of the target are
+    /// created as needed. `AlreadyExists` when `to.overwrite` is false and
+    /// the target exists. `Unsupported` where the store cannot keep
+    /// entries (then [`Store::can_keep`] is false).
+    fn keep(&self, dir: &Self::Dir, name: &CStr, to: &KeepTo<'_>) -> io::Result<()> {
+        let _ = (dir, name, to);
+        Err(io::Error::from(io::ErrorKind::Unsupported))
+    }
+    /// True when [`Store::keep`] works here, for the base `base`: a run
+    /// asked to keep what it replaces refuses to start where it cannot.
+    fn can_keep(&self, base: &KeepBase) -> bool {
+        let _ = base;
+        false
     }
     /// Remove what interrupted transfers left on the store's side and no
     /// run resumed, started at least `max_age` ago (`ferry cleanup`);

@@ -10,6 +10,7 @@
 
 pub mod delta;
 pub mod download;
+mod keep;
 pub mod local;
 pub mod range;
 mod sparse;

@@ -35,6 +35,7 @@ use crate::{sparse, special};
 use ferry_engine::bwlimit::Limiter;
 use ferry_engine::delta::{DiffSummary, OpSink, Signature};
 use ferry_engine::entry::{Kind, ListEntry, Listing, Meta};
+use ferry_engine::keep::{KeepBase, KeepTo};
 use ferry_engine::store::{
     temp_name, DeltaRole, ListError, MetaChange, Progress, SourceFile, Store, RESERVED_LEN,
 };
@@ -849,6 +850,14 @@ impl Store for LocalStore {
             rfs::utimensat(&dir.fd, name, &times(meta), AtFlags::SYMLINK_NOFOLLOW)?;
         }
         Ok(())
+    }
+
+    fn keep(&self, dir: &LocalDir, name: &CStr, to: &KeepTo<'_>) -> io::Result<()> {
+        crate::keep::keep(&self.root, dir.fd.as_fd(), name, to)
+    }
+
+    fn can_keep(&self, _base: &KeepBase) -> bool {
+        true
     }
 
     fn remove(&self, dir: &LocalDir, name: &CStr, is_dir: bool) -> io::Result<u64> {

@@ -116,6 +116,8 @@ pub struct BisyncArgs {
     pub attrs: AttrArgs,
     #[command(flatten)]
     pub watch: WatchArgs,
+    #[command(flatten)]
+    pub keep: KeepArgs,
 }
 
 /// What copy, sync and bisync keep beyond bytes, times, modes and owners.
@@ -307,6 +309,73 @@ pub struct FilterArgs {
     pub max_age: Option<i128>,
 }
 
+/// What a run keeps of the files it replaces or deletes (docs/CLI.md,
+/// "Keeping what is replaced").
+#[derive(Args, Debug, Clone, Default)]
+pub struct KeepArgs {
+    /// Move each file the run replaces or deletes into DIR first, at its
+    /// path below DST (rsync's --backup-dir; a relative DIR is relative to
+    /// DST's root; it must be on DST's backend: a rename or a server-side
+    /// copy, never a download).
+    #[arg(long, value_name = "DIR", conflicts_with = "versions")]
+    pub backup_dir: Option<String>,
+    /// Add SUF to the names of kept files; without --backup-dir, keep them
+    /// beside the file (and never delete names ending in SUF).
+    #[arg(long, value_name = "SUF", conflicts_with = "versions")]
+    pub suffix: Option<String>,
+    /// Keep replaced and deleted files beside them with the suffix "~"
+    /// (rsync's -b), unless --backup-dir or --suffix says otherwise.
+    #[arg(short = 'b', long, conflicts_with = "versions")]
+    pub backup: bool,
+    /// Keep each replaced or deleted file as a version in .ferry-versions/
+    /// at the root of the replica (never synced); see `ferry versions` and
+    /// `ferry restore`.
+    #[arg(long)]
+    pub versions: bool,
+    /// Versions to keep per file: the N newest, or `staggered` (one per
+    /// hour for a day, per day for a month, per week after) [default: all].
+    #[arg(long, value_name = "N|staggered", requires = "versions", value_parser = ferry_engine::keep::KeepArg::parse)]
+    pub keep: Option<ferry_engine::keep::KeepArg>,
+    /// Drop versions kept more than DAYS days ago.
+    #[arg(long, value_name = "DAYS", requires = "versions")]
+    pub keep_days: Option<u32>,
+}
+
+impl KeepArgs {
+    /// The retention policy of `--versions`.
+    pub fn retention(&self) -> ferry_engine::keep::Retention {
+        use ferry_engine::keep::{KeepArg, Retention};
+        Retention {
+            last: match self.keep {
+                Some(KeepArg::Last(n)) => Some(n),
+                _ => None,
+            },
+            staggered: self.keep == Some(KeepArg::Staggered),
+            days: self.keep_days,
+        }
+    }
+
+    /// True when the run keeps what it replaces or deletes.
+    pub fn any(&self) -> bool {
+        self.backup_dir.is_some() || self.suffix.is_some() || self.backup || self.versions
+    }
+}
+
+/// The clock of kept versions: `FERRY_TEST_NOW` (Unix seconds; tests set
+/// it), else the system's.
+pub fn now_unix() -> i64 {
+    if let Some(t) = std::env::var("FERRY_TEST_NOW")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+    {
+        return t;
+    }
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
 #[derive(Args, Debug)]
 pub struct SyncArgs {
     /// Source directory (its content is copied) or file.
@@ -335,6 +404,8 @@ pub struct SyncArgs {
     pub attrs: AttrArgs,
     #[command(flatten)]
     pub watch: WatchArgs,
+    #[command(flatten)]
+    pub keep: KeepArgs,
     /// Refuse (exit 2, nothing changed) a run that would remove more than N
     /// entries of DST, or more than P% of them (e.g. 100, 10%).
     #[arg(long, value_name = "N|P%", value_parser = ferry_engine::MaxDelete::parse)]

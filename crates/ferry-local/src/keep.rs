@@ -1,0 +1,289 @@
+//! Keeping an entry a run replaces or removes (`--backup-dir`, `--suffix`,
+//! `--versions`; see `ferry_engine::keep`) on a local filesystem.
+//!
+//! An entry about to be replaced is hard-linked at its kept path: the old
+//! inode lives on there, and the commit's rename replaces the name
+//! atomically, so the name never goes missing (one `linkat` per replaced
+//! file). An entry about to be removed is renamed there. Where neither can
+//! be done (another filesystem, one without hard links) the entry is
+//! copied, with its metadata, through a temporary; a removed one is then
+//! unlinked.
+
+use std::ffi::{CStr, CString};
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags, RenameFlags, Timespec, Timestamps};
+use rustix::io::Errno;
+
+use ferry_engine::keep::{KeepBase, KeepTo};
+
+/// The kept path of `to`, for a store rooted at `root`.
+pub(crate) fn target(root: &Path, to: &KeepTo<'_>) -> PathBuf {
+    let base = match to.base {
+        KeepBase::Root(p) if p.is_empty() => root.to_path_buf(),
+        KeepBase::Root(p) => root.join(std::ffi::OsStr::from_bytes(p)),
+        KeepBase::Abs(p) => PathBuf::from(std::ffi::OsStr::from_bytes(p)),
+    };
+    base.join(std::ffi::OsStr::from_bytes(to.path))
+}
+
+/// Keep `name` of `dir` at `to` (see the module's comment).
+pub(crate) fn keep(
+    root: &Path,
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    to: &KeepTo<'_>,
+) -> io::Result<()> {
+    let t = target(root, to);
+    let tc = CString::new(t.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL in the kept path"))?;
+    let mut made_parents = false;
+    loop {
+        let res = if to.replacing {
+            link(dir, name, &tc, &t, to.overwrite)
+        } else {
+            let flags = if to.overwrite {
+                RenameFlags::empty()
+            } else {
+                RenameFlags::NOREPLACE
+            };
+            rfs::renameat_with(dir, name, rfs::CWD, &tc, flags)
+        };
+        match res {
+            Ok(()) => return Ok(()),
+            Err(Errno::NOENT) if !made_parents => {
+                // The first entry kept in that directory: make its parents
+                // (only now, so an unreplaced tree costs no mkdir).
+                if let Some(p) = t.parent() {
+                    std::fs::create_dir_all(p)?;
+                }
+                made_parents = true;
+            }
+            Err(Errno::EXIST) if !to.overwrite => {
+                return Err(io::Error::from(io::ErrorKind::AlreadyExists))
+            }
+            // Another filesystem, hard links not allowed there, or a
+            // filesystem without RENAME_NOREPLACE: copy.
+            Err(
+                Errno::XDEV
+                | Errno::PERM
+                | Errno::MLINK
+                | Errno::NOTSUP
+                | Errno::INVAL
+                | Errno::NOSYS,
+            ) => {
+                copy(dir, name, &t, to.overwrite)?;
+                if !to.replacing {
+                    rfs::unlinkat(dir, name, AtFlags::empty())?;
+                }
+                return Ok(());
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Hard-link `name` at `t`; an entry there is replaced when `overwrite`
+/// (atomically: linked beside it, then renamed over it).
+fn link(
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    tc: &CStr,
+    t: &Path,
+    overwrite: bool,
+) -> Result<(), Errno> {
+    match rfs::linkat(dir, name, rfs::CWD, tc, AtFlags::empty()) {
+        Err(Errno::EXIST) if overwrite => {
+            let tmp = temp_beside(t);
+            rfs::linkat(dir, name, rfs::CWD, &tmp, AtFlags::empty())?;
+            rfs::renameat(rfs::CWD, &tmp, rfs::CWD, tc).inspect_err(|_| {
+                let _ = rfs::unlinkat(rfs::CWD, &tmp, AtFlags::empty());
+            })
+        }
+        r => r,
+    }
+}
+
+fn temp_beside(t: &Path) -> CString {
+    let id = std::process::id() as u64
+        ^ (t.as_os_str().len() as u64) << 32
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+    let n = ferry_engine::store::temp_name(id);
+    let n = &n[..ferry_engine::store::RESERVED_LEN];
+    let p = t.with_file_name(std::ffi::OsStr::from_bytes(n));
+    CString::new(p.as_os_str().as_bytes()).expect("no NUL")
+}
+
+/// Copy `name` (a file, symlink, fifo or device) to `t` with its mode,
+/// times and (as root) owner, through a temporary beside `t`.
+fn copy(dir: BorrowedFd<'_>, name: &CStr, t: &Path, overwrite: bool) -> io::Result<()> {
+    let st = rfs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW)?;
+    let tmp = temp_beside(t);
+    let kind = FileType::from_raw_mode(st.st_mode);
+    let made = (|| -> io::Result<()> {
+        match kind {
+            FileType::RegularFile => {
+                let src = rfs::openat(
+                    dir,
+                    name,
+                    OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+                    Mode::empty(),
+                )?;
+                let dst = rfs::openat(
+                    rfs::CWD,
+                    &tmp,
+                    OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC,
+                    Mode::from_raw_mode(0o600),
+                )?;
+                let mut r = std::fs::File::from(src);
+                let mut w = std::fs::File::from(dst);
+                io::copy(&mut r, &mut w)?;
+                rfs::fchmod(w.as_fd(), Mode::from_raw_mode(st.st_mode & 0o7777))?;
+            }
+            FileType::Symlink => {
+                let target = rfs::readlinkat(dir, name, Vec::new())?;
+                rfs::symlinkat(&target, rfs::CWD, &tmp)?;
+            }
+            FileType::Fifo | FileType::CharacterDevice | FileType::BlockDevice => {
+                rfs::mknodat(
+                    rfs::CWD,
+                    &tmp,
+                    kind,
+                    Mode::from_raw_mode(st.st_mode & 0o7777),
+                    st.st_rdev,
+                )?;
+            }
+            _ => {
+                return Err(io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    "cannot keep this kind of entry on another filesystem",
+                ))
+            }
+        }
+        if rustix::process::geteuid().is_root() {
+            let _ = rfs::chownat(
+                rfs::CWD,
+                &tmp,
+                Some(rustix::fs::Uid::from_raw(st.st_uid)),
+                Some(rustix::fs::Gid::from_raw(st.st_gid)),
+                AtFlags::SYMLINK_NOFOLLOW,
+            );
+        }
+        let times = Timestamps {
+            last_access: Timespec {
+                tv_sec: st.st_atime as _,
+                tv_nsec: st.st_atime_nsec as _,
+            },
+            last_modification: Timespec {
+                tv_sec: st.st_mtime as _,
+                tv_nsec: st.st_mtime_nsec as _,
+            },
+        };
+        rfs::utimensat(rfs::CWD, &tmp, &times, AtFlags::SYMLINK_NOFOLLOW)?;
+        let tc = CString::new(t.as_os_str().as_bytes()).expect("no NUL");
+        let flags = if overwrite {
+            RenameFlags::empty()
+        } else {
+            RenameFlags::NOREPLACE
+        };
+        match rfs::renameat_with(rfs::CWD, &tmp, rfs::CWD, &tc, flags) {
+            Err(Errno::EXIST) => Err(io::Error::from(io::ErrorKind::AlreadyExists)),
+            r => Ok(r?),
+        }
+    })();
+    if made.is_err() {
+        let _ = rfs::unlinkat(rfs::CWD, &tmp, AtFlags::empty());
+    }
+    made
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    fn dirfd(p: &Path) -> rustix::fd::OwnedFd {
+        rfs::open(p, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty()).unwrap()
+    }
+
+    #[test]
+    fn replaced_files_are_linked_removed_ones_renamed() {
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().join("dst");
+        std::fs::create_dir_all(root.join("d")).unwrap();
+        std::fs::write(root.join("d/a"), b"old a").unwrap();
+        std::fs::write(root.join("d/b"), b"old b").unwrap();
+        let d = dirfd(&root.join("d"));
+        let base = KeepBase::Root(b"../old".to_vec());
+        let to = |path: &'static [u8], replacing| KeepTo {
+            base: &base,
+            path,
+            overwrite: true,
+            replacing,
+        };
+        keep(&root, d.as_fd(), c"a", &to(b"d/a", true)).unwrap();
+        keep(&root, d.as_fd(), c"b", &to(b"d/b", false)).unwrap();
+        let old = t.path().join("old/d");
+        assert_eq!(std::fs::read(old.join("a")).unwrap(), b"old a");
+        assert_eq!(std::fs::metadata(root.join("d/a")).unwrap().nlink(), 2);
+        assert_eq!(std::fs::read(old.join("b")).unwrap(), b"old b");
+        assert!(!root.join("d/b").exists());
+        // Overwrite replaces an older kept entry; without it, AlreadyExists.
+        std::fs::write(root.join("d/b"), b"new b").unwrap();
+        let no = KeepTo {
+            overwrite: false,
+            ..to(b"d/b", false)
+        };
+        let e = keep(&root, d.as_fd(), c"b", &no).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::AlreadyExists);
+        keep(&root, d.as_fd(), c"b", &to(b"d/b", true)).unwrap();
+        assert_eq!(std::fs::read(old.join("b")).unwrap(), b"new b");
+        assert_eq!(std::fs::read(root.join("d/b")).unwrap(), b"new b");
+    }
+
+    #[test]
+    fn another_filesystem_is_a_copy_with_metadata() {
+        // /dev/shm is a tmpfs, another filesystem than /tmp's here (if not,
+        // the link path is taken and the test still checks the result).
+        let Ok(shm) = tempfile::tempdir_in("/dev/shm") else {
+            return;
+        };
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().join("dst");
+        std::fs::create_dir_all(&root).unwrap();
+        std::fs::write(root.join("f"), b"bytes").unwrap();
+        std::os::unix::fs::symlink("target", root.join("l")).unwrap();
+        let f = std::fs::File::options()
+            .write(true)
+            .open(root.join("f"))
+            .unwrap();
+        f.set_modified(std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000))
+            .unwrap();
+        let d = dirfd(&root);
+        let base = KeepBase::Abs(shm.path().as_os_str().as_bytes().to_vec());
+        for (n, p, replacing) in [(c"f", &b"k/f"[..], false), (c"l", &b"k/l"[..], true)] {
+            let to = KeepTo {
+                base: &base,
+                path: p,
+                overwrite: false,
+                replacing,
+            };
+            keep(&root, d.as_fd(), n, &to).unwrap();
+        }
+        let kept = shm.path().join("k/f");
+        assert_eq!(std::fs::read(&kept).unwrap(), b"bytes");
+        assert_eq!(std::fs::metadata(&kept).unwrap().mtime(), 1_000_000);
+        assert!(!root.join("f").exists());
+        assert_eq!(
+            std::fs::read_link(shm.path().join("k/l")).unwrap(),
+            Path::new("target")
+        );
+        assert!(root.join("l").symlink_metadata().is_ok());
+    }
+}
