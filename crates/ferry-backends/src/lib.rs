@@ -11,6 +11,7 @@
 #![deny(missing_docs)]
 
 mod any;
+pub mod keep;
 pub mod location;
 
 use ferry_engine::Meta;

@@ -702,3 +702,32 @@ pub fn resolve(src: &Path, dst: &Path) -> Result<Job, String> {
         )),
     }
 }
+
+/// The keeper of a run whose destination is `dst` (`None`: nothing kept),
+/// from `--backup-dir`, `--suffix`, `-b` and `--versions`; an error is a
+/// usage error (exit 2).
+pub fn keeper(k: &KeepArgs, dst: &Root) -> Result<Option<ferry_engine::keep::Keeper>, String> {
+    use ferry_engine::keep::{KeepRule, Keeper};
+    let suffix = k.suffix.as_deref().map(|s| s.as_bytes().to_vec());
+    let rule = if k.versions {
+        KeepRule::Versions
+    } else if let Some(dir) = &k.backup_dir {
+        KeepRule::BackupDir {
+            base: ferry_backends::keep::keep_base(dst, std::ffi::OsStr::new(dir))?,
+            suffix: suffix.unwrap_or_default(),
+        }
+    } else if let Some(s) = suffix {
+        if s.is_empty() || s.contains(&b'/') {
+            return Err(format!(
+                "--suffix {:?}: must be non-empty and hold no '/' without --backup-dir",
+                String::from_utf8_lossy(&s)
+            ));
+        }
+        KeepRule::Suffix(s)
+    } else if k.backup {
+        KeepRule::Suffix(b"~".to_vec())
+    } else {
+        return Ok(None);
+    };
+    Ok(Some(Keeper::new(rule, now_unix())))
+}
