@@ -24,6 +24,7 @@ mod direct;
 mod direct_tests;
 mod etag;
 mod fail;
+mod keep;
 mod listing;
 mod multipart;
 mod parse;

@@ -12,6 +12,7 @@ use std::time::Duration;
 use ferry_engine::bwlimit::Limiter;
 use ferry_engine::entry::{Kind, Listing, Meta};
 use ferry_engine::hash::{Hash, HashKind, HashSet};
+use ferry_engine::keep::{KeepBase, KeepTo};
 use ferry_engine::store::{ListError, MetaChange, RangedSource, SourceFile, Store};
 use rusty_s3::actions::{
     DeleteObject, DeleteObjects, HeadBucket, HeadObject, ObjectIdentifier, PutObject,
@@ -41,6 +42,11 @@ pub struct S3Store {
     pub(crate) lazy_meta: bool,
     /// The server refused a DeleteObjects: delete one key per request.
     pub(crate) no_batch_delete: AtomicBool,
+    /// What the store was made of (another bucket on the same server
+    /// is reached with it: kept objects).
+    pub(crate) cfg: S3Config,
+    /// Stores of other buckets kept objects go to.
+    pub(crate) others: crate::keep::Others,
 }
 
 /// A "directory": a key prefix, empty or ending in `/`.
@@ -143,6 +149,8 @@ impl S3Store {
             head_threads: threads.clamp(1, 64),
             lazy_meta: false,
             no_batch_delete: AtomicBool::new(false),
+            cfg: cfg.clone(),
+            others: Default::default(),
         })
     }
 
@@ -315,7 +323,7 @@ impl S3Store {
     }
 
     /// HEAD an object: `None` when there is none.
-    fn head_if_any(&self, key: &str) -> io::Result<Option<Meta>> {
+    pub(crate) fn head_if_any(&self, key: &str) -> io::Result<Option<Meta>> {
         match self.head(key, 0, None) {
             Ok(m) => Ok(Some(m)),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
@@ -865,6 +873,14 @@ impl Store for S3Store {
             n(&c.list_ranges),
             n(&c.batch_deletes)
         )]
+    }
+
+    fn keep(&self, dir: &S3Dir, name: &CStr, to: &KeepTo<'_>) -> io::Result<()> {
+        self.keep_entry(dir, name, to)
+    }
+
+    fn can_keep(&self, base: &KeepBase) -> bool {
+        S3Store::keep_base_ok(base)
     }
 
     fn cleanup(&self, max_age: Duration, dry_run: bool) -> io::Result<Vec<(String, String)>> {

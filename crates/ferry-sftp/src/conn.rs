@@ -45,6 +45,8 @@ pub struct Extensions {
     pub fsync: bool,
     /// `lsetstat@openssh.com`: set a symlink's own times.
     pub lsetstat: bool,
+    /// `hardlink@openssh.com`: another name of a file.
+    pub hardlink: bool,
 }
 
 /// A live session.
@@ -278,6 +280,7 @@ fn open(t: &Target) -> Result<Arc<Conn>, String> {
                 b"posix-rename@openssh.com" => ext.posix_rename = true,
                 b"fsync@openssh.com" => ext.fsync = true,
                 b"lsetstat@openssh.com" => ext.lsetstat = true,
+                b"hardlink@openssh.com" => ext.hardlink = true,
                 b"limits@openssh.com" => limits = true,
                 _ => {}
             }

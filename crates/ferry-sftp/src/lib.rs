@@ -10,6 +10,7 @@
 #![deny(missing_docs)]
 
 pub mod conn;
+mod keep;
 mod read;
 pub mod store;
 #[allow(missing_docs)]

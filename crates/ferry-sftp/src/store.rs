@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use ferry_engine::bwlimit::Limiter;
 use ferry_engine::entry::{Kind, Listing, Meta};
+use ferry_engine::keep::{KeepBase, KeepTo};
 use ferry_engine::store::{temp_name, ListError, MetaChange, SourceFile, Store, RESERVED_LEN};
 use ferry_ssh::Target;
 
@@ -26,7 +27,7 @@ const READDIR_AHEAD: usize = 4;
 /// A tree on another machine, reached over SFTP.
 pub struct SftpStore {
     pub(crate) conn: Arc<Conn>,
-    root: Vec<u8>,
+    pub(crate) root: Vec<u8>,
 }
 
 /// A directory: its path on the server.
@@ -478,5 +479,13 @@ impl Store for SftpStore {
 
     fn notes(&self, role: &str) -> Vec<String> {
         crate::write::notes(role)
+    }
+
+    fn keep(&self, dir: &SftpDir, name: &CStr, to: &KeepTo<'_>) -> io::Result<()> {
+        self.keep_entry(dir, name, to)
+    }
+
+    fn can_keep(&self, _base: &KeepBase) -> bool {
+        true
     }
 }

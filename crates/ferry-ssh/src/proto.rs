@@ -21,7 +21,7 @@ use ferry_engine::xattr::{XattrSel, Xattrs};
 use serde::{Deserialize, Serialize};
 
 /// The protocol version both ends must speak.
-pub const PROTOCOL: u32 = 5;
+pub const PROTOCOL: u32 = 6;
 /// The hello's first bytes.
 const MAGIC: &[u8; 12] = b"FERRY-SERVE\n";
 /// Largest frame accepted (a whole small file, a big directory's listing).
@@ -475,6 +475,21 @@ pub enum Req<'a> {
     },
     /// The `seq`-th batch (from 0) of file `file`'s ops: [`Resp::Ops`].
     DiffRead { file: u64, seq: u64 },
+    /// Keep `name` of `dir` (of the tree [`Req::Root`] opened at `root`)
+    /// at `path` below the base: `root/base` unless `abs`, else `base`
+    /// itself (absolute, or relative to the server's working directory,
+    /// the login directory), as `Store::keep` says (`overwrite`,
+    /// `replacing`): [`Resp::Ok`].
+    Keep {
+        dir: u64,
+        name: &'a [u8],
+        root: &'a [u8],
+        abs: bool,
+        base: &'a [u8],
+        path: &'a [u8],
+        overwrite: bool,
+        replacing: bool,
+    },
 }
 
 /// An error on the wire: the OS error number when there is one, else the

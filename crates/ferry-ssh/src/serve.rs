@@ -21,6 +21,7 @@ use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
 use std::sync::{Arc, Mutex};
 
 use ferry_engine::entry::{Listing, Meta};
+use ferry_engine::keep::{KeepBase, KeepTo};
 use ferry_engine::store::{SourceFile, Store};
 use ferry_engine::xattr::Xattrs;
 use ferry_local::local::{LocalDir, LocalReader, LocalWriter};
@@ -761,6 +762,33 @@ fn answer_io(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> io::Re
             &*dir_of(st, dir)?,
             &cname(name)?,
         )),
+        Req::Keep {
+            dir,
+            name,
+            root,
+            abs,
+            base,
+            path,
+            overwrite,
+            replacing,
+        } => {
+            // The local store's keep (hard link, rename, copy), for the
+            // tree at `root` as the client opened it.
+            let root = if root.is_empty() { b"." } else { root };
+            let base = if abs {
+                KeepBase::Abs(base.to_vec())
+            } else {
+                KeepBase::Root(base.to_vec())
+            };
+            let to = KeepTo {
+                base: &base,
+                path,
+                overwrite,
+                replacing,
+            };
+            let at = LocalStore::new(Path::new(OsStr::from_bytes(root)), 1);
+            ok(at.keep(&*dir_of(st, dir)?, &cname(name)?, &to))
+        }
         Req::Sign { dir, name, min } => delta::sign(st, id, dir, name, min),
         Req::DiffRead { file, seq } => delta::diff_read(st, id, file, seq),
         Req::Close { .. }

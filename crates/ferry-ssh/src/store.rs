@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex};
 use ferry_engine::bwlimit::Limiter;
 use ferry_engine::delta::{DiffSummary, OpSink, Signature};
 use ferry_engine::entry::{Kind, Listing, Meta};
+use ferry_engine::keep::{KeepBase, KeepTo};
 use ferry_engine::piece::with_piece_buffer;
 use ferry_engine::store::{DeltaRole, ListError, MetaChange, RangedSource, SourceFile, Store};
 use ferry_engine::xattr::{XattrSel, Xattrs};
@@ -1062,6 +1063,29 @@ impl Store for SshStore {
             dir: dir.id,
             name: name.to_bytes(),
         })
+    }
+
+    fn keep(&self, dir: &SshDir, name: &CStr, to: &KeepTo<'_>) -> io::Result<()> {
+        // `ferry serve` keeps it as a local run would (a hard link when
+        // replacing, a rename when removing): one round trip.
+        let (abs, base) = match to.base {
+            KeepBase::Root(b) => (false, b),
+            KeepBase::Abs(b) => (true, b),
+        };
+        self.ok(&Req::Keep {
+            dir: dir.id,
+            name: name.to_bytes(),
+            root: &self.path,
+            abs,
+            base,
+            path: to.path,
+            overwrite: to.overwrite,
+            replacing: to.replacing,
+        })
+    }
+
+    fn can_keep(&self, _base: &KeepBase) -> bool {
+        true
     }
 
     fn xattr_caps(&self) -> XattrSel {
