@@ -9,12 +9,16 @@ use std::io::{self, ErrorKind};
 use ferry_engine::entry::{Kind, Meta};
 use ferry_engine::store::{is_temp_name, MetaChange, SourceFile, Store, RANGE_PIECE};
 
+pub use crate::keep::{
+    keep_makes_parents, keep_outside, keep_overwrites, keep_refuses_existing, keep_removed,
+    keep_replaced, keep_symlink,
+};
 use crate::{
     c, file_meta, list, names, put, put_from, read_all, root, show, Bytes, Fixture, Pattern, T0,
 };
 
 /// The kind of the error of `r`, `None` when it succeeded.
-fn err_kind<T>(r: io::Result<T>) -> Option<ErrorKind> {
+pub(crate) fn err_kind<T>(r: io::Result<T>) -> Option<ErrorKind> {
     r.err().map(|e| e.kind())
 }
 
@@ -39,7 +43,7 @@ fn kept(fx: &impl Fixture, m: (i64, u32)) -> (i64, u32) {
 }
 
 #[track_caller]
-fn assert_mtime(fx: &impl Fixture, got: &Meta, want: (i64, u32), what: &str) {
+pub(crate) fn assert_mtime(fx: &impl Fixture, got: &Meta, want: (i64, u32), what: &str) {
     assert_eq!(
         (got.mtime_sec, got.mtime_nsec),
         kept(fx, want),
@@ -48,7 +52,7 @@ fn assert_mtime(fx: &impl Fixture, got: &Meta, want: (i64, u32), what: &str) {
 }
 
 #[track_caller]
-fn stat_of<S: Store>(s: &S, dir: &S::Dir, name: &[u8]) -> Meta {
+pub(crate) fn stat_of<S: Store>(s: &S, dir: &S::Dir, name: &[u8]) -> Meta {
     s.stat(dir, &c(name))
         .expect("stat")
         .unwrap_or_else(|| panic!("{} missing", String::from_utf8_lossy(name)))

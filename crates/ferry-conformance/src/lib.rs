@@ -29,9 +29,11 @@ use std::ffi::{CStr, CString};
 use std::io;
 
 use ferry_engine::entry::{Kind, Listing, Meta};
+use ferry_engine::keep::KeepBase;
 use ferry_engine::store::{SourceFile, Store};
 
 pub mod cases;
+mod keep;
 pub mod local;
 
 /// A fresh, empty root of one backend, for one test. Dropping it removes
@@ -73,6 +75,24 @@ pub trait Fixture {
     fn denied(&self) -> Result<Denied<Self::Store>, String> {
         Err("this fixture makes no store that is refused changes".into())
     }
+
+    /// A place outside the fixture's root, empty, that its store can keep
+    /// entries at ([`Store::keep`] with a [`KeepBase::Abs`]), and a store
+    /// rooted there. `Err(reason)` when the fixture cannot make one.
+    fn outside(&self) -> Result<Outside<Self::Store>, String> {
+        Err("this fixture makes no place outside its root".into())
+    }
+}
+
+/// See [`Fixture::outside`].
+pub struct Outside<S> {
+    /// A base of the fixture's store outside its root
+    /// ([`KeepBase::Abs`]: a sibling directory, another prefix).
+    pub base: KeepBase,
+    /// A store rooted there, to read back what was kept.
+    pub store: S,
+    /// Removes the place when dropped.
+    pub guard: Box<dyn std::any::Any>,
 }
 
 /// See [`Fixture::denied`].
@@ -95,7 +115,8 @@ macro_rules! suite {
             temporaries_are_reserved, create_empty, meta_mtime, meta_mode, meta_dir,
             meta_owner, rename_file, rename_refuses_existing, rename_dir, remove_file,
             remove_tree, remove_each, remove_missing, rmdir, make_dir_exists, odd_names,
-            long_name, big_file, permission_denied
+            long_name, big_file, permission_denied, keep_removed, keep_replaced,
+            keep_makes_parents, keep_refuses_existing, keep_overwrites, keep_symlink, keep_outside
         );
     };
 }

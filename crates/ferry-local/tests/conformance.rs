@@ -1,6 +1,9 @@
 //! The backend conformance suite (crates/ferry-conformance) on the local store.
 
-use ferry_conformance::{local::read_only, Denied, Fixture};
+use std::os::unix::ffi::OsStrExt;
+
+use ferry_conformance::{local::read_only, Denied, Fixture, Outside};
+use ferry_engine::keep::KeepBase;
 use ferry_local::LocalStore;
 
 /// A local store rooted in a new temporary directory.
@@ -20,6 +23,14 @@ impl Fixture for Local {
         Ok(Denied {
             store,
             guard: Box::new(guard),
+        })
+    }
+    fn outside(&self) -> Result<Outside<LocalStore>, String> {
+        let tmp = tempfile::tempdir().map_err(|e| e.to_string())?;
+        Ok(Outside {
+            base: KeepBase::Abs(tmp.path().as_os_str().as_bytes().to_vec()),
+            store: LocalStore::new(tmp.path(), 2),
+            guard: Box::new(tmp),
         })
     }
 }

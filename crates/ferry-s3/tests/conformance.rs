@@ -5,7 +5,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use ferry_conformance::{Denied, Fixture};
+use ferry_conformance::{Denied, Fixture, Outside};
+use ferry_engine::keep::KeepBase;
 use ferry_engine::store::Store;
 use ferry_s3::{S3Config, S3Store};
 
@@ -33,6 +34,16 @@ impl Fixture for S3 {
         Ok(Denied {
             store,
             guard: Box::new(()),
+        })
+    }
+    fn outside(&self) -> Result<Outside<S3Store>, String> {
+        // Another prefix of the bucket, removed with its fixture.
+        let other = s3()?;
+        let store = S3Store::new(&other.cfg, 4).map_err(|e| e.to_string())?;
+        Ok(Outside {
+            base: KeepBase::Abs(format!("{}/{}", other.cfg.bucket, other.cfg.prefix).into_bytes()),
+            store,
+            guard: Box::new(other),
         })
     }
 }

@@ -7,7 +7,8 @@
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
-use ferry_conformance::{local::read_only, Denied, Fixture};
+use ferry_conformance::{local::read_only, Denied, Fixture, Outside};
+use ferry_engine::keep::KeepBase;
 use ferry_sftp::SftpStore;
 use ferry_ssh::Target;
 
@@ -40,6 +41,21 @@ impl Fixture for Sftp {
         Ok(Denied {
             store,
             guard: Box::new(guard),
+        })
+    }
+    fn outside(&self) -> Result<Outside<SftpStore>, String> {
+        // A sibling of the tree, named as the server names it.
+        let local = self.tmp.path().parent().expect("in a directory");
+        let remote = &self.path[..self.path.iter().rposition(|&b| b == b'/').unwrap_or(0)];
+        let other = fixture(
+            self.host.clone(),
+            local,
+            std::str::from_utf8(remote).map_err(|e| e.to_string())?,
+        )?;
+        Ok(Outside {
+            base: KeepBase::Abs(other.path.clone()),
+            store: open(&self.host, &other.path)?,
+            guard: Box::new(other),
         })
     }
 }

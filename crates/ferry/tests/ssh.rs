@@ -14,7 +14,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::time::Duration;
 
-use ferry_conformance::{local::read_only, Denied, Fixture};
+use ferry_conformance::{local::read_only, Denied, Fixture, Outside};
+use ferry_engine::keep::KeepBase;
 use ferry_ssh::{SshStore, Target};
 use proptest::prelude::*;
 use util::ssh::{gen_tree, node, ssh_at as at, ssh_server as server};
@@ -73,6 +74,14 @@ impl Fixture for Ssh {
         Ok(Denied {
             store,
             guard: Box::new(guard),
+        })
+    }
+    fn outside(&self) -> Result<Outside<SshStore>, String> {
+        let tmp = tempfile::tempdir().map_err(|e| e.to_string())?;
+        Ok(Outside {
+            base: KeepBase::Abs(tmp.path().as_os_str().as_bytes().to_vec()),
+            store: open(tmp.path())?,
+            guard: Box::new(tmp),
         })
     }
 }
