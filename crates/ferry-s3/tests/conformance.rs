@@ -88,3 +88,70 @@ fn s3() -> Result<S3, String> {
 }
 
 ferry_conformance::suite!(s3, s3);
+
+/// A kept object goes to another bucket of the same server (`--backup-dir
+/// s3://OTHER/prefix`): copied there server-side with its metadata, the
+/// original deleted. On moto's server (`FERRY_TEST_S3M_*`), where a bucket
+/// is made with a plain PUT; skipped when it is not set.
+#[test]
+fn keep_in_another_bucket() {
+    use ferry_conformance::{c, file_meta, put_from, read_all, Bytes, T0};
+    use ferry_engine::keep::KeepTo;
+    let var = |k: &str| std::env::var(format!("FERRY_TEST_S3M_{k}"));
+    let Ok(endpoint) = var("ENDPOINT") else {
+        eprintln!("skipped: FERRY_TEST_S3M_* is not set (scripts/moto)");
+        return;
+    };
+    let other = format!("ferry-keep-{}", std::process::id());
+    ureq::put(&format!("{endpoint}/{other}"))
+        .send_empty()
+        .expect("make the other bucket");
+    let cfg = S3Config {
+        endpoint: endpoint.parse().unwrap(),
+        region: var("REGION").unwrap(),
+        bucket: var("BUCKET").unwrap(),
+        prefix: format!("keep-src-{}", std::process::id()),
+        credentials: Some(rusty_s3::Credentials::new(
+            var("KEY").unwrap(),
+            var("SECRET").unwrap(),
+        )),
+        path_style: true,
+    };
+    let s = S3Store::new(&cfg, 4).unwrap();
+    let r = s.create_root().unwrap();
+    let meta = file_meta(4, T0, 0o600);
+    put_from(&s, &r, c"f", &mut Bytes(b"kept"), &meta).unwrap();
+    let base = KeepBase::Abs(format!("{other}/old").into_bytes());
+    assert!(s.can_keep(&base));
+    let to = KeepTo {
+        base: &base,
+        path: b"d/f",
+        overwrite: false,
+        replacing: false,
+    };
+    s.keep(&r, c"f", &to).expect("keep in another bucket");
+    assert!(s.stat(&r, c"f").unwrap().is_none());
+    let o = S3Store::new(
+        &S3Config {
+            bucket: other,
+            prefix: "old/d".into(),
+            ..cfg
+        },
+        4,
+    )
+    .unwrap();
+    let od = o.create_root().unwrap();
+    assert_eq!(read_all(&o, &od, b"f").unwrap(), b"kept");
+    let m = o.stat(&od, c"f").unwrap().expect("kept");
+    assert_eq!((m.mtime_sec, m.mtime_nsec, m.mode), (T0.0, T0.1, 0o600));
+    // Without overwrite, an object there is an AlreadyExists.
+    put_from(&s, &r, c"f", &mut Bytes(b"next"), &meta).unwrap();
+    assert_eq!(
+        s.keep(&r, c"f", &to).map_err(|e| e.kind()),
+        Err(std::io::ErrorKind::AlreadyExists),
+        "the kept object exists"
+    );
+    assert_eq!(read_all(&s, &r, b"f").unwrap(), b"next");
+    assert_eq!(read_all(&o, &od, b"f").unwrap(), b"kept");
+    s.remove(&r, c"f", false).unwrap();
+}
