@@ -217,9 +217,11 @@ pub fn keep_outside<F: Fixture>(fx: &F) {
     if fx.keeps_mode() {
         assert_eq!(m.mode, 0o600, "kept mode");
     }
+    put(s, &r, b"h", b"next").expect("put");
     assert_eq!(
-        err_kind(s.keep(&r, c"g", &to(&o.base, b"d/f", false, true))),
+        err_kind(s.keep(&r, c"h", &to(&o.base, b"d/f", false, true))),
         Some(ErrorKind::AlreadyExists)
     );
+    assert_eq!(read_all(s, &r, b"h").expect("read"), b"next");
     assert_eq!(read_all(os, &d, b"f").expect("read kept"), b"removed");
 }

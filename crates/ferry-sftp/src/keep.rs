@@ -46,7 +46,7 @@ impl SftpStore {
         let t = self.keep_target(to);
         let mut made_parents = false;
         loop {
-            let res = if to.replacing && self.conn.ext.hardlink {
+            let res = if to.replacing && self.hardlink {
                 self.link_to(&from, &t, to.overwrite)
             } else {
                 self.move_to(&from, &t, to.overwrite)

@@ -28,6 +28,8 @@ const READDIR_AHEAD: usize = 4;
 pub struct SftpStore {
     pub(crate) conn: Arc<Conn>,
     pub(crate) root: Vec<u8>,
+    /// Keep replaced entries by hard links (`hardlink@openssh.com`).
+    pub(crate) hardlink: bool,
 }
 
 /// A directory: its path on the server.
@@ -81,10 +83,20 @@ impl SftpStore {
     /// The tree at `path` on `target`'s host (connecting, or sharing this
     /// run's session to it). An empty path is the login directory.
     pub fn open(target: &Target, path: &[u8]) -> Result<SftpStore, String> {
+        let conn = conn::connect(target)?;
         Ok(SftpStore {
-            conn: conn::connect(target)?,
+            hardlink: conn.ext.hardlink,
+            conn,
             root: path.to_vec(),
         })
+    }
+
+    /// The store as on a server without `hardlink@openssh.com` (entries
+    /// kept before they are replaced are renamed): for tests.
+    #[doc(hidden)]
+    pub fn without_hardlink(mut self) -> SftpStore {
+        self.hardlink = false;
+        self
     }
 
     /// Metadata of `path` (following a final symlink when `follow`),

@@ -98,5 +98,13 @@ fn chroot() -> Result<Sftp, String> {
     fixture(host, Path::new(&root), &var("FERRY_TEST_SFTP_PATH")?)
 }
 
+fn plain_no_hardlink() -> Result<Sftp, String> {
+    let mut fx = plain()?;
+    fx.store = fx.store.without_hardlink();
+    Ok(fx)
+}
+
 ferry_conformance::suite!(conformance, plain);
 ferry_conformance::suite!(chrooted, chroot);
+// As on a server without hardlink@openssh.com (kept entries are renamed).
+ferry_conformance::suite!(no_hardlink, plain_no_hardlink);
