@@ -182,7 +182,10 @@ pub fn keep_symlink<F: Fixture>(fx: &F) {
         assert_eq!(s.read_link(&k, &c(n)).expect("read_link"), t);
     }
     assert!(s.stat(&r, c"l").expect("stat").is_none(), "l removed");
-    assert_eq!(read_all(s, &r, b"target").expect("read"), b"the target's bytes");
+    assert_eq!(
+        read_all(s, &r, b"target").expect("read"),
+        b"the target's bytes"
+    );
 }
 
 /// A base outside the root (a sibling directory, another prefix, as

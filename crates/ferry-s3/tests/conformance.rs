@@ -95,7 +95,7 @@ ferry_conformance::suite!(s3, s3);
 /// is made with a plain PUT; skipped when it is not set.
 #[test]
 fn keep_in_another_bucket() {
-    use ferry_conformance::{c, file_meta, put_from, read_all, Bytes, T0};
+    use ferry_conformance::{file_meta, put_from, read_all, Bytes, T0};
     use ferry_engine::keep::KeepTo;
     let var = |k: &str| std::env::var(format!("FERRY_TEST_S3M_{k}"));
     let Ok(endpoint) = var("ENDPOINT") else {
