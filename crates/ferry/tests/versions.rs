@@ -367,7 +367,7 @@ fn bisync_prunes_both_replicas_with_json_records() {
         version(r, "f", NOW - 20, b"22");
         version(r, "f", NOW - 30, b"333");
     }
-    let run = run_pruning("bisync", &a, &b, &["--keep", "1", "--json"], &j);
+    let run = run_pruning("bisync", &a, &b, &["--resync", "--keep", "1", "--json"], &j);
     run.ok();
     for r in [&a, &b] {
         assert_eq!(
