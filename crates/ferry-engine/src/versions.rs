@@ -270,6 +270,9 @@ pub fn prune<S: Store + ?Sized>(store: &S, now: i64, r: &Retention) -> PruneRepo
     rep
 }
 
+/// The versions of one file in a listing: (entry index, (time, number)).
+type Group = Vec<(usize, (i64, u32))>;
+
 /// Prune one directory of versions (`rel`: its path below the root) and
 /// its subdirectories; true when it held entries and holds none now.
 fn prune_dir<S: Store + ?Sized>(
@@ -295,7 +298,7 @@ fn prune_dir<S: Store + ?Sized>(
     let had = l.len() + errors.len();
     let mut left = had;
     // The versions of each file, by the file's name.
-    let mut groups: HashMap<Vec<u8>, Vec<(usize, (i64, u32))>> = HashMap::new();
+    let mut groups: HashMap<Vec<u8>, Group> = HashMap::new();
     for (i, e) in l.entries().iter().enumerate() {
         if e.meta.kind == Kind::Dir {
             continue;

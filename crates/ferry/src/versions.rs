@@ -289,7 +289,7 @@ fn target(store: &AnyStore, rel: &[u8], notes: &mut Vec<String>) -> io::Result<O
     if let Some(d) = open_versions_dir(store, &open_root()?, pdir)? {
         collect(store, &d, pdir, Some(name), false, &mut versions, notes);
     }
-    versions.sort_by(|a, b| (b.kept, b.n).cmp(&(a.kept, a.n)));
+    versions.sort_by_key(|v| std::cmp::Reverse((v.kept, v.n)));
     if live.is_some() || !versions.is_empty() {
         return Ok(Some(Target::File {
             rel: rel.to_vec(),
