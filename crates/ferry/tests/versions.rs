@@ -84,11 +84,11 @@ fn lists_versions_newest_first() {
 
     // A deleted file, from a subdirectory of the replica as the working
     // directory's relative path.
-    let run = at_now(&[
-        "versions".as_ref(),
-        "--json".as_ref(),
-        r.join("d/gone.txt").as_os_str(),
-    ]);
+    let mut c = Command::new(bin());
+    c.args(["versions", "--json", "gone.txt"])
+        .current_dir(r.join("d"))
+        .env("FERRY_TEST_NOW", NOW.to_string());
+    let run = run_within(c, std::time::Duration::from_secs(600));
     run.ok();
     let v: serde_json::Value = serde_json::from_str(run.out().trim()).unwrap();
     assert_eq!(v["path"], "d/gone.txt");
