@@ -22,6 +22,7 @@ pub mod plan;
 pub mod pool;
 pub mod report;
 pub mod store;
+pub mod versions;
 pub mod walk;
 pub mod xattr;
 

@@ -56,6 +56,43 @@ pub enum Command {
     /// end of ssh (ferry starts it itself for host:path locations).
     #[command(hide = true)]
     Serve,
+    /// List the versions kept of a file (--versions), or of every file
+    /// below a directory: time kept (UTC), size, mtime, where.
+    Versions(VersionsArgs),
+    /// Put back a kept version of a file: the newest, or the newest kept
+    /// at or before --at TIME (the current file is kept as a version first).
+    Restore(RestoreArgs),
+}
+
+/// `ferry versions`.
+#[derive(Args, Debug)]
+pub struct VersionsArgs {
+    /// A file (existing or deleted) or directory in a replica: a path,
+    /// s3://bucket/key or [user@]host:path.
+    pub path: PathBuf,
+    /// One JSON object per version.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub tx: TransferArgs,
+}
+
+/// `ferry restore`.
+#[derive(Args, Debug)]
+pub struct RestoreArgs {
+    /// The file to put back (existing or deleted): a path, s3://bucket/key
+    /// or [user@]host:path.
+    pub path: PathBuf,
+    /// The newest version kept at or before TIME: 2026-11-25T16:33:43Z,
+    /// '2026-11-25 16:33' (UTC, as `ferry versions` shows), 2026-11-25,
+    /// 20261125-163343, or an age (2h, 3d ago) [default: the newest].
+    #[arg(long, value_name = "TIME")]
+    pub at: Option<String>,
+    /// Say what would be restored; change nothing.
+    #[arg(short = 'n', long)]
+    pub dry_run: bool,
+    #[command(flatten)]
+    pub tx: TransferArgs,
 }
 
 #[derive(Args, Debug)]

@@ -6,6 +6,7 @@ mod args;
 mod filter_args;
 mod output;
 mod remote;
+mod versions;
 mod watch;
 
 use std::io::{self, Write};
@@ -40,12 +41,15 @@ fn main() -> ExitCode {
         Command::Copy(a) | Command::Sync(a) => a.out.json.then_some((a.dry_run, false)),
         Command::Bisync(a) => a.out.json.then_some((a.dry_run, true)),
         Command::Ls(_) | Command::Cleanup(_) | Command::Serve => None,
+        Command::Versions(_) | Command::Restore(_) => None,
     };
     match &cli.command {
         Command::Copy(a) | Command::Sync(a) => a.tx.configure_ssh(),
         Command::Bisync(a) => a.tx.configure_ssh(),
         Command::Ls(a) => a.tx.configure_ssh(),
         Command::Cleanup(_) | Command::Serve => {}
+        Command::Versions(a) => a.tx.configure_ssh(),
+        Command::Restore(a) => a.tx.configure_ssh(),
     }
     if let Some(t) = cli.timeout {
         ferry_s3::set_timeout(t);
@@ -59,6 +63,8 @@ fn main() -> ExitCode {
         Command::Serve => ferry_ssh::serve()
             .map(|()| 0)
             .map_err(|e| format!("serve: {}", cause(&e))),
+        Command::Versions(a) => versions::run_versions(a),
+        Command::Restore(a) => versions::run_restore(a),
     };
     ferry_ssh::close_all();
     match res {
@@ -124,6 +130,8 @@ fn run_sync(a: SyncArgs, mode: ferry_engine::Mode) -> Result<u8, String> {
         elapsed_s: start.elapsed().as_secs_f64(),
         ..summary
     };
+    // --versions with --keep/--keep-days: prune kept versions (never fails the run).
+    versions::after_run(&[&job.dst], &a.keep, a.dry_run, &rep);
     rep.summary(&summary);
     Ok(if summary.errors > 0 { 1 } else { 0 })
 }
@@ -290,6 +298,8 @@ fn run_bisync(a: BisyncArgs) -> Result<u8, String> {
     }
     rep.finish();
     let out = res.map_err(|r| r.0)?;
+    // --versions with --keep/--keep-days: prune kept versions (never fails the run).
+    versions::after_run(&[&ra, &rb], &a.keep, a.dry_run, &cli);
     cli.bisync_summary(&out, stats.delta.figures());
     Ok(if out.errors > 0 { 1 } else { 0 })
 }

@@ -165,6 +165,42 @@ impl CliReporter {
     }
 }
 
+impl CliReporter {
+    /// What pruning kept versions did after a run (`--versions` with a
+    /// retention policy) in the replica `root`: its problems as notes,
+    /// then one line (a `versions_pruned` record with `--json`) when
+    /// versions were removed.
+    pub fn versions_pruned(&self, root: &str, r: &ferry_engine::versions::PruneReport) {
+        for n in &r.notes {
+            Reporter::note(self, &format!("{root}: {n}"));
+        }
+        if r.pruned == 0 {
+            return;
+        }
+        if self.json {
+            let mut line = b"{\"type\":\"versions_pruned\",\"root\":".to_vec();
+            json_string(&mut line, root);
+            let _ = writeln!(
+                line,
+                ",\"pruned\":{},\"bytes\":{},\"kept\":{}}}",
+                r.pruned, r.bytes, r.kept
+            );
+            let _ = self.out.lock().unwrap().write_all(&line);
+        } else {
+            let root = text_name_string(root.as_bytes());
+            self.with_bar_suspended(|| {
+                eprintln!(
+                    "ferry: versions: pruned {} version{} ({} bytes) in {root}, {} kept",
+                    r.pruned,
+                    if r.pruned == 1 { "" } else { "s" },
+                    r.bytes,
+                    r.kept
+                )
+            });
+        }
+    }
+}
+
 impl Reporter for CliReporter {
     fn shows_actions(&self) -> bool {
         self.json || self.lines
