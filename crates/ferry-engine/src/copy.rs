@@ -79,6 +79,7 @@ impl<S: Store, D: Store> Copier<'_, S, D> {
     /// (or since it was listed) is copied once more against its new state,
     /// and if it changed again the copy fails. Either way a copy that may
     /// be torn is dropped, never given the source's mtime.
+    #[allow(clippy::too_many_arguments)]
     pub fn copy_file(
         &self,
         sdir: &S::Dir,
@@ -141,6 +142,7 @@ impl<S: Store, D: Store> Copier<'_, S, D> {
     /// `Ok(Err(now))` when the source changed (nothing committed; `now`:
     /// its current size and mtime).
     #[allow(clippy::type_complexity)]
+    #[allow(clippy::too_many_arguments)]
     fn copy_once(
         &self,
         sdir: &S::Dir,
