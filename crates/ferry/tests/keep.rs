@@ -34,7 +34,10 @@ fn entry() -> impl Strategy<Value = (Vec<u8>, What)> {
         4 => (0usize..600, any::<u64>()).prop_map(|(size, seed)| What::File { size, seed }),
         1 => (0u8..4).prop_map(What::Link),
     ];
-    (proptest::collection::vec(0u8..NAMES.len() as u8, 1..4), what)
+    (
+        proptest::collection::vec(0u8..NAMES.len() as u8, 1..4),
+        what,
+    )
 }
 
 fn tree() -> impl Strategy<Value = Vec<(Vec<u8>, What)>> {
@@ -202,7 +205,10 @@ fn assert_synced(m: Mode, src: &Path, dst: &Path, run: &Run) {
     let kept_only: Vec<PathBuf> = d
         .iter()
         .filter(|(rel, e)| e.kind == Kind::Dir && !s.contains_key(*rel))
-        .filter(|(rel, _)| !d.keys().any(|k| k != *rel && k.starts_with(rel)))
+        .filter(|(rel, _)| {
+            !d.iter()
+                .any(|(k, e)| e.kind != Kind::Dir && k.starts_with(rel))
+        })
         .map(|(rel, _)| rel.clone())
         .collect();
     for k in kept_only {
@@ -213,11 +219,15 @@ fn assert_synced(m: Mode, src: &Path, dst: &Path, run: &Run) {
     s2.remove(Path::new(""));
     d.remove(Path::new(""));
     let diffs = snapshot_diffs(&s2, &d, false);
-    assert!(diffs.is_empty(), "{m:?}: DST differs from SRC:\n{}\n{run}", diffs.join("\n"));
+    assert!(
+        diffs.is_empty(),
+        "{m:?}: DST differs from SRC:\n{}\n{run}",
+        diffs.join("\n")
+    );
 }
 
 fn sync_keeping(m: Mode, top: &Path, src: &Path, dst: &Path, extra: &[&str]) -> Run {
-    let mut args: Vec<String> = vec!["sync".into()];
+    let mut args: Vec<String> = vec!["sync".into(), "--force".into()];
     args.extend(extra.iter().map(|s| s.to_string()));
     args.extend(mode_args(m, top));
     args.push(src.display().to_string());
@@ -336,7 +346,10 @@ fn dry_run_says_what_it_would_keep_and_changes_nothing() {
     r.ok();
     assert_untouched(&before, &snapshot(t.path()));
     let acts = actions(&r);
-    assert!(has_action(&acts, "keep", "a") && has_action(&acts, "keep", "gone"), "{r}");
+    assert!(
+        has_action(&acts, "keep", "a") && has_action(&acts, "keep", "gone"),
+        "{r}"
+    );
 }
 
 #[test]
@@ -355,7 +368,10 @@ fn a_failed_keep_leaves_the_entry_alone_and_exits_1() {
     assert_eq!(fs::read(dst.join("d/b")).unwrap(), b"old b!", "{r}");
     let lines = r.error_lines();
     assert_eq!(lines.len(), 1, "{r}");
-    assert!(lines[0].contains("d/b") && lines[0].contains("bak/d/b"), "{r}");
+    assert!(
+        lines[0].contains("d/b") && lines[0].contains("bak/d/b"),
+        "{r}"
+    );
     // The rest went on: a replaced and kept, gone deleted and kept.
     assert_eq!(fs::read(dst.join("a")).unwrap(), b"new a");
     assert_eq!(fs::read(t.path().join("bak/a")).unwrap(), b"old a!");
