@@ -406,7 +406,7 @@ fn usage_errors_exit_2_before_any_change() {
         &["--keep", "3"][..],
     ] {
         let mut args: Vec<&std::ffi::OsStr> = vec!["sync".as_ref()];
-        args.extend(bad.iter().map(|s| std::ffi::OsStr::new(s)));
+        args.extend(bad.iter().map(std::ffi::OsStr::new));
         args.push(src.as_os_str());
         args.push(dst.as_os_str());
         ferry(&args).code_is(2);
