@@ -113,7 +113,7 @@ pub fn keep_base(dst: &Root, dir: &OsStr) -> Result<KeepBase, String> {
                     ));
                 }
                 if bucket == c.bucket && !pre.is_empty() && prefix.starts_with(&format!("{pre}/")) {
-                    return Ok(KeepBase::Root(prefix[pre.len() + 1..].as_bytes().to_vec()));
+                    return Ok(KeepBase::Root(prefix.as_bytes()[pre.len() + 1..].to_vec()));
                 }
                 if bucket == c.bucket && pre.is_empty() {
                     return Ok(KeepBase::Root(prefix.as_bytes().to_vec()));

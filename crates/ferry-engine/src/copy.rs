@@ -53,7 +53,7 @@ pub struct Copier<'a, S: Store, D: Store> {
 }
 
 /// A committed copy.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Copied {
     /// Bytes copied.
     pub bytes: u64,
@@ -61,6 +61,9 @@ pub struct Copied {
     /// made exact by the reader (a store listing approximate metadata) or
     /// updated by a source that changed before the second attempt.
     pub meta: Meta,
+    /// Where the file it replaced was kept (see [`Keeper::keep`]), when
+    /// it was.
+    pub kept: Option<Vec<u8>>,
 }
 
 impl<S: Store, D: Store> Copier<'_, S, D> {
@@ -76,6 +79,7 @@ impl<S: Store, D: Store> Copier<'_, S, D> {
     /// (or since it was listed) is copied once more against its new state,
     /// and if it changed again the copy fails. Either way a copy that may
     /// be torn is dropped, never given the source's mtime.
+    #[allow(clippy::too_many_arguments)]
     pub fn copy_file(
         &self,
         sdir: &S::Dir,
@@ -99,6 +103,7 @@ impl<S: Store, D: Store> Copier<'_, S, D> {
             return Ok(Copied {
                 bytes: 0,
                 meta: *meta,
+                kept: None,
             });
         }
         let mut want = *meta;
@@ -137,6 +142,7 @@ impl<S: Store, D: Store> Copier<'_, S, D> {
     /// `Ok(Err(now))` when the source changed (nothing committed; `now`:
     /// its current size and mtime).
     #[allow(clippy::type_complexity)]
+    #[allow(clippy::too_many_arguments)]
     fn copy_once(
         &self,
         sdir: &S::Dir,
@@ -218,10 +224,14 @@ impl<S: Store, D: Store> Copier<'_, S, D> {
         // What the file replaces is kept first (a hard link where the store
         // can: the name never goes missing); if it cannot be kept, nothing
         // is replaced.
+        let mut kept = None;
         if let (Some(k), Some(old)) = (self.keep, old) {
-            if let Err(e) = k.keep(self.dst, ddir, name, rel, old, true) {
-                self.dst.abort(ddir, w);
-                return Err(e);
+            match k.keep(self.dst, ddir, name, rel, old, true) {
+                Ok(to) => kept = Some(to),
+                Err(e) => {
+                    self.dst.abort(ddir, w);
+                    return Err(e);
+                }
             }
         }
         self.dst.commit(ddir, w, name, meta, self.fsync)?;
@@ -237,6 +247,7 @@ impl<S: Store, D: Store> Copier<'_, S, D> {
         Ok(Ok(Copied {
             bytes: n,
             meta: *meta,
+            kept,
         }))
     }
 

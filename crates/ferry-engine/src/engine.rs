@@ -24,6 +24,7 @@ use crate::bwlimit::Limiter;
 use crate::copy::Copier;
 use crate::entry::{join, same_names, Kind, Listing, Meta};
 use crate::filter::{drop_names, Filter};
+use crate::keep::{self, Keeper};
 use crate::plan::{meta_change, plan_dir, PlanOptions, Step};
 use crate::report::{Action, Reporter, Stats, Summary};
 use crate::store::{is_legacy_partial_name, is_temp_name, ListError, MetaChange, Store};
@@ -90,6 +91,10 @@ pub struct Options {
     pub hard_links: bool,
     /// When changed files go by delta (`--delta`, `--whole-file`).
     pub delta: crate::delta::Mode,
+    /// Keep what the run replaces or removes in the destination, first
+    /// (`--backup-dir`, `--suffix`, `--versions`; see [`crate::keep`]);
+    /// `None`: replaced and removed for good.
+    pub keep: Option<Arc<Keeper>>,
 }
 
 /// `--max-delete N` or `--max-delete P%`: how many destination entries a
@@ -250,6 +255,9 @@ pub struct Engine<'a, S: Store, D: Store> {
     /// A scoped run's deep directories (`run_scoped`); `None`: every
     /// subdirectory is walked.
     scope: Option<Vec<Vec<u8>>>,
+    /// The backup directory when it is inside the destination (`--backup-dir`):
+    /// its parent's path and its name, left out of the run on both sides.
+    backup_in: Option<(Vec<u8>, Vec<u8>)>,
 }
 
 /// Mtimes of `list` truncated to `step` nanoseconds.
@@ -306,6 +314,10 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                 .then(|| Links::new(src.has_hard_links() && dst.has_hard_links())),
             mtime_step: src.mtime_step_ns().max(dst.mtime_step_ns()),
             scope: None,
+            backup_in: opts.keep.as_deref().and_then(Keeper::inside_root).map(|p| {
+                let (dir, name) = keep::split_parent(p);
+                (dir.to_vec(), name.to_vec())
+            }),
         }
     }
 
@@ -431,6 +443,90 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
     fn fail(&self, path: &[u8], err: &io::Error) {
         Stats::add(&self.stats.errors, 1);
         self.rep.error(path, err);
+    }
+
+    /// Keep the destination entry `name` of `dir` (at `path`, listed as
+    /// `meta`) before the run replaces it (`replacing`) or removes it, when
+    /// the run keeps what it replaces (`Options::keep`; a directory is
+    /// never kept whole, its entries are). In a dry run (`dir` may then be
+    /// `None`) it is only said. `Ok(true)`: kept (and, unless `replacing`,
+    /// gone from `dir`); `Ok(false)`: nothing to keep. An error: nothing
+    /// was kept, the entry must be left as it is.
+    fn keep_old(
+        &self,
+        dir: Option<&D::Dir>,
+        name: &CStr,
+        path: &[u8],
+        meta: &Meta,
+        replacing: bool,
+    ) -> io::Result<bool> {
+        let Some(k) = self.opts.keep.as_deref() else {
+            return Ok(false);
+        };
+        if meta.kind == Kind::Dir {
+            return Ok(false);
+        }
+        let to = match dir {
+            Some(d) if !self.dry_run => k.keep(self.dst, d, name, path, meta, replacing)?,
+            _ => {
+                let (base, at) = k.target(path, 1);
+                keep::shown(&base, &at)
+            }
+        };
+        self.kept(path, &to, meta.size);
+        Ok(true)
+    }
+
+    /// Count and report an entry kept at `to`.
+    fn kept(&self, path: &[u8], to: &[u8], size: u64) {
+        Stats::add(&self.stats.files_kept, 1);
+        Stats::add(&self.stats.bytes_kept, size);
+        self.rep.kept(path, to, size);
+    }
+
+    /// Remove the destination entry `name` of `dir` (not a directory),
+    /// kept first when the run keeps what it removes.
+    fn remove_file(&self, dir: &D::Dir, name: &CStr, path: &[u8], meta: &Meta) -> io::Result<()> {
+        if !self.keep_old(Some(dir), name, path, meta, false)? {
+            self.dst.remove(dir, name, false)?;
+        }
+        Ok(())
+    }
+
+    /// Leave out of the listing of directory `rel` (of the source, or of
+    /// the destination: `dst`) what the run never touches: the backup
+    /// directory inside the destination, and in the destination the names
+    /// `--suffix` protects (`.ferry-versions` is left out by the plan).
+    fn drop_untouched(&self, rel: &[u8], list: &mut Listing, dst: bool) {
+        if let Some((dir, name)) = &self.backup_in {
+            if dir == rel {
+                list.retain_names(|n| n != name.as_slice());
+            }
+        }
+        if let (true, Some(k)) = (dst, self.opts.keep.as_deref()) {
+            if list.entries().iter().any(|e| k.protects(list.name(e))) {
+                list.retain_names(|n| !k.protects(n));
+            }
+        }
+    }
+
+    /// True for a path below the root that the run never touches:
+    /// `.ferry-versions` or the backup directory inside the destination,
+    /// or anything below them.
+    fn untouched_path(&self, rel: &[u8]) -> bool {
+        let mut at: Vec<u8> = Vec::new();
+        for c in rel.split(|&b| b == b'/').filter(|c| !c.is_empty()) {
+            if keep::is_versions_dir(c) {
+                return true;
+            }
+            if let Some((dir, name)) = &self.backup_in {
+                if *dir == at && c == name.as_slice() {
+                    return true;
+                }
+            }
+            at = join(&at, c);
+        }
+        false
     }
 
     /// Take `n` removals from the `--max-delete` allowance; an error (and
@@ -602,6 +698,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             // whatever is there); everything below it is new.
             (_, None) | (_, Some(_)) if self.dry_run => {
                 if let DstAt::Other(m) = at {
+                    let _ = self.keep_old(None, name, &rel, &m, false);
                     self.rep.action(Action::Delete, &rel, m.size);
                     Stats::add(&self.stats.files_deleted, 1);
                 }
@@ -616,7 +713,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                 if let DstAt::Other(m) = at {
                     if let Err(e) = self
                         .take_removals(1)
-                        .and_then(|()| self.dst.remove(pd, name, false))
+                        .and_then(|()| self.remove_file(pd, name, &rel, &m))
                     {
                         self.fail(&rel, &e);
                         return None;
@@ -708,6 +805,10 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                 return;
             }
         }
+        if self.backup_in.is_some() {
+            self.drop_untouched(&node.rel, &mut src_list, false);
+            self.drop_untouched(&node.rel, &mut dst_list, false);
+        }
         if let Some(f) = &self.opts.filter {
             if let Err(e) = self.filter_pair(
                 f,
@@ -780,7 +881,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                             m,
                             DstAt::Nothing,
                         )),
-                        Kind::Symlink => self.symlink(node, src_list.cname(&se[s]), &m, None),
+                        Kind::Symlink => self.symlink(node, src_list.cname(&se[s]), &m, None, None),
                         k if k.is_node() => self.special(node, src_list.cname(&se[s]), &m, None),
                         _ => {
                             self.add_file(node, &mut batch, src_list.cname(&se[s]), m, None, false)
@@ -818,9 +919,13 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                         None => self.same(node, name, &sm, meta),
                     }
                 }
-                Step::CheckLink { s, d } => {
-                    self.symlink(node, src_list.cname(&se[s]), &se[s].meta, Some(de[d].meta))
-                }
+                Step::CheckLink { s, d } => self.symlink(
+                    node,
+                    src_list.cname(&se[s]),
+                    &se[s].meta,
+                    Some(de[d].meta),
+                    Some(de[d].meta),
+                ),
                 Step::Recurse { s, d } if self.recurses(node, src_list.name(&se[s])) => subdirs
                     .push(self.dir_task(
                         node,
@@ -849,7 +954,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                             continue;
                         }
                         match sm.kind {
-                            Kind::Symlink => self.symlink(node, name, &sm, None),
+                            Kind::Symlink => self.symlink(node, name, &sm, None, None),
                             k if k.is_node() => self.special(node, name, &sm, None),
                             _ => self.add_file(node, &mut batch, name, sm, None, false),
                         }
@@ -859,7 +964,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                                 subdirs.push(self.dir_task(node, name, sm, DstAt::Other(dm)))
                             }
                             // rename() replaces a file or symlink atomically.
-                            Kind::Symlink => self.symlink(node, name, &sm, None),
+                            Kind::Symlink => self.symlink(node, name, &sm, None, Some(dm)),
                             k if k.is_node() && !self.dst.supports_special() => {
                                 self.stale_at_special(node, name, &sm, &dm)
                             }
@@ -870,7 +975,8 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                 }
                 Step::Delete { d } => {
                     let name = dst_list.name(&de[d]);
-                    if !unreadable.iter().any(|u| u == name) {
+                    let protected = self.opts.keep.as_ref().is_some_and(|k| k.protects(name));
+                    if !unreadable.iter().any(|u| u == name) && !protected {
                         self.delete(node, dst_list.cname(&de[d]), &de[d].meta);
                     }
                 }
@@ -1121,7 +1227,10 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                         return false;
                     }
                 },
-                _ => deleted(&path, size),
+                _ => {
+                    let _ = self.keep_old(None, name, &path, meta, false);
+                    deleted(&path, size)
+                }
             }
             return true;
         }
@@ -1129,9 +1238,11 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         let limited = self.budget.load(Ordering::Relaxed) != u64::MAX;
         let res = if !is_dir {
             self.take_removals(u64::from(limited))
-                .and_then(|()| self.dst.remove(d, name, false))
-                .map(|_| deleted(&path, size))
-        } else if self.opts.filter.is_some() || limited {
+                .and_then(|()| self.remove_file(d, name, &path, meta))
+                .map(|()| deleted(&path, size))
+        } else if self.opts.filter.is_some() || limited || self.opts.keep.is_some() {
+            // Entry by entry: what the filter excludes stays, each removal
+            // takes its share of the allowance, each entry is kept first.
             self.delete_each(d, &path, name, &deleted)
         } else if !self.rep.shows_actions() {
             // Nobody sees the entries: counted, not stat'ed one by one.
@@ -1175,6 +1286,9 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         let mut list = Listing::new();
         let mut errs = Vec::new();
         self.dst.list(&dir, rel, &mut list, &mut errs)?;
+        // What the run never touches is never deleted.
+        list.retain_names(|n| !keep::is_versions_dir(n));
+        self.drop_untouched(rel, &mut list, true);
         // What the filter leaves out is never deleted.
         if let Some(f) = &self.opts.filter {
             f.apply(self.dst, &dir, rel, &mut list, &mut errs, |_, _| ())?;
@@ -1200,6 +1314,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             n += if e.meta.kind == Kind::Dir {
                 self.count_tree(&dir, &path, list.cname(e), deleted)?
             } else {
+                let _ = self.keep_old(None, list.cname(e), &path, &e.meta, false);
                 deleted(&path, e.meta.size);
                 1
             };
@@ -1234,8 +1349,8 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             }
             self.take_removals(1)?;
             loop {
-                match self.dst.remove(&dir, child, false) {
-                    Ok(_) => deleted(&path, e.meta.size),
+                match self.remove_file(&dir, child, &path, &e.meta) {
+                    Ok(()) => deleted(&path, e.meta.size),
                     // A read-only directory (non-root): made writable once.
                     Err(e) if e.kind() == io::ErrorKind::PermissionDenied && !unlocked => {
                         unlocked = true;
@@ -1257,9 +1372,11 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                 deleted(rel, 0);
                 Ok(())
             }
-            // Excluded entries remain, and so does the directory.
+            // Excluded (or protected, or never synced) entries remain,
+            // and so does the directory.
             Err(e)
-                if self.opts.filter.is_some() && e.kind() == io::ErrorKind::DirectoryNotEmpty =>
+                if (self.opts.filter.is_some() || self.opts.keep.is_some())
+                    && e.kind() == io::ErrorKind::DirectoryNotEmpty =>
             {
                 Ok(())
             }
@@ -1267,8 +1384,16 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         }
     }
 
-    /// Create or replace a symlink (`dst_meta`: an existing symlink to compare).
-    fn symlink(&self, node: &Node<S, D>, name: &CStr, meta: &Meta, dst_meta: Option<Meta>) {
+    /// Create or replace a symlink (`dst_meta`: an existing symlink to
+    /// compare; `old`: the entry it replaces, kept first).
+    fn symlink(
+        &self,
+        node: &Node<S, D>,
+        name: &CStr,
+        meta: &Meta,
+        dst_meta: Option<Meta>,
+        old: Option<Meta>,
+    ) {
         let path = self.path(node, name.to_bytes());
         if !self.dst.supports_symlinks() {
             return self.rep.skip(
@@ -1290,6 +1415,13 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                 }
                 Ok(_) => {}
                 Err(e) => return self.fail(&path, &e),
+            }
+        }
+        if let Some(old) = old {
+            // create_symlink replaces atomically: the old entry is linked
+            // where it is kept first.
+            if let Err(e) = self.keep_old(node.dst.as_ref(), name, &path, &old, true) {
+                return self.fail(&path, &e);
             }
         }
         self.rep.action(Action::Symlink, &path, 0);
@@ -1355,6 +1487,11 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         if !self.dst.supports_special() {
             return self.skip_special(&path, meta);
         }
+        if let Some(old) = dst_meta {
+            if let Err(e) = self.keep_old(node.dst.as_ref(), name, &path, &old, true) {
+                return self.fail(&path, &e);
+            }
+        }
         self.rep.action(Action::Mknod, &path, 0);
         Stats::add(&self.stats.specials_created, 1);
         if self.dry_run {
@@ -1405,6 +1542,9 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             Action::Copy
         };
         if self.dry_run {
+            if let Some(dm) = &dst_meta {
+                let _ = self.keep_old(None, name, &path, dm, true);
+            }
             self.rep.action(action, &path, meta.size);
             Stats::add(&self.stats.files_copied, 1);
             Stats::add(&self.stats.bytes_copied, meta.size);
@@ -1416,9 +1556,12 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         match self
             .copier()
             .copy_file(&node.src, name, d, name, &path, meta, dst_meta.as_ref())
-            .map(|c| c.bytes)
         {
-            Ok(n) => {
+            Ok(c) => {
+                if let (Some(to), Some(dm)) = (&c.kept, &dst_meta) {
+                    self.kept(&path, to, dm.size);
+                }
+                let n = c.bytes;
                 node.dirty.store(true, Ordering::Relaxed);
                 Stats::add(&self.stats.files_copied, 1);
                 Stats::add(&self.stats.bytes_copied, n);
@@ -1446,7 +1589,11 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                 self.xattrs.active()
             },
             delta: crate::delta::Use::of(self.opts.delta, &self.stats.delta),
-            keep: None,
+            keep: if self.counting {
+                None
+            } else {
+                self.opts.keep.as_deref()
+            },
         }
     }
 
@@ -1494,6 +1641,9 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             Action::Copy
         };
         if self.dry_run {
+            if let Some(dm) = &dm {
+                let _ = self.keep_old(None, dst_name, path, dm, true);
+            }
             self.rep.action(action, path, sm.size);
             Stats::add(&self.stats.files_copied, 1);
             Stats::add(&self.stats.bytes_copied, sm.size);
@@ -1501,10 +1651,13 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         }
         let res = self
             .copier()
-            .copy_file(&sdir, src_name, &ddir, dst_name, path, &sm, dm.as_ref())
-            .map(|c| c.bytes);
+            .copy_file(&sdir, src_name, &ddir, dst_name, path, &sm, dm.as_ref());
         match res {
-            Ok(n) => {
+            Ok(c) => {
+                if let (Some(to), Some(dm)) = (&c.kept, &dm) {
+                    self.kept(path, to, dm.size);
+                }
+                let n = c.bytes;
                 Stats::add(&self.stats.files_copied, 1);
                 Stats::add(&self.stats.bytes_copied, n);
                 self.rep.action(action, path, n);

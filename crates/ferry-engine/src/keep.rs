@@ -259,7 +259,9 @@ impl Keeper {
     }
 }
 
-fn shown(base: &KeepBase, path: &[u8]) -> Vec<u8> {
+/// Where an entry kept at `path` below `base` is, as records show it:
+/// `path` below the destination root, or `base`, `/` and `path`.
+pub fn shown(base: &KeepBase, path: &[u8]) -> Vec<u8> {
     let b = match base {
         KeepBase::Root(b) | KeepBase::Abs(b) => b,
     };

@@ -20,9 +20,12 @@
 //! in sync mode and kept in copy mode; ferry's own leftover temporaries
 //! (the reserved names of [`crate::store::is_temp_name`], never a user's
 //! name) are always `RemoveTemp`, except partial downloads used recently:
-//! they are kept for the next download of their file to resume.
+//! they are kept for the next download of their file to resume. An entry
+//! named `.ferry-versions` ([`crate::keep::VERSIONS_DIR`]) gets no step on
+//! either side: it is never synced.
 
 use crate::entry::{Kind, Listing, Meta};
+use crate::keep::is_versions_dir;
 use crate::store::{is_partial_name, is_temp_name, MetaChange};
 
 /// One step of a directory's plan. Indexes point into the source (`s`) and
@@ -100,7 +103,7 @@ pub fn plan_dir(src: &Listing, dst: &Listing, opts: &PlanOptions, out: &mut Vec<
         match ord {
             std::cmp::Ordering::Less => {
                 let name = src.name(&se[i]);
-                if !is_temp_name(name) {
+                if !is_temp_name(name) && !is_versions_dir(name) {
                     out.push(if se[i].meta.kind.is_skipped() {
                         Step::Skip { s: i }
                     } else {
@@ -111,8 +114,10 @@ pub fn plan_dir(src: &Listing, dst: &Listing, opts: &PlanOptions, out: &mut Vec<
             }
             std::cmp::Ordering::Greater => {
                 let name = dst.name(&de[j]);
-                if is_partial_name(name) && de[j].meta.mtime_sec >= opts.partial_cutoff {
-                    // Kept for resuming.
+                if is_versions_dir(name)
+                    || is_partial_name(name) && de[j].meta.mtime_sec >= opts.partial_cutoff
+                {
+                    // Never synced; kept for resuming.
                 } else if is_temp_name(name) {
                     out.push(Step::RemoveTemp { d: j });
                 } else if opts.delete {
@@ -121,7 +126,9 @@ pub fn plan_dir(src: &Listing, dst: &Listing, opts: &PlanOptions, out: &mut Vec<
                 j += 1;
             }
             std::cmp::Ordering::Equal => {
-                if is_temp_name(src.name(&se[i])) {
+                if is_versions_dir(src.name(&se[i])) {
+                    // Never synced.
+                } else if is_temp_name(src.name(&se[i])) {
                     out.push(Step::RemoveTemp { d: j });
                 } else {
                     out.push(compare(i, j, &se[i].meta, &de[j].meta, opts));

@@ -47,6 +47,11 @@ pub struct Stats {
     /// Delta transfers: files, literal and matched bytes, bytes between
     /// the stores.
     pub delta: crate::delta::Counts,
+    /// Destination entries kept before they were replaced or removed
+    /// (`--backup-dir`, `--suffix`, `--versions`).
+    pub files_kept: AtomicU64,
+    /// Their bytes.
+    pub bytes_kept: AtomicU64,
 }
 
 impl Stats {
@@ -73,6 +78,8 @@ impl Stats {
             errors: g(&self.errors),
             elapsed_s: elapsed.as_secs_f64(),
             delta: self.delta.figures(),
+            files_kept: g(&self.files_kept),
+            bytes_kept: g(&self.bytes_kept),
         }
     }
 }
@@ -106,6 +113,10 @@ pub struct Summary {
     pub elapsed_s: f64,
     /// Delta transfers.
     pub delta: crate::delta::Figures,
+    /// Entries kept before being replaced or removed.
+    pub files_kept: u64,
+    /// Their bytes.
+    pub bytes_kept: u64,
 }
 
 /// What happened (or, in a dry run, would happen) to one entry.
@@ -133,6 +144,10 @@ pub enum Action {
     /// An entry was renamed in the destination as it was in the source
     /// (`--watch`); the path is the new name.
     Rename,
+    /// A destination entry about to be replaced or removed was kept
+    /// (`--backup-dir`, `--suffix`, `--versions`); where it went is told
+    /// by [`Reporter::kept`].
+    Keep,
 }
 
 impl Action {
@@ -149,6 +164,7 @@ impl Action {
             Action::Skip => "skip",
             Action::HardLink => "hardlink",
             Action::Rename => "rename",
+            Action::Keep => "keep",
         }
     }
 }
@@ -171,6 +187,14 @@ pub trait Reporter: Sync {
     fn hard_link(&self, path: &[u8], to: &[u8]) {
         let _ = to;
         self.action(Action::HardLink, path, 0);
+    }
+    /// The destination entry `path` (`size` bytes) was kept at `to` (a
+    /// path below the destination root, or the backup directory's path,
+    /// `/`, and the path below it) before being replaced or removed: the
+    /// [`Action::Keep`] action.
+    fn kept(&self, path: &[u8], to: &[u8], size: u64) {
+        let _ = to;
+        self.action(Action::Keep, path, size);
     }
     /// Something about the run as a whole the user must see, once (a
     /// destination that refused extended attributes), as one line.

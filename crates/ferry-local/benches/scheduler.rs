@@ -209,6 +209,7 @@ fn copy_benches(c: &mut Criterion) {
                     xattrs: Default::default(),
                     hard_links: false,
                     delta: Default::default(),
+                    keep: None,
                 };
                 let stats = Stats::default();
                 let t = Instant::now();

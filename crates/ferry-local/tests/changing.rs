@@ -201,6 +201,7 @@ fn opts(bwlimit: Option<u64>) -> Options {
         xattrs: Default::default(),
         hard_links: false,
         delta: Default::default(),
+        keep: None,
     }
 }
 

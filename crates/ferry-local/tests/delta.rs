@@ -167,6 +167,7 @@ fn opts(delta: DeltaMode) -> Options {
         xattrs: Default::default(),
         hard_links: false,
         delta,
+        keep: None,
     }
 }
 

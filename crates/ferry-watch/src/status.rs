@@ -310,6 +310,10 @@ impl Reporter for Tee<'_> {
         self.status.action(Action::HardLink, path, 0);
         self.inner.hard_link(path, to);
     }
+    fn kept(&self, path: &[u8], to: &[u8], size: u64) {
+        self.status.action(Action::Keep, path, size);
+        self.inner.kept(path, to, size);
+    }
     fn note(&self, msg: &str) {
         self.inner.note(msg);
     }

@@ -378,6 +378,8 @@ pub struct KeepArgs {
     pub keep_days: Option<u32>,
 }
 
+// retention() and any(): for the pruning of --versions and bisync (issue 17, other helpers).
+#[allow(dead_code)]
 impl KeepArgs {
     /// The retention policy of `--versions`.
     pub fn retention(&self) -> ferry_engine::keep::Retention {

@@ -84,6 +84,9 @@ fn main() -> ExitCode {
 fn run_sync(a: SyncArgs, mode: ferry_engine::Mode) -> Result<u8, String> {
     let job = remote::resolve(&a.src, &a.dst, a.tx.s3_endpoint.as_deref(), a.force)?;
     let filter = a.filter.build()?;
+    // What the run replaces or deletes is kept (docs/CLI.md, "Keeping what
+    // is replaced"); a bad option is a usage error, before any change.
+    let keep = args::keeper(&a.keep, &job.dst)?.map(std::sync::Arc::new);
     let jobs = args::jobs_for(a.tx.jobs, &[&job.src, &job.dst]);
     let opts = ferry_engine::Options {
         mode,
@@ -98,6 +101,7 @@ fn run_sync(a: SyncArgs, mode: ferry_engine::Mode) -> Result<u8, String> {
         xattrs: a.attrs.sel(),
         hard_links: a.hard_links,
         delta: a.write.delta_mode(),
+        keep,
     };
     let stats = std::sync::Arc::new(Stats::default());
     output::track_stats(&stats);
@@ -133,7 +137,28 @@ fn run_sync(a: SyncArgs, mode: ferry_engine::Mode) -> Result<u8, String> {
     // --versions with --keep/--keep-days: prune kept versions (never fails the run).
     versions::after_run(&[&job.dst], &a.keep, a.dry_run, &rep);
     rep.summary(&summary);
+    // --versions: pruning by retention (a.keep.retention()) goes here, once
+    // the retention/pruning helper lands (issue 17).
     Ok(if summary.errors > 0 { 1 } else { 0 })
+}
+
+/// Refuse (exit 2, before any change) a run that keeps what it replaces
+/// where DST's store cannot keep entries there.
+fn check_keep(
+    opts: &ferry_engine::Options,
+    d: &AnyStore,
+    dst: &ferry_backends::Root,
+) -> io::Result<()> {
+    if let Some(k) = &opts.keep {
+        let (base, _) = k.target(b"", 1);
+        if !d.can_keep(&base) {
+            return Err(io::Error::other(ferry_engine::Refused(format!(
+                "DST {}: this backend cannot keep replaced or deleted files yet (--backup-dir, --suffix, -b, --versions); nothing was changed",
+                dst.id()
+            ))));
+        }
+    }
+    Ok(())
 }
 
 /// With -v: what each store did beyond plain requests (resumed transfers,
@@ -165,6 +190,7 @@ fn run_job(
     };
     let s = ferry_backends::open(&job.src, &o).map_err(io::Error::other)?;
     let d = ferry_backends::open(&job.dst, &o).map_err(io::Error::other)?;
+    check_keep(opts, &d, &job.dst)?;
     attr_notes(
         opts.xattrs,
         &[

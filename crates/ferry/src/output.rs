@@ -87,6 +87,8 @@ impl CliReporter {
                     s.temps_removed,
                     s.temps_removed > 0,
                 ),
+                ("files_kept", "kept", s.files_kept, s.files_kept > 0),
+                ("bytes_kept", "bytes kept", s.bytes_kept, false),
             ],
         );
     }
@@ -251,6 +253,29 @@ impl Reporter for CliReporter {
         }
     }
 
+    /// `keep PATH -> WHERE` with -v (` -> ` appears in a name only
+    /// escaped), a `keep` record with where it went as `"to"`.
+    fn kept(&self, path: &[u8], to: &[u8], size: u64) {
+        if self.json {
+            let mut line = Vec::with_capacity(64 + path.len() + to.len());
+            line.extend_from_slice(b"{\"type\":\"keep\",");
+            json_name(&mut line, "path", path);
+            line.push(b',');
+            json_name(&mut line, "to", to);
+            let _ = writeln!(line, ",\"size\":{size}}}");
+            let _ = self.out.lock().unwrap().write_all(&line);
+        } else if self.lines {
+            let mut line = b"keep ".to_vec();
+            text_name(&mut line, path);
+            line.extend_from_slice(b" -> ");
+            text_name(&mut line, to);
+            line.push(b'\n');
+            self.with_bar_suspended(|| {
+                let _ = self.out.lock().unwrap().write_all(&line);
+            });
+        }
+    }
+
     fn note(&self, msg: &str) {
         let msg = text_name_string(msg.as_bytes());
         self.with_bar_suspended(|| eprintln!("ferry: note: {msg}"));
@@ -352,6 +377,10 @@ impl Reporter for Unreachable<'_> {
 
     fn hard_link(&self, path: &[u8], to: &[u8]) {
         self.inner.hard_link(path, to)
+    }
+
+    fn kept(&self, path: &[u8], to: &[u8], size: u64) {
+        self.inner.kept(path, to, size)
     }
 
     fn note(&self, msg: &str) {

@@ -82,6 +82,7 @@ pub fn sync(
     };
     let s = ferry_backends::open(&job.src, &o).map_err(|e| e.to_string())?;
     let d = ferry_backends::open(&job.dst, &o).map_err(|e| e.to_string())?;
+    crate::check_keep(opts, &d, &job.dst).map_err(|e| e.to_string())?;
     let status = status_server(w, &format!("{} -> {}", job.src.id(), job.dst.id()))?;
     let gate = Unreachable::new(rep);
     let tee = Tee {

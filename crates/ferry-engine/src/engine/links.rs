@@ -331,10 +331,19 @@ impl<S: Store, D: Store> Engine<'_, S, D> {
         }
         let path = self.path(node, name.to_bytes());
         if self.dry_run {
+            if let Some(dm) = &dm {
+                let _ = self.keep_old(None, name, &path, dm, true);
+            }
             Stats::add(&self.stats.hard_links, 1);
             return self.rep.hard_link(&path, &leader.path());
         }
         let Some(d) = &node.dst else { return };
+        // The link replaces the entry there atomically: kept first.
+        if let Some(dm) = &dm {
+            if let Err(e) = self.keep_old(Some(d), name, &path, dm, true) {
+                return self.fail(&path, &e);
+            }
+        }
         let mut unlocked = false;
         let res = loop {
             let r = match leader.node.upgrade() {

@@ -74,6 +74,10 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         // a deep directory's walk reaches anyway are left to it.
         let mut targets: Vec<(Vec<u8>, bool)> = Vec::new();
         for (rel, deep) in &scope.dirs {
+            // Never synced: `.ferry-versions`, a backup directory inside DST.
+            if self.untouched_path(rel) {
+                continue;
+            }
             let (at, whole) = self.resolve(&src_root, &dst_root, rel)?;
             let deep = *deep && whole;
             match targets.iter_mut().find(|(r, _)| *r == at) {

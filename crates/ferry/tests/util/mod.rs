@@ -943,7 +943,7 @@ pub fn summary(r: &Run) -> Summary {
         assert!(
             [
                 "copy", "update", "delete", "mkdir", "symlink", "mknod", "hardlink", "meta",
-                "skip", "error"
+                "skip", "error", "keep"
             ]
             .contains(&t),
             "line {}: unknown action type {t:?}\n{r}",
