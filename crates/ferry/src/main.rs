@@ -137,8 +137,6 @@ fn run_sync(a: SyncArgs, mode: ferry_engine::Mode) -> Result<u8, String> {
     // --versions with --keep/--keep-days: prune kept versions (never fails the run).
     versions::after_run(&[&job.dst], &a.keep, a.dry_run, &rep);
     rep.summary(&summary);
-    // --versions: pruning by retention (a.keep.retention()) goes here, once
-    // the retention/pruning helper lands (issue 17).
     Ok(if summary.errors > 0 { 1 } else { 0 })
 }
 
