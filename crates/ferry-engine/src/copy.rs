@@ -53,7 +53,7 @@ pub struct Copier<'a, S: Store, D: Store> {
 }
 
 /// A committed copy.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Copied {
     /// Bytes copied.
     pub bytes: u64,
@@ -61,6 +61,9 @@ pub struct Copied {
     /// made exact by the reader (a store listing approximate metadata) or
     /// updated by a source that changed before the second attempt.
     pub meta: Meta,
+    /// Where the file it replaced was kept ([`Keeper::keep`]'s answer;
+    /// `None`: nothing kept).
+    pub kept: Option<Vec<u8>>,
 }
 
 impl<S: Store, D: Store> Copier<'_, S, D> {
@@ -99,6 +102,7 @@ impl<S: Store, D: Store> Copier<'_, S, D> {
             return Ok(Copied {
                 bytes: 0,
                 meta: *meta,
+                kept: None,
             });
         }
         let mut want = *meta;
@@ -218,10 +222,14 @@ impl<S: Store, D: Store> Copier<'_, S, D> {
         // What the file replaces is kept first (a hard link where the store
         // can: the name never goes missing); if it cannot be kept, nothing
         // is replaced.
+        let mut kept = None;
         if let (Some(k), Some(old)) = (self.keep, old) {
-            if let Err(e) = k.keep(self.dst, ddir, name, rel, old, true) {
-                self.dst.abort(ddir, w);
-                return Err(e);
+            match k.keep(self.dst, ddir, name, rel, old, true) {
+                Ok(to) => kept = Some(to),
+                Err(e) => {
+                    self.dst.abort(ddir, w);
+                    return Err(e);
+                }
             }
         }
         self.dst.commit(ddir, w, name, meta, self.fsync)?;
@@ -237,6 +245,7 @@ impl<S: Store, D: Store> Copier<'_, S, D> {
         Ok(Ok(Copied {
             bytes: n,
             meta: *meta,
+            kept,
         }))
     }
 

@@ -415,6 +415,8 @@ impl CliReporter {
             &[
                 ("renamed", "renamed", o.renamed, true),
                 ("conflicts", "conflicts", o.conflicts, true),
+                ("kept", "kept", o.kept, o.kept > 0),
+                ("bytes_kept", "bytes kept", o.bytes_kept, false),
             ],
         );
     }
@@ -443,6 +445,7 @@ impl ferry_bisync::BiReporter for CliReporter {
                 line.push(b',');
                 let key = match act {
                     BiAction::Rename => "from",
+                    BiAction::Keep => "kept_to",
                     _ => "renamed_to",
                 };
                 json_name(&mut line, key, o);
