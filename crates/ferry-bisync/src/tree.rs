@@ -261,7 +261,11 @@ impl<S: Store> Gather<S> {
             list.retain(|e| !e.meta.kind.is_special());
         }
         // Kept versions and backups are no part of the replica.
-        if list.entries().iter().any(|e| reserved.holds(rel, list.name(e))) {
+        if list
+            .entries()
+            .iter()
+            .any(|e| reserved.holds(rel, list.name(e)))
+        {
             list.retain_names(|n| !reserved.holds(rel, n));
         }
         Some((Arc::new(dir), list))

@@ -182,7 +182,11 @@ fn can_create(root: &Path, rel: &Path) -> bool {
 
 /// Write unique bytes (the write's number in them) with a distinct mtime.
 fn put_unique(root: &Path, rel: &Path, clock: u64) {
-    let p = write(root, rel, format!("write #{clock} of {}", rel.display()).as_bytes());
+    let p = write(
+        root,
+        rel,
+        format!("write #{clock} of {}", rel.display()).as_bytes(),
+    );
     set_mtime(&p, (1_600_000_000 + clock as i64, 0));
 }
 
@@ -289,9 +293,9 @@ fn keep_case(how: How, init: &[u64], rounds: &[Vec<(u8, u8, u64)>]) -> Result<()
         let before = [state(&p.a, skip), state(&p.b, skip)];
         let dir = format!("../old{round}");
         let flags: Vec<&str> = match how {
-            How::Versions => vec!["--versions"],
-            How::Outside => vec!["--backup-dir", &dir],
-            How::Inside => vec!["--backup-dir", ".old"],
+            How::Versions => vec!["--force", "--versions"],
+            How::Outside => vec!["--force", "--backup-dir", &dir],
+            How::Inside => vec!["--force", "--backup-dir", ".old"],
         };
         let r = p.run_at(NOW + 100 * round as i64, &flags);
         if r.code != Some(0) {
@@ -314,7 +318,9 @@ fn keep_case(how: How, init: &[u64], rounds: &[Vec<(u8, u8, u64)>]) -> Result<()
         }
         let (sa, sb) = (state(&p.a, skip), state(&p.b, skip));
         if sa != sb {
-            return Err(format!("round {round}: replicas differ\nA {sa:?}\nB {sb:?}\n{r}"));
+            return Err(format!(
+                "round {round}: replicas differ\nA {sa:?}\nB {sb:?}\n{r}"
+            ));
         }
     }
     Ok(())
@@ -377,12 +383,12 @@ proptest! {
             edit(if side == 0 { &p.a } else { &p.b }, op, seed, &mut clock);
         }
         let before = (state(&p.a, &[]), state(&p.b, &[]));
-        let dry = p.run(&["--versions", "--dry-run"]);
+        let dry = p.run(&["--force", "--versions", "--dry-run"]);
         prop_assert_eq!(dry.code, Some(0), "{}", dry);
         prop_assert_eq!(&before, &(state(&p.a, &[]), state(&p.b, &[])));
         prop_assert!(!p.a.join(VERSIONS).exists() && !p.b.join(VERSIONS).exists());
         // What the real run keeps is what the dry run said it would.
-        let real = p.run(&["--versions"]);
+        let real = p.run(&["--force", "--versions"]);
         prop_assert_eq!(real.code, Some(0), "{}", real);
         let keeps = |r: &Run| {
             let mut v: Vec<String> = r.out().lines().filter(|l| l.starts_with("keep ")).map(str::to_owned).collect();
@@ -452,7 +458,10 @@ fn versions_stay_on_their_side_and_are_named_by_the_run() {
     // A second run syncs nothing of either `.ferry-versions`.
     let r2 = p.run(&["--versions", "-v"]);
     r2.ok();
-    assert!(!p.a.join(".ferry-versions/f~20261125-163343.txt").exists(), "{r2}");
+    assert!(
+        !p.a.join(".ferry-versions/f~20261125-163343.txt").exists(),
+        "{r2}"
+    );
     assert!(!p.b.join(".ferry-versions/d").exists(), "{r2}");
     assert!(!r2.out().contains(".ferry-versions"), "{r2}");
 }
@@ -460,7 +469,12 @@ fn versions_stay_on_their_side_and_are_named_by_the_run() {
 #[test]
 fn versions_dirs_are_never_synced_even_without_keeping() {
     let p = synced_pair();
-    put(&p.a, ".ferry-versions/x~20260101-000000.txt", b"v", 1_600_000_000);
+    put(
+        &p.a,
+        ".ferry-versions/x~20260101-000000.txt",
+        b"v",
+        1_600_000_000,
+    );
     put(&p.a, "d/.ferry-versions/y", b"w", 1_600_000_000);
     p.run(&[]).ok();
     assert!(!p.b.join(".ferry-versions").exists());
@@ -498,7 +512,11 @@ fn a_failed_keep_leaves_the_entry_and_a_rerun_converges() {
     r.code_is(1);
     let errs = r.error_lines();
     assert_eq!(errs.len(), 2, "{r}");
-    assert!(errs.iter().any(|l| l.contains("f.txt") && l.contains("keep")), "{r}");
+    assert!(
+        errs.iter()
+            .any(|l| l.contains("f.txt") && l.contains("keep")),
+        "{r}"
+    );
     assert_eq!(fs::read(p.a.join("f.txt")).unwrap(), b"old f");
     assert_eq!(fs::read(p.a.join("d/g")).unwrap(), b"old g");
     // Not recorded as synced: the next run, the obstacle gone, does it.
@@ -507,8 +525,14 @@ fn a_failed_keep_leaves_the_entry_and_a_rerun_converges() {
     assert_eq!(fs::read(p.a.join("f.txt")).unwrap(), b"new f");
     assert!(!p.a.join("d/g").exists());
     let v = versions(&p.a);
-    assert!(v.contains(&("f.txt".into(), Node::File(b"old f".to_vec()))), "{v:?}");
-    assert!(v.contains(&("d/g".into(), Node::File(b"old g".to_vec()))), "{v:?}");
+    assert!(
+        v.contains(&("f.txt".into(), Node::File(b"old f".to_vec()))),
+        "{v:?}"
+    );
+    assert!(
+        v.contains(&("d/g".into(), Node::File(b"old g".to_vec()))),
+        "{v:?}"
+    );
     assert_eq!(state(&p.a, &[]), state(&p.b, &[]));
 }
 
@@ -526,9 +550,18 @@ fn type_changes_and_symlinks_are_kept() {
     put(&p.b, "d", b"d is a file", 1_600_000_100);
     p.run(&["--versions"]).ok();
     let (va, vb) = (versions(&p.a), versions(&p.b));
-    assert!(vb.contains(&("f.txt".into(), Node::File(b"old f".to_vec()))), "{vb:?}");
-    assert!(vb.contains(&("l".into(), Node::Link(b"somewhere".to_vec()))), "{vb:?}");
-    assert!(va.contains(&("d/g".into(), Node::File(b"old g".to_vec()))), "{va:?}");
+    assert!(
+        vb.contains(&("f.txt".into(), Node::File(b"old f".to_vec()))),
+        "{vb:?}"
+    );
+    assert!(
+        vb.contains(&("l".into(), Node::Link(b"somewhere".to_vec()))),
+        "{vb:?}"
+    );
+    assert!(
+        va.contains(&("d/g".into(), Node::File(b"old g".to_vec()))),
+        "{va:?}"
+    );
     assert_eq!(state(&p.a, &[]), state(&p.b, &[]));
 }
 
@@ -592,7 +625,10 @@ fn invalid_backup_dirs_are_refused_before_anything_changes() {
         assert_eq!(before, (state(&p.a, &[]), state(&p.b, &[])), "{r}");
     }
     let r = p.run(&["--backup-dir2", "s3://bucket/keep"]);
-    assert!(r.err().contains("--backup-dir2") && r.err().contains("B's backend"), "{r}");
+    assert!(
+        r.err().contains("--backup-dir2") && r.err().contains("B's backend"),
+        "{r}"
+    );
     // --versions keeps in each replica: no backup directory goes with it.
     p.run(&["--versions", "--backup-dir1", "x"]).code_is(2);
     assert_eq!(before, (state(&p.a, &[]), state(&p.b, &[])));
@@ -627,5 +663,8 @@ fn watch_runs_keep_too() {
     let _ = child.kill();
     let _ = child.wait();
     let vb = versions(&p.b);
-    assert!(vb.contains(&("f.txt".into(), Node::File(b"old f".to_vec()))), "{vb:?}");
+    assert!(
+        vb.contains(&("f.txt".into(), Node::File(b"old f".to_vec()))),
+        "{vb:?}"
+    );
 }
