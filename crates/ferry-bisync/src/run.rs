@@ -18,6 +18,12 @@
 //! changed during the run it is left alone and reported, and the next run
 //! sees the change.
 //!
+//! With a keeper on a side ([`Options::keep`]: `--versions`, `--backup-dir`,
+//! `--suffix`), every file or symlink replaced or deleted there (an update,
+//! a delete, a symlink or directory taking its place) is kept first, on
+//! that side, at its path below that side's root; when keeping fails the
+//! entry is left alone, the path fails and is not recorded as synced.
+//!
 //! (Over 800 lines: the executor of every bisync action kind and the refusal checks before it, in
 //! action order.)
 

@@ -346,6 +346,23 @@ fn bisync_keepers(
         }
         out[i] = Some(keeper);
     }
+    // One directory for both local replicas (`--backup-dir /x`, or `../old`
+    // beside both): A's and B's versions of a path would overwrite each other.
+    if let (Some(ka), Some(kb), Some(_), Some(_)) = (
+        &out[0],
+        &out[1],
+        roots[0].local_path(),
+        roots[1].local_path(),
+    ) {
+        if let (KeepBase::Abs(x), KeepBase::Abs(y)) = (ka.target(b"", 1).0, kb.target(b"", 1).0) {
+            if x == y {
+                return Err(format!(
+                    "--backup-dir: {} would be the backup directory of both A and B (their kept files would overwrite each other): give each its own with --backup-dir1 and --backup-dir2",
+                    text_name_string(&x)
+                ));
+            }
+        }
+    }
     Ok(out)
 }
 

@@ -388,6 +388,8 @@ pub fn refused_summary(dry_run: bool, bisync: bool, elapsed: Duration, reason: &
             &[
                 ("renamed", "renamed", 0, true),
                 ("conflicts", "conflicts", 0, true),
+                ("kept", "kept", 0, false),
+                ("bytes_kept", "bytes kept", 0, false),
             ],
         );
     } else {

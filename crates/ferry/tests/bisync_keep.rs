@@ -624,6 +624,12 @@ fn invalid_backup_dirs_are_refused_before_anything_changes() {
         assert_eq!(r.err().lines().count(), 1, "{r}");
         assert_eq!(before, (state(&p.a, &[]), state(&p.b, &[])), "{r}");
     }
+    // One directory for both sides: their kept files would overwrite each other.
+    let shared = p.at("shared");
+    let r = p.run(&["--backup-dir", shared.to_str().unwrap()]);
+    r.code_is(2);
+    assert!(r.err().contains("both A and B"), "{r}");
+    assert!(!shared.exists());
     let r = p.run(&["--backup-dir2", "s3://bucket/keep"]);
     assert!(
         r.err().contains("--backup-dir2") && r.err().contains("B's backend"),
