@@ -241,7 +241,7 @@ fn edit(root: &Path, op: u8, seed: u64, clock: &mut u64) {
         5 => {
             let p = PathBuf::from(rand_path(rng));
             let full = root.join(&p);
-            if can_create(root, &p) && !(full.is_dir() && !full.is_symlink()) {
+            if (full.is_symlink() || !full.is_dir()) && can_create(root, &p) {
                 if let Some(parent) = full.parent() {
                     fs::create_dir_all(parent).unwrap();
                 }
