@@ -18,6 +18,12 @@
 //! changed during the run it is left alone and reported, and the next run
 //! sees the change.
 //!
+//! With a keeper on a side ([`Options::keep`]: `--versions`, `--backup-dir`,
+//! `--suffix`), every file or symlink replaced or deleted there (an update,
+//! a delete, a symlink or directory taking its place) is kept first, on
+//! that side, at its path below that side's root; when keeping fails the
+//! entry is left alone, the path fails and is not recorded as synced.
+//!
 //! (Over 800 lines: the executor of every bisync action kind and the refusal checks before it, in
 //! action order.)
 
@@ -30,6 +36,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use ferry_engine::bwlimit::Limiter;
 use ferry_engine::copy::Copier;
+use ferry_engine::keep::Keeper;
 use ferry_engine::pool::Pool;
 use ferry_engine::store::MetaChange;
 use ferry_engine::xattr::{XattrRun, XattrSel};
@@ -38,7 +45,7 @@ use ferry_engine::{Filter, Kind, Meta, Stats, Store};
 use crate::journal::{Journal, NoRecords, Records, Update};
 use crate::plan::{dir_rec, finish, record_of, still, Act, Candidate, Item, Plan, Sides};
 use crate::reconcile::{Side, Synced};
-use crate::tree::{name_of, parent_key, path_of, scan_merge, InSync, ScanOpts};
+use crate::tree::{name_of, parent_key, path_of, scan_merge, InSync, Reserved, ScanOpts};
 
 /// Options of a bisync run.
 #[derive(Debug, Default)]
@@ -71,6 +78,11 @@ pub struct Options {
     pub xattrs: XattrSel,
     /// When changed files go by delta (`--delta`, `--whole-file`).
     pub delta: ferry_engine::delta::Mode,
+    /// What each side keeps of the entries the run replaces or deletes
+    /// there (`--versions`, `--backup-dir`, `--suffix`): A's keeper, B's
+    /// (`None`: replaced and deleted for good). What they keep, and the
+    /// backup directories inside a root, are never synced.
+    pub keep: [Option<Keeper>; 2],
 }
 
 impl Options {
@@ -105,6 +117,9 @@ pub enum BiAction {
     /// An entry left out (special file, or a symlink the other side
     /// cannot hold): see [`BiReporter::skip`].
     Skip,
+    /// An entry about to be replaced or deleted was kept first (`other`:
+    /// where, as its side's keeper shows it).
+    Keep,
 }
 
 impl BiAction {
@@ -120,6 +135,7 @@ impl BiAction {
             BiAction::Meta => "meta",
             BiAction::Conflict => "conflict",
             BiAction::Skip => "skip",
+            BiAction::Keep => "keep",
         }
     }
 }
@@ -127,7 +143,7 @@ impl BiAction {
 /// Receives actions and errors from any thread.
 pub trait BiReporter: Sync {
     /// `act` was done on side `on` at `path`; `other` is the old path of a
-    /// rename or the conflict name of a conflict.
+    /// rename, the conflict name of a conflict, or where a kept entry went.
     fn action(&self, act: BiAction, on: Side, path: &[u8], other: Option<&[u8]>, size: u64);
     /// One path failed; the run goes on.
     fn error(&self, path: &[u8], err: &io::Error);
@@ -144,6 +160,8 @@ pub trait BiReporter: Sync {
 struct Counts {
     renamed: AtomicU64,
     conflicts: AtomicU64,
+    kept: AtomicU64,
+    bytes_kept: AtomicU64,
 }
 
 /// The result of a run.
@@ -169,6 +187,10 @@ pub struct Outcome {
     pub errors: u64,
     /// Wall time.
     pub elapsed_s: f64,
+    /// Entries kept before they were replaced or deleted (both sides).
+    pub kept: u64,
+    /// Their bytes.
+    pub bytes_kept: u64,
 }
 
 /// Why a run stopped before changing anything.
@@ -429,6 +451,9 @@ pub fn run<A: Store, B: Store>(
                 InSync::Keep
             },
             stop_if_both_hold: !known && !opts.resync,
+            reserved: Reserved {
+                keep: [opts.keep[0].as_ref(), opts.keep[1].as_ref()],
+            },
         };
         let r = scan_merge(
             (a, oa.map(|(d, _)| d)),
@@ -577,6 +602,8 @@ pub fn run<A: Store, B: Store>(
             + plan.items.iter().filter(|it| it.act == Act::Record).count() as u64,
         errors: g(&ex.stats.errors),
         elapsed_s: start.elapsed().as_secs_f64(),
+        kept: g(&c.kept),
+        bytes_kept: g(&c.bytes_kept),
     })
 }
 
@@ -674,6 +701,63 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
         }
     }
 
+    /// The copier that writes to side `to`, keeping what it replaces there
+    /// with `to`'s keeper.
+    fn copier_to<'x, S: Store, D: Store>(
+        &'x self,
+        s: &'x S,
+        d: &'x D,
+        to: Side,
+    ) -> Copier<'x, S, D> {
+        Copier {
+            keep: self.keeper(to),
+            ..self.copier(s, d)
+        }
+    }
+
+    /// Side `on`'s keeper, if it keeps what is replaced or deleted.
+    fn keeper(&self, on: Side) -> Option<&Keeper> {
+        self.opts.keep[on as usize].as_ref()
+    }
+
+    /// Report (and count) an entry of `on` kept at `to` before it was
+    /// replaced or deleted (or, in a dry run, where it would be kept).
+    fn kept(&self, on: Side, key: &[u8], to: &[u8], m: &Meta) {
+        add(&self.counts.kept, 1);
+        add(&self.counts.bytes_kept, size_of(m));
+        self.rep
+            .action(BiAction::Keep, on, &path_of(key), Some(to), size_of(m));
+    }
+
+    /// A dry run's line for an entry of `on` that would be kept.
+    fn dry_kept(&self, on: Side, key: &[u8], m: &Meta) {
+        if let Some(k) = self.keeper(on) {
+            self.kept(on, key, &k.place(&path_of(key)), m);
+        }
+    }
+
+    /// Keep the entry `n` of `d` on `on` (at `key`, as planned: `m`) before
+    /// it is removed: the keeper moves it away (it is gone afterwards).
+    /// Without a keeper it is removed for good.
+    fn keep_or_remove<S: Store>(
+        &self,
+        st: &S,
+        on: Side,
+        d: &S::Dir,
+        n: &std::ffi::CStr,
+        key: &[u8],
+        m: &Meta,
+    ) -> io::Result<()> {
+        match self.keeper(on) {
+            Some(k) => {
+                let to = k.keep(st, d, n, &path_of(key), m, false)?;
+                self.kept(on, key, &to, m);
+                Ok(())
+            }
+            None => st.remove(d, n, false).map(|_| ()),
+        }
+    }
+
     fn fail(&self, key: &[u8], e: &io::Error) {
         add(&self.stats.errors, 1);
         self.rep.error(&path_of(key), e);
@@ -739,13 +823,13 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
                     Some(&p(name)),
                     size_of(&lm),
                 );
-                self.dry_copy(*loser, name, &lm, false);
+                self.dry_copy(*loser, name, &lm, None);
                 if wm.kind == Kind::Dir {
                     add(&self.stats.dirs_created, 1);
                     self.rep
                         .action(BiAction::Mkdir, *loser, &p(&it.key), None, 0);
                 } else {
-                    self.dry_copy(winner, &it.key, &wm, false);
+                    self.dry_copy(winner, &it.key, &wm, None);
                 }
             }
         }
@@ -758,6 +842,7 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
                         Some(o) if o.kind == Kind::Dir => {}
                         old => {
                             if let Some(o) = old {
+                                self.dry_kept(to, &it.key, o);
                                 add(&self.stats.files_deleted, 1);
                                 self.rep.action(
                                     BiAction::Delete,
@@ -791,7 +876,7 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
                     let m = it.side(from).expect("copied entries exist");
                     let over = it.side(from.other());
                     if m.kind != Kind::Dir && !over.is_some_and(|o| o.kind == Kind::Dir) {
-                        self.dry_copy(from, &it.key, m, over.is_some());
+                        self.dry_copy(from, &it.key, m, over);
                     }
                 }
                 Act::Meta { from } => {
@@ -812,6 +897,7 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
         };
         for it in items {
             if let Some((on, m)) = deleted(it, false) {
+                self.dry_kept(on, &it.key, &m);
                 add(&self.stats.files_deleted, 1);
                 self.rep
                     .action(BiAction::Delete, on, &p(&it.key), None, size_of(&m));
@@ -831,25 +917,29 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
                 if m.kind != Kind::Dir && it.side(to).is_some_and(|o| o.kind == Kind::Dir) {
                     add(&self.stats.files_deleted, 1);
                     self.rep.action(BiAction::Delete, to, &p(&it.key), None, 0);
-                    self.dry_copy(from, &it.key, m, false);
+                    self.dry_copy(from, &it.key, m, None);
                 }
             }
         }
     }
 
     /// What [`Exec::copy`] reports for a copy of `m` from `from` to `key`
-    /// on the other side (`over`: replacing an entry there).
-    fn dry_copy(&self, from: Side, key: &[u8], m: &Meta, over: bool) {
+    /// on the other side (`over`: the entry there it replaces, kept first
+    /// if that side keeps).
+    fn dry_copy(&self, from: Side, key: &[u8], m: &Meta, over: Option<&Meta>) {
         let to = from.other();
         if m.kind == Kind::Symlink && !on_side!(self, to, |st, _dc| st.supports_symlinks()) {
             self.skip_symlink(from, key);
             return;
         }
+        if let Some(o) = over {
+            self.dry_kept(to, key, o);
+        }
         add(&self.stats.files_copied, 1);
         add(&self.stats.bytes_copied, m.size);
         let act = match (m.kind, over) {
             (Kind::Symlink, _) => BiAction::Symlink,
-            (_, true) => BiAction::Update,
+            (_, Some(_)) => BiAction::Update,
             _ => BiAction::Copy,
         };
         self.rep.action(act, to, &path_of(key), None, m.size);
@@ -1083,7 +1173,7 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
                     if !still(st.stat(&d, &n)?.as_ref(), Some(&o)) {
                         return Err(changed_err());
                     }
-                    st.remove(&d, &n, false)?;
+                    self.keep_or_remove(st, to, &d, &n, &it.key, &o)?;
                     add(&self.stats.files_deleted, 1);
                     self.rep
                         .action(BiAction::Delete, to, &path_of(&it.key), None, size_of(&o));
@@ -1190,13 +1280,16 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
             return;
         }
         let res = between!(self, c.from, |s, sd, d, dd| copy_one(
-            &self.copier(s, d),
+            &self.copier_to(s, d, to),
             sd,
             dd,
             c
         ));
         match res {
-            Ok((from, now)) => {
+            Ok((from, now, kept)) => {
+                if let (Some(k), Some(old)) = (kept, &c.expect) {
+                    self.kept(to, &c.dst, &k, old);
+                }
                 add(&self.stats.files_copied, 1);
                 add(&self.stats.bytes_copied, from.size);
                 let act = match (c.meta.kind, c.expect) {
@@ -1267,7 +1360,7 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
                 if !still(st.stat(&d, &n)?.as_ref(), Some(&planned)) {
                     return Err(changed_err());
                 }
-                st.remove(&d, &n, false).map(|_| ())
+                self.keep_or_remove(st, on, &d, &n, &it.key, &planned)
             })()
         });
         match res {
@@ -1329,13 +1422,15 @@ fn same_attrs<S: Store, D: Store>(
 
 /// Copy `c.src` to `c.dst` (the engine's file copy: temporary + commit, so
 /// never visible half-written, paced and counted); returns the source's
-/// metadata the copy was made from and the target's afterwards.
+/// metadata the copy was made from, the target's afterwards, and where
+/// the entry it replaced was kept (the copier's keeper, if any: when it
+/// cannot keep, nothing is replaced).
 fn copy_one<S: Store, D: Store>(
     cp: &Copier<'_, S, D>,
     sd: &Dirs<S>,
     dd: &Dirs<D>,
     c: &Copy,
-) -> io::Result<(Meta, Meta)> {
+) -> io::Result<(Meta, Meta, Option<Vec<u8>>)> {
     let (s, d) = (cp.src, cp.dst);
     let (sdir, sname) = sd.at(s, &c.src)?;
     let (ddir, dname) = dd.at(d, &c.dst)?;
@@ -1345,28 +1440,36 @@ fn copy_one<S: Store, D: Store>(
         return Err(changed_err());
     }
     let mut from = c.meta;
+    let rel = path_of(&c.dst);
+    let kept;
     if c.meta.kind == Kind::Symlink {
         let target = s.read_link(&sdir, &sname)?;
+        // The entry a symlink replaces is kept first (left in place where
+        // the store can: the new link replaces it in one step).
+        kept = match (cp.keep, &c.expect) {
+            (Some(k), Some(old)) => Some(k.keep(d, &ddir, &dname, &rel, old, true)?),
+            _ => None,
+        };
         d.create_symlink(&ddir, &dname, &target, &c.meta)?;
         cp.new_entry_xattrs(&sdir, &sname, &ddir, &dname, &c.meta)?;
     } else {
-        from = cp
-            .copy_file(
-                &sdir,
-                &sname,
-                &ddir,
-                &dname,
-                &c.dst,
-                &c.meta,
-                c.expect.as_ref(),
-            )?
-            .meta;
+        let done = cp.copy_file(
+            &sdir,
+            &sname,
+            &ddir,
+            &dname,
+            &rel,
+            &c.meta,
+            c.expect.as_ref(),
+        )?;
+        from = done.meta;
+        kept = done.kept;
         if let Some(m) = d.meta_after_commit(&from) {
-            return Ok((from, m));
+            return Ok((from, m, kept));
         }
     }
     let now = d
         .stat(&ddir, &dname)?
         .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "vanished after the copy"))?;
-    Ok((from, now))
+    Ok((from, now, kept))
 }

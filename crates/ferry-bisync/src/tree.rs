@@ -25,6 +25,7 @@ use std::sync::{mpsc, Arc, Mutex};
 
 use ferry_engine::copy::Copier;
 use ferry_engine::entry::join;
+use ferry_engine::keep::{is_versions_dir, Keeper};
 use ferry_engine::store::is_temp_name;
 use ferry_engine::walk::{self, Queue, Visitor};
 use ferry_engine::{Filter, Kind, Listing, Meta, Store};
@@ -156,6 +157,33 @@ pub struct ScanOpts<'a, A: Store, B: Store> {
     /// Stop at the root when both roots hold entries: the run is refused
     /// then (no journal), and nothing more is needed.
     pub stop_if_both_hold: bool,
+    /// Entries never synced (kept versions and backups).
+    pub reserved: Reserved<'a>,
+}
+
+/// What a run keeps beside the synced tree, never synced on either side:
+/// kept versions ([`ferry_engine::keep::VERSIONS_DIR`], at any depth),
+/// either side's backup directory inside its root, and with `--suffix`
+/// alone the names it protects. Left out of both listings: never copied,
+/// deleted or recorded.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Reserved<'a> {
+    /// Each side's keeper (`None`: nothing kept there).
+    pub keep: [Option<&'a Keeper>; 2],
+}
+
+impl Reserved<'_> {
+    /// True for the entry `name` of directory `rel` (a `/` path).
+    pub fn holds(&self, rel: &[u8], name: &[u8]) -> bool {
+        is_versions_dir(name)
+            || self.keep.iter().flatten().any(|k| {
+                k.protects(name)
+                    || k.inside_root().is_some_and(|p| {
+                        let (dir, last) = ferry_engine::keep::split_parent(p);
+                        last == name && dir == rel
+                    })
+            })
+    }
 }
 
 /// A listed directory, kept open for its subdirectories, and its listing.
@@ -186,6 +214,7 @@ impl<S: Store> Gather<S> {
         rel: &[u8],
         parent: Option<Arc<S::Dir>>,
         on_error: OnError<'_>,
+        reserved: &Reserved<'_>,
     ) -> Option<Opened<S::Dir>> {
         let dir = match &parent {
             None => self.root.lock().unwrap().take().expect("root once"),
@@ -230,6 +259,14 @@ impl<S: Store> Gather<S> {
             }
             list.retain_names(|n| !is_temp_name(n));
             list.retain(|e| !e.meta.kind.is_special());
+        }
+        // Kept versions and backups are no part of the replica.
+        if list
+            .entries()
+            .iter()
+            .any(|e| reserved.holds(rel, list.name(e)))
+        {
+            list.retain_names(|n| !reserved.holds(rel, n));
         }
         Some((Arc::new(dir), list))
     }
@@ -338,11 +375,11 @@ impl<A: Store, B: Store> Visitor for Walker<'_, A, B> {
             st.known.1 += recs.len() as u64 - recs.files();
         }
         let la =
-            t.a.and_then(|p| self.ga.list(self.a, &t.rel, p, o.on_error))
+            t.a.and_then(|p| self.ga.list(self.a, &t.rel, p, o.on_error, &o.reserved))
                 .map(|(d, l)| self.exact(self.a, Side::A, &t.rel, d, l, &recs))
                 .map(|(d, l)| (d, filtered(o.filter, &self.ga.unknown, &t.rel, l)));
         let lb =
-            t.b.and_then(|p| self.gb.list(self.b, &t.rel, p, o.on_error))
+            t.b.and_then(|p| self.gb.list(self.b, &t.rel, p, o.on_error, &o.reserved))
                 .map(|(d, l)| self.exact(self.b, Side::B, &t.rel, d, l, &recs))
                 .map(|(d, l)| (d, filtered(o.filter, &self.gb.unknown, &t.rel, l)));
         let na = la.as_ref().map_or(0, |(_, l)| l.len());
@@ -813,6 +850,7 @@ mod tests {
                 compare: None,
                 in_sync: InSync::Keep,
                 stop_if_both_hold: false,
+                reserved: Reserved::default(),
             };
             let (got, _, _) = scan_merge(
                 (&sa, Some(ca)),

@@ -235,6 +235,13 @@ impl Keeper {
         }
     }
 
+    /// Where the entry at `rel` would be kept, as [`Keeper::keep`] shows
+    /// it (a dry run's answer: a version's first name of the second).
+    pub fn place(&self, rel: &[u8]) -> Vec<u8> {
+        let (base, path) = self.target(rel, 1);
+        shown(&base, &path)
+    }
+
     /// True for a destination name that sync must never delete: with
     /// `--suffix` alone, the backups beside their files (rsync's protect
     /// rule for its backup suffix).

@@ -155,6 +155,22 @@ pub struct BisyncArgs {
     pub watch: WatchArgs,
     #[command(flatten)]
     pub keep: KeepArgs,
+    #[command(flatten)]
+    pub keep_sides: KeepSides,
+}
+
+/// Per-replica backup directories of bisync (rclone bisync's names); each
+/// takes the place of `--backup-dir` on its side.
+#[derive(Args, Debug, Clone, Default)]
+pub struct KeepSides {
+    /// Where A's replaced and deleted files go (relative: to A's root; a
+    /// full location must be on A's backend).
+    #[arg(long, value_name = "DIR", conflicts_with = "versions")]
+    pub backup_dir1: Option<String>,
+    /// Where B's replaced and deleted files go (relative: to B's root; a
+    /// full location must be on B's backend).
+    #[arg(long, value_name = "DIR", conflicts_with = "versions")]
+    pub backup_dir2: Option<String>,
 }
 
 /// What copy, sync and bisync keep beyond bytes, times, modes and owners.

@@ -270,7 +270,7 @@ fn run_bisync(a: BisyncArgs) -> Result<u8, String> {
         let lock = ferry_bisync::Lock::take(&jpath)?;
         (Some(lock), Some(ferry_bisync::Journal::open(&jpath, ids)?))
     };
-    let opts = ferry_bisync::Options {
+    let mut opts = ferry_bisync::Options {
         dry_run: a.dry_run,
         force: a.force,
         max_delete: a.max_delete,
@@ -283,6 +283,7 @@ fn run_bisync(a: BisyncArgs) -> Result<u8, String> {
         roots: [ida.clone(), idb.clone()],
         xattrs: a.attrs.sel(),
         delta: a.write.delta_mode(),
+        keep: [None, None],
     };
     let cli = CliReporter::new(a.out.json, a.out.verbose > 0 || a.dry_run, a.dry_run);
     let stats = std::sync::Arc::new(Stats::default());
@@ -299,6 +300,7 @@ fn run_bisync(a: BisyncArgs) -> Result<u8, String> {
     };
     let sa = ferry_backends::open(&ra, &o).map_err(|e| e.to_string())?;
     let sb = ferry_backends::open(&rb, &o).map_err(|e| e.to_string())?;
+    opts.keep = bisync_keepers(&a, [&ra, &rb], [&sa, &sb])?;
     attr_notes(
         opts.xattrs,
         &[(&sa, format!("A {ida}")), (&sb, format!("B {idb}"))],
@@ -326,6 +328,76 @@ fn run_bisync(a: BisyncArgs) -> Result<u8, String> {
     versions::after_run(&[&ra, &rb], &a.keep, a.dry_run, &cli);
     cli.bisync_summary(&out, stats.delta.figures());
     Ok(if out.errors > 0 { 1 } else { 0 })
+}
+
+// ---- bisync: keeping what a run replaces or deletes, on each replica (#17) ----
+
+/// Each replica's keeper (A's, B's) from `--versions`, `--backup-dir`,
+/// `--backup-dir1`/`--backup-dir2`, `--suffix` and `-b`: `--versions` keeps
+/// in each replica's own `.ferry-versions`; a relative `--backup-dir` is
+/// relative to each replica's root; `--backup-dirN` takes its place on
+/// side N (a full location must be on that side's backend); `--suffix`
+/// and `-b` apply to both. Refused (exit 2, before anything changes) when
+/// a side's store cannot keep there, or a side's backup directory is
+/// inside the other replica.
+fn bisync_keepers(
+    a: &BisyncArgs,
+    roots: [&ferry_backends::Root; 2],
+    stores: [&AnyStore; 2],
+) -> Result<[Option<ferry_engine::keep::Keeper>; 2], String> {
+    use ferry_engine::keep::KeepBase;
+    let own = [&a.keep_sides.backup_dir1, &a.keep_sides.backup_dir2];
+    let mut out = [None, None];
+    for i in 0..2 {
+        let side = ["A", "B"][i];
+        let mut k = a.keep.clone();
+        let mut flag = "--backup-dir".to_string();
+        if let Some(d) = own[i] {
+            k.backup_dir = Some(d.clone());
+            flag = format!("--backup-dir{}", i + 1);
+        }
+        let Some(keeper) = args::keeper(&k, roots[i])
+            .map_err(|e| e.replacen("--backup-dir", &flag, 1).replace("DST", side))?
+        else {
+            continue;
+        };
+        let base = keeper.target(b"", 1).0;
+        if !stores[i].can_keep(&base) {
+            return Err(format!(
+                "{side} {}: cannot keep replaced or deleted files at {} on this backend: nothing done",
+                roots[i].id(),
+                text_name_string(&keeper.place(b"")),
+            ));
+        }
+        if let (KeepBase::Abs(p), Some(other)) = (&base, roots[1 - i].local_path()) {
+            if std::path::Path::new(std::ffi::OsStr::from_bytes(p)).starts_with(other) {
+                return Err(format!(
+                    "{flag} {}: inside the other replica ({}), which would sync what {side} keeps: give a directory outside both replicas",
+                    text_name_string(p),
+                    other.display()
+                ));
+            }
+        }
+        out[i] = Some(keeper);
+    }
+    // One directory for both local replicas (`--backup-dir /x`, or `../old`
+    // beside both): A's and B's versions of a path would overwrite each other.
+    if let (Some(ka), Some(kb), Some(_), Some(_)) = (
+        &out[0],
+        &out[1],
+        roots[0].local_path(),
+        roots[1].local_path(),
+    ) {
+        if let (KeepBase::Abs(x), KeepBase::Abs(y)) = (ka.target(b"", 1).0, kb.target(b"", 1).0) {
+            if x == y {
+                return Err(format!(
+                    "--backup-dir: {} would be the backup directory of both A and B (their kept files would overwrite each other): give each its own with --backup-dir1 and --backup-dir2",
+                    text_name_string(&x)
+                ));
+            }
+        }
+    }
+    Ok(out)
 }
 
 fn run_ls(a: LsArgs) -> Result<u8, String> {

@@ -453,6 +453,8 @@ pub fn refused_summary(dry_run: bool, bisync: bool, elapsed: Duration, reason: &
             &[
                 ("renamed", "renamed", 0, true),
                 ("conflicts", "conflicts", 0, true),
+                ("kept", "kept", 0, false),
+                ("bytes_kept", "bytes kept", 0, false),
             ],
         );
     } else {
@@ -480,6 +482,8 @@ impl CliReporter {
             &[
                 ("renamed", "renamed", o.renamed, true),
                 ("conflicts", "conflicts", o.conflicts, true),
+                ("kept", "kept", o.kept, o.kept > 0),
+                ("bytes_kept", "bytes kept", o.bytes_kept, false),
             ],
         );
     }
@@ -508,6 +512,7 @@ impl ferry_bisync::BiReporter for CliReporter {
                 line.push(b',');
                 let key = match act {
                     BiAction::Rename => "from",
+                    BiAction::Keep => "kept_to",
                     _ => "renamed_to",
                 };
                 json_name(&mut line, key, o);

@@ -120,6 +120,11 @@ struct Bisync<'a> {
 
 impl Target for Bisync<'_> {
     fn run(&mut self, _: &Work) -> Outcome {
+        // Each run keeps with a keeper of its own: versions are named by
+        // that run's time.
+        for k in self.opts.keep.iter_mut().flatten() {
+            *k = ferry_engine::keep::Keeper::new(k.rule.clone(), crate::args::now_unix());
+        }
         let stats = ferry_engine::Stats::default();
         let res = ferry_bisync::run(
             self.a,
