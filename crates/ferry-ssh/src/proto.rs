@@ -21,7 +21,7 @@ use ferry_engine::xattr::{XattrSel, Xattrs};
 use serde::{Deserialize, Serialize};
 
 /// The protocol version both ends must speak.
-pub const PROTOCOL: u32 = 5;
+pub const PROTOCOL: u32 = 6;
 /// The hello's first bytes.
 const MAGIC: &[u8; 12] = b"FERRY-SERVE\n";
 /// Largest frame accepted (a whole small file, a big directory's listing).
@@ -475,6 +475,14 @@ pub enum Req<'a> {
     },
     /// The `seq`-th batch (from 0) of file `file`'s ops: [`Resp::Ops`].
     DiffRead { file: u64, seq: u64 },
+    /// Watch the tree at `path` with inotify, as a local `--watch` does,
+    /// until the connection closes: [`Resp::Bool`] once it is watched (or an
+    /// error: no inotify there; the bool: whether the tree is there), then any number of [`Resp::Changes`] and
+    /// [`Resp::Note`] with the same id. Sent alone on a connection of its
+    /// own (a stream that never ends must not hold up a store's requests).
+    /// `poll`: milliseconds between retries of directories that got no
+    /// watch (the watch limit) or of a missing root.
+    Watch { path: &'a [u8], poll: u64 },
 }
 
 /// An error on the wire: the OS error number when there is one, else the
@@ -585,6 +593,58 @@ pub enum Resp<'a> {
         end: bool,
         current: Option<(u64, i64, u32)>,
     },
+    /// What changed in a watched tree ([`Req::Watch`]), read at once.
+    Changes(Vec<Event>),
+    /// A line for the user about a watched tree (the watch limit reached).
+    Note(String),
+}
+
+/// A change in a watched tree ([`ferry_watch::Change`] without its side),
+/// paths relative to the watched root.
+#[allow(missing_docs)]
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    Entry(#[serde(with = "serde_bytes")] Vec<u8>, bool),
+    Dir(#[serde(with = "serde_bytes")] Vec<u8>),
+    Deep(#[serde(with = "serde_bytes")] Vec<u8>),
+    Rename(
+        #[serde(with = "serde_bytes")] Vec<u8>,
+        #[serde(with = "serde_bytes")] Vec<u8>,
+        bool,
+    ),
+    Overflow,
+    Gone,
+    Back,
+}
+
+impl Event {
+    /// The event of a change (its side dropped).
+    pub fn of(c: ferry_watch::Change) -> Event {
+        use ferry_watch::Change as C;
+        match c {
+            C::Entry(_, p, ready) => Event::Entry(p, ready),
+            C::Dir(_, p) => Event::Dir(p),
+            C::Deep(_, p) => Event::Deep(p),
+            C::Rename(_, f, t, d) => Event::Rename(f, t, d),
+            C::Overflow(_) => Event::Overflow,
+            C::Gone(_) => Event::Gone,
+            C::Back(_) => Event::Back,
+        }
+    }
+
+    /// The change of this event on side `side`.
+    pub fn change(self, side: usize) -> ferry_watch::Change {
+        use ferry_watch::Change as C;
+        match self {
+            Event::Entry(p, ready) => C::Entry(side, p, ready),
+            Event::Dir(p) => C::Dir(side, p),
+            Event::Deep(p) => C::Deep(side, p),
+            Event::Rename(f, t, d) => C::Rename(side, f, t, d),
+            Event::Overflow => C::Overflow(side),
+            Event::Gone => C::Gone(side),
+            Event::Back => C::Back(side),
+        }
+    }
 }
 
 /// Encode an `io::Result<()>` as a reply.
