@@ -82,10 +82,7 @@ pub(crate) fn serve_watch(
     let _ = out.send(proto::frame(id, &Resp::Bool(!tree.is_gone())));
     let (tx, rx) = mpsc::channel::<Msg>();
     let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
-        std::thread::Builder::new()
-            .name(name.into())
-            .spawn(f)
-            .ok()
+        std::thread::Builder::new().name(name.into()).spawn(f).ok()
     };
     let threads = [
         spawn(
@@ -245,5 +242,107 @@ impl ferry_watch::Source for RemoteWatch {
             .spawn(move || self.follow(side, tx, rx, !there))
             .map_err(|e| format!("a thread: {e}"))?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs::File;
+    use std::io::Write;
+
+    /// The tests that count threads run one at a time.
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    /// The watch threads of `ferry serve` in this process.
+    fn serve_threads() -> usize {
+        std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .flatten()
+            .filter(|t| {
+                std::fs::read_to_string(t.path().join("comm"))
+                    .is_ok_and(|c| c.trim().starts_with("ferry-serve-"))
+            })
+            .count()
+    }
+
+    fn next(r: &mut impl io::Read) -> Vec<Event> {
+        let (id, body) = proto::read_frame(r).unwrap().expect("a frame");
+        assert_eq!(id, 7);
+        match proto::decode::<Resp>(&body).unwrap() {
+            Resp::Changes(evs) => evs,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// `ferry serve` streams a watched tree's changes with the request's
+    /// id, and when its client closes the stream it returns, its watch's
+    /// threads stopped and joined.
+    #[test]
+    fn serve_streams_changes_and_stops_when_the_client_goes() {
+        let _one = ONE.lock().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("d")).unwrap();
+        let (in_r, in_w) = rustix::pipe::pipe().unwrap();
+        let (out_r, out_w) = rustix::pipe::pipe().unwrap();
+        let server = std::thread::spawn(move || {
+            crate::serve::serve_on(io::BufReader::new(File::from(in_r)), File::from(out_w))
+        });
+        let mut to = File::from(in_w);
+        let mut from = io::BufReader::new(File::from(out_r));
+        proto::write_hello(&mut to).unwrap();
+        assert!(matches!(
+            proto::read_hello(&mut from).unwrap(),
+            proto::Hello::Ferry { .. }
+        ));
+        let path = dir.path().as_os_str().as_bytes();
+        to.write_all(&proto::frame(7, &Req::Watch { path, poll: 1000 }))
+            .unwrap();
+        let (id, body) = proto::read_frame(&mut from).unwrap().unwrap();
+        assert_eq!(id, 7);
+        assert!(matches!(
+            proto::decode::<Resp>(&body).unwrap(),
+            Resp::Bool(true)
+        ));
+        // (Its threads are started right after its reply.)
+        let end = std::time::Instant::now() + Duration::from_secs(10);
+        while serve_threads() < 2 {
+            assert!(std::time::Instant::now() < end, "no watch threads");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::fs::write(dir.path().join("d/f"), b"x").unwrap();
+        let mut seen = Vec::new();
+        while !seen.contains(&Event::Entry(b"d/f".to_vec(), true)) {
+            seen.extend(next(&mut from));
+        }
+        std::fs::rename(dir.path().join("d"), dir.path().join("e")).unwrap();
+        let mut seen = Vec::new();
+        while !seen.contains(&Event::Rename(b"d".to_vec(), b"e".to_vec(), true)) {
+            seen.extend(next(&mut from));
+        }
+        // The client goes: the server returns, its watch stopped.
+        drop(to);
+        server.join().unwrap().unwrap();
+        assert!(proto::read_frame(&mut from).unwrap().is_none());
+        assert_eq!(serve_threads(), 0);
+    }
+
+    /// A missing tree is watched (for its return) and said to be missing.
+    #[test]
+    fn a_missing_tree_is_watched_as_gone() {
+        let _one = ONE.lock().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let (tx, rx) = mpsc::channel();
+        let missing = dir.path().join("not/yet");
+        let w = serve_watch(tx, 3, missing.as_os_str().as_bytes(), 1000).expect("watched");
+        let (id, body) = proto::read_frame(&mut &rx.recv().unwrap()[..])
+            .unwrap()
+            .unwrap();
+        assert_eq!(id, 3);
+        assert!(matches!(
+            proto::decode::<Resp>(&body).unwrap(),
+            Resp::Bool(false)
+        ));
+        drop(w);
     }
 }

@@ -199,6 +199,10 @@ pub fn bisync(
     };
     let (cfg, sources) = config(w, &[(roots.0, stores.0), (roots.1, stores.1)]);
     Ok(ferry_watch::watch_with(
-        &cfg, sources, &mut target, &status, &say,
+        &cfg,
+        sources,
+        &mut target,
+        &status,
+        &say,
     ))
 }

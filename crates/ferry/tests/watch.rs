@@ -599,7 +599,9 @@ fn bisync_watch_with_an_ssh_side_converges_by_events() {
     write(&a, "from_a/new", b"n");
     fs::rename(a.join("from_a/f"), a.join("from_a/f2")).unwrap();
     until(&mut w, "remote changes", || {
-        b.join("from_a/new").exists() && b.join("from_a/f2").exists() && !b.join("from_a/f").exists()
+        b.join("from_a/new").exists()
+            && b.join("from_a/f2").exists()
+            && !b.join("from_a/f").exists()
     });
     fs::remove_file(a.join("from_a/new")).unwrap();
     until(&mut w, "remote delete", || !b.join("from_a/new").exists());
@@ -627,7 +629,11 @@ fn a_lost_remote_watch_is_polled_then_made_again() {
     let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
     let mut w = Watch::start(&args, util::ssh::ssh_at(&host, &src), &dst);
     converge(&src, &dst, &mut w);
-    let watcher = serves(&mark).into_iter().find(|s| s.1).expect("a remote watch").0;
+    let watcher = serves(&mark)
+        .into_iter()
+        .find(|s| s.1)
+        .expect("a remote watch")
+        .0;
     Command::new("kill")
         .args(["-KILL", &watcher.to_string()])
         .status()
@@ -642,6 +648,54 @@ fn a_lost_remote_watch_is_polled_then_made_again() {
     let (code, err) = w.stop();
     assert_eq!(code, Some(0), "{err}");
     assert_eq!(err.matches("remote watch is lost").count(), 1, "{err}");
+    no_serve_left(&mark);
+}
+
+/// The remote root moved away while watched: nothing is deleted; it is
+/// synced when it is back (an hour between polls: by the remote's events).
+#[test]
+fn a_vanished_remote_root_deletes_nothing_and_is_synced_when_back() {
+    let Some((rsh, host)) = ssh() else { return };
+    let t = tmpdir();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    fs::create_dir(&src).unwrap();
+    write(&src, "a/f", b"f");
+    let mark = format!("gone-{}", std::process::id());
+    let mut args = vec!["sync".to_string()];
+    args.extend(ssh_args(&rsh, &mark, &["--poll", "1h"]));
+    let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+    let mut w = Watch::start(&args, util::ssh::ssh_at(&host, &src), &dst);
+    converge(&src, &dst, &mut w);
+    let aside = t.path().join("aside");
+    fs::rename(&src, &aside).unwrap();
+    w.line_with("root is gone");
+    assert_eq!(fs::read(dst.join("a/f")).unwrap(), b"f", "nothing deleted");
+    write(&aside, "h", b"h");
+    fs::rename(&aside, &src).unwrap();
+    converge(&src, &dst, &mut w);
+    let (code, err) = w.stop();
+    assert_eq!(code, Some(0), "{err}");
+}
+
+/// ferry killed (-9) while an ssh side is watched: the remote ferry's
+/// watch sees its client gone and exits (nothing left on the remote).
+#[test]
+fn a_killed_watch_leaves_no_remote_watcher() {
+    let Some((rsh, host)) = ssh() else { return };
+    let t = tmpdir();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    fs::create_dir(&src).unwrap();
+    write(&src, "f", b"1");
+    let mark = format!("kill9-{}", std::process::id());
+    let mut args = vec!["sync".to_string()];
+    args.extend(ssh_args(&rsh, &mark, &["--poll", "1h"]));
+    let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+    let mut w = Watch::start(&args, util::ssh::ssh_at(&host, &src), &dst);
+    converge(&src, &dst, &mut w);
+    until(&mut w, "a remote watch", || {
+        serves(&mark).iter().any(|s| s.1)
+    });
+    drop(w);
     no_serve_left(&mark);
 }
 
