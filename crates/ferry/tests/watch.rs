@@ -595,6 +595,11 @@ fn bisync_watch_with_an_ssh_side_converges_by_events() {
     until(&mut w, "first run", || {
         fs::read(b.join("from_a/f")).ok().as_deref() == Some(b"a")
     });
+    // ferry's own writes to B are events of B, and the run they start
+    // would also see A's changes: those runs end first, so that only A's
+    // own events can bring its next change.
+    let quiet = || std::thread::sleep(Duration::from_secs(1));
+    quiet();
     // On the remote side: new, renamed, deleted.
     write(&a, "from_a/new", b"n");
     fs::rename(a.join("from_a/f"), a.join("from_a/f2")).unwrap();
@@ -603,6 +608,7 @@ fn bisync_watch_with_an_ssh_side_converges_by_events() {
             && b.join("from_a/f2").exists()
             && !b.join("from_a/f").exists()
     });
+    quiet();
     fs::remove_file(a.join("from_a/new")).unwrap();
     until(&mut w, "remote delete", || !b.join("from_a/new").exists());
     // On the local side.
