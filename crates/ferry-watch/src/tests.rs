@@ -131,7 +131,9 @@ impl Target for Rec {
 
 /// A source driven by the test: `f` runs on its own thread with the
 /// loop's sender.
-struct Driven(Option<Box<dyn FnOnce(usize, Sender<Msg>) + Send>>);
+struct Driven(Option<Drive>);
+
+type Drive = Box<dyn FnOnce(usize, Sender<Msg>) + Send>;
 
 impl Source for Driven {
     fn start(mut self: Box<Self>, side: usize, tx: Sender<Msg>) -> Result<(), String> {
