@@ -12,6 +12,9 @@
 //! an abort); the errors of those writes come back on the file's commit.
 //! Handles (directories, open files, files being written) are numbered by
 //! the client, so a request naming a new handle needs no answer first.
+//! [`Req::Watch`] is answered by any number of replies with its id (a
+//! stream, [`Conn::stream`](crate::conn::Conn::stream)), until the
+//! connection closes.
 
 use std::io::{self, Read, Write};
 
