@@ -265,6 +265,8 @@ type Slot = SyncSender<io::Result<Vec<u8>>>;
 #[derive(Default)]
 struct Pending {
     calls: HashMap<u64, Slot>,
+    /// Requests answered by any number of replies ([`Conn::stream`]).
+    streams: HashMap<u64, mpsc::Sender<io::Result<Vec<u8>>>>,
     /// Why the connection is gone, once it is.
     dead: Option<String>,
 }
@@ -351,6 +353,25 @@ impl Conn {
         Ok(srx)
     }
 
+    /// Send a request answered by any number of replies, each handed to
+    /// the receiver as it comes, until the connection ends (then an error).
+    pub fn stream(&self, req: &Req<'_>) -> io::Result<mpsc::Receiver<io::Result<Vec<u8>>>> {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let (stx, srx) = mpsc::channel();
+        {
+            let mut p = self.pending.lock().unwrap();
+            if let Some(why) = &p.dead {
+                return Err(lost_error(why.clone()));
+            }
+            p.streams.insert(id, stx);
+        }
+        if self.tx.send(proto::frame(id, req)).is_err() {
+            self.pending.lock().unwrap().streams.remove(&id);
+            return Err(self.lost());
+        }
+        Ok(srx)
+    }
+
     /// Wait for a reply started with [`Conn::start`].
     pub fn wait(&self, rx: &Receiver<io::Result<Vec<u8>>>) -> io::Result<Body> {
         match rx.recv() {
@@ -408,14 +429,17 @@ impl Conn {
     }
 
     fn die(&self, why: String) {
-        let calls = {
+        let (calls, streams) = {
             let mut p = self.pending.lock().unwrap();
             p.dead.get_or_insert(why.clone());
-            std::mem::take(&mut p.calls)
+            (std::mem::take(&mut p.calls), std::mem::take(&mut p.streams))
         };
         self.gone.store(true, Ordering::Relaxed);
         for (_, slot) in calls {
             let _ = slot.send(Err(lost_error(why.clone())));
+        }
+        for (_, s) in streams {
+            let _ = s.send(Err(lost_error(why.clone())));
         }
     }
 }
@@ -451,6 +475,35 @@ pub fn round_trip() -> Option<std::time::Duration> {
 /// This run's connections, one per target.
 static CONNS: Mutex<Vec<(Target, Arc<Conn>)>> = Mutex::new(Vec::new());
 
+/// This run's watch connections ([`crate::watch`]), each of its own.
+static WATCHES: Mutex<Vec<Arc<Conn>>> = Mutex::new(Vec::new());
+
+/// A connection of its own to `t` for a request that never ends (a
+/// watch), closed by [`close_all`] with the others.
+pub(crate) fn open_own(t: &Target) -> Result<Arc<Conn>, String> {
+    let c = open(t).map_err(|f| match f {
+        Failed::Other(w) | Failed::NoFerry(w) => w,
+    })?;
+    let mut w = WATCHES.lock().unwrap();
+    w.retain(|c| !c.gone.load(Ordering::Relaxed));
+    w.push(c.clone());
+    Ok(c)
+}
+
+impl Conn {
+    /// How this connection reached its host (the remote ferry found or
+    /// installed).
+    pub(crate) fn target(&self) -> &Target {
+        &self.target
+    }
+
+    /// End the session: its input closed, so `ferry serve` and ssh exit.
+    pub(crate) fn close(&self) {
+        self.closing.store(true, Ordering::Relaxed);
+        let _ = self.tx.send(Vec::new());
+    }
+}
+
 /// End this run's sessions: close each connection's input, so that its
 /// `ferry serve` and then ssh exit, and wait for them (a few seconds at
 /// most), so that a run leaves no ssh behind it.
@@ -463,6 +516,7 @@ pub fn close_all() {
             let extra: Vec<Arc<Conn>> = c.extra.lock().unwrap().drain(..).flatten().collect();
             std::iter::once(c).chain(extra)
         })
+        .chain(WATCHES.lock().unwrap().drain(..))
         .collect();
     for c in &conns {
         c.closing.store(true, Ordering::Relaxed);
@@ -641,8 +695,11 @@ fn read_replies(
     let end = loop {
         match proto::read_frame(&mut r) {
             Ok(Some((id, body))) => {
-                let slot = conn.pending.lock().unwrap().calls.remove(&id);
-                if let Some(s) = slot {
+                let mut p = conn.pending.lock().unwrap();
+                if let Some(s) = p.calls.remove(&id) {
+                    drop(p);
+                    let _ = s.send(Ok(body));
+                } else if let Some(s) = p.streams.get(&id) {
                     let _ = s.send(Ok(body));
                 }
             }

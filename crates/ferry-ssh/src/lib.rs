@@ -15,6 +15,7 @@ pub mod proto;
 mod push;
 pub mod serve;
 pub mod store;
+pub mod watch;
 
 pub use conn::{close_all, configure, round_trip, split_words, Lost, Settings, Target};
 pub use serve::serve;

@@ -12,6 +12,9 @@
 //! an abort); the errors of those writes come back on the file's commit.
 //! Handles (directories, open files, files being written) are numbered by
 //! the client, so a request naming a new handle needs no answer first.
+//! [`Req::Watch`] is answered by any number of replies with its id (a
+//! stream, [`Conn::stream`](crate::conn::Conn::stream)), until the
+//! connection closes.
 
 use std::io::{self, Read, Write};
 
@@ -490,6 +493,14 @@ pub enum Req<'a> {
         overwrite: bool,
         replacing: bool,
     },
+    /// Watch the tree at `path` with inotify, as a local `--watch` does,
+    /// until the connection closes: [`Resp::Bool`] once it is watched (or an
+    /// error: no inotify there; the bool: whether the tree is there), then any number of [`Resp::Changes`] and
+    /// [`Resp::Note`] with the same id. Sent alone on a connection of its
+    /// own (a stream that never ends must not hold up a store's requests).
+    /// `poll`: milliseconds between retries of directories that got no
+    /// watch (the watch limit) or of a missing root.
+    Watch { path: &'a [u8], poll: u64 },
 }
 
 /// An error on the wire: the OS error number when there is one, else the
@@ -600,6 +611,58 @@ pub enum Resp<'a> {
         end: bool,
         current: Option<(u64, i64, u32)>,
     },
+    /// What changed in a watched tree ([`Req::Watch`]), read at once.
+    Changes(Vec<Event>),
+    /// A line for the user about a watched tree (the watch limit reached).
+    Note(String),
+}
+
+/// A change in a watched tree ([`ferry_watch::Change`] without its side),
+/// paths relative to the watched root.
+#[allow(missing_docs)]
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    Entry(#[serde(with = "serde_bytes")] Vec<u8>, bool),
+    Dir(#[serde(with = "serde_bytes")] Vec<u8>),
+    Deep(#[serde(with = "serde_bytes")] Vec<u8>),
+    Rename(
+        #[serde(with = "serde_bytes")] Vec<u8>,
+        #[serde(with = "serde_bytes")] Vec<u8>,
+        bool,
+    ),
+    Overflow,
+    Gone,
+    Back,
+}
+
+impl Event {
+    /// The event of a change (its side dropped).
+    pub fn of(c: ferry_watch::Change) -> Event {
+        use ferry_watch::Change as C;
+        match c {
+            C::Entry(_, p, ready) => Event::Entry(p, ready),
+            C::Dir(_, p) => Event::Dir(p),
+            C::Deep(_, p) => Event::Deep(p),
+            C::Rename(_, f, t, d) => Event::Rename(f, t, d),
+            C::Overflow(_) => Event::Overflow,
+            C::Gone(_) => Event::Gone,
+            C::Back(_) => Event::Back,
+        }
+    }
+
+    /// The change of this event on side `side`.
+    pub fn change(self, side: usize) -> ferry_watch::Change {
+        use ferry_watch::Change as C;
+        match self {
+            Event::Entry(p, ready) => C::Entry(side, p, ready),
+            Event::Dir(p) => C::Dir(side, p),
+            Event::Deep(p) => C::Deep(side, p),
+            Event::Rename(f, t, d) => C::Rename(side, f, t, d),
+            Event::Overflow => C::Overflow(side),
+            Event::Gone => C::Gone(side),
+            Event::Back => C::Back(side),
+        }
+    }
 }
 
 /// Encode an `io::Result<()>` as a reply.

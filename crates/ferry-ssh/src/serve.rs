@@ -161,8 +161,15 @@ fn read_requests(
     work: &SyncSender<(u64, Vec<u8>)>,
     disk: &SyncSender<(u64, Vec<u8>)>,
 ) -> io::Result<()> {
+    // Watches of this client's trees: stopped (dropped) when it is gone.
+    let mut watching = Vec::new();
     while let Some((id, body)) = proto::read_frame(input)? {
         let to = match proto::decode::<Req>(&body)? {
+            Req::Watch { path, poll } => {
+                let out = st.out.lock().unwrap().clone();
+                watching.extend(crate::watch::serve_watch(out, id, path, poll));
+                continue;
+            }
             Req::Close { handle } => {
                 st.dirs.lock().unwrap().remove(&handle);
                 st.readers.lock().unwrap().remove(&handle);
@@ -803,7 +810,8 @@ fn answer_io(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> io::Re
         | Req::PartAttach { .. }
         | Req::PartSync { .. }
         | Req::PartRecord { .. }
-        | Req::Abort { .. } => {
+        | Req::Abort { .. }
+        | Req::Watch { .. } => {
             unreachable!("handled in order by the reading and disk threads")
         }
     }

@@ -274,6 +274,12 @@ impl SshStore {
         })
     }
 
+    /// The tree watched by the remote ferry, on a connection of its own,
+    /// for `--watch` (`poll`: how often it is polled while it cannot be).
+    pub fn watcher(&self, poll: std::time::Duration) -> crate::watch::RemoteWatch {
+        crate::watch::RemoteWatch::new(self.conn.target().clone(), self.path.clone(), poll)
+    }
+
     /// Metadata of `path` on the remote (following a final symlink when
     /// `follow`), `None` when it does not exist.
     pub fn stat_path(&self, path: &[u8], follow: bool) -> io::Result<Option<Meta>> {

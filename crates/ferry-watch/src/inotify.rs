@@ -230,7 +230,18 @@ impl Tree {
 
     /// Read events until the loop goes away; each batch of events read at
     /// once goes to `tx` as one message.
-    pub fn run(mut self, tx: Sender<crate::Msg>) {
+    pub fn run(self, tx: Sender<crate::Msg>) {
+        self.run_until(tx, None)
+    }
+
+    /// Whether the root is missing (its parent is watched for it).
+    pub fn is_gone(&self) -> bool {
+        self.root_wd.is_none() && !self.unwatched.iter().any(|u| u.is_empty())
+    }
+
+    /// [`Tree::run`], and also until `stop` is readable or hung up (the
+    /// write end of a pipe closed: `ferry serve`'s client went away).
+    pub fn run_until(mut self, tx: Sender<crate::Msg>, stop: Option<OwnedFd>) {
         let mut buf = vec![0u8; 64 << 10];
         let mut said_limit = false;
         loop {
@@ -246,13 +257,16 @@ impl Tree {
             }
             // A timeout only while something cannot be watched.
             let degraded = self.root_wd.is_none() || !self.unwatched.is_empty();
-            if degraded {
+            if degraded || stop.is_some() {
                 let t = Timespec::try_from(self.poll).unwrap_or(Timespec {
                     tv_sec: 1,
                     tv_nsec: 0,
                 });
-                let mut fds = [PollFd::new(&self.fd, PollFlags::IN)];
-                match poll(&mut fds, Some(&t)) {
+                let mut fds = vec![PollFd::new(&self.fd, PollFlags::IN)];
+                if let Some(s) = &stop {
+                    fds.push(PollFd::new(s, PollFlags::IN));
+                }
+                match poll(&mut fds, degraded.then_some(&t)) {
                     Ok(0) => {
                         let changes = self.retry();
                         if !changes.is_empty() && tx.send(crate::Msg::Changes(changes)).is_err() {
@@ -260,7 +274,15 @@ impl Tree {
                         }
                         continue;
                     }
-                    Ok(_) | Err(Errno::INTR) => {}
+                    Ok(_) => {
+                        if fds.get(1).is_some_and(|f| !f.revents().is_empty()) {
+                            return;
+                        }
+                        if fds[0].revents().is_empty() {
+                            continue;
+                        }
+                    }
+                    Err(Errno::INTR) => continue,
                     Err(_) => return,
                 }
             }

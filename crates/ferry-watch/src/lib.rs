@@ -9,6 +9,11 @@
 //! on its channel with no timeout while nothing is pending: a settle timer
 //! runs only while a file is still being written, a poll timer only while a
 //! side is polled (or a local side is degraded).
+//!
+//! A side may also notify through a [`Source`] (an ssh side whose remote
+//! ferry watches its own tree and streams the changes back): its thread
+//! sends changes as a local tree's does, and [`Msg::Polled`] while it
+//! cannot (its connection lost), so that the side is polled meanwhile.
 
 pub mod inotify;
 pub mod signals;
@@ -51,6 +56,18 @@ pub enum Msg {
     Note(String),
     /// SIGINT or SIGTERM: stop after the run in flight.
     Stop,
+    /// Side `.0` of a [`Source`] must be polled from now on (`true`: its
+    /// watch is lost) or notifies again (`false`: one full run follows, a
+    /// change may have been missed meanwhile).
+    Polled(usize, bool),
+}
+
+/// A side watched by something other than a local inotify tree.
+pub trait Source: Send {
+    /// Start watching as side `side`: its changes and notes go to `tx`
+    /// from a thread of its own, from before this returns. `Err(why)`: it
+    /// cannot notify, and the side is polled.
+    fn start(self: Box<Self>, side: usize, tx: Sender<Msg>) -> Result<(), String>;
 }
 
 /// One batch of work for a [`Target`].
@@ -89,7 +106,8 @@ pub struct Config {
     pub poll: Option<Duration>,
     /// How long a file that is written and not closed must be quiet.
     pub settle: Duration,
-    /// Interval for degraded local sides (directories without a watch).
+    /// Interval for degraded sides (local directories without a watch, a
+    /// [`Source`] that cannot notify or lost its watch).
     pub degraded_poll: Duration,
 }
 
@@ -281,6 +299,18 @@ impl Pending {
 /// Run `target` once whole, then on every change until a signal; returns
 /// the exit code (0 after SIGINT/SIGTERM).
 pub fn watch(cfg: &Config, target: &mut dyn Target, status: &Status, note: &dyn Fn(&str)) -> u8 {
+    watch_with(cfg, Vec::new(), target, status, note)
+}
+
+/// [`watch`], with `sources` notifying for the sides after the local ones
+/// (side `cfg.local.len() + i`).
+pub fn watch_with(
+    cfg: &Config,
+    sources: Vec<Box<dyn Source>>,
+    target: &mut dyn Target,
+    status: &Status,
+    note: &dyn Fn(&str),
+) -> u8 {
     let (tx, rx) = channel::<Msg>();
     if let Err(e) = signals::forward(tx.clone()) {
         note(&format!("signals: {e}"));
@@ -290,6 +320,18 @@ pub fn watch(cfg: &Config, target: &mut dyn Target, status: &Status, note: &dyn 
         if let Err(e) = start_tree(side, root, cfg.degraded_poll, tx.clone(), status) {
             note(&format!("{}: inotify: {e}", root.display()));
             return 2;
+        }
+    }
+    // Sides of sources that are polled now.
+    let mut polled: Vec<usize> = Vec::new();
+    for (i, s) in sources.into_iter().enumerate() {
+        let side = cfg.local.len() + i;
+        if let Err(why) = s.start(side, tx.clone()) {
+            note(&format!(
+                "note: {why}: polled every {:?}",
+                cfg.poll.unwrap_or(cfg.degraded_poll)
+            ));
+            polled.push(side);
         }
     }
     drop(tx);
@@ -304,7 +346,17 @@ pub fn watch(cfg: &Config, target: &mut dyn Target, status: &Status, note: &dyn 
     let mut stop = false;
     let mut next_poll: Option<Instant> = None;
     let mut first = Some(Instant::now());
-    let mut take = |m: Msg, pending: &mut Pending, stop: &mut bool| match m {
+    // A poll timer while a side is polled: always (`cfg.poll`), or while
+    // a source cannot notify.
+    let interval = |polled: &[usize]| {
+        cfg.poll
+            .or((!polled.is_empty()).then_some(cfg.degraded_poll))
+    };
+    let mut take = |m: Msg,
+                    pending: &mut Pending,
+                    stop: &mut bool,
+                    polled: &mut Vec<usize>,
+                    next_poll: &mut Option<Instant>| match m {
         Msg::Changes(cs) => {
             let now = Instant::now();
             for c in cs {
@@ -313,11 +365,23 @@ pub fn watch(cfg: &Config, target: &mut dyn Target, status: &Status, note: &dyn 
         }
         Msg::Note(n) => note(&format!("note: {n}")),
         Msg::Stop => *stop = true,
+        Msg::Polled(side, true) => {
+            if !polled.contains(&side) {
+                polled.push(side);
+            }
+            if next_poll.is_none() {
+                *next_poll = Some(Instant::now() + cfg.poll.unwrap_or(cfg.degraded_poll));
+            }
+        }
+        Msg::Polled(side, false) => {
+            polled.retain(|&s| s != side);
+            pending.set_full(Instant::now());
+        }
     };
     loop {
         // What arrived during the last run, before deciding the next.
         while let Ok(m) = rx.try_recv() {
-            take(m, &mut pending, &mut stop);
+            take(m, &mut pending, &mut stop, &mut polled, &mut next_poll);
         }
         if stop {
             return 0;
@@ -348,7 +412,7 @@ pub fn watch(cfg: &Config, target: &mut dyn Target, status: &Status, note: &dyn 
                 pending.set_full(Instant::now());
             }
             status.run_done(since.elapsed(), &out, pending.items.len());
-            next_poll = cfg.poll.map(|p| Instant::now() + p);
+            next_poll = interval(&polled).map(|p| Instant::now() + p);
             continue;
         }
         status.queue(pending.items.len());
@@ -361,7 +425,7 @@ pub fn watch(cfg: &Config, target: &mut dyn Target, status: &Status, note: &dyn 
             Some(d) => rx.recv_timeout(d.saturating_duration_since(Instant::now())),
         };
         match msg {
-            Ok(m) => take(m, &mut pending, &mut stop),
+            Ok(m) => take(m, &mut pending, &mut stop, &mut polled, &mut next_poll),
             Err(RecvTimeoutError::Timeout) => {
                 if next_poll.is_some_and(|p| Instant::now() >= p) {
                     next_poll = None;

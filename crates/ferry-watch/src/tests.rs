@@ -118,3 +118,138 @@ fn overflow_and_roots_say_so_once_and_compare_everything() {
     collect(&mut p, vec![Change::Back(0)], t0);
     assert!(p.take(t0, settle).expect("back").0.full);
 }
+
+/// Records each run's work for the test driving the loop.
+struct Rec(std::sync::mpsc::Sender<Work>);
+
+impl Target for Rec {
+    fn run(&mut self, w: &Work) -> Outcome {
+        let _ = self.0.send(w.clone());
+        Outcome::default()
+    }
+}
+
+/// A source driven by the test: `f` runs on its own thread with the
+/// loop's sender.
+struct Driven(Option<Drive>);
+
+type Drive = Box<dyn FnOnce(usize, Sender<Msg>) + Send>;
+
+impl Source for Driven {
+    fn start(mut self: Box<Self>, side: usize, tx: Sender<Msg>) -> Result<(), String> {
+        let f = self.0.take().expect("started once");
+        std::thread::spawn(move || f(side, tx));
+        Ok(())
+    }
+}
+
+struct Refused;
+
+impl Source for Refused {
+    fn start(self: Box<Self>, _: usize, _: Sender<Msg>) -> Result<(), String> {
+        Err("host:path: the remote ferry cannot watch it".into())
+    }
+}
+
+fn cfg(poll: Option<Duration>) -> Config {
+    Config {
+        local: Vec::new(),
+        poll,
+        settle: Duration::from_millis(10),
+        degraded_poll: Duration::from_millis(20),
+    }
+}
+
+/// A source's changes are run as a local tree's; while it says it must
+/// be polled the side is polled; once it notifies again one full run
+/// follows and the poll timer stops (idle costs nothing again).
+#[test]
+fn a_source_notifies_or_is_polled_while_it_cannot() {
+    let (wtx, wrx) = std::sync::mpsc::channel::<Work>();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<Result<(), String>>();
+    let drive = move |side: usize, tx: Sender<Msg>| {
+        let check = || -> Result<(), String> {
+            let next = || {
+                wrx.recv_timeout(Duration::from_secs(10))
+                    .map_err(|_| "no run".to_string())
+            };
+            if !next()?.full {
+                return Err("the first run is full".into());
+            }
+            tx.send(Msg::Changes(vec![Change::Entry(
+                side,
+                b"a/f".to_vec(),
+                true,
+            )]))
+            .unwrap();
+            let w = next()?;
+            if w.full || dirs(&w) != vec![("a".to_string(), false)] {
+                return Err(format!("a scoped run of a: {w:?}"));
+            }
+            // Lost: polled (full runs with no change), again and again.
+            tx.send(Msg::Polled(side, true)).unwrap();
+            for _ in 0..3 {
+                if !next()?.full {
+                    return Err("a poll is a full run".into());
+                }
+            }
+            // Back: one full run, then no timer.
+            tx.send(Msg::Polled(side, false)).unwrap();
+            // (A poll may have been due already: two at most.)
+            let mut after = 0;
+            while let Ok(w) = wrx.recv_timeout(Duration::from_millis(300)) {
+                after += 1;
+                if !w.full || after > 2 {
+                    return Err(format!("still polled: {w:?}"));
+                }
+            }
+            if after == 0 {
+                return Err("no full run once it notifies again".into());
+            }
+            tx.send(Msg::Changes(vec![Change::Entry(side, b"b".to_vec(), true)]))
+                .unwrap();
+            let w = next()?;
+            if w.full || dirs(&w) != vec![(String::new(), false)] {
+                return Err(format!("a scoped run of the root: {w:?}"));
+            }
+            Ok(())
+        };
+        let r = check();
+        let _ = tx.send(Msg::Stop);
+        let _ = done_tx.send(r);
+    };
+    let status = Status::new("test");
+    let src: Vec<Box<dyn Source>> = vec![Box::new(Driven(Some(Box::new(drive))))];
+    let code = watch_with(&cfg(None), src, &mut Rec(wtx), &status, &|_| {});
+    assert_eq!(code, 0);
+    done_rx.recv().unwrap().unwrap();
+}
+
+/// A source that cannot start is polled, and a note says so.
+#[test]
+fn a_source_that_cannot_start_is_polled() {
+    let (wtx, wrx) = std::sync::mpsc::channel::<Work>();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<bool>();
+    // Another source stops the loop once polls have come.
+    let drive = move |_: usize, tx: Sender<Msg>| {
+        let polled = (0..3).all(|_| {
+            wrx.recv_timeout(Duration::from_secs(10))
+                .is_ok_and(|w| w.full)
+        });
+        let _ = tx.send(Msg::Stop);
+        let _ = done_tx.send(polled);
+    };
+    let notes = std::sync::Mutex::new(Vec::new());
+    let status = Status::new("test");
+    let src: Vec<Box<dyn Source>> =
+        vec![Box::new(Refused), Box::new(Driven(Some(Box::new(drive))))];
+    let note = |n: &str| notes.lock().unwrap().push(n.to_string());
+    let code = watch_with(&cfg(None), src, &mut Rec(wtx), &status, &note);
+    assert_eq!(code, 0);
+    assert!(done_rx.recv().unwrap(), "polled");
+    let notes = notes.into_inner().unwrap();
+    assert_eq!(
+        notes,
+        vec!["note: host:path: the remote ferry cannot watch it: polled every 20ms"]
+    );
+}

@@ -278,8 +278,9 @@ impl TransferArgs {
 /// `--watch` and its settings (copy, sync, bisync; docs/CLI.md).
 #[derive(Args, Debug)]
 pub struct WatchArgs {
-    /// After the first run, keep running: local sides are watched (inotify)
-    /// and each change is synced as it happens; other sides are polled.
+    /// After the first run, keep running: local sides are watched (inotify),
+    /// an ssh side by the ferry there, and each change is synced as it
+    /// happens; other sides are polled.
     /// SIGINT/SIGTERM stop it after the run in flight (exit 0).
     #[arg(long)]
     pub watch: bool,
@@ -287,7 +288,7 @@ pub struct WatchArgs {
     /// long (e.g. 100ms, 1s).
     #[arg(long, value_name = "TIME", default_value = "100ms", value_parser = crate::filter_args::parse_duration, requires = "watch")]
     pub settle: std::time::Duration,
-    /// How often a side that cannot be watched (S3, SSH) is listed and
+    /// How often a side that cannot be watched (S3, SFTP) is listed and
     /// compared (e.g. 30s, 5m).
     #[arg(long, value_name = "INTERVAL", default_value = "30s", value_parser = crate::filter_args::parse_duration, requires = "watch")]
     pub poll: std::time::Duration,

@@ -5,24 +5,47 @@
 use std::sync::Arc;
 
 use ferry_backends::{AnyStore, Opts, Root};
-use ferry_watch::{Config, Outcome, Status, Target, Tee, Work};
+use ferry_watch::{Config, Outcome, Source, Status, Target, Tee, Work};
 
 use crate::args::{Job, WatchArgs};
 use crate::output::{cause, CliReporter, Unreachable};
 
-/// The loop's settings: `local` roots are watched; any other side is
-/// polled.
-fn config(w: &WatchArgs, roots: &[&Root]) -> Config {
-    let local: Vec<_> = roots
+/// The loop's settings and sources: `local` roots are watched with
+/// inotify here, an ssh side served by ferry by the ferry there (a
+/// [`Source`], polled while it cannot be); any other side is polled (one
+/// note says which).
+fn config(w: &WatchArgs, sides: &[(&Root, &AnyStore)]) -> (Config, Vec<Box<dyn Source>>) {
+    let local: Vec<_> = sides
         .iter()
-        .filter_map(|r| r.local_path().map(|p| p.to_path_buf()))
+        .filter_map(|(r, _)| r.local_path().map(|p| p.to_path_buf()))
         .collect();
-    Config {
-        poll: (local.len() < roots.len()).then_some(w.poll),
+    let mut sources: Vec<Box<dyn Source>> = Vec::new();
+    let mut polled = false;
+    for (r, s) in sides {
+        match (r, s) {
+            (Root::Local(_), _) => {}
+            (_, AnyStore::Ssh(s)) => sources.push(Box::new(s.watcher(w.poll))),
+            (r, s) => {
+                polled = true;
+                let why = match s {
+                    AnyStore::Sftp(_) => "SFTP: no ferry there to watch it",
+                    _ => "it cannot notify",
+                };
+                say(&format!(
+                    "note: {} is polled every {:?} ({why})",
+                    r.id(),
+                    w.poll
+                ));
+            }
+        }
+    }
+    let cfg = Config {
+        poll: polled.then_some(w.poll),
         local,
         settle: w.settle,
         degraded_poll: w.poll,
-    }
+    };
+    (cfg, sources)
 }
 
 /// Start the status server if asked; a non-loopback address needs a token.
@@ -101,8 +124,8 @@ pub fn sync(
         rep,
     };
     // Only SRC is watched: DST is ferry's to write.
-    let cfg = config(w, &[&job.src]);
-    let code = ferry_watch::watch(&cfg, &mut target, &status, &say);
+    let (cfg, sources) = config(w, &[(&job.src, &s)]);
+    let code = ferry_watch::watch_with(&cfg, sources, &mut target, &status, &say);
     gate.finish();
     Ok(code)
 }
@@ -180,6 +203,12 @@ pub fn bisync(
         },
         rep: cli,
     };
-    let cfg = config(w, &[roots.0, roots.1]);
-    Ok(ferry_watch::watch(&cfg, &mut target, &status, &say))
+    let (cfg, sources) = config(w, &[(roots.0, stores.0), (roots.1, stores.1)]);
+    Ok(ferry_watch::watch_with(
+        &cfg,
+        sources,
+        &mut target,
+        &status,
+        &say,
+    ))
 }

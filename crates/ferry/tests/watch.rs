@@ -428,38 +428,309 @@ fn bisync_watch_converges_both_ways() {
     assert!(!r.out().contains("\"type\":\"copy\""), "{r}");
 }
 
-#[test]
-fn a_source_that_cannot_notify_is_polled() {
-    let (rsh, host) = match util::ssh::ssh_server() {
-        Ok(s) => s,
+// ---- ssh sides: watched by the remote ferry, or polled ---------------------------------------
+
+/// The test sshd (or why the test skips).
+fn ssh() -> Option<(String, String)> {
+    match util::ssh::ssh_server() {
+        Ok(s) => Some(s),
         Err(why) => {
             eprintln!("skipped: {why}");
-            return;
+            None
         }
-    };
+    }
+}
+
+/// `-e`, and a remote ferry (this build) run with `mark` in its
+/// environment, to find its `ferry serve` processes (the server is this
+/// machine); then `extra`.
+fn ssh_args(rsh: &str, mark: &str, extra: &[&str]) -> Vec<String> {
+    let mut a = vec![
+        "-e".to_string(),
+        rsh.to_string(),
+        "--remote-ferry".into(),
+        format!("env FERRY_TEST_MARK={mark} {}", bin().to_str().unwrap()),
+    ];
+    a.extend(extra.iter().map(|s| s.to_string()));
+    a
+}
+
+/// The `ferry serve` processes started with `mark`, and whether each runs
+/// a watch (its inotify thread).
+fn serves(mark: &str) -> Vec<(u32, bool)> {
+    let want = format!("FERRY_TEST_MARK={mark}");
+    let mut out = Vec::new();
+    for e in fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let env = fs::read(e.path().join("environ")).unwrap_or_default();
+        if !env.split(|&b| b == 0).any(|v| v == want.as_bytes()) {
+            continue;
+        }
+        let cmd = fs::read(e.path().join("cmdline")).unwrap_or_default();
+        if !cmd.split(|&b| b == 0).any(|w| w == b"serve") {
+            continue;
+        }
+        let watching = fs::read_dir(e.path().join("task"))
+            .map(|ts| {
+                ts.flatten().any(|t| {
+                    fs::read_to_string(t.path().join("comm"))
+                        .is_ok_and(|c| c.trim() == "ferry-serve-ino")
+                })
+            })
+            .unwrap_or(false);
+        out.push((pid, watching));
+    }
+    out
+}
+
+/// Wait until no `ferry serve` of `mark` is left.
+fn no_serve_left(mark: &str) {
+    let end = Instant::now() + Duration::from_secs(15);
+    while !serves(mark).is_empty() {
+        assert!(
+            Instant::now() < end,
+            "ferry serve left running: {:?}",
+            serves(mark)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Wait until `ok()`; the bound only keeps a broken run from hanging.
+fn until(w: &mut Watch, what: &str, ok: impl Fn() -> bool) {
+    let end = Instant::now() + Duration::from_secs(30);
+    while !ok() {
+        assert!(Instant::now() < end, "{what}: stderr:\n{}", w.stderr());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `sync --watch host:SRC DST` with an hour between polls: every change
+/// made on the remote side arrives by the remote ferry's events (it could
+/// not by polling), and its watcher is gone once ferry has exited.
+#[test]
+fn an_ssh_source_is_watched_by_its_remote_ferry() {
+    let Some((rsh, host)) = ssh() else { return };
     let t = tmpdir();
     let (src, dst) = (t.path().join("src"), t.path().join("dst"));
     fs::create_dir(&src).unwrap();
     write(&src, "a/f", b"1");
-    let ferry_bin = bin();
-    let remote = util::ssh::ssh_at(&host, &src);
-    let args = [
-        "-e",
-        rsh.as_str(),
-        "--remote-ferry",
-        ferry_bin.to_str().unwrap(),
-        "--poll",
-        "300ms",
-    ];
-    let mut sync = vec!["sync"];
-    sync.extend(args);
-    let mut w = Watch::start(&sync, &remote, &dst);
+    let mark = format!("pull-{}", std::process::id());
+    let mut args = vec!["sync".to_string()];
+    args.extend(ssh_args(&rsh, &mark, &["--poll", "1h"]));
+    let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+    let mut w = Watch::start(&args, util::ssh::ssh_at(&host, &src), &dst);
     converge(&src, &dst, &mut w);
-    write(&src, "a/g", b"2");
-    fs::remove_file(src.join("a/f")).unwrap();
+    assert!(
+        serves(&mark).iter().any(|s| s.1),
+        "a remote ferry watches: {:?}",
+        serves(&mark)
+    );
+    // Created, modified, renamed (file and directory), deleted.
+    write(&src, "a/g", b"new");
+    converge(&src, &dst, &mut w);
+    fs::write(src.join("a/f"), b"changed").unwrap();
+    converge(&src, &dst, &mut w);
+    fs::rename(src.join("a/g"), src.join("a/h")).unwrap();
+    converge(&src, &dst, &mut w);
+    fs::rename(src.join("a"), src.join("b")).unwrap();
+    converge(&src, &dst, &mut w);
+    fs::remove_file(src.join("b/f")).unwrap();
     converge(&src, &dst, &mut w);
     let (code, err) = w.stop();
     assert_eq!(code, Some(0), "{err}");
+    assert!(!err.contains("polled"), "{err}");
+    no_serve_left(&mark);
+}
+
+/// Random edits on the remote side while it is watched (an hour between
+/// polls): the replica converges after each round.
+#[test]
+fn replica_of_an_ssh_source_converges_while_it_is_edited() {
+    let Some((rsh, host)) = ssh() else { return };
+    let t = tmpdir();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    fs::create_dir(&src).unwrap();
+    let mut rng = Rng::new(61);
+    seed_tree(&src, &mut rng);
+    let mark = format!("edits-{}", std::process::id());
+    let mut args = vec!["sync".to_string()];
+    args.extend(ssh_args(&rsh, &mark, &["--poll", "1h"]));
+    let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+    let mut w = Watch::start(&args, util::ssh::ssh_at(&host, &src), &dst);
+    converge(&src, &dst, &mut w);
+    for round in 0..4 {
+        for _ in 0..20 + round * 10 {
+            edit(&src, &mut rng);
+        }
+        converge(&src, &dst, &mut w);
+    }
+    let (code, err) = w.stop();
+    assert_eq!(code, Some(0), "{err}");
+    no_serve_left(&mark);
+}
+
+/// `bisync --watch host:A B`: a change on either side arrives by events
+/// (an hour between polls).
+#[test]
+fn bisync_watch_with_an_ssh_side_converges_by_events() {
+    let Some((rsh, host)) = ssh() else { return };
+    let t = tmpdir();
+    let (a, b) = (t.path().join("a"), t.path().join("b"));
+    fs::create_dir(&a).unwrap();
+    fs::create_dir(&b).unwrap();
+    write(&a, "from_a/f", b"a");
+    let journal = t.path().join("j.sqlite");
+    let mark = format!("bisync-{}", std::process::id());
+    let mut args = vec![
+        "bisync".to_string(),
+        "--journal".into(),
+        journal.to_str().unwrap().into(),
+    ];
+    args.extend(ssh_args(&rsh, &mark, &["--poll", "1h"]));
+    let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+    let mut w = Watch::start(&args, util::ssh::ssh_at(&host, &a), &b);
+    until(&mut w, "first run", || {
+        fs::read(b.join("from_a/f")).ok().as_deref() == Some(b"a")
+    });
+    // ferry's own writes to B are events of B, and the run they start
+    // would also see A's changes: those runs end first, so that only A's
+    // own events can bring its next change.
+    let quiet = || std::thread::sleep(Duration::from_secs(1));
+    quiet();
+    // On the remote side: new, renamed, deleted.
+    write(&a, "from_a/new", b"n");
+    fs::rename(a.join("from_a/f"), a.join("from_a/f2")).unwrap();
+    until(&mut w, "remote changes", || {
+        b.join("from_a/new").exists()
+            && b.join("from_a/f2").exists()
+            && !b.join("from_a/f").exists()
+    });
+    quiet();
+    fs::remove_file(a.join("from_a/new")).unwrap();
+    until(&mut w, "remote delete", || !b.join("from_a/new").exists());
+    // On the local side.
+    write(&b, "from_b/g", b"b");
+    until(&mut w, "local change", || a.join("from_b/g").exists());
+    let (code, err) = w.stop();
+    assert_eq!(code, Some(0), "{err}");
+    no_serve_left(&mark);
+}
+
+/// The watch connection lost (its remote ferry killed): said once, the
+/// side polled, the watch made again and everything compared once; a
+/// change made meanwhile arrives.
+#[test]
+fn a_lost_remote_watch_is_polled_then_made_again() {
+    let Some((rsh, host)) = ssh() else { return };
+    let t = tmpdir();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    fs::create_dir(&src).unwrap();
+    write(&src, "f", b"1");
+    let mark = format!("lost-{}", std::process::id());
+    let mut args = vec!["sync".to_string()];
+    args.extend(ssh_args(&rsh, &mark, &["--poll", "500ms"]));
+    let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+    let mut w = Watch::start(&args, util::ssh::ssh_at(&host, &src), &dst);
+    converge(&src, &dst, &mut w);
+    let watcher = serves(&mark)
+        .into_iter()
+        .find(|s| s.1)
+        .expect("a remote watch")
+        .0;
+    Command::new("kill")
+        .args(["-KILL", &watcher.to_string()])
+        .status()
+        .unwrap();
+    w.line_with("remote watch is lost");
+    write(&src, "g", b"made while it was lost");
+    converge(&src, &dst, &mut w);
+    w.line_with("remote watch is back");
+    assert!(serves(&mark).iter().any(|s| s.1), "watched again");
+    write(&src, "h", b"after");
+    converge(&src, &dst, &mut w);
+    let (code, err) = w.stop();
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(err.matches("remote watch is lost").count(), 1, "{err}");
+    no_serve_left(&mark);
+}
+
+/// The remote root moved away while watched: nothing is deleted; it is
+/// synced when it is back (an hour between polls: by the remote's events).
+#[test]
+fn a_vanished_remote_root_deletes_nothing_and_is_synced_when_back() {
+    let Some((rsh, host)) = ssh() else { return };
+    let t = tmpdir();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    fs::create_dir(&src).unwrap();
+    write(&src, "a/f", b"f");
+    let mark = format!("gone-{}", std::process::id());
+    let mut args = vec!["sync".to_string()];
+    args.extend(ssh_args(&rsh, &mark, &["--poll", "1h"]));
+    let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+    let mut w = Watch::start(&args, util::ssh::ssh_at(&host, &src), &dst);
+    converge(&src, &dst, &mut w);
+    let aside = t.path().join("aside");
+    fs::rename(&src, &aside).unwrap();
+    w.line_with("root is gone");
+    assert_eq!(fs::read(dst.join("a/f")).unwrap(), b"f", "nothing deleted");
+    write(&aside, "h", b"h");
+    fs::rename(&aside, &src).unwrap();
+    converge(&src, &dst, &mut w);
+    let (code, err) = w.stop();
+    assert_eq!(code, Some(0), "{err}");
+}
+
+/// ferry killed (-9) while an ssh side is watched: the remote ferry's
+/// watch sees its client gone and exits (nothing left on the remote).
+#[test]
+fn a_killed_watch_leaves_no_remote_watcher() {
+    let Some((rsh, host)) = ssh() else { return };
+    let t = tmpdir();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    fs::create_dir(&src).unwrap();
+    write(&src, "f", b"1");
+    let mark = format!("kill9-{}", std::process::id());
+    let mut args = vec!["sync".to_string()];
+    args.extend(ssh_args(&rsh, &mark, &["--poll", "1h"]));
+    let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+    let mut w = Watch::start(&args, util::ssh::ssh_at(&host, &src), &dst);
+    converge(&src, &dst, &mut w);
+    until(&mut w, "a remote watch", || {
+        serves(&mark).iter().any(|s| s.1)
+    });
+    drop(w);
+    no_serve_left(&mark);
+}
+
+/// An ssh side the remote ferry cannot watch (SFTP: no ferry there) is
+/// polled, and a note says so.
+#[test]
+fn an_sftp_source_is_polled() {
+    let Some((rsh, host)) = ssh() else { return };
+    let t = tmpdir();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    fs::create_dir(&src).unwrap();
+    write(&src, "a/f", b"1");
+    let mut w = Watch::start(
+        &["sync", "--sftp", "-e", rsh.as_str(), "--poll", "300ms"],
+        util::ssh::ssh_at(&host, &src),
+        &dst,
+    );
+    // (SFTP carries whole seconds of mtimes: contents are compared.)
+    until(&mut w, "first run", || fs::read(dst.join("a/f")).is_ok());
+    let note = w.line_with("is polled every");
+    assert!(note.contains("SFTP"), "{note}");
+    write(&src, "a/g", b"2");
+    fs::remove_file(src.join("a/f")).unwrap();
+    until(&mut w, "polled", || {
+        fs::read(dst.join("a/g")).ok().as_deref() == Some(b"2") && !dst.join("a/f").exists()
+    });
+    let (code, err) = w.stop();
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(err.matches("is polled every").count(), 1, "{err}");
 }
 
 // ---- status page and metrics ----------------------------------------------------------------
