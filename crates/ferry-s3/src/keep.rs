@@ -136,7 +136,7 @@ impl S3Store {
         let cfg = S3Config {
             bucket: bucket.to_string(),
             prefix: String::new(),
-            ..self.cfg.clone()
+            ..(*self.cfg).clone()
         };
         let s = Arc::new(
             S3Store::new(&cfg, self.head_threads)

@@ -44,7 +44,7 @@ pub struct S3Store {
     pub(crate) no_batch_delete: AtomicBool,
     /// What the store was made of (another bucket on the same server
     /// is reached with it: kept objects).
-    pub(crate) cfg: S3Config,
+    pub(crate) cfg: Box<S3Config>,
     /// Stores of other buckets kept objects go to.
     pub(crate) others: crate::keep::Others,
 }
@@ -149,7 +149,7 @@ impl S3Store {
             head_threads: threads.clamp(1, 64),
             lazy_meta: false,
             no_batch_delete: AtomicBool::new(false),
-            cfg: cfg.clone(),
+            cfg: Box::new(cfg.clone()),
             others: Default::default(),
         })
     }
