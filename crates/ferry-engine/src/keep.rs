@@ -141,10 +141,10 @@ pub struct KeptStats {
 pub struct Keeper {
     /// Where they go.
     pub rule: KeepRule,
-    /// The run's time (Unix seconds, UTC), which names versions; injected
-    /// so that tests can set the clock.
-    pub now: i64,
-    stamp: String,
+    /// The run's time (Unix seconds, UTC) and its stamp, which name
+    /// versions; injected so that tests can set the clock, and set anew
+    /// for each run of a watch ([`Keeper::restamp`]).
+    stamp: std::sync::RwLock<(i64, String)>,
     /// What was kept.
     pub stats: KeptStats,
 }
@@ -154,10 +154,20 @@ impl Keeper {
     pub fn new(rule: KeepRule, now: i64) -> Keeper {
         Keeper {
             rule,
-            now,
-            stamp: stamp(now),
+            stamp: std::sync::RwLock::new((now, stamp(now))),
             stats: KeptStats::default(),
         }
+    }
+
+    /// The run's time (Unix seconds).
+    pub fn now(&self) -> i64 {
+        self.stamp.read().unwrap_or_else(|e| e.into_inner()).0
+    }
+
+    /// Name the versions of the next run by `now` (a watch's runs share
+    /// one keeper).
+    pub fn restamp(&self, now: i64) {
+        *self.stamp.write().unwrap_or_else(|e| e.into_inner()) = (now, stamp(now));
     }
 
     /// The base directory and path (below it) where the entry at `rel`
@@ -181,7 +191,8 @@ impl Keeper {
                 if !p.is_empty() {
                     p.push(b'/');
                 }
-                p.extend_from_slice(&version_name(name, &self.stamp, n));
+                let st = self.stamp.read().unwrap_or_else(|e| e.into_inner());
+                p.extend_from_slice(&version_name(name, &st.1, n));
                 (KeepBase::Root(VERSIONS_DIR.to_vec()), p)
             }
         }
@@ -289,6 +300,21 @@ pub fn split_parent(rel: &[u8]) -> (&[u8], &[u8]) {
         Some(i) => (&rel[..i], &rel[i + 1..]),
         None => (&[], rel),
     }
+}
+
+/// The clock of kept versions: `FERRY_TEST_NOW` (Unix seconds; tests set
+/// it), else the system's.
+pub fn clock_now() -> i64 {
+    if let Some(t) = std::env::var("FERRY_TEST_NOW")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+    {
+        return t;
+    }
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
 }
 
 /// `YYYYMMDD-HHMMSS` (UTC) of Unix seconds.

@@ -103,6 +103,10 @@ impl<S: Store, D: Store> Target for SyncTarget<'_, S, D> {
                 }
             }
         }
+        // Versions kept by this run are named by its time.
+        if let Some(k) = &self.opts.keep {
+            k.restamp(ferry_engine::keep::clock_now());
+        }
         let e = Engine::new(self.src, self.dst, self.opts, &stats, self.rep);
         let res = if work.full {
             e.run_tree()

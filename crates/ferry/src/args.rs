@@ -417,19 +417,9 @@ impl KeepArgs {
     }
 }
 
-/// The clock of kept versions: `FERRY_TEST_NOW` (Unix seconds; tests set
-/// it), else the system's.
+/// The clock of kept versions (`FERRY_TEST_NOW` in tests).
 pub fn now_unix() -> i64 {
-    if let Some(t) = std::env::var("FERRY_TEST_NOW")
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-    {
-        return t;
-    }
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0)
+    ferry_engine::keep::clock_now()
 }
 
 #[derive(Args, Debug)]

@@ -108,7 +108,7 @@ fn run_sync(a: SyncArgs, mode: ferry_engine::Mode) -> Result<u8, String> {
     let show_progress = a.out.progress_enabled();
     let rep = CliReporter::new(a.out.json, a.out.verbose > 0 || a.dry_run, a.dry_run);
     if a.watch.watch {
-        return watch::sync(&a.watch, &job, &opts, &rep);
+        return watch::sync(&a.watch, &a.keep, &job, &opts, &rep);
     }
     let start = Instant::now();
     let progress = show_progress.then(|| Progress::start(stats.clone(), &rep));
@@ -309,6 +309,7 @@ fn run_bisync(a: BisyncArgs) -> Result<u8, String> {
     if a.watch.watch {
         return watch::bisync(
             &a.watch,
+            &a.keep,
             (&ra, &rb),
             (&sa, &sb),
             journal.as_mut(),

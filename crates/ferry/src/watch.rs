@@ -7,7 +7,7 @@ use std::sync::Arc;
 use ferry_backends::{AnyStore, Opts, Root};
 use ferry_watch::{Config, Outcome, Source, Status, Target, Tee, Work};
 
-use crate::args::{Job, WatchArgs};
+use crate::args::{Job, KeepArgs, WatchArgs};
 use crate::output::{cause, CliReporter, Unreachable};
 
 /// The loop's settings and sources: `local` roots are watched with
@@ -73,14 +73,39 @@ fn say(msg: &str) {
 
 /// A target whose JSON lines and action lines are written out after each
 /// run, for scripts and journals reading them as they come.
+/// With `--versions` and a retention policy, kept versions are pruned after
+/// the first run and then after a run at most every [`PRUNE_EVERY`]
+/// (a walk of the versions tree; never on a timer: an idle watch costs
+/// nothing).
 struct Flushed<'a, T: Target> {
     t: T,
     rep: &'a CliReporter,
+    prune: Option<(&'a KeepArgs, Vec<&'a Root>)>,
+    pruned: Option<std::time::Instant>,
+}
+
+const PRUNE_EVERY: std::time::Duration = std::time::Duration::from_secs(600);
+
+impl<'a, T: Target> Flushed<'a, T> {
+    fn new(t: T, rep: &'a CliReporter, keep: &'a KeepArgs, roots: Vec<&'a Root>) -> Self {
+        Flushed {
+            t,
+            rep,
+            prune: keep.versions.then_some((keep, roots)),
+            pruned: None,
+        }
+    }
 }
 
 impl<T: Target> Target for Flushed<'_, T> {
     fn run(&mut self, w: &Work) -> Outcome {
         let o = self.t.run(w);
+        if let Some((keep, roots)) = &self.prune {
+            if self.pruned.is_none_or(|t| t.elapsed() >= PRUNE_EVERY) {
+                crate::versions::after_run(roots, keep, false, self.rep);
+                self.pruned = Some(std::time::Instant::now());
+            }
+        }
         self.rep.flush();
         o
     }
@@ -89,6 +114,7 @@ impl<T: Target> Target for Flushed<'_, T> {
 /// `copy --watch` / `sync --watch`.
 pub fn sync(
     w: &WatchArgs,
+    keep: &KeepArgs,
     job: &Job,
     opts: &ferry_engine::Options,
     rep: &CliReporter,
@@ -113,8 +139,8 @@ pub fn sync(
         status: &status,
     };
     let describe = |e: &std::io::Error| cause(e);
-    let mut target = Flushed {
-        t: ferry_watch::sync::SyncTarget::<AnyStore, AnyStore> {
+    let mut target = Flushed::new(
+        ferry_watch::sync::SyncTarget::<AnyStore, AnyStore> {
             src: &s,
             dst: &d,
             opts,
@@ -122,7 +148,9 @@ pub fn sync(
             describe: &describe,
         },
         rep,
-    };
+        keep,
+        vec![&job.dst],
+    );
     // Only SRC is watched: DST is ferry's to write.
     let (cfg, sources) = config(w, &[(&job.src, &s)]);
     let code = ferry_watch::watch_with(&cfg, sources, &mut target, &status, &say);
@@ -181,6 +209,7 @@ impl Target for Bisync<'_> {
 #[allow(clippy::too_many_arguments)]
 pub fn bisync(
     w: &WatchArgs,
+    keep: &KeepArgs,
     roots: (&Root, &Root),
     stores: (&AnyStore, &AnyStore),
     journal: Option<&mut ferry_bisync::Journal>,
@@ -192,8 +221,8 @@ pub fn bisync(
         return Err("--watch and --dry-run do not go together".into());
     }
     let status = status_server(w, &format!("{} <-> {}", roots.0.id(), roots.1.id()))?;
-    let mut target = Flushed {
-        t: Bisync {
+    let mut target = Flushed::new(
+        Bisync {
             a: stores.0,
             b: stores.1,
             journal,
@@ -201,8 +230,10 @@ pub fn bisync(
             rep,
             status: &status,
         },
-        rep: cli,
-    };
+        cli,
+        keep,
+        vec![roots.0, roots.1],
+    );
     let (cfg, sources) = config(w, &[(roots.0, stores.0), (roots.1, stores.1)]);
     Ok(ferry_watch::watch_with(
         &cfg,
