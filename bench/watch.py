@@ -1,15 +1,50 @@
 #!/usr/bin/env python3
-"""`ferry sync --watch` latency and idle cost, local to local.
+"""`ferry sync --watch`, local to local: latency, idle cost, burst, memory, and
+lsyncd beside it. Sections are chosen with --only (default: latency,idle).
 
-Latency: from close() of a new 4 KiB file in SRC to its replica appearing
-under its final name in DST (the inotify event of DST's directory: IN_CREATE
-of the linked O_TMPFILE or IN_MOVED_TO of a renamed temporary), one change at
-a time, over --changes changes: p50, p90, p99, max.
+latency: from close() of a new 4 KiB file in SRC to its replica appearing
+  under its final name in DST (the inotify event of DST's directory: IN_CREATE
+  of the linked O_TMPFILE or IN_MOVED_TO of a renamed temporary), one change
+  at a time, over --changes changes: p50, p90, p99, max.
 
-Idle: CPU time (utime + stime from /proc/PID/stat) and context switches of
-all of ferry's threads over --idle seconds with nothing changing.
+idle: CPU time (utime + stime from /proc/PID/stat) and context switches of
+  all of ferry's threads over --idle seconds with nothing changing (the
+  process of `latency` when both are chosen).
+
+burst: --burst-files new 4 KiB files in --burst-dirs new directories, made as
+  fast as Python can (mkdir, then open/write/close of each file), while
+  `ferry sync --watch SRC DST` runs (its first run done, SRC and DST empty).
+    watch  = from just before the first mkdir to the moment the last of the
+             files is present under its final name in DST (inotify on DST's
+             root and on each directory as it appears; a listing after each
+             new watch catches what came before it; on queue overflow DST is
+             counted by listing it instead).
+    create = from the same start to the close() of the last file: the time it
+             took just to make the files (a floor under `watch`).
+    copy   = `ferry copy SRC DST` of the same files already made, into an
+             empty DST (wall time of the process).
+    ratio  = watch / copy (issue 16: within 1.5x). `watch` includes `create`,
+             `copy` does not: the reader can subtract.
+  Watch and copy are measured in each of --runs runs (their order alternating),
+  medians reported.
+
+memory: ferry watching --memory-files empty files in --memory-dirs
+  directories (under SRC's root), once its first run (into an empty DST) is
+  done and it has been quiet for 2 s: VmRSS and VmHWM (/proc/PID/status;
+  VmHWM includes the first run's peak), the inotify watches it holds
+  (`inotify wd:` lines of /proc/PID/fdinfo/*), RSS per watched directory.
+  The time taken to make the tree and the first run's time are printed too.
+
+lsyncd: the `latency` measurement (same change generator, same detection in
+  DST) for `ferry sync --watch` and for lsyncd (default.rsync, delay = 0, the
+  smallest it takes; nodaemon), --runs runs each on fresh directories, tools
+  alternating run by run, --changes changes per run; samples pooled.
+
+Ends with Markdown tables of the results.
 
   python3 bench/watch.py --ferry target/release/ferry [--changes 1000] [--idle 60]
+  python3 bench/watch.py --only burst,memory,lsyncd [--runs 3] [--burst-files 10000]
+      [--memory-files 1000000 --memory-dirs 1000]
 """
 
 import argparse
@@ -19,35 +54,52 @@ import os
 import select
 import shutil
 import signal
+import statistics
 import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 IN_CREATE = 0x100
 IN_MOVED_TO = 0x80
+IN_Q_OVERFLOW = 0x4000
+IN_ISDIR = 0x40000000
 IN_CLOEXEC = 0o2000000
+
+SECTIONS = ("latency", "idle", "burst", "memory", "lsyncd")
 
 libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 
 
-def inotify_on(path):
+def inotify_init():
     fd = libc.inotify_init1(IN_CLOEXEC)
     if fd < 0:
         raise OSError(ctypes.get_errno(), "inotify_init1")
-    if libc.inotify_add_watch(fd, path.encode(), IN_CREATE | IN_MOVED_TO) < 0:
-        raise OSError(ctypes.get_errno(), "inotify_add_watch")
     return fd
 
 
-def names_from(fd):
-    """Names in the events of one read()."""
-    buf = os.read(fd, 65536)
+def add_watch(fd, path):
+    wd = libc.inotify_add_watch(fd, path.encode(), IN_CREATE | IN_MOVED_TO)
+    if wd < 0:
+        raise OSError(ctypes.get_errno(), f"inotify_add_watch {path}")
+    return wd
+
+
+def inotify_on(path):
+    fd = inotify_init()
+    add_watch(fd, path)
+    return fd
+
+
+def events_from(fd):
+    """(wd, mask, name) of the events of one read()."""
+    buf = os.read(fd, 1 << 20)
     out, i = [], 0
     while i + 16 <= len(buf):
-        _wd, _mask, _cookie, ln = struct.unpack_from("iIII", buf, i)
-        out.append(buf[i + 16:i + 16 + ln].rstrip(b"\0").decode())
+        wd, mask, _cookie, ln = struct.unpack_from("iIII", buf, i)
+        out.append((wd, mask, buf[i + 16:i + 16 + ln].rstrip(b"\0").decode()))
         i += 16 + ln
     return out
 
@@ -59,7 +111,7 @@ def wait_name(fd, name, timeout=30.0):
         if left <= 0:
             raise SystemExit(f"{name} never appeared in DST")
         r, _, _ = select.select([fd], [], [], left)
-        if r and name in names_from(fd):
+        if r and any(n == name for _, _, n in events_from(fd)):
             return time.monotonic()
 
 
@@ -83,49 +135,393 @@ def pct(xs, p):
     return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
 
 
+def fresh(work, name):
+    base = os.path.join(work, name)
+    shutil.rmtree(base, ignore_errors=True)
+    src, dst = os.path.join(base, "src"), os.path.join(base, "dst")
+    os.makedirs(src)
+    os.makedirs(dst)
+    return base, src, dst
+
+
+def write_file(path, data):
+    f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    if data:
+        os.write(f, data)
+    os.close(f)
+
+
+def start_ready(cmd, src, dst, log=subprocess.DEVNULL, timeout=30.0):
+    """Start a watcher; return (process, inotify fd on DST) once its first run is
+    done: a file made in SRC after the start shows up in DST."""
+    proc = subprocess.Popen(cmd, stdout=log, stderr=log if log is not subprocess.DEVNULL else None)
+    fd = inotify_on(dst)
+    write_file(os.path.join(src, "ready"), os.urandom(4096))
+    try:
+        wait_name(fd, "ready", timeout)
+    except BaseException:
+        stop(proc, "watcher")
+        raise
+    return proc, fd
+
+
+def stop(proc, what, check=True):
+    proc.send_signal(signal.SIGTERM)
+    try:
+        code = proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        code = proc.wait()
+    if check and code != 0:
+        print(f"{what} exited {code}", file=sys.stderr)
+
+
+def latency_samples(fd, src, n, data):
+    """Milliseconds from close() to the replica in place, one change at a time."""
+    lat = []
+    for i in range(n):
+        name = f"f{i:06d}"
+        write_file(os.path.join(src, name), data)
+        t0 = time.monotonic()
+        lat.append((wait_name(fd, name) - t0) * 1e3)
+    return lat
+
+
+def summary(ms):
+    return f"p50 {pct(ms, 50):.2f} ms, p90 {pct(ms, 90):.2f} ms, p99 {pct(ms, 99):.2f} ms, max {max(ms):.2f} ms"
+
+
+def table(head, rows):
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+# --- latency and idle -------------------------------------------------------
+
+def run_latency_idle(a, work, sections, tables):
+    _, src, dst = fresh(work, "latency")
+    proc, fd = start_ready([a.ferry, "sync", "--watch", src, dst], src, dst)
+    try:
+        rows = []
+        if "latency" in sections:
+            ms = latency_samples(fd, src, a.changes, os.urandom(4096))
+            print(f"latency close() -> replica in place, {len(ms)} changes of 4 KiB: {summary(ms)}")
+            rows += [[f"latency close() -> replica, 4 KiB, {len(ms)} changes",
+                      f"{pct(ms, 50):.2f} ms", f"{pct(ms, 90):.2f} ms", f"{pct(ms, 99):.2f} ms", f"{max(ms):.2f} ms"]]
+            tables.append(table(["measure", "p50", "p90", "p99", "max"], rows))
+        if "idle" in sections:
+            time.sleep(1.0)
+            cpu0, sw0 = task_stats(proc.pid)
+            time.sleep(a.idle)
+            cpu1, sw1 = task_stats(proc.pid)
+            print(f"idle {a.idle:.0f} s: CPU {1e3 * (cpu1 - cpu0):.1f} ms, context switches {sw1 - sw0} "
+                  f"(all threads; clock ticks of {1e3 / os.sysconf('SC_CLK_TCK'):.0f} ms)")
+            tables.append(table(["idle", "CPU", "context switches (all threads)"],
+                                [[f"{a.idle:.0f} s", f"{1e3 * (cpu1 - cpu0):.1f} ms", str(sw1 - sw0)]]))
+    finally:
+        os.close(fd)
+        stop(proc, "ferry")
+
+
+# --- burst ------------------------------------------------------------------
+
+def burst_layout(a):
+    per = -(-a.burst_files // a.burst_dirs)
+    names = []
+    for d in range(a.burst_dirs):
+        for i in range(per):
+            if len(names) == a.burst_files:
+                break
+            names.append((f"d{d:04d}", f"f{i:06d}"))
+    return names
+
+
+def make_burst(src, names, data):
+    """Make the files (directories first, as met); seconds taken."""
+    t0 = time.monotonic()
+    made = set()
+    for d, f in names:
+        if d not in made:
+            os.mkdir(os.path.join(src, d))
+            made.add(d)
+        write_file(os.path.join(src, d, f), data)
+    return time.monotonic() - t0
+
+
+def count_files(root):
+    n = 0
+    stack = [root]
+    while stack:
+        for e in os.scandir(stack.pop()):
+            if e.is_dir(follow_symlinks=False):
+                stack.append(e.path)
+            else:
+                n += 1
+    return n
+
+
+class DstWatcher(threading.Thread):
+    """Follows DST (root + one level of directories) until every expected
+    "dir/name" is present; records the time of the last one."""
+
+    def __init__(self, dst, expected, timeout):
+        super().__init__(daemon=True)
+        self.dst, self.expected, self.timeout = dst, expected, timeout
+        self.fd = inotify_init()
+        self.wds = {add_watch(self.fd, dst): ""}
+        self.seen = set()
+        self.done_at = None
+        self.overflow = False
+        self.error = None
+
+    def note(self, key):
+        if key in self.expected and key not in self.seen:
+            self.seen.add(key)
+            if len(self.seen) == len(self.expected):
+                self.done_at = time.monotonic()
+
+    def watch_dir(self, name):
+        path = os.path.join(self.dst, name)
+        try:
+            self.wds[add_watch(self.fd, path)] = name
+            for e in os.scandir(path):
+                self.note(f"{name}/{e.name}")
+        except FileNotFoundError:
+            pass  # a temporary directory renamed away: its final name comes as an event
+
+    def run(self):
+        end = time.monotonic() + self.timeout
+        try:
+            while self.done_at is None:
+                left = end - time.monotonic()
+                if left <= 0:
+                    self.error = f"{len(self.expected) - len(self.seen)} files never appeared in DST"
+                    return
+                if self.overflow:
+                    if count_files(self.dst) >= len(self.expected):
+                        self.done_at = time.monotonic()
+                    else:
+                        time.sleep(0.02)
+                    continue
+                r, _, _ = select.select([self.fd], [], [], min(left, 1.0))
+                if not r:
+                    continue
+                for wd, mask, name in events_from(self.fd):
+                    if mask & IN_Q_OVERFLOW:
+                        self.overflow = True
+                    elif wd in self.wds and self.wds[wd] == "":
+                        if mask & IN_ISDIR:
+                            self.watch_dir(name)
+                    elif wd in self.wds:
+                        self.note(f"{self.wds[wd]}/{name}")
+        finally:
+            os.close(self.fd)
+
+
+def burst_watch(a, work, names, data):
+    _, src, dst = fresh(work, "burst-watch")
+    # "ready" goes at the root, the burst's directories are new.
+    proc, fd = start_ready([a.ferry, "sync", "--watch", src, dst], src, dst)
+    os.close(fd)
+    try:
+        expected = {f"{d}/{f}" for d, f in names}
+        w = DstWatcher(dst, expected, timeout=a.burst_timeout)
+        w.start()
+        t0 = time.monotonic()
+        create = make_burst(src, names, data)
+        w.join()
+        if w.error:
+            raise SystemExit(f"burst: {w.error}")
+        return w.done_at - t0, create, w.overflow
+    finally:
+        stop(proc, "ferry")
+
+
+def burst_copy(a, work, names, data):
+    _, src, dst = fresh(work, "burst-copy")
+    os.rmdir(dst)  # ferry copy makes it
+    make_burst(src, names, data)
+    t0 = time.monotonic()
+    subprocess.run([a.ferry, "copy", src, dst], stdout=subprocess.DEVNULL, check=True)
+    t = time.monotonic() - t0
+    n = count_files(dst)
+    if n != len(names):
+        raise SystemExit(f"burst: ferry copy left {n} files of {len(names)} in DST")
+    return t
+
+
+def run_burst(a, work, tables):
+    names = burst_layout(a)
+    data = os.urandom(4096)
+    watch, create, copy = [], [], []
+    for r in range(a.runs):
+        order = ("watch", "copy") if r % 2 == 0 else ("copy", "watch")
+        for what in order:
+            if what == "watch":
+                t, c, overflow = burst_watch(a, work, names, data)
+                watch.append(t)
+                create.append(c)
+                print(f"burst run {r + 1}: watch {t:.3f} s (making the files {c:.3f} s)"
+                      + (" [DST counted by listing after an inotify overflow]" if overflow else ""))
+            else:
+                t = burst_copy(a, work, names, data)
+                copy.append(t)
+                print(f"burst run {r + 1}: ferry copy {t:.3f} s")
+        shutil.rmtree(os.path.join(work, "burst-watch"), ignore_errors=True)
+        shutil.rmtree(os.path.join(work, "burst-copy"), ignore_errors=True)
+    w, c, cp = statistics.median(watch), statistics.median(create), statistics.median(copy)
+    print(f"burst of {len(names)} x 4 KiB in {a.burst_dirs} new directories, medians of {a.runs}: "
+          f"watch {w:.3f} s, making the files {c:.3f} s, one-shot ferry copy {cp:.3f} s, ratio watch/copy {w / cp:.2f}x")
+    tables.append(table(
+        ["burst", "watch: first create -> last replica", "of which making the files", "one-shot ferry copy", "watch / copy"],
+        [[f"{len(names):,} x 4 KiB in {a.burst_dirs} new dirs (median of {a.runs})",
+          f"{w:.2f} s", f"{c:.2f} s", f"{cp:.2f} s", f"{w / cp:.2f}x"]]))
+
+
+# --- memory -----------------------------------------------------------------
+
+def proc_status(pid):
+    out = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            k, _, v = line.partition(":")
+            if k in ("VmRSS", "VmHWM"):
+                out[k] = int(v.split()[0])  # KiB
+    return out
+
+
+def inotify_watches(pid):
+    n = 0
+    for fdn in os.listdir(f"/proc/{pid}/fdinfo"):
+        try:
+            with open(f"/proc/{pid}/fdinfo/{fdn}") as f:
+                n += sum(1 for line in f if line.startswith("inotify wd:"))
+        except OSError:
+            pass
+    return n
+
+
+def run_memory(a, work, tables):
+    _, src, dst = fresh(work, "memory")
+    per = -(-a.memory_files // a.memory_dirs)
+    t0 = time.monotonic()
+    n = 0
+    for d in range(a.memory_dirs):
+        dp = os.path.join(src, f"d{d:05d}")
+        os.mkdir(dp)
+        for i in range(min(per, a.memory_files - n)):
+            os.close(os.open(os.path.join(dp, f"f{i:07d}"), os.O_WRONLY | os.O_CREAT, 0o644))
+            n += 1
+    made = time.monotonic() - t0
+    print(f"memory: made {n} empty files in {a.memory_dirs} directories in {made:.1f} s")
+    t0 = time.monotonic()
+    proc, fd = start_ready([a.ferry, "sync", "--watch", src, dst], src, dst, timeout=a.memory_timeout)
+    os.close(fd)
+    try:
+        # "ready" may come before the rest: wait for all of it, then for quiet.
+        while count_files(dst) < n + 1:
+            if time.monotonic() - t0 > a.memory_timeout:
+                raise SystemExit("memory: the first run never finished")
+            time.sleep(1.0)
+        first = time.monotonic() - t0
+        cpu, _ = task_stats(proc.pid)
+        while True:
+            time.sleep(2.0)
+            cpu1, _ = task_stats(proc.pid)
+            if cpu1 == cpu:
+                break
+            cpu = cpu1
+        st = proc_status(proc.pid)
+        watches = inotify_watches(proc.pid)
+    finally:
+        stop(proc, "ferry")
+    dirs = a.memory_dirs + 1  # and the root
+    rss, hwm = st["VmRSS"], st["VmHWM"]
+    print(f"memory watching {n} files in {dirs} directories (first run {first:.1f} s): VmRSS {rss / 1024:.1f} MiB, "
+          f"VmHWM {hwm / 1024:.1f} MiB, inotify watches {watches}, RSS per directory {rss / dirs:.1f} KiB, "
+          f"per file {rss * 1024 / max(n, 1):.0f} B")
+    tables.append(table(
+        ["watching", "VmRSS", "VmHWM (incl. first run)", "inotify watches", "RSS / directory", "RSS / file",
+         "making the tree", "first run"],
+        [[f"{n:,} empty files in {a.memory_dirs:,} dirs", f"{rss / 1024:.1f} MiB", f"{hwm / 1024:.1f} MiB",
+          f"{watches:,}", f"{rss / dirs:.1f} KiB", f"{rss * 1024 / max(n, 1):.0f} B", f"{made:.1f} s", f"{first:.1f} s"]]))
+
+
+# --- lsyncd -----------------------------------------------------------------
+
+def run_lsyncd(a, work, tables):
+    data = os.urandom(4096)
+    samples = {"ferry": [], "lsyncd": []}
+    for r in range(a.runs):
+        order = ("ferry", "lsyncd") if r % 2 == 0 else ("lsyncd", "ferry")
+        for tool in order:
+            base, src, dst = fresh(work, f"lat-{tool}")
+            if tool == "ferry":
+                cmd, log = [a.ferry, "sync", "--watch", src, dst], subprocess.DEVNULL
+            else:
+                conf = os.path.join(base, "lsyncd.lua")
+                with open(conf, "w") as f:
+                    f.write(f'settings {{ nodaemon = true, logfile = "{base}/lsyncd.log" }}\n'
+                            f'sync {{ default.rsync, source = "{src}", target = "{dst}", delay = 0 }}\n')
+                cmd, log = [a.lsyncd, conf], open(os.path.join(base, "lsyncd.out"), "w")
+            proc, fd = start_ready(cmd, src, dst, log=log)
+            try:
+                ms = latency_samples(fd, src, a.changes, data)
+            finally:
+                os.close(fd)
+                stop(proc, tool, check=(tool == "ferry"))
+                if log is not subprocess.DEVNULL:
+                    log.close()
+            samples[tool] += ms
+            print(f"run {r + 1} {tool}: {summary(ms)}")
+            shutil.rmtree(base, ignore_errors=True)
+    rows = []
+    for tool, ms in samples.items():
+        print(f"{tool} pooled over {len(ms)} changes: {summary(ms)}")
+        label = "ferry sync --watch" if tool == "ferry" else "lsyncd (default.rsync, delay = 0)"
+        rows.append([label, f"{pct(ms, 50):.2f} ms", f"{pct(ms, 90):.2f} ms", f"{pct(ms, 99):.2f} ms", f"{max(ms):.2f} ms"])
+    tables.append(table([f"close() -> replica, 4 KiB, {a.runs} x {a.changes} changes", "p50", "p90", "p99", "max"], rows))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ferry", default="target/release/ferry")
-    ap.add_argument("--changes", type=int, default=1000)
-    ap.add_argument("--idle", type=float, default=60.0)
+    ap.add_argument("--lsyncd", default="/usr/bin/lsyncd")
+    ap.add_argument("--only", default="latency,idle", help=f"comma-separated sections of {','.join(SECTIONS)}")
+    ap.add_argument("--changes", type=int, default=1000, help="latency and lsyncd: changes per run")
+    ap.add_argument("--idle", type=float, default=60.0, help="idle: seconds")
+    ap.add_argument("--runs", type=int, default=3, help="burst and lsyncd: runs")
+    ap.add_argument("--burst-files", type=int, default=10_000)
+    ap.add_argument("--burst-dirs", type=int, default=100)
+    ap.add_argument("--burst-timeout", type=float, default=600.0)
+    ap.add_argument("--memory-files", type=int, default=1_000_000)
+    ap.add_argument("--memory-dirs", type=int, default=1000)
+    ap.add_argument("--memory-timeout", type=float, default=3600.0)
     ap.add_argument("--workdir", default=None)
     a = ap.parse_args()
-    work = a.workdir or tempfile.mkdtemp(prefix="ferry-watch-bench-")
-    src, dst = os.path.join(work, "src"), os.path.join(work, "dst")
-    os.makedirs(src, exist_ok=True)
-    os.makedirs(dst, exist_ok=True)
-    proc = subprocess.Popen([a.ferry, "sync", "--watch", src, dst], stdout=subprocess.DEVNULL)
+    a.ferry = os.path.abspath(a.ferry)
+    sections = [s.strip() for s in a.only.split(",") if s.strip()]
+    for s in sections:
+        if s not in SECTIONS:
+            ap.error(f"--only: unknown section {s!r} (sections: {', '.join(SECTIONS)})")
+    work = os.path.abspath(a.workdir) if a.workdir else tempfile.mkdtemp(prefix="ferry-watch-bench-")
+    os.makedirs(work, exist_ok=True)
+    tables = []
     try:
-        # The first run is done once a file made now shows up.
-        fd = inotify_on(dst)
-        data = os.urandom(4096)
-        with open(os.path.join(src, "ready"), "wb") as f:
-            f.write(data)
-        wait_name(fd, "ready")
-        lat = []
-        for i in range(a.changes):
-            name = f"f{i:06d}"
-            f = os.open(os.path.join(src, name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            os.write(f, data)
-            os.close(f)
-            t0 = time.monotonic()
-            lat.append(wait_name(fd, name) - t0)
-        ms = [x * 1e3 for x in lat]
-        print(f"latency close() -> replica in place, {len(ms)} changes of 4 KiB: "
-              f"p50 {pct(ms, 50):.2f} ms, p90 {pct(ms, 90):.2f} ms, p99 {pct(ms, 99):.2f} ms, max {max(ms):.2f} ms")
-        time.sleep(1.0)
-        cpu0, sw0 = task_stats(proc.pid)
-        time.sleep(a.idle)
-        cpu1, sw1 = task_stats(proc.pid)
-        print(f"idle {a.idle:.0f} s: CPU {1e3 * (cpu1 - cpu0):.1f} ms, context switches {sw1 - sw0} "
-              f"(all threads; clock ticks of {1e3 / os.sysconf('SC_CLK_TCK'):.0f} ms)")
+        if "latency" in sections or "idle" in sections:
+            run_latency_idle(a, work, sections, tables)
+        if "burst" in sections:
+            run_burst(a, work, tables)
+        if "memory" in sections:
+            run_memory(a, work, tables)
+        if "lsyncd" in sections:
+            run_lsyncd(a, work, tables)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        code = proc.wait(timeout=30)
-        if code != 0:
-            print(f"ferry exited {code}", file=sys.stderr)
         if not a.workdir:
             shutil.rmtree(work, ignore_errors=True)
+    print()
+    print("\n\n".join(tables))
 
 
 if __name__ == "__main__":
