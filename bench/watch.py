@@ -333,6 +333,8 @@ def burst_watch(a, work, names, data):
         w.join()
         if w.error:
             raise SystemExit(f"burst: {w.error}")
+        if count_files(dst) < len(names) + 1:
+            raise SystemExit("burst: DST holds fewer files than SRC once the watcher saw them all")
         return w.done_at - t0, create, w.overflow
     finally:
         stop(proc, "ferry")
@@ -343,8 +345,10 @@ def burst_copy(a, work, names, data):
     os.rmdir(dst)  # ferry copy makes it
     make_burst(src, names, data)
     t0 = time.monotonic()
-    subprocess.run([a.ferry, "copy", src, dst], stdout=subprocess.DEVNULL, check=True)
+    r = subprocess.run([a.ferry, "copy", src, dst], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     t = time.monotonic() - t0
+    if r.returncode != 0:
+        raise SystemExit(f"burst: ferry copy exited {r.returncode}: {r.stderr.decode().strip()}")
     n = count_files(dst)
     if n != len(names):
         raise SystemExit(f"burst: ferry copy left {n} files of {len(names)} in DST")
