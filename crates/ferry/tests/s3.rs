@@ -765,3 +765,63 @@ fn filters_with_s3_source_and_destination_on(s3: &S3) {
         3
     );
 }
+
+/// `--backup-dir` on S3 keeps by a server-side copy (nothing downloaded):
+/// what a sync replaces or deletes is afterwards under the backup prefix,
+/// byte-equal; `--versions` keeps in `.ferry-versions/` of the prefix,
+/// which `ferry versions` lists and no sync ever copies.
+#[test]
+fn sync_to_s3_keeps_what_it_replaces_and_deletes() {
+    each_server(sync_to_s3_keeps_what_it_replaces_and_deletes_on);
+}
+
+fn sync_to_s3_keeps_what_it_replaces_and_deletes_on(s3: &S3) {
+    let t = tmpdir();
+    let src = t.path().join("src");
+    write(&src, "a.txt", b"first a");
+    write(&src, "d/b.txt", b"first b");
+    write(&src, "c.txt", b"unchanged c");
+    stamp_tree(&src, 1_500_000_000);
+    let url = s3.url("keep");
+    let old = s3.url("keep-old");
+    s3.run(&[&"sync", &src, &url]).ok();
+
+    write(&src, "a.txt", b"second a, longer");
+    std::fs::remove_dir_all(src.join("d")).unwrap();
+    let r = s3.run(&[&"sync", &"--json", &"--backup-dir", &old, &src, &url]);
+    r.ok();
+    let kept: Vec<_> = json_lines(&r)
+        .into_iter()
+        .filter(|j| j.str_field("type") == Some("keep"))
+        .collect();
+    assert_eq!(kept.len(), 2, "{r}");
+    let back = t.path().join("back");
+    s3.run(&[&"sync", &old, &back]).ok();
+    assert_eq!(std::fs::read(back.join("a.txt")).unwrap(), b"first a");
+    assert_eq!(std::fs::read(back.join("d/b.txt")).unwrap(), b"first b");
+    assert!(!back.join("c.txt").exists(), "an unchanged file was kept");
+    let now = t.path().join("now");
+    s3.run(&[&"sync", &url, &now]).ok();
+    assert_files_equal(&src, &now);
+
+    // --versions: kept inside the prefix, listed, never synced.
+    write(&src, "a.txt", b"third a, longer still");
+    s3.run(&[&"sync", &"--versions", &src, &url]).ok();
+    let v = s3.run(&[&"versions", &format!("{url}/a.txt")]);
+    v.ok();
+    let out = String::from_utf8_lossy(&v.stdout).to_string();
+    assert_eq!(
+        out.lines()
+            .filter(|l| l.contains(".ferry-versions"))
+            .count(),
+        1,
+        "{v}"
+    );
+    let again = t.path().join("again");
+    s3.run(&[&"sync", &url, &again]).ok();
+    assert!(
+        !again.join(".ferry-versions").exists(),
+        "versions were synced"
+    );
+    assert_files_equal(&src, &again);
+}

@@ -257,7 +257,10 @@ fn restore_keeps_the_current_file_as_a_version() {
 /// A replica with versions of `f` at the given ages (seconds before NOW),
 /// a directory whose only versions are old, and a name that is no version.
 fn aged(r: &Path, ages: &[i64]) {
+    // The live file as SRC has it (same bytes and mtime): the run replaces
+    // nothing, so it keeps no version of its own.
     write(r, "f", b"live");
+    set_mtime(&r.join("f"), (NOW - 3 * DAY, 0));
     for &a in ages {
         version(r, "f", NOW - a, &vec![b'x'; a as usize % 97]);
     }
@@ -294,6 +297,7 @@ fn copy_prunes_exactly_what_the_policy_drops() {
     let t = tmpdir();
     let src = t.path().join("src");
     write(&src, "f", b"live");
+    set_mtime(&src.join("f"), (NOW - 3 * DAY, 0));
     let j = t.path().join("j.sqlite");
     let left = |r: &Path| -> Vec<i64> {
         let mut v: Vec<i64> = names(&r.join(".ferry-versions"))
