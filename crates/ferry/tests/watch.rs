@@ -35,11 +35,13 @@ impl Drop for Watch {
 impl Watch {
     fn start(args: &[&str], src: impl AsRef<OsStr>, dst: impl AsRef<OsStr>) -> Watch {
         let mut cmd = Command::new(bin());
-        cmd.args(args)
-            .arg("--watch")
-            .arg(src)
-            .arg(dst)
-            .stdin(Stdio::null())
+        cmd.args(args).arg("--watch").arg(src).arg(dst);
+        Watch::spawn(cmd)
+    }
+
+    /// Any command that ends up as a watching ferry (its pid ferry's).
+    fn spawn(mut cmd: Command) -> Watch {
+        cmd.stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("spawn ferry");
@@ -337,6 +339,47 @@ fn an_overflowed_queue_still_converges() {
     let (code, err) = w.stop();
     assert_eq!(code, Some(0), "{err}");
     assert_eq!(err.matches("overflowed").count(), 1, "said once:\n{err}");
+}
+
+/// The inotify watch limit reached (lowered to 6 in a user namespace of
+/// its own, so no other process is touched): said once, the directories
+/// without a watch are rescanned at --poll, and the replica still
+/// converges after edits in every directory, watched or not.
+#[test]
+fn the_watch_limit_is_said_once_and_unwatched_directories_still_converge() {
+    let userns = Command::new("unshare")
+        .args(["--user", "--map-root-user", "true"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !userns {
+        eprintln!("skipped: no user namespaces here (unshare --user)");
+        return;
+    }
+    let t = tmpdir();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    for i in 0..12 {
+        write(&src, format!("d{i}/sub/f"), b"first");
+    }
+    let mut cmd = Command::new("unshare");
+    cmd.args(["--user", "--map-root-user", "sh", "-c"])
+        .arg("echo 6 > /proc/sys/user/max_inotify_watches && exec \"$0\" \"$@\"")
+        .arg(bin())
+        .args(["sync", "--watch", "--poll", "1s"])
+        .arg(&src)
+        .arg(&dst);
+    let mut w = Watch::spawn(cmd);
+    converge(&src, &dst, &mut w);
+    let note = w.line_with("watch limit");
+    assert!(note.starts_with("ferry: note: "), "{note}");
+    for i in 0..12 {
+        write(&src, format!("d{i}/sub/g"), &gen_bytes(100, i));
+        fs::remove_file(src.join(format!("d{i}/sub/f"))).unwrap();
+        write(&src, format!("d{i}/new/h"), b"made after the first run");
+    }
+    converge(&src, &dst, &mut w);
+    let (code, err) = w.stop();
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(err.matches("watch limit").count(), 1, "said once:\n{err}");
 }
 
 #[test]
