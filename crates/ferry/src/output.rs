@@ -618,8 +618,14 @@ impl Progress {
             // Bytes as they move, not as files complete (a run that does
             // not count them as they move still counts finished files).
             bar.set_position(g(&stats.bytes_moved).max(g(&stats.bytes_copied)));
+            // What --backup-dir/--suffix/--versions kept, beside what
+            // was replaced or deleted (only when something was).
+            let kept = match g(&stats.files_kept) {
+                0 => String::new(),
+                n => format!(", {n} kept ({})", human_bytes(g(&stats.bytes_kept))),
+            };
             bar.set_message(format!(
-                "{}/{} files, {} scanned, {} deleted, {} errors",
+                "{}/{} files, {} scanned, {} deleted{kept}, {} errors",
                 g(&stats.files_copied),
                 g(&stats.files_planned),
                 g(&stats.entries_scanned),
