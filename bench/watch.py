@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """`ferry sync --watch`, local to local: latency, idle cost, burst, memory, and
-lsyncd beside it. Sections are chosen with --only (default: latency,idle).
+lsyncd and Syncthing beside it. Sections are chosen with --only (default: latency,idle).
 
 latency: from close() of a new 4 KiB file in SRC to its replica appearing
   under its final name in DST (the inotify event of DST's directory: IN_CREATE
@@ -42,20 +42,39 @@ lsyncd: the `latency` measurement (same change generator, same detection in
   smallest it takes; nodaemon), --runs runs each on fresh directories, tools
   alternating run by run, --changes changes per run; samples pooled.
 
+syncthing: the same, for Syncthing (`apt-get install syncthing`; the script
+  stops if it is missing): two instances on 127.0.0.1 (homes under the run's
+  directory, free ports, discovery, relays, NAT, usage and crash reporting
+  off, low priority off), each knowing the other's device ID and address; one
+  folder, SRC sendonly on A, DST receiveonly on B, fsWatcherEnabled with
+  fsWatcherDelayS = 1 (the smallest it takes), rescans once a day. Measuring
+  starts once both are connected and the folder is idle on both
+  (/rest/system/connections, /rest/db/status) and a first file went across.
+  The replica counts under its final name (Syncthing writes
+  .syncthing.NAME.tmp, then renames). With lsyncd too, all three tools rotate
+  run by run into one table. Syncthing scans on a 1 s tick of its watcher:
+  a change made just after the previous one landed waits nearly a whole tick,
+  so with this generator its figures sit near 1 s (at a random moment the wait
+  would be 0-1 s); scanning, sending and pulling take a few ms more.
+
 Ends with Markdown tables of the results.
 
   python3 bench/watch.py --ferry target/release/ferry [--changes 1000] [--idle 60]
   python3 bench/watch.py --only burst,memory,lsyncd [--runs 3] [--burst-files 10000]
       [--memory-files 1000000 --memory-dirs 1000]
+  python3 bench/watch.py --only lsyncd,syncthing [--runs 3] [--changes 1000]
 """
 
 import argparse
+import copy
 import ctypes
 import ctypes.util
+import json
 import os
 import select
 import shutil
 import signal
+import socket
 import statistics
 import struct
 import subprocess
@@ -63,6 +82,8 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
+import xml.etree.ElementTree as ET
 
 IN_CREATE = 0x100
 IN_MOVED_TO = 0x80
@@ -70,7 +91,7 @@ IN_Q_OVERFLOW = 0x4000
 IN_ISDIR = 0x40000000
 IN_CLOEXEC = 0o2000000
 
-SECTIONS = ("latency", "idle", "burst", "memory", "lsyncd")
+SECTIONS = ("latency", "idle", "burst", "memory", "lsyncd", "syncthing")
 
 libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 
@@ -456,29 +477,185 @@ def run_memory(a, work, tables):
           f"{watches:,}", f"{rss / dirs:.1f} KiB", f"{rss * 1024 / max(n, 1):.0f} B", f"{made:.1f} s", f"{first:.1f} s"]]))
 
 
-# --- lsyncd -----------------------------------------------------------------
+# --- lsyncd and Syncthing --------------------------------------------------
 
-def run_lsyncd(a, work, tables):
+ST_FOLDER = "bench"
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Syncthing:
+    """One Syncthing instance: home under the run's directory, REST on 127.0.0.1."""
+
+    def __init__(self, exe, home):
+        self.exe, self.home = exe, home
+        self.gui, self.listen = free_port(), free_port()
+        r = subprocess.run([exe, "generate", f"--home={home}", "--no-default-folder", "--skip-port-probing"],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=self.env())
+        if r.returncode != 0:
+            raise SystemExit(f"syncthing generate --home {home} exited {r.returncode}: {r.stdout.decode().strip()}")
+        self.conf = os.path.join(home, "config.xml")
+        root = ET.parse(self.conf).getroot()
+        self.id = root.find("device").get("id")
+        self.apikey = root.find("gui/apikey").text
+        self.proc = self.log = None
+
+    def env(self):
+        return dict(os.environ, STNODEFAULTFOLDER="1", STNOUPGRADE="1", STNORESTART="1")
+
+    def configure(self, peer, path, kind):
+        """Options for a lone machine, `peer` as the only other device, one folder at `path`."""
+        tree = ET.parse(self.conf)
+        root = tree.getroot()
+        opts = root.find("options")
+        for k, v in {"listenAddress": f"tcp://127.0.0.1:{self.listen}", "globalAnnounceEnabled": "false",
+                     "localAnnounceEnabled": "false", "relaysEnabled": "false", "natEnabled": "false",
+                     "urAccepted": "-1", "crashReportingEnabled": "false", "startBrowser": "false",
+                     "autoUpgradeIntervalH": "0", "announceLANAddresses": "false", "setLowPriority": "false",
+                     "reconnectionIntervalS": "1"}.items():
+            el = opts.find(k)
+            if el is None:
+                el = ET.SubElement(opts, k)
+            el.text = v
+        root.find("gui/address").text = f"127.0.0.1:{self.gui}"
+        dev = copy.deepcopy(root.find("defaults/device"))
+        dev.set("id", peer.id)
+        dev.set("name", "peer")
+        dev.find("address").text = f"tcp://127.0.0.1:{peer.listen}"
+        root.insert(list(root).index(root.find("gui")), dev)
+        folder = copy.deepcopy(root.find("defaults/folder"))
+        folder.attrib.update({"id": ST_FOLDER, "label": ST_FOLDER, "path": path, "type": kind,
+                              "rescanIntervalS": "86400", "fsWatcherEnabled": "true", "fsWatcherDelayS": "1"})
+        for d in folder.findall("device"):
+            folder.remove(d)
+        for i, dev_id in enumerate((self.id, peer.id)):
+            d = ET.Element("device", {"id": dev_id, "introducedBy": ""})
+            ET.SubElement(d, "encryptionPassword")
+            folder.insert(i, d)
+        root.insert(0, folder)
+        tree.write(self.conf)
+        os.makedirs(os.path.join(path, ".stfolder"), exist_ok=True)
+
+    def start(self):
+        self.log = open(os.path.join(self.home, "syncthing.out"), "w")
+        self.proc = subprocess.Popen([self.exe, "serve", f"--home={self.home}", "--no-browser", "--no-restart",
+                                     "--no-upgrade", f"--gui-address=127.0.0.1:{self.gui}"],
+                                    stdout=self.log, stderr=subprocess.STDOUT, env=self.env())
+
+    def rest(self, path, method="GET"):
+        req = urllib.request.Request(f"http://127.0.0.1:{self.gui}{path}", method=method,
+                                     headers={"X-API-Key": self.apikey})
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            body = resp.read()
+        return json.loads(body) if body.strip() else None
+
+    def ready(self, peer):
+        """Connected to the peer and the folder idle with nothing needed."""
+        if self.proc.poll() is not None:
+            raise SystemExit(f"syncthing ({self.home}) exited {self.proc.returncode}; see {self.log.name}")
+        try:
+            conn = self.rest("/rest/system/connections")["connections"].get(peer.id, {})
+            st = self.rest(f"/rest/db/status?folder={ST_FOLDER}")
+        except (OSError, ValueError):
+            return False  # not listening yet
+        return bool(conn.get("connected")) and st.get("state") == "idle" and st.get("needTotalItems", 0) == 0
+
+    def stop(self):
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            try:
+                self.rest("/rest/system/shutdown", method="POST")
+                self.proc.wait(timeout=30)
+            except (OSError, ValueError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        self.proc = None
+
+
+def syncthing_version(exe):
+    r = subprocess.run([exe, "--version"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    words = r.stdout.decode().split()
+    return words[1].lstrip("v").split("-")[0] if len(words) > 1 else "?"
+
+
+def start_syncthing(a, base, src, dst):
+    """Instance A sends SRC (sendonly), B receives into DST (receiveonly). Returns
+    ([A, B], inotify fd on DST) once both are connected and idle and a file made
+    in SRC has shown up in DST."""
+    pair = [Syncthing(a.syncthing, os.path.join(base, "st-a")), Syncthing(a.syncthing, os.path.join(base, "st-b"))]
+    try:
+        pair[0].configure(pair[1], src, "sendonly")
+        pair[1].configure(pair[0], dst, "receiveonly")
+        for st in pair:
+            st.start()
+        end = time.monotonic() + a.syncthing_timeout
+        while not (pair[0].ready(pair[1]) and pair[1].ready(pair[0])):
+            if time.monotonic() > end:
+                raise SystemExit(f"syncthing: not connected and idle after {a.syncthing_timeout:.0f} s "
+                                 f"(logs in {base}/st-*/syncthing.out)")
+            time.sleep(0.2)
+        fd = inotify_on(dst)
+        write_file(os.path.join(src, "ready"), os.urandom(4096))
+        try:
+            wait_name(fd, "ready", a.syncthing_timeout)
+        except BaseException:
+            os.close(fd)
+            raise
+        return pair, fd
+    except BaseException:
+        for st in pair:
+            st.stop()
+        raise
+
+
+def run_peers(a, work, sections, tables):
+    """ferry and the chosen peers (lsyncd, syncthing), same changes, same detection;
+    the tools' order rotates run by run."""
+    tools = ["ferry"] + [t for t in ("lsyncd", "syncthing") if t in sections]
+    labels = {"ferry": "ferry sync --watch", "lsyncd": "lsyncd (default.rsync, delay = 0)"}
+    if "lsyncd" in tools and not os.access(a.lsyncd, os.X_OK):
+        raise SystemExit(f"lsyncd: {a.lsyncd} is not an executable (apt-get install lsyncd, or --lsyncd PATH)")
+    if "syncthing" in tools:
+        exe = shutil.which(a.syncthing)
+        if exe is None:
+            raise SystemExit(f"syncthing: {a.syncthing!r} not found (apt-get install syncthing, or --syncthing PATH)")
+        a.syncthing = exe
+        labels["syncthing"] = (f"Syncthing {syncthing_version(exe)} (sendonly -> receiveonly over 127.0.0.1, "
+                               f"fsWatcherDelayS = 1)")
     data = os.urandom(4096)
-    samples = {"ferry": [], "lsyncd": []}
+    samples = {t: [] for t in tools}
     for r in range(a.runs):
-        order = ("ferry", "lsyncd") if r % 2 == 0 else ("lsyncd", "ferry")
+        order = tools[r % len(tools):] + tools[:r % len(tools)]
         for tool in order:
             base, src, dst = fresh(work, f"lat-{tool}")
-            if tool == "ferry":
-                cmd, log = [a.ferry, "sync", "--watch", src, dst], subprocess.DEVNULL
+            pair, log = None, subprocess.DEVNULL
+            if tool == "syncthing":
+                pair, fd = start_syncthing(a, base, src, dst)
             else:
-                conf = os.path.join(base, "lsyncd.lua")
-                with open(conf, "w") as f:
-                    f.write(f'settings {{ nodaemon = true, logfile = "{base}/lsyncd.log" }}\n'
-                            f'sync {{ default.rsync, source = "{src}", target = "{dst}", delay = 0 }}\n')
-                cmd, log = [a.lsyncd, conf], open(os.path.join(base, "lsyncd.out"), "w")
-            proc, fd = start_ready(cmd, src, dst, log=log)
+                if tool == "ferry":
+                    cmd = [a.ferry, "sync", "--watch", src, dst]
+                else:
+                    conf = os.path.join(base, "lsyncd.lua")
+                    with open(conf, "w") as f:
+                        f.write(f'settings {{ nodaemon = true, logfile = "{base}/lsyncd.log" }}\n'
+                                f'sync {{ default.rsync, source = "{src}", target = "{dst}", delay = 0 }}\n')
+                    cmd, log = [a.lsyncd, conf], open(os.path.join(base, "lsyncd.out"), "w")
+                proc, fd = start_ready(cmd, src, dst, log=log)
             try:
                 ms = latency_samples(fd, src, a.changes, data)
             finally:
                 os.close(fd)
-                stop(proc, tool, check=(tool == "ferry"))
+                if pair:
+                    for st in pair:
+                        st.stop()
+                else:
+                    stop(proc, tool, check=(tool == "ferry"))
                 if log is not subprocess.DEVNULL:
                     log.close()
             samples[tool] += ms
@@ -487,8 +664,8 @@ def run_lsyncd(a, work, tables):
     rows = []
     for tool, ms in samples.items():
         print(f"{tool} pooled over {len(ms)} changes: {summary(ms)}")
-        label = "ferry sync --watch" if tool == "ferry" else "lsyncd (default.rsync, delay = 0)"
-        rows.append([label, f"{pct(ms, 50):.2f} ms", f"{pct(ms, 90):.2f} ms", f"{pct(ms, 99):.2f} ms", f"{max(ms):.2f} ms"])
+        rows.append([labels[tool], f"{pct(ms, 50):.2f} ms", f"{pct(ms, 90):.2f} ms", f"{pct(ms, 99):.2f} ms",
+                     f"{max(ms):.2f} ms"])
     tables.append(table([f"close() -> replica, 4 KiB, {a.runs} x {a.changes} changes", "p50", "p90", "p99", "max"], rows))
 
 
@@ -496,10 +673,13 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ferry", default="target/release/ferry")
     ap.add_argument("--lsyncd", default="/usr/bin/lsyncd")
+    ap.add_argument("--syncthing", default="syncthing")
+    ap.add_argument("--syncthing-timeout", type=float, default=120.0,
+                    help="syncthing: seconds to wait for the two instances to connect and sync the first file")
     ap.add_argument("--only", default="latency,idle", help=f"comma-separated sections of {','.join(SECTIONS)}")
-    ap.add_argument("--changes", type=int, default=1000, help="latency and lsyncd: changes per run")
+    ap.add_argument("--changes", type=int, default=1000, help="latency, lsyncd and syncthing: changes per run")
     ap.add_argument("--idle", type=float, default=60.0, help="idle: seconds")
-    ap.add_argument("--runs", type=int, default=3, help="burst and lsyncd: runs")
+    ap.add_argument("--runs", type=int, default=3, help="burst, lsyncd and syncthing: runs")
     ap.add_argument("--burst-files", type=int, default=10_000)
     ap.add_argument("--burst-dirs", type=int, default=100)
     ap.add_argument("--burst-timeout", type=float, default=600.0)
@@ -523,8 +703,8 @@ def main():
             run_burst(a, work, tables)
         if "memory" in sections:
             run_memory(a, work, tables)
-        if "lsyncd" in sections:
-            run_lsyncd(a, work, tables)
+        if "lsyncd" in sections or "syncthing" in sections:
+            run_peers(a, work, sections, tables)
     finally:
         if not a.workdir:
             shutil.rmtree(work, ignore_errors=True)
