@@ -73,6 +73,12 @@ if a.rtt_ms:
     config = os.path.join(sdir, "ssh_config_rtt")
     with open(config, "w") as f:
         f.write(text)
+    # The server's key, known under the proxy's port too (ssh and rclone
+    # look it up by [host]:port).
+    with open(os.path.join(sdir, "host_key.pub")) as f:
+        key = " ".join(f.read().split()[:2])
+    with open(os.path.join(sdir, "known_hosts"), "a") as f:
+        f.write(f"[127.0.0.1]:{pport} {key}\n")
 cipher = [] if a.cipher == "default" else ["-c", a.cipher]
 ssh = " ".join(["ssh", "-F", config] + cipher)
 
