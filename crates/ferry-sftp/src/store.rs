@@ -342,7 +342,13 @@ impl Store for SftpStore {
 
     fn open_dir(&self, parent: &SftpDir, name: &CStr) -> io::Result<SftpDir> {
         let p = join(&parent.path, name.to_bytes());
-        match self.conn().call(Req::path(w::STAT, &p))?.attrs()?.meta().kind {
+        match self
+            .conn()
+            .call(Req::path(w::STAT, &p))?
+            .attrs()?
+            .meta()
+            .kind
+        {
             Kind::Dir => Ok(self.dir(p)),
             _ => Err(io::Error::new(
                 io::ErrorKind::NotADirectory,

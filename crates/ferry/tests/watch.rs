@@ -703,7 +703,9 @@ fn a_lost_remote_watch_is_polled_then_made_again() {
 /// Kill (-9) the processes of `pids`.
 fn kill9(pids: &[u32]) {
     for p in pids {
-        let _ = Command::new("kill").args(["-KILL", &p.to_string()]).status();
+        let _ = Command::new("kill")
+            .args(["-KILL", &p.to_string()])
+            .status();
     }
 }
 
@@ -810,7 +812,9 @@ fn a_lost_sftp_destination_is_connected_again_at_the_next_run() {
     );
     // (SFTP carries whole seconds of mtimes: contents are compared.)
     let has = |p: &str, b: &[u8]| fs::read(dst.join(p)).ok().as_deref() == Some(b);
-    until(&mut w, "first run", || has("a/f", b"1") && has("b/k", b"kept"));
+    until(&mut w, "first run", || {
+        has("a/f", b"1") && has("b/k", b"kept")
+    });
     let pid = w.child.id();
     let before = ssh_children(pid);
     assert!(!before.is_empty(), "an ssh of the SFTP session");
