@@ -765,6 +765,42 @@ fn a_lost_ssh_destination_is_connected_again_at_the_next_run() {
     no_serve_left(&mark);
 }
 
+/// `sync --watch SRC host:DST`: the connection lost while the host
+/// cannot be reached (the -e command fails as ssh does): the run fails
+/// with one line saying why and the watch goes on; once the host is
+/// back, the next change connects again and everything arrives.
+#[test]
+fn an_unreachable_ssh_destination_fails_runs_until_it_is_back() {
+    let Some((rsh, host)) = ssh() else { return };
+    let t = tmpdir();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    fs::create_dir(&src).unwrap();
+    write(&src, "a/f", b"1");
+    let down = t.path().join("down");
+    let rsh = format!(
+        "sh -c 'test -e {} && {{ echo \"ssh: connect to host {host}: Connection refused\" >&2; exit 255; }}; exec {rsh} \"$@\"' rsh",
+        down.display()
+    );
+    let mark = format!("again-down-{}", std::process::id());
+    let mut args = vec!["sync".to_string()];
+    args.extend(ssh_args(&rsh, &mark, &["--poll", "1s"]));
+    let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+    let mut w = Watch::start(&args, &src, util::ssh::ssh_at(&host, &dst));
+    converge(&src, &dst, &mut w);
+    fs::write(&down, b"").unwrap();
+    kill9(&serves(&mark).into_iter().map(|s| s.0).collect::<Vec<_>>());
+    until(&mut w, "serve gone", || serves(&mark).is_empty());
+    write(&src, "a/g", b"made while it was down");
+    let line = w.line_with("Connection refused");
+    assert!(line.contains("(watching on)"), "{line}");
+    fs::remove_file(&down).unwrap();
+    write(&src, "a/h", b"made once it is back");
+    converge(&src, &dst, &mut w);
+    let (code, err) = w.stop();
+    assert_eq!(code, Some(0), "{err}");
+    no_serve_left(&mark);
+}
+
 /// `sync --watch host:SRC DST`: every `ferry serve` of the watch killed
 /// (its store's and its remote watch's): the watch is made again, and
 /// the run that follows connects the store again.
@@ -790,6 +826,47 @@ fn a_lost_ssh_source_is_connected_again_at_the_next_run() {
     converge(&src, &dst, &mut w);
     write(&src, "a/h", b"after");
     converge(&src, &dst, &mut w);
+    let (code, err) = w.stop();
+    assert_eq!(code, Some(0), "{err}");
+    no_serve_left(&mark);
+}
+
+/// `bisync --watch A host:B`: every `ferry serve` of the watch killed;
+/// the next run connects again, and changes on both sides arrive.
+#[test]
+fn a_lost_ssh_side_of_bisync_is_connected_again_at_the_next_run() {
+    let Some((rsh, host)) = ssh() else { return };
+    let t = tmpdir();
+    let (a, b) = (t.path().join("a"), t.path().join("b"));
+    fs::create_dir(&a).unwrap();
+    fs::create_dir(&b).unwrap();
+    write(&a, "from_a/f", b"a");
+    let journal = t.path().join("j.sqlite");
+    let mark = format!("again-bisync-{}", std::process::id());
+    let mut args = vec![
+        "bisync".to_string(),
+        "--journal".into(),
+        journal.to_str().unwrap().into(),
+    ];
+    args.extend(ssh_args(&rsh, &mark, &["--poll", "1s"]));
+    let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+    let mut w = Watch::start(&args, &a, util::ssh::ssh_at(&host, &b));
+    until(&mut w, "first run", || {
+        fs::read(b.join("from_a/f")).ok().as_deref() == Some(b"a")
+    });
+    until(&mut w, "a remote watch", || {
+        serves(&mark).iter().any(|s| s.1)
+    });
+    let before: Vec<u32> = serves(&mark).into_iter().map(|s| s.0).collect();
+    kill9(&before);
+    write(&a, "from_a/g", b"made while it was lost");
+    until(&mut w, "local change", || {
+        fs::read(b.join("from_a/g")).ok().as_deref() == Some(b"made while it was lost")
+    });
+    write(&b, "from_b/h", b"remote");
+    until(&mut w, "remote change", || {
+        fs::read(a.join("from_b/h")).ok().as_deref() == Some(b"remote")
+    });
     let (code, err) = w.stop();
     assert_eq!(code, Some(0), "{err}");
     no_serve_left(&mark);
