@@ -31,8 +31,6 @@ pub struct SftpStore {
     conn: RwLock<Arc<Conn>>,
     /// How it was reached (the key of this run's sessions).
     target: Target,
-    /// Times the session was made again.
-    made_again: AtomicU64,
     pub(crate) root: Vec<u8>,
     /// Keep replaced entries by hard links (`hardlink@openssh.com`).
     pub(crate) hardlink: bool,
@@ -94,7 +92,6 @@ impl SftpStore {
             hardlink: conn.ext.hardlink,
             conn: RwLock::new(conn),
             target: target.clone(),
-            made_again: AtomicU64::new(0),
             root: path.to_vec(),
         })
     }
@@ -116,13 +113,7 @@ impl SftpStore {
         }
         let new = conn::reconnect(&self.target, &old)?;
         *self.conn.write().unwrap() = new;
-        self.made_again.fetch_add(1, Ordering::Relaxed);
         Ok(true)
-    }
-
-    /// How many times the session was made again ([`SftpStore::refresh`]).
-    pub fn made_again(&self) -> u64 {
-        self.made_again.load(Ordering::Relaxed)
     }
 
     /// The store as on a server without `hardlink@openssh.com` (entries

@@ -42,8 +42,6 @@ pub struct SshStore {
     conn: RwLock<Arc<Conn>>,
     /// How it was reached first (the key of this run's connections).
     target: Target,
-    /// Times the connection was made again.
-    made_again: AtomicU64,
     path: Vec<u8>,
     /// The attributes a run reads of the files it opens ([`sel_bits`]),
     /// learned from its first [`Store::reader_xattrs`]: later opens bring
@@ -274,7 +272,6 @@ impl SshStore {
         Ok(SshStore {
             conn: RwLock::new(conn::connect(target)?),
             target: target.clone(),
-            made_again: AtomicU64::new(0),
             path: path.to_vec(),
             open_xattrs: AtomicU8::new(0),
             refused: AtomicBool::new(false),
@@ -300,13 +297,7 @@ impl SshStore {
         }
         let new = conn::reconnect(&self.target, &old)?;
         *self.conn.write().unwrap() = new;
-        self.made_again.fetch_add(1, Ordering::Relaxed);
         Ok(true)
-    }
-
-    /// How many times the connection was made again ([`SshStore::refresh`]).
-    pub fn made_again(&self) -> u64 {
-        self.made_again.load(Ordering::Relaxed)
     }
 
     /// The tree watched by the remote ferry, on a connection of its own,
