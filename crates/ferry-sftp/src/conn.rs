@@ -163,12 +163,32 @@ impl Conn {
     }
 }
 
+/// This run's sessions, one per target.
+static CONNS: Mutex<Vec<(Target, Arc<Conn>)>> = Mutex::new(Vec::new());
+
 /// The session to `t`, made once per run and shared.
 pub fn connect(t: &Target) -> Result<Arc<Conn>, String> {
-    static CONNS: Mutex<Vec<(Target, Arc<Conn>)>> = Mutex::new(Vec::new());
     let mut conns = CONNS.lock().unwrap();
     if let Some((_, c)) = conns.iter().find(|(k, _)| k == t) {
         return Ok(c.clone());
+    }
+    let c = open(t)?;
+    conns.push((t.clone(), c.clone()));
+    Ok(c)
+}
+
+/// A new session in place of `dead`, this run's session to `t` that was
+/// lost, shared from now on (one another store made again already is
+/// taken as it is).
+pub fn reconnect(t: &Target, dead: &Arc<Conn>) -> Result<Arc<Conn>, String> {
+    let mut conns = CONNS.lock().unwrap();
+    if let Some(i) = conns.iter().position(|(k, _)| k == t) {
+        let c = &conns[i].1;
+        if !Arc::ptr_eq(c, dead) && !c.gone.load(Ordering::Relaxed) {
+            return Ok(c.clone());
+        }
+        let (_, old) = conns.swap_remove(i);
+        old.extra.lock().unwrap().clear();
     }
     let c = open(t)?;
     conns.push((t.clone(), c.clone()));

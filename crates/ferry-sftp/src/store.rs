@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use std::ffi::CStr;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use ferry_engine::bwlimit::Limiter;
 use ferry_engine::entry::{Kind, Listing, Meta};
@@ -26,7 +26,11 @@ const READDIR_AHEAD: usize = 4;
 
 /// A tree on another machine, reached over SFTP.
 pub struct SftpStore {
-    pub(crate) conn: Arc<Conn>,
+    /// The session this run uses: made again by [`SftpStore::refresh`]
+    /// (between runs of a watch) once it is lost.
+    conn: RwLock<Arc<Conn>>,
+    /// How it was reached (the key of this run's sessions).
+    target: Target,
     pub(crate) root: Vec<u8>,
     /// Keep replaced entries by hard links (`hardlink@openssh.com`).
     pub(crate) hardlink: bool,
@@ -86,9 +90,30 @@ impl SftpStore {
         let conn = conn::connect(target)?;
         Ok(SftpStore {
             hardlink: conn.ext.hardlink,
-            conn,
+            conn: RwLock::new(conn),
+            target: target.clone(),
             root: path.to_vec(),
         })
+    }
+
+    /// The session of this run (the current one).
+    pub(crate) fn conn(&self) -> Arc<Conn> {
+        self.conn.read().unwrap().clone()
+    }
+
+    /// Before a run of a watch: when the session was lost (ssh or the
+    /// SFTP server gone), make a new one to the same target and use it
+    /// from now on: `Ok(true)`. Readers and writers of the lost one keep
+    /// failing. `Err`: the host cannot be reached again (one line); the
+    /// next run tries again. Never called in the middle of a run.
+    pub fn refresh(&self) -> Result<bool, String> {
+        let old = self.conn();
+        if old.alive().is_ok() {
+            return Ok(false);
+        }
+        let new = conn::reconnect(&self.target, &old)?;
+        *self.conn.write().unwrap() = new;
+        Ok(true)
     }
 
     /// The store as on a server without `hardlink@openssh.com` (entries
@@ -104,18 +129,18 @@ impl SftpStore {
     pub fn stat_path(&self, path: &[u8], follow: bool) -> io::Result<Option<Meta>> {
         let t = if follow { w::STAT } else { w::LSTAT };
         Ok(self
-            .conn
+            .conn()
             .call(Req::path(t, here(path)))?
             .attrs_if()?
             .map(|a| a.meta()))
     }
 
     pub(crate) fn ok(&self, req: Req) -> io::Result<()> {
-        self.conn.call(req)?.ok()
+        self.conn().call(req)?.ok()
     }
 
     fn lstat(&self, path: &[u8]) -> io::Result<Option<Attrs>> {
-        self.conn.call(Req::path(w::LSTAT, path))?.attrs_if()
+        self.conn().call(Req::path(w::LSTAT, path))?.attrs_if()
     }
 
     fn dir(&self, path: Vec<u8>) -> SftpDir {
@@ -128,7 +153,7 @@ impl SftpStore {
     /// to a temporary name first, put back if the rename fails, and
     /// removed after it.
     pub(crate) fn replace(&self, dir: &[u8], from: &[u8], to: &[u8]) -> io::Result<()> {
-        if self.conn.ext.posix_rename {
+        if self.conn().ext.posix_rename {
             return self.ok(Req::ext("posix-rename@openssh.com").str(from).str(to));
         }
         let err = match self.ok(Req::path(w::RENAME, from).str(to)) {
@@ -153,17 +178,17 @@ impl SftpStore {
     /// with their attributes: no request per entry).
     fn read_dir(&self, path: &[u8], mut each: impl FnMut(&[u8], Attrs)) -> io::Result<()> {
         let h = self
-            .conn
+            .conn()
             .call(Req::path(w::OPENDIR, here(path)))?
             .handle()?;
         let res = (|| {
             let mut ahead = VecDeque::new();
             loop {
                 while ahead.len() < READDIR_AHEAD {
-                    ahead.push_back(self.conn.start(Req::path(w::READDIR, &h))?);
+                    ahead.push_back(self.conn().start(Req::path(w::READDIR, &h))?);
                 }
                 let rx = ahead.pop_front().expect("in flight");
-                let reply = self.conn.wait(&rx)?;
+                let reply = self.conn().wait(&rx)?;
                 match reply.names()? {
                     Some(v) => {
                         for (name, a) in v {
@@ -177,7 +202,7 @@ impl SftpStore {
                 }
             }
         })();
-        self.conn.send(Req::path(w::CLOSE, &h));
+        self.conn().send(Req::path(w::CLOSE, &h));
         res
     }
 
@@ -206,11 +231,11 @@ impl SftpStore {
         }
         let started = files
             .iter()
-            .map(|(f, _)| self.conn.start(Req::path(w::REMOVE, &join(path, f))))
+            .map(|(f, _)| self.conn().start(Req::path(w::REMOVE, &join(path, f))))
             .collect::<Vec<_>>();
         let mut first = None;
         for ((f, size), rx) in files.iter().zip(started) {
-            match rx.and_then(|rx| self.conn.wait(&rx)?.ok()) {
+            match rx.and_then(|rx| self.conn().wait(&rx)?.ok()) {
                 Ok(()) => {
                     each(&join(rel, f), *size);
                     n += 1;
@@ -251,7 +276,7 @@ impl SftpStore {
     /// a symlink's time is left as made where the server cannot).
     pub(crate) fn set_path(&self, path: &[u8], kind: Kind, set: &Set) -> io::Result<()> {
         if kind == Kind::Symlink {
-            if !self.conn.ext.lsetstat || set.mtime.is_none() {
+            if !self.conn().ext.lsetstat || set.mtime.is_none() {
                 return Ok(());
             }
             return self.ok(Req::ext("lsetstat@openssh.com").str(path).attrs(set));
@@ -308,7 +333,13 @@ impl Store for SftpStore {
 
     fn open_dir(&self, parent: &SftpDir, name: &CStr) -> io::Result<SftpDir> {
         let p = join(&parent.path, name.to_bytes());
-        match self.conn.call(Req::path(w::STAT, &p))?.attrs()?.meta().kind {
+        match self
+            .conn()
+            .call(Req::path(w::STAT, &p))?
+            .attrs()?
+            .meta()
+            .kind
+        {
             Kind::Dir => Ok(self.dir(p)),
             _ => Err(io::Error::new(
                 io::ErrorKind::NotADirectory,
@@ -344,11 +375,11 @@ impl Store for SftpStore {
     }
 
     fn open_file(&self, dir: &SftpDir, name: &CStr) -> io::Result<SftpReader> {
-        SftpReader::open(&self.conn, join(&dir.path, name.to_bytes()))
+        SftpReader::open(&self.conn(), join(&dir.path, name.to_bytes()))
     }
 
     fn read_link(&self, dir: &SftpDir, name: &CStr) -> io::Result<Vec<u8>> {
-        self.conn
+        self.conn()
             .call(Req::path(w::READLINK, &join(&dir.path, name.to_bytes())))?
             .name()
     }

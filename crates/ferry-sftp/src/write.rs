@@ -209,12 +209,12 @@ impl SftpWriter {
         name: &[u8],
         meta: &Meta,
     ) -> io::Result<SftpWriter> {
-        s.conn.alive()?;
+        s.conn().alive()?;
         Ok(SftpWriter {
             dir: dir.to_vec(),
             path: join(dir, name),
             temp: temp_path(dir),
-            whole: (meta.size <= u64::from(s.conn.chunk))
+            whole: (meta.size <= u64::from(s.conn().chunk))
                 .then(|| Vec::with_capacity(meta.size as usize + 1)),
             handle: None,
             acks: VecDeque::new(),
@@ -229,7 +229,7 @@ impl SftpWriter {
         size: u64,
         limit: Option<&Limiter>,
     ) -> io::Result<u64> {
-        let chunk = s.conn.chunk as usize;
+        let chunk = s.conn().chunk as usize;
         let cap = limit.map_or(chunk, |l| l.chunk().clamp(1, chunk));
         if self.whole.is_none() && size >= RANGED_MIN {
             if let Some(fd) = src.as_fd() {
@@ -238,7 +238,7 @@ impl SftpWriter {
             }
         }
         if self.whole.is_none() {
-            self.handle = Some(open_write(&s.conn, &self.temp, w::F_CREAT | w::F_EXCL)?);
+            self.handle = Some(open_write(&s.conn(), &self.temp, w::F_CREAT | w::F_EXCL)?);
         }
         let mut buf = Vec::new();
         let mut total = 0u64;
@@ -261,10 +261,10 @@ impl SftpWriter {
             }
             b.truncate(start + n);
             if let (Some(h), true) = (&self.handle, n > 0) {
-                self.acks.push_back(write_req(&s.conn, h, total, b)?);
+                self.acks.push_back(write_req(&s.conn(), h, total, b)?);
                 if self.acks.len() >= WRITE_AHEAD {
                     let rx = self.acks.pop_front().expect("in flight");
-                    s.conn.wait(&rx)?.ok()?;
+                    s.conn().wait(&rx)?.ok()?;
                 }
             }
             if let Some(l) = limit {
@@ -287,7 +287,7 @@ impl SftpWriter {
         size: u64,
         limit: Option<&Limiter>,
     ) -> io::Result<u64> {
-        let conn = &s.conn;
+        let conn = &s.conn();
         let st = rustix::fs::fstat(fd)?;
         let ident = format!("{size} {}.{:09}", st.st_mtime, st.st_mtime_nsec);
         let key = fnv(&self.path);
@@ -395,7 +395,7 @@ impl SftpWriter {
         meta: &Meta,
         fsync: bool,
     ) -> io::Result<()> {
-        let conn = &s.conn;
+        let conn = &s.conn();
         let mut acks = std::mem::take(&mut self.acks);
         let res = (|| {
             let h = match (&self.handle, &self.whole) {
@@ -447,7 +447,7 @@ impl SftpWriter {
 
     pub(crate) fn abort(self, s: &SftpStore) {
         if let Some(h) = &self.handle {
-            let _ = s.conn.call(Req::path(w::CLOSE, h));
+            let _ = s.conn().call(Req::path(w::CLOSE, h));
         }
         // A resumable partial stays for the next run.
         if self.record.is_none() {
@@ -463,7 +463,7 @@ pub(crate) fn create_empty(
     meta: &Meta,
     fsync: bool,
 ) -> io::Result<bool> {
-    let conn = &s.conn;
+    let conn = &s.conn();
     let h = match open_write(conn, path, w::F_CREAT | w::F_EXCL) {
         Ok(h) => h,
         Err(e) if e.kind() == io::ErrorKind::Other => return Ok(false),

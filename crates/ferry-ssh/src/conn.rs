@@ -560,6 +560,30 @@ pub fn connect(t: &Target) -> Result<Arc<Conn>, String> {
     Ok(c)
 }
 
+/// A new connection in place of `dead`, this run's connection to `t`
+/// that was lost: made as the first was (to the remote ferry found or
+/// installed then, with its protocol check), and shared from now on. One
+/// another store made again already is taken as it is. The lost one's
+/// extra connections are closed (new ones are opened when needed).
+pub fn reconnect(t: &Target, dead: &Arc<Conn>) -> Result<Arc<Conn>, String> {
+    let mut conns = CONNS.lock().unwrap();
+    if let Some(i) = conns.iter().position(|(k, _)| k == t) {
+        let c = &conns[i].1;
+        if !Arc::ptr_eq(c, dead) && !c.gone.load(Ordering::Relaxed) {
+            return Ok(c.clone());
+        }
+        let (_, old) = conns.swap_remove(i);
+        for e in old.extra.lock().unwrap().drain(..).flatten() {
+            e.close();
+        }
+    }
+    let c = open(dead.target()).map_err(|f| match f {
+        Failed::Other(w) | Failed::NoFerry(w) => w,
+    })?;
+    conns.push((t.clone(), c.clone()));
+    Ok(c)
+}
+
 /// Why a session did not start.
 enum Failed {
     /// No ferry of this protocol answered (the message says which).

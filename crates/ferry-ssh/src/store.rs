@@ -16,7 +16,7 @@ use std::io;
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::mpsc::Receiver;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 
 use ferry_engine::bwlimit::Limiter;
 use ferry_engine::delta::{DiffSummary, OpSink, Signature};
@@ -37,7 +37,11 @@ const READ_AHEAD: usize = 4;
 
 /// A tree on another machine, served by `ferry serve` there.
 pub struct SshStore {
-    conn: Arc<Conn>,
+    /// The connection this run uses: made again by [`SshStore::refresh`]
+    /// (between runs of a watch) once it is lost.
+    conn: RwLock<Arc<Conn>>,
+    /// How it was reached first (the key of this run's connections).
+    target: Target,
     path: Vec<u8>,
     /// The attributes a run reads of the files it opens ([`sel_bits`]),
     /// learned from its first [`Store::reader_xattrs`]: later opens bring
@@ -266,7 +270,8 @@ impl SshStore {
     /// run's connection to it).
     pub fn open(target: &Target, path: &[u8]) -> Result<SshStore, String> {
         Ok(SshStore {
-            conn: conn::connect(target)?,
+            conn: RwLock::new(conn::connect(target)?),
+            target: target.clone(),
             path: path.to_vec(),
             open_xattrs: AtomicU8::new(0),
             refused: AtomicBool::new(false),
@@ -274,28 +279,49 @@ impl SshStore {
         })
     }
 
+    /// The connection of this run (the current one).
+    fn conn(&self) -> Arc<Conn> {
+        self.conn.read().unwrap().clone()
+    }
+
+    /// Before a run of a watch: when the connection was lost (ssh or
+    /// `ferry serve` gone), make a new one (same target, options, remote
+    /// ferry and protocol check as the first) and use it from now on:
+    /// `Ok(true)`. Dirs, readers and writers of the lost one keep failing.
+    /// `Err`: the host cannot be reached again (one line); the next run
+    /// tries again. Never called in the middle of a run.
+    pub fn refresh(&self) -> Result<bool, String> {
+        let old = self.conn();
+        if old.alive().is_ok() {
+            return Ok(false);
+        }
+        let new = conn::reconnect(&self.target, &old)?;
+        *self.conn.write().unwrap() = new;
+        Ok(true)
+    }
+
     /// The tree watched by the remote ferry, on a connection of its own,
     /// for `--watch` (`poll`: how often it is polled while it cannot be).
     pub fn watcher(&self, poll: std::time::Duration) -> crate::watch::RemoteWatch {
-        crate::watch::RemoteWatch::new(self.conn.target().clone(), self.path.clone(), poll)
+        crate::watch::RemoteWatch::new(self.conn().target().clone(), self.path.clone(), poll)
     }
 
     /// Metadata of `path` on the remote (following a final symlink when
     /// `follow`), `None` when it does not exist.
     pub fn stat_path(&self, path: &[u8], follow: bool) -> io::Result<Option<Meta>> {
-        meta_of(self.conn.call(&Req::StatPath { path, follow })?.get()?)
+        meta_of(self.conn().call(&Req::StatPath { path, follow })?.get()?)
     }
 
     fn dir(&self, id: u64, path: Arc<[u8]>) -> SshDir {
         SshDir {
-            conn: self.conn.clone(),
+            conn: self.conn(),
             id,
             path,
         }
     }
 
     fn ok(&self, req: &Req<'_>) -> io::Result<()> {
-        match self.conn.call(req)?.get()? {
+        match self.conn().call(req)?.get()? {
             Resp::Ok => Ok(()),
             r => Err(unexpected(&r)),
         }
@@ -304,7 +330,7 @@ impl SshStore {
     /// Commit with [`Req::Put`] or [`Req::Commit`]: `Bool(false)` is a
     /// file committed without the attributes the remote filesystem refused.
     fn committed(&self, req: &Req<'_>) -> io::Result<()> {
-        match self.conn.call(req)?.get()? {
+        match self.conn().call(req)?.get()? {
             Resp::Ok => Ok(()),
             Resp::Bool(false) => {
                 self.refused.store(true, Ordering::Relaxed);
@@ -330,7 +356,7 @@ impl SshStore {
         let mut buf = vec![0u8; cap];
         let send = |at: u64, data: &[u8]| -> io::Result<()> {
             for (a, b) in ferry_local::data_runs(data) {
-                self.conn.send(&Req::WriteAt {
+                self.conn().send(&Req::WriteAt {
                     file,
                     offset: at + a as u64,
                     data: &data[a..b],
@@ -399,7 +425,7 @@ impl SshStore {
                 }
             }
         }
-        self.conn.send(&Req::SetLen { file, size: total })?;
+        self.conn().send(&Req::SetLen { file, size: total })?;
         Ok(total)
     }
 
@@ -412,7 +438,7 @@ impl SshStore {
         sel: u8,
         out: &mut Xattrs,
     ) -> io::Result<()> {
-        let body = self.conn.call(&Req::GetXattrs {
+        let body = self.conn().call(&Req::GetXattrs {
             dir,
             name,
             kind: K(kind),
@@ -428,16 +454,16 @@ impl SshStore {
     }
 
     fn yes(&self, req: &Req<'_>) -> io::Result<bool> {
-        match self.conn.call(req)?.get()? {
+        match self.conn().call(req)?.get()? {
             Resp::Bool(b) => Ok(b),
             r => Err(unexpected(&r)),
         }
     }
 
     fn root(&self, create: bool) -> io::Result<Option<(SshDir, Meta)>> {
-        let id = self.conn.handle();
+        let id = self.conn().handle();
         let m = meta_of(
-            self.conn
+            self.conn()
                 .call(&Req::Root {
                     path: &self.path,
                     dir: id,
@@ -578,7 +604,7 @@ impl Store for SshStore {
         errors: &mut Vec<ListError>,
     ) -> io::Result<()> {
         out.clear();
-        let body = self.conn.call(&Req::List { dir: dir.id })?;
+        let body = self.conn().call(&Req::List { dir: dir.id })?;
         let Resp::Listing {
             names,
             metas,
@@ -601,7 +627,7 @@ impl Store for SshStore {
 
     fn stat(&self, dir: &SshDir, name: &CStr) -> io::Result<Option<Meta>> {
         meta_of(
-            self.conn
+            self.conn()
                 .call(&Req::Stat {
                     dir: dir.id,
                     name: name.to_bytes(),
@@ -611,7 +637,7 @@ impl Store for SshStore {
     }
 
     fn open_dir(&self, parent: &SshDir, name: &CStr) -> io::Result<SshDir> {
-        let new = self.conn.handle();
+        let new = self.conn().handle();
         self.ok(&Req::OpenDir {
             dir: parent.id,
             name: name.to_bytes(),
@@ -621,7 +647,7 @@ impl Store for SshStore {
     }
 
     fn make_dir(&self, parent: &SshDir, name: &CStr) -> io::Result<SshDir> {
-        let new = self.conn.handle();
+        let new = self.conn().handle();
         self.ok(&Req::MakeDir {
             dir: parent.id,
             name: name.to_bytes(),
@@ -639,9 +665,9 @@ impl Store for SshStore {
     }
 
     fn open_file(&self, dir: &SshDir, name: &CStr) -> io::Result<SshReader> {
-        let file = self.conn.handle();
+        let file = self.conn().handle();
         let sel = self.open_xattrs.load(Ordering::Relaxed);
-        let body = self.conn.call(&Req::Open {
+        let body = self.conn().call(&Req::Open {
             dir: dir.id,
             name: name.to_bytes(),
             file,
@@ -678,17 +704,17 @@ impl Store for SshStore {
             r => return Err(unexpected(&r)),
         };
         let ranged = big.flatten().map(|opened| Ranged {
-            conn: self.conn.clone(),
+            conn: self.conn(),
             path: join(&dir.path, name.to_bytes()),
             file,
             opened,
             others: Mutex::new(Vec::new()),
             turn: AtomicUsize::new(0),
-            width: self.conn.width(),
+            width: self.conn().width(),
         });
         let big = big.is_some();
         Ok(SshReader {
-            conn: self.conn.clone(),
+            conn: self.conn(),
             file: big.then_some(file),
             body: body.0,
             span,
@@ -704,7 +730,7 @@ impl Store for SshStore {
 
     fn read_link(&self, dir: &SshDir, name: &CStr) -> io::Result<Vec<u8>> {
         match self
-            .conn
+            .conn()
             .call(&Req::ReadLink {
                 dir: dir.id,
                 name: name.to_bytes(),
@@ -750,8 +776,8 @@ impl Store for SshStore {
     }
 
     fn create_file(&self, dir: &SshDir, name: &CStr, meta: &Meta) -> io::Result<SshWriter> {
-        self.conn.alive()?;
-        let file = self.conn.handle();
+        self.conn().alive()?;
+        let file = self.conn().handle();
         if meta.size <= INLINE_MAX {
             // Holes of a small file travel as zeros, which the remote
             // writer skips.
@@ -772,7 +798,7 @@ impl Store for SshStore {
                 later: Some((name.to_owned(), *meta)),
             });
         }
-        self.conn.send(&Req::Create {
+        self.conn().send(&Req::Create {
             dir: dir.id,
             name: name.to_bytes(),
             meta: M(*meta),
@@ -803,14 +829,14 @@ impl Store for SshStore {
                     name: &name,
                 };
                 let (sent, resumed) =
-                    push::push(&self.conn, to, &meta, w.file, fd, limit, src.progress())?;
+                    push::push(&self.conn(), to, &meta, w.file, fd, limit, src.progress())?;
                 for (c, n) in self.pushes.iter().zip([1, sent, resumed]) {
                     c.fetch_add(n, Ordering::Relaxed);
                 }
                 // A file that grew meanwhile shows as longer than listed.
                 return Ok(rustix::fs::fstat(fd).map_or(size, |st| st.st_size as u64));
             }
-            self.conn.send(&Req::Create {
+            self.conn().send(&Req::Create {
                 dir: dir.id,
                 name: name.to_bytes(),
                 meta: M(meta),
@@ -848,7 +874,7 @@ impl Store for SshStore {
             }
             buf.truncate(start + n);
             if n > 0 && !whole {
-                self.conn.send(&Req::Write {
+                self.conn().send(&Req::Write {
                     file: w.file,
                     data: buf,
                 })?;
@@ -910,7 +936,7 @@ impl Store for SshStore {
     fn abort(&self, dir: &SshDir, w: SshWriter) {
         // (A big file not started has nothing there.)
         if w.whole.is_none() && w.later.is_none() {
-            let _ = self.conn.send(&Req::Abort {
+            let _ = self.conn().send(&Req::Abort {
                 dir: dir.id,
                 file: w.file,
             });
@@ -943,7 +969,7 @@ impl Store for SshStore {
 
     fn remove(&self, dir: &SshDir, name: &CStr, is_dir: bool) -> io::Result<u64> {
         match self
-            .conn
+            .conn()
             .call(&Req::Remove {
                 dir: dir.id,
                 name: name.to_bytes(),
@@ -963,7 +989,7 @@ impl Store for SshStore {
         each: &mut dyn FnMut(&[u8], u64),
     ) -> io::Result<u64> {
         match self
-            .conn
+            .conn()
             .call(&Req::RemoveEach {
                 dir: dir.id,
                 name: name.to_bytes(),
@@ -1007,7 +1033,7 @@ impl Store for SshStore {
     }
 
     fn preserves_owner(&self) -> bool {
-        self.conn.root
+        self.conn().root
     }
 
     fn is_own_legacy_partial(&self, dir: &SshDir, name: &CStr) -> bool {
@@ -1048,7 +1074,7 @@ impl Store for SshStore {
         }
         vec![format!(
             "ssh {role}: {n} big files pushed in ranges over up to {} connections: {sent} bytes sent, {resumed} bytes of interrupted pushes reused",
-            self.conn.width()
+            self.conn().width()
         )]
     }
 

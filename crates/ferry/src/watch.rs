@@ -82,23 +82,68 @@ struct Flushed<'a, T: Target> {
     rep: &'a CliReporter,
     prune: Option<(&'a KeepArgs, Vec<&'a Root>)>,
     pruned: Option<std::time::Instant>,
+    /// The run's stores: an ssh or sftp one whose connection was lost is
+    /// connected again before the next run ([`refresh`]).
+    stores: Vec<&'a AnyStore>,
+}
+
+/// Before a run: connect again each ssh/sftp side whose connection was
+/// lost (never in the middle of a run). `Ok(true)`: one was made again,
+/// and a change there (or a run's undone work) may have been missed
+/// while it was gone: this run is a full one. `Err`: one line saying why
+/// a side cannot be reached; the run fails, the next one tries again.
+fn refresh(stores: &[&AnyStore]) -> Result<bool, String> {
+    let mut again = false;
+    for s in stores {
+        again |= match s {
+            AnyStore::Ssh(s) => s.refresh()?,
+            AnyStore::Sftp(s) => s.refresh()?,
+            _ => false,
+        };
+    }
+    Ok(again)
 }
 
 const PRUNE_EVERY: std::time::Duration = std::time::Duration::from_secs(600);
 
 impl<'a, T: Target> Flushed<'a, T> {
-    fn new(t: T, rep: &'a CliReporter, keep: &'a KeepArgs, roots: Vec<&'a Root>) -> Self {
+    fn new(
+        t: T,
+        rep: &'a CliReporter,
+        keep: &'a KeepArgs,
+        roots: Vec<&'a Root>,
+        stores: Vec<&'a AnyStore>,
+    ) -> Self {
         Flushed {
             t,
             rep,
             prune: keep.versions.then_some((keep, roots)),
             pruned: None,
+            stores,
         }
     }
 }
 
 impl<T: Target> Target for Flushed<'_, T> {
     fn run(&mut self, w: &Work) -> Outcome {
+        let full;
+        let w = match refresh(&self.stores) {
+            Ok(false) => w,
+            Ok(true) => {
+                full = Work {
+                    full: true,
+                    ..Work::default()
+                };
+                &full
+            }
+            Err(why) => {
+                self.rep.flush();
+                return Outcome {
+                    errors: 0,
+                    failed: Some(format!("{why} (watching on)")),
+                };
+            }
+        };
         let o = self.t.run(w);
         if let Some((keep, roots)) = &self.prune {
             if self.pruned.is_none_or(|t| t.elapsed() >= PRUNE_EVERY) {
@@ -150,6 +195,7 @@ pub fn sync(
         rep,
         keep,
         vec![&job.dst],
+        vec![&s, &d],
     );
     // Only SRC is watched: DST is ferry's to write.
     let (cfg, sources) = config(w, &[(&job.src, &s)]);
@@ -233,6 +279,7 @@ pub fn bisync(
         cli,
         keep,
         vec![roots.0, roots.1],
+        vec![stores.0, stores.1],
     );
     let (cfg, sources) = config(w, &[(roots.0, stores.0), (roots.1, stores.1)]);
     Ok(ferry_watch::watch_with(

@@ -700,6 +700,216 @@ fn a_lost_remote_watch_is_polled_then_made_again() {
     no_serve_left(&mark);
 }
 
+/// Kill (-9) the processes of `pids`.
+fn kill9(pids: &[u32]) {
+    for p in pids {
+        let _ = Command::new("kill")
+            .args(["-KILL", &p.to_string()])
+            .status();
+    }
+}
+
+/// The `ssh` processes `parent` runs (its connections).
+fn ssh_children(parent: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let stat = fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+        // pid (comm) state ppid ...
+        let Some((comm, rest)) = stat.split_once(") ") else {
+            continue;
+        };
+        let ppid = rest.split_whitespace().nth(1).and_then(|p| p.parse().ok());
+        if comm.ends_with("(ssh") && ppid == Some(parent) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// `sync --watch SRC host:DST`: the remote `ferry serve` killed between
+/// runs, the next run connects again and is a full one (a file deleted
+/// on DST meanwhile, out of any watch, is made again with the new one).
+#[test]
+fn a_lost_ssh_destination_is_connected_again_at_the_next_run() {
+    let Some((rsh, host)) = ssh() else { return };
+    let t = tmpdir();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    fs::create_dir(&src).unwrap();
+    write(&src, "a/f", b"1");
+    write(&src, "b/k", b"kept");
+    let mark = format!("again-push-{}", std::process::id());
+    let mut args = vec!["sync".to_string()];
+    args.extend(ssh_args(&rsh, &mark, &["--poll", "1s"]));
+    let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+    let mut w = Watch::start(&args, &src, util::ssh::ssh_at(&host, &dst));
+    converge(&src, &dst, &mut w);
+    let before: Vec<u32> = serves(&mark).into_iter().map(|s| s.0).collect();
+    assert!(!before.is_empty(), "a ferry serve");
+    kill9(&before);
+    until(&mut w, "serve gone", || serves(&mark).is_empty());
+    fs::remove_file(dst.join("b/k")).unwrap();
+    write(&src, "a/g", b"made while it was lost");
+    converge(&src, &dst, &mut w);
+    let after: Vec<u32> = serves(&mark).into_iter().map(|s| s.0).collect();
+    assert!(
+        !after.is_empty() && after.iter().all(|p| !before.contains(p)),
+        "a new ferry serve: {before:?} {after:?}"
+    );
+    write(&src, "a/h", b"after");
+    converge(&src, &dst, &mut w);
+    let (code, err) = w.stop();
+    assert_eq!(code, Some(0), "{err}");
+    no_serve_left(&mark);
+}
+
+/// `sync --watch SRC host:DST`: the connection lost while the host
+/// cannot be reached (the -e command fails as ssh does): the run fails
+/// with one line saying why and the watch goes on; once the host is
+/// back, the next change connects again and everything arrives.
+#[test]
+fn an_unreachable_ssh_destination_fails_runs_until_it_is_back() {
+    let Some((rsh, host)) = ssh() else { return };
+    let t = tmpdir();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    fs::create_dir(&src).unwrap();
+    write(&src, "a/f", b"1");
+    let down = t.path().join("down");
+    let rsh = format!(
+        "sh -c 'test -e {} && {{ echo \"ssh: connect to host {host}: Connection refused\" >&2; exit 255; }}; exec {rsh} \"$@\"' rsh",
+        down.display()
+    );
+    let mark = format!("again-down-{}", std::process::id());
+    let mut args = vec!["sync".to_string()];
+    args.extend(ssh_args(&rsh, &mark, &["--poll", "1s"]));
+    let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+    let mut w = Watch::start(&args, &src, util::ssh::ssh_at(&host, &dst));
+    converge(&src, &dst, &mut w);
+    fs::write(&down, b"").unwrap();
+    kill9(&serves(&mark).into_iter().map(|s| s.0).collect::<Vec<_>>());
+    until(&mut w, "serve gone", || serves(&mark).is_empty());
+    write(&src, "a/g", b"made while it was down");
+    let line = w.line_with("Connection refused");
+    assert!(line.contains("(watching on)"), "{line}");
+    fs::remove_file(&down).unwrap();
+    write(&src, "a/h", b"made once it is back");
+    converge(&src, &dst, &mut w);
+    let (code, err) = w.stop();
+    assert_eq!(code, Some(0), "{err}");
+    no_serve_left(&mark);
+}
+
+/// `sync --watch host:SRC DST`: every `ferry serve` of the watch killed
+/// (its store's and its remote watch's): the watch is made again, and
+/// the run that follows connects the store again.
+#[test]
+fn a_lost_ssh_source_is_connected_again_at_the_next_run() {
+    let Some((rsh, host)) = ssh() else { return };
+    let t = tmpdir();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    fs::create_dir(&src).unwrap();
+    write(&src, "a/f", b"1");
+    let mark = format!("again-pull-{}", std::process::id());
+    let mut args = vec!["sync".to_string()];
+    args.extend(ssh_args(&rsh, &mark, &["--poll", "1s"]));
+    let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+    let mut w = Watch::start(&args, util::ssh::ssh_at(&host, &src), &dst);
+    converge(&src, &dst, &mut w);
+    until(&mut w, "a remote watch", || {
+        serves(&mark).iter().any(|s| s.1)
+    });
+    let before: Vec<u32> = serves(&mark).into_iter().map(|s| s.0).collect();
+    kill9(&before);
+    write(&src, "a/g", b"made while it was lost");
+    converge(&src, &dst, &mut w);
+    write(&src, "a/h", b"after");
+    converge(&src, &dst, &mut w);
+    let (code, err) = w.stop();
+    assert_eq!(code, Some(0), "{err}");
+    no_serve_left(&mark);
+}
+
+/// `bisync --watch A host:B`: every `ferry serve` of the watch killed;
+/// the next run connects again, and changes on both sides arrive.
+#[test]
+fn a_lost_ssh_side_of_bisync_is_connected_again_at_the_next_run() {
+    let Some((rsh, host)) = ssh() else { return };
+    let t = tmpdir();
+    let (a, b) = (t.path().join("a"), t.path().join("b"));
+    fs::create_dir(&a).unwrap();
+    fs::create_dir(&b).unwrap();
+    write(&a, "from_a/f", b"a");
+    let journal = t.path().join("j.sqlite");
+    let mark = format!("again-bisync-{}", std::process::id());
+    let mut args = vec![
+        "bisync".to_string(),
+        "--journal".into(),
+        journal.to_str().unwrap().into(),
+    ];
+    args.extend(ssh_args(&rsh, &mark, &["--poll", "1s"]));
+    let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+    let mut w = Watch::start(&args, &a, util::ssh::ssh_at(&host, &b));
+    until(&mut w, "first run", || {
+        fs::read(b.join("from_a/f")).ok().as_deref() == Some(b"a")
+    });
+    until(&mut w, "a remote watch", || {
+        serves(&mark).iter().any(|s| s.1)
+    });
+    let before: Vec<u32> = serves(&mark).into_iter().map(|s| s.0).collect();
+    kill9(&before);
+    write(&a, "from_a/g", b"made while it was lost");
+    until(&mut w, "local change", || {
+        fs::read(b.join("from_a/g")).ok().as_deref() == Some(b"made while it was lost")
+    });
+    write(&b, "from_b/h", b"remote");
+    until(&mut w, "remote change", || {
+        fs::read(a.join("from_b/h")).ok().as_deref() == Some(b"remote")
+    });
+    let (code, err) = w.stop();
+    assert_eq!(code, Some(0), "{err}");
+    no_serve_left(&mark);
+}
+
+/// `sync --watch --sftp SRC host:DST`: the SFTP session's ssh killed
+/// between runs; the next run makes a new session and is a full one.
+#[test]
+fn a_lost_sftp_destination_is_connected_again_at_the_next_run() {
+    let Some((rsh, host)) = ssh() else { return };
+    let t = tmpdir();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    fs::create_dir(&src).unwrap();
+    write(&src, "a/f", b"1");
+    write(&src, "b/k", b"kept");
+    let mut w = Watch::start(
+        &["sync", "--sftp", "-e", rsh.as_str(), "--poll", "1s"],
+        &src,
+        util::ssh::ssh_at(&host, &dst),
+    );
+    // (SFTP carries whole seconds of mtimes: contents are compared.)
+    let has = |p: &str, b: &[u8]| fs::read(dst.join(p)).ok().as_deref() == Some(b);
+    until(&mut w, "first run", || {
+        has("a/f", b"1") && has("b/k", b"kept")
+    });
+    let pid = w.child.id();
+    let before = ssh_children(pid);
+    assert!(!before.is_empty(), "an ssh of the SFTP session");
+    kill9(&before);
+    until(&mut w, "ssh gone", || {
+        ssh_children(pid).iter().all(|p| !before.contains(p))
+    });
+    fs::remove_file(dst.join("b/k")).unwrap();
+    write(&src, "a/g", b"made while it was lost");
+    until(&mut w, "connected again", || {
+        has("a/g", b"made while it was lost") && has("b/k", b"kept")
+    });
+    write(&src, "a/h", b"after");
+    until(&mut w, "steady", || has("a/h", b"after"));
+    let (code, err) = w.stop();
+    assert_eq!(code, Some(0), "{err}");
+}
+
 /// The remote root moved away while watched: nothing is deleted; it is
 /// synced when it is back (an hour between polls: by the remote's events).
 #[test]

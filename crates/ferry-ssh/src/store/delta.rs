@@ -26,7 +26,7 @@ impl SshStore {
         name: &CStr,
         min: u64,
     ) -> io::Result<Option<Signature>> {
-        let body = self.conn.call(&Req::Sign {
+        let body = self.conn().call(&Req::Sign {
             dir: dir.id,
             name: name.to_bytes(),
             min,
@@ -56,14 +56,14 @@ impl SshStore {
         if let Some((name, meta)) = w.later.take() {
             // A big file is rebuilt in a temporary there, not pushed in
             // ranges: created now.
-            self.conn.send(&Req::Create {
+            self.conn().send(&Req::Create {
                 dir: dir.id,
                 name: name.to_bytes(),
                 meta: M(meta),
                 file: w.file,
             })?;
         }
-        self.conn.send(&Req::PatchFrom {
+        self.conn().send(&Req::PatchFrom {
             dir: dir.id,
             file: w.file,
             old: old.to_bytes(),
@@ -71,7 +71,7 @@ impl SshStore {
             size: sig.size,
         })?;
         let mut out = Frames {
-            conn: &self.conn,
+            conn: &self.conn(),
             file: w.file,
             buf: Vec::new(),
         };
