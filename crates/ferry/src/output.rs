@@ -54,6 +54,30 @@ impl CliReporter {
         }
     }
 
+    /// An action naming two paths: `{"type":KIND,"path":..,"KEY":..,"size":N}`
+    /// with `--json`, `KIND PATH -> OTHER` with -v (` -> ` appears in a
+    /// name only escaped).
+    fn pair_line(&self, kind: &str, path: &[u8], key: &str, other: &[u8], size: u64) {
+        if self.json {
+            let mut line = Vec::with_capacity(64 + path.len() + other.len());
+            let _ = write!(line, "{{\"type\":\"{kind}\",");
+            json_name(&mut line, "path", path);
+            line.push(b',');
+            json_name(&mut line, key, other);
+            let _ = writeln!(line, ",\"size\":{size}}}");
+            let _ = self.out.lock().unwrap().write_all(&line);
+        } else if self.lines {
+            let mut line = format!("{kind} ").into_bytes();
+            text_name(&mut line, path);
+            line.extend_from_slice(b" -> ");
+            text_name(&mut line, other);
+            line.push(b'\n');
+            self.with_bar_suspended(|| {
+                let _ = self.out.lock().unwrap().write_all(&line);
+            });
+        }
+    }
+
     fn with_bar_suspended(&self, f: impl FnOnce()) {
         let bar = self.bar.lock().unwrap().clone();
         match bar {
@@ -233,47 +257,13 @@ impl Reporter for CliReporter {
     /// `hardlink PATH -> FIRST` with -v (` -> ` appears in a name only
     /// escaped), a `hardlink` record with the first name as `"target"`.
     fn hard_link(&self, path: &[u8], to: &[u8]) {
-        if self.json {
-            let mut line = Vec::with_capacity(64 + path.len() + to.len());
-            line.extend_from_slice(b"{\"type\":\"hardlink\",");
-            json_name(&mut line, "path", path);
-            line.push(b',');
-            json_name(&mut line, "target", to);
-            line.extend_from_slice(b",\"size\":0}\n");
-            let _ = self.out.lock().unwrap().write_all(&line);
-        } else if self.lines {
-            let mut line = b"hardlink ".to_vec();
-            text_name(&mut line, path);
-            line.extend_from_slice(b" -> ");
-            text_name(&mut line, to);
-            line.push(b'\n');
-            self.with_bar_suspended(|| {
-                let _ = self.out.lock().unwrap().write_all(&line);
-            });
-        }
+        self.pair_line("hardlink", path, "target", to, 0);
     }
 
     /// `keep PATH -> WHERE` with -v (` -> ` appears in a name only
     /// escaped), a `keep` record with where it went as `"to"`.
     fn kept(&self, path: &[u8], to: &[u8], size: u64) {
-        if self.json {
-            let mut line = Vec::with_capacity(64 + path.len() + to.len());
-            line.extend_from_slice(b"{\"type\":\"keep\",");
-            json_name(&mut line, "path", path);
-            line.push(b',');
-            json_name(&mut line, "to", to);
-            let _ = writeln!(line, ",\"size\":{size}}}");
-            let _ = self.out.lock().unwrap().write_all(&line);
-        } else if self.lines {
-            let mut line = b"keep ".to_vec();
-            text_name(&mut line, path);
-            line.extend_from_slice(b" -> ");
-            text_name(&mut line, to);
-            line.push(b'\n');
-            self.with_bar_suspended(|| {
-                let _ = self.out.lock().unwrap().write_all(&line);
-            });
-        }
+        self.pair_line("keep", path, "to", to, size);
     }
 
     fn note(&self, msg: &str) {
