@@ -404,14 +404,68 @@ fn usage_errors_exit_2_before_any_change() {
         &["--suffix", "a/b"][..],
         &["--versions", "--backup-dir", "x"][..],
         &["--keep", "3"][..],
+        // Another backend than DST: keeping would need a download.
+        &["--backup-dir", "s3://bucket/old"][..],
+        &["--backup-dir", "otherhost:old"][..],
+        // DST itself.
+        &["--backup-dir", "."][..],
     ] {
         let mut args: Vec<&std::ffi::OsStr> = vec!["sync".as_ref()];
         args.extend(bad.iter().map(std::ffi::OsStr::new));
         args.push(src.as_os_str());
         args.push(dst.as_os_str());
-        ferry(&args).code_is(2);
+        let r = ferry(&args);
+        r.code_is(2);
+        if bad[0] == "--backup-dir" && bad.len() == 2 {
+            // ferry's own refusals are one line (clap's usage errors are its own).
+            assert_eq!(r.err().trim_end().lines().count(), 1, "one line: {r}");
+        }
     }
     assert_untouched(&before, &snapshot(t.path()));
+}
+
+/// Names with a newline and bytes that are not UTF-8 are kept like any
+/// other (--backup-dir and --versions), and the -v line escapes them.
+#[test]
+fn odd_names_are_kept_byte_exact() {
+    use std::os::unix::ffi::OsStrExt;
+    let odd = std::ffi::OsStr::from_bytes(b"new\nline \xff\xfe.txt");
+    for (flags, kept) in [
+        (&["--backup-dir", "../old"][..], None),
+        (&["--versions"][..], Some(())),
+    ] {
+        let t = tmpdir();
+        let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+        write(&src, odd, b"new bytes, longer");
+        write(&dst, odd, b"old bytes");
+        write(&dst, std::ffi::OsStr::from_bytes(b"gone\xff"), b"deleted");
+        let mut args: Vec<&std::ffi::OsStr> = vec!["sync".as_ref(), "-v".as_ref()];
+        args.extend(flags.iter().map(std::ffi::OsStr::new));
+        args.push(src.as_os_str());
+        args.push(dst.as_os_str());
+        let r = ferry(&args);
+        r.ok();
+        assert_eq!(fs::read(dst.join(odd)).unwrap(), b"new bytes, longer");
+        let mut old: Vec<Vec<u8>> = match kept {
+            None => ["old".to_string()]
+                .iter()
+                .flat_map(|d| fs::read_dir(t.path().join(d)).unwrap())
+                .map(|e| fs::read(e.unwrap().path()).unwrap())
+                .collect(),
+            Some(()) => fs::read_dir(dst.join(".ferry-versions"))
+                .unwrap()
+                .map(|e| fs::read(e.unwrap().path()).unwrap())
+                .collect(),
+        };
+        old.sort();
+        assert_eq!(old, vec![b"deleted".to_vec(), b"old bytes".to_vec()], "{r}");
+        let out = String::from_utf8_lossy(&r.stdout).to_string() + &r.err();
+        assert!(
+            out.lines()
+                .any(|l| l.starts_with("keep ") && l.contains("\\n")),
+            "{r}"
+        );
+    }
 }
 
 /// kill -9 during a sync that replaces many files with --backup-dir: every old version is
