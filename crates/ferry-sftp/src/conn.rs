@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::process::{Child, ChildStdout, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -65,6 +65,10 @@ pub struct Conn {
     /// Further sessions to the same host for big files, opened when first
     /// needed.
     extra: Mutex<Vec<Option<Arc<Conn>>>>,
+    /// The session of the next small file ([`Conn::next_small`]), and the
+    /// further sessions whose opening was started for them.
+    turn: AtomicUsize,
+    opening: Mutex<Vec<usize>>,
 }
 
 fn lost_error(why: String) -> io::Error {
@@ -148,6 +152,45 @@ impl Conn {
                 Err(_) => self.clone(),
             },
         }
+    }
+
+    /// The session for the next file of a run's many: turn by turn over
+    /// the [`Conn::width`] sessions (each server process is single-threaded
+    /// and each ssh encrypts on one core: files spread over several keep
+    /// more of them in flight). A further session is opened in the
+    /// background when first wanted; until it is there (or if it cannot
+    /// be opened) this one serves. A file's requests all go over the one
+    /// session returned.
+    pub fn next_small(self: &Arc<Conn>) -> Arc<Conn> {
+        let width = self.width();
+        let k = self.turn.fetch_add(1, Ordering::Relaxed) % width.max(1);
+        if k == 0 {
+            return self.clone();
+        }
+        if let Some(Some(c)) = self.extra.lock().unwrap().get(k - 1) {
+            if !c.gone.load(Ordering::Relaxed) {
+                return c.clone();
+            }
+        }
+        let mut opening = self.opening.lock().unwrap();
+        if !opening.contains(&k) {
+            opening.push(k);
+            let me = Arc::downgrade(self);
+            let t = self.target.clone();
+            std::thread::spawn(move || {
+                let Ok(c) = open(&t) else { return };
+                let Some(me) = me.upgrade() else { return };
+                let mut extra = me.extra.lock().unwrap();
+                if extra.len() < k {
+                    extra.resize(k, None);
+                }
+                // (One `nth` opened meanwhile is kept.)
+                if !matches!(&extra[k - 1], Some(o) if !o.gone.load(Ordering::Relaxed)) {
+                    extra[k - 1] = Some(c);
+                }
+            });
+        }
+        self.clone()
     }
 
     fn die(&self, why: String) {
@@ -319,11 +362,18 @@ fn open(t: &Target) -> Result<Arc<Conn>, String> {
         chunk: 32 << 10,
         target: t.clone(),
         extra: Mutex::new(Vec::new()),
+        turn: AtomicUsize::new(0),
+        opening: Mutex::new(Vec::new()),
     };
     if limits {
-        // Asked before the reader runs: this first reply is read here.
+        // Asked before the reader runs: this first reply is read here. It
+        // is also the session's round trip (what the engine's number of
+        // workers follows, as over ferry's own protocol).
+        let asked = std::time::Instant::now();
         let _ = conn.tx.send(Req::ext("limits@openssh.com").finish(0));
-        match read_packet(&mut stdout) {
+        let reply = read_packet(&mut stdout);
+        ferry_ssh::note_round_trip(asked.elapsed());
+        match reply {
             Ok(Some(r)) => {
                 let mut rd = r.extended().map_err(|e| format!("{}: {e}", t.host))?;
                 let fields = (rd.u64(), rd.u64(), rd.u64());
@@ -341,6 +391,13 @@ fn open(t: &Target) -> Result<Arc<Conn>, String> {
     let conn = Arc::new(conn);
     let c = conn.clone();
     std::thread::spawn(move || read_replies(&c, stdout, child, tail, errt));
+    if !limits {
+        // The round trip, from a request every server answers.
+        let asked = std::time::Instant::now();
+        if conn.call(Req::path(wire::STAT, b".")).is_ok() {
+            ferry_ssh::note_round_trip(asked.elapsed());
+        }
+    }
     Ok(conn)
 }
 

@@ -82,8 +82,10 @@ fn next_data(conn: &Conn, handle: &[u8], ahead: &mut Ahead) -> io::Result<Option
 }
 
 impl SftpReader {
-    /// Open `path` on `conn`.
-    pub(crate) fn open(conn: &Arc<Conn>, path: Vec<u8>) -> io::Result<SftpReader> {
+    /// Open `path` on one of the sessions of `main` (files spread over
+    /// them: [`Conn::next_small`]); a big file's ranges are read over all.
+    pub(crate) fn open(main: &Arc<Conn>, path: Vec<u8>) -> io::Result<SftpReader> {
+        let conn = &main.next_small();
         let handle = open_read(conn, &path)?;
         let mut r = SftpReader {
             conn: conn.clone(),
@@ -103,12 +105,12 @@ impl SftpReader {
         r.size = a.size.unwrap_or(u64::MAX);
         if r.size >= ferry_local::download::RANGED_MIN && r.size != u64::MAX {
             r.ranged = Some(Ranged {
-                conn: conn.clone(),
+                conn: main.clone(),
                 path,
                 opened: (r.size, a.mtime),
                 handles: Mutex::new(Vec::new()),
                 turn: AtomicUsize::new(0),
-                width: conn.width(),
+                width: main.width(),
             });
         }
         Ok(r)

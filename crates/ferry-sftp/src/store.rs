@@ -20,9 +20,12 @@ use crate::read::SftpReader;
 use crate::wire::{self as w, Attrs, Req, Set};
 use crate::write::SftpWriter;
 
-/// `READDIR`s of one directory in flight (the server answers them in
-/// order, each with the next batch of names).
-const READDIR_AHEAD: usize = 4;
+/// `READDIR`s of one directory in flight at first, and at most (the
+/// server answers them in order, each with the next batch of names,
+/// OpenSSH's of 100): twice as many after each full batch, so a small
+/// directory costs a few requests and one of 10,000 names a few round
+/// trips.
+const READDIR_AHEAD: (usize, usize) = (2, 32);
 
 /// A tree on another machine, reached over SFTP.
 pub struct SftpStore {
@@ -153,24 +156,36 @@ impl SftpStore {
     /// to a temporary name first, put back if the rename fails, and
     /// removed after it.
     pub(crate) fn replace(&self, dir: &[u8], from: &[u8], to: &[u8]) -> io::Result<()> {
-        if self.conn().ext.posix_rename {
-            return self.ok(Req::ext("posix-rename@openssh.com").str(from).str(to));
+        self.replace_on(&self.conn(), dir, from, to)
+    }
+
+    /// [`SftpStore::replace`] over session `conn`.
+    pub(crate) fn replace_on(
+        &self,
+        conn: &Conn,
+        dir: &[u8],
+        from: &[u8],
+        to: &[u8],
+    ) -> io::Result<()> {
+        let ok = |req: Req| conn.call(req)?.ok();
+        if conn.ext.posix_rename {
+            return ok(Req::ext("posix-rename@openssh.com").str(from).str(to));
         }
-        let err = match self.ok(Req::path(w::RENAME, from).str(to)) {
+        let err = match ok(Req::path(w::RENAME, from).str(to)) {
             Ok(()) => return Ok(()),
             Err(e) => e,
         };
-        if self.lstat(to)?.is_none() {
+        if conn.call(Req::path(w::LSTAT, to))?.attrs_if()?.is_none() {
             return Err(err);
         }
         let aside = temp_path(dir);
-        self.ok(Req::path(w::RENAME, to).str(&aside))?;
-        if let Err(e) = self.ok(Req::path(w::RENAME, from).str(to)) {
-            let _ = self.ok(Req::path(w::RENAME, &aside).str(to));
+        ok(Req::path(w::RENAME, to).str(&aside))?;
+        if let Err(e) = ok(Req::path(w::RENAME, from).str(to)) {
+            let _ = ok(Req::path(w::RENAME, &aside).str(to));
             return Err(e);
         }
         // A reserved name: if this fails, the next run removes it.
-        let _ = self.ok(Req::path(w::REMOVE, &aside));
+        let _ = ok(Req::path(w::REMOVE, &aside));
         Ok(())
     }
 
@@ -183,14 +198,16 @@ impl SftpStore {
             .handle()?;
         let res = (|| {
             let mut ahead = VecDeque::new();
+            let mut want = READDIR_AHEAD.0;
             loop {
-                while ahead.len() < READDIR_AHEAD {
+                while ahead.len() < want {
                     ahead.push_back(self.conn().start(Req::path(w::READDIR, &h))?);
                 }
                 let rx = ahead.pop_front().expect("in flight");
                 let reply = self.conn().wait(&rx)?;
                 match reply.names()? {
                     Some(v) => {
+                        want = (want * 2).min(READDIR_AHEAD.1);
                         for (name, a) in v {
                             if name != b"." && name != b".." {
                                 each(name, a);
@@ -421,7 +438,7 @@ impl Store for SftpStore {
     }
 
     fn abort(&self, _dir: &SftpDir, wr: SftpWriter) {
-        wr.abort(self);
+        wr.abort();
     }
 
     fn create_symlink(

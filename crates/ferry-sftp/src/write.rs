@@ -17,7 +17,7 @@ use std::io;
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::Receiver;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use ferry_engine::bwlimit::Limiter;
 use ferry_engine::entry::Meta;
@@ -38,6 +38,9 @@ type Rx = Receiver<io::Result<Reply>>;
 
 /// A file being written.
 pub struct SftpWriter {
+    /// The session its requests go over (files spread over several:
+    /// [`Conn::next_small`]).
+    conn: Arc<Conn>,
     /// Its directory, and the path it is created for (a partial's name
     /// comes from it).
     dir: Vec<u8>,
@@ -209,16 +212,24 @@ impl SftpWriter {
         name: &[u8],
         meta: &Meta,
     ) -> io::Result<SftpWriter> {
-        s.conn().alive()?;
+        let main = s.conn();
+        main.alive()?;
+        // A big file goes in ranges over all the sessions (from the first).
+        let conn = if meta.size >= RANGED_MIN {
+            main
+        } else {
+            main.next_small()
+        };
         Ok(SftpWriter {
             dir: dir.to_vec(),
             path: join(dir, name),
             temp: temp_path(dir),
-            whole: (meta.size <= u64::from(s.conn().chunk))
+            whole: (meta.size <= u64::from(conn.chunk))
                 .then(|| Vec::with_capacity(meta.size as usize + 1)),
             handle: None,
             acks: VecDeque::new(),
             record: None,
+            conn,
         })
     }
 
@@ -229,7 +240,7 @@ impl SftpWriter {
         size: u64,
         limit: Option<&Limiter>,
     ) -> io::Result<u64> {
-        let chunk = s.conn().chunk as usize;
+        let chunk = self.conn.chunk as usize;
         let cap = limit.map_or(chunk, |l| l.chunk().clamp(1, chunk));
         if self.whole.is_none() && size >= RANGED_MIN {
             if let Some(fd) = src.as_fd() {
@@ -238,7 +249,7 @@ impl SftpWriter {
             }
         }
         if self.whole.is_none() {
-            self.handle = Some(open_write(&s.conn(), &self.temp, w::F_CREAT | w::F_EXCL)?);
+            self.handle = Some(open_write(&self.conn, &self.temp, w::F_CREAT | w::F_EXCL)?);
         }
         let mut buf = Vec::new();
         let mut total = 0u64;
@@ -261,10 +272,10 @@ impl SftpWriter {
             }
             b.truncate(start + n);
             if let (Some(h), true) = (&self.handle, n > 0) {
-                self.acks.push_back(write_req(&s.conn(), h, total, b)?);
+                self.acks.push_back(write_req(&self.conn, h, total, b)?);
                 if self.acks.len() >= WRITE_AHEAD {
                     let rx = self.acks.pop_front().expect("in flight");
-                    s.conn().wait(&rx)?.ok()?;
+                    self.conn.wait(&rx)?.ok()?;
                 }
             }
             if let Some(l) = limit {
@@ -287,6 +298,7 @@ impl SftpWriter {
         size: u64,
         limit: Option<&Limiter>,
     ) -> io::Result<u64> {
+        self.conn = s.conn();
         let conn = &s.conn();
         let st = rustix::fs::fstat(fd)?;
         let ident = format!("{size} {}.{:09}", st.st_mtime, st.st_mtime_nsec);
@@ -395,7 +407,7 @@ impl SftpWriter {
         meta: &Meta,
         fsync: bool,
     ) -> io::Result<()> {
-        let conn = &s.conn();
+        let conn = &self.conn.clone();
         let mut acks = std::mem::take(&mut self.acks);
         let res = (|| {
             let h = match (&self.handle, &self.whole) {
@@ -428,7 +440,7 @@ impl SftpWriter {
             self.handle = None;
             acks.push_back(conn.start(Req::path(w::CLOSE, &h))?);
             drain(conn, &mut acks)?;
-            s.replace(&self.dir, &self.temp, path)
+            s.replace_on(conn, &self.dir, &self.temp, path)
         })();
         match res {
             Ok(()) => {
@@ -439,19 +451,22 @@ impl SftpWriter {
             }
             Err(e) => {
                 let _ = drain(conn, &mut acks);
-                self.abort(s);
+                self.abort();
                 Err(e)
             }
         }
     }
 
-    pub(crate) fn abort(self, s: &SftpStore) {
+    pub(crate) fn abort(self) {
         if let Some(h) = &self.handle {
-            let _ = s.conn().call(Req::path(w::CLOSE, h));
+            let _ = self.conn.call(Req::path(w::CLOSE, h));
         }
         // A resumable partial stays for the next run.
         if self.record.is_none() {
-            let _ = s.ok(Req::path(w::REMOVE, &self.temp));
+            let _ = self
+                .conn
+                .call(Req::path(w::REMOVE, &self.temp))
+                .and_then(|r| r.ok());
         }
     }
 }

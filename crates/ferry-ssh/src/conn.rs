@@ -472,6 +472,12 @@ pub fn round_trip() -> Option<std::time::Duration> {
     }
 }
 
+/// Count `d`, a round trip measured on another kind of session to a host
+/// of this run (an SFTP session's first request), in [`round_trip`].
+pub fn note_round_trip(d: std::time::Duration) {
+    RTT_US.fetch_max(d.as_micros().max(1) as u64, Ordering::Relaxed);
+}
+
 /// This run's connections, one per target.
 static CONNS: Mutex<Vec<(Target, Arc<Conn>)>> = Mutex::new(Vec::new());
 

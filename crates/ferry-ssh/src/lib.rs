@@ -17,6 +17,8 @@ pub mod serve;
 pub mod store;
 pub mod watch;
 
-pub use conn::{close_all, configure, round_trip, split_words, Lost, Settings, Target};
+pub use conn::{
+    close_all, configure, note_round_trip, round_trip, split_words, Lost, Settings, Target,
+};
 pub use serve::serve;
 pub use store::{SshDir, SshReader, SshStore, SshWriter};

@@ -248,6 +248,70 @@ fn errors_are_one_line_and_exit_2() {
     }
 }
 
+// ------------------------------------------------------------------ refused files
+
+/// Files the server refuses (a read-only directory in DST) among many
+/// others in flight at once over several sessions: one error line per
+/// refused file naming it, exit 1, every other file copied, no temporary
+/// left; on the ordinary endpoint (behind the 20 ms proxy when
+/// `FERRY_TEST_SSH_HOST` is its alias) and on the internal-sftp chroot.
+#[test]
+fn refused_files_fail_one_line_each_and_the_others_are_copied() {
+    let (rsh, host) = need!(server());
+    let d = tmpdir();
+    let mut ends = vec![(host, d.path().join("dst"), None)];
+    match chroot() {
+        Ok((h, root, path)) => {
+            let t = tempfile::tempdir_in(&root).unwrap();
+            let there = format!("{path}/{}", t.path().file_name().unwrap().to_str().unwrap());
+            ends.push((h, t.path().join("dst"), Some((t, there + "/dst"))));
+        }
+        Err(why) => eprintln!("chroot skipped: {why}"),
+    }
+    let src = d.path().join("src");
+    for i in 0..300 {
+        write(&src, format!("ok/f{i:03}"), &gen_bytes(4096, i));
+        write(&src, format!("z{i:03}"), &gen_bytes(100 + i as usize, i));
+    }
+    for i in 0..24 {
+        write(&src, format!("ro/r{i:02}"), &gen_bytes(4096, 1000 + i));
+    }
+    for rel in walk(&src).iter().rev() {
+        set_mtime(&src.join(rel), (1_700_000_000, 0));
+    }
+    for (host, dst, chrooted) in ends {
+        // DST's `ro` as SRC's (mode and mtime: nothing to set on it),
+        // then refusing new entries.
+        std::fs::create_dir_all(dst.join("ro")).unwrap();
+        let ro = dst.join("ro");
+        let guard = need!(ferry_conformance::local::read_only(&ro));
+        let mode = std::fs::metadata(&ro).unwrap().permissions();
+        std::fs::set_permissions(src.join("ro"), mode).unwrap();
+        set_mtime(&src.join("ro"), (1_700_000_000, 0));
+        set_mtime(&ro, (1_700_000_000, 0));
+        let to = match &chrooted {
+            Some((_, there)) => format!("sftp://{host}{there}").into(),
+            None => url(&host, &dst),
+        };
+        let r = run(&rsh, &["copy".as_ref(), src.as_os_str(), &to]);
+        r.code_is(1);
+        let mut lines = r.error_lines();
+        lines.sort();
+        assert_eq!(lines.len(), 24, "{r}");
+        for (i, l) in lines.iter().enumerate() {
+            assert!(l.starts_with(&format!("ferry: ro/r{i:02}: ")), "{l}\n{r}");
+        }
+        for i in 0..300 {
+            for f in [format!("ok/f{i:03}"), format!("z{i:03}")] {
+                assert_trees_equal(&src.join(&f), &dst.join(&f));
+            }
+        }
+        assert_eq!(std::fs::read_dir(&ro).unwrap().count(), 0);
+        assert!(find_prefixed(&dst, b".ferry-").is_empty(), "{r}");
+        drop(guard);
+    }
+}
+
 // ------------------------------------------------------------------ kill -9
 
 /// A big push killed (-9) part way: the rerun sends only what is missing
