@@ -284,23 +284,27 @@ fn refused_files_fail_one_line_each_and_the_others_are_copied() {
         // then refusing new entries.
         std::fs::create_dir_all(dst.join("ro")).unwrap();
         let ro = dst.join("ro");
+        set_mtime(&ro, (1_700_000_000, 0));
         let guard = need!(ferry_conformance::local::read_only(&ro));
         let mode = std::fs::metadata(&ro).unwrap().permissions();
         std::fs::set_permissions(src.join("ro"), mode).unwrap();
         set_mtime(&src.join("ro"), (1_700_000_000, 0));
-        set_mtime(&ro, (1_700_000_000, 0));
         let to = match &chrooted {
             Some((_, there)) => format!("sftp://{host}{there}").into(),
             None => url(&host, &dst),
         };
         let r = run(&rsh, &["copy".as_ref(), src.as_os_str(), &to]);
         r.code_is(1);
+        // One line per refused file (and one for `ro` itself, whose
+        // times the engine sets after writing in it, where it does).
         let mut lines = r.error_lines();
+        lines.retain(|l| !l.starts_with("ferry: ro: "));
         lines.sort();
         assert_eq!(lines.len(), 24, "{r}");
         for (i, l) in lines.iter().enumerate() {
             assert!(l.starts_with(&format!("ferry: ro/r{i:02}: ")), "{l}\n{r}");
         }
+        assert!(r.error_lines().len() <= 25, "{r}");
         for i in 0..300 {
             for f in [format!("ok/f{i:03}"), format!("z{i:03}")] {
                 assert_trees_equal(&src.join(&f), &dst.join(&f));
