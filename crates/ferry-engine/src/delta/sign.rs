@@ -171,16 +171,8 @@ fn sign_at(
                 stop.store(true, Ordering::Relaxed);
                 return Err(changed(size, at + got as u64));
             }
-            ws.clear();
-            ss.clear();
-            for c in buf[..want].chunks(b) {
-                ws.push(weak(c));
-                ss.push(strong(key, c, sl));
-            }
             let first = (at / u64::from(block)) as usize;
-            let mut o = out.lock().unwrap();
-            o.0[first..first + ws.len()].copy_from_slice(&ws);
-            o.1[first..first + ss.len()].copy_from_slice(&ss);
+            sum_blocks(&buf[..want], b, key, sl, (first, &out), (&mut ws, &mut ss));
         }
     };
     let res: Vec<io::Result<()>> = std::thread::scope(|s| {
@@ -202,6 +194,27 @@ fn sign_at(
         return Err(changed(size, size + 1));
     }
     Ok(out.into_inner().unwrap())
+}
+
+/// The sums of the `block`-byte blocks of `buf` (blocks `first` on of
+/// the file) into `out`, through the scratch vectors `tmp`.
+fn sum_blocks(
+    buf: &[u8],
+    block: usize,
+    key: &[u8; 32],
+    sl: u8,
+    (first, out): (usize, &Mutex<(Vec<u32>, Vec<u64>)>),
+    (ws, ss): (&mut Vec<u32>, &mut Vec<u64>),
+) {
+    ws.clear();
+    ss.clear();
+    for c in buf.chunks(block) {
+        ws.push(weak(c));
+        ss.push(strong(key, c, sl));
+    }
+    let mut o = out.lock().unwrap();
+    o.0[first..first + ws.len()].copy_from_slice(ws);
+    o.1[first..first + ss.len()].copy_from_slice(ss);
 }
 
 /// `pread` until `buf` is full or the end of the file.
@@ -243,16 +256,15 @@ fn sign_stream(
             s.spawn(move || loop {
                 let job = rx.lock().unwrap().recv();
                 let Ok((first, buf)) = job else { return };
-                let mut ws = Vec::with_capacity(per);
-                let mut ss = Vec::with_capacity(per);
-                for b in buf.chunks(block as usize) {
-                    ws.push(weak(b));
-                    ss.push(strong(key, b, sl));
-                }
-                let mut o = out.lock().unwrap();
-                o.0[first..first + ws.len()].copy_from_slice(&ws);
-                o.1[first..first + ss.len()].copy_from_slice(&ss);
-                drop(o);
+                let (mut ws, mut ss) = (Vec::with_capacity(per), Vec::with_capacity(per));
+                sum_blocks(
+                    &buf,
+                    block as usize,
+                    key,
+                    sl,
+                    (first, out),
+                    (&mut ws, &mut ss),
+                );
                 let _ = free.send(buf);
             });
         }
