@@ -196,6 +196,9 @@ fn sign_at(
     Ok(out.into_inner().unwrap())
 }
 
+/// Weak and strong sums of a signature's blocks, filled by the workers.
+type Sums = (Vec<u32>, Vec<u64>);
+
 /// The sums of the `block`-byte blocks of `buf` (blocks `first` on of
 /// the file) into `out`, through the scratch vectors `tmp`.
 fn sum_blocks(
@@ -203,7 +206,7 @@ fn sum_blocks(
     block: usize,
     key: &[u8; 32],
     sl: u8,
-    (first, out): (usize, &Mutex<(Vec<u32>, Vec<u64>)>),
+    (first, out): (usize, &Mutex<Sums>),
     (ws, ss): (&mut Vec<u32>, &mut Vec<u64>),
 ) {
     ws.clear();
