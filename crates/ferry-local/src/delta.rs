@@ -58,11 +58,13 @@ pub(crate) fn rebuild(
         OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
         Mode::empty(),
     )?;
-    let mut p = Patcher::new(File::from(fd), sig.block, sig.size)?;
-    let mut w = SeqOut::new(out)?;
+    // The writer's thread hashes what it writes: the rebuilt file is
+    // checked as written, beside the reading of the old copy.
+    let mut p = Patcher::new(File::from(fd), sig.block, sig.size)?.unhashed();
+    let mut w = SeqOut::hashed(out)?;
     let sum = feed(&mut p.sink(|b| w.write(b)))?;
-    w.finish()?;
-    let n = p.finish()?;
+    let got = w.finish_hash()?;
+    let n = p.check(got)?;
     if n != sum.size {
         return Err(delta::mismatch());
     }
@@ -73,6 +75,10 @@ pub(crate) fn rebuild(
 const OUT_BUF: usize = 1 << 20;
 /// Buffers between the one filling and the writer thread.
 const OUT_BUFS: usize = 3;
+
+/// What the writer thread ends with: the blake3 hash of what it wrote,
+/// when asked to hash.
+type Written = io::Result<Option<[u8; 32]>>;
 
 /// An aligned buffer: `raw[skew..skew + len]`.
 struct Buf {
@@ -85,29 +91,46 @@ struct Buf {
 /// that a thread of its own writes while the next one fills: their whole
 /// aligned blocks go to the device with `O_DIRECT` where the filesystem
 /// takes it (a buffered write into new pages of the page cache costs
-/// several times the CPU), the rest through the page cache.
+/// several times the CPU), the rest through the page cache. With
+/// [`SeqOut::hashed`] the thread also hashes the bytes it writes, in order.
 pub struct SeqOut {
     cur: Buf,
     full: Option<mpsc::SyncSender<(Buf, u64)>>,
     free: mpsc::Receiver<Buf>,
     made: usize,
     off: u64,
-    writer: Option<std::thread::JoinHandle<io::Result<()>>>,
+    writer: Option<std::thread::JoinHandle<Written>>,
+    hash: Option<[u8; 32]>,
 }
 
 impl SeqOut {
     /// For the file open as `fd`, written from its start.
     pub fn new(fd: BorrowedFd<'_>) -> io::Result<SeqOut> {
+        SeqOut::start(fd, false)
+    }
+
+    /// As [`SeqOut::new`], the bytes written also hashed (blake3) by the
+    /// writing thread: [`SeqOut::finish_hash`].
+    pub fn hashed(fd: BorrowedFd<'_>) -> io::Result<SeqOut> {
+        SeqOut::start(fd, true)
+    }
+
+    fn start(fd: BorrowedFd<'_>, hash: bool) -> io::Result<SeqOut> {
         let fd = fd.try_clone_to_owned()?;
         let (full, rx) = mpsc::sync_channel::<(Buf, u64)>(OUT_BUFS - 1);
         let (back, free) = mpsc::channel();
         let writer = std::thread::spawn(move || {
             let direct = Direct::reopen(fd.as_fd());
+            let mut h = hash.then(blake3::Hasher::new);
             for (b, off) in rx {
-                direct.write(fd.as_fd(), &b.raw[b.skew..b.skew + b.len], off)?;
+                let data = &b.raw[b.skew..b.skew + b.len];
+                if let Some(h) = &mut h {
+                    h.update(data);
+                }
+                direct.write(fd.as_fd(), data, off)?;
                 let _ = back.send(b);
             }
-            Ok(())
+            Ok(h.map(|h| *h.finalize().as_bytes()))
         });
         Ok(SeqOut {
             cur: buf(),
@@ -116,6 +139,7 @@ impl SeqOut {
             made: 1,
             off: 0,
             writer: Some(writer),
+            hash: None,
         })
     }
 
@@ -175,12 +199,20 @@ impl SeqOut {
             self.hand_over()?;
         }
         self.full = None;
-        match self.writer.take() {
-            Some(w) => w
+        if let Some(w) = self.writer.take() {
+            self.hash = w
                 .join()
-                .unwrap_or_else(|_| Err(io::Error::other("writer panicked"))),
-            None => Ok(()),
+                .unwrap_or_else(|_| Err(io::Error::other("writer panicked")))?;
         }
+        Ok(())
+    }
+
+    /// [`SeqOut::finish`], then the blake3 hash of every byte written (a
+    /// [`SeqOut::hashed`] writer).
+    pub fn finish_hash(&mut self) -> io::Result<[u8; 32]> {
+        self.finish()?;
+        self.hash
+            .ok_or_else(|| io::Error::other("delta: the writer kept no hash"))
     }
 }
 

@@ -11,7 +11,7 @@ use std::io;
 use std::sync::mpsc;
 
 use super::sign::{read_full, strong, Rolling};
-use super::{DiffSummary, Op, OpSink, Signature, LITERAL_MAX};
+use super::{DiffSummary, Op, OpSink, Signature, FLUSH_SPAN, LITERAL_MAX};
 use crate::store::SourceFile;
 
 /// Bytes of one read of the content.
@@ -111,6 +111,9 @@ struct Out<'s> {
     sink: &'s mut dyn OpSink,
     copy: Option<(u32, u32)>,
     sum: DiffSummary,
+    /// Blocks one copy spans at most ([`FLUSH_SPAN`]): a long run of
+    /// matches reaches the receiver as it is found.
+    max_run: u32,
 }
 
 impl Out<'_> {
@@ -119,7 +122,7 @@ impl Out<'_> {
         if let Some((first, count)) = &mut self.copy {
             // Only the old file's last block may be short, and nothing
             // follows it: a run of consecutive blocks is one copy.
-            if j == *first + *count {
+            if j == *first + *count && *count < self.max_run {
                 *count += 1;
                 return Ok(());
             }
@@ -189,6 +192,7 @@ pub fn diff(
             sink,
             copy: None,
             sum: DiffSummary::default(),
+            max_run: (FLUSH_SPAN / u64::from(sig.block)).max(1) as u32,
         };
         let searched = search(&table, sig, b, &rx, &free_tx, &mut out);
         drop(rx);

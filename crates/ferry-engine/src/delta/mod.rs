@@ -43,6 +43,19 @@ pub const MAX_STRONG: u8 = 8;
 pub const MIN_SIZE: u64 = 1 << 20;
 /// Literal bytes per [`Op::Literal`] at most.
 pub const LITERAL_MAX: usize = 256 << 10;
+/// Bytes of the new file a batch of ops on the wire makes at most (copies
+/// and literals): the receiver rebuilds while the sender searches.
+pub const FLUSH_SPAN: u64 = 16 << 20;
+
+/// Bytes of the new file `op` makes, at most (a copy of the old file's
+/// short last block counts whole), for `block`-byte blocks.
+pub fn span(op: &Op<'_>, block: u64) -> u64 {
+    match *op {
+        Op::Copy { count, .. } => u64::from(count) * block,
+        Op::Literal(d) => d.len() as u64,
+        Op::End { .. } => 0,
+    }
+}
 
 /// The block size for an old file of `size` bytes: about √size, a multiple
 /// of 8, within [`MIN_BLOCK`]..=[`MAX_BLOCK`] (rsync's rule).

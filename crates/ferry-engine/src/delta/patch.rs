@@ -22,6 +22,11 @@ pub struct Patcher {
     buf: Vec<u8>,
     /// The end was reached: `Some(true)` when the content matched.
     done: Option<bool>,
+    /// Whether this patcher hashes what it makes (else the caller does,
+    /// and hands the hash to [`Patcher::check`]).
+    hashing: bool,
+    /// The sender's hash, waiting for [`Patcher::check`].
+    want: Option<[u8; 32]>,
 }
 
 impl Patcher {
@@ -43,7 +48,27 @@ impl Patcher {
             written: 0,
             buf: Vec::new(),
             done: None,
+            hashing: true,
+            want: None,
         })
+    }
+
+    /// This patcher, leaving the hashing of what it makes to the caller
+    /// (the thread that writes it): the end op is checked by
+    /// [`Patcher::check`] with the hash of every byte handed out, and
+    /// [`Patcher::finish`] fails until it was.
+    pub fn unhashed(mut self) -> Patcher {
+        self.hashing = false;
+        self
+    }
+
+    /// The end of an [`Patcher::unhashed`] rebuild: `got`, the blake3 hash
+    /// of the bytes it handed out, must be the sender's.
+    pub fn check(&mut self, got: [u8; 32]) -> io::Result<u64> {
+        if let Some(want) = self.want.take() {
+            self.done = Some(want == got);
+        }
+        self.finish()
     }
 
     /// Carry out `op`, handing the bytes it makes to `out` in order.
@@ -52,7 +77,7 @@ impl Patcher {
         op: Op<'_>,
         out: &mut dyn FnMut(&[u8]) -> io::Result<()>,
     ) -> io::Result<()> {
-        if self.done.is_some() {
+        if self.done.is_some() || self.want.is_some() {
             return Err(bad("ops after the end"));
         }
         match op {
@@ -76,16 +101,27 @@ impl Patcher {
                             e
                         }
                     })?;
-                    self.hasher.update(b);
+                    if self.hashing {
+                        self.hasher.update(b);
+                    }
                     out(b)?;
                     self.written += n as u64;
                     at += n as u64;
                 }
             }
             Op::Literal(data) => {
-                self.hasher.update(data);
+                if self.hashing {
+                    self.hasher.update(data);
+                }
                 out(data)?;
                 self.written += data.len() as u64;
+            }
+            Op::End { size, hash } if !self.hashing => {
+                if size != self.written {
+                    self.done = Some(false);
+                    return Err(mismatch());
+                }
+                self.want = Some(hash);
             }
             Op::End { size, hash } => {
                 let ok = size == self.written && *self.hasher.finalize().as_bytes() == hash;

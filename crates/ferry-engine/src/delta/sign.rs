@@ -97,9 +97,12 @@ impl Rolling {
 }
 
 /// The signature of the `size` bytes `r` yields, cut in `block`s, strong
-/// hashes under `key`. `r` is read once, in order, in pieces of a few MiB;
-/// `threads` workers hash the pieces as they arrive. A file that turns out
-/// shorter or longer than `size` is an error (it changed while read).
+/// hashes under `key`. A local file (one with a descriptor) is read by
+/// `threads` workers at once, each reading a piece with `pread` and hashing
+/// it while it is in the cache (the file read once, on every core);
+/// anything else is read once, in order, in pieces of a few MiB that
+/// `threads` workers hash as they arrive. A file that turns out shorter or
+/// longer than `size` is an error (it changed while read).
 pub fn sign(
     r: &mut dyn SourceFile,
     size: u64,
@@ -108,11 +111,143 @@ pub fn sign(
     threads: usize,
 ) -> io::Result<Signature> {
     let n = Signature::blocks_of(size, block) as usize;
-    let out = Mutex::new((vec![0u32; n], vec![0u64; n]));
     let sl = strong_len(size, block);
+    let (weak, strong) = match r.as_fd() {
+        Some(fd) => sign_at(fd, size, block, &key, sl, threads.max(1))?,
+        None => sign_stream(r, size, block, &key, sl, threads.max(1))?,
+    };
+    debug_assert_eq!(weak.len(), n);
+    Ok(Signature {
+        block,
+        size,
+        key,
+        strong_len: sl,
+        weak,
+        strong,
+    })
+}
+
+/// Bytes read by one `pread` of [`sign_at`]: small enough to stay in the
+/// cache while both sums run over it.
+const AT_PIECE: usize = 1 << 20;
+
+fn changed(size: u64, total: u64) -> io::Error {
+    io::Error::other(format!(
+        "changed while its delta signature was made (size {size} expected, {total}{} read)",
+        if total > size { "+" } else { "" }
+    ))
+}
+
+/// [`sign`] of a file read with `pread` by `threads` workers, each taking
+/// the next piece.
+fn sign_at(
+    fd: std::os::fd::BorrowedFd<'_>,
+    size: u64,
+    block: u32,
+    key: &[u8; 32],
+    sl: u8,
+    threads: usize,
+) -> io::Result<(Vec<u32>, Vec<u64>)> {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let n = Signature::blocks_of(size, block) as usize;
+    let b = block as usize;
+    let piece = (AT_PIECE / b).max(1) * b;
+    let pieces = size.div_ceil(piece as u64);
+    let next = AtomicU64::new(0);
+    let stop = AtomicBool::new(false);
+    let out = Mutex::new((vec![0u32; n], vec![0u64; n]));
+    let work = || -> io::Result<()> {
+        let mut buf = vec![0u8; piece];
+        let (mut ws, mut ss) = (Vec::new(), Vec::new());
+        loop {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            if i >= pieces || stop.load(Ordering::Relaxed) {
+                return Ok(());
+            }
+            let at = i * piece as u64;
+            let want = (size - at).min(piece as u64) as usize;
+            let got = pread_full(fd, &mut buf[..want], at)?;
+            if got < want {
+                stop.store(true, Ordering::Relaxed);
+                return Err(changed(size, at + got as u64));
+            }
+            let first = (at / u64::from(block)) as usize;
+            sum_blocks(&buf[..want], b, key, sl, (first, &out), (&mut ws, &mut ss));
+        }
+    };
+    let res: Vec<io::Result<()>> = std::thread::scope(|s| {
+        let others: Vec<_> = (1..threads).map(|_| s.spawn(work)).collect();
+        let mine = work();
+        std::iter::once(mine)
+            .chain(others.into_iter().map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(io::Error::other("delta: hashing panicked")))
+            }))
+            .collect()
+    });
+    for r in res {
+        r?;
+    }
+    // Longer than it was: it changed.
+    let mut one = [0u8; 1];
+    if pread_full(fd, &mut one, size)? > 0 {
+        return Err(changed(size, size + 1));
+    }
+    Ok(out.into_inner().unwrap())
+}
+
+/// Weak and strong sums of a signature's blocks, filled by the workers.
+type Sums = (Vec<u32>, Vec<u64>);
+
+/// The sums of the `block`-byte blocks of `buf` (blocks `first` on of
+/// the file) into `out`, through the scratch vectors `tmp`.
+fn sum_blocks(
+    buf: &[u8],
+    block: usize,
+    key: &[u8; 32],
+    sl: u8,
+    (first, out): (usize, &Mutex<Sums>),
+    (ws, ss): (&mut Vec<u32>, &mut Vec<u64>),
+) {
+    ws.clear();
+    ss.clear();
+    for c in buf.chunks(block) {
+        ws.push(weak(c));
+        ss.push(strong(key, c, sl));
+    }
+    let mut o = out.lock().unwrap();
+    o.0[first..first + ws.len()].copy_from_slice(ws);
+    o.1[first..first + ss.len()].copy_from_slice(ss);
+}
+
+/// `pread` until `buf` is full or the end of the file.
+fn pread_full(fd: std::os::fd::BorrowedFd<'_>, buf: &mut [u8], at: u64) -> io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match rustix::io::pread(fd, &mut buf[n..], at + n as u64) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(n)
+}
+
+/// [`sign`] of a stream: read in order by the calling thread, hashed by
+/// `threads` workers.
+fn sign_stream(
+    r: &mut dyn SourceFile,
+    size: u64,
+    block: u32,
+    key: &[u8; 32],
+    sl: u8,
+    threads: usize,
+) -> io::Result<(Vec<u32>, Vec<u64>)> {
+    let n = Signature::blocks_of(size, block) as usize;
+    let out = Mutex::new((vec![0u32; n], vec![0u64; n]));
     let per = (CHUNK / block as usize).max(1);
     let piece = per * block as usize;
-    let threads = threads.max(1);
     // Filled pieces go to the workers; emptied buffers come back.
     let (full_tx, full_rx) = mpsc::sync_channel::<(usize, Vec<u8>)>(threads);
     let full_rx = Mutex::new(full_rx);
@@ -124,16 +259,15 @@ pub fn sign(
             s.spawn(move || loop {
                 let job = rx.lock().unwrap().recv();
                 let Ok((first, buf)) = job else { return };
-                let mut ws = Vec::with_capacity(per);
-                let mut ss = Vec::with_capacity(per);
-                for b in buf.chunks(block as usize) {
-                    ws.push(weak(b));
-                    ss.push(strong(&key, b, sl));
-                }
-                let mut o = out.lock().unwrap();
-                o.0[first..first + ws.len()].copy_from_slice(&ws);
-                o.1[first..first + ss.len()].copy_from_slice(&ss);
-                drop(o);
+                let (mut ws, mut ss) = (Vec::with_capacity(per), Vec::with_capacity(per));
+                sum_blocks(
+                    &buf,
+                    block as usize,
+                    key,
+                    sl,
+                    (first, out),
+                    (&mut ws, &mut ss),
+                );
                 let _ = free.send(buf);
             });
         }
@@ -144,13 +278,13 @@ pub fn sign(
                 Ok(b) => b,
                 Err(_) if made < threads + 2 => {
                     made += 1;
-                    Vec::with_capacity(piece)
+                    vec![0u8; piece]
                 }
                 Err(_) => free_rx
                     .recv()
                     .map_err(|_| io::Error::other("delta: hashing stopped"))?,
             };
-            buf.clear();
+            // Full length again (a short last piece is never reused).
             buf.resize(piece, 0);
             let got = read_full(r, &mut buf)?;
             total += got as u64;
@@ -174,20 +308,9 @@ pub fn sign(
         Ok(())
     })?;
     if total != size {
-        return Err(io::Error::other(format!(
-            "changed while its delta signature was made (size {size} expected, {total}{} read)",
-            if total > size { "+" } else { "" }
-        )));
+        return Err(changed(size, total));
     }
-    let (weak, strong) = out.into_inner().unwrap();
-    Ok(Signature {
-        block,
-        size,
-        key,
-        strong_len: sl,
-        weak,
-        strong,
-    })
+    Ok(out.into_inner().unwrap())
 }
 
 /// Fill `buf`; fewer bytes only at the end of the input.

@@ -1,5 +1,5 @@
-use std::io::{self, Write};
-use std::os::fd::BorrowedFd;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, BorrowedFd};
 
 use proptest::prelude::*;
 
@@ -22,6 +22,39 @@ impl SourceFile for Mem<'_> {
     fn as_fd(&self) -> Option<BorrowedFd<'_>> {
         None
     }
+}
+
+/// A file with its descriptor: [`sign`] reads it with `pread` on every
+/// worker.
+struct Fd(std::fs::File);
+
+impl SourceFile for Fd {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.0.read(buf)
+    }
+    fn as_fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.0.as_fd())
+    }
+}
+
+/// The signature of `old`, made from a stream and from a file read by
+/// several threads at once: both the same.
+fn sign_both(old: &[u8], block: u32) -> Signature {
+    let key = new_key();
+    let streamed = sign(
+        &mut Mem {
+            data: old,
+            step: 4099,
+        },
+        old.len() as u64,
+        block,
+        key,
+        2,
+    )
+    .unwrap();
+    let read_at = sign(&mut Fd(old_file(old)), old.len() as u64, block, key, 3).unwrap();
+    assert_eq!(streamed, read_at);
+    streamed
 }
 
 /// Ops encoded as for the wire.
@@ -52,17 +85,19 @@ fn round_trip(
     block: u32,
     spoil: Option<usize>,
 ) -> (io::Result<Vec<u8>>, DiffSummary) {
-    let sig = sign(
-        &mut Mem {
-            data: old,
-            step: 4099,
-        },
-        old.len() as u64,
-        block,
-        new_key(),
-        2,
-    )
-    .unwrap();
+    round_trip_with(old, new, block, spoil, false)
+}
+
+/// [`round_trip`]; `unhashed`: the rebuilt bytes hashed by the caller, as
+/// a writer thread does ([`Patcher::unhashed`]).
+fn round_trip_with(
+    old: &[u8],
+    new: &[u8],
+    block: u32,
+    spoil: Option<usize>,
+    unhashed: bool,
+) -> (io::Result<Vec<u8>>, DiffSummary) {
+    let sig = sign_both(old, block);
     let sig = if block >= MIN_BLOCK {
         Signature::decode(&sig.encode()).unwrap()
     } else {
@@ -83,6 +118,9 @@ fn round_trip(
         old[at] ^= 0x55;
     }
     let mut p = Patcher::new(old_file(&old), sig.block, sig.size).unwrap();
+    if unhashed {
+        p = p.unhashed();
+    }
     let mut got = Vec::new();
     let res = decode_ops(&ops.0, &mut |op| {
         p.apply(op, &mut |b| {
@@ -90,7 +128,15 @@ fn round_trip(
             Ok(())
         })
     })
-    .and_then(|()| p.finish())
+    .and_then(|()| {
+        if unhashed {
+            // Not done until the caller's hash is checked.
+            assert!(p.finish().is_err());
+            p.check(*blake3::hash(&got).as_bytes())
+        } else {
+            p.finish()
+        }
+    })
     .map(|n| {
         assert_eq!(n, got.len() as u64);
         got
@@ -178,13 +224,14 @@ proptest! {
         old in bytes(60_000),
         edits in prop::collection::vec(edit(), 0..5),
         block in prop_oneof![Just(0u32), 1u32..64, Just(700)],
+        unhashed in any::<bool>(),
     ) {
         let mut new = old.clone();
         for e in &edits {
             apply(&mut new, e);
         }
         let block = if block == 0 { block_size(old.len() as u64) } else { block };
-        let (got, sum) = round_trip(&old, &new, block, None);
+        let (got, sum) = round_trip_with(&old, &new, block, None, unhashed);
         prop_assert!(got.unwrap() == new, "rebuilt file differs");
         prop_assert_eq!(sum.size, new.len() as u64);
         prop_assert_eq!(sum.literal + sum.matched, sum.size);
@@ -197,11 +244,12 @@ proptest! {
         old in prop::collection::vec(any::<u8>(), 2000..40_000),
         at in any::<usize>(),
         tail in bytes(2000),
+        unhashed in any::<bool>(),
     ) {
         let mut new = old.clone();
         new.extend_from_slice(&tail);
         let at = at % old.len();
-        let (got, sum) = round_trip(&old, &new, 700, Some(at));
+        let (got, sum) = round_trip_with(&old, &new, 700, Some(at), unhashed);
         // Every whole block of the old file is matched, so the spoiled
         // byte is copied unless it is in the short last block.
         prop_assert!(sum.matched >= (old.len() / 700 * 700) as u64);
@@ -300,10 +348,33 @@ fn signatures_and_ops_reject_garbage() {
         1
     )
     .is_err());
+    // The same, read with pread by several threads.
+    for len in [4999usize, 5001, 3 << 20] {
+        let f = old_file(&vec![7; len]);
+        assert!(sign(&mut Fd(f), 5000, 700, new_key(), 2).is_err(), "{len}");
+    }
+    let f = old_file(&[7; 1 << 20]);
+    assert!(sign(&mut Fd(f), 3 << 20, 1024, new_key(), 2).is_err());
     let mut p = Patcher::new(old_file(&[0; 100]), 700, 100).unwrap();
     let e = p.apply(Op::Copy { first: 1, count: 1 }, &mut |_| Ok(()));
     assert!(e.is_err());
     assert!(p.finish().is_err());
+    // An unhashed patcher: the end needs the caller's hash, the right one.
+    let mut p = Patcher::new(old_file(&[0; 100]), 700, 100)
+        .unwrap()
+        .unhashed();
+    let hash = *blake3::hash(&[1, 2]).as_bytes();
+    p.apply(Op::Literal(&[1, 2]), &mut |_| Ok(())).unwrap();
+    p.apply(Op::End { size: 2, hash }, &mut |_| Ok(())).unwrap();
+    assert!(p.apply(Op::Literal(&[3]), &mut |_| Ok(())).is_err());
+    assert!(p.finish().is_err());
+    assert!(p.check(*blake3::hash(&[1, 3]).as_bytes()).is_err());
+    let mut p = Patcher::new(old_file(&[0; 100]), 700, 100)
+        .unwrap()
+        .unhashed();
+    p.apply(Op::Literal(&[1, 2]), &mut |_| Ok(())).unwrap();
+    p.apply(Op::End { size: 2, hash }, &mut |_| Ok(())).unwrap();
+    assert_eq!(p.check(hash).unwrap(), 2);
     assert!(decode_ops(&[TAG_LITERAL, 10, 1], &mut |_| Ok(())).is_err());
     assert!(decode_ops(&[9], &mut |_| Ok(())).is_err());
 }

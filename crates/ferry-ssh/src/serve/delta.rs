@@ -77,10 +77,10 @@ pub(super) fn patch_from(st: &State, dir: u64, file: u64, old: &[u8], block: u32
             OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
             Mode::empty(),
         )?;
-        Patcher::new(File::from(fd), block, size)
+        Patcher::new(File::from(fd), block, size).map(Patcher::unhashed)
     });
     let out = match st.writers.lock().unwrap().get(&file) {
-        Some(Writing::Open(_, w)) => SeqOut::new(w.fd()),
+        Some(Writing::Open(_, w)) => SeqOut::hashed(w.fd()),
         _ => return,
     };
     let p = out.and_then(|out| Ok((p?, out)));
@@ -103,9 +103,12 @@ pub(super) fn patch(st: &State, file: u64, ops: &[u8]) {
     let mut ended = false;
     on_writer(st, file, |_| {
         delta::decode_ops(ops, &mut |op| {
-            ended |= matches!(op, Op::End { .. });
-            if ended {
-                out.finish()?;
+            if let Op::End { .. } = op {
+                // The writer's thread hashed every byte it wrote.
+                ended = true;
+                let got = out.finish_hash()?;
+                p.apply(op, &mut |_| Ok(()))?;
+                return p.check(got).map(drop);
             }
             p.apply(op, &mut |b| out.write(b))
         })
@@ -142,6 +145,8 @@ pub(super) fn start_diff(st: &State, file: u64, sig: &[u8]) {
             let mut out = Batches {
                 tx: &tx,
                 buf: Vec::new(),
+                block: u64::from(sig.block),
+                covered: 0,
             };
             delta::diff(&mut At { r: &r, at: 0 }, &sig, &mut out)?;
             let ops = std::mem::take(&mut out.buf);
@@ -206,16 +211,24 @@ fn send(tx: &SyncSender<io::Result<Batch>>, b: Batch) -> io::Result<()> {
         .map_err(|_| io::Error::other("delta: the client stopped reading"))
 }
 
-/// Ops encoded into batches of about a chunk.
+/// Ops encoded into batches of about a chunk, or fewer once they make
+/// [`delta::FLUSH_SPAN`] bytes of the file (the client rebuilds while
+/// this end searches).
 struct Batches<'a> {
     tx: &'a SyncSender<io::Result<Batch>>,
     buf: Vec<u8>,
+    /// The signature's block size.
+    block: u64,
+    /// Bytes of the file the ops in `buf` make.
+    covered: u64,
 }
 
 impl OpSink for Batches<'_> {
     fn op(&mut self, op: Op<'_>) -> io::Result<()> {
         op.encode(&mut self.buf);
-        if self.buf.len() >= CHUNK {
+        self.covered += delta::span(&op, self.block);
+        if self.buf.len() >= CHUNK || self.covered >= delta::FLUSH_SPAN {
+            self.covered = 0;
             let ops = std::mem::take(&mut self.buf);
             send(
                 self.tx,

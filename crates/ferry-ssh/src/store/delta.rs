@@ -74,6 +74,8 @@ impl SshStore {
             conn: &self.conn(),
             file: w.file,
             buf: Vec::new(),
+            block: u64::from(sig.block),
+            covered: 0,
         };
         let sum = feed(&mut out)?;
         out.flush()?;
@@ -136,11 +138,17 @@ fn remote_ops(conn: &Conn, file: u64, sink: &mut dyn OpSink) -> io::Result<DiffS
     }
 }
 
-/// Ops sent as [`Req::Patch`] frames of about a chunk.
+/// Ops sent as [`Req::Patch`] frames of about a chunk, or sooner once
+/// they make [`delta::FLUSH_SPAN`] bytes of the file: the rebuild there
+/// runs beside the search here, not after it.
 struct Frames<'a> {
     conn: &'a Conn,
     file: u64,
     buf: Vec<u8>,
+    /// The signature's block size.
+    block: u64,
+    /// Bytes of the file the ops in `buf` make.
+    covered: u64,
 }
 
 impl Frames<'_> {
@@ -152,6 +160,7 @@ impl Frames<'_> {
             })?;
             self.buf.clear();
         }
+        self.covered = 0;
         Ok(())
     }
 }
@@ -159,7 +168,8 @@ impl Frames<'_> {
 impl OpSink for Frames<'_> {
     fn op(&mut self, op: Op<'_>) -> io::Result<()> {
         op.encode(&mut self.buf);
-        if self.buf.len() >= CHUNK {
+        self.covered += delta::span(&op, self.block);
+        if self.buf.len() >= CHUNK || self.covered >= delta::FLUSH_SPAN {
             self.flush()?;
         }
         Ok(())
