@@ -479,6 +479,36 @@ impl CliReporter {
     }
 }
 
+impl CliReporter {
+    /// After each run of `bisync --watch`: with `--json` its summary line,
+    /// `"scoped":1` for a run of the directories that changed, 0 for a
+    /// whole one (with -v the text summary).
+    pub fn watch_summary(&self, o: &ferry_bisync::Outcome, scoped: bool) {
+        if !self.json && !self.lines {
+            return;
+        }
+        let s = Summary {
+            entries_scanned: o.entries_scanned,
+            files_copied: o.files_copied,
+            bytes_copied: o.bytes_copied,
+            files_deleted: o.files_deleted,
+            dirs_created: o.dirs_created,
+            unchanged: o.unchanged,
+            errors: o.errors,
+            elapsed_s: o.elapsed_s,
+            ..Summary::default()
+        };
+        self.write_summary(
+            &s,
+            &[
+                ("renamed", "renamed", o.renamed, true),
+                ("conflicts", "conflicts", o.conflicts, true),
+                ("scoped", "scoped", scoped as u64, false),
+            ],
+        );
+    }
+}
+
 impl ferry_bisync::BiReporter for CliReporter {
     fn action(
         &self,
