@@ -35,8 +35,13 @@ impl Drop for Watch {
 
 impl Watch {
     fn start(journal: &Path, a: &Path, b: &Path) -> Watch {
+        Watch::start_with(journal, a, b, &[])
+    }
+
+    fn start_with(journal: &Path, a: &Path, b: &Path, extra: &[&str]) -> Watch {
         let mut child = Command::new(bin())
             .args(["bisync", "--watch", "--json", "--max-delete", "100"])
+            .args(extra)
             .arg("--journal")
             .arg(journal)
             .arg(a)
@@ -52,6 +57,7 @@ impl Watch {
         std::thread::spawn(move || {
             for l in BufReader::new(so).lines().map_while(Result::ok) {
                 let v: serde_json::Value = serde_json::from_str(&l).expect("a JSON line");
+                eprintln!("watch: {l}");
                 if to.send(v).is_err() {
                     break;
                 }
@@ -251,6 +257,7 @@ fn edit(rng: &mut Rng, pairs: &[[&Path; 2]], stamp: &mut u64) {
             if root.join(&rel).is_dir() {
                 return;
             }
+            eprintln!("op: {side} write {}", rel.display());
             each(&|r| put(&r.join(&rel), &data, secs));
         }
         // A new directory with a file in it.
@@ -259,6 +266,7 @@ fn edit(rng: &mut Rng, pairs: &[[&Path; 2]], stamp: &mut u64) {
             if root.join(&rel).exists() {
                 return;
             }
+            eprintln!("op: {side} mkdir {}/g", rel.display());
             each(&|r| put(&r.join(&rel).join("g"), &data, secs));
         }
         // Rename a file, maybe into another directory.
@@ -271,6 +279,7 @@ fn edit(rng: &mut Rng, pairs: &[[&Path; 2]], stamp: &mut u64) {
             if root.join(&to).exists() {
                 return;
             }
+            eprintln!("op: {side} mv {} {}", from.display(), to.display());
             each(&|r| fs::rename(r.join(&from), r.join(&to)).unwrap());
         }
         // Rename a directory (not into itself).
@@ -283,6 +292,7 @@ fn edit(rng: &mut Rng, pairs: &[[&Path; 2]], stamp: &mut u64) {
             if to.starts_with(&from) || root.join(&to).exists() {
                 return;
             }
+            eprintln!("op: {side} mvdir {} {}", from.display(), to.display());
             each(&|r| fs::rename(r.join(&from), r.join(&to)).unwrap());
         }
         // Delete a file.
@@ -291,6 +301,7 @@ fn edit(rng: &mut Rng, pairs: &[[&Path; 2]], stamp: &mut u64) {
                 return;
             }
             let rel = pick(rng, &files);
+            eprintln!("op: {side} rm {}", rel.display());
             each(&|r| fs::remove_file(r.join(&rel)).unwrap());
         }
         // Delete a directory and all of it.
@@ -299,6 +310,7 @@ fn edit(rng: &mut Rng, pairs: &[[&Path; 2]], stamp: &mut u64) {
                 return;
             }
             let rel = pick(rng, &dirs[1..]);
+            eprintln!("op: {side} rm -r {}", rel.display());
             each(&|r| fs::remove_dir_all(r.join(&rel)).unwrap());
         }
         // A conflict: the same file changed on both sides.
@@ -312,6 +324,7 @@ fn edit(rng: &mut Rng, pairs: &[[&Path; 2]], stamp: &mut u64) {
                 return;
             }
             let rel = pick(rng, &both);
+            eprintln!("op: conflict {}", rel.display());
             for p in pairs {
                 put(&p[0].join(&rel), b"conflict on A", secs);
                 put(&p[1].join(&rel), b"conflict on B!", secs + 1);
@@ -387,17 +400,19 @@ fn scoped_runs_end_as_whole_runs_do() {
                 put(&r.join(&rel), rel.as_bytes(), 1_600_000_000 + i);
             }
         }
-        bisync(&rj, &ra, &rb, &[]).ok();
-        let mut w = Watch::start(&j, &a, &b);
+        // (--force: a round may empty a side, which both refuse without.)
+        bisync(&rj, &ra, &rb, &["--force"]).ok();
+        let mut w = Watch::start_with(&j, &a, &b, &["--force"]);
         converge(&a, &b, Some(&snap(&ra)), &mut w);
         let mut rng = Rng::new(seed);
         for round in 0..6 {
             w.signal("STOP");
+            eprintln!("seed {seed} round {round}");
             for _ in 0..rng.range(1, 6) {
                 edit(&mut rng, &[[&a, &b], [&ra, &rb]], &mut stamp);
             }
             w.signal("CONT");
-            bisync(&rj, &ra, &rb, &[]).ok();
+            bisync(&rj, &ra, &rb, &["--force"]).ok();
             let want = snap(&ra);
             assert!(
                 diff(&want, &snap(&rb)).is_empty(),
@@ -541,4 +556,49 @@ fn killed_watch_restarted_converges() {
         .filter(|l| !l.contains("\"type\":\"summary\""))
         .collect();
     assert!(acts.is_empty(), "a whole run after the watch: {acts:?}");
+}
+
+/// A side emptied while watched (an unmounted disk looks like that): the
+/// scoped run leaves it to a whole run, which refuses (as a run without
+/// `--watch` does); nothing is deleted on the other side, and the watch
+/// goes on.
+#[test]
+fn an_emptied_side_deletes_nothing_on_the_other() {
+    let t = tmpdir();
+    let (a, b) = (t.path().join("a"), t.path().join("b"));
+    fs::create_dir(&a).unwrap();
+    fs::create_dir(&b).unwrap();
+    let (a, b) = (canon(&a), canon(&b));
+    for i in 0..10 {
+        write(&a, format!("d/f{i}"), b"x");
+    }
+    write(&a, "top", b"x");
+    let j = t.path().join("j.sqlite");
+    let mut w = Watch::start(&j, &a, &b);
+    converge(&a, &b, None, &mut w);
+    for e in fs::read_dir(&b).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            fs::remove_dir_all(p).unwrap();
+        } else {
+            fs::remove_file(p).unwrap();
+        }
+    }
+    let end = Instant::now() + Duration::from_secs(60);
+    while !w.stderr().contains("is empty, but held") {
+        assert!(Instant::now() < end, "no refusal:\n{}", w.stderr());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(walk(&a).len(), 12, "{}", w.stderr());
+    // Still watching, and still refusing at the next change.
+    let said = w.stderr().matches("is empty, but held").count();
+    write(&a, "d/later", b"later");
+    let end = Instant::now() + Duration::from_secs(60);
+    while w.stderr().matches("is empty, but held").count() == said {
+        assert!(Instant::now() < end, "no run:\n{}", w.stderr());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(walk(&a).len(), 13, "{}", w.stderr());
+    assert!(walk(&b).is_empty());
+    w.stop();
 }
