@@ -726,13 +726,24 @@ impl<A: Store, B: Store> Walker<'_, A, B> {
             dir_deletes: [0; 2],
             sides: self.o.sides,
         };
-        (plan, self.ga.finish(st.count[0]), self.gb.finish(st.count[1]))
+        (
+            plan,
+            self.ga.finish(st.count[0]),
+            self.gb.finish(st.count[1]),
+        )
     }
 }
 
 /// The directories of a scoped walk, from the root: `/` paths, `true` for
 /// one walked whole. (What a watcher saw change.)
 pub type ScopeDirs = [(Vec<u8>, bool)];
+
+/// A scoped walk's start: a directory (`/` path), whether it is walked
+/// whole, and its open parent on each side (`None`: the root).
+type Start<A, B> = (Vec<u8>, bool, Option<Both<A, B>>);
+
+/// A directory open on both sides.
+type Both<A, B> = (Arc<<A as Store>::Dir>, Arc<<B as Store>::Dir>);
 
 /// Where a scoped walk starts for one directory of the scope: the
 /// directory itself when it and each directory on its way from the root
@@ -741,7 +752,6 @@ pub type ScopeDirs = [(Vec<u8>, bool)];
 /// what differs below it and walks there). `None`: the directory is not
 /// synced (excluded, or kept versions). The open parents on each side are
 /// returned with it (`None` for the root).
-#[allow(clippy::type_complexity)]
 fn resolve<A: Store, B: Store>(
     a: &A,
     b: &B,
@@ -749,10 +759,10 @@ fn resolve<A: Store, B: Store>(
     j: &dyn Records,
     o: &ScanOpts<'_, A, B>,
     rel: &[u8],
-) -> io::Result<Option<(Vec<u8>, bool, Option<(Arc<A::Dir>, Arc<B::Dir>)>)>> {
+) -> io::Result<Option<Start<A, B>>> {
     let mut at: Vec<u8> = Vec::new();
-    let mut cur: (Arc<A::Dir>, Arc<B::Dir>) = (roots.0.clone(), roots.1.clone());
-    let mut parent: Option<(Arc<A::Dir>, Arc<B::Dir>)> = None;
+    let mut cur: Both<A, B> = (roots.0.clone(), roots.1.clone());
+    let mut parent: Option<Both<A, B>> = None;
     for c in rel.split(|&x| x == b'/').filter(|c| !c.is_empty()) {
         if o.reserved.holds(&at, c) || o.filter.is_some_and(|f| f.excluded(&at, c, true)) {
             return Ok(None);
@@ -796,7 +806,7 @@ pub fn scan_scoped<A: Store, B: Store>(
 ) -> Result<Option<(Plan, Scan, Scan)>, String> {
     let roots = (Arc::new(a.1), Arc::new(b.1));
     // Each directory's start, once; deep wins.
-    let mut targets: Vec<(Vec<u8>, bool, Option<(Arc<A::Dir>, Arc<B::Dir>)>)> = Vec::new();
+    let mut targets: Vec<Start<A, B>> = Vec::new();
     for (rel, deep) in scope {
         let r = match resolve(a.0, b.0, (&roots.0, &roots.1), j, o, rel) {
             Ok(r) => r,
@@ -819,7 +829,9 @@ pub fn scan_scoped<A: Store, B: Store>(
     // Directories a deep one's walk reaches anyway are left to it.
     targets.retain(|t| {
         let k = key_of(&t.0);
-        !deep.iter().any(|d| *d != k && under_any(std::slice::from_ref(d), &k))
+        !deep
+            .iter()
+            .any(|d| *d != k && under_any(std::slice::from_ref(d), &k))
     });
     targets.sort_by(|x, y| x.0.cmp(&y.0));
     let root_in = targets.iter().any(|t| t.0.is_empty());

@@ -237,8 +237,7 @@ impl Bisync<'_> {
                 dirs.push((to.clone(), true));
             }
         }
-        ferry_bisync::run_scoped(self.a, self.b, j, &self.opts, self.rep, stats, &dirs)
-            .transpose()
+        ferry_bisync::run_scoped(self.a, self.b, j, &self.opts, self.rep, stats, &dirs).transpose()
     }
 }
 

@@ -437,7 +437,10 @@ fn scoped_runs_end_as_whole_runs_do() {
             .lines()
             .filter(|l| !l.contains("\"type\":\"summary\""))
             .collect();
-        assert!(acts.is_empty(), "seed {seed}: a whole run after the watch: {acts:?}");
+        assert!(
+            acts.is_empty(),
+            "seed {seed}: a whole run after the watch: {acts:?}"
+        );
         assert!(
             before == records(&j, &a, &b),
             "seed {seed}: the whole run changed the journal"
@@ -473,7 +476,10 @@ fn one_change_lists_one_directory() {
     let mut w = Watch::start(&j, &a, &b);
     let first = w.summary();
     assert_eq!(first["scoped"], 0, "{first}");
-    assert!(first["entries_scanned"].as_u64().unwrap() >= 1000, "{first}");
+    assert!(
+        first["entries_scanned"].as_u64().unwrap() >= 1000,
+        "{first}"
+    );
     converge(&a, &b, None, &mut w);
     // The runs for the first run's own writes on B (scoped too).
     loop {
