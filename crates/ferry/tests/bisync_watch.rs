@@ -223,6 +223,14 @@ fn canon(p: &Path) -> PathBuf {
     fs::canonicalize(p).unwrap()
 }
 
+/// Empty replicas `a` and `b` in `t`, by their canonical paths.
+fn pair(t: &tempfile::TempDir) -> (PathBuf, PathBuf) {
+    let (a, b) = (t.path().join("a"), t.path().join("b"));
+    fs::create_dir(&a).unwrap();
+    fs::create_dir(&b).unwrap();
+    (canon(&a), canon(&b))
+}
+
 /// One random edit, chosen by looking at `pair[side]` and made the same
 /// way in each pair of `pairs` (each `[A, B]`).
 fn edit(rng: &mut Rng, pairs: &[[&Path; 2]], stamp: &mut u64) {
@@ -516,10 +524,7 @@ fn one_change_lists_one_directory() {
 #[test]
 fn killed_watch_restarted_converges() {
     let t = tmpdir();
-    let (a, b) = (t.path().join("a"), t.path().join("b"));
-    fs::create_dir(&a).unwrap();
-    fs::create_dir(&b).unwrap();
-    let (a, b) = (canon(&a), canon(&b));
+    let (a, b) = pair(&t);
     for i in 0..20 {
         write(&a, format!("old/o{i}"), b"old");
     }
@@ -571,10 +576,7 @@ fn killed_watch_restarted_converges() {
 #[test]
 fn an_emptied_side_deletes_nothing_on_the_other() {
     let t = tmpdir();
-    let (a, b) = (t.path().join("a"), t.path().join("b"));
-    fs::create_dir(&a).unwrap();
-    fs::create_dir(&b).unwrap();
-    let (a, b) = (canon(&a), canon(&b));
+    let (a, b) = pair(&t);
     for i in 0..10 {
         write(&a, format!("d/f{i}"), b"x");
     }
