@@ -57,12 +57,23 @@ syncthing: the same, for Syncthing (`apt-get install syncthing`; the script
   so with this generator its figures sit near 1 s (at a random moment the wait
   would be 0-1 s); scanning, sending and pulling take a few ms more.
 
+bisync: `ferry bisync --watch A B` over a tree of --bisync-files 1 KiB files
+  in --bisync-dirs directories (synced once before), for each binary of
+  --bisync-bins (e.g. the build before issue 16, which ran a whole bisync per
+  batch of changes, and the current one, which runs only the directories
+  that changed): from close() of a new 4 KiB file in a directory of A to its
+  replica in place in that directory of B, --bisync-changes changes one at a
+  time (each in another directory, --bisync-pause s apart), --runs runs with
+  the binaries alternating; medians and p90 of the pooled samples.
+
 Ends with Markdown tables of the results.
 
   python3 bench/watch.py --ferry target/release/ferry [--changes 1000] [--idle 60]
   python3 bench/watch.py --only burst,memory,lsyncd [--runs 3] [--burst-files 10000]
       [--memory-files 1000000 --memory-dirs 1000]
   python3 bench/watch.py --only lsyncd,syncthing [--runs 3] [--changes 1000]
+  python3 bench/watch.py --only bisync --bisync-bins OLD_FERRY,target/release/ferry
+      [--bisync-files 100000 --bisync-dirs 1000 --bisync-changes 20 --runs 3]
 """
 
 import argparse
@@ -91,7 +102,7 @@ IN_Q_OVERFLOW = 0x4000
 IN_ISDIR = 0x40000000
 IN_CLOEXEC = 0o2000000
 
-SECTIONS = ("latency", "idle", "burst", "memory", "lsyncd", "syncthing")
+SECTIONS = ("latency", "idle", "burst", "memory", "lsyncd", "syncthing", "bisync")
 
 libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 
@@ -427,6 +438,68 @@ def run_burst(a, work, tables):
           f"{w:.2f} s", f"{c:.2f} s", f"{tail * 1e3:.0f} ms", f"{cp:.2f} s", f"{w / cp:.2f}x"]]))
 
 
+# --- bisync -----------------------------------------------------------------
+
+def run_bisync(a, work, tables):
+    bins = [os.path.abspath(b) for b in a.bisync_bins.split(",")] if a.bisync_bins else [a.ferry]
+    base = os.path.join(work, "bisync")
+    shutil.rmtree(base, ignore_errors=True)
+    A, B = os.path.join(base, "a"), os.path.join(base, "b")
+    os.makedirs(B)
+    per = -(-a.bisync_files // a.bisync_dirs)
+    data = os.urandom(1024)
+    t0 = time.monotonic()
+    n = 0
+    for d in range(a.bisync_dirs):
+        os.makedirs(os.path.join(A, f"d{d:04d}"))
+        for i in range(per):
+            if n == a.bisync_files:
+                break
+            write_file(os.path.join(A, f"d{d:04d}", f"f{i:05d}"), data)
+            n += 1
+    journal = os.path.join(base, "journal.sqlite")
+    subprocess.run([bins[-1], "bisync", "--journal", journal, A, B], check=True,
+                   stdout=subprocess.DEVNULL)
+    print(f"bisync: {n} files in {a.bisync_dirs} directories made and synced in {time.monotonic() - t0:.1f} s")
+    samples = {b: [] for b in bins}
+    change = 0
+    for r in range(a.runs):
+        order = bins if r % 2 == 0 else list(reversed(bins))
+        for b in order:
+            proc = subprocess.Popen([b, "bisync", "--watch", "--journal", journal, A, B],
+                                    stdout=subprocess.DEVNULL)
+            fd = inotify_on(B)
+            try:
+                write_file(os.path.join(A, f"ready{r}-{bins.index(b)}"), data)
+                wait_name(fd, f"ready{r}-{bins.index(b)}", 300.0)
+                time.sleep(a.bisync_pause)
+                for _ in range(a.bisync_changes):
+                    d = f"d{(change * 37) % a.bisync_dirs:04d}"
+                    name = f"c{change:06d}"
+                    change += 1
+                    dfd = inotify_on(os.path.join(B, d))
+                    try:
+                        write_file(os.path.join(A, d, name), os.urandom(4096))
+                        t1 = time.monotonic()
+                        samples[b].append((wait_name(dfd, name, 300.0) - t1) * 1e3)
+                    finally:
+                        os.close(dfd)
+                    time.sleep(a.bisync_pause)
+            finally:
+                os.close(fd)
+                stop(proc, b)
+            ms = samples[b][-a.bisync_changes:]
+            print(f"bisync run {r + 1} {b}: median {statistics.median(ms):.1f} ms")
+    rows = []
+    for b in bins:
+        ms = samples[b]
+        rows.append([b, f"{statistics.median(ms):.1f} ms", f"{pct(ms, 90):.1f} ms", f"{max(ms):.1f} ms",
+                     str(len(ms))])
+    tables.append(table([f"bisync --watch, {n:,} x 1 KiB in {a.bisync_dirs} dirs: close() -> replica on B",
+                         "median", "p90", "max", "changes"], rows))
+    shutil.rmtree(base, ignore_errors=True)
+
+
 # --- memory -----------------------------------------------------------------
 
 def proc_status(pid):
@@ -707,6 +780,13 @@ def main():
     ap.add_argument("--memory-files", type=int, default=1_000_000)
     ap.add_argument("--memory-dirs", type=int, default=1000)
     ap.add_argument("--memory-timeout", type=float, default=3600.0)
+    ap.add_argument("--bisync-bins", default=None,
+                    help="bisync: comma-separated ferry binaries to compare (default: --ferry)")
+    ap.add_argument("--bisync-files", type=int, default=100_000)
+    ap.add_argument("--bisync-dirs", type=int, default=1000)
+    ap.add_argument("--bisync-changes", type=int, default=20)
+    ap.add_argument("--bisync-pause", type=float, default=1.0,
+                    help="bisync: seconds between changes (a run for the replica's own events settles)")
     ap.add_argument("--workdir", default=None)
     a = ap.parse_args()
     a.ferry = os.path.abspath(a.ferry)
@@ -726,6 +806,8 @@ def main():
             run_memory(a, work, tables)
         if "lsyncd" in sections or "syncthing" in sections:
             run_peers(a, work, sections, tables)
+        if "bisync" in sections:
+            run_bisync(a, work, tables)
     finally:
         if not a.workdir:
             shutil.rmtree(work, ignore_errors=True)

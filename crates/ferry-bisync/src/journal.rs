@@ -309,6 +309,13 @@ pub trait Records: Sync {
     /// Call `f` with the key of every directory holding records, in key
     /// order (to find records below directories no walk reaches).
     fn each_dir(&self, f: &mut dyn FnMut(&[u8])) -> Result<(), String>;
+    /// The record of the child `name` of directory `dir` (a key), if any
+    /// (a scoped run checks the directories on its way from the root).
+    fn get(&self, dir: &[u8], name: &[u8]) -> Result<Option<Synced>, String> {
+        let recs = self.dir(dir)?;
+        let found = recs.iter().find(|(n, _)| *n == name).map(|(_, s)| s);
+        Ok(found)
+    }
 }
 
 /// No journal (a first run, `--resync`): no records.
@@ -429,6 +436,36 @@ impl Records for Journal {
                 Some(())
             },
         )
+    }
+
+    /// One indexed read: the chunk that would hold `name`.
+    fn get(&self, dir: &[u8], name: &[u8]) -> Result<Option<Synced>, String> {
+        let mut out = DirRecs {
+            versions: self.versions,
+            ..DirRecs::default()
+        };
+        self.blobs(
+            "SELECT data FROM chunks WHERE dir = ?1 AND first <= ?2 ORDER BY first DESC LIMIT 1",
+            &[&dir, &name],
+            &mut |data| out.push_chunk(data),
+        )?;
+        let found = out.iter().find(|(n, _)| *n == name).map(|(_, s)| s);
+        Ok(found)
+    }
+}
+
+impl Journal {
+    /// Records of files and symlinks in the whole journal (the base of the
+    /// deletion limit of a scoped run, which reads only some directories).
+    pub fn count_files(&self) -> Result<u64, String> {
+        let mut n = 0;
+        self.blobs("SELECT data FROM chunks", &[], &mut |data| {
+            let mut d = DirRecs::default();
+            d.push_chunk(data)?;
+            n += d.files();
+            Some(())
+        })?;
+        Ok(n)
     }
 }
 

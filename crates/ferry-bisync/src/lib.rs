@@ -19,4 +19,4 @@ pub mod tree;
 
 pub use journal::{default_path, Journal, Lock};
 pub use reconcile::Side;
-pub use run::{run, BiAction, BiReporter, Options, Outcome, Refused};
+pub use run::{run, run_scoped, BiAction, BiReporter, Options, Outcome, Refused};

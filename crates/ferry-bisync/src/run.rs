@@ -45,7 +45,9 @@ use ferry_engine::{Filter, Kind, Meta, Stats, Store};
 use crate::journal::{Journal, NoRecords, Records, Update};
 use crate::plan::{dir_rec, finish, record_of, still, Act, Candidate, Item, Plan, Sides};
 use crate::reconcile::{Side, Synced};
-use crate::tree::{name_of, parent_key, path_of, scan_merge, InSync, Reserved, ScanOpts};
+use crate::tree::{
+    name_of, parent_key, path_of, scan_merge, scan_scoped, InSync, Reserved, ScanOpts, ScopeDirs,
+};
 
 /// Options of a bisync run.
 #[derive(Debug, Default)]
@@ -349,6 +351,43 @@ pub fn run<A: Store, B: Store>(
     rep: &dyn BiReporter,
     stats: &Stats,
 ) -> Result<Outcome, Refused> {
+    run_with(a, b, journal, opts, rep, stats, None).map(|o| o.expect("a whole run"))
+}
+
+/// A bisync of the directories where something changed since the last
+/// run (`scope`, what `--watch` saw: see [`crate::tree::scan_scoped`]),
+/// with the rules of [`run`]: the same plan for those paths as a whole
+/// run's, carried out the same way, and only their journal records read
+/// and written. The deletion limit counts against every file the journal
+/// knows. `Ok(None)`: only a whole run can tell (no journal of an earlier
+/// run, a directory of the scope that could not be reached, a side whose
+/// root is empty while deletions are planned on the other: a whole run
+/// refuses that, or goes on with `--force`); nothing was changed.
+pub fn run_scoped<A: Store, B: Store>(
+    a: &A,
+    b: &B,
+    journal: &mut Journal,
+    opts: &Options,
+    rep: &dyn BiReporter,
+    stats: &Stats,
+    scope: &ScopeDirs,
+) -> Result<Option<Outcome>, Refused> {
+    if opts.dry_run || opts.resync {
+        return Ok(None);
+    }
+    run_with(a, b, Some(journal), opts, rep, stats, Some(scope))
+}
+
+/// [`run`], or with a scope [`run_scoped`].
+fn run_with<A: Store, B: Store>(
+    a: &A,
+    b: &B,
+    journal: Option<&mut Journal>,
+    opts: &Options,
+    rep: &dyn BiReporter,
+    stats: &Stats,
+    scope: Option<&ScopeDirs>,
+) -> Result<Option<Outcome>, Refused> {
     let start = Instant::now();
     let mut journal = journal;
     // The journal has seen this pair (so both roots existed at a run).
@@ -356,6 +395,9 @@ pub fn run<A: Store, B: Store>(
         Some(j) if !opts.resync => j.knows_pair().map_err(Refused)?,
         _ => false,
     };
+    if scope.is_some() && !known {
+        return Ok(None);
+    }
     let (oa, ob) = (open_root(a, Side::A, opts)?, open_root(b, Side::B, opts)?);
     // A missing root: the side to create and the mode it gets.
     let missing = match (&oa, &ob) {
@@ -455,12 +497,20 @@ pub fn run<A: Store, B: Store>(
                 keep: [opts.keep[0].as_ref(), opts.keep[1].as_ref()],
             },
         };
-        let r = scan_merge(
-            (a, oa.map(|(d, _)| d)),
-            (b, ob.map(|(d, _)| d)),
-            records,
-            &o,
-        );
+        let r = match (scope, oa, ob) {
+            (Some(sc), Some((da, _)), Some((db, _))) => {
+                scan_scoped((a, da), (b, db), records, &o, sc)
+            }
+            // (A missing root was refused above: the pair is known.)
+            (Some(_), _, _) => Ok(None),
+            (None, oa, ob) => scan_merge(
+                (a, oa.map(|(d, _)| d)),
+                (b, ob.map(|(d, _)| d)),
+                records,
+                &o,
+            )
+            .map(Some),
+        };
         drop(tx);
         if let Some(w) = writer {
             if let Err(e) = w.join().expect("journal writer") {
@@ -470,7 +520,9 @@ pub fn run<A: Store, B: Store>(
         }
         r
     });
-    let (mut plan, mut sa, mut sb) = scanned.map_err(Refused)?;
+    let Some((mut plan, mut sa, mut sb)) = scanned.map_err(Refused)? else {
+        return Ok(None);
+    };
     Stats::add(&stats.entries_scanned, plan.scanned);
     let ex = Exec {
         a,
@@ -517,6 +569,14 @@ pub fn run<A: Store, B: Store>(
         let (i, o) = (side as usize, side.other() as usize);
         let held = (plan.known[i], plan.known_dirs);
         let del = (plan.deletes[o], plan.dir_deletes[o]);
+        if scope.is_some() {
+            // Only a whole run counts a side's entries: one that deletes
+            // while the other root is empty decides (and refuses) itself.
+            if !opts.force && del != (0, 0) && on_side!(ex, side, |st, dc| root_empty(st, dc)) {
+                return Ok(None);
+            }
+            continue;
+        }
         if known && !opts.force && count[i] == 0 && del != (0, 0) {
             return Err(Refused(format!(
                 "{} is empty, but held {} at the last run (an unmounted disk looks like this): nothing done; mount it, or run again with --force to delete {} on {}",
@@ -526,6 +586,12 @@ pub fn run<A: Store, B: Store>(
                 side.other().as_str()
             )));
         }
+    }
+    if scope.is_some() && plan.deletes != [0; 2] {
+        // The limit is a share of every file the journal knows, not of
+        // the records of the directories this run read.
+        let all = journal.as_deref().expect("scoped runs have a journal");
+        plan.known = [all.count_files().map_err(Refused)?; 2];
     }
     for (i, side) in [(0, "A"), (1, "B")] {
         let (del, known) = (plan.deletes[i], plan.known[i]);
@@ -588,7 +654,7 @@ pub fn run<A: Store, B: Store>(
     }
     let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
     let c = &ex.counts;
-    Ok(Outcome {
+    Ok(Some(Outcome {
         entries_scanned: plan.scanned,
         files_copied: g(&ex.stats.files_copied),
         bytes_copied: g(&ex.stats.bytes_copied),
@@ -604,7 +670,23 @@ pub fn run<A: Store, B: Store>(
         elapsed_s: start.elapsed().as_secs_f64(),
         kept: g(&c.kept),
         bytes_kept: g(&c.bytes_kept),
-    })
+    }))
+}
+
+/// True when the root of a side holds no entry (a failure to list counts
+/// as not empty: the listing of the run went through).
+fn root_empty<S: Store>(s: &S, dc: &Dirs<S>) -> bool {
+    let Some(root) = dc.root.get() else {
+        return true;
+    };
+    let mut l = ferry_engine::Listing::new();
+    let mut errs = Vec::new();
+    s.list(root, b"", &mut l, &mut errs).is_ok()
+        && errs.is_empty()
+        && l.entries().iter().all(|e| {
+            let n = l.name(e);
+            ferry_engine::store::is_temp_name(n) || ferry_engine::keep::is_versions_dir(n)
+        })
 }
 
 /// `3 files`, `1 file and 2 directories`, `1 directory`.

@@ -388,10 +388,19 @@ impl Tree {
             if fl.contains(ReadFlags::MOVED_TO) {
                 if let Some(i) = moves.iter().position(|m| m.0 == cookie) {
                     let (_, from, _) = moves.swap_remove(i);
-                    if isdir {
+                    // A directory renamed before its creation was read
+                    // has no watch yet (adding it failed at the old name):
+                    // it gets one now, and is compared whole (what was made
+                    // in it meanwhile sent no event).
+                    let unwatched = isdir && {
                         self.move_dir(&from, &path);
+                        !self.dirs.values().any(|p| *p == path)
+                    };
+                    out.push(Change::Rename(side, from, path.clone(), isdir));
+                    if unwatched {
+                        self.add_dir(&path);
+                        out.push(Change::Deep(side, path));
                     }
-                    out.push(Change::Rename(side, from, path, isdir));
                     continue;
                 }
                 if isdir {
@@ -453,7 +462,35 @@ fn parse(mut b: &[u8]) -> Vec<Event> {
 
 #[cfg(test)]
 mod tests {
-    use super::under;
+    use super::*;
+
+    /// The changes of the events queued now.
+    fn read(t: &mut Tree) -> Vec<Change> {
+        let mut buf = vec![0u8; 64 << 10];
+        let n = rustix::io::read(&t.fd, &mut buf[..]).unwrap();
+        t.decode(&buf[..n])
+    }
+
+    /// A directory made and renamed before its events are read (its watch
+    /// cannot be added at the old name): it is watched at the new one and
+    /// compared whole, and a file made in it later is seen.
+    #[test]
+    fn a_directory_renamed_before_its_creation_is_read_is_watched() {
+        let d = tempfile::tempdir().unwrap();
+        let mut t = Tree::new(0, d.path(), Duration::from_secs(1)).unwrap();
+        std::fs::create_dir(d.path().join("new")).unwrap();
+        std::fs::write(d.path().join("new/early"), b"x").unwrap();
+        std::fs::rename(d.path().join("new"), d.path().join("moved")).unwrap();
+        let cs = read(&mut t);
+        assert!(cs.contains(&Change::Deep(0, b"moved".to_vec())), "{cs:?}");
+        std::fs::write(d.path().join("moved/late"), b"x").unwrap();
+        let cs = read(&mut t);
+        assert!(
+            cs.iter()
+                .any(|c| matches!(c, Change::Entry(0, p, _) if p == b"moved/late")),
+            "{cs:?}"
+        );
+    }
 
     #[test]
     fn under_is_by_whole_components() {

@@ -455,6 +455,24 @@ pub fn refused_summary(dry_run: bool, bisync: bool, elapsed: Duration, reason: &
 impl CliReporter {
     /// The last line of a bisync: like copy/sync's, plus renames and conflicts.
     pub fn bisync_summary(&self, o: &ferry_bisync::Outcome, delta: ferry_engine::delta::Figures) {
+        self.bisync_line(o, delta, None);
+    }
+
+    /// After each run of `bisync --watch`: with `--json` its summary line,
+    /// `"scoped":1` for a run of the directories that changed, 0 for a
+    /// whole one (with -v the text summary).
+    pub fn watch_summary(&self, o: &ferry_bisync::Outcome, scoped: bool) {
+        if self.json || self.lines {
+            self.bisync_line(o, Default::default(), Some(scoped));
+        }
+    }
+
+    fn bisync_line(
+        &self,
+        o: &ferry_bisync::Outcome,
+        delta: ferry_engine::delta::Figures,
+        scoped: Option<bool>,
+    ) {
         let s = Summary {
             entries_scanned: o.entries_scanned,
             files_copied: o.files_copied,
@@ -467,15 +485,16 @@ impl CliReporter {
             delta,
             ..Summary::default()
         };
-        self.write_summary(
-            &s,
-            &[
-                ("renamed", "renamed", o.renamed, true),
-                ("conflicts", "conflicts", o.conflicts, true),
-                ("kept", "kept", o.kept, o.kept > 0),
-                ("bytes_kept", "bytes kept", o.bytes_kept, false),
-            ],
-        );
+        let mut extra = vec![
+            ("renamed", "renamed", o.renamed, true),
+            ("conflicts", "conflicts", o.conflicts, true),
+            ("kept", "kept", o.kept, o.kept > 0),
+            ("bytes_kept", "bytes kept", o.bytes_kept, false),
+        ];
+        if let Some(sc) = scoped {
+            extra.push(("scoped", "scoped", sc as u64, false));
+        }
+        self.write_summary(&s, &extra);
     }
 }
 

@@ -204,8 +204,11 @@ pub fn sync(
     Ok(code)
 }
 
-/// bisync as a watch target: a whole bisync run on every change of either
-/// side (the first one with `--resync` if asked, the others without).
+/// bisync as a watch target: a whole bisync run first (with `--resync`
+/// if asked), and whenever the loop asks for one (an overflow, a root
+/// back, a poll, a reconnected side, a scoped run that failed); otherwise
+/// a scoped bisync of the directories that changed
+/// ([`ferry_bisync::run_scoped`]), or a whole one when it cannot tell.
 struct Bisync<'a> {
     a: &'a AnyStore,
     b: &'a AnyStore,
@@ -213,25 +216,59 @@ struct Bisync<'a> {
     opts: ferry_bisync::Options,
     rep: &'a Unreachable<'a>,
     status: &'a Status,
+    cli: &'a CliReporter,
+}
+
+impl Bisync<'_> {
+    /// The scoped run of `w`: `None` when a whole run must do it.
+    fn scoped(
+        &mut self,
+        w: &Work,
+        stats: &ferry_engine::Stats,
+    ) -> Option<Result<ferry_bisync::Outcome, ferry_bisync::Refused>> {
+        if w.full || self.opts.resync {
+            return None;
+        }
+        let j = self.journal.as_deref_mut()?;
+        let mut dirs = w.scope.dirs.clone();
+        // A renamed directory's new place is compared whole.
+        for (_, to, isdir) in &w.renames {
+            if *isdir {
+                dirs.push((to.clone(), true));
+            }
+        }
+        ferry_bisync::run_scoped(self.a, self.b, j, &self.opts, self.rep, stats, &dirs).transpose()
+    }
 }
 
 impl Target for Bisync<'_> {
-    fn run(&mut self, _: &Work) -> Outcome {
+    fn run(&mut self, w: &Work) -> Outcome {
         // Each run keeps with a keeper of its own: versions are named by
         // that run's time.
         for k in self.opts.keep.iter_mut().flatten() {
             *k = ferry_engine::keep::Keeper::new(k.rule.clone(), crate::args::now_unix());
         }
-        let stats = ferry_engine::Stats::default();
-        let res = ferry_bisync::run(
-            self.a,
-            self.b,
-            self.journal.as_deref_mut(),
-            &self.opts,
-            self.rep,
-            &stats,
-        );
+        let mut stats = ferry_engine::Stats::default();
+        let mut scoped = true;
+        let res = match self.scoped(w, &stats) {
+            Some(r) => r,
+            None => {
+                scoped = false;
+                stats = ferry_engine::Stats::default();
+                ferry_bisync::run(
+                    self.a,
+                    self.b,
+                    self.journal.as_deref_mut(),
+                    &self.opts,
+                    self.rep,
+                    &stats,
+                )
+            }
+        };
         self.opts.resync = false;
+        if let Ok(o) = &res {
+            self.cli.watch_summary(o, scoped);
+        }
         let g = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
         self.status.moved(
             g(&stats.files_copied),
@@ -275,6 +312,7 @@ pub fn bisync(
             opts,
             rep,
             status: &status,
+            cli,
         },
         cli,
         keep,
