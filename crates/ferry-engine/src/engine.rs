@@ -1828,7 +1828,9 @@ fn kind_word(k: Kind) -> &'static str {
     }
 }
 
-/// A file transfer begun ([`Engine::transfer_start`]).
+/// A file transfer begun ([`Engine::transfer_start`]). Not boxed: one
+/// lives per file in flight, and a box would cost an allocation per file.
+#[allow(clippy::large_enum_variant)]
 enum Transfer<'n> {
     /// Over: reported (copied, unchanged or failed) or nothing to do.
     Over(Outcome),
