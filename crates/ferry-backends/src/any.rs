@@ -14,7 +14,7 @@ use ferry_engine::entry::{Kind, Listing, Meta};
 use ferry_engine::hash::{Hash, HashKind, HashSet};
 use ferry_engine::keep::{KeepBase, KeepTo};
 use ferry_engine::store::{
-    DeltaRole, ListError, MetaChange, Progress, RangedSource, SourceFile, Store,
+    Committing, DeltaRole, ListError, MetaChange, Progress, RangedSource, SourceFile, Store,
 };
 use ferry_engine::xattr::{XattrSel, Xattrs};
 use ferry_local::LocalStore;
@@ -432,6 +432,22 @@ macro_rules! backends {
             }
             fn can_keep(&self, base: &KeepBase) -> bool {
                 match self { $(AnyStore::$v(s) => s.can_keep(base),)+ }
+            }
+            fn commit_nowait<'a>(
+                &'a self,
+                dir: &'a AnyDir,
+                w: AnyWriter,
+                name: &CStr,
+                meta: &Meta,
+                fsync: bool,
+            ) -> Committing<'a> {
+                match (self, dir, w) {
+                    $((AnyStore::$v(s), AnyDir::$v(d), AnyWriter::$v(w)) => s.commit_nowait(d, w, name, meta, fsync),)+
+                    _ => mismatch(),
+                }
+            }
+            fn open_ahead(&self, dir: &AnyDir, files: &[(&CStr, u64)]) {
+                match (self, dir) { $((AnyStore::$v(s), AnyDir::$v(d)) => s.open_ahead(d, files),)+ _ => mismatch() }
             }
         }
     };

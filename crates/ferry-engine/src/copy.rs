@@ -23,7 +23,7 @@ use crate::delta::{self, DiffSummary, Signature, Tally};
 use crate::entry::{Kind, Meta};
 use crate::hash::{hash_bytes, Hash};
 use crate::keep::Keeper;
-use crate::store::{DeltaRole, SourceFile, Store, Tracked};
+use crate::store::{Committing, DeltaRole, SourceFile, Store, Tracked};
 use crate::xattr::{XattrRun, Xattrs};
 
 /// Buffer size of the content compare.
@@ -66,7 +66,7 @@ pub struct Copied {
     pub kept: Option<Vec<u8>>,
 }
 
-impl<S: Store, D: Store> Copier<'_, S, D> {
+impl<'a, S: Store, D: Store> Copier<'a, S, D> {
     /// Copy `sname` of `sdir` to `name` in `ddir` through a temporary, set
     /// its metadata, rename it into place. `meta`: the source as listed;
     /// `rel`: the destination's path below its root (where a kept copy of
@@ -90,6 +90,50 @@ impl<S: Store, D: Store> Copier<'_, S, D> {
         meta: &Meta,
         old: Option<&Meta>,
     ) -> io::Result<Copied> {
+        self.copy_file_as(sdir, sname, ddir, name, rel, meta, old, false)
+            .map(|(c, _)| c)
+    }
+
+    /// [`Copier::copy_file`] up to a commit started with
+    /// [`Store::commit_nowait`] (a copy by delta, whose failure shows on
+    /// its commit, still waits for it): the copy as it will be once
+    /// [`Committing::wait`] confirms it. Nothing may be reported as
+    /// copied before that.
+    #[allow(clippy::too_many_arguments)]
+    pub fn copy_file_nowait<'d>(
+        &self,
+        sdir: &S::Dir,
+        sname: &CStr,
+        ddir: &'d D::Dir,
+        name: &CStr,
+        rel: &[u8],
+        meta: &Meta,
+        old: Option<&Meta>,
+    ) -> io::Result<(Copied, Committing<'d>)>
+    where
+        'a: 'd,
+    {
+        self.copy_file_as(sdir, sname, ddir, name, rel, meta, old, true)
+            .map(|(c, w)| (c, w.unwrap_or_else(|| Committing::done(Ok(())))))
+    }
+
+    /// `copy_file`; with `nowait`, the commit of a whole copy is started
+    /// and returned, not waited for.
+    #[allow(clippy::too_many_arguments)]
+    fn copy_file_as<'d>(
+        &self,
+        sdir: &S::Dir,
+        sname: &CStr,
+        ddir: &'d D::Dir,
+        name: &CStr,
+        rel: &[u8],
+        meta: &Meta,
+        old: Option<&Meta>,
+        nowait: bool,
+    ) -> io::Result<(Copied, Option<Committing<'d>>)>
+    where
+        'a: 'd,
+    {
         let fresh = old.is_none();
         // An empty file has no content to hide while half-written: the
         // store may create it under its name directly, without reading the
@@ -100,18 +144,30 @@ impl<S: Store, D: Store> Copier<'_, S, D> {
             && self.dst.create_empty(ddir, name, meta, self.fsync)?
         {
             self.new_entry_xattrs(sdir, sname, ddir, name, meta)?;
-            return Ok(Copied {
+            let c = Copied {
                 bytes: 0,
                 meta: *meta,
                 kept: None,
-            });
+            };
+            return Ok((c, None));
         }
         let mut want = *meta;
         let mut seen = (meta.size, meta.mtime_sec, meta.mtime_nsec);
         let mut sig = self.signature(ddir, name, meta, fresh);
         let mut tries = 0;
         while tries < 2 {
-            match self.copy_once(sdir, sname, ddir, name, &want, sig.as_ref(), rel, old) {
+            let nowait = nowait && sig.is_none();
+            match self.copy_once(
+                sdir,
+                sname,
+                ddir,
+                name,
+                &want,
+                sig.as_ref(),
+                rel,
+                old,
+                nowait,
+            ) {
                 Ok(Ok(c)) => return Ok(c),
                 Ok(Err(now)) => {
                     tries += 1;
@@ -138,22 +194,27 @@ impl<S: Store, D: Store> Copier<'_, S, D> {
         )))
     }
 
-    /// One attempt of `copy_file`: `Ok(Ok(copied))` when committed,
+    /// One attempt of `copy_file`: `Ok(Ok(copied))` when committed (with
+    /// `nowait`, when its commit is started: returned with it),
     /// `Ok(Err(now))` when the source changed (nothing committed; `now`:
     /// its current size and mtime).
     #[allow(clippy::type_complexity)]
     #[allow(clippy::too_many_arguments)]
-    fn copy_once(
+    fn copy_once<'d>(
         &self,
         sdir: &S::Dir,
         sname: &CStr,
-        ddir: &D::Dir,
+        ddir: &'d D::Dir,
         name: &CStr,
         meta: &Meta,
         sig: Option<&Signature>,
         rel: &[u8],
         old: Option<&Meta>,
-    ) -> io::Result<Result<Copied, (u64, i64, u32)>> {
+        nowait: bool,
+    ) -> io::Result<Result<(Copied, Option<Committing<'d>>), (u64, i64, u32)>>
+    where
+        'a: 'd,
+    {
         let mut r = Tracked::new(self.src.open_file(sdir, sname)?, self.moved);
         // The source's attributes, from the descriptor just opened (one
         // call for a file that has none).
@@ -234,7 +295,13 @@ impl<S: Store, D: Store> Copier<'_, S, D> {
                 }
             }
         }
-        self.dst.commit(ddir, w, name, meta, self.fsync)?;
+        let committing = if nowait {
+            let dst: &'a D = self.dst;
+            Some(dst.commit_nowait(ddir, w, name, meta, self.fsync))
+        } else {
+            self.dst.commit(ddir, w, name, meta, self.fsync)?;
+            None
+        };
         match (delta, sig) {
             (Some(d), Some(sig)) => {
                 self.count(|c| &c.files, 1);
@@ -244,11 +311,12 @@ impl<S: Store, D: Store> Copier<'_, S, D> {
             }
             _ => self.count(|c| &c.wire, n),
         }
-        Ok(Ok(Copied {
+        let c = Copied {
             bytes: n,
             meta: *meta,
             kept,
-        }))
+        };
+        Ok(Ok((c, committing)))
     }
 
     /// Add `n` to one of the run's delta figures (when it keeps them).

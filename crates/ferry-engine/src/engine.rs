@@ -27,7 +27,9 @@ use crate::filter::{drop_names, Filter};
 use crate::keep::{self, Keeper};
 use crate::plan::{meta_change, plan_dir, PlanOptions, Step};
 use crate::report::{Action, Reporter, Stats, Summary};
-use crate::store::{is_legacy_partial_name, is_temp_name, ListError, MetaChange, Store};
+use crate::store::{
+    is_legacy_partial_name, is_temp_name, Committing, ListError, MetaChange, Store,
+};
 use crate::walk::{self, Queue, Visitor};
 use crate::xattr::{XattrRun, XattrSel};
 
@@ -41,6 +43,9 @@ const BATCH_FILES: usize = 64;
 /// Files per transfer task where a store waits a round trip per file: small
 /// tasks, so that the workers (many, for such stores) all have files.
 const BATCH_FILES_LATENCY: usize = 8;
+/// Commits a worker leaves unconfirmed at most ([`Store::commit_nowait`]):
+/// a batch's files are sent before their results are waited for.
+const COMMITS_IN_FLIGHT: usize = 64;
 /// Bytes per transfer task, at most (a bigger file gets a task of its own).
 const BATCH_BYTES: u64 = 8 << 20;
 /// Why a socket is skipped (the `skip` note and record).
@@ -1514,10 +1519,28 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         dst_meta: Option<Meta>,
         check: bool,
     ) -> Outcome {
+        match self.transfer_start(node, name, meta, dst_meta, check, false) {
+            Transfer::Over(out) => out,
+            t @ Transfer::Committing { .. } => self.transfer_end(node, t),
+        }
+    }
+
+    /// [`Engine::transfer`] up to the commit; with `nowait`, a commit the
+    /// store confirms later ([`Store::commit_nowait`]) is returned
+    /// unconfirmed, for [`Engine::transfer_end`] to wait for and report.
+    fn transfer_start<'n>(
+        &'n self,
+        node: &'n Node<S, D>,
+        name: &CStr,
+        meta: &Meta,
+        dst_meta: Option<Meta>,
+        check: bool,
+        nowait: bool,
+    ) -> Transfer<'n> {
         let path = self.path(node, name.to_bytes());
         if check {
             let (Some(d), Some(dm)) = (&node.dst, dst_meta) else {
-                return Outcome::Failed;
+                return Transfer::Over(Outcome::Failed);
             };
             match self
                 .copier()
@@ -1527,12 +1550,12 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                     Stats::add(&self.stats.unchanged, 1);
                     let c = meta_change(meta, &dm, self.plan.owner);
                     self.set_meta(node, name, meta, c);
-                    return Outcome::Same;
+                    return Transfer::Over(Outcome::Same);
                 }
                 Ok(false) => {}
                 Err(e) => {
                     self.fail(&path, &e);
-                    return Outcome::Failed;
+                    return Transfer::Over(Outcome::Failed);
                 }
             }
         }
@@ -1548,16 +1571,70 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             self.rep.action(action, &path, meta.size);
             Stats::add(&self.stats.files_copied, 1);
             Stats::add(&self.stats.bytes_copied, meta.size);
-            return Outcome::Copied;
+            return Transfer::Over(Outcome::Copied);
         }
         let Some(d) = &node.dst else {
-            return Outcome::Failed;
+            return Transfer::Over(Outcome::Failed);
         };
-        match self
-            .copier()
-            .copy_file(&node.src, name, d, name, &path, meta, dst_meta.as_ref())
-        {
-            Ok(c) => {
+        let cp = self.copier();
+        let started = if nowait {
+            cp.copy_file_nowait(&node.src, name, d, name, &path, meta, dst_meta.as_ref())
+        } else {
+            cp.copy_file(&node.src, name, d, name, &path, meta, dst_meta.as_ref())
+                .map(|c| (c, Committing::done(Ok(()))))
+        };
+        match started {
+            Ok((copied, commit)) => Transfer::Committing {
+                path,
+                action,
+                copied,
+                dst_meta,
+                commit,
+            },
+            Err(e) => {
+                self.fail(&path, &e);
+                Transfer::Over(Outcome::Failed)
+            }
+        }
+    }
+
+    /// Tell the source which files of `batch` are about to be opened, in
+    /// order ([`Store::open_ahead`]): those copied without a compare first,
+    /// not empty, not waiting for another name of their file (`-H`).
+    fn open_ahead(&self, node: &Node<S, D>, batch: &FileBatch) {
+        if self.dry_run || node.dst.is_none() || batch.files.len() < 2 {
+            return;
+        }
+        let files: Vec<(&CStr, u64)> = batch
+            .files
+            .entries()
+            .iter()
+            .zip(&batch.check)
+            .filter(|(f, check)| {
+                !**check && f.meta.size > 0 && !(self.links.is_some() && f.meta.nlink > 1)
+            })
+            .map(|(f, _)| (batch.files.cname(f), f.meta.size))
+            .collect();
+        if files.len() > 1 {
+            self.src.open_ahead(&node.src, &files);
+        }
+    }
+
+    /// Wait for the commit of a transfer [`Engine::transfer_start`] began,
+    /// and report it: copied once the store confirmed it, else one error.
+    fn transfer_end(&self, node: &Node<S, D>, t: Transfer<'_>) -> Outcome {
+        let (path, action, c, dst_meta, commit) = match t {
+            Transfer::Over(out) => return out,
+            Transfer::Committing {
+                path,
+                action,
+                copied,
+                dst_meta,
+                commit,
+            } => (path, action, copied, dst_meta, commit),
+        };
+        match commit.wait() {
+            Ok(()) => {
                 if let (Some(to), Some(dm)) = (&c.kept, &dst_meta) {
                     self.kept(&path, to, dm.size);
                 }
@@ -1700,12 +1777,34 @@ impl<S: Store, D: Store> Visitor for Walker<'_, '_, S, D> {
         let e = self.0;
         let mut batch = Some(batch);
         while let Some(b) = batch {
+            // Commits the store confirms later (`Store::commit_nowait`):
+            // the batch's files are all sent, then their results are waited
+            // for and reported, before the directory may be finished.
+            let mut committing: VecDeque<Transfer<'_>> = VecDeque::new();
+            e.open_ahead(&node, &b);
             for (i, f) in b.files.entries().iter().enumerate() {
                 let name = b.files.cname(f);
-                let out = e.transfer(&node, name, &f.meta, b.dst[i], b.check[i]);
                 if let (Some(l), true) = (&e.links, f.meta.nlink > 1) {
+                    let out = e.transfer(&node, name, &f.meta, b.dst[i], b.check[i]);
                     e.led(l, &node, name, &f.meta, b.dst[i], out);
+                    continue;
                 }
+                match e.transfer_start(&node, name, &f.meta, b.dst[i], b.check[i], true) {
+                    Transfer::Over(_) => {}
+                    t if t.confirmed() => {
+                        e.transfer_end(&node, t);
+                    }
+                    t => {
+                        committing.push_back(t);
+                        if committing.len() > COMMITS_IN_FLIGHT {
+                            let t = committing.pop_front().expect("a commit");
+                            e.transfer_end(&node, t);
+                        }
+                    }
+                }
+            }
+            for t in committing {
+                e.transfer_end(&node, t);
             }
             e.done(&node);
             // This lane goes on with the directory's waiting batches.
@@ -1726,6 +1825,33 @@ fn kind_word(k: Kind) -> &'static str {
         Kind::BlockDev => "block device",
         Kind::Other => "special file of an unknown type",
         k => k.as_str(),
+    }
+}
+
+/// A file transfer begun ([`Engine::transfer_start`]). Not boxed: one
+/// lives per file in flight, and a box would cost an allocation per file.
+#[allow(clippy::large_enum_variant)]
+enum Transfer<'n> {
+    /// Over: reported (copied, unchanged or failed) or nothing to do.
+    Over(Outcome),
+    /// Copied up to a commit that may not be confirmed yet: reported by
+    /// [`Engine::transfer_end`].
+    Committing {
+        path: Vec<u8>,
+        action: Action,
+        copied: crate::copy::Copied,
+        dst_meta: Option<Meta>,
+        commit: Committing<'n>,
+    },
+}
+
+impl Transfer<'_> {
+    /// True when its result is known (nothing to wait for).
+    fn confirmed(&self) -> bool {
+        match self {
+            Transfer::Over(_) => true,
+            Transfer::Committing { commit, .. } => commit.is_done(),
+        }
     }
 }
 

@@ -605,6 +605,79 @@ pub trait Store: Send + Sync {
     ) -> io::Result<Vec<(String, String)>> {
         Err(io::Error::from(io::ErrorKind::Unsupported))
     }
+    /// Like [`Store::commit`], without waiting for the store to confirm:
+    /// a store whose commit is a request over a network sends it and
+    /// returns at once; the result comes from [`Committing::wait`]. Until
+    /// then the file must not be reported as copied (it may still fail),
+    /// and its directory's metadata must not be set (the engine waits for
+    /// every commit of a directory before it finishes the directory).
+    /// Commits started one after the other may complete in any order. The
+    /// default commits here and now: the same as [`Store::commit`].
+    fn commit_nowait<'a>(
+        &'a self,
+        dir: &'a Self::Dir,
+        w: Self::Writer,
+        name: &CStr,
+        meta: &Meta,
+        fsync: bool,
+    ) -> Committing<'a> {
+        Committing::done(self.commit(dir, w, name, meta, fsync))
+    }
+    /// A hint: the files `files` of `dir` (names, listed sizes) are about
+    /// to be opened with [`Store::open_file`], in this order. A store whose
+    /// open waits on a network round trip may send all those opens now, so
+    /// that each [`Store::open_file`] finds its reply there (one round trip
+    /// for them all, not one each). A file named here need not be opened
+    /// after all: what was fetched for it is dropped with `dir`. Nothing
+    /// by default.
+    fn open_ahead(&self, dir: &Self::Dir, files: &[(&CStr, u64)]) {
+        let _ = (dir, files);
+    }
+}
+
+/// A commit started by [`Store::commit_nowait`]: its result, or how to wait
+/// for it.
+#[must_use = "a commit's result must be waited for and reported"]
+pub struct Committing<'a>(CommittingInner<'a>);
+
+enum CommittingInner<'a> {
+    Done(io::Result<()>),
+    Later(Box<dyn FnOnce() -> io::Result<()> + Send + 'a>),
+}
+
+impl<'a> Committing<'a> {
+    /// A commit already over, with its result.
+    pub fn done(r: io::Result<()>) -> Committing<'a> {
+        Committing(CommittingInner::Done(r))
+    }
+
+    /// A commit whose result `wait` blocks for.
+    pub fn later(wait: impl FnOnce() -> io::Result<()> + Send + 'a) -> Committing<'a> {
+        Committing(CommittingInner::Later(Box::new(wait)))
+    }
+
+    /// True when the result is known already: [`Committing::wait`] does
+    /// not wait.
+    pub fn is_done(&self) -> bool {
+        matches!(self.0, CommittingInner::Done(_))
+    }
+
+    /// The commit's result, once the store has it.
+    pub fn wait(self) -> io::Result<()> {
+        match self.0 {
+            CommittingInner::Done(r) => r,
+            CommittingInner::Later(f) => f(),
+        }
+    }
+}
+
+impl std::fmt::Debug for Committing<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            CommittingInner::Done(r) => f.debug_tuple("Committing::Done").field(r).finish(),
+            CommittingInner::Later(_) => f.write_str("Committing::Later"),
+        }
+    }
 }
 
 /// How a store takes part in delta transfers.

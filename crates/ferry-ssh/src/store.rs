@@ -10,7 +10,7 @@
 //! at once, and the local writer's resumable partial keeps what arrived
 //! when a run is killed, as for objects in S3.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::BorrowedFd;
@@ -23,7 +23,9 @@ use ferry_engine::delta::{DiffSummary, OpSink, Signature};
 use ferry_engine::entry::{Kind, Listing, Meta};
 use ferry_engine::keep::{KeepBase, KeepTo};
 use ferry_engine::piece::with_piece_buffer;
-use ferry_engine::store::{DeltaRole, ListError, MetaChange, RangedSource, SourceFile, Store};
+use ferry_engine::store::{
+    Committing, DeltaRole, ListError, MetaChange, RangedSource, SourceFile, Store,
+};
 use ferry_engine::xattr::{XattrSel, Xattrs};
 
 use crate::conn::{self, unexpected, Conn, Target};
@@ -34,6 +36,11 @@ use crate::push;
 
 /// Chunks of a big file requested ahead of the reader.
 const READ_AHEAD: usize = 4;
+/// Bytes of small files opened ahead ([`Store::open_ahead`]) at most, per
+/// hint and in all (their content comes with the reply and waits in
+/// memory until the file is read).
+const AHEAD_HINT: u64 = 2 << 20;
+const AHEAD_MAX: u64 = 64 << 20;
 
 /// A tree on another machine, served by `ferry serve` there.
 pub struct SshStore {
@@ -52,6 +59,8 @@ pub struct SshStore {
     refused: AtomicBool,
     /// Ranged pushes: how many, bytes sent, bytes an earlier run had sent.
     pushes: [AtomicU64; 3],
+    /// Bytes of files opened ahead and not read yet.
+    ahead: Arc<AtomicU64>,
 }
 
 /// An open remote directory (a handle of the server's) and its path there
@@ -60,6 +69,26 @@ pub struct SshDir {
     conn: Arc<Conn>,
     id: u64,
     path: Arc<[u8]>,
+    /// Opens sent ahead ([`Store::open_ahead`]), by name.
+    ahead: Mutex<HashMap<Vec<u8>, Ahead>>,
+}
+
+/// An open sent ahead of [`Store::open_file`]: the handle it names, the
+/// attributes it asked for, its reply to come. Its listed size counts
+/// against [`AHEAD_MAX`] until it is taken or dropped.
+struct Ahead {
+    conn: Arc<Conn>,
+    file: u64,
+    sel: u8,
+    rx: Receiver<io::Result<Vec<u8>>>,
+    size: u64,
+    held: Arc<AtomicU64>,
+}
+
+impl Drop for Ahead {
+    fn drop(&mut self) {
+        self.held.fetch_sub(self.size, Ordering::Relaxed);
+    }
 }
 
 /// `dir/name`.
@@ -276,6 +305,7 @@ impl SshStore {
             open_xattrs: AtomicU8::new(0),
             refused: AtomicBool::new(false),
             pushes: Default::default(),
+            ahead: Arc::default(),
         })
     }
 
@@ -317,6 +347,7 @@ impl SshStore {
             conn: self.conn(),
             id,
             path,
+            ahead: Mutex::default(),
         }
     }
 
@@ -327,10 +358,11 @@ impl SshStore {
         }
     }
 
-    /// Commit with [`Req::Put`] or [`Req::Commit`]: `Bool(false)` is a
-    /// file committed without the attributes the remote filesystem refused.
-    fn committed(&self, req: &Req<'_>) -> io::Result<()> {
-        match self.conn().call(req)?.get()? {
+    /// The reply to a commit ([`Req::Put`] or [`Req::Commit`]):
+    /// `Bool(false)` is a file committed without the attributes the remote
+    /// filesystem refused.
+    fn confirmed(&self, body: conn::Body) -> io::Result<()> {
+        match body.get()? {
             Resp::Ok => Ok(()),
             Resp::Bool(false) => {
                 self.refused.store(true, Ordering::Relaxed);
@@ -665,14 +697,21 @@ impl Store for SshStore {
     }
 
     fn open_file(&self, dir: &SshDir, name: &CStr) -> io::Result<SshReader> {
-        let file = self.conn().handle();
-        let sel = self.open_xattrs.load(Ordering::Relaxed);
-        let body = self.conn().call(&Req::Open {
-            dir: dir.id,
-            name: name.to_bytes(),
-            file,
-            xattrs: sel,
-        })?;
+        let ahead = dir.ahead.lock().unwrap().remove(name.to_bytes());
+        let (file, sel, body) = match ahead {
+            Some(a) => (a.file, a.sel, a.conn.wait(&a.rx)?),
+            None => {
+                let file = self.conn().handle();
+                let sel = self.open_xattrs.load(Ordering::Relaxed);
+                let body = self.conn().call(&Req::Open {
+                    dir: dir.id,
+                    name: name.to_bytes(),
+                    file,
+                    xattrs: sel,
+                })?;
+                (file, sel, body)
+            }
+        };
         let mut x = Xattrs::new();
         let (span, current, big) = match body.get()? {
             Resp::Opened {
@@ -897,25 +936,9 @@ impl Store for SshStore {
         meta: &Meta,
         fsync: bool,
     ) -> io::Result<()> {
-        let xattrs = w.xattrs.as_ref().map(|(sel, x)| (*sel, attrs(x)));
-        match &w.whole {
-            Some(data) => self.committed(&Req::Put {
-                dir: dir.id,
-                name: name.to_bytes(),
-                meta: M(*meta),
-                fsync,
-                data,
-                xattrs,
-            }),
-            None => self.committed(&Req::Commit {
-                dir: dir.id,
-                file: w.file,
-                name: name.to_bytes(),
-                meta: M(*meta),
-                fsync,
-                xattrs,
-            }),
-        }
+        let conn = self.conn();
+        let rx = start_commit(&conn, dir, &w, name, meta, fsync)?;
+        self.confirmed(conn.wait(&rx)?)
     }
 
     fn create_empty(
@@ -1180,5 +1203,96 @@ impl Store for SshStore {
         // Sent with the commit, which sets them before the file is named.
         w.xattrs = Some((sel_bits(sel), want.clone()));
         Ok(())
+    }
+
+    fn open_ahead(&self, dir: &SshDir, files: &[(&CStr, u64)]) {
+        // Small files only (they come whole with their open), up to
+        // AHEAD_HINT per hint and AHEAD_MAX in all.
+        let conn = self.conn();
+        let sel = self.open_xattrs.load(Ordering::Relaxed);
+        let mut map = dir.ahead.lock().unwrap();
+        let mut sum = 0u64;
+        for &(name, size) in files {
+            if size > INLINE_MAX {
+                continue;
+            }
+            if sum + size > AHEAD_HINT {
+                break;
+            }
+            if self.ahead.fetch_add(size, Ordering::Relaxed) + size > AHEAD_MAX {
+                self.ahead.fetch_sub(size, Ordering::Relaxed);
+                break;
+            }
+            sum += size;
+            let file = conn.handle();
+            let rx = conn.start(&Req::Open {
+                dir: dir.id,
+                name: name.to_bytes(),
+                file,
+                xattrs: sel,
+            });
+            let Ok(rx) = rx else {
+                self.ahead.fetch_sub(size, Ordering::Relaxed);
+                break;
+            };
+            let a = Ahead {
+                conn: conn.clone(),
+                file,
+                sel,
+                rx,
+                size,
+                held: self.ahead.clone(),
+            };
+            map.insert(name.to_bytes().to_vec(), a);
+        }
+    }
+
+    fn commit_nowait<'a>(
+        &'a self,
+        dir: &'a SshDir,
+        w: SshWriter,
+        name: &CStr,
+        meta: &Meta,
+        fsync: bool,
+    ) -> Committing<'a> {
+        // Sent now; the reply is taken by the connection's reader thread
+        // and waited for by whoever reports the file.
+        let conn = self.conn();
+        match start_commit(&conn, dir, &w, name, meta, fsync) {
+            Ok(rx) => Committing::later(move || self.confirmed(conn.wait(&rx)?)),
+            Err(e) => Committing::done(Err(e)),
+        }
+    }
+}
+
+/// Send the commit of `w` as `name` in `dir`: a small file whole
+/// ([`Req::Put`]), a big one's end ([`Req::Commit`]); its reply comes on
+/// the receiver.
+fn start_commit(
+    conn: &Conn,
+    dir: &SshDir,
+    w: &SshWriter,
+    name: &CStr,
+    meta: &Meta,
+    fsync: bool,
+) -> io::Result<Receiver<io::Result<Vec<u8>>>> {
+    let xattrs = w.xattrs.as_ref().map(|(sel, x)| (*sel, attrs(x)));
+    match &w.whole {
+        Some(data) => conn.start(&Req::Put {
+            dir: dir.id,
+            name: name.to_bytes(),
+            meta: M(*meta),
+            fsync,
+            data,
+            xattrs,
+        }),
+        None => conn.start(&Req::Commit {
+            dir: dir.id,
+            file: w.file,
+            name: name.to_bytes(),
+            meta: M(*meta),
+            fsync,
+            xattrs,
+        }),
     }
 }
