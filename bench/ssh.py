@@ -29,7 +29,7 @@ import argparse, filecmp, json, os, re, resource, shutil, statistics, subprocess
 ap = argparse.ArgumentParser()
 ap.add_argument("--runs", type=int, default=3)
 ap.add_argument("--ferry", default="target/release/ferry")
-ap.add_argument("--ferry-base", default="", help="another ferry binary: tool ferry-sftp-base (before/after in one run)")
+ap.add_argument("--ferry-base", default="", help="another ferry binary: tools ferry-base and ferry-sftp-base (before/after in one run)")
 ap.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "ferry-bench-ssh"))
 ap.add_argument("--rtt-ms", type=float, default=0)
 ap.add_argument("--smoke", action="store_true")
@@ -95,6 +95,9 @@ def cmd(tool, src, dst, push):
         return [ferry, "copy", "-e", ssh, "--remote-ferry", ferry, s, d]
     if tool == "ferry-sftp":
         return [ferry, "copy", "--sftp", "-e", ssh, s, d]
+    if tool == "ferry-base":
+        b = os.path.abspath(a.ferry_base)
+        return [b, "copy", "-e", ssh, "--remote-ferry", b, s, d]
     if tool == "ferry-sftp-base":
         return [os.path.abspath(a.ferry_base), "copy", "--sftp", "-e", ssh, s, d]
     if tool == "rsync":
