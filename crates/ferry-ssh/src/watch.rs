@@ -79,8 +79,11 @@ pub(crate) fn serve_watch(
             return None;
         }
     };
-    let _ = out.send(proto::frame(id, &Resp::Bool(!tree.is_gone())));
+    // The reply goes from the forwarding thread, before any change and
+    // once the inotify thread is started.
+    let there = !tree.is_gone();
     let (tx, rx) = mpsc::channel::<Msg>();
+    let failed = out.clone();
     let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
         std::thread::Builder::new().name(name.into()).spawn(f).ok()
     };
@@ -92,6 +95,9 @@ pub(crate) fn serve_watch(
         spawn(
             "ferry-serve-watch",
             Box::new(move || {
+                if out.send(proto::frame(id, &Resp::Bool(there))).is_err() {
+                    return;
+                }
                 for m in rx {
                     let f = match m {
                         Msg::Changes(cs) => proto::frame(
@@ -108,6 +114,13 @@ pub(crate) fn serve_watch(
             }),
         ),
     ];
+    if threads.iter().any(Option::is_none) {
+        let e = io::Error::other(format!(
+            "{}: watch: no thread could be started",
+            root.display()
+        ));
+        let _ = failed.send(proto::frame(id, &Resp::Err((&e).into())));
+    }
     Some(Watching {
         stop: Some(stop_w),
         threads: threads.into_iter().flatten().collect(),

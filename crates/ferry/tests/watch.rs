@@ -691,7 +691,12 @@ fn a_lost_remote_watch_is_polled_then_made_again() {
     write(&src, "g", b"made while it was lost");
     converge(&src, &dst, &mut w);
     w.line_with("remote watch is back");
-    assert!(serves(&mark).iter().any(|s| s.1), "watched again");
+    // The watch thread names itself as it starts: give it a moment.
+    let end = Instant::now() + Duration::from_secs(10);
+    while !serves(&mark).iter().any(|s| s.1) {
+        assert!(Instant::now() < end, "watched again");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     write(&src, "h", b"after");
     converge(&src, &dst, &mut w);
     let (code, err) = w.stop();
