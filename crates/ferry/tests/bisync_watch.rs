@@ -7,131 +7,25 @@ mod util;
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::{BufRead, BufReader};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::time::{Duration, Instant, SystemTime};
+use std::process::Command;
+use std::time::{Duration, SystemTime};
 
+use util::watch::{odd, Watch, ODD};
 use util::*;
 
-/// A running `ferry bisync --json --watch`: its JSON lines and its stderr.
-struct Watch {
-    child: Child,
-    out: mpsc::Receiver<serde_json::Value>,
-    err: mpsc::Receiver<String>,
-    seen: Vec<String>,
-}
-
-impl Drop for Watch {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-impl Watch {
-    fn start(journal: &Path, a: &Path, b: &Path) -> Watch {
-        Watch::start_with(journal, a, b, &[])
-    }
-
-    fn start_with(journal: &Path, a: &Path, b: &Path, extra: &[&str]) -> Watch {
-        let mut child = Command::new(bin())
-            .args(["bisync", "--watch", "--json", "--max-delete", "100"])
-            .args(extra)
-            .arg("--journal")
-            .arg(journal)
-            .arg(a)
-            .arg(b)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn ferry");
-        let (so, se) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
-        let (to, out) = mpsc::channel();
-        let (te, err) = mpsc::channel();
-        std::thread::spawn(move || {
-            for l in BufReader::new(so).lines().map_while(Result::ok) {
-                let v: serde_json::Value = serde_json::from_str(&l).expect("a JSON line");
-                eprintln!("watch: {l}");
-                if to.send(v).is_err() {
-                    break;
-                }
-            }
-        });
-        std::thread::spawn(move || {
-            for l in BufReader::new(se).lines().map_while(Result::ok) {
-                if te.send(l).is_err() {
-                    break;
-                }
-            }
-        });
-        Watch {
-            child,
-            out,
-            err,
-            seen: Vec::new(),
-        }
-    }
-
-    fn stderr(&mut self) -> String {
-        while let Ok(l) = self.err.try_recv() {
-            self.seen.push(l);
-        }
-        self.seen.join("\n")
-    }
-
-    /// The run summaries that came so far.
-    fn summaries(&mut self) -> Vec<serde_json::Value> {
-        let mut v = Vec::new();
-        while let Ok(l) = self.out.try_recv() {
-            if l["type"] == "summary" {
-                v.push(l);
-            }
-        }
-        v
-    }
-
-    /// The next run summary (waits for it).
-    fn summary(&mut self) -> serde_json::Value {
-        let end = Instant::now() + Duration::from_secs(60);
-        loop {
-            let left = end.saturating_duration_since(Instant::now());
-            match self.out.recv_timeout(left) {
-                Ok(l) if l["type"] == "summary" => return l,
-                Ok(_) => {}
-                Err(_) => panic!("no run summary; stderr:\n{}", self.stderr()),
-            }
-        }
-    }
-
-    fn signal(&self, sig: &str) {
-        let ok = Command::new("kill")
-            .arg(format!("-{sig}"))
-            .arg(self.child.id().to_string())
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "kill -{sig}");
-    }
-
-    /// SIGTERM: exits 0.
-    fn stop(mut self) {
-        self.signal("TERM");
-        let end = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(s) = self.child.try_wait().unwrap() {
-                assert_eq!(s.code(), Some(0), "{}", self.stderr());
-                return;
-            }
-            assert!(Instant::now() < end, "no exit:\n{}", self.stderr());
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
+/// `ferry bisync --watch --json --max-delete 100 [EXTRA] --journal J A B`.
+fn watch(journal: &Path, a: &Path, b: &Path, extra: &[&str]) -> Watch {
+    let mut cmd = Command::new(bin());
+    cmd.args(["bisync", "--watch", "--json", "--max-delete", "100"])
+        .args(extra)
+        .arg("--journal")
+        .arg(journal)
+        .arg(a)
+        .arg(b);
+    Watch::spawn_json(cmd)
 }
 
 /// What bisync keeps equal: each path's kind, and a file's bytes, mtime
@@ -188,24 +82,19 @@ fn diff(x: &Snap, y: &Snap) -> Vec<String> {
 }
 
 /// Wait until `a` and `b` hold the same tree, and (if given) the one of
-/// `want`; the bound only keeps a broken watch from hanging the suite.
+/// `want`.
 fn converge(a: &Path, b: &Path, want: Option<&Snap>, w: &mut Watch) {
-    let end = Instant::now() + Duration::from_secs(60);
-    loop {
+    w.until_none(|| {
         let (sa, sb) = (snap(a), snap(b));
         if sa == sb && want.is_none_or(|x| *x == sa) {
-            return;
+            return None;
         }
-        if Instant::now() > end {
-            panic!(
-                "no convergence:\nA vs B: {:?}\nA vs reference: {:?}\nstderr:\n{}",
-                diff(&sa, &sb),
-                want.map(|x| diff(&sa, x)),
-                w.stderr()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+        Some(format!(
+            "no convergence:\nA vs B: {:?}\nA vs reference: {:?}",
+            diff(&sa, &sb),
+            want.map(|x| diff(&sa, x)),
+        ))
+    });
 }
 
 /// A file written with the bytes and mtime a test gives it.
@@ -379,6 +268,23 @@ fn bisync(journal: &Path, a: &Path, b: &Path, extra: &[&str]) -> Run {
     ferry(args)
 }
 
+/// A whole `ferry bisync` after the watch (`what` names the case): it succeeds and has
+/// nothing to do.
+#[track_caller]
+fn whole_run_does_nothing(journal: &Path, a: &Path, b: &Path, what: &str) {
+    let r = bisync(journal, a, b, &[]);
+    r.ok();
+    let out = r.out();
+    let acts: Vec<&str> = out
+        .lines()
+        .filter(|l| !l.contains("\"type\":\"summary\""))
+        .collect();
+    assert!(
+        acts.is_empty(),
+        "{what}: a whole run after the watch: {acts:?}"
+    );
+}
+
 /// Random edits on both sides, a round at a time (made while the watch is
 /// stopped, so a round is one set of changes, as a whole run would see
 /// it): the watched replicas end as a whole bisync of a copy of them ends
@@ -410,7 +316,7 @@ fn scoped_runs_end_as_whole_runs_do() {
         }
         // (--force: a round may empty a side, which both refuse without.)
         bisync(&rj, &ra, &rb, &["--force"]).ok();
-        let mut w = Watch::start_with(&j, &a, &b, &["--force"]);
+        let mut w = watch(&j, &a, &b, &["--force"]);
         converge(&a, &b, Some(&snap(&ra)), &mut w);
         let mut rng = Rng::new(seed);
         for round in 0..6 {
@@ -432,7 +338,7 @@ fn scoped_runs_end_as_whole_runs_do() {
         // that follows a scoped run with errors (an entry that changed
         // under it: the loop's fallback).
         let sums = w.summaries();
-        w.stop();
+        w.stop_ok();
         assert_eq!(sums[0]["scoped"], 0, "seed {seed}: the first run is whole");
         for (i, s) in sums.iter().enumerate().skip(1) {
             assert!(
@@ -441,17 +347,7 @@ fn scoped_runs_end_as_whole_runs_do() {
             );
         }
         let before = records(&j, &a, &b);
-        let r = bisync(&j, &a, &b, &[]);
-        r.ok();
-        let out = r.out();
-        let acts: Vec<&str> = out
-            .lines()
-            .filter(|l| !l.contains("\"type\":\"summary\""))
-            .collect();
-        assert!(
-            acts.is_empty(),
-            "seed {seed}: a whole run after the watch: {acts:?}"
-        );
+        whole_run_does_nothing(&j, &a, &b, &format!("seed {seed}"));
         assert!(
             before == records(&j, &a, &b),
             "seed {seed}: the whole run changed the journal"
@@ -484,7 +380,7 @@ fn one_change_lists_one_directory() {
     }
     let (a, b) = (canon(&a), canon(&b));
     let j = t.path().join("j.sqlite");
-    let mut w = Watch::start(&j, &a, &b);
+    let mut w = watch(&j, &a, &b, &[]);
     let first = w.summary();
     assert_eq!(first["scoped"], 0, "{first}");
     assert!(
@@ -502,12 +398,10 @@ fn one_change_lists_one_directory() {
         }
     }
     write(&a, "d07/new", b"new");
-    let end = Instant::now() + Duration::from_secs(60);
     let mut runs = Vec::new();
-    while fs::read(b.join("d07/new")).ok().as_deref() != Some(b"new") {
-        assert!(Instant::now() < end, "not synced:\n{}", w.stderr());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    w.until("not synced", || {
+        fs::read(b.join("d07/new")).ok().as_deref() == Some(b"new")
+    });
     runs.push(w.summary());
     std::thread::sleep(Duration::from_millis(500));
     runs.extend(w.summaries());
@@ -518,7 +412,7 @@ fn one_change_lists_one_directory() {
         assert!(r["entries_scanned"].as_u64().unwrap() <= 52, "{runs:?}");
     }
     assert!(runs.iter().any(|r| r["files_copied"] == 1), "{runs:?}");
-    w.stop();
+    w.stop_ok();
 }
 
 /// A watch killed with SIGKILL in the middle of its work, then started
@@ -532,15 +426,11 @@ fn killed_watch_restarted_converges() {
         write(&a, format!("old/o{i}"), b"old");
     }
     let j = t.path().join("j.sqlite");
-    let mut w = Watch::start(&j, &a, &b);
+    let mut w = watch(&j, &a, &b, &[]);
     converge(&a, &b, None, &mut w);
     // Deleted on A and synced, then many new files when the kill comes.
     fs::remove_file(a.join("old/o3")).unwrap();
-    let end = Instant::now() + Duration::from_secs(60);
-    while b.join("old/o3").exists() {
-        assert!(Instant::now() < end, "not deleted:\n{}", w.stderr());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    w.until("not deleted", || !b.join("old/o3").exists());
     for d in 0..10 {
         for f in 0..50 {
             write(&a, format!("n{d}/f{f}"), &vec![b'n'; 4096]);
@@ -548,28 +438,20 @@ fn killed_watch_restarted_converges() {
     }
     fs::rename(a.join("old/o5"), a.join("n3/o5")).unwrap();
     std::thread::sleep(Duration::from_millis(150));
-    w.signal("KILL");
-    let _ = w.child.wait();
+    w.kill();
     drop(w);
     // Changed on both sides while nothing watched.
     write(&b, "old/o7", b"changed on B");
     fs::remove_file(b.join("old/o9")).unwrap();
     write(&a, "n0/late", b"late");
-    let mut w = Watch::start(&j, &a, &b);
+    let mut w = watch(&j, &a, &b, &[]);
     converge(&a, &b, None, &mut w);
-    w.stop();
+    w.stop_ok();
     assert!(!a.join("old/o3").exists() && !b.join("old/o9").exists());
     assert!(!a.join("old/o9").exists());
     assert_eq!(fs::read(a.join("old/o7")).unwrap(), b"changed on B");
     assert_eq!(fs::read(b.join("n3/o5")).unwrap(), b"old");
-    let r = bisync(&j, &a, &b, &[]);
-    r.ok();
-    let out = r.out();
-    let acts: Vec<&str> = out
-        .lines()
-        .filter(|l| !l.contains("\"type\":\"summary\""))
-        .collect();
-    assert!(acts.is_empty(), "a whole run after the watch: {acts:?}");
+    whole_run_does_nothing(&j, &a, &b, "after the restart");
 }
 
 /// A side emptied while watched (an unmounted disk looks like that): the
@@ -585,7 +467,7 @@ fn an_emptied_side_deletes_nothing_on_the_other() {
     }
     write(&a, "top", b"x");
     let j = t.path().join("j.sqlite");
-    let mut w = Watch::start(&j, &a, &b);
+    let mut w = watch(&j, &a, &b, &[]);
     converge(&a, &b, None, &mut w);
     for e in fs::read_dir(&b).unwrap() {
         let p = e.unwrap().path();
@@ -595,21 +477,96 @@ fn an_emptied_side_deletes_nothing_on_the_other() {
             fs::remove_file(p).unwrap();
         }
     }
-    let end = Instant::now() + Duration::from_secs(60);
-    while !w.stderr().contains("is empty, but held") {
-        assert!(Instant::now() < end, "no refusal:\n{}", w.stderr());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    w.line_with("is empty, but held");
     assert_eq!(walk(&a).len(), 12, "{}", w.stderr());
     // Still watching, and still refusing at the next change.
     let said = w.stderr().matches("is empty, but held").count();
     write(&a, "d/later", b"later");
-    let end = Instant::now() + Duration::from_secs(60);
-    while w.stderr().matches("is empty, but held").count() == said {
-        assert!(Instant::now() < end, "no run:\n{}", w.stderr());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    w.nth_line_with("is empty, but held", said + 1);
     assert_eq!(walk(&a).len(), 13, "{}", w.stderr());
     assert!(walk(&b).is_empty());
-    w.stop();
+    w.stop_ok();
+}
+
+/// Every path below `root`, exactly as its bytes are.
+fn names(root: &Path) -> Vec<Vec<u8>> {
+    walk(root)
+        .into_iter()
+        .map(|p| p.into_os_string().into_vec())
+        .collect()
+}
+
+/// Names with a newline, non-UTF-8 bytes, spaces and a leading dash,
+/// created, renamed and deleted on both sides while watched, in new and
+/// existing directories (some with such names too): both sides end as a
+/// reference tree given the same edits, name for name, and a whole run
+/// afterwards has nothing to do.
+#[test]
+fn odd_names_converge_while_watching() {
+    let t = tmpdir();
+    let (a, b) = pair(&t);
+    let r = t.path().join("r");
+    fs::create_dir(&r).unwrap();
+    let old_odd = odd("-old ", b"caf\xe9\n");
+    let mut secs = 1_650_000_000;
+    // Each edit is made on one side and on the reference.
+    let mut put_on = |side: &Path, rel: &Path| {
+        secs += 1;
+        for root in [side, r.as_path()] {
+            put(&root.join(rel), rel.as_os_str().as_bytes(), secs);
+        }
+    };
+    for n in ODD {
+        put_on(&a, &Path::new("old").join(odd("o", n)));
+        put_on(&a, &old_odd.join(odd("o", n)));
+    }
+    let j = t.path().join("j.sqlite");
+    let mut w = watch(&j, &a, &b, &[]);
+    let check = |w: &mut Watch, phase: &str| {
+        converge(&a, &b, Some(&snap(&r)), w);
+        let want = names(&r);
+        assert_eq!(names(&a), want, "{phase}: A");
+        assert_eq!(names(&b), want, "{phase}: B");
+    };
+    check(&mut w, "first run");
+    // Made on A: in existing directories and in new ones.
+    for n in ODD {
+        put_on(&a, &Path::new("old").join(odd("a", n)));
+        put_on(&a, &old_odd.join(odd("a", n)));
+        put_on(&a, &odd("new-", n).join(os(n)));
+    }
+    check(&mut w, "created on A");
+    // On B: renamed into the other existing directory, new directories
+    // made, and A's new directories renamed.
+    let both = |side: &Path, f: &dyn Fn(&Path)| {
+        f(side);
+        f(&r);
+    };
+    for n in ODD {
+        both(&b, &|root| {
+            fs::rename(
+                root.join("old").join(odd("a", n)),
+                root.join(&old_odd).join(odd("r", n)),
+            )
+            .unwrap();
+            fs::rename(root.join(odd("new-", n)), root.join(odd("moved-", n))).unwrap();
+        });
+        put_on(&b, &odd("b-new ", n).join(odd("b", n)));
+    }
+    check(&mut w, "renamed and created on B");
+    // Deleted on both sides: files that were there before the watch, the
+    // files renamed on B, and directories renamed on B.
+    for n in ODD {
+        both(&a, &|root| {
+            fs::remove_file(root.join("old").join(odd("o", n))).unwrap();
+            fs::remove_file(root.join(&old_odd).join(odd("r", n))).unwrap();
+        });
+        both(&b, &|root| {
+            fs::remove_dir_all(root.join(odd("moved-", n))).unwrap();
+            fs::remove_file(root.join(&old_odd).join(odd("o", n))).unwrap();
+        });
+    }
+    check(&mut w, "deleted on both sides");
+    w.stop_ok();
+    whole_run_does_nothing(&j, &a, &b, "odd names");
 }

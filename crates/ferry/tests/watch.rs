@@ -3,129 +3,16 @@
 
 mod util;
 
-use std::ffi::OsStr;
 use std::fs;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use util::watch::{converge, odd, Watch, ODD};
 use util::*;
-
-/// A running `ferry ... --watch`, its stderr lines forwarded to a channel.
-struct Watch {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-    seen: Vec<String>,
-}
-
-/// A test that fails leaves no watch running behind it.
-impl Drop for Watch {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-impl Watch {
-    fn start(args: &[&str], src: impl AsRef<OsStr>, dst: impl AsRef<OsStr>) -> Watch {
-        let mut cmd = Command::new(bin());
-        cmd.args(args).arg("--watch").arg(src).arg(dst);
-        Watch::spawn(cmd)
-    }
-
-    /// Any command that ends up as a watching ferry (its pid ferry's).
-    fn spawn(mut cmd: Command) -> Watch {
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        let mut child = cmd.spawn().expect("spawn ferry");
-        let err = child.stderr.take().expect("stderr");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for l in BufReader::new(err).lines().map_while(Result::ok) {
-                if tx.send(l).is_err() {
-                    break;
-                }
-            }
-        });
-        Watch {
-            child,
-            lines: rx,
-            seen: Vec::new(),
-        }
-    }
-
-    /// The stderr lines so far.
-    fn stderr(&mut self) -> String {
-        while let Ok(l) = self.lines.try_recv() {
-            self.seen.push(l);
-        }
-        self.seen.join("\n")
-    }
-
-    /// The first stderr line containing `what` (waits for it).
-    fn line_with(&mut self, what: &str) -> String {
-        let end = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(l) = self.seen.iter().find(|l| l.contains(what)) {
-                return l.clone();
-            }
-            let left = end.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(l) => self.seen.push(l),
-                Err(_) => panic!("no line with {what:?}; stderr:\n{}", self.seen.join("\n")),
-            }
-        }
-    }
-
-    /// SIGTERM, and the exit code.
-    fn stop(mut self) -> (Option<i32>, String) {
-        let pid = self.child.id();
-        let _ = Command::new("kill")
-            .arg("-TERM")
-            .arg(pid.to_string())
-            .status();
-        let end = Instant::now() + Duration::from_secs(30);
-        let code = loop {
-            if let Some(s) = self.child.try_wait().expect("wait") {
-                break s.code();
-            }
-            if Instant::now() > end {
-                let _ = self.child.kill();
-                panic!("ferry did not exit after SIGTERM:\n{}", self.stderr());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        // The reader thread ends with the pipe.
-        while let Ok(l) = self.lines.recv_timeout(Duration::from_secs(5)) {
-            self.seen.push(l);
-        }
-        (code, self.seen.join("\n"))
-    }
-}
-
-/// Wait until `dst` equals `src` (names, kinds, bytes, mtimes, modes, link
-/// targets): a replica converges, whenever that is; the bound only keeps a
-/// broken run from hanging the suite.
-fn converge(src: &Path, dst: &Path, w: &mut Watch) {
-    let end = Instant::now() + Duration::from_secs(60);
-    loop {
-        if dst.exists() && tree_diffs(src, dst).is_empty() {
-            return;
-        }
-        if Instant::now() > end {
-            eprintln!("ferry stderr:\n{}", w.stderr());
-            assert_trees_equal(src, dst);
-        }
-        std::thread::sleep(Duration::from_millis(25));
-    }
-}
 
 /// Entries under `root` (relative), files and directories apart.
 fn entries(root: &Path) -> (Vec<PathBuf>, Vec<PathBuf>) {
@@ -267,8 +154,7 @@ fn replica_converges_while_the_source_is_edited() {
         }
         converge(&src, &dst, &mut w);
     }
-    let (code, err) = w.stop();
-    assert_eq!(code, Some(0), "exit after SIGTERM; stderr:\n{err}");
+    let err = w.stop_ok();
     assert!(!err.contains("ferry: note: the kernel"), "{err}");
 }
 
@@ -282,14 +168,11 @@ fn copy_watch_adds_and_never_deletes() {
     converge(&src, &dst, &mut w);
     fs::rename(src.join("a/keep"), src.join("a/moved")).unwrap();
     write(&src, "a/new", b"2");
-    let end = Instant::now() + Duration::from_secs(30);
-    while !(dst.join("a/new").exists() && dst.join("a/moved").exists()) {
-        assert!(Instant::now() < end, "not copied:\n{}", w.stderr());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    w.until("not copied", || {
+        dst.join("a/new").exists() && dst.join("a/moved").exists()
+    });
     assert_eq!(fs::read(dst.join("a/keep")).unwrap(), b"1");
-    let (code, _) = w.stop();
-    assert_eq!(code, Some(0));
+    w.stop_ok();
 }
 
 /// `/proc/sys/fs/inotify/max_queued_events` lowered while the watch's
@@ -336,8 +219,7 @@ fn an_overflowed_queue_still_converges() {
     converge(&src, &dst, &mut w);
     let note = w.line_with("overflowed");
     assert!(note.starts_with("ferry: note: "), "{note}");
-    let (code, err) = w.stop();
-    assert_eq!(code, Some(0), "{err}");
+    let err = w.stop_ok();
     assert_eq!(err.matches("overflowed").count(), 1, "said once:\n{err}");
 }
 
@@ -377,8 +259,7 @@ fn the_watch_limit_is_said_once_and_unwatched_directories_still_converge() {
         write(&src, format!("d{i}/new/h"), b"made after the first run");
     }
     converge(&src, &dst, &mut w);
-    let (code, err) = w.stop();
-    assert_eq!(code, Some(0), "{err}");
+    let err = w.stop_ok();
     assert_eq!(err.matches("watch limit").count(), 1, "said once:\n{err}");
 }
 
@@ -394,8 +275,7 @@ fn killed_while_watching_then_restarted_converges() {
     for i in 0..60 {
         edit(&src, &mut rng);
         if i == 30 {
-            let _ = w.child.kill();
-            let _ = w.child.wait();
+            w.kill();
         }
     }
     for _ in 0..20 {
@@ -405,8 +285,7 @@ fn killed_while_watching_then_restarted_converges() {
     converge(&src, &dst, &mut w);
     edit(&src, &mut rng);
     converge(&src, &dst, &mut w);
-    let (code, err) = w.stop();
-    assert_eq!(code, Some(0), "{err}");
+    w.stop_ok();
 }
 
 #[test]
@@ -426,8 +305,7 @@ fn a_vanished_root_deletes_nothing_and_is_synced_when_back() {
     fs::rename(&aside, &src).unwrap();
     converge(&src, &dst, &mut w);
     assert_eq!(fs::read(dst.join("h")).unwrap(), b"h");
-    let (code, err) = w.stop();
-    assert_eq!(code, Some(0), "{err}");
+    w.stop_ok();
 }
 
 #[test]
@@ -441,23 +319,15 @@ fn bisync_watch_converges_both_ways() {
     let j = journal.to_str().unwrap();
     let mut w = Watch::start(&["bisync", "--journal", j], &a, &b);
     // (bisync keeps directory mtimes apart: files are compared.)
-    let end = Instant::now() + Duration::from_secs(30);
-    while fs::read(b.join("from_a/f")).ok().as_deref() != Some(b"a") {
-        assert!(Instant::now() < end, "not synced:\n{}", w.stderr());
-        std::thread::sleep(Duration::from_millis(25));
-    }
+    w.until("not synced", || {
+        fs::read(b.join("from_a/f")).ok().as_deref() == Some(b"a")
+    });
     write(&b, "from_b/g", b"b");
     fs::rename(a.join("from_a/f"), a.join("from_a/f2")).unwrap();
-    let end = Instant::now() + Duration::from_secs(30);
-    while !(a.join("from_b/g").exists()
-        && b.join("from_a/f2").exists()
-        && !b.join("from_a/f").exists())
-    {
-        assert!(Instant::now() < end, "not synced:\n{}", w.stderr());
-        std::thread::sleep(Duration::from_millis(25));
-    }
-    let (code, err) = w.stop();
-    assert_eq!(code, Some(0), "{err}");
+    w.until("not synced", || {
+        a.join("from_b/g").exists() && b.join("from_a/f2").exists() && !b.join("from_a/f").exists()
+    });
+    w.stop_ok();
     // The journal is consistent: a plain run afterwards has nothing to do.
     let r = ferry([
         "bisync",
@@ -469,6 +339,50 @@ fn bisync_watch_converges_both_ways() {
     ]);
     r.ok();
     assert!(!r.out().contains("\"type\":\"copy\""), "{r}");
+}
+
+/// `sync --watch` with names that have a newline, non-UTF-8 bytes, spaces
+/// or a leading dash, created, renamed and deleted while watched, in new
+/// and existing directories (some with such names too): the replica
+/// converges, and a plain `ferry sync` afterwards has nothing to do.
+#[test]
+fn odd_names_converge_while_watching() {
+    let t = tmpdir();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    let old_odd = odd("-old ", b"caf\xe9\n");
+    for n in ODD {
+        write(&src, Path::new("old").join(odd("o", n)), n);
+        write(&src, old_odd.join(odd("o", n)), n);
+    }
+    let mut w = Watch::start(&["sync"], &src, &dst);
+    converge(&src, &dst, &mut w);
+    for n in ODD {
+        write(&src, Path::new("old").join(odd("a", n)), n);
+        write(&src, old_odd.join(odd("a", n)), n);
+        write(&src, odd("new-", n).join(os(n)), n);
+    }
+    converge(&src, &dst, &mut w);
+    for n in ODD {
+        fs::rename(
+            src.join("old").join(odd("a", n)),
+            src.join(&old_odd).join(odd("r", n)),
+        )
+        .unwrap();
+        fs::rename(src.join(odd("new-", n)), src.join(odd("moved-", n))).unwrap();
+        fs::rename(src.join("old").join(odd("o", n)), src.join(odd("top-", n))).unwrap();
+    }
+    converge(&src, &dst, &mut w);
+    for n in ODD {
+        fs::remove_file(src.join(&old_odd).join(odd("o", n))).unwrap();
+        fs::remove_file(src.join(odd("top-", n))).unwrap();
+        fs::remove_dir_all(src.join(odd("moved-", n))).unwrap();
+    }
+    converge(&src, &dst, &mut w);
+    assert_eq!(walk(&dst).len(), 12, "{:?}", walk(&dst));
+    w.stop_ok();
+    let r = run_on("sync", &src, &dst, &["--json"]);
+    r.ok();
+    assert!(actions(&r).is_empty(), "{r}");
 }
 
 // ---- ssh sides: watched by the remote ferry, or polled ---------------------------------------
@@ -541,15 +455,6 @@ fn no_serve_left(mark: &str) {
     }
 }
 
-/// Wait until `ok()`; the bound only keeps a broken run from hanging.
-fn until(w: &mut Watch, what: &str, ok: impl Fn() -> bool) {
-    let end = Instant::now() + Duration::from_secs(30);
-    while !ok() {
-        assert!(Instant::now() < end, "{what}: stderr:\n{}", w.stderr());
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// `sync --watch host:SRC DST` with an hour between polls: every change
 /// made on the remote side arrives by the remote ferry's events (it could
 /// not by polling), and its watcher is gone once ferry has exited.
@@ -582,8 +487,7 @@ fn an_ssh_source_is_watched_by_its_remote_ferry() {
     converge(&src, &dst, &mut w);
     fs::remove_file(src.join("b/f")).unwrap();
     converge(&src, &dst, &mut w);
-    let (code, err) = w.stop();
-    assert_eq!(code, Some(0), "{err}");
+    let err = w.stop_ok();
     assert!(!err.contains("polled"), "{err}");
     no_serve_left(&mark);
 }
@@ -610,8 +514,7 @@ fn replica_of_an_ssh_source_converges_while_it_is_edited() {
         }
         converge(&src, &dst, &mut w);
     }
-    let (code, err) = w.stop();
-    assert_eq!(code, Some(0), "{err}");
+    w.stop_ok();
     no_serve_left(&mark);
 }
 
@@ -635,7 +538,7 @@ fn bisync_watch_with_an_ssh_side_converges_by_events() {
     args.extend(ssh_args(&rsh, &mark, &["--poll", "1h"]));
     let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
     let mut w = Watch::start(&args, util::ssh::ssh_at(&host, &a), &b);
-    until(&mut w, "first run", || {
+    w.until("first run", || {
         fs::read(b.join("from_a/f")).ok().as_deref() == Some(b"a")
     });
     // ferry's own writes to B are events of B, and the run they start
@@ -646,19 +549,18 @@ fn bisync_watch_with_an_ssh_side_converges_by_events() {
     // On the remote side: new, renamed, deleted.
     write(&a, "from_a/new", b"n");
     fs::rename(a.join("from_a/f"), a.join("from_a/f2")).unwrap();
-    until(&mut w, "remote changes", || {
+    w.until("remote changes", || {
         b.join("from_a/new").exists()
             && b.join("from_a/f2").exists()
             && !b.join("from_a/f").exists()
     });
     quiet();
     fs::remove_file(a.join("from_a/new")).unwrap();
-    until(&mut w, "remote delete", || !b.join("from_a/new").exists());
+    w.until("remote delete", || !b.join("from_a/new").exists());
     // On the local side.
     write(&b, "from_b/g", b"b");
-    until(&mut w, "local change", || a.join("from_b/g").exists());
-    let (code, err) = w.stop();
-    assert_eq!(code, Some(0), "{err}");
+    w.until("local change", || a.join("from_b/g").exists());
+    w.stop_ok();
     no_serve_left(&mark);
 }
 
@@ -692,15 +594,10 @@ fn a_lost_remote_watch_is_polled_then_made_again() {
     converge(&src, &dst, &mut w);
     w.line_with("remote watch is back");
     // The watch thread names itself as it starts: give it a moment.
-    let end = Instant::now() + Duration::from_secs(10);
-    while !serves(&mark).iter().any(|s| s.1) {
-        assert!(Instant::now() < end, "watched again");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    w.until("watched again", || serves(&mark).iter().any(|s| s.1));
     write(&src, "h", b"after");
     converge(&src, &dst, &mut w);
-    let (code, err) = w.stop();
-    assert_eq!(code, Some(0), "{err}");
+    let err = w.stop_ok();
     assert_eq!(err.matches("remote watch is lost").count(), 1, "{err}");
     no_serve_left(&mark);
 }
@@ -754,7 +651,7 @@ fn a_lost_ssh_destination_is_connected_again_at_the_next_run() {
     let before: Vec<u32> = serves(&mark).into_iter().map(|s| s.0).collect();
     assert!(!before.is_empty(), "a ferry serve");
     kill9(&before);
-    until(&mut w, "serve gone", || serves(&mark).is_empty());
+    w.until("serve gone", || serves(&mark).is_empty());
     fs::remove_file(dst.join("b/k")).unwrap();
     write(&src, "a/g", b"made while it was lost");
     converge(&src, &dst, &mut w);
@@ -765,8 +662,7 @@ fn a_lost_ssh_destination_is_connected_again_at_the_next_run() {
     );
     write(&src, "a/h", b"after");
     converge(&src, &dst, &mut w);
-    let (code, err) = w.stop();
-    assert_eq!(code, Some(0), "{err}");
+    w.stop_ok();
     no_serve_left(&mark);
 }
 
@@ -794,15 +690,14 @@ fn an_unreachable_ssh_destination_fails_runs_until_it_is_back() {
     converge(&src, &dst, &mut w);
     fs::write(&down, b"").unwrap();
     kill9(&serves(&mark).into_iter().map(|s| s.0).collect::<Vec<_>>());
-    until(&mut w, "serve gone", || serves(&mark).is_empty());
+    w.until("serve gone", || serves(&mark).is_empty());
     write(&src, "a/g", b"made while it was down");
     let line = w.line_with("Connection refused");
     assert!(line.contains("(watching on)"), "{line}");
     fs::remove_file(&down).unwrap();
     write(&src, "a/h", b"made once it is back");
     converge(&src, &dst, &mut w);
-    let (code, err) = w.stop();
-    assert_eq!(code, Some(0), "{err}");
+    w.stop_ok();
     no_serve_left(&mark);
 }
 
@@ -822,17 +717,14 @@ fn a_lost_ssh_source_is_connected_again_at_the_next_run() {
     let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
     let mut w = Watch::start(&args, util::ssh::ssh_at(&host, &src), &dst);
     converge(&src, &dst, &mut w);
-    until(&mut w, "a remote watch", || {
-        serves(&mark).iter().any(|s| s.1)
-    });
+    w.until("a remote watch", || serves(&mark).iter().any(|s| s.1));
     let before: Vec<u32> = serves(&mark).into_iter().map(|s| s.0).collect();
     kill9(&before);
     write(&src, "a/g", b"made while it was lost");
     converge(&src, &dst, &mut w);
     write(&src, "a/h", b"after");
     converge(&src, &dst, &mut w);
-    let (code, err) = w.stop();
-    assert_eq!(code, Some(0), "{err}");
+    w.stop_ok();
     no_serve_left(&mark);
 }
 
@@ -856,24 +748,21 @@ fn a_lost_ssh_side_of_bisync_is_connected_again_at_the_next_run() {
     args.extend(ssh_args(&rsh, &mark, &["--poll", "1s"]));
     let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
     let mut w = Watch::start(&args, &a, util::ssh::ssh_at(&host, &b));
-    until(&mut w, "first run", || {
+    w.until("first run", || {
         fs::read(b.join("from_a/f")).ok().as_deref() == Some(b"a")
     });
-    until(&mut w, "a remote watch", || {
-        serves(&mark).iter().any(|s| s.1)
-    });
+    w.until("a remote watch", || serves(&mark).iter().any(|s| s.1));
     let before: Vec<u32> = serves(&mark).into_iter().map(|s| s.0).collect();
     kill9(&before);
     write(&a, "from_a/g", b"made while it was lost");
-    until(&mut w, "local change", || {
+    w.until("local change", || {
         fs::read(b.join("from_a/g")).ok().as_deref() == Some(b"made while it was lost")
     });
     write(&b, "from_b/h", b"remote");
-    until(&mut w, "remote change", || {
+    w.until("remote change", || {
         fs::read(a.join("from_b/h")).ok().as_deref() == Some(b"remote")
     });
-    let (code, err) = w.stop();
-    assert_eq!(code, Some(0), "{err}");
+    w.stop_ok();
     no_serve_left(&mark);
 }
 
@@ -894,25 +783,22 @@ fn a_lost_sftp_destination_is_connected_again_at_the_next_run() {
     );
     // (SFTP carries whole seconds of mtimes: contents are compared.)
     let has = |p: &str, b: &[u8]| fs::read(dst.join(p)).ok().as_deref() == Some(b);
-    until(&mut w, "first run", || {
-        has("a/f", b"1") && has("b/k", b"kept")
-    });
+    w.until("first run", || has("a/f", b"1") && has("b/k", b"kept"));
     let pid = w.child.id();
     let before = ssh_children(pid);
     assert!(!before.is_empty(), "an ssh of the SFTP session");
     kill9(&before);
-    until(&mut w, "ssh gone", || {
+    w.until("ssh gone", || {
         ssh_children(pid).iter().all(|p| !before.contains(p))
     });
     fs::remove_file(dst.join("b/k")).unwrap();
     write(&src, "a/g", b"made while it was lost");
-    until(&mut w, "connected again", || {
+    w.until("connected again", || {
         has("a/g", b"made while it was lost") && has("b/k", b"kept")
     });
     write(&src, "a/h", b"after");
-    until(&mut w, "steady", || has("a/h", b"after"));
-    let (code, err) = w.stop();
-    assert_eq!(code, Some(0), "{err}");
+    w.until("steady", || has("a/h", b"after"));
+    w.stop_ok();
 }
 
 /// The remote root moved away while watched: nothing is deleted; it is
@@ -937,8 +823,7 @@ fn a_vanished_remote_root_deletes_nothing_and_is_synced_when_back() {
     write(&aside, "h", b"h");
     fs::rename(&aside, &src).unwrap();
     converge(&src, &dst, &mut w);
-    let (code, err) = w.stop();
-    assert_eq!(code, Some(0), "{err}");
+    w.stop_ok();
 }
 
 /// ferry killed (-9) while an ssh side is watched: the remote ferry's
@@ -956,9 +841,7 @@ fn a_killed_watch_leaves_no_remote_watcher() {
     let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
     let mut w = Watch::start(&args, util::ssh::ssh_at(&host, &src), &dst);
     converge(&src, &dst, &mut w);
-    until(&mut w, "a remote watch", || {
-        serves(&mark).iter().any(|s| s.1)
-    });
+    w.until("a remote watch", || serves(&mark).iter().any(|s| s.1));
     drop(w);
     no_serve_left(&mark);
 }
@@ -978,16 +861,15 @@ fn an_sftp_source_is_polled() {
         &dst,
     );
     // (SFTP carries whole seconds of mtimes: contents are compared.)
-    until(&mut w, "first run", || fs::read(dst.join("a/f")).is_ok());
+    w.until("first run", || fs::read(dst.join("a/f")).is_ok());
     let note = w.line_with("is polled every");
     assert!(note.contains("SFTP"), "{note}");
     write(&src, "a/g", b"2");
     fs::remove_file(src.join("a/f")).unwrap();
-    until(&mut w, "polled", || {
+    w.until("polled", || {
         fs::read(dst.join("a/g")).ok().as_deref() == Some(b"2") && !dst.join("a/f").exists()
     });
-    let (code, err) = w.stop();
-    assert_eq!(code, Some(0), "{err}");
+    let err = w.stop_ok();
     assert_eq!(err.matches("is polled every").count(), 1, "{err}");
 }
 
@@ -1129,8 +1011,7 @@ fn status_page_and_metrics_show_what_was_moved() {
         "the chart"
     );
     chromium_check(&addr, "s3cret");
-    let (code, err) = w.stop();
-    assert_eq!(code, Some(0), "{err}");
+    w.stop_ok();
 }
 
 /// The page rendered by a real browser (Debian's chromium, headless): the

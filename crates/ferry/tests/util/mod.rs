@@ -20,6 +20,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 pub mod s3;
 pub mod ssh;
+pub mod watch;
 
 /// Path of the binary under test (`FERRY_TEST_BIN` overrides it, e.g. to check the tests
 /// themselves against a reference implementation).

@@ -1,0 +1,247 @@
+//! The harness of the `--watch` tests (`watch.rs`, `bisync_watch.rs`): a running
+//! `ferry ... --watch`, its stderr lines (and its `--json` lines, when asked), waiting until
+//! something holds, and SIGTERM with its exit code.
+//!
+//! Every wait is bounded only to keep a broken watch from hanging the suite: a replica
+//! converges whenever it does, no timing is asserted.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Instant;
+
+use super::*;
+
+/// How long a wait may take before the test gives up (a hang guard).
+pub const WAIT: Duration = Duration::from_secs(60);
+
+/// A running `ferry ... --watch`, its stderr lines forwarded to a channel.
+pub struct Watch {
+    pub child: Child,
+    lines: mpsc::Receiver<String>,
+    /// Its stdout's JSON lines (`spawn_json`).
+    json: Option<mpsc::Receiver<Json>>,
+    seen: Vec<String>,
+}
+
+/// A test that fails leaves no watch running behind it.
+impl Drop for Watch {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Each line `read` gives, sent (as `f` makes it) until the test stops listening.
+fn forward<R, T, F>(read: R, f: F) -> mpsc::Receiver<T>
+where
+    R: std::io::Read + Send + 'static,
+    T: Send + 'static,
+    F: Fn(String) -> T + Send + 'static,
+{
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for l in BufReader::new(read).lines().map_while(Result::ok) {
+            if tx.send(f(l)).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+impl Watch {
+    /// `ferry ARGS --watch SRC DST`.
+    pub fn start(args: &[&str], src: impl AsRef<OsStr>, dst: impl AsRef<OsStr>) -> Watch {
+        let mut cmd = Command::new(bin());
+        cmd.args(args).arg("--watch").arg(src).arg(dst);
+        Watch::spawn(cmd)
+    }
+
+    /// Any command that ends up as a watching ferry (its pid ferry's).
+    pub fn spawn(mut cmd: Command) -> Watch {
+        cmd.stdout(Stdio::null());
+        Watch::with(cmd, |_| None)
+    }
+
+    /// Like `spawn`, for a `--json` watch: each stdout line must be JSON (and is echoed to
+    /// the test's stderr, for a failing test's log).
+    pub fn spawn_json(mut cmd: Command) -> Watch {
+        cmd.stdout(Stdio::piped());
+        Watch::with(cmd, |c| {
+            Some(forward(c.stdout.take().expect("stdout"), |l| {
+                eprintln!("watch: {l}");
+                parse_json(&l).expect("a JSON line")
+            }))
+        })
+    }
+
+    fn with(
+        mut cmd: Command,
+        json: impl FnOnce(&mut Child) -> Option<mpsc::Receiver<Json>>,
+    ) -> Watch {
+        cmd.stdin(Stdio::null()).stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("spawn ferry");
+        let json = json(&mut child);
+        let lines = forward(child.stderr.take().expect("stderr"), |l| l);
+        Watch {
+            child,
+            lines,
+            json,
+            seen: Vec::new(),
+        }
+    }
+
+    /// The stderr lines so far.
+    pub fn stderr(&mut self) -> String {
+        while let Ok(l) = self.lines.try_recv() {
+            self.seen.push(l);
+        }
+        self.seen.join("\n")
+    }
+
+    /// The first stderr line containing `what` (waits for it).
+    pub fn line_with(&mut self, what: &str) -> String {
+        self.nth_line_with(what, 1)
+    }
+
+    /// The `n`th stderr line containing `what` (from 1; waits for it).
+    pub fn nth_line_with(&mut self, what: &str, n: usize) -> String {
+        let end = Instant::now() + WAIT;
+        loop {
+            if let Some(l) = self.seen.iter().filter(|l| l.contains(what)).nth(n - 1) {
+                return l.clone();
+            }
+            let left = end.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => self.seen.push(l),
+                Err(_) => panic!(
+                    "no line {n} with {what:?}; stderr:\n{}",
+                    self.seen.join("\n")
+                ),
+            }
+        }
+    }
+
+    /// Wait until `ok()`; `what` names it if it never comes.
+    #[track_caller]
+    pub fn until(&mut self, what: &str, mut ok: impl FnMut() -> bool) {
+        self.until_none(|| (!ok()).then(|| what.to_string()));
+    }
+
+    /// Wait until `left()` says nothing is left (`None`); if the bound comes first, panic
+    /// with what it said last and the stderr so far.
+    #[track_caller]
+    pub fn until_none(&mut self, mut left: impl FnMut() -> Option<String>) {
+        let end = Instant::now() + WAIT;
+        while let Some(what) = left() {
+            if Instant::now() > end {
+                panic!("{what}\nferry stderr:\n{}", self.stderr());
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    }
+
+    /// Send `sig` (a name as `kill` takes it: TERM, STOP, CONT...).
+    #[track_caller]
+    pub fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("run kill")
+            .success();
+        assert!(ok, "kill -{sig}");
+    }
+
+    /// SIGKILL, and wait for the end.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM: the exit code and the whole stderr.
+    pub fn stop(mut self) -> (Option<i32>, String) {
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
+        let end = Instant::now() + WAIT;
+        let code = loop {
+            if let Some(s) = self.child.try_wait().expect("wait") {
+                break s.code();
+            }
+            if Instant::now() > end {
+                let _ = self.child.kill();
+                panic!("ferry did not exit after SIGTERM:\n{}", self.stderr());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        // The reader thread ends with the pipe.
+        while let Ok(l) = self.lines.recv_timeout(Duration::from_secs(5)) {
+            self.seen.push(l);
+        }
+        (code, self.seen.join("\n"))
+    }
+
+    /// SIGTERM, which must exit 0: the whole stderr.
+    #[track_caller]
+    pub fn stop_ok(self) -> String {
+        let (code, err) = self.stop();
+        assert_eq!(code, Some(0), "exit after SIGTERM; stderr:\n{err}");
+        err
+    }
+
+    fn json(&self) -> &mpsc::Receiver<Json> {
+        self.json.as_ref().expect("a watch made by spawn_json")
+    }
+
+    /// The run summaries (`--json`) that came so far.
+    pub fn summaries(&mut self) -> Vec<Json> {
+        let mut v = Vec::new();
+        while let Ok(l) = self.json().try_recv() {
+            if l["type"] == "summary" {
+                v.push(l);
+            }
+        }
+        v
+    }
+
+    /// The next run summary (`--json`; waits for it).
+    pub fn summary(&mut self) -> Json {
+        let end = Instant::now() + WAIT;
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            match self.json().recv_timeout(left) {
+                Ok(l) if l["type"] == "summary" => return l,
+                Ok(_) => {}
+                Err(_) => panic!("no run summary; stderr:\n{}", self.stderr()),
+            }
+        }
+    }
+}
+
+/// Wait until `dst` equals `src` (names, kinds, bytes, mtimes, modes, link targets).
+#[track_caller]
+pub fn converge(src: &Path, dst: &Path, w: &mut Watch) {
+    w.until_none(|| {
+        if !dst.exists() {
+            return Some(format!("{} is not made", dst.display()));
+        }
+        let d = tree_diffs(src, dst);
+        (!d.is_empty()).then(|| format!("no convergence:\n{}", d.join("\n")))
+    });
+}
+
+/// Names a shell, a line-based format or a UTF-8 string gets wrong: a newline, non-UTF-8
+/// bytes, spaces, a leading dash or space.
+pub const ODD: [&[u8]; 5] = [b"new\nline", b"caf\xe9", b"with space", b"-dash", b" lead"];
+
+/// `pre` and `n` joined, as a path of one component.
+pub fn odd(pre: &str, n: &[u8]) -> PathBuf {
+    let mut v = pre.as_bytes().to_vec();
+    v.extend_from_slice(n);
+    PathBuf::from(OsStr::from_bytes(&v))
+}
