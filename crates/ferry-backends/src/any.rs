@@ -199,6 +199,12 @@ macro_rules! backends {
                     _ => mismatch(),
                 }
             }
+            fn replacing(&self, w: &mut AnyWriter) {
+                match (self, w) {
+                    $((AnyStore::$v(s), AnyWriter::$v(w)) => s.replacing(w),)+
+                    _ => mismatch(),
+                }
+            }
             fn create_empty(&self, dir: &AnyDir, name: &CStr, meta: &Meta, fsync: bool) -> io::Result<bool> {
                 match (self, dir) {
                     $((AnyStore::$v(s), AnyDir::$v(d)) => s.create_empty(d, name, meta, fsync),)+

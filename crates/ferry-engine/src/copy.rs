@@ -295,6 +295,11 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
                 }
             }
         }
+        // A file or symlink it replaces (kept as a hard link, or not kept)
+        // has the name still.
+        if old.is_some_and(|m| m.kind != Kind::Dir) {
+            self.dst.replacing(&mut w);
+        }
         let committing = if nowait {
             let dst: &'a D = self.dst;
             Some(dst.commit_nowait(ddir, w, name, meta, self.fsync))

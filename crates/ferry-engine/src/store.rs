@@ -285,6 +285,10 @@ pub trait Store: Send + Sync {
         meta: &Meta,
         fsync: bool,
     ) -> io::Result<()>;
+    /// A hint before [`Store::commit`]: `name` exists (the plan replaces
+    /// it), so the store can skip a first attempt that only works for a new
+    /// name. Commit replaces an existing entry with or without it.
+    fn replacing(&self, _w: &mut Self::Writer) {}
     /// Create an empty file `name` that does not exist yet, with its
     /// metadata, in as few operations as the store can. `Ok(false)` when the
     /// store has no such shortcut or the name exists: the caller then goes

@@ -118,6 +118,9 @@ pub struct LocalWriter {
     owned: bool,
     /// The source may have holes: only its data is copied (see `sparse`).
     sparse: bool,
+    /// The final name exists (`Store::replacing`): an `O_TMPFILE` goes
+    /// straight to a temporary name and a rename over it.
+    replaces: bool,
 }
 
 impl LocalWriter {
@@ -130,6 +133,7 @@ impl LocalWriter {
             mode: meta.mode & 0o7777,
             owned: false,
             sparse: meta.sparse,
+            replaces: false,
         }
     }
 
@@ -190,6 +194,7 @@ impl LocalStore {
             mode: meta.mode & 0o7777,
             owned: false,
             sparse: false,
+            replaces: false,
         };
         Ok((w, p.ranges))
     }
@@ -642,7 +647,11 @@ impl Store for LocalStore {
             Ok(())
         })();
         let LocalWriter {
-            fd, tmp, partial, ..
+            fd,
+            tmp,
+            partial,
+            replaces,
+            ..
         } = w;
         if let Some(p) = partial {
             drop(fd);
@@ -665,13 +674,18 @@ impl Store for LocalStore {
                 // Name the finished file. `/proc/self/fd` needs no capability
                 // (AT_EMPTY_PATH would need CAP_DAC_READ_SEARCH).
                 let proc_path = format!("/proc/self/fd/{}", fd.as_raw_fd());
-                match rfs::linkat(
-                    rfs::CWD,
-                    proc_path.as_str(),
-                    &dir.fd,
-                    name,
-                    AtFlags::SYMLINK_FOLLOW,
-                ) {
+                // A name known to exist would only fail with EEXIST.
+                let first = match replaces {
+                    true => Err(Errno::EXIST),
+                    false => rfs::linkat(
+                        rfs::CWD,
+                        proc_path.as_str(),
+                        &dir.fd,
+                        name,
+                        AtFlags::SYMLINK_FOLLOW,
+                    ),
+                };
+                match first {
                     Ok(()) => return Ok(()),
                     // Replacing an existing entry: link under a temporary
                     // name, then rename over it (atomic replace).
@@ -700,6 +714,10 @@ impl Store for LocalStore {
             return Err(e.into());
         }
         Ok(())
+    }
+
+    fn replacing(&self, w: &mut LocalWriter) {
+        w.replaces = true;
     }
 
     fn dir_write_lanes(&self) -> usize {
