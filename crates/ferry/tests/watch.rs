@@ -209,13 +209,16 @@ fn an_overflowed_queue_still_converges() {
     let mut w = Watch::start(&["sync"], &src, &dst);
     converge(&src, &dst, &mut w);
     drop(limit);
-    // Far more events than the queue holds, made faster than one run.
+    // Far more events than the queue holds, made while ferry is stopped
+    // (on a loaded machine it could otherwise read them as they come).
+    w.signal("STOP");
     for i in 0..400 {
         write(&src, format!("burst/{}/f{i}", i % 7), &gen_bytes(64, i));
     }
     for _ in 0..40 {
         edit(&src, &mut rng);
     }
+    w.signal("CONT");
     converge(&src, &dst, &mut w);
     let note = w.line_with("overflowed");
     assert!(note.starts_with("ferry: note: "), "{note}");
