@@ -94,6 +94,24 @@ impl Watch {
         }
     }
 
+    /// Wait until the watching ferry holds an inotify instance (the
+    /// kernel has read its limits then).
+    pub fn until_inotify(&mut self) {
+        let fds = format!("/proc/{}/fd", self.child.id());
+        let end = Instant::now() + WAIT;
+        while !std::fs::read_dir(&fds).is_ok_and(|ds| {
+            ds.flatten().any(|d| {
+                std::fs::read_link(d.path()).is_ok_and(|l| l.as_os_str() == "anon_inode:inotify")
+            })
+        }) {
+            if Instant::now() > end {
+                panic!("no inotify instance\nferry stderr:\n{}", self.stderr());
+            }
+            // Checked often: the limit it waits for is the machine's.
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
     /// The stderr lines so far.
     pub fn stderr(&mut self) -> String {
         while let Ok(l) = self.lines.try_recv() {
