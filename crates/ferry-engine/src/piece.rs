@@ -52,25 +52,6 @@ fn advise_huge(at: *mut u8) {
     let _ = unsafe { rfs_mm::madvise(at.cast(), HUGE_PAGE, rfs_mm::Advice::LinuxHugepage) };
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn piece_buffers_are_aligned_and_kept_by_the_thread() {
-        let first = with_piece_buffer(|b| {
-            assert_eq!(b.len(), RANGE_PIECE);
-            assert!(b.as_ptr().addr().is_multiple_of(DIRECT_ALIGN));
-            b.fill(7);
-            b.as_ptr().addr()
-        });
-        // The same memory next time on this thread, another on another one.
-        assert_eq!(with_piece_buffer(|b| b.as_ptr().addr()), first);
-        let other = std::thread::spawn(|| with_piece_buffer(|b| b.as_ptr().addr()));
-        assert_ne!(other.join().unwrap(), first);
-    }
-}
-
 /// `pread` from `at` until `buf` is full or the end of the file (retrying
 /// after a signal): the bytes read, fewer than `buf` only at the end.
 pub fn pread_full(
@@ -88,4 +69,23 @@ pub fn pread_full(
         }
     }
     Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn piece_buffers_are_aligned_and_kept_by_the_thread() {
+        let first = with_piece_buffer(|b| {
+            assert_eq!(b.len(), RANGE_PIECE);
+            assert!(b.as_ptr().addr().is_multiple_of(DIRECT_ALIGN));
+            b.fill(7);
+            b.as_ptr().addr()
+        });
+        // The same memory next time on this thread, another on another one.
+        assert_eq!(with_piece_buffer(|b| b.as_ptr().addr()), first);
+        let other = std::thread::spawn(|| with_piece_buffer(|b| b.as_ptr().addr()));
+        assert_ne!(other.join().unwrap(), first);
+    }
 }

@@ -259,19 +259,13 @@ mod tests {
             seed in any::<u64>(),
             sizes in prop::collection::vec(0usize..(3 << 20), 0..8),
         ) {
-            let mut x = seed | 1;
+            let mut xof = blake3::Hasher::new().update(&seed.to_le_bytes()).finalize_xof();
             let mut all = Vec::new();
             let mut f = tempfile::tempfile().unwrap();
             let mut w = SeqOut::hashed(f.as_fd()).unwrap();
             for n in sizes {
-                let part: Vec<u8> = (0..n)
-                    .map(|_| {
-                        x ^= x << 13;
-                        x ^= x >> 7;
-                        x ^= x << 17;
-                        x as u8
-                    })
-                    .collect();
+                let mut part = vec![0u8; n];
+                xof.fill(&mut part);
                 w.write(&part).unwrap();
                 all.extend_from_slice(&part);
             }
