@@ -167,7 +167,7 @@ def timed(argv, out=None):
 
 def wire_bytes(tool, stdout):
     """Bytes on the wire a run reported: ferry's --json summary, rsync's --stats."""
-    if tool == "ferry":
+    if tool.startswith("ferry"):
         line = [l for l in stdout.splitlines() if '"type":"summary"' in l][-1]
         return json.loads(line).get("wire_bytes", 0)
     n = lambda k: int(re.search(rf"Total bytes {k}: ([\d,]+)", stdout).group(1).replace(",", ""))
@@ -204,14 +204,14 @@ def delta_rows():
         for push in (True, False):
             if only & {"push", "pull"} and ("push" if push else "pull") not in only:
                 continue
-            for tool in [t for t in tools if t in ("ferry", "rsync")]:
+            for tool in [t for t in tools if t in ("ferry", "ferry-base", "rsync")]:
                 walls, cpus, rcpus, wires = [], [], [], []
                 for _ in range(runs):
                     recv = os.path.join(base, "there" if push else "back")
                     shutil.rmtree(recv, ignore_errors=True)
                     shutil.copytree(old, recv)
                     argv = cmd(tool, new if push else far, recv, push)
-                    argv.insert(2, "--json" if tool == "ferry" else "--stats")
+                    argv.insert(2, "--json" if tool.startswith("ferry") else "--stats")
                     out = []
                     wall, cpu, rcpu = timed(argv, out)
                     walls.append(wall)

@@ -52,6 +52,25 @@ fn advise_huge(at: *mut u8) {
     let _ = unsafe { rfs_mm::madvise(at.cast(), HUGE_PAGE, rfs_mm::Advice::LinuxHugepage) };
 }
 
+/// `pread` from `at` until `buf` is full or the end of the file (retrying
+/// after a signal): the bytes read, fewer than `buf` only at the end.
+pub fn pread_full(
+    fd: std::os::fd::BorrowedFd<'_>,
+    buf: &mut [u8],
+    at: u64,
+) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match rustix::io::pread(fd, &mut buf[n..], at + n as u64) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(n)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

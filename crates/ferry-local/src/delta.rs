@@ -76,10 +76,6 @@ const OUT_BUF: usize = 1 << 20;
 /// Buffers between the one filling and the writer thread.
 const OUT_BUFS: usize = 3;
 
-/// What the writer thread ends with: the blake3 hash of what it wrote,
-/// when asked to hash.
-type Written = io::Result<Option<[u8; 32]>>;
-
 /// An aligned buffer: `raw[skew..skew + len]`.
 struct Buf {
     raw: Vec<u8>,
@@ -92,14 +88,18 @@ struct Buf {
 /// aligned blocks go to the device with `O_DIRECT` where the filesystem
 /// takes it (a buffered write into new pages of the page cache costs
 /// several times the CPU), the rest through the page cache. With
-/// [`SeqOut::hashed`] the thread also hashes the bytes it writes, in order.
+/// [`SeqOut::hashed`] another thread hashes the bytes, in order, before
+/// they go to the writer.
 pub struct SeqOut {
     cur: Buf,
     full: Option<mpsc::SyncSender<(Buf, u64)>>,
     free: mpsc::Receiver<Buf>,
     made: usize,
+    /// Buffers made at most.
+    bufs: usize,
     off: u64,
-    writer: Option<std::thread::JoinHandle<Written>>,
+    writer: Option<std::thread::JoinHandle<io::Result<()>>>,
+    hasher: Option<std::thread::JoinHandle<[u8; 32]>>,
     hash: Option<[u8; 32]>,
 }
 
@@ -109,8 +109,8 @@ impl SeqOut {
         SeqOut::start(fd, false)
     }
 
-    /// As [`SeqOut::new`], the bytes written also hashed (blake3) by the
-    /// writing thread: [`SeqOut::finish_hash`].
+    /// As [`SeqOut::new`], the bytes written also hashed (blake3) by a
+    /// thread of their own: [`SeqOut::finish_hash`].
     pub fn hashed(fd: BorrowedFd<'_>) -> io::Result<SeqOut> {
         SeqOut::start(fd, true)
     }
@@ -119,26 +119,43 @@ impl SeqOut {
         let fd = fd.try_clone_to_owned()?;
         let (full, rx) = mpsc::sync_channel::<(Buf, u64)>(OUT_BUFS - 1);
         let (back, free) = mpsc::channel();
+        // The hash in a thread of its own, ahead of the writes: hashed in
+        // the writing thread, the device sat idle while each buffer was
+        // hashed (a quarter of a rebuild's time at ~800 MB/s).
+        let (rx, hasher) = if hash {
+            let (tx, hashed) = mpsc::sync_channel::<(Buf, u64)>(OUT_BUFS - 1);
+            let hasher = std::thread::spawn(move || {
+                let mut h = blake3::Hasher::new();
+                for (b, off) in rx {
+                    h.update(&b.raw[b.skew..b.skew + b.len]);
+                    if tx.send((b, off)).is_err() {
+                        // The writer stopped: its error is the one told.
+                        break;
+                    }
+                }
+                *h.finalize().as_bytes()
+            });
+            (hashed, Some(hasher))
+        } else {
+            (rx, None)
+        };
         let writer = std::thread::spawn(move || {
             let direct = Direct::reopen(fd.as_fd());
-            let mut h = hash.then(blake3::Hasher::new);
             for (b, off) in rx {
-                let data = &b.raw[b.skew..b.skew + b.len];
-                if let Some(h) = &mut h {
-                    h.update(data);
-                }
-                direct.write(fd.as_fd(), data, off)?;
+                direct.write(fd.as_fd(), &b.raw[b.skew..b.skew + b.len], off)?;
                 let _ = back.send(b);
             }
-            Ok(h.map(|h| *h.finalize().as_bytes()))
+            Ok(())
         });
         Ok(SeqOut {
             cur: buf(),
             full: Some(full),
             free,
             made: 1,
+            bufs: if hash { 2 * OUT_BUFS } else { OUT_BUFS },
             off: 0,
             writer: Some(writer),
+            hasher,
             hash: None,
         })
     }
@@ -161,7 +178,7 @@ impl SeqOut {
     fn hand_over(&mut self) -> io::Result<()> {
         let next = match self.free.try_recv() {
             Ok(b) => b,
-            Err(_) if self.made < OUT_BUFS => {
+            Err(_) if self.made < self.bufs => {
                 self.made += 1;
                 buf()
             }
@@ -199,10 +216,14 @@ impl SeqOut {
             self.hand_over()?;
         }
         self.full = None;
+        // The hasher first: it ends once the last buffer went to the writer.
+        let hashed = self.hasher.take().map(|h| h.join());
         if let Some(w) = self.writer.take() {
-            self.hash = w
-                .join()
+            w.join()
                 .unwrap_or_else(|_| Err(io::Error::other("writer panicked")))?;
+        }
+        if let Some(h) = hashed {
+            self.hash = Some(h.map_err(|_| io::Error::other("delta: hashing panicked"))?);
         }
         Ok(())
     }
@@ -220,4 +241,59 @@ fn buf() -> Buf {
     let raw = vec![0u8; OUT_BUF + DIRECT_ALIGN];
     let skew = raw.as_ptr().align_offset(DIRECT_ALIGN);
     Buf { raw, skew, len: 0 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::io::Read;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(24))]
+
+        /// Whatever the sizes of the writes, the file holds every byte in
+        /// order and the hash is that of the file.
+        #[test]
+        fn hashed_writes_land_in_order_with_their_hash(
+            seed in any::<u64>(),
+            sizes in prop::collection::vec(0usize..(3 << 20), 0..8),
+        ) {
+            let mut xof = blake3::Hasher::new().update(&seed.to_le_bytes()).finalize_xof();
+            let mut all = Vec::new();
+            let mut f = tempfile::tempfile().unwrap();
+            let mut w = SeqOut::hashed(f.as_fd()).unwrap();
+            for n in sizes {
+                let mut part = vec![0u8; n];
+                xof.fill(&mut part);
+                w.write(&part).unwrap();
+                all.extend_from_slice(&part);
+            }
+            let h = w.finish_hash().unwrap();
+            prop_assert_eq!(h, *blake3::hash(&all).as_bytes());
+            let mut got = Vec::new();
+            f.read_to_end(&mut got).unwrap();
+            prop_assert!(got == all, "file differs");
+        }
+    }
+
+    /// Writes that fail (`/dev/full`): the error comes back (from a write
+    /// or the finish), nothing hangs, no hash is given.
+    #[test]
+    fn a_failing_write_is_an_error_not_a_hang() {
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
+        let mut w = SeqOut::hashed(f.as_fd()).unwrap();
+        let data = vec![7u8; 1 << 20];
+        let mut failed = false;
+        for _ in 0..32 {
+            if w.write(&data).is_err() {
+                failed = true;
+                break;
+            }
+        }
+        assert!(failed || w.finish_hash().is_err());
+    }
 }

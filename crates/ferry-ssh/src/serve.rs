@@ -900,19 +900,10 @@ fn cname(b: &[u8]) -> io::Result<CString> {
     CString::new(b).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "name contains NUL"))
 }
 
-/// Read at `offset` until `buf` is full or the file ends; bytes read.
+/// [`pread_full`](ferry_engine::piece::pread_full) of an open local file.
 fn pread_full(r: &LocalReader, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
     let fd = r.as_fd().expect("a local file has a descriptor");
-    let mut n = 0;
-    while n < buf.len() {
-        match rustix::io::pread(fd, &mut buf[n..], offset + n as u64) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(rustix::io::Errno::INTR) => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Ok(n)
+    ferry_engine::piece::pread_full(fd, buf, offset)
 }
 
 /// Bytes of a request as the source of a write.

@@ -7,6 +7,7 @@ use std::sync::mpsc;
 use std::sync::Mutex;
 
 use super::{strong_len, Signature};
+use crate::piece::pread_full;
 use crate::store::SourceFile;
 
 /// Added to every byte in the weak checksum (rsync's `CHAR_OFFSET` idea:
@@ -218,20 +219,6 @@ fn sum_blocks(
     let mut o = out.lock().unwrap();
     o.0[first..first + ws.len()].copy_from_slice(ws);
     o.1[first..first + ss.len()].copy_from_slice(ss);
-}
-
-/// `pread` until `buf` is full or the end of the file.
-fn pread_full(fd: std::os::fd::BorrowedFd<'_>, buf: &mut [u8], at: u64) -> io::Result<usize> {
-    let mut n = 0;
-    while n < buf.len() {
-        match rustix::io::pread(fd, &mut buf[n..], at + n as u64) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(rustix::io::Errno::INTR) => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Ok(n)
 }
 
 /// [`sign`] of a stream: read in order by the calling thread, hashed by
