@@ -475,6 +475,7 @@ impl SftpWriter {
     /// content not sent yet, or the open temporary of a bigger one with
     /// its writes in flight. The writer back for a resumable partial
     /// (committed the waiting way).
+    #[allow(clippy::result_large_err)]
     pub(crate) fn into_flight(self) -> Result<FlightParts, SftpWriter> {
         if self.record.is_some() || (self.handle.is_none() == self.whole.is_none()) {
             return Err(self);
