@@ -259,6 +259,15 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
         };
         drop(r);
         let meta = exact.as_ref().unwrap_or(meta);
+        // The listing's mtimes are cut to the coarser store's step (the
+        // engine's `coarsen`): so is the source's mtime now, or every file
+        // with a fraction of a second would look changed and go twice.
+        let step = self
+            .src
+            .mtime_step_ns()
+            .max(self.dst.mtime_step_ns())
+            .max(1);
+        let now = now.map(|(size, sec, nsec)| (size, sec, nsec - nsec % step));
         if let Some(now) = now {
             if now != (n, meta.mtime_sec, meta.mtime_nsec) || n != meta.size {
                 self.dst.abort(ddir, w);

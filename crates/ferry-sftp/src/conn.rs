@@ -118,6 +118,16 @@ impl Conn {
         rx.recv().unwrap_or_else(|_| Err(self.lost()))
     }
 
+    /// The reply of a request started with [`Conn::start`] if it is
+    /// there, without waiting.
+    pub fn poll(&self, rx: &Receiver<io::Result<Reply>>) -> Option<io::Result<Reply>> {
+        match rx.try_recv() {
+            Ok(r) => Some(r),
+            Err(mpsc::TryRecvError::Empty) => None,
+            Err(mpsc::TryRecvError::Disconnected) => Some(Err(self.lost())),
+        }
+    }
+
     /// Send a request and wait for its reply.
     pub fn call(&self, req: Req) -> io::Result<Reply> {
         let rx = self.start(req)?;

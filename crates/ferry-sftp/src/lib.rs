@@ -6,11 +6,13 @@
 //!
 //! [`wire`] is SFTP version 3 on the wire; [`conn`] one session (the ssh
 //! child, a writer and a reader thread, many requests in flight); [`store`]
-//! the `Store` over it, reading in `read` and writing in `write`.
+//! the `Store` over it, reading in `read` and writing in `write` (small
+//! files' commits pipelined in `pipe`).
 #![deny(missing_docs)]
 
 pub mod conn;
 mod keep;
+mod pipe;
 mod read;
 pub mod store;
 #[allow(missing_docs)]

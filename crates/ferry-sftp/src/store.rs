@@ -12,7 +12,9 @@ use std::sync::{Arc, RwLock};
 use ferry_engine::bwlimit::Limiter;
 use ferry_engine::entry::{Kind, Listing, Meta};
 use ferry_engine::keep::{KeepBase, KeepTo};
-use ferry_engine::store::{temp_name, ListError, MetaChange, SourceFile, Store, RESERVED_LEN};
+use ferry_engine::store::{
+    temp_name, Committing, ListError, MetaChange, SourceFile, Store, RESERVED_LEN,
+};
 use ferry_ssh::Target;
 
 use crate::conn::{self, Conn};
@@ -84,6 +86,30 @@ pub(crate) fn set_of(m: &Meta, what: MetaChange) -> Set {
         mtime: what.mtime.then(|| secs(m)),
         owner: None,
     }
+}
+
+/// [`SftpStore::replace`] over session `conn` (the store has no part in it).
+pub(crate) fn replace_via(conn: &Conn, dir: &[u8], from: &[u8], to: &[u8]) -> io::Result<()> {
+    let ok = |req: Req| conn.call(req)?.ok();
+    if conn.ext.posix_rename {
+        return ok(Req::ext("posix-rename@openssh.com").str(from).str(to));
+    }
+    let err = match ok(Req::path(w::RENAME, from).str(to)) {
+        Ok(()) => return Ok(()),
+        Err(e) => e,
+    };
+    if conn.call(Req::path(w::LSTAT, to))?.attrs_if()?.is_none() {
+        return Err(err);
+    }
+    let aside = temp_path(dir);
+    ok(Req::path(w::RENAME, to).str(&aside))?;
+    if let Err(e) = ok(Req::path(w::RENAME, from).str(to)) {
+        let _ = ok(Req::path(w::RENAME, &aside).str(to));
+        return Err(e);
+    }
+    // A reserved name: if this fails, the next run removes it.
+    let _ = ok(Req::path(w::REMOVE, &aside));
+    Ok(())
 }
 
 impl SftpStore {
@@ -167,26 +193,7 @@ impl SftpStore {
         from: &[u8],
         to: &[u8],
     ) -> io::Result<()> {
-        let ok = |req: Req| conn.call(req)?.ok();
-        if conn.ext.posix_rename {
-            return ok(Req::ext("posix-rename@openssh.com").str(from).str(to));
-        }
-        let err = match ok(Req::path(w::RENAME, from).str(to)) {
-            Ok(()) => return Ok(()),
-            Err(e) => e,
-        };
-        if conn.call(Req::path(w::LSTAT, to))?.attrs_if()?.is_none() {
-            return Err(err);
-        }
-        let aside = temp_path(dir);
-        ok(Req::path(w::RENAME, to).str(&aside))?;
-        if let Err(e) = ok(Req::path(w::RENAME, from).str(to)) {
-            let _ = ok(Req::path(w::RENAME, &aside).str(to));
-            return Err(e);
-        }
-        // A reserved name: if this fails, the next run removes it.
-        let _ = ok(Req::path(w::REMOVE, &aside));
-        Ok(())
+        replace_via(conn, dir, from, to)
     }
 
     /// Every entry of directory `path`, as the server lists them (names
@@ -425,6 +432,26 @@ impl Store for SftpStore {
         fsync: bool,
     ) -> io::Result<()> {
         wr.commit(self, &join(&dir.path, name.to_bytes()), meta, fsync)
+    }
+
+    fn commit_nowait<'a>(
+        &'a self,
+        dir: &'a SftpDir,
+        wr: SftpWriter,
+        name: &CStr,
+        meta: &Meta,
+        fsync: bool,
+    ) -> Committing<'a> {
+        // The file's requests go as their replies allow, moved on by
+        // whichever commit of this worker is waited for (`pipe`).
+        let path = join(&dir.path, name.to_bytes());
+        match wr.into_flight() {
+            Ok(parts) => {
+                let f = crate::pipe::start(parts, path, meta, fsync);
+                Committing::later(move || crate::pipe::wait(&f))
+            }
+            Err(wr) => Committing::done(wr.commit(self, &path, meta, fsync)),
+        }
     }
 
     fn create_empty(

@@ -34,7 +34,7 @@ const WRITE_AHEAD: usize = 16;
 /// First line of a partial's record.
 const RECORD: &str = "ferry sftp partial 1";
 
-type Rx = Receiver<io::Result<Reply>>;
+pub(crate) type Rx = Receiver<io::Result<Reply>>;
 
 /// A file being written.
 pub struct SftpWriter {
@@ -56,20 +56,34 @@ pub struct SftpWriter {
     record: Option<Vec<u8>>,
 }
 
+/// A writer's commit handed to [`crate::pipe`].
+pub(crate) struct FlightParts {
+    pub conn: Arc<Conn>,
+    pub dir: Vec<u8>,
+    pub temp: Vec<u8>,
+    /// The temporary's handle and the writes in flight to it, or (not
+    /// opened yet) the whole content.
+    pub open: Result<(Vec<u8>, VecDeque<Rx>), Vec<u8>>,
+}
+
 /// Big uploads resumed, and the bytes they did not send again, for `-v`.
 static RESUMED: AtomicU64 = AtomicU64::new(0);
 static RESUMED_BYTES: AtomicU64 = AtomicU64::new(0);
 
-fn open_write(conn: &Conn, path: &[u8], flags: u32) -> io::Result<Vec<u8>> {
+/// The `OPEN` for writing of `path` (created private).
+pub(crate) fn open_req(path: &[u8], flags: u32) -> Req {
     let set = Set {
         mode: Some(0o600),
         ..Set::default()
     };
-    conn.call(Req::path(w::OPEN, path).u32(w::F_WRITE | flags).attrs(&set))?
-        .handle()
+    Req::path(w::OPEN, path).u32(w::F_WRITE | flags).attrs(&set)
 }
 
-fn write_req(conn: &Conn, handle: &[u8], at: u64, data: &[u8]) -> io::Result<Rx> {
+fn open_write(conn: &Conn, path: &[u8], flags: u32) -> io::Result<Vec<u8>> {
+    conn.call(open_req(path, flags))?.handle()
+}
+
+pub(crate) fn write_req(conn: &Conn, handle: &[u8], at: u64, data: &[u8]) -> io::Result<Rx> {
     conn.start(Req::path(w::WRITE, handle).u64(at).str(data))
 }
 
@@ -455,6 +469,26 @@ impl SftpWriter {
                 Err(e)
             }
         }
+    }
+
+    /// What [`crate::pipe`] commits without waiting: a small file's
+    /// content not sent yet, or the open temporary of a bigger one with
+    /// its writes in flight. The writer back for a resumable partial
+    /// (committed the waiting way).
+    #[allow(clippy::result_large_err)]
+    pub(crate) fn into_flight(self) -> Result<FlightParts, SftpWriter> {
+        if self.record.is_some() || (self.handle.is_none() == self.whole.is_none()) {
+            return Err(self);
+        }
+        Ok(FlightParts {
+            conn: self.conn,
+            dir: self.dir,
+            temp: self.temp,
+            open: match (self.handle, self.whole) {
+                (Some(h), _) => Ok((h, self.acks)),
+                (None, whole) => Err(whole.unwrap_or_default()),
+            },
+        })
     }
 
     pub(crate) fn abort(self) {

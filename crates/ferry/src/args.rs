@@ -520,7 +520,15 @@ pub fn jobs_for(flag: Option<u16>, roots: &[&Root]) -> usize {
     if let Some(n) = flag.filter(|_| roots.iter().any(|r| r.local_path().is_none())) {
         return usize::from(n);
     }
-    if roots
+    if roots.iter().any(|r| matches!(r, Root::Sftp(_)))
+        && !roots.iter().any(|r| matches!(r, Root::Ssh(_)))
+    {
+        // SFTP commits are pipelined across a worker's files (about three
+        // round trips per batch, not per file): fewer workers keep the
+        // link busy, and hundreds more only load the server.
+        let ms = ferry_ssh::round_trip().map_or(0, |d| d.as_millis() as usize);
+        (ms * 3).clamp(32, 64)
+    } else if roots
         .iter()
         .any(|r| matches!(r, Root::Ssh(_) | Root::Sftp(_)))
     {

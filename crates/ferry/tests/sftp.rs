@@ -2,8 +2,8 @@
 //! (`scripts/sshd`: `FERRY_TEST_SSH_*`, and `FERRY_TEST_SFTP_*` for its
 //! internal-sftp chroot, which has no shell and no ferry): random trees
 //! pushed and pulled over `sftp://`, `host:path` falling back to SFTP
-//! where ferry cannot run (said once), `--sftp`, the one-line errors, and
-//! a big push killed and run again. Every test skips with a line saying so
+//! where ferry cannot run (said once), `--sftp`, the one-line errors, a
+//! big push killed and run again, and the server killed mid-push. Every test skips with a line saying so
 //! when the server is not set up. The server is this machine, so remote
 //! trees are checked on disk.
 
@@ -367,6 +367,105 @@ fn big_push_killed_then_rerun_resumes_and_leaves_nothing() {
         "nothing resumed\n{r}"
     );
     assert!(find_prefixed(&dst, b".ferry-").is_empty());
+}
+
+/// The SFTP server killed (-9, every session of the run) in the middle of
+/// a push of many small files, their commits pipelined: one line saying
+/// the session was lost, exit 1 or 2, every file under its final name
+/// whole (the others not there, or as temporaries); the rerun completes,
+/// the destination equal to the source, nothing reserved left.
+#[test]
+fn sftp_server_killed_mid_push_then_rerun_completes() {
+    let (rsh, host) = need!(server());
+    let server_bin = Path::new("/usr/lib/openssh/sftp-server");
+    if !server_bin.exists() {
+        eprintln!("skipped: {} is missing", server_bin.display());
+        return;
+    }
+    let d = tmpdir();
+    let src = d.path().join("src");
+    let dst = d.path().join("dst");
+    for i in 0..3000u64 {
+        write(&src, format!("d{}/f{i:04}", i % 7), &gen_bytes(4096, i));
+    }
+    for rel in walk(&src).iter().rev() {
+        set_mtime(&src.join(rel), (1_700_000_000, 0));
+    }
+    set_mtime(&src, (1_700_000_000, 0));
+    // The -e command: the same ssh, running the standalone sftp-server
+    // (what internal-sftp runs in sshd) whose pid it notes first.
+    let pids = d.path().join("pids");
+    let wrapper = d.path().join("rsh");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/bash\n# -s [options] HOST sftp\nn=$(($# - 2))\nexec {rsh} \"${{@:2:$n}}\" \"echo \\$\\$ >> '{}'; exec {}\"\n",
+            pids.display(),
+            server_bin.display()
+        ),
+    )
+    .unwrap();
+    chmod(&wrapper, 0o755);
+    let mut cmd = std::process::Command::new(bin());
+    cmd.args([
+        "copy".as_ref(),
+        "-e".as_ref(),
+        wrapper.as_os_str(),
+        "--bwlimit".as_ref(),
+        "1M".as_ref(),
+        src.as_os_str(),
+        &url(&host, &dst),
+    ])
+    .stdin(std::process::Stdio::null());
+    let push = std::thread::spawn(move || run_within(cmd, Duration::from_secs(300)));
+    // Killed once some files are there.
+    let mut waited = 0;
+    // (Counted as they come: names go from temporaries to final ones.)
+    let count = |root: &Path| -> usize {
+        let Ok(dirs) = std::fs::read_dir(root) else {
+            return 0;
+        };
+        dirs.filter_map(|e| std::fs::read_dir(e.ok()?.path()).ok())
+            .map(Iterator::count)
+            .sum()
+    };
+    while count(&dst) < 150 {
+        std::thread::sleep(Duration::from_millis(20));
+        waited += 1;
+        assert!(waited < 3000, "the push did not start");
+    }
+    let listed = std::fs::read_to_string(&pids).unwrap();
+    for pid in listed.split_whitespace() {
+        let _ = std::process::Command::new("kill")
+            .args(["-9", pid])
+            .status();
+    }
+    let r = push.join().unwrap();
+    assert!(matches!(r.code, Some(1 | 2)), "{r}");
+    let lines = r.error_lines();
+    assert_eq!(lines.len(), 1, "{r}");
+    assert!(lines[0].contains("SFTP session lost"), "{r}");
+    // Under a final name: whole, or not there.
+    let mut there = 0;
+    for rel in walk(&dst) {
+        let p = dst.join(&rel);
+        let name = rel.file_name().unwrap().as_bytes();
+        if p.is_file() && !name.starts_with(b".ferry-") {
+            assert_eq!(
+                std::fs::read(&p).unwrap(),
+                std::fs::read(src.join(&rel)).unwrap(),
+                "{} half-written",
+                rel.display()
+            );
+            there += 1;
+        }
+    }
+    assert!(there > 0 && there < 3000, "{there} files copied\n{r}");
+    eprintln!("{there} files copied before the kill\n{r}");
+    let r = run(&rsh, &["copy".as_ref(), src.as_os_str(), &url(&host, &dst)]);
+    r.ok();
+    assert_trees_equal(&src, &dst);
+    assert!(find_prefixed(&dst, b".ferry-").is_empty(), "{r}");
 }
 
 /// Names with a newline, non-UTF-8 bytes, a leading dash and blanks go
