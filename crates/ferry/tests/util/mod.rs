@@ -308,15 +308,28 @@ pub fn materialize(path: &Path, node: &Node) {
 pub fn walk(root: &Path) -> Vec<PathBuf> {
     fn rec(root: &Path, rel: &Path, out: &mut Vec<PathBuf>) {
         let dir = root.join(rel);
-        let mut names: Vec<OsString> = fs::read_dir(&dir)
-            .unwrap_or_else(|e| panic!("read_dir {}: {e}", dir.display()))
-            .map(|e| e.unwrap().file_name())
-            .collect();
+        // Below the root, what vanishes while it is read (a watch test
+        // polls a tree ferry is writing: its temporaries come and go) is
+        // left out; the root itself must be there.
+        let gone = |e: &std::io::Error| {
+            !rel.as_os_str().is_empty() && e.kind() == std::io::ErrorKind::NotFound
+        };
+        let names: Vec<OsString> = match fs::read_dir(&dir) {
+            Ok(rd) => rd.map(|e| e.unwrap().file_name()).collect(),
+            Err(e) if gone(&e) => return,
+            Err(e) => panic!("read_dir {}: {e}", dir.display()),
+        };
+        let mut names = names;
         names.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
         for n in names {
             let r = rel.join(&n);
+            let md = match fs::symlink_metadata(root.join(&r)) {
+                Ok(md) => md,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => panic!("{}: {e}", root.join(&r).display()),
+            };
             out.push(r.clone());
-            if fs::symlink_metadata(root.join(&r)).unwrap().is_dir() {
+            if md.is_dir() {
                 rec(root, &r, out);
             }
         }
