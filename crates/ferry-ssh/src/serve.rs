@@ -79,6 +79,10 @@ struct State {
     out: Mutex<Sender<Vec<u8>>>,
     /// Delta rebuilds and diffs under way.
     deltas: delta::Deltas,
+    /// `O_DIRECT` descriptors of the big files written at offsets
+    /// ([`Req::PartOpen`], [`Req::PartAttach`]): their data goes past the
+    /// page cache, whose copy costs this end more CPU than the stream.
+    directs: Mutex<HashMap<u64, ferry_local::download::Direct>>,
 }
 
 /// Serve on stdin and stdout until the other end closes the stream.
@@ -123,6 +127,7 @@ pub fn serve_on(mut input: impl Read, output: impl Write + Send + 'static) -> io
         writers: Mutex::new(HashMap::new()),
         out: Mutex::new(out_tx),
         deltas: delta::Deltas::default(),
+        directs: Mutex::default(),
     });
     let (work_tx, work_rx) = mpsc::sync_channel::<(u64, Vec<u8>)>(WORKERS * 4);
     let work_rx = Arc::new(Mutex::new(work_rx));
@@ -232,7 +237,11 @@ fn write_files(st: &State, rx: &Receiver<(u64, Vec<u8>)>) {
             }
             Req::Write { file, data } => write_chunk(st, file, data),
             Req::WriteAt { file, offset, data } => {
-                on_writer(st, file, |fd| pwrite_all(fd, data, offset))
+                let directs = st.directs.lock().unwrap();
+                match directs.get(&file) {
+                    Some(d) => on_writer(st, file, |fd| d.write_copied(fd, data, offset)),
+                    None => on_writer(st, file, |fd| pwrite_all(fd, data, offset)),
+                }
             }
             Req::SetLen { file, size } => {
                 on_writer(st, file, |fd| Ok(rustix::fs::ftruncate(fd, size)?))
@@ -258,6 +267,7 @@ fn write_files(st: &State, rx: &Receiver<(u64, Vec<u8>)>) {
             Req::Abort { file, .. } => {
                 st.deltas.drop_handle(file);
                 let w = st.writers.lock().unwrap().remove(&file);
+                st.directs.lock().unwrap().remove(&file);
                 if let Some(w) = w {
                     w.discard(&st.store);
                 }
@@ -275,6 +285,10 @@ fn write_files(st: &State, rx: &Receiver<(u64, Vec<u8>)>) {
                 });
                 let f = match r {
                     Ok((w, done)) => {
+                        if let Some(fd) = w.fd() {
+                            let d = ferry_local::download::Direct::reopen(fd);
+                            st.directs.lock().unwrap().insert(file, d);
+                        }
                         st.writers.lock().unwrap().insert(file, w);
                         proto::frame(id, &Resp::Ranges(done.ranges()))
                     }
@@ -291,6 +305,10 @@ fn write_files(st: &State, rx: &Receiver<(u64, Vec<u8>)>) {
                     rustix::fs::Mode::empty(),
                 )
                 .map_or_else(|e| Writing::Failed(e.into()), Writing::Attached);
+                if let Some(fd) = w.fd() {
+                    let d = ferry_local::download::Direct::reopen(fd);
+                    st.directs.lock().unwrap().insert(file, d);
+                }
                 st.writers.lock().unwrap().insert(file, w);
             }
             Req::PartSync { file, flush, close } => {
@@ -309,6 +327,9 @@ fn write_files(st: &State, rx: &Receiver<(u64, Vec<u8>)>) {
                     }
                     r
                 };
+                if close {
+                    st.directs.lock().unwrap().remove(&file);
+                }
                 let f = match r {
                     Ok(()) => proto::frame(id, &Resp::Ok),
                     Err(e) => err_frame(id, &e),
@@ -639,6 +660,7 @@ fn answer_io(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> io::Re
             ..
         } => {
             let w = st.writers.lock().unwrap().remove(&file);
+            st.directs.lock().unwrap().remove(&file);
             match w {
                 Some(Writing::Open(d, w)) => {
                     let r = finish(s, &d, w, name, &meta.0, fsync, xattrs)?;
