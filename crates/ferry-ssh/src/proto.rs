@@ -14,7 +14,7 @@
 //! the client, so a request naming a new handle needs no answer first.
 //! [`Req::Watch`] is answered by any number of replies with its id (a
 //! stream, [`Conn::stream`](crate::conn::Conn::stream)), until the
-//! connection closes.
+//! connection closes. A reply of id 0 is a heartbeat ([`Req::KeepAlive`]).
 
 use std::io::{self, Read, Write};
 
@@ -24,7 +24,7 @@ use ferry_engine::xattr::{XattrSel, Xattrs};
 use serde::{Deserialize, Serialize};
 
 /// The protocol version both ends must speak.
-pub const PROTOCOL: u32 = 6;
+pub const PROTOCOL: u32 = 7;
 /// The hello's first bytes.
 const MAGIC: &[u8; 12] = b"FERRY-SERVE\n";
 /// Largest frame accepted (a whole small file, a big directory's listing).
@@ -501,6 +501,11 @@ pub enum Req<'a> {
     /// `poll`: milliseconds between retries of directories that got no
     /// watch (the watch limit) or of a missing root.
     Watch { path: &'a [u8], poll: u64 },
+    /// Send a heartbeat every `ms` milliseconds until the connection
+    /// closes (no reply; the heartbeat is an [`Resp::Ok`] of id 0, which no
+    /// request has): the client's I/O timeout (`--timeout`) then gives up
+    /// only a server that stopped, not one busy with a long request.
+    KeepAlive { ms: u64 },
 }
 
 /// An error on the wire: the OS error number when there is one, else the

@@ -79,6 +79,9 @@ struct State {
     out: Mutex<Sender<Vec<u8>>>,
     /// Delta rebuilds and diffs under way.
     deltas: delta::Deltas,
+    /// The heartbeat ([`Req::KeepAlive`]): stopped when its sender is
+    /// dropped.
+    beat: Mutex<Option<(Sender<()>, std::thread::JoinHandle<()>)>>,
 }
 
 /// Serve on stdin and stdout until the other end closes the stream.
@@ -123,6 +126,7 @@ pub fn serve_on(mut input: impl Read, output: impl Write + Send + 'static) -> io
         writers: Mutex::new(HashMap::new()),
         out: Mutex::new(out_tx),
         deltas: delta::Deltas::default(),
+        beat: Mutex::new(None),
     });
     let (work_tx, work_rx) = mpsc::sync_channel::<(u64, Vec<u8>)>(WORKERS * 4);
     let work_rx = Arc::new(Mutex::new(work_rx));
@@ -149,6 +153,11 @@ pub fn serve_on(mut input: impl Read, output: impl Write + Send + 'static) -> io
     let left: Vec<_> = st.writers.lock().unwrap().drain().collect();
     for (_, w) in left {
         w.discard(&st.store);
+    }
+    let beat = st.beat.lock().unwrap().take();
+    if let Some((stop, h)) = beat {
+        drop(stop);
+        let _ = h.join();
     }
     drop(st);
     let _ = writer.join();
@@ -180,6 +189,10 @@ fn read_requests(
                 delta::start_diff(st, file, sig);
                 continue;
             }
+            Req::KeepAlive { ms } => {
+                start_beat(st, ms);
+                continue;
+            }
             Req::Create { .. }
             | Req::Write { .. }
             | Req::WriteAt { .. }
@@ -199,6 +212,27 @@ fn read_requests(
         }
     }
     Ok(())
+}
+
+/// Send a heartbeat (an `Ok` of id 0) every `ms` milliseconds (100 at
+/// least) until the session ends; a second request changes nothing.
+fn start_beat(st: &State, ms: u64) {
+    let mut beat = st.beat.lock().unwrap();
+    if beat.is_some() {
+        return;
+    }
+    let out = st.out.lock().unwrap().clone();
+    let (stop, stopped) = mpsc::channel::<()>();
+    let every = std::time::Duration::from_millis(ms.max(100));
+    let h = std::thread::spawn(move || {
+        let f = proto::frame(0, &Resp::Ok);
+        while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(every) {
+            if out.send(f.clone()).is_err() {
+                return;
+            }
+        }
+    });
+    *beat = Some((stop, h));
 }
 
 /// The disk thread: big files' creation, writes, commits and aborts, in
@@ -811,7 +845,8 @@ fn answer_io(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> io::Re
         | Req::PartSync { .. }
         | Req::PartRecord { .. }
         | Req::Abort { .. }
-        | Req::Watch { .. } => {
+        | Req::Watch { .. }
+        | Req::KeepAlive { .. } => {
             unreachable!("handled in order by the reading and disk threads")
         }
     }
