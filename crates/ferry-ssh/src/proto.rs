@@ -300,7 +300,7 @@ pub enum Req<'a> {
     /// A whole small file: create, write, give it the attributes `xattrs`
     /// ([`sel_bits`], attributes) if any, commit, in one: [`Resp::Ok`], or
     /// [`Resp::Bool`] `false` when committed but the filesystem refused
-    /// the attributes.
+    /// the attributes. `replacing`: the name exists (`Store::replacing`).
     Put {
         dir: u64,
         name: &'a [u8],
@@ -309,6 +309,7 @@ pub enum Req<'a> {
         #[serde(with = "serde_bytes")]
         data: &'a [u8],
         xattrs: Option<(u8, Attrs<'a>)>,
+        replacing: bool,
     },
     /// Start writing a big file as handle `file` (no reply).
     Create {
@@ -336,7 +337,7 @@ pub enum Req<'a> {
     SetLen { file: u64, size: u64 },
     /// Finish file `file` under `name`, with attributes as [`Req::Put`]:
     /// [`Resp::Ok`] (or `Bool(false)` as there), or the first error of its
-    /// creation, writes or commit.
+    /// creation, writes or commit. `replacing` as there.
     Commit {
         dir: u64,
         file: u64,
@@ -344,6 +345,7 @@ pub enum Req<'a> {
         meta: M,
         fsync: bool,
         xattrs: Option<(u8, Attrs<'a>)>,
+        replacing: bool,
     },
     /// Drop file `file` and its temporary (no reply).
     Abort { dir: u64, file: u64 },
@@ -710,6 +712,7 @@ mod tests {
                 fsync: true,
                 data: b"xyz",
                 xattrs: Some((3, vec![(&b"user.a"[..], &b"\0\xff"[..])])),
+                replacing: true,
             },
         ));
         let mut r = &b[..];
@@ -730,6 +733,7 @@ mod tests {
                 fsync: true,
                 data,
                 xattrs: Some((3, a)),
+                replacing: true,
             } => {
                 assert_eq!((name, m, data), (&b"a\xff"[..], meta, &b"xyz"[..]));
                 let mut x = Xattrs::new();

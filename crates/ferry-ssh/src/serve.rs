@@ -646,9 +646,13 @@ fn answer_io(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> io::Re
             fsync,
             data,
             xattrs,
+            replacing,
         } => {
             let d = dir_of(st, dir)?;
             let mut w = s.create_file(&d, &cname(name)?, &meta.0)?;
+            if replacing {
+                s.replacing(&mut w);
+            }
             match s.write_from(&d, &mut w, &mut Bytes(data), data.len() as u64, None) {
                 Ok(n) if n == data.len() as u64 => {
                     let r = finish(s, &d, w, name, &meta.0, fsync, xattrs)?;
@@ -670,11 +674,15 @@ fn answer_io(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> io::Re
             meta,
             fsync,
             xattrs,
+            replacing,
             ..
         } => {
             let w = st.writers.lock().unwrap().remove(&file);
             match w {
-                Some(Writing::Open(d, w)) => {
+                Some(Writing::Open(d, mut w)) => {
+                    if replacing {
+                        s.replacing(&mut w);
+                    }
                     let r = finish(s, &d, w, name, &meta.0, fsync, xattrs)?;
                     Ok(proto::frame(id, &r))
                 }
