@@ -692,7 +692,7 @@ def run_group(ctx, wname, scenario, src, man):
                 g.r(t)["cmd"] = show_cmd(ctx, t, scenario, wname)
                 if not run_timed(ctx, g, t, argv, env, pre, dst, src, strict(t), content(t, run == 0)):
                     failed.add(t)
-                ctx.trash(dst)  # deleted after the group: see purge()
+                ctx.trash(dst)  # deleted at the end (or when room runs out): see purge()
         for t in tools:
             if traced(ctx, t) and t not in failed:
                 dst = fresh(t + "-strace")
@@ -700,7 +700,11 @@ def run_group(ctx, wname, scenario, src, man):
                     argv, env, pre = tool_cmd(ctx, t, scenario, wname, src, dst)
                     run_strace(ctx, g, t, argv, env, pre)
                 ctx.trash(dst)
-        ctx.purge(f"after {wname}/copy")
+        # Not deleted here: the root ext4 of these VMs has no journal, so inodes freed
+        # within the last minute are not reused and the next group's allocations would
+        # scan past every one of them (BENCHMARKS.md, "Why small-file runs on this machine
+        # swing"). The trash goes at the end, or earlier only when room runs out
+        # (ensure_space, then settle_fs).
     elif scenario in ("noop", "touch"):
         state, tsrc, dst = cached_pair(ctx, wname, scenario, src, man)
         if state is None:

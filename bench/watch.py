@@ -169,9 +169,25 @@ def pct(xs, p):
     return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
 
 
+def retire(work, path):
+    """Move `path` (a run's many-file tree) aside into WORK/trash, deleted at the end
+    (purge_trash): the root ext4 here has no journal, so an inode freed within the last
+    minute is not reused and the next run's allocations scan past every one of them
+    (BENCHMARKS.md, "Why small-file runs on this machine swing")."""
+    if not os.path.lexists(path):
+        return
+    trash = os.path.join(work, "trash")
+    os.makedirs(trash, exist_ok=True)
+    os.rename(path, os.path.join(trash, str(len(os.listdir(trash)))))
+
+
+def purge_trash(work):
+    shutil.rmtree(os.path.join(work, "trash"), ignore_errors=True)
+
+
 def fresh(work, name):
     base = os.path.join(work, name)
-    shutil.rmtree(base, ignore_errors=True)
+    retire(work, base)
     src, dst = os.path.join(base, "src"), os.path.join(base, "dst")
     os.makedirs(src)
     os.makedirs(dst)
@@ -424,10 +440,10 @@ def run_burst(a, work, tables):
                 t = burst_copy(a, work, names, data)
                 copy.append(t)
                 print(f"burst run {r + 1}: ferry copy {t:.3f} s")
-        shutil.rmtree(os.path.join(work, "burst-watch"), ignore_errors=True)
-        shutil.rmtree(os.path.join(work, "burst-copy"), ignore_errors=True)
+        retire(work, os.path.join(work, "burst-watch"))
+        retire(work, os.path.join(work, "burst-copy"))
     w, c, cp = statistics.median(watch), statistics.median(create), statistics.median(copy)
-    shutil.rmtree(os.path.join(work, "burst-stage"), ignore_errors=True)
+    retire(work, os.path.join(work, "burst-stage"))
     print(f"burst ({a.burst_maker}) of {len(names)} x 4 KiB in {a.burst_dirs} new directories, medians of {a.runs}: "
           f"watch {w:.3f} s, making the files {c:.3f} s, one-shot ferry copy {cp:.3f} s, ratio watch/copy {w / cp:.2f}x")
     tail = statistics.median(x - y for x, y in zip(watch, create))
@@ -443,7 +459,7 @@ def run_burst(a, work, tables):
 def run_bisync(a, work, tables):
     bins = [os.path.abspath(b) for b in a.bisync_bins.split(",")] if a.bisync_bins else [a.ferry]
     base = os.path.join(work, "bisync")
-    shutil.rmtree(base, ignore_errors=True)
+    retire(work, base)
     A, B = os.path.join(base, "a"), os.path.join(base, "b")
     os.makedirs(B)
     per = -(-a.bisync_files // a.bisync_dirs)
@@ -497,7 +513,7 @@ def run_bisync(a, work, tables):
                      str(len(ms))])
     tables.append(table([f"bisync --watch, {n:,} x 1 KiB in {a.bisync_dirs} dirs: close() -> replica on B",
                          "median", "p90", "max", "changes"], rows))
-    shutil.rmtree(base, ignore_errors=True)
+    retire(work, base)
 
 
 # --- memory -----------------------------------------------------------------
@@ -752,7 +768,7 @@ def run_peers(a, work, sections, tables):
                     log.close()
             samples[tool] += ms
             print(f"run {r + 1} {tool}: {summary(ms)}")
-            shutil.rmtree(base, ignore_errors=True)
+            retire(work, base)
     rows = []
     for tool, ms in samples.items():
         print(f"{tool} pooled over {len(ms)} changes: {summary(ms)}")
@@ -809,6 +825,7 @@ def main():
         if "bisync" in sections:
             run_bisync(a, work, tables)
     finally:
+        purge_trash(work)
         if not a.workdir:
             shutil.rmtree(work, ignore_errors=True)
     print()

@@ -464,6 +464,7 @@ fn run_with<A: Store, B: Store>(
         xattrs: None,
         delta: None,
         keep: None,
+        mtime_step: ferry_engine::store::mtime_step(a, b),
     };
     let jr: Option<&Journal> = journal.as_deref();
     let records: &dyn Records = match jr {
@@ -780,6 +781,7 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
             xattrs: self.xattrs.active(),
             delta: ferry_engine::delta::Use::of(self.opts.delta, &self.stats.delta),
             keep: None,
+            mtime_step: ferry_engine::store::mtime_step(s, d),
         }
     }
 

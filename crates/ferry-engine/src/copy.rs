@@ -23,7 +23,7 @@ use crate::delta::{self, DiffSummary, Signature, Tally};
 use crate::entry::{Kind, Meta};
 use crate::hash::{hash_bytes, Hash};
 use crate::keep::Keeper;
-use crate::store::{Committing, DeltaRole, SourceFile, Store, Tracked};
+use crate::store::{cut_nsec, Committing, DeltaRole, SourceFile, Store, Tracked};
 use crate::xattr::{XattrRun, Xattrs};
 
 /// Buffer size of the content compare.
@@ -50,6 +50,9 @@ pub struct Copier<'a, S: Store, D: Store> {
     /// Keep the file a copy replaces, before it is replaced (`--backup-dir`,
     /// `--suffix`, `--versions`); `None`: replace it for good.
     pub keep: Option<&'a Keeper>,
+    /// The step mtimes are compared to ([`crate::store::mtime_step`] of
+    /// the two stores, which the engine cuts its listings to).
+    pub mtime_step: u32,
 }
 
 /// A committed copy.
@@ -259,17 +262,14 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
         };
         drop(r);
         let meta = exact.as_ref().unwrap_or(meta);
-        // The listing's mtimes are cut to the coarser store's step (the
-        // engine's `coarsen`): so is the source's mtime now, or every file
-        // with a fraction of a second would look changed and go twice.
-        let step = self
-            .src
-            .mtime_step_ns()
-            .max(self.dst.mtime_step_ns())
-            .max(1);
-        let now = now.map(|(size, sec, nsec)| (size, sec, nsec - nsec % step));
+        // Mtimes are compared cut to the run's step (the engine's listings
+        // are): the source's now too, or every file with a fraction of a
+        // second would look changed and go twice.
+        let step = self.mtime_step;
+        let now = now.map(|(size, sec, nsec)| (size, sec, cut_nsec(nsec, step)));
         if let Some(now) = now {
-            if now != (n, meta.mtime_sec, meta.mtime_nsec) || n != meta.size {
+            let listed = (n, meta.mtime_sec, cut_nsec(meta.mtime_nsec, step));
+            if now != listed || n != meta.size {
                 self.dst.abort(ddir, w);
                 return Ok(Err(now));
             }

@@ -268,7 +268,7 @@ pub struct Engine<'a, S: Store, D: Store> {
 /// Mtimes of `list` truncated to `step` nanoseconds.
 fn coarsen(list: &mut Listing, step: u32) {
     for e in list.entries_mut() {
-        e.meta.mtime_nsec -= e.meta.mtime_nsec % step;
+        e.meta.mtime_nsec = crate::store::cut_nsec(e.meta.mtime_nsec, step);
     }
 }
 
@@ -317,7 +317,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             links: opts
                 .hard_links
                 .then(|| Links::new(src.has_hard_links() && dst.has_hard_links())),
-            mtime_step: src.mtime_step_ns().max(dst.mtime_step_ns()),
+            mtime_step: crate::store::mtime_step(src, dst),
             scope: None,
             backup_in: opts.keep.as_deref().and_then(Keeper::inside_root).map(|p| {
                 let (dir, name) = keep::split_parent(p);
@@ -1666,6 +1666,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                 self.xattrs.active()
             },
             delta: crate::delta::Use::of(self.opts.delta, &self.stats.delta),
+            mtime_step: self.mtime_step,
             keep: if self.counting {
                 None
             } else {

@@ -197,6 +197,18 @@ pub trait RangedSource: Sync {
     ) -> io::Result<()>;
 }
 
+/// The step mtimes are compared (and written) to between `a` and `b`: the
+/// coarser of their [`Store::mtime_step_ns`], 1 at least.
+pub fn mtime_step<A: Store, B: Store>(a: &A, b: &B) -> u32 {
+    a.mtime_step_ns().max(b.mtime_step_ns()).max(1)
+}
+
+/// `nsec` cut to a multiple of `step` ([`mtime_step`]): how every mtime of
+/// a run is compared.
+pub fn cut_nsec(nsec: u32, step: u32) -> u32 {
+    nsec - nsec % step.max(1)
+}
+
 /// A backend: a tree of directories, files and symlinks.
 pub trait Store: Send + Sync {
     /// An open directory.
@@ -767,6 +779,22 @@ pub const PARTIAL_KEEP_SECS: i64 = 7 * 24 * 3600;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    proptest::proptest! {
+        /// The cut is the largest multiple of the step not above the
+        /// mtime's nanoseconds, and cutting again changes nothing (the
+        /// listings are cut, then the copy's checks cut again).
+        #[test]
+        fn mtimes_are_cut_to_the_step(nsec in 0u32..1_000_000_000, step in proptest::prop_oneof![
+            proptest::prelude::Just(0u32), proptest::prelude::Just(1u32),
+            proptest::prelude::Just(1_000u32), proptest::prelude::Just(1_000_000_000u32), 1u32..2_000_000_000
+        ]) {
+            let c = cut_nsec(nsec, step);
+            let s = step.max(1);
+            proptest::prop_assert!(c <= nsec && nsec - c < s && c.is_multiple_of(s));
+            proptest::prop_assert_eq!(cut_nsec(c, step), c);
+        }
+    }
 
     #[test]
     fn reserved_names_round_trip_and_user_names_are_not_reserved() {

@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use ferry_ssh::conn::{classify, is_ssh_failure};
+use ferry_ssh::quiet::{Quiet, Reading, Session, Writing};
 use ferry_ssh::{Lost, Target};
 
 use crate::wire::{self, Rd, Reply, Req};
@@ -69,6 +70,18 @@ pub struct Conn {
     /// further sessions whose opening was started for them.
     turn: AtomicUsize,
     opening: Mutex<Vec<usize>>,
+    /// The I/O timeout's watch (`--timeout`).
+    quiet: Arc<Quiet>,
+}
+
+impl Session for Conn {
+    fn waiting(&self) -> bool {
+        !self.pending.lock().unwrap().calls.is_empty()
+    }
+
+    fn give_up(&self, why: String) {
+        self.die(why);
+    }
 }
 
 fn lost_error(why: String) -> io::Error {
@@ -97,6 +110,10 @@ impl Conn {
             let mut p = self.pending.lock().unwrap();
             if let Some(why) = &p.dead {
                 return Err(lost_error(why.clone()));
+            }
+            if p.calls.is_empty() {
+                // Waiting starts now (the I/O timeout counts from here).
+                self.quiet.touch();
             }
             p.calls.insert(id, stx);
         }
@@ -267,9 +284,20 @@ fn keep_tail(pipe: impl Read + Send + 'static) -> (Tail, JoinHandle<()>) {
 }
 
 /// One line for a session that ended before the server answered.
-fn failed(t: &Target, mut child: Child, errt: JoinHandle<()>, tail: &Tail) -> String {
+fn failed(
+    t: &Target,
+    mut child: Child,
+    errt: JoinHandle<()>,
+    tail: &Tail,
+    quiet: &Quiet,
+) -> String {
+    quiet.reaped();
+    quiet.stop();
     let code = child.wait().ok().and_then(|s| s.code());
     let _ = errt.join();
+    if let Some(why) = quiet.fired() {
+        return why;
+    }
     let tail = tail.lock().unwrap().clone();
     let why = classify(t, code, &tail);
     if is_ssh_failure(&why) {
@@ -317,20 +345,37 @@ fn open(t: &Target) -> Result<Arc<Conn>, String> {
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| format!("cannot run {:?} (the -e/FERRY_RSH command): {e}", argv[0]))?;
+    let quiet = Quiet::start(
+        child.id(),
+        format!(
+            "{}: SFTP session lost: no answer from the SFTP server",
+            t.host
+        ),
+    );
     let (tail, errt) = keep_tail(child.stderr.take().expect("piped"));
-    let mut stdin = child.stdin.take().expect("piped");
-    let mut stdout = child.stdout.take().expect("piped");
+    let stdin = child.stdin.take().expect("piped");
+    let stdout = child.stdout.take().expect("piped");
     {
         use std::os::fd::AsFd;
         ferry_ssh::serve::grow_pipe(stdin.as_fd());
         ferry_ssh::serve::grow_pipe(stdout.as_fd());
     }
+    let mut stdin = Writing {
+        inner: stdin,
+        quiet: quiet.clone(),
+    };
+    let mut stdout = Reading {
+        inner: stdout,
+        quiet: quiet.clone(),
+    };
     // INIT, version 3; the VERSION reply lists the extensions.
     let _ = stdin.write_all(&[0, 0, 0, 5, wire::INIT, 0, 0, 0, 3]);
     let version = match read_packet(&mut stdout) {
         Ok(Some(r)) if r.t == wire::VERSION => r,
         Ok(Some(r)) => {
             let _ = child.kill();
+            quiet.reaped();
+            quiet.stop();
             let _ = child.wait();
             return Err(format!(
                 "{}: the SFTP server answered out of protocol (type {})",
@@ -339,7 +384,7 @@ fn open(t: &Target) -> Result<Arc<Conn>, String> {
         }
         _ => {
             drop(stdin);
-            return Err(failed(t, child, errt, &tail));
+            return Err(failed(t, child, errt, &tail, &quiet));
         }
     };
     let mut ext = Extensions::default();
@@ -374,6 +419,7 @@ fn open(t: &Target) -> Result<Arc<Conn>, String> {
         extra: Mutex::new(Vec::new()),
         turn: AtomicUsize::new(0),
         opening: Mutex::new(Vec::new()),
+        quiet: quiet.clone(),
     };
     if limits {
         // Asked before the reader runs: this first reply is read here. It
@@ -385,7 +431,16 @@ fn open(t: &Target) -> Result<Arc<Conn>, String> {
         ferry_ssh::note_round_trip(asked.elapsed());
         match reply {
             Ok(Some(r)) => {
-                let mut rd = r.extended().map_err(|e| format!("{}: {e}", t.host))?;
+                let mut rd = match r.extended() {
+                    Ok(rd) => rd,
+                    Err(e) => {
+                        let _ = child.kill();
+                        quiet.reaped();
+                        quiet.stop();
+                        let _ = child.wait();
+                        return Err(format!("{}: {e}", t.host));
+                    }
+                };
                 let fields = (rd.u64(), rd.u64(), rd.u64());
                 if let (Ok(_packet), Ok(read), Ok(write)) = fields {
                     let fit = read.min(write).min(u64::from(CHUNK_MAX)) as u32;
@@ -394,11 +449,12 @@ fn open(t: &Target) -> Result<Arc<Conn>, String> {
             }
             _ => {
                 drop(conn);
-                return Err(failed(t, child, errt, &tail));
+                return Err(failed(t, child, errt, &tail, &quiet));
             }
         }
     }
     let conn = Arc::new(conn);
+    quiet.attach(Arc::downgrade(&conn) as std::sync::Weak<dyn Session>);
     let c = conn.clone();
     std::thread::spawn(move || read_replies(&c, stdout, child, tail, errt));
     if !limits {
@@ -413,7 +469,7 @@ fn open(t: &Target) -> Result<Arc<Conn>, String> {
 
 fn read_replies(
     conn: &Conn,
-    stdout: ChildStdout,
+    stdout: Reading<ChildStdout>,
     mut child: Child,
     tail: Tail,
     errt: JoinHandle<()>,
@@ -436,6 +492,8 @@ fn read_replies(
         }
     };
     let _ = child.kill();
+    conn.quiet.reaped();
+    conn.quiet.stop();
     let status = child.wait().ok().and_then(|s| s.code());
     let _ = errt.join();
     let mut why = format!("{}: SFTP session lost", conn.host);
@@ -447,5 +505,6 @@ fn read_replies(
         (None, Some(c)) => why.push_str(&format!(" (ssh exited with status {c})")),
         _ => {}
     }
-    conn.die(why);
+    // Given up for silence: that is the cause (ssh was killed for it).
+    conn.die(conn.quiet.fired().unwrap_or(why));
 }

@@ -14,6 +14,7 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread::JoinHandle;
 
 use crate::proto::{self, Hello, Req, Resp};
+use crate::quiet::{self, Quiet, Reading, Session, Writing};
 
 /// Frames queued for the writer thread at most (a big file's chunks wait
 /// for room: memory stays bounded).
@@ -292,6 +293,18 @@ pub struct Conn {
     closing: AtomicBool,
     /// Set (and notified) once ssh has exited and been waited for.
     closed: (Mutex<bool>, Condvar),
+    /// The I/O timeout's watch (`--timeout`).
+    quiet: Arc<Quiet>,
+}
+
+impl Session for Conn {
+    fn waiting(&self) -> bool {
+        !self.pending.lock().unwrap().calls.is_empty()
+    }
+
+    fn give_up(&self, why: String) {
+        self.die(why);
+    }
 }
 
 /// A reply's bytes, decoded on demand (byte strings borrowed from them).
@@ -343,6 +356,10 @@ impl Conn {
             let mut p = self.pending.lock().unwrap();
             if let Some(why) = &p.dead {
                 return Err(lost_error(why.clone()));
+            }
+            if p.calls.is_empty() {
+                // Waiting starts now (the I/O timeout counts from here).
+                self.quiet.touch();
             }
             p.calls.insert(id, stx);
         }
@@ -612,6 +629,10 @@ fn open(t: &Target) -> Result<Arc<Conn>, Failed> {
                 argv[0]
             ))
         })?;
+    let quiet = Quiet::start(
+        child.id(),
+        format!("{}: connection lost: no answer from ferry serve", t.host),
+    );
     let err = Arc::new(Stderr {
         tail: Mutex::new(Vec::new()),
     });
@@ -628,19 +649,29 @@ fn open(t: &Target) -> Result<Arc<Conn>, Failed> {
             }
         })
     };
-    let mut stdin = child.stdin.take().expect("piped");
-    let mut stdout = child.stdout.take().expect("piped");
+    let stdin = child.stdin.take().expect("piped");
+    let stdout = child.stdout.take().expect("piped");
     {
         use std::os::fd::AsFd;
         crate::serve::grow_pipe(stdin.as_fd());
         crate::serve::grow_pipe(stdout.as_fd());
     }
+    let mut stdin = Writing {
+        inner: stdin,
+        quiet: quiet.clone(),
+    };
+    let mut stdout = Reading {
+        inner: stdout,
+        quiet: quiet.clone(),
+    };
     let _ = proto::write_hello(&mut stdin);
     let hello = proto::read_hello(&mut stdout);
     match hello {
         Ok(Hello::Ferry { protocol, .. }) if protocol == proto::PROTOCOL => {}
         Ok(Hello::Ferry { protocol, version }) => {
             let _ = child.kill();
+            quiet.reaped();
+            quiet.stop();
             let _ = child.wait();
             return Err(Failed::NoFerry(format!(
                 "{}: the remote ferry ({}) is version {version} (protocol {protocol}), this is {} (protocol {}): install ferry {} there, or name one with --remote-ferry PATH",
@@ -649,6 +680,8 @@ fn open(t: &Target) -> Result<Arc<Conn>, Failed> {
         }
         Ok(Hello::Other(b)) => {
             let _ = child.kill();
+            quiet.reaped();
+            quiet.stop();
             let what = format!(
                 "{}: `{} serve` did not answer as ferry serve does (it wrote {:?}); name ferry there with --remote-ferry PATH",
                 t.host,
@@ -660,7 +693,7 @@ fn open(t: &Target) -> Result<Arc<Conn>, Failed> {
         }
         Err(_) => {
             drop(stdin);
-            return Err(ended(t, child, errt, &err));
+            return Err(ended(t, child, errt, &err, &quiet));
         }
     }
     let (tx, rx) = mpsc::sync_channel::<Vec<u8>>(QUEUED);
@@ -677,6 +710,7 @@ fn open(t: &Target) -> Result<Arc<Conn>, Failed> {
         extra: Mutex::new(Vec::new()),
         closing: AtomicBool::new(false),
         closed: (Mutex::new(false), Condvar::new()),
+        quiet: quiet.clone(),
     };
     let conn = {
         // Whether the server keeps owners and its cores, asked before the
@@ -696,19 +730,28 @@ fn open(t: &Target) -> Result<Arc<Conn>, Failed> {
                     conn.cores = (cores as usize).max(1);
                 }
                 _ => {
+                    let _ = child.kill();
+                    quiet.reaped();
+                    quiet.stop();
+                    let _ = child.wait();
                     return Err(Failed::Other(format!(
                         "{}: ferry serve answered out of protocol",
                         t.host
-                    )))
+                    )));
                 }
             },
             None => {
                 drop(conn);
-                return Err(ended(t, child, errt, &err));
+                return Err(ended(t, child, errt, &err, &quiet));
             }
         }
         Arc::new(conn)
     };
+    quiet.attach(Arc::downgrade(&conn) as std::sync::Weak<dyn Session>);
+    // A heartbeat from the server while it works on a long request (a
+    // signature of a huge file, a big removal), a few per timeout.
+    let every = (quiet::timeout() / 3).as_millis().max(1) as u64;
+    let _ = conn.send(&Req::KeepAlive { ms: every });
     let c = conn.clone();
     std::thread::spawn(move || read_replies(&c, stdout, child, err, errt));
     Ok(conn)
@@ -716,7 +759,7 @@ fn open(t: &Target) -> Result<Arc<Conn>, Failed> {
 
 fn read_replies(
     conn: &Conn,
-    stdout: ChildStdout,
+    stdout: Reading<ChildStdout>,
     mut child: Child,
     err: Arc<Stderr>,
     errt: JoinHandle<()>,
@@ -742,6 +785,8 @@ fn read_replies(
     if !conn.closing.load(Ordering::Relaxed) {
         let _ = child.kill();
     }
+    conn.quiet.reaped();
+    conn.quiet.stop();
     let status = child.wait().ok().and_then(|s| s.code());
     let _ = errt.join();
     {
@@ -758,12 +803,25 @@ fn read_replies(
         (None, Some(c)) => why.push_str(&format!(" (ssh exited with status {c})")),
         _ => {}
     }
-    conn.die(why);
+    // Given up for silence: that is the cause (ssh was killed for it).
+    conn.die(conn.quiet.fired().unwrap_or(why));
 }
 
 /// The session ended before it started: wait for ssh, then say why.
-fn ended(t: &Target, mut child: Child, errt: JoinHandle<()>, err: &Stderr) -> Failed {
+fn ended(
+    t: &Target,
+    mut child: Child,
+    errt: JoinHandle<()>,
+    err: &Stderr,
+    quiet: &Quiet,
+) -> Failed {
+    quiet.reaped();
+    quiet.stop();
     let status = child.wait().ok().and_then(|s| s.code());
+    if let Some(why) = quiet.fired() {
+        let _ = errt.join();
+        return Failed::Other(why);
+    }
     let _ = errt.join();
     let tail = err.tail.lock().unwrap().clone();
     let why = classify(t, status, &tail);

@@ -13,6 +13,7 @@ pub mod conn;
 pub mod install;
 pub mod proto;
 mod push;
+pub mod quiet;
 pub mod serve;
 pub mod store;
 pub mod watch;
@@ -20,5 +21,6 @@ pub mod watch;
 pub use conn::{
     close_all, configure, note_round_trip, round_trip, split_words, Lost, Settings, Target,
 };
+pub use quiet::set_timeout;
 pub use serve::serve;
 pub use store::{SshDir, SshReader, SshStore, SshWriter};

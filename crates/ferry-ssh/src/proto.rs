@@ -14,7 +14,7 @@
 //! the client, so a request naming a new handle needs no answer first.
 //! [`Req::Watch`] is answered by any number of replies with its id (a
 //! stream, [`Conn::stream`](crate::conn::Conn::stream)), until the
-//! connection closes.
+//! connection closes. A reply of id 0 is a heartbeat ([`Req::KeepAlive`]).
 
 use std::io::{self, Read, Write};
 
@@ -24,7 +24,7 @@ use ferry_engine::xattr::{XattrSel, Xattrs};
 use serde::{Deserialize, Serialize};
 
 /// The protocol version both ends must speak.
-pub const PROTOCOL: u32 = 6;
+pub const PROTOCOL: u32 = 7;
 /// The hello's first bytes.
 const MAGIC: &[u8; 12] = b"FERRY-SERVE\n";
 /// Largest frame accepted (a whole small file, a big directory's listing).
@@ -300,7 +300,7 @@ pub enum Req<'a> {
     /// A whole small file: create, write, give it the attributes `xattrs`
     /// ([`sel_bits`], attributes) if any, commit, in one: [`Resp::Ok`], or
     /// [`Resp::Bool`] `false` when committed but the filesystem refused
-    /// the attributes.
+    /// the attributes. `replacing`: the name exists (`Store::replacing`).
     Put {
         dir: u64,
         name: &'a [u8],
@@ -309,6 +309,7 @@ pub enum Req<'a> {
         #[serde(with = "serde_bytes")]
         data: &'a [u8],
         xattrs: Option<(u8, Attrs<'a>)>,
+        replacing: bool,
     },
     /// Start writing a big file as handle `file` (no reply).
     Create {
@@ -336,7 +337,7 @@ pub enum Req<'a> {
     SetLen { file: u64, size: u64 },
     /// Finish file `file` under `name`, with attributes as [`Req::Put`]:
     /// [`Resp::Ok`] (or `Bool(false)` as there), or the first error of its
-    /// creation, writes or commit.
+    /// creation, writes or commit. `replacing` as there.
     Commit {
         dir: u64,
         file: u64,
@@ -344,6 +345,7 @@ pub enum Req<'a> {
         meta: M,
         fsync: bool,
         xattrs: Option<(u8, Attrs<'a>)>,
+        replacing: bool,
     },
     /// Drop file `file` and its temporary (no reply).
     Abort { dir: u64, file: u64 },
@@ -501,6 +503,11 @@ pub enum Req<'a> {
     /// `poll`: milliseconds between retries of directories that got no
     /// watch (the watch limit) or of a missing root.
     Watch { path: &'a [u8], poll: u64 },
+    /// Send a heartbeat every `ms` milliseconds until the connection
+    /// closes (no reply; the heartbeat is an [`Resp::Ok`] of id 0, which no
+    /// request has): the client's I/O timeout (`--timeout`) then gives up
+    /// only a server that stopped, not one busy with a long request.
+    KeepAlive { ms: u64 },
 }
 
 /// An error on the wire: the OS error number when there is one, else the
@@ -705,6 +712,7 @@ mod tests {
                 fsync: true,
                 data: b"xyz",
                 xattrs: Some((3, vec![(&b"user.a"[..], &b"\0\xff"[..])])),
+                replacing: true,
             },
         ));
         let mut r = &b[..];
@@ -725,6 +733,7 @@ mod tests {
                 fsync: true,
                 data,
                 xattrs: Some((3, a)),
+                replacing: true,
             } => {
                 assert_eq!((name, m, data), (&b"a\xff"[..], meta, &b"xyz"[..]));
                 let mut x = Xattrs::new();

@@ -83,6 +83,9 @@ struct State {
     /// ([`Req::PartOpen`], [`Req::PartAttach`]): their data goes past the
     /// page cache, whose copy costs this end more CPU than the stream.
     directs: Mutex<HashMap<u64, ferry_local::download::Direct>>,
+    /// The heartbeat ([`Req::KeepAlive`]): stopped when its sender is
+    /// dropped.
+    beat: Mutex<Option<(Sender<()>, std::thread::JoinHandle<()>)>>,
 }
 
 /// Serve on stdin and stdout until the other end closes the stream.
@@ -128,6 +131,7 @@ pub fn serve_on(mut input: impl Read, output: impl Write + Send + 'static) -> io
         out: Mutex::new(out_tx),
         deltas: delta::Deltas::default(),
         directs: Mutex::default(),
+        beat: Mutex::new(None),
     });
     let (work_tx, work_rx) = mpsc::sync_channel::<(u64, Vec<u8>)>(WORKERS * 4);
     let work_rx = Arc::new(Mutex::new(work_rx));
@@ -154,6 +158,11 @@ pub fn serve_on(mut input: impl Read, output: impl Write + Send + 'static) -> io
     let left: Vec<_> = st.writers.lock().unwrap().drain().collect();
     for (_, w) in left {
         w.discard(&st.store);
+    }
+    let beat = st.beat.lock().unwrap().take();
+    if let Some((stop, h)) = beat {
+        drop(stop);
+        let _ = h.join();
     }
     drop(st);
     let _ = writer.join();
@@ -185,6 +194,10 @@ fn read_requests(
                 delta::start_diff(st, file, sig);
                 continue;
             }
+            Req::KeepAlive { ms } => {
+                start_beat(st, ms);
+                continue;
+            }
             Req::Create { .. }
             | Req::Write { .. }
             | Req::WriteAt { .. }
@@ -204,6 +217,27 @@ fn read_requests(
         }
     }
     Ok(())
+}
+
+/// Send a heartbeat (an `Ok` of id 0) every `ms` milliseconds (100 at
+/// least) until the session ends; a second request changes nothing.
+fn start_beat(st: &State, ms: u64) {
+    let mut beat = st.beat.lock().unwrap();
+    if beat.is_some() {
+        return;
+    }
+    let out = st.out.lock().unwrap().clone();
+    let (stop, stopped) = mpsc::channel::<()>();
+    let every = std::time::Duration::from_millis(ms.max(100));
+    let h = std::thread::spawn(move || {
+        let f = proto::frame(0, &Resp::Ok);
+        while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(every) {
+            if out.send(f.clone()).is_err() {
+                return;
+            }
+        }
+    });
+    *beat = Some((stop, h));
 }
 
 /// The disk thread: big files' creation, writes, commits and aborts, in
@@ -633,9 +667,13 @@ fn answer_io(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> io::Re
             fsync,
             data,
             xattrs,
+            replacing,
         } => {
             let d = dir_of(st, dir)?;
             let mut w = s.create_file(&d, &cname(name)?, &meta.0)?;
+            if replacing {
+                s.replacing(&mut w);
+            }
             match s.write_from(&d, &mut w, &mut Bytes(data), data.len() as u64, None) {
                 Ok(n) if n == data.len() as u64 => {
                     let r = finish(s, &d, w, name, &meta.0, fsync, xattrs)?;
@@ -657,12 +695,16 @@ fn answer_io(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> io::Re
             meta,
             fsync,
             xattrs,
+            replacing,
             ..
         } => {
             let w = st.writers.lock().unwrap().remove(&file);
             st.directs.lock().unwrap().remove(&file);
             match w {
-                Some(Writing::Open(d, w)) => {
+                Some(Writing::Open(d, mut w)) => {
+                    if replacing {
+                        s.replacing(&mut w);
+                    }
                     let r = finish(s, &d, w, name, &meta.0, fsync, xattrs)?;
                     Ok(proto::frame(id, &r))
                 }
@@ -833,7 +875,8 @@ fn answer_io(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> io::Re
         | Req::PartSync { .. }
         | Req::PartRecord { .. }
         | Req::Abort { .. }
-        | Req::Watch { .. } => {
+        | Req::Watch { .. }
+        | Req::KeepAlive { .. } => {
             unreachable!("handled in order by the reading and disk threads")
         }
     }

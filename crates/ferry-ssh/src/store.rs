@@ -292,6 +292,9 @@ pub struct SshWriter {
     /// [`Store::write_from`], as a ranged push ([`crate::push`]) when the
     /// source is a local file, else as one stream.
     later: Option<(CString, Meta)>,
+    /// The name exists (`Store::replacing`): said with the commit, so the
+    /// remote store skips a first attempt that only works for a new name.
+    replacing: bool,
 }
 
 impl SshStore {
@@ -826,6 +829,7 @@ impl Store for SshStore {
                 sparse: false,
                 xattrs: None,
                 later: None,
+                replacing: false,
             });
         }
         if meta.size >= ferry_local::download::RANGED_MIN && !meta.sparse {
@@ -835,6 +839,7 @@ impl Store for SshStore {
                 sparse: false,
                 xattrs: None,
                 later: Some((name.to_owned(), *meta)),
+                replacing: false,
             });
         }
         self.conn().send(&Req::Create {
@@ -849,6 +854,7 @@ impl Store for SshStore {
             sparse: meta.sparse,
             xattrs: None,
             later: None,
+            replacing: false,
         })
     }
 
@@ -939,6 +945,10 @@ impl Store for SshStore {
         let conn = self.conn();
         let rx = start_commit(&conn, dir, &w, name, meta, fsync)?;
         self.confirmed(conn.wait(&rx)?)
+    }
+
+    fn replacing(&self, w: &mut SshWriter) {
+        w.replacing = true;
     }
 
     fn create_empty(
@@ -1285,6 +1295,7 @@ fn start_commit(
             fsync,
             data,
             xattrs,
+            replacing: w.replacing,
         }),
         None => conn.start(&Req::Commit {
             dir: dir.id,
@@ -1293,6 +1304,7 @@ fn start_commit(
             meta: M(*meta),
             fsync,
             xattrs,
+            replacing: w.replacing,
         }),
     }
 }

@@ -20,7 +20,9 @@ pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
     /// S3: a request that receives (or sends) no byte for this many
-    /// seconds fails and is retried [default: 30].
+    /// seconds fails and is retried [default: 30]. SSH and SFTP: a server
+    /// that sends and takes no byte for this long while requests wait for
+    /// it is given up [default: 300].
     #[arg(long, global = true, value_name = "SECS", value_parser = parse_secs)]
     pub timeout: Option<std::time::Duration>,
 }

@@ -53,6 +53,7 @@ fn main() -> ExitCode {
     }
     if let Some(t) = cli.timeout {
         ferry_s3::set_timeout(t);
+        ferry_ssh::set_timeout(t);
     }
     let res = match cli.command {
         Command::Copy(a) => run_sync(a, ferry_engine::Mode::Copy),

@@ -551,6 +551,7 @@ pub fn run_restore(a: RestoreArgs) -> Result<u8, String> {
             xattrs: None,
             delta: None,
             keep: None,
+            mtime_step: ferry_engine::store::mtime_step(&store, &store),
         };
         c.copy_file(&vdir, &vname, &dir, &cname, &rel, &v.meta, current.as_ref())
             .map_err(fail)?;

@@ -3,7 +3,7 @@
 //! internal-sftp chroot, which has no shell and no ferry): random trees
 //! pushed and pulled over `sftp://`, `host:path` falling back to SFTP
 //! where ferry cannot run (said once), `--sftp`, the one-line errors, a
-//! big push killed and run again, and the server killed mid-push. Every test skips with a line saying so
+//! big push killed and run again, and the server killed or frozen mid-push. Every test skips with a line saying so
 //! when the server is not set up. The server is this machine, so remote
 //! trees are checked on disk.
 
@@ -369,6 +369,14 @@ fn big_push_killed_then_rerun_resumes_and_leaves_nothing() {
     assert!(find_prefixed(&dst, b".ferry-").is_empty());
 }
 
+/// How a test takes the SFTP servers of a run away.
+enum Gone {
+    /// Killed (-9).
+    Killed,
+    /// Stopped (SIGSTOP): a frozen server, given up after `--timeout 3`.
+    Frozen,
+}
+
 /// The SFTP server killed (-9, every session of the run) in the middle of
 /// a push of many small files, their commits pipelined: one line saying
 /// the session was lost, exit 1 or 2, every file under its final name
@@ -376,6 +384,20 @@ fn big_push_killed_then_rerun_resumes_and_leaves_nothing() {
 /// the destination equal to the source, nothing reserved left.
 #[test]
 fn sftp_server_killed_mid_push_then_rerun_completes() {
+    sftp_server_gone_mid_push(Gone::Killed);
+}
+
+/// The SFTP server frozen (SIGSTOP, every session of the run) in the
+/// middle of the same push: ferry does not wait for ever. After
+/// `--timeout` it gives up with one line naming the host and the cause,
+/// exit 1 or 2, every file under its final name whole; once the servers
+/// are continued (and have left), a rerun completes.
+#[test]
+fn frozen_sftp_server_is_given_up_after_the_timeout_then_rerun_completes() {
+    sftp_server_gone_mid_push(Gone::Frozen);
+}
+
+fn sftp_server_gone_mid_push(how: Gone) {
     let (rsh, host) = need!(server());
     let server_bin = Path::new("/usr/lib/openssh/sftp-server");
     if !server_bin.exists() {
@@ -407,8 +429,11 @@ fn sftp_server_killed_mid_push_then_rerun_completes() {
     .unwrap();
     chmod(&wrapper, 0o755);
     let mut cmd = std::process::Command::new(bin());
+    cmd.arg("copy");
+    if let Gone::Frozen = how {
+        cmd.args(["--timeout", "3"]);
+    }
     cmd.args([
-        "copy".as_ref(),
         "-e".as_ref(),
         wrapper.as_os_str(),
         "--bwlimit".as_ref(),
@@ -418,16 +443,20 @@ fn sftp_server_killed_mid_push_then_rerun_completes() {
     ])
     .stdin(std::process::Stdio::null());
     let push = std::thread::spawn(move || run_within(cmd, Duration::from_secs(300)));
-    // Killed once some files are there.
+    // Taken away once some files are there under their final names (not
+    // only as temporaries: on a loaded machine the first commits may lag).
     let mut waited = 0;
-    // (Counted as they come: names go from temporaries to final ones.)
     let count = |root: &Path| -> usize {
         let Ok(dirs) = std::fs::read_dir(root) else {
             return 0;
         };
         dirs.filter_map(|e| std::fs::read_dir(e.ok()?.path()).ok())
-            .map(Iterator::count)
-            .sum()
+            .flatten()
+            .filter(|e| {
+                e.as_ref()
+                    .is_ok_and(|e| !e.file_name().as_bytes().starts_with(b".ferry-"))
+            })
+            .count()
     };
     while count(&dst) < 150 {
         std::thread::sleep(Duration::from_millis(20));
@@ -435,16 +464,28 @@ fn sftp_server_killed_mid_push_then_rerun_completes() {
         assert!(waited < 3000, "the push did not start");
     }
     let listed = std::fs::read_to_string(&pids).unwrap();
-    for pid in listed.split_whitespace() {
-        let _ = std::process::Command::new("kill")
-            .args(["-9", pid])
-            .status();
-    }
+    let frozen = match how {
+        Gone::Killed => {
+            for pid in listed.split_whitespace() {
+                let _ = std::process::Command::new("kill")
+                    .args(["-9", pid])
+                    .status();
+            }
+            None
+        }
+        Gone::Frozen => Some(util::ssh::Frozen::stop(&listed)),
+    };
     let r = push.join().unwrap();
     assert!(matches!(r.code, Some(1 | 2)), "{r}");
     let lines = r.error_lines();
     assert_eq!(lines.len(), 1, "{r}");
-    assert!(lines[0].contains("SFTP session lost"), "{r}");
+    let cause = match how {
+        Gone::Killed => "SFTP session lost".to_string(),
+        Gone::Frozen => {
+            format!("{host}: SFTP session lost: no answer from the SFTP server for 3 s")
+        }
+    };
+    assert!(lines[0].contains(&cause), "{r}");
     // Under a final name: whole, or not there.
     let mut there = 0;
     for rel in walk(&dst) {
@@ -461,7 +502,10 @@ fn sftp_server_killed_mid_push_then_rerun_completes() {
         }
     }
     assert!(there > 0 && there < 3000, "{there} files copied\n{r}");
-    eprintln!("{there} files copied before the kill\n{r}");
+    eprintln!("{there} files copied before the server went\n{r}");
+    if let Some(f) = frozen {
+        f.thaw();
+    }
     let r = run(&rsh, &["copy".as_ref(), src.as_os_str(), &url(&host, &dst)]);
     r.ok();
     assert_trees_equal(&src, &dst);

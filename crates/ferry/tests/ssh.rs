@@ -301,11 +301,33 @@ fn bisync_between_a_local_dir_and_a_remote_one() {
     assert!(j.exists(), "the journal is kept locally");
 }
 
+/// How a test takes the remote `ferry serve` of a run away.
+enum Gone {
+    /// Killed (-9).
+    Killed,
+    /// Stopped (SIGSTOP): a frozen server, given up after `--timeout 3`.
+    Frozen,
+}
+
 /// The remote `ferry serve` killed mid-run: exit 1 with one line about the
 /// connection, nothing half-written under a final name, and a rerun
 /// completes the copy.
 #[test]
 fn a_connection_lost_mid_run_is_one_line_and_a_rerun_completes() {
+    serve_gone_mid_push(Gone::Killed);
+}
+
+/// The remote `ferry serve` frozen (SIGSTOP) in the middle of a pipelined
+/// push: ferry does not wait for ever. After `--timeout` it gives up with
+/// one line naming the host and the cause, exit 1, nothing half-written
+/// under a final name; once the server is continued (and has left), a
+/// rerun completes the copy and leaves no temporary.
+#[test]
+fn a_frozen_remote_serve_is_given_up_after_the_timeout_and_a_rerun_completes() {
+    serve_gone_mid_push(Gone::Frozen);
+}
+
+fn serve_gone_mid_push(how: Gone) {
     let (rsh, host) = need_server!();
     let d = tmpdir();
     let src = d.path().join("src");
@@ -326,41 +348,48 @@ fn a_connection_lost_mid_run_is_one_line_and_a_rerun_completes() {
     )
     .unwrap();
     chmod(&wrapper, 0o755);
-    let child = std::process::Command::new(bin())
-        .args([
-            "copy".as_ref(),
-            "-e".as_ref(),
-            rsh.as_ref() as &std::ffi::OsStr,
-            "--remote-ferry".as_ref(),
-            wrapper.as_os_str(),
-            "--bwlimit".as_ref(),
-            "1M".as_ref(),
-            "-j".as_ref(),
-            "2".as_ref(),
-            src.as_os_str(),
-            &at(&host, &dst),
-        ])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut waited = 0;
-    while !(pidf.exists() && dst.exists() && std::fs::read_dir(&dst).unwrap().count() >= 2) {
-        std::thread::sleep(Duration::from_millis(50));
-        waited += 1;
-        assert!(waited < 400, "the copy did not start");
+    let mut cmd = std::process::Command::new(bin());
+    cmd.arg("copy");
+    if let Gone::Frozen = how {
+        cmd.args(["--timeout", "3"]);
     }
+    cmd.args([
+        "-e".as_ref(),
+        rsh.as_ref() as &std::ffi::OsStr,
+        "--remote-ferry".as_ref(),
+        wrapper.as_os_str(),
+        "--bwlimit".as_ref(),
+        "1M".as_ref(),
+        "-j".as_ref(),
+        "2".as_ref(),
+        src.as_os_str(),
+        &at(&host, &dst),
+    ])
+    .stdin(std::process::Stdio::null());
+    let push = std::thread::spawn(move || run_within(cmd, Duration::from_secs(120)));
+    wait_until("the copy did not start", 400, || {
+        pidf.exists() && dst.exists() && std::fs::read_dir(&dst).unwrap().count() >= 2
+    });
     let pid = std::fs::read_to_string(&pidf).unwrap();
-    std::process::Command::new("kill")
-        .args(["-9", pid.trim()])
-        .status()
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert_eq!(out.status.code(), Some(1), "{err}");
-    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("ferry: ")).collect();
-    assert_eq!(lines.len(), 1, "{err}");
-    assert!(lines[0].contains("connection lost"), "{err}");
+    let frozen = match how {
+        Gone::Killed => {
+            std::process::Command::new("kill")
+                .args(["-9", pid.trim()])
+                .status()
+                .unwrap();
+            None
+        }
+        Gone::Frozen => Some(util::ssh::Frozen::stop(&pid)),
+    };
+    let r = push.join().unwrap();
+    assert_eq!(r.code, Some(1), "{r}");
+    let lines = r.error_lines();
+    assert_eq!(lines.len(), 1, "{r}");
+    let cause = match how {
+        Gone::Killed => "connection lost".to_string(),
+        Gone::Frozen => format!("{host}: connection lost: no answer from ferry serve for 3 s"),
+    };
+    assert!(lines[0].contains(&cause), "{r}");
     // Whatever is there under a final name is whole.
     for e in std::fs::read_dir(&dst).unwrap() {
         let e = e.unwrap();
@@ -374,8 +403,12 @@ fn a_connection_lost_mid_run_is_one_line_and_a_rerun_completes() {
             );
         }
     }
+    if let Some(f) = frozen {
+        f.thaw();
+    }
     remote(&rsh, &["copy".as_ref(), src.as_os_str(), &at(&host, &dst)]).ok();
     assert_trees_equal(&src, &dst);
+    assert!(find_prefixed(&dst, b".ferry-").is_empty());
 }
 
 // ------------------------------------------------------------------ self-install

@@ -111,3 +111,49 @@ pub fn odd_names_tree(root: &Path) -> Vec<Vec<u8>> {
     }
     names
 }
+
+/// Server processes stopped with SIGSTOP (a frozen server): continued
+/// by [`Frozen::thaw`], killed if the test ends without it.
+pub struct Frozen(pub Vec<String>);
+
+fn signal(sig: &str, pid: &str) {
+    let _ = std::process::Command::new("kill").args([sig, pid]).status();
+}
+
+impl Frozen {
+    /// Stop `pids`.
+    pub fn stop(pids: &str) -> Frozen {
+        let pids: Vec<String> = pids.split_whitespace().map(str::to_owned).collect();
+        for p in &pids {
+            signal("-STOP", p);
+        }
+        Frozen(pids)
+    }
+
+    /// Continue them and wait until they have exited (their client is
+    /// gone: they read the end of their input and leave).
+    pub fn thaw(mut self) {
+        for p in &self.0 {
+            signal("-CONT", p);
+        }
+        for p in std::mem::take(&mut self.0) {
+            let proc = std::path::PathBuf::from(format!("/proc/{p}"));
+            let mut waited = 0;
+            while proc.exists()
+                && !std::fs::read_to_string(proc.join("stat")).is_ok_and(|s| s.contains(") Z "))
+            {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                waited += 1;
+                assert!(waited < 600, "server {p} still runs 30 s after SIGCONT");
+            }
+        }
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            signal("-KILL", p);
+        }
+    }
+}
