@@ -37,7 +37,8 @@ use ferry_engine::delta::{Appender, DiffSummary, OpSink, Signature};
 use ferry_engine::entry::{Kind, ListEntry, Listing, Meta};
 use ferry_engine::keep::{KeepBase, KeepTo};
 use ferry_engine::store::{
-    is_undo_name, temp_name, DeltaRole, ListError, MetaChange, Progress, SourceFile, Store, RESERVED_LEN,
+    is_undo_name, temp_name, DeltaRole, ListError, MetaChange, Progress, SourceFile, Store,
+    RESERVED_LEN,
 };
 use ferry_engine::xattr::{XattrSel, Xattrs};
 

@@ -350,7 +350,10 @@ fn local_append_in_place_and_the_ways_around_it() {
     let s = summary(copy(&[small_min()]).ok());
     assert_eq!(field(&s, "delta_files"), 1, "{s}");
     assert!(std::fs::read(dst.join("f")).unwrap() == grown);
-    assert!(std::fs::read(&other).unwrap() == newer, "the other link changed");
+    assert!(
+        std::fs::read(&other).unwrap() == newer,
+        "the other link changed"
+    );
     // Under the threshold: the copy-based delta (a new file), even with
     // the test hook that would kill an append half way.
     let at = ino(&dst.join("f"));
@@ -361,7 +364,11 @@ fn local_append_in_place_and_the_ways_around_it() {
     let s = summary(copy(&[die]).ok());
     assert_eq!(field(&s, "delta_files"), 1, "{s}");
     assert!(std::fs::read(dst.join("f")).unwrap() == more);
-    assert_ne!(ino(&dst.join("f")), at, "appended in place under the threshold");
+    assert_ne!(
+        ino(&dst.join("f")),
+        at,
+        "appended in place under the threshold"
+    );
     no_reserved_left(&dst);
 }
 
@@ -473,7 +480,13 @@ fn append_pushed_and_pulled_over_ssh() {
             src.as_os_str(),
             to.as_os_str(),
         ];
-        ferry_env(&remote_args(&rsh, &a).iter().map(|s| s.as_os_str()).collect::<Vec<_>>(), &[small_min()])
+        ferry_env(
+            &remote_args(&rsh, &a)
+                .iter()
+                .map(|s| s.as_os_str())
+                .collect::<Vec<_>>(),
+            &[small_min()],
+        )
     };
     push().ok();
     let before = ino(&dst.join("f"));
@@ -493,7 +506,13 @@ fn append_pushed_and_pulled_over_ssh() {
             from.as_os_str(),
             back.as_os_str(),
         ];
-        ferry_env(&remote_args(&rsh, &a).iter().map(|s| s.as_os_str()).collect::<Vec<_>>(), env)
+        ferry_env(
+            &remote_args(&rsh, &a)
+                .iter()
+                .map(|s| s.as_os_str())
+                .collect::<Vec<_>>(),
+            env,
+        )
     };
     let before = ino(&back.join("f"));
     assert_appended(&summary(pull(&[small_min()]).ok()), data.len(), 500_000);

@@ -18,7 +18,6 @@
 
 use std::io;
 use std::os::fd::BorrowedFd;
-use std::sync::mpsc;
 
 use crate::entry::Meta;
 use crate::piece::pread_full;
@@ -31,8 +30,6 @@ pub const APPEND_MIN: u64 = 64 << 20;
 /// Bytes read and hashed as one piece: a power of two, so the pieces
 /// after the first fall on blake3's subtree boundaries.
 const PIECE: usize = 8 << 20;
-/// Buffers between the reading thread and the hashing one.
-const BUFS: usize = 3;
 
 /// The sender's hashes of a file for an append.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,75 +63,119 @@ pub trait Appender: Send {
     fn abort(self: Box<Self>);
 }
 
-/// blake3 of the first `size` bytes of `fd`, read with `pread` by a thread
-/// of its own while the pieces read are hashed on every core (blake3's
-/// rayon hashing); with `mark`, also the hash of the first `mark` bytes
-/// (`mark <= size`). Returns the hasher (to go on with) and that hash. A
-/// file shorter than `size` is an error (it changed).
+/// blake3 of the first `size` bytes of `fd`, hashed on every core
+/// (blake3's rayon hashing) straight from the page cache through a shared
+/// read-only mapping (a `pread` copy cost as much CPU as the hash); with
+/// `mark`, also the hash of the first `mark` bytes (`mark <= size`).
+/// Returns the hasher (to go on with) and that hash. Each piece's pages
+/// are mapped in first (`MADV_POPULATE_READ`), which fails instead of
+/// faulting on a file cut shorter meanwhile: that is an error (it changed),
+/// and only a truncation in the instant between that and the hash of the
+/// piece can still end the process (`SIGBUS`, as with any mapped read).
 pub fn hash_fd(
     fd: BorrowedFd<'_>,
     size: u64,
     mark: Option<u64>,
 ) -> io::Result<(blake3::Hasher, Option<[u8; 32]>)> {
-    let (full_tx, full_rx) = mpsc::sync_channel::<(Vec<u8>, u64, usize)>(BUFS - 1);
-    let (free_tx, free_rx) = mpsc::channel::<Vec<u8>>();
-    std::thread::scope(|s| {
-        let reader = s.spawn(move || -> io::Result<()> {
-            let mut at = 0u64;
-            let mut made = 0;
-            while at < size {
-                let mut buf = match free_rx.try_recv() {
-                    Ok(b) => b,
-                    Err(_) if made < BUFS => {
-                        made += 1;
-                        vec![0u8; PIECE]
-                    }
-                    Err(_) => match free_rx.recv() {
-                        Ok(b) => b,
-                        // The hasher stopped.
-                        Err(_) => return Ok(()),
-                    },
-                };
-                let want = (size - at).min(PIECE as u64) as usize;
-                let got = pread_full(fd, &mut buf[..want], at)?;
-                if got < want {
-                    return Err(io::Error::other(format!(
-                        "changed while hashed (size {size} expected, {} read)",
-                        at + got as u64
-                    )));
-                }
-                if full_tx.send((buf, at, want)).is_err() {
-                    return Ok(());
-                }
-                at += want as u64;
+    let mut h = blake3::Hasher::new();
+    let mut marked = None;
+    if mark == Some(0) {
+        marked = Some(*h.finalize().as_bytes());
+    }
+    if size == 0 {
+        return Ok((h, marked));
+    }
+    let st = rustix::fs::fstat(fd)?;
+    if (st.st_size as u64) < size {
+        return Err(shorter(size, st.st_size as u64));
+    }
+    let map = Map::new(fd, size)?;
+    let mut at = 0u64;
+    while at < size {
+        let n = (size - at).min(PIECE as u64) as usize;
+        let b = map.piece(at, n)?;
+        match mark {
+            Some(m) if marked.is_none() && m > at && m <= at + n as u64 => {
+                let k = (m - at) as usize;
+                h.update_rayon(&b[..k]);
+                marked = Some(*h.finalize().as_bytes());
+                h.update_rayon(&b[k..]);
             }
-            Ok(())
-        });
-        let mut h = blake3::Hasher::new();
-        let mut marked = None;
-        for (buf, at, n) in full_rx {
-            let b = &buf[..n];
-            match mark {
-                Some(m) if marked.is_none() && m >= at && m < at + n as u64 => {
-                    let k = (m - at) as usize;
-                    h.update_rayon(&b[..k]);
-                    marked = Some(*h.finalize().as_bytes());
-                    h.update_rayon(&b[k..]);
-                }
-                _ => {
-                    h.update_rayon(b);
-                }
+            _ => {
+                h.update_rayon(b);
             }
-            let _ = free_tx.send(buf);
         }
-        reader
-            .join()
-            .unwrap_or_else(|_| Err(io::Error::other("hashing panicked")))?;
-        if marked.is_none() && mark == Some(size) {
-            marked = Some(*h.finalize().as_bytes());
+        at += n as u64;
+    }
+    Ok((h, marked))
+}
+
+fn shorter(size: u64, got: u64) -> io::Error {
+    io::Error::other(format!(
+        "changed while hashed (size {size} expected, {got} there)"
+    ))
+}
+
+/// A read-only shared mapping of a file's first `len` bytes.
+struct Map {
+    ptr: *mut std::ffi::c_void,
+    len: usize,
+}
+
+impl Map {
+    #[allow(unsafe_code)]
+    fn new(fd: BorrowedFd<'_>, len: u64) -> io::Result<Map> {
+        use rustix::mm::{mmap, MapFlags, ProtFlags};
+        let len = usize::try_from(len).map_err(|_| io::Error::other("file too big to map"))?;
+        // SAFETY: a new mapping at an address the kernel picks; it aliases
+        // no Rust object and lives until `Map` is dropped.
+        let ptr = unsafe {
+            mmap(
+                std::ptr::null_mut(),
+                len,
+                ProtFlags::READ,
+                MapFlags::SHARED,
+                fd,
+                0,
+            )?
+        };
+        Ok(Map { ptr, len })
+    }
+
+    /// `n` bytes from `at`, their pages mapped in first (an error when the
+    /// file is shorter now).
+    #[allow(unsafe_code)]
+    fn piece(&self, at: u64, n: usize) -> io::Result<&[u8]> {
+        use rustix::mm::{madvise, Advice};
+        let at = at as usize;
+        assert!(at + n <= self.len);
+        // SAFETY: the range lies within the mapping.
+        let p = unsafe { self.ptr.cast::<u8>().add(at) };
+        // Pages are what madvise takes: from the page this piece starts
+        // in (pieces start on multiples of `PIECE`, a multiple of the page).
+        // SAFETY: advice on pages of our own mapping changes no contents.
+        match unsafe { madvise(p.cast(), n, Advice::LinuxPopulateRead) } {
+            Ok(()) => {}
+            Err(rustix::io::Errno::FAULT) => {
+                return Err(io::Error::other("changed while hashed (cut shorter)"))
+            }
+            // An older kernel: the pages fault in as they are read.
+            Err(_) => {}
         }
-        Ok((h, marked))
-    })
+        // SAFETY: within the mapping, which outlives the borrow of `self`;
+        // the file's bytes may change under it (then the hashes differ and
+        // the append is refused or rolled back), never its length without
+        // the check above failing first, but for the instant after it.
+        Ok(unsafe { std::slice::from_raw_parts(p, n) })
+    }
+}
+
+impl Drop for Map {
+    #[allow(unsafe_code)]
+    fn drop(&mut self) {
+        // SAFETY: our mapping, no slice of it outlives `self`.
+        let _ = unsafe { rustix::mm::munmap(self.ptr, self.len) };
+    }
 }
 
 /// The sender's [`AppendHashes`] of `r` (not read yet), which must hold
@@ -177,7 +218,13 @@ mod tests {
             .collect();
         let mut f = tempfile::tempfile().unwrap();
         f.write_all(&data).unwrap();
-        for prefix in [1u64, 1024, PIECE as u64, PIECE as u64 + 777, data.len() as u64] {
+        for prefix in [
+            1u64,
+            1024,
+            PIECE as u64,
+            PIECE as u64 + 777,
+            data.len() as u64,
+        ] {
             let h = fd_hashes(f.as_fd(), prefix, data.len() as u64).unwrap();
             assert_eq!(h.prefix, *blake3::hash(&data[..prefix as usize]).as_bytes());
             assert_eq!(h.whole, *blake3::hash(&data).as_bytes());

@@ -365,9 +365,7 @@ pub(super) fn append_hashes(
         .get(&file)
         .map(|(r, _)| r.clone())
         .ok_or_else(|| bad_handle(file))?;
-    let fd = r
-        .as_fd()
-        .ok_or_else(|| io::Error::other("no descriptor"))?;
+    let fd = r.as_fd().ok_or_else(|| io::Error::other("no descriptor"))?;
     let h = delta::append::fd_hashes(fd, prefix, size)?;
     Ok(proto::frame(
         id,
