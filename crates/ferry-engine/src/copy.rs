@@ -293,12 +293,7 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
         // The listing's mtimes are cut to the coarser store's step (the
         // engine's `coarsen`): so is the source's mtime now, or every file
         // with a fraction of a second would look changed and go twice.
-        let step = self
-            .src
-            .mtime_step_ns()
-            .max(self.dst.mtime_step_ns())
-            .max(1);
-        let now = now.map(|(size, sec, nsec)| (size, sec, nsec - nsec % step));
+        let now = now.map(|n| self.coarse(n));
         if let Some(now) = now {
             if now != (n, meta.mtime_sec, meta.mtime_nsec) || n != meta.size {
                 self.dst.abort(ddir, w);
@@ -362,6 +357,18 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
             kept,
         };
         Ok(Ok((c, committing)))
+    }
+
+    /// A source's size and mtime now, its mtime cut to the coarser
+    /// store's step as the listings' are (the engine's `coarsen`): else
+    /// every file with a fraction of a second would look changed.
+    fn coarse(&self, (size, sec, nsec): (u64, i64, u32)) -> (u64, i64, u32) {
+        let step = self
+            .src
+            .mtime_step_ns()
+            .max(self.dst.mtime_step_ns())
+            .max(1);
+        (size, sec, nsec - nsec % step)
     }
 
     /// Add `n` to one of the run's delta figures (when it keeps them).
@@ -461,15 +468,7 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
             }
             app.write(&buf[..n])?;
         }
-        let step = self
-            .src
-            .mtime_step_ns()
-            .max(self.dst.mtime_step_ns())
-            .max(1);
-        let now = r
-            .inner()
-            .current()
-            .map(|(size, sec, nsec)| (size, sec, nsec - nsec % step));
+        let now = r.inner().current().map(|n| self.coarse(n));
         if at != meta.size || now.is_some_and(|n| n != (meta.size, meta.mtime_sec, meta.mtime_nsec))
         {
             // It changed while read: rolled back, and the normal way

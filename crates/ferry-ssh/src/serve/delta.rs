@@ -42,7 +42,7 @@ pub(super) struct DiffJob {
 /// An append in place under way: open (with the new size), or failed
 /// (the error goes back on its commit).
 enum Appending {
-    Open(LocalAppend, u64),
+    Open(Box<LocalAppend>, u64),
     Failed(io::Error),
 }
 
@@ -292,7 +292,7 @@ pub(super) fn append_hash(
             .appends
             .lock()
             .unwrap()
-            .insert(file, Appending::Open(a, size));
+            .insert(file, Appending::Open(Box::new(a), size));
         Ok(Some(h))
     })();
     proto::frame(id, &Resp::Hash(got.ok().flatten()))
