@@ -26,6 +26,27 @@ use crate::keep::Keeper;
 use crate::store::{cut_nsec, Committing, DeltaRole, SourceFile, Store, Tracked};
 use crate::xattr::{XattrRun, Xattrs};
 
+/// What the append fast path did.
+enum Appended {
+    /// Appended in place: the copy is done.
+    Done(Copied),
+    /// Not tried, or not an append: the normal way.
+    No,
+    /// Tried and rolled back (the whole hash did not match): send whole.
+    Whole,
+}
+
+/// [`delta::APPEND_MIN`], or `FERRY_TEST_APPEND_MIN` (bytes) in tests.
+fn append_min() -> u64 {
+    static MIN: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *MIN.get_or_init(|| {
+        std::env::var("FERRY_TEST_APPEND_MIN")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(delta::APPEND_MIN)
+    })
+}
+
 /// Buffer size of the content compare.
 const COMPARE_BUF: usize = 256 * 1024;
 
@@ -156,7 +177,17 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
         }
         let mut want = *meta;
         let mut seen = (meta.size, meta.mtime_sec, meta.mtime_nsec);
-        let mut sig = self.signature(ddir, name, meta, fresh);
+        let mut whole = false;
+        match self.append(sdir, sname, ddir, name, meta, old) {
+            Appended::Done(c) => return Ok((c, None)),
+            Appended::No => {}
+            Appended::Whole => whole = true,
+        }
+        let mut sig = if whole {
+            None
+        } else {
+            self.signature(ddir, name, meta, fresh)
+        };
         let mut tries = 0;
         while tries < 2 {
             let nowait = nowait && sig.is_none();
@@ -340,22 +371,131 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
         }
     }
 
-    /// The signature of the destination's old copy of `name`, when this
-    /// file goes by delta: a changed file (`!fresh`) of at least
-    /// [`delta::MIN_SIZE`] bytes on both sides, both stores taking part,
-    /// at least one at the far end of a network link unless `--delta`. A
-    /// source with holes goes whole (its copy keeps them; a rebuild would
-    /// write them out).
-    fn signature(&self, ddir: &D::Dir, name: &CStr, meta: &Meta, fresh: bool) -> Option<Signature> {
-        let d = self.delta?;
+    /// Whether a changed file (`!fresh`) of `meta` goes by delta: at least
+    /// [`delta::MIN_SIZE`] bytes, both stores taking part, at least one at
+    /// the far end of a network link unless `--delta`. A source with holes
+    /// goes whole (its copy keeps them; a rebuild would write them out).
+    fn by_delta(&self, meta: &Meta, fresh: bool) -> bool {
+        let Some(d) = self.delta else {
+            return false;
+        };
         let (s, t) = (self.src.delta_role(), self.dst.delta_role());
-        if fresh
+        !(fresh
             || meta.sparse
             || meta.size < delta::MIN_SIZE
             || s == DeltaRole::None
             || t == DeltaRole::None
-            || !(d.local || s == DeltaRole::Remote || t == DeltaRole::Remote)
+            || !(d.local || s == DeltaRole::Remote || t == DeltaRole::Remote))
+    }
+
+    /// The append fast path ([`delta::append`]): a file going by delta
+    /// whose destination (`old`, at least [`append_min`] bytes) is shorter
+    /// than the source, appended to in place when its content is the
+    /// source's first bytes. Not with `--backup-dir`/`--versions` (the
+    /// kept copy is a hard link to the same file) nor `-X`/`-A`.
+    fn append(
+        &self,
+        sdir: &S::Dir,
+        sname: &CStr,
+        ddir: &D::Dir,
+        name: &CStr,
+        meta: &Meta,
+        old: Option<&Meta>,
+    ) -> Appended {
+        let Some(old) = old else {
+            return Appended::No;
+        };
+        if old.kind != Kind::File
+            || old.size < append_min()
+            || old.size >= meta.size
+            || self.keep.is_some()
+            || self.xattrs.is_some()
+            || !self.by_delta(meta, false)
         {
+            return Appended::No;
+        }
+        let app = match self.dst.delta_append(ddir, name, old, meta.size) {
+            Ok(Some(a)) => a,
+            Ok(None) => return Appended::No,
+            Err(_) => {
+                self.count(|c| &c.fallbacks, 1);
+                return Appended::No;
+            }
+        };
+        match self.append_with(app, sdir, sname, meta, old.size) {
+            Ok(a) => a,
+            Err(_) => {
+                self.count(|c| &c.fallbacks, 1);
+                Appended::No
+            }
+        }
+    }
+
+    /// [`Copier::append`] once the destination hashes its old copy.
+    fn append_with(
+        &self,
+        mut app: Box<dyn delta::Appender + '_>,
+        sdir: &S::Dir,
+        sname: &CStr,
+        meta: &Meta,
+        prefix: u64,
+    ) -> io::Result<Appended> {
+        let mut r = Tracked::new(self.src.open_file(sdir, sname)?, self.moved);
+        let h = self.src.append_hashes(&mut r, prefix, meta.size)?;
+        if !app.begin(&h.prefix)? {
+            return Ok(Appended::No);
+        }
+        let mut buf = vec![0u8; 1 << 20];
+        let mut at = prefix;
+        loop {
+            let n = delta::read_full(&mut r, &mut buf)?;
+            if n == 0 {
+                break;
+            }
+            at += n as u64;
+            if at > meta.size {
+                break;
+            }
+            if let Some(l) = self.bwlimit {
+                l.acquire(n as u64);
+            }
+            app.write(&buf[..n])?;
+        }
+        let step = self.mtime_step;
+        let now = r
+            .inner()
+            .current()
+            .map(|(size, sec, nsec)| (size, sec, cut_nsec(nsec, step)));
+        let listed = (meta.size, meta.mtime_sec, cut_nsec(meta.mtime_nsec, step));
+        if at != meta.size || now.is_some_and(|n| n != listed) {
+            // It changed while read: rolled back, and the normal way
+            // copes with the change.
+            app.abort();
+            return Ok(Appended::No);
+        }
+        if app.commit(&h.whole, meta, self.fsync).is_err() {
+            // Rolled back: the file goes whole.
+            self.count(|c| &c.fallbacks, 1);
+            return Ok(Appended::Whole);
+        }
+        r.settle(meta.size);
+        let tail = meta.size - prefix;
+        self.count(|c| &c.files, 1);
+        self.count(|c| &c.literal, tail);
+        self.count(|c| &c.matched, prefix);
+        // The tail, and the hashes that went either way.
+        self.count(|c| &c.wire, tail + 3 * 32);
+        Ok(Appended::Done(Copied {
+            bytes: meta.size,
+            meta: *meta,
+            kept: None,
+        }))
+    }
+
+    /// The signature of the destination's old copy of `name`, when this
+    /// file goes by delta ([`Copier::by_delta`]).
+    fn signature(&self, ddir: &D::Dir, name: &CStr, meta: &Meta, fresh: bool) -> Option<Signature> {
+        if !self.by_delta(meta, fresh) {
             return None;
         }
         match self.dst.delta_signature(ddir, name, delta::MIN_SIZE) {

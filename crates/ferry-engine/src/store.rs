@@ -14,7 +14,7 @@ use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::bwlimit::Limiter;
-use crate::delta::{DiffSummary, OpSink, Signature};
+use crate::delta::{AppendHashes, Appender, DiffSummary, OpSink, Signature};
 use crate::entry::{Kind, Listing, Meta};
 use crate::hash::{Hash, HashKind, HashSet};
 use crate::keep::{KeepBase, KeepTo};
@@ -592,6 +592,34 @@ pub trait Store: Send + Sync {
     ) -> io::Result<DiffSummary> {
         crate::delta::diff(r, sig, sink)
     }
+    /// Start an append in place to file `name` of `dir`, listed as `old`,
+    /// that will have `size` bytes (a changed file that only grew:
+    /// [`crate::delta::append`]): the old
+    /// file's hash starts now, where the file is, and the [`Appender`]
+    /// compares it with the sender's. `None` where the store does not
+    /// append in place (the default) or the file cannot be (not a
+    /// regular file, changed since listed).
+    fn delta_append<'a>(
+        &'a self,
+        _dir: &'a Self::Dir,
+        _name: &CStr,
+        _old: &Meta,
+        _size: u64,
+    ) -> io::Result<Option<Box<dyn Appender + 'a>>> {
+        Ok(None)
+    }
+    /// The sender's hashes of `r` (one of this store's readers, not read
+    /// yet, of `size` bytes) for an append to a copy of `prefix` bytes;
+    /// `r` then reads on from `prefix`. By default hashed here (a file
+    /// with a descriptor); a store may have the far end hash it.
+    fn append_hashes(
+        &self,
+        r: &mut dyn SourceFile,
+        prefix: u64,
+        size: u64,
+    ) -> io::Result<AppendHashes> {
+        crate::delta::append::source_hashes(r, prefix, size)
+    }
     /// Keep the entry `name` of `dir` (a file, symlink or special file,
     /// never a directory) at `to` before a run replaces or removes it
     /// (`--backup-dir`, `--suffix`, `--versions`; see [`crate::keep`]):
@@ -716,6 +744,9 @@ pub enum DeltaRole {
 /// reserves them. Anything else, `.ferry-tmp.x` included, is a user's file.
 const TEMP_HEAD: &[u8] = b".ferry-tmp-";
 const PART_HEAD: &[u8] = b".ferry-part-";
+/// The rollback record of a file being appended to in place
+/// ([`crate::delta::append`]): `.ferry-undo-<16 hex>.~ferry~`.
+const UNDO_HEAD: &[u8] = b".ferry-undo-";
 const RESERVED_TAIL: &[u8] = b".~ferry~";
 /// Length of a temporary's name.
 pub const RESERVED_LEN: usize = TEMP_HEAD.len() + 16 + RESERVED_TAIL.len();
@@ -750,10 +781,25 @@ fn is_reserved(name: &[u8], head: &[u8]) -> bool {
             .all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'))
 }
 
-/// True for ferry's reserved names (temporaries and partial downloads):
-/// never synced, and in a destination removed as leftovers of a killed run.
+/// True for ferry's reserved names (temporaries, partial downloads and
+/// rollback records): never synced, and in a destination removed as
+/// leftovers of a killed run (a local store rolls back what a record
+/// names and hides the record while it lists).
 pub fn is_temp_name(name: &[u8]) -> bool {
-    is_reserved(name, TEMP_HEAD) || is_reserved(name, PART_HEAD)
+    is_reserved(name, TEMP_HEAD) || is_reserved(name, PART_HEAD) || is_undo_name(name)
+}
+
+/// The rollback record's name of an append in place to file `name` (one
+/// per file: its id is a hash of the name).
+pub fn undo_name(name: &[u8]) -> std::ffi::CString {
+    let h = blake3::hash(name);
+    let id = u64::from_le_bytes(h.as_bytes()[..8].try_into().expect("8 bytes"));
+    std::ffi::CString::new(reserved(UNDO_HEAD, id)).expect("no NUL")
+}
+
+/// True for a rollback record's name ([`undo_name`]).
+pub fn is_undo_name(name: &[u8]) -> bool {
+    is_reserved(name, UNDO_HEAD)
 }
 
 /// True for partial downloads kept for resuming.

@@ -8,6 +8,7 @@
 //! `sparse` copies files with holes, `special` makes fifos and device nodes.
 #![deny(missing_docs)]
 
+pub mod append;
 pub mod delta;
 pub mod download;
 mod keep;

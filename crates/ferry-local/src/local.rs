@@ -33,11 +33,12 @@ use crate::download;
 use crate::xattr::{self, Target};
 use crate::{sparse, special};
 use ferry_engine::bwlimit::Limiter;
-use ferry_engine::delta::{DiffSummary, OpSink, Signature};
+use ferry_engine::delta::{Appender, DiffSummary, OpSink, Signature};
 use ferry_engine::entry::{Kind, ListEntry, Listing, Meta};
 use ferry_engine::keep::{KeepBase, KeepTo};
 use ferry_engine::store::{
-    temp_name, DeltaRole, ListError, MetaChange, Progress, SourceFile, Store, RESERVED_LEN,
+    is_undo_name, temp_name, DeltaRole, ListError, MetaChange, Progress, SourceFile, Store,
+    RESERVED_LEN,
 };
 use ferry_engine::xattr::{XattrSel, Xattrs};
 
@@ -364,6 +365,8 @@ impl Store for LocalStore {
         errors: &mut Vec<ListError>,
     ) -> io::Result<()> {
         out.clear();
+        // Rollback records of appends in place ([`crate::append`]).
+        let mut undo: Vec<CString> = Vec::new();
         // Phase 1: names (getdents64).
         DIRBUF.with(|buf| -> io::Result<()> {
             let mut buf = buf.borrow_mut();
@@ -374,6 +377,10 @@ impl Store for LocalStore {
                 let ent = ent?;
                 let name = ent.file_name().to_bytes();
                 if name == b"." || name == b".." {
+                    continue;
+                }
+                if is_undo_name(name) {
+                    undo.push(ent.file_name().to_owned());
                     continue;
                 }
                 let kind = match ent.file_type() {
@@ -398,6 +405,12 @@ impl Store for LocalStore {
             Ok(())
         })?;
 
+        // What a killed run left half appended is rolled back before
+        // anything is stat'ed (or read); a record a live append holds, or
+        // one that cannot be handled now, is left (and never listed).
+        for rec in &undo {
+            let _ = crate::append::recover(dir.fd(), rec);
+        }
         // Phase 2: statx each entry relative to the directory fd.
         let n = out.len();
         let mut failed: Vec<(usize, io::Error)> = Vec::new();
@@ -528,6 +541,17 @@ impl Store for LocalStore {
         feed: &mut dyn FnMut(&mut dyn OpSink) -> io::Result<DiffSummary>,
     ) -> io::Result<DiffSummary> {
         crate::delta::rebuild(dir, w.fd(), old, sig, feed)
+    }
+
+    fn delta_append<'a>(
+        &'a self,
+        dir: &'a LocalDir,
+        name: &CStr,
+        old: &Meta,
+        size: u64,
+    ) -> io::Result<Option<Box<dyn Appender + 'a>>> {
+        let a = crate::append::LocalAppend::start(dir.fd(), name, old, self.owner)?;
+        Ok(a.map(|a| Box::new(crate::append::Boxed { a, new: size }) as Box<dyn Appender>))
     }
 
     fn read_link(&self, dir: &LocalDir, name: &CStr) -> io::Result<Vec<u8>> {
@@ -1221,7 +1245,7 @@ fn new_gid(dir: &LocalDir) -> Option<u32> {
     })
 }
 
-const EMPTY_META: Meta = Meta {
+pub(crate) const EMPTY_META: Meta = Meta {
     kind: Kind::Other,
     size: 0,
     mtime_sec: 0,
@@ -1336,6 +1360,19 @@ pub(crate) fn is_unsupported(e: Errno) -> bool {
         e,
         Errno::OPNOTSUPP | Errno::XDEV | Errno::INVAL | Errno::NOSYS | Errno::BADF | Errno::PERM
     )
+}
+
+pub(crate) fn pwrite_all(fd: BorrowedFd<'_>, data: &[u8], at: u64) -> io::Result<()> {
+    let mut n = 0;
+    while n < data.len() {
+        match rustix::io::pwrite(fd, &data[n..], at + n as u64) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(k) => n += k,
+            Err(Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
 }
 
 pub(crate) fn write_all(fd: BorrowedFd<'_>, mut buf: &[u8]) -> io::Result<()> {

@@ -209,7 +209,11 @@ fn read_requests(
             | Req::PartRecord { .. }
             | Req::Abort { .. }
             | Req::PatchFrom { .. }
-            | Req::Patch { .. } => disk,
+            | Req::Patch { .. }
+            | Req::AppendBegin { .. }
+            | Req::AppendWrite { .. }
+            | Req::AppendCommit { .. }
+            | Req::AppendAbort { .. } => disk,
             _ => work,
         };
         if to.send((id, body)).is_err() {
@@ -288,6 +292,18 @@ fn write_files(st: &State, rx: &Receiver<(u64, Vec<u8>)>) {
                 size,
             } => delta::patch_from(st, dir, file, old, block, size),
             Req::Patch { file, ops } => delta::patch(st, file, ops),
+            Req::AppendBegin { file, prefix } => delta::append_begin(st, file, &prefix),
+            Req::AppendWrite { file, data } => delta::append_write(st, file, data),
+            Req::AppendCommit {
+                file,
+                hash,
+                meta,
+                fsync,
+            } => {
+                let f = delta::append_commit(st, id, file, &hash, &meta.0, fsync);
+                let _ = st.out.lock().unwrap().send(f);
+            }
+            Req::AppendAbort { file } => delta::append_abort(st, file),
             Req::Commit { file, .. } if st.deltas.unfinished(file) => {
                 if let Some(Writing::Open(d, w)) = st.writers.lock().unwrap().remove(&file) {
                     st.store.abort(&d, w);
@@ -862,7 +878,21 @@ fn answer_io(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> io::Re
         }
         Req::Sign { dir, name, min } => delta::sign(st, id, dir, name, min),
         Req::DiffRead { file, seq } => delta::diff_read(st, id, file, seq),
-        Req::Close { .. }
+        Req::AppendHash {
+            dir,
+            name,
+            old,
+            size,
+            file,
+        } => Ok(delta::append_hash(st, id, dir, name, &old.0, size, file)),
+        Req::AppendHashes { file, prefix, size } => {
+            delta::append_hashes(st, id, file, prefix, size)
+        }
+        Req::AppendBegin { .. }
+        | Req::AppendWrite { .. }
+        | Req::AppendCommit { .. }
+        | Req::AppendAbort { .. }
+        | Req::Close { .. }
         | Req::Diff { .. }
         | Req::PatchFrom { .. }
         | Req::Patch { .. }

@@ -269,3 +269,274 @@ fn push_killed_mid_delta_keeps_the_old_file() {
     }
     assert!(left.is_empty(), "{left:?}");
 }
+
+/// ferry with `args` and the environment `env` added.
+fn ferry_env(args: &[&OsStr], env: &[(&str, String)]) -> Run {
+    let mut c = std::process::Command::new(bin());
+    c.args(args).stdin(std::process::Stdio::null());
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    run_within(c, Duration::from_secs(600))
+}
+
+/// The append path's threshold lowered for tests (the decision is the
+/// client's, whichever end receives).
+fn small_min() -> (&'static str, String) {
+    ("FERRY_TEST_APPEND_MIN", (1u64 << 20).to_string())
+}
+
+fn ino(p: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(p).unwrap().ino()
+}
+
+/// The `--json` figures of an append in place of `tail` bytes to a file
+/// of `old` bytes.
+fn assert_appended(s: &serde_json::Value, old: usize, tail: usize) {
+    assert_eq!(field(s, "delta_files"), 1, "{s}");
+    assert_eq!(field(s, "delta_fallbacks"), 0, "{s}");
+    assert_eq!(field(s, "literal_bytes"), tail as u64, "{s}");
+    assert_eq!(field(s, "matched_bytes"), old as u64, "{s}");
+    assert!(field(s, "wire_bytes") <= tail as u64 + 4096, "{s}");
+    assert_eq!(field(s, "bytes_copied"), (old + tail) as u64, "{s}");
+}
+
+fn no_reserved_left(root: &Path) {
+    let left = find_prefixed(root, b".ferry-");
+    assert!(left.is_empty(), "{left:?}");
+}
+
+#[test]
+fn local_append_in_place_and_the_ways_around_it() {
+    let d = tmpdir();
+    let (src, dst) = (d.path().join("src"), d.path().join("dst"));
+    let data = gen_bytes(4 << 20, 11);
+    write(&src, "f", &data);
+    ferry(["copy".as_ref(), src.as_os_str(), dst.as_os_str()]).ok();
+    let copy = |env: &[(&str, String)]| {
+        let a = ["copy", "--delta", "--json"].map(OsStr::new);
+        let mut a: Vec<&OsStr> = a.to_vec();
+        a.extend([src.as_os_str(), dst.as_os_str()]);
+        ferry_env(&a, env)
+    };
+    // Grown at its end: appended in place (same inode), the tail sent.
+    let before = ino(&dst.join("f"));
+    let mut new = data.clone();
+    new.extend_from_slice(&gen_bytes(300_000, 12));
+    write(&src, "f", &new);
+    let r = copy(&[small_min()]);
+    assert_appended(&summary(r.ok()), data.len(), 300_000);
+    assert!(std::fs::read(dst.join("f")).unwrap() == new);
+    assert_eq!(ino(&dst.join("f")), before, "not appended in place");
+    assert_eq!(get_mtime(&dst.join("f")), get_mtime(&src.join("f")));
+    no_reserved_left(&dst);
+    // The first bytes differ too: the normal delta, into a new file.
+    let mut newer = new.clone();
+    newer[1000] ^= 0xff;
+    newer.extend_from_slice(&gen_bytes(200_000, 13));
+    write(&src, "f", &newer);
+    let s = summary(copy(&[small_min()]).ok());
+    assert_eq!(field(&s, "delta_files"), 1, "{s}");
+    assert!(field(&s, "matched_bytes") > 0, "{s}");
+    assert!(std::fs::read(dst.join("f")).unwrap() == newer);
+    assert_ne!(ino(&dst.join("f")), before, "rebuilt in place");
+    // A destination with another hard link is never written in place.
+    let other = d.path().join("other");
+    std::fs::hard_link(dst.join("f"), &other).unwrap();
+    let mut grown = newer.clone();
+    grown.extend_from_slice(&gen_bytes(100_000, 14));
+    write(&src, "f", &grown);
+    let s = summary(copy(&[small_min()]).ok());
+    assert_eq!(field(&s, "delta_files"), 1, "{s}");
+    assert!(std::fs::read(dst.join("f")).unwrap() == grown);
+    assert!(
+        std::fs::read(&other).unwrap() == newer,
+        "the other link changed"
+    );
+    // Under the threshold: the copy-based delta (a new file), even with
+    // the test hook that would kill an append half way.
+    let at = ino(&dst.join("f"));
+    let mut more = grown.clone();
+    more.extend_from_slice(&gen_bytes(100_000, 15));
+    write(&src, "f", &more);
+    let die = ("FERRY_TEST_APPEND_DIE", "1".to_string());
+    let s = summary(copy(&[die]).ok());
+    assert_eq!(field(&s, "delta_files"), 1, "{s}");
+    assert!(std::fs::read(dst.join("f")).unwrap() == more);
+    assert_ne!(
+        ino(&dst.join("f")),
+        at,
+        "appended in place under the threshold"
+    );
+    no_reserved_left(&dst);
+}
+
+/// A run killed half way through an append's tail (the test hook kills
+/// the receiving process): the next run that lists the directory rolls
+/// the file back (old size and mtime) before reading it, and a copy
+/// completes; no reserved name is left.
+#[test]
+fn append_killed_half_way_is_rolled_back_by_the_next_run() {
+    let d = tmpdir();
+    let (src, dst, out) = (
+        d.path().join("src"),
+        d.path().join("dst"),
+        d.path().join("out"),
+    );
+    let data = gen_bytes(3 << 20, 21);
+    write(&src, "f", &data);
+    ferry(["copy".as_ref(), src.as_os_str(), dst.as_os_str()]).ok();
+    let old_mtime = get_mtime(&dst.join("f"));
+    let tail = 3 << 20;
+    let mut new = data.clone();
+    new.extend_from_slice(&gen_bytes(tail, 22));
+    write(&src, "f", &new);
+    let a: Vec<&OsStr> = vec![
+        "copy".as_ref(),
+        "--delta".as_ref(),
+        src.as_os_str(),
+        dst.as_os_str(),
+    ];
+    let die = ("FERRY_TEST_APPEND_DIE", (tail / 2).to_string());
+    let r = ferry_env(&a, &[small_min(), die]);
+    assert!(r.code.is_none(), "not killed\n{r}");
+    let len = std::fs::metadata(dst.join("f")).unwrap().len() as usize;
+    assert!(len > data.len() && len < new.len(), "{len}");
+    assert_eq!(find_prefixed(&dst, b".ferry-undo-").len(), 1);
+    // A run reading the half-appended tree sees the old file.
+    ferry(["copy".as_ref(), dst.as_os_str(), out.as_os_str()]).ok();
+    assert!(std::fs::read(out.join("f")).unwrap() == data);
+    assert!(std::fs::read(dst.join("f")).unwrap() == data);
+    assert_eq!(get_mtime(&dst.join("f")), old_mtime);
+    no_reserved_left(&dst);
+    no_reserved_left(&out);
+    // Killed again, then the next copy itself rolls back and appends.
+    let die = ("FERRY_TEST_APPEND_DIE", (tail / 2).to_string());
+    assert!(ferry_env(&a, &[small_min(), die]).code.is_none());
+    let before = ino(&dst.join("f"));
+    let mut a = a.clone();
+    a.insert(1, "--json".as_ref());
+    let r = ferry_env(&a, &[small_min()]);
+    assert_appended(&summary(r.ok()), data.len(), tail);
+    assert!(std::fs::read(dst.join("f")).unwrap() == new);
+    assert_eq!(ino(&dst.join("f")), before);
+    no_reserved_left(&dst);
+}
+
+/// Local `--delta` killed (-9) mid-delta under the append threshold: the
+/// old file is intact (the copy-based path writes a new temporary).
+#[test]
+fn local_delta_killed_under_the_threshold_keeps_the_old_file() {
+    let d = tmpdir();
+    let (src, dst) = (d.path().join("src"), d.path().join("dst"));
+    let data = gen_bytes(16 << 20, 31);
+    write(&src, "f", &data);
+    write(&dst, "f", &data);
+    let mut new = data.clone();
+    new.extend_from_slice(&gen_bytes(16 << 20, 32));
+    write(&src, "f", &new);
+    let mut child = spawn_ferry([
+        "copy".as_ref(),
+        "--delta".as_ref(),
+        "--bwlimit".as_ref(),
+        "4M".as_ref(),
+        src.as_os_str(),
+        dst.as_os_str(),
+    ]);
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the copy ended too soon"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(
+        std::fs::read(dst.join("f")).unwrap() == data,
+        "the old file changed"
+    );
+    ferry(["copy".as_ref(), src.as_os_str(), dst.as_os_str()]).ok();
+    assert!(std::fs::read(dst.join("f")).unwrap() == new);
+    no_reserved_left(&dst);
+}
+
+#[test]
+fn append_pushed_and_pulled_over_ssh() {
+    let Some((rsh, host)) = server() else { return };
+    let d = tmpdir();
+    let (src, dst, back) = (
+        d.path().join("src"),
+        d.path().join("dst"),
+        d.path().join("back"),
+    );
+    let data = gen_bytes(4 << 20, 41);
+    write(&src, "f", &data);
+    write(&back, "f", &data);
+    let to = at(&host, &dst);
+    let push = || {
+        let a: Vec<&OsStr> = vec![
+            "copy".as_ref(),
+            "--json".as_ref(),
+            src.as_os_str(),
+            to.as_os_str(),
+        ];
+        ferry_env(
+            &remote_args(&rsh, &a)
+                .iter()
+                .map(|s| s.as_os_str())
+                .collect::<Vec<_>>(),
+            &[small_min()],
+        )
+    };
+    push().ok();
+    let before = ino(&dst.join("f"));
+    let mut new = data.clone();
+    new.extend_from_slice(&gen_bytes(500_000, 42));
+    write(&src, "f", &new);
+    assert_appended(&summary(push().ok()), data.len(), 500_000);
+    assert!(std::fs::read(dst.join("f")).unwrap() == new);
+    assert_eq!(ino(&dst.join("f")), before, "not appended in place");
+    no_reserved_left(&dst);
+    // Pull: the local side receives.
+    let from = at(&host, &dst);
+    let pull = |env: &[(&str, String)]| {
+        let a: Vec<&OsStr> = vec![
+            "copy".as_ref(),
+            "--json".as_ref(),
+            from.as_os_str(),
+            back.as_os_str(),
+        ];
+        ferry_env(
+            &remote_args(&rsh, &a)
+                .iter()
+                .map(|s| s.as_os_str())
+                .collect::<Vec<_>>(),
+            env,
+        )
+    };
+    let before = ino(&back.join("f"));
+    assert_appended(&summary(pull(&[small_min()]).ok()), data.len(), 500_000);
+    assert!(std::fs::read(back.join("f")).unwrap() == new);
+    assert_eq!(ino(&back.join("f")), before, "not appended in place");
+    // A pull killed half way: rolled back, then completed.
+    let mut newer = new.clone();
+    newer.extend_from_slice(&gen_bytes(2 << 20, 43));
+    write(&src, "f", &newer);
+    push().ok();
+    let die = ("FERRY_TEST_APPEND_DIE", (1u64 << 20).to_string());
+    assert!(pull(&[small_min(), die]).code.is_none());
+    assert_eq!(find_prefixed(&back, b".ferry-undo-").len(), 1);
+    assert_appended(&summary(pull(&[small_min()]).ok()), new.len(), 2 << 20);
+    assert!(std::fs::read(back.join("f")).unwrap() == newer);
+    no_reserved_left(&back);
+    // The first bytes differ: the normal delta, pushed.
+    let mut other = newer.clone();
+    other[5] ^= 1;
+    other.extend_from_slice(&gen_bytes(10_000, 44));
+    write(&src, "f", &other);
+    let s = summary(push().ok());
+    assert_eq!(field(&s, "delta_files"), 1, "{s}");
+    assert!(field(&s, "matched_bytes") > 0, "{s}");
+    assert!(std::fs::read(dst.join("f")).unwrap() == other);
+    no_reserved_left(&dst);
+}

@@ -19,15 +19,17 @@
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+pub mod append;
 mod diff;
 mod patch;
 mod sign;
 #[cfg(test)]
 mod tests;
 
+pub use append::{AppendHashes, Appender, APPEND_MIN};
 pub use diff::diff;
 pub use patch::{mismatch, PatchSink, Patcher};
-pub use sign::{sign, strong, weak, Rolling};
+pub use sign::{read_full, sign, strong, weak, Rolling};
 
 /// Smallest block (rsync's `BLOCK_SIZE`).
 pub const MIN_BLOCK: u32 = 700;

@@ -301,7 +301,7 @@ fn sign_stream(
 }
 
 /// Fill `buf`; fewer bytes only at the end of the input.
-pub(super) fn read_full(r: &mut dyn SourceFile, buf: &mut [u8]) -> io::Result<usize> {
+pub fn read_full(r: &mut dyn SourceFile, buf: &mut [u8]) -> io::Result<usize> {
     let mut n = 0;
     while n < buf.len() {
         match r.read(&mut buf[n..]) {
