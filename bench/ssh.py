@@ -17,6 +17,7 @@ Workloads (generated under --workdir, removed at the end):
 Each row: wall time (median of --runs), MiB/s for big, the CPU seconds of the local
 side (the tool and its ssh children) and of the remote side (the sshd sessions and what they
 ran, from the sshd master's reaped children), and for big the CPU per GiB of each end.
+(With --rtt-ms, the rate column also gives the latency proxy's own CPU seconds.)
 --cipher NAME gives every tool's ssh `-c NAME` (default aes128-gcm@openssh.com, the same
 cipher for all); --cipher default gives none (each tool as users run it: ferry puts AES-GCM
 first when ssh is left to its defaults, rsync and scp take ssh's default order). --rtt-ms N puts bench/latency_proxy.py between the
@@ -151,9 +152,18 @@ def remote_cpu():
     return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
 
 
+def proxy_cpu():
+    """CPU seconds of the latency proxy so far (0 without one)."""
+    if not proxy:
+        return 0.0
+    with open(f"/proc/{proxy.pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def timed(argv, out=None):
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    rbefore = remote_cpu()
+    rbefore, pbefore = remote_cpu(), proxy_cpu()
     t = time.perf_counter()
     r = subprocess.run(argv, capture_output=True, text=True)
     wall = time.perf_counter() - t
@@ -162,7 +172,8 @@ def timed(argv, out=None):
         raise SystemExit(f"{argv[0]} failed ({r.returncode}): {r.stderr.strip()[-500:]}")
     if out is not None:
         out.append(r.stdout)
-    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), remote_cpu() - rbefore
+    return (wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), remote_cpu() - rbefore,
+            proxy_cpu() - pbefore)
 
 
 def wire_bytes(tool, stdout):
@@ -213,7 +224,7 @@ def delta_rows():
                     argv = cmd(tool, new if push else far, recv, push)
                     argv.insert(2, "--json" if tool.startswith("ferry") else "--stats")
                     out = []
-                    wall, cpu, rcpu = timed(argv, out)
+                    wall, cpu, rcpu, _ = timed(argv, out)
                     walls.append(wall)
                     cpus.append(cpu)
                     rcpus.append(rcpu)
@@ -265,7 +276,7 @@ try:
                 continue
             # scp has no no-op: it copies everything again.
             use = [t for t in tools if not (wl == "noop" and t == "scp")]
-            got = {t: ([], [], []) for t in use}
+            got = {t: ([], [], [], []) for t in use}
             for _ in range(runs):
                 for tool in use:  # alternated: a noisy moment hits every tool alike
                     far = os.path.join(a.workdir, wl, "there")
@@ -287,9 +298,11 @@ try:
                     if a.smoke:
                         same(src, far if push else near)
             for tool in use:
-                walls, cpus, rcpus = got[tool]
+                walls, cpus, rcpus, pcpus = got[tool]
                 w = statistics.median(walls)
                 rate = f"{total / w / (1 << 20):.0f} MiB/s" if wl == "big" else ""
+                if proxy:
+                    rate += (", " if rate else "") + f"proxy CPU {statistics.median(pcpus):.2f} s"
                 c, rc = statistics.median(cpus), statistics.median(rcpus)
                 if wl == "big":
                     gib = total / (1 << 30)
