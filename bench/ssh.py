@@ -21,7 +21,7 @@ ran, from the sshd master's reaped children), and for big the CPU per GiB of eac
 --cipher NAME gives every tool's ssh `-c NAME` (default aes128-gcm@openssh.com, the same
 cipher for all); --cipher default gives none (each tool as users run it: ferry puts AES-GCM
 first when ssh is left to its defaults, rsync and scp take ssh's default order). --rtt-ms N puts bench/latency_proxy.py between the
-clients and sshd. --smoke runs tiny workloads once and checks the copies are equal (what
+clients and sshd (--both: each tool also straight to sshd, as TOOL@lo, in the same run). --smoke runs tiny workloads once and checks the copies are equal (what
 scripts/test runs, so this never rots). --only big,push picks rows (--only delta: the delta
 rows alone).
 """
@@ -33,6 +33,8 @@ ap.add_argument("--ferry", default="target/release/ferry")
 ap.add_argument("--ferry-base", default="", help="another ferry binary: tools ferry-base and ferry-sftp-base (before/after in one run)")
 ap.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "ferry-bench-ssh"))
 ap.add_argument("--rtt-ms", type=float, default=0)
+ap.add_argument("--both", action="store_true",
+                help="with --rtt-ms: each tool also straight to sshd (tool@lo), alternated in the same run")
 ap.add_argument("--smoke", action="store_true")
 ap.add_argument("--tools", default="", help="comma list (default: ferry,ferry-sftp,rsync and scp,rclone when installed)")
 ap.add_argument("--cipher", default="aes128-gcm@openssh.com",
@@ -58,6 +60,7 @@ for line in env_lines.splitlines():
         k, v = part.removeprefix("FERRY_").split("=", 1)
         cfg[k] = v.strip("'")
 config = os.path.join(sdir, "ssh_config")
+config_lo = config
 host = "ferry-test"
 proxy = None
 if a.rtt_ms:
@@ -83,13 +86,23 @@ if a.rtt_ms:
         f.write(f"[127.0.0.1]:{pport} {key}\n")
 cipher = [] if a.cipher == "default" else ["-c", a.cipher]
 ssh = " ".join(["ssh", "-F", config] + cipher)
+config_rtt = config
 
 # (rclone is slow on even the smoke workloads: by default in full runs only.)
 tools = [t for t in a.tools.split(",") if t] or \
     ["ferry", "ferry-sftp", "rsync"] + [t for t in ("scp", "rclone") if shutil.which(t) and not (a.smoke and t == "rclone")]
+if a.both and a.rtt_ms:
+    # Loopback and behind the proxy in one run, alternated: whatever the machine does
+    # (other work, ext4's scans past recently freed inodes) hits both alike.
+    tools = [x for t in tools for x in (t + "@lo", t)]
 
 
 def cmd(tool, src, dst, push):
+    global config, ssh
+    # tool@lo: straight to sshd (--both), the same tool through the proxy beside it.
+    tool, lo = tool.removesuffix("@lo"), tool.endswith("@lo")
+    config = config_lo if lo else config_rtt
+    ssh = " ".join(["ssh", "-F", config] + cipher)
     at = lambda p: f"{host}:{p}"
     s, d = (src, at(dst)) if push else (at(src), dst)
     if tool == "ferry":
