@@ -14,7 +14,7 @@ in front of a throwaway sshd (scripts/sshd):
   ferry push, rsync push (with --ferry): `ferry copy` and `rsync -a` of --files x 4 KiB to
           host:path (destinations moved aside, deleted at the end).
 Each row prints the proxy's own CPU seconds (utime + stime of its process, /proc/PID/stat)
-for the workload, beside the wall time, its write calls (/proc/PID/io syscw), and the CPU seconds of the client side (the command
+for the workload, beside the wall time, and the CPU seconds of the client side (the command
 and its ssh) and of the server side (the sshd sessions and what they ran). Proxies are run one after another, rows alternated.
 """
 import argparse, os, resource, shutil, socket, statistics, subprocess, sys, tempfile, threading, time
@@ -57,14 +57,6 @@ class Direct:
 
     def wait(self):
         pass
-
-
-def writes(pid):
-    """The proxy's write calls so far (/proc/PID/io syscw: its sends)."""
-    if pid is None:
-        return 0
-    with open(f"/proc/{pid}/io") as f:
-        return int(next(l for l in f if l.startswith("syscw")).split()[1])
 
 
 def start_proxy(path, upstream_port):
@@ -192,12 +184,12 @@ try:
                 work.append((f"rsync -a push {a.files} x 4 KiB", rsync))
             for label, fn in work:
                 r0, s0 = resource.getrusage(resource.RUSAGE_CHILDREN), server_cpu()
-                c0, w0, t = cpu(p.pid), writes(p.pid), time.perf_counter()
+                c0, t = cpu(p.pid), time.perf_counter()
                 fn()
-                wall, used, wrote = time.perf_counter() - t, cpu(p.pid) - c0, writes(p.pid) - w0
+                wall, used = time.perf_counter() - t, cpu(p.pid) - c0
                 r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
                 here = r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime
-                results.setdefault((name, label), []).append((wall, used, here, server_cpu() - s0, wrote))
+                results.setdefault((name, label), []).append((wall, used, here, server_cpu() - s0))
             p.kill()
             p.wait()
 finally:
@@ -205,11 +197,11 @@ finally:
     shutil.rmtree(a.workdir, ignore_errors=True)
 
 print(f"one way {a.one_way_ms} ms; runs {a.runs} (medians)")
-print("| proxy | workload | wall s | proxy CPU s | proxy writes | client CPU s | server CPU s |")
-print("|---|---|---|---|---|---|---|")
+print("| proxy | workload | wall s | proxy CPU s | client CPU s | server CPU s |")
+print("|---|---|---|---|---|---|")
 for (name, label), v in results.items():
     if label.startswith("rtt"):
-        print(f"| {name} | {label} | {statistics.median(x for x, _ in v):.2f} / {max(y for _, y in v):.2f} | | | | |")
+        print(f"| {name} | {label} | {statistics.median(x for x, _ in v):.2f} / {max(y for _, y in v):.2f} | | | |")
     else:
-        m = [statistics.median(r[k] for r in v) for k in range(5)]
-        print(f"| {name} | {label} | {m[0]:.2f} | {m[1]:.2f} | {m[4]:.0f} | {m[2]:.2f} | {m[3]:.2f} |")
+        m = [statistics.median(r[k] for r in v) for k in range(4)]
+        print(f"| {name} | {label} | {m[0]:.2f} | {m[1]:.2f} | {m[2]:.2f} | {m[3]:.2f} |")
