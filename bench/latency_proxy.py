@@ -102,13 +102,6 @@ def main():
             while q and q[0][0] <= now and q[0][1]:
                 parts.append(q.popleft()[1])
             w.out = b"".join(parts) if len(parts) != 1 else parts[0]
-            if q and q[0][0] <= now and not q[0][1] and not w.out:
-                q.popleft()
-                w.eof_sent = True
-                try:
-                    w.dst.shutdown(socket.SHUT_WR)
-                except OSError:
-                    pass
         if len(w.out):
             try:
                 n = w.dst.send(w.out)
@@ -120,13 +113,14 @@ def main():
             w.held -= n
             # (A view: the rest is not copied again after a partial send.)
             w.out = memoryview(w.out)[n:] if n < len(w.out) else b""
-            if not w.out and q and q[0][0] <= now and not q[0][1]:
-                q.popleft()
-                w.eof_sent = True
-                try:
-                    w.dst.shutdown(socket.SHUT_WR)
-                except OSError:
-                    pass
+        # The end of the stream, once everything before it is written.
+        if not len(w.out) and q and q[0][0] <= now and not q[0][1]:
+            q.popleft()
+            w.eof_sent = True
+            try:
+                w.dst.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
         if not q:
             timed.discard(w)
         if all(x.eof_sent for x in w.pair.ways):
