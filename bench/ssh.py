@@ -17,10 +17,11 @@ Workloads (generated under --workdir, removed at the end):
 Each row: wall time (median of --runs), MiB/s for big, the CPU seconds of the local
 side (the tool and its ssh children) and of the remote side (the sshd sessions and what they
 ran, from the sshd master's reaped children), and for big the CPU per GiB of each end.
+(With --rtt-ms, the rate column also gives the latency proxy's own CPU seconds.)
 --cipher NAME gives every tool's ssh `-c NAME` (default aes128-gcm@openssh.com, the same
 cipher for all); --cipher default gives none (each tool as users run it: ferry puts AES-GCM
 first when ssh is left to its defaults, rsync and scp take ssh's default order). --rtt-ms N puts bench/latency_proxy.py between the
-clients and sshd. --smoke runs tiny workloads once and checks the copies are equal (what
+clients and sshd (--both: each tool also straight to sshd, as TOOL@lo, in the same run). --smoke runs tiny workloads once and checks the copies are equal (what
 scripts/test runs, so this never rots). --only big,push picks rows (--only delta: the delta
 rows alone).
 """
@@ -32,6 +33,8 @@ ap.add_argument("--ferry", default="target/release/ferry")
 ap.add_argument("--ferry-base", default="", help="another ferry binary: tools ferry-base and ferry-sftp-base (before/after in one run)")
 ap.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "ferry-bench-ssh"))
 ap.add_argument("--rtt-ms", type=float, default=0)
+ap.add_argument("--both", action="store_true",
+                help="with --rtt-ms: each tool also straight to sshd (tool@lo), alternated in the same run")
 ap.add_argument("--smoke", action="store_true")
 ap.add_argument("--tools", default="", help="comma list (default: ferry,ferry-sftp,rsync and scp,rclone when installed)")
 ap.add_argument("--cipher", default="aes128-gcm@openssh.com",
@@ -57,6 +60,7 @@ for line in env_lines.splitlines():
         k, v = part.removeprefix("FERRY_").split("=", 1)
         cfg[k] = v.strip("'")
 config = os.path.join(sdir, "ssh_config")
+config_lo = config
 host = "ferry-test"
 proxy = None
 if a.rtt_ms:
@@ -82,13 +86,23 @@ if a.rtt_ms:
         f.write(f"[127.0.0.1]:{pport} {key}\n")
 cipher = [] if a.cipher == "default" else ["-c", a.cipher]
 ssh = " ".join(["ssh", "-F", config] + cipher)
+config_rtt = config
 
 # (rclone is slow on even the smoke workloads: by default in full runs only.)
 tools = [t for t in a.tools.split(",") if t] or \
     ["ferry", "ferry-sftp", "rsync"] + [t for t in ("scp", "rclone") if shutil.which(t) and not (a.smoke and t == "rclone")]
+if a.both and a.rtt_ms:
+    # Loopback and behind the proxy in one run, alternated: whatever the machine does
+    # (other work, ext4's scans past recently freed inodes) hits both alike.
+    tools = [x for t in tools for x in (t + "@lo", t)]
 
 
 def cmd(tool, src, dst, push):
+    global config, ssh
+    # tool@lo: straight to sshd (--both), the same tool through the proxy beside it.
+    tool, lo = tool.removesuffix("@lo"), tool.endswith("@lo")
+    config = config_lo if lo else config_rtt
+    ssh = " ".join(["ssh", "-F", config] + cipher)
     at = lambda p: f"{host}:{p}"
     s, d = (src, at(dst)) if push else (at(src), dst)
     if tool == "ferry":
@@ -151,9 +165,18 @@ def remote_cpu():
     return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
 
 
+def proxy_cpu():
+    """CPU seconds of the latency proxy so far (0 without one)."""
+    if not proxy:
+        return 0.0
+    with open(f"/proc/{proxy.pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def timed(argv, out=None):
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    rbefore = remote_cpu()
+    rbefore, pbefore = remote_cpu(), proxy_cpu()
     t = time.perf_counter()
     r = subprocess.run(argv, capture_output=True, text=True)
     wall = time.perf_counter() - t
@@ -162,7 +185,8 @@ def timed(argv, out=None):
         raise SystemExit(f"{argv[0]} failed ({r.returncode}): {r.stderr.strip()[-500:]}")
     if out is not None:
         out.append(r.stdout)
-    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), remote_cpu() - rbefore
+    return (wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), remote_cpu() - rbefore,
+            proxy_cpu() - pbefore)
 
 
 def wire_bytes(tool, stdout):
@@ -213,7 +237,7 @@ def delta_rows():
                     argv = cmd(tool, new if push else far, recv, push)
                     argv.insert(2, "--json" if tool.startswith("ferry") else "--stats")
                     out = []
-                    wall, cpu, rcpu = timed(argv, out)
+                    wall, cpu, rcpu, _ = timed(argv, out)
                     walls.append(wall)
                     cpus.append(cpu)
                     rcpus.append(rcpu)
@@ -265,7 +289,7 @@ try:
                 continue
             # scp has no no-op: it copies everything again.
             use = [t for t in tools if not (wl == "noop" and t == "scp")]
-            got = {t: ([], [], []) for t in use}
+            got = {t: ([], [], [], []) for t in use}
             for _ in range(runs):
                 for tool in use:  # alternated: a noisy moment hits every tool alike
                     far = os.path.join(a.workdir, wl, "there")
@@ -287,9 +311,11 @@ try:
                     if a.smoke:
                         same(src, far if push else near)
             for tool in use:
-                walls, cpus, rcpus = got[tool]
+                walls, cpus, rcpus, pcpus = got[tool]
                 w = statistics.median(walls)
                 rate = f"{total / w / (1 << 20):.0f} MiB/s" if wl == "big" else ""
+                if proxy:
+                    rate += (", " if rate else "") + f"proxy CPU {statistics.median(pcpus):.2f} s"
                 c, rc = statistics.median(cpus), statistics.median(rcpus)
                 if wl == "big":
                     gib = total / (1 << 30)
