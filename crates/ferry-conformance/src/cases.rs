@@ -996,3 +996,66 @@ pub fn permission_denied<F: Fixture>(fx: &F) {
     assert_eq!(show(&names(s, &r)), ["keep"]);
     assert_eq!(read_all(s, &r, b"keep").expect("read"), b"kept");
 }
+
+// ------------------------------------------------------------------ open_ahead
+
+/// [`Store::open_ahead`] is a hint only: files named in it read their
+/// whole current content in any order (one whose size changed since it
+/// was listed too: more or fewer bytes than named, never cut at the size
+/// named), a missing one fails with `NotFound` when opened, and files
+/// named but never opened leave nothing behind.
+pub fn read_ahead<F: Fixture>(fx: &F) {
+    let s = fx.store();
+    let r = root(s);
+    let files: Vec<(&[u8], Vec<u8>)> = vec![
+        (b"a", Pattern::bytes(4096, 1)),
+        (b"b", Pattern::bytes(10, 2)),
+        (b"c", Pattern::bytes(100 << 10, 3)),
+        (b"grew", Pattern::bytes(5000, 4)),
+        (b"shrank", Pattern::bytes(3, 5)),
+        (b"unread", Pattern::bytes(7, 6)),
+    ];
+    for (name, data) in &files {
+        put(s, &r, name, data).expect("put");
+    }
+    let named: Vec<(std::ffi::CString, u64)> = [
+        (&b"a"[..], 4096),
+        (b"b", 10),
+        (b"c", 100 << 10),
+        (b"grew", 5),
+        (b"shrank", 100),
+        (b"unread", 7),
+        (b"gone", 4),
+    ]
+    .iter()
+    .map(|(n, z)| (c(n), *z))
+    .collect();
+    let hint: Vec<(&std::ffi::CStr, u64)> = named.iter().map(|(n, z)| (n.as_c_str(), *z)).collect();
+    s.open_ahead(&r, &hint);
+    for name in [&b"c"[..], b"grew", b"a", b"shrank", b"b"] {
+        let want = &files.iter().find(|(n, _)| *n == name).expect("a file").1;
+        let got = read_all(s, &r, name).expect("read");
+        assert!(
+            &got == want,
+            "{}: {} bytes read, {} there",
+            String::from_utf8_lossy(name),
+            got.len(),
+            want.len()
+        );
+    }
+    assert_eq!(
+        err_kind(read_all(s, &r, b"gone")),
+        Some(ErrorKind::NotFound)
+    );
+    drop(r);
+    // Read again after the hint's directory is gone: the same bytes.
+    let r = root(s);
+    assert!(read_all(s, &r, b"unread").expect("read") == Pattern::bytes(7, 6));
+    let mut all = names(s, &r);
+    all.sort();
+    assert_eq!(
+        show(&all),
+        ["a", "b", "c", "grew", "shrank", "unread"],
+        "nothing else in the directory"
+    );
+}

@@ -116,7 +116,8 @@ macro_rules! suite {
             meta_owner, rename_file, rename_refuses_existing, rename_dir, remove_file,
             remove_tree, remove_each, remove_missing, rmdir, make_dir_exists, odd_names,
             long_name, big_file, permission_denied, keep_removed, keep_replaced,
-            keep_makes_parents, keep_refuses_existing, keep_overwrites, keep_symlink, keep_outside
+            keep_makes_parents, keep_refuses_existing, keep_overwrites, keep_symlink, keep_outside,
+            read_ahead
         );
     };
 }

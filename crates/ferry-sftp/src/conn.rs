@@ -102,25 +102,43 @@ impl Conn {
         Ok(())
     }
 
-    /// Send a request; its reply comes on the receiver.
-    pub fn start(&self, req: Req) -> io::Result<Receiver<io::Result<Reply>>> {
+    /// `req` given an id whose reply comes on the receiver: the packet
+    /// to send.
+    fn register(&self, req: Req) -> io::Result<(Vec<u8>, Receiver<io::Result<Reply>>)> {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let (stx, srx) = mpsc::sync_channel(1);
-        {
-            let mut p = self.pending.lock().unwrap();
-            if let Some(why) = &p.dead {
-                return Err(lost_error(why.clone()));
-            }
-            if p.calls.is_empty() {
-                // Waiting starts now (the I/O timeout counts from here).
-                self.quiet.touch();
-            }
-            p.calls.insert(id, stx);
+        let mut p = self.pending.lock().unwrap();
+        if let Some(why) = &p.dead {
+            return Err(lost_error(why.clone()));
         }
-        if self.tx.send(req.finish(id)).is_err() {
+        if p.calls.is_empty() {
+            // Waiting starts now (the I/O timeout counts from here).
+            self.quiet.touch();
+        }
+        p.calls.insert(id, stx);
+        Ok((req.finish(id), srx))
+    }
+
+    /// Send a request; its reply comes on the receiver.
+    pub fn start(&self, req: Req) -> io::Result<Receiver<io::Result<Reply>>> {
+        let (packet, srx) = self.register(req)?;
+        if let Err(mpsc::SendError(p)) = self.tx.send(packet) {
+            let id = u32::from_be_bytes(p[5..9].try_into().expect("4 bytes"));
             self.pending.lock().unwrap().calls.remove(&id);
             return Err(self.lost());
         }
+        Ok(srx)
+    }
+
+    /// Start `req` as part of `batch`: sent with the batch's other
+    /// requests to this session, in one write, when it is flushed.
+    pub fn start_in(
+        self: &Arc<Conn>,
+        batch: &mut Batch,
+        req: Req,
+    ) -> io::Result<Receiver<io::Result<Reply>>> {
+        let (packet, srx) = self.register(req)?;
+        batch.push(self, packet);
         Ok(srx)
     }
 
@@ -230,6 +248,56 @@ impl Conn {
         for (_, slot) in calls {
             let _ = slot.send(Err(lost_error(why.clone())));
         }
+    }
+}
+
+/// Requests gathered to go to their sessions together, one write each
+/// ([`Conn::start_in`]): what ssh sends in one packet, and the server
+/// reads in one go, where requests sent one by one cost a packet and a
+/// wake-up of every process on the way each. Sent when flushed, when big,
+/// and when dropped; a thread must flush before it waits for a reply of
+/// a request gathered.
+#[derive(Default)]
+pub struct Batch(Vec<(Arc<Conn>, Vec<u8>)>);
+
+/// Bytes gathered for one session at most before they are sent.
+const BATCH_MAX: usize = 64 << 10;
+
+impl Batch {
+    fn push(&mut self, conn: &Arc<Conn>, packet: Vec<u8>) {
+        let i = match self.0.iter().position(|(c, _)| Arc::ptr_eq(c, conn)) {
+            Some(i) => i,
+            None => {
+                self.0.push((conn.clone(), Vec::new()));
+                self.0.len() - 1
+            }
+        };
+        let buf = &mut self.0[i].1;
+        if buf.is_empty() {
+            *buf = packet;
+        } else {
+            buf.extend_from_slice(&packet);
+        }
+        if buf.len() >= BATCH_MAX {
+            let buf = std::mem::take(buf);
+            let _ = conn.tx.send(buf);
+        }
+    }
+
+    /// Send what is gathered. (A session lost meanwhile fails the
+    /// requests: their replies say so.)
+    pub fn flush(&mut self) {
+        for (conn, buf) in self.0.drain(..) {
+            if !buf.is_empty() {
+                let _ = conn.tx.send(buf);
+            }
+        }
+    }
+}
+
+impl Drop for Batch {
+    fn drop(&mut self) {
+        self.flush();
     }
 }
 

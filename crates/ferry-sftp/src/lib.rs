@@ -10,6 +10,7 @@
 //! files' commits pipelined in `pipe`).
 #![deny(missing_docs)]
 
+mod ahead;
 pub mod conn;
 mod keep;
 mod pipe;

@@ -9,7 +9,10 @@
 //!
 //! The commits a thread started are driven together by whichever of them
 //! it waits for: every reply already there moves its commit on, else the
-//! thread blocks on the oldest request still unanswered. A commit is over
+//! thread blocks on the oldest request still unanswered. The requests a
+//! thread makes meanwhile are gathered ([`Batch`]) and sent together
+//! before it blocks: a batch's opens in one write, then the next steps
+//! of all the files whose replies came. A commit is over
 //! (and may be reported) once its rename is confirmed; one that fails
 //! removes its temporary before it says so.
 
@@ -21,10 +24,10 @@ use std::sync::{Arc, Mutex, Weak};
 use ferry_engine::entry::Meta;
 use ferry_engine::store::MetaChange;
 
-use crate::conn::Conn;
+use crate::conn::{Batch, Conn};
 use crate::store::{replace_via, set_of};
 use crate::wire::{self as w, Reply, Req, Set};
-use crate::write::{open_req, write_req, FlightParts, Rx};
+use crate::write::{open_req, FlightParts, Rx};
 
 /// Content a thread holds for files whose open is not answered yet, at
 /// most: past it, it waits for replies before it starts another commit.
@@ -63,6 +66,19 @@ thread_local! {
     /// The commits this thread started and did not see over, oldest first.
     static FLIGHTS: RefCell<Vec<Weak<Mutex<Flight>>>> = const { RefCell::new(Vec::new()) };
     static SENT: Cell<u64> = const { Cell::new(0) };
+    /// The requests this thread's commits made and did not send yet.
+    static BATCH: RefCell<Batch> = RefCell::new(Batch::default());
+}
+
+/// Start `req` on `conn` with this thread's other requests (sent by
+/// [`flush`]).
+fn gather(conn: &Arc<Conn>, req: Req) -> io::Result<Rx> {
+    BATCH.with(|b| conn.start_in(&mut b.borrow_mut(), req))
+}
+
+/// Send the requests this thread gathered (also while it exits).
+fn flush() {
+    let _ = BATCH.try_with(|b| b.borrow_mut().flush());
 }
 
 fn tick() -> u64 {
@@ -86,7 +102,7 @@ pub(crate) fn start(p: FlightParts, path: Vec<u8>, meta: &Meta, fsync: bool) -> 
         sent: tick(),
     };
     f.step = match p.open {
-        Err(data) => match f.conn.start(open_req(&f.temp, w::F_CREAT | w::F_EXCL)) {
+        Err(data) => match gather(&f.conn, open_req(&f.temp, w::F_CREAT | w::F_EXCL)) {
             Ok(rx) => Step::Open(rx, data),
             Err(e) => Step::Done(Some(Err(e))),
         },
@@ -162,6 +178,8 @@ fn drive(me: Option<&Started>) {
         .iter()
         .filter(|f| !matches!(f.lock().unwrap().step, Step::Done(_)))
         .min_by_key(|f| f.lock().unwrap().sent);
+    // Nothing to take: what was gathered goes before this thread blocks.
+    flush();
     if let Some(f) = oldest {
         let mut g = f.lock().unwrap();
         if let Some(r) = g.rx().map(|rx| g.conn.wait(rx)) {
@@ -190,7 +208,8 @@ impl Flight {
                     let chunk = self.conn.chunk as usize;
                     let mut sent = Ok(());
                     for (i, part) in data.chunks(chunk).enumerate() {
-                        match write_req(&self.conn, &h, (i * chunk) as u64, part) {
+                        let req = Req::path(w::WRITE, &h).u64((i * chunk) as u64).str(part);
+                        match gather(&self.conn, req) {
                             Ok(rx) => acks.push_back(rx),
                             Err(e) => {
                                 sent = Err(e);
@@ -217,7 +236,7 @@ impl Flight {
                             .str(&self.temp)
                             .str(&self.path);
                         self.sent = tick();
-                        match self.conn.start(req) {
+                        match gather(&self.conn, req) {
                             Ok(rx) => Step::Rename(rx),
                             Err(e) => self.fail(e),
                         }
@@ -225,6 +244,7 @@ impl Flight {
                     // A rename that cannot replace: the several requests
                     // of the replacing one, waited for here.
                     (true, Ok(())) => {
+                        flush();
                         match replace_via(&self.conn, &self.dir, &self.temp, &self.path) {
                             Ok(()) => Step::Done(Some(Ok(()))),
                             Err(e) => self.fail(e),
@@ -250,9 +270,10 @@ impl Flight {
         }
         reqs.push(Req::path(w::CLOSE, h));
         for req in reqs {
-            match self.conn.start(req) {
+            match gather(&self.conn, req) {
                 Ok(rx) => acks.push_back(rx),
                 Err(e) => {
+                    flush();
                     self.conn.send(Req::path(w::CLOSE, h));
                     return self.fail(e);
                 }
@@ -263,6 +284,7 @@ impl Flight {
 
     /// Over with error `e`, once the temporary is removed.
     fn fail(&mut self, e: io::Error) -> Step {
+        flush();
         let _ = self
             .conn
             .call(Req::path(w::REMOVE, &self.temp))
@@ -277,6 +299,8 @@ impl Drop for Flight {
     /// name the next run removes if this does not arrive).
     fn drop(&mut self) {
         if !matches!(self.step, Step::Done(_)) {
+            // (After its open, if this thread gathered it.)
+            flush();
             self.conn.send(Req::path(w::REMOVE, &self.temp));
         }
     }

@@ -14,8 +14,9 @@ use ferry_engine::bwlimit::Limiter;
 use ferry_engine::piece::with_piece_buffer;
 use ferry_engine::store::{RangedSource, SourceFile};
 
+use crate::ahead::{open_req, read_req};
 use crate::conn::Conn;
-use crate::wire::{self as w, Reply, Req, Set};
+use crate::wire::{self as w, Reply, Req};
 
 /// Reads of one file in flight.
 const READ_AHEAD: usize = 8;
@@ -45,27 +46,18 @@ fn changed() -> io::Error {
     io::Error::other("the file changed while it was copied")
 }
 
-/// Ask for `[at, at + len)` of `handle`.
-fn read_req(conn: &Conn, handle: &[u8], at: u64, len: u32) -> io::Result<Rx> {
-    conn.start(Req::path(w::READ, handle).u64(at).u32(len))
-}
-
 /// Open `path` for reading on `conn`: its handle.
 fn open_read(conn: &Conn, path: &[u8]) -> io::Result<Vec<u8>> {
-    conn.call(
-        Req::path(w::OPEN, path)
-            .u32(w::F_READ)
-            .attrs(&Set::default()),
-    )?
-    .handle()
+    conn.call(open_req(path))?.handle()
 }
 
 /// A read's reply: its offset, the reply, where its data is in the body.
 type Got = (u64, Reply, (usize, usize));
 
-/// The next reply of `ahead`, in order; a short one has its rest asked
+/// The next reply of `ahead`, in order; a short one that stops before
+/// `end` (the size known, or the end of the range) has its rest asked
 /// again, first. `None` at the end of the file.
-fn next_data(conn: &Conn, handle: &[u8], ahead: &mut Ahead) -> io::Result<Option<Got>> {
+fn next_data(conn: &Conn, handle: &[u8], ahead: &mut Ahead, end: u64) -> io::Result<Option<Got>> {
     let Some((at, len, rx)) = ahead.pop_front() else {
         return Ok(None);
     };
@@ -74,7 +66,9 @@ fn next_data(conn: &Conn, handle: &[u8], ahead: &mut Ahead) -> io::Result<Option
         return Ok(None);
     };
     let n = (b - a) as u32;
-    if n < len && n > 0 {
+    // A read that reached the size known is the file's end: no request
+    // more for a small file (it grew if the read brought more than that).
+    if n < len && n > 0 && at + u64::from(n) < end {
         let rest = read_req(conn, handle, at + u64::from(n), len - n)?;
         ahead.push_front((at + u64::from(n), len - n, rest));
     }
@@ -116,6 +110,24 @@ impl SftpReader {
         Ok(r)
     }
 
+    /// A small file opened ahead ([`crate::ahead`]): its listed size
+    /// stands for the `FSTAT`.
+    pub(crate) fn ahead(a: crate::ahead::Ahead) -> io::Result<SftpReader> {
+        let (conn, size) = (a.conn.clone(), a.size);
+        let (handle, len, rx) = a.take()?;
+        Ok(SftpReader {
+            conn,
+            handle,
+            ahead: VecDeque::from([(0, len, rx)]),
+            next: u64::from(len),
+            size,
+            eof: false,
+            body: Vec::new(),
+            span: (0, 0),
+            ranged: None,
+        })
+    }
+
     /// Ask for the next `len` bytes.
     fn ask(&mut self, len: u32) -> io::Result<()> {
         let rx = read_req(&self.conn, &self.handle, self.next, len)?;
@@ -142,7 +154,7 @@ impl SourceFile for SftpReader {
                 let len = (self.size - self.next).min(u64::from(self.conn.chunk)) as u32;
                 self.ask(len)?;
             }
-            match next_data(&self.conn, &self.handle, &mut self.ahead)? {
+            match next_data(&self.conn, &self.handle, &mut self.ahead, self.size)? {
                 Some((_, reply, span)) => {
                     self.body = reply.body;
                     self.span = span;
@@ -237,7 +249,7 @@ impl RangedSource for Ranged {
             if ahead.is_empty() {
                 return Ok(());
             }
-            let Some((at, reply, (a, b))) = next_data(&c, &h, &mut ahead)? else {
+            let Some((at, reply, (a, b))) = next_data(&c, &h, &mut ahead, end)? else {
                 return Err(changed());
             };
             // Into the aligned piece buffer: the local writer hands it to

@@ -44,6 +44,8 @@ pub struct SftpStore {
 /// A directory: its path on the server.
 pub struct SftpDir {
     pub(crate) path: Arc<[u8]>,
+    /// Small files opened ahead of their reading ([`Store::open_ahead`]).
+    ahead: crate::ahead::Map,
 }
 
 /// `dir/name` (a name alone in the login directory).
@@ -173,7 +175,10 @@ impl SftpStore {
     }
 
     fn dir(&self, path: Vec<u8>) -> SftpDir {
-        SftpDir { path: path.into() }
+        SftpDir {
+            path: path.into(),
+            ahead: Default::default(),
+        }
     }
 
     /// Rename `from` to `to`, replacing `to` (a file or symlink)
@@ -399,7 +404,20 @@ impl Store for SftpStore {
     }
 
     fn open_file(&self, dir: &SftpDir, name: &CStr) -> io::Result<SftpReader> {
+        if let Some(a) = crate::ahead::take(&dir.ahead, name) {
+            return SftpReader::ahead(a);
+        }
         SftpReader::open(&self.conn(), join(&dir.path, name.to_bytes()))
+    }
+
+    fn open_ahead(&self, dir: &SftpDir, files: &[(&CStr, u64)]) {
+        let main = self.conn();
+        if main.alive().is_err() {
+            return;
+        }
+        crate::ahead::open(&dir.ahead, &dir.path, files, main.chunk, || {
+            main.next_small()
+        });
     }
 
     fn read_link(&self, dir: &SftpDir, name: &CStr) -> io::Result<Vec<u8>> {

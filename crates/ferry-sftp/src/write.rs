@@ -154,11 +154,7 @@ fn read_small(conn: &Conn, path: &[u8]) -> io::Result<Option<Vec<u8>>> {
 }
 
 fn open_read_if(conn: &Conn, path: &[u8]) -> io::Result<Option<Vec<u8>>> {
-    let r = conn.call(
-        Req::path(w::OPEN, path)
-            .u32(w::F_READ)
-            .attrs(&Set::default()),
-    )?;
+    let r = conn.call(crate::ahead::open_req(path))?;
     match r.handle() {
         Ok(h) => Ok(Some(h)),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
