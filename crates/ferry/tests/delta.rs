@@ -540,3 +540,85 @@ fn append_pushed_and_pulled_over_ssh() {
     assert!(std::fs::read(dst.join("f")).unwrap() == other);
     no_reserved_left(&dst);
 }
+
+/// The remote end of an append push dies half way through the tail (the
+/// remote ferry is a wrapper that sets the test hook): one line, not a
+/// success; a run listing the remote directory sees the old file (the
+/// record rolled back there), and the next push appends and completes.
+#[test]
+fn remote_end_killed_mid_append_is_rolled_back_there() {
+    let Some((rsh, host)) = server() else { return };
+    let d = tmpdir();
+    let (src, dst, look) = (
+        d.path().join("src"),
+        d.path().join("dst"),
+        d.path().join("look"),
+    );
+    let data = gen_bytes(3 << 20, 51);
+    write(&src, "f", &data);
+    let to = at(&host, &dst);
+    let tail = 2 << 20;
+    let dying = d.path().join("dying-ferry");
+    std::fs::write(
+        &dying,
+        format!(
+            "#!/bin/sh\nFERRY_TEST_APPEND_MIN={} FERRY_TEST_APPEND_DIE={} exec '{}' \"$@\"\n",
+            1u64 << 20,
+            tail / 2,
+            bin().to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&dying, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let push = |remote: &OsStr| {
+        let a: Vec<&OsStr> = vec![
+            "copy".as_ref(),
+            "--json".as_ref(),
+            "-e".as_ref(),
+            rsh.as_ref(),
+            "--remote-ferry".as_ref(),
+            remote,
+            src.as_os_str(),
+            to.as_os_str(),
+        ];
+        ferry_env(&a, &[small_min()])
+    };
+    push(&bin()).ok();
+    let old_mtime = get_mtime(&dst.join("f"));
+    let mut new = data.clone();
+    new.extend_from_slice(&gen_bytes(tail, 52));
+    write(&src, "f", &new);
+    let r = push(dying.as_os_str());
+    assert!(
+        r.code.is_some_and(|c| c != 0),
+        "the remote died: not a success\n{r}"
+    );
+    let len = std::fs::metadata(dst.join("f")).unwrap().len() as usize;
+    assert!(
+        len > data.len() && len < new.len(),
+        "half appended: {len}\n{r}"
+    );
+    assert_eq!(find_prefixed(&dst, b".ferry-undo-").len(), 1);
+    // A pull of the remote directory lists it there: the old file.
+    let from = at(&host, &dst);
+    let a: Vec<&OsStr> = vec!["copy".as_ref(), from.as_os_str(), look.as_os_str()];
+    ferry_env(
+        &remote_args(&rsh, &a)
+            .iter()
+            .map(|s| s.as_os_str())
+            .collect::<Vec<_>>(),
+        &[],
+    )
+    .ok();
+    assert!(std::fs::read(look.join("f")).unwrap() == data);
+    assert!(std::fs::read(dst.join("f")).unwrap() == data);
+    assert_eq!(get_mtime(&dst.join("f")), old_mtime);
+    no_reserved_left(&dst);
+    // The next push appends in place and completes.
+    let before = ino(&dst.join("f"));
+    assert_appended(&summary(push(&bin()).ok()), data.len(), tail);
+    assert!(std::fs::read(dst.join("f")).unwrap() == new);
+    assert_eq!(ino(&dst.join("f")), before);
+    no_reserved_left(&dst);
+}
