@@ -24,6 +24,7 @@ use ferry_engine::entry::{Listing, Meta};
 use ferry_engine::keep::{KeepBase, KeepTo};
 use ferry_engine::store::{SourceFile, Store};
 use ferry_engine::xattr::Xattrs;
+use ferry_local::download::Direct;
 use ferry_local::local::{LocalDir, LocalReader, LocalWriter};
 use ferry_local::LocalStore;
 
@@ -44,12 +45,14 @@ pub const PIPE_BYTES: usize = 1 << 20;
 /// A file being written: open, or failed (the error goes back on commit).
 enum Writing {
     Open(Arc<LocalDir>, LocalWriter),
-    /// A resumable partial ([`Req::PartOpen`]): its size and identity. A
-    /// failure or a lost client leaves it, with its record, for a rerun.
-    Part(Arc<LocalDir>, LocalWriter, u64, String),
+    /// A resumable partial ([`Req::PartOpen`]): its size and identity, and
+    /// its `O_DIRECT` descriptor (its ranges go past the page cache, whose
+    /// copy costs this end more CPU than the stream). A failure or a lost
+    /// client leaves it, with its record, for a rerun.
+    Part(Arc<LocalDir>, LocalWriter, u64, String, Direct),
     /// Another connection's partial, written here at offsets
-    /// ([`Req::PartAttach`]).
-    Attached(OwnedFd),
+    /// ([`Req::PartAttach`]), and its `O_DIRECT` descriptor.
+    Attached(OwnedFd, Direct),
     Failed(io::Error),
 }
 
@@ -57,7 +60,7 @@ impl Writing {
     fn fd(&self) -> Option<BorrowedFd<'_>> {
         match self {
             Writing::Open(_, w) | Writing::Part(_, w, ..) => Some(w.fd()),
-            Writing::Attached(fd) => Some(fd.as_fd()),
+            Writing::Attached(fd, _) => Some(fd.as_fd()),
             Writing::Failed(_) => None,
         }
     }
@@ -79,10 +82,6 @@ struct State {
     out: Mutex<Sender<Vec<u8>>>,
     /// Delta rebuilds and diffs under way.
     deltas: delta::Deltas,
-    /// `O_DIRECT` descriptors of the big files written at offsets
-    /// ([`Req::PartOpen`], [`Req::PartAttach`]): their data goes past the
-    /// page cache, whose copy costs this end more CPU than the stream.
-    directs: Mutex<HashMap<u64, ferry_local::download::Direct>>,
     /// The heartbeat ([`Req::KeepAlive`]): stopped when its sender is
     /// dropped.
     beat: Mutex<Option<(Sender<()>, std::thread::JoinHandle<()>)>>,
@@ -130,7 +129,6 @@ pub fn serve_on(mut input: impl Read, output: impl Write + Send + 'static) -> io
         writers: Mutex::new(HashMap::new()),
         out: Mutex::new(out_tx),
         deltas: delta::Deltas::default(),
-        directs: Mutex::default(),
         beat: Mutex::new(None),
     });
     let (work_tx, work_rx) = mpsc::sync_channel::<(u64, Vec<u8>)>(WORKERS * 4);
@@ -274,13 +272,7 @@ fn write_files(st: &State, rx: &Receiver<(u64, Vec<u8>)>) {
                 st.writers.lock().unwrap().insert(file, w);
             }
             Req::Write { file, data } => write_chunk(st, file, data),
-            Req::WriteAt { file, offset, data } => {
-                let directs = st.directs.lock().unwrap();
-                match directs.get(&file) {
-                    Some(d) => on_writer(st, file, |fd| d.write_copied(fd, data, offset)),
-                    None => on_writer(st, file, |fd| pwrite_all(fd, data, offset)),
-                }
-            }
+            Req::WriteAt { file, offset, data } => write_at(st, file, data, offset),
             Req::SetLen { file, size } => {
                 on_writer(st, file, |fd| Ok(rustix::fs::ftruncate(fd, size)?))
             }
@@ -317,7 +309,6 @@ fn write_files(st: &State, rx: &Receiver<(u64, Vec<u8>)>) {
             Req::Abort { file, .. } => {
                 st.deltas.drop_handle(file);
                 let w = st.writers.lock().unwrap().remove(&file);
-                st.directs.lock().unwrap().remove(&file);
                 if let Some(w) = w {
                     w.discard(&st.store);
                 }
@@ -331,14 +322,12 @@ fn write_files(st: &State, rx: &Receiver<(u64, Vec<u8>)>) {
             } => {
                 let r = dir_of(st, dir).and_then(|d| {
                     let (w, done) = st.store.partial_writer(&d, &cname(name)?, &meta.0, ident)?;
-                    Ok((Writing::Part(d, w, meta.0.size, ident.to_owned()), done))
+                    let direct = Direct::reopen(w.fd());
+                    let part = Writing::Part(d, w, meta.0.size, ident.to_owned(), direct);
+                    Ok((part, done))
                 });
                 let f = match r {
                     Ok((w, done)) => {
-                        if let Some(fd) = w.fd() {
-                            let d = ferry_local::download::Direct::reopen(fd);
-                            st.directs.lock().unwrap().insert(file, d);
-                        }
                         st.writers.lock().unwrap().insert(file, w);
                         proto::frame(id, &Resp::Ranges(done.ranges()))
                     }
@@ -354,11 +343,13 @@ fn write_files(st: &State, rx: &Receiver<(u64, Vec<u8>)>) {
                         | rustix::fs::OFlags::CLOEXEC,
                     rustix::fs::Mode::empty(),
                 )
-                .map_or_else(|e| Writing::Failed(e.into()), Writing::Attached);
-                if let Some(fd) = w.fd() {
-                    let d = ferry_local::download::Direct::reopen(fd);
-                    st.directs.lock().unwrap().insert(file, d);
-                }
+                .map_or_else(
+                    |e| Writing::Failed(e.into()),
+                    |fd| {
+                        let direct = Direct::reopen(fd.as_fd());
+                        Writing::Attached(fd, direct)
+                    },
+                );
                 st.writers.lock().unwrap().insert(file, w);
             }
             Req::PartSync { file, flush, close } => {
@@ -377,9 +368,6 @@ fn write_files(st: &State, rx: &Receiver<(u64, Vec<u8>)>) {
                     }
                     r
                 };
-                if close {
-                    st.directs.lock().unwrap().remove(&file);
-                }
                 let f = match r {
                     Ok(()) => proto::frame(id, &Resp::Ok),
                     Err(e) => err_frame(id, &e),
@@ -388,7 +376,7 @@ fn write_files(st: &State, rx: &Receiver<(u64, Vec<u8>)>) {
             }
             Req::PartRecord { file, ranges } => {
                 let ws = st.writers.lock().unwrap();
-                if let Some(Writing::Part(_, w, size, ident)) = ws.get(&file) {
+                if let Some(Writing::Part(_, w, size, ident, _)) = ws.get(&file) {
                     let mut set = ferry_local::range::RangeSet::new();
                     for (a, b) in ranges {
                         set.insert(a, b);
@@ -428,6 +416,23 @@ fn write_chunk(st: &State, file: u64, data: &[u8]) {
     if let Err(e) = r {
         if let Some(Writing::Open(d, w)) = ws.insert(file, Writing::Failed(e)) {
             st.store.abort(&d, w);
+        }
+    }
+}
+
+/// Write `data` at `offset` of the file being written as `file`: a big
+/// file's through its `O_DIRECT` descriptor.
+fn write_at(st: &State, file: u64, data: &[u8], offset: u64) {
+    let mut ws = st.writers.lock().unwrap();
+    let r = match ws.get(&file) {
+        Some(Writing::Part(_, w, _, _, direct)) => direct.write_copied(w.fd(), data, offset),
+        Some(Writing::Attached(fd, direct)) => direct.write_copied(fd.as_fd(), data, offset),
+        Some(Writing::Open(_, w)) => pwrite_all(w.fd(), data, offset),
+        Some(Writing::Failed(_)) | None => return,
+    };
+    if let Err(e) = r {
+        if let Some(w) = ws.insert(file, Writing::Failed(e)) {
+            w.discard(&st.store);
         }
     }
 }
@@ -715,7 +720,6 @@ fn answer_io(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> io::Re
             ..
         } => {
             let w = st.writers.lock().unwrap().remove(&file);
-            st.directs.lock().unwrap().remove(&file);
             match w {
                 Some(Writing::Open(d, mut w)) => {
                     if replacing {
@@ -730,7 +734,7 @@ fn answer_io(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> io::Re
                     Ok(proto::frame(id, &r))
                 }
                 Some(Writing::Failed(e)) => Err(e),
-                Some(Writing::Attached(_)) | None => Err(bad_handle(file)),
+                Some(Writing::Attached(..)) | None => Err(bad_handle(file)),
             }
         }
         Req::CreateEmpty {
