@@ -109,10 +109,19 @@ pub fn frame_sized(id: u64, msg: &impl Serialize, bytes: usize) -> Vec<u8> {
 /// Read one frame: its id and its message bytes (`None` at a clean end of
 /// the stream, between frames).
 pub fn read_frame(r: &mut impl Read) -> io::Result<Option<(u64, Vec<u8>)>> {
-    let mut len = [0u8; 4];
+    let Some((id, len)) = read_head(r)? else {
+        return Ok(None);
+    };
+    Ok(Some((id, read_body(r, Vec::with_capacity(len), len)?)))
+}
+
+/// Read a frame's length and id: its id and the length of its message
+/// bytes (`None` at a clean end of the stream, between frames).
+pub fn read_head(r: &mut impl Read) -> io::Result<Option<(u64, usize)>> {
+    let mut head = [0u8; 12];
     let mut n = 0;
-    while n < 4 {
-        match r.read(&mut len[n..]) {
+    while n < head.len() {
+        match r.read(&mut head[n..]) {
             Ok(0) if n == 0 => return Ok(None),
             Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
             Ok(k) => n += k,
@@ -120,21 +129,25 @@ pub fn read_frame(r: &mut impl Read) -> io::Result<Option<(u64, Vec<u8>)>> {
             Err(e) => return Err(e),
         }
     }
-    let len = u32::from_le_bytes(len) as usize;
+    let len = u32::from_le_bytes(head[..4].try_into().expect("4 bytes")) as usize;
     if !(8..=MAX_FRAME).contains(&len) {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
             format!("bad frame length {len}"),
         ));
     }
-    let mut id = [0u8; 8];
-    r.read_exact(&mut id)?;
+    let id = u64::from_le_bytes(head[4..].try_into().expect("8 bytes"));
+    Ok(Some((id, len - 8)))
+}
+
+/// The rest of a frame's `len` message bytes after those `body` holds.
+pub fn read_body(r: &mut impl Read, mut body: Vec<u8>, len: usize) -> io::Result<Vec<u8>> {
+    let got = body.len();
     // Read into spare capacity: a chunk's megabyte is not zeroed first.
-    let mut body = Vec::with_capacity(len - 8);
-    if r.take(len as u64 - 8).read_to_end(&mut body)? < len - 8 {
+    if r.take((len - got) as u64).read_to_end(&mut body)? < len - got {
         return Err(io::ErrorKind::UnexpectedEof.into());
     }
-    Ok(Some((u64::from_le_bytes(id), body)))
+    Ok(body)
 }
 
 /// The first byte of a frame's message bytes that were placed
@@ -154,26 +167,9 @@ pub fn read_placed(
     spare: impl FnOnce() -> Option<Vec<u8>>,
 ) -> io::Result<Option<(u64, Vec<u8>)>> {
     const ALIGN: usize = 4096;
-    let mut head = [0u8; 12];
-    let mut n = 0;
-    while n < head.len() {
-        match r.read(&mut head[n..]) {
-            Ok(0) if n == 0 => return Ok(None),
-            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
-            Ok(k) => n += k,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    let len = u32::from_le_bytes(head[..4].try_into().unwrap()) as usize;
-    if !(8..=MAX_FRAME).contains(&len) {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("bad frame length {len}"),
-        ));
-    }
-    let id = u64::from_le_bytes(head[4..].try_into().unwrap());
-    let body_len = len - 8;
+    let Some((id, body_len)) = read_head(r)? else {
+        return Ok(None);
+    };
     let mut start = [0u8; 16];
     let mut got = 0;
     if (64 << 10..=PLACED_BUF - 2 * ALIGN).contains(&body_len) {
@@ -201,10 +197,7 @@ pub fn read_placed(
     }
     let mut body = Vec::with_capacity(body_len);
     body.extend_from_slice(&start[..got]);
-    if r.take((body_len - got) as u64).read_to_end(&mut body)? < body_len - got {
-        return Err(io::ErrorKind::UnexpectedEof.into());
-    }
-    Ok(Some((id, body)))
+    Ok(Some((id, read_body(r, body, body_len)?)))
 }
 
 /// Write the frames `rx` hands over to `out` until it closes or a write
@@ -1008,7 +1001,7 @@ mod tests {
                     assert_eq!(d, &data[..n]);
                     assert_eq!(current, Some((1, 2, 3)));
                     // Big ones sit aligned, small ones as they come.
-                    assert_eq!(d.as_ptr() as usize % 4096 == 0, n >= 64 << 10);
+                    assert_eq!((d.as_ptr() as usize).is_multiple_of(4096), n >= 64 << 10);
                 }
                 r => panic!("{r:?}"),
             }

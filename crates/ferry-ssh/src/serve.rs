@@ -286,26 +286,9 @@ const CHUNK_BUF: usize = proto::CHUNK + 2 * ferry_engine::piece::DIRECT_ALIGN;
 /// Read the next frame (`None`: the end of the stream between frames); a
 /// big [`Req::WriteAt`] as a [`Chunk`].
 fn read_request(st: &State, input: &mut impl Read) -> io::Result<Option<Incoming>> {
-    let mut head = [0u8; 12];
-    let mut n = 0;
-    while n < head.len() {
-        match input.read(&mut head[n..]) {
-            Ok(0) if n == 0 => return Ok(None),
-            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
-            Ok(k) => n += k,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    let len = u32::from_le_bytes(head[..4].try_into().unwrap()) as usize;
-    if !(8..=proto::MAX_FRAME).contains(&len) {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("bad frame length {len}"),
-        ));
-    }
-    let id = u64::from_le_bytes(head[4..].try_into().unwrap());
-    let body_len = len - 8;
+    let Some((id, body_len)) = proto::read_head(input)? else {
+        return Ok(None);
+    };
     let mut start = [0u8; 32];
     let mut got = 0;
     if body_len >= CHUNK_MIN {
@@ -333,13 +316,12 @@ fn read_request(st: &State, input: &mut impl Read) -> io::Result<Option<Incoming
             }
         }
     }
-    // Read into spare capacity: a big message is not zeroed first.
     let mut body = Vec::with_capacity(body_len);
     body.extend_from_slice(&start[..got]);
-    if input.take((body_len - got) as u64).read_to_end(&mut body)? < body_len - got {
-        return Err(io::ErrorKind::UnexpectedEof.into());
-    }
-    Ok(Some(Incoming::Msg(id, body)))
+    Ok(Some(Incoming::Msg(
+        id,
+        proto::read_body(input, body, body_len)?,
+    )))
 }
 
 /// Send a heartbeat (an `Ok` of id 0) every `ms` milliseconds (100 at
