@@ -638,6 +638,8 @@ impl Drop for SshReader {
         if let Some(f) = self.file {
             let _ = self.conn.send(&Req::Close { handle: f });
         }
+        // The last reply's buffer, for the next file's.
+        self.conn.recycle(std::mem::take(&mut self.body));
     }
 }
 
