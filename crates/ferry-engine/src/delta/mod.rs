@@ -20,6 +20,7 @@ use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub mod append;
+pub mod inplace;
 mod diff;
 mod patch;
 mod sign;
@@ -27,6 +28,7 @@ mod sign;
 mod tests;
 
 pub use append::{AppendHashes, Appender, APPEND_MIN};
+pub use inplace::{InPlace, Layout, PatchHashes};
 pub use diff::diff;
 pub use patch::{mismatch, PatchSink, Patcher};
 pub use sign::{read_full, sign, strong, weak, Rolling};
