@@ -522,7 +522,8 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
         self.count(|c| &c.matched, meta.size - literal);
         // The literal bytes, the block list and the changed blocks'
         // numbers that crossed, the key and the root.
-        let list = 8 * h.list.len() as u64 + 4 * changed.len() as u64 + 2 * 32;
+        let list =
+            delta::inplace::SHORT as u64 * h.list.len() as u64 + 4 * changed.len() as u64 + 2 * 32;
         self.count(|c| &c.wire, literal + list);
         Ok(Appended::Done(Copied {
             bytes: meta.size,

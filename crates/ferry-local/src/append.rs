@@ -152,7 +152,13 @@ fn roll_back(dir: BorrowedFd<'_>, r: &Record) -> io::Result<()> {
     undo(fd.as_fd(), r.old, r.mode, st.st_mode, &mtime(r.sec, r.nsec))
 }
 
-pub(crate) fn undo(fd: BorrowedFd<'_>, size: u64, mode: u32, now_mode: u32, m: &Meta) -> io::Result<()> {
+pub(crate) fn undo(
+    fd: BorrowedFd<'_>,
+    size: u64,
+    mode: u32,
+    now_mode: u32,
+    m: &Meta,
+) -> io::Result<()> {
     rfs::ftruncate(fd, size)?;
     if now_mode & 0o7777 != mode & 0o7777 {
         rfs::fchmod(fd, Mode::from_raw_mode(mode & 0o7777))?;
@@ -222,7 +228,12 @@ pub(crate) fn create_record(dir: BorrowedFd<'_>, rec: &CStr) -> io::Result<Optio
 /// Give a file written in place its new metadata `meta` (owners when
 /// `owner`), synced with `fsync`; a size other than `meta.size` is a
 /// mismatch.
-pub(crate) fn set_meta(fd: BorrowedFd<'_>, meta: &Meta, owner: bool, fsync: bool) -> io::Result<()> {
+pub(crate) fn set_meta(
+    fd: BorrowedFd<'_>,
+    meta: &Meta,
+    owner: bool,
+    fsync: bool,
+) -> io::Result<()> {
     let st = rfs::fstat(fd)?;
     if st.st_size as u64 != meta.size {
         return Err(delta::mismatch());

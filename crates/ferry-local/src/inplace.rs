@@ -75,8 +75,14 @@ impl Head {
     /// not hold a whole one.
     fn decode(b: &[u8]) -> Option<(Head, usize)> {
         let f = b.strip_prefix(MAGIC)?;
-        let u64_at = |i: usize| f.get(i..i + 8).map(|s| u64::from_le_bytes(s.try_into().unwrap()));
-        let u32_at = |i: usize| f.get(i..i + 4).map(|s| u32::from_le_bytes(s.try_into().unwrap()));
+        let u64_at = |i: usize| {
+            f.get(i..i + 8)
+                .map(|s| u64::from_le_bytes(s.try_into().unwrap()))
+        };
+        let u32_at = |i: usize| {
+            f.get(i..i + 4)
+                .map(|s| u32::from_le_bytes(s.try_into().unwrap()))
+        };
         let nl = u32_at(40)? as usize;
         let name = f.get(FIXED..FIXED + nl)?.to_vec();
         let count = u64_at(FIXED + nl)?;
@@ -227,8 +233,7 @@ impl LocalPatch {
         };
         let hfd = fd.try_clone()?;
         let (hl, hkey) = (*l, *key);
-        let hashing =
-            std::thread::spawn(move || hash_blocks(hfd.as_fd(), &hl, hl.head(), &hkey));
+        let hashing = std::thread::spawn(move || hash_blocks(hfd.as_fd(), &hl, hl.head(), &hkey));
         let die_after = std::env::var("FERRY_TEST_APPEND_DIE")
             .ok()
             .and_then(|v| v.parse().ok());
@@ -271,7 +276,9 @@ impl LocalPatch {
         if (st.st_size as u64, st.st_mtime, st.st_mtime_nsec as u32) != (size, sec, nsec)
             || st.st_nlink != 1
         {
-            return Err(io::Error::other("changed while hashed for a patch in place"));
+            return Err(io::Error::other(
+                "changed while hashed for a patch in place",
+            ));
         }
         Ok(t.list())
     }
@@ -536,7 +543,8 @@ mod tests {
         }
         let done = cut.min(writes.len());
         for &(at, n) in &writes[..done] {
-            p.write_here(at, &new[at as usize..at as usize + n]).unwrap();
+            p.write_here(at, &new[at as usize..at as usize + n])
+                .unwrap();
         }
         let meta = Meta {
             size: new.len() as u64,

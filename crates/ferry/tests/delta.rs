@@ -715,7 +715,10 @@ fn scattered_edits_patched_in_place_locally() {
     let s = summary(copy().ok());
     assert_eq!(field(&s, "delta_files"), 1, "{s}");
     assert_same(&src.join("f"), &dst.join("f"));
-    assert!(std::fs::read(&other).unwrap() == many, "the other link changed");
+    assert!(
+        std::fs::read(&other).unwrap() == many,
+        "the other link changed"
+    );
     no_reserved_left(&dst);
 }
 
@@ -747,7 +750,10 @@ fn patch_killed_half_way_is_rolled_back_by_the_next_listing() {
     let die = ("FERRY_TEST_APPEND_DIE", (literal / 2).to_string());
     let r = ferry_env(&a, &[small_min(), die]);
     assert!(r.code.is_none(), "not killed\n{r}");
-    assert!(std::fs::read(dst.join("f")).unwrap() != data, "nothing written");
+    assert!(
+        std::fs::read(dst.join("f")).unwrap() != data,
+        "nothing written"
+    );
     assert_eq!(find_prefixed(&dst, b".ferry-undo-").len(), 1);
     // A run reading the half-patched tree sees the old file.
     ferry(["copy".as_ref(), dst.as_os_str(), out.as_os_str()]).ok();
@@ -796,11 +802,21 @@ fn scattered_edits_patched_in_place_over_ssh() {
         )
     };
     let push = || {
-        let a = vec!["copy".as_ref(), "--json".as_ref(), src.as_os_str(), to.as_os_str()];
+        let a = vec![
+            "copy".as_ref(),
+            "--json".as_ref(),
+            src.as_os_str(),
+            to.as_os_str(),
+        ];
         run(a, &[small_min()])
     };
     let pull = |env: &[(&str, String)]| {
-        let a = vec!["copy".as_ref(), "--json".as_ref(), from.as_os_str(), back.as_os_str()];
+        let a = vec![
+            "copy".as_ref(),
+            "--json".as_ref(),
+            from.as_os_str(),
+            back.as_os_str(),
+        ];
         run(a, env)
     };
     push().ok();
@@ -815,7 +831,11 @@ fn scattered_edits_patched_in_place_over_ssh() {
     no_reserved_left(&dst);
     // Pull: the local side receives, patched in place.
     let before = ino(&back.join("f"));
-    assert_patched(&summary(pull(&[small_min()]).ok()), new.len(), literal + 77_777);
+    assert_patched(
+        &summary(pull(&[small_min()]).ok()),
+        new.len(),
+        literal + 77_777,
+    );
     assert_same(&dst.join("f"), &back.join("f"));
     assert_eq!(ino(&back.join("f")), before, "not patched in place");
     // A pull killed half way: the next listing rolls it back, the next
@@ -828,7 +848,10 @@ fn scattered_edits_patched_in_place_over_ssh() {
     assert!(pull(&[small_min(), die]).code.is_none());
     assert_eq!(find_prefixed(&back, b".ferry-undo-").len(), 1);
     ferry(["ls".as_ref(), back.as_os_str()]).ok();
-    assert!(std::fs::read(back.join("f")).unwrap() == new, "not rolled back");
+    assert!(
+        std::fs::read(back.join("f")).unwrap() == new,
+        "not rolled back"
+    );
     assert_eq!(get_mtime(&back.join("f")), old_mtime);
     no_reserved_left(&back);
     assert_patched(&summary(pull(&[small_min()]).ok()), newer.len(), literal);

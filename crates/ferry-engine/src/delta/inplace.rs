@@ -7,7 +7,7 @@
 //! blake3 under a key drawn for the file: the receiver the blocks of its
 //! old file, the sender the same blocks of its first old-size bytes and
 //! the tail beyond in blocks counted from the old end. The receiver's
-//! block hashes (truncated to 8 bytes) go to the sender's side, which
+//! block hashes (truncated to [`SHORT`] bytes) go to the sender's side, which
 //! picks the blocks that differ; too many ([`too_many`]) and the normal
 //! delta runs. Otherwise the receiver writes a rollback record holding the
 //! old bytes of every block to be overwritten (synced), the differing
@@ -94,7 +94,7 @@ impl Layout {
 
 /// The block size of a patch in place of a file of `size` bytes: a power
 /// of two, at least [`MIN_PATCH_BLOCK`], for at most 2^17 blocks (a
-/// 1 GiB file: 8 KiB blocks, a 1 MiB list on the wire).
+/// 1 GiB file: 8 KiB blocks, a 512 KiB list on the wire).
 pub fn patch_block(size: u64) -> u64 {
     size.div_ceil(1 << MAX_BLOCKS_LOG)
         .next_power_of_two()
@@ -117,10 +117,15 @@ pub struct PatchHashes {
     pub root: [u8; 32],
 }
 
-/// A block hash as it travels: its first 8 bytes (the whole-file check
-/// catches a chance match).
+/// Bytes of a block hash on the wire: a changed block passes for
+/// unchanged with odds of 2^-32 (the key is secret to the ends, so no
+/// content can be made to), and then the whole-file check fails and the
+/// file goes whole; 4 bytes keep the list of a 1 GiB file at 512 KiB.
+pub const SHORT: usize = 4;
+
+/// A block hash as it travels: its first [`SHORT`] bytes.
 pub fn short(h: &[u8; 32]) -> u64 {
-    u64::from_le_bytes(h[..8].try_into().expect("8 bytes"))
+    u64::from(u32::from_le_bytes(h[..SHORT].try_into().expect("4 bytes")))
 }
 
 /// The whole-file hash of a patch: blake3 over the full block hashes of
@@ -133,21 +138,23 @@ pub fn root(hashes: &[[u8; 32]]) -> [u8; 32] {
     *h.finalize().as_bytes()
 }
 
-/// A list of truncated hashes as bytes (little-endian, 8 each).
+/// A list of truncated hashes as bytes (little-endian, [`SHORT`] each).
 pub fn encode_list(list: &[u64]) -> Vec<u8> {
-    list.iter().flat_map(|h| h.to_le_bytes()).collect()
+    list.iter()
+        .flat_map(|h| (*h as u32).to_le_bytes())
+        .collect()
 }
 
 /// [`encode_list`]'s bytes back to the list.
 pub fn decode_list(b: &[u8]) -> io::Result<Vec<u64>> {
-    if b.len() % 8 != 0 {
+    if b.len() % SHORT != 0 {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
             "patch in place: bad block list",
         ));
     }
-    Ok(b.chunks_exact(8)
-        .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+    Ok(b.chunks_exact(SHORT)
+        .map(|c| u64::from(u32::from_le_bytes(c.try_into().expect("4 bytes"))))
         .collect())
 }
 
@@ -473,9 +480,15 @@ mod tests {
         let other = fd_patch_hashes(file(&new).as_fd(), &l, &[8u8; 32]).unwrap();
         assert_ne!(other.root, theirs.root);
         // A file of another size than expected: changed.
-        let l2 = Layout { new: l.new + 1, ..l };
+        let l2 = Layout {
+            new: l.new + 1,
+            ..l
+        };
         assert!(fd_patch_hashes(file(&new).as_fd(), &l2, &key).is_err());
-        let l3 = Layout { new: l.new - 1, ..l };
+        let l3 = Layout {
+            new: l.new - 1,
+            ..l
+        };
         assert!(fd_patch_hashes(file(&new).as_fd(), &l3, &key).is_err());
     }
 }

@@ -20,16 +20,16 @@ use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub mod append;
-pub mod inplace;
 mod diff;
+pub mod inplace;
 mod patch;
 mod sign;
 #[cfg(test)]
 mod tests;
 
 pub use append::{AppendHashes, Appender, APPEND_MIN};
-pub use inplace::{InPlace, Layout, PatchHashes};
 pub use diff::diff;
+pub use inplace::{InPlace, Layout, PatchHashes};
 pub use patch::{mismatch, PatchSink, Patcher};
 pub use sign::{read_full, sign, strong, weak, Rolling};
 

@@ -15,8 +15,8 @@ use ferry_engine::delta::{self, Op, OpSink, Patcher, Signature};
 use ferry_engine::entry::Meta;
 use ferry_engine::store::{SourceFile, Store};
 use ferry_local::append::LocalAppend;
-use ferry_local::inplace::LocalPatch;
 use ferry_local::delta::SeqOut;
+use ferry_local::inplace::LocalPatch;
 use ferry_local::local::LocalReader;
 use rustix::fs::{self as rfs, Mode, OFlags};
 
