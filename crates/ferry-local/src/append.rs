@@ -124,31 +124,45 @@ pub(crate) fn recover(dir: BorrowedFd<'_>, rec: &CStr) -> io::Result<bool> {
     }
 }
 
-/// Truncate the file `r` names back to its old size, with its old mtime
-/// and mode, when it is still the file appended to.
-fn roll_back(dir: BorrowedFd<'_>, r: &Record) -> io::Result<()> {
-    let Ok(name) = CString::new(r.name.clone()) else {
-        return Ok(());
+/// The file `name` of `dir` opened to be rolled back, with its `fstat`,
+/// when it is still inode `ino`, a regular file, at a size between `old`
+/// and `new`; `None` when gone or replaced (nothing of ours to undo).
+pub(crate) fn still_ours(
+    dir: BorrowedFd<'_>,
+    name: &[u8],
+    ino: u64,
+    old: u64,
+    new: u64,
+) -> io::Result<Option<(OwnedFd, rfs::Stat)>> {
+    let Ok(name) = CString::new(name) else {
+        return Ok(None);
     };
-    let fd = match rfs::openat(
+    let Ok(fd) = rfs::openat(
         dir,
         &name,
         OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
         Mode::empty(),
-    ) {
-        Ok(fd) => fd,
-        // Gone or replaced by something else: nothing of ours to undo.
-        Err(_) => return Ok(()),
+    ) else {
+        return Ok(None);
     };
     let st = rfs::fstat(&fd)?;
     let size = st.st_size as u64;
-    if st.st_ino != r.ino
+    if st.st_ino != ino
         || FileType::from_raw_mode(st.st_mode) != FileType::RegularFile
-        || size < r.old
-        || size > r.new
+        || size < old
+        || size > new
     {
-        return Ok(());
+        return Ok(None);
     }
+    Ok(Some((fd, st)))
+}
+
+/// Truncate the file `r` names back to its old size, with its old mtime
+/// and mode, when it is still the file appended to.
+fn roll_back(dir: BorrowedFd<'_>, r: &Record) -> io::Result<()> {
+    let Some((fd, st)) = still_ours(dir, &r.name, r.ino, r.old, r.new)? else {
+        return Ok(());
+    };
     undo(fd.as_fd(), r.old, r.mode, st.st_mode, &mtime(r.sec, r.nsec))
 }
 

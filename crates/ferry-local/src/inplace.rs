@@ -25,9 +25,9 @@ use ferry_engine::delta::{self, InPlace, Layout};
 use ferry_engine::entry::Meta;
 use ferry_engine::piece::pread_full;
 use ferry_engine::store::undo_name;
-use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags};
+use rustix::fs::{self as rfs, AtFlags, Mode, OFlags};
 
-use crate::append::{create_record, mtime, open_checked, set_meta, undo};
+use crate::append::{create_record, mtime, open_checked, set_meta, still_ours, undo};
 
 /// First bytes of a record of a patch in place.
 pub(crate) const MAGIC: &[u8] = b"ferry-undo 2\n";
@@ -146,28 +146,9 @@ pub(crate) fn restore(dir: BorrowedFd<'_>, rfd: BorrowedFd<'_>) -> io::Result<()
         }
         want = (want * 4).min(body as usize);
     };
-    let Ok(name) = CString::new(head.name.clone()) else {
+    let Some((fd, st)) = still_ours(dir, &head.name, head.ino, head.old, head.new)? else {
         return Ok(());
     };
-    let fd = match rfs::openat(
-        dir,
-        &name,
-        OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    ) {
-        Ok(fd) => fd,
-        // Gone or replaced by something else: nothing of ours to undo.
-        Err(_) => return Ok(()),
-    };
-    let st = rfs::fstat(&fd)?;
-    let size = st.st_size as u64;
-    if st.st_ino != head.ino
-        || FileType::from_raw_mode(st.st_mode) != FileType::RegularFile
-        || size < head.old
-        || size > head.new
-    {
-        return Ok(());
-    }
     // Pass 2: the old bytes back where they were.
     let mut from = hlen as u64;
     for &(to, n) in &head.extents {

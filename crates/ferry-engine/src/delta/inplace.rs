@@ -147,7 +147,7 @@ pub fn encode_list(list: &[u64]) -> Vec<u8> {
 
 /// [`encode_list`]'s bytes back to the list.
 pub fn decode_list(b: &[u8]) -> io::Result<Vec<u64>> {
-    if b.len() % SHORT != 0 {
+    if !b.len().is_multiple_of(SHORT) {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
             "patch in place: bad block list",
@@ -263,7 +263,6 @@ pub fn hash_blocks(
     for r in res {
         r?;
     }
-    drop(work);
     Ok(out)
 }
 
@@ -366,7 +365,7 @@ impl Tracker {
     pub fn write(&mut self, at: u64, data: &[u8]) -> io::Result<()> {
         let bad = || io::Error::other("patch in place: a write outside the changed blocks");
         if at < self.l.old {
-            if at % self.l.block != 0 || at + data.len() as u64 > self.l.old {
+            if !at.is_multiple_of(self.l.block) || at + data.len() as u64 > self.l.old {
                 return Err(bad());
             }
             let mut k = (at / self.l.block) as usize;

@@ -368,13 +368,7 @@ pub(super) fn append_hashes(
     prefix: u64,
     size: u64,
 ) -> io::Result<Vec<u8>> {
-    let r = st
-        .readers
-        .lock()
-        .unwrap()
-        .get(&file)
-        .map(|(r, _)| r.clone())
-        .ok_or_else(|| bad_handle(file))?;
+    let r = reader(st, file)?;
     let fd = r.as_fd().ok_or_else(|| io::Error::other("no descriptor"))?;
     let h = delta::append::fd_hashes(fd, prefix, size)?;
     Ok(proto::frame(
@@ -488,13 +482,7 @@ pub(super) fn inplace_hashes(
     key: &[u8; 32],
 ) -> io::Result<Vec<u8>> {
     let l = layout(old, size, block)?;
-    let r = st
-        .readers
-        .lock()
-        .unwrap()
-        .get(&file)
-        .map(|(r, _)| r.clone())
-        .ok_or_else(|| bad_handle(file))?;
+    let r = reader(st, file)?;
     let fd = r.as_fd().ok_or_else(|| io::Error::other("no descriptor"))?;
     let h = delta::inplace::fd_patch_hashes(fd, &l, key)?;
     let list = delta::inplace::encode_list(&h.list);
@@ -506,4 +494,14 @@ pub(super) fn inplace_hashes(
         },
         list.len(),
     ))
+}
+
+/// The open file `file`.
+fn reader(st: &State, file: u64) -> io::Result<Arc<LocalReader>> {
+    st.readers
+        .lock()
+        .unwrap()
+        .get(&file)
+        .map(|(r, _)| r.clone())
+        .ok_or_else(|| bad_handle(file))
 }

@@ -153,16 +153,7 @@ impl SshStore {
         prefix: u64,
         size: u64,
     ) -> io::Result<AppendHashes> {
-        let remote = r
-            .as_any()
-            .and_then(|a| a.downcast_ref::<SshReader>())
-            .and_then(|s| match s.file {
-                Some(f) if s.next == 0 && s.span.0 == s.span.1 && s.ahead.is_empty() => {
-                    Some((s.conn.clone(), f))
-                }
-                _ => None,
-            });
-        let Some((conn, file)) = remote else {
+        let Some((conn, file)) = remote_file(r) else {
             return delta::append::source_hashes(r, prefix, size);
         };
         let body = conn.call(&Req::AppendHashes { file, prefix, size })?;
@@ -223,16 +214,15 @@ impl Appender for SshAppend {
 
     fn commit(mut self: Box<Self>, hash: &[u8; 32], meta: &Meta, fsync: bool) -> io::Result<()> {
         self.open = false;
-        let body = self.conn.call(&Req::AppendCommit {
-            file: self.file,
-            hash: *hash,
-            meta: M(*meta),
-            fsync,
-        })?;
-        match body.get()? {
-            Resp::Ok => Ok(()),
-            r => Err(unexpected(&r)),
-        }
+        call_ok(
+            &self.conn,
+            &Req::AppendCommit {
+                file: self.file,
+                hash: *hash,
+                meta: M(*meta),
+                fsync,
+            },
+        )
     }
 
     fn abort(self: Box<Self>) {}
@@ -356,6 +346,14 @@ fn remote_file(r: &dyn SourceFile) -> Option<(Arc<Conn>, u64)> {
         })
 }
 
+/// `req`, whose reply is [`Resp::Ok`] or the error.
+fn call_ok(conn: &Conn, req: &Req<'_>) -> io::Result<()> {
+    match conn.call(req)?.get()? {
+        Resp::Ok => Ok(()),
+        r => Err(unexpected(&r)),
+    }
+}
+
 /// A patch in place at the remote end.
 struct SshPatch {
     conn: Arc<Conn>,
@@ -404,16 +402,15 @@ impl InPlace for SshPatch {
 
     fn commit(mut self: Box<Self>, root: &[u8; 32], meta: &Meta, fsync: bool) -> io::Result<()> {
         self.open = false;
-        let body = self.conn.call(&Req::PatchCommit {
-            file: self.file,
-            root: *root,
-            meta: M(*meta),
-            fsync,
-        })?;
-        match body.get()? {
-            Resp::Ok => Ok(()),
-            r => Err(unexpected(&r)),
-        }
+        call_ok(
+            &self.conn,
+            &Req::PatchCommit {
+                file: self.file,
+                root: *root,
+                meta: M(*meta),
+                fsync,
+            },
+        )
     }
 
     fn abort(self: Box<Self>) {}
