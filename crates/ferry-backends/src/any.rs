@@ -9,7 +9,9 @@ use std::os::fd::BorrowedFd;
 use std::time::Duration;
 
 use ferry_engine::bwlimit::Limiter;
-use ferry_engine::delta::{AppendHashes, Appender, DiffSummary, OpSink, Signature};
+use ferry_engine::delta::{
+    AppendHashes, Appender, DiffSummary, InPlace, Layout, OpSink, PatchHashes, Signature,
+};
 use ferry_engine::entry::{Kind, Listing, Meta};
 use ferry_engine::hash::{Hash, HashKind, HashSet};
 use ferry_engine::keep::{KeepBase, KeepTo};
@@ -443,6 +445,30 @@ macro_rules! backends {
                 size: u64,
             ) -> io::Result<AppendHashes> {
                 match self { $(AnyStore::$v(s) => s.append_hashes(r, prefix, size),)+ }
+            }
+            fn delta_inplace<'a>(
+                &'a self,
+                dir: &'a AnyDir,
+                name: &CStr,
+                old: &Meta,
+                l: &Layout,
+                key: &[u8; 32],
+            ) -> io::Result<Option<Box<dyn InPlace + 'a>>> {
+                match (self, dir) {
+                    $((AnyStore::$v(s), AnyDir::$v(d)) => s.delta_inplace(d, name, old, l, key),)+
+                    _ => mismatch(),
+                }
+            }
+            fn inplace_hashes(
+                &self,
+                r: &mut dyn SourceFile,
+                l: &Layout,
+                key: &[u8; 32],
+            ) -> io::Result<PatchHashes> {
+                match self { $(AnyStore::$v(s) => s.inplace_hashes(r, l, key),)+ }
+            }
+            fn read_at(&self, r: &mut dyn SourceFile, at: u64, buf: &mut [u8]) -> io::Result<usize> {
+                match self { $(AnyStore::$v(s) => s.read_at(r, at, buf),)+ }
             }
             fn notes(&self, role: &str) -> Vec<String> {
                 match self { $(AnyStore::$v(s) => Store::notes(s, role),)+ }

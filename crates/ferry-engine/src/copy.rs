@@ -26,11 +26,11 @@ use crate::keep::Keeper;
 use crate::store::{cut_nsec, Committing, DeltaRole, SourceFile, Store, Tracked};
 use crate::xattr::{XattrRun, Xattrs};
 
-/// What the append fast path did.
+/// What the patch-in-place fast path did.
 enum Appended {
-    /// Appended in place: the copy is done.
+    /// Patched in place: the copy is done.
     Done(Copied),
-    /// Not tried, or not an append: the normal way.
+    /// Not tried, or not patched in place: the normal way.
     No,
     /// Tried and rolled back (the whole hash did not match): send whole.
     Whole,
@@ -388,11 +388,12 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
             || !(d.local || s == DeltaRole::Remote || t == DeltaRole::Remote))
     }
 
-    /// The append fast path ([`delta::append`]): a file going by delta
-    /// whose destination (`old`, at least [`append_min`] bytes) is shorter
-    /// than the source, appended to in place when its content is the
-    /// source's first bytes. Not with `--backup-dir`/`--versions` (the
-    /// kept copy is a hard link to the same file) nor `-X`/`-A`.
+    /// The patch-in-place fast path ([`delta::inplace`]): a file going by
+    /// delta whose destination (`old`, at least [`append_min`] bytes) is
+    /// no longer than the source is patched where it is when few of its
+    /// blocks differ (scattered edits, a grown tail). Not with
+    /// `--backup-dir`/`--versions` (the kept copy is a hard link to the
+    /// same file) nor `-X`/`-A`.
     fn append(
         &self,
         sdir: &S::Dir,
@@ -407,14 +408,16 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
         };
         if old.kind != Kind::File
             || old.size < append_min()
-            || old.size >= meta.size
+            || old.size > meta.size
             || self.keep.is_some()
             || self.xattrs.is_some()
             || !self.by_delta(meta, false)
         {
             return Appended::No;
         }
-        let app = match self.dst.delta_append(ddir, name, old, meta.size) {
+        let l = delta::Layout::new(old.size, meta.size);
+        let key = delta::new_key();
+        let ip = match self.dst.delta_inplace(ddir, name, old, &l, &key) {
             Ok(Some(a)) => a,
             Ok(None) => return Appended::No,
             Err(_) => {
@@ -422,7 +425,7 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
                 return Appended::No;
             }
         };
-        match self.append_with(app, sdir, sname, meta, old.size) {
+        match self.patch_with(ip, sdir, sname, meta, &l, &key) {
             Ok(a) => a,
             Err(_) => {
                 self.count(|c| &c.fallbacks, 1);
@@ -432,34 +435,69 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
     }
 
     /// [`Copier::append`] once the destination hashes its old copy.
-    fn append_with(
+    fn patch_with(
         &self,
-        mut app: Box<dyn delta::Appender + '_>,
+        mut ip: Box<dyn delta::InPlace + '_>,
         sdir: &S::Dir,
         sname: &CStr,
         meta: &Meta,
-        prefix: u64,
+        l: &delta::Layout,
+        key: &[u8; 32],
     ) -> io::Result<Appended> {
         let mut r = Tracked::new(self.src.open_file(sdir, sname)?, self.moved);
-        let h = self.src.append_hashes(&mut r, prefix, meta.size)?;
-        if !app.begin(&h.prefix)? {
+        let h = self.src.inplace_hashes(&mut r, l, key)?;
+        let Some(theirs) = ip.blocks()? else {
+            return Ok(Appended::No);
+        };
+        let Some(changed) = delta::inplace::differing(&h.list, &theirs) else {
+            return Ok(Appended::No);
+        };
+        if delta::inplace::too_many(l, changed.len()) || !ip.begin(&changed)? {
+            // Nothing changed there: the normal delta.
             return Ok(Appended::No);
         }
-        let mut buf = vec![0u8; 1 << 20];
-        let mut at = prefix;
-        loop {
-            let n = delta::read_full(&mut r, &mut buf)?;
-            if n == 0 {
-                break;
+        let block = l.block as usize;
+        let mut buf = vec![0u8; (1usize << 20).max(block)];
+        let mut literal = 0u64;
+        // The changed blocks, runs of neighbours read and written at once.
+        let mut i = 0;
+        while i < changed.len() {
+            let mut j = i + 1;
+            while j < changed.len()
+                && changed[j] == changed[j - 1] + 1
+                && (j - i + 1) * block <= buf.len()
+            {
+                j += 1;
             }
+            let (at, _) = l.span(changed[i] as usize);
+            let (last, n) = l.span(changed[j - 1] as usize);
+            let len = (last + n as u64 - at) as usize;
+            if self.src.read_at(&mut r, at, &mut buf[..len])? != len {
+                ip.abort();
+                return Ok(Appended::No);
+            }
+            if let Some(b) = self.bwlimit {
+                b.acquire(len as u64);
+            }
+            ip.write(at, &buf[..len])?;
+            literal += len as u64;
+            i = j;
+        }
+        // The tail.
+        let mut at = l.old;
+        while at < l.new {
+            let want = ((l.new - at) as usize).min(buf.len());
+            let n = self.src.read_at(&mut r, at, &mut buf[..want])?;
+            if n != want {
+                ip.abort();
+                return Ok(Appended::No);
+            }
+            if let Some(b) = self.bwlimit {
+                b.acquire(n as u64);
+            }
+            ip.write(at, &buf[..n])?;
             at += n as u64;
-            if at > meta.size {
-                break;
-            }
-            if let Some(l) = self.bwlimit {
-                l.acquire(n as u64);
-            }
-            app.write(&buf[..n])?;
+            literal += n as u64;
         }
         let step = self.mtime_step;
         let now = r
@@ -467,24 +505,26 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
             .current()
             .map(|(size, sec, nsec)| (size, sec, cut_nsec(nsec, step)));
         let listed = (meta.size, meta.mtime_sec, cut_nsec(meta.mtime_nsec, step));
-        if at != meta.size || now.is_some_and(|n| n != listed) {
+        if now.is_some_and(|n| n != listed) {
             // It changed while read: rolled back, and the normal way
             // copes with the change.
-            app.abort();
+            ip.abort();
             return Ok(Appended::No);
         }
-        if app.commit(&h.whole, meta, self.fsync).is_err() {
+        if ip.commit(&h.root, meta, self.fsync).is_err() {
             // Rolled back: the file goes whole.
             self.count(|c| &c.fallbacks, 1);
             return Ok(Appended::Whole);
         }
         r.settle(meta.size);
-        let tail = meta.size - prefix;
         self.count(|c| &c.files, 1);
-        self.count(|c| &c.literal, tail);
-        self.count(|c| &c.matched, prefix);
-        // The tail, and the hashes that went either way.
-        self.count(|c| &c.wire, tail + 3 * 32);
+        self.count(|c| &c.literal, literal);
+        self.count(|c| &c.matched, meta.size - literal);
+        // The literal bytes, the block list and the changed blocks'
+        // numbers that crossed, the key and the root.
+        let list =
+            delta::inplace::SHORT as u64 * h.list.len() as u64 + 4 * changed.len() as u64 + 2 * 32;
+        self.count(|c| &c.wire, literal + list);
         Ok(Appended::Done(Copied {
             bytes: meta.size,
             meta: *meta,

@@ -620,6 +620,40 @@ pub trait Store: Send + Sync {
     ) -> io::Result<AppendHashes> {
         crate::delta::append::source_hashes(r, prefix, size)
     }
+    /// Start a patch in place of file `name` of `dir`, listed as `old`,
+    /// to the layout `l` (a changed file no shorter than its old copy:
+    /// [`crate::delta::inplace`]): the old file's block hashes under `key`
+    /// start now, where the file is. `None` where the store does not
+    /// patch in place (the default) or the file cannot be (not a regular
+    /// file with one link, changed since listed).
+    fn delta_inplace<'a>(
+        &'a self,
+        _dir: &'a Self::Dir,
+        _name: &CStr,
+        _old: &Meta,
+        _l: &crate::delta::Layout,
+        _key: &[u8; 32],
+    ) -> io::Result<Option<Box<dyn crate::delta::InPlace + 'a>>> {
+        Ok(None)
+    }
+    /// The sender's hashes of `r` (one of this store's readers, not read
+    /// yet, of `l.new` bytes) for a patch in place to the layout `l`. By
+    /// default hashed here (a file with a descriptor); a store may have
+    /// the far end hash it.
+    fn inplace_hashes(
+        &self,
+        r: &mut dyn SourceFile,
+        l: &crate::delta::Layout,
+        key: &[u8; 32],
+    ) -> io::Result<crate::delta::PatchHashes> {
+        crate::delta::inplace::source_patch_hashes(r, l, key)
+    }
+    /// Read `buf.len()` bytes at `at` of `r` (one of this store's
+    /// readers), fewer only at its end: the blocks of a patch in place. By
+    /// default with `pread` (a file with a descriptor).
+    fn read_at(&self, r: &mut dyn SourceFile, at: u64, buf: &mut [u8]) -> io::Result<usize> {
+        crate::delta::inplace::source_read_at(r, at, buf)
+    }
     /// Keep the entry `name` of `dir` (a file, symlink or special file,
     /// never a directory) at `to` before a run replaces or removes it
     /// (`--backup-dir`, `--suffix`, `--versions`; see [`crate::keep`]):

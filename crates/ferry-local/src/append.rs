@@ -83,7 +83,7 @@ impl Record {
     }
 }
 
-fn mtime(sec: i64, nsec: u32) -> Meta {
+pub(crate) fn mtime(sec: i64, nsec: u32) -> Meta {
     Meta {
         mtime_sec: sec,
         mtime_nsec: nsec,
@@ -113,7 +113,9 @@ pub(crate) fn recover(dir: BorrowedFd<'_>, rec: &CStr) -> io::Result<bool> {
     let mut b = vec![0u8; 64 << 10];
     let n = ferry_engine::piece::pread_full(rfd.as_fd(), &mut b, 0)?;
     // A torn record was never complete: the file was not touched yet.
-    if let Some(r) = Record::decode(&b[..n]) {
+    if b[..n].starts_with(crate::inplace::MAGIC) {
+        crate::inplace::restore(dir, rfd.as_fd())?;
+    } else if let Some(r) = Record::decode(&b[..n]) {
         roll_back(dir, &r)?;
     }
     match rfs::unlinkat(dir, rec, AtFlags::empty()) {
@@ -122,41 +124,144 @@ pub(crate) fn recover(dir: BorrowedFd<'_>, rec: &CStr) -> io::Result<bool> {
     }
 }
 
-/// Truncate the file `r` names back to its old size, with its old mtime
-/// and mode, when it is still the file appended to.
-fn roll_back(dir: BorrowedFd<'_>, r: &Record) -> io::Result<()> {
-    let Ok(name) = CString::new(r.name.clone()) else {
-        return Ok(());
+/// The file `name` of `dir` opened to be rolled back, with its `fstat`,
+/// when it is still inode `ino`, a regular file, at a size between `old`
+/// and `new`; `None` when gone or replaced (nothing of ours to undo).
+pub(crate) fn still_ours(
+    dir: BorrowedFd<'_>,
+    name: &[u8],
+    ino: u64,
+    old: u64,
+    new: u64,
+) -> io::Result<Option<(OwnedFd, rfs::Stat)>> {
+    let Ok(name) = CString::new(name) else {
+        return Ok(None);
     };
-    let fd = match rfs::openat(
+    let Ok(fd) = rfs::openat(
         dir,
         &name,
         OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
         Mode::empty(),
-    ) {
-        Ok(fd) => fd,
-        // Gone or replaced by something else: nothing of ours to undo.
-        Err(_) => return Ok(()),
+    ) else {
+        return Ok(None);
     };
     let st = rfs::fstat(&fd)?;
     let size = st.st_size as u64;
-    if st.st_ino != r.ino
+    if st.st_ino != ino
         || FileType::from_raw_mode(st.st_mode) != FileType::RegularFile
-        || size < r.old
-        || size > r.new
+        || size < old
+        || size > new
     {
-        return Ok(());
+        return Ok(None);
     }
+    Ok(Some((fd, st)))
+}
+
+/// Truncate the file `r` names back to its old size, with its old mtime
+/// and mode, when it is still the file appended to.
+fn roll_back(dir: BorrowedFd<'_>, r: &Record) -> io::Result<()> {
+    let Some((fd, st)) = still_ours(dir, &r.name, r.ino, r.old, r.new)? else {
+        return Ok(());
+    };
     undo(fd.as_fd(), r.old, r.mode, st.st_mode, &mtime(r.sec, r.nsec))
 }
 
-fn undo(fd: BorrowedFd<'_>, size: u64, mode: u32, now_mode: u32, m: &Meta) -> io::Result<()> {
+pub(crate) fn undo(
+    fd: BorrowedFd<'_>,
+    size: u64,
+    mode: u32,
+    now_mode: u32,
+    m: &Meta,
+) -> io::Result<()> {
     rfs::ftruncate(fd, size)?;
     if now_mode & 0o7777 != mode & 0o7777 {
         rfs::fchmod(fd, Mode::from_raw_mode(mode & 0o7777))?;
     }
     rfs::futimens(fd, &times(m))?;
     rfs::fsync(fd)?;
+    Ok(())
+}
+
+/// `name` of `dir` opened to be written in place, with its `fstat`, when
+/// it is still `old` as listed and may be: a regular file with one link
+/// that this process may write; `None` otherwise.
+pub(crate) fn open_checked(
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    old: &Meta,
+) -> io::Result<Option<(OwnedFd, rfs::Stat)>> {
+    let Ok(fd) = rfs::openat(
+        dir,
+        name,
+        OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) else {
+        return Ok(None);
+    };
+    let st = rfs::fstat(&fd)?;
+    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile
+        || st.st_nlink != 1
+        || st.st_size as u64 != old.size
+        || (st.st_mtime, st.st_mtime_nsec as u32) != (old.mtime_sec, old.mtime_nsec)
+        || (old.ino != 0 && st.st_ino != old.ino)
+    {
+        return Ok(None);
+    }
+    Ok(Some((fd, st)))
+}
+
+/// Create the rollback record `rec` of `dir`, held locked (a stale one
+/// rolled back first): `None` when a live run holds one.
+pub(crate) fn create_record(dir: BorrowedFd<'_>, rec: &CStr) -> io::Result<Option<OwnedFd>> {
+    let mut tries = 0;
+    let fd = loop {
+        match rfs::openat(
+            dir,
+            rec,
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o600),
+        ) {
+            Ok(fd) => break fd,
+            Err(Errno::EXIST) if tries == 0 => {
+                tries += 1;
+                if !recover(dir, rec)? {
+                    return Ok(None);
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+    };
+    if let Err(e) = rfs::flock(&fd, FlockOperation::NonBlockingLockExclusive) {
+        drop(fd);
+        let _ = rfs::unlinkat(dir, rec, AtFlags::empty());
+        return Err(e.into());
+    }
+    Ok(Some(fd))
+}
+
+/// Give a file written in place its new metadata `meta` (owners when
+/// `owner`), synced with `fsync`; a size other than `meta.size` is a
+/// mismatch.
+pub(crate) fn set_meta(
+    fd: BorrowedFd<'_>,
+    meta: &Meta,
+    owner: bool,
+    fsync: bool,
+) -> io::Result<()> {
+    let st = rfs::fstat(fd)?;
+    if st.st_size as u64 != meta.size {
+        return Err(delta::mismatch());
+    }
+    if owner && (st.st_uid != meta.uid || st.st_gid != meta.gid) {
+        rfs::fchown(fd, Some(uid(meta.uid)), Some(gid(meta.gid)))?;
+    }
+    if owner || st.st_mode & 0o7777 != meta.mode & 0o7777 {
+        rfs::fchmod(fd, Mode::from_raw_mode(meta.mode & 0o7777))?;
+    }
+    rfs::futimens(fd, &times(meta))?;
+    if fsync {
+        rfs::fsync(fd)?;
+    }
     Ok(())
 }
 
@@ -190,24 +295,10 @@ impl LocalAppend {
         old: &Meta,
         owner: bool,
     ) -> io::Result<Option<LocalAppend>> {
-        let Ok(fd) = rfs::openat(
-            dir,
-            name,
-            OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-        ) else {
+        let Some((fd, st)) = open_checked(dir, name, old)? else {
             return Ok(None);
         };
-        let st = rfs::fstat(&fd)?;
         let size = st.st_size as u64;
-        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile
-            || st.st_nlink != 1
-            || size != old.size
-            || (st.st_mtime, st.st_mtime_nsec as u32) != (old.mtime_sec, old.mtime_nsec)
-            || (old.ino != 0 && st.st_ino != old.ino)
-        {
-            return Ok(None);
-        }
         let hfd = fd.try_clone()?;
         let hashing = std::thread::spawn(move || {
             delta::append::hash_fd(hfd.as_fd(), size, None).map(|(h, _)| h)
@@ -272,26 +363,10 @@ impl LocalAppend {
             mode,
             name: self.name.to_bytes().to_vec(),
         };
-        let mut tries = 0;
-        let fd = loop {
-            match rfs::openat(
-                &self.dir,
-                &rec,
-                OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC,
-                Mode::from_raw_mode(0o600),
-            ) {
-                Ok(fd) => break fd,
-                Err(Errno::EXIST) if tries == 0 => {
-                    tries += 1;
-                    if !recover(self.dir.as_fd(), &rec)? {
-                        return Ok(false);
-                    }
-                }
-                Err(e) => return Err(e.into()),
-            }
+        let Some(fd) = create_record(self.dir.as_fd(), &rec)? else {
+            return Ok(false);
         };
         let res = (|| -> io::Result<()> {
-            rfs::flock(&fd, FlockOperation::NonBlockingLockExclusive)?;
             crate::local::write_all(fd.as_fd(), &r.encode())?;
             rfs::fsync(&fd)?;
             rfs::fsync(&self.dir)?;
@@ -336,20 +411,7 @@ impl LocalAppend {
         if self.record.is_none() || *h.finalize().as_bytes() != *hash {
             return Err(delta::mismatch());
         }
-        let st = rfs::fstat(&self.fd)?;
-        if st.st_size as u64 != meta.size {
-            return Err(delta::mismatch());
-        }
-        if self.owner && (st.st_uid != meta.uid || st.st_gid != meta.gid) {
-            rfs::fchown(&self.fd, Some(uid(meta.uid)), Some(gid(meta.gid)))?;
-        }
-        if self.owner || st.st_mode & 0o7777 != meta.mode & 0o7777 {
-            rfs::fchmod(&self.fd, Mode::from_raw_mode(meta.mode & 0o7777))?;
-        }
-        rfs::futimens(&self.fd, &times(meta))?;
-        if fsync {
-            rfs::fsync(&self.fd)?;
-        }
+        set_meta(self.fd.as_fd(), meta, self.owner, fsync)?;
         if let Some((rec, rfd)) = self.record.take() {
             rfs::unlinkat(&self.dir, &rec, AtFlags::empty())?;
             drop(rfd);

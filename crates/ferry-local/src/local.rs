@@ -554,6 +554,18 @@ impl Store for LocalStore {
         Ok(a.map(|a| Box::new(crate::append::Boxed { a, new: size }) as Box<dyn Appender>))
     }
 
+    fn delta_inplace<'a>(
+        &'a self,
+        dir: &'a LocalDir,
+        name: &CStr,
+        old: &Meta,
+        l: &ferry_engine::delta::Layout,
+        key: &[u8; 32],
+    ) -> io::Result<Option<Box<dyn ferry_engine::delta::InPlace + 'a>>> {
+        let p = crate::inplace::LocalPatch::start(dir.fd(), name, old, self.owner, l, key)?;
+        Ok(p.map(|p| Box::new(p) as Box<dyn ferry_engine::delta::InPlace>))
+    }
+
     fn read_link(&self, dir: &LocalDir, name: &CStr) -> io::Result<Vec<u8>> {
         Ok(rfs::readlinkat(&dir.fd, name, Vec::new())?.into_bytes())
     }

@@ -24,7 +24,7 @@ use ferry_engine::xattr::{XattrSel, Xattrs};
 use serde::{Deserialize, Serialize};
 
 /// The protocol version both ends must speak.
-pub const PROTOCOL: u32 = 7;
+pub const PROTOCOL: u32 = 8;
 /// The hello's first bytes.
 const MAGIC: &[u8; 12] = b"FERRY-SERVE\n";
 /// Largest frame accepted (a whole small file, a big directory's listing).
@@ -751,6 +751,52 @@ pub enum Req<'a> {
     /// The hashes of open file `file` (of `size` bytes) for an append to a
     /// copy of its first `prefix` bytes: [`Resp::Hashes`].
     AppendHashes { file: u64, prefix: u64, size: u64 },
+    /// Start a patch in place of `name` in `dir`, listed as `old`, to
+    /// `size` bytes in `block`-byte blocks, as handle `file`
+    /// (`ferry_engine::delta::inplace`): the old file's block hashes under
+    /// `key`, made there, [`Resp::Blocks`] (`None`: it cannot be patched
+    /// in place).
+    PatchHash {
+        dir: u64,
+        name: &'a [u8],
+        old: M,
+        size: u64,
+        block: u64,
+        key: [u8; 32],
+        file: u64,
+    },
+    /// The head blocks `changed` differ: the rollback record (with their
+    /// old bytes) written and the patch begun (no reply; a failure comes
+    /// back on [`Req::PatchCommit`]).
+    PatchBegin { file: u64, changed: Vec<u32> },
+    /// Bytes of the patch at `at` (no reply).
+    PatchWrite {
+        file: u64,
+        at: u64,
+        #[serde(with = "serde_bytes")]
+        data: &'a [u8],
+    },
+    /// The end of a patch: the root hash checked, metadata set, synced
+    /// with `fsync`, the record removed: [`Resp::Ok`], or the error (the
+    /// file rolled back).
+    PatchCommit {
+        file: u64,
+        root: [u8; 32],
+        meta: M,
+        fsync: bool,
+    },
+    /// Give up patch `file`: rolled back (no reply).
+    PatchAbort { file: u64 },
+    /// The sender's hashes of open file `file` for a patch in place of a
+    /// copy of `old` bytes to its `size` bytes in `block`-byte blocks
+    /// under `key`: [`Resp::BlockHashes`].
+    PatchHashes {
+        file: u64,
+        old: u64,
+        size: u64,
+        block: u64,
+        key: [u8; 32],
+    },
 }
 
 /// An error on the wire: the OS error number when there is one, else the
@@ -870,6 +916,16 @@ pub enum Resp<'a> {
     Hash(Option<[u8; 32]>),
     /// A file's blake3 of its first bytes and of its whole content.
     Hashes { prefix: [u8; 32], whole: [u8; 32] },
+    /// An old file's head block hashes, truncated and encoded
+    /// ([`Req::PatchHash`]); `None`: it cannot be patched in place.
+    Blocks(#[serde(with = "serde_bytes")] Option<&'a [u8]>),
+    /// A file's head block hashes (truncated, encoded) and the root hash
+    /// of all its blocks ([`Req::PatchHashes`]).
+    BlockHashes {
+        #[serde(with = "serde_bytes")]
+        list: &'a [u8],
+        root: [u8; 32],
+    },
 }
 
 /// A change in a watched tree ([`ferry_watch::Change`] without its side),

@@ -229,7 +229,11 @@ fn read_requests(
             | Req::AppendBegin { .. }
             | Req::AppendWrite { .. }
             | Req::AppendCommit { .. }
-            | Req::AppendAbort { .. } => true,
+            | Req::AppendAbort { .. }
+            | Req::PatchBegin { .. }
+            | Req::PatchWrite { .. }
+            | Req::PatchCommit { .. }
+            | Req::PatchAbort { .. } => true,
             _ => false,
         };
         let sent = match to_disk {
@@ -410,6 +414,18 @@ fn write_files(st: &State, rx: &Receiver<Job>) {
                 let _ = st.out.lock().unwrap().send(f.into());
             }
             Req::AppendAbort { file } => delta::append_abort(st, file),
+            Req::PatchBegin { file, changed } => delta::inplace_begin(st, file, &changed),
+            Req::PatchWrite { file, at, data } => delta::inplace_write(st, file, at, data),
+            Req::PatchCommit {
+                file,
+                root,
+                meta,
+                fsync,
+            } => {
+                let f = delta::inplace_commit(st, id, file, &root, &meta.0, fsync);
+                let _ = st.out.lock().unwrap().send(f);
+            }
+            Req::PatchAbort { file } => delta::inplace_abort(st, file),
             Req::Commit { file, .. } if st.deltas.unfinished(file) => {
                 if let Some(Writing::Open(d, w)) = st.writers.lock().unwrap().remove(&file) {
                     st.store.abort(&d, w);
@@ -1048,10 +1064,38 @@ fn answer_io(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> io::Re
         Req::AppendHashes { file, prefix, size } => {
             delta::append_hashes(st, id, file, prefix, size)
         }
+        Req::PatchHash {
+            dir,
+            name,
+            old,
+            size,
+            block,
+            key,
+            file,
+        } => Ok(delta::inplace_hash(
+            st,
+            id,
+            (dir, name, &old.0),
+            size,
+            block,
+            &key,
+            file,
+        )),
+        Req::PatchHashes {
+            file,
+            old,
+            size,
+            block,
+            key,
+        } => delta::inplace_hashes(st, id, file, old, size, block, &key),
         Req::AppendBegin { .. }
         | Req::AppendWrite { .. }
         | Req::AppendCommit { .. }
         | Req::AppendAbort { .. }
+        | Req::PatchBegin { .. }
+        | Req::PatchWrite { .. }
+        | Req::PatchCommit { .. }
+        | Req::PatchAbort { .. }
         | Req::Close { .. }
         | Req::Diff { .. }
         | Req::PatchFrom { .. }

@@ -864,6 +864,30 @@ impl Store for SshStore {
         self.hashes(r, prefix, size)
     }
 
+    fn delta_inplace<'a>(
+        &'a self,
+        dir: &'a SshDir,
+        name: &CStr,
+        old: &Meta,
+        l: &ferry_engine::delta::Layout,
+        key: &[u8; 32],
+    ) -> io::Result<Option<Box<dyn ferry_engine::delta::InPlace + 'a>>> {
+        self.inplace(dir, name, old, l, key)
+    }
+
+    fn inplace_hashes(
+        &self,
+        r: &mut dyn SourceFile,
+        l: &ferry_engine::delta::Layout,
+        key: &[u8; 32],
+    ) -> io::Result<ferry_engine::delta::PatchHashes> {
+        self.block_hashes(r, l, key)
+    }
+
+    fn read_at(&self, r: &mut dyn SourceFile, at: u64, buf: &mut [u8]) -> io::Result<usize> {
+        self.read_at_(r, at, buf)
+    }
+
     fn create_file(&self, dir: &SshDir, name: &CStr, meta: &Meta) -> io::Result<SshWriter> {
         self.conn().alive()?;
         let file = self.conn().handle();

@@ -294,12 +294,21 @@ fn ino(p: &Path) -> u64 {
 /// The `--json` figures of an append in place of `tail` bytes to a file
 /// of `old` bytes.
 fn assert_appended(s: &serde_json::Value, old: usize, tail: usize) {
+    assert_patched(s, old + tail, tail as u64);
+}
+
+/// The `--json` figures of a patch in place of a file to `size` bytes
+/// that sent `literal` bytes: the rest matched, and on the wire the
+/// literal bytes and the block list (8 bytes per 8 KiB block, the test
+/// files' block) with a little more.
+fn assert_patched(s: &serde_json::Value, size: usize, literal: u64) {
     assert_eq!(field(s, "delta_files"), 1, "{s}");
     assert_eq!(field(s, "delta_fallbacks"), 0, "{s}");
-    assert_eq!(field(s, "literal_bytes"), tail as u64, "{s}");
-    assert_eq!(field(s, "matched_bytes"), old as u64, "{s}");
-    assert!(field(s, "wire_bytes") <= tail as u64 + 4096, "{s}");
-    assert_eq!(field(s, "bytes_copied"), (old + tail) as u64, "{s}");
+    assert_eq!(field(s, "literal_bytes"), literal, "{s}");
+    assert_eq!(field(s, "matched_bytes"), size as u64 - literal, "{s}");
+    let list = (size as u64 / 8192 + 1) * 8;
+    assert!(field(s, "wire_bytes") <= literal + list + 4096, "{s}");
+    assert_eq!(field(s, "bytes_copied"), size as u64, "{s}");
 }
 
 fn no_reserved_left(root: &Path) {
@@ -331,16 +340,16 @@ fn local_append_in_place_and_the_ways_around_it() {
     assert_eq!(ino(&dst.join("f")), before, "not appended in place");
     assert_eq!(get_mtime(&dst.join("f")), get_mtime(&src.join("f")));
     no_reserved_left(&dst);
-    // The first bytes differ too: the normal delta, into a new file.
+    // The first bytes differ too: that block is patched in place and the
+    // tail appended.
     let mut newer = new.clone();
     newer[1000] ^= 0xff;
     newer.extend_from_slice(&gen_bytes(200_000, 13));
     write(&src, "f", &newer);
     let s = summary(copy(&[small_min()]).ok());
-    assert_eq!(field(&s, "delta_files"), 1, "{s}");
-    assert!(field(&s, "matched_bytes") > 0, "{s}");
+    assert_patched(&s, newer.len(), 8192 + 200_000);
     assert!(std::fs::read(dst.join("f")).unwrap() == newer);
-    assert_ne!(ino(&dst.join("f")), before, "rebuilt in place");
+    assert_eq!(ino(&dst.join("f")), before, "not patched in place");
     // A destination with another hard link is never written in place.
     let other = d.path().join("other");
     std::fs::hard_link(dst.join("f"), &other).unwrap();
@@ -529,14 +538,13 @@ fn append_pushed_and_pulled_over_ssh() {
     assert_appended(&summary(pull(&[small_min()]).ok()), new.len(), 2 << 20);
     assert!(std::fs::read(back.join("f")).unwrap() == newer);
     no_reserved_left(&back);
-    // The first bytes differ: the normal delta, pushed.
+    // The first bytes differ: that block patched in place, pushed.
     let mut other = newer.clone();
     other[5] ^= 1;
     other.extend_from_slice(&gen_bytes(10_000, 44));
     write(&src, "f", &other);
     let s = summary(push().ok());
-    assert_eq!(field(&s, "delta_files"), 1, "{s}");
-    assert!(field(&s, "matched_bytes") > 0, "{s}");
+    assert_patched(&s, other.len(), 8192 + 10_000);
     assert!(std::fs::read(dst.join("f")).unwrap() == other);
     no_reserved_left(&dst);
 }
@@ -621,4 +629,232 @@ fn remote_end_killed_mid_append_is_rolled_back_there() {
     assert!(std::fs::read(dst.join("f")).unwrap() == new);
     assert_eq!(ino(&dst.join("f")), before);
     no_reserved_left(&dst);
+}
+
+/// `data` with `n` edits of `len` bytes at fixed offsets spread over it
+/// (same size), and the bytes of the 8 KiB blocks they touch.
+fn scattered(data: &[u8], n: usize, len: usize) -> (Vec<u8>, u64) {
+    let mut v = data.to_vec();
+    let mut blocks = std::collections::BTreeSet::new();
+    for k in 0..n {
+        let at = k * (v.len() / n) + 12345;
+        for x in &mut v[at..at + len] {
+            *x ^= 0xa5;
+        }
+        blocks.insert(at / 8192);
+        blocks.insert((at + len - 1) / 8192);
+    }
+    (v, blocks.len() as u64 * 8192)
+}
+
+fn mode(p: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).unwrap().permissions().mode() & 0o7777
+}
+
+fn set_mode(p: &Path, m: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
+}
+
+/// The destination of `f` is the source's: bytes, mtime and mode.
+fn assert_same(a: &Path, b: &Path) {
+    assert!(std::fs::read(a).unwrap() == std::fs::read(b).unwrap());
+    assert_eq!(get_mtime(a), get_mtime(b));
+    assert_eq!(mode(a), mode(b));
+}
+
+/// Scattered edits at fixed offsets (same size), locally with `--delta`:
+/// the blocks they touch are written in place (same inode), with mtime and
+/// mode; with a grown tail too; too many differing blocks go the normal
+/// delta way (a new file); a hard-linked destination is never written in
+/// place.
+#[test]
+fn scattered_edits_patched_in_place_locally() {
+    let d = tmpdir();
+    let (src, dst) = (d.path().join("src"), d.path().join("dst"));
+    let data = gen_bytes(4 << 20, 61);
+    write(&src, "f", &data);
+    ferry(["copy".as_ref(), src.as_os_str(), dst.as_os_str()]).ok();
+    let copy = || {
+        let a = ["copy", "--delta", "--json"].map(OsStr::new);
+        let mut a: Vec<&OsStr> = a.to_vec();
+        a.extend([src.as_os_str(), dst.as_os_str()]);
+        ferry_env(&a, &[small_min()])
+    };
+    let before = ino(&dst.join("f"));
+    let (new, literal) = scattered(&data, 10, 4096);
+    write(&src, "f", &new);
+    set_mode(&src.join("f"), 0o600);
+    assert_patched(&summary(copy().ok()), new.len(), literal);
+    assert_same(&src.join("f"), &dst.join("f"));
+    assert_eq!(ino(&dst.join("f")), before, "not patched in place");
+    no_reserved_left(&dst);
+    // Patches and a tail together.
+    let (mut newer, literal) = scattered(&new, 7, 100);
+    newer.extend_from_slice(&gen_bytes(123_457, 62));
+    write(&src, "f", &newer);
+    assert_patched(&summary(copy().ok()), newer.len(), literal + 123_457);
+    assert_same(&src.join("f"), &dst.join("f"));
+    assert_eq!(ino(&dst.join("f")), before, "not patched in place");
+    // Too many blocks differ (more than an eighth of the file): the
+    // normal delta, into a new file.
+    let (many, _) = scattered(&newer, 200, 10);
+    write(&src, "f", &many);
+    let s = summary(copy().ok());
+    assert_eq!(field(&s, "delta_files"), 1, "{s}");
+    assert_eq!(field(&s, "delta_fallbacks"), 0, "{s}");
+    assert_same(&src.join("f"), &dst.join("f"));
+    assert_ne!(ino(&dst.join("f")), before, "patched in place");
+    no_reserved_left(&dst);
+    // A destination with another hard link is left alone.
+    let other = d.path().join("other");
+    std::fs::hard_link(dst.join("f"), &other).unwrap();
+    let (last, _) = scattered(&many, 3, 10);
+    write(&src, "f", &last);
+    let s = summary(copy().ok());
+    assert_eq!(field(&s, "delta_files"), 1, "{s}");
+    assert_same(&src.join("f"), &dst.join("f"));
+    assert!(
+        std::fs::read(&other).unwrap() == many,
+        "the other link changed"
+    );
+    no_reserved_left(&dst);
+}
+
+/// A run killed half way through the blocks of a patch in place (the test
+/// hook kills the receiving process): the next listing of the directory
+/// puts the old bytes back with the old mtime, and a later copy
+/// completes; no reserved name is left.
+#[test]
+fn patch_killed_half_way_is_rolled_back_by_the_next_listing() {
+    let d = tmpdir();
+    let (src, dst, out) = (
+        d.path().join("src"),
+        d.path().join("dst"),
+        d.path().join("out"),
+    );
+    let data = gen_bytes(4 << 20, 71);
+    write(&src, "f", &data);
+    ferry(["copy".as_ref(), src.as_os_str(), dst.as_os_str()]).ok();
+    let old_mtime = get_mtime(&dst.join("f"));
+    let (mut new, literal) = scattered(&data, 12, 3000);
+    new.extend_from_slice(&gen_bytes(50_000, 72));
+    write(&src, "f", &new);
+    let a: Vec<&OsStr> = vec![
+        "copy".as_ref(),
+        "--delta".as_ref(),
+        src.as_os_str(),
+        dst.as_os_str(),
+    ];
+    let die = ("FERRY_TEST_APPEND_DIE", (literal / 2).to_string());
+    let r = ferry_env(&a, &[small_min(), die]);
+    assert!(r.code.is_none(), "not killed\n{r}");
+    assert!(
+        std::fs::read(dst.join("f")).unwrap() != data,
+        "nothing written"
+    );
+    assert_eq!(find_prefixed(&dst, b".ferry-undo-").len(), 1);
+    // A run reading the half-patched tree sees the old file.
+    ferry(["copy".as_ref(), dst.as_os_str(), out.as_os_str()]).ok();
+    assert!(std::fs::read(out.join("f")).unwrap() == data);
+    assert!(std::fs::read(dst.join("f")).unwrap() == data);
+    assert_eq!(get_mtime(&dst.join("f")), old_mtime);
+    no_reserved_left(&dst);
+    // Killed again, then the next copy itself rolls back and patches.
+    let die = ("FERRY_TEST_APPEND_DIE", (literal / 3).to_string());
+    assert!(ferry_env(&a, &[small_min(), die]).code.is_none());
+    let before = ino(&dst.join("f"));
+    let mut a = a.clone();
+    a.insert(1, "--json".as_ref());
+    let r = ferry_env(&a, &[small_min()]);
+    assert_patched(&summary(r.ok()), new.len(), literal + 50_000);
+    assert_same(&src.join("f"), &dst.join("f"));
+    assert_eq!(ino(&dst.join("f")), before);
+    no_reserved_left(&dst);
+}
+
+/// Scattered edits pushed and pulled over ssh: patched in place at the
+/// receiving end (the remote one, then the local one), with mtime and
+/// mode; a pull killed half way is rolled back by the next listing there
+/// and completed by the next pull.
+#[test]
+fn scattered_edits_patched_in_place_over_ssh() {
+    let Some((rsh, host)) = server() else { return };
+    let d = tmpdir();
+    let (src, dst, back) = (
+        d.path().join("src"),
+        d.path().join("dst"),
+        d.path().join("back"),
+    );
+    let data = gen_bytes(4 << 20, 81);
+    write(&src, "f", &data);
+    write(&back, "f", &data);
+    let to = at(&host, &dst);
+    let from = at(&host, &dst);
+    let run = |a: Vec<&OsStr>, env: &[(&str, String)]| {
+        ferry_env(
+            &remote_args(&rsh, &a)
+                .iter()
+                .map(|s| s.as_os_str())
+                .collect::<Vec<_>>(),
+            env,
+        )
+    };
+    let push = || {
+        let a = vec![
+            "copy".as_ref(),
+            "--json".as_ref(),
+            src.as_os_str(),
+            to.as_os_str(),
+        ];
+        run(a, &[small_min()])
+    };
+    let pull = |env: &[(&str, String)]| {
+        let a = vec![
+            "copy".as_ref(),
+            "--json".as_ref(),
+            from.as_os_str(),
+            back.as_os_str(),
+        ];
+        run(a, env)
+    };
+    push().ok();
+    let before = ino(&dst.join("f"));
+    let (mut new, literal) = scattered(&data, 9, 2000);
+    new.extend_from_slice(&gen_bytes(77_777, 82));
+    write(&src, "f", &new);
+    set_mode(&src.join("f"), 0o640);
+    assert_patched(&summary(push().ok()), new.len(), literal + 77_777);
+    assert_same(&src.join("f"), &dst.join("f"));
+    assert_eq!(ino(&dst.join("f")), before, "not patched in place");
+    no_reserved_left(&dst);
+    // Pull: the local side receives, patched in place.
+    let before = ino(&back.join("f"));
+    assert_patched(
+        &summary(pull(&[small_min()]).ok()),
+        new.len(),
+        literal + 77_777,
+    );
+    assert_same(&dst.join("f"), &back.join("f"));
+    assert_eq!(ino(&back.join("f")), before, "not patched in place");
+    // A pull killed half way: the next listing rolls it back, the next
+    // pull completes.
+    let old_mtime = get_mtime(&back.join("f"));
+    let (newer, literal) = scattered(&new, 11, 5000);
+    write(&src, "f", &newer);
+    push().ok();
+    let die = ("FERRY_TEST_APPEND_DIE", (literal / 2).to_string());
+    assert!(pull(&[small_min(), die]).code.is_none());
+    assert_eq!(find_prefixed(&back, b".ferry-undo-").len(), 1);
+    ferry(["ls".as_ref(), back.as_os_str()]).ok();
+    assert!(
+        std::fs::read(back.join("f")).unwrap() == new,
+        "not rolled back"
+    );
+    assert_eq!(get_mtime(&back.join("f")), old_mtime);
+    no_reserved_left(&back);
+    assert_patched(&summary(pull(&[small_min()]).ok()), newer.len(), literal);
+    assert_same(&dst.join("f"), &back.join("f"));
+    no_reserved_left(&back);
 }

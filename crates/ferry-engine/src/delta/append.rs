@@ -117,14 +117,14 @@ fn shorter(size: u64, got: u64) -> io::Error {
 }
 
 /// A read-only shared mapping of a file's first `len` bytes.
-struct Map {
+pub(crate) struct Map {
     ptr: *mut std::ffi::c_void,
     len: usize,
 }
 
 impl Map {
     #[allow(unsafe_code)]
-    fn new(fd: BorrowedFd<'_>, len: u64) -> io::Result<Map> {
+    pub(crate) fn new(fd: BorrowedFd<'_>, len: u64) -> io::Result<Map> {
         use rustix::mm::{mmap, MapFlags, ProtFlags};
         let len = usize::try_from(len).map_err(|_| io::Error::other("file too big to map"))?;
         // SAFETY: a new mapping at an address the kernel picks; it aliases
@@ -167,6 +167,26 @@ impl Map {
         // the append is refused or rolled back), never its length without
         // the check above failing first, but for the instant after it.
         Ok(unsafe { std::slice::from_raw_parts(p, n) })
+    }
+}
+
+// SAFETY: a read-only mapping: its pages are read by any thread as a
+// shared slice is (`piece`/`range` hand out `&[u8]`), and unmapped once.
+#[allow(unsafe_code)]
+unsafe impl Sync for Map {}
+// SAFETY: as above; the pointer is the mapping's, owned by `Map`.
+#[allow(unsafe_code)]
+unsafe impl Send for Map {}
+
+impl Map {
+    /// [`Map::piece`] from any offset: the pages from the one `at` lies
+    /// in are mapped in first.
+    #[allow(unsafe_code)]
+    pub(crate) fn range(&self, at: u64, n: usize) -> io::Result<&[u8]> {
+        let page = rustix::param::page_size() as u64;
+        let start = at - at % page;
+        let b = self.piece(start, n + (at - start) as usize)?;
+        Ok(&b[(at - start) as usize..])
     }
 }
 

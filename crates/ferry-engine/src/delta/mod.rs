@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 pub mod append;
 mod diff;
+pub mod inplace;
 mod patch;
 mod sign;
 #[cfg(test)]
@@ -28,6 +29,7 @@ mod tests;
 
 pub use append::{AppendHashes, Appender, APPEND_MIN};
 pub use diff::diff;
+pub use inplace::{InPlace, Layout, PatchHashes};
 pub use patch::{mismatch, PatchSink, Patcher};
 pub use sign::{read_full, sign, strong, weak, Rolling};
 

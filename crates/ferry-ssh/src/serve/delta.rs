@@ -16,6 +16,7 @@ use ferry_engine::entry::Meta;
 use ferry_engine::store::{SourceFile, Store};
 use ferry_local::append::LocalAppend;
 use ferry_local::delta::SeqOut;
+use ferry_local::inplace::LocalPatch;
 use ferry_local::local::LocalReader;
 use rustix::fs::{self as rfs, Mode, OFlags};
 
@@ -46,12 +47,21 @@ enum Appending {
     Failed(io::Error),
 }
 
-/// The rebuilds, diffs and appends under way, by file handle.
+/// A patch in place under way: open, or failed (the error goes back on
+/// its commit).
+enum Patching {
+    Open(Box<LocalPatch>),
+    Failed(io::Error),
+}
+
+/// The rebuilds, diffs, appends and patches in place under way, by file
+/// handle.
 #[derive(Default)]
 pub(super) struct Deltas {
     patches: Mutex<HashMap<u64, (Patcher, SeqOut)>>,
     diffs: Mutex<HashMap<u64, Arc<DiffJob>>>,
     appends: Mutex<HashMap<u64, Appending>>,
+    inplace: Mutex<HashMap<u64, Patching>>,
 }
 
 impl Deltas {
@@ -358,13 +368,7 @@ pub(super) fn append_hashes(
     prefix: u64,
     size: u64,
 ) -> io::Result<Vec<u8>> {
-    let r = st
-        .readers
-        .lock()
-        .unwrap()
-        .get(&file)
-        .map(|(r, _)| r.clone())
-        .ok_or_else(|| bad_handle(file))?;
+    let r = reader(st, file)?;
     let fd = r.as_fd().ok_or_else(|| io::Error::other("no descriptor"))?;
     let h = delta::append::fd_hashes(fd, prefix, size)?;
     Ok(proto::frame(
@@ -374,4 +378,130 @@ pub(super) fn append_hashes(
             whole: h.whole,
         },
     ))
+}
+
+/// [`Req::PatchHash`](crate::proto::Req::PatchHash): the old file's head
+/// block hashes, the patch kept as handle `file` (`None`: not patched in
+/// place).
+pub(super) fn inplace_hash(
+    st: &State,
+    id: u64,
+    (dir, name, old): (u64, &[u8], &Meta),
+    size: u64,
+    block: u64,
+    key: &[u8; 32],
+    file: u64,
+) -> Vec<u8> {
+    let got = (|| -> io::Result<Option<Vec<u8>>> {
+        let l = layout(old.size, size, block)?;
+        let d = dir_of(st, dir)?;
+        let owner = st.store.preserves_owner();
+        let Some(mut p) = LocalPatch::start(d.fd(), &cname(name)?, old, owner, &l, key)? else {
+            return Ok(None);
+        };
+        let list = p.blocks_here()?;
+        st.deltas
+            .inplace
+            .lock()
+            .unwrap()
+            .insert(file, Patching::Open(Box::new(p)));
+        Ok(Some(delta::inplace::encode_list(&list)))
+    })();
+    let list = got.ok().flatten();
+    proto::frame(id, &Resp::Blocks(list.as_deref()))
+}
+
+/// The layout a client asked for, checked.
+fn layout(old: u64, new: u64, block: u64) -> io::Result<delta::Layout> {
+    if !block.is_power_of_two() || block < delta::inplace::MIN_PATCH_BLOCK || old > new {
+        return Err(io::Error::other("patch in place: bad layout"));
+    }
+    Ok(delta::Layout { block, old, new })
+}
+
+/// Do `f` to patch `file`; a failure is kept for its commit (and what was
+/// written rolled back).
+fn on_inplace(st: &State, file: u64, f: impl FnOnce(&mut LocalPatch) -> io::Result<()>) {
+    let mut ps = st.deltas.inplace.lock().unwrap();
+    let Some(Patching::Open(p)) = ps.get_mut(&file) else {
+        return;
+    };
+    if let Err(e) = f(p) {
+        ps.insert(file, Patching::Failed(e));
+    }
+}
+
+/// [`Req::PatchBegin`](crate::proto::Req::PatchBegin).
+pub(super) fn inplace_begin(st: &State, file: u64, changed: &[u32]) {
+    on_inplace(st, file, |p| match p.begin_here(changed)? {
+        true => Ok(()),
+        false => Err(io::Error::other(
+            "patch in place: another run patches the file",
+        )),
+    });
+}
+
+/// [`Req::PatchWrite`](crate::proto::Req::PatchWrite).
+pub(super) fn inplace_write(st: &State, file: u64, at: u64, data: &[u8]) {
+    on_inplace(st, file, |p| p.write_here(at, data));
+}
+
+/// [`Req::PatchCommit`](crate::proto::Req::PatchCommit): the reply.
+pub(super) fn inplace_commit(
+    st: &State,
+    id: u64,
+    file: u64,
+    root: &[u8; 32],
+    meta: &Meta,
+    fsync: bool,
+) -> Vec<u8> {
+    let slot = st.deltas.inplace.lock().unwrap().remove(&file);
+    let r = match slot {
+        Some(Patching::Open(mut p)) => p.commit_here(root, meta, fsync),
+        Some(Patching::Failed(e)) => Err(e),
+        None => Err(bad_handle(file)),
+    };
+    proto::frame(id, &proto::reply_of(r))
+}
+
+/// [`Req::PatchAbort`](crate::proto::Req::PatchAbort): rolled back
+/// (dropped).
+pub(super) fn inplace_abort(st: &State, file: u64) {
+    let slot = st.deltas.inplace.lock().unwrap().remove(&file);
+    drop(slot);
+}
+
+/// [`Req::PatchHashes`](crate::proto::Req::PatchHashes).
+pub(super) fn inplace_hashes(
+    st: &State,
+    id: u64,
+    file: u64,
+    old: u64,
+    size: u64,
+    block: u64,
+    key: &[u8; 32],
+) -> io::Result<Vec<u8>> {
+    let l = layout(old, size, block)?;
+    let r = reader(st, file)?;
+    let fd = r.as_fd().ok_or_else(|| io::Error::other("no descriptor"))?;
+    let h = delta::inplace::fd_patch_hashes(fd, &l, key)?;
+    let list = delta::inplace::encode_list(&h.list);
+    Ok(proto::frame_sized(
+        id,
+        &Resp::BlockHashes {
+            list: &list,
+            root: h.root,
+        },
+        list.len(),
+    ))
+}
+
+/// The open file `file`.
+fn reader(st: &State, file: u64) -> io::Result<Arc<LocalReader>> {
+    st.readers
+        .lock()
+        .unwrap()
+        .get(&file)
+        .map(|(r, _)| r.clone())
+        .ok_or_else(|| bad_handle(file))
 }

@@ -12,7 +12,9 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 
-use ferry_engine::delta::{self, AppendHashes, Appender, DiffSummary, Op, OpSink, Signature};
+use ferry_engine::delta::{
+    self, AppendHashes, Appender, DiffSummary, InPlace, Layout, Op, OpSink, PatchHashes, Signature,
+};
 use ferry_engine::entry::Meta;
 use ferry_engine::store::SourceFile;
 
@@ -151,16 +153,7 @@ impl SshStore {
         prefix: u64,
         size: u64,
     ) -> io::Result<AppendHashes> {
-        let remote = r
-            .as_any()
-            .and_then(|a| a.downcast_ref::<SshReader>())
-            .and_then(|s| match s.file {
-                Some(f) if s.next == 0 && s.span.0 == s.span.1 && s.ahead.is_empty() => {
-                    Some((s.conn.clone(), f))
-                }
-                _ => None,
-            });
-        let Some((conn, file)) = remote else {
+        let Some((conn, file)) = remote_file(r) else {
             return delta::append::source_hashes(r, prefix, size);
         };
         let body = conn.call(&Req::AppendHashes { file, prefix, size })?;
@@ -221,16 +214,15 @@ impl Appender for SshAppend {
 
     fn commit(mut self: Box<Self>, hash: &[u8; 32], meta: &Meta, fsync: bool) -> io::Result<()> {
         self.open = false;
-        let body = self.conn.call(&Req::AppendCommit {
-            file: self.file,
-            hash: *hash,
-            meta: M(*meta),
-            fsync,
-        })?;
-        match body.get()? {
-            Resp::Ok => Ok(()),
-            r => Err(unexpected(&r)),
-        }
+        call_ok(
+            &self.conn,
+            &Req::AppendCommit {
+                file: self.file,
+                hash: *hash,
+                meta: M(*meta),
+                fsync,
+            },
+        )
     }
 
     fn abort(self: Box<Self>) {}
@@ -240,6 +232,194 @@ impl Drop for SshAppend {
     fn drop(&mut self) {
         if self.open {
             let _ = self.conn.send(&Req::AppendAbort { file: self.file });
+        }
+    }
+}
+
+impl SshStore {
+    /// [`Store::delta_inplace`](ferry_engine::store::Store::delta_inplace):
+    /// the remote end hashes its old copy's blocks while this end hashes
+    /// the source (the request goes without waiting).
+    pub(super) fn inplace<'a>(
+        &'a self,
+        dir: &'a SshDir,
+        name: &CStr,
+        old: &Meta,
+        l: &Layout,
+        key: &[u8; 32],
+    ) -> io::Result<Option<Box<dyn InPlace + 'a>>> {
+        let conn = self.conn();
+        let file = conn.handle();
+        let rx = conn.start(&Req::PatchHash {
+            dir: dir.id,
+            name: name.to_bytes(),
+            old: M(*old),
+            size: l.new,
+            block: l.block,
+            key: *key,
+            file,
+        })?;
+        Ok(Some(Box::new(SshPatch {
+            conn,
+            file,
+            rx: Some(rx),
+            open: true,
+        })))
+    }
+
+    /// [`Store::inplace_hashes`](ferry_engine::store::Store::inplace_hashes):
+    /// a big remote file is hashed where it is; anything else here.
+    pub(super) fn block_hashes(
+        &self,
+        r: &mut dyn SourceFile,
+        l: &Layout,
+        key: &[u8; 32],
+    ) -> io::Result<PatchHashes> {
+        let Some((conn, file)) = remote_file(r) else {
+            return delta::inplace::source_patch_hashes(r, l, key);
+        };
+        let body = conn.call(&Req::PatchHashes {
+            file,
+            old: l.old,
+            size: l.new,
+            block: l.block,
+            key: *key,
+        })?;
+        match body.get()? {
+            Resp::BlockHashes { list, root } => Ok(PatchHashes {
+                list: delta::inplace::decode_list(list)?,
+                root,
+            }),
+            r => Err(unexpected(&r)),
+        }
+    }
+
+    /// [`Store::read_at`](ferry_engine::store::Store::read_at): a big
+    /// remote file read with reads at offsets, a few in flight; anything
+    /// else here.
+    pub(super) fn read_at_(
+        &self,
+        r: &mut dyn SourceFile,
+        at: u64,
+        buf: &mut [u8],
+    ) -> io::Result<usize> {
+        let Some((conn, file)) = remote_file(r) else {
+            return delta::inplace::source_read_at(r, at, buf);
+        };
+        let mut ahead = VecDeque::new();
+        for (k, c) in buf.chunks(CHUNK).enumerate() {
+            let rx = conn.start(&Req::Read {
+                file,
+                offset: at + (k * CHUNK) as u64,
+                len: c.len() as u32,
+            })?;
+            ahead.push_back(rx);
+        }
+        let mut got = 0;
+        for (k, rx) in ahead.into_iter().enumerate() {
+            let body = conn.wait(&rx)?;
+            let (data, zeros) = match body.get()? {
+                Resp::Data { data, zeros, .. } => (data, zeros),
+                r => return Err(unexpected(&r)),
+            };
+            let start = k * CHUNK;
+            let end = (start + CHUNK).min(buf.len());
+            let n = super::expand(data, &zeros, &mut buf[start..end]);
+            if got == start {
+                got += n;
+            }
+        }
+        Ok(got)
+    }
+}
+
+/// The connection and handle of a big remote file not read yet through
+/// its stream (`r` an [`SshReader`]).
+fn remote_file(r: &dyn SourceFile) -> Option<(Arc<Conn>, u64)> {
+    r.as_any()
+        .and_then(|a| a.downcast_ref::<SshReader>())
+        .and_then(|s| match s.file {
+            Some(f) if s.next == 0 && s.span.0 == s.span.1 && s.ahead.is_empty() => {
+                Some((s.conn.clone(), f))
+            }
+            _ => None,
+        })
+}
+
+/// `req`, whose reply is [`Resp::Ok`] or the error.
+fn call_ok(conn: &Conn, req: &Req<'_>) -> io::Result<()> {
+    match conn.call(req)?.get()? {
+        Resp::Ok => Ok(()),
+        r => Err(unexpected(&r)),
+    }
+}
+
+/// A patch in place at the remote end.
+struct SshPatch {
+    conn: Arc<Conn>,
+    file: u64,
+    /// The reply of [`Req::PatchHash`], until awaited.
+    rx: Option<Receiver<io::Result<Vec<u8>>>>,
+    /// The remote end may hold the patch (abort it when dropped).
+    open: bool,
+}
+
+impl InPlace for SshPatch {
+    fn blocks(&mut self) -> io::Result<Option<Vec<u64>>> {
+        let rx = self
+            .rx
+            .take()
+            .ok_or_else(|| io::Error::other("patch in place: hashes asked twice"))?;
+        let body = self.conn.wait(&rx)?;
+        match body.get()? {
+            Resp::Blocks(Some(b)) => delta::inplace::decode_list(b).map(Some),
+            Resp::Blocks(None) => {
+                self.open = false;
+                Ok(None)
+            }
+            r => Err(unexpected(&r)),
+        }
+    }
+
+    fn begin(&mut self, changed: &[u32]) -> io::Result<bool> {
+        self.conn.send(&Req::PatchBegin {
+            file: self.file,
+            changed: changed.to_vec(),
+        })?;
+        Ok(true)
+    }
+
+    fn write(&mut self, at: u64, data: &[u8]) -> io::Result<()> {
+        for (k, c) in data.chunks(CHUNK).enumerate() {
+            self.conn.send(&Req::PatchWrite {
+                file: self.file,
+                at: at + (k * CHUNK) as u64,
+                data: c,
+            })?;
+        }
+        Ok(())
+    }
+
+    fn commit(mut self: Box<Self>, root: &[u8; 32], meta: &Meta, fsync: bool) -> io::Result<()> {
+        self.open = false;
+        call_ok(
+            &self.conn,
+            &Req::PatchCommit {
+                file: self.file,
+                root: *root,
+                meta: M(*meta),
+                fsync,
+            },
+        )
+    }
+
+    fn abort(self: Box<Self>) {}
+}
+
+impl Drop for SshPatch {
+    fn drop(&mut self) {
+        if self.open {
+            let _ = self.conn.send(&Req::PatchAbort { file: self.file });
         }
     }
 }
