@@ -423,7 +423,7 @@ fn write_files(st: &State, rx: &Receiver<Job>) {
                 fsync,
             } => {
                 let f = delta::inplace_commit(st, id, file, &root, &meta.0, fsync);
-                let _ = st.out.lock().unwrap().send(f);
+                let _ = st.out.lock().unwrap().send(f.into());
             }
             Req::PatchAbort { file } => delta::inplace_abort(st, file),
             Req::Commit { file, .. } if st.deltas.unfinished(file) => {
