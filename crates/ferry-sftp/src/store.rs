@@ -466,7 +466,7 @@ impl Store for SftpStore {
         match wr.into_flight() {
             Ok(parts) => {
                 let f = crate::pipe::start(parts, path, meta, fsync);
-                Committing::later(move || crate::pipe::wait(&f))
+                Committing::later(move || crate::pipe::wait(f))
             }
             Err(wr) => Committing::done(wr.commit(self, &path, meta, fsync)),
         }
