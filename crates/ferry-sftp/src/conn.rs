@@ -202,8 +202,9 @@ impl Conn {
             .map_or(4, |n| usize::from(n).max(1))
     }
 
-    /// How many sessions small files go over: `--connections`, else 2.
-    /// A small file costs the server far more than its bytes cost ssh: two
+    /// How many sessions small files pushed go over: `--connections`,
+    /// else 2. A small file written costs the server far more than its
+    /// bytes cost ssh (five requests, a create and a rename): two
     /// single-threaded `sftp-server`s keep two cores busy, and each further
     /// session costs its key exchange (the client's post-quantum key
     /// generation: about 0.1 s of CPU) and gathers fewer requests per
@@ -237,14 +238,14 @@ impl Conn {
     }
 
     /// The session for the next file of a run's many: turn by turn over
-    /// the [`Conn::small_width`] sessions (each server process is single-threaded
+    /// `width` sessions ([`Conn::width`] for reads, [`Conn::small_width`]
+    /// for writes) (each server process is single-threaded
     /// and each ssh encrypts on one core: files spread over several keep
     /// more of them in flight). A further session is opened in the
     /// background when first wanted; until it is there (or if it cannot
     /// be opened) this one serves. A file's requests all go over the one
     /// session returned.
-    pub fn next_small(self: &Arc<Conn>) -> Arc<Conn> {
-        let width = self.small_width();
+    pub fn next_small(self: &Arc<Conn>, width: usize) -> Arc<Conn> {
         let k = self.turn.fetch_add(1, Ordering::Relaxed) % width.max(1);
         if k == 0 {
             return self.clone();

@@ -416,7 +416,7 @@ impl Store for SftpStore {
             return;
         }
         crate::ahead::open(&dir.ahead, &dir.path, files, main.chunk, || {
-            main.next_small()
+            main.next_small(main.width())
         });
     }
 
