@@ -52,6 +52,9 @@ pub struct Extensions {
     pub lsetstat: bool,
     /// `hardlink@openssh.com`: another name of a file.
     pub hardlink: bool,
+    /// `statvfs@openssh.com`: a filesystem's free space (to tell a full
+    /// disk from the other causes of `SSH_FX_FAILURE`).
+    pub statvfs: bool,
 }
 
 /// A live session.
@@ -576,6 +579,7 @@ fn open(t: &Target) -> Result<Arc<Conn>, String> {
                 b"fsync@openssh.com" => ext.fsync = true,
                 b"lsetstat@openssh.com" => ext.lsetstat = true,
                 b"hardlink@openssh.com" => ext.hardlink = true,
+                b"statvfs@openssh.com" => ext.statvfs = true,
                 b"limits@openssh.com" => limits = true,
                 _ => {}
             }

@@ -166,6 +166,35 @@ impl SftpStore {
             .map(|a| a.meta()))
     }
 
+    /// `e`, a write into directory `dir` that needed `need` bytes, told
+    /// as a full disk when it is one: SFTP version 3 has no code for that
+    /// (OpenSSH's sftp-server answers `SSH_FX_FAILURE`, "Failure"), so on
+    /// that answer the server's free space is asked (`statvfs@openssh.com`)
+    /// and, when less than `need` or no inode is left, the error says so.
+    fn full_disk(&self, dir: &[u8], need: u64, e: io::Error) -> io::Error {
+        let conn = self.conn();
+        if !conn.ext.statvfs || w::status_code(&e) != Some(w::FX_FAILURE) {
+            return e;
+        }
+        let free = || -> io::Result<(u64, u64)> {
+            let reply = conn.call(Req::ext("statvfs@openssh.com").str(here(dir)))?;
+            let mut r = reply.extended()?;
+            let (_bsize, frsize) = (r.u64()?, r.u64()?);
+            let (_blocks, _bfree, bavail) = (r.u64()?, r.u64()?, r.u64()?);
+            let (_files, _ffree, favail) = (r.u64()?, r.u64()?, r.u64()?);
+            Ok((bavail.saturating_mul(frsize), favail))
+        };
+        match free() {
+            Ok((bytes, inodes)) if bytes < need.max(1) || inodes == 0 => io::Error::new(
+                io::ErrorKind::StorageFull,
+                format!(
+                    "No space left on device ({e}; {bytes} bytes and {inodes} inodes free there)"
+                ),
+            ),
+            _ => e,
+        }
+    }
+
     pub(crate) fn ok(&self, req: Req) -> io::Result<()> {
         self.conn().call(req)?.ok()
     }
@@ -428,17 +457,19 @@ impl Store for SftpStore {
 
     fn create_file(&self, dir: &SftpDir, name: &CStr, meta: &Meta) -> io::Result<SftpWriter> {
         SftpWriter::create(self, &dir.path, name.to_bytes(), meta)
+            .map_err(|e| self.full_disk(&dir.path, meta.size, e))
     }
 
     fn write_from(
         &self,
-        _dir: &SftpDir,
+        dir: &SftpDir,
         wr: &mut SftpWriter,
         src: &mut dyn SourceFile,
         size: u64,
         limit: Option<&Limiter>,
     ) -> io::Result<u64> {
         wr.write_from(self, src, size, limit)
+            .map_err(|e| self.full_disk(&dir.path, size, e))
     }
 
     fn commit(
@@ -450,6 +481,7 @@ impl Store for SftpStore {
         fsync: bool,
     ) -> io::Result<()> {
         wr.commit(self, &join(&dir.path, name.to_bytes()), meta, fsync)
+            .map_err(|e| self.full_disk(&dir.path, meta.size, e))
     }
 
     fn commit_nowait<'a>(
@@ -463,12 +495,18 @@ impl Store for SftpStore {
         // The file's requests go as their replies allow, moved on by
         // whichever commit of this worker is waited for (`pipe`).
         let path = join(&dir.path, name.to_bytes());
+        let need = meta.size;
         match wr.into_flight() {
             Ok(parts) => {
                 let f = crate::pipe::start(parts, path, meta, fsync);
-                Committing::later(move || crate::pipe::wait(f))
+                Committing::later(move || {
+                    crate::pipe::wait(f).map_err(|e| self.full_disk(&dir.path, need, e))
+                })
             }
-            Err(wr) => Committing::done(wr.commit(self, &path, meta, fsync)),
+            Err(wr) => Committing::done(
+                wr.commit(self, &path, meta, fsync)
+                    .map_err(|e| self.full_disk(&dir.path, need, e)),
+            ),
         }
     }
 
@@ -480,6 +518,7 @@ impl Store for SftpStore {
         fsync: bool,
     ) -> io::Result<bool> {
         crate::write::create_empty(self, &join(&dir.path, name.to_bytes()), meta, fsync)
+            .map_err(|e| self.full_disk(&dir.path, 0, e))
     }
 
     fn abort(&self, _dir: &SftpDir, wr: SftpWriter) {

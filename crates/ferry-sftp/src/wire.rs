@@ -51,6 +51,9 @@ const A_EXT: u32 = 0x8000_0000;
 const FX_EOF: u32 = 1;
 const FX_NO_SUCH_FILE: u32 = 2;
 const FX_PERMISSION_DENIED: u32 = 3;
+/// `SSH_FX_FAILURE`: SFTP version 3's catch-all (OpenSSH's sftp-server
+/// says it for a full disk, among others).
+pub const FX_FAILURE: u32 = 4;
 const FX_OP_UNSUPPORTED: u32 = 8;
 
 /// A request being built: length and id are filled in when it is sent.
@@ -250,8 +253,35 @@ fn status_error(code: u32, msg: &[u8]) -> io::Error {
     if msg.is_empty() {
         io::Error::from(kind)
     } else {
-        io::Error::new(kind, format!("SFTP server: {msg}"))
+        io::Error::new(
+            kind,
+            Status {
+                code,
+                msg: msg.into_owned(),
+            },
+        )
     }
+}
+
+/// A server's status other than OK, with its message: `SFTP server: MSG`.
+#[derive(Debug)]
+pub struct Status {
+    /// `SSH_FX_*`.
+    pub code: u32,
+    pub msg: String,
+}
+
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SFTP server: {}", self.msg)
+    }
+}
+
+impl std::error::Error for Status {}
+
+/// The `SSH_FX_*` code of a failed request's error, when it is one.
+pub fn status_code(e: &io::Error) -> Option<u32> {
+    e.get_ref()?.downcast_ref::<Status>().map(|s| s.code)
 }
 
 fn unexpected(t: u8) -> io::Error {

@@ -13,12 +13,14 @@ use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread::JoinHandle;
 
-use crate::proto::{self, Hello, Req, Resp};
+use crate::proto::{self, Hello, Out, Req, Resp};
 use crate::quiet::{self, Quiet, Reading, Session, Writing};
 
 /// Frames queued for the writer thread at most (a big file's chunks wait
 /// for room: memory stays bounded).
 const QUEUED: usize = 64;
+/// Buffers of big replies kept for reuse at most ([`Conn::recycle`]).
+const RECYCLED: usize = 16;
 /// Lines of ssh's stderr kept for the message of a failed connection.
 const TAIL: usize = 20;
 
@@ -275,7 +277,7 @@ struct Pending {
 /// A live connection.
 pub struct Conn {
     host: String,
-    tx: SyncSender<Vec<u8>>,
+    tx: SyncSender<Out>,
     pending: Mutex<Pending>,
     next: AtomicU64,
     /// Set once the connection is gone (read without a lock).
@@ -295,6 +297,8 @@ pub struct Conn {
     closed: (Mutex<bool>, Condvar),
     /// The I/O timeout's watch (`--timeout`).
     quiet: Arc<Quiet>,
+    /// Buffers of big replies given back ([`Conn::recycle`]).
+    bufs: Mutex<Vec<Vec<u8>>>,
 }
 
 impl Session for Conn {
@@ -311,9 +315,20 @@ impl Session for Conn {
 pub struct Body(pub Vec<u8>);
 
 impl Body {
+    /// The reply's message bytes: past the room a big [`Resp::Data`] was
+    /// placed after ([`proto::PLACED`]), so that its data sits aligned.
+    pub fn bytes(&self) -> &[u8] {
+        match self.0.first() {
+            Some(&proto::PLACED) if self.0.len() >= 3 => {
+                &self.0[usize::from(u16::from_le_bytes([self.0[1], self.0[2]]))..]
+            }
+            _ => &self.0,
+        }
+    }
+
     /// The reply; a reply that is an error becomes `Err`.
     pub fn get(&self) -> io::Result<Resp<'_>> {
-        match proto::decode(&self.0)? {
+        match proto::decode(self.bytes())? {
             Resp::Err(e) => Err(e.into()),
             r => Ok(r),
         }
@@ -345,7 +360,15 @@ impl Conn {
 
     /// Send a message that gets no reply.
     pub fn send(&self, req: &Req<'_>) -> io::Result<()> {
-        self.tx.send(proto::frame(0, req)).map_err(|_| self.lost())
+        self.tx
+            .send(proto::frame(0, req).into())
+            .map_err(|_| self.lost())
+    }
+
+    /// Send a frame built by the caller (a [`Out::Piped`] one) that gets
+    /// no reply.
+    pub fn send_out(&self, out: Out) -> io::Result<()> {
+        self.tx.send(out).map_err(|_| self.lost())
     }
 
     /// Send a request; its reply comes on the receiver.
@@ -363,7 +386,7 @@ impl Conn {
             }
             p.calls.insert(id, stx);
         }
-        if self.tx.send(proto::frame(id, req)).is_err() {
+        if self.tx.send(proto::frame(id, req).into()).is_err() {
             self.pending.lock().unwrap().calls.remove(&id);
             return Err(self.lost());
         }
@@ -382,7 +405,7 @@ impl Conn {
             }
             p.streams.insert(id, stx);
         }
-        if self.tx.send(proto::frame(id, req)).is_err() {
+        if self.tx.send(proto::frame(id, req).into()).is_err() {
             self.pending.lock().unwrap().streams.remove(&id);
             return Err(self.lost());
         }
@@ -401,6 +424,17 @@ impl Conn {
     pub fn call(&self, req: &Req<'_>) -> io::Result<Body> {
         let rx = self.start(req)?;
         self.wait(&rx)
+    }
+
+    /// Give back the bytes of a reply read (a [`Body`]'s), for the next
+    /// big reply to be read into (not allocated and zeroed again).
+    pub fn recycle(&self, b: Vec<u8>) {
+        if b.capacity() == proto::PLACED_BUF {
+            let mut bufs = self.bufs.lock().unwrap();
+            if bufs.len() < RECYCLED {
+                bufs.push(b);
+            }
+        }
     }
 
     /// A new handle number.
@@ -523,7 +557,7 @@ impl Conn {
     /// End the session: its input closed, so `ferry serve` and ssh exit.
     pub(crate) fn close(&self) {
         self.closing.store(true, Ordering::Relaxed);
-        let _ = self.tx.send(Vec::new());
+        let _ = self.tx.send(Vec::new().into());
     }
 }
 
@@ -544,7 +578,7 @@ pub fn close_all() {
     for c in &conns {
         c.closing.store(true, Ordering::Relaxed);
         // An empty frame tells the writer to close the stream.
-        let _ = c.tx.send(Vec::new());
+        let _ = c.tx.send(Vec::new().into());
     }
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     for c in &conns {
@@ -696,8 +730,8 @@ fn open(t: &Target) -> Result<Arc<Conn>, Failed> {
             return Err(ended(t, child, errt, &err, &quiet));
         }
     }
-    let (tx, rx) = mpsc::sync_channel::<Vec<u8>>(QUEUED);
-    std::thread::spawn(move || proto::write_frames(stdin, rx));
+    let (tx, rx) = mpsc::sync_channel::<Out>(QUEUED);
+    std::thread::spawn(move || proto::write_out(stdin, rx));
     let mut conn = Conn {
         host: t.host.clone(),
         tx,
@@ -711,6 +745,7 @@ fn open(t: &Target) -> Result<Arc<Conn>, Failed> {
         closing: AtomicBool::new(false),
         closed: (Mutex::new(false), Condvar::new()),
         quiet: quiet.clone(),
+        bufs: Mutex::new(Vec::new()),
     };
     let conn = {
         // Whether the server keeps owners and its cores, asked before the
@@ -718,7 +753,7 @@ fn open(t: &Target) -> Result<Arc<Conn>, Failed> {
         let asked = std::time::Instant::now();
         let body = conn
             .tx
-            .send(proto::frame(u64::MAX, &Req::Info))
+            .send(proto::frame(u64::MAX, &Req::Info).into())
             .ok()
             .and_then(|()| proto::read_frame(&mut stdout).ok().flatten());
         let rtt = asked.elapsed().as_micros().max(1) as u64;
@@ -764,9 +799,12 @@ fn read_replies(
     err: Arc<Stderr>,
     errt: JoinHandle<()>,
 ) {
-    let mut r = BufReader::with_capacity(256 << 10, stdout);
+    // A small buffer: a big reply's data is read past it, into its place
+    // ([`proto::read_placed`]).
+    let mut r = BufReader::with_capacity(64 << 10, stdout);
     let end = loop {
-        match proto::read_frame(&mut r) {
+        let spare = || conn.bufs.lock().unwrap().pop();
+        match proto::read_placed(&mut r, spare) {
             Ok(Some((id, body))) => {
                 let mut p = conn.pending.lock().unwrap();
                 if let Some(s) = p.calls.remove(&id) {

@@ -27,7 +27,7 @@ use ferry_engine::store::Progress;
 use ferry_local::range::RangeSet;
 
 use crate::conn::{unexpected, Conn};
-use crate::proto::{Req, Resp, CHUNK, M};
+use crate::proto::{Out, Req, Resp, CHUNK, M};
 
 /// Byte ranges `[start, end)`.
 type Ranges = [(u64, u64)];
@@ -176,7 +176,8 @@ fn send_pieces(
     mut synced: impl FnMut(&Ranges),
 ) -> io::Result<()> {
     let cap = limit.map_or(CHUNK, |l| l.chunk().clamp(1, CHUNK));
-    let mut buf = vec![0u8; cap];
+    // Only for a file that cannot be spliced from.
+    let mut buf = Vec::new();
     let mut unsynced: Vec<(u64, u64)> = Vec::new();
     let (mut since, mut last) = (0u64, std::time::Instant::now());
     let flush = |unsynced: &mut Vec<(u64, u64)>, synced: &mut dyn FnMut(&Ranges)| {
@@ -199,23 +200,31 @@ fn send_pieces(
         let mut at = a;
         while at < b {
             let want = ((b - at) as usize).min(cap);
-            let n = loop {
-                match rustix::io::pread(fd, &mut buf[..want], at) {
-                    Err(rustix::io::Errno::INTR) => continue,
-                    r => break r?,
+            let n = match spliced(c, h, fd, at, want)? {
+                Some(n) => n,
+                None => {
+                    if buf.is_empty() {
+                        buf = vec![0u8; cap];
+                    }
+                    let n = loop {
+                        match rustix::io::pread(fd, &mut buf[..want], at) {
+                            Err(rustix::io::Errno::INTR) => continue,
+                            r => break r?,
+                        }
+                    };
+                    if n > 0 {
+                        c.send(&Req::WriteAt {
+                            file: h,
+                            offset: at,
+                            data: &buf[..n],
+                        })?;
+                    }
+                    n
                 }
             };
             if n == 0 {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "the source file shrank while being copied",
-                ));
+                return Err(shrank());
             }
-            c.send(&Req::WriteAt {
-                file: h,
-                offset: at,
-                data: &buf[..n],
-            })?;
             if let Some(l) = limit {
                 l.acquire(n as u64);
             }
@@ -232,4 +241,40 @@ fn send_pieces(
         }
     }
     Ok(())
+}
+
+fn shrank() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::UnexpectedEof,
+        "the source file shrank while being copied",
+    )
+}
+
+/// Send up to `want` bytes of `fd` at `at` as handle `h` of `c` through a
+/// pipe ([`crate::splice`]: the bytes are not copied here): how many went
+/// (0: the end of the file), or `None` when no pipe can be had or the file
+/// cannot be spliced from (nothing sent: read and send them).
+fn spliced(
+    c: &Conn,
+    h: u64,
+    fd: BorrowedFd<'_>,
+    at: u64,
+    want: usize,
+) -> io::Result<Option<usize>> {
+    let Some(mut pipe) = crate::splice::pipe() else {
+        return Ok(None);
+    };
+    let n = match pipe.fill(fd, at, want) {
+        Ok(n) => n,
+        Err(e) if e.kind() == io::ErrorKind::Unsupported => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    if n > 0 {
+        c.send_out(Out::Piped {
+            head: crate::proto::write_at_head(h, at, n),
+            pipe,
+            tail: Vec::new(),
+        })?;
+    }
+    Ok(Some(n))
 }

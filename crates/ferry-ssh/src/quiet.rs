@@ -205,3 +205,19 @@ impl<W: Write> Write for Writing<W> {
         self.inner.flush()
     }
 }
+
+impl<W: crate::splice::Sink> crate::splice::Sink for Writing<W> {
+    fn fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.inner.fd()
+    }
+
+    fn take(&mut self, p: &mut crate::splice::Pipe) -> io::Result<()> {
+        // Timed as a write is.
+        self.quiet.touch();
+        self.quiet.writing.store(true, Ordering::Relaxed);
+        let r = self.inner.take(p);
+        self.quiet.writing.store(false, Ordering::Relaxed);
+        self.quiet.touch();
+        r
+    }
+}

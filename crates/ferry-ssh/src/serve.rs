@@ -13,7 +13,7 @@
 
 use std::collections::HashMap;
 use std::ffi::{CString, OsStr};
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -79,7 +79,9 @@ struct State {
     /// Open files, and whether each may have holes.
     readers: Mutex<HashMap<u64, (Arc<LocalReader>, bool)>>,
     writers: Mutex<HashMap<u64, Writing>>,
-    out: Mutex<Sender<Vec<u8>>>,
+    out: Mutex<Sender<proto::Out>>,
+    /// Chunk buffers the disk thread is done with ([`Chunk`]).
+    bufs: Mutex<Vec<Vec<u8>>>,
     /// Delta rebuilds and diffs under way.
     deltas: delta::Deltas,
     /// The heartbeat ([`Req::KeepAlive`]): stopped when its sender is
@@ -95,7 +97,10 @@ pub fn serve() -> io::Result<()> {
     let output = std::fs::File::from(io::stdout().as_fd().try_clone_to_owned()?);
     grow_pipe(input.as_fd());
     grow_pipe(output.as_fd());
-    serve_on(io::BufReader::with_capacity(256 << 10, input), output)
+    // A small buffer: a big file's chunk is read past it, straight into
+    // its aligned buffer ([`read_request`]), and only what the buffer
+    // holds is copied twice.
+    serve_on(io::BufReader::with_capacity(64 << 10, input), output)
 }
 
 /// Give a pipe [`PIPE_BYTES`] of room (a hint: not a pipe, or a limit
@@ -105,7 +110,10 @@ pub fn grow_pipe(fd: std::os::fd::BorrowedFd<'_>) {
 }
 
 /// Serve requests read from `input`, replies written to `output`.
-pub fn serve_on(mut input: impl Read, output: impl Write + Send + 'static) -> io::Result<()> {
+pub fn serve_on(
+    mut input: impl Read,
+    output: impl crate::splice::Sink + Send + 'static,
+) -> io::Result<()> {
     let mut output = output;
     proto::write_hello(&mut output)?;
     match proto::read_hello(&mut input)? {
@@ -120,14 +128,15 @@ pub fn serve_on(mut input: impl Read, output: impl Write + Send + 'static) -> io
         Hello::Other(_) => return Err(io::Error::other("the client is not a ferry")),
     }
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let (out_tx, out_rx) = mpsc::channel::<Vec<u8>>();
-    let writer = std::thread::spawn(move || proto::write_frames(output, out_rx));
+    let (out_tx, out_rx) = mpsc::channel::<proto::Out>();
+    let writer = std::thread::spawn(move || proto::write_out(output, out_rx));
     let st = Arc::new(State {
         store: LocalStore::new("/", cores),
         dirs: Mutex::new(HashMap::new()),
         readers: Mutex::new(HashMap::new()),
         writers: Mutex::new(HashMap::new()),
         out: Mutex::new(out_tx),
+        bufs: Mutex::new(Vec::new()),
         deltas: delta::Deltas::default(),
         beat: Mutex::new(None),
     });
@@ -139,7 +148,7 @@ pub fn serve_on(mut input: impl Read, output: impl Write + Send + 'static) -> io
             std::thread::spawn(move || work(&st, &rx))
         })
         .collect();
-    let (disk_tx, disk_rx) = mpsc::sync_channel::<(u64, Vec<u8>)>(DISK_QUEUE);
+    let (disk_tx, disk_rx) = mpsc::sync_channel::<Job>(DISK_QUEUE);
     let disk = {
         let st = st.clone();
         std::thread::spawn(move || write_files(&st, &disk_rx))
@@ -171,12 +180,21 @@ fn read_requests(
     st: &State,
     input: &mut impl Read,
     work: &SyncSender<(u64, Vec<u8>)>,
-    disk: &SyncSender<(u64, Vec<u8>)>,
+    disk: &SyncSender<Job>,
 ) -> io::Result<()> {
     // Watches of this client's trees: stopped (dropped) when it is gone.
     let mut watching = Vec::new();
-    while let Some((id, body)) = proto::read_frame(input)? {
-        let to = match proto::decode::<Req>(&body)? {
+    while let Some(next) = read_request(st, input)? {
+        let (id, body) = match next {
+            Incoming::Msg(id, body) => (id, body),
+            Incoming::Chunk(c) => {
+                if disk.send(Job::Chunk(c)).is_err() {
+                    break;
+                }
+                continue;
+            }
+        };
+        let to_disk = match proto::decode::<Req>(&body)? {
             Req::Watch { path, poll } => {
                 let out = st.out.lock().unwrap().clone();
                 watching.extend(crate::watch::serve_watch(out, id, path, poll));
@@ -211,14 +229,99 @@ fn read_requests(
             | Req::AppendBegin { .. }
             | Req::AppendWrite { .. }
             | Req::AppendCommit { .. }
-            | Req::AppendAbort { .. } => disk,
-            _ => work,
+            | Req::AppendAbort { .. } => true,
+            _ => false,
         };
-        if to.send((id, body)).is_err() {
+        let sent = match to_disk {
+            true => disk.send(Job::Msg(id, body)).is_ok(),
+            false => work.send((id, body)).is_ok(),
+        };
+        if !sent {
             break;
         }
     }
     Ok(())
+}
+
+/// Work for the disk thread, in the order it came.
+enum Job {
+    /// A request's frame.
+    Msg(u64, Vec<u8>),
+    /// A big file's bytes ([`Req::WriteAt`]), read off the stream already
+    /// aligned for a direct write.
+    Chunk(Chunk),
+}
+
+/// What [`read_request`] read.
+enum Incoming {
+    /// A frame: its id and message.
+    Msg(u64, Vec<u8>),
+    /// A [`Req::WriteAt`] of a big file's bytes.
+    Chunk(Chunk),
+}
+
+/// The bytes of a [`Req::WriteAt`] read off the stream into a buffer where
+/// they sit as aligned in memory as their offset is in the file, so that
+/// the `O_DIRECT` write takes them from there (no copy into an aligned
+/// buffer first).
+struct Chunk {
+    file: u64,
+    offset: u64,
+    buf: Vec<u8>,
+    at: usize,
+    len: usize,
+}
+
+impl Chunk {
+    fn data(&self) -> &[u8] {
+        &self.buf[self.at..self.at + self.len]
+    }
+}
+
+/// Frames at least this long are looked at for a [`Req::WriteAt`].
+const CHUNK_MIN: usize = 64 << 10;
+/// Bytes of a chunk buffer: a chunk and room to place it.
+const CHUNK_BUF: usize = proto::CHUNK + 2 * ferry_engine::piece::DIRECT_ALIGN;
+
+/// Read the next frame (`None`: the end of the stream between frames); a
+/// big [`Req::WriteAt`] as a [`Chunk`].
+fn read_request(st: &State, input: &mut impl Read) -> io::Result<Option<Incoming>> {
+    let Some((id, body_len)) = proto::read_head(input)? else {
+        return Ok(None);
+    };
+    let mut start = [0u8; 32];
+    let mut got = 0;
+    if body_len >= CHUNK_MIN {
+        input.read_exact(&mut start)?;
+        got = start.len();
+        if let Some((file, offset, k)) = proto::parse_write_at(&start) {
+            let data_len = body_len - k;
+            if id == 0 && data_len <= proto::CHUNK && k <= start.len() {
+                let mut buf = st.bufs.lock().unwrap().pop().unwrap_or_default();
+                if buf.len() != CHUNK_BUF {
+                    buf = vec![0u8; CHUNK_BUF];
+                }
+                let align = ferry_engine::piece::DIRECT_ALIGN;
+                let at = buf.as_ptr().align_offset(align) + (offset % align as u64) as usize;
+                let first = got - k;
+                buf[at..at + first].copy_from_slice(&start[k..]);
+                input.read_exact(&mut buf[at + first..at + data_len])?;
+                return Ok(Some(Incoming::Chunk(Chunk {
+                    file,
+                    offset,
+                    buf,
+                    at,
+                    len: data_len,
+                })));
+            }
+        }
+    }
+    let mut body = Vec::with_capacity(body_len);
+    body.extend_from_slice(&start[..got]);
+    Ok(Some(Incoming::Msg(
+        id,
+        proto::read_body(input, body, body_len)?,
+    )))
 }
 
 /// Send a heartbeat (an `Ok` of id 0) every `ms` milliseconds (100 at
@@ -234,7 +337,7 @@ fn start_beat(st: &State, ms: u64) {
     let h = std::thread::spawn(move || {
         let f = proto::frame(0, &Resp::Ok);
         while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(every) {
-            if out.send(f.clone()).is_err() {
+            if out.send(f.clone().into()).is_err() {
                 return;
             }
         }
@@ -244,13 +347,24 @@ fn start_beat(st: &State, ms: u64) {
 
 /// The disk thread: big files' creation, writes, commits and aborts, in
 /// the order they came.
-fn write_files(st: &State, rx: &Receiver<(u64, Vec<u8>)>) {
-    while let Ok((id, body)) = rx.recv() {
+fn write_files(st: &State, rx: &Receiver<Job>) {
+    while let Ok(job) = rx.recv() {
+        let (id, body) = match job {
+            Job::Msg(id, body) => (id, body),
+            Job::Chunk(c) => {
+                write_at(st, c.file, c.data(), c.offset, true);
+                let mut bufs = st.bufs.lock().unwrap();
+                if bufs.len() < DISK_QUEUE + 2 {
+                    bufs.push(c.buf);
+                }
+                continue;
+            }
+        };
         let req = match proto::decode::<Req>(&body) {
             Ok(r) => r,
             Err(e) => {
                 if id != 0 {
-                    let _ = st.out.lock().unwrap().send(err_frame(id, &e));
+                    let _ = st.out.lock().unwrap().send(err_frame(id, &e).into());
                 }
                 continue;
             }
@@ -272,7 +386,7 @@ fn write_files(st: &State, rx: &Receiver<(u64, Vec<u8>)>) {
                 st.writers.lock().unwrap().insert(file, w);
             }
             Req::Write { file, data } => write_chunk(st, file, data),
-            Req::WriteAt { file, offset, data } => write_at(st, file, data, offset),
+            Req::WriteAt { file, offset, data } => write_at(st, file, data, offset, false),
             Req::SetLen { file, size } => {
                 on_writer(st, file, |fd| Ok(rustix::fs::ftruncate(fd, size)?))
             }
@@ -293,7 +407,7 @@ fn write_files(st: &State, rx: &Receiver<(u64, Vec<u8>)>) {
                 fsync,
             } => {
                 let f = delta::append_commit(st, id, file, &hash, &meta.0, fsync);
-                let _ = st.out.lock().unwrap().send(f);
+                let _ = st.out.lock().unwrap().send(f.into());
             }
             Req::AppendAbort { file } => delta::append_abort(st, file),
             Req::Commit { file, .. } if st.deltas.unfinished(file) => {
@@ -304,7 +418,7 @@ fn write_files(st: &State, rx: &Receiver<(u64, Vec<u8>)>) {
                     io::ErrorKind::InvalidData,
                     "delta: the ops stopped before their end",
                 );
-                let _ = st.out.lock().unwrap().send(err_frame(id, &e));
+                let _ = st.out.lock().unwrap().send(err_frame(id, &e).into());
             }
             Req::Abort { file, .. } => {
                 st.deltas.drop_handle(file);
@@ -333,7 +447,7 @@ fn write_files(st: &State, rx: &Receiver<(u64, Vec<u8>)>) {
                     }
                     Err(e) => err_frame(id, &e),
                 };
-                let _ = st.out.lock().unwrap().send(f);
+                let _ = st.out.lock().unwrap().send(f.into());
             }
             Req::PartAttach { path, file } => {
                 let w = rustix::fs::open(
@@ -372,7 +486,7 @@ fn write_files(st: &State, rx: &Receiver<(u64, Vec<u8>)>) {
                     Ok(()) => proto::frame(id, &Resp::Ok),
                     Err(e) => err_frame(id, &e),
                 };
-                let _ = st.out.lock().unwrap().send(f);
+                let _ = st.out.lock().unwrap().send(f.into());
             }
             Req::PartRecord { file, ranges } => {
                 let ws = st.writers.lock().unwrap();
@@ -387,7 +501,7 @@ fn write_files(st: &State, rx: &Receiver<(u64, Vec<u8>)>) {
             }
             req => {
                 let f = answer(st, id, req, &mut Listing::new());
-                let _ = st.out.lock().unwrap().send(f);
+                let _ = st.out.lock().unwrap().send(f.into());
             }
         }
     }
@@ -421,12 +535,17 @@ fn write_chunk(st: &State, file: u64, data: &[u8]) {
 }
 
 /// Write `data` at `offset` of the file being written as `file`: a big
-/// file's through its `O_DIRECT` descriptor.
-fn write_at(st: &State, file: u64, data: &[u8], offset: u64) {
+/// file's through its `O_DIRECT` descriptor (from where `data` is when it
+/// is `aligned` as its offset is, else through an aligned copy).
+fn write_at(st: &State, file: u64, data: &[u8], offset: u64, aligned: bool) {
     let mut ws = st.writers.lock().unwrap();
+    let direct = |direct: &Direct, fd: BorrowedFd<'_>| match aligned {
+        true => direct.write(fd, data, offset),
+        false => direct.write_copied(fd, data, offset),
+    };
     let r = match ws.get(&file) {
-        Some(Writing::Part(_, w, _, _, direct)) => direct.write_copied(w.fd(), data, offset),
-        Some(Writing::Attached(fd, direct)) => direct.write_copied(fd.as_fd(), data, offset),
+        Some(Writing::Part(_, w, _, _, d)) => direct(d, w.fd()),
+        Some(Writing::Attached(fd, d)) => direct(d, fd.as_fd()),
         Some(Writing::Open(_, w)) => pwrite_all(w.fd(), data, offset),
         Some(Writing::Failed(_)) | None => return,
     };
@@ -507,13 +626,50 @@ fn work(st: &State, rx: &Mutex<Receiver<(u64, Vec<u8>)>>) {
             return;
         };
         let f = match proto::decode::<Req>(&body) {
-            Ok(req) => answer(st, id, req, &mut listing),
-            Err(e) => proto::frame(id, &Resp::Err(WireErr::from(&e))),
+            Ok(Req::Read { file, offset, len }) if id != 0 => {
+                match read_piped(st, id, file, offset, len) {
+                    Some(Ok(out)) => out,
+                    Some(Err(e)) => err_frame(id, &e).into(),
+                    None => answer(st, id, Req::Read { file, offset, len }, &mut listing).into(),
+                }
+            }
+            Ok(req) => answer(st, id, req, &mut listing).into(),
+            Err(e) => proto::frame(id, &Resp::Err(WireErr::from(&e))).into(),
         };
         if id != 0 {
             let _ = st.out.lock().unwrap().send(f);
         }
     }
+}
+
+/// Answer [`Req::Read`] through a pipe ([`crate::splice`]): the bytes
+/// spliced from the file into the reply, not copied here. `None` where
+/// that way is not for this read (a file that may have holes, a range
+/// starting inside a page that a pipe cannot take whole, no pipe, a file
+/// that cannot be spliced from, an unknown handle): answered the copying
+/// way.
+fn read_piped(
+    st: &State,
+    id: u64,
+    file: u64,
+    offset: u64,
+    len: u32,
+) -> Option<io::Result<proto::Out>> {
+    let len = (len as usize).min(proto::CHUNK);
+    let (r, sparse) = st.readers.lock().unwrap().get(&file).cloned()?;
+    if sparse || len > crate::splice::room(offset) {
+        return None;
+    }
+    let mut pipe = crate::splice::pipe()?;
+    let n = match pipe.fill(r.as_fd()?, offset, len) {
+        Ok(n) => n,
+        Err(e) if e.kind() == io::ErrorKind::Unsupported => return None,
+        Err(e) => return Some(Err(e)),
+    };
+    // A short read is the end of the file, as for the copying way.
+    let current = if n < len { r.current() } else { None };
+    let (head, tail) = proto::data_parts(id, n, current);
+    Some(Ok(proto::Out::Piped { head, pipe, tail }))
 }
 
 fn err_frame(id: u64, e: &io::Error) -> Vec<u8> {

@@ -241,16 +241,26 @@ impl RangedSource for Ranged {
                 Resp::Data { data, zeros, .. } => (data, zeros),
                 r => return Err(unexpected(&r)),
             };
-            // Into the aligned piece buffer: the local writer hands it to
-            // the disk with O_DIRECT.
-            let len = with_piece_buffer(|b| {
-                let len = expand(data, &zeros, b);
-                if len < n as usize {
+            let len = if zeros.is_empty() && placed(data, at) {
+                // Read into its place ([`proto::read_placed`]): the local
+                // writer hands it to the disk with O_DIRECT from there.
+                if data.len() < n as usize {
                     return Err(changed());
                 }
-                out(at, &b[..len])?;
-                Ok(len)
-            })?;
+                out(at, data)?;
+                data.len()
+            } else {
+                // Into the aligned piece buffer, for the same.
+                with_piece_buffer(|b| {
+                    let len = expand(data, &zeros, b);
+                    if len < n as usize {
+                        return Err(changed());
+                    }
+                    out(at, &b[..len])?;
+                    Ok(len)
+                })?
+            };
+            conn.recycle(body.0);
             if let Some(l) = limit {
                 l.acquire(len as u64);
             }
@@ -265,6 +275,13 @@ impl Drop for Ranged {
             let _ = c.send(&Req::Close { handle: *f });
         }
     }
+}
+
+/// Whether `data`, the bytes of file offset `at`, sit in memory as
+/// aligned as that offset is in the file (for an `O_DIRECT` write).
+fn placed(data: &[u8], at: u64) -> bool {
+    const A: usize = ferry_engine::piece::DIRECT_ALIGN;
+    data.as_ptr() as usize % A == (at % A as u64) as usize
 }
 
 /// Put the content of a [`Resp::Data`] into `out`: `data` with the runs
@@ -597,7 +614,8 @@ impl SourceFile for SshReader {
                 self.current = current;
                 self.ahead.clear();
             }
-            self.body = full.unwrap_or(body.0);
+            let old = std::mem::replace(&mut self.body, full.unwrap_or(body.0));
+            self.conn.recycle(old);
             self.span = span;
         }
     }
@@ -620,6 +638,8 @@ impl Drop for SshReader {
         if let Some(f) = self.file {
             let _ = self.conn.send(&Req::Close { handle: f });
         }
+        // The last reply's buffer, for the next file's.
+        self.conn.recycle(std::mem::take(&mut self.body));
     }
 }
 

@@ -60,7 +60,7 @@ fn root_of(path: &[u8]) -> PathBuf {
 /// then its changes, all written to `out`. `None` when it cannot be
 /// watched (the error is the reply).
 pub(crate) fn serve_watch(
-    out: Sender<Vec<u8>>,
+    out: Sender<proto::Out>,
     id: u64,
     path: &[u8],
     poll: u64,
@@ -75,7 +75,7 @@ pub(crate) fn serve_watch(
         Ok(x) => x,
         Err(e) => {
             let e = io::Error::new(e.kind(), format!("{}: inotify: {e}", root.display()));
-            let _ = out.send(proto::frame(id, &Resp::Err((&e).into())));
+            let _ = out.send(proto::frame(id, &Resp::Err((&e).into())).into());
             return None;
         }
     };
@@ -95,7 +95,10 @@ pub(crate) fn serve_watch(
         spawn(
             "ferry-serve-watch",
             Box::new(move || {
-                if out.send(proto::frame(id, &Resp::Bool(there))).is_err() {
+                if out
+                    .send(proto::frame(id, &Resp::Bool(there)).into())
+                    .is_err()
+                {
                     return;
                 }
                 for m in rx {
@@ -107,7 +110,7 @@ pub(crate) fn serve_watch(
                         Msg::Note(n) => proto::frame(id, &Resp::Note(n)),
                         _ => continue,
                     };
-                    if out.send(f).is_err() {
+                    if out.send(f.into()).is_err() {
                         return;
                     }
                 }
@@ -119,7 +122,7 @@ pub(crate) fn serve_watch(
             "{}: watch: no thread could be started",
             root.display()
         ));
-        let _ = failed.send(proto::frame(id, &Resp::Err((&e).into())));
+        let _ = failed.send(proto::frame(id, &Resp::Err((&e).into())).into());
     }
     Some(Watching {
         stop: Some(stop_w),
@@ -348,9 +351,10 @@ mod tests {
         let (tx, rx) = mpsc::channel();
         let missing = dir.path().join("not/yet");
         let w = serve_watch(tx, 3, missing.as_os_str().as_bytes(), 1000).expect("watched");
-        let (id, body) = proto::read_frame(&mut &rx.recv().unwrap()[..])
-            .unwrap()
-            .unwrap();
+        let proto::Out::Frame(f) = rx.recv().unwrap() else {
+            panic!("a whole frame")
+        };
+        let (id, body) = proto::read_frame(&mut &f[..]).unwrap().unwrap();
         assert_eq!(id, 3);
         assert!(matches!(
             proto::decode::<Resp>(&body).unwrap(),

@@ -776,6 +776,59 @@ fn big_file_over_three_connections_and_a_resumed_pull() {
     assert!(find_prefixed(&again, b".ferry-").is_empty());
 }
 
+/// A big file's bytes go from the file into ssh's pipe by splice on the sending end and
+/// are read into aligned buffers on the receiving end; with `FERRY_NO_SPLICE` on both
+/// ends they are read and copied. Both ways, pushed and pulled, the file arrives whole
+/// (its last bytes short of a page too), with its mtime, and nothing is left beside it.
+#[test]
+fn big_files_spliced_or_copied_arrive_whole() {
+    let (rsh, host) = need_server!();
+    let d = tmpdir();
+    let data = gen_bytes((40 << 20) + 4097, 40);
+    write(d.path(), "src/big", &data);
+    let src = d.path().join("src");
+    for copying in [false, true] {
+        let tag = if copying { "copied" } else { "spliced" };
+        let there = d.path().join(format!("there-{tag}"));
+        let back = d.path().join(format!("back-{tag}"));
+        let run = |from: &std::ffi::OsStr, to: &std::ffi::OsStr| {
+            let mut remote_ferry = OsString::new();
+            if copying {
+                remote_ferry.push("FERRY_NO_SPLICE=1 ");
+            }
+            remote_ferry.push(bin());
+            let mut c = std::process::Command::new(bin());
+            c.args([
+                "copy".as_ref(),
+                "-e".as_ref(),
+                rsh.as_ref() as &std::ffi::OsStr,
+            ])
+            .arg("--remote-ferry")
+            .arg(&remote_ferry)
+            .args([from, to])
+            .stdin(std::process::Stdio::null());
+            if copying {
+                c.env("FERRY_NO_SPLICE", "1");
+            }
+            run_within(c, Duration::from_secs(600))
+        };
+        run(src.as_os_str(), &at(&host, &there)).ok();
+        assert!(
+            std::fs::read(there.join("big")).unwrap() == data,
+            "{tag} push"
+        );
+        run(&at(&host, &there), back.as_os_str()).ok();
+        assert!(
+            std::fs::read(back.join("big")).unwrap() == data,
+            "{tag} pull"
+        );
+        let mtime = |p: &Path| std::fs::metadata(p).unwrap().modified().unwrap();
+        assert_eq!(mtime(&back.join("big")), mtime(&src.join("big")), "{tag}");
+        assert!(find_prefixed(&there, b".ferry-").is_empty(), "{tag}");
+        assert!(find_prefixed(&back, b".ferry-").is_empty(), "{tag}");
+    }
+}
+
 /// A big push goes in ranges over several connections into a resumable partial there: a
 /// push killed part way leaves the partial with its record, the rerun sends only the rest
 /// (`-v` says how much it reused), and the result is whole, with nothing left beside it.
