@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
-use std::sync::mpsc::{self, Receiver, SyncSender};
+use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
@@ -19,16 +19,20 @@ use ferry_ssh::{Lost, Target};
 
 use crate::wire::{self, Rd, Reply, Req};
 
-/// Packets queued for the writer thread at most (a big file's writes wait
-/// for room: memory stays bounded).
-const QUEUED: usize = 64;
 /// Lines of ssh's stderr kept for the message of a failed session.
 const TAIL: usize = 20;
 /// Bytes per read or write request at most: OpenSSH's limit is 255 KiB; a
 /// whole number of 4 KiB blocks keeps ranged downloads block-aligned.
 const CHUNK_MAX: u32 = 252 << 10;
 
-type Slot = SyncSender<io::Result<Reply>>;
+/// Where a reply goes.
+enum Slot {
+    /// To the thread waiting on the receiver ([`Conn::start`]).
+    Chan(SyncSender<io::Result<Reply>>),
+    /// To a commit moved on by the reader thread itself
+    /// ([`crate::pipe`]): no thread wakes for it.
+    Flight(Arc<crate::pipe::Shared>),
+}
 
 #[derive(Default)]
 struct Pending {
@@ -57,7 +61,11 @@ pub struct Extensions {
 pub struct Conn {
     /// `[user@]host`, for messages.
     pub host: String,
-    tx: SyncSender<Vec<u8>>,
+    /// To the writer thread. Not bounded: every sender bounds what it
+    /// keeps in flight (a file's writes ahead, a thread's commits), and
+    /// the reader thread, which sends a commit's next requests, must
+    /// never block (it would stop reading the replies that free room).
+    tx: Sender<Vec<u8>>,
     pending: Mutex<Pending>,
     next: AtomicU32,
     gone: AtomicBool,
@@ -108,8 +116,12 @@ impl Conn {
     /// `req` given an id whose reply comes on the receiver: the packet
     /// to send.
     fn register(&self, req: Req) -> io::Result<(Vec<u8>, Receiver<io::Result<Reply>>)> {
-        let id = self.next.fetch_add(1, Ordering::Relaxed);
         let (stx, srx) = mpsc::sync_channel(1);
+        Ok((self.register_as(req, Slot::Chan(stx))?, srx))
+    }
+
+    fn register_as(&self, req: Req, slot: Slot) -> io::Result<Vec<u8>> {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
         let mut p = self.pending.lock().unwrap();
         if let Some(why) = &p.dead {
             return Err(lost_error(why.clone()));
@@ -118,8 +130,21 @@ impl Conn {
             // Waiting starts now (the I/O timeout counts from here).
             self.quiet.touch();
         }
-        p.calls.insert(id, stx);
-        Ok((req.finish(id), srx))
+        p.calls.insert(id, slot);
+        Ok(req.finish(id))
+    }
+
+    /// Start `req` for commit `f` as part of `batch`: its reply goes to
+    /// [`crate::pipe::on_reply`] in the reader thread.
+    pub(crate) fn start_flight_in(
+        self: &Arc<Conn>,
+        batch: &mut Batch,
+        req: Req,
+        f: &Arc<crate::pipe::Shared>,
+    ) -> io::Result<()> {
+        let packet = self.register_as(req, Slot::Flight(f.clone()))?;
+        batch.push(self, packet);
+        Ok(())
     }
 
     /// Send a request; its reply comes on the receiver.
@@ -180,6 +205,19 @@ impl Conn {
             .map_or(4, |n| usize::from(n).max(1))
     }
 
+    /// How many sessions small files pushed go over: `--connections`,
+    /// else 2. A small file written costs the server far more than its
+    /// bytes cost ssh (five requests, a create and a rename): two
+    /// single-threaded `sftp-server`s keep two cores busy, and each further
+    /// session costs its key exchange (the client's post-quantum key
+    /// generation: about 0.1 s of CPU) and gathers fewer requests per
+    /// packet, for no gain (measured on 2 cores, BENCHMARKS.md).
+    pub fn small_width(&self) -> usize {
+        ferry_ssh::conn::settings()
+            .connections
+            .map_or(2, |n| usize::from(n).max(1))
+    }
+
     /// Session `k` (0 is this one) of [`Conn::width`], opened now if it is
     /// not yet; this one when another cannot be opened.
     pub fn nth(self: &Arc<Conn>, k: usize) -> Arc<Conn> {
@@ -203,14 +241,14 @@ impl Conn {
     }
 
     /// The session for the next file of a run's many: turn by turn over
-    /// the [`Conn::width`] sessions (each server process is single-threaded
+    /// `width` sessions ([`Conn::width`] for reads, [`Conn::small_width`]
+    /// for writes) (each server process is single-threaded
     /// and each ssh encrypts on one core: files spread over several keep
     /// more of them in flight). A further session is opened in the
     /// background when first wanted; until it is there (or if it cannot
     /// be opened) this one serves. A file's requests all go over the one
     /// session returned.
-    pub fn next_small(self: &Arc<Conn>) -> Arc<Conn> {
-        let width = self.width();
+    pub fn next_small(self: &Arc<Conn>, width: usize) -> Arc<Conn> {
         let k = self.turn.fetch_add(1, Ordering::Relaxed) % width.max(1);
         if k == 0 {
             return self.clone();
@@ -248,8 +286,15 @@ impl Conn {
             std::mem::take(&mut p.calls)
         };
         self.gone.store(true, Ordering::Relaxed);
+        let mut out = Out::new(self);
         for (_, slot) in calls {
-            let _ = slot.send(Err(lost_error(why.clone())));
+            let e = Err(lost_error(why.clone()));
+            match slot {
+                Slot::Chan(s) => {
+                    let _ = s.send(e);
+                }
+                Slot::Flight(f) => crate::pipe::on_reply(&f, e, &mut out),
+            }
         }
     }
 }
@@ -302,6 +347,70 @@ impl Drop for Batch {
     fn drop(&mut self) {
         self.flush();
     }
+}
+
+/// Requests the reader thread makes (a commit's next steps, as its
+/// replies come), gathered and sent in one write before it reads again.
+pub(crate) struct Out<'a> {
+    conn: &'a Conn,
+    buf: Vec<u8>,
+}
+
+impl<'a> Out<'a> {
+    fn new(conn: &'a Conn) -> Out<'a> {
+        Out {
+            conn,
+            buf: Vec::new(),
+        }
+    }
+
+    /// What the server offers.
+    pub(crate) fn ext(&self) -> Extensions {
+        self.conn.ext
+    }
+
+    /// Bytes per write request.
+    pub(crate) fn chunk(&self) -> usize {
+        self.conn.chunk as usize
+    }
+
+    /// Start `req` for commit `f` (its reply comes to
+    /// [`crate::pipe::on_reply`]).
+    pub(crate) fn start(&mut self, req: Req, f: &Arc<crate::pipe::Shared>) -> io::Result<()> {
+        let packet = self.conn.register_as(req, Slot::Flight(f.clone()))?;
+        self.put(&packet);
+        Ok(())
+    }
+
+    /// Send `req`, its reply waited for by nobody (closing a handle).
+    pub(crate) fn send(&mut self, req: Req) {
+        let id = self.conn.next.fetch_add(1, Ordering::Relaxed);
+        self.put(&req.finish(id));
+    }
+
+    fn put(&mut self, packet: &[u8]) {
+        self.buf.extend_from_slice(packet);
+        if self.buf.len() >= BATCH_MAX {
+            self.flush();
+        }
+    }
+
+    fn flush(&mut self) {
+        if !self.buf.is_empty() {
+            let _ = self.conn.tx.send(std::mem::take(&mut self.buf));
+        }
+    }
+}
+
+impl Drop for Out<'_> {
+    fn drop(&mut self) {
+        self.flush();
+    }
+}
+
+/// Whether `b` starts with a whole packet (read without blocking).
+fn whole_packet(b: &[u8]) -> bool {
+    b.len() >= 4 && b.len() - 4 >= u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize
 }
 
 /// This run's sessions, one per target.
@@ -476,7 +585,7 @@ fn open(t: &Target) -> Result<Arc<Conn>, String> {
             }
         }
     }
-    let (tx, rx) = mpsc::sync_channel::<Vec<u8>>(QUEUED);
+    let (tx, rx) = mpsc::channel::<Vec<u8>>();
     std::thread::spawn(move || ferry_ssh::proto::write_frames(stdin, rx));
     let mut conn = Conn {
         host: t.host.clone(),
@@ -547,7 +656,13 @@ fn read_replies(
     errt: JoinHandle<()>,
 ) {
     let mut r = BufReader::with_capacity(256 << 10, stdout);
+    let mut out = Out::new(conn);
     let end = loop {
+        // The requests the replies taken so far made go before this
+        // thread may block on a read.
+        if !whole_packet(r.buffer()) {
+            out.flush();
+        }
         match read_packet(&mut r) {
             Ok(Some(reply)) => {
                 let Some(id) = reply.body.get(1..5) else {
@@ -555,14 +670,20 @@ fn read_replies(
                 };
                 let id = u32::from_be_bytes(id.try_into().expect("4 bytes"));
                 let slot = conn.pending.lock().unwrap().calls.remove(&id);
-                if let Some(s) = slot {
-                    let _ = s.send(Ok(reply));
+                match slot {
+                    Some(Slot::Chan(s)) => {
+                        let _ = s.send(Ok(reply));
+                    }
+                    Some(Slot::Flight(f)) => crate::pipe::on_reply(&f, Ok(reply), &mut out),
+                    None => {}
                 }
             }
             Ok(None) => break None,
             Err(e) => break Some(e),
         }
     };
+    out.flush();
+    drop(out);
     let _ = child.kill();
     conn.quiet.reaped();
     conn.quiet.stop();

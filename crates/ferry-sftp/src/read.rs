@@ -79,7 +79,7 @@ impl SftpReader {
     /// Open `path` on one of the sessions of `main` (files spread over
     /// them: [`Conn::next_small`]); a big file's ranges are read over all.
     pub(crate) fn open(main: &Arc<Conn>, path: Vec<u8>) -> io::Result<SftpReader> {
-        let conn = &main.next_small();
+        let conn = &main.next_small(main.width());
         let handle = open_read(conn, &path)?;
         let mut r = SftpReader {
             conn: conn.clone(),

@@ -445,7 +445,7 @@ impl Store for SftpStore {
             return;
         }
         crate::ahead::open(&dir.ahead, &dir.path, files, main.chunk, || {
-            main.next_small()
+            main.next_small(main.width())
         });
     }
 
@@ -500,7 +500,7 @@ impl Store for SftpStore {
             Ok(parts) => {
                 let f = crate::pipe::start(parts, path, meta, fsync);
                 Committing::later(move || {
-                    crate::pipe::wait(&f).map_err(|e| self.full_disk(&dir.path, need, e))
+                    crate::pipe::wait(f).map_err(|e| self.full_disk(&dir.path, need, e))
                 })
             }
             Err(wr) => Committing::done(

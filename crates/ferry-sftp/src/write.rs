@@ -228,7 +228,7 @@ impl SftpWriter {
         let conn = if meta.size >= RANGED_MIN {
             main
         } else {
-            main.next_small()
+            main.next_small(main.small_width())
         };
         Ok(SftpWriter {
             dir: dir.to_vec(),

@@ -255,7 +255,8 @@ pub struct TransferArgs {
     #[arg(long)]
     pub no_remote_install: bool,
     /// ssh connections per host for big files [default: the fewer cores
-    /// of the two ends, at most 4].
+    /// of the two ends, at most 4]; over SFTP, also the sessions small
+    /// files are spread over [default: 4 for reads, 2 for writes].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=64))]
     pub connections: Option<u16>,
     /// Reach host:path and ssh:// locations over SFTP (no ferry on the
