@@ -9,9 +9,7 @@ use std::os::fd::BorrowedFd;
 use std::time::Duration;
 
 use ferry_engine::bwlimit::Limiter;
-use ferry_engine::delta::{
-    AppendHashes, Appender, DiffSummary, InPlace, Layout, OpSink, PatchHashes, Signature,
-};
+use ferry_engine::delta::{DiffSummary, InPlace, Layout, OpSink, PatchHashes, Signature};
 use ferry_engine::entry::{Kind, Listing, Meta};
 use ferry_engine::hash::{Hash, HashKind, HashSet};
 use ferry_engine::keep::{KeepBase, KeepTo};
@@ -425,26 +423,6 @@ macro_rules! backends {
                 sink: &mut dyn OpSink,
             ) -> io::Result<DiffSummary> {
                 match self { $(AnyStore::$v(s) => s.delta_diff(r, sig, sink),)+ }
-            }
-            fn delta_append<'a>(
-                &'a self,
-                dir: &'a AnyDir,
-                name: &CStr,
-                old: &Meta,
-                size: u64,
-            ) -> io::Result<Option<Box<dyn Appender + 'a>>> {
-                match (self, dir) {
-                    $((AnyStore::$v(s), AnyDir::$v(d)) => s.delta_append(d, name, old, size),)+
-                    _ => mismatch(),
-                }
-            }
-            fn append_hashes(
-                &self,
-                r: &mut dyn SourceFile,
-                prefix: u64,
-                size: u64,
-            ) -> io::Result<AppendHashes> {
-                match self { $(AnyStore::$v(s) => s.append_hashes(r, prefix, size),)+ }
             }
             fn delta_inplace<'a>(
                 &'a self,

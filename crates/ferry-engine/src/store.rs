@@ -14,7 +14,7 @@ use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::bwlimit::Limiter;
-use crate::delta::{AppendHashes, Appender, DiffSummary, OpSink, Signature};
+use crate::delta::{DiffSummary, OpSink, Signature};
 use crate::entry::{Kind, Listing, Meta};
 use crate::hash::{Hash, HashKind, HashSet};
 use crate::keep::{KeepBase, KeepTo};
@@ -591,34 +591,6 @@ pub trait Store: Send + Sync {
         sink: &mut dyn OpSink,
     ) -> io::Result<DiffSummary> {
         crate::delta::diff(r, sig, sink)
-    }
-    /// Start an append in place to file `name` of `dir`, listed as `old`,
-    /// that will have `size` bytes (a changed file that only grew:
-    /// [`crate::delta::append`]): the old
-    /// file's hash starts now, where the file is, and the [`Appender`]
-    /// compares it with the sender's. `None` where the store does not
-    /// append in place (the default) or the file cannot be (not a
-    /// regular file, changed since listed).
-    fn delta_append<'a>(
-        &'a self,
-        _dir: &'a Self::Dir,
-        _name: &CStr,
-        _old: &Meta,
-        _size: u64,
-    ) -> io::Result<Option<Box<dyn Appender + 'a>>> {
-        Ok(None)
-    }
-    /// The sender's hashes of `r` (one of this store's readers, not read
-    /// yet, of `size` bytes) for an append to a copy of `prefix` bytes;
-    /// `r` then reads on from `prefix`. By default hashed here (a file
-    /// with a descriptor); a store may have the far end hash it.
-    fn append_hashes(
-        &self,
-        r: &mut dyn SourceFile,
-        prefix: u64,
-        size: u64,
-    ) -> io::Result<AppendHashes> {
-        crate::delta::append::source_hashes(r, prefix, size)
     }
     /// Start a patch in place of file `name` of `dir`, listed as `old`,
     /// to the layout `l` (a changed file no shorter than its old copy:

@@ -1,9 +1,10 @@
-//! The receiver's side of an append in place
-//! ([`ferry_engine::delta::append`]) on a local tree, and the rollback of
-//! an append a killed run left half done.
+//! The rollback of a patch in place ([`crate::inplace`]) or an append
+//! (the path patches grew from) that a killed run left half done, and the
+//! pieces both kinds of record share.
 //!
-//! The rollback record, `.ferry-undo-<16 hex>.~ferry~` beside the file
-//! ([`undo_name`]), holds the file's inode number, its old and new size,
+//! An append's rollback record (format 1, still recovered: a run of an
+//! older ferry may have left one), `.ferry-undo-<16 hex>.~ferry~` beside the file
+//! ([`ferry_engine::store::undo_name`]), holds the file's inode number, its old and new size,
 //! its old mtime and mode, its name and a checksum of all that; it is
 //! written and synced before the first byte of the tail, kept locked
 //! (`flock`) while the append runs, and removed once the appended file is
@@ -15,11 +16,9 @@
 use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::thread::JoinHandle;
 
-use ferry_engine::delta::{self, Appender};
+use ferry_engine::delta;
 use ferry_engine::entry::Meta;
-use ferry_engine::store::undo_name;
 use rustix::fs::{self as rfs, AtFlags, FileType, FlockOperation, Mode, OFlags};
 use rustix::io::Errno;
 
@@ -43,6 +42,7 @@ struct Record {
 }
 
 impl Record {
+    #[cfg(test)]
     fn encode(&self) -> Vec<u8> {
         let mut b = Vec::with_capacity(MAGIC.len() + FIXED + self.name.len() + 8);
         b.extend_from_slice(MAGIC);
@@ -265,223 +265,6 @@ pub(crate) fn set_meta(
     Ok(())
 }
 
-/// One append in place to a local file.
-pub struct LocalAppend {
-    dir: OwnedFd,
-    name: CString,
-    fd: OwnedFd,
-    /// The file as it was: inode, size, mtime, mode.
-    old: (u64, u64, i64, u32, u32),
-    hashing: Option<JoinHandle<io::Result<blake3::Hasher>>>,
-    hasher: Option<blake3::Hasher>,
-    /// The record written (its name, held locked).
-    record: Option<(CString, OwnedFd)>,
-    /// Bytes of the tail written.
-    at: u64,
-    /// This process sets owners (root).
-    owner: bool,
-    /// Tests: die (abort) once this many bytes of the tail are written.
-    die_after: Option<u64>,
-}
-
-impl LocalAppend {
-    /// The append to `name` of `dir`, listed as `old`, its old content's
-    /// hash started by a thread of its own; `None` when it cannot be
-    /// appended to in place (not a regular file with one link that this
-    /// process may write, or changed since listed).
-    pub fn start(
-        dir: BorrowedFd<'_>,
-        name: &CStr,
-        old: &Meta,
-        owner: bool,
-    ) -> io::Result<Option<LocalAppend>> {
-        let Some((fd, st)) = open_checked(dir, name, old)? else {
-            return Ok(None);
-        };
-        let size = st.st_size as u64;
-        let hfd = fd.try_clone()?;
-        let hashing = std::thread::spawn(move || {
-            delta::append::hash_fd(hfd.as_fd(), size, None).map(|(h, _)| h)
-        });
-        let die_after = std::env::var("FERRY_TEST_APPEND_DIE")
-            .ok()
-            .and_then(|v| v.parse().ok());
-        Ok(Some(LocalAppend {
-            dir: dir.try_clone_to_owned()?,
-            name: name.to_owned(),
-            fd,
-            old: (
-                st.st_ino,
-                size,
-                st.st_mtime,
-                st.st_mtime_nsec as u32,
-                st.st_mode,
-            ),
-            hashing: Some(hashing),
-            hasher: None,
-            record: None,
-            at: 0,
-            owner,
-            die_after,
-        }))
-    }
-
-    /// The old content's blake3 (waiting for it), checked unchanged since
-    /// the start.
-    pub fn old_hash(&mut self) -> io::Result<[u8; 32]> {
-        if let Some(t) = self.hashing.take() {
-            let h = t
-                .join()
-                .unwrap_or_else(|_| Err(io::Error::other("hashing panicked")))?;
-            self.hasher = Some(h);
-        }
-        let h = self
-            .hasher
-            .as_ref()
-            .ok_or_else(|| io::Error::other("append: no hash"))?;
-        let st = rfs::fstat(&self.fd)?;
-        let (_, size, sec, nsec, _) = self.old;
-        if (st.st_size as u64, st.st_mtime, st.st_mtime_nsec as u32) != (size, sec, nsec)
-            || st.st_nlink != 1
-        {
-            return Err(io::Error::other("changed while hashed for an append"));
-        }
-        Ok(*h.finalize().as_bytes())
-    }
-
-    /// Write and sync the rollback record (a stale one of the same file
-    /// rolled back first): `false` when another run holds one.
-    fn write_record(&mut self, new: u64) -> io::Result<bool> {
-        let rec = undo_name(self.name.to_bytes());
-        let (ino, old, sec, nsec, mode) = self.old;
-        let r = Record {
-            ino,
-            old,
-            new,
-            sec,
-            nsec,
-            mode,
-            name: self.name.to_bytes().to_vec(),
-        };
-        let Some(fd) = create_record(self.dir.as_fd(), &rec)? else {
-            return Ok(false);
-        };
-        let res = (|| -> io::Result<()> {
-            crate::local::write_all(fd.as_fd(), &r.encode())?;
-            rfs::fsync(&fd)?;
-            rfs::fsync(&self.dir)?;
-            Ok(())
-        })();
-        if let Err(e) = res {
-            drop(fd);
-            let _ = rfs::unlinkat(&self.dir, &rec, AtFlags::empty());
-            return Err(e);
-        }
-        self.record = Some((rec, fd));
-        Ok(true)
-    }
-
-    /// [`Appender::begin`], the new size told.
-    pub fn begin_sized(&mut self, prefix: &[u8; 32], new: u64) -> io::Result<bool> {
-        if self.old_hash()? != *prefix {
-            return Ok(false);
-        }
-        self.write_record(new)
-    }
-
-    /// The file as it was, the record removed (nothing when none was
-    /// written).
-    fn roll_back(&mut self) {
-        if let Some((rec, rfd)) = self.record.take() {
-            let (_, size, sec, nsec, mode) = self.old;
-            let now = rfs::fstat(&self.fd).map_or(mode, |s| s.st_mode);
-            // Not undone (an I/O error): the record stays for the next run.
-            if undo(self.fd.as_fd(), size, mode, now, &mtime(sec, nsec)).is_ok() {
-                let _ = rfs::unlinkat(&self.dir, &rec, AtFlags::empty());
-            }
-            drop(rfd);
-        }
-    }
-
-    fn finish(&mut self, hash: &[u8; 32], meta: &Meta, fsync: bool) -> io::Result<()> {
-        let h = self
-            .hasher
-            .take()
-            .ok_or_else(|| io::Error::other("append: no hash"))?;
-        if self.record.is_none() || *h.finalize().as_bytes() != *hash {
-            return Err(delta::mismatch());
-        }
-        set_meta(self.fd.as_fd(), meta, self.owner, fsync)?;
-        if let Some((rec, rfd)) = self.record.take() {
-            rfs::unlinkat(&self.dir, &rec, AtFlags::empty())?;
-            drop(rfd);
-        }
-        Ok(())
-    }
-
-    /// [`Appender::commit`] without the box.
-    pub fn commit_here(&mut self, hash: &[u8; 32], meta: &Meta, fsync: bool) -> io::Result<()> {
-        let r = self.finish(hash, meta, fsync);
-        if r.is_err() {
-            self.roll_back();
-        }
-        r
-    }
-
-    /// [`Appender::write`].
-    pub fn write_here(&mut self, data: &[u8]) -> io::Result<()> {
-        if self.record.is_none() {
-            return Err(io::Error::other("append: not begun"));
-        }
-        let at = self.old.1 + self.at;
-        if let Some(d) = self.die_after {
-            // Tests: a run killed half way through the tail.
-            let k = (d.saturating_sub(self.at) as usize).min(data.len());
-            if k < data.len() {
-                crate::local::pwrite_all(self.fd.as_fd(), &data[..k], at)?;
-                let me = rustix::process::getpid();
-                let _ = rustix::process::kill_process(me, rustix::process::Signal::KILL);
-                std::process::abort();
-            }
-        }
-        crate::local::pwrite_all(self.fd.as_fd(), data, at)?;
-        if let Some(h) = &mut self.hasher {
-            h.update(data);
-        }
-        self.at += data.len() as u64;
-        Ok(())
-    }
-}
-
-impl Drop for LocalAppend {
-    fn drop(&mut self) {
-        if let Some(t) = self.hashing.take() {
-            let _ = t.join();
-        }
-        self.roll_back();
-    }
-}
-
-/// [`LocalAppend`] as the engine's [`Appender`], with the new size known
-/// (for the record) from the source's listing.
-pub(crate) struct Boxed {
-    pub(crate) a: LocalAppend,
-    pub(crate) new: u64,
-}
-
-impl Appender for Boxed {
-    fn begin(&mut self, prefix: &[u8; 32]) -> io::Result<bool> {
-        self.a.begin_sized(prefix, self.new)
-    }
-    fn write(&mut self, data: &[u8]) -> io::Result<()> {
-        self.a.write_here(data)
-    }
-    fn commit(mut self: Box<Self>, hash: &[u8; 32], meta: &Meta, fsync: bool) -> io::Result<()> {
-        self.a.commit_here(hash, meta, fsync)
-    }
-    fn abort(self: Box<Self>) {}
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -505,5 +288,34 @@ mod tests {
         let mut bad = b.clone();
         bad[20] ^= 1;
         assert_eq!(Record::decode(&bad), None);
+    }
+
+    /// A format-1 record (an append's, as an older ferry wrote them) found
+    /// by a listing: the file goes back to its old size, mtime and mode.
+    #[test]
+    fn a_format_1_record_left_by_an_older_run_rolls_the_file_back() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("f");
+        std::fs::write(&p, vec![7u8; 5000]).unwrap();
+        let r = Record {
+            ino: std::fs::metadata(&p).unwrap().ino(),
+            old: 3000,
+            new: 5000,
+            sec: 1_600_000_000,
+            nsec: 5,
+            mode: 0o100640,
+            name: b"f".to_vec(),
+        };
+        let rec = ferry_engine::store::undo_name(b"f");
+        let rec_path = d.path().join(rec.to_str().unwrap());
+        std::fs::write(&rec_path, r.encode()).unwrap();
+        let dir = rfs::open(d.path(), OFlags::DIRECTORY | OFlags::RDONLY, Mode::empty()).unwrap();
+        assert!(recover(dir.as_fd(), &rec).unwrap());
+        let md = std::fs::metadata(&p).unwrap();
+        assert_eq!(md.len(), 3000);
+        assert_eq!((md.mtime(), md.mtime_nsec()), (1_600_000_000, 5));
+        assert_eq!(md.permissions().mode() & 0o7777, 0o640);
+        assert!(!rec_path.exists());
     }
 }

@@ -33,7 +33,7 @@ use crate::download;
 use crate::xattr::{self, Target};
 use crate::{sparse, special};
 use ferry_engine::bwlimit::Limiter;
-use ferry_engine::delta::{Appender, DiffSummary, OpSink, Signature};
+use ferry_engine::delta::{DiffSummary, OpSink, Signature};
 use ferry_engine::entry::{Kind, ListEntry, Listing, Meta};
 use ferry_engine::keep::{KeepBase, KeepTo};
 use ferry_engine::store::{
@@ -541,17 +541,6 @@ impl Store for LocalStore {
         feed: &mut dyn FnMut(&mut dyn OpSink) -> io::Result<DiffSummary>,
     ) -> io::Result<DiffSummary> {
         crate::delta::rebuild(dir, w.fd(), old, sig, feed)
-    }
-
-    fn delta_append<'a>(
-        &'a self,
-        dir: &'a LocalDir,
-        name: &CStr,
-        old: &Meta,
-        size: u64,
-    ) -> io::Result<Option<Box<dyn Appender + 'a>>> {
-        let a = crate::append::LocalAppend::start(dir.fd(), name, old, self.owner)?;
-        Ok(a.map(|a| Box::new(crate::append::Boxed { a, new: size }) as Box<dyn Appender>))
     }
 
     fn delta_inplace<'a>(

@@ -716,41 +716,6 @@ pub enum Req<'a> {
     /// request has): the client's I/O timeout (`--timeout`) then gives up
     /// only a server that stopped, not one busy with a long request.
     KeepAlive { ms: u64 },
-    /// Start an append in place to `name` in `dir`, listed as `old`, that
-    /// will have `size` bytes, as handle `file`
-    /// (`ferry_engine::delta::append`): the old file hashed there,
-    /// [`Resp::Hash`] (`None`: it cannot be appended to in place).
-    AppendHash {
-        dir: u64,
-        name: &'a [u8],
-        old: M,
-        size: u64,
-        file: u64,
-    },
-    /// The sender's hash of the first old-size bytes is `prefix`: the
-    /// rollback record written and the append begun (no reply; a failure
-    /// comes back on [`Req::AppendCommit`]).
-    AppendBegin { file: u64, prefix: [u8; 32] },
-    /// The next bytes of the tail (no reply).
-    AppendWrite {
-        file: u64,
-        #[serde(with = "serde_bytes")]
-        data: &'a [u8],
-    },
-    /// The end of an append: the whole hash checked, metadata set, synced
-    /// with `fsync`, the record removed: [`Resp::Ok`], or the error (the file rolled
-    /// back).
-    AppendCommit {
-        file: u64,
-        hash: [u8; 32],
-        meta: M,
-        fsync: bool,
-    },
-    /// Give up append `file`: rolled back (no reply).
-    AppendAbort { file: u64 },
-    /// The hashes of open file `file` (of `size` bytes) for an append to a
-    /// copy of its first `prefix` bytes: [`Resp::Hashes`].
-    AppendHashes { file: u64, prefix: u64, size: u64 },
     /// Start a patch in place of `name` in `dir`, listed as `old`, to
     /// `size` bytes in `block`-byte blocks, as handle `file`
     /// (`ferry_engine::delta::inplace`): the old file's block hashes under
@@ -911,11 +876,6 @@ pub enum Resp<'a> {
     Changes(Vec<Event>),
     /// A line for the user about a watched tree (the watch limit reached).
     Note(String),
-    /// An old file's blake3 ([`Req::AppendHash`]); `None`: it cannot be
-    /// appended to in place.
-    Hash(Option<[u8; 32]>),
-    /// A file's blake3 of its first bytes and of its whole content.
-    Hashes { prefix: [u8; 32], whole: [u8; 32] },
     /// An old file's head block hashes, truncated and encoded
     /// ([`Req::PatchHash`]); `None`: it cannot be patched in place.
     Blocks(#[serde(with = "serde_bytes")] Option<&'a [u8]>),

@@ -226,10 +226,6 @@ fn read_requests(
             | Req::Abort { .. }
             | Req::PatchFrom { .. }
             | Req::Patch { .. }
-            | Req::AppendBegin { .. }
-            | Req::AppendWrite { .. }
-            | Req::AppendCommit { .. }
-            | Req::AppendAbort { .. }
             | Req::PatchBegin { .. }
             | Req::PatchWrite { .. }
             | Req::PatchCommit { .. }
@@ -402,18 +398,6 @@ fn write_files(st: &State, rx: &Receiver<Job>) {
                 size,
             } => delta::patch_from(st, dir, file, old, block, size),
             Req::Patch { file, ops } => delta::patch(st, file, ops),
-            Req::AppendBegin { file, prefix } => delta::append_begin(st, file, &prefix),
-            Req::AppendWrite { file, data } => delta::append_write(st, file, data),
-            Req::AppendCommit {
-                file,
-                hash,
-                meta,
-                fsync,
-            } => {
-                let f = delta::append_commit(st, id, file, &hash, &meta.0, fsync);
-                let _ = st.out.lock().unwrap().send(f.into());
-            }
-            Req::AppendAbort { file } => delta::append_abort(st, file),
             Req::PatchBegin { file, changed } => delta::inplace_begin(st, file, &changed),
             Req::PatchWrite { file, at, data } => delta::inplace_write(st, file, at, data),
             Req::PatchCommit {
@@ -1054,16 +1038,6 @@ fn answer_io(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> io::Re
         }
         Req::Sign { dir, name, min } => delta::sign(st, id, dir, name, min),
         Req::DiffRead { file, seq } => delta::diff_read(st, id, file, seq),
-        Req::AppendHash {
-            dir,
-            name,
-            old,
-            size,
-            file,
-        } => Ok(delta::append_hash(st, id, dir, name, &old.0, size, file)),
-        Req::AppendHashes { file, prefix, size } => {
-            delta::append_hashes(st, id, file, prefix, size)
-        }
         Req::PatchHash {
             dir,
             name,
@@ -1088,11 +1062,7 @@ fn answer_io(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> io::Re
             block,
             key,
         } => delta::inplace_hashes(st, id, file, old, size, block, &key),
-        Req::AppendBegin { .. }
-        | Req::AppendWrite { .. }
-        | Req::AppendCommit { .. }
-        | Req::AppendAbort { .. }
-        | Req::PatchBegin { .. }
+        Req::PatchBegin { .. }
         | Req::PatchWrite { .. }
         | Req::PatchCommit { .. }
         | Req::PatchAbort { .. }

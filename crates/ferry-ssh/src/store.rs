@@ -19,7 +19,7 @@ use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex, RwLock};
 
 use ferry_engine::bwlimit::Limiter;
-use ferry_engine::delta::{AppendHashes, Appender, DiffSummary, OpSink, Signature};
+use ferry_engine::delta::{DiffSummary, OpSink, Signature};
 use ferry_engine::entry::{Kind, Listing, Meta};
 use ferry_engine::keep::{KeepBase, KeepTo};
 use ferry_engine::piece::with_piece_buffer;
@@ -127,9 +127,6 @@ pub struct SshReader {
     /// where the file is (directory handle, name) to ask for them otherwise.
     xattrs: (u8, Xattrs),
     at: (u64, Vec<u8>),
-    /// Where reads of a big file not read yet begin (an append's tail,
-    /// [`Store::append_hashes`]); 0: its start.
-    start: std::sync::atomic::AtomicU64,
 }
 
 /// A file open on one connection: the connection and the handle.
@@ -560,10 +557,6 @@ impl SshReader {
 
 impl SourceFile for SshReader {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let start = std::mem::take(self.start.get_mut());
-        if start > 0 && self.next == 0 && self.ahead.is_empty() {
-            self.next = start;
-        }
         loop {
             let (a, b) = self.span;
             if a < b {
@@ -794,7 +787,6 @@ impl Store for SshStore {
             ranged,
             xattrs: (sel, x),
             at: (dir.id, name.to_bytes().to_vec()),
-            start: Default::default(),
         })
     }
 
@@ -843,25 +835,6 @@ impl Store for SshStore {
         sink: &mut dyn OpSink,
     ) -> io::Result<DiffSummary> {
         self.diff(r, sig, sink)
-    }
-
-    fn delta_append<'a>(
-        &'a self,
-        dir: &'a SshDir,
-        name: &CStr,
-        old: &Meta,
-        size: u64,
-    ) -> io::Result<Option<Box<dyn Appender + 'a>>> {
-        self.append(dir, name, old, size)
-    }
-
-    fn append_hashes(
-        &self,
-        r: &mut dyn SourceFile,
-        prefix: u64,
-        size: u64,
-    ) -> io::Result<AppendHashes> {
-        self.hashes(r, prefix, size)
     }
 
     fn delta_inplace<'a>(

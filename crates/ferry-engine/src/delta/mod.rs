@@ -27,7 +27,7 @@ mod sign;
 #[cfg(test)]
 mod tests;
 
-pub use append::{AppendHashes, Appender, APPEND_MIN};
+pub use append::APPEND_MIN;
 pub use diff::diff;
 pub use inplace::{InPlace, Layout, PatchHashes};
 pub use patch::{mismatch, PatchSink, Patcher};

@@ -14,7 +14,6 @@ use std::sync::{Arc, Condvar, Mutex};
 use ferry_engine::delta::{self, Op, OpSink, Patcher, Signature};
 use ferry_engine::entry::Meta;
 use ferry_engine::store::{SourceFile, Store};
-use ferry_local::append::LocalAppend;
 use ferry_local::delta::SeqOut;
 use ferry_local::inplace::LocalPatch;
 use ferry_local::local::LocalReader;
@@ -40,13 +39,6 @@ pub(super) struct DiffJob {
     cv: Condvar,
 }
 
-/// An append in place under way: open (with the new size), or failed
-/// (the error goes back on its commit).
-enum Appending {
-    Open(Box<LocalAppend>, u64),
-    Failed(io::Error),
-}
-
 /// A patch in place under way: open, or failed (the error goes back on
 /// its commit).
 enum Patching {
@@ -54,13 +46,12 @@ enum Patching {
     Failed(io::Error),
 }
 
-/// The rebuilds, diffs, appends and patches in place under way, by file
+/// The rebuilds, diffs and patches in place under way, by file
 /// handle.
 #[derive(Default)]
 pub(super) struct Deltas {
     patches: Mutex<HashMap<u64, (Patcher, SeqOut)>>,
     diffs: Mutex<HashMap<u64, Arc<DiffJob>>>,
-    appends: Mutex<HashMap<u64, Appending>>,
     inplace: Mutex<HashMap<u64, Patching>>,
 }
 
@@ -278,106 +269,6 @@ impl SourceFile for At<'_> {
     fn as_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         None
     }
-}
-
-/// [`Req::AppendHash`](crate::proto::Req::AppendHash): the old file's
-/// hash, the append kept as handle `file` (`None`: not appended in place).
-pub(super) fn append_hash(
-    st: &State,
-    id: u64,
-    dir: u64,
-    name: &[u8],
-    old: &Meta,
-    size: u64,
-    file: u64,
-) -> Vec<u8> {
-    let got = (|| -> io::Result<Option<[u8; 32]>> {
-        let d = dir_of(st, dir)?;
-        let owner = st.store.preserves_owner();
-        let Some(mut a) = LocalAppend::start(d.fd(), &cname(name)?, old, owner)? else {
-            return Ok(None);
-        };
-        let h = a.old_hash()?;
-        st.deltas
-            .appends
-            .lock()
-            .unwrap()
-            .insert(file, Appending::Open(Box::new(a), size));
-        Ok(Some(h))
-    })();
-    proto::frame(id, &Resp::Hash(got.ok().flatten()))
-}
-
-/// Do `f` to append `file`; a failure is kept for its commit (and what
-/// was written rolled back).
-fn on_append(st: &State, file: u64, f: impl FnOnce(&mut LocalAppend, u64) -> io::Result<()>) {
-    let mut ap = st.deltas.appends.lock().unwrap();
-    let Some(Appending::Open(a, size)) = ap.get_mut(&file) else {
-        return;
-    };
-    if let Err(e) = f(a, *size) {
-        ap.insert(file, Appending::Failed(e));
-    }
-}
-
-/// [`Req::AppendBegin`](crate::proto::Req::AppendBegin).
-pub(super) fn append_begin(st: &State, file: u64, prefix: &[u8; 32]) {
-    on_append(st, file, |a, size| match a.begin_sized(prefix, size)? {
-        true => Ok(()),
-        false => Err(io::Error::other(
-            "append: the old file is not the source's first bytes, or another run appends to it",
-        )),
-    });
-}
-
-/// [`Req::AppendWrite`](crate::proto::Req::AppendWrite).
-pub(super) fn append_write(st: &State, file: u64, data: &[u8]) {
-    on_append(st, file, |a, _| a.write_here(data));
-}
-
-/// [`Req::AppendCommit`](crate::proto::Req::AppendCommit): the reply.
-pub(super) fn append_commit(
-    st: &State,
-    id: u64,
-    file: u64,
-    hash: &[u8; 32],
-    meta: &Meta,
-    fsync: bool,
-) -> Vec<u8> {
-    let slot = st.deltas.appends.lock().unwrap().remove(&file);
-    let r = match slot {
-        Some(Appending::Open(mut a, _)) => a.commit_here(hash, meta, fsync),
-        Some(Appending::Failed(e)) => Err(e),
-        None => Err(bad_handle(file)),
-    };
-    proto::frame(id, &proto::reply_of(r))
-}
-
-/// [`Req::AppendAbort`](crate::proto::Req::AppendAbort): rolled back
-/// (dropped).
-pub(super) fn append_abort(st: &State, file: u64) {
-    let slot = st.deltas.appends.lock().unwrap().remove(&file);
-    drop(slot);
-}
-
-/// [`Req::AppendHashes`](crate::proto::Req::AppendHashes).
-pub(super) fn append_hashes(
-    st: &State,
-    id: u64,
-    file: u64,
-    prefix: u64,
-    size: u64,
-) -> io::Result<Vec<u8>> {
-    let r = reader(st, file)?;
-    let fd = r.as_fd().ok_or_else(|| io::Error::other("no descriptor"))?;
-    let h = delta::append::fd_hashes(fd, prefix, size)?;
-    Ok(proto::frame(
-        id,
-        &Resp::Hashes {
-            prefix: h.prefix,
-            whole: h.whole,
-        },
-    ))
 }
 
 /// [`Req::PatchHash`](crate::proto::Req::PatchHash): the old file's head

@@ -8,13 +8,10 @@ use std::collections::VecDeque;
 use std::ffi::CStr;
 use std::io;
 
-use std::sync::atomic::Ordering;
 use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 
-use ferry_engine::delta::{
-    self, AppendHashes, Appender, DiffSummary, InPlace, Layout, Op, OpSink, PatchHashes, Signature,
-};
+use ferry_engine::delta::{self, DiffSummary, InPlace, Layout, Op, OpSink, PatchHashes, Signature};
 use ferry_engine::entry::Meta;
 use ferry_engine::store::SourceFile;
 
@@ -113,126 +110,6 @@ impl SshStore {
             sig: &sig.encode(),
         })?;
         remote_ops(&conn, file, sink)
-    }
-}
-
-impl SshStore {
-    /// [`Store::delta_append`](ferry_engine::store::Store::delta_append):
-    /// the remote end hashes its old copy while this end hashes the
-    /// source (the request goes without waiting).
-    pub(super) fn append<'a>(
-        &'a self,
-        dir: &'a SshDir,
-        name: &CStr,
-        old: &Meta,
-        size: u64,
-    ) -> io::Result<Option<Box<dyn Appender + 'a>>> {
-        let conn = self.conn();
-        let file = conn.handle();
-        let rx = conn.start(&Req::AppendHash {
-            dir: dir.id,
-            name: name.to_bytes(),
-            old: M(*old),
-            size,
-            file,
-        })?;
-        Ok(Some(Box::new(SshAppend {
-            conn,
-            file,
-            rx: Some(rx),
-            open: true,
-        })))
-    }
-
-    /// [`Store::append_hashes`](ferry_engine::store::Store::append_hashes):
-    /// a big remote file not read yet is hashed where it is, and its reads
-    /// then begin at `prefix`; anything else here.
-    pub(super) fn hashes(
-        &self,
-        r: &mut dyn SourceFile,
-        prefix: u64,
-        size: u64,
-    ) -> io::Result<AppendHashes> {
-        let Some((conn, file)) = remote_file(r) else {
-            return delta::append::source_hashes(r, prefix, size);
-        };
-        let body = conn.call(&Req::AppendHashes { file, prefix, size })?;
-        let h = match body.get()? {
-            Resp::Hashes { prefix, whole } => AppendHashes { prefix, whole },
-            r => return Err(unexpected(&r)),
-        };
-        if let Some(s) = r.as_any().and_then(|a| a.downcast_ref::<SshReader>()) {
-            s.start.store(prefix, Ordering::Relaxed);
-        }
-        Ok(h)
-    }
-}
-
-/// An append in place at the remote end.
-struct SshAppend {
-    conn: Arc<Conn>,
-    file: u64,
-    /// The reply of [`Req::AppendHash`], until awaited.
-    rx: Option<Receiver<io::Result<Vec<u8>>>>,
-    /// The remote end may hold the append (abort it when dropped).
-    open: bool,
-}
-
-impl Appender for SshAppend {
-    fn begin(&mut self, prefix: &[u8; 32]) -> io::Result<bool> {
-        let rx = self
-            .rx
-            .take()
-            .ok_or_else(|| io::Error::other("append: begun twice"))?;
-        let body = self.conn.wait(&rx)?;
-        match body.get()? {
-            Resp::Hash(Some(h)) if h == *prefix => {
-                self.conn.send(&Req::AppendBegin {
-                    file: self.file,
-                    prefix: *prefix,
-                })?;
-                Ok(true)
-            }
-            Resp::Hash(Some(_)) => Ok(false),
-            Resp::Hash(None) => {
-                self.open = false;
-                Ok(false)
-            }
-            r => Err(unexpected(&r)),
-        }
-    }
-
-    fn write(&mut self, data: &[u8]) -> io::Result<()> {
-        for c in data.chunks(CHUNK) {
-            self.conn.send(&Req::AppendWrite {
-                file: self.file,
-                data: c,
-            })?;
-        }
-        Ok(())
-    }
-
-    fn commit(mut self: Box<Self>, hash: &[u8; 32], meta: &Meta, fsync: bool) -> io::Result<()> {
-        self.open = false;
-        call_ok(
-            &self.conn,
-            &Req::AppendCommit {
-                file: self.file,
-                hash: *hash,
-                meta: M(*meta),
-                fsync,
-            },
-        )
-    }
-
-    fn abort(self: Box<Self>) {}
-}
-
-impl Drop for SshAppend {
-    fn drop(&mut self) {
-        if self.open {
-            let _ = self.conn.send(&Req::AppendAbort { file: self.file });
-        }
     }
 }
 
