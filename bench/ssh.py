@@ -128,7 +128,11 @@ def cmd(tool, src, dst, push):
         port = config_port()
         r = lambda p: (f":sftp,host=127.0.0.1,port={port},user={os.environ.get('USER') or 'root'},"
                        f"key_file={sdir}/id,known_hosts_file={sdir}/known_hosts:{p}")
-        return ["rclone", "copy", "--transfers", "8"] + ([src, r(dst)] if push else [r(src), dst])
+        # Without --sftp-disable-hashcheck rclone runs `md5sum FILE` through a
+        # new ssh session (a shell) per file after each upload: 10-100x slower
+        # here. Measured at its fastest: hashes not checked.
+        return ["rclone", "copy", "--transfers", "8", "--sftp-disable-hashcheck"] + \
+            ([src, r(dst)] if push else [r(src), dst])
     raise SystemExit(f"unknown tool {tool}")
 
 
