@@ -7,7 +7,7 @@
 mod util;
 
 use std::ffi::{OsStr, OsString};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use util::*;
@@ -566,32 +566,8 @@ fn remote_end_killed_mid_append_is_rolled_back_there() {
     write(&src, "f", &data);
     let to = at(&host, &dst);
     let tail = 2 << 20;
-    let dying = d.path().join("dying-ferry");
-    std::fs::write(
-        &dying,
-        format!(
-            "#!/bin/sh\nFERRY_TEST_APPEND_MIN={} FERRY_TEST_APPEND_DIE={} exec '{}' \"$@\"\n",
-            1u64 << 20,
-            tail / 2,
-            bin().to_str().unwrap()
-        ),
-    )
-    .unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&dying, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let push = |remote: &OsStr| {
-        let a: Vec<&OsStr> = vec![
-            "copy".as_ref(),
-            "--json".as_ref(),
-            "-e".as_ref(),
-            rsh.as_ref(),
-            "--remote-ferry".as_ref(),
-            remote,
-            src.as_os_str(),
-            to.as_os_str(),
-        ];
-        ferry_env(&a, &[small_min()])
-    };
+    let dying = dying_ferry(d.path(), tail as u64 / 2);
+    let push = |remote: &OsStr| push_with(&rsh, remote, &src, &to);
     push(&bin()).ok();
     let old_mtime = get_mtime(&dst.join("f"));
     let mut new = data.clone();
@@ -609,16 +585,7 @@ fn remote_end_killed_mid_append_is_rolled_back_there() {
     );
     assert_eq!(find_prefixed(&dst, b".ferry-undo-").len(), 1);
     // A pull of the remote directory lists it there: the old file.
-    let from = at(&host, &dst);
-    let a: Vec<&OsStr> = vec!["copy".as_ref(), from.as_os_str(), look.as_os_str()];
-    ferry_env(
-        &remote_args(&rsh, &a)
-            .iter()
-            .map(|s| s.as_os_str())
-            .collect::<Vec<_>>(),
-        &[],
-    )
-    .ok();
+    list_there(&rsh, &host, &dst, &look);
     assert!(std::fs::read(look.join("f")).unwrap() == data);
     assert!(std::fs::read(dst.join("f")).unwrap() == data);
     assert_eq!(get_mtime(&dst.join("f")), old_mtime);
@@ -629,6 +596,54 @@ fn remote_end_killed_mid_append_is_rolled_back_there() {
     assert!(std::fs::read(dst.join("f")).unwrap() == new);
     assert_eq!(ino(&dst.join("f")), before);
     no_reserved_left(&dst);
+}
+
+/// A script running this ferry as a remote end that dies (is killed)
+/// once it has written `die_after` bytes of an in-place patch or append.
+fn dying_ferry(dir: &Path, die_after: u64) -> PathBuf {
+    let dying = dir.join("dying-ferry");
+    std::fs::write(
+        &dying,
+        format!(
+            "#!/bin/sh\nFERRY_TEST_APPEND_MIN={} FERRY_TEST_APPEND_DIE={die_after} exec '{}' \"$@\"\n",
+            1u64 << 20,
+            bin().to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&dying, std::fs::Permissions::from_mode(0o755)).unwrap();
+    dying
+}
+
+/// `copy --json` of `src` to `to` over `rsh` with `remote` as the remote
+/// ferry (in-place patches from 1 MiB up).
+fn push_with(rsh: &str, remote: &OsStr, src: &Path, to: &OsStr) -> Run {
+    let a: Vec<&OsStr> = vec![
+        "copy".as_ref(),
+        "--json".as_ref(),
+        "-e".as_ref(),
+        rsh.as_ref(),
+        "--remote-ferry".as_ref(),
+        remote,
+        src.as_os_str(),
+        to,
+    ];
+    ferry_env(&a, &[small_min()])
+}
+
+/// A pull of the remote `dir` into `look`: a listing of `dir` there.
+fn list_there(rsh: &str, host: &str, dir: &Path, look: &Path) {
+    let from = at(host, dir);
+    let a: Vec<&OsStr> = vec!["copy".as_ref(), from.as_os_str(), look.as_os_str()];
+    ferry_env(
+        &remote_args(rsh, &a)
+            .iter()
+            .map(|s| s.as_os_str())
+            .collect::<Vec<_>>(),
+        &[],
+    )
+    .ok();
 }
 
 /// `data` with `n` edits of `len` bytes at fixed offsets spread over it
@@ -857,4 +872,56 @@ fn scattered_edits_patched_in_place_over_ssh() {
     assert_patched(&summary(pull(&[small_min()]).ok()), newer.len(), literal);
     assert_same(&dst.join("f"), &back.join("f"));
     no_reserved_left(&back);
+}
+
+/// A push patching scattered blocks in place whose remote end dies half
+/// way: the file there is half patched, beside its rollback record; the
+/// next listing of that directory (a pull) puts the old bytes, mtime and
+/// mode back; the next push patches it in place again and completes.
+#[test]
+fn remote_end_killed_mid_patch_is_rolled_back_there() {
+    let Some((rsh, host)) = server() else { return };
+    let d = tmpdir();
+    let (src, dst, look) = (
+        d.path().join("src"),
+        d.path().join("dst"),
+        d.path().join("look"),
+    );
+    let data = gen_bytes(4 << 20, 91);
+    write(&src, "f", &data);
+    set_mode(&src.join("f"), 0o644);
+    let to = at(&host, &dst);
+    let (new, literal) = scattered(&data, 13, 6000);
+    let dying = dying_ferry(d.path(), literal / 2);
+    let push = |remote: &OsStr| push_with(&rsh, remote, &src, &to);
+    push(&bin()).ok();
+    let old_mtime = get_mtime(&dst.join("f"));
+    let before = ino(&dst.join("f"));
+    write(&src, "f", &new);
+    set_mode(&src.join("f"), 0o600);
+    let r = push(dying.as_os_str());
+    assert!(
+        r.code.is_some_and(|c| c != 0),
+        "the remote died: not a success\n{r}"
+    );
+    let half = std::fs::read(dst.join("f")).unwrap();
+    assert_eq!(half.len(), data.len());
+    assert!(half != data && half != new, "not half patched\n{r}");
+    assert_eq!(find_prefixed(&dst, b".ferry-undo-").len(), 1);
+    // A pull of the remote directory lists it there: the old file back.
+    list_there(&rsh, &host, &dst, &look);
+    assert!(std::fs::read(look.join("f")).unwrap() == data);
+    assert!(
+        std::fs::read(dst.join("f")).unwrap() == data,
+        "not rolled back"
+    );
+    assert_eq!(get_mtime(&dst.join("f")), old_mtime);
+    assert_eq!(mode(&dst.join("f")), 0o644);
+    assert_eq!(ino(&dst.join("f")), before);
+    no_reserved_left(&dst);
+    // The next push patches it in place and completes.
+    assert_patched(&summary(push(&bin()).ok()), new.len(), literal);
+    assert_same(&src.join("f"), &dst.join("f"));
+    assert_eq!(ino(&dst.join("f")), before, "not patched in place");
+    no_reserved_left(&dst);
 }
