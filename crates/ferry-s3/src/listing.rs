@@ -129,6 +129,9 @@ impl S3Store {
         } else if let Some(s) = start_after {
             a.with_start_after(s);
         }
+        if let Some(n) = test_page() {
+            a.with_max_keys(n);
+        }
         self.fetch_list(prefix, a)
     }
 
@@ -138,6 +141,18 @@ impl S3Store {
         let body = read_body(&mut resp)?;
         xml::list_page(&body).map_err(|e| io::Error::other(format!("LIST {prefix}: {e}")))
     }
+}
+
+/// Tests: pages of `FERRY_TEST_S3_PAGE` keys instead of the server's
+/// 1,000, so that a few hundred objects span several pages.
+fn test_page() -> Option<usize> {
+    static PAGE: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *PAGE.get_or_init(|| {
+        std::env::var("FERRY_TEST_S3_PAGE")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|&n| n > 0)
+    })
 }
 
 impl S3Store {

@@ -141,10 +141,12 @@ fn a_directory_wider_than_a_page_is_deleted_in_batches() {
 }
 
 fn a_directory_wider_than_a_page_is_deleted_in_batches_on(s3: &S3) {
+    // Pages of 100 keys: 234 objects make three.
+    let s3 = &s3.paged(100);
     let t = tmpdir();
     let src = t.path().join("src");
     write(&src, "keep.txt", b"kept");
-    for i in 0..2_345 {
+    for i in 0..234 {
         write(&src, format!("gone/sub{}/f{i:05}", i % 3), b"");
     }
     write(&src, "gone-not/x", b"a sibling whose name starts the same");
@@ -153,9 +155,9 @@ fn a_directory_wider_than_a_page_is_deleted_in_batches_on(s3: &S3) {
     std::fs::remove_dir_all(src.join("gone")).unwrap();
     let r = s3.run(&[&"sync", &"--json", &"-v", &src, &url]);
     r.ok();
-    // The directory and its 2,345 objects (three listing pages), in one
+    // The directory and its 234 objects (three listing pages), in one
     // DeleteObjects request per page.
-    assert_eq!(summary(&r).files_deleted, 2_346, "{r}");
+    assert_eq!(summary(&r).files_deleted, 235, "{r}");
     let err = String::from_utf8_lossy(&r.stderr).to_string();
     assert!(err.contains(" 3 batch deletes"), "{err}");
     let ls = s3.run(&[&"ls", &"--server-mtime", &url]);
@@ -629,8 +631,9 @@ fn ferry_reads_what_aws_cli_wrote_on(s3: &S3) {
     assert_eq!(summary(&again).files_copied, 0, "{again}");
 }
 
-/// A directory prefix wider than one listing page (1,000 keys) is listed
-/// in parallel ranges after its first page: every object exactly once,
+/// A directory prefix wider than one listing page (pages of 100 keys
+/// here, as of 1,000 on servers left to their default) is listed in
+/// parallel ranges after its first page: every object exactly once,
 /// whatever its names look like (a counter the range guesses fit, names
 /// they do not, subdirectories between them), and a re-sync finds
 /// nothing to do.
@@ -640,12 +643,13 @@ fn wide_prefix_listed_in_ranges() {
 }
 
 fn wide_prefix_listed_in_ranges_on(s3: &S3) {
+    let s3 = &s3.paged(100);
     let t = tmpdir();
     let src = t.path().join("src");
     let mut want = Vec::new();
-    for i in 0..2300 {
+    for i in 0..230 {
         // Counter names, then names the first page says nothing about.
-        let name = if i < 1800 {
+        let name = if i < 180 {
             format!("f{i:05}")
         } else {
             format!("{}x{i}", ["f1", "g", "z", "é", "f00"][i % 5])
@@ -653,7 +657,7 @@ fn wide_prefix_listed_in_ranges_on(s3: &S3) {
         write(&src, &name, name.as_bytes());
         want.push(name);
     }
-    for d in ["f00500d", "f01500x", "m"] {
+    for d in ["f00050d", "f00150x", "m"] {
         write(&src, format!("{d}/inner"), b"i");
         want.push(format!("{d}/inner"));
     }
@@ -680,7 +684,7 @@ fn wide_prefix_listed_in_ranges_on(s3: &S3) {
     let r = s3.run(&[&"sync", &"-v", &url, &down]);
     r.ok();
     assert_files_equal(&src, &down);
-    // The first page (f00000…) gave boundaries f01…f09, f1…f9: ranges.
+    // The first page (f00000…f00099) gave boundaries f01…f09, f1…f9: ranges.
     let ranges: u64 = r
         .err()
         .lines()

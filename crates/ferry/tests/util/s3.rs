@@ -12,6 +12,7 @@ use std::time::Duration;
 use super::*;
 
 /// Where a test's S3 server is.
+#[derive(Clone)]
 pub struct S3 {
     /// Which server: "garage", "moto", ...
     pub name: String,
@@ -20,6 +21,9 @@ pub struct S3 {
     pub key: String,
     pub secret: String,
     pub region: String,
+    /// Keys per listing page asked of the server (`FERRY_TEST_S3_PAGE`),
+    /// when not its own 1,000.
+    pub page: Option<u32>,
 }
 
 /// The server described by the variables `{var}_ENDPOINT`, `_BUCKET`, `_KEY`, `_SECRET` and
@@ -49,6 +53,7 @@ pub fn s3_from(var: &str) -> Option<S3> {
         key: get("KEY"),
         secret: get("SECRET"),
         region: get("REGION"),
+        page: None,
     };
     std::env::set_var("AWS_ACCESS_KEY_ID", &s.key);
     std::env::set_var("AWS_SECRET_ACCESS_KEY", &s.secret);
@@ -95,6 +100,7 @@ pub fn servers() -> Vec<S3> {
             key: get("KEY"),
             secret: get("SECRET"),
             region: get("REGION"),
+            page: None,
         });
     }
     v
@@ -121,7 +127,20 @@ impl S3 {
             .env_remove("AWS_SESSION_TOKEN")
             .env_remove("AWS_PROFILE")
             .stdin(Stdio::null());
+        match self.page {
+            Some(n) => c.env("FERRY_TEST_S3_PAGE", n.to_string()),
+            None => c.env_remove("FERRY_TEST_S3_PAGE"),
+        };
         c
+    }
+
+    /// This server with listing pages of `n` keys: a few hundred objects
+    /// make several pages.
+    pub fn paged(&self, n: u32) -> S3 {
+        S3 {
+            page: Some(n),
+            ..self.clone()
+        }
     }
 
     /// `ferry ARGS...` against this server (mixed argument types).
