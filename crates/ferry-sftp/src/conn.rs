@@ -6,11 +6,14 @@
 //! workers are in flight together.
 
 use std::collections::HashMap;
+use std::collections::VecDeque;
 use std::io::{self, BufRead, BufReader, Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::process::ChildStdin;
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
-use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
-use std::sync::{Arc, Mutex};
+use std::sync::mpsc::{self, Receiver, SyncSender};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
 use ferry_ssh::conn::{classify, is_ssh_failure};
@@ -61,11 +64,11 @@ pub struct Extensions {
 pub struct Conn {
     /// `[user@]host`, for messages.
     pub host: String,
-    /// To the writer thread. Not bounded: every sender bounds what it
-    /// keeps in flight (a file's writes ahead, a thread's commits), and
+    /// To ssh's stdin ([`Feed`]). Not bounded: every sender bounds what
+    /// it keeps in flight (a file's writes ahead, a thread's commits), and
     /// the reader thread, which sends a commit's next requests, must
     /// never block (it would stop reading the replies that free room).
-    tx: Sender<Vec<u8>>,
+    tx: Arc<Feed>,
     pending: Mutex<Pending>,
     next: AtomicU32,
     gone: AtomicBool,
@@ -150,7 +153,7 @@ impl Conn {
     /// Send a request; its reply comes on the receiver.
     pub fn start(&self, req: Req) -> io::Result<Receiver<io::Result<Reply>>> {
         let (packet, srx) = self.register(req)?;
-        if let Err(mpsc::SendError(p)) = self.tx.send(packet) {
+        if let Err(p) = self.tx.send(packet) {
             let id = u32::from_be_bytes(p[5..9].try_into().expect("4 bytes"));
             self.pending.lock().unwrap().calls.remove(&id);
             return Err(self.lost());
@@ -286,6 +289,7 @@ impl Conn {
             std::mem::take(&mut p.calls)
         };
         self.gone.store(true, Ordering::Relaxed);
+        self.tx.close();
         let mut out = Out::new(self);
         for (_, slot) in calls {
             let e = Err(lost_error(why.clone()));
@@ -406,6 +410,142 @@ impl Drop for Out<'_> {
     fn drop(&mut self) {
         self.flush();
     }
+}
+
+/// ssh's stdin. A thread with requests to send writes them itself while
+/// the pipe takes them at once, waking no other thread (a wake-up of
+/// another CPU is dear in a VM, and a session's replies each woke the
+/// writer thread before: BENCHMARKS.md, "Issue 15: SFTP small push");
+/// what the pipe cannot take at once is queued for the writer thread,
+/// which waits for room. Requests go out in the order they were sent.
+pub(crate) struct Feed {
+    /// The pipe without waiting (its own open file description, set
+    /// non-blocking), when `/proc` gives one; else every write is the
+    /// writer thread's.
+    now: Option<std::fs::File>,
+    st: Mutex<FeedState>,
+    cv: Condvar,
+    quiet: Arc<Quiet>,
+}
+
+#[derive(Default)]
+struct FeedState {
+    /// For the writer thread, oldest first.
+    queue: VecDeque<Vec<u8>>,
+    /// The writer thread has bytes to write (queued or in hand): others
+    /// queue theirs behind them. Not busy, the queue is empty.
+    busy: bool,
+    /// A write failed: ssh is gone.
+    dead: bool,
+}
+
+impl Feed {
+    fn start(stdin: Writing<ChildStdin>) -> Arc<Feed> {
+        let now = reopen_nonblocking(stdin.inner.as_fd());
+        let f = Arc::new(Feed {
+            now,
+            st: Mutex::new(FeedState::default()),
+            cv: Condvar::new(),
+            quiet: stdin.quiet.clone(),
+        });
+        let w = f.clone();
+        std::thread::spawn(move || w.write_queued(stdin));
+        f
+    }
+
+    /// The session is over: nothing more is written (the writer thread
+    /// ends, closing ssh's stdin).
+    fn close(&self) {
+        self.st.lock().unwrap().dead = true;
+        self.cv.notify_one();
+    }
+
+    /// Send `buf` (requests, whole): `Err` with it when ssh is gone.
+    fn send(&self, buf: Vec<u8>) -> Result<(), Vec<u8>> {
+        let mut st = self.st.lock().unwrap();
+        if st.dead {
+            return Err(buf);
+        }
+        if st.busy {
+            st.queue.push_back(buf);
+            return Ok(());
+        }
+        let mut at = 0;
+        if let Some(mut now) = self.now.as_ref() {
+            while at < buf.len() {
+                match now.write(&buf[at..]) {
+                    Ok(n) => at += n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(_) => {
+                        st.dead = true;
+                        return Err(buf);
+                    }
+                }
+            }
+            if at > 0 {
+                // Progress, for the I/O timeout's watch.
+                self.quiet.touch();
+            }
+        }
+        if at < buf.len() {
+            let mut buf = buf;
+            buf.drain(..at);
+            st.queue.push_back(buf);
+            st.busy = true;
+            self.cv.notify_one();
+        }
+        Ok(())
+    }
+
+    /// The writer thread: what the others queued, waiting for room.
+    fn write_queued(&self, stdin: Writing<ChildStdin>) {
+        let mut out = io::BufWriter::with_capacity(256 << 10, stdin);
+        let mut st = self.st.lock().unwrap();
+        loop {
+            while !st.busy && !st.dead {
+                st = self.cv.wait(st).unwrap();
+            }
+            if st.dead {
+                return;
+            }
+            if st.queue.is_empty() {
+                st.busy = false;
+                continue;
+            }
+            let bufs: Vec<Vec<u8>> = st.queue.drain(..).collect();
+            drop(st);
+            let mut ok = true;
+            for b in &bufs {
+                ok = ok && out.write_all(b).is_ok();
+            }
+            ok = ok && out.flush().is_ok();
+            st = self.st.lock().unwrap();
+            if !ok {
+                // ssh is gone: its stdout ends, and the reader thread
+                // fails what is pending.
+                st.dead = true;
+                st.busy = false;
+                st.queue.clear();
+                return;
+            }
+        }
+    }
+}
+
+/// `fd` (a pipe) opened again as its own open file description, not
+/// blocking: writes that do not wait, beside the blocking ones of the
+/// writer thread on `fd`.
+fn reopen_nonblocking(fd: std::os::fd::BorrowedFd<'_>) -> Option<std::fs::File> {
+    use rustix::fs::{Mode, OFlags};
+    let path = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd));
+    let fd: OwnedFd = rustix::fs::open(
+        path.as_str(),
+        OFlags::WRONLY | OFlags::NONBLOCK | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .ok()?;
+    Some(std::fs::File::from(fd))
 }
 
 /// Whether `b` starts with a whole packet (read without blocking).
@@ -585,8 +725,7 @@ fn open(t: &Target) -> Result<Arc<Conn>, String> {
             }
         }
     }
-    let (tx, rx) = mpsc::channel::<Vec<u8>>();
-    std::thread::spawn(move || ferry_ssh::proto::write_frames(stdin, rx));
+    let tx = Feed::start(stdin);
     let mut conn = Conn {
         host: t.host.clone(),
         tx,
