@@ -205,20 +205,6 @@ impl Conn {
             .map_or(4, |n| usize::from(n).max(1))
     }
 
-    /// How many sessions a big file's ranges go over: `--connections`,
-    /// else 4.
-    pub fn big_width(&self) -> usize {
-        ferry_ssh::conn::settings().connections.map_or_else(
-            || {
-                std::env::var("FERRY_SFTP_BIG_WIDTH")
-                    .ok()
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(4)
-            },
-            |n| usize::from(n).max(1),
-        )
-    }
-
     /// How many sessions small files pushed go over: `--connections`,
     /// else 2. A small file written costs the server far more than its
     /// bytes cost ssh (five requests, a create and a rename): two

@@ -22,12 +22,7 @@ use crate::wire::{self as w, Reply, Req};
 const READ_AHEAD: usize = 8;
 /// Reads in flight per range of a big file read in ranges (OpenSSH's own
 /// client keeps 64 in flight).
-fn ranged_ahead() -> usize {
-    std::env::var("FERRY_SFTP_RAHEAD")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(32)
-}
+const RANGED_AHEAD: usize = 32;
 
 type Rx = Receiver<io::Result<Reply>>;
 
@@ -112,7 +107,7 @@ impl SftpReader {
                 opened: (r.size, a.mtime),
                 handles: Mutex::new(Vec::new()),
                 turn: AtomicUsize::new(0),
-                width: main.big_width(),
+                width: main.width(),
             });
         }
         Ok(r)
@@ -241,9 +236,8 @@ impl RangedSource for Ranged {
         let (end, mut next) = (offset + len, offset);
         let mut ahead = Ahead::new();
         let mut checked = false;
-        let depth = ranged_ahead();
         loop {
-            while next < end && ahead.len() < depth {
+            while next < end && ahead.len() < RANGED_AHEAD {
                 let n = (end - next).min(u64::from(c.chunk)) as u32;
                 ahead.push_back((next, n, read_req(&c, &h, next, n)?));
                 next += u64::from(n);

@@ -35,12 +35,7 @@ const WRITE_AHEAD: usize = 16;
 /// Writes in flight per session of a big file's ranged upload: the
 /// server's pipe and ssh's channel window stay full across ranges
 /// (OpenSSH's own client keeps 64 requests in flight).
-fn ranged_ahead() -> usize {
-    std::env::var("FERRY_SFTP_AHEAD")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(64)
-}
+const RANGED_AHEAD: usize = 64;
 /// A ranged upload's partial made durable (`fsync@openssh.com`) and its
 /// record rewritten after this many bytes more and [`SYNC_INTERVAL`]: a
 /// kill loses about that much of the transfer. Each sync has the server
@@ -48,13 +43,7 @@ fn ranged_ahead() -> usize {
 /// kernel's writeback later): every 128 MiB alone made a 1 GiB push
 /// 10-15% slower on loopback.
 const SYNC_INTERVAL: Duration = Duration::from_secs(2);
-fn sync_every() -> u64 {
-    std::env::var("FERRY_SFTP_SYNC_MIB")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(128)
-        << 20
-}
+const SYNC_EVERY: u64 = 128 << 20;
 /// First line of a partial's record.
 const RECORD: &str = "ferry sftp partial 1";
 
@@ -276,9 +265,9 @@ impl Ranged<'_> {
             t.sync = match std::mem::replace(&mut t.sync, Durable::Idle) {
                 Durable::Idle => {
                     let left = self.size - t.done.total();
-                    if t.since < sync_every()
+                    if t.since < SYNC_EVERY
                         || t.last.elapsed() < SYNC_INTERVAL
-                        || left < sync_every() / 2
+                        || left < SYNC_EVERY / 2
                     {
                         return Ok(());
                     }
@@ -383,7 +372,7 @@ impl Ranged<'_> {
     }
 
     /// The ranges `todo` hands out, sent over `c` to its handle `h` of
-    /// the partial: [`ranged_ahead`] writes in flight all along (the
+    /// the partial: [`RANGED_AHEAD`] writes in flight all along (the
     /// next range's go while the last of one are answered).
     fn send(
         &self,
@@ -433,7 +422,7 @@ impl Ranged<'_> {
                 let last = end == r.1;
                 acks.push_back((c.start(req)?, last.then_some(r)));
                 cur = (!last).then_some((end, r));
-                if acks.len() >= ranged_ahead() {
+                if acks.len() >= RANGED_AHEAD {
                     ack(&mut acks)?;
                 }
                 if let Some(l) = limit {
@@ -615,7 +604,7 @@ impl SftpWriter {
                 rec: None,
             }),
         };
-        let width = conn.big_width().min(todo.len()).max(1);
+        let width = conn.width().min(todo.len()).max(1);
         let work = |k: usize| -> io::Result<()> {
             let c = conn.nth(k);
             let h = if std::sync::Arc::ptr_eq(&c, conn) {
@@ -796,5 +785,16 @@ mod tests {
             parse_record(b"ferry sftp partial 1\nx\n9-3\nend\n", "x"),
             None
         );
+        // Rewritten in place with fewer lines (ranges merged): the old
+        // text's tail after the end line is not read.
+        let mut more = set.clone();
+        more.insert(10, 20);
+        more.insert(40, 50);
+        let mut over = t.clone();
+        let new = record_text("5 1.000000002", &more);
+        assert!(new.len() < t.len() + 8);
+        over.resize(over.len().max(new.len()), b'x');
+        over[..new.len()].copy_from_slice(&new);
+        assert_eq!(parse_record(&over, "5 1.000000002"), Some(more));
     }
 }
