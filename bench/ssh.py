@@ -123,6 +123,9 @@ def cmd(tool, src, dst, push):
         return ["sh", "-c", f"mkdir -p '{d}' && {ssh} {host} 'tar -C {src} -cf - .' | tar -C '{d}' -xf -"]
     if tool == "scp":
         return ["scp", "-O", "-q", "-r", "-F", config] + cipher + [s, d]
+    if tool == "scp-sftp":
+        # Plain scp: OpenSSH's default, its sftp client to the server's sftp-server.
+        return ["scp", "-q", "-r", "-F", config] + cipher + [s, d]
     if tool == "rclone":
         # rclone's own SSH client, to the same server (and proxy).
         port = config_port()
@@ -297,7 +300,7 @@ try:
             if only & {"push", "pull"} and ("push" if push else "pull") not in only:
                 continue
             # scp and tar have no no-op: they copy everything again.
-            use = [t for t in tools if not (wl == "noop" and t in ("scp", "tar"))]
+            use = [t for t in tools if not (wl == "noop" and t in ("scp", "scp-sftp", "tar"))]
             got = {t: ([], [], [], []) for t in use}
             for _ in range(runs):
                 for tool in use:  # alternated: a noisy moment hits every tool alike

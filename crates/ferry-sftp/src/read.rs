@@ -20,6 +20,9 @@ use crate::wire::{self as w, Reply, Req};
 
 /// Reads of one file in flight.
 const READ_AHEAD: usize = 8;
+/// Reads in flight per range of a big file read in ranges (OpenSSH's own
+/// client keeps 64 in flight).
+const RANGED_AHEAD: usize = 32;
 
 type Rx = Receiver<io::Result<Reply>>;
 
@@ -234,7 +237,7 @@ impl RangedSource for Ranged {
         let mut ahead = Ahead::new();
         let mut checked = false;
         loop {
-            while next < end && ahead.len() < READ_AHEAD {
+            while next < end && ahead.len() < RANGED_AHEAD {
                 let n = (end - next).min(u64::from(c.chunk)) as u32;
                 ahead.push_back((next, n, read_req(&c, &h, next, n)?));
                 next += u64::from(n);
