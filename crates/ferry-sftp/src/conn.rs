@@ -200,12 +200,25 @@ impl Conn {
         self.wait(&rx)
     }
 
-    /// How many sessions big files use: `--connections`, else 4 (the
-    /// server runs one single-threaded `sftp-server` per session).
+    /// How many sessions pulled files are spread over: `--connections`,
+    /// else 4 (the server runs one single-threaded `sftp-server` per
+    /// session, and a small file read costs it a few requests).
     pub fn width(&self) -> usize {
         ferry_ssh::conn::settings()
             .connections
             .map_or(4, |n| usize::from(n).max(1))
+    }
+
+    /// How many sessions a big file's ranges go over: `--connections`,
+    /// else 2. With 64 writes or 32 reads in flight a session keeps its
+    /// `sftp-server` busy; each further one adds an ssh, an sshd and a
+    /// server process to share the cores: a 1 GiB file over loopback on
+    /// 2 cores took 4.8 s pushed and 4.7 s pulled over 4 sessions, 4.05 s
+    /// and 3.5 s over 2, 4.3 s and 3.7 s over 1 (BENCHMARKS.md).
+    pub fn big_width(&self) -> usize {
+        ferry_ssh::conn::settings()
+            .connections
+            .map_or(2, |n| usize::from(n).max(1))
     }
 
     /// How many sessions small files pushed go over: `--connections`,

@@ -107,7 +107,7 @@ impl SftpReader {
                 opened: (r.size, a.mtime),
                 handles: Mutex::new(Vec::new()),
                 turn: AtomicUsize::new(0),
-                width: main.width(),
+                width: main.big_width(),
             });
         }
         Ok(r)

@@ -604,7 +604,7 @@ impl SftpWriter {
                 rec: None,
             }),
         };
-        let width = conn.width().min(todo.len()).max(1);
+        let width = conn.big_width().min(todo.len()).max(1);
         let work = |k: usize| -> io::Result<()> {
             let c = conn.nth(k);
             let h = if std::sync::Arc::ptr_eq(&c, conn) {
