@@ -334,7 +334,7 @@ fn big_push_killed_then_rerun_resumes_and_leaves_nothing() {
             "-e".as_ref(),
             rsh.as_ref() as &OsStr,
             "--bwlimit".as_ref(),
-            "40M".as_ref(),
+            "20M".as_ref(),
             src.as_os_str(),
             &url(&host, &dst),
         ])
@@ -342,9 +342,19 @@ fn big_push_killed_then_rerun_resumes_and_leaves_nothing() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    // The partial's record is written every 128 MiB: wait until there is one.
+    // The partial's record is written after 128 MiB and 2 s, once the
+    // partial's fsync is answered (created empty, then written in one
+    // request): wait until there is one with its text (at 20 MB/s a few
+    // seconds before the end).
     let mut waited = 0;
-    while !dst.exists() || find_prefixed(&dst, b".ferry-part-").len() < 2 {
+    let recorded = || {
+        let parts = find_prefixed(&dst, b".ferry-part-");
+        parts.len() >= 2
+            && parts
+                .iter()
+                .all(|p| std::fs::metadata(dst.join(p)).is_ok_and(|m| m.len() > 0))
+    };
+    while !dst.exists() || !recorded() {
         std::thread::sleep(Duration::from_millis(50));
         waited += 1;
         assert!(waited < 1200, "no partial record appeared");
