@@ -207,19 +207,19 @@ fn write_from_fd(
     Ok((r, n))
 }
 
-/// Where the durability of a ranged upload is: the partial's
-/// `fsync@openssh.com` and the record's rewrite after it go over the first
-/// session while every session keeps streaming (moved on by whichever
-/// thread takes an ack: no thread waits for the disk).
+/// The step of a ranged upload's durability in flight (with its reply's
+/// receiver): the partial's `fsync@openssh.com` and the record's rewrite
+/// after it go over the first session while every session keeps
+/// streaming (moved on by whichever thread takes an ack: no thread waits
+/// for the disk).
 enum Durable {
-    Idle,
     /// The partial's fsync asked, after every write of these ranges was
     /// answered (they are what it makes durable).
-    Flushing(Rx, RangeSet),
+    Flushing(RangeSet),
     /// The record being opened (first time), to say these ranges.
-    Opening(Rx, RangeSet),
-    /// The record's rewrite in flight.
-    Recording(Rx),
+    Opening(RangeSet),
+    /// The record's rewrite.
+    Recording,
 }
 
 /// A ranged upload's shared state.
@@ -230,7 +230,7 @@ struct Track {
     /// (the upload's start at first).
     since: u64,
     last: Instant,
-    sync: Durable,
+    sync: Option<(Rx, Durable)>,
     /// The record, open on the first session once first written.
     rec: Option<Vec<u8>>,
 }
@@ -260,56 +260,43 @@ impl Ranged<'_> {
     /// Move the record's fsync and rewrite on as far as their replies
     /// allow, without waiting.
     fn step(&self, t: &mut Track) -> io::Result<()> {
+        let c = self.conn;
         loop {
-            let (c, h0) = (self.conn, self.h0);
-            t.sync = match std::mem::replace(&mut t.sync, Durable::Idle) {
-                Durable::Idle => {
-                    let left = self.size - t.done.total();
-                    if t.since < SYNC_EVERY
-                        || t.last.elapsed() < SYNC_INTERVAL
-                        || left < SYNC_EVERY / 2
-                    {
-                        return Ok(());
-                    }
-                    t.since = 0;
-                    t.last = Instant::now();
-                    let snap = t.done.clone();
-                    if c.ext.fsync {
-                        Durable::Flushing(c.start(Req::ext("fsync@openssh.com").str(h0))?, snap)
-                    } else {
-                        self.record_start(t, snap)?
-                    }
+            let Some((rx, step)) = t.sync.take() else {
+                let left = self.size - t.done.total();
+                if t.since < SYNC_EVERY || t.last.elapsed() < SYNC_INTERVAL || left < SYNC_EVERY / 2
+                {
+                    return Ok(());
                 }
-                Durable::Flushing(rx, snap) => match c.poll(&rx) {
-                    None => {
-                        t.sync = Durable::Flushing(rx, snap);
-                        return Ok(());
-                    }
-                    Some(r) => {
-                        r?.ok()?;
-                        self.record_start(t, snap)?
-                    }
-                },
-                Durable::Opening(rx, snap) => match c.poll(&rx) {
-                    None => {
-                        t.sync = Durable::Opening(rx, snap);
-                        return Ok(());
-                    }
-                    Some(r) => {
-                        t.rec = Some(r?.handle()?);
-                        self.record_start(t, snap)?
-                    }
-                },
-                Durable::Recording(rx) => match c.poll(&rx) {
-                    None => {
-                        t.sync = Durable::Recording(rx);
-                        return Ok(());
-                    }
-                    Some(r) => {
-                        r?.ok()?;
-                        Durable::Idle
-                    }
-                },
+                t.since = 0;
+                t.last = Instant::now();
+                let snap = t.done.clone();
+                t.sync = Some(if c.ext.fsync {
+                    let rx = c.start(Req::ext("fsync@openssh.com").str(self.h0))?;
+                    (rx, Durable::Flushing(snap))
+                } else {
+                    self.record_start(t, snap)?
+                });
+                continue;
+            };
+            let Some(reply) = c.poll(&rx) else {
+                t.sync = Some((rx, step));
+                return Ok(());
+            };
+            let reply = reply?;
+            t.sync = match step {
+                Durable::Flushing(snap) => {
+                    reply.ok()?;
+                    Some(self.record_start(t, snap)?)
+                }
+                Durable::Opening(snap) => {
+                    t.rec = Some(reply.handle()?);
+                    Some(self.record_start(t, snap)?)
+                }
+                Durable::Recording => {
+                    reply.ok()?;
+                    None
+                }
             };
         }
     }
@@ -317,13 +304,16 @@ impl Ranged<'_> {
     /// The record's rewrite to say `snap` (durable): one write over the
     /// old text (its end line tells where it stops; a shorter text leaves
     /// the old one's tail after it, never read), once the record is open.
-    fn record_start(&self, t: &mut Track, snap: RangeSet) -> io::Result<Durable> {
+    fn record_start(&self, t: &mut Track, snap: RangeSet) -> io::Result<(Rx, Durable)> {
         let c = self.conn;
         Ok(match &t.rec {
-            None => Durable::Opening(c.start(open_req(self.record, w::F_CREAT))?, snap),
+            None => (
+                c.start(open_req(self.record, w::F_CREAT))?,
+                Durable::Opening(snap),
+            ),
             Some(h) => {
                 let text = record_text(self.ident, &snap);
-                Durable::Recording(write_req(c, h, 0, &text)?)
+                (write_req(c, h, 0, &text)?, Durable::Recording)
             }
         })
     }
@@ -333,16 +323,11 @@ impl Ranged<'_> {
     fn keep(&self) {
         let mut t = self.track.lock().unwrap();
         let c = self.conn;
-        match std::mem::replace(&mut t.sync, Durable::Idle) {
-            Durable::Opening(rx, _) => {
-                if let Ok(h) = c.wait(&rx).and_then(|r| r.handle()) {
-                    t.rec = Some(h);
-                }
+        if let Some((rx, step)) = t.sync.take() {
+            let reply = c.wait(&rx);
+            if let (Durable::Opening(_), Ok(h)) = (step, reply.and_then(|r| r.handle())) {
+                t.rec = Some(h);
             }
-            Durable::Flushing(rx, _) | Durable::Recording(rx) => {
-                let _ = c.wait(&rx);
-            }
-            Durable::Idle => {}
         }
         if c.ext.fsync
             && c.call(Req::ext("fsync@openssh.com").str(self.h0))
@@ -395,7 +380,7 @@ impl Ranged<'_> {
                 None if c.ext.fsync => {
                     // (A reply may have come for the record's steps.)
                     let mut t = self.track.lock().unwrap();
-                    if matches!(t.sync, Durable::Idle) {
+                    if t.sync.is_none() {
                         Ok(())
                     } else {
                         self.step(&mut t)
@@ -600,7 +585,7 @@ impl SftpWriter {
                 done,
                 since: 0,
                 last: Instant::now(),
-                sync: Durable::Idle,
+                sync: None,
                 rec: None,
             }),
         };

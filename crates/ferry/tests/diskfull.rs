@@ -7,6 +7,7 @@
 //! line saying so where `mount` is not allowed). Locally, over ssh (`ferry serve` writing)
 //! and over SFTP (OpenSSH's sftp-server writing).
 
+#[macro_use]
 mod util;
 
 use std::ffi::{OsStr, OsString};
@@ -60,18 +61,6 @@ impl Drop for Tmpfs {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg("-l").arg(&self.at).status();
     }
-}
-
-macro_rules! need {
-    ($e:expr) => {
-        match $e {
-            Ok(v) => v,
-            Err(why) => {
-                eprintln!("skipped: {why}");
-                return;
-            }
-        }
-    };
 }
 
 /// Six files of 600,000 bytes (3.6 MB): a 2,600 KiB tmpfs holds four at most.

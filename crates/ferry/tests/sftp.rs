@@ -7,6 +7,7 @@
 //! when the server is not set up. The server is this machine, so remote
 //! trees are checked on disk.
 
+#[macro_use]
 mod util;
 
 use std::ffi::{OsStr, OsString};
@@ -26,18 +27,6 @@ fn chroot() -> Result<(String, PathBuf, String), String> {
             .map_err(|_| format!("FERRY_TEST_SFTP_{k} is not set (scripts/sshd as root)"))
     };
     Ok((v("HOST")?, v("ROOT")?.into(), v("PATH")?))
-}
-
-macro_rules! need {
-    ($e:expr) => {
-        match $e {
-            Ok(s) => s,
-            Err(why) => {
-                eprintln!("skipped: {why}");
-                return;
-            }
-        }
-    };
 }
 
 fn url(host: &str, p: &Path) -> OsString {

@@ -6,6 +6,22 @@
 //! (Over 800 lines: the one home of the test helpers every black-box test file shares.)
 #![allow(dead_code)]
 
+/// The value of `Ok`, or the test skipped with a line saying why (a
+/// server or a permission the machine does not give). For the files that
+/// declare `#[macro_use] mod util;`.
+#[allow(unused_macros)]
+macro_rules! need {
+    ($e:expr) => {
+        match $e {
+            Ok(v) => v,
+            Err(why) => {
+                eprintln!("skipped: {why}");
+                return;
+            }
+        }
+    };
+}
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::{OsStr, OsString};
 use std::fmt;
