@@ -13,7 +13,8 @@ Workloads (generated under --workdir, removed at the end):
          with 100 scattered 4 KiB changes ("scattered") and with 1 MiB appended ("append"):
          ferry's delta transfer against rsync's, bytes on the wire beside the wall time
          (ferry: the --json summary's wire_bytes, signature and ops; rsync: --stats' total
-         bytes sent plus received).
+         bytes sent plus received), and each tool's set-up: the same command run again
+         right after, with nothing left to send.
 Each row: wall time (median of --runs), MiB/s for big, the CPU seconds of the local
 side (the tool and its ssh children) and of the remote side (the sshd sessions and what they
 ran, from the sshd master's reaped children), and for big the CPU per GiB of each end.
@@ -241,7 +242,7 @@ def delta_rows():
             if only & {"push", "pull"} and ("push" if push else "pull") not in only:
                 continue
             for tool in [t for t in tools if t in ("ferry", "ferry-base", "rsync")]:
-                walls, cpus, rcpus, wires = [], [], [], []
+                walls, cpus, rcpus, wires, agains = [], [], [], [], []
                 for _ in range(runs):
                     recv = os.path.join(base, "there" if push else "back")
                     shutil.rmtree(recv, ignore_errors=True)
@@ -254,13 +255,18 @@ def delta_rows():
                     cpus.append(cpu)
                     rcpus.append(rcpu)
                     wires.append(wire_bytes(tool, out[0]))
+                    # The same command again: nothing left to send, so its wall is the
+                    # tool's set-up (ssh, the remote end, both listings): the delta's own
+                    # time is the first run's wall less this.
+                    agains.append(timed(argv)[0])
                     if a.smoke and not filecmp.cmp(os.path.join(new, name), os.path.join(recv, name), False):
                         raise SystemExit(f"delta {variant}: {tool} left a different file")
                 w = statistics.median(walls)
                 wire = statistics.median(wires)
                 d = "push" if push else "pull"
                 rows.append((f"delta {variant}", d, tool, w, statistics.median(cpus), statistics.median(rcpus),
-                             f"{wire / 1e6:.2f} MB on the wire"))
+                             f"{wire / 1e6:.2f} MB on the wire; run again (set-up) "
+                             f"{statistics.median(agains):.2f} s"))
                 print(f"delta {variant:9} {d} {tool:7} {w:7.2f} s  cpu {rows[-1][4]:6.2f} s here"
                       f" {rows[-1][5]:6.2f} s there  {rows[-1][6]}", flush=True)
     shutil.rmtree(base, ignore_errors=True)

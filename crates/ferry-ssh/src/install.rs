@@ -128,12 +128,19 @@ fn run(t: &Target, cmd: &str, input: Option<&[u8]>) -> Result<String, String> {
     let err = errt.join().unwrap_or_default();
     let fed = feed.map(|f| f.join());
     if !status.success() {
-        let last = err
-            .lines()
-            .rev()
-            .find(|l| !l.trim().is_empty())
-            .unwrap_or("");
-        return Err(format!("{status}: {}", last.trim()));
+        // The last words on stderr, else on stdout (an SFTP-only server
+        // answers a command with a line there).
+        let last = |s: &str| {
+            s.lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .map(|l| l.trim().to_string())
+        };
+        let why = last(&err).or_else(|| last(&out));
+        return Err(match why {
+            Some(w) => format!("{status}: {w}"),
+            None => status.to_string(),
+        });
     }
     if let Some(Ok(Err(e))) = fed {
         return Err(e.to_string());

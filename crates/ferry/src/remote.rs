@@ -84,15 +84,16 @@ fn ssh_stat(s: &Remote, path: &[u8], what: &str, text: &str) -> Result<Option<Me
 
 /// The remote parent of a DST to be created must be a directory.
 fn ssh_parent(s: &Remote, parent: &[u8], text: &str) -> Result<(), String> {
+    let name = if parent.is_empty() {
+        "(home)".into()
+    } else {
+        String::from_utf8_lossy(parent)
+    };
     match ssh_stat(s, parent, "DST", text)? {
         Some(m) if m.kind == Kind::Dir => Ok(()),
-        _ => Err(format!(
-            "DST {text}: parent directory {}: no such directory",
-            if parent.is_empty() {
-                "(home)".into()
-            } else {
-                String::from_utf8_lossy(parent)
-            }
+        Some(_) => Err(format!("DST {text}: parent {name}: not a directory")),
+        None => Err(format!(
+            "DST {text}: parent directory {name}: no such directory"
         )),
     }
 }

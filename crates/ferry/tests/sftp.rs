@@ -217,6 +217,17 @@ fn errors_are_one_line_and_exit_2() {
         &["copy".as_ref(), src.as_os_str(), &url(&host, &missing)],
     );
     one_line(&r, "no such directory");
+    // A parent that is a file: said as such, nothing written.
+    let r = run(
+        &rsh,
+        &[
+            "copy".as_ref(),
+            src.as_os_str(),
+            &url(&host, &src.join("a").join("b")),
+        ],
+    );
+    one_line(&r, "not a directory");
+    assert_eq!(std::fs::read(src.join("a")).unwrap(), b"a");
     for (alias, want) in [
         ("ferry-test-down", "host unreachable"),
         ("ferry-test-badauth", "authentication failed"),
