@@ -9,8 +9,7 @@ use std::collections::HashMap;
 use std::collections::VecDeque;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
-use std::process::ChildStdin;
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Condvar, Mutex};
@@ -22,6 +21,9 @@ use ferry_ssh::{Lost, Target};
 
 use crate::wire::{self, Rd, Reply, Req};
 
+/// Socket buffer bytes each way between ferry and ssh (as its pipes were
+/// grown to before).
+const SOCKET_BYTES: usize = 1 << 20;
 /// Lines of ssh's stderr kept for the message of a failed session.
 const TAIL: usize = 20;
 /// Bytes per read or write request at most: OpenSSH's limit is 255 KiB; a
@@ -426,16 +428,16 @@ impl Drop for Out<'_> {
 }
 
 /// ssh's stdin. A thread with requests to send writes them itself while
-/// the pipe takes them at once, waking no other thread (a wake-up of
+/// the socket takes them at once, waking no other thread (a wake-up of
 /// another CPU is dear in a VM, and a session's replies each woke the
 /// writer thread before: BENCHMARKS.md, "Issue 15: SFTP small push");
-/// what the pipe cannot take at once is queued for the writer thread,
-/// which waits for room. Requests go out in the order they were sent.
+/// what it cannot take at once is queued for the writer thread, which
+/// waits for room. Requests go out in the order they were sent.
 pub(crate) struct Feed {
-    /// The pipe without waiting (its own open file description, set
-    /// non-blocking), when `/proc` gives one; else every write is the
-    /// writer thread's.
-    now: Option<std::fs::File>,
+    /// ssh's stdin written without waiting (`MSG_DONTWAIT` on the
+    /// socket; a pipe's own open file description set non-blocking, when
+    /// `/proc` gives one); `None`: every write is the writer thread's.
+    now: Option<Direct>,
     st: Mutex<FeedState>,
     cv: Condvar,
     quiet: Arc<Quiet>,
@@ -453,8 +455,8 @@ struct FeedState {
 }
 
 impl Feed {
-    fn start(stdin: Writing<ChildStdin>) -> Arc<Feed> {
-        let now = reopen_nonblocking(stdin.inner.as_fd());
+    fn start(stdin: Writing<std::fs::File>) -> Arc<Feed> {
+        let now = Direct::of(stdin.inner.as_fd());
         let f = Arc::new(Feed {
             now,
             st: Mutex::new(FeedState::default()),
@@ -484,7 +486,7 @@ impl Feed {
             return Ok(());
         }
         let mut at = 0;
-        if let Some(mut now) = self.now.as_ref() {
+        if let Some(now) = self.now.as_ref() {
             while at < buf.len() {
                 match now.write(&buf[at..]) {
                     Ok(n) => at += n,
@@ -511,9 +513,13 @@ impl Feed {
         Ok(())
     }
 
-    /// The writer thread: what the others queued, waiting for room.
-    fn write_queued(&self, stdin: Writing<ChildStdin>) {
+    /// The writer thread: what the others queued, waiting for room. When
+    /// it ends, ssh's stdin ends (the socket shut for writing: its other
+    /// descriptor, the replies', stays open).
+    fn write_queued(&self, stdin: Writing<std::fs::File>) {
+        let end = EndOfInput(stdin.inner.try_clone().ok());
         let mut out = io::BufWriter::with_capacity(256 << 10, stdin);
+        let _end = end;
         let mut st = self.st.lock().unwrap();
         loop {
             while !st.busy && !st.dead {
@@ -541,6 +547,55 @@ impl Feed {
                 st.busy = false;
                 st.queue.clear();
                 return;
+            }
+        }
+    }
+}
+
+/// Shuts the socket of ssh's stdin for writing when dropped (ssh sees
+/// the end of its input); nothing for a pipe, whose last close does that.
+struct EndOfInput(Option<std::fs::File>);
+
+impl Drop for EndOfInput {
+    fn drop(&mut self) {
+        if let Some(f) = &self.0 {
+            let _ = rustix::net::shutdown(f, rustix::net::Shutdown::Write);
+        }
+    }
+}
+
+/// Writes to ssh's stdin that never wait, beside the writer thread's
+/// blocking ones on the same stream.
+enum Direct {
+    /// A socket: `send` with `MSG_DONTWAIT` (the descriptor stays blocking).
+    Socket(OwnedFd),
+    /// A pipe opened again, non-blocking ([`reopen_nonblocking`]).
+    Pipe(std::fs::File),
+}
+
+impl Direct {
+    fn of(fd: std::os::fd::BorrowedFd<'_>) -> Option<Direct> {
+        if rustix::fs::fstat(fd).is_ok_and(|st| {
+            rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Socket
+        }) {
+            return fd.try_clone_to_owned().ok().map(Direct::Socket);
+        }
+        reopen_nonblocking(fd).map(Direct::Pipe)
+    }
+
+    fn write(&self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Direct::Socket(fd) => {
+                use rustix::net::SendFlags;
+                Ok(rustix::net::send(
+                    fd,
+                    buf,
+                    SendFlags::DONTWAIT | SendFlags::NOSIGNAL,
+                )?)
+            }
+            Direct::Pipe(f) => {
+                let mut f: &std::fs::File = f;
+                f.write(buf)
             }
         }
     }
@@ -671,13 +726,39 @@ fn read_packet(r: &mut impl Read) -> io::Result<Option<Reply>> {
 
 fn open(t: &Target) -> Result<Arc<Conn>, String> {
     let argv = t.subsystem("sftp");
-    let mut child = Command::new(&argv[0])
-        .args(&argv[1..])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("cannot run {:?} (the -e/FERRY_RSH command): {e}", argv[0]))?;
+    // ssh's stdin and stdout: one socket pair, as OpenSSH's own scp and
+    // sftp give it. Fed through pipes, ssh kept a standing backlog it
+    // moved in memory again and again: ~1 CPU-s per GiB pushed
+    // (BENCHMARKS.md, "where a 1-session SFTP push loses to plain scp").
+    let sock = match std::os::unix::net::UnixStream::pair() {
+        Ok((ours, theirs)) if std::env::var_os("FERRY_SFTP_PIPES").is_none() => {
+            for f in [&ours, &theirs] {
+                let _ = rustix::net::sockopt::set_socket_send_buffer_size(f, SOCKET_BYTES);
+                let _ = rustix::net::sockopt::set_socket_recv_buffer_size(f, SOCKET_BYTES);
+            }
+            Some((ours, theirs))
+        }
+        _ => None,
+    };
+    let spawned = {
+        // Dropped once spawned: ssh's ends of the pair must be ssh's
+        // alone, or its exit never reads as the end of its output here.
+        let mut cmd = Command::new(&argv[0]);
+        cmd.args(&argv[1..]).stderr(Stdio::piped());
+        match &sock {
+            Some((_, theirs)) => {
+                let end = || theirs.try_clone().map(|s| Stdio::from(OwnedFd::from(s)));
+                cmd.stdin(end().map_err(|e| e.to_string())?)
+                    .stdout(end().map_err(|e| e.to_string())?);
+            }
+            None => {
+                cmd.stdin(Stdio::piped()).stdout(Stdio::piped());
+            }
+        }
+        cmd.spawn()
+    };
+    let mut child =
+        spawned.map_err(|e| format!("cannot run {:?} (the -e/FERRY_RSH command): {e}", argv[0]))?;
     let quiet = Quiet::start(
         child.id(),
         format!(
@@ -686,13 +767,26 @@ fn open(t: &Target) -> Result<Arc<Conn>, String> {
         ),
     );
     let (tail, errt) = keep_tail(child.stderr.take().expect("piped"));
-    let stdin = child.stdin.take().expect("piped");
-    let stdout = child.stdout.take().expect("piped");
-    {
-        use std::os::fd::AsFd;
-        ferry_ssh::serve::grow_pipe(stdin.as_fd());
-        ferry_ssh::serve::grow_pipe(stdout.as_fd());
-    }
+    let (stdin, stdout) = match sock {
+        Some((ours, theirs)) => {
+            drop(theirs);
+            let w = ours.try_clone().map_err(|e| e.to_string())?;
+            (
+                std::fs::File::from(OwnedFd::from(w)),
+                std::fs::File::from(OwnedFd::from(ours)),
+            )
+        }
+        None => {
+            let stdin = child.stdin.take().expect("piped");
+            let stdout = child.stdout.take().expect("piped");
+            ferry_ssh::serve::grow_pipe(stdin.as_fd());
+            ferry_ssh::serve::grow_pipe(stdout.as_fd());
+            (
+                std::fs::File::from(OwnedFd::from(stdin)),
+                std::fs::File::from(OwnedFd::from(stdout)),
+            )
+        }
+    };
     let mut stdin = Writing {
         inner: stdin,
         quiet: quiet.clone(),
@@ -802,7 +896,7 @@ fn open(t: &Target) -> Result<Arc<Conn>, String> {
 
 fn read_replies(
     conn: &Conn,
-    stdout: Reading<ChildStdout>,
+    stdout: Reading<std::fs::File>,
     mut child: Child,
     tail: Tail,
     errt: JoinHandle<()>,
