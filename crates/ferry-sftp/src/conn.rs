@@ -514,12 +514,15 @@ impl Feed {
     }
 
     /// The writer thread: what the others queued, waiting for room. When
-    /// it ends, ssh's stdin ends (the socket shut for writing: its other
-    /// descriptor, the replies', stays open).
+    /// it ends, ssh's stdin ends.
     fn write_queued(&self, stdin: Writing<std::fs::File>) {
-        let end = EndOfInput(stdin.inner.try_clone().ok());
+        // Declared first, dropped last: after `out` wrote what it holds.
+        let _end = EndOfInput(
+            is_socket(stdin.inner.as_fd())
+                .then(|| stdin.inner.try_clone().ok())
+                .flatten(),
+        );
         let mut out = io::BufWriter::with_capacity(256 << 10, stdin);
-        let _end = end;
         let mut st = self.st.lock().unwrap();
         loop {
             while !st.busy && !st.dead {
@@ -536,7 +539,15 @@ impl Feed {
             drop(st);
             let mut ok = true;
             for b in &bufs {
-                ok = ok && out.write_all(b).is_ok();
+                // A big request (a write's data) goes to ssh as it is, not
+                // copied into the buffer first; small ones are gathered.
+                ok = ok
+                    && if b.len() >= DIRECT_MIN {
+                        out.flush().and_then(|()| out.get_mut().write_all(b))
+                    } else {
+                        out.write_all(b)
+                    }
+                    .is_ok();
             }
             ok = ok && out.flush().is_ok();
             st = self.st.lock().unwrap();
@@ -552,8 +563,20 @@ impl Feed {
     }
 }
 
+/// Requests at least this big skip the writer thread's buffer.
+const DIRECT_MIN: usize = 64 << 10;
+
+/// Whether `fd` is a socket (ssh's stdin is one unless
+/// `FERRY_SFTP_PIPES` asked for pipes).
+fn is_socket(fd: std::os::fd::BorrowedFd<'_>) -> bool {
+    rustix::fs::fstat(fd).is_ok_and(|st| {
+        rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Socket
+    })
+}
+
 /// Shuts the socket of ssh's stdin for writing when dropped (ssh sees
-/// the end of its input); nothing for a pipe, whose last close does that.
+/// the end of its input: the replies' descriptor of the same socket stays
+/// open); `None` for a pipe, whose last close does that.
 struct EndOfInput(Option<std::fs::File>);
 
 impl Drop for EndOfInput {
@@ -575,9 +598,7 @@ enum Direct {
 
 impl Direct {
     fn of(fd: std::os::fd::BorrowedFd<'_>) -> Option<Direct> {
-        if rustix::fs::fstat(fd).is_ok_and(|st| {
-            rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Socket
-        }) {
+        if is_socket(fd) {
             return fd.try_clone_to_owned().ok().map(Direct::Socket);
         }
         reopen_nonblocking(fd).map(Direct::Pipe)

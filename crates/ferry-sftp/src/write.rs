@@ -377,16 +377,15 @@ impl Ranged<'_> {
             c.wait(&rx)?.ok()?;
             match last {
                 Some(r) => self.finished(r),
-                None if c.ext.fsync => {
-                    // (A reply may have come for the record's steps.)
+                None => {
+                    // A reply may have come for the durability step in flight.
                     let mut t = self.track.lock().unwrap();
-                    if t.sync.is_none() {
-                        Ok(())
-                    } else {
+                    if t.sync.is_some() {
                         self.step(&mut t)
+                    } else {
+                        Ok(())
                     }
                 }
-                None => Ok(()),
             }
         };
         let res = (|| {
