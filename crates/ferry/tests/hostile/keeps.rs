@@ -1,0 +1,3 @@
+//! Hostile tests: keeps (see main.rs).
+#[allow(unused_imports)]
+use crate::util::*;

@@ -1,0 +1,3 @@
+//! Hostile tests: records (see main.rs).
+#[allow(unused_imports)]
+use crate::util::*;

@@ -1,0 +1,3 @@
+//! Hostile tests: s3_partial (see main.rs).
+#[allow(unused_imports)]
+use crate::util::*;

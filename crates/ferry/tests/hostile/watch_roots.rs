@@ -1,0 +1,3 @@
+//! Hostile tests: watch_roots (see main.rs).
+#[allow(unused_imports)]
+use crate::util::*;
