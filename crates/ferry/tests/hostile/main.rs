@@ -11,6 +11,7 @@ mod identity;
 mod keeps;
 mod recheck;
 mod records;
+mod s3_meta;
 mod s3_partial;
 mod ssh_install;
 mod watch_roots;
