@@ -14,7 +14,8 @@ use ferry_engine::entry::{Kind, Listing, Meta};
 use ferry_engine::hash::{Hash, HashKind, HashSet};
 use ferry_engine::keep::{KeepBase, KeepTo};
 use ferry_engine::store::{
-    Committing, DeltaRole, ListError, MetaChange, Progress, RangedSource, SourceFile, Store,
+    Committing, DeltaRole, ListError, MetaChange, Planned, Progress, RangedSource, SourceFile,
+    Store,
 };
 use ferry_engine::xattr::{XattrSel, Xattrs};
 use ferry_local::LocalStore;
@@ -202,6 +203,18 @@ macro_rules! backends {
             fn replacing(&self, w: &mut AnyWriter) {
                 match (self, w) {
                     $((AnyStore::$v(s), AnyWriter::$v(w)) => s.replacing(w),)+
+                    _ => mismatch(),
+                }
+            }
+            fn expect(&self, w: &mut AnyWriter, at: Option<&Planned>) {
+                match (self, w) {
+                    $((AnyStore::$v(s), AnyWriter::$v(w)) => s.expect(w, at),)+
+                    _ => mismatch(),
+                }
+            }
+            fn remove_planned(&self, dir: &AnyDir, name: &CStr, at: &Planned) -> io::Result<u64> {
+                match (self, dir) {
+                    $((AnyStore::$v(s), AnyDir::$v(d)) => s.remove_planned(d, name, at),)+
                     _ => mismatch(),
                 }
             }

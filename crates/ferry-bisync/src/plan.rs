@@ -295,10 +295,14 @@ pub fn merge_dir(
             b: vb,
             act,
         };
-        // Two files of the same size and mtime are taken to be equal, as
-        // sync's quick check takes them (`--checksum` compares their bytes).
+        // Two files of the same size and mtime seen for the first time (no
+        // record) are taken to be equal, as sync's quick check takes them
+        // (`--checksum` compares their bytes). Both changed since the last
+        // run: their bytes are compared (two writes in one tick of a
+        // coarse clock, or on a filesystem of 2 s mtimes, look alike).
         if it.act == Act::Compare
             && !cx.checksum
+            && vj.is_none()
             && files(&va)
             && files(&vb)
             && va

@@ -38,7 +38,7 @@ use ferry_engine::bwlimit::Limiter;
 use ferry_engine::copy::Copier;
 use ferry_engine::keep::Keeper;
 use ferry_engine::pool::Pool;
-use ferry_engine::store::MetaChange;
+use ferry_engine::store::{op_err, op_of, End, MetaChange, Planned};
 use ferry_engine::xattr::{XattrRun, XattrSel};
 use ferry_engine::{Filter, Kind, Meta, Stats, Store};
 
@@ -149,6 +149,13 @@ pub trait BiReporter: Sync {
     fn action(&self, act: BiAction, on: Side, path: &[u8], other: Option<&[u8]>, size: u64);
     /// One path failed; the run goes on.
     fn error(&self, path: &[u8], err: &io::Error);
+    /// One path failed on side `on`; the run goes on. The error may name
+    /// the operation ([`ferry_engine::store::op_of`]). By default as
+    /// [`BiReporter::error`].
+    fn error_on(&self, on: Side, path: &[u8], err: &io::Error) {
+        let _ = on;
+        self.error(path, err)
+    }
     /// The entry at `path` on side `on` is left out of the sync, because
     /// `why` (a phrase, e.g. "special file (fifo, socket or device)").
     fn skip(&self, on: Side, path: &[u8], why: &str);
@@ -274,6 +281,10 @@ struct Exec<'r, A: Store, B: Store> {
     tx: Option<mpsc::Sender<Update>>,
     /// The attributes kept (`opts.xattrs` where both stores keep them).
     xattrs: XattrRun,
+    /// Read-only directories of ours made writable for the entries that
+    /// change in them (a non-root user), with their mode to set back at
+    /// the end of the run: side, key, metadata.
+    relock: Mutex<Vec<(Side, Vec<u8>, Meta)>>,
 }
 
 /// `$body` with `$st` and `$dc` bound to one side's store and directories.
@@ -327,7 +338,7 @@ fn size_of(m: &Meta) -> u64 {
 }
 
 fn changed_err() -> io::Error {
-    io::Error::other("changed during the run; left alone (the next run sees it)")
+    ferry_engine::store::changed()
 }
 
 /// Run a two-way sync between `a` and `b`. `journal`: `None` only for a
@@ -536,6 +547,7 @@ fn run_with<A: Store, B: Store>(
         stats,
         tx: None,
         xattrs: XattrRun::new(opts.xattrs, a.xattr_caps(), b.xattr_caps()),
+        relock: Mutex::new(Vec::new()),
     };
     let count = [sa.count, sb.count];
     // No journal and both sides hold entries: a first run would merge
@@ -799,6 +811,11 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
         }
     }
 
+    /// The step mtimes are compared to between the two sides.
+    fn step(&self) -> u32 {
+        ferry_engine::store::mtime_step(self.a, self.b)
+    }
+
     /// Side `on`'s keeper, if it keeps what is replaced or deleted.
     fn keeper(&self, on: Side) -> Option<&Keeper> {
         self.opts.keep[on as usize].as_ref()
@@ -834,17 +851,90 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
     ) -> io::Result<()> {
         match self.keeper(on) {
             Some(k) => {
-                let to = k.keep(st, d, n, &path_of(key), m, false)?;
+                let to = k.keep(st, d, n, &path_of(key), m, false, self.step())?;
                 self.kept(on, key, &to, m);
                 Ok(())
             }
-            None => st.remove(d, n, false).map(|_| ()),
+            // Only while it is still what the plan saw (one stat where the
+            // store checks: a write made since is never lost).
+            None => st
+                .remove_planned(d, n, &Planned::new(m, self.step()))
+                .map(|_| ())
+                .map_err(|e| op_err(e, None, "unlink")),
         }
     }
 
-    fn fail(&self, key: &[u8], e: &io::Error) {
+    /// Report a failure of the act on side `on` at `key`.
+    fn fail(&self, on: Side, key: &[u8], e: &io::Error) {
         add(&self.stats.errors, 1);
-        self.rep.error(&path_of(key), e);
+        self.rep.error_on(on, &path_of(key), e);
+    }
+
+    /// Run `act`, an act on side `on` in the directory holding `key`; if
+    /// it is refused for want of permission, make that directory writable
+    /// once (a read-only directory of ours, as a non-root user: what
+    /// copy and sync do) and run it again. Its mode is set back at the end
+    /// of the run ([`Exec::relock_all`]).
+    fn unlocking<T>(
+        &self,
+        on: Side,
+        key: &[u8],
+        act: impl Fn() -> io::Result<T>,
+    ) -> io::Result<T> {
+        match act() {
+            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+                let pk = parent_key(key).unwrap_or(b"");
+                match self.unlock(on, pk) {
+                    Ok(true) => act(),
+                    _ => Err(e),
+                }
+            }
+            r => r,
+        }
+    }
+
+    /// Make directory `key` of side `on` writable (see
+    /// [`Exec::unlocking`]); true when it is (or was made so by this run).
+    fn unlock(&self, on: Side, key: &[u8]) -> io::Result<bool> {
+        let mut relock = self.relock.lock().unwrap();
+        if relock.iter().any(|(s, k, _)| *s == on && k == key) {
+            return Ok(true);
+        }
+        on_side!(self, on, |st, dc| {
+            let meta = if key.is_empty() {
+                st.open_root()?.map(|(_, m)| m)
+            } else {
+                let (d, n) = dc.at(st, key)?;
+                st.stat(&d, &n)?
+            };
+            let Some(meta) = meta else {
+                return Ok(false);
+            };
+            let d = dc.dir(st, key)?;
+            if !st.make_writable(&d)? {
+                return Ok(false);
+            }
+            relock.push((on, key.to_vec(), meta));
+            Ok(true)
+        })
+    }
+
+    /// Set back the mode of the directories [`Exec::unlock`] changed.
+    fn relock_all(&self) {
+        let dirs = std::mem::take(&mut *self.relock.lock().unwrap());
+        for (on, key, meta) in dirs.iter().rev() {
+            let res = on_side!(self, *on, |st, dc| dc.dir(st, key).and_then(|d| {
+                let what = MetaChange {
+                    mode: true,
+                    ..MetaChange::default()
+                };
+                st.set_dir_meta(&d, meta, what)
+                    .map_err(|e| op_err(e, None, "chmod"))
+            }));
+            if let Err(e) = res {
+                self.fail(*on, key, &e);
+            }
+        }
     }
 
     fn record(&self, u: Update) {
@@ -1047,10 +1137,11 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
             for (key, m) in list {
                 let res = on_side!(self, side, |st, dc| dc
                     .at(st, key)
-                    .and_then(|(d, n)| st.remove(&d, &n, m.kind == Kind::Dir)));
+                    .and_then(|(d, n)| st.remove(&d, &n, m.kind == Kind::Dir))
+                    .map_err(|e| op_err(e, None, "unlink")));
                 if let Err(e) = res {
                     if e.kind() != io::ErrorKind::NotFound {
-                        self.fail(key, &e);
+                        self.fail(side, key, &e);
                     }
                 }
             }
@@ -1154,7 +1245,9 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
             let res = on_side!(self, to, |st, dc| {
                 dc.at(st, &c.dst).and_then(|(d, n)| {
                     dc.forget(&c.dst);
-                    st.rmdir(&d, &n)
+                    self.unlocking(to, &c.dst, || {
+                        st.rmdir(&d, &n).map_err(|e| op_err(e, None, "rmdir"))
+                    })
                 })
             });
             match res {
@@ -1168,9 +1261,11 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
                     };
                     self.copy(&c);
                 }
-                Err(e) => self.fail(&c.dst, &e),
+                Err(e) => self.fail(to, &c.dst, &e),
             }
         }
+        // 7. Read-only directories made writable get their mode back.
+        self.relock_all();
     }
 
     fn run_copies(&self, copies: Vec<Copy>) {
@@ -1196,7 +1291,10 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
             (|| {
                 let (d1, n1) = dc.at(st, &it.key)?;
                 let (d2, n2) = dc.at(st, name)?;
-                st.rename(&d1, &n1, &d2, &n2)?;
+                self.unlocking(loser, &it.key, || {
+                    st.rename(&d1, &n1, &d2, &n2)
+                        .map_err(|e| op_err(e, None, "rename"))
+                })?;
                 if lm.kind == Kind::Dir {
                     dc.forget(&it.key);
                 }
@@ -1204,7 +1302,7 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
             })()
         });
         if let Err(e) = res {
-            self.fail(&it.key, &e);
+            self.fail(loser, &it.key, &e);
             return None;
         }
         add(&self.counts.conflicts, 1);
@@ -1257,7 +1355,9 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
                     if !still(st.stat(&d, &n)?.as_ref(), Some(&o)) {
                         return Err(changed_err());
                     }
-                    self.keep_or_remove(st, to, &d, &n, &it.key, &o)?;
+                    self.unlocking(to, &it.key, || {
+                        self.keep_or_remove(st, to, &d, &n, &it.key, &o)
+                    })?;
                     add(&self.stats.files_deleted, 1);
                     self.rep
                         .action(BiAction::Delete, to, &path_of(&it.key), None, size_of(&o));
@@ -1265,7 +1365,10 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
                 if old.is_some_and(|o| o.kind == Kind::Dir) {
                     return Ok(());
                 }
-                match st.make_dir(&d, &n) {
+                let made = self.unlocking(to, &it.key, || {
+                    st.make_dir(&d, &n).map_err(|e| op_err(e, None, "mkdir"))
+                });
+                match made {
                     Ok(nd) => {
                         if st.has_dir_meta() {
                             st.set_dir_meta(
@@ -1275,7 +1378,8 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
                                     mode: true,
                                     ..MetaChange::default()
                                 },
-                            )?;
+                            )
+                            .map_err(|e| op_err(e, None, "chmod"))?;
                         }
                         dc.map.lock().unwrap().insert(it.key.clone(), Arc::new(nd));
                     }
@@ -1301,7 +1405,7 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
                     synced(from, dir_rec(Some(&m)), dir_rec(Some(&m))),
                 ));
             }
-            Err(e) => self.fail(&it.key, &e),
+            Err(e) => self.fail(to, &it.key, &e),
         }
     }
 
@@ -1317,7 +1421,12 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
                     return Ok(None);
                 }
                 let (d2, n2) = dc.at(st, &it.key)?;
-                st.rename(&d1, &n1, &d2, &n2)?;
+                self.unlocking(on, &old.key, || {
+                    self.unlocking(on, &it.key, || {
+                        st.rename(&d1, &n1, &d2, &n2)
+                            .map_err(|e| op_err(e, None, "rename"))
+                    })
+                })?;
                 st.stat(&d2, &n2)
             })()
         });
@@ -1340,7 +1449,7 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
             Ok(None) => Some(self.copy_of(it, x, xm)),
             Err(e) if e.kind() == io::ErrorKind::Unsupported => Some(self.copy_of(it, x, xm)),
             Err(e) => {
-                self.fail(&it.key, &e);
+                self.fail(on, &it.key, &e);
                 None
             }
         }
@@ -1363,12 +1472,22 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
             self.skip_symlink(c.from, &c.src);
             return;
         }
-        let res = between!(self, c.from, |s, sd, d, dd| copy_one(
-            &self.copier_to(s, d, to),
-            sd,
-            dd,
-            c
-        ));
+        let copy = || between!(self, c.from, |s, sd, d, dd| copy_one(&self.copier_to(s, d, to), sd, dd, c));
+        // A read-only directory of ours on the target side is made
+        // writable (not for an error met on the source side).
+        let res = match copy() {
+            Err(e)
+                if e.kind() == io::ErrorKind::PermissionDenied
+                    && op_of(&e).is_none_or(|(end, _)| end != Some(End::Src)) =>
+            {
+                let pk = parent_key(&c.dst).unwrap_or(b"");
+                match self.unlock(to, pk) {
+                    Ok(true) => copy(),
+                    _ => Err(e),
+                }
+            }
+            r => r,
+        };
         match res {
             Ok((from, now, kept)) => {
                 if let (Some(k), Some(old)) = (kept, &c.expect) {
@@ -1384,7 +1503,13 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
                 self.rep.action(act, to, &path_of(&c.dst), None, from.size);
                 self.record(Update::Put(c.dst.clone(), synced(c.from, from, now)));
             }
-            Err(e) => self.fail(&c.dst, &e),
+            Err(e) => {
+                let on = match op_of(&e) {
+                    Some((Some(End::Src), _)) => c.from,
+                    _ => to,
+                };
+                self.fail(on, &c.dst, &e)
+            }
         }
     }
 
@@ -1406,7 +1531,8 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
                         mode: c.meta.kind != Kind::Symlink,
                         owner: false,
                     },
-                )?;
+                )
+                .map_err(|e| op_err(e, None, "chmod"))?;
                 st.stat(&d, &n)?
                     .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))
             })()
@@ -1424,10 +1550,10 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
                     &c.meta
                 ));
                 if let Err(e) = attrs {
-                    self.fail(&c.src, &e);
+                    self.fail(to, &c.src, &e);
                 }
             }
-            Err(e) => self.fail(&c.src, &e),
+            Err(e) => self.fail(to, &c.src, &e),
         }
     }
 
@@ -1439,12 +1565,14 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
                 let (d, n) = dc.at(st, &it.key)?;
                 if planned.kind == Kind::Dir {
                     dc.forget(&it.key);
-                    return st.rmdir(&d, &n);
+                    return self.unlocking(on, &it.key, || {
+                        st.rmdir(&d, &n).map_err(|e| op_err(e, None, "rmdir"))
+                    });
                 }
-                if !still(st.stat(&d, &n)?.as_ref(), Some(&planned)) {
-                    return Err(changed_err());
-                }
-                self.keep_or_remove(st, on, &d, &n, &it.key, &planned)
+                // Checked right before the act (by the store).
+                self.unlocking(on, &it.key, || {
+                    self.keep_or_remove(st, on, &d, &n, &it.key, &planned)
+                })
             })()
         });
         match res {
@@ -1465,7 +1593,7 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
             Err(e) if e.kind() == io::ErrorKind::NotFound && planned.kind == Kind::Dir => {
                 self.record(Update::Delete(it.key.clone()));
             }
-            Err(e) => self.fail(&it.key, &e),
+            Err(e) => self.fail(on, &it.key, &e),
         }
     }
 }
@@ -1531,7 +1659,9 @@ fn copy_one<S: Store, D: Store>(
         // The entry a symlink replaces is kept first (left in place where
         // the store can: the new link replaces it in one step).
         kept = match (cp.keep, &c.expect) {
-            (Some(k), Some(old)) => Some(k.keep(d, &ddir, &dname, &rel, old, true)?),
+            (Some(k), Some(old)) => {
+                Some(k.keep(d, &ddir, &dname, &rel, old, true, cp.mtime_step)?)
+            }
             _ => None,
         };
         d.create_symlink(&ddir, &dname, &target, &c.meta)?;

@@ -21,6 +21,7 @@ fn to<'a>(base: &'a KeepBase, path: &'a [u8], overwrite: bool, replacing: bool) 
         path,
         overwrite,
         replacing,
+        planned: None,
     }
 }
 

@@ -23,7 +23,9 @@ use crate::delta::{self, DiffSummary, Signature, Tally};
 use crate::entry::{Kind, Meta};
 use crate::hash::{hash_bytes, Hash};
 use crate::keep::Keeper;
-use crate::store::{cut_nsec, Committing, DeltaRole, SourceFile, Store, Tracked};
+use crate::store::{
+    cut_nsec, op_err, Committing, DeltaRole, End, Planned, SourceFile, Store, Tracked,
+};
 use crate::xattr::{XattrRun, Xattrs};
 
 /// What the patch-in-place fast path did.
@@ -249,14 +251,21 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
     where
         'a: 'd,
     {
-        let mut r = Tracked::new(self.src.open_file(sdir, sname)?, self.moved);
+        let r = self
+            .src
+            .open_file(sdir, sname)
+            .map_err(|e| op_err(e, Some(End::Src), "open"))?;
+        let mut r = Tracked::new(r, self.moved);
         // The source's attributes, from the descriptor just opened (one
         // call for a file that has none).
         let mut attrs = Xattrs::new();
         if let Some(x) = self.xattrs {
             self.src.reader_xattrs(r.inner(), x.sel, &mut attrs)?;
         }
-        let mut w = self.dst.create_file(ddir, name, meta)?;
+        let mut w = self
+            .dst
+            .create_file(ddir, name, meta)
+            .map_err(|e| op_err(e, Some(End::Dst), "create"))?;
         let wrote = match sig {
             None => self
                 .dst
@@ -327,7 +336,7 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
         // is replaced.
         let mut kept = None;
         if let (Some(k), Some(old)) = (self.keep, old) {
-            match k.keep(self.dst, ddir, name, rel, old, true) {
+            match k.keep(self.dst, ddir, name, rel, old, true, self.mtime_step) {
                 Ok(to) => kept = Some(to),
                 Err(e) => {
                     self.dst.abort(ddir, w);
@@ -336,15 +345,21 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
             }
         }
         // A file or symlink it replaces (kept as a hard link, or not kept)
-        // has the name still.
-        if old.is_some_and(|m| m.kind != Kind::Dir) {
-            self.dst.replacing(&mut w);
-        }
+        // has the name still, and must still be the one listed when the
+        // commit replaces it; a name listed free (or a directory removed
+        // before) must still be free: else nothing is replaced (a write
+        // made there meanwhile is never lost).
+        let planned = old
+            .filter(|m| m.kind != Kind::Dir)
+            .map(|m| Planned::new(m, self.mtime_step));
+        self.dst.expect(&mut w, planned.as_ref());
         let committing = if nowait {
             let dst: &'a D = self.dst;
             Some(dst.commit_nowait(ddir, w, name, meta, self.fsync))
         } else {
-            self.dst.commit(ddir, w, name, meta, self.fsync)?;
+            self.dst
+                .commit(ddir, w, name, meta, self.fsync)
+                .map_err(|e| op_err(e, Some(End::Dst), "rename"))?;
             None
         };
         match (delta, sig) {

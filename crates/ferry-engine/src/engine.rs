@@ -472,7 +472,9 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             return Ok(false);
         }
         let to = match dir {
-            Some(d) if !self.dry_run => k.keep(self.dst, d, name, path, meta, replacing)?,
+            Some(d) if !self.dry_run => {
+                k.keep(self.dst, d, name, path, meta, replacing, self.mtime_step)?
+            }
             _ => {
                 let (base, at) = k.target(path, 1);
                 keep::shown(&base, &at)
@@ -493,7 +495,10 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
     /// kept first when the run keeps what it removes.
     fn remove_file(&self, dir: &D::Dir, name: &CStr, path: &[u8], meta: &Meta) -> io::Result<()> {
         if !self.keep_old(Some(dir), name, path, meta, false)? {
-            self.dst.remove(dir, name, false)?;
+            // Only while it is still what was listed (else reported, left
+            // for the next run).
+            let at = crate::store::Planned::new(meta, self.mtime_step);
+            self.dst.remove_planned(dir, name, &at)?;
         }
         Ok(())
     }

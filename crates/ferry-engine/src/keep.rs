@@ -27,7 +27,7 @@ use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::entry::Meta;
-use crate::store::Store;
+use crate::store::{Planned, Store};
 
 /// The reserved directory, in a replica's root, that holds kept versions
 /// (`--versions`). ferry never syncs an entry of this name, on any side.
@@ -125,6 +125,11 @@ pub struct KeepTo<'a> {
     /// is independent of it (a hard link, a server-side copy), so the name
     /// never goes missing; the caller's commit replaces it.
     pub replacing: bool,
+    /// What the plan saw at the entry: a store moving it away (not
+    /// `replacing`) moves it only while it is still that
+    /// ([`crate::store::Planned`]), else fails with
+    /// [`crate::store::changed`].
+    pub planned: Option<crate::store::Planned>,
 }
 
 /// What the run kept, for its summary.
@@ -204,7 +209,10 @@ impl Keeper {
     /// it. Returns where it went, for the record: the path below the
     /// destination root, or the backup directory's path then `/` and the
     /// path below it. On error nothing was kept and the caller must leave
-    /// the entry alone.
+    /// the entry alone. An entry removed (not `replacing`) is moved only
+    /// while it is still `meta` (its mtime compared to `step`): else
+    /// [`crate::store::changed`].
+    #[allow(clippy::too_many_arguments)]
     pub fn keep<D: Store + ?Sized>(
         &self,
         store: &D,
@@ -213,6 +221,7 @@ impl Keeper {
         rel: &[u8],
         meta: &Meta,
         replacing: bool,
+        step: u32,
     ) -> io::Result<Vec<u8>> {
         let overwrite = !matches!(self.rule, KeepRule::Versions);
         let mut n = 1;
@@ -223,6 +232,7 @@ impl Keeper {
                 path: &path,
                 overwrite,
                 replacing,
+                planned: (!replacing).then(|| Planned::new(meta, step)),
             };
             match store.keep(dir, name, &to) {
                 Ok(()) => {
@@ -233,6 +243,7 @@ impl Keeper {
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists && !overwrite && n < 10_000 => {
                     n += 1
                 }
+                Err(e) if crate::store::is_changed(&e) => return Err(e),
                 Err(e) => {
                     return Err(io::Error::new(
                         e.kind(),

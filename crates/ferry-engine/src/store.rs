@@ -209,6 +209,111 @@ pub fn cut_nsec(nsec: u32, step: u32) -> u32 {
     nsec - nsec % step.max(1)
 }
 
+/// What the plan saw at a name that a run is about to replace or remove:
+/// the act happens only while the name still holds it (the same kind,
+/// inode, size and mtime, the mtime cut to `step`), so a write made there
+/// since the listing is never lost (docs/CLI.md, "Checked at the act").
+#[derive(Clone, Copy, Debug)]
+pub struct Planned {
+    /// The entry as listed.
+    pub meta: Meta,
+    /// The step its mtime was compared to ([`mtime_step`]).
+    pub step: u32,
+}
+
+impl Planned {
+    /// The entry `meta`, its mtime compared to `step`.
+    pub fn new(meta: &Meta, step: u32) -> Planned {
+        Planned { meta: *meta, step }
+    }
+
+    /// True when `now` (the entry at the name now; `None`: nothing) is
+    /// still the entry planned.
+    pub fn holds(&self, now: Option<&Meta>) -> bool {
+        let (Some(n), p) = (now, &self.meta) else {
+            return false;
+        };
+        n.kind == p.kind
+            && (n.ino == 0 || p.ino == 0 || n.ino == p.ino)
+            && (n.kind == Kind::Dir
+                || (n.size == p.size
+                    && n.mtime_sec == p.mtime_sec
+                    && cut_nsec(n.mtime_nsec, self.step) == cut_nsec(p.mtime_nsec, self.step)))
+    }
+}
+
+/// The error of an act not done because its entry changed since it was
+/// listed ([`Planned`]; a name planned free that is taken).
+#[derive(Debug)]
+pub struct Changed;
+
+impl std::fmt::Display for Changed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("changed since it was listed; left alone (the next run sees it)")
+    }
+}
+
+impl std::error::Error for Changed {}
+
+/// A [`Changed`] error.
+pub fn changed() -> io::Error {
+    io::Error::other(Changed)
+}
+
+/// True for a [`Changed`] error.
+pub fn is_changed(e: &io::Error) -> bool {
+    e.get_ref().is_some_and(|i| i.is::<Changed>())
+}
+
+/// The end of a copy an operation was made on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum End {
+    /// Where the bytes are read.
+    Src,
+    /// Where they are written.
+    Dst,
+}
+
+/// A system error with the operation that met it and the end of the copy
+/// it was made on, for an error line that names the side
+/// (`ferry: B: f4: rename: Operation not permitted`). Shown as the error
+/// alone (a reporter adds what it wants of the rest); its kind is the
+/// error's.
+#[derive(Debug)]
+pub struct OpError {
+    /// The end of the copy (`None`: the caller knows it).
+    pub end: Option<End>,
+    /// The operation (`open`, `rename`, `unlink`...).
+    pub op: &'static str,
+    /// The error.
+    pub err: io::Error,
+}
+
+impl std::fmt::Display for OpError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.err.fmt(f)
+    }
+}
+
+impl std::error::Error for OpError {}
+
+/// `e` tagged with the operation `op` on `end` ([`OpError`]): only a
+/// system error (one that carries nothing else; already tagged or
+/// carrying its own message, it is left as it is).
+pub fn op_err(e: io::Error, end: Option<End>, op: &'static str) -> io::Error {
+    if e.raw_os_error().is_none() {
+        return e;
+    }
+    io::Error::new(e.kind(), OpError { end, op, err: e })
+}
+
+/// The operation and end an error was tagged with ([`op_err`]).
+pub fn op_of(e: &io::Error) -> Option<(Option<End>, &'static str)> {
+    e.get_ref()
+        .and_then(|i| i.downcast_ref::<OpError>())
+        .map(|o| (o.end, o.op))
+}
+
 /// A backend: a tree of directories, files and symlinks.
 pub trait Store: Send + Sync {
     /// An open directory.
@@ -301,6 +406,17 @@ pub trait Store: Send + Sync {
     /// it), so the store can skip a first attempt that only works for a new
     /// name. Commit replaces an existing entry with or without it.
     fn replacing(&self, _w: &mut Self::Writer) {}
+    /// What the commit of `w` may replace: `Some`, the entry the plan saw
+    /// at the name (a file, symlink or special file); `None`, nothing (a
+    /// name the plan saw free). A store that can check it cheaply (local:
+    /// one `statx` right before the rename) fails the commit with
+    /// [`changed`] when the name holds anything else, and replaces
+    /// nothing. By default only the hint [`Store::replacing`].
+    fn expect(&self, w: &mut Self::Writer, at: Option<&Planned>) {
+        if at.is_some() {
+            self.replacing(w)
+        }
+    }
     /// Create an empty file `name` that does not exist yet, with its
     /// metadata, in as few operations as the store can. `Ok(false)` when the
     /// store has no such shortcut or the name exists: the caller then goes
@@ -336,6 +452,14 @@ pub trait Store: Send + Sync {
     /// Remove an entry; directories recursively. Returns how many entries
     /// were removed.
     fn remove(&self, dir: &Self::Dir, name: &CStr, is_dir: bool) -> io::Result<u64>;
+    /// Remove the entry `name` of `dir` (not a directory) only while it is
+    /// still the one planned (`at`): otherwise fail with [`changed`] and
+    /// remove nothing. By default [`Store::remove`] without the check
+    /// (a store whose stat is not exact, or costs a request).
+    fn remove_planned(&self, dir: &Self::Dir, name: &CStr, at: &Planned) -> io::Result<u64> {
+        let _ = at;
+        self.remove(dir, name, false)
+    }
     /// Remove a directory tree like `remove(dir, name, true)`, telling
     /// `each` about every entry removed, as it goes: its path below `name`
     /// (empty for `name` itself, which comes last) and its size (0 for

@@ -40,6 +40,11 @@ pub(crate) fn keep(
     let t = target(root, to);
     let tc = CString::new(t.as_os_str().as_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL in the kept path"))?;
+    // An entry moved away is moved only while it is what the run listed
+    // (one `statx`); one replaced is checked by the commit that replaces it.
+    if let (false, Some(p)) = (to.replacing, &to.planned) {
+        crate::local::check_planned(dir, name, p)?;
+    }
     let mut made_parents = false;
     loop {
         let res = if to.replacing {
@@ -226,6 +231,7 @@ mod tests {
             path,
             overwrite: true,
             replacing,
+            planned: None,
         };
         keep(&root, d.as_fd(), c"a", &to(b"d/a", true)).unwrap();
         keep(&root, d.as_fd(), c"b", &to(b"d/b", false)).unwrap();
@@ -273,6 +279,7 @@ mod tests {
                 path: p,
                 overwrite: false,
                 replacing,
+                planned: None,
             };
             keep(&root, d.as_fd(), n, &to).unwrap();
         }

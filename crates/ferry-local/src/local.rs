@@ -37,8 +37,8 @@ use ferry_engine::delta::{DiffSummary, OpSink, Signature};
 use ferry_engine::entry::{Kind, ListEntry, Listing, Meta};
 use ferry_engine::keep::{KeepBase, KeepTo};
 use ferry_engine::store::{
-    is_undo_name, temp_name, DeltaRole, ListError, MetaChange, Progress, SourceFile, Store,
-    RESERVED_LEN,
+    is_undo_name, temp_name, DeltaRole, ListError, MetaChange, Planned, Progress, SourceFile,
+    Store, RESERVED_LEN,
 };
 use ferry_engine::xattr::{XattrSel, Xattrs};
 
@@ -122,6 +122,10 @@ pub struct LocalWriter {
     /// The final name exists (`Store::replacing`): an `O_TMPFILE` goes
     /// straight to a temporary name and a rename over it.
     replaces: bool,
+    /// What the name must hold when the commit replaces it
+    /// (`Store::expect`): `Some(None)` nothing, `Some(Some(p))` the entry
+    /// planned; `None`: not asked (replaced whatever it holds).
+    expect: Option<Option<Planned>>,
 }
 
 impl LocalWriter {
@@ -135,6 +139,7 @@ impl LocalWriter {
             owned: false,
             sparse: meta.sparse,
             replaces: false,
+            expect: None,
         }
     }
 
@@ -196,6 +201,7 @@ impl LocalStore {
             owned: false,
             sparse: false,
             replaces: false,
+            expect: None,
         };
         Ok((w, p.ranges))
     }
@@ -676,11 +682,12 @@ impl Store for LocalStore {
             tmp,
             partial,
             replaces,
+            expect,
             ..
         } = w;
         if let Some(p) = partial {
             drop(fd);
-            if let Err(e) = res.and_then(|()| Ok(rfs::renameat(&dir.fd, &p, &dir.fd, name)?)) {
+            if let Err(e) = res.and_then(|()| place(dir.fd(), &p, name, expect)) {
                 let _ = rfs::unlinkat(&dir.fd, &p, AtFlags::empty());
                 return Err(e);
             }
@@ -700,7 +707,7 @@ impl Store for LocalStore {
                 // (AT_EMPTY_PATH would need CAP_DAC_READ_SEARCH).
                 let proc_path = format!("/proc/self/fd/{}", fd.as_raw_fd());
                 // A name known to exist would only fail with EEXIST.
-                let first = match replaces {
+                let first = match replaces && !matches!(expect, Some(None)) {
                     true => Err(Errno::EXIST),
                     false => rfs::linkat(
                         rfs::CWD,
@@ -712,6 +719,10 @@ impl Store for LocalStore {
                 };
                 match first {
                     Ok(()) => return Ok(()),
+                    // Planned free, taken since: nothing is replaced.
+                    Err(Errno::EXIST) if matches!(expect, Some(None)) => {
+                        return Err(ferry_engine::store::changed())
+                    }
                     // Replacing an existing entry: link under a temporary
                     // name, then rename over it (atomic replace).
                     Err(Errno::EXIST) => {
@@ -734,15 +745,26 @@ impl Store for LocalStore {
             }
         };
         drop(fd);
-        if let Err(e) = rfs::renameat(&dir.fd, tmp.as_cstr(), &dir.fd, name) {
+        if let Err(e) = place(dir.fd(), tmp.as_cstr(), name, expect) {
             let _ = rfs::unlinkat(&dir.fd, tmp.as_cstr(), AtFlags::empty());
-            return Err(e.into());
+            return Err(e);
         }
         Ok(())
     }
 
     fn replacing(&self, w: &mut LocalWriter) {
         w.replaces = true;
+    }
+
+    fn expect(&self, w: &mut LocalWriter, at: Option<&Planned>) {
+        w.replaces = at.is_some();
+        w.expect = Some(at.copied());
+    }
+
+    fn remove_planned(&self, dir: &LocalDir, name: &CStr, at: &Planned) -> io::Result<u64> {
+        check_planned(dir.fd(), name, at)?;
+        rfs::unlinkat(&dir.fd, name, AtFlags::empty())?;
+        Ok(1)
     }
 
     fn dir_write_lanes(&self) -> usize {
@@ -1332,6 +1354,58 @@ pub fn stat_path(path: &Path, follow: bool) -> io::Result<Meta> {
     };
     let st = rfs::statat(rfs::CWD, path, flags)?;
     Ok(meta_from_stat(&st))
+}
+
+/// Fail with `changed` unless `name` of `dir` still is the entry planned
+/// (one `statx`).
+pub(crate) fn check_planned(dir: BorrowedFd<'_>, name: &CStr, at: &Planned) -> io::Result<()> {
+    let mut m = EMPTY_META;
+    let now = match LocalStore::stat_into(dir, name, &mut m) {
+        Ok(()) => Some(m),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        Err(e) => return Err(e),
+    };
+    if at.holds(now.as_ref()) {
+        Ok(())
+    } else {
+        Err(ferry_engine::store::changed())
+    }
+}
+
+/// Rename the finished file `from` of `dir` to `name`, as `expect` says
+/// (`LocalWriter::expect`): over the entry planned, checked right before;
+/// onto a name planned free, never over anything (`RENAME_NOREPLACE`);
+/// over whatever is there when nothing was asked.
+fn place(
+    dir: BorrowedFd<'_>,
+    from: &CStr,
+    name: &CStr,
+    expect: Option<Option<Planned>>,
+) -> io::Result<()> {
+    match expect {
+        None => Ok(rfs::renameat(dir, from, dir, name)?),
+        Some(Some(p)) => {
+            check_planned(dir, name, &p)?;
+            Ok(rfs::renameat(dir, from, dir, name)?)
+        }
+        Some(None) => {
+            match rfs::renameat_with(dir, from, dir, name, rfs::RenameFlags::NOREPLACE) {
+                Ok(()) => Ok(()),
+                Err(Errno::EXIST) => Err(ferry_engine::store::changed()),
+                // No RENAME_NOREPLACE here: a link never replaces.
+                Err(Errno::INVAL) | Err(Errno::NOSYS) => {
+                    match rfs::linkat(dir, from, dir, name, AtFlags::empty()) {
+                        Ok(()) => {}
+                        Err(Errno::EXIST) => return Err(ferry_engine::store::changed()),
+                        Err(e) => return Err(e.into()),
+                    }
+                    let _ = rfs::unlinkat(dir, from, AtFlags::empty());
+                    Ok(())
+                }
+                Err(e) => Err(e.into()),
+            }
+        }
+    }
 }
 
 pub(crate) fn times(meta: &Meta) -> Timestamps {

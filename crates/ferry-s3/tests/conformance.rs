@@ -128,6 +128,7 @@ fn keep_in_another_bucket() {
         path: b"d/f",
         overwrite: false,
         replacing: false,
+        planned: None,
     };
     s.keep(&r, c"f", &to).expect("keep in another bucket");
     assert!(s.stat(&r, c"f").unwrap().is_none());

@@ -1032,6 +1032,7 @@ fn answer_io(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> io::Re
                 path,
                 overwrite,
                 replacing,
+                planned: None,
             };
             let at = LocalStore::new(Path::new(OsStr::from_bytes(root)), 1);
             ok(at.keep(&*dir_of(st, dir)?, &cname(name)?, &to))

@@ -406,6 +406,12 @@ impl ferry_bisync::BiReporter for Unreachable<'_> {
         }
     }
 
+    fn error_on(&self, on: ferry_bisync::Side, path: &[u8], err: &io::Error) {
+        if !self.swallowed(err) {
+            ferry_bisync::BiReporter::error_on(self.inner, on, path, err)
+        }
+    }
+
     fn skip(&self, on: ferry_bisync::Side, path: &[u8], why: &str) {
         ferry_bisync::BiReporter::skip(self.inner, on, path, why)
     }
@@ -553,6 +559,41 @@ impl ferry_bisync::BiReporter for CliReporter {
 
     fn error(&self, path: &[u8], err: &io::Error) {
         Reporter::error(self, path, err)
+    }
+
+    /// `ferry: SIDE: PATH: OP: cause` (the operation where the error
+    /// names it), and an `error` object with `side` (and `op`) with
+    /// `--json`.
+    fn error_on(&self, on: ferry_bisync::Side, path: &[u8], err: &io::Error) {
+        let p = if path.is_empty() { &b"."[..] } else { path };
+        let c = cause(err);
+        let op = ferry_engine::store::op_of(err).map(|(_, op)| op);
+        let shown = match op {
+            Some(op) => format!("{op}: {c}"),
+            None => c.clone(),
+        };
+        let line = format!(
+            "ferry: {}: {}: {}",
+            on.as_str(),
+            text_name_string(p),
+            text_name_string(shown.as_bytes())
+        );
+        self.with_bar_suspended(|| eprintln!("{line}"));
+        if self.json {
+            let mut line = Vec::new();
+            line.extend_from_slice(b"{\"type\":\"error\",\"side\":\"");
+            line.extend_from_slice(on.as_str().as_bytes());
+            line.extend_from_slice(b"\",");
+            json_name(&mut line, "path", path);
+            if let Some(op) = op {
+                line.extend_from_slice(b",\"op\":");
+                json_string(&mut line, op);
+            }
+            line.extend_from_slice(b",\"error\":");
+            json_string(&mut line, &c);
+            line.extend_from_slice(b"}\n");
+            let _ = self.out.lock().unwrap().write_all(&line);
+        }
     }
 
     /// `ferry: skipped SIDE PATH: WHY` on stderr (never silent, not an

@@ -531,7 +531,7 @@ pub fn run_restore(a: RestoreArgs) -> Result<u8, String> {
         }
         let k = Keeper::new(KeepRule::Versions, now);
         let p = k
-            .keep(&store, &dir, &cname, &rel, cur, true)
+            .keep(&store, &dir, &cname, &rel, cur, true, 1)
             .map_err(|e| format!("{shown}: not restored: {}", cause(&e)))?;
         kept_as = Some(p);
     }

@@ -1,3 +1,408 @@
-//! Hostile tests: recheck (see main.rs).
+//! Hostile tests: recheck. What a run planned is checked again at the
+//! moment of the act (a write made since the listing is never lost), two
+//! sides that both changed are compared by their bytes (never by size and
+//! mtime alone), and bisync works as a non-root user in read-only
+//! directories, its error lines naming the side and the operation.
 #[allow(unused_imports)]
 use crate::util::*;
+
+use std::ffi::OsString;
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::{lchown, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Longest the writer waits for ferry's writer to show (a hang guard).
+const WAIT: Duration = Duration::from_secs(120);
+
+/// True when process `pid` holds a file open for writing under `dir`: an
+/// unnamed temporary (`dir/#123 (deleted)`) or a named one.
+fn writing_under(pid: u32, dir: &Path) -> bool {
+    let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    let d = dir.to_string_lossy().into_owned();
+    fds.flatten().any(|e| {
+        fs::read_link(e.path()).is_ok_and(|t| {
+            let t = t.to_string_lossy().into_owned();
+            t.starts_with(&d)
+                && (t[d.len()..].starts_with("/#") || t.contains(".ferry-tmp-"))
+        })
+    })
+}
+
+/// Run ferry with `args`; once it writes a temporary under `dir`, run
+/// `write` (the concurrent writer: another program writing while the copy
+/// is under way). Returns the run and whether the writer ran.
+fn run_with_writer(args: &[OsString], dir: &Path, write: impl FnOnce() + Send) -> (Run, bool) {
+    let child = Command::new(bin())
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn ferry");
+    let pid = child.id();
+    let dir = dir.to_path_buf();
+    std::thread::scope(|s| {
+        let w = s.spawn(move || {
+            let start = Instant::now();
+            while start.elapsed() < WAIT {
+                if writing_under(pid, &dir) {
+                    write();
+                    return true;
+                }
+                if !Path::new(&format!("/proc/{pid}")).exists() {
+                    return false;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            false
+        });
+        let out = child.wait_with_output().expect("wait for ferry");
+        let wrote = w.join().unwrap();
+        (
+            Run {
+                args: args.to_vec(),
+                code: out.status.code(),
+                stdout: out.stdout,
+                stderr: out.stderr,
+            },
+            wrote,
+        )
+    })
+}
+
+fn append(p: &Path, data: &[u8]) {
+    let mut f = fs::OpenOptions::new().append(true).open(p).unwrap();
+    f.write_all(data).unwrap();
+}
+
+/// Every file below `root` whose content holds `needle`.
+fn holding(root: &Path, needle: &[u8]) -> Vec<PathBuf> {
+    walk(root)
+        .into_iter()
+        .map(|r| root.join(r))
+        .filter(|p| {
+            fs::symlink_metadata(p).is_ok_and(|m| m.is_file())
+                && fs::read(p).is_ok_and(|d| d.windows(needle.len()).any(|w| w == needle))
+        })
+        .collect()
+}
+
+fn bisync_args(a: &Path, b: &Path, journal: &Path, extra: &[&str]) -> Vec<OsString> {
+    let mut v: Vec<OsString> = vec!["bisync".into(), "--journal".into(), journal.into()];
+    v.extend(extra.iter().map(OsString::from));
+    v.push(a.into());
+    v.push(b.into());
+    v
+}
+
+fn bisync(a: &Path, b: &Path, journal: &Path, extra: &[&str]) -> Run {
+    ferry(bisync_args(a, b, journal, extra))
+}
+
+const BIG: usize = 4 << 20;
+
+/// Issue 28, 2: B's file is appended to while A's new version is copied
+/// over it (`--bwlimit` widens the window): the copy is not committed over
+/// the edit (exit 1, one line), the next run sees a conflict and keeps
+/// both, the one after has nothing to do. Before: `update B big`, exit 0,
+/// the edit gone from both sides.
+#[test]
+fn bisync_never_commits_over_an_edit_made_during_the_copy() {
+    let t = tmpdir();
+    let (a, b, j) = (t.path().join("a"), t.path().join("b"), t.path().join("j.db"));
+    write(&a, "big", &gen_bytes(BIG, 1));
+    write(&a, "small", b"small");
+    bisync(&a, &b, &j, &[]).ok();
+    // A's new version, B untouched: the plan copies A's over B's.
+    fs::write(a.join("big"), gen_bytes(BIG, 2)).unwrap();
+    let args = bisync_args(&a, &b, &j, &["--bwlimit", "2M"]);
+    let bb = b.join("big");
+    let (r, wrote) = run_with_writer(&args, &b, || append(&bb, b"EDIT-ON-B"));
+    assert!(wrote, "the writer never saw the copy under way\n{r}");
+    r.code_is(1);
+    let lines = r.error_lines();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("B: big") && l.contains("changed since it was listed")),
+        "{r}"
+    );
+    assert_eq!(holding(&b, b"EDIT-ON-B").len(), 1, "B's edit lost\n{r}");
+    // The next run: both changed, a conflict keeps both.
+    let r = bisync(&a, &b, &j, &["--json"]);
+    r.ok();
+    assert_eq!(holding(&a, b"EDIT-ON-B").len(), 1, "{r}");
+    assert_eq!(holding(&b, b"EDIT-ON-B").len(), 1, "{r}");
+    let new = gen_bytes(BIG, 2);
+    for side in [&a, &b] {
+        assert!(
+            walk(side)
+                .iter()
+                .any(|p| fs::read(side.join(p)).is_ok_and(|d| d == new)),
+            "A's version lost on {side:?}\n{r}"
+        );
+    }
+    assert_trees_equal(&a, &b);
+    let r = bisync(&a, &b, &j, &["--json"]);
+    r.ok();
+    assert_eq!(summary(&r).files_copied, 0, "{r}");
+}
+
+/// Issue 28, 2: a file of A is appended to while the run copies another
+/// file (`--bwlimit`), after B deleted it: the deletion planned on A is
+/// not carried out (the file changed), the next run copies it back to B.
+#[test]
+fn bisync_never_deletes_a_file_written_during_the_run() {
+    let t = tmpdir();
+    let (a, b, j) = (t.path().join("a"), t.path().join("b"), t.path().join("j.db"));
+    write(&a, "big", &gen_bytes(BIG, 3));
+    write(&a, "victim", b"old");
+    bisync(&a, &b, &j, &[]).ok();
+    fs::write(a.join("big"), gen_bytes(BIG, 4)).unwrap();
+    fs::remove_file(b.join("victim")).unwrap();
+    let args = bisync_args(&a, &b, &j, &["--bwlimit", "2M"]);
+    let v = a.join("victim");
+    let (r, wrote) = run_with_writer(&args, &b, || append(&v, b"+EDIT-ON-A"));
+    assert!(wrote, "{r}");
+    r.code_is(1);
+    assert!(
+        r.error_lines()
+            .iter()
+            .any(|l| l.starts_with("ferry: A: victim: ") && l.contains("changed")),
+        "{r}"
+    );
+    assert_eq!(fs::read(&v).unwrap(), b"old+EDIT-ON-A", "{r}");
+    let r = bisync(&a, &b, &j, &[]);
+    r.ok();
+    assert_eq!(fs::read(b.join("victim")).unwrap(), b"old+EDIT-ON-A", "{r}");
+    assert_trees_equal(&a, &b);
+}
+
+/// Issue 28, 2: sync replaces a DST file only while it is what was
+/// listed: one edited during the copy keeps the edit (exit 1, one line).
+#[test]
+fn sync_never_commits_over_a_dst_file_edited_during_the_copy() {
+    let t = tmpdir();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    write(&src, "big", &gen_bytes(BIG, 5));
+    ferry(["sync".as_ref(), src.as_os_str(), dst.as_os_str()]).ok();
+    fs::write(src.join("big"), gen_bytes(BIG, 6)).unwrap();
+    let args: Vec<OsString> = vec![
+        "sync".into(),
+        "--bwlimit".into(),
+        "2M".into(),
+        src.clone().into(),
+        dst.clone().into(),
+    ];
+    let d = dst.join("big");
+    let (r, wrote) = run_with_writer(&args, &dst, || append(&d, b"EDIT-ON-DST"));
+    assert!(wrote, "{r}");
+    r.code_is(1);
+    assert!(
+        r.error_lines()
+            .iter()
+            .any(|l| l.contains("big") && l.contains("changed since it was listed")),
+        "{r}"
+    );
+    assert_eq!(holding(&dst, b"EDIT-ON-DST").len(), 1, "{r}");
+}
+
+/// Make both files `rel` of `a` and `b` hold `x` and `y` (same size) with
+/// the same mtime, `secs` seconds after the epoch.
+fn same_size_same_mtime(a: &Path, b: &Path, rel: &str, x: &[u8], y: &[u8], secs: i64) {
+    assert_eq!(x.len(), y.len());
+    fs::write(a.join(rel), x).unwrap();
+    fs::write(b.join(rel), y).unwrap();
+    for p in [a.join(rel), b.join(rel)] {
+        set_mtime(&p, (secs, 0));
+    }
+}
+
+/// Both sides changed `f` since the last run, to the same size and mtime,
+/// different bytes: a conflict (both kept), then nothing to do. Before:
+/// taken as equal, the sides different for good.
+fn both_changed_same_size_and_mtime_is_a_conflict(a: &Path, b: &Path, j: &Path) {
+    write(a, "f", b"first");
+    write(a, "g", b"unchanged");
+    let r = bisync(a, b, j, &[]);
+    r.ok();
+    same_size_same_mtime(a, b, "f", b"AAAAA", b"BBBBB", 1_700_000_000);
+    let r = bisync(a, b, j, &["--json"]);
+    r.ok();
+    for side in [a, b] {
+        assert_eq!(holding(side, b"AAAAA").len(), 1, "{side:?}\n{r}");
+        assert_eq!(holding(side, b"BBBBB").len(), 1, "{side:?}\n{r}");
+    }
+    assert_trees_equal(a, b);
+    let r = bisync(a, b, j, &["--json"]);
+    r.ok();
+    assert_eq!(summary(&r).files_copied, 0, "{r}");
+}
+
+#[test]
+fn bisync_compares_bytes_when_both_sides_changed_ext4() {
+    let t = tmpdir();
+    let (a, b, j) = (t.path().join("a"), t.path().join("b"), t.path().join("j.db"));
+    both_changed_same_size_and_mtime_is_a_conflict(&a, &b, &j);
+}
+
+/// A vfat filesystem on a loop device (2 s mtimes), unmounted on drop.
+struct Vfat {
+    mnt: PathBuf,
+}
+
+impl Vfat {
+    fn new(dir: &Path) -> Result<Vfat, String> {
+        if !is_root() {
+            return Err("needs root to mount a vfat image".into());
+        }
+        let img = dir.join("vfat.img");
+        let mnt = dir.join("mnt");
+        fs::create_dir_all(&mnt).unwrap();
+        fs::File::create(&img)
+            .and_then(|f| f.set_len(32 << 20))
+            .map_err(|e| e.to_string())?;
+        let ok = |c: &mut Command| c.output().map_err(|e| e.to_string()).and_then(|o| {
+            if o.status.success() {
+                Ok(())
+            } else {
+                Err(String::from_utf8_lossy(&o.stderr).into_owned())
+            }
+        });
+        ok(Command::new("mkfs.vfat").arg(&img)).map_err(|e| format!("mkfs.vfat: {e}"))?;
+        ok(Command::new("mount").args(["-o", "loop"]).arg(&img).arg(&mnt))
+            .map_err(|e| format!("mount -o loop: {e}"))?;
+        Ok(Vfat { mnt })
+    }
+}
+
+impl Drop for Vfat {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.mnt).status();
+    }
+}
+
+#[test]
+fn bisync_compares_bytes_when_both_sides_changed_vfat() {
+    let t = tmpdir();
+    let v = need!(Vfat::new(t.path()));
+    let (a, b) = (v.mnt.join("a"), v.mnt.join("b"));
+    fs::create_dir_all(&a).unwrap();
+    fs::create_dir_all(&b).unwrap();
+    both_changed_same_size_and_mtime_is_a_conflict(&a, &b, &t.path().join("j.db"));
+    // Two writes within one 2 s tick, no touch: the same.
+    write(&a, "h", b"xx");
+    bisync(&a, &b, &t.path().join("j.db"), &[]).ok();
+    fs::write(a.join("h"), b"11").unwrap();
+    fs::write(b.join("h"), b"22").unwrap();
+    let r = bisync(&a, &b, &t.path().join("j.db"), &["--json"]);
+    r.ok();
+    for side in [&a, &b] {
+        assert_eq!(holding(side, b"11").len(), 1, "{r}");
+        assert_eq!(holding(side, b"22").len(), 1, "{r}");
+    }
+}
+
+/// `ferry` as user nobody (setpriv), with `XDG_STATE_HOME` in `home`.
+fn as_nobody(bin_copy: &Path, args: &[OsString]) -> Result<Run, String> {
+    let o = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(bin_copy)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| e.to_string())?;
+    if String::from_utf8_lossy(&o.stderr).contains("setpriv:") {
+        return Err(String::from_utf8_lossy(&o.stderr).into_owned());
+    }
+    Ok(Run {
+        args: args.to_vec(),
+        code: o.status.code(),
+        stdout: o.stdout,
+        stderr: o.stderr,
+    })
+}
+
+/// Issue 28, 4: bisync as a non-root user with read-only (0555) source
+/// directories converges (as copy and sync do: the directory is made
+/// writable for the run, its mode set back), and an error names the side
+/// and the operation. Before: every run failed in the read-only copies on
+/// B, with lines naming neither.
+#[test]
+fn bisync_as_non_root_with_read_only_directories_converges() {
+    if !is_root() {
+        eprintln!("skipped: needs root to switch to user nobody");
+        return;
+    }
+    let t = tmpdir();
+    let base = t.path().join("home");
+    fs::create_dir(&base).unwrap();
+    let bin_copy = base.join("ferry");
+    fs::copy(bin(), &bin_copy).unwrap();
+    let (a, b, j) = (base.join("a"), base.join("b"), base.join("j.db"));
+    write(&a, "ro/f", b"one");
+    write(&a, "ro/g", b"gone soon");
+    write(&a, "ro/sub/h", b"h");
+    write(&a, "top", b"top");
+    let own = |p: &Path| {
+        for e in walk(p).into_iter().map(|r| p.join(r)).chain([p.to_path_buf()]) {
+            lchown(&e, Some(65534), Some(65534)).unwrap();
+        }
+    };
+    chmod(&a.join("ro/sub"), 0o555);
+    chmod(&a.join("ro"), 0o555);
+    chmod(t.path(), 0o755);
+    own(&base);
+    let args = bisync_args(&a, &b, &j, &["--json"]);
+    let r = need!(as_nobody(&bin_copy, &args));
+    r.ok();
+    assert_trees_equal(&a, &b);
+    for d in ["ro", "ro/sub"] {
+        assert_eq!(fs::metadata(b.join(d)).unwrap().mode() & 0o7777, 0o555, "{d}\n{r}");
+    }
+    // Changes inside the read-only directories, on both sides.
+    chmod(&b.join("ro"), 0o755);
+    fs::write(b.join("ro/f"), b"two, longer").unwrap();
+    write(&b, "ro/new", b"new");
+    fs::remove_file(b.join("ro/g")).unwrap();
+    chmod(&b.join("ro"), 0o555);
+    own(&b);
+    let r = as_nobody(&bin_copy, &args).unwrap();
+    r.ok();
+    assert_trees_equal(&a, &b);
+    for d in ["ro", "ro/sub"] {
+        for side in [&a, &b] {
+            assert_eq!(
+                fs::metadata(side.join(d)).unwrap().mode() & 0o7777,
+                0o555,
+                "{side:?}/{d}: mode not set back\n{r}"
+            );
+        }
+    }
+    let r = as_nobody(&bin_copy, &args).unwrap();
+    r.ok();
+    assert_eq!(summary(&r).files_copied, 0, "{r}");
+    // A directory nobody cannot make writable (root's): the error names
+    // the side and the operation.
+    write(&a, "rootdir/x", b"x");
+    own(&a);
+    let r = as_nobody(&bin_copy, &args).unwrap();
+    r.ok();
+    lchown(b.join("rootdir"), Some(0), Some(0)).unwrap();
+    chmod(&b.join("rootdir"), 0o555);
+    fs::write(a.join("rootdir/x"), b"changed").unwrap();
+    let r = as_nobody(&bin_copy, &bisync_args(&a, &b, &j, &[])).unwrap();
+    r.code_is(1);
+    assert!(
+        r.error_lines()
+            .iter()
+            .any(|l| l.starts_with("ferry: B: rootdir/x: ") && l.contains("Permission denied")),
+        "{r}"
+    );
+    chmod(&b.join("rootdir"), 0o755);
+}

@@ -1,0 +1,132 @@
+//! Checked at the act (issue 28, 2): the local store replaces, removes or
+//! moves away an entry only while it is what the plan saw (kind, inode,
+//! size, mtime: one `statx` right before the rename or unlink), and names
+//! a file only where the plan saw nothing; otherwise it fails with
+//! `Changed` and changes nothing. Every write path: an unnamed temporary
+//! (`O_TMPFILE`), a named one, a removal, a keep.
+
+use std::fs;
+use std::path::Path;
+
+use ferry_engine::keep::{KeepBase, KeepTo};
+use ferry_engine::store::{is_changed, Planned, Store};
+use ferry_local::LocalStore;
+
+/// Write `data` through the store into `name` of the root, expecting
+/// `at` there (`Some`: the planned entry; `None`: nothing).
+fn put(
+    s: &LocalStore,
+    name: &std::ffi::CStr,
+    data: &[u8],
+    at: Option<&Planned>,
+) -> std::io::Result<()> {
+    let (root, _) = s.open_root()?.expect("root");
+    fs::write(s.root().join("src"), data)?;
+    let meta = s.stat(&root, c"src")?.expect("src");
+    let mut reader = s.open_file(&root, c"src")?;
+    let mut w = s.create_file(&root, name, &meta)?;
+    s.write_from(&root, &mut w, &mut reader, meta.size, None)?;
+    s.expect(&mut w, at);
+    let res = s.commit(&root, w, name, &meta, false);
+    fs::remove_file(s.root().join("src"))?;
+    res
+}
+
+fn stat(s: &LocalStore, name: &std::ffi::CStr) -> ferry_engine::entry::Meta {
+    let (root, _) = s.open_root().unwrap().unwrap();
+    s.stat(&root, name).unwrap().unwrap()
+}
+
+fn setup() -> (tempfile::TempDir, LocalStore) {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path().join("r");
+    fs::create_dir(&root).unwrap();
+    fs::write(root.join("seed"), b"seed").unwrap();
+    fs::write(root.join("f"), b"old").unwrap();
+    let s = LocalStore::new(&root, 1);
+    (t, s)
+}
+
+fn append(p: &Path, b: &[u8]) {
+    use std::io::Write;
+    fs::OpenOptions::new().append(true).open(p).unwrap().write_all(b).unwrap();
+}
+
+#[test]
+fn a_commit_replaces_only_the_entry_planned() {
+    let (t, s) = setup();
+    let f = t.path().join("r/f");
+    let planned = Planned::new(&stat(&s, c"f"), 1);
+    // Unchanged: replaced.
+    put(&s, c"f", b"new", Some(&planned)).unwrap();
+    assert_eq!(fs::read(&f).unwrap(), b"new");
+    // Changed since listed (appended to): left alone.
+    let planned = Planned::new(&stat(&s, c"f"), 1);
+    append(&f, b"+edit");
+    let e = put(&s, c"f", b"newer", Some(&planned)).unwrap_err();
+    assert!(is_changed(&e), "{e}");
+    assert_eq!(fs::read(&f).unwrap(), b"new+edit");
+    // Replaced by another file of the same size and mtime: left alone.
+    let planned = Planned::new(&stat(&s, c"f"), 1);
+    let m = fs::metadata(&f).unwrap();
+    fs::write(t.path().join("r/other"), b"NEW+EDIT").unwrap();
+    fs::File::options()
+        .write(true)
+        .open(t.path().join("r/other"))
+        .unwrap()
+        .set_modified(m.modified().unwrap())
+        .unwrap();
+    fs::rename(t.path().join("r/other"), &f).unwrap();
+    let e = put(&s, c"f", b"newest", Some(&planned)).unwrap_err();
+    assert!(is_changed(&e), "{e}");
+    assert_eq!(fs::read(&f).unwrap(), b"NEW+EDIT");
+    // Planned free, taken since: left alone.
+    fs::write(t.path().join("r/g"), b"someone's").unwrap();
+    let e = put(&s, c"g", b"ours", None).unwrap_err();
+    assert!(is_changed(&e), "{e}");
+    assert_eq!(fs::read(t.path().join("r/g")).unwrap(), b"someone's");
+    // Free: named.
+    put(&s, c"h", b"ours", None).unwrap();
+    assert_eq!(fs::read(t.path().join("r/h")).unwrap(), b"ours");
+    // No temporary left behind.
+    let names: Vec<_> = fs::read_dir(t.path().join("r"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert!(names.iter().all(|n| !n.starts_with(".ferry")), "{names:?}");
+}
+
+#[test]
+fn a_removal_or_keep_acts_only_on_the_entry_planned() {
+    let (t, s) = setup();
+    let f = t.path().join("r/f");
+    let (root, _) = s.open_root().unwrap().unwrap();
+    let planned = Planned::new(&stat(&s, c"f"), 1);
+    append(&f, b"+edit");
+    let e = s.remove_planned(&root, c"f", &planned).unwrap_err();
+    assert!(is_changed(&e), "{e}");
+    assert_eq!(fs::read(&f).unwrap(), b"old+edit");
+    // Moved away (a keep before a removal) only while unchanged.
+    let base = KeepBase::Root(b".bak".to_vec());
+    let to = KeepTo {
+        base: &base,
+        path: b"f",
+        overwrite: true,
+        replacing: false,
+        planned: Some(planned),
+    };
+    let e = s.keep(&root, c"f", &to).unwrap_err();
+    assert!(is_changed(&e), "{e}");
+    assert_eq!(fs::read(&f).unwrap(), b"old+edit");
+    let to = KeepTo {
+        planned: Some(Planned::new(&stat(&s, c"f"), 1)),
+        ..to
+    };
+    s.keep(&root, c"f", &to).unwrap();
+    assert!(!f.exists());
+    assert_eq!(fs::read(t.path().join("r/.bak/f")).unwrap(), b"old+edit");
+    // Unchanged: removed.
+    let planned = Planned::new(&stat(&s, c"seed"), 1);
+    s.remove_planned(&root, c"seed", &planned).unwrap();
+    assert!(!t.path().join("r/seed").exists());
+}
