@@ -875,12 +875,7 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
     /// once (a read-only directory of ours, as a non-root user: what
     /// copy and sync do) and run it again. Its mode is set back at the end
     /// of the run ([`Exec::relock_all`]).
-    fn unlocking<T>(
-        &self,
-        on: Side,
-        key: &[u8],
-        act: impl Fn() -> io::Result<T>,
-    ) -> io::Result<T> {
+    fn unlocking<T>(&self, on: Side, key: &[u8], act: impl Fn() -> io::Result<T>) -> io::Result<T> {
         match act() {
             Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
                 let pk = parent_key(key).unwrap_or(b"");
@@ -1472,7 +1467,14 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
             self.skip_symlink(c.from, &c.src);
             return;
         }
-        let copy = || between!(self, c.from, |s, sd, d, dd| copy_one(&self.copier_to(s, d, to), sd, dd, c));
+        let copy = || {
+            between!(self, c.from, |s, sd, d, dd| copy_one(
+                &self.copier_to(s, d, to),
+                sd,
+                dd,
+                c
+            ))
+        };
         // A read-only directory of ours on the target side is made
         // writable (not for an error met on the source side).
         let res = match copy() {

@@ -949,29 +949,7 @@ impl Store for LocalStore {
         to_dir: &LocalDir,
         to_name: &CStr,
     ) -> io::Result<()> {
-        match rfs::renameat_with(
-            &from_dir.fd,
-            from_name,
-            &to_dir.fd,
-            to_name,
-            rfs::RenameFlags::NOREPLACE,
-        ) {
-            Ok(()) => Ok(()),
-            // A filesystem without RENAME_NOREPLACE: link (which never
-            // replaces) then unlink; directories cannot be linked.
-            Err(Errno::INVAL) | Err(Errno::NOSYS) => {
-                rfs::linkat(
-                    &from_dir.fd,
-                    from_name,
-                    &to_dir.fd,
-                    to_name,
-                    AtFlags::empty(),
-                )?;
-                rfs::unlinkat(&from_dir.fd, from_name, AtFlags::empty())?;
-                Ok(())
-            }
-            Err(e) => Err(e.into()),
-        }
+        rename_noreplace(from_dir.fd(), from_name, to_dir.fd(), to_name)
     }
 
     fn has_hard_links(&self) -> bool {
@@ -1388,23 +1366,48 @@ fn place(
             check_planned(dir, name, &p)?;
             Ok(rfs::renameat(dir, from, dir, name)?)
         }
-        Some(None) => {
-            match rfs::renameat_with(dir, from, dir, name, rfs::RenameFlags::NOREPLACE) {
-                Ok(()) => Ok(()),
-                Err(Errno::EXIST) => Err(ferry_engine::store::changed()),
-                // No RENAME_NOREPLACE here: a link never replaces.
-                Err(Errno::INVAL) | Err(Errno::NOSYS) => {
-                    match rfs::linkat(dir, from, dir, name, AtFlags::empty()) {
-                        Ok(()) => {}
-                        Err(Errno::EXIST) => return Err(ferry_engine::store::changed()),
-                        Err(e) => return Err(e.into()),
-                    }
-                    let _ = rfs::unlinkat(dir, from, AtFlags::empty());
+        Some(None) => match rename_noreplace(dir, from, dir, name) {
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                Err(ferry_engine::store::changed())
+            }
+            r => r,
+        },
+    }
+}
+
+/// Rename `from` of `from_dir` to `to` of `to_dir`, never over an entry
+/// there (`AlreadyExists`): `RENAME_NOREPLACE`; on a filesystem without
+/// it, a link (which never replaces) then an unlink; without links either
+/// (FAT), the name checked free right before a plain rename.
+fn rename_noreplace(
+    from_dir: BorrowedFd<'_>,
+    from: &CStr,
+    to_dir: BorrowedFd<'_>,
+    to: &CStr,
+) -> io::Result<()> {
+    let exists = || io::Error::from(io::ErrorKind::AlreadyExists);
+    match rfs::renameat_with(from_dir, from, to_dir, to, rfs::RenameFlags::NOREPLACE) {
+        Ok(()) => Ok(()),
+        Err(Errno::EXIST) => Err(exists()),
+        Err(Errno::INVAL) | Err(Errno::NOSYS) => {
+            match rfs::linkat(from_dir, from, to_dir, to, AtFlags::empty()) {
+                Ok(()) => {
+                    rfs::unlinkat(from_dir, from, AtFlags::empty())?;
                     Ok(())
+                }
+                Err(Errno::EXIST) => Err(exists()),
+                // Directories cannot be linked; nor can anything on FAT.
+                Err(Errno::PERM | Errno::NOTSUP | Errno::MLINK | Errno::NOSYS) => {
+                    match rfs::statx(to_dir, to, AtFlags::SYMLINK_NOFOLLOW, StatxFlags::TYPE) {
+                        Err(Errno::NOENT) => Ok(rfs::renameat(from_dir, from, to_dir, to)?),
+                        Ok(_) => Err(exists()),
+                        Err(e) => Err(e.into()),
+                    }
                 }
                 Err(e) => Err(e.into()),
             }
         }
+        Err(e) => Err(e.into()),
     }
 }
 

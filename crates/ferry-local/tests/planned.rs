@@ -49,7 +49,12 @@ fn setup() -> (tempfile::TempDir, LocalStore) {
 
 fn append(p: &Path, b: &[u8]) {
     use std::io::Write;
-    fs::OpenOptions::new().append(true).open(p).unwrap().write_all(b).unwrap();
+    fs::OpenOptions::new()
+        .append(true)
+        .open(p)
+        .unwrap()
+        .write_all(b)
+        .unwrap();
 }
 
 #[test]
