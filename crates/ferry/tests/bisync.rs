@@ -1581,6 +1581,231 @@ proptest! {
 }
 
 // ------------------------------------------------------------------------------------------
+// A concurrent writer during the run (issue 28)
+// ------------------------------------------------------------------------------------------
+
+/// True when process `pid` holds a file open for writing under `a` or `b`
+/// (an unnamed temporary `DIR/#N (deleted)`, or a named one): a copy is under way.
+fn copying(pid: u32, a: &Path, b: &Path) -> bool {
+    let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    let roots = [
+        a.to_string_lossy().into_owned(),
+        b.to_string_lossy().into_owned(),
+    ];
+    fds.flatten().any(|e| {
+        fs::read_link(e.path()).is_ok_and(|t| {
+            let t = t.to_string_lossy().into_owned();
+            roots.iter().any(|r| {
+                t.starts_with(r.as_str()) && (t.contains("/#") || t.contains(".ferry-tmp-"))
+            })
+        })
+    })
+}
+
+/// One write of the concurrent writer: on A or B (`side`), which (`op`: edit in place,
+/// append, replace by a new file, delete, create), which file (`pick`). Every write
+/// changes the file's size (a marker of its own length), so a change is never hidden
+/// by an equal size and mtime in one tick of the clock. Returns the marker written and
+/// the path, if any.
+fn concurrent_write(root: &Path, op: u8, pick: u64, n: usize) -> Option<(String, Vec<u8>)> {
+    let files: Vec<PathBuf> = entries(root, Some(false))
+        .into_iter()
+        .filter(|p| {
+            !p.to_string_lossy().contains("big") && !p.to_string_lossy().contains("conflict")
+        })
+        .collect();
+    let marker = format!("<W{n}:{}>", "w".repeat(n)).into_bytes();
+    let chosen = (!files.is_empty()).then(|| files[(pick % files.len() as u64) as usize].clone());
+    match (op % 5, chosen) {
+        (0, Some(p)) => {
+            let mut d = fs::read(root.join(&p)).ok()?;
+            d.extend_from_slice(&marker);
+            d.rotate_right(marker.len());
+            fs::write(root.join(&p), &d).ok()?;
+            Some((p.to_string_lossy().into_owned(), marker))
+        }
+        (1, Some(p)) => {
+            use std::io::Write;
+            let mut f = fs::OpenOptions::new()
+                .append(true)
+                .open(root.join(&p))
+                .ok()?;
+            f.write_all(&marker).ok()?;
+            Some((p.to_string_lossy().into_owned(), marker))
+        }
+        (2, Some(p)) => {
+            let tmp = root.join(format!("writer-tmp-{n}"));
+            fs::write(&tmp, &marker).ok()?;
+            fs::rename(&tmp, root.join(&p)).ok()?;
+            Some((p.to_string_lossy().into_owned(), marker))
+        }
+        (3, Some(p)) => {
+            let _ = fs::remove_file(root.join(&p));
+            Some((p.to_string_lossy().into_owned(), Vec::new()))
+        }
+        _ => {
+            let p = format!("new{}", pick % 4);
+            let full = root.join(&p);
+            if full.exists() {
+                return None;
+            }
+            fs::write(&full, &marker).ok()?;
+            Some((p, marker))
+        }
+    }
+}
+
+/// Files of both replicas (conflict copies included) holding `marker`.
+fn marker_kept(a: &Path, b: &Path, marker: &[u8]) -> bool {
+    [a, b].iter().any(|root| {
+        entries(root, Some(false)).iter().any(|p| {
+            fs::read(root.join(p)).is_ok_and(|d| d.windows(marker.len()).any(|w| w == marker))
+        })
+    })
+}
+
+/// Random edits between runs, then a run during which a writer edits, appends to,
+/// replaces, deletes and creates files on both sides (once the run's copy of a big file,
+/// paced by `--bwlimit`, is under way). The invariant: every byte the writer wrote is
+/// in a replica (a conflict copy counts) or its path is named on stderr with exit 1;
+/// the next run converges (exit 0, replicas equal, every byte in them), and the one
+/// after has nothing to do.
+fn concurrent_case(edits: &[(u8, u8, u64)], writes: &[(bool, u8, u64)]) {
+    let p = pair();
+    let mut clock = 0u64;
+    for i in 0..6u64 {
+        put(
+            &p.a,
+            &format!("f{i}"),
+            &gen_bytes(20 + i as usize, i),
+            1_600_000_000,
+        );
+        put(
+            &p.a,
+            &format!("d/g{i}"),
+            &gen_bytes(30 + i as usize, i),
+            1_600_000_000,
+        );
+    }
+    put(&p.a, "big", &gen_bytes(1 << 20, 7), 1_600_000_000);
+    p.run(&[]).ok();
+    for &(side, op, seed) in edits {
+        let mut rng = Rng::new(seed);
+        let root = if side % 2 == 0 { &p.a } else { &p.b };
+        // Edits 0-6 only (no symlinks, no type changes): files the writer can touch.
+        edit(root, op % 7, &mut rng, &mut clock);
+        new_round();
+    }
+    // The big file changes on one side: its copy, paced, is the writer's window.
+    put(&p.a, "big", &gen_bytes(1 << 20, 8), 1_600_000_100);
+    let mut args: Vec<OsString> = vec!["bisync".into(), "--journal".into(), p.j.clone().into()];
+    for a in ["--force", "--bwlimit", "2M"] {
+        args.push(a.into());
+    }
+    args.push(p.a.clone().into());
+    args.push(p.b.clone().into());
+    let child = Command::new(bin())
+        .args(&args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let (a, b) = (p.a.clone(), p.b.clone());
+    let (out, written) = std::thread::scope(|s| {
+        let w = s.spawn(|| {
+            let start = std::time::Instant::now();
+            while !copying(pid, &a, &b) {
+                if start.elapsed() > Duration::from_secs(60)
+                    || !Path::new(&format!("/proc/{pid}")).exists()
+                {
+                    break;
+                }
+                sleep(Duration::from_millis(2));
+            }
+            let mut written = Vec::new();
+            for (n, &(on_a, op, pick)) in writes.iter().enumerate() {
+                let root = if on_a { &a } else { &b };
+                match concurrent_write(root, op, pick, n + 1) {
+                    Some((path, marker)) => written.push((on_a, path, Some(marker))),
+                    None => written.push((on_a, String::new(), None)),
+                }
+            }
+            written
+        });
+        let out = child.wait_with_output().unwrap();
+        (out, w.join().unwrap())
+    });
+    let r = Run {
+        args,
+        code: out.status.code(),
+        stdout: out.stdout,
+        stderr: out.stderr,
+    };
+    assert!(matches!(r.code, Some(0) | Some(1)), "{r}");
+    // A later write to the same file on the same side replaced an earlier one (a
+    // delete: an empty marker): only the last write of each path and side is owed.
+    let mut last: BTreeMap<(bool, String), Vec<u8>> = BTreeMap::new();
+    for (on_a, path, marker) in &written {
+        if let Some(m) = marker {
+            last.insert((*on_a, path.clone()), m.clone());
+        }
+    }
+    last.retain(|_, m| !m.is_empty());
+    for ((_, path), marker) in &last {
+        if marker_kept(&p.a, &p.b, marker) {
+            continue;
+        }
+        assert!(
+            r.code == Some(1) && r.err().contains(path.as_str()),
+            "{path}: the writer's bytes {:?} are lost and not reported\n{r}",
+            String::from_utf8_lossy(marker)
+        );
+    }
+    // The next run converges, keeping every byte still on disk.
+    let r2 = p.run(&["--force", "--json"]);
+    r2.ok();
+    let (ra, rb) = (state(&p.a), state(&p.b));
+    assert!(
+        ra == rb,
+        "replicas differ after the next run\nA {ra:#?}\nB {rb:#?}\n{r}\n{r2}"
+    );
+    for ((_, path), marker) in &last {
+        assert!(
+            marker_kept(&p.a, &p.b, marker),
+            "{path}: lost by the next run\n{r}\n{r2}"
+        );
+    }
+    let r3 = p.run(&["--json"]);
+    r3.ok();
+    for k in [
+        "files_copied",
+        "files_deleted",
+        "dirs_created",
+        "conflicts",
+        "renamed",
+    ] {
+        assert_eq!(summary_field(&r3, k), 0, "{k}\n{r3}");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 12, ..model_config() })]
+
+    /// A concurrent writer on both sides during a run (see [`concurrent_case`]).
+    #[test]
+    fn model_concurrent_writer_loses_nothing(
+        edits in prop::collection::vec((0u8..2, 0u8..7, any::<u64>()), 0..8),
+        writes in prop::collection::vec((any::<bool>(), 0u8..5, any::<u64>()), 1..8),
+    ) {
+        concurrent_case(&edits, &writes);
+    }
+}
+
+// ------------------------------------------------------------------------------------------
 // kill -9 at random moments
 // ------------------------------------------------------------------------------------------
 
