@@ -1612,12 +1612,15 @@ fn copying(pid: u32, a: &Path, b: &Path) -> bool {
 fn concurrent_write(root: &Path, op: u8, pick: u64, n: usize) -> Option<(String, Vec<u8>)> {
     let files: Vec<PathBuf> = entries(root, Some(false))
         .into_iter()
-        .filter(|p| {
-            !p.to_string_lossy().contains("big") && !p.to_string_lossy().contains("conflict")
-        })
+        .filter(|p| !p.to_string_lossy().contains("conflict"))
         .collect();
     let marker = format!("<W{n}:{}>", "w".repeat(n)).into_bytes();
-    let chosen = (!files.is_empty()).then(|| files[(pick % files.len() as u64) as usize].clone());
+    // Half the time the big file whose paced copy is under way (B's copy is its target).
+    let chosen = if pick % 2 == 0 && root.join("big").is_file() {
+        Some(PathBuf::from("big"))
+    } else {
+        (!files.is_empty()).then(|| files[(pick / 2 % files.len() as u64) as usize].clone())
+    };
     match (op % 5, chosen) {
         (0, Some(p)) => {
             let mut d = fs::read(root.join(&p)).ok()?;
