@@ -1616,7 +1616,7 @@ fn concurrent_write(root: &Path, op: u8, pick: u64, n: usize) -> Option<(String,
         .collect();
     let marker = format!("<W{n}:{}>", "w".repeat(n)).into_bytes();
     // Half the time the big file whose paced copy is under way (B's copy is its target).
-    let chosen = if pick % 2 == 0 && root.join("big").is_file() {
+    let chosen = if pick.is_multiple_of(2) && root.join("big").is_file() {
         Some(PathBuf::from("big"))
     } else {
         (!files.is_empty()).then(|| files[(pick / 2 % files.len() as u64) as usize].clone())
