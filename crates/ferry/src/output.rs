@@ -297,11 +297,29 @@ impl Reporter for CliReporter {
     fn error(&self, path: &[u8], err: &io::Error) {
         let p = if path.is_empty() { b"." } else { path };
         let c = cause(err);
-        let line = error_line(p, &c);
+        // An error met reading the source of a copy names its side (a
+        // path names DST's entry otherwise): `ferry: SRC: PATH: open: ...`.
+        let src_op = match ferry_engine::store::op_of(err) {
+            Some((Some(ferry_engine::store::End::Src), op)) => Some(op),
+            _ => None,
+        };
+        let line = match src_op {
+            Some(op) => format!(
+                "ferry: SRC: {}: {}",
+                text_name_string(p),
+                text_name_string(format!("{op}: {c}").as_bytes())
+            ),
+            None => error_line(p, &c),
+        };
         self.with_bar_suspended(|| eprintln!("{line}"));
         if self.json {
             let mut line = Vec::new();
             line.extend_from_slice(b"{\"type\":\"error\",");
+            if let Some(op) = src_op {
+                line.extend_from_slice(b"\"side\":\"SRC\",\"op\":");
+                json_string(&mut line, op);
+                line.push(b',');
+            }
             json_name(&mut line, "path", path);
             line.extend_from_slice(b",\"error\":");
             json_string(&mut line, &c);

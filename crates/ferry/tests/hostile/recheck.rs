@@ -466,3 +466,36 @@ fn bisync_as_non_root_with_read_only_directories_converges() {
     );
     chmod(&b.join("rootdir"), 0o755);
 }
+
+/// Issue 28, output: sync's error met reading a source file names the side
+/// and the operation (the path alone reads as DST's): `ferry: SRC: f:
+/// open: Permission denied`. Before: `ferry: f: Permission denied`.
+#[test]
+fn sync_error_reading_the_source_names_src_and_the_operation() {
+    if !is_root() {
+        eprintln!("skipped: needs root to switch to user nobody");
+        return;
+    }
+    let t = tmpdir();
+    let base = t.path().join("home");
+    fs::create_dir(&base).unwrap();
+    let bin_copy = base.join("ferry");
+    fs::copy(bin(), &bin_copy).unwrap();
+    let (src, dst) = (base.join("src"), base.join("dst"));
+    write(&src, "f", b"root's secret");
+    write(&src, "g", b"readable");
+    chmod(t.path(), 0o755);
+    for p in [&base, &src, &src.join("g")] {
+        lchown(p, Some(65534), Some(65534)).unwrap();
+    }
+    chmod(&src.join("f"), 0o600);
+    let args: Vec<OsString> = vec!["sync".into(), src.clone().into(), dst.clone().into()];
+    let r = need!(as_nobody(&bin_copy, &args));
+    r.code_is(1);
+    assert_eq!(
+        r.error_lines(),
+        ["ferry: SRC: f: open: Permission denied"],
+        "{r}"
+    );
+    assert_eq!(fs::read(dst.join("g")).unwrap(), b"readable");
+}
