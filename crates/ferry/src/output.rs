@@ -312,13 +312,17 @@ impl Reporter for CliReporter {
 }
 
 /// Reports what a run reports (copy, sync or bisync), except the errors of
-/// requests refused because an S3 endpoint was declared unreachable: those
-/// make one line at the end, with their count, instead of one line per
-/// entry (they stay counted in the summary's errors).
+/// requests refused because an S3 endpoint was declared unreachable or an
+/// SSH or SFTP connection was lost: those make one line at the end instead
+/// of one line per entry (they stay counted in the summary's errors).
+///
+/// The line says the run stopped and that a rerun finishes it, with no
+/// count of what is left: the entries that failed are only those reached
+/// before the loss (a scan cut short never saw the rest), so their number
+/// is not what a rerun has to do.
 pub struct Unreachable<'a> {
     inner: &'a CliReporter,
     why: std::sync::OnceLock<String>,
-    undone: std::sync::atomic::AtomicU64,
 }
 
 impl<'a> Unreachable<'a> {
@@ -326,34 +330,36 @@ impl<'a> Unreachable<'a> {
         Unreachable {
             inner,
             why: std::sync::OnceLock::new(),
-            undone: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
-    /// True when `err` is one of those requests (or of a lost SSH
-    /// connection): counted, not shown.
+    /// True when `err` is one of those requests (or of a lost SSH or SFTP
+    /// connection): not shown, told once by [`Unreachable::finish`].
     fn swallowed(&self, err: &io::Error) -> bool {
         if !(ferry_s3::Unreachable::is(err) || ferry_ssh::Lost::is(err)) {
             return false;
         }
         let _ = self.why.set(cause(err));
-        self.undone
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         true
     }
 
-    /// The one line, if the endpoint was declared unreachable.
+    /// The one line, if the endpoint was declared unreachable or the
+    /// connection lost.
     pub fn finish(&self) {
         if let Some(why) = self.why.get() {
-            let n = self.undone.load(std::sync::atomic::Ordering::Relaxed);
-            let line = format!(
-                "ferry: {}; stopped, {n} {} left undone",
-                text_name_string(why.as_bytes()),
-                if n == 1 { "entry" } else { "entries" }
-            );
+            let line = stopped_line(why);
             self.inner.with_bar_suspended(|| eprintln!("{line}"));
         }
     }
+}
+
+/// The line of a run stopped by `why` (an endpoint unreachable, a
+/// connection lost): no count of what is left, which is not known.
+fn stopped_line(why: &str) -> String {
+    format!(
+        "ferry: {}; stopped; rerun to finish",
+        text_name_string(why.as_bytes())
+    )
 }
 
 impl Reporter for Unreachable<'_> {
