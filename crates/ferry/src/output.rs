@@ -15,11 +15,20 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 /// The cause of an error, without the "(os error N)" suffix.
 pub fn cause(e: &io::Error) -> String {
-    let s = e.to_string();
-    match s.find(" (os error") {
-        Some(i) => s[..i].to_string(),
-        None => s,
+    let mut s = e.to_string();
+    // Each ` (os error N)`, wherever it is: a message may quote an OS
+    // error inside its own words (`SFTP session lost (Connection reset by
+    // peer (os error 104)) (ssh: ...)`), which stay whole.
+    while let Some(i) = s.find(" (os error ") {
+        match s[i..].find(')') {
+            Some(j) => s.replace_range(i..i + j + 1, ""),
+            None => {
+                s.truncate(i);
+                break;
+            }
+        }
     }
+    s
 }
 
 /// An error line, `ferry: PATH: cause`, with the path and the cause escaped
@@ -661,5 +670,24 @@ impl Progress {
     pub fn finish(self) {
         let _ = self.stop.send(());
         let _ = self.handle.join();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn causes_lose_os_error_numbers_only() {
+        let e = |m: &str| cause(&io::Error::other(m.to_string()));
+        assert_eq!(
+            e("h: SFTP session lost (Connection reset by peer (os error 104)) (ssh: gone)"),
+            "h: SFTP session lost (Connection reset by peer) (ssh: gone)"
+        );
+        assert_eq!(
+            cause(&io::Error::from_raw_os_error(2)),
+            "No such file or directory"
+        );
+        assert_eq!(e("odd (os error 5"), "odd");
     }
 }

@@ -120,6 +120,8 @@ fn first_runs_at_once_wait_out_the_install_race() {
             })
             .collect();
         let runs: Vec<Run> = runs.into_iter().map(|t| t.join().unwrap()).collect();
+        let codes: Vec<_> = runs.iter().map(|r| r.code).collect();
+        eprintln!("round {round}: exit codes {codes:?}");
         let mut done = 0;
         for (i, r) in runs.iter().enumerate() {
             assert!(!r.err().contains("using SFTP"), "round {round}: {r}");
@@ -290,6 +292,12 @@ fn assert_stopped_line(r: &Run, cause: &str) {
     assert!(lines[0].contains(cause), "{r}");
     assert!(lines[0].ends_with("; stopped; rerun to finish"), "{r}");
     assert!(!r.err().contains("left undone"), "{r}");
+    // The cause whole (it was cut at its first " (os error", a parenthesis left open).
+    assert_eq!(
+        lines[0].matches('(').count(),
+        lines[0].matches(')').count(),
+        "{r}"
+    );
 }
 
 /// A tree of many small files in many directories (the scan takes a while).
