@@ -259,8 +259,9 @@ pub fn remote(root: &Root) -> Result<Remote, BackendError> {
     let mut fell = FELL_BACK.lock().unwrap();
     if !fell.contains(&key) {
         fell.push(key);
+        // What a user would not expect to lose is said, not only the switch.
         eprintln!(
-            "ferry: note: ferry cannot run on {}: using SFTP ({why})",
+            "ferry: note: ferry cannot run on {}: using SFTP (mtimes to the second; no owners, fifos, device nodes or holes) ({why})",
             r.host
         );
     }
