@@ -106,10 +106,12 @@ pub fn install(t: &Target, why: &str) -> Result<Target, String> {
 
 /// The shell command that installs the bytes on its stdin as `dir/name`
 /// when their SHA-256 is `sum`. It prints `installed`, or `there HASH`
-/// when the name was taken before its link (HASH: that file's).
+/// when the name was taken before its link (HASH: that file's). Its
+/// temporary goes however it ends: an upload cut short (this ferry or
+/// its ssh killed) ends its input or hangs it up.
 fn put_script(dir: &str, name: &str, sum: &str) -> String {
     format!(
-        "sum() {{ {SUM}; }}; set -e; umask 022; d={d}; mkdir -p \"$d\"; t=\"$d/.{name}.$$.tmp\"; trap 'rm -f \"$t\"' EXIT; cat > \"$t\"; [ \"$(sum \"$t\")\" = {sum} ] || {{ echo 'the upload arrived changed' >&2; exit 3; }}; chmod 755 \"$t\"; if ln \"$t\" \"$d/{name}\" 2>/dev/null; then echo installed; elif [ -e \"$d/{name}\" ]; then echo \"there $(sum \"$d/{name}\")\"; else ln \"$t\" \"$d/{name}\"; fi",
+        "sum() {{ {SUM}; }}; set -e; umask 022; d={d}; mkdir -p \"$d\"; t=\"$d/.{name}.$$.tmp\"; trap 'rm -f \"$t\"' EXIT; trap 'exit 4' HUP INT TERM PIPE; cat > \"$t\"; [ \"$(sum \"$t\")\" = {sum} ] || {{ echo 'the upload arrived changed' >&2; exit 3; }}; chmod 755 \"$t\"; if ln \"$t\" \"$d/{name}\" 2>/dev/null; then echo installed; elif [ -e \"$d/{name}\" ]; then echo \"there $(sum \"$d/{name}\")\"; else ln \"$t\" \"$d/{name}\"; fi",
         d = quote(dir)
     )
 }
