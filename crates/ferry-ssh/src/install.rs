@@ -47,7 +47,10 @@ pub fn install(t: &Target, why: &str) -> Result<Target, String> {
     let probe = format!(
         "sum() {{ {SUM}; }}; uname -sm; d=\"${{XDG_CACHE_HOME:-$HOME/.cache}}/ferry\"; echo \"$d\"; if [ -f \"$d/{name}\" ]; then sum \"$d/{name}\"; echo; fi"
     );
-    let out = run(t, &probe, None).map_err(|e| fail(format!("{}: {e}", t.host)))?;
+    let out = run(t, &probe, None).map_err(|e| match crate::conn::is_ssh_failure(&e) {
+        true => format!("{e} (looking for ferry's cache there)"),
+        false => fail(format!("{}: {e}", t.host)),
+    })?;
     let mut lines = out.lines();
     let (there, dir) = (lines.next().unwrap_or(""), lines.next().unwrap_or(""));
     if there.trim() != here.trim() {
@@ -83,6 +86,10 @@ pub fn install(t: &Target, why: &str) -> Result<Target, String> {
     // error.
     let out = match run(t, &put_script(dir, &name, &sum), Some(&bin)) {
         Ok(o) => o,
+        // ssh failed or was killed: the one line says so (the run stops).
+        Err(e) if crate::conn::is_ssh_failure(&e) => {
+            return Err(format!("{e} (installing ferry in {path})"))
+        }
         Err(e) => return Err(fail(format!("{}: installing ferry in {path}: {e}", t.host))),
     };
     match out.trim().strip_prefix("there") {
@@ -167,6 +174,16 @@ fn run(t: &Target, cmd: &str, input: Option<&[u8]>) -> Result<String, String> {
     let status = child.wait().map_err(|e| e.to_string())?;
     let err = errt.join().unwrap_or_default();
     let fed = feed.map(|f| f.join());
+    // ssh itself failed (exit 255: unreachable, authentication, ...) or
+    // was killed: said as for a session, so that the run stops (exit 2)
+    // rather than take the host for one where ferry cannot run.
+    if status.code() == Some(255) {
+        let tail: Vec<String> = err.lines().map(str::to_string).collect();
+        return Err(crate::conn::classify(t, Some(255), &tail));
+    }
+    if status.code().is_none() {
+        return Err(format!("{}: ssh failed: {status}", t.host));
+    }
     if !status.success() {
         // The last words on stderr, else on stdout (an SFTP-only server
         // answers a command with a line there).

@@ -221,6 +221,59 @@ fn a_first_run_killed_mid_install_leaves_no_temporary_and_the_rerun_installs() {
     assert_eq!(cache_files(&home).len(), 1, "{:?}", cache_files(&home));
 }
 
+/// The install's ssh killed mid-upload (the connection lost while ferry is being put on
+/// the host): the run is not taken for one on a host where ferry cannot run, so it does
+/// not go over SFTP without the fifo and the nanoseconds: exit 2, one line, nothing done;
+/// the rerun installs and keeps everything. (Before: the SFTP fallback, exit 0, the fifo
+/// skipped and the mtimes cut to the second.)
+#[test]
+fn an_install_cut_by_a_lost_connection_stops_rather_than_fall_back() {
+    let (rsh, host) = need!(ssh_server());
+    let d = tmpdir();
+    let home = d.path().join("home");
+    std::fs::create_dir(&home).unwrap();
+    let rsh = rsh_home(&rsh, d.path(), &home);
+    let src = d.path().join("src");
+    rich_tree(&src);
+    let dst = d.path().join("dst");
+    let args: Vec<OsString> = vec![
+        "copy".into(),
+        "-e".into(),
+        rsh.clone().into(),
+        src.clone().into(),
+        at(&host, &dst),
+    ];
+    let mut cmd = std::process::Command::new(bin());
+    cmd.args(&args).stdin(std::process::Stdio::null());
+    let run = std::thread::spawn(move || run_within(cmd, Duration::from_secs(300)));
+    // Once the upload has begun (a temporary with some bytes), its ssh is killed.
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while !cache_files(&home)
+        .iter()
+        .any(|p| std::fs::metadata(p).is_ok_and(|m| m.len() > 0))
+    {
+        assert!(std::time::Instant::now() < deadline, "no upload began");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    kill_ssh(d.path());
+    let r = run.join().unwrap();
+    eprintln!("the run cut: exit {:?}: {}", r.code, r.err().trim());
+    assert!(!r.err().contains("using SFTP"), "{r}");
+    match r.code {
+        // The upload was through before the kill: everything kept (fifo, nanoseconds).
+        Some(0) => assert_eq!(tree_diffs(&src, &dst), Vec::<String>::new(), "{r}"),
+        Some(2) => {
+            assert_eq!(r.error_lines().len(), 1, "{r}");
+            assert!(r.err().contains("ssh failed"), "{r}");
+            assert!(!dst.exists(), "nothing done: {r}");
+        }
+        _ => panic!("neither done nor refused: {r}"),
+    }
+    let r = ferry(&args);
+    r.ok();
+    assert_eq!(tree_diffs(&src, &dst), Vec::<String>::new(), "{r}");
+}
+
 /// A cached binary tampered with (same name, other bytes; still an executable): never run,
 /// never replaced, and no SFTP in its place: one line `HOST: PATH is not this ferry (...)`,
 /// exit 2, DST untouched. (Before: with SFTP working, the run went on over SFTP with a
@@ -339,6 +392,12 @@ fn kill_mid_run(cmd: std::process::Command, dir: &Path, dst: &Path, n: usize) ->
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+    kill_ssh(dir);
+    run.join().unwrap()
+}
+
+/// Kill every ssh the -e wrapper in `dir` started that still runs.
+fn kill_ssh(dir: &Path) {
     // Only pids that are still this run's ssh (an ssh that ended may have left its pid to
     // another process).
     let pids = std::fs::read_to_string(dir.join("pids")).unwrap();
@@ -350,7 +409,6 @@ fn kill_mid_run(cmd: std::process::Command, dir: &Path, dst: &Path, n: usize) ->
             let _ = std::process::Command::new("kill").args(["-9", p]).status();
         }
     }
-    run.join().unwrap()
 }
 
 /// The one line of a run stopped by a lost connection: no count (the scan was cut short,
