@@ -368,6 +368,22 @@ fn no_fallback_to_sftp_that_drops_what_was_asked() {
         assert!(!dst.exists(), "nothing done: {r}");
         assert!(cache_files(&home).is_empty(), "{r}");
     }
+    // bisync the same (-X, -A).
+    let r = ferry([
+        "bisync".as_ref(),
+        "--no-remote-install".as_ref(),
+        "-A".as_ref(),
+        "-e".as_ref(),
+        rsh.as_ref() as &std::ffi::OsStr,
+        "--journal".as_ref(),
+        d.path().join("j.db").as_os_str(),
+        src.as_os_str(),
+        &at(&host, &dst),
+    ]);
+    r.code_is(2);
+    assert_eq!(r.error_lines().len(), 1, "{r}");
+    assert!(r.err().contains("-A (ACLs) would be lost"), "{r}");
+    assert!(!dst.exists(), "nothing done: {r}");
     // Nothing asked that SFTP cannot keep: SFTP, said once.
     let r = copy(&[]);
     r.ok();
