@@ -56,6 +56,10 @@ pub struct Settings {
     pub connections: Option<u16>,
     /// `--no-remote-install`.
     pub no_remote_install: bool,
+    /// What the command line asks for that only ferry on the remote keeps
+    /// (`-H (hard links)`, ...): where ferry cannot run, the run stops
+    /// rather than go over SFTP without it.
+    pub only_ferry_keeps: Vec<String>,
 }
 
 static SETTINGS: OnceLock<Settings> = OnceLock::new();
@@ -886,6 +890,17 @@ pub fn is_ssh_failure(why: &str) -> bool {
     ]
     .iter()
     .any(|s| why.contains(s))
+}
+
+/// True when `why`, a message of [`connect`] for a session that did not
+/// start, says that ferry cannot run on the host (none there, none
+/// installed: `--no-remote-install`, another OS or architecture, a server
+/// that runs no commands), where SFTP may serve the host instead. False
+/// when ssh itself failed, and when ferry refused: a cached file of its
+/// name that is not this binary ([`crate::install::NOT_THIS`]) is told
+/// and the run stops, as docs/CLI.md says.
+pub fn ferry_cannot_run(why: &str) -> bool {
+    !is_ssh_failure(why) && !why.contains(crate::install::NOT_THIS)
 }
 
 /// One line for a session that did not start: what ssh or the remote said.

@@ -266,16 +266,34 @@ pub struct TransferArgs {
 }
 
 impl TransferArgs {
-    /// Make the SSH flags this run's settings for SSH locations.
-    pub fn configure_ssh(&self) {
+    /// Make the SSH flags this run's settings for SSH locations; `keeps`:
+    /// what the command line asks for that only ferry on the remote keeps
+    /// ([`only_ferry_keeps`]).
+    pub fn configure_ssh(&self, keeps: Vec<String>) {
         ferry_ssh::configure(ferry_ssh::Settings {
             rsh: self.rsh.clone(),
             remote_ferry: self.remote_ferry.clone(),
             connections: self.connections,
             no_remote_install: self.no_remote_install,
+            only_ferry_keeps: keeps,
         });
         ferry_backends::force_sftp(self.sftp);
     }
+}
+
+/// What `-H` and `attrs` ask for that SFTP cannot keep (docs/CLI.md,
+/// "SFTP"): a host where ferry cannot run is then not served over SFTP in
+/// its place.
+pub fn only_ferry_keeps(hard_links: bool, attrs: &AttrArgs) -> Vec<String> {
+    [
+        (hard_links, "-H (hard links)"),
+        (attrs.xattrs, "-X (extended attributes)"),
+        (attrs.acls, "-A (ACLs)"),
+    ]
+    .iter()
+    .filter(|(on, _)| *on)
+    .map(|(_, what)| what.to_string())
+    .collect()
 }
 
 /// `--watch` and its settings (copy, sync, bisync; docs/CLI.md).

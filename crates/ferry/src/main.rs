@@ -44,12 +44,14 @@ fn main() -> ExitCode {
         Command::Versions(_) | Command::Restore(_) => None,
     };
     match &cli.command {
-        Command::Copy(a) | Command::Sync(a) => a.tx.configure_ssh(),
-        Command::Bisync(a) => a.tx.configure_ssh(),
-        Command::Ls(a) => a.tx.configure_ssh(),
+        Command::Copy(a) | Command::Sync(a) => {
+            a.tx.configure_ssh(args::only_ferry_keeps(a.hard_links, &a.attrs))
+        }
+        Command::Bisync(a) => a.tx.configure_ssh(args::only_ferry_keeps(false, &a.attrs)),
+        Command::Ls(a) => a.tx.configure_ssh(Vec::new()),
         Command::Cleanup(_) | Command::Serve => {}
-        Command::Versions(a) => a.tx.configure_ssh(),
-        Command::Restore(a) => a.tx.configure_ssh(),
+        Command::Versions(a) => a.tx.configure_ssh(Vec::new()),
+        Command::Restore(a) => a.tx.configure_ssh(Vec::new()),
     }
     if let Some(t) = cli.timeout {
         ferry_s3::set_timeout(t);
