@@ -515,6 +515,19 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         }
     }
 
+    /// With `--suffix` alone, the source's names that end in the suffix
+    /// are synced like any other: no keep may take them ([`Keeper::reserve`]).
+    fn reserve_source_names(&self, node: &Node<S, D>, src_list: &Listing) {
+        if let Some(k) = self.opts.keep.as_deref() {
+            for e in src_list.entries() {
+                let name = src_list.name(e);
+                if k.protects(name) {
+                    k.reserve(&self.path(node, name));
+                }
+            }
+        }
+    }
+
     /// True for a path below the root that the run never touches:
     /// `.ferry-versions` or the backup directory inside the destination,
     /// or anything below them.
@@ -814,6 +827,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             self.drop_untouched(&node.rel, &mut src_list, false);
             self.drop_untouched(&node.rel, &mut dst_list, false);
         }
+        self.reserve_source_names(node, &src_list);
         if let Some(f) = &self.opts.filter {
             if let Err(e) = self.filter_pair(
                 f,
