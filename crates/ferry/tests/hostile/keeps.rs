@@ -410,8 +410,10 @@ fn versions_json_gives_raw_paths_without_double_slashes() {
     mkdirs(&dst, "d");
     let names: [&[u8]; 3] = [b"-n\nl.txt", b"bad\xff~x", b"~tilde"];
     for n in names {
-        write(&dst, os(&[b"d/", n].concat()), b"v1");
-        write(&src, os(&[b"d/", n].concat()), b"v2 longer");
+        for d in [&b"d/"[..], b""] {
+            write(&dst, os(&[d, n].concat()), b"v1");
+            write(&src, os(&[d, n].concat()), b"v2 longer");
+        }
     }
     let mut c = Command::new(bin());
     c.args([OsString::from("sync"), "--versions".into()])
@@ -423,20 +425,28 @@ fn versions_json_gives_raw_paths_without_double_slashes() {
     // The replica given with a trailing slash, and a file of it.
     let mut typed = dst.clone().into_os_string();
     typed.push("/");
-    for (arg, want) in [(typed, 3), (named(&dst.join("d"), names[0]).into_os_string(), 1)] {
+    for (arg, want) in [
+        (typed, 6),
+        (named(&dst.join("d"), names[0]).into_os_string(), 1),
+        (named(&dst, names[0]).into_os_string(), 1),
+    ] {
         let r = ferry([OsString::from("versions"), "--json".into(), arg]);
         r.ok();
         let lines = json_lines(&r);
         assert_eq!(lines.len(), want, "{r}");
         for j in &lines {
             let rel = raw_field(j, "path");
-            let (_, name) = rel.split_at(2);
+            let (dir, name) = match rel.strip_prefix(b"d/") {
+                Some(n) => (&b"d/"[..], n),
+                None => (&b""[..], &rel[..]),
+            };
             let (stem, ext) = match name.iter().rposition(|&c| c == b'.') {
                 Some(i) if i > 0 => name.split_at(i),
                 _ => (name, &b""[..]),
             };
             let mut want_where = dst.as_os_str().as_bytes().to_vec();
-            want_where.extend_from_slice(b"/.ferry-versions/d/");
+            want_where.extend_from_slice(b"/.ferry-versions/");
+            want_where.extend_from_slice(dir);
             want_where.extend_from_slice(&[stem, b"~20261125-163343", ext].concat());
             let got = raw_field(j, "where");
             assert_eq!(
@@ -494,4 +504,32 @@ fn a_keep_that_finds_no_room_replaces_nothing_and_leaves_no_temporary() {
     assert_eq!(read(&dst.join("small")), b"small v2 (new)", "the rest goes on");
     assert_eq!(read(&bak.join("small")), b"small v1");
     assert_eq!(names(&bak), vec![b"small".to_vec()], "no temporary left");
+}
+
+#[test]
+fn restore_puts_back_attributes_acls_owner_mode_and_mtime() {
+    need!(if is_root() {
+        Ok(())
+    } else {
+        Err("giving a file another owner needs root")
+    });
+    let t = tmpdir();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    write(&dst, "d/f", b"the old f");
+    dress(&dst.join("d/f"), "f");
+    let ff = faithful(&dst.join("d/f"));
+    write(&src, "d/f", b"the new f, longer");
+    ferry([
+        OsString::from("sync"),
+        "-X".into(),
+        "-A".into(),
+        "--versions".into(),
+        src.clone().into(),
+        dst.clone().into(),
+    ])
+    .ok();
+    let r = ferry([OsString::from("restore"), dst.join("d/f").into()]);
+    r.ok();
+    assert_eq!(read(&dst.join("d/f")), b"the old f");
+    assert_eq!(faithful(&dst.join("d/f")), ff, "the restored f\n{r}");
 }
