@@ -13,9 +13,9 @@
 use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
-use std::sync::atomic::AtomicBool;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
 
 use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags, RenameFlags, Timespec, Timestamps};
 use rustix::io::Errno;
@@ -344,6 +344,40 @@ mod tests {
         }
         let kept = shm.path().join("k/f");
         assert_eq!(std::fs::read(&kept).unwrap(), b"bytes");
+        // Holes stay holes, attributes come along.
+        let big = root.join("big");
+        let f = std::fs::File::create(&big).unwrap();
+        f.set_len(64 << 20).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&f, b"data at 32 MiB", 32 << 20).unwrap();
+        let bc = CString::new(big.as_os_str().as_bytes()).unwrap();
+        let attr_ok = rfs::setxattr(&bc, c"user.k", b"v", rfs::XattrFlags::empty()).is_ok();
+        let to = KeepTo {
+            base: &base,
+            path: b"k/big",
+            overwrite: false,
+            replacing: true,
+        };
+        keep(&root, d.as_fd(), c"big", &to).unwrap();
+        let kb = shm.path().join("k/big");
+        let m = std::fs::metadata(&kb).unwrap();
+        assert_eq!(m.len(), 64 << 20);
+        assert!(m.blocks() * 512 < 1 << 20, "{} blocks", m.blocks());
+        let mut buf = [0u8; 14];
+        std::os::unix::fs::FileExt::read_exact_at(
+            &std::fs::File::open(&kb).unwrap(),
+            &mut buf,
+            32 << 20,
+        )
+        .unwrap();
+        assert_eq!(&buf, b"data at 32 MiB");
+        if attr_ok {
+            let kc = CString::new(kb.as_os_str().as_bytes()).unwrap();
+            let mut v = [0u8; 8];
+            assert_eq!(rfs::getxattr(&kc, c"user.k", &mut v[..]).ok(), Some(1));
+        }
+        // A taken name: AlreadyExists, nothing replaced.
+        let e = keep(&root, d.as_fd(), c"big", &to).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::AlreadyExists);
         assert_eq!(std::fs::metadata(&kept).unwrap().mtime(), 1_000_000);
         assert!(!root.join("f").exists());
         assert_eq!(

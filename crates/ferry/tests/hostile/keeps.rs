@@ -279,7 +279,10 @@ fn faithful(p: &Path) -> Faithful {
 
 /// SRC and DST for the faithful tests: DST has `f` (dressed) and `big` (1
 /// GiB, 3 MiB of data, dressed too); SRC has new contents of both.
-fn two_sides(t: &Path) -> (PathBuf, PathBuf, Faithful, Faithful, (u64, Vec<Vec<u8>>)) {
+/// SRC, DST, what DST's `f` and `big` carry, and `big`'s data.
+type Sides = (PathBuf, PathBuf, Faithful, Faithful, (u64, Vec<Vec<u8>>));
+
+fn two_sides(t: &Path) -> Sides {
     let (src, dst) = (t.join("src"), t.join("dst"));
     mkdirs(&src, "");
     mkdirs(&dst, "");
@@ -340,7 +343,12 @@ fn version_of(vdir: &Path, stem: &str) -> PathBuf {
                 .starts_with(&format!("{stem}~"))
         })
         .collect();
-    assert_eq!(v.len(), 1, "one version of {stem} in {}: {v:?}", vdir.display());
+    assert_eq!(
+        v.len(),
+        1,
+        "one version of {stem} in {}: {v:?}",
+        vdir.display()
+    );
     v[0].clone()
 }
 
@@ -391,9 +399,7 @@ fn versions_on_another_filesystem_and_restore_keep_attributes_acls_owner_and_hol
 /// present, else the string.
 fn raw_field(j: &Json, key: &str) -> Vec<u8> {
     match j.str_field(&format!("{key}_bytes")) {
-        Some(b) => base64::engine::general_purpose::STANDARD
-            .decode(b)
-            .unwrap(),
+        Some(b) => base64::engine::general_purpose::STANDARD.decode(b).unwrap(),
         None => j
             .str_field(key)
             .unwrap_or_else(|| panic!("no {key} in {j}"))
@@ -501,7 +507,11 @@ fn a_keep_that_finds_no_room_replaces_nothing_and_leaves_no_temporary() {
         "{r}"
     );
     assert_eq!(read(&dst.join("dense")), old, "not replaced: nothing lost");
-    assert_eq!(read(&dst.join("small")), b"small v2 (new)", "the rest goes on");
+    assert_eq!(
+        read(&dst.join("small")),
+        b"small v2 (new)",
+        "the rest goes on"
+    );
     assert_eq!(read(&bak.join("small")), b"small v1");
     assert_eq!(names(&bak), vec![b"small".to_vec()], "no temporary left");
 }
