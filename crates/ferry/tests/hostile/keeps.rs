@@ -543,3 +543,37 @@ fn restore_puts_back_attributes_acls_owner_mode_and_mtime() {
     assert_eq!(read(&dst.join("d/f")), b"the old f");
     assert_eq!(faithful(&dst.join("d/f")), ff, "the restored f\n{r}");
 }
+
+/// The same rule over ssh (`ferry serve` keeps) and SFTP (the server
+/// renames and links): a user's `NAME~` and an older keep stay.
+#[test]
+fn remote_keeps_never_replace_a_users_file() {
+    use crate::util::ssh::{ssh_at, ssh_server};
+    let (rsh, host) = need!(ssh_server());
+    for sftp in [false, true] {
+        let t = tmpdir();
+        let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+        write(&dst, os(HOSTILE), b"v1");
+        write(&dst, os(&[HOSTILE, b"~"].concat()), b"the user's");
+        let mut args: Vec<OsString> =
+            vec!["sync".into(), "-b".into(), "-e".into(), rsh.clone().into()];
+        if sftp {
+            args.push("--sftp".into());
+        } else {
+            args.push("--remote-ferry".into());
+            args.push(bin());
+        }
+        args.push(src.clone().into());
+        args.push(ssh_at(&host, &dst));
+        for v in [&b"v2 (new)"[..], b"v3 (newer)"] {
+            write(&src, os(HOSTILE), v);
+            let r = ferry(&args);
+            r.ok();
+        }
+        let got = |suffix: &[u8]| read(&named(&dst, &[HOSTILE, suffix].concat()));
+        assert_eq!(got(b""), b"v3 (newer)", "sftp {sftp}");
+        assert_eq!(got(b"~"), b"the user's", "sftp {sftp}");
+        assert_eq!(got(b"~1~"), b"v1", "sftp {sftp}");
+        assert_eq!(got(b"~2~"), b"v2 (new)", "sftp {sftp}");
+    }
+}
