@@ -125,8 +125,9 @@ pub struct KeepTo<'a> {
     pub base: &'a KeepBase,
     /// Where the entry goes below `base`.
     pub path: &'a [u8],
-    /// Replace an entry already at `path` (`--backup-dir`, `--suffix`);
-    /// when false the store fails with `AlreadyExists` instead (versions).
+    /// Replace an entry already at `path`; when false the store fails
+    /// with `AlreadyExists` instead, atomically (a link, a rename without
+    /// replace). [`Keeper::keep`] never replaces: it tries the next name.
     pub overwrite: bool,
     /// The run is about to replace the entry with a new one, rather than
     /// remove it: the store may leave the entry in place if its kept copy
