@@ -473,6 +473,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         }
         let to = match dir {
             Some(d) if !self.dry_run => k.keep(self.dst, d, name, path, meta, replacing)?,
+            Some(d) => k.place_in(self.dst, d, path),
             _ => {
                 let (base, at) = k.target(path, 1);
                 keep::shown(&base, &at)
@@ -1580,7 +1581,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         };
         if self.dry_run {
             if let Some(dm) = &dst_meta {
-                let _ = self.keep_old(None, name, &path, dm, true);
+                let _ = self.keep_old(node.dst.as_ref(), name, &path, dm, true);
             }
             self.rep.action(action, &path, meta.size);
             Stats::add(&self.stats.files_copied, 1);
@@ -1734,7 +1735,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         };
         if self.dry_run {
             if let Some(dm) = &dm {
-                let _ = self.keep_old(None, dst_name, path, dm, true);
+                let _ = self.keep_old(Some(&ddir), dst_name, path, dm, true);
             }
             self.rep.action(action, path, sm.size);
             Stats::add(&self.stats.files_copied, 1);

@@ -293,6 +293,30 @@ impl Keeper {
         shown(&base, &path)
     }
 
+    /// Where the entry `name` of `dir` (at `rel`) would be kept, for a dry
+    /// run: with `--suffix` alone the names beside it that are taken (one
+    /// `stat` each) or that the source has are passed over, as
+    /// [`Keeper::keep`] would; elsewhere the first name tried.
+    pub fn place_in<D: Store + ?Sized>(&self, store: &D, dir: &D::Dir, rel: &[u8]) -> Vec<u8> {
+        let KeepRule::Suffix(_) = self.rule else {
+            return self.place(rel);
+        };
+        let mut n = 1;
+        loop {
+            let (base, path) = self.target(rel, n);
+            let (_, last) = split_parent(&path);
+            let taken = n < MAX_TRIES
+                && (self.is_reserved(&base, &path)
+                    || std::ffi::CString::new(last)
+                        .ok()
+                        .is_some_and(|c| matches!(store.stat(dir, &c), Ok(Some(_)))));
+            if !taken {
+                return shown(&base, &path);
+            }
+            n += 1;
+        }
+    }
+
     /// True for a destination name that sync must never delete: with
     /// `--suffix` alone, the backups beside their files (rsync's protect
     /// rule for its backup suffix).

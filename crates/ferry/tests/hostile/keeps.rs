@@ -61,6 +61,30 @@ fn suffix_keeps_take_a_free_name_never_a_users_file_nor_a_source_name() {
     write(&src, os(HOSTILE), b"hostile v2 (new)");
     write(&dst, os(HOSTILE), b"hostile v1");
     write(&dst, os(&hostile_kept), b"the user's hostile~");
+    // A dry run names the places the run takes.
+    let r = ferry([
+        OsString::from("sync"),
+        "-b".into(),
+        "-n".into(),
+        "--json".into(),
+        src.clone().into(),
+        dst.clone().into(),
+    ]);
+    r.ok();
+    let mut said: Vec<(Vec<u8>, Vec<u8>)> = json_lines(&r)
+        .iter()
+        .filter(|j| j.str_field("type") == Some("keep"))
+        .map(|j| (raw_field(j, "path"), raw_field(j, "to")))
+        .collect();
+    said.sort();
+    let mut want: Vec<(Vec<u8>, Vec<u8>)> = vec![
+        (HOSTILE.to_vec(), [HOSTILE, b"~1~"].concat()),
+        (b"bar".to_vec(), b"bar~1~".to_vec()),
+        (b"baz~".to_vec(), b"baz~~".to_vec()),
+        (b"foo".to_vec(), b"foo~1~".to_vec()),
+    ];
+    want.sort();
+    assert_eq!(said, want, "{r}");
     let r = ferry([
         OsString::from("sync"),
         "-b".into(),
