@@ -51,12 +51,7 @@ pub(crate) fn keep(
         let res = if to.replacing {
             link(dir, name, &tc, &t, to.overwrite)
         } else {
-            let flags = if to.overwrite {
-                RenameFlags::empty()
-            } else {
-                RenameFlags::NOREPLACE
-            };
-            rfs::renameat_with(dir, name, rfs::CWD, &tc, flags)
+            rename(dir, name, rfs::CWD, &tc, to.overwrite)
         };
         match res {
             Ok(()) => return Ok(()),
@@ -89,6 +84,39 @@ pub(crate) fn keep(
             }
             Err(e) => return Err(e.into()),
         }
+    }
+}
+
+/// Rename `from` of `fdir` to `to` of `tdir`; unless `overwrite`, never
+/// over an existing entry (`EXIST`). A filesystem without
+/// `RENAME_NOREPLACE` (NFS, FUSE: `EINVAL`) gets a hard link (which never
+/// replaces) and an unlink of the old name; one without hard links either
+/// a check of the name just before the rename.
+fn rename(
+    fdir: BorrowedFd<'_>,
+    from: &CStr,
+    tdir: BorrowedFd<'_>,
+    to: &CStr,
+    overwrite: bool,
+) -> Result<(), Errno> {
+    if overwrite {
+        return rfs::renameat(fdir, from, tdir, to);
+    }
+    match rfs::renameat_with(fdir, from, tdir, to, RenameFlags::NOREPLACE) {
+        Err(Errno::INVAL | Errno::NOSYS | Errno::OPNOTSUPP) => {
+            match rfs::linkat(fdir, from, tdir, to, AtFlags::empty()) {
+                Ok(()) => rfs::unlinkat(fdir, from, AtFlags::empty()),
+                Err(Errno::PERM | Errno::OPNOTSUPP | Errno::MLINK) => {
+                    match rfs::statat(tdir, to, AtFlags::SYMLINK_NOFOLLOW) {
+                        Ok(_) => Err(Errno::EXIST),
+                        Err(Errno::NOENT) => rfs::renameat(fdir, from, tdir, to),
+                        Err(e) => Err(e),
+                    }
+                }
+                Err(e) => Err(e),
+            }
+        }
+        r => r,
     }
 }
 
@@ -253,12 +281,7 @@ fn copy(dir: BorrowedFd<'_>, name: &CStr, t: &Path, overwrite: bool) -> io::Resu
         };
         rfs::utimensat(rfs::CWD, &tmp, &times, AtFlags::SYMLINK_NOFOLLOW)?;
         drop((src_fd, dst_fd));
-        let flags = if overwrite {
-            RenameFlags::empty()
-        } else {
-            RenameFlags::NOREPLACE
-        };
-        match rfs::renameat_with(rfs::CWD, &tmp, rfs::CWD, &tc, flags) {
+        match rename(rfs::CWD, &tmp, rfs::CWD, &tc, overwrite) {
             Err(Errno::EXIST) => Err(io::Error::from(io::ErrorKind::AlreadyExists)),
             r => Ok(r?),
         }
