@@ -18,6 +18,10 @@
 //! - `--suffix SUF` alone: beside the entry, `<path>SUF`; sync never
 //!   deletes names ending in `SUF` (rsync's protect rule) unless the
 //!   source has them too: a source's `foo~` is synced like any file.
+//! - `--versions`: `.ferry-versions/<dir>/<stem>~YYYYMMDD-HHMMSS.<ext>` in
+//!   the replica's root ([`VERSIONS_DIR`], never synced), the time that of
+//!   the run in UTC; a second version of the same file in the same second
+//!   gets `-2`, `-3`, ... after the time.
 //!
 //! A keep never replaces an entry (rsync's and rclone's do): when the name
 //! is taken, by an older keep, a user's file, or a name the source has
@@ -25,10 +29,7 @@
 //! the first free one of `<path>SUF1SUF`, `<path>SUF2SUF`, ... (`foo~1~`,
 //! `foo~2~`; `SUF` is `~` there when `--backup-dir` has no suffix), so the
 //! highest number is the newest keep and every name still ends in `SUF`.
-//! - `--versions`: `.ferry-versions/<dir>/<stem>~YYYYMMDD-HHMMSS.<ext>` in
-//!   the replica's root ([`VERSIONS_DIR`], never synced), the time that of
-//!   the run in UTC; a second version of the same file in the same second
-//!   gets `-2`, `-3`, ... after the time.
+//! (Versions have their own numbers, `-2`, `-3`, ...)
 
 use std::ffi::CStr;
 use std::io;
@@ -351,12 +352,14 @@ const MAX_TRIES: u32 = 10_000;
 /// `foo`, `foo~1~`).
 fn numbered(rel: &[u8], suffix: &[u8], n: u32) -> Vec<u8> {
     let mut p = rel.to_vec();
-    p.extend_from_slice(suffix);
+    // The suffix, or `~` when there is none and a number follows.
+    let mark: &[u8] = if suffix.is_empty() && n > 1 {
+        b"~"
+    } else {
+        suffix
+    };
+    p.extend_from_slice(mark);
     if n > 1 {
-        let mark: &[u8] = if suffix.is_empty() { b"~" } else { suffix };
-        if suffix.is_empty() {
-            p.extend_from_slice(mark);
-        }
         p.extend_from_slice((n - 1).to_string().as_bytes());
         p.extend_from_slice(mark);
     }
