@@ -180,9 +180,11 @@ fn find_replica(path: &Path, endpoint: Option<&str>) -> Result<Replica, String> 
                     b"/" => [b"/", VERSIONS_DIR].concat(),
                     _ => [c, b"/", VERSIONS_DIR].concat(),
                 };
-                let m = s
-                    .stat_path(&probe, true)
-                    .map_err(|e| format!("{typed}: {}", cause(&e)))?;
+                // A file at PATH: no `.ferry-versions` below it.
+                let m = match s.stat_path(&probe, true) {
+                    Err(e) if missing(&e) => None,
+                    r => r.map_err(|e| format!("{typed}: {}", cause(&e)))?,
+                };
                 if m.is_some_and(|m| m.kind == Kind::Dir) {
                     let rel = path[cut..].strip_prefix(b"/").unwrap_or(&path[cut..]);
                     return Ok(Replica {

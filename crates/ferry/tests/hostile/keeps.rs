@@ -676,3 +676,38 @@ fn backup_dir_without_attributes_or_room_for_a_name_loses_nothing() {
         "no temporary left\n{r}"
     );
 }
+
+/// `ferry versions` and `ferry restore` of a file over ssh: the file is
+/// found (it is no directory to look into), and the restore puts back its
+/// attributes as a local one does.
+#[test]
+fn versions_and_restore_of_a_file_over_ssh() {
+    use crate::util::ssh::{ferry_ssh, ssh_at, ssh_server};
+    let (rsh, host) = need!(ssh_server());
+    let t = tmpdir();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    write(&dst, "d/f", b"old f");
+    set_attr(&dst.join("d/f"), "user.note", b"kept");
+    write(&src, "d/f", b"new f, longer");
+    ferry([
+        OsString::from("sync"),
+        "-X".into(),
+        "--versions".into(),
+        src.clone().into(),
+        dst.clone().into(),
+    ])
+    .ok();
+    let at = ssh_at(&host, &dst.join("d/f"));
+    let r = ferry_ssh(&rsh, "versions", &[OsString::from("--json"), at.clone()]);
+    r.ok();
+    let lines = json_lines(&r);
+    assert_eq!(lines.len(), 1, "{r}");
+    let w = raw_field(&lines[0], "where");
+    assert!(!w.windows(2).any(|p| p == b"//"), "{r}");
+    ferry_ssh(&rsh, "restore", &[at]).ok();
+    assert_eq!(read(&dst.join("d/f")), b"old f");
+    assert_eq!(
+        attrs(&dst.join("d/f")),
+        vec![(b"user.note".to_vec(), b"kept".to_vec())]
+    );
+}
