@@ -473,6 +473,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         }
         let to = match dir {
             Some(d) if !self.dry_run => k.keep(self.dst, d, name, path, meta, replacing)?,
+            Some(d) => k.place_in(self.dst, d, path),
             _ => {
                 let (base, at) = k.target(path, 1);
                 keep::shown(&base, &at)
@@ -511,6 +512,19 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         if let (true, Some(k)) = (dst, self.opts.keep.as_deref()) {
             if list.entries().iter().any(|e| k.protects(list.name(e))) {
                 list.retain_names(|n| !k.protects(n));
+            }
+        }
+    }
+
+    /// With `--suffix` alone, the source's names that end in the suffix
+    /// are synced like any other: no keep may take them ([`Keeper::reserve`]).
+    fn reserve_source_names(&self, node: &Node<S, D>, src_list: &Listing) {
+        if let Some(k) = self.opts.keep.as_deref() {
+            for e in src_list.entries() {
+                let name = src_list.name(e);
+                if k.protects(name) {
+                    k.reserve(&self.path(node, name));
+                }
             }
         }
     }
@@ -814,6 +828,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             self.drop_untouched(&node.rel, &mut src_list, false);
             self.drop_untouched(&node.rel, &mut dst_list, false);
         }
+        self.reserve_source_names(node, &src_list);
         if let Some(f) = &self.opts.filter {
             if let Err(e) = self.filter_pair(
                 f,
@@ -1566,7 +1581,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         };
         if self.dry_run {
             if let Some(dm) = &dst_meta {
-                let _ = self.keep_old(None, name, &path, dm, true);
+                let _ = self.keep_old(node.dst.as_ref(), name, &path, dm, true);
             }
             self.rep.action(action, &path, meta.size);
             Stats::add(&self.stats.files_copied, 1);
@@ -1720,7 +1735,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         };
         if self.dry_run {
             if let Some(dm) = &dm {
-                let _ = self.keep_old(None, dst_name, path, dm, true);
+                let _ = self.keep_old(Some(&ddir), dst_name, path, dm, true);
             }
             self.rep.action(action, path, sm.size);
             Stats::add(&self.stats.files_copied, 1);
