@@ -167,6 +167,13 @@ pub struct Ctx<'a> {
     /// Keys unreadable on A and on B, with everything below them (looked
     /// at only for paths with something to do).
     pub unknown: [&'a Mutex<Vec<Vec<u8>>>; 2],
+    /// Keys listed on A and on B beside an error of the same name: an S3
+    /// object `a` beside objects `a/...` is listed as the directory `a`
+    /// and its object `a` reported (and left alone). The directory and
+    /// what is below it are synced; the path itself only where every entry
+    /// of it (each side's, the journal's) is a directory, so nothing writes
+    /// or removes a file of that name.
+    pub shadowed: [&'a Mutex<Vec<Vec<u8>>>; 2],
     /// `--checksum`: files in sync by metadata get their bytes compared.
     pub checksum: bool,
 }
@@ -274,6 +281,18 @@ pub fn merge_dir(
         }) {
             continue;
         }
+        let only_dirs = [va, vb, vj.map(|r| r.a), vj.map(|r| r.b)]
+            .iter()
+            .flatten()
+            .all(|m| m.kind == Kind::Dir);
+        if !only_dirs
+            && cx
+                .shadowed
+                .iter()
+                .any(|u| u.lock().unwrap().iter().any(|k| *k == ck))
+        {
+            continue;
+        }
         let act = match d {
             Decision::Keep if check => Act::Check,
             Decision::Keep => unreachable!("continued above"),
@@ -323,9 +342,11 @@ pub fn merge(
 ) -> Plan {
     use crate::journal::Records;
     let unknown = [Mutex::new(a.unknown.clone()), Mutex::new(b.unknown.clone())];
+    let shadowed = [Mutex::new(Vec::new()), Mutex::new(Vec::new())];
     let cx = Ctx {
         sides,
         unknown: [&unknown[0], &unknown[1]],
+        shadowed: [&shadowed[0], &shadowed[1]],
         checksum: false,
     };
     let mut plan = Plan {

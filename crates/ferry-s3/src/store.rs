@@ -25,8 +25,8 @@ use crate::etag;
 use crate::fail::{self, Health};
 use crate::multipart::{Multipart, COPY_MAX, PART_SIZE};
 use crate::parse::{
-    check_key, encode_key, format_mtime, md5_from_headers, meta_from_headers, META_MD5, META_MODE,
-    META_MTIME,
+    check_key, encode_key, format_mtime, md5_from_headers, meta_from_headers, OddMeta, META_MD5,
+    META_MODE, META_MTIME,
 };
 use crate::reader::S3Reader;
 use crate::transport::{Conn, Counters, SIGN_TTL};
@@ -144,6 +144,7 @@ impl S3Store {
                     .to_string(),
                 timeout,
                 health: Health::default(),
+                odd: OddMeta::default(),
             }),
             root,
             head_threads: threads.clamp(1, 64),
@@ -205,7 +206,7 @@ impl S3Store {
         let a = HeadObject::new(&self.c.bucket, self.c.creds(), key);
         let resp = self.c.call("HEAD", key, a, &[], None)?;
         Ok((
-            meta_from_headers(resp.headers(), size, fallback),
+            meta_from_headers(resp.headers(), size, fallback, key, &self.c.odd),
             md5_from_headers(resp.headers()),
         ))
     }
@@ -873,6 +874,10 @@ impl Store for S3Store {
             n(&c.list_ranges),
             n(&c.batch_deletes)
         )]
+    }
+
+    fn warnings(&self, role: &str) -> Vec<String> {
+        self.c.odd.note(role).into_iter().collect()
     }
 
     fn keep(&self, dir: &S3Dir, name: &CStr, to: &KeepTo<'_>) -> io::Result<()> {

@@ -552,6 +552,8 @@ pub fn run_restore(a: RestoreArgs) -> Result<u8, String> {
             delta: None,
             keep: None,
             mtime_step: ferry_engine::store::mtime_step(&store, &store),
+            // A version the store kept of its own file: its mode as it was.
+            special: None,
         };
         c.copy_file(&vdir, &vname, &dir, &cname, &rel, &v.meta, current.as_ref())
             .map_err(fail)?;
