@@ -726,11 +726,16 @@ pub fn stamp(secs: i64) -> String {
 }
 
 /// True when `now` still is what the plan saw: the executor checks this
-/// right before it replaces or deletes an entry.
+/// right before it replaces or deletes an entry. Where both know the
+/// object's version (an S3 object's ETag and LastModified, see
+/// `Store::stat`), it must be the same: a new upload of the same size
+/// within the same tick of the clock is a change too.
 pub fn still(now: Option<&Meta>, planned: Option<&Meta>) -> bool {
     match (now, planned) {
         (None, None) => true,
-        (Some(n), Some(p)) => unchanged(n, p),
+        (Some(n), Some(p)) => {
+            unchanged(n, p) && (n.version == 0 || p.version == 0 || n.version == p.version)
+        }
         _ => false,
     }
 }
@@ -785,6 +790,20 @@ mod tests {
             conflict_name(b"r.txt", Side::B, "x", 1),
             b"r (conflict x from B).txt".to_vec()
         );
+    }
+
+    #[test]
+    fn still_sees_another_version_of_the_same_size_and_mtime() {
+        let mut p = f(10, 0);
+        p.version = 7;
+        let mut n = p;
+        assert!(still(Some(&n), Some(&p)));
+        n.version = 0;
+        assert!(still(Some(&n), Some(&p)), "a stat that knows no version");
+        n.version = 8;
+        assert!(!still(Some(&n), Some(&p)));
+        assert!(!still(None, Some(&p)));
+        assert!(still(None, None));
     }
 
     #[test]

@@ -271,3 +271,54 @@ fn bisync_syncs_below_a_name_that_is_both_an_object_and_a_prefix() {
         assert_eq!(summary["errors"], 1, "{r}");
     });
 }
+
+/// Objects another tool uploaded (no ferry metadata: their mtime is the upload time, listed to
+/// the millisecond by Garage, whole seconds in a HEAD's Last-Modified): bisync replaces and
+/// deletes them as any other once A changes them, and converges. Before, the check right
+/// before the act compared the two precisions and said "changed during the run; left alone"
+/// on every run, forever.
+#[test]
+fn bisync_converges_with_objects_other_tools_uploaded() {
+    each_server(|s3| {
+        let url = s3.url("foreign");
+        let (_, prefix) = split_url(&url);
+        for name in ["x", "y", "z", "d/w"] {
+            aws_put(s3, &format!("{prefix}/{name}"), name.as_bytes(), "");
+        }
+        let t = tmpdir();
+        let a = t.path().join("a");
+        std::fs::create_dir(&a).unwrap();
+        let j = t.path().join("j.db");
+        s3.run(&[&"bisync", &"--journal", &j, &a, &url]).ok();
+        assert_eq!(std::fs::read(a.join("d/w")).unwrap(), b"d/w");
+        // A changes two of them and deletes two: B follows, exit 0.
+        write(&a, "x", b"x, edited on A");
+        std::fs::write(a.join("y"), b"Y").unwrap(); // same size
+        std::fs::remove_file(a.join("z")).unwrap();
+        std::fs::remove_file(a.join("d/w")).unwrap();
+        let r = s3.run(&[&"bisync", &"--journal", &j, &a, &url]);
+        r.ok();
+        assert!(!r.err().contains("changed during the run"), "{r}");
+        assert_eq!(aws_get(s3, &format!("{prefix}/x")), b"x, edited on A");
+        assert_eq!(aws_get(s3, &format!("{prefix}/y")), b"Y");
+        let listed = s3.run(&[&"ls", &"--server-mtime", &url]);
+        listed.ok();
+        assert!(
+            !listed.out().contains(" z\n") && !listed.out().contains("d/w"),
+            "{listed}"
+        );
+        // Converged: nothing left to do.
+        let r = s3.run(&[&"bisync", &"--json", &"--journal", &j, &a, &url]);
+        r.ok();
+        let summary: serde_json::Value =
+            serde_json::from_str(r.out().lines().last().unwrap()).unwrap();
+        assert_eq!(summary["files_copied"], 0, "{r}");
+        assert_eq!(summary["files_deleted"], 0, "{r}");
+        // A single object copied alone gets the mtime a tree copy gives it (one answer).
+        let (tree, one) = (t.path().join("tree"), t.path().join("one"));
+        aws_put(s3, &format!("{prefix}/v"), b"v", "");
+        s3.run(&[&"copy", &url, &tree]).ok();
+        s3.run(&[&"copy", &format!("{url}/v"), &one]).ok();
+        assert_eq!(get_mtime(&tree.join("v")), get_mtime(&one));
+    });
+}
