@@ -3,6 +3,7 @@
 //! chose), weak equality (times at two precisions), and a tree shape only S3 can have (an
 //! object `a` beside objects `a/...`).
 
+use std::ffi::OsString;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
@@ -321,4 +322,53 @@ fn bisync_converges_with_objects_other_tools_uploaded() {
         s3.run(&[&"copy", &format!("{url}/v"), &one]).ok();
         assert_eq!(get_mtime(&tree.join("v")), get_mtime(&one));
     });
+}
+
+/// The same rule for modes from another host: pulled over SSH (ferry at both ends) and over
+/// SFTP, a setuid, setgid or sticky remote file arrives without those bits (one note), and
+/// with them under `--keep-special-bits`; pushed from a local tree they stay (the bits are
+/// the user's own).
+#[test]
+fn modes_from_another_host_lose_their_special_bits() {
+    use crate::util::ssh::*;
+    let (rsh, host) = need!(ssh_server());
+    let t = tmpdir();
+    let remote = t.path().join("remote");
+    write(&remote, "suid", b"s");
+    chmod(&remote.join("suid"), 0o4755);
+    write(&remote, "d/sgid", b"g");
+    chmod(&remote.join("d/sgid"), 0o2750);
+    for how in ["ssh", "sftp"] {
+        let dst = t.path().join(format!("pulled-{how}"));
+        let mut args: Vec<OsString> = vec![ssh_at(&host, &remote), dst.clone().into()];
+        if how == "sftp" {
+            args.insert(0, "--sftp".into());
+        }
+        let r = ferry_ssh(&rsh, "copy", &args);
+        r.ok();
+        assert_eq!(mode_of(&dst.join("suid")), 0o755, "{how}\n{r}");
+        assert_eq!(mode_of(&dst.join("d/sgid")), 0o750, "{how}");
+        assert_eq!(lines_with(&r, DROPPED), 1, "{how}\n{r}");
+        let kept = t.path().join(format!("kept-{how}"));
+        let mut args: Vec<OsString> = vec![
+            "--keep-special-bits".into(),
+            ssh_at(&host, &remote),
+            kept.clone().into(),
+        ];
+        if how == "sftp" {
+            args.insert(0, "--sftp".into());
+        }
+        ferry_ssh(&rsh, "copy", &args).ok();
+        assert_eq!(mode_of(&kept.join("suid")), 0o4755, "{how}");
+    }
+    // Pushed from a local tree: the bits are kept there.
+    let pushed = t.path().join("pushed");
+    let r = ferry_ssh(
+        &rsh,
+        "copy",
+        &[remote.clone().into(), ssh_at(&host, &pushed)],
+    );
+    r.ok();
+    assert_eq!(mode_of(&pushed.join("suid")), 0o4755, "{r}");
+    assert_eq!(lines_with(&r, DROPPED), 0, "{r}");
 }
