@@ -285,12 +285,7 @@ pub fn merge_dir(
             .iter()
             .flatten()
             .all(|m| m.kind == Kind::Dir);
-        if !only_dirs
-            && cx
-                .shadowed
-                .iter()
-                .any(|u| u.lock().unwrap().iter().any(|k| *k == ck))
-        {
+        if !only_dirs && cx.shadowed.iter().any(|u| u.lock().unwrap().contains(&ck)) {
             continue;
         }
         let act = match d {
