@@ -312,6 +312,12 @@ macro_rules! backends {
             fn has_dir_meta(&self) -> bool {
                 match self { $(AnyStore::$v(s) => s.has_dir_meta(),)+ }
             }
+            fn local_modes(&self) -> bool {
+                match self { $(AnyStore::$v(s) => s.local_modes(),)+ }
+            }
+            fn warnings(&self, role: &str) -> Vec<String> {
+                match self { $(AnyStore::$v(s) => s.warnings(role),)+ }
+            }
             fn has_inodes(&self) -> bool {
                 match self { $(AnyStore::$v(s) => s.has_inodes(),)+ }
             }

@@ -38,6 +38,7 @@ use ferry_engine::bwlimit::Limiter;
 use ferry_engine::copy::Copier;
 use ferry_engine::keep::Keeper;
 use ferry_engine::pool::Pool;
+use ferry_engine::special::SpecialBits;
 use ferry_engine::store::MetaChange;
 use ferry_engine::xattr::{XattrRun, XattrSel};
 use ferry_engine::{Filter, Kind, Meta, Stats, Store};
@@ -85,6 +86,10 @@ pub struct Options {
     /// (`None`: replaced and deleted for good). What they keep, and the
     /// backup directories inside a root, are never synced.
     pub keep: [Option<Keeper>; 2],
+    /// Apply setuid, setgid and sticky bits from a side whose modes are
+    /// not this machine's (`--keep-special-bits`; see
+    /// `ferry_engine::special`).
+    pub keep_special_bits: bool,
 }
 
 impl Options {
@@ -274,6 +279,10 @@ struct Exec<'r, A: Store, B: Store> {
     tx: Option<mpsc::Sender<Update>>,
     /// The attributes kept (`opts.xattrs` where both stores keep them).
     xattrs: XattrRun,
+    /// The rule for setuid, setgid and sticky bits of modes written to
+    /// each side (index: the side written) from the other
+    /// (`--keep-special-bits`; see `ferry_engine::special`).
+    special: [SpecialBits; 2],
 }
 
 /// `$body` with `$st` and `$dc` bound to one side's store and directories.
@@ -465,6 +474,7 @@ fn run_with<A: Store, B: Store>(
         delta: None,
         keep: None,
         mtime_step: ferry_engine::store::mtime_step(a, b),
+        special: None,
     };
     let jr: Option<&Journal> = journal.as_deref();
     let records: &dyn Records = match jr {
@@ -536,6 +546,10 @@ fn run_with<A: Store, B: Store>(
         stats,
         tx: None,
         xattrs: XattrRun::new(opts.xattrs, a.xattr_caps(), b.xattr_caps()),
+        special: [
+            SpecialBits::new(b, a, opts.keep_special_bits),
+            SpecialBits::new(a, b, opts.keep_special_bits),
+        ],
     };
     let count = [sa.count, sb.count];
     // No journal and both sides hold entries: a first run would merge
@@ -628,6 +642,12 @@ fn run_with<A: Store, B: Store>(
             j.mark_synced().map_err(Refused)?;
         }
         if let Some((side, mode)) = missing {
+            let mode = ex.special[side as usize]
+                .apply(&Meta {
+                    mode,
+                    ..dir_rec(None)
+                })
+                .mode;
             on_side!(ex, side, |st, dc| create_root(st, dc, mode))
                 .map_err(|e| Refused(format!("{}: {}", opts.name(side), e)))?;
             rep.note(&format!("created {} (did not exist)", opts.name(side)));
@@ -652,6 +672,12 @@ fn run_with<A: Store, B: Store>(
     };
     if let Some(n) = ex.xattrs.note("a replica") {
         rep.note(&n);
+    }
+    // Bits dropped on the way to A are B's, and the reverse.
+    for (side, from) in [(Side::A, Side::B), (Side::B, Side::A)] {
+        if let Some(n) = ex.special[side as usize].note(from.as_str()) {
+            rep.note(&n);
+        }
     }
     let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
     let c = &ex.counts;
@@ -782,6 +808,7 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
             delta: ferry_engine::delta::Use::of(self.opts.delta, &self.stats.delta),
             keep: None,
             mtime_step: ferry_engine::store::mtime_step(s, d),
+            special: None,
         }
     }
 
@@ -795,6 +822,7 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
     ) -> Copier<'x, S, D> {
         Copier {
             keep: self.keeper(to),
+            special: Some(&self.special[to as usize]),
             ..self.copier(s, d)
         }
     }
@@ -1270,7 +1298,7 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
                         if st.has_dir_meta() {
                             st.set_dir_meta(
                                 &nd,
-                                &m,
+                                &self.special[to as usize].apply(&m),
                                 MetaChange {
                                     mode: true,
                                     ..MetaChange::default()
@@ -1400,7 +1428,7 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
                 st.set_meta(
                     &d,
                     &n,
-                    &c.meta,
+                    &self.special[to as usize].apply(&c.meta),
                     MetaChange {
                         mtime: true,
                         mode: c.meta.kind != Kind::Symlink,

@@ -193,6 +193,8 @@ type Opened<D> = (Arc<D>, Listing);
 struct Gather<S: Store> {
     root: Mutex<Option<S::Dir>>,
     unknown: Mutex<Vec<Vec<u8>>>,
+    /// Keys listed beside an error of the same name (see [`Ctx::shadowed`]).
+    shadowed: Mutex<Vec<Vec<u8>>>,
     temps: Mutex<Vec<(Vec<u8>, Meta)>>,
     skipped: Mutex<Vec<Vec<u8>>>,
 }
@@ -202,6 +204,7 @@ impl<S: Store> Gather<S> {
         Gather {
             root: Mutex::new(root),
             unknown: Mutex::new(Vec::new()),
+            shadowed: Mutex::new(Vec::new()),
             temps: Mutex::new(Vec::new()),
             skipped: Mutex::new(Vec::new()),
         }
@@ -231,14 +234,30 @@ impl<S: Store> Gather<S> {
             }
         };
         let mut list = Listing::new();
-        let mut entry_err = |p: Vec<u8>, e: ferry_engine::store::ListError| {
-            on_error(&p, &e.err);
-            self.unknown.lock().unwrap().push(key_of(&p));
-        };
-        if let Err(e) = walk::list(store, &dir, rel, None, &mut list, &mut entry_err) {
+        let mut errs: Vec<(Vec<u8>, ferry_engine::store::ListError)> = Vec::new();
+        if let Err(e) = walk::list(store, &dir, rel, None, &mut list, &mut |p, e| {
+            errs.push((p, e))
+        }) {
             on_error(rel, &e);
             self.unknown.lock().unwrap().push(key_of(rel));
             return None;
+        }
+        for (p, e) in errs {
+            on_error(&p, &e.err);
+            // An entry that is listed although its name has an error (an S3
+            // object `a` beside objects `a/...`: the prefix is listed as a
+            // directory, the object reported) is known: only what could
+            // touch the other entry of that name is held back.
+            let listed = list
+                .entries()
+                .iter()
+                .any(|x| list.name(x) == e.name.as_slice());
+            let to = if listed {
+                &self.shadowed
+            } else {
+                &self.unknown
+            };
+            to.lock().unwrap().push(key_of(&p));
         }
         // Temporaries and special files are set aside here, so the
         // listing holds only what is synced.
@@ -406,6 +425,7 @@ impl<A: Store, B: Store> Visitor for Walker<'_, A, B> {
         let cx = Ctx {
             sides: o.sides,
             unknown: [&self.ga.unknown, &self.gb.unknown],
+            shadowed: [&self.ga.shadowed, &self.gb.shadowed],
             checksum: o.checksum,
         };
         let empty = Listing::new();

@@ -23,6 +23,7 @@ use crate::delta::{self, DiffSummary, Signature, Tally};
 use crate::entry::{Kind, Meta};
 use crate::hash::{hash_bytes, Hash};
 use crate::keep::Keeper;
+use crate::special::SpecialBits;
 use crate::store::{cut_nsec, Committing, DeltaRole, SourceFile, Store, Tracked};
 use crate::xattr::{XattrRun, Xattrs};
 
@@ -74,6 +75,11 @@ pub struct Copier<'a, S: Store, D: Store> {
     /// The step mtimes are compared to ([`crate::store::mtime_step`] of
     /// the two stores, which the engine cuts its listings to).
     pub mtime_step: u32,
+    /// The run's rule for setuid, setgid and sticky bits from the source
+    /// (see [`crate::special`]): applied to every mode the copy writes
+    /// (the [`Copied::meta`] it returns is the source's, bits and all).
+    /// `None`: modes written as they are.
+    pub special: Option<&'a SpecialBits>,
 }
 
 /// A committed copy.
@@ -91,6 +97,11 @@ pub struct Copied {
 }
 
 impl<'a, S: Store, D: Store> Copier<'a, S, D> {
+    /// `m` as it is written to the destination (see [`Copier::special`]).
+    fn out(&self, m: &Meta) -> Meta {
+        self.special.map_or(*m, |s| s.apply(m))
+    }
+
     /// Copy `sname` of `sdir` to `name` in `ddir` through a temporary, set
     /// its metadata, rename it into place. `meta`: the source as listed;
     /// `rel`: the destination's path below its root (where a kept copy of
@@ -165,7 +176,9 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
         if fresh
             && meta.size == 0
             && !self.src.approximate_meta()
-            && self.dst.create_empty(ddir, name, meta, self.fsync)?
+            && self
+                .dst
+                .create_empty(ddir, name, &self.out(meta), self.fsync)?
         {
             self.new_entry_xattrs(sdir, sname, ddir, name, meta)?;
             let c = Copied {
@@ -256,7 +269,7 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
         if let Some(x) = self.xattrs {
             self.src.reader_xattrs(r.inner(), x.sel, &mut attrs)?;
         }
-        let mut w = self.dst.create_file(ddir, name, meta)?;
+        let mut w = self.dst.create_file(ddir, name, &self.out(meta))?;
         let wrote = match sig {
             None => self
                 .dst
@@ -316,7 +329,7 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
         if let Some(x) = self.xattrs {
             let res = self
                 .dst
-                .set_writer_xattrs(ddir, &mut w, meta, x.sel, &attrs);
+                .set_writer_xattrs(ddir, &mut w, &self.out(meta), x.sel, &attrs);
             if let Err(e) = x.settle(res) {
                 self.dst.abort(ddir, w);
                 return Err(e);
@@ -342,9 +355,10 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
         }
         let committing = if nowait {
             let dst: &'a D = self.dst;
-            Some(dst.commit_nowait(ddir, w, name, meta, self.fsync))
+            Some(dst.commit_nowait(ddir, w, name, &self.out(meta), self.fsync))
         } else {
-            self.dst.commit(ddir, w, name, meta, self.fsync)?;
+            self.dst
+                .commit(ddir, w, name, &self.out(meta), self.fsync)?;
             None
         };
         match (delta, sig) {
@@ -511,7 +525,7 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
             ip.abort();
             return Ok(Appended::No);
         }
-        if ip.commit(&h.root, meta, self.fsync).is_err() {
+        if ip.commit(&h.root, &self.out(meta), self.fsync).is_err() {
             // Rolled back: the file goes whole.
             self.count(|c| &c.fallbacks, 1);
             return Ok(Appended::Whole);
@@ -608,7 +622,10 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
         let Some(x) = self.xattrs else {
             return Ok(());
         };
-        x.settle(self.dst.set_xattrs(ddir, dname, meta, x.sel, want, have))
+        x.settle(
+            self.dst
+                .set_xattrs(ddir, dname, &self.out(meta), x.sel, want, have),
+        )
     }
 
     /// Give an entry this run just made at `dname` of `ddir` (a symlink, an

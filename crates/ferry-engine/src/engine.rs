@@ -27,6 +27,7 @@ use crate::filter::{drop_names, Filter};
 use crate::keep::{self, Keeper};
 use crate::plan::{meta_change, plan_dir, PlanOptions, Step};
 use crate::report::{Action, Reporter, Stats, Summary};
+use crate::special::SpecialBits;
 use crate::store::{
     is_legacy_partial_name, is_temp_name, Committing, ListError, MetaChange, Store,
 };
@@ -100,6 +101,9 @@ pub struct Options {
     /// (`--backup-dir`, `--suffix`, `--versions`; see [`crate::keep`]);
     /// `None`: replaced and removed for good.
     pub keep: Option<Arc<Keeper>>,
+    /// Apply setuid, setgid and sticky bits from a source whose modes are
+    /// not this machine's (`--keep-special-bits`; see [`crate::special`]).
+    pub keep_special_bits: bool,
 }
 
 /// `--max-delete N` or `--max-delete P%`: how many destination entries a
@@ -260,6 +264,10 @@ pub struct Engine<'a, S: Store, D: Store> {
     /// A scoped run's deep directories (`run_scoped`); `None`: every
     /// subdirectory is walked.
     scope: Option<Vec<Vec<u8>>>,
+    /// The source's setuid, setgid and sticky bits: dropped where they
+    /// enter the run unless its modes are this machine's (see
+    /// [`crate::special`]).
+    pub(crate) special: SpecialBits,
     /// The backup directory when it is inside the destination (`--backup-dir`):
     /// its parent's path and its name, left out of the run on both sides.
     backup_in: Option<(Vec<u8>, Vec<u8>)>,
@@ -319,6 +327,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                 .then(|| Links::new(src.has_hard_links() && dst.has_hard_links())),
             mtime_step: crate::store::mtime_step(src, dst),
             scope: None,
+            special: SpecialBits::new(src, dst, opts.keep_special_bits),
             backup_in: opts.keep.as_deref().and_then(Keeper::inside_root).map(|p| {
                 let (dir, name) = keep::split_parent(p);
                 (dir.to_vec(), name.to_vec())
@@ -365,9 +374,13 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         Ok(self.stats.summary(start.elapsed()))
     }
 
-    /// The one note of a run whose destination refused attributes.
-    fn xattr_note(&self) {
+    /// The one note of a run whose destination refused attributes, and
+    /// the one of a run that dropped SRC's setuid, setgid or sticky bits.
+    pub(crate) fn xattr_note(&self) {
         if let Some(n) = self.xattrs.note("DST") {
+            self.rep.note(&n);
+        }
+        if let Some(n) = self.special.note("SRC") {
             self.rep.note(&n);
         }
     }
@@ -394,10 +407,11 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
 
     /// One walk over the tree (see `run_tree`).
     fn walk(&self) -> io::Result<()> {
-        let (src_dir, src_meta) = self
+        let (src_dir, mut src_meta) = self
             .src
             .open_root()?
             .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "source does not exist"))?;
+        self.special.fix(&mut src_meta);
         let (dst_dir, dst_meta) = match self.dst.open_root()? {
             Some((d, m)) => (Some(d), Some(m)),
             None if self.dry_run => (None, None),
@@ -882,6 +896,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             coarsen(&mut src_list, self.mtime_step);
             coarsen(&mut dst_list, self.mtime_step);
         }
+        self.special.fix_list(&mut src_list);
         let mut steps = Vec::with_capacity(src_list.len().max(dst_list.len()));
         plan_dir(&src_list, &dst_list, &self.plan, &mut steps);
         self.unlock_if_needed(node, &steps);
@@ -1682,6 +1697,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             },
             delta: crate::delta::Use::of(self.opts.delta, &self.stats.delta),
             mtime_step: self.mtime_step,
+            special: Some(&self.special),
             keep: if self.counting {
                 None
             } else {
@@ -1706,6 +1722,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         let sm = self
             .src
             .stat(&sdir, src_name)?
+            .map(|m| self.special.apply(&m))
             .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
         let dm = self.dst.stat(&ddir, dst_name)?;
         Stats::add(&self.stats.entries_scanned, 1);

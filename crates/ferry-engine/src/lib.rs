@@ -21,6 +21,7 @@ pub mod piece;
 pub mod plan;
 pub mod pool;
 pub mod report;
+pub mod special;
 pub mod store;
 pub mod versions;
 pub mod walk;

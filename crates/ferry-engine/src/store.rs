@@ -405,6 +405,20 @@ pub trait Store: Send + Sync {
     fn rmdir(&self, dir: &Self::Dir, name: &CStr) -> io::Result<()>;
     /// True when entries have owners that can be read and set (local, as root).
     fn preserves_owner(&self) -> bool;
+    /// True when the modes this store lists are those of this machine's own
+    /// files (a local directory): trusted as they are. Modes from any other
+    /// store (object metadata, another host over SSH or SFTP) reach a file
+    /// without their setuid, setgid and sticky bits unless the run keeps
+    /// them (`--keep-special-bits`; see [`crate::special`]).
+    fn local_modes(&self) -> bool {
+        false
+    }
+    /// What the store ignored and the user should know, one line each, at
+    /// the end of every run, `role` naming the store (object metadata that
+    /// is not an mtime or a mode); [`Store::notes`] are for `-v` only.
+    fn warnings(&self, _role: &str) -> Vec<String> {
+        Vec::new()
+    }
     /// True when directories have their own mtime and mode (false on object
     /// stores, where a directory is only a key prefix).
     fn has_dir_meta(&self) -> bool {

@@ -993,6 +993,10 @@ impl Store for LocalStore {
         self.owner
     }
 
+    fn local_modes(&self) -> bool {
+        true
+    }
+
     fn is_own_legacy_partial(&self, dir: &LocalDir, name: &CStr) -> bool {
         download::has_resume_record(dir.fd(), name)
     }

@@ -136,7 +136,7 @@ impl S3Store {
     }
 
     /// Send a ListObjectsV2 and read its page.
-    fn fetch_list(&self, prefix: &str, a: ListObjectsV2<'_>) -> io::Result<ListPage> {
+    pub(crate) fn fetch_list(&self, prefix: &str, a: ListObjectsV2<'_>) -> io::Result<ListPage> {
         let mut resp = self.c.call("LIST", prefix, a, &[], None)?;
         let body = read_body(&mut resp)?;
         xml::list_page(&body).map_err(|e| io::Error::other(format!("LIST {prefix}: {e}")))

@@ -37,6 +37,8 @@ pub(crate) struct Conn {
     pub(crate) timeout: Duration,
     /// Whether the endpoint answers (the unreachable rule).
     pub(crate) health: Health,
+    /// Object metadata found unusable (said once per run).
+    pub(crate) odd: crate::parse::OddMeta,
 }
 
 /// What the store did beyond plain requests (for `-v` and the tests).

@@ -215,6 +215,11 @@ pub struct WriteArgs {
     /// default.
     #[arg(long)]
     pub delta: bool,
+    /// Apply setuid, setgid and sticky bits of modes that come from S3
+    /// object metadata or another host (SSH, SFTP); without it they are
+    /// dropped, with one note.
+    #[arg(long)]
+    pub keep_special_bits: bool,
 }
 
 impl WriteArgs {

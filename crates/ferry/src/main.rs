@@ -105,6 +105,7 @@ fn run_sync(a: SyncArgs, mode: ferry_engine::Mode) -> Result<u8, String> {
         hard_links: a.hard_links,
         delta: a.write.delta_mode(),
         keep,
+        keep_special_bits: a.write.keep_special_bits,
     };
     let stats = std::sync::Arc::new(Stats::default());
     output::track_stats(&stats);
@@ -162,9 +163,14 @@ fn check_keep(
     Ok(())
 }
 
-/// With -v: what each store did beyond plain requests (resumed transfers,
-/// requests that cost), `role` naming it.
+/// What each store ignored (always), and with -v what it did beyond plain
+/// requests (resumed transfers, requests that cost), `role` naming it.
 fn print_notes(stores: &[(&AnyStore, &str)], verbose: bool) {
+    for (s, role) in stores {
+        for n in s.warnings(role) {
+            eprintln!("ferry: {}", text_name_string(n.as_bytes()));
+        }
+    }
     if verbose {
         for (s, role) in stores {
             for n in s.notes(role) {
@@ -287,6 +293,7 @@ fn run_bisync(a: BisyncArgs) -> Result<u8, String> {
         xattrs: a.attrs.sel(),
         delta: a.write.delta_mode(),
         keep: [None, None],
+        keep_special_bits: a.write.keep_special_bits,
     };
     let cli = CliReporter::new(a.out.json, a.out.verbose > 0 || a.dry_run, a.dry_run);
     let stats = std::sync::Arc::new(Stats::default());

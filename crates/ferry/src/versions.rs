@@ -581,6 +581,8 @@ pub fn run_restore(a: RestoreArgs) -> Result<u8, String> {
         delta: None,
         keep: None,
         mtime_step: ferry_engine::store::mtime_step(&store, &store),
+        // A version the store kept of its own file: its mode as it was.
+        special: None,
     };
     if v.meta.kind == Kind::Symlink {
         let target = store.read_link(&vdir, &vname).map_err(fail)?;

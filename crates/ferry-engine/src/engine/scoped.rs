@@ -60,12 +60,13 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
     /// tree); the refusal of an empty source root still holds.
     pub fn run_scoped(&self, scope: &Scope) -> io::Result<RunResult> {
         let start = Instant::now();
-        let Some((src_root, src_meta)) = self.src.open_root()? else {
+        let Some((src_root, mut src_meta)) = self.src.open_root()? else {
             return Err(io::Error::new(
                 io::ErrorKind::NotFound,
                 "source does not exist",
             ));
         };
+        self.special.fix(&mut src_meta);
         let Some((dst_root, dst_meta)) = self.dst.open_root()? else {
             drop(src_root);
             return self.run_tree();
@@ -186,7 +187,8 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             let name = CString::new(c).map_err(io::Error::other)?;
             let pd = cur.dst.as_ref().expect("scoped nodes exist on both sides");
             let not_dir = || io::Error::other("no longer a directory on both sides");
-            let sm: Meta = self.src.stat(&cur.src, &name)?.ok_or_else(not_dir)?;
+            let mut sm: Meta = self.src.stat(&cur.src, &name)?.ok_or_else(not_dir)?;
+            self.special.fix(&mut sm);
             let dm: Meta = self.dst.stat(pd, &name)?.ok_or_else(not_dir)?;
             if sm.kind != Kind::Dir || dm.kind != Kind::Dir {
                 return Err(not_dir());
