@@ -215,9 +215,15 @@ pub fn distinct(ka: &Keeper, ra: &Path, kb: &Keeper, rb: &Path) -> Result<(), St
         return Ok(());
     };
     let (dx, dy) = (resolve(&x, "A")?, resolve(&y, "B")?);
-    if dx.same(&dy) || dx.inside(&dy) || dy.inside(&dx) {
+    if dx.same(&dy) {
         return Err(format!(
-            "--backup-dir: {} (A's) and {} (B's) are one directory or one inside the other ({WHY}): their kept files would overwrite each other: give each its own with --backup-dir1 and --backup-dir2",
+            "--backup-dir: {} would be the backup directory of both A and B (their kept files would overwrite each other; {WHY}): give each its own with --backup-dir1 and --backup-dir2",
+            x.display()
+        ));
+    }
+    if dx.inside(&dy) || dy.inside(&dx) {
+        return Err(format!(
+            "--backup-dir: {} (A's) and {} (B's) are one inside the other ({WHY}): their kept files would mix: give each its own with --backup-dir1 and --backup-dir2",
             x.display(),
             y.display()
         ));

@@ -309,6 +309,8 @@ fn bisync_backup_dirs_aliasing_a_replica_are_refused() {
     sample(&a, "A");
     sample(&b, "B");
     let lb = ln(t.path(), "link-b", &b);
+    fs::create_dir(t.path().join("k")).unwrap();
+    ln(t.path(), "lk", t.path().join("k"));
     let j = t.path().join("j.sqlite");
     let before = snaps(&[&a, &b]);
     for (flags, says) in [
@@ -327,6 +329,15 @@ fn bisync_backup_dirs_aliasing_a_replica_are_refused() {
                 o(&t.path().join("k/in")),
             ],
             "one inside the other",
+        ),
+        (
+            vec![
+                s("--backup-dir1"),
+                s("../k"),
+                s("--backup-dir2"),
+                o(&t.path().join("lk")),
+            ],
+            "both A and B",
         ),
     ] {
         let mut args = vec![s("bisync"), s("--resync"), s("--journal"), o(&j)];
