@@ -375,3 +375,36 @@ fn src_entries_left_out_are_said_once() {
     assert!(!dst.join("bak/x.txt").exists(), "{r}");
     assert!(!dst.join(".ferry-versions").exists(), "{r}");
 }
+
+/// DST's `.ferry-versions` a symlink to SRC, or to another directory of DST:
+/// `--versions` would keep into SRC, or into a directory the run syncs.
+#[test]
+fn versions_dir_aliasing_a_root_is_refused() {
+    let t = tmpdir();
+    let src = t.path().join("s");
+    let dst = t.path().join("d");
+    sample(&src, "s");
+    sample(&dst, "d");
+    for (target, says) in [
+        (src.clone(), "is SRC"),
+        (dst.join("other"), "elsewhere inside DST"),
+    ] {
+        let _ = fs::remove_file(dst.join(".ferry-versions"));
+        ln(&dst, ".ferry-versions", &target);
+        let before = snaps(&[&src, &dst]);
+        let r = ferry([s("sync"), s("--versions"), o(&src), o(&dst)]);
+        refused(&r, says);
+        let j = t.path().join("j.sqlite");
+        let r = ferry([
+            s("bisync"),
+            s("--resync"),
+            s("--versions"),
+            s("--journal"),
+            o(&j),
+            o(&src),
+            o(&dst),
+        ]);
+        refused(&r, says.replace("SRC", "A").replace("DST", "B").as_str());
+        unchanged(&[&src, &dst], &before);
+    }
+}
