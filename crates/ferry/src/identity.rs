@@ -207,6 +207,30 @@ pub fn keep_dir(
     }
 }
 
+/// One file copied (`src`, its full path) to `dst_dir`/`dst_name`: refuse a
+/// keeper that would keep the old `dst_name` over SRC itself (`--backup-dir`
+/// naming SRC's directory: SRC is never written).
+pub fn keep_file(k: &Keeper, dst_dir: &Path, dst_name: &[u8], src: &Path) -> Result<(), String> {
+    let KeepRule::BackupDir { suffix, .. } = &k.rule else {
+        return Ok(());
+    };
+    let Some(dir) = write_dir(k, dst_dir) else {
+        return Ok(());
+    };
+    let mut name = dst_name.to_vec();
+    name.extend_from_slice(suffix);
+    let at = dir.join(std::ffi::OsStr::from_bytes(&name));
+    let (kept, s) = (resolve(&at, "--backup-dir")?, resolve(src, "SRC")?);
+    if kept.same(&s) {
+        return Err(format!(
+            "--backup-dir {}: the old DST would be kept at {}, which is SRC ({WHY}); SRC is never written: give another directory",
+            dir.display(),
+            at.display()
+        ));
+    }
+    Ok(())
+}
+
 /// Refuse two keepers (of replicas rooted at `ra`, `rb`) that write to one
 /// directory, or one inside the other: each side's kept files would
 /// overwrite or hold the other's.

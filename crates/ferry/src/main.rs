@@ -94,6 +94,10 @@ fn run_sync(a: SyncArgs, mode: ferry_engine::Mode) -> Result<u8, String> {
         let src = job.src.local_path().filter(|_| job.one.is_none());
         let others: Vec<(&str, &std::path::Path)> = src.map(|s| ("SRC", s)).into_iter().collect();
         identity::keep_dir(k, "--backup-dir", ("DST", dst), &others)?;
+        if let (Some((sn, dn)), Some(sdir)) = (&job.one, job.src.local_path()) {
+            let src = sdir.join(std::ffi::OsStr::from_bytes(sn.to_bytes()));
+            identity::keep_file(k, dst, dn.to_bytes(), &src)?;
+        }
     }
     let keep = keep.map(std::sync::Arc::new);
     let jobs = args::jobs_for(a.tx.jobs, &[&job.src, &job.dst]);

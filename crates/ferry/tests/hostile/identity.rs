@@ -408,3 +408,39 @@ fn versions_dir_aliasing_a_root_is_refused() {
         unchanged(&[&src, &dst], &before);
     }
 }
+
+/// One file: `--backup-dir` naming SRC's own directory would keep DST's
+/// old file over SRC (the same name): refused, nothing changed.
+#[test]
+fn one_file_kept_over_src_is_refused() {
+    let t = tmpdir();
+    let src = t.path().join("s");
+    let dst = t.path().join("d");
+    write(&src, "f.txt", b"the source");
+    write(&dst, "f.txt", b"the old destination");
+    write(&src, "g.txt", b"another");
+    let before = snaps(&[&src, &dst]);
+    let r = ferry([
+        s("copy"),
+        s("--backup-dir"),
+        s("../s"),
+        o(&src.join("f.txt")),
+        o(&dst.join("f.txt")),
+    ]);
+    refused(&r, "which is SRC");
+    unchanged(&[&src, &dst], &before);
+    // Another name there is fine: g.txt kept beside SRC's f.txt is no harm.
+    let r = ferry([
+        s("copy"),
+        s("--backup-dir"),
+        s("../s/kept"),
+        o(&src.join("g.txt")),
+        o(&dst.join("f.txt")),
+    ]);
+    r.ok();
+    assert_eq!(
+        fs::read(src.join("kept/f.txt")).unwrap(),
+        b"the old destination"
+    );
+    assert_eq!(fs::read(src.join("f.txt")).unwrap(), b"the source");
+}
