@@ -444,3 +444,27 @@ fn one_file_kept_over_src_is_refused() {
     );
     assert_eq!(fs::read(src.join("f.txt")).unwrap(), b"the source");
 }
+
+/// Over ssh, SRC and DST on one server by another path (a symlink, `..`):
+/// compared by device and inode there; refused, nothing changed.
+#[test]
+fn remote_roots_on_one_server_by_another_path_are_refused() {
+    let (rsh, host) = need!(crate::util::ssh::ssh_server());
+    let t = tmpdir();
+    let src = t.path().join("s");
+    sample(&src, "s");
+    let ls = ln(t.path(), "link-s", &src);
+    let before = snaps(&[&src]);
+    let at = |p: &Path| crate::util::ssh::ssh_at(&host, p);
+    for (x, y, says) in [
+        (at(&src), at(&ls.join("sub")), "inside SRC"),
+        (at(&ls.join("sub")), at(&src), "inside DST"),
+        (at(&src), at(&t.path().join("link-s")), "same directory"),
+    ] {
+        for cmd in ["sync", "copy"] {
+            let r = crate::util::ssh::ferry_ssh(&rsh, cmd, &[x.clone(), y.clone()]);
+            refused(&r, says);
+        }
+    }
+    unchanged(&[&src], &before);
+}
