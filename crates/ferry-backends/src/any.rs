@@ -466,6 +466,9 @@ macro_rules! backends {
             fn keep(&self, dir: &AnyDir, name: &CStr, to: &KeepTo<'_>) -> io::Result<()> {
                 match (self, dir) { $((AnyStore::$v(s), AnyDir::$v(d)) => s.keep(d, name, to),)+ _ => mismatch() }
             }
+            fn root_ids(&self) -> Option<ferry_engine::walk::RootIds> {
+                match self { $(AnyStore::$v(s) => s.root_ids(),)+ }
+            }
             fn can_keep(&self, base: &KeepBase) -> bool {
                 match self { $(AnyStore::$v(s) => s.can_keep(base),)+ }
             }

@@ -368,6 +368,9 @@ struct Walker<'a, A: Store, B: Store> {
     orphans: AtomicBool,
     /// A scoped walk ([`scan_scoped`]); `None`: the whole tree.
     scope: Option<Scoping>,
+    /// Both roots and the directories above them, by device and inode: one
+    /// met again in a listing refuses the run (`walk::Aliases`).
+    aliases: Option<walk::Aliases>,
 }
 
 /// What a scoped walk keeps: where it goes deep, and where it has been.
@@ -416,6 +419,16 @@ impl<A: Store, B: Store> Visitor for Walker<'_, A, B> {
             t.b.and_then(|p| self.gb.list(self.b, &t.rel, p, o.on_error, &o.reserved))
                 .map(|(d, l)| self.exact(self.b, Side::B, &t.rel, d, l, &recs))
                 .map(|(d, l)| (d, filtered(o.filter, &self.gb.unknown, &t.rel, l)));
+        if let Some(al) = &self.aliases {
+            let seen = la
+                .as_ref()
+                .and_then(|(_, l)| al.check("A", &t.rel, l))
+                .or_else(|| lb.as_ref().and_then(|(_, l)| al.check("B", &t.rel, l)));
+            if let Some(msg) = seen {
+                self.st.lock().unwrap().failed.get_or_insert(msg);
+                return q.stop();
+            }
+        }
         let na = la.as_ref().map_or(0, |(_, l)| l.len());
         let nb = lb.as_ref().map_or(0, |(_, l)| l.len());
         if t.rel.is_empty() && o.stop_if_both_hold && na > 0 && nb > 0 {
@@ -687,6 +700,7 @@ pub fn scan_merge<A: Store, B: Store>(
         st: Mutex::new(State::default()),
         orphans: AtomicBool::new(false),
         scope: None,
+        aliases: walk::Aliases::new(["A", "B"], [a.0.root_ids(), b.0.root_ids()]),
     };
     let jobs = o.jobs.max(2);
     walk::walk(
@@ -884,6 +898,7 @@ pub fn scan_scoped<A: Store, B: Store>(
             deep: sorted,
             seen: Mutex::new(HashSet::new()),
         }),
+        aliases: walk::Aliases::new(["A", "B"], [a.0.root_ids(), b.0.root_ids()]),
     };
     let tasks: Vec<DirTask<A, B>> = targets
         .into_iter()

@@ -271,6 +271,14 @@ pub struct Engine<'a, S: Store, D: Store> {
     /// The backup directory when it is inside the destination (`--backup-dir`):
     /// its parent's path and its name, left out of the run on both sides.
     backup_in: Option<(Vec<u8>, Vec<u8>)>,
+    /// Both roots and the directories above them, by device and inode:
+    /// met again in a listing, the run is refused (`walk::Aliases`).
+    aliases: Option<walk::Aliases>,
+    /// Set with `refusal` (the walk stops: nothing more is acted on).
+    halted: AtomicBool,
+    /// The notes that SRC's own `.ferry-versions`, and an entry of SRC
+    /// named like the backup directory, are left out were given.
+    left_out_noted: [AtomicBool; 2],
 }
 
 /// Mtimes of `list` truncated to `step` nanoseconds.
@@ -332,6 +340,9 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                 let (dir, name) = keep::split_parent(p);
                 (dir.to_vec(), name.to_vec())
             }),
+            aliases: walk::Aliases::new(["SRC", "DST"], [src.root_ids(), dst.root_ids()]),
+            halted: AtomicBool::new(false),
+            left_out_noted: [AtomicBool::new(false), AtomicBool::new(false)],
         }
     }
 
@@ -543,6 +554,17 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         }
     }
 
+    /// Say once that SRC's `path`, named like `what`, is left out (`which`:
+    /// 0 for `.ferry-versions`, 1 for the backup directory).
+    fn left_out(&self, which: usize, path: &[u8], what: &str) {
+        if !self.left_out_noted[which].swap(true, Ordering::Relaxed) {
+            self.rep.note(&format!(
+                "SRC {}: left out of the run ({what} has this name: ferry never copies or deletes it)",
+                String::from_utf8_lossy(path)
+            ));
+        }
+    }
+
     /// True for a path below the root that the run never touches:
     /// `.ferry-versions` or the backup directory inside the destination,
     /// or anything below them.
@@ -560,6 +582,27 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             at = join(&at, c);
         }
         false
+    }
+
+    /// Refuse the run (the first refusal is the one said) and stop acting.
+    fn refuse(&self, msg: String) {
+        let mut r = self.refusal.lock().expect("refusal");
+        if r.is_none() {
+            *r = Some(msg);
+        }
+        self.halted.store(true, Ordering::Relaxed);
+    }
+
+    /// The refusal of listing `list` of directory `rel` on `side` when a
+    /// subdirectory in it is a root, or above one, seen again.
+    fn aliased(&self, side: &str, rel: &[u8], list: &Listing) -> bool {
+        match self.aliases.as_ref().and_then(|a| a.check(side, rel, list)) {
+            Some(msg) => {
+                self.refuse(msg);
+                true
+            }
+            None => false,
+        }
     }
 
     /// Take `n` removals from the `--max-delete` allowance; an error (and
@@ -838,11 +881,22 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                 return;
             }
         }
-        if self.backup_in.is_some() {
+        if let Some((dir, name)) = &self.backup_in {
+            if *dir == node.rel && src_list.entries().iter().any(|e| src_list.name(e) == name) {
+                self.left_out(1, &join(dir, name), "the --backup-dir inside DST");
+            }
             self.drop_untouched(&node.rel, &mut src_list, false);
             self.drop_untouched(&node.rel, &mut dst_list, false);
         }
         self.reserve_source_names(node, &src_list);
+        if node.parent.is_none()
+            && src_list
+                .entries()
+                .iter()
+                .any(|e| keep::is_versions_dir(src_list.name(e)))
+        {
+            self.left_out(0, keep::VERSIONS_DIR, "the directory of kept versions");
+        }
         if let Some(f) = &self.opts.filter {
             if let Err(e) = self.filter_pair(
                 f,
@@ -856,6 +910,10 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                 self.done(node);
                 return;
             }
+        }
+        if self.aliased("SRC", &node.rel, &src_list) || self.aliased("DST", &node.rel, &dst_list) {
+            q.stop();
+            return;
         }
         for e in derr {
             self.fail(&self.path(node, &e.name), &e.err);
@@ -906,6 +964,10 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         let se = src_list.entries();
         let de = dst_list.entries();
         for step in steps {
+            if self.halted.load(Ordering::Relaxed) {
+                q.stop();
+                return;
+            }
             match step {
                 Step::Create { s } => {
                     let m = se[s].meta;
@@ -1258,7 +1320,9 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                 (Some(d), true) => match self.count_tree(d, &path, name, &deleted) {
                     Ok(n) => Stats::add(&self.stats.dst_entries, n - 1),
                     Err(e) => {
-                        self.fail(&path, &e);
+                        if Refused::of(&e).is_none() {
+                            self.fail(&path, &e);
+                        }
                         return false;
                     }
                 },
@@ -1302,6 +1366,8 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         node.dirty.store(true, Ordering::Relaxed);
         match res {
             Ok(()) => true,
+            // A root met again below: the run is refused (said once).
+            Err(e) if Refused::of(&e).is_some() => false,
             Err(e) => {
                 self.fail(&path, &e);
                 false
@@ -1327,6 +1393,9 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         // What the filter leaves out is never deleted.
         if let Some(f) = &self.opts.filter {
             f.apply(self.dst, &dir, rel, &mut list, &mut errs, |_, _| ())?;
+        }
+        if self.aliased("DST", rel, &list) {
+            return Err(refused("run refused".to_string()));
         }
         Ok((dir, list, errs))
     }

@@ -652,6 +652,14 @@ pub trait Store: Send + Sync {
         let _ = (dir, name, to);
         Err(io::Error::from(io::ErrorKind::Unsupported))
     }
+    /// The identity (device, inode) of the root and of every directory
+    /// above it, each with a path showing it, where the backend has
+    /// identities on this machine (local trees); `None` elsewhere. A
+    /// directory met in a walk with one of these is a root seen again
+    /// through another path: see [`crate::walk::Aliases`].
+    fn root_ids(&self) -> Option<crate::walk::RootIds> {
+        None
+    }
     /// True when [`Store::keep`] works here, for the base `base`: a run
     /// asked to keep what it replaces refuses to start where it cannot.
     fn can_keep(&self, base: &KeepBase) -> bool {

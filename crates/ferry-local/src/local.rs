@@ -18,7 +18,7 @@ use std::ffi::{CStr, CString};
 use std::io;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -903,6 +903,18 @@ impl Store for LocalStore {
         true
     }
 
+    fn root_ids(&self) -> Option<ferry_engine::walk::RootIds> {
+        let (root, _) = crate::ident::resolve(&self.root).ok()?;
+        let ids = crate::ident::chain(&root)
+            .into_iter()
+            .map(|(id, p)| (id, p.into_os_string().into_vec()))
+            .collect();
+        Some(ferry_engine::walk::RootIds {
+            root: root.into_os_string().into_vec(),
+            ids,
+        })
+    }
+
     fn remove(&self, dir: &LocalDir, name: &CStr, is_dir: bool) -> io::Result<u64> {
         if !is_dir {
             rfs::unlinkat(&dir.fd, name, AtFlags::empty())?;
@@ -1137,6 +1149,17 @@ type Removed<'a, 'b> = Option<(&'a mut Vec<u8>, &'a mut (dyn FnMut(&[u8], u64) +
 /// `tell` hears of each (a file's size costs a stat then).
 fn remove_tree(parent: BorrowedFd<'_>, name: &CStr, mut tell: Removed<'_, '_>) -> io::Result<u64> {
     let fd = open_subdir(parent, name)?;
+    // Never through a mount point (a bind mount can show SRC, or a root's
+    // parent, here; and a mount point cannot be removed anyway).
+    if let Ok(st) = rfs::statx(&fd, c"", AtFlags::EMPTY_PATH, StatxFlags::empty()) {
+        let m = rfs::StatxAttributes::MOUNT_ROOT;
+        if st.stx_attributes_mask.contains(m) && st.stx_attributes.contains(m) {
+            return Err(io::Error::new(
+                io::ErrorKind::ResourceBusy,
+                "is a mount point: ferry never deletes through one (not removed)",
+            ));
+        }
+    }
     let mut names: Vec<(CString, bool)> = Vec::new();
     {
         let mut buf = vec![MaybeUninit::<u8>::uninit(); 64 * 1024];

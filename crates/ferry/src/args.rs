@@ -626,56 +626,7 @@ pub fn check_pair(a: &Root, b: &Root) -> Result<(), String> {
     // Another path to the same directory (a bind mount, a symlink) is
     // caught by device and inode.
     if let (Some(x), Some(y)) = (a.local_path(), b.local_path()) {
-        overlap_by_identity(x, y, ("A", "B"))?;
-    }
-    Ok(())
-}
-
-/// (device, inode) of a directory, following symlinks; `None` if it cannot
-/// be stat'ed (a DST not created yet).
-fn identity(p: &Path) -> Option<(u64, u64)> {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()))
-}
-
-/// Refuse SRC and DST directories that are the same, or one inside the
-/// other, by the identity of every ancestor rather than by path: a bind
-/// mount (or any second path to a directory) shows the same directory
-/// under another name, which path comparison cannot see.
-fn overlap_by_identity(src: &Path, dst: &Path, (sn, dn): (&str, &str)) -> Result<(), String> {
-    let chain = |p: &Path| -> Vec<((u64, u64), PathBuf)> {
-        p.ancestors()
-            .filter_map(|a| identity(a).map(|id| (id, a.to_path_buf())))
-            .collect()
-    };
-    let (Some(sid), dst_chain) = (identity(src), chain(dst)) else {
-        return Ok(());
-    };
-    if let Some((_, at)) = dst_chain.iter().find(|(id, _)| *id == sid) {
-        return Err(if at == dst {
-            format!(
-                "{sn} {} and {dn} {} are the same directory (same device and inode: a bind mount or another path to it)",
-                src.display(),
-                dst.display()
-            )
-        } else {
-            format!(
-                "{dn} {} is inside {sn} {}: {} is the same directory as {sn} (same device and inode: a bind mount or another path to it)",
-                dst.display(),
-                src.display(),
-                at.display()
-            )
-        });
-    }
-    if let Some(did) = identity(dst) {
-        if let Some((_, at)) = chain(src).iter().find(|(id, _)| *id == did) {
-            return Err(format!(
-                "{sn} {} is inside {dn} {}: {} is the same directory as {dn} (same device and inode: a bind mount or another path to it)",
-                src.display(),
-                dst.display(),
-                at.display()
-            ));
-        }
+        crate::identity::roots(x, y, ("A", "B"))?;
     }
     Ok(())
 }
@@ -730,7 +681,7 @@ pub fn resolve(src: &Path, dst: &Path) -> Result<Job, String> {
                     dst_abs.display()
                 ));
             }
-            overlap_by_identity(&src_abs, &dst_abs, ("SRC", "DST"))?;
+            crate::identity::roots(&src_abs, &dst_abs, ("SRC", "DST"))?;
             if let Some(m) = dm {
                 if m.kind != Kind::Dir {
                     return Err(format!(
