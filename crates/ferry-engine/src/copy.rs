@@ -452,7 +452,11 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
         let Some(changed) = delta::inplace::differing(&h.list, &theirs) else {
             return Ok(Appended::No);
         };
-        if delta::inplace::too_many(l, changed.len()) || !ip.begin(&changed)? {
+        if delta::inplace::too_many(l, changed.len()) {
+            return Ok(Appended::No);
+        }
+        let new: Vec<u64> = changed.iter().map(|&i| h.list[i as usize]).collect();
+        if !ip.begin(&changed, &new)? {
             // Nothing changed there: the normal delta.
             return Ok(Appended::No);
         }

@@ -2,38 +2,49 @@
 //! ([`ferry_engine::delta::inplace`]) on a local tree, and the rollback of
 //! a patch a killed run left half done.
 //!
-//! The rollback record (the same name as an append's,
-//! [`undo_name`], a second format) holds the file's inode number, its old
-//! and new size, its old mtime and mode, its name, and the old bytes of
-//! every block about to be overwritten (as extents: offset, length, then
-//! the bytes), ended by a blake3 of all that. It is written and synced
-//! before the first byte is, kept locked while the patch runs, and removed
-//! once the patched file is checked (and with `--fsync` synced). A record
-//! found unlocked by a listing ([`crate::append::recover`]) is a run's that
-//! died: the file it names, if it is still that inode at a size between
-//! old and new, gets its old bytes back, its old size, mtime and mode, and
-//! the record goes. A torn record (its hash does not match) was never
-//! complete, so nothing was written yet: it just goes.
+//! The rollback record ([`undo_name`], format 3) holds the file's inode
+//! number, its old and new size, its old mtime and mode, its name, the
+//! key of the block hashes, and for every block about to be overwritten
+//! its offset, length and the new content's short hash, then the old
+//! bytes of those blocks, a blake3 of all that, and last the file's ctime
+//! as the run left it (rewritten after each write). It is written and
+//! synced before the first byte is, kept locked while the patch runs, and
+//! removed once the patched file is checked (and with `--fsync` synced).
+//! A record found unlocked ([`crate::append::recover`]) is a run's that
+//! died: when the file it names is provably as that run left it (see
+//! [`restore`]), it gets its old bytes back, its old size, mtime and
+//! mode, and the record goes; otherwise only the record goes. A torn
+//! record (its hash does not match) was never complete, so nothing was
+//! written yet: it just goes.
 
 use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::thread::JoinHandle;
 
-use ferry_engine::delta::inplace::{hash_blocks, Tracker};
+use ferry_engine::delta::inplace::{hash_blocks, short, Tracker};
 use ferry_engine::delta::{self, InPlace, Layout};
 use ferry_engine::entry::Meta;
 use ferry_engine::piece::pread_full;
 use ferry_engine::store::undo_name;
 use rustix::fs::{self as rfs, AtFlags, Mode, OFlags};
 
-use crate::append::{create_record, mtime, open_checked, set_meta, still_ours, undo};
+use crate::append::{
+    create_record, mtime, open_checked, plain_name, set_meta, still_ours, undo, Outcome,
+};
 
 /// First bytes of a record of a patch in place.
-pub(crate) const MAGIC: &[u8] = b"ferry-undo 2\n";
+pub(crate) const MAGIC: &[u8] = b"ferry-undo 3\n";
+/// First bytes of the record an older ferry wrote (no new hashes, no
+/// ctime): never acted on.
+pub(crate) const MAGIC_2: &[u8] = b"ferry-undo 2\n";
 /// Bytes of a record's fixed fields after the magic: inode, old size, new
 /// size, mtime seconds, nanoseconds, mode, name length.
 const FIXED: usize = 8 + 8 + 8 + 8 + 4 + 4 + 4;
+/// Bytes of a record's end: the blake3 of the rest, then the file's ctime
+/// as the run left it (seconds, nanoseconds, 4 spare), rewritten after
+/// each write of the file.
+const TRAILER: u64 = 32 + 16;
 /// Bytes read or written at once.
 const BUF: usize = 1 << 20;
 
@@ -47,13 +58,19 @@ struct Head {
     nsec: u32,
     mode: u32,
     name: Vec<u8>,
-    /// (offset, length) of each run of old bytes kept, in order.
-    extents: Vec<(u64, u64)>,
+    /// The key of the block hashes.
+    key: [u8; 32],
+    /// (offset, length, new content's short hash) of each block about to
+    /// be overwritten, in order: its old bytes follow the header in that
+    /// order.
+    blocks: Vec<(u64, u64, u32)>,
 }
 
 impl Head {
     fn encode(&self) -> Vec<u8> {
-        let mut b = Vec::with_capacity(MAGIC.len() + FIXED + self.name.len() + 16 * 1024);
+        let mut b = Vec::with_capacity(
+            MAGIC.len() + FIXED + self.name.len() + 40 + 20 * self.blocks.len(),
+        );
         b.extend_from_slice(MAGIC);
         b.extend_from_slice(&self.ino.to_le_bytes());
         b.extend_from_slice(&self.old.to_le_bytes());
@@ -63,10 +80,12 @@ impl Head {
         b.extend_from_slice(&self.mode.to_le_bytes());
         b.extend_from_slice(&(self.name.len() as u32).to_le_bytes());
         b.extend_from_slice(&self.name);
-        b.extend_from_slice(&(self.extents.len() as u64).to_le_bytes());
-        for (at, n) in &self.extents {
+        b.extend_from_slice(&self.key);
+        b.extend_from_slice(&(self.blocks.len() as u64).to_le_bytes());
+        for (at, n, h) in &self.blocks {
             b.extend_from_slice(&at.to_le_bytes());
             b.extend_from_slice(&n.to_le_bytes());
+            b.extend_from_slice(&h.to_le_bytes());
         }
         b
     }
@@ -85,12 +104,13 @@ impl Head {
         };
         let nl = u32_at(40)? as usize;
         let name = f.get(FIXED..FIXED + nl)?.to_vec();
-        let count = u64_at(FIXED + nl)?;
-        let mut extents = Vec::new();
-        let mut at = FIXED + nl + 8;
+        let key: [u8; 32] = f.get(FIXED + nl..FIXED + nl + 32)?.try_into().ok()?;
+        let count = u64_at(FIXED + nl + 32)?;
+        let mut blocks = Vec::new();
+        let mut at = FIXED + nl + 40;
         for _ in 0..count {
-            extents.push((u64_at(at)?, u64_at(at + 8)?));
-            at += 16;
+            blocks.push((u64_at(at)?, u64_at(at + 8)?, u32_at(at + 16)?));
+            at += 20;
         }
         let h = Head {
             ino: u64_at(0)?,
@@ -100,21 +120,49 @@ impl Head {
             nsec: u32_at(32)?,
             mode: u32_at(36)?,
             name,
-            extents,
+            key,
+            blocks,
         };
         Some((h, MAGIC.len() + at))
     }
 }
 
-/// Roll back what the record open as `rfd` in `dir` names, when it is
-/// whole (its hash matches) and the file it names is still the one
-/// patched; the record itself is left to the caller.
-pub(crate) fn restore(dir: BorrowedFd<'_>, rfd: BorrowedFd<'_>) -> io::Result<()> {
-    let len = rfs::fstat(rfd)?.st_size as u64;
-    if len < 32 {
-        return Ok(());
+/// The name a record's first bytes `b` give (for a message).
+pub(crate) fn named(b: &[u8]) -> Option<Vec<u8>> {
+    let f = b.strip_prefix(MAGIC)?;
+    let nl = u32::from_le_bytes(f.get(40..44)?.try_into().ok()?) as usize;
+    f.get(FIXED..FIXED + nl).map(<[u8]>::to_vec)
+}
+
+/// A ctime as the trailer keeps it.
+fn ctime_bytes(st: &rfs::Stat) -> [u8; 16] {
+    let mut b = [0u8; 16];
+    b[..8].copy_from_slice(&(st.st_ctime as i64).to_le_bytes());
+    b[8..12].copy_from_slice(&(st.st_ctime_nsec as u32).to_le_bytes());
+    b
+}
+
+/// Roll back what the record `rec` (open as `rfd`, `rst` its `fstat`) of
+/// `dir` names, when it is whole (its hash matches), names a plain entry
+/// of `dir` (the one `rec` is named after), and that file is still the
+/// one patched, exactly as the killed run left it: the same inode, a
+/// regular file with one link owned by the record's owner (root's records
+/// may name anyone's file), a size between old and new, the ctime the run
+/// last saw (not with `trusted`: the run itself rolls back), and each
+/// block the record covers either its old bytes or the new ones (their
+/// hash). The record itself is left to the caller.
+pub(crate) fn restore(
+    dir: BorrowedFd<'_>,
+    rec: &CStr,
+    rfd: BorrowedFd<'_>,
+    rst: &rfs::Stat,
+    trusted: bool,
+) -> io::Result<Outcome> {
+    let len = rst.st_size as u64;
+    if len < TRAILER {
+        return Ok(Outcome::Torn);
     }
-    let body = len - 32;
+    let body = len - TRAILER;
     // Pass 1: the hash of the whole record.
     let mut h = blake3::Hasher::new();
     let mut buf = vec![0u8; BUF];
@@ -123,7 +171,7 @@ pub(crate) fn restore(dir: BorrowedFd<'_>, rfd: BorrowedFd<'_>) -> io::Result<()
         let want = ((body - at) as usize).min(BUF);
         let n = pread_full(rfd, &mut buf[..want], at)?;
         if n < want {
-            return Ok(());
+            return Ok(Outcome::Torn);
         }
         h.update(&buf[..n]);
         at += n as u64;
@@ -131,7 +179,11 @@ pub(crate) fn restore(dir: BorrowedFd<'_>, rfd: BorrowedFd<'_>) -> io::Result<()
     let mut sum = [0u8; 32];
     if pread_full(rfd, &mut sum, body)? != 32 || *h.finalize().as_bytes() != sum {
         // Torn: never complete, nothing was written.
-        return Ok(());
+        return Ok(Outcome::Torn);
+    }
+    let mut left = [0u8; 16];
+    if pread_full(rfd, &mut left, body + 32)? != 16 {
+        return Ok(Outcome::Torn);
     }
     // The header (its length not known before it is read).
     let mut want = (64usize << 10).min(body as usize);
@@ -142,26 +194,65 @@ pub(crate) fn restore(dir: BorrowedFd<'_>, rfd: BorrowedFd<'_>) -> io::Result<()
             break x;
         }
         if want as u64 >= body {
-            return Ok(());
+            return Ok(Outcome::Stale("not a record ferry wrote"));
         }
         want = (want * 4).min(body as usize);
     };
-    let Some((fd, st)) = still_ours(dir, &head.name, head.ino, head.old, head.new)? else {
-        return Ok(());
+    if !plain_name(&head.name) || undo_name(&head.name).as_c_str() != rec {
+        return Ok(Outcome::Stale("it names another entry than its own file"));
+    }
+    let (fd, st) = match still_ours(
+        dir,
+        &head.name,
+        rst.st_uid,
+        (head.ino, head.old, head.new),
+    )? {
+        Ok(x) => x,
+        Err(why) => return Ok(Outcome::Stale(why)),
     };
-    // Pass 2: the old bytes back where they were.
+    if !trusted && ctime_bytes(&st) != left {
+        return Ok(Outcome::Stale("the file changed since the run was killed"));
+    }
+    // Pass 2: each block still its old bytes or the new ones.
+    let mut cur = vec![0u8; BUF];
     let mut from = hlen as u64;
-    for &(to, n) in &head.extents {
+    let mut new = Vec::with_capacity(head.blocks.len());
+    for &(to, n, hash) in &head.blocks {
+        let mut is_old = true;
+        let mut hasher = delta::inplace::BlockHasher::new(&head.key);
         let mut done = 0;
         while done < n {
             let k = ((n - done) as usize).min(BUF);
-            if pread_full(rfd, &mut buf[..k], from)? != k {
+            if pread_full(rfd, &mut buf[..k], from + done)? != k {
+                return Ok(Outcome::Stale("the record is cut short"));
+            }
+            if pread_full(fd.as_fd(), &mut cur[..k], to + done)? != k {
+                return Ok(Outcome::Stale("the file changed since"));
+            }
+            is_old &= buf[..k] == cur[..k];
+            hasher.update(&cur[..k]);
+            done += k as u64;
+        }
+        let is_new = short(&hasher.finalize()) == u64::from(hash);
+        if !is_old && !is_new {
+            return Ok(Outcome::Stale("the file changed since the run was killed"));
+        }
+        new.push(!is_old);
+        from += n;
+    }
+    // Pass 3: the old bytes back where new ones are.
+    let mut from = hlen as u64;
+    for (&(to, n, _), &put) in head.blocks.iter().zip(&new) {
+        let mut done = 0;
+        while put && done < n {
+            let k = ((n - done) as usize).min(BUF);
+            if pread_full(rfd, &mut buf[..k], from + done)? != k {
                 return Err(io::Error::other("rollback record cut short"));
             }
             crate::local::pwrite_all(fd.as_fd(), &buf[..k], to + done)?;
             done += k as u64;
-            from += k as u64;
         }
+        from += n;
     }
     undo(
         fd.as_fd(),
@@ -169,7 +260,8 @@ pub(crate) fn restore(dir: BorrowedFd<'_>, rfd: BorrowedFd<'_>) -> io::Result<()
         head.mode,
         st.st_mode,
         &mtime(head.sec, head.nsec),
-    )
+    )?;
+    Ok(Outcome::Restored)
 }
 
 /// One patch in place of a local file.
@@ -183,8 +275,9 @@ pub struct LocalPatch {
     key: [u8; 32],
     hashing: Option<JoinHandle<io::Result<Vec<[u8; 32]>>>>,
     tracker: Option<Tracker>,
-    /// The record written (its name, held locked).
-    record: Option<(CString, OwnedFd)>,
+    /// The record written (its name, held locked) and the offset of its
+    /// ctime as the run left the file.
+    record: Option<(CString, OwnedFd, u64)>,
     /// Bytes written so far.
     written: u64,
     /// This process sets owners (root).
@@ -264,12 +357,16 @@ impl LocalPatch {
         Ok(t.list())
     }
 
-    /// [`InPlace::begin`]: the record with the old bytes of `changed`.
-    pub fn begin_here(&mut self, changed: &[u32]) -> io::Result<bool> {
+    /// [`InPlace::begin`]: the record with the old bytes of `changed` and
+    /// the new content's short hashes of them (`new`).
+    pub fn begin_here(&mut self, changed: &[u32], new: &[u64]) -> io::Result<bool> {
         let t = self
             .tracker
             .as_mut()
             .ok_or_else(|| io::Error::other("patch in place: no hashes"))?;
+        if new.len() != changed.len() {
+            return Err(io::Error::other("patch in place: bad changed block"));
+        }
         t.expect(changed)?;
         // Runs of neighbouring blocks, one extent each.
         let mut extents: Vec<(u64, u64)> = Vec::new();
@@ -289,22 +386,31 @@ impl LocalPatch {
             nsec,
             mode,
             name: self.name.to_bytes().to_vec(),
-            extents,
+            key: self.key,
+            blocks: changed
+                .iter()
+                .zip(new)
+                .map(|(&i, &h)| {
+                    let (at, n) = self.l.span(i as usize);
+                    (at, n as u64, h as u32)
+                })
+                .collect(),
         };
         let rec = undo_name(self.name.to_bytes());
         let Some(rfd) = create_record(self.dir.as_fd(), &rec)? else {
             return Ok(false);
         };
-        let res = (|| -> io::Result<()> {
+        let res = (|| -> io::Result<u64> {
             let mut h = blake3::Hasher::new();
             let b = head.encode();
             h.update(&b);
             let mut out = Out {
                 fd: rfd.as_fd(),
                 buf: b,
+                at: 0,
             };
             let mut buf = vec![0u8; BUF];
-            for &(at, n) in &head.extents {
+            for &(at, n) in &extents {
                 let mut done = 0;
                 while done < n {
                     let k = ((n - done) as usize).min(BUF);
@@ -317,18 +423,34 @@ impl LocalPatch {
                 }
             }
             out.put(h.finalize().as_bytes())?;
+            let at = out.at + out.buf.len() as u64;
+            // The file's ctime as it is (nothing written yet).
+            out.put(&ctime_bytes(&rfs::fstat(&self.fd)?))?;
             out.flush()?;
             rfs::fsync(&rfd)?;
             rfs::fsync(&self.dir)?;
-            Ok(())
+            Ok(at)
         })();
-        if let Err(e) = res {
-            drop(rfd);
-            let _ = rfs::unlinkat(&self.dir, &rec, AtFlags::empty());
-            return Err(e);
-        }
-        self.record = Some((rec, rfd));
+        let at = match res {
+            Ok(at) => at,
+            Err(e) => {
+                drop(rfd);
+                let _ = rfs::unlinkat(&self.dir, &rec, AtFlags::empty());
+                return Err(e);
+            }
+        };
+        self.record = Some((rec, rfd, at));
         Ok(true)
+    }
+
+    /// The file's ctime after a write of ours, in the record: a recovery
+    /// that finds another one knows someone else changed the file since.
+    fn mark(&self) -> io::Result<()> {
+        if let Some((_, rfd, at)) = &self.record {
+            let c = ctime_bytes(&rfs::fstat(&self.fd)?);
+            crate::local::pwrite_all(rfd.as_fd(), &c, *at)?;
+        }
+        Ok(())
     }
 
     /// [`InPlace::write`].
@@ -342,12 +464,14 @@ impl LocalPatch {
             let k = (d.saturating_sub(self.written) as usize).min(data.len());
             if k < data.len() {
                 crate::local::pwrite_all(self.fd.as_fd(), &data[..k], at)?;
+                self.mark()?;
                 let me = rustix::process::getpid();
                 let _ = rustix::process::kill_process(me, rustix::process::Signal::KILL);
                 std::process::abort();
             }
         }
         crate::local::pwrite_all(self.fd.as_fd(), data, at)?;
+        self.mark()?;
         self.written += data.len() as u64;
         Ok(())
     }
@@ -358,7 +482,7 @@ impl LocalPatch {
             return Err(delta::mismatch());
         }
         set_meta(self.fd.as_fd(), meta, self.owner, fsync)?;
-        if let Some((rec, rfd)) = self.record.take() {
+        if let Some((rec, rfd, _)) = self.record.take() {
             rfs::unlinkat(&self.dir, &rec, AtFlags::empty())?;
             drop(rfd);
         }
@@ -377,7 +501,7 @@ impl LocalPatch {
     /// The file as it was, the record removed (nothing when none was
     /// written; kept for the next run when the rollback fails).
     fn roll_back(&mut self) {
-        if let Some((rec, rfd)) = self.record.take() {
+        if let Some((rec, rfd, _)) = self.record.take() {
             let Ok(r) = rfs::openat(
                 &self.dir,
                 &rec,
@@ -386,7 +510,8 @@ impl LocalPatch {
             ) else {
                 return;
             };
-            if restore(self.dir.as_fd(), r.as_fd()).is_ok() {
+            let Ok(rst) = rfs::fstat(&r) else { return };
+            if restore(self.dir.as_fd(), &rec, r.as_fd(), &rst, true).is_ok() {
                 let _ = rfs::unlinkat(&self.dir, &rec, AtFlags::empty());
             }
             drop(rfd);
@@ -407,8 +532,8 @@ impl InPlace for LocalPatch {
     fn blocks(&mut self) -> io::Result<Option<Vec<u64>>> {
         self.blocks_here().map(Some)
     }
-    fn begin(&mut self, changed: &[u32]) -> io::Result<bool> {
-        self.begin_here(changed)
+    fn begin(&mut self, changed: &[u32], new: &[u64]) -> io::Result<bool> {
+        self.begin_here(changed, new)
     }
     fn write(&mut self, at: u64, data: &[u8]) -> io::Result<()> {
         self.write_here(at, data)
@@ -423,6 +548,8 @@ impl InPlace for LocalPatch {
 struct Out<'a> {
     fd: BorrowedFd<'a>,
     buf: Vec<u8>,
+    /// Bytes written out so far.
+    at: u64,
 }
 
 impl Out<'_> {
@@ -431,6 +558,7 @@ impl Out<'_> {
             self.flush()?;
         }
         if b.len() >= BUF {
+            self.at += b.len() as u64;
             return crate::local::write_all(self.fd, b);
         }
         self.buf.extend_from_slice(b);
@@ -438,6 +566,7 @@ impl Out<'_> {
     }
     fn flush(&mut self) -> io::Result<()> {
         crate::local::write_all(self.fd, &self.buf)?;
+        self.at += self.buf.len() as u64;
         self.buf.clear();
         Ok(())
     }
@@ -457,7 +586,8 @@ mod tests {
             nsec: 999,
             mode: 0o100644,
             name: b"a\xffb".to_vec(),
-            extents: vec![(0, 8192), (1 << 20, 16384)],
+            key: [9u8; 32],
+            blocks: vec![(0, 8192, 5), (1 << 20, 16384, u32::MAX)],
         };
         let mut b = h.encode();
         let n = b.len();
@@ -514,7 +644,8 @@ mod tests {
         std::io::Write::write_all(&mut src, new).unwrap();
         let theirs = fd_patch_hashes(src.as_fd(), &l, &key).unwrap();
         let changed = differing(&theirs.list, &ours).unwrap();
-        assert!(p.begin_here(&changed).unwrap());
+        let new_hashes: Vec<u64> = changed.iter().map(|&i| theirs.list[i as usize]).collect();
+        assert!(p.begin_here(&changed, &new_hashes).unwrap());
         let mut writes: Vec<(u64, usize)> = changed.iter().map(|&i| l.span(i as usize)).collect();
         let mut at = l.old;
         while at < l.new {
@@ -542,7 +673,7 @@ mod tests {
             assert!(p.commit_here(&theirs.root, &meta, false).is_err());
         } else {
             // Killed: the record stays, its lock gone with the process.
-            let (rec, rfd) = p.record.take().unwrap();
+            let (rec, rfd, _) = p.record.take().unwrap();
             drop(rfd);
             drop(p);
             assert!(crate::append::recover(dir.as_fd(), &rec).unwrap());

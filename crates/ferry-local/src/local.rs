@@ -37,7 +37,7 @@ use ferry_engine::delta::{DiffSummary, OpSink, Signature};
 use ferry_engine::entry::{Kind, ListEntry, Listing, Meta};
 use ferry_engine::keep::{KeepBase, KeepTo};
 use ferry_engine::store::{
-    is_undo_name, temp_name, DeltaRole, ListError, MetaChange, Progress, SourceFile, Store,
+    is_undo_name, temp_name, undo_name, DeltaRole, ListError, MetaChange, Progress, SourceFile, Store,
     RESERVED_LEN,
 };
 use ferry_engine::xattr::{XattrSel, Xattrs};
@@ -469,6 +469,12 @@ impl Store for LocalStore {
     }
 
     fn stat(&self, dir: &LocalDir, name: &CStr) -> io::Result<Option<Meta>> {
+        // As a listing does: what a killed run left half patched is rolled
+        // back before the file is stat'ed, so before anything reads it
+        // (a single-file run stats its file instead of listing).
+        if crate::append::recovery_on() && !is_undo_name(name.to_bytes()) {
+            let _ = crate::append::recover(dir.fd(), &undo_name(name.to_bytes()));
+        }
         let mut meta = EMPTY_META;
         match Self::stat_into(dir.fd.as_fd(), name, &mut meta) {
             Ok(()) => Ok(Some(meta)),
