@@ -266,7 +266,10 @@ fn a_write_after_a_killed_patch_is_never_rolled_back() {
     for (what, w) in writers {
         let r = ferry_env(&a, &[die(literal / 2)]);
         assert!(r.code.is_none(), "not killed ({what})\n{r}");
-        let rec = find_prefixed(&dst, b".ferry-undo-");
+        let rec: Vec<PathBuf> = find_prefixed(&dst, b".ferry-undo-")
+            .iter()
+            .map(|r| dst.join(r))
+            .collect();
         assert_eq!(rec.len(), 1, "{what}");
         let ino = std::fs::metadata(&f).unwrap().ino();
         let theirs = w(&f, first);
@@ -358,7 +361,7 @@ fn a_single_file_rerun_after_a_killed_patch_is_exact_over_ssh() {
     let data = gen_bytes(4 << 20, 285);
     write(&src, "f", &data);
     let (sf, df, bf) = (src.join("f"), dst.join("f"), back.join("f"));
-    let (rf, rb) = (ssh_at(&host, &df), ssh_at(&host, &bf));
+    let rf = ssh_at(&host, &df);
     let with = |remote: &OsStr, from: &OsStr, to: &OsStr, env: &[(&str, String)]| {
         let a: Vec<&OsStr> = vec![
             "copy".as_ref(),
@@ -372,6 +375,7 @@ fn a_single_file_rerun_after_a_killed_patch_is_exact_over_ssh() {
         ferry_env(&a, env)
     };
     let me = bin();
+    mkdirs(d.path(), "dst");
     with(&me, sf.as_os_str(), &rf, &[]).ok();
     let (new, _, literal) = scattered(&data, 12, 3000);
     write(&src, "f", &new);
