@@ -41,10 +41,13 @@ pub(crate) const MAGIC_2: &[u8] = b"ferry-undo 2\n";
 /// Bytes of a record's fixed fields after the magic: inode, old size, new
 /// size, mtime seconds, nanoseconds, mode, name length.
 const FIXED: usize = 8 + 8 + 8 + 8 + 4 + 4 + 4;
-/// Bytes of a record's end: the blake3 of the rest, then the file's ctime
-/// as the run left it (seconds, nanoseconds, 4 spare), rewritten after
-/// each write of the file.
-const TRAILER: u64 = 32 + 16;
+/// Bytes of a record's end: the blake3 of the rest, then the slot the run
+/// rewrites around each write of the file: the file's ctime as the run
+/// last left it (seconds, nanoseconds, 4 spare) and the write in flight
+/// (offset, length; length 0: none).
+const TRAILER: u64 = 32 + SLOT;
+/// Bytes of the slot.
+const SLOT: u64 = 32;
 /// Bytes read or written at once.
 const BUF: usize = 1 << 20;
 
@@ -134,9 +137,9 @@ pub(crate) fn named(b: &[u8]) -> Option<Vec<u8>> {
     f.get(FIXED..FIXED + nl).map(<[u8]>::to_vec)
 }
 
-/// A ctime as the trailer keeps it.
-fn ctime_bytes(st: &rfs::Stat) -> [u8; 16] {
-    let mut b = [0u8; 16];
+/// The slot of a file whose ctime is `st`'s, no write in flight.
+fn slot_bytes(st: &rfs::Stat) -> [u8; SLOT as usize] {
+    let mut b = [0u8; SLOT as usize];
     b[..8].copy_from_slice(&(st.st_ctime as i64).to_le_bytes());
     b[8..12].copy_from_slice(&(st.st_ctime_nsec as u32).to_le_bytes());
     b
@@ -181,10 +184,14 @@ pub(crate) fn restore(
         // Torn: never complete, nothing was written.
         return Ok(Outcome::Torn);
     }
-    let mut left = [0u8; 16];
-    if pread_full(rfd, &mut left, body + 32)? != 16 {
+    let mut left = [0u8; SLOT as usize];
+    if pread_full(rfd, &mut left, body + 32)? != left.len() {
         return Ok(Outcome::Torn);
     }
+    let (fly_at, fly_len) = (
+        u64::from_le_bytes(left[16..24].try_into().unwrap()),
+        u64::from_le_bytes(left[24..32].try_into().unwrap()),
+    );
     // The header (its length not known before it is read).
     let mut want = (64usize << 10).min(body as usize);
     let (head, hlen) = loop {
@@ -210,7 +217,9 @@ pub(crate) fn restore(
         Ok(x) => x,
         Err(why) => return Ok(Outcome::Stale(why)),
     };
-    if !trusted && ctime_bytes(&st) != left {
+    // No write in flight: the file's ctime is the one the run left (a
+    // write in flight changed it: then only the blocks tell).
+    if !trusted && fly_len == 0 && slot_bytes(&st)[..16] != left[..16] {
         return Ok(Outcome::Stale("the file changed since the run was killed"));
     }
     // Pass 2: each block still its old bytes or the new ones.
@@ -218,6 +227,13 @@ pub(crate) fn restore(
     let mut from = hlen as u64;
     let mut new = Vec::with_capacity(head.blocks.len());
     for &(to, n, hash) in &head.blocks {
+        if fly_len > 0 && to < fly_at.saturating_add(fly_len) && fly_at < to + n {
+            // The write in flight when the run died: any mix of old and
+            // new bytes.
+            new.push(true);
+            from += n;
+            continue;
+        }
         let mut is_old = true;
         let mut hasher = delta::inplace::BlockHasher::new(&head.key);
         let mut done = 0;
@@ -425,7 +441,7 @@ impl LocalPatch {
             out.put(h.finalize().as_bytes())?;
             let at = out.at + out.buf.len() as u64;
             // The file's ctime as it is (nothing written yet).
-            out.put(&ctime_bytes(&rfs::fstat(&self.fd)?))?;
+            out.put(&slot_bytes(&rfs::fstat(&self.fd)?))?;
             out.flush()?;
             rfs::fsync(&rfd)?;
             rfs::fsync(&self.dir)?;
@@ -443,12 +459,25 @@ impl LocalPatch {
         Ok(true)
     }
 
-    /// The file's ctime after a write of ours, in the record: a recovery
-    /// that finds another one knows someone else changed the file since.
+    /// The file's ctime after a write of ours, in the record, no write in
+    /// flight: a recovery that finds another ctime knows someone else
+    /// changed the file since.
     fn mark(&self) -> io::Result<()> {
         if let Some((_, rfd, at)) = &self.record {
-            let c = ctime_bytes(&rfs::fstat(&self.fd)?);
+            let c = slot_bytes(&rfs::fstat(&self.fd)?);
             crate::local::pwrite_all(rfd.as_fd(), &c, *at)?;
+        }
+        Ok(())
+    }
+
+    /// The write of `len` bytes at `at` in flight, in the record: a run
+    /// killed during it leaves those bytes any mix of old and new.
+    fn in_flight(&self, at: u64, len: usize) -> io::Result<()> {
+        if let Some((_, rfd, slot)) = &self.record {
+            let mut b = [0u8; 16];
+            b[..8].copy_from_slice(&at.to_le_bytes());
+            b[8..].copy_from_slice(&(len as u64).to_le_bytes());
+            crate::local::pwrite_all(rfd.as_fd(), &b, *slot + 16)?;
         }
         Ok(())
     }
@@ -460,16 +489,20 @@ impl LocalPatch {
         };
         t.write(at, data)?;
         if let Some(d) = self.die_after {
-            // Tests: a run killed half way.
+            // Tests: a run killed half way: between two writes (at a
+            // write's start), or in the middle of one.
             let k = (d.saturating_sub(self.written) as usize).min(data.len());
             if k < data.len() {
-                crate::local::pwrite_all(self.fd.as_fd(), &data[..k], at)?;
-                self.mark()?;
+                if k > 0 {
+                    self.in_flight(at, data.len())?;
+                    crate::local::pwrite_all(self.fd.as_fd(), &data[..k], at)?;
+                }
                 let me = rustix::process::getpid();
                 let _ = rustix::process::kill_process(me, rustix::process::Signal::KILL);
                 std::process::abort();
             }
         }
+        self.in_flight(at, data.len())?;
         crate::local::pwrite_all(self.fd.as_fd(), data, at)?;
         self.mark()?;
         self.written += data.len() as u64;
@@ -686,6 +719,75 @@ mod tests {
             .collect();
         let bytes = std::fs::read(d.path().join("f")).unwrap();
         (bytes, (m.mtime_sec, m.mtime_nsec), left, committed)
+    }
+
+    /// A run killed between two writes of a patch, then another program
+    /// writes into a block the patch did not touch (or changes the mode):
+    /// the file's ctime is not the one the run left, so the recovery
+    /// leaves the file as that program left it and only removes the
+    /// record. Untouched, the same recovery rolls the file back.
+    #[test]
+    fn a_change_after_a_clean_kill_is_left_alone() {
+        use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+        for later in 0..3 {
+            let d = tempfile::tempdir().unwrap();
+            let p = d.path().join("f");
+            let old: Vec<u8> = (0..100_000u32).map(|i| (i * 7 >> 3) as u8).collect();
+            let mut new = old.clone();
+            new[9000] ^= 1;
+            std::fs::write(&p, &old).unwrap();
+            let dir =
+                rfs::open(d.path(), OFlags::DIRECTORY | OFlags::RDONLY, Mode::empty()).unwrap();
+            let m = meta_of(dir.as_fd(), c"f");
+            let l = Layout::new(old.len() as u64, new.len() as u64);
+            let key = delta::new_key();
+            let mut lp = LocalPatch::start(dir.as_fd(), c"f", &m, false, &l, &key)
+                .unwrap()
+                .unwrap();
+            let ours = lp.blocks_here().unwrap();
+            let mut src = tempfile::tempfile().unwrap();
+            std::io::Write::write_all(&mut src, &new).unwrap();
+            let theirs = fd_patch_hashes(src.as_fd(), &l, &key).unwrap();
+            let changed = differing(&theirs.list, &ours).unwrap();
+            assert_eq!(changed, vec![1]);
+            assert!(lp.begin_here(&changed, &[theirs.list[1]]).unwrap());
+            lp.write_here(8192, &new[8192..16384]).unwrap();
+            let (rec, rfd, _) = lp.record.take().unwrap();
+            drop(rfd);
+            drop(lp);
+            let left = std::fs::metadata(&p).unwrap();
+            // The coarse clock past the run's last ctime (else a write in
+            // the same tick leaves the ctime as it was).
+            let probe = d.path().join("probe");
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            loop {
+                std::fs::write(&probe, b"x").unwrap();
+                let c = std::fs::metadata(&probe).unwrap();
+                if (c.ctime(), c.ctime_nsec()) > (left.ctime(), left.ctime_nsec()) {
+                    break;
+                }
+                assert!(std::time::Instant::now() < deadline, "the clock stands still");
+            }
+            let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+            match later {
+                0 => f.write_all_at(b"LATER", 50_000).unwrap(),
+                1 => f
+                    .set_permissions(std::fs::Permissions::from_mode(0o600))
+                    .unwrap(),
+                _ => {}
+            }
+            drop(f);
+            let then = std::fs::read(&p).unwrap();
+            assert!(crate::append::recover(dir.as_fd(), &rec).unwrap());
+            let now = std::fs::read(&p).unwrap();
+            if later < 2 {
+                assert!(now == then, "rolled back over a later change ({later})");
+                assert!(now[8192..16384] == new[8192..16384]);
+            } else {
+                assert!(now == old, "not rolled back");
+            }
+            assert!(!d.path().join(rec.to_str().unwrap()).exists());
+        }
     }
 
     proptest! {
