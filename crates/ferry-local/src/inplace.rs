@@ -162,13 +162,30 @@ pub(crate) fn restore(
     trusted: bool,
 ) -> io::Result<Outcome> {
     let len = rst.st_size as u64;
-    if len < TRAILER {
-        return Ok(Outcome::Torn);
-    }
-    let body = len - TRAILER;
-    // Pass 1: the hash of the whole record.
-    let mut h = blake3::Hasher::new();
     let mut buf = vec![0u8; BUF];
+    // The header (its length not known before it is read); one cut
+    // short was never complete, so nothing was written.
+    let mut want = (64usize << 10).min(len as usize);
+    let (head, hlen) = loop {
+        let mut b = vec![0u8; want];
+        let n = pread_full(rfd, &mut b, 0)?;
+        if let Some(x) = Head::decode(&b[..n]) {
+            break x;
+        }
+        if want as u64 >= len {
+            return Ok(Outcome::Torn);
+        }
+        want = (want * 4).min(len as usize);
+    };
+    let body = head
+        .blocks
+        .iter()
+        .try_fold(hlen as u64, |a, &(_, n, _)| a.checked_add(n));
+    let Some(body) = body.filter(|b| b.saturating_add(TRAILER) <= len) else {
+        return Ok(Outcome::Torn);
+    };
+    // The hash of the whole record.
+    let mut h = blake3::Hasher::new();
     let mut at = 0;
     while at < body {
         let want = ((body - at) as usize).min(BUF);
@@ -181,7 +198,6 @@ pub(crate) fn restore(
     }
     let mut sum = [0u8; 32];
     if pread_full(rfd, &mut sum, body)? != 32 || *h.finalize().as_bytes() != sum {
-        // Torn: never complete, nothing was written.
         return Ok(Outcome::Torn);
     }
     let mut left = [0u8; SLOT as usize];
@@ -192,19 +208,6 @@ pub(crate) fn restore(
         u64::from_le_bytes(left[16..24].try_into().unwrap()),
         u64::from_le_bytes(left[24..32].try_into().unwrap()),
     );
-    // The header (its length not known before it is read).
-    let mut want = (64usize << 10).min(body as usize);
-    let (head, hlen) = loop {
-        let mut b = vec![0u8; want];
-        let n = pread_full(rfd, &mut b, 0)?;
-        if let Some(x) = Head::decode(&b[..n]) {
-            break x;
-        }
-        if want as u64 >= body {
-            return Ok(Outcome::Stale("not a record ferry wrote"));
-        }
-        want = (want * 4).min(body as usize);
-    };
     if !plain_name(&head.name) || undo_name(&head.name).as_c_str() != rec {
         return Ok(Outcome::Stale("it names another entry than its own file"));
     }
@@ -217,56 +220,74 @@ pub(crate) fn restore(
         Ok(x) => x,
         Err(why) => return Ok(Outcome::Stale(why)),
     };
+    const CHANGED: Outcome = Outcome::Stale("the file changed since the run was killed");
     // No write in flight: the file's ctime is the one the run left (a
-    // write in flight changed it: then only the blocks tell).
+    // write in flight changed it: then only the bytes tell).
     if !trusted && fly_len == 0 && slot_bytes(&st)[..16] != left[..16] {
-        return Ok(Outcome::Stale("the file changed since the run was killed"));
+        return Ok(CHANGED);
     }
-    // Pass 2: each block still its old bytes or the new ones.
-    let mut cur = vec![0u8; BUF];
+    // The pages of the write in flight: their new bytes' hashes.
+    let fly_end = fly_at.saturating_add(fly_len);
+    let pages = fly_pages_len(fly_at, fly_len, head.old);
+    let mut fly = vec![0u8; pages];
+    if pread_full(rfd, &mut fly, body + TRAILER)? != pages {
+        return Ok(Outcome::Stale("the record is cut short"));
+    }
+    // Each block still its old bytes or the new ones; in the write in
+    // flight, each page.
+    let most = head.blocks.iter().map(|b| b.1).max().unwrap_or(0);
+    if most > 64 << 20 {
+        return Ok(Outcome::Stale("not a record ferry wrote"));
+    }
+    buf.resize(buf.len().max(most as usize), 0);
+    let mut cur = vec![0u8; buf.len()];
     let mut from = hlen as u64;
     let mut new = Vec::with_capacity(head.blocks.len());
     for &(to, n, hash) in &head.blocks {
-        if fly_len > 0 && to < fly_at.saturating_add(fly_len) && fly_at < to + n {
-            // The write in flight when the run died: any mix of old and
-            // new bytes.
+        let k = n as usize;
+        if pread_full(rfd, &mut buf[..k], from)? != k {
+            return Ok(Outcome::Stale("the record is cut short"));
+        }
+        if pread_full(fd.as_fd(), &mut cur[..k], to)? != k {
+            return Ok(CHANGED);
+        }
+        let is_old = buf[..k] == cur[..k];
+        if !is_old && fly_len > 0 && to < fly_end && fly_at < to + n {
+            if to < fly_at || to + n > fly_end {
+                return Ok(CHANGED);
+            }
+            // A kill in the middle of this write: each page old or new.
+            for (pat, c) in pages_of(to, n) {
+                let o = (pat - to) as usize;
+                let i = (pat / PAGE - fly_at / PAGE) as usize;
+                let want = fly.get(i * 4..i * 4 + 4);
+                let got = page_hash(&head.key, &cur[o..o + c]).to_le_bytes();
+                if buf[o..o + c] != cur[o..o + c] && want != Some(&got[..]) {
+                    return Ok(CHANGED);
+                }
+            }
             new.push(true);
-            from += n;
-            continue;
-        }
-        let mut is_old = true;
-        let mut hasher = delta::inplace::BlockHasher::new(&head.key);
-        let mut done = 0;
-        while done < n {
-            let k = ((n - done) as usize).min(BUF);
-            if pread_full(rfd, &mut buf[..k], from + done)? != k {
-                return Ok(Outcome::Stale("the record is cut short"));
-            }
-            if pread_full(fd.as_fd(), &mut cur[..k], to + done)? != k {
-                return Ok(Outcome::Stale("the file changed since"));
-            }
-            is_old &= buf[..k] == cur[..k];
+        } else if !is_old {
+            let mut hasher = delta::inplace::BlockHasher::new(&head.key);
             hasher.update(&cur[..k]);
-            done += k as u64;
+            if short(&hasher.finalize()) != u64::from(hash) {
+                return Ok(CHANGED);
+            }
+            new.push(true);
+        } else {
+            new.push(false);
         }
-        let is_new = short(&hasher.finalize()) == u64::from(hash);
-        if !is_old && !is_new {
-            return Ok(Outcome::Stale("the file changed since the run was killed"));
-        }
-        new.push(!is_old);
         from += n;
     }
-    // Pass 3: the old bytes back where new ones are.
+    // The old bytes back where new ones are.
     let mut from = hlen as u64;
     for (&(to, n, _), &put) in head.blocks.iter().zip(&new) {
-        let mut done = 0;
-        while put && done < n {
-            let k = ((n - done) as usize).min(BUF);
-            if pread_full(rfd, &mut buf[..k], from + done)? != k {
+        let k = n as usize;
+        if put {
+            if pread_full(rfd, &mut buf[..k], from)? != k {
                 return Err(io::Error::other("rollback record cut short"));
             }
-            crate::local::pwrite_all(fd.as_fd(), &buf[..k], to + done)?;
-            done += k as u64;
+            crate::local::pwrite_all(fd.as_fd(), &buf[..k], to)?;
         }
         from += n;
     }
@@ -278,6 +299,42 @@ pub(crate) fn restore(
         &mtime(head.sec, head.nsec),
     )?;
     Ok(Outcome::Restored)
+}
+
+/// Bytes of a page of the write in flight.
+const PAGE: u64 = 4096;
+
+/// The pages of `n` bytes at `at`: (offset, length), cut at multiples of
+/// [`PAGE`].
+fn pages_of(at: u64, n: u64) -> impl Iterator<Item = (u64, usize)> {
+    let end = at + n;
+    let mut p = at;
+    std::iter::from_fn(move || {
+        if p >= end {
+            return None;
+        }
+        let next = ((p / PAGE + 1) * PAGE).min(end);
+        let r = (p, (next - p) as usize);
+        p = next;
+        Some(r)
+    })
+}
+
+/// Bytes of the page hashes of a write of `len` bytes at `at` (its part
+/// before `old`: the tail is cut by a rollback anyway).
+fn fly_pages_len(at: u64, len: u64, old: u64) -> usize {
+    let end = at.saturating_add(len).min(old);
+    if at >= end {
+        return 0;
+    }
+    4 * pages_of(at, end - at).count()
+}
+
+/// A page's hash in the record: the first 4 bytes of its block hash.
+fn page_hash(key: &[u8; 32], data: &[u8]) -> u32 {
+    let mut h = delta::inplace::BlockHasher::new(key);
+    h.update(data);
+    short(&h.finalize()) as u32
 }
 
 /// One patch in place of a local file.
@@ -470,13 +527,26 @@ impl LocalPatch {
         Ok(())
     }
 
-    /// The write of `len` bytes at `at` in flight, in the record: a run
-    /// killed during it leaves those bytes any mix of old and new.
-    fn in_flight(&self, at: u64, len: usize) -> io::Result<()> {
+    /// The write of `data` at `at` in flight, in the record: the hash of
+    /// each page it writes before the old end (after the record's slot),
+    /// then where it writes (in the slot). A run killed during it leaves
+    /// each page old or new (the kernel copies whole pages), so a
+    /// recovery still tells a later write apart.
+    fn in_flight(&self, at: u64, data: &[u8]) -> io::Result<()> {
         if let Some((_, rfd, slot)) = &self.record {
+            let head = (self.old.1.saturating_sub(at) as usize).min(data.len());
+            if head > 0 {
+                let hs: Vec<u8> = pages_of(at, head as u64)
+                    .flat_map(|(p, n)| {
+                        let o = (p - at) as usize;
+                        page_hash(&self.key, &data[o..o + n]).to_le_bytes()
+                    })
+                    .collect();
+                crate::local::pwrite_all(rfd.as_fd(), &hs, *slot + SLOT)?;
+            }
             let mut b = [0u8; 16];
             b[..8].copy_from_slice(&at.to_le_bytes());
-            b[8..].copy_from_slice(&(len as u64).to_le_bytes());
+            b[8..].copy_from_slice(&(data.len() as u64).to_le_bytes());
             crate::local::pwrite_all(rfd.as_fd(), &b, *slot + 16)?;
         }
         Ok(())
@@ -493,8 +563,11 @@ impl LocalPatch {
             // write's start), or in the middle of one.
             let k = (d.saturating_sub(self.written) as usize).min(data.len());
             if k < data.len() {
+                // As the kernel leaves a write a fatal signal cuts: whole
+                // pages.
+                let k = (((at + k as u64) / PAGE * PAGE).saturating_sub(at) as usize).min(k);
                 if k > 0 {
-                    self.in_flight(at, data.len())?;
+                    self.in_flight(at, data)?;
                     crate::local::pwrite_all(self.fd.as_fd(), &data[..k], at)?;
                 }
                 let me = rustix::process::getpid();
@@ -502,7 +575,7 @@ impl LocalPatch {
                 std::process::abort();
             }
         }
-        self.in_flight(at, data.len())?;
+        self.in_flight(at, data)?;
         crate::local::pwrite_all(self.fd.as_fd(), data, at)?;
         self.mark()?;
         self.written += data.len() as u64;

@@ -398,3 +398,55 @@ fn a_single_file_rerun_after_a_killed_patch_is_exact_over_ssh() {
     assert!(std::fs::read(&bf).unwrap() == new, "pull rerun corrupted it\n{r}");
     assert!(find_prefixed(&back, b".ferry-undo-").is_empty());
 }
+
+/// A `--delta` patch (scattered blocks and a tail) killed at every step:
+/// before its first write, in the middle of one, between the blocks and
+/// in the tail. Then either nothing else happens and the same command
+/// again leaves the exact source bytes; or another program writes into
+/// the first patched block first, and the next run reading the directory
+/// keeps that program's bytes.
+#[test]
+fn killed_at_every_step_then_rerun_or_written_by_another() {
+    let d = tmpdir();
+    let (src, dst, out) = (
+        d.path().join("src"),
+        d.path().join("dst"),
+        d.path().join("out"),
+    );
+    let data = gen_bytes(4 << 20, 289);
+    let (mut new, first, literal) = scattered(&data, 9, 2000);
+    new.extend_from_slice(&gen_bytes(70_000, 290));
+    let f = dst.join("f");
+    let a: Vec<&OsStr> = vec![
+        "copy".as_ref(),
+        "--delta".as_ref(),
+        src.as_os_str(),
+        dst.as_os_str(),
+    ];
+    for at in [0, 1, 8191, 8192, literal / 2, literal - 1, literal + 30_000] {
+        for other in [false, true] {
+            write(&src, "f", &data);
+            ferry(["copy".as_ref(), src.as_os_str(), dst.as_os_str()]).ok();
+            write(&src, "f", &new);
+            let r = ferry_env(&a, &[die(at)]);
+            assert!(r.code.is_none(), "not killed at {at}\n{r}");
+            if !other {
+                let r = ferry_env(&a, &[]);
+                r.ok();
+                assert!(
+                    std::fs::read(&f).unwrap() == new,
+                    "killed at {at}: the rerun is not exact\n{r}"
+                );
+            } else {
+                write_at(&f, first as u64, b"ANOTHER PROGRAM");
+                let theirs = std::fs::read(&f).unwrap();
+                let r = ferry(["copy".as_ref(), dst.as_os_str(), out.as_os_str()]);
+                assert!(
+                    std::fs::read(&f).unwrap() == theirs,
+                    "killed at {at}: a later write undone\n{r}"
+                );
+            }
+            assert!(find_prefixed(&dst, b".ferry-undo-").is_empty(), "at {at}");
+        }
+    }
+}
