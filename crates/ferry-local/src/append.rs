@@ -164,7 +164,9 @@ pub(crate) fn recover(dir: BorrowedFd<'_>, rec: &CStr) -> io::Result<bool> {
     } else if b[..n].starts_with(crate::inplace::MAGIC_2) || Record::decode(&b[..n]).is_some() {
         // Written by an older ferry: it holds nothing that proves the
         // file is still as that run left it.
-        Outcome::Stale("written by an older ferry, it cannot prove the file is as the killed run left it")
+        Outcome::Stale(
+            "written by an older ferry, it cannot prove the file is as the killed run left it",
+        )
     } else {
         Outcome::Torn
     };
@@ -187,9 +189,13 @@ fn record_file(dir: BorrowedFd<'_>, _rec: &CStr, b: &[u8]) -> String {
     let name = crate::inplace::named(b)
         .or_else(|| Record::decode(b).map(|r| r.name))
         .unwrap_or_else(|| b"?".to_vec());
-    let at = rfs::readlinkat(rfs::CWD, format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&dir)), Vec::new())
-        .map(|p| p.into_bytes())
-        .unwrap_or_default();
+    let at = rfs::readlinkat(
+        rfs::CWD,
+        format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&dir)),
+        Vec::new(),
+    )
+    .map(|p| p.into_bytes())
+    .unwrap_or_default();
     let mut p = at;
     if !p.is_empty() && !p.ends_with(b"/") {
         p.push(b'/');

@@ -71,9 +71,8 @@ struct Head {
 
 impl Head {
     fn encode(&self) -> Vec<u8> {
-        let mut b = Vec::with_capacity(
-            MAGIC.len() + FIXED + self.name.len() + 40 + 20 * self.blocks.len(),
-        );
+        let mut b =
+            Vec::with_capacity(MAGIC.len() + FIXED + self.name.len() + 40 + 20 * self.blocks.len());
         b.extend_from_slice(MAGIC);
         b.extend_from_slice(&self.ino.to_le_bytes());
         b.extend_from_slice(&self.old.to_le_bytes());
@@ -140,7 +139,7 @@ pub(crate) fn named(b: &[u8]) -> Option<Vec<u8>> {
 /// The slot of a file whose ctime is `st`'s, no write in flight.
 fn slot_bytes(st: &rfs::Stat) -> [u8; SLOT as usize] {
     let mut b = [0u8; SLOT as usize];
-    b[..8].copy_from_slice(&(st.st_ctime as i64).to_le_bytes());
+    b[..8].copy_from_slice(&st.st_ctime.to_le_bytes());
     b[8..12].copy_from_slice(&(st.st_ctime_nsec as u32).to_le_bytes());
     b
 }
@@ -211,12 +210,7 @@ pub(crate) fn restore(
     if !plain_name(&head.name) || undo_name(&head.name).as_c_str() != rec {
         return Ok(Outcome::Stale("it names another entry than its own file"));
     }
-    let (fd, st) = match still_ours(
-        dir,
-        &head.name,
-        rst.st_uid,
-        (head.ino, head.old, head.new),
-    )? {
+    let (fd, st) = match still_ours(dir, &head.name, rst.st_uid, (head.ino, head.old, head.new))? {
         Ok(x) => x,
         Err(why) => return Ok(Outcome::Stale(why)),
     };
@@ -805,7 +799,7 @@ mod tests {
         for later in 0..3 {
             let d = tempfile::tempdir().unwrap();
             let p = d.path().join("f");
-            let old: Vec<u8> = (0..100_000u32).map(|i| (i * 7 >> 3) as u8).collect();
+            let old: Vec<u8> = (0..100_000u32).map(|i| ((i * 7) >> 3) as u8).collect();
             let mut new = old.clone();
             new[9000] ^= 1;
             std::fs::write(&p, &old).unwrap();
@@ -839,7 +833,10 @@ mod tests {
                 if (c.ctime(), c.ctime_nsec()) > (left.ctime(), left.ctime_nsec()) {
                     break;
                 }
-                assert!(std::time::Instant::now() < deadline, "the clock stands still");
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the clock stands still"
+                );
             }
             let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
             match later {

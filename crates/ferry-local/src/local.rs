@@ -37,8 +37,8 @@ use ferry_engine::delta::{DiffSummary, OpSink, Signature};
 use ferry_engine::entry::{Kind, ListEntry, Listing, Meta};
 use ferry_engine::keep::{KeepBase, KeepTo};
 use ferry_engine::store::{
-    is_undo_name, temp_name, undo_name, DeltaRole, ListError, MetaChange, Progress, SourceFile, Store,
-    RESERVED_LEN,
+    is_undo_name, temp_name, undo_name, DeltaRole, ListError, MetaChange, Progress, SourceFile,
+    Store, RESERVED_LEN,
 };
 use ferry_engine::xattr::{XattrSel, Xattrs};
 

@@ -158,9 +158,18 @@ fn records_planted_in_a_shared_dir_change_no_root_file() {
         assert!(r.exists(), "ferry ls removed {r:?}");
     }
     let out = d.path().join("out");
-    ferry(["copy".as_ref(), "-n".as_ref(), shared.as_os_str(), out.as_os_str()]).ok();
+    ferry([
+        "copy".as_ref(),
+        "-n".as_ref(),
+        shared.as_os_str(),
+        out.as_os_str(),
+    ])
+    .ok();
     check("copy -n");
-    assert!(r1.exists() && r2.exists() && r3.exists(), "a dry run removed a record");
+    assert!(
+        r1.exists() && r2.exists() && r3.exists(),
+        "a dry run removed a record"
+    );
     // A copy reading the directory: the records are judged and go.
     let r = ferry(["copy".as_ref(), shared.as_os_str(), out.as_os_str()]);
     check("copy");
@@ -244,7 +253,12 @@ fn a_write_after_a_killed_patch_is_never_rolled_back() {
     let (new, first, literal) = scattered(&data, 12, 3000);
     write(&src, "f", &new);
     let f = dst.join("f");
-    let a: Vec<&OsStr> = vec!["copy".as_ref(), "--delta".as_ref(), src.as_os_str(), dst.as_os_str()];
+    let a: Vec<&OsStr> = vec![
+        "copy".as_ref(),
+        "--delta".as_ref(),
+        src.as_os_str(),
+        dst.as_os_str(),
+    ];
     type Writer = fn(&Path, usize) -> Vec<u8>;
     let writers: [(&str, Writer); 3] = [
         ("a write into a patched block", |p, first| {
@@ -277,7 +291,10 @@ fn a_write_after_a_killed_patch_is_never_rolled_back() {
         let mtime = get_mtime(&f);
         // A read-only listing changes nothing.
         ferry(["ls".as_ref(), dst.as_os_str()]).ok();
-        assert!(std::fs::read(&f).unwrap() == theirs, "ls changed it ({what})");
+        assert!(
+            std::fs::read(&f).unwrap() == theirs,
+            "ls changed it ({what})"
+        );
         assert!(rec[0].exists(), "ls removed the record ({what})");
         // A run reading the directory: the other program's bytes stay.
         let r = ferry(["copy".as_ref(), dst.as_os_str(), out.as_os_str()]);
@@ -318,13 +335,21 @@ fn a_single_file_rerun_after_a_killed_patch_is_exact_locally() {
     let (new, _, literal) = scattered(&data, 12, 3000);
     write(&src, "f", &new);
     let (sf, df) = (src.join("f"), dst.join("f"));
-    let a: Vec<&OsStr> = vec!["copy".as_ref(), "--delta".as_ref(), sf.as_os_str(), df.as_os_str()];
+    let a: Vec<&OsStr> = vec![
+        "copy".as_ref(),
+        "--delta".as_ref(),
+        sf.as_os_str(),
+        df.as_os_str(),
+    ];
     let r = ferry_env(&a, &[die(literal / 2)]);
     assert!(r.code.is_none(), "not killed\n{r}");
     assert_eq!(find_prefixed(&dst, b".ferry-undo-").len(), 1);
     let r = ferry_env(&a, &[]);
     r.ok();
-    assert!(std::fs::read(&df).unwrap() == new, "corrupted by the rerun\n{r}");
+    assert!(
+        std::fs::read(&df).unwrap() == new,
+        "corrupted by the rerun\n{r}"
+    );
     assert_eq!(get_mtime(&df), get_mtime(&sf));
     assert!(find_prefixed(&dst, b".ferry-undo-").is_empty());
 }
@@ -386,7 +411,10 @@ fn a_single_file_rerun_after_a_killed_patch_is_exact_over_ssh() {
     assert_eq!(find_prefixed(&dst, b".ferry-undo-").len(), 1, "{r}");
     let r = with(&me, sf.as_os_str(), &rf, &[]);
     r.ok();
-    assert!(std::fs::read(&df).unwrap() == new, "push rerun corrupted it\n{r}");
+    assert!(
+        std::fs::read(&df).unwrap() == new,
+        "push rerun corrupted it\n{r}"
+    );
     assert!(find_prefixed(&dst, b".ferry-undo-").is_empty());
     // Pull: this end dies mid-patch.
     write(&back, "f", &data);
@@ -395,7 +423,10 @@ fn a_single_file_rerun_after_a_killed_patch_is_exact_over_ssh() {
     assert_eq!(find_prefixed(&back, b".ferry-undo-").len(), 1, "{r}");
     let r = with(&me, &rf, bf.as_os_str(), &[]);
     r.ok();
-    assert!(std::fs::read(&bf).unwrap() == new, "pull rerun corrupted it\n{r}");
+    assert!(
+        std::fs::read(&bf).unwrap() == new,
+        "pull rerun corrupted it\n{r}"
+    );
     assert!(find_prefixed(&back, b".ferry-undo-").is_empty());
 }
 
