@@ -44,6 +44,9 @@ fn append_min() -> u64 {
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(delta::APPEND_MIN)
+            // Never below: a local stat looks for a record only from there
+            // (ferry-local `append::RECORD_MIN`).
+            .max(delta::MIN_SIZE)
     })
 }
 

@@ -126,6 +126,23 @@ pub(crate) fn plain_name(name: &[u8]) -> bool {
     !name.is_empty() && name != b"." && name != b".." && !name.contains(&b'/') && !name.contains(&0)
 }
 
+/// The smallest file that can have a record: a patch in place needs an
+/// old copy of at least [`ferry_engine::delta::APPEND_MIN`] (tests lower
+/// it to 1 MiB, never below).
+pub(crate) const RECORD_MIN: u64 = 1 << 20;
+
+/// [`recover`] the record `rec` of `dir` if there is one: `true` when
+/// there was (whatever became of it).
+pub(crate) fn recover_any(dir: BorrowedFd<'_>, rec: &CStr) -> bool {
+    match rfs::accessat(dir, rec, rfs::Access::EXISTS, AtFlags::SYMLINK_NOFOLLOW) {
+        Err(Errno::NOENT) => false,
+        _ => {
+            let _ = recover(dir, rec);
+            true
+        }
+    }
+}
+
 /// Roll back what the record `rec` of directory `dir` names, unless a live
 /// run holds it; the record is removed (and `true` returned) unless it is
 /// live or this process only reads ([`read_only`]). A record is acted on

@@ -311,6 +311,16 @@ impl LocalStore {
         sel.acls && *dir.hands_down.get_or_init(|| xattr::hands_down(dir.fd()))
     }
 
+    /// [`Store::stat`] once a record was handled: the file as it is now.
+    fn stat_again(&self, dir: &LocalDir, name: &CStr) -> io::Result<Option<Meta>> {
+        let mut meta = EMPTY_META;
+        match Self::stat_into(dir.fd.as_fd(), name, &mut meta) {
+            Ok(()) => Ok(Some(meta)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     fn wrap_dir(&self, fd: OwnedFd) -> io::Result<LocalDir> {
         Ok(LocalDir {
             fd,
@@ -469,18 +479,25 @@ impl Store for LocalStore {
     }
 
     fn stat(&self, dir: &LocalDir, name: &CStr) -> io::Result<Option<Meta>> {
-        // As a listing does: what a killed run left half patched is rolled
-        // back before the file is stat'ed, so before anything reads it
-        // (a single-file run stats its file instead of listing).
-        if crate::append::recovery_on() && !is_undo_name(name.to_bytes()) {
-            let _ = crate::append::recover(dir.fd(), &undo_name(name.to_bytes()));
-        }
         let mut meta = EMPTY_META;
         match Self::stat_into(dir.fd.as_fd(), name, &mut meta) {
-            Ok(()) => Ok(Some(meta)),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e),
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
         }
+        // As a listing does: what a killed run left half patched is rolled
+        // back before anything reads the file (a single-file run stats
+        // its file instead of listing), and the file stat'ed again. Only a
+        // file big enough to have been patched in place can have a record.
+        if meta.kind == Kind::File
+            && meta.size >= crate::append::RECORD_MIN
+            && crate::append::recovery_on()
+            && !is_undo_name(name.to_bytes())
+            && crate::append::recover_any(dir.fd(), &undo_name(name.to_bytes()))
+        {
+            return self.stat_again(dir, name);
+        }
+        Ok(Some(meta))
     }
 
     fn open_dir(&self, parent: &LocalDir, name: &CStr) -> io::Result<LocalDir> {
