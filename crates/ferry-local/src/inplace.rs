@@ -491,8 +491,12 @@ impl LocalPatch {
             }
             out.put(h.finalize().as_bytes())?;
             let at = out.at + out.buf.len() as u64;
-            // The file's ctime as it is (nothing written yet).
+            // The file's ctime as it is (nothing written yet), and room
+            // for the page hashes of a write in flight (written before
+            // each write: a full disk fails here, not then).
             out.put(&slot_bytes(&rfs::fstat(&self.fd)?))?;
+            let most = (BUF as u64).max(self.l.block);
+            out.put(&vec![0u8; 4 * (most / PAGE + 2) as usize])?;
             out.flush()?;
             rfs::fsync(&rfd)?;
             rfs::fsync(&self.dir)?;
@@ -611,8 +615,18 @@ impl LocalPatch {
                 return;
             };
             let Ok(rst) = rfs::fstat(&r) else { return };
-            if restore(self.dir.as_fd(), &rec, r.as_fd(), &rst, true).is_ok() {
-                let _ = rfs::unlinkat(&self.dir, &rec, AtFlags::empty());
+            match restore(self.dir.as_fd(), &rec, r.as_fd(), &rst, true) {
+                Ok(Outcome::Stale(why)) => {
+                    eprintln!(
+                        "ferry: {}: not rolled back ({why}): file left as it is",
+                        self.name.to_bytes().escape_ascii()
+                    );
+                    let _ = rfs::unlinkat(&self.dir, &rec, AtFlags::empty());
+                }
+                Ok(_) => {
+                    let _ = rfs::unlinkat(&self.dir, &rec, AtFlags::empty());
+                }
+                Err(_) => {}
             }
             drop(rfd);
         }
