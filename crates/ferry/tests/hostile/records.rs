@@ -409,6 +409,20 @@ fn a_single_file_rerun_after_a_killed_patch_is_exact_over_ssh() {
     let r = with(dying.as_os_str(), sf.as_os_str(), &rf, &[]);
     assert!(r.code != Some(0), "the remote end did not die\n{r}");
     assert_eq!(find_prefixed(&dst, b".ferry-undo-").len(), 1, "{r}");
+    // `ls` over ssh only reads: the record and the file stay as they are.
+    let half = std::fs::read(&df).unwrap();
+    let dir = ssh_at(&host, &dst);
+    let a: Vec<&OsStr> = vec![
+        "ls".as_ref(),
+        "-e".as_ref(),
+        rsh.as_ref(),
+        "--remote-ferry".as_ref(),
+        me.as_os_str(),
+        dir.as_os_str(),
+    ];
+    ferry_env(&a, &[]).ok();
+    assert_eq!(find_prefixed(&dst, b".ferry-undo-").len(), 1, "ls acted");
+    assert!(std::fs::read(&df).unwrap() == half, "ls over ssh wrote");
     let r = with(&me, sf.as_os_str(), &rf, &[]);
     r.ok();
     assert!(
