@@ -357,7 +357,8 @@ impl LocalPatch {
     /// The patch of `name` of `dir`, listed as `old`, to layout `l`, its
     /// old blocks' hashes under `key` started by a thread of their own;
     /// `None` when it cannot be patched in place (not a regular file with
-    /// one link that this process may write, or changed since listed).
+    /// one link that this process may write and owns unless root, or
+    /// changed since listed).
     pub fn start(
         dir: BorrowedFd<'_>,
         name: &CStr,
@@ -372,6 +373,12 @@ impl LocalPatch {
         let Some((fd, st)) = open_checked(dir, name, old)? else {
             return Ok(None);
         };
+        // The record will be this process's: a recovery trusts it only
+        // for a file of its owner (or as root's).
+        let me = rustix::process::geteuid();
+        if !me.is_root() && st.st_uid != me.as_raw() {
+            return Ok(None);
+        }
         let hfd = fd.try_clone()?;
         let (hl, hkey) = (*l, *key);
         let hashing = std::thread::spawn(move || hash_blocks(hfd.as_fd(), &hl, hl.head(), &hkey));
