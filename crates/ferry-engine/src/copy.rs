@@ -45,6 +45,9 @@ fn append_min() -> u64 {
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(delta::APPEND_MIN)
+            // Never below: a local stat looks for a record only from there
+            // (ferry-local `append::RECORD_MIN`).
+            .max(delta::MIN_SIZE)
     })
 }
 
@@ -466,7 +469,11 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
         let Some(changed) = delta::inplace::differing(&h.list, &theirs) else {
             return Ok(Appended::No);
         };
-        if delta::inplace::too_many(l, changed.len()) || !ip.begin(&changed)? {
+        if delta::inplace::too_many(l, changed.len()) {
+            return Ok(Appended::No);
+        }
+        let new: Vec<u64> = changed.iter().map(|&i| h.list[i as usize]).collect();
+        if !ip.begin(&changed, &new)? {
             // Nothing changed there: the normal delta.
             return Ok(Appended::No);
         }

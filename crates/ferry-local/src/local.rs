@@ -37,8 +37,8 @@ use ferry_engine::delta::{DiffSummary, OpSink, Signature};
 use ferry_engine::entry::{Kind, ListEntry, Listing, Meta};
 use ferry_engine::keep::{KeepBase, KeepTo};
 use ferry_engine::store::{
-    is_undo_name, temp_name, DeltaRole, ListError, MetaChange, Progress, SourceFile, Store,
-    RESERVED_LEN,
+    is_undo_name, temp_name, undo_name, DeltaRole, ListError, MetaChange, Progress, SourceFile,
+    Store, RESERVED_LEN,
 };
 use ferry_engine::xattr::{XattrSel, Xattrs};
 
@@ -311,6 +311,16 @@ impl LocalStore {
         sel.acls && *dir.hands_down.get_or_init(|| xattr::hands_down(dir.fd()))
     }
 
+    /// [`Store::stat`] once a record was handled: the file as it is now.
+    fn stat_again(&self, dir: &LocalDir, name: &CStr) -> io::Result<Option<Meta>> {
+        let mut meta = EMPTY_META;
+        match Self::stat_into(dir.fd.as_fd(), name, &mut meta) {
+            Ok(()) => Ok(Some(meta)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     fn wrap_dir(&self, fd: OwnedFd) -> io::Result<LocalDir> {
         Ok(LocalDir {
             fd,
@@ -471,10 +481,23 @@ impl Store for LocalStore {
     fn stat(&self, dir: &LocalDir, name: &CStr) -> io::Result<Option<Meta>> {
         let mut meta = EMPTY_META;
         match Self::stat_into(dir.fd.as_fd(), name, &mut meta) {
-            Ok(()) => Ok(Some(meta)),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e),
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
         }
+        // As a listing does: what a killed run left half patched is rolled
+        // back before anything reads the file (a single-file run stats
+        // its file instead of listing), and the file stat'ed again. Only a
+        // file big enough to have been patched in place can have a record.
+        if meta.kind == Kind::File
+            && meta.size >= crate::append::RECORD_MIN
+            && crate::append::recovery_on()
+            && !is_undo_name(name.to_bytes())
+            && crate::append::recover_any(dir.fd(), &undo_name(name.to_bytes()))
+        {
+            return self.stat_again(dir, name);
+        }
+        Ok(Some(meta))
     }
 
     fn open_dir(&self, parent: &LocalDir, name: &CStr) -> io::Result<LocalDir> {

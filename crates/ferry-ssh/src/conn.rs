@@ -518,6 +518,15 @@ impl Stderr {
 /// The longest round trip measured on this run's connections, in µs.
 static RTT_US: AtomicU64 = AtomicU64::new(0);
 
+/// This process only reads: every server is told so ([`read_only`]).
+static READ_ONLY: AtomicBool = AtomicBool::new(false);
+
+/// This process only reads (`ferry ls`, `ferry versions`, a dry run):
+/// every `ferry serve` it starts acts on no rollback record.
+pub fn read_only() {
+    READ_ONLY.store(true, Ordering::Relaxed);
+}
+
 /// The longest round trip to a host of this run (the first request's,
 /// measured when its connection was made); `None` before any connection.
 pub fn round_trip() -> Option<std::time::Duration> {
@@ -791,6 +800,9 @@ fn open(t: &Target) -> Result<Arc<Conn>, Failed> {
     // signature of a huge file, a big removal), a few per timeout.
     let every = (quiet::timeout() / 3).as_millis().max(1) as u64;
     let _ = conn.send(&Req::KeepAlive { ms: every });
+    if READ_ONLY.load(Ordering::Relaxed) {
+        let _ = conn.send(&Req::ReadOnly);
+    }
     let c = conn.clone();
     std::thread::spawn(move || read_replies(&c, stdout, child, err, errt));
     Ok(conn)

@@ -44,6 +44,19 @@ fn main() -> ExitCode {
         Command::Ls(_) | Command::Cleanup(_) | Command::Serve => None,
         Command::Versions(_) | Command::Restore(_) => None,
     };
+    // Read-only commands never act on (nor remove) a rollback record a
+    // killed run left: they list what is there.
+    let read_only = match &cli.command {
+        Command::Copy(a) | Command::Sync(a) => a.dry_run,
+        Command::Bisync(a) => a.dry_run,
+        Command::Restore(a) => a.dry_run,
+        Command::Ls(_) | Command::Versions(_) => true,
+        Command::Cleanup(_) | Command::Serve => false,
+    };
+    if read_only {
+        ferry_local::append::read_only();
+        ferry_ssh::read_only();
+    }
     match &cli.command {
         Command::Copy(a) | Command::Sync(a) => {
             a.tx.configure_ssh(args::only_ferry_keeps(a.hard_links, &a.attrs))
