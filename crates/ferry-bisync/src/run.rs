@@ -85,6 +85,11 @@ pub struct Options {
     /// (`None`: replaced and deleted for good). What they keep, and the
     /// backup directories inside a root, are never synced.
     pub keep: [Option<Keeper>; 2],
+    /// `--watch`: what every run of the watch checks, whole or scoped:
+    /// each root is the directory watched at the start (device and
+    /// inode), and the deletion limit counts the deletions of the watch's
+    /// runs of the last [`ferry_engine::MAX_DELETE_WINDOW`] too.
+    pub guard: Option<std::sync::Arc<ferry_engine::Guard>>,
 }
 
 impl Options {
@@ -399,6 +404,19 @@ fn run_with<A: Store, B: Store>(
         return Ok(None);
     }
     let (oa, ob) = (open_root(a, Side::A, opts)?, open_root(b, Side::B, opts)?);
+    if let Some(g) = &opts.guard {
+        for (side, o) in [
+            (Side::A, oa.as_ref().map(|r| &r.1)),
+            (Side::B, ob.as_ref().map(|r| &r.1)),
+        ] {
+            let Some(m) = o else { continue };
+            match g.check(side as usize, &opts.name(side), m, opts.force) {
+                Ok(None) => {}
+                Ok(Some(note)) => rep.note(&note),
+                Err(msg) => return Err(Refused(msg)),
+            }
+        }
+    }
     // A missing root: the side to create and the mode it gets.
     let missing = match (&oa, &ob) {
         (None, None) => {
@@ -594,13 +612,28 @@ fn run_with<A: Store, B: Store>(
         let all = journal.as_deref().expect("scoped runs have a journal");
         plan.known = [all.count_files().map_err(Refused)?; 2];
     }
+    let now = Instant::now();
     for (i, side) in [(0, "A"), (1, "B")] {
         let (del, known) = (plan.deletes[i], plan.known[i]);
-        if !opts.force && known > 0 && del * 100 > known * opts.max_delete as u64 {
+        // A watch's earlier runs of the window count too.
+        let before = opts.guard.as_ref().map_or(0, |g| g.removed(i, now));
+        if !opts.force && known > 0 && (del + before) * 100 > known * opts.max_delete as u64 {
+            let also = match &opts.guard {
+                Some(g) if before > 0 => format!(
+                    " with the {before} deleted there by this watch's runs of the last {} minutes",
+                    g.window().as_secs() / 60
+                ),
+                _ => String::new(),
+            };
             return Err(Refused(format!(
-                "refusing to delete {del} of {known} files on {side} (more than {}%); check the other side, then run again with --force",
+                "refusing to delete {del} of {known} files on {side}{also} (more than {}%); check the other side, then run again with --force",
                 opts.max_delete
             )));
+        }
+    }
+    if let (Some(g), false) = (&opts.guard, opts.dry_run) {
+        for (i, n) in plan.deletes.iter().enumerate() {
+            g.add_removed(i, *n);
         }
     }
     for it in &plan.items {

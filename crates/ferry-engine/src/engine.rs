@@ -35,6 +35,8 @@ use crate::xattr::{XattrRun, XattrSel};
 
 mod links;
 use links::{How, Links, Outcome};
+mod guard;
+pub use guard::{Guard, WINDOW as MAX_DELETE_WINDOW};
 mod scoped;
 pub use scoped::Scope;
 
@@ -263,6 +265,9 @@ pub struct Engine<'a, S: Store, D: Store> {
     /// The backup directory when it is inside the destination (`--backup-dir`):
     /// its parent's path and its name, left out of the run on both sides.
     backup_in: Option<(Vec<u8>, Vec<u8>)>,
+    /// A watch's runs: the roots' identity and the `--max-delete` window
+    /// they share (`engine/guard.rs`).
+    guard: Option<&'a Guard>,
 }
 
 /// Mtimes of `list` truncated to `step` nanoseconds.
@@ -323,6 +328,94 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                 let (dir, name) = keep::split_parent(p);
                 (dir.to_vec(), name.to_vec())
             }),
+            guard: None,
+        }
+    }
+
+    /// The runs of a watch: each checks the roots' identity and counts its
+    /// removals in `--max-delete`'s window, in `g` (see `engine/guard.rs`).
+    pub fn guarded(mut self, g: &'a Guard) -> Self {
+        self.guard = Some(g);
+        self
+    }
+
+    /// The check of [`Engine::open_roots`] alone: SRC exists, and in a
+    /// watch both roots are the ones watched (a refusal if not).
+    pub fn check_roots(&self) -> io::Result<()> {
+        self.open_roots().map(drop)
+    }
+
+    /// Both roots opened (SRC must exist; DST may not yet) and checked
+    /// against the identity the watch recorded: the one check of every
+    /// run, full or scoped, counting pass or not, before anything changes.
+    fn open_roots(&self) -> io::Result<((S::Dir, Meta), Option<(D::Dir, Meta)>)> {
+        let src = self
+            .src
+            .open_root()?
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "source does not exist"))?;
+        let dst = self.dst.open_root()?;
+        // (A counting pass with --force leaves the adopting, and its
+        // note, to the run itself.)
+        if let Some(g) = self.guard.filter(|_| !(self.counting && self.opts.force)) {
+            for (side, m) in [(0, Some(&src.1)), (1, dst.as_ref().map(|d| &d.1))] {
+                let Some(m) = m else { continue };
+                match g.check(side, ["SRC", "DST"][side], m, self.opts.force) {
+                    Ok(None) => {}
+                    Ok(Some(note)) => self.rep.note(&note),
+                    Err(msg) => return Err(guard::refusal(msg)),
+                }
+            }
+        }
+        Ok((src, dst))
+    }
+
+    /// The removals a run may make, given what its counting pass counted
+    /// (`full`: over the whole tree); a refusal when it counted more. In a
+    /// watch, the removals of the window's earlier runs are taken from
+    /// the limit first, and `P%` is of the entries the last full run saw.
+    fn allowance(&self, limit: MaxDelete, counted: &Stats, full: bool) -> io::Result<u64> {
+        let Some(g) = self.guard else {
+            return self.check_limit(limit, counted);
+        };
+        if full {
+            g.set_dst_total(counted.dst_entries.load(Ordering::Relaxed));
+        }
+        let would = counted.files_deleted.load(Ordering::Relaxed);
+        let total = match g.dst_total() {
+            0 => counted.dst_entries.load(Ordering::Relaxed),
+            n => n,
+        };
+        let before = g.removed(1, Instant::now());
+        let allowed = limit.allowed(total).saturating_sub(before);
+        if would > allowed {
+            let of = match limit {
+                MaxDelete::Percent(_) => format!(" of {total} entries"),
+                MaxDelete::Count(_) => String::new(),
+            };
+            let less = match before {
+                0 => String::new(),
+                n => format!(
+                    ", less the {n} removed by this watch's runs of the last {} minutes",
+                    g.window().as_secs() / 60
+                ),
+            };
+            return Err(refused(format!(
+                "refusing to delete {would} entries in DST (--max-delete {limit}{of}{less}); nothing was changed"
+            )));
+        }
+        Ok(allowed)
+    }
+
+    /// Count what a run removed into the watch's window.
+    fn count_removed(&self, before: u64) {
+        if let Some(g) = self.guard {
+            g.add_removed(
+                1,
+                self.stats
+                    .files_deleted
+                    .load(Ordering::Relaxed)
+                    .saturating_sub(before),
+            );
         }
     }
 
@@ -331,6 +424,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
     fn counter<'b>(&'b self, stats: &'b Stats) -> Engine<'b, S, D> {
         static QUIET: crate::report::Quiet = crate::report::Quiet;
         let mut e = Engine::new(self.src, self.dst, self.opts, stats, &QUIET);
+        e.guard = self.guard;
         e.dry_run = true;
         e.counting = true;
         e.checksum = false;
@@ -353,11 +447,14 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             if !self.dry_run && self.dst.open_root()?.is_some() {
                 let stats = Stats::default();
                 self.counter(&stats).walk()?;
-                let allowed = self.check_limit(limit, &stats)?;
+                let allowed = self.allowance(limit, &stats, true)?;
                 self.budget.store(allowed, Ordering::Relaxed);
             }
         }
-        self.walk()?;
+        let before = self.stats.files_deleted.load(Ordering::Relaxed);
+        let walked = self.walk();
+        self.count_removed(before);
+        walked?;
         if let (Some(limit), true) = (self.opts.max_delete, self.dry_run) {
             self.check_limit(limit, self.stats)?;
         }
@@ -394,11 +491,8 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
 
     /// One walk over the tree (see `run_tree`).
     fn walk(&self) -> io::Result<()> {
-        let (src_dir, src_meta) = self
-            .src
-            .open_root()?
-            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "source does not exist"))?;
-        let (dst_dir, dst_meta) = match self.dst.open_root()? {
+        let ((src_dir, src_meta), dst) = self.open_roots()?;
+        let (dst_dir, dst_meta) = match dst {
             Some((d, m)) => (Some(d), Some(m)),
             None if self.dry_run => (None, None),
             None => {

@@ -24,7 +24,7 @@ use ferry_engine::xattr::{XattrSel, Xattrs};
 use serde::{Deserialize, Serialize};
 
 /// The protocol version both ends must speak.
-pub const PROTOCOL: u32 = 9;
+pub const PROTOCOL: u32 = 10;
 /// The hello's first bytes.
 const MAGIC: &[u8; 12] = b"FERRY-SERVE\n";
 /// Largest frame accepted (a whole small file, a big directory's listing).
@@ -904,6 +904,7 @@ pub enum Event {
     Overflow,
     Gone,
     Back,
+    Removed(#[serde(with = "serde_bytes")] Vec<u8>),
 }
 
 impl Event {
@@ -918,6 +919,7 @@ impl Event {
             C::Overflow(_) => Event::Overflow,
             C::Gone(_) => Event::Gone,
             C::Back(_) => Event::Back,
+            C::Removed(_, p) => Event::Removed(p),
         }
     }
 
@@ -932,6 +934,7 @@ impl Event {
             Event::Overflow => C::Overflow(side),
             Event::Gone => C::Gone(side),
             Event::Back => C::Back(side),
+            Event::Removed(p) => C::Removed(side, p),
         }
     }
 }

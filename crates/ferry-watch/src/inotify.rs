@@ -420,6 +420,10 @@ impl Tree {
                 // Its own watch reports it too (as `Dir`).
                 continue;
             }
+            if fl.contains(ReadFlags::DELETE) {
+                out.push(Change::Removed(side, path));
+                continue;
+            }
             // A file being written waits for its close or for quiet.
             let ready = !fl.intersects(ReadFlags::MODIFY | ReadFlags::CREATE) || isdir;
             out.push(Change::Entry(side, path, ready));
@@ -429,7 +433,7 @@ impl Tree {
             if isdir {
                 self.drop_dir(&from);
             }
-            out.push(Change::Entry(side, from, true));
+            out.push(Change::Removed(side, from));
         }
         out
     }

@@ -34,6 +34,9 @@ pub enum Change {
     /// An entry at this path changed; `true` when it is complete (closed,
     /// removed, renamed), `false` while it may still be written.
     Entry(usize, Vec<u8>, bool),
+    /// An entry at this path was removed (or moved out of the tree): see
+    /// [`Pending`]'s hold on removals.
+    Removed(usize, Vec<u8>),
     /// A directory's own metadata changed.
     Dir(usize, Vec<u8>),
     /// A directory appeared (created, moved in) or must be compared whole.
@@ -127,6 +130,14 @@ struct Item {
 }
 
 /// Changes coalesced per path until they are run.
+///
+/// Removals are held: while entries are being removed (the last removal
+/// less than `settle` ago), nothing runs, full or scoped, so the removal
+/// of a whole root (`rm -rf SRC`: its entries first, the root last) is
+/// seen as the root gone before any run could mirror the removals inside
+/// it. Once removals are quiet, the run checks that the root is the one
+/// watched (its device and inode, `ferry_engine::Guard`) before it does
+/// anything.
 #[derive(Default)]
 struct Pending {
     items: HashMap<(usize, Vec<u8>), Item>,
@@ -134,6 +145,8 @@ struct Pending {
     full: bool,
     full_since: Option<Instant>,
     gone: Vec<usize>,
+    /// When the last removal was seen.
+    removed: Option<Instant>,
 }
 
 fn parent(p: &[u8]) -> Vec<u8> {
@@ -175,6 +188,10 @@ impl Pending {
     fn add(&mut self, c: Change, now: Instant, note: &mut dyn FnMut(&'static str, String)) {
         match c {
             Change::Entry(s, p, ready) => self.touch(s, p, ready, false, false, now),
+            Change::Removed(s, p) => {
+                self.touch(s, p, true, false, false, now);
+                self.removed = Some(now);
+            }
             Change::Dir(s, p) => self.touch(s, p, true, false, true, now),
             Change::Deep(s, p) => self.touch(s, p, true, true, true, now),
             Change::Rename(s, from, to, isdir) => {
@@ -229,10 +246,18 @@ impl Pending {
         self.full_since.get_or_insert(now);
     }
 
+    /// The end of the hold on removals, while it lasts.
+    fn held(&self, now: Instant, settle: Duration) -> Option<Instant> {
+        self.removed.map(|t| t + settle).filter(|&end| now < end)
+    }
+
     /// When the next item becomes ready, if none is.
     fn deadline(&self, settle: Duration) -> Option<Instant> {
         if !self.gone.is_empty() {
             return None;
+        }
+        if let Some(end) = self.held(Instant::now(), settle) {
+            return Some(end);
         }
         if self.full || self.items.values().any(|i| i.ready) {
             return Some(Instant::now());
@@ -246,7 +271,7 @@ impl Pending {
     /// The work ready at `now` (taken out), with the time of its oldest
     /// change.
     fn take(&mut self, now: Instant, settle: Duration) -> Option<(Work, Instant)> {
-        if !self.gone.is_empty() {
+        if !self.gone.is_empty() || self.held(now, settle).is_some() {
             return None;
         }
         if self.full {

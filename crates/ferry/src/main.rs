@@ -285,6 +285,7 @@ fn run_bisync(a: BisyncArgs) -> Result<u8, String> {
         xattrs: a.attrs.sel(),
         delta: a.write.delta_mode(),
         keep: [None, None],
+        guard: None,
     };
     let cli = CliReporter::new(a.out.json, a.out.verbose > 0 || a.dry_run, a.dry_run);
     let stats = std::sync::Arc::new(Stats::default());

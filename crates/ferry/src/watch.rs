@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use ferry_backends::{AnyStore, Opts, Root};
+use ferry_engine::Store;
 use ferry_watch::{Config, Outcome, Source, Status, Target, Tee, Work};
 
 use crate::args::{Job, KeepArgs, WatchArgs};
@@ -184,6 +185,14 @@ pub fn sync(
         status: &status,
     };
     let describe = |e: &std::io::Error| cause(e);
+    // The roots' identity as the watch starts: every run checks it.
+    let guard = ferry_engine::Guard::default();
+    if let Ok(Some((_, m))) = s.open_root() {
+        guard.seen(0, &m);
+    }
+    if let Ok(Some((_, m))) = d.open_root() {
+        guard.seen(1, &m);
+    }
     let mut target = Flushed::new(
         ferry_watch::sync::SyncTarget::<AnyStore, AnyStore> {
             src: &s,
@@ -191,6 +200,7 @@ pub fn sync(
             opts,
             rep: &tee,
             describe: &describe,
+            guard: &guard,
         },
         rep,
         keep,
@@ -304,6 +314,15 @@ pub fn bisync(
         return Err("--watch and --dry-run do not go together".into());
     }
     let status = status_server(w, &format!("{} <-> {}", roots.0.id(), roots.1.id()))?;
+    // Each root's identity as the watch starts: every run checks it.
+    let mut opts = opts;
+    let guard = std::sync::Arc::new(ferry_engine::Guard::default());
+    for (side, s) in [stores.0, stores.1].into_iter().enumerate() {
+        if let Ok(Some((_, m))) = s.open_root() {
+            guard.seen(side, &m);
+        }
+    }
+    opts.guard = Some(guard);
     let mut target = Flushed::new(
         Bisync {
             a: stores.0,
