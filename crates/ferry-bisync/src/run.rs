@@ -279,6 +279,13 @@ struct Exec<'r, A: Store, B: Store> {
     tx: Option<mpsc::Sender<Update>>,
     /// The attributes kept (`opts.xattrs` where both stores keep them).
     xattrs: XattrRun,
+    /// In a watch: side A's, B's root found gone (or another directory)
+    /// during the run; the deletions it would cause on the other side are
+    /// not done (said once).
+    lost: [std::sync::atomic::AtomicBool; 2],
+    /// In a watch: the removals each side's watcher had seen when the run
+    /// started.
+    removals_at_start: [u64; 2],
 }
 
 /// `$body` with `$st` and `$dc` bound to one side's store and directories.
@@ -403,6 +410,10 @@ fn run_with<A: Store, B: Store>(
     if scope.is_some() && !known {
         return Ok(None);
     }
+    let removals_at_start = opts
+        .guard
+        .as_ref()
+        .map_or([0; 2], |g| [g.removals(0), g.removals(1)]);
     let (oa, ob) = (open_root(a, Side::A, opts)?, open_root(b, Side::B, opts)?);
     if let Some(g) = &opts.guard {
         for (side, o) in [
@@ -554,6 +565,8 @@ fn run_with<A: Store, B: Store>(
         stats,
         tx: None,
         xattrs: XattrRun::new(opts.xattrs, a.xattr_caps(), b.xattr_caps()),
+        lost: Default::default(),
+        removals_at_start,
     };
     let count = [sa.count, sb.count];
     // No journal and both sides hold entries: a first run would merge
@@ -1464,8 +1477,41 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
         }
     }
 
+    /// In a watch, before a deletion on `on` (one that `from`'s side made):
+    /// `from`'s root is still the directory watched (one open and statx
+    /// by its path), so that a root removed or unmounted while the run
+    /// deletes stops the deletions it causes there. Said once.
+    fn root_alive(&self, from: Side) -> bool {
+        let Some(g) = &self.opts.guard else {
+            return true;
+        };
+        let lost = &self.lost[from as usize];
+        if lost.load(Ordering::Relaxed) {
+            return false;
+        }
+        let name = self.opts.name(from);
+        let i = from as usize;
+        let root = on_side!(self, from, |st, _dc| st
+            .open_root()
+            .ok()
+            .flatten()
+            .map(|(_, m)| m));
+        match ferry_engine::may_remove(g, i, &name, root.as_ref(), self.removals_at_start[i]) {
+            Ok(()) => true,
+            Err(why) => {
+                if !lost.swap(true, Ordering::Relaxed) {
+                    self.fail(b"", &io::Error::other(why));
+                }
+                false
+            }
+        }
+    }
+
     /// Delete an entry unchanged since the last sync (a directory only if empty).
     fn delete(&self, it: &Item, on: Side) {
+        if !self.root_alive(on.other()) {
+            return;
+        }
         let planned = *it.side(on).expect("deleted entries exist");
         let res = on_side!(self, on, |st, dc| {
             (|| {

@@ -36,7 +36,7 @@ use crate::xattr::{XattrRun, XattrSel};
 mod links;
 use links::{How, Links, Outcome};
 mod guard;
-pub use guard::{Guard, WINDOW as MAX_DELETE_WINDOW};
+pub use guard::{may_remove, Guard, WINDOW as MAX_DELETE_WINDOW};
 mod scoped;
 pub use scoped::Scope;
 
@@ -268,6 +268,11 @@ pub struct Engine<'a, S: Store, D: Store> {
     /// A watch's runs: the roots' identity and the `--max-delete` window
     /// they share (`engine/guard.rs`).
     guard: Option<&'a Guard>,
+    /// In a watch, SRC's root was found gone (or another directory) during
+    /// the run: its remaining removals are not done (said once).
+    root_lost: AtomicBool,
+    /// Removals SRC's watcher had seen when the run started.
+    removals_at_start: u64,
 }
 
 /// Mtimes of `list` truncated to `step` nanoseconds.
@@ -329,6 +334,39 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                 (dir.to_vec(), name.to_vec())
             }),
             guard: None,
+            root_lost: AtomicBool::new(false),
+            removals_at_start: 0,
+        }
+    }
+
+    /// In a watch, before each removal: SRC's root is still the directory
+    /// watched (one open and statx of it by its path) and its watcher saw
+    /// no removal since the run started, so that a root removed or
+    /// unmounted while the run removes stops its removals there. False
+    /// once it is not (said once, as an error of the run: a full run
+    /// follows, held until removals are quiet).
+    fn src_root_alive(&self) -> bool {
+        let Some(g) = self.guard else {
+            return true;
+        };
+        if self.root_lost.load(Ordering::Relaxed) {
+            return false;
+        }
+        let root = self.src.open_root().ok().flatten();
+        match guard::may_remove(
+            g,
+            0,
+            "SRC",
+            root.as_ref().map(|r| &r.1),
+            self.removals_at_start,
+        ) {
+            Ok(()) => true,
+            Err(why) => {
+                if !self.root_lost.swap(true, Ordering::Relaxed) {
+                    self.fail(b"", &io::Error::other(why));
+                }
+                false
+            }
         }
     }
 
@@ -336,6 +374,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
     /// removals in `--max-delete`'s window, in `g` (see `engine/guard.rs`).
     pub fn guarded(mut self, g: &'a Guard) -> Self {
         self.guard = Some(g);
+        self.removals_at_start = g.removals(0);
         self
     }
 
@@ -1334,6 +1373,9 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             return true;
         }
         let Some(d) = &node.dst else { return true };
+        if !self.src_root_alive() {
+            return false;
+        }
         let limited = self.budget.load(Ordering::Relaxed) != u64::MAX;
         let res = if !is_dir {
             self.take_removals(u64::from(limited))

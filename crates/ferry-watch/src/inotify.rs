@@ -70,6 +70,8 @@ pub struct Tree {
     limit_hit: bool,
     /// How often unwatched directories are polled.
     poll: Duration,
+    /// Counts the removals seen, as they are read (see [`Tree::count_removals`]).
+    guard: Option<std::sync::Arc<ferry_engine::Guard>>,
 }
 
 impl Tree {
@@ -86,11 +88,18 @@ impl Tree {
             unwatched: Vec::new(),
             limit_hit: false,
             poll,
+            guard: None,
         };
         if !t.watch_root() {
             t.watch_parent();
         }
         Ok(t)
+    }
+
+    /// Count each removal seen in `g` (as side `side`), as soon as it is
+    /// read: a run in flight checks the count before each removal.
+    pub fn count_removals(&mut self, g: std::sync::Arc<ferry_engine::Guard>) {
+        self.guard = Some(g);
     }
 
     /// Directories watched.
@@ -360,6 +369,10 @@ impl Tree {
                         | ReadFlags::UNMOUNT,
                 ) {
                     if Some(wd) == self.root_wd {
+                        // The root itself removed: a removal as well.
+                        if let Some(g) = &self.guard {
+                            g.removal_seen(side);
+                        }
                         self.root_wd = None;
                         self.drop_dir(b"");
                         self.watch_parent();
@@ -421,6 +434,9 @@ impl Tree {
                 continue;
             }
             if fl.contains(ReadFlags::DELETE) {
+                if let Some(g) = &self.guard {
+                    g.removal_seen(side);
+                }
                 out.push(Change::Removed(side, path));
                 continue;
             }
@@ -432,6 +448,9 @@ impl Tree {
         for (_, from, isdir) in moves {
             if isdir {
                 self.drop_dir(&from);
+            }
+            if let Some(g) = &self.guard {
+                g.removal_seen(side);
             }
             out.push(Change::Removed(side, from));
         }

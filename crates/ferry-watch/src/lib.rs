@@ -112,12 +112,22 @@ pub struct Config {
     /// Interval for degraded sides (local directories without a watch, a
     /// [`Source`] that cannot notify or lost its watch).
     pub degraded_poll: Duration,
+    /// Where the local trees count the removals they see, as they come
+    /// (a run in flight stops its removals when one comes).
+    pub guard: Option<std::sync::Arc<ferry_engine::Guard>>,
 }
 
 /// The longest a path written without a close waits: a log file written
 /// all the time is still copied this often.
 fn max_wait(settle: Duration) -> Duration {
     (settle * 20).max(Duration::from_secs(2))
+}
+
+/// How long removals must have stopped before a run may mirror them:
+/// `settle`, and at least a second (an `rm -rf` of a root preempted on a
+/// busy machine pauses, and must not look finished before the root goes).
+pub fn removal_quiet(settle: Duration) -> Duration {
+    settle.max(Duration::from_secs(1))
 }
 
 struct Item {
@@ -132,7 +142,7 @@ struct Item {
 /// Changes coalesced per path until they are run.
 ///
 /// Removals are held: while entries are being removed (the last removal
-/// less than `settle` ago), nothing runs, full or scoped, so the removal
+/// less than [`removal_quiet`] ago), nothing runs, full or scoped, so the removal
 /// of a whole root (`rm -rf SRC`: its entries first, the root last) is
 /// seen as the root gone before any run could mirror the removals inside
 /// it. Once removals are quiet, the run checks that the root is the one
@@ -248,7 +258,9 @@ impl Pending {
 
     /// The end of the hold on removals, while it lasts.
     fn held(&self, now: Instant, settle: Duration) -> Option<Instant> {
-        self.removed.map(|t| t + settle).filter(|&end| now < end)
+        self.removed
+            .map(|t| t + removal_quiet(settle))
+            .filter(|&end| now < end)
     }
 
     /// When the next item becomes ready, if none is.
@@ -342,7 +354,14 @@ pub fn watch_with(
         return 2;
     }
     for (side, root) in cfg.local.iter().enumerate() {
-        if let Err(e) = start_tree(side, root, cfg.degraded_poll, tx.clone(), status) {
+        if let Err(e) = start_tree(
+            side,
+            root,
+            cfg.degraded_poll,
+            cfg.guard.clone(),
+            tx.clone(),
+            status,
+        ) {
             note(&format!("{}: inotify: {e}", root.display()));
             return 2;
         }
@@ -466,10 +485,14 @@ fn start_tree(
     side: usize,
     root: &std::path::Path,
     poll: Duration,
+    guard: Option<std::sync::Arc<ferry_engine::Guard>>,
     tx: Sender<Msg>,
     status: &Status,
 ) -> std::io::Result<()> {
-    let tree = inotify::Tree::new(side, root, poll)?;
+    let mut tree = inotify::Tree::new(side, root, poll)?;
+    if let Some(g) = guard {
+        tree.count_removals(g);
+    }
     status.watched(tree.watched());
     std::thread::Builder::new()
         .name(format!("ferry-inotify-{side}"))

@@ -125,6 +125,7 @@ fn overflow_and_roots_say_so_once_and_compare_everything() {
 #[test]
 fn removals_hold_every_run_until_they_are_quiet() {
     let settle = Duration::from_millis(100);
+    let q = removal_quiet(settle);
     let t0 = Instant::now();
     let mut p = Pending::default();
     collect(
@@ -137,21 +138,22 @@ fn removals_hold_every_run_until_they_are_quiet() {
         t0,
     );
     assert!(p.take(t0, settle).is_none(), "held: nothing runs");
-    let t1 = t0 + Duration::from_millis(60);
-    collect(&mut p, vec![Change::Removed(0, b"a/g".to_vec())], t1);
     assert!(
         p.take(t0 + settle, settle).is_none(),
-        "a later removal holds on"
+        "held longer than settle"
     );
+    let t1 = t0 + q / 2;
+    collect(&mut p, vec![Change::Removed(0, b"a/g".to_vec())], t1);
+    assert!(p.take(t0 + q, settle).is_none(), "a later removal holds on");
     // The root goes last: nothing runs while it is gone.
     collect(&mut p, vec![Change::Gone(0)], t1);
-    assert!(p.take(t1 + settle * 2, settle).is_none());
+    assert!(p.take(t1 + q * 2, settle).is_none());
     collect(&mut p, vec![Change::Back(0)], t1);
-    assert!(p.take(t1 + settle * 2, settle).expect("back").0.full);
+    assert!(p.take(t1 + q * 2, settle).expect("back").0.full);
     // Removals quiet, root there: they run.
     collect(&mut p, vec![Change::Removed(0, b"b/h".to_vec())], t1);
     assert!(p.take(t1, settle).is_none());
-    let (w, _) = p.take(t1 + settle, settle).expect("quiet");
+    let (w, _) = p.take(t1 + q, settle).expect("quiet");
     assert_eq!(dirs(&w), vec![("b".into(), false)]);
 }
 
@@ -189,6 +191,7 @@ impl Source for Refused {
 
 fn cfg(poll: Option<Duration>) -> Config {
     Config {
+        guard: None,
         local: Vec::new(),
         poll,
         settle: Duration::from_millis(10),

@@ -15,7 +15,11 @@ use crate::output::{cause, CliReporter, Unreachable};
 /// inotify here, an ssh side served by ferry by the ferry there (a
 /// [`Source`], polled while it cannot be); any other side is polled (one
 /// note says which).
-fn config(w: &WatchArgs, sides: &[(&Root, &AnyStore)]) -> (Config, Vec<Box<dyn Source>>) {
+fn config(
+    w: &WatchArgs,
+    sides: &[(&Root, &AnyStore)],
+    guard: &Arc<ferry_engine::Guard>,
+) -> (Config, Vec<Box<dyn Source>>) {
     let local: Vec<_> = sides
         .iter()
         .filter_map(|(r, _)| r.local_path().map(|p| p.to_path_buf()))
@@ -45,6 +49,7 @@ fn config(w: &WatchArgs, sides: &[(&Root, &AnyStore)]) -> (Config, Vec<Box<dyn S
         local,
         settle: w.settle,
         degraded_poll: w.poll,
+        guard: Some(guard.clone()),
     };
     (cfg, sources)
 }
@@ -186,7 +191,7 @@ pub fn sync(
     };
     let describe = |e: &std::io::Error| cause(e);
     // The roots' identity as the watch starts: every run checks it.
-    let guard = ferry_engine::Guard::default();
+    let guard = Arc::new(ferry_engine::Guard::default());
     if let Ok(Some((_, m))) = s.open_root() {
         guard.seen(0, &m);
     }
@@ -208,7 +213,7 @@ pub fn sync(
         vec![&s, &d],
     );
     // Only SRC is watched: DST is ferry's to write.
-    let (cfg, sources) = config(w, &[(&job.src, &s)]);
+    let (cfg, sources) = config(w, &[(&job.src, &s)], &guard);
     let code = ferry_watch::watch_with(&cfg, sources, &mut target, &status, &say);
     gate.finish();
     Ok(code)
@@ -322,7 +327,7 @@ pub fn bisync(
             guard.seen(side, &m);
         }
     }
-    opts.guard = Some(guard);
+    opts.guard = Some(guard.clone());
     let mut target = Flushed::new(
         Bisync {
             a: stores.0,
@@ -338,7 +343,7 @@ pub fn bisync(
         vec![roots.0, roots.1],
         vec![stores.0, stores.1],
     );
-    let (cfg, sources) = config(w, &[(roots.0, stores.0), (roots.1, stores.1)]);
+    let (cfg, sources) = config(w, &[(roots.0, stores.0), (roots.1, stores.1)], &guard);
     Ok(ferry_watch::watch_with(
         &cfg,
         sources,

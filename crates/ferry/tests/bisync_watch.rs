@@ -376,6 +376,8 @@ fn concurrent_writers_on_both_sides_lose_nothing() {
     let outside = t.path().join("outside");
     write(&outside, "keep", b"not synced");
     let outside_before = snapshot(&outside);
+    // (Something to sync, so that the first run is done when B has it.)
+    write(&a, "t/seed", b"seed");
     let j = t.path().join("j.sqlite");
     let mut w = watch(&j, &a, &b, &["--bwlimit", "4M"]);
     converge(&a, &b, None, &mut w);

@@ -35,6 +35,9 @@ pub struct Guard {
     /// Entries of DST counted by the last full run.
     dst_total: AtomicU64,
     window: Duration,
+    /// Removals seen on each side by its watcher so far (bumped by the
+    /// watching thread as the events come, also while a run goes on).
+    removals: [AtomicU64; 2],
 }
 
 impl Default for Guard {
@@ -56,6 +59,7 @@ impl Guard {
             removed: Mutex::new([VecDeque::new(), VecDeque::new()]),
             dst_total: AtomicU64::new(0),
             window,
+            removals: [AtomicU64::new(0), AtomicU64::new(0)],
         }
     }
 
@@ -131,10 +135,49 @@ impl Guard {
         self.dst_total.load(Ordering::Relaxed)
     }
 
+    /// The watcher of `side` saw an entry removed.
+    pub fn removal_seen(&self, side: usize) {
+        self.removals[side].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Removals seen on `side` so far: a run compares the count at its
+    /// start with the one before each removal it makes.
+    pub fn removals(&self, side: usize) -> u64 {
+        self.removals[side].load(Ordering::Relaxed)
+    }
+
     /// The window, for messages.
     pub fn window(&self) -> Duration {
         self.window
     }
+}
+
+/// Whether a run that started when `side` had seen `at_start` removals
+/// may still remove what that side lacks: its root is the directory
+/// watched (`m`, opened now by its path) and no removal was seen there
+/// since (an `rm -rf` of the root that began while the run went on). The
+/// reason when not.
+pub fn may_remove(
+    g: &Guard,
+    side: usize,
+    name: &str,
+    m: Option<&Meta>,
+    at_start: u64,
+) -> Result<(), String> {
+    let Some(m) = m else {
+        return Err(format!("{name} is gone: the run's removals stop here"));
+    };
+    if g.check(side, name, m, false).is_err() {
+        return Err(format!(
+            "{name} is another directory than the one watched: the run's removals stop here"
+        ));
+    }
+    if g.removals(side) != at_start {
+        return Err(format!(
+            "{name} is changing (entries removed there while the run went on): the run's removals stop here, the next run does them"
+        ));
+    }
+    Ok(())
 }
 
 /// The error that refuses a run for `msg`.

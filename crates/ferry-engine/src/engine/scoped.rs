@@ -96,6 +96,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         }
         e.budget = AtomicU64::new(self.budget.load(Ordering::Relaxed));
         e.guard = self.guard;
+        e.removals_at_start = self.removals_at_start;
         e.scope = Some(deep);
         e
     }

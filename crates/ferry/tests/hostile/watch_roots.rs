@@ -96,7 +96,10 @@ fn all_kept(before: &BTreeMap<PathBuf, u64>, dst: &Path, w: &mut Watch) {
     let lost: Vec<String> = before
         .iter()
         .filter(|(p, ino)| now.get(*p) != Some(ino))
-        .map(|(p, _)| p.display().to_string())
+        .map(|(p, _)| match now.get(p) {
+            None => format!("{} (deleted)", p.display()),
+            Some(_) => format!("{} (replaced)", p.display()),
+        })
         .collect();
     assert!(
         lost.is_empty(),
