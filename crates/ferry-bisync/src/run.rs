@@ -286,6 +286,10 @@ struct Exec<'r, A: Store, B: Store> {
     /// In a watch: the removals each side's watcher had seen when the run
     /// started.
     removals_at_start: [u64; 2],
+    /// Removals this run made on each side (its watcher sees them too),
+    /// and of them the files and symlinks (for the deletion limit's window).
+    own: [AtomicU64; 2],
+    deleted: [AtomicU64; 2],
 }
 
 /// `$body` with `$st` and `$dc` bound to one side's store and directories.
@@ -567,6 +571,8 @@ fn run_with<A: Store, B: Store>(
         xattrs: XattrRun::new(opts.xattrs, a.xattr_caps(), b.xattr_caps()),
         lost: Default::default(),
         removals_at_start,
+        own: Default::default(),
+        deleted: Default::default(),
     };
     let count = [sa.count, sb.count];
     // No journal and both sides hold entries: a first run would merge
@@ -630,7 +636,11 @@ fn run_with<A: Store, B: Store>(
         let (del, known) = (plan.deletes[i], plan.known[i]);
         // A watch's earlier runs of the window count too.
         let before = opts.guard.as_ref().map_or(0, |g| g.removed(i, now));
-        if !opts.force && known > 0 && (del + before) * 100 > known * opts.max_delete as u64 {
+        // (A share of what there was at the window's start.)
+        if !opts.force
+            && known > 0
+            && (del + before) * 100 > (known + before) * opts.max_delete as u64
+        {
             let also = match &opts.guard {
                 Some(g) if before > 0 => format!(
                     " with the {before} deleted there by this watch's runs of the last {} minutes",
@@ -642,11 +652,6 @@ fn run_with<A: Store, B: Store>(
                 "refusing to delete {del} of {known} files on {side}{also} (more than {}%); check the other side, then run again with --force",
                 opts.max_delete
             )));
-        }
-    }
-    if let (Some(g), false) = (&opts.guard, opts.dry_run) {
-        for (i, n) in plan.deletes.iter().enumerate() {
-            g.add_removed(i, *n);
         }
     }
     for it in &plan.items {
@@ -696,6 +701,12 @@ fn run_with<A: Store, B: Store>(
             ex
         })
     };
+    // The files this run deleted count in the watch's window.
+    if let Some(g) = &opts.guard {
+        for (i, n) in ex.deleted.iter().enumerate() {
+            g.add_removed(i, n.load(Ordering::Relaxed));
+        }
+    }
     if let Some(n) = ex.xattrs.note("a replica") {
         rep.note(&n);
     }
@@ -1496,7 +1507,9 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
             .ok()
             .flatten()
             .map(|(_, m)| m));
-        match ferry_engine::may_remove(g, i, &name, root.as_ref(), self.removals_at_start[i]) {
+        // This run's own removals there count as seen.
+        let at_start = self.removals_at_start[i] + self.own[i].load(Ordering::Relaxed);
+        match ferry_engine::may_remove(g, i, &name, root.as_ref(), at_start) {
             Ok(()) => true,
             Err(why) => {
                 if !lost.swap(true, Ordering::Relaxed) {
@@ -1528,6 +1541,11 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
         });
         match res {
             Ok(()) => {
+                // (Seen by that side's watcher too: not someone else's.)
+                self.own[on as usize].fetch_add(1, Ordering::Relaxed);
+                if planned.kind != Kind::Dir {
+                    self.deleted[on as usize].fetch_add(1, Ordering::Relaxed);
+                }
                 add(&self.stats.files_deleted, 1);
                 self.rep.action(
                     BiAction::Delete,

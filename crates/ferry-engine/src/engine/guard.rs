@@ -153,7 +153,8 @@ impl Guard {
 }
 
 /// Whether a run that started when `side` had seen `at_start` removals
-/// may still remove what that side lacks: its root is the directory
+/// (plus the run's own there, seen by its watcher too) may still remove
+/// what that side lacks: its root is the directory
 /// watched (`m`, opened now by its path) and no removal was seen there
 /// since (an `rm -rf` of the root that began while the run went on). The
 /// reason when not.
@@ -172,7 +173,7 @@ pub fn may_remove(
             "{name} is another directory than the one watched: the run's removals stop here"
         ));
     }
-    if g.removals(side) != at_start {
+    if g.removals(side) > at_start {
         return Err(format!(
             "{name} is changing (entries removed there while the run went on): the run's removals stop here, the next run does them"
         ));
