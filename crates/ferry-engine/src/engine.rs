@@ -174,6 +174,9 @@ fn refused(msg: String) -> io::Error {
 /// A run's result.
 pub type RunResult = Summary;
 
+/// Both roots as a run opens them: SRC's, and DST's if it exists.
+type Roots<S, D> = ((<S as Store>::Dir, Meta), Option<(<D as Store>::Dir, Meta)>);
+
 struct Node<S: Store, D: Store> {
     rel: Vec<u8>,
     src: S::Dir,
@@ -387,7 +390,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
     /// Both roots opened (SRC must exist; DST may not yet) and checked
     /// against the identity the watch recorded: the one check of every
     /// run, full or scoped, counting pass or not, before anything changes.
-    fn open_roots(&self) -> io::Result<((S::Dir, Meta), Option<(D::Dir, Meta)>)> {
+    fn open_roots(&self) -> io::Result<Roots<S, D>> {
         let src = self
             .src
             .open_root()?
