@@ -71,7 +71,7 @@ pub struct Tree {
     /// How often unwatched directories are polled.
     poll: Duration,
     /// Counts the removals seen, as they are read (see [`Tree::count_removals`]).
-    guard: Option<std::sync::Arc<ferry_engine::Guard>>,
+    guard: Option<(std::sync::Arc<ferry_engine::Guard>, usize)>,
 }
 
 impl Tree {
@@ -96,10 +96,17 @@ impl Tree {
         Ok(t)
     }
 
-    /// Count each removal seen in `g` (as side `side`), as soon as it is
-    /// read: a run in flight checks the count before each removal.
-    pub fn count_removals(&mut self, g: std::sync::Arc<ferry_engine::Guard>) {
-        self.guard = Some(g);
+    /// Count each removal seen in `g` (as its side `gside`), as soon as it
+    /// is read: a run in flight checks the count before each removal.
+    pub fn count_removals(&mut self, g: std::sync::Arc<ferry_engine::Guard>, gside: usize) {
+        self.guard = Some((g, gside));
+    }
+
+    /// One removal seen (see [`Tree::count_removals`]).
+    fn removal_seen(&self) {
+        if let Some((g, gside)) = &self.guard {
+            g.removal_seen(*gside);
+        }
     }
 
     /// Directories watched.
@@ -370,9 +377,7 @@ impl Tree {
                 ) {
                     if Some(wd) == self.root_wd {
                         // The root itself removed: a removal as well.
-                        if let Some(g) = &self.guard {
-                            g.removal_seen(side);
-                        }
+                        self.removal_seen();
                         self.root_wd = None;
                         self.drop_dir(b"");
                         self.watch_parent();
@@ -434,9 +439,7 @@ impl Tree {
                 continue;
             }
             if fl.contains(ReadFlags::DELETE) {
-                if let Some(g) = &self.guard {
-                    g.removal_seen(side);
-                }
+                self.removal_seen();
                 out.push(Change::Removed(side, path));
                 continue;
             }
@@ -449,9 +452,7 @@ impl Tree {
             if isdir {
                 self.drop_dir(&from);
             }
-            if let Some(g) = &self.guard {
-                g.removal_seen(side);
-            }
+            self.removal_seen();
             out.push(Change::Removed(side, from));
         }
         out

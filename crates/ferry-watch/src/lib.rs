@@ -115,6 +115,9 @@ pub struct Config {
     /// Where the local trees count the removals they see, as they come
     /// (a run in flight stops its removals when one comes).
     pub guard: Option<std::sync::Arc<ferry_engine::Guard>>,
+    /// The guard's side (0: SRC or A, 1: B) of each of `local`, when it is
+    /// not its index (a bisync whose side A is remote).
+    pub guard_sides: Vec<usize>,
 }
 
 /// The longest a path written without a close waits: a log file written
@@ -354,14 +357,11 @@ pub fn watch_with(
         return 2;
     }
     for (side, root) in cfg.local.iter().enumerate() {
-        if let Err(e) = start_tree(
-            side,
-            root,
-            cfg.degraded_poll,
-            cfg.guard.clone(),
-            tx.clone(),
-            status,
-        ) {
+        let guard = cfg
+            .guard
+            .clone()
+            .map(|g| (g, cfg.guard_sides.get(side).copied().unwrap_or(side)));
+        if let Err(e) = start_tree(side, root, cfg.degraded_poll, guard, tx.clone(), status) {
             note(&format!("{}: inotify: {e}", root.display()));
             return 2;
         }
@@ -485,13 +485,13 @@ fn start_tree(
     side: usize,
     root: &std::path::Path,
     poll: Duration,
-    guard: Option<std::sync::Arc<ferry_engine::Guard>>,
+    guard: Option<(std::sync::Arc<ferry_engine::Guard>, usize)>,
     tx: Sender<Msg>,
     status: &Status,
 ) -> std::io::Result<()> {
     let mut tree = inotify::Tree::new(side, root, poll)?;
-    if let Some(g) = guard {
-        tree.count_removals(g);
+    if let Some((g, gside)) = guard {
+        tree.count_removals(g, gside);
     }
     status.watched(tree.watched());
     std::thread::Builder::new()

@@ -192,6 +192,7 @@ impl Source for Refused {
 fn cfg(poll: Option<Duration>) -> Config {
     Config {
         guard: None,
+        guard_sides: Vec::new(),
         local: Vec::new(),
         poll,
         settle: Duration::from_millis(10),

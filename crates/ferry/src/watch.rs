@@ -50,6 +50,12 @@ fn config(
         settle: w.settle,
         degraded_poll: w.poll,
         guard: Some(guard.clone()),
+        guard_sides: sides
+            .iter()
+            .enumerate()
+            .filter(|(_, (r, _))| r.local_path().is_some())
+            .map(|(i, _)| i)
+            .collect(),
     };
     (cfg, sources)
 }
