@@ -682,6 +682,17 @@ fn run_with<A: Store, B: Store>(
             on_side!(ex, side, |st, dc| create_root(st, dc, mode))
                 .map_err(|e| Refused(format!("{}: {}", opts.name(side), e)))?;
             rep.note(&format!("created {} (did not exist)", opts.name(side)));
+            // In a watch, the root it made is the one watched.
+            if let Some(g) = &opts.guard {
+                let made = on_side!(ex, side, |st, _dc| st
+                    .open_root()
+                    .ok()
+                    .flatten()
+                    .map(|r| r.1));
+                if let Some(m) = made {
+                    g.seen(side as usize, &m);
+                }
+            }
             add(&stats.dirs_created, 1);
             rep.action(BiAction::Mkdir, side, b"", None, 0);
         }

@@ -540,6 +540,10 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             None => {
                 let d = self.dst.create_root()?;
                 Stats::add(&self.stats.dirs_created, 1);
+                // In a watch, the root it made is the one watched.
+                if let (Some(g), Ok(Some((_, m)))) = (self.guard, self.dst.open_root()) {
+                    g.seen(1, &m);
+                }
                 if !self.src.has_dir_meta() {
                     // Its final mode at once (no times to set after its
                     // content): a kill cannot leave it 0700, and an

@@ -327,3 +327,44 @@ fn bisync_rm_rf_of_a_side_deletes_nothing_on_the_other() {
     all_kept(&before, &b, &mut w);
     w.stop_ok();
 }
+
+/// DST renamed away and replaced by an empty directory: the next run is
+/// refused (nothing is written into the new one), and the old one keeps
+/// every file.
+#[test]
+fn a_swapped_destination_is_refused() {
+    let t = tmpdir();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    fill(&src, "d", 20);
+    let mut w = Watch::start(&["sync"], &src, &dst);
+    converge(&src, &dst, &mut w);
+    let aside = t.path().join("dst.old");
+    let before = inodes(&dst);
+    fs::rename(&dst, &aside).unwrap();
+    fs::create_dir(&dst).unwrap();
+    write(&src, "new", b"new");
+    let line = refusals(&mut w, 1);
+    assert!(line.contains("DST is not the directory watched"), "{line}");
+    assert!(walk(&dst).is_empty(), "nothing written into the new DST");
+    all_kept(&before, &aside, &mut w);
+    w.stop_ok();
+}
+
+/// With `--force`, a root replaced by another directory is adopted (one
+/// note says so) and synced as it is: the rule `--force` states.
+#[test]
+fn force_adopts_a_swapped_source() {
+    let t = tmpdir();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    fill(&src, "d", 5);
+    let mut w = Watch::start(&["sync", "--force"], &src, &dst);
+    converge(&src, &dst, &mut w);
+    fs::rename(&src, t.path().join("aside")).unwrap();
+    w.line_with("a watched root is gone");
+    let other = t.path().join("other");
+    write(&other, "x", b"x");
+    fs::rename(&other, &src).unwrap();
+    w.line_with("SRC is another directory than the one watched");
+    converge(&src, &dst, &mut w);
+    w.stop_ok();
+}
