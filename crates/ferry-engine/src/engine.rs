@@ -36,6 +36,8 @@ use crate::xattr::{XattrRun, XattrSel};
 
 mod links;
 use links::{How, Links, Outcome};
+mod guard;
+pub use guard::{may_remove, Guard, WINDOW as MAX_DELETE_WINDOW};
 mod scoped;
 pub use scoped::Scope;
 
@@ -176,6 +178,9 @@ fn refused(msg: String) -> io::Error {
 /// A run's result.
 pub type RunResult = Summary;
 
+/// Both roots as a run opens them: SRC's, and DST's if it exists.
+type Roots<S, D> = ((<S as Store>::Dir, Meta), Option<(<D as Store>::Dir, Meta)>);
+
 struct Node<S: Store, D: Store> {
     rel: Vec<u8>,
     src: S::Dir,
@@ -279,6 +284,14 @@ pub struct Engine<'a, S: Store, D: Store> {
     /// The notes that SRC's own `.ferry-versions`, and an entry of SRC
     /// named like the backup directory, are left out were given.
     left_out_noted: [AtomicBool; 2],
+    /// A watch's runs: the roots' identity and the `--max-delete` window
+    /// they share (`engine/guard.rs`).
+    guard: Option<&'a Guard>,
+    /// In a watch, SRC's root was found gone (or another directory) during
+    /// the run: its remaining removals are not done (said once).
+    root_lost: AtomicBool,
+    /// Removals SRC's watcher had seen when the run started.
+    removals_at_start: u64,
 }
 
 /// Mtimes of `list` truncated to `step` nanoseconds.
@@ -343,6 +356,128 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             aliases: walk::Aliases::new(["SRC", "DST"], [src.root_ids(), dst.root_ids()]),
             halted: AtomicBool::new(false),
             left_out_noted: [AtomicBool::new(false), AtomicBool::new(false)],
+            guard: None,
+            root_lost: AtomicBool::new(false),
+            removals_at_start: 0,
+        }
+    }
+
+    /// In a watch, before each removal: SRC's root is still the directory
+    /// watched (one open and statx of it by its path) and its watcher saw
+    /// no removal since the run started, so that a root removed or
+    /// unmounted while the run removes stops its removals there. False
+    /// once it is not (said once, as an error of the run: a full run
+    /// follows, held until removals are quiet).
+    fn src_root_alive(&self) -> bool {
+        let Some(g) = self.guard else {
+            return true;
+        };
+        if self.root_lost.load(Ordering::Relaxed) {
+            return false;
+        }
+        let root = self.src.open_root().ok().flatten();
+        match guard::may_remove(
+            g,
+            0,
+            "SRC",
+            root.as_ref().map(|r| &r.1),
+            self.removals_at_start,
+        ) {
+            Ok(()) => true,
+            Err(why) => {
+                if !self.root_lost.swap(true, Ordering::Relaxed) {
+                    self.fail(b"", &io::Error::other(why));
+                }
+                false
+            }
+        }
+    }
+
+    /// The runs of a watch: each checks the roots' identity and counts its
+    /// removals in `--max-delete`'s window, in `g` (see `engine/guard.rs`).
+    pub fn guarded(mut self, g: &'a Guard) -> Self {
+        self.guard = Some(g);
+        self.removals_at_start = g.removals(0);
+        self
+    }
+
+    /// The check of [`Engine::open_roots`] alone: SRC exists, and in a
+    /// watch both roots are the ones watched (a refusal if not).
+    pub fn check_roots(&self) -> io::Result<()> {
+        self.open_roots().map(drop)
+    }
+
+    /// Both roots opened (SRC must exist; DST may not yet) and checked
+    /// against the identity the watch recorded: the one check of every
+    /// run, full or scoped, counting pass or not, before anything changes.
+    fn open_roots(&self) -> io::Result<Roots<S, D>> {
+        let src = self
+            .src
+            .open_root()?
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "source does not exist"))?;
+        let dst = self.dst.open_root()?;
+        // (A counting pass with --force leaves the adopting, and its
+        // note, to the run itself.)
+        if let Some(g) = self.guard.filter(|_| !(self.counting && self.opts.force)) {
+            for (side, m) in [(0, Some(&src.1)), (1, dst.as_ref().map(|d| &d.1))] {
+                let Some(m) = m else { continue };
+                match g.check(side, ["SRC", "DST"][side], m, self.opts.force) {
+                    Ok(None) => {}
+                    Ok(Some(note)) => self.rep.note(&note),
+                    Err(msg) => return Err(guard::refusal(msg)),
+                }
+            }
+        }
+        Ok((src, dst))
+    }
+
+    /// The removals a run may make, given what its counting pass counted
+    /// (`full`: over the whole tree); a refusal when it counted more. In a
+    /// watch, the removals of the window's earlier runs are taken from
+    /// the limit first, and `P%` is of the entries the last full run saw.
+    fn allowance(&self, limit: MaxDelete, counted: &Stats, full: bool) -> io::Result<u64> {
+        let Some(g) = self.guard else {
+            return self.check_limit(limit, counted);
+        };
+        if full {
+            g.set_dst_total(counted.dst_entries.load(Ordering::Relaxed));
+        }
+        let would = counted.files_deleted.load(Ordering::Relaxed);
+        let total = match g.dst_total() {
+            0 => counted.dst_entries.load(Ordering::Relaxed),
+            n => n,
+        };
+        let before = g.removed(1, Instant::now());
+        let allowed = limit.allowed(total).saturating_sub(before);
+        if would > allowed {
+            let of = match limit {
+                MaxDelete::Percent(_) => format!(" of {total} entries"),
+                MaxDelete::Count(_) => String::new(),
+            };
+            let less = match before {
+                0 => String::new(),
+                n => format!(
+                    ", less the {n} removed by this watch's runs of the last {} minutes",
+                    g.window().as_secs() / 60
+                ),
+            };
+            return Err(refused(format!(
+                "refusing to delete {would} entries in DST (--max-delete {limit}{of}{less}); nothing was changed"
+            )));
+        }
+        Ok(allowed)
+    }
+
+    /// Count what a run removed into the watch's window.
+    fn count_removed(&self, before: u64) {
+        if let Some(g) = self.guard {
+            g.add_removed(
+                1,
+                self.stats
+                    .files_deleted
+                    .load(Ordering::Relaxed)
+                    .saturating_sub(before),
+            );
         }
     }
 
@@ -351,6 +486,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
     fn counter<'b>(&'b self, stats: &'b Stats) -> Engine<'b, S, D> {
         static QUIET: crate::report::Quiet = crate::report::Quiet;
         let mut e = Engine::new(self.src, self.dst, self.opts, stats, &QUIET);
+        e.guard = self.guard;
         e.dry_run = true;
         e.counting = true;
         e.checksum = false;
@@ -373,11 +509,14 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             if !self.dry_run && self.dst.open_root()?.is_some() {
                 let stats = Stats::default();
                 self.counter(&stats).walk()?;
-                let allowed = self.check_limit(limit, &stats)?;
+                let allowed = self.allowance(limit, &stats, true)?;
                 self.budget.store(allowed, Ordering::Relaxed);
             }
         }
-        self.walk()?;
+        let before = self.stats.files_deleted.load(Ordering::Relaxed);
+        let walked = self.walk();
+        self.count_removed(before);
+        walked?;
         if let (Some(limit), true) = (self.opts.max_delete, self.dry_run) {
             self.check_limit(limit, self.stats)?;
         }
@@ -418,17 +557,18 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
 
     /// One walk over the tree (see `run_tree`).
     fn walk(&self) -> io::Result<()> {
-        let (src_dir, mut src_meta) = self
-            .src
-            .open_root()?
-            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "source does not exist"))?;
+        let ((src_dir, mut src_meta), dst) = self.open_roots()?;
         self.special.fix(&mut src_meta);
-        let (dst_dir, dst_meta) = match self.dst.open_root()? {
+        let (dst_dir, dst_meta) = match dst {
             Some((d, m)) => (Some(d), Some(m)),
             None if self.dry_run => (None, None),
             None => {
                 let d = self.dst.create_root()?;
                 Stats::add(&self.stats.dirs_created, 1);
+                // In a watch, the root it made is the one watched.
+                if let (Some(g), Ok(Some((_, m)))) = (self.guard, self.dst.open_root()) {
+                    g.seen(1, &m);
+                }
                 if !self.src.has_dir_meta() {
                     // Its final mode at once (no times to set after its
                     // content): a kill cannot leave it 0700, and an
@@ -1334,6 +1474,9 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             return true;
         }
         let Some(d) = &node.dst else { return true };
+        if !self.src_root_alive() {
+            return false;
+        }
         let limited = self.budget.load(Ordering::Relaxed) != u64::MAX;
         let res = if !is_dir {
             self.take_removals(u64::from(limited))

@@ -913,6 +913,7 @@ pub enum Event {
     Overflow,
     Gone,
     Back,
+    Removed(#[serde(with = "serde_bytes")] Vec<u8>),
 }
 
 impl Event {
@@ -927,6 +928,7 @@ impl Event {
             C::Overflow(_) => Event::Overflow,
             C::Gone(_) => Event::Gone,
             C::Back(_) => Event::Back,
+            C::Removed(_, p) => Event::Removed(p),
         }
     }
 
@@ -941,6 +943,7 @@ impl Event {
             Event::Overflow => C::Overflow(side),
             Event::Gone => C::Gone(side),
             Event::Back => C::Back(side),
+            Event::Removed(p) => C::Removed(side, p),
         }
     }
 }

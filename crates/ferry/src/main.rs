@@ -319,6 +319,7 @@ fn run_bisync(a: BisyncArgs) -> Result<u8, String> {
         delta: a.write.delta_mode(),
         keep: [None, None],
         keep_special_bits: a.write.keep_special_bits,
+        guard: None,
     };
     let cli = CliReporter::new(a.out.json, a.out.verbose > 0 || a.dry_run, a.dry_run);
     let stats = std::sync::Arc::new(Stats::default());
