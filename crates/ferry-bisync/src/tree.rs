@@ -233,7 +233,9 @@ impl<S: Store> Gather<S> {
         let mut list = Listing::new();
         let mut entry_err = |p: Vec<u8>, e: ferry_engine::store::ListError| {
             on_error(&p, &e.err);
-            self.unknown.lock().unwrap().push(key_of(&p));
+            // Entries no path can name: the whole directory is unknown.
+            let k = if e.for_dir() { key_of(rel) } else { key_of(&p) };
+            self.unknown.lock().unwrap().push(k);
         };
         if let Err(e) = walk::list(store, &dir, rel, None, &mut list, &mut entry_err) {
             on_error(rel, &e);

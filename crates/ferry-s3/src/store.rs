@@ -755,8 +755,9 @@ impl Store for S3Store {
         let prefix = format!("{}/", self.key(dir, name)?);
         let mut n = 0;
         let mut token: Option<String> = None;
+        let mut pager = crate::listing::Pager::new(&prefix, false, None);
         loop {
-            let page = self.list_page(&prefix, false, token.as_deref())?;
+            let page = self.next_page(&mut pager, token.as_deref())?;
             let keys: Vec<String> = page.contents.iter().map(|c| c.key.clone()).collect();
             self.delete_keys(&keys)?;
             for c in &page.contents {
