@@ -134,21 +134,29 @@ impl S3Store {
         if let Some(n) = test_page() {
             a.with_max_keys(n);
         }
-        let page = self.fetch_list(prefix, a)?;
+        let n = pager.pages + 1;
+        let page = self
+            .fetch_list(prefix, a)?
+            .map_err(|why| self.bad_listing(prefix, &format!("page {n}: {why}")))?;
         pager
             .check(&page)
             .map_err(|why| self.bad_listing(prefix, &why))?;
         Ok(page)
     }
 
-    /// Send a ListObjectsV2 and read its page.
-    fn fetch_list(&self, prefix: &str, a: ListObjectsV2<'_>) -> io::Result<ListPage> {
+    /// Send a ListObjectsV2 and read its page: the error of a request that
+    /// failed, or why its answer is no page.
+    fn fetch_list(
+        &self,
+        prefix: &str,
+        a: ListObjectsV2<'_>,
+    ) -> io::Result<Result<ListPage, String>> {
         let mut resp = self.c.call("LIST", prefix, a, &[], None)?;
-        let body = read_body(&mut resp).map_err(|e| self.bad_listing(prefix, &e.to_string()))?;
-        if body.trim().is_empty() {
-            return Err(self.bad_listing(prefix, "an empty answer"));
-        }
-        xml::list_page(&body).map_err(|e| self.bad_listing(prefix, &e.to_string()))
+        Ok(match read_body(&mut resp) {
+            Err(e) => Err(format!("the answer broke off ({e})")),
+            Ok(b) if b.trim().is_empty() => Err("an empty answer".into()),
+            Ok(b) => xml::list_page(&b).map_err(|e| e.to_string()),
+        })
     }
 
     /// The error of a listing that cannot be taken as whole: it names the
@@ -295,9 +303,9 @@ impl S3Store {
         let mut a = ListObjectsV2::new(&self.c.bucket, self.c.creds());
         a.with_prefix(self.root.as_str());
         a.with_max_keys(1);
-        let page = self.fetch_list(&self.root, a)?;
-        Pager::new(&self.root, false, None)
-            .check(&page)
+        let page = self
+            .fetch_list(&self.root, a)?
+            .and_then(|p| Pager::new(&self.root, false, None).check(&p).map(|()| p))
             .map_err(|why| self.bad_listing(&self.root, &why))?;
         Ok(!page.contents.is_empty() || !page.common_prefixes.is_empty())
     }

@@ -114,18 +114,8 @@ impl S3Store {
             bucket: cfg.bucket.clone(),
             source,
         })?;
-        // No deadline on a whole request (a big part on a slow link takes
-        // what it takes), but none waits more than `timeout` for a byte.
         let timeout = fail::timeout();
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_connect(Some(fail::CONNECT_TIMEOUT))
-            .timeout_per_read(Some(timeout))
-            .timeout_per_write(Some(timeout))
-            .max_idle_connections(256)
-            .max_idle_connections_per_host(256)
-            .build()
-            .into();
+        let agent = crate::transport::agent(timeout);
         let direct = direct::Pool::for_url(bucket.base_url(), timeout);
         let mut root = cfg.prefix.trim_matches('/').to_string();
         if !root.is_empty() {

@@ -10,7 +10,7 @@
 //! answer goes back with a `Content-Length` (a chunked one is decoded first). The `Host`
 //! header is kept, so the client's signature stays valid.
 
-use std::io::{self, BufRead, BufReader, Read, Write};
+use std::io::{self, BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
