@@ -242,11 +242,22 @@ impl Conn {
         headers: &[(&'static str, String)],
         body: &[u8],
     ) -> Result<Response<Body>, ureq::Error> {
+        self.watched_with(&Watch::default(), post, url, headers, body)
+    }
+
+    /// [`watched`](Self::watched) with `watch`.
+    fn watched_with(
+        &self,
+        watch: &Watch,
+        post: bool,
+        url: &str,
+        headers: &[(&'static str, String)],
+        body: &[u8],
+    ) -> Result<Response<Body>, ureq::Error> {
         let agent = agent(self.timeout);
-        let watch = Watch::default();
         let r = std::thread::scope(|s| {
             let dog = agent.clone();
-            let w = &watch;
+            let w = watch;
             s.spawn(move || w.guard(self.timeout, dog));
             let mut r = if post {
                 agent.post(url)
@@ -497,4 +508,50 @@ pub(crate) fn backoff(attempt: u32) {
     let jitter = base.mul_f64((nanos % 1000) as f64 / 2000.0);
     let backoff_delay = base + jitter;
     std::thread::sleep(backoff_delay);
+}
+
+#[cfg(test)]
+mod watch_tests {
+    use std::net::TcpListener;
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::{Watch, WATCHED_BODY};
+    use crate::config::S3Config;
+    use crate::store::S3Store;
+
+    /// A server that accepts and then reads nothing (a stopped one): the
+    /// attempt is ended by the body's watchdog, as a timeout, not left to
+    /// the write timeout that each byte the kernel still takes restarts.
+    #[test]
+    fn a_body_nobody_reads_is_cut_by_the_watchdog() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let endpoint = format!("http://{}", l.local_addr().unwrap());
+        // The connection is accepted and kept, unread, until the test ends.
+        let (tx, held) = std::sync::mpsc::channel();
+        std::thread::spawn(move || tx.send(l.accept().unwrap().0));
+        let cfg = S3Config {
+            endpoint: url::Url::parse(&endpoint).unwrap(),
+            region: "garage".into(),
+            bucket: "b".into(),
+            prefix: String::new(),
+            credentials: None,
+            path_style: true,
+        };
+        let mut store = S3Store::new(&cfg, 1).unwrap();
+        Arc::get_mut(&mut store.c).unwrap().timeout = Duration::from_millis(500);
+        // More than the sockets' buffers take.
+        let body = vec![7u8; 64 << 20];
+        assert!(body.len() >= WATCHED_BODY);
+        let url = format!("{endpoint}/b/k");
+        let watch = Watch::default();
+        let r = store.c.watched_with(&watch, false, &url, &[], &body);
+        assert!(
+            matches!(r, Err(ureq::Error::Timeout(ureq::Timeout::SendBody))),
+            "{r:?}"
+        );
+        assert!(watch.fired.load(Ordering::Relaxed), "the watchdog ended it");
+        drop(held.recv());
+    }
 }
