@@ -276,6 +276,31 @@ fn keys_no_path_can_hold_keep_their_directory() {
             ["a/deep/er", "a/other", "a/z", "k/w", "ok/f", "x/y"],
             "held directories keep all, the rest is synced: {r}"
         );
+
+        // bisync: `a/z` gone from B while B holds `a//z`: A's `a/z` is not deleted, the
+        // directory is left alone on both sides; the rest is synced.
+        let a = t.path().join("a");
+        let j = t.path().join("j.db");
+        write(&a, "a/z", b"z");
+        write(&a, "b/f", b"f");
+        let url = s3.url("unnamed-bisync");
+        let (_, prefix) = split_url(&url);
+        let bisync = || s3.run(&[&"bisync", &"--journal", &j, &a, &url]);
+        bisync().ok();
+        crate::util::s3::aws(
+            s3,
+            &["s3api", "delete-object", "--bucket", &s3.bucket, "--key", &format!("{prefix}/a/z")],
+        );
+        aws_put(s3, &format!("{prefix}/a//z"), b"z from elsewhere");
+        write(&a, "b/new", b"new");
+        let r = bisync();
+        r.code_is(1);
+        assert_eq!(r.error_lines().len(), 1, "{r}");
+        assert!(r.error_lines()[0].contains("have an empty segment"), "{r}");
+        assert_eq!(std::fs::read(a.join("a/z")).unwrap(), b"z", "{r}");
+        let down = t.path().join("down");
+        s3.run(&[&"copy", &url, &down]).code_is(1);
+        assert_eq!(std::fs::read(down.join("b/new")).unwrap(), b"new", "{r}");
     });
 }
 
