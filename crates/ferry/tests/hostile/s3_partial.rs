@@ -175,6 +175,17 @@ fn an_incomplete_listing_is_an_error_and_deletes_nothing() {
             one_listing_error(&r, &url, what);
             assert_eq!(file_list(&dst), before, "{what}: nothing deleted: {r}");
         }
+        // ls and copy: the same line, exit 1.
+        for (what, fault) in page_faults().into_iter().take(2) {
+            let p = faulty(s3, fault);
+            let r = via(s3, &p.endpoint, &[&"ls", &url]);
+            assert_eq!(r.code, Some(1), "{what}: {r}");
+            one_listing_error(&r, &url, what);
+            let p = faulty(s3, fault);
+            let r = via(s3, &p.endpoint, &[&"copy", &url, &t.path().join("c")]);
+            assert_eq!(r.code, Some(1), "{what}: {r}");
+            one_listing_error(&r, &url, what);
+        }
         // bisync: A local, B the prefix, known to the journal; nothing deleted on either side.
         let a = t.path().join("a");
         let j = t.path().join("journal.db");
@@ -289,7 +300,14 @@ fn keys_no_path_can_hold_keep_their_directory() {
         bisync().ok();
         crate::util::s3::aws(
             s3,
-            &["s3api", "delete-object", "--bucket", &s3.bucket, "--key", &format!("{prefix}/a/z")],
+            &[
+                "s3api",
+                "delete-object",
+                "--bucket",
+                &s3.bucket,
+                "--key",
+                &format!("{prefix}/a/z"),
+            ],
         );
         aws_put(s3, &format!("{prefix}/a//z"), b"z from elsewhere");
         write(&a, "b/new", b"new");
