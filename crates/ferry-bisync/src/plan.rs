@@ -277,7 +277,8 @@ pub fn merge_dir(
         // Unreadable here or above on either side: judge nothing.
         if cx.unknown.iter().any(|u| {
             let u = u.lock().unwrap();
-            !u.is_empty() && under_any(&u, &ck)
+            // The root's key (empty) holds every key.
+            !u.is_empty() && (u.iter().any(Vec::is_empty) || under_any(&u, &ck))
         }) {
             continue;
         }

@@ -252,12 +252,15 @@ impl<S: Store> Gather<S> {
                 .entries()
                 .iter()
                 .any(|x| list.name(x) == e.name.as_slice());
-            let to = if listed {
-                &self.shadowed
+            // Entries no path can name (`a//z`, `x/../y`): the whole
+            // directory is unknown.
+            if e.for_dir() {
+                self.unknown.lock().unwrap().push(key_of(rel));
+            } else if listed {
+                self.shadowed.lock().unwrap().push(key_of(&p));
             } else {
-                &self.unknown
-            };
-            to.lock().unwrap().push(key_of(&p));
+                self.unknown.lock().unwrap().push(key_of(&p));
+            }
         }
         // Temporaries and special files are set aside here, so the
         // listing holds only what is synced.

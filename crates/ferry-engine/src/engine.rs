@@ -256,6 +256,10 @@ pub struct Engine<'a, S: Store, D: Store> {
     budget: AtomicU64,
     /// Why the run was refused (nothing changed), once it is.
     refusal: Mutex<Option<String>>,
+    /// Directories (relative paths) whose source listing held entries no
+    /// path can name ([`ListError::for_dir`]): nothing in them or below
+    /// them is deleted.
+    held: Mutex<Vec<Vec<u8>>>,
     /// The attributes kept (`opts.xattrs` where both stores keep them).
     xattrs: XattrRun,
     /// A fifo or device node was skipped for a destination that cannot
@@ -341,6 +345,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             checksum: opts.checksum,
             budget: AtomicU64::new(u64::MAX),
             refusal: Mutex::new(None),
+            held: Mutex::new(Vec::new()),
             xattrs: XattrRun::new(opts.xattrs, src.xattr_caps(), dst.xattr_caps()),
             nodes_noted: AtomicBool::new(false),
             links: opts
@@ -604,6 +609,20 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             Some(msg) => Err(refused(msg)),
             None => Ok(()),
         }
+    }
+
+    /// True when nothing in directory `rel` may be deleted: it, or a
+    /// directory above it, listed entries no path can name (`unnamed`: this
+    /// one did; it is noted for the directories below).
+    fn held(&self, rel: &[u8], unnamed: bool) -> bool {
+        let mut h = self.held.lock().expect("held");
+        if unnamed {
+            h.push(rel.to_vec());
+            return true;
+        }
+        h.iter().any(|d| {
+            d.is_empty() || rel == &d[..] || (rel.starts_with(d) && rel.get(d.len()) == Some(&b'/'))
+        })
     }
 
     fn path(&self, node: &Node<S, D>, name: &[u8]) -> Vec<u8> {
@@ -1067,7 +1086,9 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         if let Some(d) = &node.dst {
             self.drop_legacy_partials(node, d, &mut dst_list);
         }
-        if node.parent.is_none() && self.empty_src_refused(&src_list, &dst_list) {
+        // Entries no path can name are there all the same: SRC is not empty.
+        let unnamed = errors.iter().any(ListError::for_dir);
+        if node.parent.is_none() && !unnamed && self.empty_src_refused(&src_list, &dst_list) {
             self.done(node);
             return;
         }
@@ -1086,6 +1107,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         }
         // Names the source could not read are left alone in the destination.
         let unreadable: Vec<Vec<u8>> = errors.iter().map(|e| e.name.clone()).collect();
+        let held = self.held(&node.rel, unnamed);
         for e in errors {
             self.fail(&self.path(node, &e.name), &e.err);
         }
@@ -1213,7 +1235,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                 Step::Delete { d } => {
                     let name = dst_list.name(&de[d]);
                     let protected = self.opts.keep.as_ref().is_some_and(|k| k.protects(name));
-                    if !unreadable.iter().any(|u| u == name) && !protected {
+                    if !held && !unreadable.iter().any(|u| u == name) && !protected {
                         self.delete(node, dst_list.cname(&de[d]), &de[d].meta);
                     }
                 }

@@ -54,6 +54,21 @@ pub struct ListError {
     pub err: io::Error,
 }
 
+impl ListError {
+    /// True when the error stands for entries of the listed directory that
+    /// no path can name: its `name` is none an entry can have (empty, `.`,
+    /// `..`, or holding a `/`), as for the S3 keys `a//z` or `x/../y`
+    /// listed in `a` or `x`. Such entries exist but cannot be told apart
+    /// from the other side's: nothing in the directory, or below it, is
+    /// taken as gone (a sync deletes nothing there, a bisync leaves the
+    /// directory alone), and they count as present (the directory is not
+    /// empty).
+    pub fn for_dir(&self) -> bool {
+        let n = &self.name[..];
+        n.is_empty() || n == b"." || n == b".." || n.contains(&b'/')
+    }
+}
+
 /// An open file to read from.
 pub trait SourceFile: Send {
     /// Read into `buf`; 0 at end of file.

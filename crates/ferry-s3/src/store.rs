@@ -114,18 +114,8 @@ impl S3Store {
             bucket: cfg.bucket.clone(),
             source,
         })?;
-        // No deadline on a whole request (a big part on a slow link takes
-        // what it takes), but none waits more than `timeout` for a byte.
         let timeout = fail::timeout();
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_connect(Some(fail::CONNECT_TIMEOUT))
-            .timeout_per_read(Some(timeout))
-            .timeout_per_write(Some(timeout))
-            .max_idle_connections(256)
-            .max_idle_connections_per_host(256)
-            .build()
-            .into();
+        let agent = crate::transport::agent(timeout);
         let direct = direct::Pool::for_url(bucket.base_url(), timeout);
         let mut root = cfg.prefix.trim_matches('/').to_string();
         if !root.is_empty() {
@@ -354,7 +344,9 @@ impl S3Store {
         a.with_prefix(key);
         a.with_delimiter("/");
         a.with_max_keys(1);
-        let page = self.fetch_list(key, a)?;
+        let page = self
+            .fetch_list(key, a)?
+            .map_err(|why| io::Error::other(format!("LIST {key}: {why}")))?;
         Ok(Some(match page.contents.first() {
             Some(o)
                 if o.key == key
@@ -809,8 +801,9 @@ impl Store for S3Store {
         let prefix = format!("{}/", self.key(dir, name)?);
         let mut n = 0;
         let mut token: Option<String> = None;
+        let mut pager = crate::listing::Pager::new(&prefix, false, None);
         loop {
-            let page = self.list_page(&prefix, false, token.as_deref())?;
+            let page = self.next_page(&mut pager, token.as_deref())?;
             let keys: Vec<String> = page.contents.iter().map(|c| c.key.clone()).collect();
             self.delete_keys(&keys)?;
             for c in &page.contents {
