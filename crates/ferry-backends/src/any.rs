@@ -325,6 +325,12 @@ macro_rules! backends {
             fn has_dir_meta(&self) -> bool {
                 match self { $(AnyStore::$v(s) => s.has_dir_meta(),)+ }
             }
+            fn local_modes(&self) -> bool {
+                match self { $(AnyStore::$v(s) => s.local_modes(),)+ }
+            }
+            fn warnings(&self, role: &str) -> Vec<String> {
+                match self { $(AnyStore::$v(s) => s.warnings(role),)+ }
+            }
             fn has_inodes(&self) -> bool {
                 match self { $(AnyStore::$v(s) => s.has_inodes(),)+ }
             }
@@ -472,6 +478,9 @@ macro_rules! backends {
             }
             fn keep(&self, dir: &AnyDir, name: &CStr, to: &KeepTo<'_>) -> io::Result<()> {
                 match (self, dir) { $((AnyStore::$v(s), AnyDir::$v(d)) => s.keep(d, name, to),)+ _ => mismatch() }
+            }
+            fn root_ids(&self) -> Option<ferry_engine::walk::RootIds> {
+                match self { $(AnyStore::$v(s) => s.root_ids(),)+ }
             }
             fn can_keep(&self, base: &KeepBase) -> bool {
                 match self { $(AnyStore::$v(s) => s.can_keep(base),)+ }

@@ -222,7 +222,11 @@ static FELL_BACK: Mutex<Vec<(String, Option<u16>)>> = Mutex::new(Vec::new());
 /// ferry (none there and none installed: `--no-remote-install`, another
 /// OS or architecture, a shell that runs only `internal-sftp`; not a ferry
 /// named with `--remote-ferry`) is served over SFTP instead, with one note on stderr per host. When SFTP cannot
-/// start either, the SSH error is the one reported.
+/// start either, the SSH error is the one reported. No fallback when the
+/// command line asks for what SFTP cannot keep (`Settings::only_ferry_keeps`:
+/// `-H`, `-X`, `-A`), nor when ferry refused to run a cached file that is
+/// not itself: the run stops with one line (exit 2), as it does when ssh
+/// itself failed.
 pub fn remote(root: &Root) -> Result<Remote, BackendError> {
     let (r, sftp) = match root {
         Root::Ssh(r) => (r, false),
@@ -239,25 +243,45 @@ pub fn remote(root: &Root) -> Result<Remote, BackendError> {
     }
     let why = match SshStore::open(&t, &r.path) {
         Ok(s) => return Ok(Remote::Ssh(s)),
-        // ssh failed, or the user named the ferry to run there.
+        // ssh failed, ferry refused, or the user named the ferry to run there.
         Err(why)
-            if ferry_ssh::conn::is_ssh_failure(&why)
+            if !ferry_ssh::conn::ferry_cannot_run(&why)
                 || ferry_ssh::conn::settings().remote_ferry.is_some() =>
         {
             return Err(BackendError::Ssh(why))
         }
         Err(why) => why,
     };
+    if let Some(refused) = no_fallback(&r.host, &why) {
+        return Err(BackendError::Ssh(refused));
+    }
     let s = SftpStore::open(&t, &r.path).map_err(|_| BackendError::Ssh(why.clone()))?;
     let mut fell = FELL_BACK.lock().unwrap();
     if !fell.contains(&key) {
         fell.push(key);
+        // What a user would not expect to lose is said, not only the switch.
         eprintln!(
-            "ferry: note: ferry cannot run on {}: using SFTP ({why})",
+            "ferry: note: ferry cannot run on {}: using SFTP (mtimes to the second; no owners, fifos, device nodes or holes) ({why})",
             r.host
         );
     }
     Ok(Remote::Sftp(s))
+}
+
+/// The one line that stops a run whose host cannot run ferry (`why`)
+/// when the command line asks for what only ferry there keeps; `None`
+/// when SFTP may serve it.
+fn no_fallback(host: &str, why: &str) -> Option<String> {
+    let asked = ferry_ssh::conn::settings().only_ferry_keeps;
+    if asked.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "{host}: ferry cannot run there, and over SFTP {} would be lost; nothing was done (get ferry to run there, or go without {}: leave {} out, or give --sftp): {why}",
+        asked.join(", "),
+        if asked.len() == 1 { "it" } else { "them" },
+        if asked.len() == 1 { "it" } else { "them" },
+    ))
 }
 
 #[cfg(test)]

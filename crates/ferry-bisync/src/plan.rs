@@ -167,6 +167,13 @@ pub struct Ctx<'a> {
     /// Keys unreadable on A and on B, with everything below them (looked
     /// at only for paths with something to do).
     pub unknown: [&'a Mutex<Vec<Vec<u8>>>; 2],
+    /// Keys listed on A and on B beside an error of the same name: an S3
+    /// object `a` beside objects `a/...` is listed as the directory `a`
+    /// and its object `a` reported (and left alone). The directory and
+    /// what is below it are synced; the path itself only where every entry
+    /// of it (each side's, the journal's) is a directory, so nothing writes
+    /// or removes a file of that name.
+    pub shadowed: [&'a Mutex<Vec<Vec<u8>>>; 2],
     /// `--checksum`: files in sync by metadata get their bytes compared.
     pub checksum: bool,
 }
@@ -270,8 +277,16 @@ pub fn merge_dir(
         // Unreadable here or above on either side: judge nothing.
         if cx.unknown.iter().any(|u| {
             let u = u.lock().unwrap();
-            !u.is_empty() && under_any(&u, &ck)
+            // The root's key (empty) holds every key.
+            !u.is_empty() && (u.iter().any(Vec::is_empty) || under_any(&u, &ck))
         }) {
+            continue;
+        }
+        let only_dirs = [va, vb, vj.map(|r| r.a), vj.map(|r| r.b)]
+            .iter()
+            .flatten()
+            .all(|m| m.kind == Kind::Dir);
+        if !only_dirs && cx.shadowed.iter().any(|u| u.lock().unwrap().contains(&ck)) {
             continue;
         }
         let act = match d {
@@ -327,9 +342,11 @@ pub fn merge(
 ) -> Plan {
     use crate::journal::Records;
     let unknown = [Mutex::new(a.unknown.clone()), Mutex::new(b.unknown.clone())];
+    let shadowed = [Mutex::new(Vec::new()), Mutex::new(Vec::new())];
     let cx = Ctx {
         sides,
         unknown: [&unknown[0], &unknown[1]],
+        shadowed: [&shadowed[0], &shadowed[1]],
         checksum: false,
     };
     let mut plan = Plan {
@@ -709,11 +726,16 @@ pub fn stamp(secs: i64) -> String {
 }
 
 /// True when `now` still is what the plan saw: the executor checks this
-/// right before it replaces or deletes an entry.
+/// right before it replaces or deletes an entry. Where both know the
+/// object's version (an S3 object's ETag and LastModified, see
+/// `Store::stat`), it must be the same: a new upload of the same size
+/// within the same tick of the clock is a change too.
 pub fn still(now: Option<&Meta>, planned: Option<&Meta>) -> bool {
     match (now, planned) {
         (None, None) => true,
-        (Some(n), Some(p)) => unchanged(n, p),
+        (Some(n), Some(p)) => {
+            unchanged(n, p) && (n.version == 0 || p.version == 0 || n.version == p.version)
+        }
         _ => false,
     }
 }
@@ -768,6 +790,20 @@ mod tests {
             conflict_name(b"r.txt", Side::B, "x", 1),
             b"r (conflict x from B).txt".to_vec()
         );
+    }
+
+    #[test]
+    fn still_sees_another_version_of_the_same_size_and_mtime() {
+        let mut p = f(10, 0);
+        p.version = 7;
+        let mut n = p;
+        assert!(still(Some(&n), Some(&p)));
+        n.version = 0;
+        assert!(still(Some(&n), Some(&p)), "a stat that knows no version");
+        n.version = 8;
+        assert!(!still(Some(&n), Some(&p)));
+        assert!(!still(None, Some(&p)));
+        assert!(still(None, None));
     }
 
     #[test]

@@ -38,6 +38,7 @@ use ferry_engine::bwlimit::Limiter;
 use ferry_engine::copy::Copier;
 use ferry_engine::keep::Keeper;
 use ferry_engine::pool::Pool;
+use ferry_engine::special::SpecialBits;
 use ferry_engine::store::{op_err, op_of, End, MetaChange, Planned};
 use ferry_engine::xattr::{XattrRun, XattrSel};
 use ferry_engine::{Filter, Kind, Meta, Stats, Store};
@@ -85,6 +86,15 @@ pub struct Options {
     /// (`None`: replaced and deleted for good). What they keep, and the
     /// backup directories inside a root, are never synced.
     pub keep: [Option<Keeper>; 2],
+    /// Apply setuid, setgid and sticky bits from a side whose modes are
+    /// not this machine's (`--keep-special-bits`; see
+    /// `ferry_engine::special`).
+    pub keep_special_bits: bool,
+    /// `--watch`: what every run of the watch checks, whole or scoped:
+    /// each root is the directory watched at the start (device and
+    /// inode), and the deletion limit counts the deletions of the watch's
+    /// runs of the last [`ferry_engine::MAX_DELETE_WINDOW`] too.
+    pub guard: Option<std::sync::Arc<ferry_engine::Guard>>,
 }
 
 impl Options {
@@ -285,6 +295,21 @@ struct Exec<'r, A: Store, B: Store> {
     /// change in them (a non-root user), with their mode to set back at
     /// the end of the run: side, key, metadata.
     relock: Mutex<Vec<(Side, Vec<u8>, Meta)>>,
+    /// The rule for setuid, setgid and sticky bits of modes written to
+    /// each side (index: the side written) from the other
+    /// (`--keep-special-bits`; see `ferry_engine::special`).
+    special: [SpecialBits; 2],
+    /// In a watch: side A's, B's root found gone (or another directory)
+    /// during the run; the deletions it would cause on the other side are
+    /// not done (said once).
+    lost: [std::sync::atomic::AtomicBool; 2],
+    /// In a watch: the removals each side's watcher had seen when the run
+    /// started.
+    removals_at_start: [u64; 2],
+    /// Removals this run made on each side (its watcher sees them too),
+    /// and of them the files and symlinks (for the deletion limit's window).
+    own: [AtomicU64; 2],
+    deleted: [AtomicU64; 2],
 }
 
 /// `$body` with `$st` and `$dc` bound to one side's store and directories.
@@ -409,7 +434,24 @@ fn run_with<A: Store, B: Store>(
     if scope.is_some() && !known {
         return Ok(None);
     }
+    let removals_at_start = opts
+        .guard
+        .as_ref()
+        .map_or([0; 2], |g| [g.removals(0), g.removals(1)]);
     let (oa, ob) = (open_root(a, Side::A, opts)?, open_root(b, Side::B, opts)?);
+    if let Some(g) = &opts.guard {
+        for (side, o) in [
+            (Side::A, oa.as_ref().map(|r| &r.1)),
+            (Side::B, ob.as_ref().map(|r| &r.1)),
+        ] {
+            let Some(m) = o else { continue };
+            match g.check(side as usize, &opts.name(side), m, opts.force) {
+                Ok(None) => {}
+                Ok(Some(note)) => rep.note(&note),
+                Err(msg) => return Err(Refused(msg)),
+            }
+        }
+    }
     // A missing root: the side to create and the mode it gets.
     let missing = match (&oa, &ob) {
         (None, None) => {
@@ -476,6 +518,7 @@ fn run_with<A: Store, B: Store>(
         delta: None,
         keep: None,
         mtime_step: ferry_engine::store::mtime_step(a, b),
+        special: None,
     };
     let jr: Option<&Journal> = journal.as_deref();
     let records: &dyn Records = match jr {
@@ -548,6 +591,14 @@ fn run_with<A: Store, B: Store>(
         tx: None,
         xattrs: XattrRun::new(opts.xattrs, a.xattr_caps(), b.xattr_caps()),
         relock: Mutex::new(Vec::new()),
+        special: [
+            SpecialBits::new(b, a, opts.keep_special_bits),
+            SpecialBits::new(a, b, opts.keep_special_bits),
+        ],
+        lost: Default::default(),
+        removals_at_start,
+        own: Default::default(),
+        deleted: Default::default(),
     };
     let count = [sa.count, sb.count];
     // No journal and both sides hold entries: a first run would merge
@@ -606,11 +657,25 @@ fn run_with<A: Store, B: Store>(
         let all = journal.as_deref().expect("scoped runs have a journal");
         plan.known = [all.count_files().map_err(Refused)?; 2];
     }
+    let now = Instant::now();
     for (i, side) in [(0, "A"), (1, "B")] {
         let (del, known) = (plan.deletes[i], plan.known[i]);
-        if !opts.force && known > 0 && del * 100 > known * opts.max_delete as u64 {
+        // A watch's earlier runs of the window count too.
+        let before = opts.guard.as_ref().map_or(0, |g| g.removed(i, now));
+        // (A share of what there was at the window's start.)
+        if !opts.force
+            && known > 0
+            && (del + before) * 100 > (known + before) * opts.max_delete as u64
+        {
+            let also = match &opts.guard {
+                Some(g) if before > 0 => format!(
+                    " with the {before} deleted there by this watch's runs of the last {} minutes",
+                    g.window().as_secs() / 60
+                ),
+                _ => String::new(),
+            };
             return Err(Refused(format!(
-                "refusing to delete {del} of {known} files on {side} (more than {}%); check the other side, then run again with --force",
+                "refusing to delete {del} of {known} files on {side}{also} (more than {}%); check the other side, then run again with --force",
                 opts.max_delete
             )));
         }
@@ -640,9 +705,26 @@ fn run_with<A: Store, B: Store>(
             j.mark_synced().map_err(Refused)?;
         }
         if let Some((side, mode)) = missing {
+            let mode = ex.special[side as usize]
+                .apply(&Meta {
+                    mode,
+                    ..dir_rec(None)
+                })
+                .mode;
             on_side!(ex, side, |st, dc| create_root(st, dc, mode))
                 .map_err(|e| Refused(format!("{}: {}", opts.name(side), e)))?;
             rep.note(&format!("created {} (did not exist)", opts.name(side)));
+            // In a watch, the root it made is the one watched.
+            if let Some(g) = &opts.guard {
+                let made = on_side!(ex, side, |st, _dc| st
+                    .open_root()
+                    .ok()
+                    .flatten()
+                    .map(|r| r.1));
+                if let Some(m) = made {
+                    g.seen(side as usize, &m);
+                }
+            }
             add(&stats.dirs_created, 1);
             rep.action(BiAction::Mkdir, side, b"", None, 0);
         }
@@ -662,8 +744,20 @@ fn run_with<A: Store, B: Store>(
             ex
         })
     };
+    // The files this run deleted count in the watch's window.
+    if let Some(g) = &opts.guard {
+        for (i, n) in ex.deleted.iter().enumerate() {
+            g.add_removed(i, n.load(Ordering::Relaxed));
+        }
+    }
     if let Some(n) = ex.xattrs.note("a replica") {
         rep.note(&n);
+    }
+    // Bits dropped on the way to A are B's, and the reverse.
+    for (side, from) in [(Side::A, Side::B), (Side::B, Side::A)] {
+        if let Some(n) = ex.special[side as usize].note(from.as_str()) {
+            rep.note(&n);
+        }
     }
     let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
     let c = &ex.counts;
@@ -794,6 +888,7 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
             delta: ferry_engine::delta::Use::of(self.opts.delta, &self.stats.delta),
             keep: None,
             mtime_step: ferry_engine::store::mtime_step(s, d),
+            special: None,
         }
     }
 
@@ -807,6 +902,7 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
     ) -> Copier<'x, S, D> {
         Copier {
             keep: self.keeper(to),
+            special: Some(&self.special[to as usize]),
             ..self.copier(s, d)
         }
     }
@@ -1368,7 +1464,7 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
                         if st.has_dir_meta() {
                             st.set_dir_meta(
                                 &nd,
-                                &m,
+                                &self.special[to as usize].apply(&m),
                                 MetaChange {
                                     mode: true,
                                     ..MetaChange::default()
@@ -1527,7 +1623,7 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
                 st.set_meta(
                     &d,
                     &n,
-                    &c.meta,
+                    &self.special[to as usize].apply(&c.meta),
                     MetaChange {
                         mtime: true,
                         mode: c.meta.kind != Kind::Symlink,
@@ -1559,8 +1655,43 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
         }
     }
 
+    /// In a watch, before a deletion on `on` (one that `from`'s side made):
+    /// `from`'s root is still the directory watched (one open and statx
+    /// by its path), so that a root removed or unmounted while the run
+    /// deletes stops the deletions it causes there. Said once.
+    fn root_alive(&self, from: Side) -> bool {
+        let Some(g) = &self.opts.guard else {
+            return true;
+        };
+        let lost = &self.lost[from as usize];
+        if lost.load(Ordering::Relaxed) {
+            return false;
+        }
+        let name = self.opts.name(from);
+        let i = from as usize;
+        let root = on_side!(self, from, |st, _dc| st
+            .open_root()
+            .ok()
+            .flatten()
+            .map(|(_, m)| m));
+        // This run's own removals there count as seen.
+        let at_start = self.removals_at_start[i] + self.own[i].load(Ordering::Relaxed);
+        match ferry_engine::may_remove(g, i, &name, root.as_ref(), at_start) {
+            Ok(()) => true,
+            Err(why) => {
+                if !lost.swap(true, Ordering::Relaxed) {
+                    self.fail(from, b"", &io::Error::other(why));
+                }
+                false
+            }
+        }
+    }
+
     /// Delete an entry unchanged since the last sync (a directory only if empty).
     fn delete(&self, it: &Item, on: Side) {
+        if !self.root_alive(on.other()) {
+            return;
+        }
         let planned = *it.side(on).expect("deleted entries exist");
         let res = on_side!(self, on, |st, dc| {
             (|| {
@@ -1579,6 +1710,11 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
         });
         match res {
             Ok(()) => {
+                // (Seen by that side's watcher too: not someone else's.)
+                self.own[on as usize].fetch_add(1, Ordering::Relaxed);
+                if planned.kind != Kind::Dir {
+                    self.deleted[on as usize].fetch_add(1, Ordering::Relaxed);
+                }
                 add(&self.stats.files_deleted, 1);
                 self.rep.action(
                     BiAction::Delete,

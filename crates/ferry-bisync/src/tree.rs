@@ -193,6 +193,8 @@ type Opened<D> = (Arc<D>, Listing);
 struct Gather<S: Store> {
     root: Mutex<Option<S::Dir>>,
     unknown: Mutex<Vec<Vec<u8>>>,
+    /// Keys listed beside an error of the same name (see [`Ctx::shadowed`]).
+    shadowed: Mutex<Vec<Vec<u8>>>,
     temps: Mutex<Vec<(Vec<u8>, Meta)>>,
     skipped: Mutex<Vec<Vec<u8>>>,
 }
@@ -202,6 +204,7 @@ impl<S: Store> Gather<S> {
         Gather {
             root: Mutex::new(root),
             unknown: Mutex::new(Vec::new()),
+            shadowed: Mutex::new(Vec::new()),
             temps: Mutex::new(Vec::new()),
             skipped: Mutex::new(Vec::new()),
         }
@@ -231,14 +234,33 @@ impl<S: Store> Gather<S> {
             }
         };
         let mut list = Listing::new();
-        let mut entry_err = |p: Vec<u8>, e: ferry_engine::store::ListError| {
-            on_error(&p, &e.err);
-            self.unknown.lock().unwrap().push(key_of(&p));
-        };
-        if let Err(e) = walk::list(store, &dir, rel, None, &mut list, &mut entry_err) {
+        let mut errs: Vec<(Vec<u8>, ferry_engine::store::ListError)> = Vec::new();
+        if let Err(e) = walk::list(store, &dir, rel, None, &mut list, &mut |p, e| {
+            errs.push((p, e))
+        }) {
             on_error(rel, &e);
             self.unknown.lock().unwrap().push(key_of(rel));
             return None;
+        }
+        for (p, e) in errs {
+            on_error(&p, &e.err);
+            // An entry that is listed although its name has an error (an S3
+            // object `a` beside objects `a/...`: the prefix is listed as a
+            // directory, the object reported) is known: only what could
+            // touch the other entry of that name is held back.
+            let listed = list
+                .entries()
+                .iter()
+                .any(|x| list.name(x) == e.name.as_slice());
+            // Entries no path can name (`a//z`, `x/../y`): the whole
+            // directory is unknown.
+            if e.for_dir() {
+                self.unknown.lock().unwrap().push(key_of(rel));
+            } else if listed {
+                self.shadowed.lock().unwrap().push(key_of(&p));
+            } else {
+                self.unknown.lock().unwrap().push(key_of(&p));
+            }
         }
         // Temporaries and special files are set aside here, so the
         // listing holds only what is synced.
@@ -349,6 +371,9 @@ struct Walker<'a, A: Store, B: Store> {
     orphans: AtomicBool,
     /// A scoped walk ([`scan_scoped`]); `None`: the whole tree.
     scope: Option<Scoping>,
+    /// Both roots and the directories above them, by device and inode: one
+    /// met again in a listing refuses the run (`walk::Aliases`).
+    aliases: Option<walk::Aliases>,
 }
 
 /// What a scoped walk keeps: where it goes deep, and where it has been.
@@ -397,6 +422,16 @@ impl<A: Store, B: Store> Visitor for Walker<'_, A, B> {
             t.b.and_then(|p| self.gb.list(self.b, &t.rel, p, o.on_error, &o.reserved))
                 .map(|(d, l)| self.exact(self.b, Side::B, &t.rel, d, l, &recs))
                 .map(|(d, l)| (d, filtered(o.filter, &self.gb.unknown, &t.rel, l)));
+        if let Some(al) = &self.aliases {
+            let seen = la
+                .as_ref()
+                .and_then(|(_, l)| al.check("A", &t.rel, l))
+                .or_else(|| lb.as_ref().and_then(|(_, l)| al.check("B", &t.rel, l)));
+            if let Some(msg) = seen {
+                self.st.lock().unwrap().failed.get_or_insert(msg);
+                return q.stop();
+            }
+        }
         let na = la.as_ref().map_or(0, |(_, l)| l.len());
         let nb = lb.as_ref().map_or(0, |(_, l)| l.len());
         if t.rel.is_empty() && o.stop_if_both_hold && na > 0 && nb > 0 {
@@ -406,6 +441,7 @@ impl<A: Store, B: Store> Visitor for Walker<'_, A, B> {
         let cx = Ctx {
             sides: o.sides,
             unknown: [&self.ga.unknown, &self.gb.unknown],
+            shadowed: [&self.ga.shadowed, &self.gb.shadowed],
             checksum: o.checksum,
         };
         let empty = Listing::new();
@@ -667,6 +703,7 @@ pub fn scan_merge<A: Store, B: Store>(
         st: Mutex::new(State::default()),
         orphans: AtomicBool::new(false),
         scope: None,
+        aliases: walk::Aliases::new(["A", "B"], [a.0.root_ids(), b.0.root_ids()]),
     };
     let jobs = o.jobs.max(2);
     walk::walk(
@@ -864,6 +901,7 @@ pub fn scan_scoped<A: Store, B: Store>(
             deep: sorted,
             seen: Mutex::new(HashSet::new()),
         }),
+        aliases: walk::Aliases::new(["A", "B"], [a.0.root_ids(), b.0.root_ids()]),
     };
     let tasks: Vec<DirTask<A, B>> = targets
         .into_iter()

@@ -23,6 +23,7 @@ use crate::delta::{self, DiffSummary, Signature, Tally};
 use crate::entry::{Kind, Meta};
 use crate::hash::{hash_bytes, Hash};
 use crate::keep::Keeper;
+use crate::special::SpecialBits;
 use crate::store::{
     cut_nsec, op_err, Committing, DeltaRole, End, Planned, SourceFile, Store, Tracked,
 };
@@ -46,6 +47,9 @@ fn append_min() -> u64 {
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(delta::APPEND_MIN)
+            // Never below: a local stat looks for a record only from there
+            // (ferry-local `append::RECORD_MIN`).
+            .max(delta::MIN_SIZE)
     })
 }
 
@@ -76,6 +80,11 @@ pub struct Copier<'a, S: Store, D: Store> {
     /// The step mtimes are compared to ([`crate::store::mtime_step`] of
     /// the two stores, which the engine cuts its listings to).
     pub mtime_step: u32,
+    /// The run's rule for setuid, setgid and sticky bits from the source
+    /// (see [`crate::special`]): applied to every mode the copy writes
+    /// (the [`Copied::meta`] it returns is the source's, bits and all).
+    /// `None`: modes written as they are.
+    pub special: Option<&'a SpecialBits>,
 }
 
 /// A committed copy.
@@ -93,6 +102,11 @@ pub struct Copied {
 }
 
 impl<'a, S: Store, D: Store> Copier<'a, S, D> {
+    /// `m` as it is written to the destination (see [`Copier::special`]).
+    fn out(&self, m: &Meta) -> Meta {
+        self.special.map_or(*m, |s| s.apply(m))
+    }
+
     /// Copy `sname` of `sdir` to `name` in `ddir` through a temporary, set
     /// its metadata, rename it into place. `meta`: the source as listed;
     /// `rel`: the destination's path below its root (where a kept copy of
@@ -167,7 +181,9 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
         if fresh
             && meta.size == 0
             && !self.src.approximate_meta()
-            && self.dst.create_empty(ddir, name, meta, self.fsync)?
+            && self
+                .dst
+                .create_empty(ddir, name, &self.out(meta), self.fsync)?
         {
             self.new_entry_xattrs(sdir, sname, ddir, name, meta)?;
             let c = Copied {
@@ -264,7 +280,7 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
         }
         let mut w = self
             .dst
-            .create_file(ddir, name, meta)
+            .create_file(ddir, name, &self.out(meta))
             .map_err(|e| op_err(e, Some(End::Dst), "create"))?;
         let wrote = match sig {
             None => self
@@ -325,7 +341,7 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
         if let Some(x) = self.xattrs {
             let res = self
                 .dst
-                .set_writer_xattrs(ddir, &mut w, meta, x.sel, &attrs);
+                .set_writer_xattrs(ddir, &mut w, &self.out(meta), x.sel, &attrs);
             if let Err(e) = x.settle(res) {
                 self.dst.abort(ddir, w);
                 return Err(e);
@@ -355,10 +371,10 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
         self.dst.expect(&mut w, planned.as_ref());
         let committing = if nowait {
             let dst: &'a D = self.dst;
-            Some(dst.commit_nowait(ddir, w, name, meta, self.fsync))
+            Some(dst.commit_nowait(ddir, w, name, &self.out(meta), self.fsync))
         } else {
             self.dst
-                .commit(ddir, w, name, meta, self.fsync)
+                .commit(ddir, w, name, &self.out(meta), self.fsync)
                 .map_err(|e| op_err(e, Some(End::Dst), "rename"))?;
             None
         };
@@ -467,7 +483,11 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
         let Some(changed) = delta::inplace::differing(&h.list, &theirs) else {
             return Ok(Appended::No);
         };
-        if delta::inplace::too_many(l, changed.len()) || !ip.begin(&changed)? {
+        if delta::inplace::too_many(l, changed.len()) {
+            return Ok(Appended::No);
+        }
+        let new: Vec<u64> = changed.iter().map(|&i| h.list[i as usize]).collect();
+        if !ip.begin(&changed, &new)? {
             // Nothing changed there: the normal delta.
             return Ok(Appended::No);
         }
@@ -526,7 +546,7 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
             ip.abort();
             return Ok(Appended::No);
         }
-        if ip.commit(&h.root, meta, self.fsync).is_err() {
+        if ip.commit(&h.root, &self.out(meta), self.fsync).is_err() {
             // Rolled back: the file goes whole.
             self.count(|c| &c.fallbacks, 1);
             return Ok(Appended::Whole);
@@ -623,7 +643,10 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
         let Some(x) = self.xattrs else {
             return Ok(());
         };
-        x.settle(self.dst.set_xattrs(ddir, dname, meta, x.sel, want, have))
+        x.settle(
+            self.dst
+                .set_xattrs(ddir, dname, &self.out(meta), x.sel, want, have),
+        )
     }
 
     /// Give an entry this run just made at `dname` of `ddir` (a symlink, an

@@ -27,6 +27,7 @@ use crate::filter::{drop_names, Filter};
 use crate::keep::{self, Keeper};
 use crate::plan::{meta_change, plan_dir, PlanOptions, Step};
 use crate::report::{Action, Reporter, Stats, Summary};
+use crate::special::SpecialBits;
 use crate::store::{
     is_legacy_partial_name, is_temp_name, Committing, ListError, MetaChange, Store,
 };
@@ -35,6 +36,8 @@ use crate::xattr::{XattrRun, XattrSel};
 
 mod links;
 use links::{How, Links, Outcome};
+mod guard;
+pub use guard::{may_remove, Guard, WINDOW as MAX_DELETE_WINDOW};
 mod scoped;
 pub use scoped::Scope;
 
@@ -100,6 +103,9 @@ pub struct Options {
     /// (`--backup-dir`, `--suffix`, `--versions`; see [`crate::keep`]);
     /// `None`: replaced and removed for good.
     pub keep: Option<Arc<Keeper>>,
+    /// Apply setuid, setgid and sticky bits from a source whose modes are
+    /// not this machine's (`--keep-special-bits`; see [`crate::special`]).
+    pub keep_special_bits: bool,
 }
 
 /// `--max-delete N` or `--max-delete P%`: how many destination entries a
@@ -171,6 +177,9 @@ fn refused(msg: String) -> io::Error {
 
 /// A run's result.
 pub type RunResult = Summary;
+
+/// Both roots as a run opens them: SRC's, and DST's if it exists.
+type Roots<S, D> = ((<S as Store>::Dir, Meta), Option<(<D as Store>::Dir, Meta)>);
 
 struct Node<S: Store, D: Store> {
     rel: Vec<u8>,
@@ -247,6 +256,10 @@ pub struct Engine<'a, S: Store, D: Store> {
     budget: AtomicU64,
     /// Why the run was refused (nothing changed), once it is.
     refusal: Mutex<Option<String>>,
+    /// Directories (relative paths) whose source listing held entries no
+    /// path can name ([`ListError::for_dir`]): nothing in them or below
+    /// them is deleted.
+    held: Mutex<Vec<Vec<u8>>>,
     /// The attributes kept (`opts.xattrs` where both stores keep them).
     xattrs: XattrRun,
     /// A fifo or device node was skipped for a destination that cannot
@@ -260,9 +273,29 @@ pub struct Engine<'a, S: Store, D: Store> {
     /// A scoped run's deep directories (`run_scoped`); `None`: every
     /// subdirectory is walked.
     scope: Option<Vec<Vec<u8>>>,
+    /// The source's setuid, setgid and sticky bits: dropped where they
+    /// enter the run unless its modes are this machine's (see
+    /// [`crate::special`]).
+    pub(crate) special: SpecialBits,
     /// The backup directory when it is inside the destination (`--backup-dir`):
     /// its parent's path and its name, left out of the run on both sides.
     backup_in: Option<(Vec<u8>, Vec<u8>)>,
+    /// Both roots and the directories above them, by device and inode:
+    /// met again in a listing, the run is refused (`walk::Aliases`).
+    aliases: Option<walk::Aliases>,
+    /// Set with `refusal` (the walk stops: nothing more is acted on).
+    halted: AtomicBool,
+    /// The notes that SRC's own `.ferry-versions`, and an entry of SRC
+    /// named like the backup directory, are left out were given.
+    left_out_noted: [AtomicBool; 2],
+    /// A watch's runs: the roots' identity and the `--max-delete` window
+    /// they share (`engine/guard.rs`).
+    guard: Option<&'a Guard>,
+    /// In a watch, SRC's root was found gone (or another directory) during
+    /// the run: its remaining removals are not done (said once).
+    root_lost: AtomicBool,
+    /// Removals SRC's watcher had seen when the run started.
+    removals_at_start: u64,
 }
 
 /// Mtimes of `list` truncated to `step` nanoseconds.
@@ -312,6 +345,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             checksum: opts.checksum,
             budget: AtomicU64::new(u64::MAX),
             refusal: Mutex::new(None),
+            held: Mutex::new(Vec::new()),
             xattrs: XattrRun::new(opts.xattrs, src.xattr_caps(), dst.xattr_caps()),
             nodes_noted: AtomicBool::new(false),
             links: opts
@@ -319,10 +353,136 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                 .then(|| Links::new(src.has_hard_links() && dst.has_hard_links())),
             mtime_step: crate::store::mtime_step(src, dst),
             scope: None,
+            special: SpecialBits::new(src, dst, opts.keep_special_bits),
             backup_in: opts.keep.as_deref().and_then(Keeper::inside_root).map(|p| {
                 let (dir, name) = keep::split_parent(p);
                 (dir.to_vec(), name.to_vec())
             }),
+            aliases: walk::Aliases::new(["SRC", "DST"], [src.root_ids(), dst.root_ids()]),
+            halted: AtomicBool::new(false),
+            left_out_noted: [AtomicBool::new(false), AtomicBool::new(false)],
+            guard: None,
+            root_lost: AtomicBool::new(false),
+            removals_at_start: 0,
+        }
+    }
+
+    /// In a watch, before each removal: SRC's root is still the directory
+    /// watched (one open and statx of it by its path) and its watcher saw
+    /// no removal since the run started, so that a root removed or
+    /// unmounted while the run removes stops its removals there. False
+    /// once it is not (said once, as an error of the run: a full run
+    /// follows, held until removals are quiet).
+    fn src_root_alive(&self) -> bool {
+        let Some(g) = self.guard else {
+            return true;
+        };
+        if self.root_lost.load(Ordering::Relaxed) {
+            return false;
+        }
+        let root = self.src.open_root().ok().flatten();
+        match guard::may_remove(
+            g,
+            0,
+            "SRC",
+            root.as_ref().map(|r| &r.1),
+            self.removals_at_start,
+        ) {
+            Ok(()) => true,
+            Err(why) => {
+                if !self.root_lost.swap(true, Ordering::Relaxed) {
+                    self.fail(b"", &io::Error::other(why));
+                }
+                false
+            }
+        }
+    }
+
+    /// The runs of a watch: each checks the roots' identity and counts its
+    /// removals in `--max-delete`'s window, in `g` (see `engine/guard.rs`).
+    pub fn guarded(mut self, g: &'a Guard) -> Self {
+        self.guard = Some(g);
+        self.removals_at_start = g.removals(0);
+        self
+    }
+
+    /// The check of [`Engine::open_roots`] alone: SRC exists, and in a
+    /// watch both roots are the ones watched (a refusal if not).
+    pub fn check_roots(&self) -> io::Result<()> {
+        self.open_roots().map(drop)
+    }
+
+    /// Both roots opened (SRC must exist; DST may not yet) and checked
+    /// against the identity the watch recorded: the one check of every
+    /// run, full or scoped, counting pass or not, before anything changes.
+    fn open_roots(&self) -> io::Result<Roots<S, D>> {
+        let src = self
+            .src
+            .open_root()?
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "source does not exist"))?;
+        let dst = self.dst.open_root()?;
+        // (A counting pass with --force leaves the adopting, and its
+        // note, to the run itself.)
+        if let Some(g) = self.guard.filter(|_| !(self.counting && self.opts.force)) {
+            for (side, m) in [(0, Some(&src.1)), (1, dst.as_ref().map(|d| &d.1))] {
+                let Some(m) = m else { continue };
+                match g.check(side, ["SRC", "DST"][side], m, self.opts.force) {
+                    Ok(None) => {}
+                    Ok(Some(note)) => self.rep.note(&note),
+                    Err(msg) => return Err(guard::refusal(msg)),
+                }
+            }
+        }
+        Ok((src, dst))
+    }
+
+    /// The removals a run may make, given what its counting pass counted
+    /// (`full`: over the whole tree); a refusal when it counted more. In a
+    /// watch, the removals of the window's earlier runs are taken from
+    /// the limit first, and `P%` is of the entries the last full run saw.
+    fn allowance(&self, limit: MaxDelete, counted: &Stats, full: bool) -> io::Result<u64> {
+        let Some(g) = self.guard else {
+            return self.check_limit(limit, counted);
+        };
+        if full {
+            g.set_dst_total(counted.dst_entries.load(Ordering::Relaxed));
+        }
+        let would = counted.files_deleted.load(Ordering::Relaxed);
+        let total = match g.dst_total() {
+            0 => counted.dst_entries.load(Ordering::Relaxed),
+            n => n,
+        };
+        let before = g.removed(1, Instant::now());
+        let allowed = limit.allowed(total).saturating_sub(before);
+        if would > allowed {
+            let of = match limit {
+                MaxDelete::Percent(_) => format!(" of {total} entries"),
+                MaxDelete::Count(_) => String::new(),
+            };
+            let less = match before {
+                0 => String::new(),
+                n => format!(
+                    ", less the {n} removed by this watch's runs of the last {} minutes",
+                    g.window().as_secs() / 60
+                ),
+            };
+            return Err(refused(format!(
+                "refusing to delete {would} entries in DST (--max-delete {limit}{of}{less}); nothing was changed"
+            )));
+        }
+        Ok(allowed)
+    }
+
+    /// Count what a run removed into the watch's window.
+    fn count_removed(&self, before: u64) {
+        if let Some(g) = self.guard {
+            g.add_removed(
+                1,
+                self.stats
+                    .files_deleted
+                    .load(Ordering::Relaxed)
+                    .saturating_sub(before),
+            );
         }
     }
 
@@ -331,6 +491,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
     fn counter<'b>(&'b self, stats: &'b Stats) -> Engine<'b, S, D> {
         static QUIET: crate::report::Quiet = crate::report::Quiet;
         let mut e = Engine::new(self.src, self.dst, self.opts, stats, &QUIET);
+        e.guard = self.guard;
         e.dry_run = true;
         e.counting = true;
         e.checksum = false;
@@ -353,11 +514,14 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             if !self.dry_run && self.dst.open_root()?.is_some() {
                 let stats = Stats::default();
                 self.counter(&stats).walk()?;
-                let allowed = self.check_limit(limit, &stats)?;
+                let allowed = self.allowance(limit, &stats, true)?;
                 self.budget.store(allowed, Ordering::Relaxed);
             }
         }
-        self.walk()?;
+        let before = self.stats.files_deleted.load(Ordering::Relaxed);
+        let walked = self.walk();
+        self.count_removed(before);
+        walked?;
         if let (Some(limit), true) = (self.opts.max_delete, self.dry_run) {
             self.check_limit(limit, self.stats)?;
         }
@@ -365,9 +529,13 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         Ok(self.stats.summary(start.elapsed()))
     }
 
-    /// The one note of a run whose destination refused attributes.
-    fn xattr_note(&self) {
+    /// The one note of a run whose destination refused attributes, and
+    /// the one of a run that dropped SRC's setuid, setgid or sticky bits.
+    pub(crate) fn xattr_note(&self) {
         if let Some(n) = self.xattrs.note("DST") {
+            self.rep.note(&n);
+        }
+        if let Some(n) = self.special.note("SRC") {
             self.rep.note(&n);
         }
     }
@@ -394,16 +562,18 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
 
     /// One walk over the tree (see `run_tree`).
     fn walk(&self) -> io::Result<()> {
-        let (src_dir, src_meta) = self
-            .src
-            .open_root()?
-            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "source does not exist"))?;
-        let (dst_dir, dst_meta) = match self.dst.open_root()? {
+        let ((src_dir, mut src_meta), dst) = self.open_roots()?;
+        self.special.fix(&mut src_meta);
+        let (dst_dir, dst_meta) = match dst {
             Some((d, m)) => (Some(d), Some(m)),
             None if self.dry_run => (None, None),
             None => {
                 let d = self.dst.create_root()?;
                 Stats::add(&self.stats.dirs_created, 1);
+                // In a watch, the root it made is the one watched.
+                if let (Some(g), Ok(Some((_, m)))) = (self.guard, self.dst.open_root()) {
+                    g.seen(1, &m);
+                }
                 if !self.src.has_dir_meta() {
                     // Its final mode at once (no times to set after its
                     // content): a kill cannot leave it 0700, and an
@@ -441,6 +611,20 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         }
     }
 
+    /// True when nothing in directory `rel` may be deleted: it, or a
+    /// directory above it, listed entries no path can name (`unnamed`: this
+    /// one did; it is noted for the directories below).
+    fn held(&self, rel: &[u8], unnamed: bool) -> bool {
+        let mut h = self.held.lock().expect("held");
+        if unnamed {
+            h.push(rel.to_vec());
+            return true;
+        }
+        h.iter().any(|d| {
+            d.is_empty() || rel == &d[..] || (rel.starts_with(d) && rel.get(d.len()) == Some(&b'/'))
+        })
+    }
+
     fn path(&self, node: &Node<S, D>, name: &[u8]) -> Vec<u8> {
         join(&node.rel, name)
     }
@@ -475,6 +659,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             Some(d) if !self.dry_run => {
                 k.keep(self.dst, d, name, path, meta, replacing, self.mtime_step)?
             }
+            Some(d) => k.place_in(self.dst, d, path),
             _ => {
                 let (base, at) = k.target(path, 1);
                 keep::shown(&base, &at)
@@ -520,6 +705,30 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         }
     }
 
+    /// With `--suffix` alone, the source's names that end in the suffix
+    /// are synced like any other: no keep may take them ([`Keeper::reserve`]).
+    fn reserve_source_names(&self, node: &Node<S, D>, src_list: &Listing) {
+        if let Some(k) = self.opts.keep.as_deref() {
+            for e in src_list.entries() {
+                let name = src_list.name(e);
+                if k.protects(name) {
+                    k.reserve(&self.path(node, name));
+                }
+            }
+        }
+    }
+
+    /// Say once that SRC's `path`, named like `what`, is left out (`which`:
+    /// 0 for `.ferry-versions`, 1 for the backup directory).
+    fn left_out(&self, which: usize, path: &[u8], what: &str) {
+        if !self.left_out_noted[which].swap(true, Ordering::Relaxed) {
+            self.rep.note(&format!(
+                "SRC {}: left out of the run ({what} has this name: ferry never copies or deletes it)",
+                String::from_utf8_lossy(path)
+            ));
+        }
+    }
+
     /// True for a path below the root that the run never touches:
     /// `.ferry-versions` or the backup directory inside the destination,
     /// or anything below them.
@@ -537,6 +746,27 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             at = join(&at, c);
         }
         false
+    }
+
+    /// Refuse the run (the first refusal is the one said) and stop acting.
+    fn refuse(&self, msg: String) {
+        let mut r = self.refusal.lock().expect("refusal");
+        if r.is_none() {
+            *r = Some(msg);
+        }
+        self.halted.store(true, Ordering::Relaxed);
+    }
+
+    /// The refusal of listing `list` of directory `rel` on `side` when a
+    /// subdirectory in it is a root, or above one, seen again.
+    fn aliased(&self, side: &str, rel: &[u8], list: &Listing) -> bool {
+        match self.aliases.as_ref().and_then(|a| a.check(side, rel, list)) {
+            Some(msg) => {
+                self.refuse(msg);
+                true
+            }
+            None => false,
+        }
     }
 
     /// Take `n` removals from the `--max-delete` allowance; an error (and
@@ -815,9 +1045,21 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                 return;
             }
         }
-        if self.backup_in.is_some() {
+        if let Some((dir, name)) = &self.backup_in {
+            if *dir == node.rel && src_list.entries().iter().any(|e| src_list.name(e) == name) {
+                self.left_out(1, &join(dir, name), "the --backup-dir inside DST");
+            }
             self.drop_untouched(&node.rel, &mut src_list, false);
             self.drop_untouched(&node.rel, &mut dst_list, false);
+        }
+        self.reserve_source_names(node, &src_list);
+        if node.parent.is_none()
+            && src_list
+                .entries()
+                .iter()
+                .any(|e| keep::is_versions_dir(src_list.name(e)))
+        {
+            self.left_out(0, keep::VERSIONS_DIR, "the directory of kept versions");
         }
         if let Some(f) = &self.opts.filter {
             if let Err(e) = self.filter_pair(
@@ -833,6 +1075,10 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                 return;
             }
         }
+        if self.aliased("SRC", &node.rel, &src_list) || self.aliased("DST", &node.rel, &dst_list) {
+            q.stop();
+            return;
+        }
         for e in derr {
             self.fail(&self.path(node, &e.name), &e.err);
         }
@@ -845,7 +1091,9 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         if let Some(d) = &node.dst {
             self.drop_legacy_partials(node, d, &mut dst_list);
         }
-        if node.parent.is_none() && self.empty_src_refused(&src_list, &dst_list) {
+        // Entries no path can name are there all the same: SRC is not empty.
+        let unnamed = errors.iter().any(ListError::for_dir);
+        if node.parent.is_none() && !unnamed && self.empty_src_refused(&src_list, &dst_list) {
             self.done(node);
             return;
         }
@@ -864,6 +1112,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         }
         // Names the source could not read are left alone in the destination.
         let unreadable: Vec<Vec<u8>> = errors.iter().map(|e| e.name.clone()).collect();
+        let held = self.held(&node.rel, unnamed);
         for e in errors {
             self.fail(&self.path(node, &e.name), &e.err);
         }
@@ -872,6 +1121,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             coarsen(&mut src_list, self.mtime_step);
             coarsen(&mut dst_list, self.mtime_step);
         }
+        self.special.fix_list(&mut src_list);
         let mut steps = Vec::with_capacity(src_list.len().max(dst_list.len()));
         plan_dir(&src_list, &dst_list, &self.plan, &mut steps);
         self.unlock_if_needed(node, &steps);
@@ -881,6 +1131,10 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         let se = src_list.entries();
         let de = dst_list.entries();
         for step in steps {
+            if self.halted.load(Ordering::Relaxed) {
+                q.stop();
+                return;
+            }
             match step {
                 Step::Create { s } => {
                     let m = se[s].meta;
@@ -986,7 +1240,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                 Step::Delete { d } => {
                     let name = dst_list.name(&de[d]);
                     let protected = self.opts.keep.as_ref().is_some_and(|k| k.protects(name));
-                    if !unreadable.iter().any(|u| u == name) && !protected {
+                    if !held && !unreadable.iter().any(|u| u == name) && !protected {
                         self.delete(node, dst_list.cname(&de[d]), &de[d].meta);
                     }
                 }
@@ -1233,7 +1487,9 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                 (Some(d), true) => match self.count_tree(d, &path, name, &deleted) {
                     Ok(n) => Stats::add(&self.stats.dst_entries, n - 1),
                     Err(e) => {
-                        self.fail(&path, &e);
+                        if Refused::of(&e).is_none() {
+                            self.fail(&path, &e);
+                        }
                         return false;
                     }
                 },
@@ -1245,6 +1501,9 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             return true;
         }
         let Some(d) = &node.dst else { return true };
+        if !self.src_root_alive() {
+            return false;
+        }
         let limited = self.budget.load(Ordering::Relaxed) != u64::MAX;
         let res = if !is_dir {
             self.take_removals(u64::from(limited))
@@ -1277,6 +1536,8 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         node.dirty.store(true, Ordering::Relaxed);
         match res {
             Ok(()) => true,
+            // A root met again below: the run is refused (said once).
+            Err(e) if Refused::of(&e).is_some() => false,
             Err(e) => {
                 self.fail(&path, &e);
                 false
@@ -1302,6 +1563,9 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         // What the filter leaves out is never deleted.
         if let Some(f) = &self.opts.filter {
             f.apply(self.dst, &dir, rel, &mut list, &mut errs, |_, _| ())?;
+        }
+        if self.aliased("DST", rel, &list) {
+            return Err(refused("run refused".to_string()));
         }
         Ok((dir, list, errs))
     }
@@ -1571,7 +1835,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         };
         if self.dry_run {
             if let Some(dm) = &dst_meta {
-                let _ = self.keep_old(None, name, &path, dm, true);
+                let _ = self.keep_old(node.dst.as_ref(), name, &path, dm, true);
             }
             self.rep.action(action, &path, meta.size);
             Stats::add(&self.stats.files_copied, 1);
@@ -1672,6 +1936,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             },
             delta: crate::delta::Use::of(self.opts.delta, &self.stats.delta),
             mtime_step: self.mtime_step,
+            special: Some(&self.special),
             keep: if self.counting {
                 None
             } else {
@@ -1696,6 +1961,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         let sm = self
             .src
             .stat(&sdir, src_name)?
+            .map(|m| self.special.apply(&m))
             .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
         let dm = self.dst.stat(&ddir, dst_name)?;
         Stats::add(&self.stats.entries_scanned, 1);
@@ -1725,7 +1991,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         };
         if self.dry_run {
             if let Some(dm) = &dm {
-                let _ = self.keep_old(None, dst_name, path, dm, true);
+                let _ = self.keep_old(Some(&ddir), dst_name, path, dm, true);
             }
             self.rep.action(action, path, sm.size);
             Stats::add(&self.stats.files_copied, 1);

@@ -16,11 +16,20 @@
 //!   relative `DIR` is relative to the destination root (rsync); a full
 //!   location must be on the same backend as the destination.
 //! - `--suffix SUF` alone: beside the entry, `<path>SUF`; sync never
-//!   deletes names ending in `SUF` (rsync's protect rule).
+//!   deletes names ending in `SUF` (rsync's protect rule) unless the
+//!   source has them too: a source's `foo~` is synced like any file.
 //! - `--versions`: `.ferry-versions/<dir>/<stem>~YYYYMMDD-HHMMSS.<ext>` in
 //!   the replica's root ([`VERSIONS_DIR`], never synced), the time that of
 //!   the run in UTC; a second version of the same file in the same second
 //!   gets `-2`, `-3`, ... after the time.
+//!
+//! A keep never replaces an entry (rsync's and rclone's do): when the name
+//! is taken, by an older keep, a user's file, or a name the source has
+//! (`--suffix` alone: the run is about to create it), the entry goes to
+//! the first free one of `<path>SUF1SUF`, `<path>SUF2SUF`, ... (`foo~1~`,
+//! `foo~2~`; `SUF` is `~` there when `--backup-dir` has no suffix), so the
+//! highest number is the newest keep and every name still ends in `SUF`.
+//! (Versions have their own numbers, `-2`, `-3`, ...)
 
 use std::ffi::CStr;
 use std::io;
@@ -81,15 +90,15 @@ impl KeepArg {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum KeepRule {
     /// `--backup-dir`: below `base`, at the entry's path plus `suffix`
-    /// (empty: none). An older entry there is replaced.
+    /// (empty: none), or a numbered name when that is taken.
     BackupDir {
         /// The backup directory.
         base: KeepBase,
         /// Added to each kept name (`--suffix`).
         suffix: Vec<u8>,
     },
-    /// `--suffix` alone: beside the entry, its name plus the suffix. An
-    /// older entry there is replaced.
+    /// `--suffix` alone: beside the entry, its name plus the suffix, or a
+    /// numbered name when that is taken.
     Suffix(Vec<u8>),
     /// `--versions`: in [`VERSIONS_DIR`] of the destination root, named by
     /// [`version_name`]. Never replaces an older version.
@@ -117,8 +126,9 @@ pub struct KeepTo<'a> {
     pub base: &'a KeepBase,
     /// Where the entry goes below `base`.
     pub path: &'a [u8],
-    /// Replace an entry already at `path` (`--backup-dir`, `--suffix`);
-    /// when false the store fails with `AlreadyExists` instead (versions).
+    /// Replace an entry already at `path`; when false the store fails
+    /// with `AlreadyExists` instead, atomically (a link, a rename without
+    /// replace). [`Keeper::keep`] never replaces: it tries the next name.
     pub overwrite: bool,
     /// The run is about to replace the entry with a new one, rather than
     /// remove it: the store may leave the entry in place if its kept copy
@@ -152,6 +162,12 @@ pub struct Keeper {
     stamp: std::sync::RwLock<(i64, String)>,
     /// What was kept.
     pub stats: KeptStats,
+    /// Paths below the destination root that the source has and whose
+    /// names `--suffix` alone protects ([`Keeper::reserve`]): the run may
+    /// create them, so no keep takes them.
+    reserved: std::sync::Mutex<std::collections::HashSet<Vec<u8>>>,
+    /// True once anything is reserved (the common run never locks).
+    any_reserved: std::sync::atomic::AtomicBool,
 }
 
 impl Keeper {
@@ -161,7 +177,36 @@ impl Keeper {
             rule,
             stamp: std::sync::RwLock::new((now, stamp(now))),
             stats: KeptStats::default(),
+            reserved: Default::default(),
+            any_reserved: Default::default(),
         }
+    }
+
+    /// Tell the keeper that the source has the entry at `rel` (its path
+    /// below the root): with `--suffix` alone, a name it protects is then
+    /// never taken by a keep, for the run may be about to create it there
+    /// (the source's `foo~` is synced, not replaced by a keep of `foo`).
+    pub fn reserve(&self, rel: &[u8]) {
+        if let KeepRule::Suffix(_) = self.rule {
+            let (_, name) = split_parent(rel);
+            if self.protects(name) {
+                self.reserved
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(rel.to_vec());
+                self.any_reserved.store(true, Ordering::Release);
+            }
+        }
+    }
+
+    fn is_reserved(&self, base: &KeepBase, path: &[u8]) -> bool {
+        matches!(base, KeepBase::Root(b) if b.is_empty())
+            && self.any_reserved.load(Ordering::Acquire)
+            && self
+                .reserved
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .contains(path)
     }
 
     /// The run's time (Unix seconds).
@@ -177,19 +222,11 @@ impl Keeper {
 
     /// The base directory and path (below it) where the entry at `rel`
     /// (its path below the destination root) is kept; `n` > 1 is the
-    /// n-th try of a version name.
+    /// n-th try of a name (the first ones were taken).
     pub fn target(&self, rel: &[u8], n: u32) -> (KeepBase, Vec<u8>) {
         match &self.rule {
-            KeepRule::BackupDir { base, suffix } => {
-                let mut p = rel.to_vec();
-                p.extend_from_slice(suffix);
-                (base.clone(), p)
-            }
-            KeepRule::Suffix(suffix) => {
-                let mut p = rel.to_vec();
-                p.extend_from_slice(suffix);
-                (KeepBase::Root(Vec::new()), p)
-            }
+            KeepRule::BackupDir { base, suffix } => (base.clone(), numbered(rel, suffix, n)),
+            KeepRule::Suffix(suffix) => (KeepBase::Root(Vec::new()), numbered(rel, suffix, n)),
             KeepRule::Versions => {
                 let (dir, name) = split_parent(rel);
                 let mut p = dir.to_vec();
@@ -223,14 +260,20 @@ impl Keeper {
         replacing: bool,
         step: u32,
     ) -> io::Result<Vec<u8>> {
-        let overwrite = !matches!(self.rule, KeepRule::Versions);
+        // Never over an existing entry: the store fails with
+        // `AlreadyExists` (atomically: link, rename without replace), and
+        // the next name is tried.
         let mut n = 1;
         loop {
             let (base, path) = self.target(rel, n);
+            if self.is_reserved(&base, &path) && n < MAX_TRIES {
+                n += 1;
+                continue;
+            }
             let to = KeepTo {
                 base: &base,
                 path: &path,
-                overwrite,
+                overwrite: false,
                 replacing,
                 planned: (!replacing).then(|| Planned::new(meta, step)),
             };
@@ -240,9 +283,7 @@ impl Keeper {
                     self.stats.bytes.fetch_add(meta.size, Ordering::Relaxed);
                     return Ok(shown(&base, &path));
                 }
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists && !overwrite && n < 10_000 => {
-                    n += 1
-                }
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists && n < MAX_TRIES => n += 1,
                 Err(e) if crate::store::is_changed(&e) => return Err(e),
                 Err(e) => {
                     return Err(io::Error::new(
@@ -262,6 +303,30 @@ impl Keeper {
     pub fn place(&self, rel: &[u8]) -> Vec<u8> {
         let (base, path) = self.target(rel, 1);
         shown(&base, &path)
+    }
+
+    /// Where the entry `name` of `dir` (at `rel`) would be kept, for a dry
+    /// run: with `--suffix` alone the names beside it that are taken (one
+    /// `stat` each) or that the source has are passed over, as
+    /// [`Keeper::keep`] would; elsewhere the first name tried.
+    pub fn place_in<D: Store + ?Sized>(&self, store: &D, dir: &D::Dir, rel: &[u8]) -> Vec<u8> {
+        let KeepRule::Suffix(_) = self.rule else {
+            return self.place(rel);
+        };
+        let mut n = 1;
+        loop {
+            let (base, path) = self.target(rel, n);
+            let (_, last) = split_parent(&path);
+            let taken = n < MAX_TRIES
+                && (self.is_reserved(&base, &path)
+                    || std::ffi::CString::new(last)
+                        .ok()
+                        .is_some_and(|c| matches!(store.stat(dir, &c), Ok(Some(_)))));
+            if !taken {
+                return shown(&base, &path);
+            }
+            n += 1;
+        }
     }
 
     /// True for a destination name that sync must never delete: with
@@ -286,6 +351,30 @@ impl Keeper {
             _ => None,
         }
     }
+}
+
+/// How many names a keep tries before it gives up (the entry is then
+/// neither replaced nor removed).
+const MAX_TRIES: u32 = 10_000;
+
+/// The `n`-th name tried for a keep of `rel` with suffix `suffix`:
+/// `rel SUF`, then `rel SUF (n-1) SUF` (`foo~`, `foo~1~`, `foo~2~`), with
+/// `~` for an empty suffix in the numbered ones (`--backup-dir` alone:
+/// `foo`, `foo~1~`).
+fn numbered(rel: &[u8], suffix: &[u8], n: u32) -> Vec<u8> {
+    let mut p = rel.to_vec();
+    // The suffix, or `~` when there is none and a number follows.
+    let mark: &[u8] = if suffix.is_empty() && n > 1 {
+        b"~"
+    } else {
+        suffix
+    };
+    p.extend_from_slice(mark);
+    if n > 1 {
+        p.extend_from_slice((n - 1).to_string().as_bytes());
+        p.extend_from_slice(mark);
+    }
+    p
 }
 
 /// Where an entry kept at `path` below `base` is, as records show it:
@@ -513,11 +602,24 @@ mod tests {
             k.target(b"d/f", 1),
             (KeepBase::Root(b"../old".to_vec()), b"d/f.bak".to_vec())
         );
+        assert_eq!(k.target(b"d/f", 3).1, b"d/f.bak2.bak".to_vec());
+        let k = Keeper::new(
+            KeepRule::BackupDir {
+                base: KeepBase::Abs(b"/old".to_vec()),
+                suffix: vec![],
+            },
+            0,
+        );
+        assert_eq!(k.target(b"d/f", 1).1, b"d/f".to_vec());
+        assert_eq!(k.target(b"d/f", 2).1, b"d/f~1~".to_vec());
         let k = Keeper::new(KeepRule::Suffix(b"~".to_vec()), 0);
         assert_eq!(
             k.target(b"d/f", 1),
             (KeepBase::Root(vec![]), b"d/f~".to_vec())
         );
+        assert_eq!(k.target(b"d/f", 2).1, b"d/f~1~".to_vec());
+        assert_eq!(k.target(b"d/f", 11).1, b"d/f~10~".to_vec());
+        assert!(k.protects(b"f~1~"));
         assert!(k.protects(b"f~") && !k.protects(b"~") && !k.protects(b"f"));
         let k = Keeper::new(KeepRule::Versions, 0);
         assert_eq!(

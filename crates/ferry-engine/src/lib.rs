@@ -21,12 +21,15 @@ pub mod piece;
 pub mod plan;
 pub mod pool;
 pub mod report;
+pub mod special;
 pub mod store;
 pub mod versions;
 pub mod walk;
 pub mod xattr;
 
-pub use engine::{Engine, MaxDelete, Mode, Options, Refused, Scope};
+pub use engine::{
+    may_remove, Engine, Guard, MaxDelete, Mode, Options, Refused, Scope, MAX_DELETE_WINDOW,
+};
 pub use entry::{Kind, Listing, Meta};
 pub use filter::Filter;
 pub use report::{Action, Reporter, Stats, Summary};

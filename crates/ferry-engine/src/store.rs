@@ -54,6 +54,21 @@ pub struct ListError {
     pub err: io::Error,
 }
 
+impl ListError {
+    /// True when the error stands for entries of the listed directory that
+    /// no path can name: its `name` is none an entry can have (empty, `.`,
+    /// `..`, or holding a `/`), as for the S3 keys `a//z` or `x/../y`
+    /// listed in `a` or `x`. Such entries exist but cannot be told apart
+    /// from the other side's: nothing in the directory, or below it, is
+    /// taken as gone (a sync deletes nothing there, a bisync leaves the
+    /// directory alone), and they count as present (the directory is not
+    /// empty).
+    pub fn for_dir(&self) -> bool {
+        let n = &self.name[..];
+        n.is_empty() || n == b"." || n == b".." || n.contains(&b'/')
+    }
+}
+
 /// An open file to read from.
 pub trait SourceFile: Send {
     /// Read into `buf`; 0 at end of file.
@@ -529,6 +544,20 @@ pub trait Store: Send + Sync {
     fn rmdir(&self, dir: &Self::Dir, name: &CStr) -> io::Result<()>;
     /// True when entries have owners that can be read and set (local, as root).
     fn preserves_owner(&self) -> bool;
+    /// True when the modes this store lists are those of this machine's own
+    /// files (a local directory): trusted as they are. Modes from any other
+    /// store (object metadata, another host over SSH or SFTP) reach a file
+    /// without their setuid, setgid and sticky bits unless the run keeps
+    /// them (`--keep-special-bits`; see [`crate::special`]).
+    fn local_modes(&self) -> bool {
+        false
+    }
+    /// What the store ignored and the user should know, one line each, at
+    /// the end of every run, `role` naming the store (object metadata that
+    /// is not an mtime or a mode); [`Store::notes`] are for `-v` only.
+    fn warnings(&self, _role: &str) -> Vec<String> {
+        Vec::new()
+    }
     /// True when directories have their own mtime and mode (false on object
     /// stores, where a directory is only a key prefix).
     fn has_dir_meta(&self) -> bool {
@@ -761,6 +790,14 @@ pub trait Store: Send + Sync {
     fn keep(&self, dir: &Self::Dir, name: &CStr, to: &KeepTo<'_>) -> io::Result<()> {
         let _ = (dir, name, to);
         Err(io::Error::from(io::ErrorKind::Unsupported))
+    }
+    /// The identity (device, inode) of the root and of every directory
+    /// above it, each with a path showing it, where the backend has
+    /// identities on this machine (local trees); `None` elsewhere. A
+    /// directory met in a walk with one of these is a root seen again
+    /// through another path: see [`crate::walk::Aliases`].
+    fn root_ids(&self) -> Option<crate::walk::RootIds> {
+        None
     }
     /// True when [`Store::keep`] works here, for the base `base`: a run
     /// asked to keep what it replaces refuses to start where it cannot.

@@ -114,7 +114,14 @@ impl Version {
 
     /// The version's path below the replica root.
     pub fn path(&self) -> Vec<u8> {
-        join(&join(VERSIONS_DIR, &self.dir), &self.vname)
+        let mut p = VERSIONS_DIR.to_vec();
+        for part in [&self.dir, &self.vname] {
+            if !part.is_empty() {
+                p.push(b'/');
+                p.extend_from_slice(part);
+            }
+        }
+        p
     }
 }
 

@@ -99,3 +99,76 @@ pub fn list<S: Store>(
     }
     Ok(())
 }
+
+/// A root's identity and that of every directory above it
+/// ([`Store::root_ids`]): `ids` are (device, inode) with a path showing
+/// each (the root itself first when it exists).
+#[derive(Clone, Debug, Default)]
+pub struct RootIds {
+    /// The root's path.
+    pub root: Vec<u8>,
+    /// (device, inode) of the root and of the directories above it (by
+    /// path, and in its filesystem), each with a path showing it.
+    pub ids: Vec<((u64, u64), Vec<u8>)>,
+}
+
+/// The directories no walk may meet again below a root (docs/CLI.md,
+/// "Overlapping locations"): both roots and every directory above them,
+/// by device and inode. A directory listed in a walk with one of these
+/// identities is a root (or a directory holding one) seen again through a
+/// bind mount: walking on would copy a tree into itself, delete the
+/// other side's files, or never end. Checked on every listing a walk acts
+/// on, before it acts: one comparison per subdirectory listed against a
+/// few pairs.
+#[derive(Debug)]
+pub struct Aliases {
+    /// (device, inode) and what it is, for the message.
+    ids: Vec<((u64, u64), String)>,
+}
+
+impl Aliases {
+    /// The aliases of two roots named `names` (SRC and DST, A and B);
+    /// `None` unless both stores have identities on this machine.
+    pub fn new(names: [&str; 2], roots: [Option<RootIds>; 2]) -> Option<Aliases> {
+        let [Some(a), Some(b)] = roots else {
+            return None;
+        };
+        let mut ids: Vec<((u64, u64), String)> = Vec::new();
+        for (side, r) in names.iter().zip([a, b]) {
+            let root = String::from_utf8_lossy(&r.root).into_owned();
+            for (id, path) in r.ids {
+                if id.1 == 0 || ids.iter().any(|(x, _)| *x == id) {
+                    continue;
+                }
+                let what = if path == r.root {
+                    format!("{side} {root}")
+                } else {
+                    format!(
+                        "{}, which holds {side} {root}",
+                        String::from_utf8_lossy(&path)
+                    )
+                };
+                ids.push((id, what));
+            }
+        }
+        Some(Aliases { ids })
+    }
+
+    /// The refusal for directory `rel`'s listing `list` on side `side`
+    /// when a subdirectory in it is one of the roots or above one.
+    pub fn check(&self, side: &str, rel: &[u8], list: &Listing) -> Option<String> {
+        for e in list.entries() {
+            if e.meta.kind != crate::entry::Kind::Dir || e.meta.ino == 0 {
+                continue;
+            }
+            let id = (e.meta.dev, e.meta.ino);
+            if let Some((_, what)) = self.ids.iter().find(|(x, _)| *x == id) {
+                return Some(format!(
+                    "{side} {}: the same directory as {what} (same device and inode: a bind mount or another path to it): run refused",
+                    String::from_utf8_lossy(&join(rel, list.name(e)))
+                ));
+            }
+        }
+        None
+    }
+}

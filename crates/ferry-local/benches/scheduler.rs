@@ -210,6 +210,7 @@ fn copy_benches(c: &mut Criterion) {
                     hard_links: false,
                     delta: Default::default(),
                     keep: None,
+                    keep_special_bits: false,
                 };
                 let stats = Stats::default();
                 let t = Instant::now();

@@ -1,17 +1,21 @@
-//! The rollback of a patch in place ([`crate::inplace`]) or an append
-//! (the path patches grew from) that a killed run left half done, and the
-//! pieces both kinds of record share.
+//! The recovery of a patch in place ([`crate::inplace`]) that a killed
+//! run left half done, and the pieces rollback records share.
 //!
-//! An append's rollback record (format 1, still recovered: a run of an
-//! older ferry may have left one), `.ferry-undo-<16 hex>.~ferry~` beside the file
-//! ([`ferry_engine::store::undo_name`]), holds the file's inode number, its old and new size,
-//! its old mtime and mode, its name and a checksum of all that; it is
-//! written and synced before the first byte of the tail, kept locked
-//! (`flock`) while the append runs, and removed once the appended file is
-//! checked (and with `--fsync` synced). A record found unlocked by a listing of its directory
-//! ([`recover`]) is a run's that died: the file it names, if it is still
-//! that inode at a size between old and new, is truncated back to its old
-//! size and given its old mtime and mode, and the record goes.
+//! A record, `.ferry-undo-<16 hex>.~ferry~` beside its file
+//! ([`ferry_engine::store::undo_name`]), is found by a listing of its
+//! directory or a stat of its file ([`recover`]), unlocked: a run's that
+//! died. It is acted on only when ferry could have written it and the
+//! file is exactly as that run left it (docs/DESIGN.md, "Rollback
+//! records"): a regular file with one link, owned by the file's owner (or
+//! by root), naming a plain entry of its own directory (the one its name
+//! is made from), that file still the same inode with one link, the ctime
+//! the run last saw and each block either its old or its new bytes. Then
+//! the file gets its old bytes, size, mtime and mode back (never a
+//! setuid, setgid or sticky bit it does not have); otherwise the file is
+//! left alone and one line says why. Either way the record goes, except
+//! in a process that only reads ([`read_only`]). Records of older formats
+//! (an append's, format 1; a patch's without hashes, format 2) prove
+//! nothing: never acted on.
 
 use std::ffi::{CStr, CString};
 use std::io;
@@ -21,6 +25,7 @@ use ferry_engine::delta;
 use ferry_engine::entry::Meta;
 use rustix::fs::{self as rfs, AtFlags, FileType, FlockOperation, Mode, OFlags};
 use rustix::io::Errno;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::local::{gid, times, uid};
 
@@ -91,20 +96,77 @@ pub(crate) fn mtime(sec: i64, nsec: u32) -> Meta {
     }
 }
 
+/// Recovery runs in this process (see [`read_only`]).
+static RECOVERY: AtomicBool = AtomicBool::new(true);
+
+/// This process only reads (`ferry ls`, `ferry versions`, a dry run):
+/// rollback records are never acted on or removed, only hidden.
+pub fn read_only() {
+    RECOVERY.store(false, Ordering::Relaxed);
+}
+
+/// Whether this process acts on rollback records.
+pub(crate) fn recovery_on() -> bool {
+    RECOVERY.load(Ordering::Relaxed)
+}
+
+/// What became of a record found by a listing.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// The file it names got its old bytes, size, mtime and mode back.
+    Restored,
+    /// Torn: never complete, so nothing was written.
+    Torn,
+    /// Not acted on, for this reason (the file is left as it is).
+    Stale(&'static str),
+}
+
+/// A name a record may give: a plain entry of its own directory.
+pub(crate) fn plain_name(name: &[u8]) -> bool {
+    !name.is_empty() && name != b"." && name != b".." && !name.contains(&b'/') && !name.contains(&0)
+}
+
+/// The smallest file that can have a record: a patch in place needs an
+/// old copy of at least [`ferry_engine::delta::APPEND_MIN`] (tests lower
+/// it to 1 MiB, never below).
+pub(crate) const RECORD_MIN: u64 = 1 << 20;
+
+/// [`recover`] the record `rec` of `dir` if there is one: `true` when
+/// there was (whatever became of it).
+pub(crate) fn recover_any(dir: BorrowedFd<'_>, rec: &CStr) -> bool {
+    match rfs::accessat(dir, rec, rfs::Access::EXISTS, AtFlags::SYMLINK_NOFOLLOW) {
+        Err(Errno::NOENT) => false,
+        _ => {
+            let _ = recover(dir, rec);
+            true
+        }
+    }
+}
+
 /// Roll back what the record `rec` of directory `dir` names, unless a live
-/// append holds it; the record is removed (and `true` returned) unless it
-/// is live.
+/// run holds it; the record is removed (and `true` returned) unless it is
+/// live or this process only reads ([`read_only`]). A record is acted on
+/// only when ferry could have written it (see [`crate::inplace`]);
+/// otherwise, or when the file is no longer as the killed run left it,
+/// the file is left alone and one line says so.
 pub(crate) fn recover(dir: BorrowedFd<'_>, rec: &CStr) -> io::Result<bool> {
+    if !recovery_on() {
+        return Ok(false);
+    }
     let rfd = match rfs::openat(
         dir,
         rec,
-        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
         Mode::empty(),
     ) {
         Ok(fd) => fd,
         Err(Errno::NOENT) => return Ok(true),
         Err(e) => return Err(e.into()),
     };
+    let rst = rfs::fstat(&rfd)?;
+    if FileType::from_raw_mode(rst.st_mode) != FileType::RegularFile {
+        return Err(io::Error::other("a rollback record that is not a file"));
+    }
     match rfs::flock(&rfd, FlockOperation::NonBlockingLockExclusive) {
         Ok(()) => {}
         Err(Errno::WOULDBLOCK) => return Ok(false),
@@ -112,11 +174,25 @@ pub(crate) fn recover(dir: BorrowedFd<'_>, rec: &CStr) -> io::Result<bool> {
     }
     let mut b = vec![0u8; 64 << 10];
     let n = ferry_engine::piece::pread_full(rfd.as_fd(), &mut b, 0)?;
-    // A torn record was never complete: the file was not touched yet.
-    if b[..n].starts_with(crate::inplace::MAGIC) {
-        crate::inplace::restore(dir, rfd.as_fd())?;
-    } else if let Some(r) = Record::decode(&b[..n]) {
-        roll_back(dir, &r)?;
+    let out = if rst.st_nlink != 1 {
+        Outcome::Stale("the record has other links")
+    } else if b[..n].starts_with(crate::inplace::MAGIC) {
+        crate::inplace::restore(dir, rec, rfd.as_fd(), &rst, false)?
+    } else if b[..n].starts_with(crate::inplace::MAGIC_2) || Record::decode(&b[..n]).is_some() {
+        // Written by an older ferry: it holds nothing that proves the
+        // file is still as that run left it.
+        Outcome::Stale(
+            "written by an older ferry, it cannot prove the file is as the killed run left it",
+        )
+    } else {
+        Outcome::Torn
+    };
+    if let Outcome::Stale(why) = out {
+        eprintln!(
+            "ferry: {}: rollback record {} not acted on ({why}): file left as it is, record removed",
+            record_file(dir, rec, &b[..n]),
+            rec.to_bytes().escape_ascii()
+        );
     }
     match rfs::unlinkat(dir, rec, AtFlags::empty()) {
         Ok(()) | Err(Errno::NOENT) => Ok(true),
@@ -124,48 +200,83 @@ pub(crate) fn recover(dir: BorrowedFd<'_>, rec: &CStr) -> io::Result<bool> {
     }
 }
 
+/// The name of the file a record's bytes `b` say it names, for a message
+/// (escaped; the directory's path when known).
+fn record_file(dir: BorrowedFd<'_>, _rec: &CStr, b: &[u8]) -> String {
+    let name = crate::inplace::named(b)
+        .or_else(|| Record::decode(b).map(|r| r.name))
+        .unwrap_or_else(|| b"?".to_vec());
+    let at = rfs::readlinkat(
+        rfs::CWD,
+        format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&dir)),
+        Vec::new(),
+    )
+    .map(|p| p.into_bytes())
+    .unwrap_or_default();
+    let mut p = at;
+    if !p.is_empty() && !p.ends_with(b"/") {
+        p.push(b'/');
+    }
+    p.extend_from_slice(&name);
+    p.escape_ascii().to_string()
+}
+
 /// The file `name` of `dir` opened to be rolled back, with its `fstat`,
-/// when it is still inode `ino`, a regular file, at a size between `old`
-/// and `new`; `None` when gone or replaced (nothing of ours to undo).
+/// when it is still inode `ino`, a regular file with one link owned by
+/// the record's owner (`rec_uid`; root's records may name anyone's file),
+/// at a size between `old` and `new`; why not otherwise.
 pub(crate) fn still_ours(
     dir: BorrowedFd<'_>,
     name: &[u8],
-    ino: u64,
-    old: u64,
-    new: u64,
-) -> io::Result<Option<(OwnedFd, rfs::Stat)>> {
+    rec_uid: u32,
+    (ino, old, new): (u64, u64, u64),
+) -> io::Result<Result<(OwnedFd, rfs::Stat), &'static str>> {
     let Ok(name) = CString::new(name) else {
-        return Ok(None);
+        return Ok(Err("a name with a NUL"));
     };
-    let Ok(fd) = rfs::openat(
+    // Looked at before it is opened: a device or fifo is never opened.
+    match rfs::statat(dir, &name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile => {
+            return Ok(Err("it names something other than a regular file"))
+        }
+        Ok(st) if st.st_ino != ino => return Ok(Err("the file was replaced since")),
+        Ok(_) => {}
+        Err(Errno::NOENT) => return Ok(Err("the file is gone")),
+        Err(e) => return Err(e.into()),
+    }
+    let fd = match rfs::openat(
         dir,
         &name,
-        OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        OFlags::RDWR | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
         Mode::empty(),
-    ) else {
-        return Ok(None);
+    ) {
+        Ok(fd) => fd,
+        Err(Errno::NOENT) => return Ok(Err("the file is gone")),
+        Err(e) => return Err(e.into()),
     };
     let st = rfs::fstat(&fd)?;
     let size = st.st_size as u64;
-    if st.st_ino != ino
-        || FileType::from_raw_mode(st.st_mode) != FileType::RegularFile
-        || size < old
-        || size > new
-    {
-        return Ok(None);
+    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+        return Ok(Err("it names something other than a regular file"));
     }
-    Ok(Some((fd, st)))
+    if st.st_ino != ino {
+        return Ok(Err("the file was replaced since"));
+    }
+    if st.st_nlink != 1 {
+        return Ok(Err("the file has other links"));
+    }
+    if rec_uid != 0 && rec_uid != st.st_uid {
+        return Ok(Err("the record is not its file's owner's"));
+    }
+    if size < old || size > new {
+        return Ok(Err("the file changed since"));
+    }
+    Ok(Ok((fd, st)))
 }
 
-/// Truncate the file `r` names back to its old size, with its old mtime
-/// and mode, when it is still the file appended to.
-fn roll_back(dir: BorrowedFd<'_>, r: &Record) -> io::Result<()> {
-    let Some((fd, st)) = still_ours(dir, &r.name, r.ino, r.old, r.new)? else {
-        return Ok(());
-    };
-    undo(fd.as_fd(), r.old, r.mode, st.st_mode, &mtime(r.sec, r.nsec))
-}
-
+/// The file `fd` (now of mode `now_mode`) back to `size` bytes, mode
+/// `mode` and mtime `m`, synced. No mode bit is gained but the permission
+/// bits: setuid, setgid and sticky only where the file still has them.
 pub(crate) fn undo(
     fd: BorrowedFd<'_>,
     size: u64,
@@ -174,12 +285,19 @@ pub(crate) fn undo(
     m: &Meta,
 ) -> io::Result<()> {
     rfs::ftruncate(fd, size)?;
-    if now_mode & 0o7777 != mode & 0o7777 {
-        rfs::fchmod(fd, Mode::from_raw_mode(mode & 0o7777))?;
+    let want = safe_mode(mode, now_mode);
+    if now_mode & 0o7777 != want {
+        rfs::fchmod(fd, Mode::from_raw_mode(want))?;
     }
     rfs::futimens(fd, &times(m))?;
     rfs::fsync(fd)?;
     Ok(())
+}
+
+/// The mode a rollback gives back: `old`'s permission bits, its setuid,
+/// setgid and sticky bits only where `now` has them too.
+pub(crate) fn safe_mode(old: u32, now: u32) -> u32 {
+    (old & 0o777) | (old & now & 0o7000)
 }
 
 /// `name` of `dir` opened to be written in place, with its `fstat`, when
@@ -291,20 +409,22 @@ mod tests {
     }
 
     /// A format-1 record (an append's, as an older ferry wrote them) found
-    /// by a listing: the file goes back to its old size, mtime and mode.
+    /// by a listing: it holds nothing that proves the file is as the
+    /// killed run left it, so the file is left alone; the record goes.
     #[test]
-    fn a_format_1_record_left_by_an_older_run_rolls_the_file_back() {
+    fn a_format_1_record_left_by_an_older_run_is_not_acted_on() {
         use std::os::unix::fs::{MetadataExt, PermissionsExt};
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("f");
         std::fs::write(&p, vec![7u8; 5000]).unwrap();
+        let before = std::fs::metadata(&p).unwrap();
         let r = Record {
-            ino: std::fs::metadata(&p).unwrap().ino(),
+            ino: before.ino(),
             old: 3000,
             new: 5000,
             sec: 1_600_000_000,
             nsec: 5,
-            mode: 0o100640,
+            mode: 0o104777,
             name: b"f".to_vec(),
         };
         let rec = ferry_engine::store::undo_name(b"f");
@@ -313,9 +433,21 @@ mod tests {
         let dir = rfs::open(d.path(), OFlags::DIRECTORY | OFlags::RDONLY, Mode::empty()).unwrap();
         assert!(recover(dir.as_fd(), &rec).unwrap());
         let md = std::fs::metadata(&p).unwrap();
-        assert_eq!(md.len(), 3000);
-        assert_eq!((md.mtime(), md.mtime_nsec()), (1_600_000_000, 5));
-        assert_eq!(md.permissions().mode() & 0o7777, 0o640);
+        assert_eq!(md.len(), 5000);
+        assert_eq!(md.mtime(), before.mtime());
+        assert_eq!(md.permissions().mode(), before.permissions().mode());
         assert!(!rec_path.exists());
+    }
+
+    #[test]
+    fn a_rollback_never_gains_a_set_id_or_sticky_bit() {
+        assert_eq!(safe_mode(0o104755, 0o100644), 0o755);
+        assert_eq!(safe_mode(0o106755, 0o102644), 0o2755);
+        assert_eq!(safe_mode(0o100600, 0o101777), 0o600);
+        let bad: [&[u8]; 6] = [b"", b".", b"..", b"../v", b"a/b", b"a\0b"];
+        for bad in bad {
+            assert!(!plain_name(bad), "{bad:?}");
+        }
+        assert!(plain_name(b"..a") && plain_name(b"f"));
     }
 }

@@ -2,38 +2,52 @@
 //! ([`ferry_engine::delta::inplace`]) on a local tree, and the rollback of
 //! a patch a killed run left half done.
 //!
-//! The rollback record (the same name as an append's,
-//! [`undo_name`], a second format) holds the file's inode number, its old
-//! and new size, its old mtime and mode, its name, and the old bytes of
-//! every block about to be overwritten (as extents: offset, length, then
-//! the bytes), ended by a blake3 of all that. It is written and synced
-//! before the first byte is, kept locked while the patch runs, and removed
-//! once the patched file is checked (and with `--fsync` synced). A record
-//! found unlocked by a listing ([`crate::append::recover`]) is a run's that
-//! died: the file it names, if it is still that inode at a size between
-//! old and new, gets its old bytes back, its old size, mtime and mode, and
-//! the record goes. A torn record (its hash does not match) was never
-//! complete, so nothing was written yet: it just goes.
+//! The rollback record ([`undo_name`], format 3) holds the file's inode
+//! number, its old and new size, its old mtime and mode, its name, the
+//! key of the block hashes, and for every block about to be overwritten
+//! its offset, length and the new content's short hash, then the old
+//! bytes of those blocks, a blake3 of all that, and last the file's ctime
+//! as the run left it (rewritten after each write). It is written and
+//! synced before the first byte is, kept locked while the patch runs, and
+//! removed once the patched file is checked (and with `--fsync` synced).
+//! A record found unlocked ([`crate::append::recover`]) is a run's that
+//! died: when the file it names is provably as that run left it (see
+//! [`restore`]), it gets its old bytes back, its old size, mtime and
+//! mode, and the record goes; otherwise only the record goes. A torn
+//! record (its hash does not match) was never complete, so nothing was
+//! written yet: it just goes.
 
 use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::thread::JoinHandle;
 
-use ferry_engine::delta::inplace::{hash_blocks, Tracker};
+use ferry_engine::delta::inplace::{hash_blocks, short, Tracker};
 use ferry_engine::delta::{self, InPlace, Layout};
 use ferry_engine::entry::Meta;
 use ferry_engine::piece::pread_full;
 use ferry_engine::store::undo_name;
 use rustix::fs::{self as rfs, AtFlags, Mode, OFlags};
 
-use crate::append::{create_record, mtime, open_checked, set_meta, still_ours, undo};
+use crate::append::{
+    create_record, mtime, open_checked, plain_name, set_meta, still_ours, undo, Outcome,
+};
 
 /// First bytes of a record of a patch in place.
-pub(crate) const MAGIC: &[u8] = b"ferry-undo 2\n";
+pub(crate) const MAGIC: &[u8] = b"ferry-undo 3\n";
+/// First bytes of the record an older ferry wrote (no new hashes, no
+/// ctime): never acted on.
+pub(crate) const MAGIC_2: &[u8] = b"ferry-undo 2\n";
 /// Bytes of a record's fixed fields after the magic: inode, old size, new
 /// size, mtime seconds, nanoseconds, mode, name length.
 const FIXED: usize = 8 + 8 + 8 + 8 + 4 + 4 + 4;
+/// Bytes of a record's end: the blake3 of the rest, then the slot the run
+/// rewrites around each write of the file: the file's ctime as the run
+/// last left it (seconds, nanoseconds, 4 spare) and the write in flight
+/// (offset, length; length 0: none).
+const TRAILER: u64 = 32 + SLOT;
+/// Bytes of the slot.
+const SLOT: u64 = 32;
 /// Bytes read or written at once.
 const BUF: usize = 1 << 20;
 
@@ -47,13 +61,18 @@ struct Head {
     nsec: u32,
     mode: u32,
     name: Vec<u8>,
-    /// (offset, length) of each run of old bytes kept, in order.
-    extents: Vec<(u64, u64)>,
+    /// The key of the block hashes.
+    key: [u8; 32],
+    /// (offset, length, new content's short hash) of each block about to
+    /// be overwritten, in order: its old bytes follow the header in that
+    /// order.
+    blocks: Vec<(u64, u64, u32)>,
 }
 
 impl Head {
     fn encode(&self) -> Vec<u8> {
-        let mut b = Vec::with_capacity(MAGIC.len() + FIXED + self.name.len() + 16 * 1024);
+        let mut b =
+            Vec::with_capacity(MAGIC.len() + FIXED + self.name.len() + 40 + 20 * self.blocks.len());
         b.extend_from_slice(MAGIC);
         b.extend_from_slice(&self.ino.to_le_bytes());
         b.extend_from_slice(&self.old.to_le_bytes());
@@ -63,10 +82,12 @@ impl Head {
         b.extend_from_slice(&self.mode.to_le_bytes());
         b.extend_from_slice(&(self.name.len() as u32).to_le_bytes());
         b.extend_from_slice(&self.name);
-        b.extend_from_slice(&(self.extents.len() as u64).to_le_bytes());
-        for (at, n) in &self.extents {
+        b.extend_from_slice(&self.key);
+        b.extend_from_slice(&(self.blocks.len() as u64).to_le_bytes());
+        for (at, n, h) in &self.blocks {
             b.extend_from_slice(&at.to_le_bytes());
             b.extend_from_slice(&n.to_le_bytes());
+            b.extend_from_slice(&h.to_le_bytes());
         }
         b
     }
@@ -85,12 +106,13 @@ impl Head {
         };
         let nl = u32_at(40)? as usize;
         let name = f.get(FIXED..FIXED + nl)?.to_vec();
-        let count = u64_at(FIXED + nl)?;
-        let mut extents = Vec::new();
-        let mut at = FIXED + nl + 8;
+        let key: [u8; 32] = f.get(FIXED + nl..FIXED + nl + 32)?.try_into().ok()?;
+        let count = u64_at(FIXED + nl + 32)?;
+        let mut blocks = Vec::new();
+        let mut at = FIXED + nl + 40;
         for _ in 0..count {
-            extents.push((u64_at(at)?, u64_at(at + 8)?));
-            at += 16;
+            blocks.push((u64_at(at)?, u64_at(at + 8)?, u32_at(at + 16)?));
+            at += 20;
         }
         let h = Head {
             ino: u64_at(0)?,
@@ -100,68 +122,168 @@ impl Head {
             nsec: u32_at(32)?,
             mode: u32_at(36)?,
             name,
-            extents,
+            key,
+            blocks,
         };
         Some((h, MAGIC.len() + at))
     }
 }
 
-/// Roll back what the record open as `rfd` in `dir` names, when it is
-/// whole (its hash matches) and the file it names is still the one
-/// patched; the record itself is left to the caller.
-pub(crate) fn restore(dir: BorrowedFd<'_>, rfd: BorrowedFd<'_>) -> io::Result<()> {
-    let len = rfs::fstat(rfd)?.st_size as u64;
-    if len < 32 {
-        return Ok(());
-    }
-    let body = len - 32;
-    // Pass 1: the hash of the whole record.
-    let mut h = blake3::Hasher::new();
+/// The name a record's first bytes `b` give (for a message).
+pub(crate) fn named(b: &[u8]) -> Option<Vec<u8>> {
+    let f = b.strip_prefix(MAGIC)?;
+    let nl = u32::from_le_bytes(f.get(40..44)?.try_into().ok()?) as usize;
+    f.get(FIXED..FIXED + nl).map(<[u8]>::to_vec)
+}
+
+/// The slot of a file whose ctime is `st`'s, no write in flight.
+fn slot_bytes(st: &rfs::Stat) -> [u8; SLOT as usize] {
+    let mut b = [0u8; SLOT as usize];
+    b[..8].copy_from_slice(&st.st_ctime.to_le_bytes());
+    b[8..12].copy_from_slice(&(st.st_ctime_nsec as u32).to_le_bytes());
+    b
+}
+
+/// Roll back what the record `rec` (open as `rfd`, `rst` its `fstat`) of
+/// `dir` names, when it is whole (its hash matches), names a plain entry
+/// of `dir` (the one `rec` is named after), and that file is still the
+/// one patched, exactly as the killed run left it: the same inode, a
+/// regular file with one link owned by the record's owner (root's records
+/// may name anyone's file), a size between old and new, the ctime the run
+/// last saw (not with `trusted`: the run itself rolls back), and each
+/// block the record covers either its old bytes or the new ones (their
+/// hash). The record itself is left to the caller.
+pub(crate) fn restore(
+    dir: BorrowedFd<'_>,
+    rec: &CStr,
+    rfd: BorrowedFd<'_>,
+    rst: &rfs::Stat,
+    trusted: bool,
+) -> io::Result<Outcome> {
+    let len = rst.st_size as u64;
     let mut buf = vec![0u8; BUF];
-    let mut at = 0;
-    while at < body {
-        let want = ((body - at) as usize).min(BUF);
-        let n = pread_full(rfd, &mut buf[..want], at)?;
-        if n < want {
-            return Ok(());
-        }
-        h.update(&buf[..n]);
-        at += n as u64;
-    }
-    let mut sum = [0u8; 32];
-    if pread_full(rfd, &mut sum, body)? != 32 || *h.finalize().as_bytes() != sum {
-        // Torn: never complete, nothing was written.
-        return Ok(());
-    }
-    // The header (its length not known before it is read).
-    let mut want = (64usize << 10).min(body as usize);
+    // The header (its length not known before it is read); one cut
+    // short was never complete, so nothing was written.
+    let mut want = (64usize << 10).min(len as usize);
     let (head, hlen) = loop {
         let mut b = vec![0u8; want];
         let n = pread_full(rfd, &mut b, 0)?;
         if let Some(x) = Head::decode(&b[..n]) {
             break x;
         }
-        if want as u64 >= body {
-            return Ok(());
+        if want as u64 >= len {
+            return Ok(Outcome::Torn);
         }
-        want = (want * 4).min(body as usize);
+        want = (want * 4).min(len as usize);
     };
-    let Some((fd, st)) = still_ours(dir, &head.name, head.ino, head.old, head.new)? else {
-        return Ok(());
+    let body = head
+        .blocks
+        .iter()
+        .try_fold(hlen as u64, |a, &(_, n, _)| a.checked_add(n));
+    let Some(body) = body.filter(|b| b.saturating_add(TRAILER) <= len) else {
+        return Ok(Outcome::Torn);
     };
-    // Pass 2: the old bytes back where they were.
+    // The hash of the whole record.
+    let mut h = blake3::Hasher::new();
+    let mut at = 0;
+    while at < body {
+        let want = ((body - at) as usize).min(BUF);
+        let n = pread_full(rfd, &mut buf[..want], at)?;
+        if n < want {
+            return Ok(Outcome::Torn);
+        }
+        h.update(&buf[..n]);
+        at += n as u64;
+    }
+    let mut sum = [0u8; 32];
+    if pread_full(rfd, &mut sum, body)? != 32 || *h.finalize().as_bytes() != sum {
+        return Ok(Outcome::Torn);
+    }
+    let mut left = [0u8; SLOT as usize];
+    if pread_full(rfd, &mut left, body + 32)? != left.len() {
+        return Ok(Outcome::Torn);
+    }
+    let (fly_at, fly_len) = (
+        u64::from_le_bytes(left[16..24].try_into().unwrap()),
+        u64::from_le_bytes(left[24..32].try_into().unwrap()),
+    );
+    if !plain_name(&head.name) || undo_name(&head.name).as_c_str() != rec {
+        return Ok(Outcome::Stale("it names another entry than its own file"));
+    }
+    let (fd, st) = match still_ours(dir, &head.name, rst.st_uid, (head.ino, head.old, head.new))? {
+        Ok(x) => x,
+        Err(why) => return Ok(Outcome::Stale(why)),
+    };
+    const CHANGED: Outcome = Outcome::Stale("the file changed since the run was killed");
+    // No write in flight: the file's ctime is the one the run left (a
+    // write in flight changed it: then only the bytes tell).
+    if !trusted && fly_len == 0 && slot_bytes(&st)[..16] != left[..16] {
+        return Ok(CHANGED);
+    }
+    // The pages of the write in flight: their new bytes' hashes.
+    let fly_end = fly_at.saturating_add(fly_len);
+    let pages = fly_pages_len(fly_at, fly_len, head.old);
+    let mut fly = vec![0u8; pages];
+    if pread_full(rfd, &mut fly, body + TRAILER)? != pages {
+        return Ok(Outcome::Stale("the record is cut short"));
+    }
+    // Each block still its old bytes or the new ones; in the write in
+    // flight, each page.
+    let most = head.blocks.iter().map(|b| b.1).max().unwrap_or(0);
+    if most > 64 << 20 {
+        return Ok(Outcome::Stale("not a record ferry wrote"));
+    }
+    buf.resize(buf.len().max(most as usize), 0);
+    let mut cur = vec![0u8; buf.len()];
     let mut from = hlen as u64;
-    for &(to, n) in &head.extents {
-        let mut done = 0;
-        while done < n {
-            let k = ((n - done) as usize).min(BUF);
+    let mut new = Vec::with_capacity(head.blocks.len());
+    for &(to, n, hash) in &head.blocks {
+        let k = n as usize;
+        if pread_full(rfd, &mut buf[..k], from)? != k {
+            return Ok(Outcome::Stale("the record is cut short"));
+        }
+        if pread_full(fd.as_fd(), &mut cur[..k], to)? != k {
+            return Ok(CHANGED);
+        }
+        let is_old = buf[..k] == cur[..k];
+        if !is_old && fly_len > 0 && to < fly_end && fly_at < to + n {
+            if to < fly_at || to + n > fly_end {
+                return Ok(CHANGED);
+            }
+            // A kill in the middle of this write: each page old or new.
+            for (pat, c) in pages_of(to, n) {
+                let o = (pat - to) as usize;
+                let i = (pat / PAGE - fly_at / PAGE) as usize;
+                let want = fly.get(i * 4..i * 4 + 4);
+                let got = page_hash(&head.key, &cur[o..o + c]).to_le_bytes();
+                if buf[o..o + c] != cur[o..o + c] && want != Some(&got[..]) {
+                    return Ok(CHANGED);
+                }
+            }
+            new.push(true);
+        } else if !is_old {
+            let mut hasher = delta::inplace::BlockHasher::new(&head.key);
+            hasher.update(&cur[..k]);
+            if short(&hasher.finalize()) != u64::from(hash) {
+                return Ok(CHANGED);
+            }
+            new.push(true);
+        } else {
+            new.push(false);
+        }
+        from += n;
+    }
+    // The old bytes back where new ones are.
+    let mut from = hlen as u64;
+    for (&(to, n, _), &put) in head.blocks.iter().zip(&new) {
+        let k = n as usize;
+        if put {
             if pread_full(rfd, &mut buf[..k], from)? != k {
                 return Err(io::Error::other("rollback record cut short"));
             }
-            crate::local::pwrite_all(fd.as_fd(), &buf[..k], to + done)?;
-            done += k as u64;
-            from += k as u64;
+            crate::local::pwrite_all(fd.as_fd(), &buf[..k], to)?;
         }
+        from += n;
     }
     undo(
         fd.as_fd(),
@@ -169,7 +291,44 @@ pub(crate) fn restore(dir: BorrowedFd<'_>, rfd: BorrowedFd<'_>) -> io::Result<()
         head.mode,
         st.st_mode,
         &mtime(head.sec, head.nsec),
-    )
+    )?;
+    Ok(Outcome::Restored)
+}
+
+/// Bytes of a page of the write in flight.
+const PAGE: u64 = 4096;
+
+/// The pages of `n` bytes at `at`: (offset, length), cut at multiples of
+/// [`PAGE`].
+fn pages_of(at: u64, n: u64) -> impl Iterator<Item = (u64, usize)> {
+    let end = at + n;
+    let mut p = at;
+    std::iter::from_fn(move || {
+        if p >= end {
+            return None;
+        }
+        let next = ((p / PAGE + 1) * PAGE).min(end);
+        let r = (p, (next - p) as usize);
+        p = next;
+        Some(r)
+    })
+}
+
+/// Bytes of the page hashes of a write of `len` bytes at `at` (its part
+/// before `old`: the tail is cut by a rollback anyway).
+fn fly_pages_len(at: u64, len: u64, old: u64) -> usize {
+    let end = at.saturating_add(len).min(old);
+    if at >= end {
+        return 0;
+    }
+    4 * pages_of(at, end - at).count()
+}
+
+/// A page's hash in the record: the first 4 bytes of its block hash.
+fn page_hash(key: &[u8; 32], data: &[u8]) -> u32 {
+    let mut h = delta::inplace::BlockHasher::new(key);
+    h.update(data);
+    short(&h.finalize()) as u32
 }
 
 /// One patch in place of a local file.
@@ -183,8 +342,9 @@ pub struct LocalPatch {
     key: [u8; 32],
     hashing: Option<JoinHandle<io::Result<Vec<[u8; 32]>>>>,
     tracker: Option<Tracker>,
-    /// The record written (its name, held locked).
-    record: Option<(CString, OwnedFd)>,
+    /// The record written (its name, held locked) and the offset of its
+    /// ctime as the run left the file.
+    record: Option<(CString, OwnedFd, u64)>,
     /// Bytes written so far.
     written: u64,
     /// This process sets owners (root).
@@ -197,7 +357,8 @@ impl LocalPatch {
     /// The patch of `name` of `dir`, listed as `old`, to layout `l`, its
     /// old blocks' hashes under `key` started by a thread of their own;
     /// `None` when it cannot be patched in place (not a regular file with
-    /// one link that this process may write, or changed since listed).
+    /// one link that this process may write and owns unless root, or
+    /// changed since listed).
     pub fn start(
         dir: BorrowedFd<'_>,
         name: &CStr,
@@ -212,6 +373,12 @@ impl LocalPatch {
         let Some((fd, st)) = open_checked(dir, name, old)? else {
             return Ok(None);
         };
+        // The record will be this process's: a recovery trusts it only
+        // for a file of its owner (or as root's).
+        let me = rustix::process::geteuid();
+        if !me.is_root() && st.st_uid != me.as_raw() {
+            return Ok(None);
+        }
         let hfd = fd.try_clone()?;
         let (hl, hkey) = (*l, *key);
         let hashing = std::thread::spawn(move || hash_blocks(hfd.as_fd(), &hl, hl.head(), &hkey));
@@ -264,12 +431,16 @@ impl LocalPatch {
         Ok(t.list())
     }
 
-    /// [`InPlace::begin`]: the record with the old bytes of `changed`.
-    pub fn begin_here(&mut self, changed: &[u32]) -> io::Result<bool> {
+    /// [`InPlace::begin`]: the record with the old bytes of `changed` and
+    /// the new content's short hashes of them (`new`).
+    pub fn begin_here(&mut self, changed: &[u32], new: &[u64]) -> io::Result<bool> {
         let t = self
             .tracker
             .as_mut()
             .ok_or_else(|| io::Error::other("patch in place: no hashes"))?;
+        if new.len() != changed.len() {
+            return Err(io::Error::other("patch in place: bad changed block"));
+        }
         t.expect(changed)?;
         // Runs of neighbouring blocks, one extent each.
         let mut extents: Vec<(u64, u64)> = Vec::new();
@@ -289,22 +460,31 @@ impl LocalPatch {
             nsec,
             mode,
             name: self.name.to_bytes().to_vec(),
-            extents,
+            key: self.key,
+            blocks: changed
+                .iter()
+                .zip(new)
+                .map(|(&i, &h)| {
+                    let (at, n) = self.l.span(i as usize);
+                    (at, n as u64, h as u32)
+                })
+                .collect(),
         };
         let rec = undo_name(self.name.to_bytes());
         let Some(rfd) = create_record(self.dir.as_fd(), &rec)? else {
             return Ok(false);
         };
-        let res = (|| -> io::Result<()> {
+        let res = (|| -> io::Result<u64> {
             let mut h = blake3::Hasher::new();
             let b = head.encode();
             h.update(&b);
             let mut out = Out {
                 fd: rfd.as_fd(),
                 buf: b,
+                at: 0,
             };
             let mut buf = vec![0u8; BUF];
-            for &(at, n) in &head.extents {
+            for &(at, n) in &extents {
                 let mut done = 0;
                 while done < n {
                     let k = ((n - done) as usize).min(BUF);
@@ -317,18 +497,64 @@ impl LocalPatch {
                 }
             }
             out.put(h.finalize().as_bytes())?;
+            let at = out.at + out.buf.len() as u64;
+            // The file's ctime as it is (nothing written yet), and room
+            // for the page hashes of a write in flight (written before
+            // each write: a full disk fails here, not then).
+            out.put(&slot_bytes(&rfs::fstat(&self.fd)?))?;
+            let most = (BUF as u64).max(self.l.block);
+            out.put(&vec![0u8; 4 * (most / PAGE + 2) as usize])?;
             out.flush()?;
             rfs::fsync(&rfd)?;
             rfs::fsync(&self.dir)?;
-            Ok(())
+            Ok(at)
         })();
-        if let Err(e) = res {
-            drop(rfd);
-            let _ = rfs::unlinkat(&self.dir, &rec, AtFlags::empty());
-            return Err(e);
-        }
-        self.record = Some((rec, rfd));
+        let at = match res {
+            Ok(at) => at,
+            Err(e) => {
+                drop(rfd);
+                let _ = rfs::unlinkat(&self.dir, &rec, AtFlags::empty());
+                return Err(e);
+            }
+        };
+        self.record = Some((rec, rfd, at));
         Ok(true)
+    }
+
+    /// The file's ctime after a write of ours, in the record, no write in
+    /// flight: a recovery that finds another ctime knows someone else
+    /// changed the file since.
+    fn mark(&self) -> io::Result<()> {
+        if let Some((_, rfd, at)) = &self.record {
+            let c = slot_bytes(&rfs::fstat(&self.fd)?);
+            crate::local::pwrite_all(rfd.as_fd(), &c, *at)?;
+        }
+        Ok(())
+    }
+
+    /// The write of `data` at `at` in flight, in the record: the hash of
+    /// each page it writes before the old end (after the record's slot),
+    /// then where it writes (in the slot). A run killed during it leaves
+    /// each page old or new (the kernel copies whole pages), so a
+    /// recovery still tells a later write apart.
+    fn in_flight(&self, at: u64, data: &[u8]) -> io::Result<()> {
+        if let Some((_, rfd, slot)) = &self.record {
+            let head = (self.old.1.saturating_sub(at) as usize).min(data.len());
+            if head > 0 {
+                let hs: Vec<u8> = pages_of(at, head as u64)
+                    .flat_map(|(p, n)| {
+                        let o = (p - at) as usize;
+                        page_hash(&self.key, &data[o..o + n]).to_le_bytes()
+                    })
+                    .collect();
+                crate::local::pwrite_all(rfd.as_fd(), &hs, *slot + SLOT)?;
+            }
+            let mut b = [0u8; 16];
+            b[..8].copy_from_slice(&at.to_le_bytes());
+            b[8..].copy_from_slice(&(data.len() as u64).to_le_bytes());
+            crate::local::pwrite_all(rfd.as_fd(), &b, *slot + 16)?;
+        }
+        Ok(())
     }
 
     /// [`InPlace::write`].
@@ -338,16 +564,25 @@ impl LocalPatch {
         };
         t.write(at, data)?;
         if let Some(d) = self.die_after {
-            // Tests: a run killed half way.
+            // Tests: a run killed half way: between two writes (at a
+            // write's start), or in the middle of one.
             let k = (d.saturating_sub(self.written) as usize).min(data.len());
             if k < data.len() {
-                crate::local::pwrite_all(self.fd.as_fd(), &data[..k], at)?;
+                // As the kernel leaves a write a fatal signal cuts: whole
+                // pages.
+                let k = (((at + k as u64) / PAGE * PAGE).saturating_sub(at) as usize).min(k);
+                if k > 0 {
+                    self.in_flight(at, data)?;
+                    crate::local::pwrite_all(self.fd.as_fd(), &data[..k], at)?;
+                }
                 let me = rustix::process::getpid();
                 let _ = rustix::process::kill_process(me, rustix::process::Signal::KILL);
                 std::process::abort();
             }
         }
+        self.in_flight(at, data)?;
         crate::local::pwrite_all(self.fd.as_fd(), data, at)?;
+        self.mark()?;
         self.written += data.len() as u64;
         Ok(())
     }
@@ -358,7 +593,7 @@ impl LocalPatch {
             return Err(delta::mismatch());
         }
         set_meta(self.fd.as_fd(), meta, self.owner, fsync)?;
-        if let Some((rec, rfd)) = self.record.take() {
+        if let Some((rec, rfd, _)) = self.record.take() {
             rfs::unlinkat(&self.dir, &rec, AtFlags::empty())?;
             drop(rfd);
         }
@@ -377,7 +612,7 @@ impl LocalPatch {
     /// The file as it was, the record removed (nothing when none was
     /// written; kept for the next run when the rollback fails).
     fn roll_back(&mut self) {
-        if let Some((rec, rfd)) = self.record.take() {
+        if let Some((rec, rfd, _)) = self.record.take() {
             let Ok(r) = rfs::openat(
                 &self.dir,
                 &rec,
@@ -386,8 +621,19 @@ impl LocalPatch {
             ) else {
                 return;
             };
-            if restore(self.dir.as_fd(), r.as_fd()).is_ok() {
-                let _ = rfs::unlinkat(&self.dir, &rec, AtFlags::empty());
+            let Ok(rst) = rfs::fstat(&r) else { return };
+            match restore(self.dir.as_fd(), &rec, r.as_fd(), &rst, true) {
+                Ok(Outcome::Stale(why)) => {
+                    eprintln!(
+                        "ferry: {}: not rolled back ({why}): file left as it is",
+                        self.name.to_bytes().escape_ascii()
+                    );
+                    let _ = rfs::unlinkat(&self.dir, &rec, AtFlags::empty());
+                }
+                Ok(_) => {
+                    let _ = rfs::unlinkat(&self.dir, &rec, AtFlags::empty());
+                }
+                Err(_) => {}
             }
             drop(rfd);
         }
@@ -407,8 +653,8 @@ impl InPlace for LocalPatch {
     fn blocks(&mut self) -> io::Result<Option<Vec<u64>>> {
         self.blocks_here().map(Some)
     }
-    fn begin(&mut self, changed: &[u32]) -> io::Result<bool> {
-        self.begin_here(changed)
+    fn begin(&mut self, changed: &[u32], new: &[u64]) -> io::Result<bool> {
+        self.begin_here(changed, new)
     }
     fn write(&mut self, at: u64, data: &[u8]) -> io::Result<()> {
         self.write_here(at, data)
@@ -423,6 +669,8 @@ impl InPlace for LocalPatch {
 struct Out<'a> {
     fd: BorrowedFd<'a>,
     buf: Vec<u8>,
+    /// Bytes written out so far.
+    at: u64,
 }
 
 impl Out<'_> {
@@ -431,6 +679,7 @@ impl Out<'_> {
             self.flush()?;
         }
         if b.len() >= BUF {
+            self.at += b.len() as u64;
             return crate::local::write_all(self.fd, b);
         }
         self.buf.extend_from_slice(b);
@@ -438,6 +687,7 @@ impl Out<'_> {
     }
     fn flush(&mut self) -> io::Result<()> {
         crate::local::write_all(self.fd, &self.buf)?;
+        self.at += self.buf.len() as u64;
         self.buf.clear();
         Ok(())
     }
@@ -457,7 +707,8 @@ mod tests {
             nsec: 999,
             mode: 0o100644,
             name: b"a\xffb".to_vec(),
-            extents: vec![(0, 8192), (1 << 20, 16384)],
+            key: [9u8; 32],
+            blocks: vec![(0, 8192, 5), (1 << 20, 16384, u32::MAX)],
         };
         let mut b = h.encode();
         let n = b.len();
@@ -514,7 +765,8 @@ mod tests {
         std::io::Write::write_all(&mut src, new).unwrap();
         let theirs = fd_patch_hashes(src.as_fd(), &l, &key).unwrap();
         let changed = differing(&theirs.list, &ours).unwrap();
-        assert!(p.begin_here(&changed).unwrap());
+        let new_hashes: Vec<u64> = changed.iter().map(|&i| theirs.list[i as usize]).collect();
+        assert!(p.begin_here(&changed, &new_hashes).unwrap());
         let mut writes: Vec<(u64, usize)> = changed.iter().map(|&i| l.span(i as usize)).collect();
         let mut at = l.old;
         while at < l.new {
@@ -542,7 +794,7 @@ mod tests {
             assert!(p.commit_here(&theirs.root, &meta, false).is_err());
         } else {
             // Killed: the record stays, its lock gone with the process.
-            let (rec, rfd) = p.record.take().unwrap();
+            let (rec, rfd, _) = p.record.take().unwrap();
             drop(rfd);
             drop(p);
             assert!(crate::append::recover(dir.as_fd(), &rec).unwrap());
@@ -555,6 +807,78 @@ mod tests {
             .collect();
         let bytes = std::fs::read(d.path().join("f")).unwrap();
         (bytes, (m.mtime_sec, m.mtime_nsec), left, committed)
+    }
+
+    /// A run killed between two writes of a patch, then another program
+    /// writes into a block the patch did not touch (or changes the mode):
+    /// the file's ctime is not the one the run left, so the recovery
+    /// leaves the file as that program left it and only removes the
+    /// record. Untouched, the same recovery rolls the file back.
+    #[test]
+    fn a_change_after_a_clean_kill_is_left_alone() {
+        use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+        for later in 0..3 {
+            let d = tempfile::tempdir().unwrap();
+            let p = d.path().join("f");
+            let old: Vec<u8> = (0..100_000u32).map(|i| ((i * 7) >> 3) as u8).collect();
+            let mut new = old.clone();
+            new[9000] ^= 1;
+            std::fs::write(&p, &old).unwrap();
+            let dir =
+                rfs::open(d.path(), OFlags::DIRECTORY | OFlags::RDONLY, Mode::empty()).unwrap();
+            let m = meta_of(dir.as_fd(), c"f");
+            let l = Layout::new(old.len() as u64, new.len() as u64);
+            let key = delta::new_key();
+            let mut lp = LocalPatch::start(dir.as_fd(), c"f", &m, false, &l, &key)
+                .unwrap()
+                .unwrap();
+            let ours = lp.blocks_here().unwrap();
+            let mut src = tempfile::tempfile().unwrap();
+            std::io::Write::write_all(&mut src, &new).unwrap();
+            let theirs = fd_patch_hashes(src.as_fd(), &l, &key).unwrap();
+            let changed = differing(&theirs.list, &ours).unwrap();
+            assert_eq!(changed, vec![1]);
+            assert!(lp.begin_here(&changed, &[theirs.list[1]]).unwrap());
+            lp.write_here(8192, &new[8192..16384]).unwrap();
+            let (rec, rfd, _) = lp.record.take().unwrap();
+            drop(rfd);
+            drop(lp);
+            let left = std::fs::metadata(&p).unwrap();
+            // The coarse clock past the run's last ctime (else a write in
+            // the same tick leaves the ctime as it was).
+            let probe = d.path().join("probe");
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            loop {
+                std::fs::write(&probe, b"x").unwrap();
+                let c = std::fs::metadata(&probe).unwrap();
+                if (c.ctime(), c.ctime_nsec()) > (left.ctime(), left.ctime_nsec()) {
+                    break;
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the clock stands still"
+                );
+            }
+            let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+            match later {
+                0 => f.write_all_at(b"LATER", 50_000).unwrap(),
+                1 => f
+                    .set_permissions(std::fs::Permissions::from_mode(0o600))
+                    .unwrap(),
+                _ => {}
+            }
+            drop(f);
+            let then = std::fs::read(&p).unwrap();
+            assert!(crate::append::recover(dir.as_fd(), &rec).unwrap());
+            let now = std::fs::read(&p).unwrap();
+            if later < 2 {
+                assert!(now == then, "rolled back over a later change ({later})");
+                assert!(now[8192..16384] == new[8192..16384]);
+            } else {
+                assert!(now == old, "not rolled back");
+            }
+            assert!(!d.path().join(rec.to_str().unwrap()).exists());
+        }
     }
 
     proptest! {

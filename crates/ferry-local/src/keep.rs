@@ -6,19 +6,25 @@
 //! atomically, so the name never goes missing (one `linkat` per replaced
 //! file). An entry about to be removed is renamed there. Where neither can
 //! be done (another filesystem, one without hard links) the entry is
-//! copied, with its metadata, through a temporary; a removed one is then
-//! unlinked.
+//! copied through a temporary with all a hard link would keep (data with
+//! its holes, owner, mode, extended attributes and ACLs, times: see
+//! [`copy`]); a removed one is then unlinked.
 
 use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
 
 use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags, RenameFlags, Timespec, Timestamps};
 use rustix::io::Errno;
 
+use ferry_engine::entry::Kind;
 use ferry_engine::keep::{KeepBase, KeepTo};
+use ferry_engine::xattr::{XattrSel, Xattrs};
+
+use crate::{sparse, xattr};
 
 /// The kept path of `to`, for a store rooted at `root`.
 pub(crate) fn target(root: &Path, to: &KeepTo<'_>) -> PathBuf {
@@ -50,12 +56,7 @@ pub(crate) fn keep(
         let res = if to.replacing {
             link(dir, name, &tc, &t, to.overwrite)
         } else {
-            let flags = if to.overwrite {
-                RenameFlags::empty()
-            } else {
-                RenameFlags::NOREPLACE
-            };
-            rfs::renameat_with(dir, name, rfs::CWD, &tc, flags)
+            rename(dir, name, rfs::CWD, &tc, to.overwrite)
         };
         match res {
             Ok(()) => return Ok(()),
@@ -88,6 +89,39 @@ pub(crate) fn keep(
             }
             Err(e) => return Err(e.into()),
         }
+    }
+}
+
+/// Rename `from` of `fdir` to `to` of `tdir`; unless `overwrite`, never
+/// over an existing entry (`EXIST`). A filesystem without
+/// `RENAME_NOREPLACE` (NFS, FUSE: `EINVAL`) gets a hard link (which never
+/// replaces) and an unlink of the old name; one without hard links either
+/// a check of the name just before the rename.
+fn rename(
+    fdir: BorrowedFd<'_>,
+    from: &CStr,
+    tdir: BorrowedFd<'_>,
+    to: &CStr,
+    overwrite: bool,
+) -> Result<(), Errno> {
+    if overwrite {
+        return rfs::renameat(fdir, from, tdir, to);
+    }
+    match rfs::renameat_with(fdir, from, tdir, to, RenameFlags::NOREPLACE) {
+        Err(Errno::INVAL | Errno::NOSYS | Errno::OPNOTSUPP) => {
+            match rfs::linkat(fdir, from, tdir, to, AtFlags::empty()) {
+                Ok(()) => rfs::unlinkat(fdir, from, AtFlags::empty()),
+                Err(Errno::PERM | Errno::OPNOTSUPP | Errno::MLINK) => {
+                    match rfs::statat(tdir, to, AtFlags::SYMLINK_NOFOLLOW) {
+                        Ok(_) => Err(Errno::EXIST),
+                        Err(Errno::NOENT) => rfs::renameat(fdir, from, tdir, to),
+                        Err(e) => Err(e),
+                    }
+                }
+                Err(e) => Err(e),
+            }
+        }
+        r => r,
     }
 }
 
@@ -125,14 +159,39 @@ fn temp_beside(t: &Path) -> CString {
     CString::new(p.as_os_str().as_bytes()).expect("no NUL")
 }
 
-/// Copy `name` (a file, symlink, fifo or device) to `t` with its mode,
-/// times and (as root) owner, through a temporary beside `t`.
+/// Copy `name` (a file, symlink, fifo or device) to `t` through a
+/// temporary beside `t`, as faithful as the hard link it stands for: a
+/// file's data with its holes (`sparse.rs`: a sparse file stays sparse),
+/// as root its owner, its mode, its extended attributes and ACLs (all this
+/// process may read and write, whatever `-X`/`-A` say: a kept entry is the
+/// entry as it was; a target filesystem that keeps none at all gets none),
+/// and its times.
 fn copy(dir: BorrowedFd<'_>, name: &CStr, t: &Path, overwrite: bool) -> io::Result<()> {
     let st = rfs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW)?;
+    let tc = CString::new(t.as_os_str().as_bytes()).expect("no NUL");
+    // A taken name costs one stat, not a copy (the rename below still
+    // never replaces).
+    if !overwrite && rfs::statat(rfs::CWD, &tc, AtFlags::SYMLINK_NOFOLLOW).is_ok() {
+        return Err(io::Error::from(io::ErrorKind::AlreadyExists));
+    }
     let tmp = temp_beside(t);
     let kind = FileType::from_raw_mode(st.st_mode);
+    let root = rustix::process::geteuid().is_root();
+    let tdir = rfs::open(
+        t.parent().unwrap_or(Path::new("/")),
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let tname = CString::new(
+        Path::new(std::ffi::OsStr::from_bytes(tmp.as_bytes()))
+            .file_name()
+            .unwrap_or_default()
+            .as_bytes(),
+    )
+    .expect("no NUL");
     let made = (|| -> io::Result<()> {
-        match kind {
+        let mut attrs = Xattrs::new();
+        let (src_fd, dst_fd) = match kind {
             FileType::RegularFile => {
                 let src = rfs::openat(
                     dir,
@@ -146,14 +205,21 @@ fn copy(dir: BorrowedFd<'_>, name: &CStr, t: &Path, overwrite: bool) -> io::Resu
                     OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC,
                     Mode::from_raw_mode(0o600),
                 )?;
-                let mut r = std::fs::File::from(src);
-                let mut w = std::fs::File::from(dst);
-                io::copy(&mut r, &mut w)?;
-                rfs::fchmod(w.as_fd(), Mode::from_raw_mode(st.st_mode & 0o7777))?;
+                let copy_range = AtomicBool::new(true);
+                sparse::copy_data(
+                    dst.as_fd(),
+                    src.as_fd(),
+                    st.st_size as u64,
+                    None,
+                    None,
+                    &copy_range,
+                )?;
+                (Some(src), Some(dst))
             }
             FileType::Symlink => {
                 let target = rfs::readlinkat(dir, name, Vec::new())?;
                 rfs::symlinkat(&target, rfs::CWD, &tmp)?;
+                (None, None)
             }
             FileType::Fifo | FileType::CharacterDevice | FileType::BlockDevice => {
                 rfs::mknodat(
@@ -163,6 +229,7 @@ fn copy(dir: BorrowedFd<'_>, name: &CStr, t: &Path, overwrite: bool) -> io::Resu
                     Mode::from_raw_mode(st.st_mode & 0o7777),
                     st.st_rdev,
                 )?;
+                (None, None)
             }
             _ => {
                 return Err(io::Error::new(
@@ -170,8 +237,11 @@ fn copy(dir: BorrowedFd<'_>, name: &CStr, t: &Path, overwrite: bool) -> io::Resu
                     "cannot keep this kind of entry on another filesystem",
                 ))
             }
-        }
-        if rustix::process::geteuid().is_root() {
+        };
+        // Owner first (a chown clears set-id bits and file capabilities),
+        // then the mode, then the attributes (an ACL's mask is the mode's
+        // group bits, as in the source), the times last.
+        if root {
             let _ = rfs::chownat(
                 rfs::CWD,
                 &tmp,
@@ -179,6 +249,30 @@ fn copy(dir: BorrowedFd<'_>, name: &CStr, t: &Path, overwrite: bool) -> io::Resu
                 Some(rustix::fs::Gid::from_raw(st.st_gid)),
                 AtFlags::SYMLINK_NOFOLLOW,
             );
+        }
+        if let Some(w) = &dst_fd {
+            rfs::fchmod(w.as_fd(), Mode::from_raw_mode(st.st_mode & 0o7777))?;
+        }
+        let xkind = if kind == FileType::Symlink {
+            Kind::Symlink
+        } else {
+            Kind::File
+        };
+        let from = match &src_fd {
+            Some(fd) => xattr::Target::Fd(fd.as_fd()),
+            None => xattr::Target::At(dir, name),
+        };
+        xattr::read(from, xkind, XattrSel::ALL, root, &mut attrs)?;
+        if !attrs.is_empty() {
+            let to = match &dst_fd {
+                Some(fd) => xattr::Target::Fd(fd.as_fd()),
+                None => xattr::Target::At(tdir.as_fd(), &tname),
+            };
+            match xattr::write(to, &attrs, &Xattrs::new(), None) {
+                // The target filesystem keeps no attributes at all.
+                Err(e) if e.kind() == io::ErrorKind::Unsupported => {}
+                r => r?,
+            }
         }
         let times = Timestamps {
             last_access: Timespec {
@@ -191,13 +285,8 @@ fn copy(dir: BorrowedFd<'_>, name: &CStr, t: &Path, overwrite: bool) -> io::Resu
             },
         };
         rfs::utimensat(rfs::CWD, &tmp, &times, AtFlags::SYMLINK_NOFOLLOW)?;
-        let tc = CString::new(t.as_os_str().as_bytes()).expect("no NUL");
-        let flags = if overwrite {
-            RenameFlags::empty()
-        } else {
-            RenameFlags::NOREPLACE
-        };
-        match rfs::renameat_with(rfs::CWD, &tmp, rfs::CWD, &tc, flags) {
+        drop((src_fd, dst_fd));
+        match rename(rfs::CWD, &tmp, rfs::CWD, &tc, overwrite) {
             Err(Errno::EXIST) => Err(io::Error::from(io::ErrorKind::AlreadyExists)),
             r => Ok(r?),
         }
@@ -285,6 +374,41 @@ mod tests {
         }
         let kept = shm.path().join("k/f");
         assert_eq!(std::fs::read(&kept).unwrap(), b"bytes");
+        // Holes stay holes, attributes come along.
+        let big = root.join("big");
+        let f = std::fs::File::create(&big).unwrap();
+        f.set_len(64 << 20).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&f, b"data at 32 MiB", 32 << 20).unwrap();
+        let bc = CString::new(big.as_os_str().as_bytes()).unwrap();
+        let attr_ok = rfs::setxattr(&bc, c"user.k", b"v", rfs::XattrFlags::empty()).is_ok();
+        let to = KeepTo {
+            base: &base,
+            path: b"k/big",
+            overwrite: false,
+            replacing: true,
+            planned: None,
+        };
+        keep(&root, d.as_fd(), c"big", &to).unwrap();
+        let kb = shm.path().join("k/big");
+        let m = std::fs::metadata(&kb).unwrap();
+        assert_eq!(m.len(), 64 << 20);
+        assert!(m.blocks() * 512 < 1 << 20, "{} blocks", m.blocks());
+        let mut buf = [0u8; 14];
+        std::os::unix::fs::FileExt::read_exact_at(
+            &std::fs::File::open(&kb).unwrap(),
+            &mut buf,
+            32 << 20,
+        )
+        .unwrap();
+        assert_eq!(&buf, b"data at 32 MiB");
+        if attr_ok {
+            let kc = CString::new(kb.as_os_str().as_bytes()).unwrap();
+            let mut v = [0u8; 8];
+            assert_eq!(rfs::getxattr(&kc, c"user.k", &mut v[..]).ok(), Some(1));
+        }
+        // A taken name: AlreadyExists, nothing replaced.
+        let e = keep(&root, d.as_fd(), c"big", &to).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::AlreadyExists);
         assert_eq!(std::fs::metadata(&kept).unwrap().mtime(), 1_000_000);
         assert!(!root.join("f").exists());
         assert_eq!(

@@ -11,6 +11,7 @@
 pub mod append;
 pub mod delta;
 pub mod download;
+pub mod ident;
 pub mod inplace;
 mod keep;
 pub mod local;

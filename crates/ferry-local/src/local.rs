@@ -18,7 +18,7 @@ use std::ffi::{CStr, CString};
 use std::io;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -37,8 +37,8 @@ use ferry_engine::delta::{DiffSummary, OpSink, Signature};
 use ferry_engine::entry::{Kind, ListEntry, Listing, Meta};
 use ferry_engine::keep::{KeepBase, KeepTo};
 use ferry_engine::store::{
-    is_undo_name, temp_name, DeltaRole, ListError, MetaChange, Planned, Progress, SourceFile,
-    Store, RESERVED_LEN,
+    is_undo_name, temp_name, undo_name, DeltaRole, ListError, MetaChange, Planned, Progress,
+    SourceFile, Store, RESERVED_LEN,
 };
 use ferry_engine::xattr::{XattrSel, Xattrs};
 
@@ -317,6 +317,16 @@ impl LocalStore {
         sel.acls && *dir.hands_down.get_or_init(|| xattr::hands_down(dir.fd()))
     }
 
+    /// [`Store::stat`] once a record was handled: the file as it is now.
+    fn stat_again(&self, dir: &LocalDir, name: &CStr) -> io::Result<Option<Meta>> {
+        let mut meta = EMPTY_META;
+        match Self::stat_into(dir.fd.as_fd(), name, &mut meta) {
+            Ok(()) => Ok(Some(meta)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     fn wrap_dir(&self, fd: OwnedFd) -> io::Result<LocalDir> {
         Ok(LocalDir {
             fd,
@@ -477,10 +487,23 @@ impl Store for LocalStore {
     fn stat(&self, dir: &LocalDir, name: &CStr) -> io::Result<Option<Meta>> {
         let mut meta = EMPTY_META;
         match Self::stat_into(dir.fd.as_fd(), name, &mut meta) {
-            Ok(()) => Ok(Some(meta)),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e),
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
         }
+        // As a listing does: what a killed run left half patched is rolled
+        // back before anything reads the file (a single-file run stats
+        // its file instead of listing), and the file stat'ed again. Only a
+        // file big enough to have been patched in place can have a record.
+        if meta.kind == Kind::File
+            && meta.size >= crate::append::RECORD_MIN
+            && crate::append::recovery_on()
+            && !is_undo_name(name.to_bytes())
+            && crate::append::recover_any(dir.fd(), &undo_name(name.to_bytes()))
+        {
+            return self.stat_again(dir, name);
+        }
+        Ok(Some(meta))
     }
 
     fn open_dir(&self, parent: &LocalDir, name: &CStr) -> io::Result<LocalDir> {
@@ -925,6 +948,18 @@ impl Store for LocalStore {
         true
     }
 
+    fn root_ids(&self) -> Option<ferry_engine::walk::RootIds> {
+        let (root, _) = crate::ident::resolve(&self.root).ok()?;
+        let ids = crate::ident::chain(&root)
+            .into_iter()
+            .map(|(id, p)| (id, p.into_os_string().into_vec()))
+            .collect();
+        Some(ferry_engine::walk::RootIds {
+            root: root.into_os_string().into_vec(),
+            ids,
+        })
+    }
+
     fn remove(&self, dir: &LocalDir, name: &CStr, is_dir: bool) -> io::Result<u64> {
         if !is_dir {
             rfs::unlinkat(&dir.fd, name, AtFlags::empty())?;
@@ -991,6 +1026,10 @@ impl Store for LocalStore {
 
     fn preserves_owner(&self) -> bool {
         self.owner
+    }
+
+    fn local_modes(&self) -> bool {
+        true
     }
 
     fn is_own_legacy_partial(&self, dir: &LocalDir, name: &CStr) -> bool {
@@ -1133,6 +1172,17 @@ type Removed<'a, 'b> = Option<(&'a mut Vec<u8>, &'a mut (dyn FnMut(&[u8], u64) +
 /// `tell` hears of each (a file's size costs a stat then).
 fn remove_tree(parent: BorrowedFd<'_>, name: &CStr, mut tell: Removed<'_, '_>) -> io::Result<u64> {
     let fd = open_subdir(parent, name)?;
+    // Never through a mount point (a bind mount can show SRC, or a root's
+    // parent, here; and a mount point cannot be removed anyway).
+    if let Ok(st) = rfs::statx(&fd, c"", AtFlags::EMPTY_PATH, StatxFlags::empty()) {
+        let m = rfs::StatxAttributes::MOUNT_ROOT;
+        if st.stx_attributes_mask.contains(m) && st.stx_attributes.contains(m) {
+            return Err(io::Error::new(
+                io::ErrorKind::ResourceBusy,
+                "is a mount point: ferry never deletes through one (not removed)",
+            ));
+        }
+    }
     let mut names: Vec<(CString, bool)> = Vec::new();
     {
         let mut buf = vec![MaybeUninit::<u8>::uninit(); 64 * 1024];

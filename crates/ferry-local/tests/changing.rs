@@ -202,6 +202,7 @@ fn opts(bwlimit: Option<u64>) -> Options {
         hard_links: false,
         delta: Default::default(),
         keep: None,
+        keep_special_bits: false,
     }
 }
 

@@ -168,6 +168,7 @@ fn opts(delta: DeltaMode) -> Options {
         hard_links: false,
         delta,
         keep: None,
+        keep_special_bits: false,
     }
 }
 

@@ -23,6 +23,8 @@ pub enum ConfigError {
     NoBucket(String),
     #[error("{url}: a key with a \"{segment}\" segment cannot be requested exactly (URLs remove such segments)")]
     DotSegment { url: String, segment: String },
+    #[error("{0}: a key with an empty segment (\"//\") has no file path")]
+    EmptySegment(String),
     #[error("S3 endpoint {endpoint:?}: {source}")]
     Endpoint {
         endpoint: String,
@@ -76,6 +78,12 @@ pub fn parse_s3_url(s: &str) -> Option<Result<(String, String), ConfigError>> {
             url: s.to_string(),
             segment: seg.to_string(),
         }));
+    }
+    // One rule for every path ferry makes of a key (listings skip such
+    // keys): no empty segment (`a//b`, a leading `/`); one `/` may end it.
+    let body = prefix.strip_suffix('/').unwrap_or(prefix);
+    if prefix.starts_with('/') || !body.is_empty() && body.split('/').any(str::is_empty) {
+        return Some(Err(ConfigError::EmptySegment(s.to_string())));
     }
     Some(Ok((
         bucket.to_string(),
@@ -307,6 +315,22 @@ mod tests {
         assert!(parse_s3_url("s3://b/trav/..").unwrap().is_err());
         assert!(parse_s3_url("s3://b/./x").unwrap().is_err());
         assert!(parse_s3_url("s3://b/a..b/.x/").unwrap().is_ok());
+        // Empty segments name no file path either; one trailing `/` is no segment.
+        for bad in [
+            "s3://b/t5//lead",
+            "s3://b//x",
+            "s3://b/a//",
+            "s3://b//",
+            "s3://b/a/b//c/",
+        ] {
+            assert_eq!(
+                parse_s3_url(bad).unwrap().unwrap_err().to_string(),
+                format!("{bad}: a key with an empty segment (\"//\") has no file path"),
+            );
+        }
+        for good in ["s3://b/", "s3://b/a/", "s3://b/a/b"] {
+            assert!(parse_s3_url(good).unwrap().is_ok(), "{good}");
+        }
         assert_eq!(
             parse_s3_url("s3://b/a/../x").unwrap().unwrap_err().to_string(),
             "s3://b/a/../x: a key with a \"..\" segment cannot be requested exactly (URLs remove such segments)"

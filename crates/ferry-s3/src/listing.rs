@@ -1,6 +1,7 @@
 //! Listing a prefix: pagination, and wide prefixes cut into key ranges
 //! listed in parallel.
 
+use std::collections::HashSet;
 use std::io;
 use std::sync::atomic::Ordering;
 
@@ -12,14 +13,16 @@ use crate::transport::read_body;
 use crate::xml::{self, ListPage};
 
 impl S3Store {
-    /// One page of a listing under `prefix` (with or without the delimiter).
+    /// One page of a listing under `prefix` (with or without the delimiter),
+    /// checked as the first page of a listing ([`Pager`]).
     pub(crate) fn list_page(
         &self,
         prefix: &str,
         delimiter: bool,
         token: Option<&str>,
     ) -> io::Result<ListPage> {
-        self.list_page_after(prefix, delimiter, token, None)
+        let mut pager = Pager::new(prefix, delimiter, None);
+        self.next_page(&mut pager, token)
     }
 
     /// Every page of the listing of one directory prefix (with the `/`
@@ -29,9 +32,11 @@ impl S3Store {
     /// boundaries ([`split_points`]) listed in parallel, each from its
     /// lower bound (StartAfter) to its upper bound. The ranges partition
     /// the keys exactly whatever the guesses; good guesses only make them
-    /// even.
+    /// even. Every page is checked ([`Pager`]): a listing that is not
+    /// whole is an error, never a shorter listing.
     pub(crate) fn list_dir_pages(&self, prefix: &str) -> io::Result<Vec<ListPage>> {
-        let first = self.list_page(prefix, true, None)?;
+        let mut pager = Pager::new(prefix, true, None);
+        let first = self.next_page(&mut pager, None)?;
         let Some(token) = first.next.clone() else {
             return Ok(vec![first]);
         };
@@ -46,7 +51,7 @@ impl S3Store {
         if bounds.is_empty() {
             // No guess: page through in order.
             let mut pages = vec![first];
-            pages.extend(self.list_range(prefix, Some(&token), None, None)?);
+            pages.extend(self.list_range(pager, Some(&token), None)?);
             return Ok(pages);
         }
         // Range 0 continues the first page up to the first bound; range i
@@ -68,34 +73,31 @@ impl S3Store {
             .fetch_add(ranges.len() as u64, Ordering::Relaxed);
         let mut pages = vec![first];
         for r in self.in_parallel(&ranges, ranges.len().div_ceil(16), |&(t, after, upto)| {
-            self.list_range(prefix, t, after, upto)
+            // Range 0 goes on from the first page; the others start after
+            // their lower bound.
+            let p = match t {
+                Some(_) => pager.clone(),
+                None => Pager::new(prefix, true, after),
+            };
+            self.list_range(p, t, upto)
         }) {
             pages.extend(r?);
         }
         Ok(pages)
     }
 
-    /// The pages of a listing from `token` or from after key `after`, up
-    /// to and including key `upto` (entries past it dropped).
-    pub(crate) fn list_range(
+    /// The pages of a listing from `token` or from after the pager's start
+    /// key, up to and including key `upto` (entries past it dropped).
+    fn list_range(
         &self,
-        prefix: &str,
+        mut pager: Pager<'_>,
         token: Option<&str>,
-        after: Option<&str>,
         upto: Option<&str>,
     ) -> io::Result<Vec<ListPage>> {
         let mut pages = Vec::new();
         let mut token = token.map(str::to_string);
-        let mut first = true;
         loop {
-            let p = self.list_page_after(
-                prefix,
-                true,
-                token.as_deref(),
-                if first { after } else { None },
-            )?;
-            first = false;
-            let mut page = p;
+            let mut page = self.next_page(&mut pager, token.as_deref())?;
             let mut past = false;
             if let Some(u) = upto {
                 past = page.contents.last().is_some_and(|c| c.key.as_str() > u)
@@ -111,35 +113,150 @@ impl S3Store {
         }
     }
 
-    /// One page of a listing; `start_after`: only keys after this one.
-    pub(crate) fn list_page_after(
+    /// The page of `pager`'s listing after `token` (none: its first page,
+    /// from after its start key when it has one), checked.
+    pub(crate) fn next_page(
         &self,
-        prefix: &str,
-        delimiter: bool,
+        pager: &mut Pager<'_>,
         token: Option<&str>,
-        start_after: Option<&str>,
     ) -> io::Result<ListPage> {
+        let prefix = pager.prefix;
         let mut a = ListObjectsV2::new(&self.c.bucket, self.c.creds());
         a.with_prefix(prefix);
-        if delimiter {
+        if pager.delimiter {
             a.with_delimiter("/");
         }
         if let Some(t) = token {
             a.with_continuation_token(t);
-        } else if let Some(s) = start_after {
+        } else if let Some(s) = pager.start_after {
             a.with_start_after(s);
         }
         if let Some(n) = test_page() {
             a.with_max_keys(n);
         }
-        self.fetch_list(prefix, a)
+        let n = pager.pages + 1;
+        let page = self
+            .fetch_list(prefix, a)?
+            .map_err(|why| self.bad_listing(prefix, &format!("page {n}: {why}")))?;
+        pager
+            .check(&page)
+            .map_err(|why| self.bad_listing(prefix, &why))?;
+        Ok(page)
     }
 
-    /// Send a ListObjectsV2 and read its page.
-    fn fetch_list(&self, prefix: &str, a: ListObjectsV2<'_>) -> io::Result<ListPage> {
+    /// Send a ListObjectsV2 and read its page: the error of a request that
+    /// failed, or why its answer is no page.
+    pub(crate) fn fetch_list(
+        &self,
+        prefix: &str,
+        a: ListObjectsV2<'_>,
+    ) -> io::Result<Result<ListPage, String>> {
         let mut resp = self.c.call("LIST", prefix, a, &[], None)?;
-        let body = read_body(&mut resp)?;
-        xml::list_page(&body).map_err(|e| io::Error::other(format!("LIST {prefix}: {e}")))
+        Ok(match read_body(&mut resp) {
+            Err(e) => Err(format!("the answer broke off ({e})")),
+            Ok(b) if b.trim().is_empty() => Err("an empty answer".into()),
+            Ok(b) => xml::list_page(&b).map_err(|e| e.to_string()),
+        })
+    }
+
+    /// The error of a listing that cannot be taken as whole: it names the
+    /// prefix and says why; whoever lists takes nothing under it as gone.
+    fn bad_listing(&self, prefix: &str, why: &str) -> io::Error {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("LIST {}: incomplete listing: {why}", self.c.url_of(prefix)),
+        )
+    }
+}
+
+/// What the pages of one listing must agree on before it is taken as the
+/// whole truth about its prefix: each page says whether it is the last
+/// (`IsTruncated`), and one that is not gives a continuation token no
+/// earlier page gave; every key and common prefix is under the prefix
+/// (with the delimiter: one level down, a common prefix ending in it);
+/// the names rise strictly, within each page and from one page to the
+/// next, all after the key the listing started after.
+#[derive(Clone)]
+pub(crate) struct Pager<'a> {
+    prefix: &'a str,
+    delimiter: bool,
+    start_after: Option<&'a str>,
+    /// The greatest name given so far (the start key at first).
+    last: Option<String>,
+    tokens: HashSet<String>,
+    /// Pages checked.
+    pages: usize,
+}
+
+impl<'a> Pager<'a> {
+    pub(crate) fn new(prefix: &'a str, delimiter: bool, start_after: Option<&'a str>) -> Self {
+        Pager {
+            prefix,
+            delimiter,
+            start_after,
+            last: start_after.map(str::to_string),
+            tokens: HashSet::new(),
+            pages: 0,
+        }
+    }
+
+    /// Check the next page; the error says what is wrong with it.
+    pub(crate) fn check(&mut self, page: &ListPage) -> Result<(), String> {
+        self.pages += 1;
+        let n = self.pages;
+        let at = |what: String| format!("page {n}: {what}");
+        match (page.truncated, &page.next) {
+            (None, _) => return Err(at("not a listing (no IsTruncated)".into())),
+            (Some(true), None) => {
+                return Err(at(
+                    "IsTruncated is true but there is no continuation token".into()
+                ))
+            }
+            (Some(true), Some(t)) if t.is_empty() => {
+                return Err(at("an empty continuation token".into()))
+            }
+            (Some(true), Some(t)) if !self.tokens.insert(t.clone()) => {
+                return Err(at(format!("continuation token {t:?} given a second time")))
+            }
+            _ => {}
+        }
+        let p = self.prefix;
+        let mut prev = self.last.as_deref();
+        for c in &page.contents {
+            let k = c.key.as_str();
+            let Some(rest) = k.strip_prefix(p) else {
+                return Err(at(format!("key {k:?} is outside the prefix")));
+            };
+            if self.delimiter && rest.contains('/') {
+                return Err(at(format!("key {k:?} is not directly under the prefix")));
+            }
+            if prev.is_some_and(|q| k <= q) {
+                return Err(at(format!("key {k:?} out of order")));
+            }
+            prev = Some(k);
+        }
+        let mut top = prev;
+        let mut prev = self.last.as_deref();
+        for cp in &page.common_prefixes {
+            let k = cp.as_str();
+            let Some(rest) = k.strip_prefix(p) else {
+                return Err(at(format!("common prefix {k:?} is outside the prefix")));
+            };
+            if !self.delimiter || rest.find('/') != Some(rest.len() - 1) {
+                return Err(at(format!(
+                    "common prefix {k:?} is not one level under the prefix"
+                )));
+            }
+            if prev.is_some_and(|q| k <= q) {
+                return Err(at(format!("common prefix {k:?} out of order")));
+            }
+            prev = Some(k);
+        }
+        if prev > top {
+            top = prev;
+        }
+        self.last = top.map(str::to_string);
+        Ok(())
     }
 }
 
@@ -186,7 +303,10 @@ impl S3Store {
         let mut a = ListObjectsV2::new(&self.c.bucket, self.c.creds());
         a.with_prefix(self.root.as_str());
         a.with_max_keys(1);
-        let page = self.fetch_list(&self.root, a)?;
+        let page = self
+            .fetch_list(&self.root, a)?
+            .and_then(|p| Pager::new(&self.root, false, None).check(&p).map(|()| p))
+            .map_err(|why| self.bad_listing(&self.root, &why))?;
         Ok(!page.contents.is_empty() || !page.common_prefixes.is_empty())
     }
 }
@@ -288,5 +408,134 @@ mod split_tests {
         assert!(split_points(&["same", "same"], 8).is_empty());
         // Differing only in a non-ASCII part: no valid boundary.
         assert!(split_points(&["é1", "é2"], 8).is_empty());
+    }
+}
+
+#[cfg(test)]
+mod pager_tests {
+    use super::Pager;
+    use crate::xml::{ListPage, Object};
+
+    fn page(
+        keys: &[&str],
+        prefixes: &[&str],
+        truncated: Option<bool>,
+        next: Option<&str>,
+    ) -> ListPage {
+        ListPage {
+            contents: keys
+                .iter()
+                .map(|k| Object {
+                    key: k.to_string(),
+                    size: 1,
+                    last_modified: None,
+                    version: 0,
+                })
+                .collect(),
+            common_prefixes: prefixes.iter().map(|p| p.to_string()).collect(),
+            next: next.map(str::to_string),
+            truncated,
+        }
+    }
+
+    #[test]
+    fn whole_listings_pass() {
+        let mut p = Pager::new("d/", true, None);
+        p.check(&page(
+            &["d/", "d/a", "d/c"],
+            &["d/b/"],
+            Some(true),
+            Some("t1"),
+        ))
+        .unwrap();
+        p.check(&page(&["d/e"], &["d/d/", "d/f/"], Some(true), Some("t2")))
+            .unwrap();
+        p.check(&page(&[], &[], Some(false), None)).unwrap();
+        // Without the delimiter keys go any depth down.
+        let mut p = Pager::new("d/", false, None);
+        p.check(&page(&["d/a/b", "d/a/c"], &[], Some(false), None))
+            .unwrap();
+        // From after a start key.
+        let mut p = Pager::new("d/", true, Some("d/m"));
+        p.check(&page(&["d/n"], &["d/m/"], Some(false), None))
+            .unwrap();
+    }
+
+    #[test]
+    fn partial_or_odd_pages_are_errors() {
+        let bad: &[(&[ListPage], &str)] = &[
+            (&[page(&["d/a"], &[], None, None)], "no IsTruncated"),
+            (
+                &[page(&["d/a"], &[], Some(true), None)],
+                "no continuation token",
+            ),
+            (
+                &[page(&["d/a"], &[], Some(true), Some(""))],
+                "empty continuation token",
+            ),
+            (
+                &[
+                    page(&["d/a"], &[], Some(true), Some("t")),
+                    page(&["d/b"], &[], Some(true), Some("t")),
+                ],
+                "given a second time",
+            ),
+            (
+                &[page(&["e/a"], &[], Some(false), None)],
+                "outside the prefix",
+            ),
+            (
+                &[page(&["d/a/b"], &[], Some(false), None)],
+                "not directly under",
+            ),
+            (
+                &[page(&[], &["e/"], Some(false), None)],
+                "outside the prefix",
+            ),
+            (
+                &[page(&[], &["d/a/b/"], Some(false), None)],
+                "not one level under",
+            ),
+            (
+                &[page(&["d/b", "d/a"], &[], Some(false), None)],
+                "out of order",
+            ),
+            (
+                &[page(&["d/a", "d/a"], &[], Some(false), None)],
+                "out of order",
+            ),
+            (
+                &[page(&[], &["d/b/", "d/a/"], Some(false), None)],
+                "out of order",
+            ),
+            (
+                &[
+                    page(&["d/c"], &[], Some(true), Some("t")),
+                    page(&["d/b"], &[], Some(false), None),
+                ],
+                "page 2: key \"d/b\" out of order",
+            ),
+            (
+                &[
+                    page(&[], &["d/c/"], Some(true), Some("t")),
+                    page(&["d/c"], &[], Some(false), None),
+                ],
+                "out of order",
+            ),
+        ];
+        for (pages, want) in bad {
+            let mut p = Pager::new("d/", true, None);
+            let e = pages
+                .iter()
+                .map(|pg| p.check(pg))
+                .find_map(Result::err)
+                .unwrap_or_else(|| panic!("{want}: passed"));
+            assert!(e.contains(want), "{e} (want {want})");
+        }
+        let mut p = Pager::new("d/", true, Some("d/m"));
+        assert!(p
+            .check(&page(&["d/a"], &[], Some(false), None))
+            .unwrap_err()
+            .contains("out of order"));
     }
 }

@@ -2,6 +2,7 @@
 //! metadata headers, XML answers, dates, mtimes and keys.
 
 use std::io;
+use std::sync::Mutex;
 
 use ferry_engine::entry::{Kind, Meta};
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
@@ -14,25 +15,96 @@ pub(crate) const META_MODE: &str = "x-amz-meta-mode";
 /// not one: lets `rclone check` verify them.
 pub(crate) const META_MD5: &str = "x-amz-meta-md5chksum";
 
+/// Object metadata that could not be used (anyone who can write to a
+/// bucket chooses it): ignored, and said once per run (see
+/// [`OddMeta::note`]).
+#[derive(Debug, Default)]
+pub(crate) struct OddMeta {
+    /// The first object met with unusable metadata, and what was wrong.
+    first: Mutex<Option<String>>,
+}
+
+impl OddMeta {
+    fn saw(&self, key: &str, what: &str, value: &str) {
+        let mut f = self.first.lock().unwrap_or_else(|e| e.into_inner());
+        if f.is_none() {
+            let value: String = value.chars().take(40).collect();
+            *f = Some(format!("{key}: {what} {value:?}"));
+        }
+    }
+
+    /// The run's one note, when some object had unusable metadata.
+    pub(crate) fn note(&self, role: &str) -> Option<String> {
+        let f = self.first.lock().unwrap_or_else(|e| e.into_inner());
+        f.as_ref().map(|first| {
+            format!(
+                "note: s3 {role}: object metadata that is not an mtime or a mode was ignored (the upload time or mode 644 used instead), e.g. {first}"
+            )
+        })
+    }
+}
+
+/// The usable `x-amz-meta-mtime` of an object's headers: `None` when it has
+/// none, or one that is not an mtime (said through `odd`).
+pub(crate) fn header_mtime(
+    h: &ureq::http::HeaderMap,
+    key: &str,
+    odd: &OddMeta,
+) -> Option<(i64, u32)> {
+    let v = h.get(META_MTIME)?;
+    let parsed = v.to_str().ok().and_then(parse_mtime);
+    if parsed.is_none() {
+        odd.saw(
+            key,
+            "x-amz-meta-mtime",
+            &String::from_utf8_lossy(v.as_bytes()),
+        );
+    }
+    parsed
+}
+
+/// The permission bits of an object's `x-amz-meta-mode` (octal, with or
+/// without the file type bits): `None` when it has none, or one that is not
+/// a mode (said through `odd`).
+fn header_mode(h: &ureq::http::HeaderMap, key: &str, odd: &OddMeta) -> Option<u32> {
+    let v = h.get(META_MODE)?;
+    let parsed = v
+        .to_str()
+        .ok()
+        .map(str::trim)
+        .filter(|s| !s.is_empty() && s.bytes().all(|b| (b'0'..=b'7').contains(&b)))
+        .and_then(|s| u32::from_str_radix(s, 8).ok())
+        .filter(|m| *m <= 0o177777);
+    if parsed.is_none() {
+        odd.saw(
+            key,
+            "x-amz-meta-mode",
+            &String::from_utf8_lossy(v.as_bytes()),
+        );
+    }
+    parsed.map(|m| m & 0o7777)
+}
+
 /// Metadata of an object from a HEAD's or GET's headers: `x-amz-meta-mtime`
-/// and `x-amz-meta-mode` when ferry or rclone wrote them, else LastModified.
+/// and `x-amz-meta-mode` when ferry or rclone wrote them, else LastModified
+/// and 0644; either of them when it is not an mtime or a mode (said once
+/// through `odd`).
 pub(crate) fn meta_from_headers(
     h: &ureq::http::HeaderMap,
     size: u64,
     fallback: Option<(i64, u32)>,
+    key: &str,
+    odd: &OddMeta,
 ) -> Meta {
     let get = |n: &str| h.get(n).and_then(|v| v.to_str().ok());
     let size = get("content-length")
         .and_then(|v| v.parse().ok())
         .unwrap_or(size);
-    let (mtime_sec, mtime_nsec) = get(META_MTIME)
-        .and_then(parse_mtime)
+    let (mtime_sec, mtime_nsec) = header_mtime(h, key, odd)
         .or(fallback)
         .or_else(|| get("last-modified").and_then(parse_http_or_iso_date))
         .unwrap_or((0, 0));
-    let mode = get(META_MODE)
-        .and_then(|m| u32::from_str_radix(m, 8).ok())
-        .map_or(0o644, |m| m & 0o7777);
+    let mode = header_mode(h, key, odd).unwrap_or(0o644);
     Meta {
         kind: Kind::File,
         size,
@@ -76,11 +148,21 @@ pub fn format_mtime(m: &Meta) -> String {
     format!("{}.{:09}", m.mtime_sec, m.mtime_nsec)
 }
 
+/// The furthest an mtime may be from the epoch, in seconds: its
+/// nanoseconds fit an `i64` (years 1678 to 2262), as everywhere ferry keeps
+/// them (the bisync journal).
+pub const MTIME_MAX_SECS: i64 = i64::MAX / 1_000_000_000 - 1;
+
 /// Parse rclone's mtime metadata: seconds, optionally with a fraction.
+/// `None` for anything else, and for an mtime more than
+/// [`MTIME_MAX_SECS`] from the epoch.
 pub fn parse_mtime(s: &str) -> Option<(i64, u32)> {
     let s = s.trim();
     let (sec, frac) = s.split_once('.').unwrap_or((s, ""));
     let sec: i64 = sec.parse().ok()?;
+    if !(-MTIME_MAX_SECS..=MTIME_MAX_SECS).contains(&sec) {
+        return None;
+    }
     if frac.is_empty() {
         return Some((sec, 0));
     }
@@ -183,6 +265,26 @@ mod tests {
         );
         assert_eq!(parse_mtime("1600000000"), Some((1_600_000_000, 0)));
         assert_eq!(parse_mtime("x"), None);
+        // Garbage, and mtimes whose nanoseconds do not fit an i64, are not
+        // mtimes (never a panic, never a wrapped value).
+        for bad in [
+            "",
+            ".5",
+            "1.5x",
+            "1e9",
+            "nan",
+            "-9223372036854775808.5",
+            "9223372036854775807",
+            "-9223372036854775808",
+            "99999999999999999999",
+            "9300000000",
+        ] {
+            assert_eq!(parse_mtime(bad), None, "{bad:?}");
+        }
+        assert_eq!(
+            parse_mtime("-9000000000.5"),
+            Some((-9_000_000_001, 500_000_000))
+        );
         for (sec, nsec, text) in [(-2, 500_000_000, "-1.500000000"), (-1, 1, "-0.999999999")] {
             let m = Meta {
                 mtime_sec: sec,

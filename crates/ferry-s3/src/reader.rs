@@ -15,7 +15,7 @@ use rusty_s3::S3Action;
 
 use crate::direct;
 use crate::fail::{self, Reach};
-use crate::parse::{md5_from_headers, meta_from_headers, META_MTIME};
+use crate::parse::{header_mtime, md5_from_headers, meta_from_headers};
 use crate::transport::{backoff, Conn, ATTEMPTS, SIGN_TTL};
 
 /// An object being read. Nothing is requested until the first `read`: a
@@ -38,8 +38,11 @@ impl SourceFile for S3Reader {
         if self.body.is_none() {
             let a = GetObject::new(&self.c.bucket, self.c.creds(), &self.key);
             let resp = self.c.call("GET", &self.key, a, &[], None)?;
-            if resp.headers().contains_key(META_MTIME) {
-                let _ = self.meta.set(meta_from_headers(resp.headers(), 0, None));
+            let h = resp.headers();
+            if header_mtime(h, &self.key, &self.c.odd).is_some() {
+                let _ = self
+                    .meta
+                    .set(meta_from_headers(h, 0, None, &self.key, &self.c.odd));
             }
             self.body = Some(resp.into_body().into_reader());
         }
@@ -103,8 +106,10 @@ impl RangedSource for S3Reader {
         let h = resp.headers();
         // Without ferry's or rclone's metadata the listing's LastModified
         // (milliseconds) is better than this header's (seconds).
-        if h.contains_key(META_MTIME) {
-            let _ = self.meta.set(meta_from_headers(h, 0, None));
+        if header_mtime(h, &self.key, &self.c.odd).is_some() {
+            let _ = self
+                .meta
+                .set(meta_from_headers(h, 0, None, &self.key, &self.c.odd));
         }
         if let Some(m) = md5_from_headers(h) {
             let _ = self.md5.set(m);

@@ -15,7 +15,7 @@ use ferry_engine::hash::{Hash, HashKind, HashSet};
 use ferry_engine::keep::{KeepBase, KeepTo};
 use ferry_engine::store::{ListError, MetaChange, RangedSource, SourceFile, Store};
 use rusty_s3::actions::{
-    DeleteObject, DeleteObjects, HeadBucket, HeadObject, ObjectIdentifier, PutObject,
+    DeleteObject, DeleteObjects, HeadBucket, HeadObject, ListObjectsV2, ObjectIdentifier, PutObject,
 };
 use rusty_s3::{Bucket, S3Action, UrlStyle};
 
@@ -25,8 +25,8 @@ use crate::etag;
 use crate::fail::{self, Health};
 use crate::multipart::{Multipart, COPY_MAX, PART_SIZE};
 use crate::parse::{
-    check_key, encode_key, format_mtime, md5_from_headers, meta_from_headers, META_MD5, META_MODE,
-    META_MTIME,
+    check_key, encode_key, format_mtime, header_mtime, md5_from_headers, meta_from_headers,
+    OddMeta, META_MD5, META_MODE, META_MTIME,
 };
 use crate::reader::S3Reader;
 use crate::transport::{Conn, Counters, SIGN_TTL};
@@ -114,18 +114,8 @@ impl S3Store {
             bucket: cfg.bucket.clone(),
             source,
         })?;
-        // No deadline on a whole request (a big part on a slow link takes
-        // what it takes), but none waits more than `timeout` for a byte.
         let timeout = fail::timeout();
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_connect(Some(fail::CONNECT_TIMEOUT))
-            .timeout_per_read(Some(timeout))
-            .timeout_per_write(Some(timeout))
-            .max_idle_connections(256)
-            .max_idle_connections_per_host(256)
-            .build()
-            .into();
+        let agent = crate::transport::agent(timeout);
         let direct = direct::Pool::for_url(bucket.base_url(), timeout);
         let mut root = cfg.prefix.trim_matches('/').to_string();
         if !root.is_empty() {
@@ -144,6 +134,7 @@ impl S3Store {
                     .to_string(),
                 timeout,
                 health: Health::default(),
+                odd: OddMeta::default(),
             }),
             root,
             head_threads: threads.clamp(1, 64),
@@ -205,7 +196,7 @@ impl S3Store {
         let a = HeadObject::new(&self.c.bucket, self.c.creds(), key);
         let resp = self.c.call("HEAD", key, a, &[], None)?;
         Ok((
-            meta_from_headers(resp.headers(), size, fallback),
+            meta_from_headers(resp.headers(), size, fallback, key, &self.c.odd),
             md5_from_headers(resp.headers()),
         ))
     }
@@ -320,6 +311,61 @@ impl S3Store {
         }
         check_key(key)?;
         self.head_if_any(key)
+    }
+
+    /// Metadata of the object `key` as a listing and [`Store::refine`] give
+    /// it (`None`: there is none): a HEAD and, for an object without a
+    /// usable `x-amz-meta-mtime` (uploaded by another tool), the listing's
+    /// entry of the key too, for its LastModified to the millisecond where
+    /// the server keeps them (Garage; the HEAD's Last-Modified has whole
+    /// seconds) and its version fingerprint (ETag and LastModified). So the
+    /// stat right before bisync replaces or deletes an object sees what its
+    /// listing saw, not a change that is only a coarser clock, and sees a
+    /// new upload within the same second by its ETag.
+    pub(crate) fn stat_key(&self, key: &str) -> io::Result<Option<Meta>> {
+        self.c.counters.heads.fetch_add(1, Ordering::Relaxed);
+        let a = HeadObject::new(&self.c.bucket, self.c.creds(), key);
+        let resp = match self.c.call("HEAD", key, a, &[], None) {
+            Ok(r) => r,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let h = resp.headers();
+        let meta = meta_from_headers(h, 0, None, key, &self.c.odd);
+        if header_mtime(h, key, &self.c.odd).is_some() {
+            return Ok(Some(meta));
+        }
+        let etag = h
+            .get("etag")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        // The key itself sorts first among the keys it prefixes.
+        let mut a = ListObjectsV2::new(&self.c.bucket, self.c.creds());
+        a.with_prefix(key);
+        a.with_delimiter("/");
+        a.with_max_keys(1);
+        let page = self
+            .fetch_list(key, a)?
+            .map_err(|why| io::Error::other(format!("LIST {key}: {why}")))?;
+        Ok(Some(match page.contents.first() {
+            Some(o)
+                if o.key == key
+                    && o.size == meta.size
+                    && o.version != 0
+                    && o.version == crate::listing::version(etag.as_deref(), o.last_modified) =>
+            {
+                let (mtime_sec, mtime_nsec) = o.last_modified.unwrap_or_default();
+                Meta {
+                    mtime_sec,
+                    mtime_nsec,
+                    version: o.version,
+                    ..meta
+                }
+            }
+            // Replaced between the two requests: as the HEAD saw it (a
+            // change to whoever compares).
+            _ => meta,
+        }))
     }
 
     /// HEAD an object: `None` when there is none.
@@ -538,7 +584,7 @@ impl Store for S3Store {
     }
 
     fn stat(&self, dir: &S3Dir, name: &CStr) -> io::Result<Option<Meta>> {
-        self.head_if_any(&self.key(dir, name)?)
+        self.stat_key(&self.key(dir, name)?)
     }
 
     fn open_dir(&self, parent: &S3Dir, name: &CStr) -> io::Result<S3Dir> {
@@ -755,8 +801,9 @@ impl Store for S3Store {
         let prefix = format!("{}/", self.key(dir, name)?);
         let mut n = 0;
         let mut token: Option<String> = None;
+        let mut pager = crate::listing::Pager::new(&prefix, false, None);
         loop {
-            let page = self.list_page(&prefix, false, token.as_deref())?;
+            let page = self.next_page(&mut pager, token.as_deref())?;
             let keys: Vec<String> = page.contents.iter().map(|c| c.key.clone()).collect();
             self.delete_keys(&keys)?;
             for c in &page.contents {
@@ -873,6 +920,10 @@ impl Store for S3Store {
             n(&c.list_ranges),
             n(&c.batch_deletes)
         )]
+    }
+
+    fn warnings(&self, role: &str) -> Vec<String> {
+        self.c.odd.note(role).into_iter().collect()
     }
 
     fn keep(&self, dir: &S3Dir, name: &CStr, to: &KeepTo<'_>) -> io::Result<()> {

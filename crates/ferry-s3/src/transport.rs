@@ -1,13 +1,14 @@
 //! Sending requests: the connection pool and signing, retries with
 //! backoff, timeouts and the errors a failed request becomes.
 
-use std::io;
-use std::sync::atomic::AtomicU64;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::io::{self, Read};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rusty_s3::{Bucket, Credentials, Method, S3Action};
 use ureq::http::Response;
-use ureq::Body;
+use ureq::{Body, SendBody};
 
 use crate::direct;
 use crate::fail::{self, Health, Reach, Unreachable};
@@ -19,6 +20,30 @@ pub(crate) const SIGN_TTL: Duration = Duration::from_secs(3600);
 
 /// Attempts per request on retryable failures (5xx, SlowDown, resets, timeouts).
 pub(crate) const ATTEMPTS: u32 = 6;
+
+/// Request bodies from this size on are sent watched ([`Conn::watched`]):
+/// smaller ones fit in the sockets' buffers, so that a server that stops
+/// reading is seen by the wait for its answer (`--timeout` per read).
+pub(crate) const WATCHED_BODY: usize = 64 << 10;
+
+/// What a watched body hands to the connection at a time: the unit of its
+/// progress.
+const BODY_STEP: usize = 16 << 10;
+
+/// The HTTP client of a store: no deadline on a whole request (a big part
+/// on a slow link takes what it takes), but none waits more than `timeout`
+/// for a byte, and a request body is watched ([`Conn::watched`]).
+pub(crate) fn agent(timeout: Duration) -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_connect(Some(fail::CONNECT_TIMEOUT))
+        .timeout_per_read(Some(timeout))
+        .timeout_per_write(Some(timeout))
+        .max_idle_connections(256)
+        .max_idle_connections_per_host(256)
+        .build()
+        .into()
+}
 
 /// What every request needs: the bucket, the credentials and the pool of
 /// keep-alive connections. Shared by the store and its readers.
@@ -37,6 +62,8 @@ pub(crate) struct Conn {
     pub(crate) timeout: Duration,
     /// Whether the endpoint answers (the unreachable rule).
     pub(crate) health: Health,
+    /// Object metadata found unusable (said once per run).
+    pub(crate) odd: crate::parse::OddMeta,
 }
 
 /// What the store did beyond plain requests (for `-v` and the tests).
@@ -169,6 +196,10 @@ impl Conn {
         }
         let url = action.sign(SIGN_TTL);
         let url = url.as_str();
+        if let Some(b) = body.filter(|b| b.len() >= WATCHED_BODY) {
+            let post = A::METHOD == Method::Post;
+            return self.send(what, key, || self.watched(post, url, headers, b));
+        }
         self.send(what, key, || match A::METHOD {
             Method::Put | Method::Post => {
                 let mut r = match A::METHOD {
@@ -195,6 +226,63 @@ impl Conn {
                 r.call()
             }
         })
+    }
+
+    /// One attempt at a PUT (or POST) of `body`, watched: a kernel takes a
+    /// few bytes now and then into the buffers of a server that reads
+    /// nothing (a stopped one), which restarts the timeout of every write,
+    /// so a stall would take several `--timeout`s to be seen. Instead the
+    /// body goes to the connection [`BODY_STEP`] bytes at a time, and once
+    /// no step was taken for `--timeout` (or no answer came that long after
+    /// the last one) the attempt's connection is shut: it fails at once as
+    /// a timeout. The attempt has its connection to itself (an agent of its
+    /// own: shutting it touches no other request).
+    fn watched(
+        &self,
+        post: bool,
+        url: &str,
+        headers: &[(&'static str, String)],
+        body: &[u8],
+    ) -> Result<Response<Body>, ureq::Error> {
+        self.watched_with(&Watch::default(), post, url, headers, body)
+    }
+
+    /// [`watched`](Self::watched) with `watch`.
+    fn watched_with(
+        &self,
+        watch: &Watch,
+        post: bool,
+        url: &str,
+        headers: &[(&'static str, String)],
+        body: &[u8],
+    ) -> Result<Response<Body>, ureq::Error> {
+        let agent = agent(self.timeout);
+        let r = std::thread::scope(|s| {
+            let dog = agent.clone();
+            let w = watch;
+            s.spawn(move || w.guard(self.timeout, dog));
+            let mut r = if post {
+                agent.post(url)
+            } else {
+                agent.put(url)
+            };
+            for (k, v) in headers {
+                r = r.header(*k, v.as_str());
+            }
+            let mut steps = Steps {
+                data: body,
+                watch: w,
+            };
+            let r = r
+                .header("content-length", body.len().to_string())
+                .send(SendBody::from_reader(&mut steps));
+            w.finish();
+            r
+        });
+        if watch.fired.load(Ordering::Relaxed) {
+            return Err(ureq::Error::Timeout(ureq::Timeout::SendBody));
+        }
+        r
     }
 
     /// A request used up its retries, the last attempt ending as `reach`
@@ -320,6 +408,71 @@ impl S3Store {
     }
 }
 
+/// The progress of a request body being sent ([`Conn::watched`]).
+#[derive(Default)]
+struct Watch {
+    /// When the connection last asked for a step of the body (none yet),
+    /// and whether the exchange is over.
+    state: Mutex<(Option<Instant>, bool)>,
+    cv: Condvar,
+    /// The connection was shut for want of progress.
+    fired: AtomicBool,
+}
+
+impl Watch {
+    fn step(&self) {
+        let mut s = self.state.lock().expect("watch");
+        if s.0.replace(Instant::now()).is_none() {
+            self.cv.notify_all();
+        }
+    }
+
+    fn finish(&self) {
+        self.state.lock().expect("watch").1 = true;
+        self.cv.notify_all();
+    }
+
+    /// Until the exchange is over: once the body has begun and no step
+    /// came for `timeout`, shut `agent`'s connections (the write or read
+    /// blocked on them fails at once).
+    fn guard(&self, timeout: Duration, agent: ureq::Agent) {
+        let mut s = self.state.lock().expect("watch");
+        loop {
+            match *s {
+                (_, true) => return,
+                (None, false) => s = self.cv.wait(s).expect("watch"),
+                (Some(last), false) => {
+                    let now = Instant::now();
+                    let due = last + timeout;
+                    if now >= due {
+                        self.fired.store(true, Ordering::Relaxed);
+                        drop(s);
+                        agent.shutdown();
+                        return;
+                    }
+                    s = self.cv.wait_timeout(s, due - now).expect("watch").0;
+                }
+            }
+        }
+    }
+}
+
+/// A body handed over [`BODY_STEP`] bytes at a time, each step noted.
+struct Steps<'a> {
+    data: &'a [u8],
+    watch: &'a Watch,
+}
+
+impl Read for Steps<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.watch.step();
+        let n = buf.len().min(BODY_STEP).min(self.data.len());
+        buf[..n].copy_from_slice(&self.data[..n]);
+        self.data = &self.data[n..];
+        Ok(n)
+    }
+}
+
 pub(crate) fn read_body(resp: &mut Response<Body>) -> io::Result<String> {
     resp.body_mut()
         .with_config()
@@ -357,4 +510,50 @@ pub(crate) fn backoff(attempt: u32) {
     let jitter = base.mul_f64((nanos % 1000) as f64 / 2000.0);
     let backoff_delay = base + jitter;
     std::thread::sleep(backoff_delay);
+}
+
+#[cfg(test)]
+mod watch_tests {
+    use std::net::TcpListener;
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::{Watch, WATCHED_BODY};
+    use crate::config::S3Config;
+    use crate::store::S3Store;
+
+    /// A server that accepts and then reads nothing (a stopped one): the
+    /// attempt is ended by the body's watchdog, as a timeout, not left to
+    /// the write timeout that each byte the kernel still takes restarts.
+    #[test]
+    fn a_body_nobody_reads_is_cut_by_the_watchdog() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let endpoint = format!("http://{}", l.local_addr().unwrap());
+        // The connection is accepted and kept, unread, until the test ends.
+        let (tx, held) = std::sync::mpsc::channel();
+        std::thread::spawn(move || tx.send(l.accept().unwrap().0));
+        let cfg = S3Config {
+            endpoint: url::Url::parse(&endpoint).unwrap(),
+            region: "garage".into(),
+            bucket: "b".into(),
+            prefix: String::new(),
+            credentials: None,
+            path_style: true,
+        };
+        let mut store = S3Store::new(&cfg, 1).unwrap();
+        Arc::get_mut(&mut store.c).unwrap().timeout = Duration::from_millis(500);
+        // More than the sockets' buffers take.
+        let body = vec![7u8; 64 << 20];
+        assert!(body.len() >= WATCHED_BODY);
+        let url = format!("{endpoint}/b/k");
+        let watch = Watch::default();
+        let r = store.c.watched_with(&watch, false, &url, &[], &body);
+        assert!(
+            matches!(r, Err(ureq::Error::Timeout(ureq::Timeout::SendBody))),
+            "{r:?}"
+        );
+        assert!(watch.fired.load(Ordering::Relaxed), "the watchdog ended it");
+        drop(held.recv());
+    }
 }

@@ -143,6 +143,9 @@ pub struct ListPage {
     pub common_prefixes: Vec<String>,
     /// The continuation token of the next page, when there is one.
     pub next: Option<String>,
+    /// `IsTruncated` as the page says it (`None`: the page does not say,
+    /// so it is no listing page: see `listing::Pager`).
+    pub truncated: Option<bool>,
 }
 
 /// Read a ListObjectsV2 answer (the listing's hot path: `benches/xml.rs`,
@@ -204,6 +207,7 @@ pub fn list_page(body: &str) -> Result<ListPage, XmlError> {
     if truncated == Some(false) {
         page.next = None;
     }
+    page.truncated = truncated;
     if url_encoded {
         for c in &mut page.contents {
             url_decode(&mut c.key);
@@ -471,6 +475,7 @@ mod tests {
 <Contents><Key>k</Key><Size>1</Size></Contents></ListBucketResult>";
         let p = list_page(last).unwrap();
         assert_eq!(p.next, None, "a page that says it is the last one");
+        assert_eq!(p.truncated, Some(false));
         assert_eq!(p.contents.len(), 1);
         let empty =
             list_page("<ListBucketResult><KeyCount>0</KeyCount></ListBucketResult>").unwrap();

@@ -56,6 +56,10 @@ pub struct Settings {
     pub connections: Option<u16>,
     /// `--no-remote-install`.
     pub no_remote_install: bool,
+    /// What the command line asks for that only ferry on the remote keeps
+    /// (`-H (hard links)`, ...): where ferry cannot run, the run stops
+    /// rather than go over SFTP without it.
+    pub only_ferry_keeps: Vec<String>,
 }
 
 static SETTINGS: OnceLock<Settings> = OnceLock::new();
@@ -514,6 +518,15 @@ impl Stderr {
 /// The longest round trip measured on this run's connections, in µs.
 static RTT_US: AtomicU64 = AtomicU64::new(0);
 
+/// This process only reads: every server is told so ([`read_only`]).
+static READ_ONLY: AtomicBool = AtomicBool::new(false);
+
+/// This process only reads (`ferry ls`, `ferry versions`, a dry run):
+/// every `ferry serve` it starts acts on no rollback record.
+pub fn read_only() {
+    READ_ONLY.store(true, Ordering::Relaxed);
+}
+
 /// The longest round trip to a host of this run (the first request's,
 /// measured when its connection was made); `None` before any connection.
 pub fn round_trip() -> Option<std::time::Duration> {
@@ -787,6 +800,9 @@ fn open(t: &Target) -> Result<Arc<Conn>, Failed> {
     // signature of a huge file, a big removal), a few per timeout.
     let every = (quiet::timeout() / 3).as_millis().max(1) as u64;
     let _ = conn.send(&Req::KeepAlive { ms: every });
+    if READ_ONLY.load(Ordering::Relaxed) {
+        let _ = conn.send(&Req::ReadOnly);
+    }
     let c = conn.clone();
     std::thread::spawn(move || read_replies(&c, stdout, child, err, errt));
     Ok(conn)
@@ -886,6 +902,17 @@ pub fn is_ssh_failure(why: &str) -> bool {
     ]
     .iter()
     .any(|s| why.contains(s))
+}
+
+/// True when `why`, a message of [`connect`] for a session that did not
+/// start, says that ferry cannot run on the host (none there, none
+/// installed: `--no-remote-install`, another OS or architecture, a server
+/// that runs no commands), where SFTP may serve the host instead. False
+/// when ssh itself failed, and when ferry refused: a cached file of its
+/// name that is not this binary ([`crate::install::NOT_THIS`]) is told
+/// and the run stops, as docs/CLI.md says.
+pub fn ferry_cannot_run(why: &str) -> bool {
+    !is_ssh_failure(why) && !why.contains(crate::install::NOT_THIS)
 }
 
 /// One line for a session that did not start: what ssh or the remote said.

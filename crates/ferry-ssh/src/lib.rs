@@ -20,7 +20,8 @@ pub mod store;
 pub mod watch;
 
 pub use conn::{
-    close_all, configure, note_round_trip, round_trip, split_words, Lost, Settings, Target,
+    close_all, configure, note_round_trip, read_only, round_trip, split_words, Lost, Settings,
+    Target,
 };
 pub use quiet::set_timeout;
 pub use serve::serve;

@@ -24,7 +24,7 @@ use ferry_engine::xattr::{XattrSel, Xattrs};
 use serde::{Deserialize, Serialize};
 
 /// The protocol version both ends must speak.
-pub const PROTOCOL: u32 = 9;
+pub const PROTOCOL: u32 = 10;
 /// The hello's first bytes.
 const MAGIC: &[u8; 12] = b"FERRY-SERVE\n";
 /// Largest frame accepted (a whole small file, a big directory's listing).
@@ -733,7 +733,13 @@ pub enum Req<'a> {
     /// The head blocks `changed` differ: the rollback record (with their
     /// old bytes) written and the patch begun (no reply; a failure comes
     /// back on [`Req::PatchCommit`]).
-    PatchBegin { file: u64, changed: Vec<u32> },
+    PatchBegin {
+        file: u64,
+        changed: Vec<u32>,
+        /// The new content's short hashes of the `changed` blocks, in
+        /// the same order (kept in the record).
+        hashes: Vec<u32>,
+    },
     /// Bytes of the patch at `at` (no reply).
     PatchWrite {
         file: u64,
@@ -762,6 +768,9 @@ pub enum Req<'a> {
         block: u64,
         key: [u8; 32],
     },
+    /// The client only reads (`ferry ls`, `ferry versions`, a dry run):
+    /// rollback records are never acted on nor removed (no reply).
+    ReadOnly,
 }
 
 /// An error on the wire: the OS error number when there is one, else the
@@ -904,6 +913,7 @@ pub enum Event {
     Overflow,
     Gone,
     Back,
+    Removed(#[serde(with = "serde_bytes")] Vec<u8>),
 }
 
 impl Event {
@@ -918,6 +928,7 @@ impl Event {
             C::Overflow(_) => Event::Overflow,
             C::Gone(_) => Event::Gone,
             C::Back(_) => Event::Back,
+            C::Removed(_, p) => Event::Removed(p),
         }
     }
 
@@ -932,6 +943,7 @@ impl Event {
             Event::Overflow => C::Overflow(side),
             Event::Gone => C::Gone(side),
             Event::Back => C::Back(side),
+            Event::Removed(p) => C::Removed(side, p),
         }
     }
 }

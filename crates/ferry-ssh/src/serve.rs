@@ -214,6 +214,10 @@ fn read_requests(
                 start_beat(st, ms);
                 continue;
             }
+            Req::ReadOnly => {
+                ferry_local::append::read_only();
+                continue;
+            }
             Req::Create { .. }
             | Req::Write { .. }
             | Req::WriteAt { .. }
@@ -398,7 +402,11 @@ fn write_files(st: &State, rx: &Receiver<Job>) {
                 size,
             } => delta::patch_from(st, dir, file, old, block, size),
             Req::Patch { file, ops } => delta::patch(st, file, ops),
-            Req::PatchBegin { file, changed } => delta::inplace_begin(st, file, &changed),
+            Req::PatchBegin {
+                file,
+                changed,
+                hashes,
+            } => delta::inplace_begin(st, file, &changed, &hashes),
             Req::PatchWrite { file, at, data } => delta::inplace_write(st, file, at, data),
             Req::PatchCommit {
                 file,
@@ -1081,6 +1089,7 @@ fn answer_io(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> io::Re
         | Req::PartRecord { .. }
         | Req::Abort { .. }
         | Req::Watch { .. }
+        | Req::ReadOnly
         | Req::KeepAlive { .. } => {
             unreachable!("handled in order by the reading and disk threads")
         }

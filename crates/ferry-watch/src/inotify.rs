@@ -70,6 +70,8 @@ pub struct Tree {
     limit_hit: bool,
     /// How often unwatched directories are polled.
     poll: Duration,
+    /// Counts the removals seen, as they are read (see [`Tree::count_removals`]).
+    guard: Option<(std::sync::Arc<ferry_engine::Guard>, usize)>,
 }
 
 impl Tree {
@@ -86,11 +88,25 @@ impl Tree {
             unwatched: Vec::new(),
             limit_hit: false,
             poll,
+            guard: None,
         };
         if !t.watch_root() {
             t.watch_parent();
         }
         Ok(t)
+    }
+
+    /// Count each removal seen in `g` (as its side `gside`), as soon as it
+    /// is read: a run in flight checks the count before each removal.
+    pub fn count_removals(&mut self, g: std::sync::Arc<ferry_engine::Guard>, gside: usize) {
+        self.guard = Some((g, gside));
+    }
+
+    /// One removal seen (see [`Tree::count_removals`]).
+    fn removal_seen(&self) {
+        if let Some((g, gside)) = &self.guard {
+            g.removal_seen(*gside);
+        }
     }
 
     /// Directories watched.
@@ -360,6 +376,8 @@ impl Tree {
                         | ReadFlags::UNMOUNT,
                 ) {
                     if Some(wd) == self.root_wd {
+                        // The root itself removed: a removal as well.
+                        self.removal_seen();
                         self.root_wd = None;
                         self.drop_dir(b"");
                         self.watch_parent();
@@ -420,6 +438,11 @@ impl Tree {
                 // Its own watch reports it too (as `Dir`).
                 continue;
             }
+            if fl.contains(ReadFlags::DELETE) {
+                self.removal_seen();
+                out.push(Change::Removed(side, path));
+                continue;
+            }
             // A file being written waits for its close or for quiet.
             let ready = !fl.intersects(ReadFlags::MODIFY | ReadFlags::CREATE) || isdir;
             out.push(Change::Entry(side, path, ready));
@@ -429,7 +452,8 @@ impl Tree {
             if isdir {
                 self.drop_dir(&from);
             }
-            out.push(Change::Entry(side, from, true));
+            self.removal_seen();
+            out.push(Change::Removed(side, from));
         }
         out
     }

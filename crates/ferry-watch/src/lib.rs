@@ -34,6 +34,9 @@ pub enum Change {
     /// An entry at this path changed; `true` when it is complete (closed,
     /// removed, renamed), `false` while it may still be written.
     Entry(usize, Vec<u8>, bool),
+    /// An entry at this path was removed (or moved out of the tree): see
+    /// [`Pending`]'s hold on removals.
+    Removed(usize, Vec<u8>),
     /// A directory's own metadata changed.
     Dir(usize, Vec<u8>),
     /// A directory appeared (created, moved in) or must be compared whole.
@@ -109,12 +112,25 @@ pub struct Config {
     /// Interval for degraded sides (local directories without a watch, a
     /// [`Source`] that cannot notify or lost its watch).
     pub degraded_poll: Duration,
+    /// Where the local trees count the removals they see, as they come
+    /// (a run in flight stops its removals when one comes).
+    pub guard: Option<std::sync::Arc<ferry_engine::Guard>>,
+    /// The guard's side (0: SRC or A, 1: B) of each of `local`, when it is
+    /// not its index (a bisync whose side A is remote).
+    pub guard_sides: Vec<usize>,
 }
 
 /// The longest a path written without a close waits: a log file written
 /// all the time is still copied this often.
 fn max_wait(settle: Duration) -> Duration {
     (settle * 20).max(Duration::from_secs(2))
+}
+
+/// How long removals must have stopped before a run may mirror them:
+/// `settle`, and at least a second (an `rm -rf` of a root preempted on a
+/// busy machine pauses, and must not look finished before the root goes).
+pub fn removal_quiet(settle: Duration) -> Duration {
+    settle.max(Duration::from_secs(1))
 }
 
 struct Item {
@@ -127,6 +143,14 @@ struct Item {
 }
 
 /// Changes coalesced per path until they are run.
+///
+/// Removals are held: while entries are being removed (the last removal
+/// less than [`removal_quiet`] ago), nothing runs, full or scoped, so the removal
+/// of a whole root (`rm -rf SRC`: its entries first, the root last) is
+/// seen as the root gone before any run could mirror the removals inside
+/// it. Once removals are quiet, the run checks that the root is the one
+/// watched (its device and inode, `ferry_engine::Guard`) before it does
+/// anything.
 #[derive(Default)]
 struct Pending {
     items: HashMap<(usize, Vec<u8>), Item>,
@@ -134,6 +158,8 @@ struct Pending {
     full: bool,
     full_since: Option<Instant>,
     gone: Vec<usize>,
+    /// When the last removal was seen.
+    removed: Option<Instant>,
 }
 
 fn parent(p: &[u8]) -> Vec<u8> {
@@ -175,6 +201,10 @@ impl Pending {
     fn add(&mut self, c: Change, now: Instant, note: &mut dyn FnMut(&'static str, String)) {
         match c {
             Change::Entry(s, p, ready) => self.touch(s, p, ready, false, false, now),
+            Change::Removed(s, p) => {
+                self.touch(s, p, true, false, false, now);
+                self.removed = Some(now);
+            }
             Change::Dir(s, p) => self.touch(s, p, true, false, true, now),
             Change::Deep(s, p) => self.touch(s, p, true, true, true, now),
             Change::Rename(s, from, to, isdir) => {
@@ -229,10 +259,20 @@ impl Pending {
         self.full_since.get_or_insert(now);
     }
 
+    /// The end of the hold on removals, while it lasts.
+    fn held(&self, now: Instant, settle: Duration) -> Option<Instant> {
+        self.removed
+            .map(|t| t + removal_quiet(settle))
+            .filter(|&end| now < end)
+    }
+
     /// When the next item becomes ready, if none is.
     fn deadline(&self, settle: Duration) -> Option<Instant> {
         if !self.gone.is_empty() {
             return None;
+        }
+        if let Some(end) = self.held(Instant::now(), settle) {
+            return Some(end);
         }
         if self.full || self.items.values().any(|i| i.ready) {
             return Some(Instant::now());
@@ -246,7 +286,7 @@ impl Pending {
     /// The work ready at `now` (taken out), with the time of its oldest
     /// change.
     fn take(&mut self, now: Instant, settle: Duration) -> Option<(Work, Instant)> {
-        if !self.gone.is_empty() {
+        if !self.gone.is_empty() || self.held(now, settle).is_some() {
             return None;
         }
         if self.full {
@@ -317,7 +357,11 @@ pub fn watch_with(
         return 2;
     }
     for (side, root) in cfg.local.iter().enumerate() {
-        if let Err(e) = start_tree(side, root, cfg.degraded_poll, tx.clone(), status) {
+        let guard = cfg
+            .guard
+            .clone()
+            .map(|g| (g, cfg.guard_sides.get(side).copied().unwrap_or(side)));
+        if let Err(e) = start_tree(side, root, cfg.degraded_poll, guard, tx.clone(), status) {
             note(&format!("{}: inotify: {e}", root.display()));
             return 2;
         }
@@ -441,10 +485,14 @@ fn start_tree(
     side: usize,
     root: &std::path::Path,
     poll: Duration,
+    guard: Option<(std::sync::Arc<ferry_engine::Guard>, usize)>,
     tx: Sender<Msg>,
     status: &Status,
 ) -> std::io::Result<()> {
-    let tree = inotify::Tree::new(side, root, poll)?;
+    let mut tree = inotify::Tree::new(side, root, poll)?;
+    if let Some((g, gside)) = guard {
+        tree.count_removals(g, gside);
+    }
     status.watched(tree.watched());
     std::thread::Builder::new()
         .name(format!("ferry-inotify-{side}"))

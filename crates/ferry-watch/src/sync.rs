@@ -5,7 +5,7 @@
 use std::ffi::CString;
 use std::io;
 
-use ferry_engine::{Action, Engine, Kind, Mode, Options, Refused, Reporter, Stats, Store};
+use ferry_engine::{Action, Engine, Guard, Kind, Mode, Options, Refused, Reporter, Stats, Store};
 
 use crate::{Outcome, Target, Work};
 
@@ -21,6 +21,9 @@ pub struct SyncTarget<'a, S: Store, D: Store> {
     pub rep: &'a dyn Reporter,
     /// Turns a run's error into its one line.
     pub describe: &'a dyn Fn(&io::Error) -> String,
+    /// What every run checks first, full or scoped: the roots are the ones
+    /// watched, and `--max-delete` over the window of the watch's runs.
+    pub guard: &'a Guard,
 }
 
 /// The directory of `rel` opened from the root, component by component;
@@ -85,6 +88,21 @@ impl<S: Store, D: Store> SyncTarget<'_, S, D> {
 impl<S: Store, D: Store> Target for SyncTarget<'_, S, D> {
     fn run(&mut self, work: &Work) -> Outcome {
         let stats = Stats::default();
+        let e = Engine::new(self.src, self.dst, self.opts, &stats, self.rep).guarded(self.guard);
+        let failed = |e: &io::Error| {
+            Some(match Refused::of(e) {
+                Some(r) => format!("{r} (watching on)"),
+                None => format!("{} (watching on)", (self.describe)(e)),
+            })
+        };
+        // The roots are the ones watched before anything is done, the
+        // renames below included (the run checks them again).
+        if let Err(err) = e.check_roots() {
+            return Outcome {
+                errors: 0,
+                failed: failed(&err),
+            };
+        }
         let mut scope = work.scope.clone();
         if !work.full {
             for (from, to, isdir) in &work.renames {
@@ -107,7 +125,6 @@ impl<S: Store, D: Store> Target for SyncTarget<'_, S, D> {
         if let Some(k) = &self.opts.keep {
             k.restamp(ferry_engine::keep::clock_now());
         }
-        let e = Engine::new(self.src, self.dst, self.opts, &stats, self.rep);
         let res = if work.full {
             e.run_tree()
         } else {
@@ -121,10 +138,7 @@ impl<S: Store, D: Store> Target for SyncTarget<'_, S, D> {
             },
             Err(e) => Outcome {
                 errors,
-                failed: Some(match Refused::of(&e) {
-                    Some(r) => format!("{r} (watching on)"),
-                    None => format!("{} (watching on)", (self.describe)(&e)),
-                }),
+                failed: failed(&e),
             },
         }
     }

@@ -119,6 +119,44 @@ fn overflow_and_roots_say_so_once_and_compare_everything() {
     assert!(p.take(t0, settle).expect("back").0.full);
 }
 
+/// Removals hold every run, full or scoped, until they have been quiet for
+/// `settle`: an `rm -rf` of the root is seen as the root gone (nothing
+/// runs while it is) before a run could mirror the removals inside it.
+#[test]
+fn removals_hold_every_run_until_they_are_quiet() {
+    let settle = Duration::from_millis(100);
+    let q = removal_quiet(settle);
+    let t0 = Instant::now();
+    let mut p = Pending::default();
+    collect(
+        &mut p,
+        vec![
+            Change::Entry(0, b"w".to_vec(), true),
+            Change::Removed(0, b"a/f".to_vec()),
+            Change::Overflow(0),
+        ],
+        t0,
+    );
+    assert!(p.take(t0, settle).is_none(), "held: nothing runs");
+    assert!(
+        p.take(t0 + settle, settle).is_none(),
+        "held longer than settle"
+    );
+    let t1 = t0 + q / 2;
+    collect(&mut p, vec![Change::Removed(0, b"a/g".to_vec())], t1);
+    assert!(p.take(t0 + q, settle).is_none(), "a later removal holds on");
+    // The root goes last: nothing runs while it is gone.
+    collect(&mut p, vec![Change::Gone(0)], t1);
+    assert!(p.take(t1 + q * 2, settle).is_none());
+    collect(&mut p, vec![Change::Back(0)], t1);
+    assert!(p.take(t1 + q * 2, settle).expect("back").0.full);
+    // Removals quiet, root there: they run.
+    collect(&mut p, vec![Change::Removed(0, b"b/h".to_vec())], t1);
+    assert!(p.take(t1, settle).is_none());
+    let (w, _) = p.take(t1 + q, settle).expect("quiet");
+    assert_eq!(dirs(&w), vec![("b".into(), false)]);
+}
+
 /// Records each run's work for the test driving the loop.
 struct Rec(std::sync::mpsc::Sender<Work>);
 
@@ -153,6 +191,8 @@ impl Source for Refused {
 
 fn cfg(poll: Option<Duration>) -> Config {
     Config {
+        guard: None,
+        guard_sides: Vec::new(),
         local: Vec::new(),
         poll,
         settle: Duration::from_millis(10),

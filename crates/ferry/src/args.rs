@@ -215,6 +215,11 @@ pub struct WriteArgs {
     /// default.
     #[arg(long)]
     pub delta: bool,
+    /// Apply setuid, setgid and sticky bits of modes that come from S3
+    /// object metadata or another host (SSH, SFTP); without it they are
+    /// dropped, with one note.
+    #[arg(long)]
+    pub keep_special_bits: bool,
 }
 
 impl WriteArgs {
@@ -266,16 +271,34 @@ pub struct TransferArgs {
 }
 
 impl TransferArgs {
-    /// Make the SSH flags this run's settings for SSH locations.
-    pub fn configure_ssh(&self) {
+    /// Make the SSH flags this run's settings for SSH locations; `keeps`:
+    /// what the command line asks for that only ferry on the remote keeps
+    /// ([`only_ferry_keeps`]).
+    pub fn configure_ssh(&self, keeps: Vec<String>) {
         ferry_ssh::configure(ferry_ssh::Settings {
             rsh: self.rsh.clone(),
             remote_ferry: self.remote_ferry.clone(),
             connections: self.connections,
             no_remote_install: self.no_remote_install,
+            only_ferry_keeps: keeps,
         });
         ferry_backends::force_sftp(self.sftp);
     }
+}
+
+/// What `-H` and `attrs` ask for that SFTP cannot keep (docs/CLI.md,
+/// "SFTP"): a host where ferry cannot run is then not served over SFTP in
+/// its place.
+pub fn only_ferry_keeps(hard_links: bool, attrs: &AttrArgs) -> Vec<String> {
+    [
+        (hard_links, "-H (hard links)"),
+        (attrs.xattrs, "-X (extended attributes)"),
+        (attrs.acls, "-A (ACLs)"),
+    ]
+    .iter()
+    .filter(|(on, _)| *on)
+    .map(|(_, what)| what.to_string())
+    .collect()
 }
 
 /// `--watch` and its settings (copy, sync, bisync; docs/CLI.md).
@@ -603,56 +626,7 @@ pub fn check_pair(a: &Root, b: &Root) -> Result<(), String> {
     // Another path to the same directory (a bind mount, a symlink) is
     // caught by device and inode.
     if let (Some(x), Some(y)) = (a.local_path(), b.local_path()) {
-        overlap_by_identity(x, y, ("A", "B"))?;
-    }
-    Ok(())
-}
-
-/// (device, inode) of a directory, following symlinks; `None` if it cannot
-/// be stat'ed (a DST not created yet).
-fn identity(p: &Path) -> Option<(u64, u64)> {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()))
-}
-
-/// Refuse SRC and DST directories that are the same, or one inside the
-/// other, by the identity of every ancestor rather than by path: a bind
-/// mount (or any second path to a directory) shows the same directory
-/// under another name, which path comparison cannot see.
-fn overlap_by_identity(src: &Path, dst: &Path, (sn, dn): (&str, &str)) -> Result<(), String> {
-    let chain = |p: &Path| -> Vec<((u64, u64), PathBuf)> {
-        p.ancestors()
-            .filter_map(|a| identity(a).map(|id| (id, a.to_path_buf())))
-            .collect()
-    };
-    let (Some(sid), dst_chain) = (identity(src), chain(dst)) else {
-        return Ok(());
-    };
-    if let Some((_, at)) = dst_chain.iter().find(|(id, _)| *id == sid) {
-        return Err(if at == dst {
-            format!(
-                "{sn} {} and {dn} {} are the same directory (same device and inode: a bind mount or another path to it)",
-                src.display(),
-                dst.display()
-            )
-        } else {
-            format!(
-                "{dn} {} is inside {sn} {}: {} is the same directory as {sn} (same device and inode: a bind mount or another path to it)",
-                dst.display(),
-                src.display(),
-                at.display()
-            )
-        });
-    }
-    if let Some(did) = identity(dst) {
-        if let Some((_, at)) = chain(src).iter().find(|(id, _)| *id == did) {
-            return Err(format!(
-                "{sn} {} is inside {dn} {}: {} is the same directory as {dn} (same device and inode: a bind mount or another path to it)",
-                src.display(),
-                dst.display(),
-                at.display()
-            ));
-        }
+        crate::identity::roots(x, y, ("A", "B"))?;
     }
     Ok(())
 }
@@ -707,7 +681,7 @@ pub fn resolve(src: &Path, dst: &Path) -> Result<Job, String> {
                     dst_abs.display()
                 ));
             }
-            overlap_by_identity(&src_abs, &dst_abs, ("SRC", "DST"))?;
+            crate::identity::roots(&src_abs, &dst_abs, ("SRC", "DST"))?;
             if let Some(m) = dm {
                 if m.kind != Kind::Dir {
                     return Err(format!(

@@ -4,6 +4,7 @@
 
 mod args;
 mod filter_args;
+mod identity;
 mod output;
 mod remote;
 mod versions;
@@ -43,13 +44,28 @@ fn main() -> ExitCode {
         Command::Ls(_) | Command::Cleanup(_) | Command::Serve => None,
         Command::Versions(_) | Command::Restore(_) => None,
     };
+    // Read-only commands never act on (nor remove) a rollback record a
+    // killed run left: they list what is there.
+    let read_only = match &cli.command {
+        Command::Copy(a) | Command::Sync(a) => a.dry_run,
+        Command::Bisync(a) => a.dry_run,
+        Command::Restore(a) => a.dry_run,
+        Command::Ls(_) | Command::Versions(_) => true,
+        Command::Cleanup(_) | Command::Serve => false,
+    };
+    if read_only {
+        ferry_local::append::read_only();
+        ferry_ssh::read_only();
+    }
     match &cli.command {
-        Command::Copy(a) | Command::Sync(a) => a.tx.configure_ssh(),
-        Command::Bisync(a) => a.tx.configure_ssh(),
-        Command::Ls(a) => a.tx.configure_ssh(),
+        Command::Copy(a) | Command::Sync(a) => {
+            a.tx.configure_ssh(args::only_ferry_keeps(a.hard_links, &a.attrs))
+        }
+        Command::Bisync(a) => a.tx.configure_ssh(args::only_ferry_keeps(false, &a.attrs)),
+        Command::Ls(a) => a.tx.configure_ssh(Vec::new()),
         Command::Cleanup(_) | Command::Serve => {}
-        Command::Versions(a) => a.tx.configure_ssh(),
-        Command::Restore(a) => a.tx.configure_ssh(),
+        Command::Versions(a) => a.tx.configure_ssh(Vec::new()),
+        Command::Restore(a) => a.tx.configure_ssh(Vec::new()),
     }
     if let Some(t) = cli.timeout {
         ferry_s3::set_timeout(t);
@@ -87,7 +103,18 @@ fn run_sync(a: SyncArgs, mode: ferry_engine::Mode) -> Result<u8, String> {
     let filter = a.filter.build()?;
     // What the run replaces or deletes is kept (docs/CLI.md, "Keeping what
     // is replaced"); a bad option is a usage error, before any change.
-    let keep = args::keeper(&a.keep, &job.dst)?.map(std::sync::Arc::new);
+    let mut keep = args::keeper(&a.keep, &job.dst)?;
+    // Where it keeps them, compared with SRC and DST by device and inode.
+    if let (Some(k), Some(dst)) = (keep.as_mut(), job.dst.local_path()) {
+        let src = job.src.local_path().filter(|_| job.one.is_none());
+        let others: Vec<(&str, &std::path::Path)> = src.map(|s| ("SRC", s)).into_iter().collect();
+        identity::keep_dir(k, "--backup-dir", ("DST", dst), &others)?;
+        if let (Some((sn, dn)), Some(sdir)) = (&job.one, job.src.local_path()) {
+            let src = sdir.join(std::ffi::OsStr::from_bytes(sn.to_bytes()));
+            identity::keep_file(k, dst, dn.to_bytes(), &src)?;
+        }
+    }
+    let keep = keep.map(std::sync::Arc::new);
     let jobs = args::jobs_for(a.tx.jobs, &[&job.src, &job.dst]);
     let opts = ferry_engine::Options {
         mode,
@@ -103,6 +130,7 @@ fn run_sync(a: SyncArgs, mode: ferry_engine::Mode) -> Result<u8, String> {
         hard_links: a.hard_links,
         delta: a.write.delta_mode(),
         keep,
+        keep_special_bits: a.write.keep_special_bits,
     };
     let stats = std::sync::Arc::new(Stats::default());
     output::track_stats(&stats);
@@ -160,9 +188,14 @@ fn check_keep(
     Ok(())
 }
 
-/// With -v: what each store did beyond plain requests (resumed transfers,
-/// requests that cost), `role` naming it.
+/// What each store ignored (always), and with -v what it did beyond plain
+/// requests (resumed transfers, requests that cost), `role` naming it.
 fn print_notes(stores: &[(&AnyStore, &str)], verbose: bool) {
+    for (s, role) in stores {
+        for n in s.warnings(role) {
+            eprintln!("ferry: {}", text_name_string(n.as_bytes()));
+        }
+    }
     if verbose {
         for (s, role) in stores {
             for n in s.notes(role) {
@@ -285,6 +318,8 @@ fn run_bisync(a: BisyncArgs) -> Result<u8, String> {
         xattrs: a.attrs.sel(),
         delta: a.write.delta_mode(),
         keep: [None, None],
+        keep_special_bits: a.write.keep_special_bits,
+        guard: None,
     };
     let cli = CliReporter::new(a.out.json, a.out.verbose > 0 || a.dry_run, a.dry_run);
     let stats = std::sync::Arc::new(Stats::default());
@@ -347,7 +382,6 @@ fn bisync_keepers(
     roots: [&ferry_backends::Root; 2],
     stores: [&AnyStore; 2],
 ) -> Result<[Option<ferry_engine::keep::Keeper>; 2], String> {
-    use ferry_engine::keep::KeepBase;
     let own = [&a.keep_sides.backup_dir1, &a.keep_sides.backup_dir2];
     let mut out = [None, None];
     for i in 0..2 {
@@ -358,11 +392,19 @@ fn bisync_keepers(
             k.backup_dir = Some(d.clone());
             flag = format!("--backup-dir{}", i + 1);
         }
-        let Some(keeper) = args::keeper(&k, roots[i])
+        let Some(mut keeper) = args::keeper(&k, roots[i])
             .map_err(|e| e.replacen("--backup-dir", &flag, 1).replace("DST", side))?
         else {
             continue;
         };
+        // Where it keeps them, compared with both replicas by device and
+        // inode (a symlink, `..` or a bind mount into the other replica).
+        if let Some(own) = roots[i].local_path() {
+            let other = roots[1 - i].local_path();
+            let others: Vec<(&str, &std::path::Path)> =
+                other.map(|o| (["A", "B"][1 - i], o)).into_iter().collect();
+            identity::keep_dir(&mut keeper, &flag, (side, own), &others)?;
+        }
         let base = keeper.target(b"", 1).0;
         if !stores[i].can_keep(&base) {
             return Err(format!(
@@ -371,33 +413,18 @@ fn bisync_keepers(
                 text_name_string(&keeper.place(b"")),
             ));
         }
-        if let (KeepBase::Abs(p), Some(other)) = (&base, roots[1 - i].local_path()) {
-            if std::path::Path::new(std::ffi::OsStr::from_bytes(p)).starts_with(other) {
-                return Err(format!(
-                    "{flag} {}: inside the other replica ({}), which would sync what {side} keeps: give a directory outside both replicas",
-                    text_name_string(p),
-                    other.display()
-                ));
-            }
-        }
         out[i] = Some(keeper);
     }
     // One directory for both local replicas (`--backup-dir /x`, or `../old`
-    // beside both): A's and B's versions of a path would overwrite each other.
-    if let (Some(ka), Some(kb), Some(_), Some(_)) = (
+    // beside both, or one inside the other): A's and B's versions of a path
+    // would overwrite each other.
+    if let (Some(ka), Some(kb), Some(ra), Some(rb)) = (
         &out[0],
         &out[1],
         roots[0].local_path(),
         roots[1].local_path(),
     ) {
-        if let (KeepBase::Abs(x), KeepBase::Abs(y)) = (ka.target(b"", 1).0, kb.target(b"", 1).0) {
-            if x == y {
-                return Err(format!(
-                    "--backup-dir: {} would be the backup directory of both A and B (their kept files would overwrite each other): give each its own with --backup-dir1 and --backup-dir2",
-                    text_name_string(&x)
-                ));
-            }
-        }
+        identity::distinct(ka, ra, kb, rb)?;
     }
     Ok(out)
 }

@@ -15,11 +15,20 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 /// The cause of an error, without the "(os error N)" suffix.
 pub fn cause(e: &io::Error) -> String {
-    let s = e.to_string();
-    match s.find(" (os error") {
-        Some(i) => s[..i].to_string(),
-        None => s,
+    let mut s = e.to_string();
+    // Each ` (os error N)`, wherever it is: a message may quote an OS
+    // error inside its own words (`SFTP session lost (Connection reset by
+    // peer (os error 104)) (ssh: ...)`), which stay whole.
+    while let Some(i) = s.find(" (os error ") {
+        match s[i..].find(')') {
+            Some(j) => s.replace_range(i..i + j + 1, ""),
+            None => {
+                s.truncate(i);
+                break;
+            }
+        }
     }
+    s
 }
 
 /// An error line, `ferry: PATH: cause`, with the path and the cause escaped
@@ -330,13 +339,17 @@ impl Reporter for CliReporter {
 }
 
 /// Reports what a run reports (copy, sync or bisync), except the errors of
-/// requests refused because an S3 endpoint was declared unreachable: those
-/// make one line at the end, with their count, instead of one line per
-/// entry (they stay counted in the summary's errors).
+/// requests refused because an S3 endpoint was declared unreachable or an
+/// SSH or SFTP connection was lost: those make one line at the end instead
+/// of one line per entry (they stay counted in the summary's errors).
+///
+/// The line says the run stopped and that a rerun finishes it, with no
+/// count of what is left: the entries that failed are only those reached
+/// before the loss (a scan cut short never saw the rest), so their number
+/// is not what a rerun has to do.
 pub struct Unreachable<'a> {
     inner: &'a CliReporter,
     why: std::sync::OnceLock<String>,
-    undone: std::sync::atomic::AtomicU64,
 }
 
 impl<'a> Unreachable<'a> {
@@ -344,34 +357,36 @@ impl<'a> Unreachable<'a> {
         Unreachable {
             inner,
             why: std::sync::OnceLock::new(),
-            undone: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
-    /// True when `err` is one of those requests (or of a lost SSH
-    /// connection): counted, not shown.
+    /// True when `err` is one of those requests (or of a lost SSH or SFTP
+    /// connection): not shown, told once by [`Unreachable::finish`].
     fn swallowed(&self, err: &io::Error) -> bool {
         if !(ferry_s3::Unreachable::is(err) || ferry_ssh::Lost::is(err)) {
             return false;
         }
         let _ = self.why.set(cause(err));
-        self.undone
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         true
     }
 
-    /// The one line, if the endpoint was declared unreachable.
+    /// The one line, if the endpoint was declared unreachable or the
+    /// connection lost.
     pub fn finish(&self) {
         if let Some(why) = self.why.get() {
-            let n = self.undone.load(std::sync::atomic::Ordering::Relaxed);
-            let line = format!(
-                "ferry: {}; stopped, {n} {} left undone",
-                text_name_string(why.as_bytes()),
-                if n == 1 { "entry" } else { "entries" }
-            );
+            let line = stopped_line(why);
             self.inner.with_bar_suspended(|| eprintln!("{line}"));
         }
     }
+}
+
+/// The line of a run stopped by `why` (an endpoint unreachable, a
+/// connection lost): no count of what is left, which is not known.
+fn stopped_line(why: &str) -> String {
+    format!(
+        "ferry: {}; stopped; rerun to finish",
+        text_name_string(why.as_bytes())
+    )
 }
 
 impl Reporter for Unreachable<'_> {
@@ -714,5 +729,24 @@ impl Progress {
     pub fn finish(self) {
         let _ = self.stop.send(());
         let _ = self.handle.join();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn causes_lose_os_error_numbers_only() {
+        let e = |m: &str| cause(&io::Error::other(m.to_string()));
+        assert_eq!(
+            e("h: SFTP session lost (Connection reset by peer (os error 104)) (ssh: gone)"),
+            "h: SFTP session lost (Connection reset by peer) (ssh: gone)"
+        );
+        assert_eq!(
+            cause(&io::Error::from_raw_os_error(2)),
+            "No such file or directory"
+        );
+        assert_eq!(e("odd (os error 5"), "odd");
     }
 }

@@ -348,6 +348,12 @@ fn check_overlap(job: &Job) -> Result<(), String> {
         {
             return Err(format!("SRC {pa} and DST {pb} overlap"));
         }
+        if a.host == b.host && a.port == b.port && job.one.is_none() {
+            // Another path to one directory there (a symlink, `..`): by
+            // device and inode, as the server answers.
+            let s = ferry_backends::remote(&job.src).map_err(|e| format!("SRC {pa}: {e}"))?;
+            return remote_overlap(&s, (&a.path, &pa), (&b.path, &pb));
+        }
         return Ok(());
     }
     let (Root::S3(a), Root::S3(b)) = (&job.src, &job.dst) else {
@@ -376,6 +382,49 @@ fn check_overlap(job: &Job) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// (device, inode) of a remote directory and of each directory above it
+/// (`p/..`, `p/../..`, ...: the server resolves symlinks on the way).
+fn remote_chain(s: &Remote, p: &[u8]) -> Vec<(u64, u64)> {
+    let mut at = if p.is_empty() {
+        b".".to_vec()
+    } else {
+        p.to_vec()
+    };
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for _ in 0..256 {
+        let id = match s.stat_path(&at, true) {
+            Ok(Some(m)) if m.ino != 0 => (m.dev, m.ino),
+            _ => break,
+        };
+        if out.contains(&id) {
+            break;
+        }
+        out.push(id);
+        at.extend_from_slice(b"/..");
+    }
+    out
+}
+
+/// Refuse remote roots on one server (`path`, shown as `id`) that are the
+/// same directory or one inside the other, by identity.
+fn remote_overlap(s: &Remote, src: (&[u8], &str), dst: (&[u8], &str)) -> Result<(), String> {
+    let (cs, cd) = (remote_chain(s, src.0), remote_chain(s, dst.0));
+    let why = "same device and inode: another path to it";
+    match (cs.first(), cd.first()) {
+        (Some(x), Some(y)) if x == y => Err(format!(
+            "SRC {} and DST {} are the same directory ({why})",
+            src.1, dst.1
+        )),
+        (Some(x), _) if cd.contains(x) => {
+            Err(format!("DST {} is inside SRC {} ({why})", dst.1, src.1))
+        }
+        (_, Some(y)) if cs.contains(y) => {
+            Err(format!("SRC {} is inside DST {} ({why})", src.1, dst.1))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// `ls`: the one entry `loc` names when it is not a tree (a local file, an

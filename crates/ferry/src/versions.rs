@@ -67,18 +67,10 @@ fn utc(unix: i64) -> String {
     }
 }
 
-/// The location of `rel` below `root`, as a user writes it.
+/// The location of `rel` below `root`, as a user writes it (escaped as
+/// text output escapes names).
 fn location(root: &Root, rel: &[u8]) -> String {
-    let id = root.id();
-    let base = id.trim_end_matches('/');
-    if rel.is_empty() {
-        return if base.is_empty() {
-            id
-        } else {
-            base.to_string()
-        };
-    }
-    text_name_string(&[base.as_bytes(), b"/", rel].concat())
+    text_name_string(&location_bytes(root, rel))
 }
 
 /// A local path made absolute, its directories resolved (as many as
@@ -188,9 +180,11 @@ fn find_replica(path: &Path, endpoint: Option<&str>) -> Result<Replica, String> 
                     b"/" => [b"/", VERSIONS_DIR].concat(),
                     _ => [c, b"/", VERSIONS_DIR].concat(),
                 };
-                let m = s
-                    .stat_path(&probe, true)
-                    .map_err(|e| format!("{typed}: {}", cause(&e)))?;
+                // A file at PATH: no `.ferry-versions` below it.
+                let m = match s.stat_path(&probe, true) {
+                    Err(e) if missing(&e) => None,
+                    r => r.map_err(|e| format!("{typed}: {}", cause(&e)))?,
+                };
                 if m.is_some_and(|m| m.kind == Kind::Dir) {
                     let rel = path[cut..].strip_prefix(b"/").unwrap_or(&path[cut..]);
                     return Ok(Replica {
@@ -340,7 +334,44 @@ fn lookup(path: &Path, endpoint: Option<&str>) -> Result<(Replica, AnyStore, Tar
     }
 }
 
-/// One version as a JSON object.
+/// The location of `rel` below `root` as raw bytes (what `--json` gives:
+/// the name as it is, never escaped; `location` is its text form). One
+/// `/` between the root and `rel`, none doubled.
+fn location_bytes(root: &Root, rel: &[u8]) -> Vec<u8> {
+    let mut id = match root {
+        Root::Local(p) => p.as_os_str().as_bytes().to_vec(),
+        Root::S3(c) => format!("s3://{}/{}", c.bucket, c.prefix.trim_matches('/')).into_bytes(),
+        Root::Ssh(r) | Root::Sftp(r) => {
+            let mut path = r.path.as_slice();
+            while path.len() > 1 && path.ends_with(b"/") {
+                path = &path[..path.len() - 1];
+            }
+            match r.port {
+                Some(p) => [
+                    format!("ssh://{}:{p}/", r.host).as_bytes(),
+                    path.strip_prefix(b"/").unwrap_or(path),
+                ]
+                .concat(),
+                None => [format!("{}:", r.host).as_bytes(), path].concat(),
+            }
+        }
+    };
+    if rel.is_empty() {
+        return id;
+    }
+    while id.ends_with(b"//") && !id.ends_with(b"://") {
+        id.pop();
+    }
+    // `host:` (a remote home) and `s3://b/` take the path as it is.
+    if !id.is_empty() && !id.ends_with(b"/") && !id.ends_with(b":") {
+        id.push(b'/');
+    }
+    id.extend_from_slice(rel.strip_prefix(b"/").unwrap_or(rel));
+    id
+}
+
+/// One version as a JSON object: paths as the other JSON outputs give
+/// names (a string; with `KEY_bytes` in base64 when not UTF-8).
 fn json_line(out: &mut Vec<u8>, root: &Root, v: &Version) {
     out.extend_from_slice(b"{\"type\":\"version\",");
     json_name(out, "path", &v.rel());
@@ -348,15 +379,15 @@ fn json_line(out: &mut Vec<u8>, root: &Root, v: &Version) {
     json_string(out, &format!("{}Z", utc(v.kept).replace(' ', "T")));
     let _ = write!(
         out,
-        ",\"kept_unix\":{},\"size\":{},\"mtime_ns\":{},\"mode\":{},\"where\":",
+        ",\"kept_unix\":{},\"size\":{},\"mtime_ns\":{},\"mode\":{},",
         v.kept,
         v.meta.size,
         v.meta.mtime_ns(),
         v.meta.mode
     );
-    json_string(out, &location(root, &v.path()));
-    out.extend_from_slice(b",\"root\":");
-    json_string(out, &location(root, b""));
+    json_name(out, "where", &location_bytes(root, &v.path()));
+    out.push(b',');
+    json_name(out, "root", &location_bytes(root, b""));
     out.extend_from_slice(b"}\n");
 }
 
@@ -535,26 +566,37 @@ pub fn run_restore(a: RestoreArgs) -> Result<u8, String> {
             .map_err(|e| format!("{shown}: not restored: {}", cause(&e)))?;
         kept_as = Some(p);
     }
+    // Put back everything a run keeps: mode, times, owner (as root) by the
+    // commit, and every extended attribute and ACL the store can keep.
+    let caps = store.xattr_caps();
+    let xr = ferry_engine::xattr::XattrRun::new(ferry_engine::xattr::XattrSel::ALL, caps, caps);
+    let moved = AtomicU64::new(0);
+    let c = Copier {
+        src: &store,
+        dst: &store,
+        fsync: true,
+        bwlimit: None,
+        moved: &moved,
+        xattrs: xr.active(),
+        delta: None,
+        keep: None,
+        mtime_step: ferry_engine::store::mtime_step(&store, &store),
+        // A version the store kept of its own file: its mode as it was.
+        special: None,
+    };
     if v.meta.kind == Kind::Symlink {
         let target = store.read_link(&vdir, &vname).map_err(fail)?;
         store
             .create_symlink(&dir, &cname, &target, &v.meta)
             .map_err(fail)?;
+        c.new_entry_xattrs(&vdir, &vname, &dir, &cname, &v.meta)
+            .map_err(fail)?;
     } else {
-        let moved = AtomicU64::new(0);
-        let c = Copier {
-            src: &store,
-            dst: &store,
-            fsync: true,
-            bwlimit: None,
-            moved: &moved,
-            xattrs: None,
-            delta: None,
-            keep: None,
-            mtime_step: ferry_engine::store::mtime_step(&store, &store),
-        };
         c.copy_file(&vdir, &vname, &dir, &cname, &rel, &v.meta, current.as_ref())
             .map_err(fail)?;
+    }
+    if let Some(n) = xr.note(&location(root, &rel)) {
+        eprintln!("ferry: note: {n}");
     }
     let mut line = format!("restored {shown} from {from} (kept {} UTC)", utc(v.kept));
     if let Some(p) = kept_as {

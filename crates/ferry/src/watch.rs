@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use ferry_backends::{AnyStore, Opts, Root};
+use ferry_engine::Store;
 use ferry_watch::{Config, Outcome, Source, Status, Target, Tee, Work};
 
 use crate::args::{Job, KeepArgs, WatchArgs};
@@ -14,7 +15,11 @@ use crate::output::{cause, CliReporter, Unreachable};
 /// inotify here, an ssh side served by ferry by the ferry there (a
 /// [`Source`], polled while it cannot be); any other side is polled (one
 /// note says which).
-fn config(w: &WatchArgs, sides: &[(&Root, &AnyStore)]) -> (Config, Vec<Box<dyn Source>>) {
+fn config(
+    w: &WatchArgs,
+    sides: &[(&Root, &AnyStore)],
+    guard: &Arc<ferry_engine::Guard>,
+) -> (Config, Vec<Box<dyn Source>>) {
     let local: Vec<_> = sides
         .iter()
         .filter_map(|(r, _)| r.local_path().map(|p| p.to_path_buf()))
@@ -44,6 +49,13 @@ fn config(w: &WatchArgs, sides: &[(&Root, &AnyStore)]) -> (Config, Vec<Box<dyn S
         local,
         settle: w.settle,
         degraded_poll: w.poll,
+        guard: Some(guard.clone()),
+        guard_sides: sides
+            .iter()
+            .enumerate()
+            .filter(|(_, (r, _))| r.local_path().is_some())
+            .map(|(i, _)| i)
+            .collect(),
     };
     (cfg, sources)
 }
@@ -184,6 +196,14 @@ pub fn sync(
         status: &status,
     };
     let describe = |e: &std::io::Error| cause(e);
+    // The roots' identity as the watch starts: every run checks it.
+    let guard = Arc::new(ferry_engine::Guard::default());
+    if let Ok(Some((_, m))) = s.open_root() {
+        guard.seen(0, &m);
+    }
+    if let Ok(Some((_, m))) = d.open_root() {
+        guard.seen(1, &m);
+    }
     let mut target = Flushed::new(
         ferry_watch::sync::SyncTarget::<AnyStore, AnyStore> {
             src: &s,
@@ -191,6 +211,7 @@ pub fn sync(
             opts,
             rep: &tee,
             describe: &describe,
+            guard: &guard,
         },
         rep,
         keep,
@@ -198,7 +219,7 @@ pub fn sync(
         vec![&s, &d],
     );
     // Only SRC is watched: DST is ferry's to write.
-    let (cfg, sources) = config(w, &[(&job.src, &s)]);
+    let (cfg, sources) = config(w, &[(&job.src, &s)], &guard);
     let code = ferry_watch::watch_with(&cfg, sources, &mut target, &status, &say);
     gate.finish();
     Ok(code)
@@ -304,6 +325,15 @@ pub fn bisync(
         return Err("--watch and --dry-run do not go together".into());
     }
     let status = status_server(w, &format!("{} <-> {}", roots.0.id(), roots.1.id()))?;
+    // Each root's identity as the watch starts: every run checks it.
+    let mut opts = opts;
+    let guard = std::sync::Arc::new(ferry_engine::Guard::default());
+    for (side, s) in [stores.0, stores.1].into_iter().enumerate() {
+        if let Ok(Some((_, m))) = s.open_root() {
+            guard.seen(side, &m);
+        }
+    }
+    opts.guard = Some(guard.clone());
     let mut target = Flushed::new(
         Bisync {
             a: stores.0,
@@ -319,7 +349,7 @@ pub fn bisync(
         vec![roots.0, roots.1],
         vec![stores.0, stores.1],
     );
-    let (cfg, sources) = config(w, &[(roots.0, stores.0), (roots.1, stores.1)]);
+    let (cfg, sources) = config(w, &[(roots.0, stores.0), (roots.1, stores.1)], &guard);
     Ok(ferry_watch::watch_with(
         &cfg,
         sources,

@@ -604,7 +604,9 @@ fn suffix_alone_keeps_beside_and_never_syncs_the_kept() {
     // Never deleted either: A's deletion of f.txt keeps B's backup.
     fs::remove_file(p.a.join("f.txt")).unwrap();
     p.run(&["-b", "--suffix", ".bak"]).ok();
-    assert_eq!(fs::read(p.b.join("f.txt.bak")).unwrap(), b"new f");
+    // A keep never replaces an older one: the next numbered name.
+    assert_eq!(fs::read(p.b.join("f.txt.bak")).unwrap(), b"old f");
+    assert_eq!(fs::read(p.b.join("f.txt.bak1.bak")).unwrap(), b"new f");
     assert_eq!(fs::read(p.b.join("mine.bak")).unwrap(), b"B's own backup");
 }
 

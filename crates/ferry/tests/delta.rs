@@ -862,7 +862,11 @@ fn scattered_edits_patched_in_place_over_ssh() {
     let die = ("FERRY_TEST_APPEND_DIE", (literal / 2).to_string());
     assert!(pull(&[small_min(), die]).code.is_none());
     assert_eq!(find_prefixed(&back, b".ferry-undo-").len(), 1);
+    // `ls` only reads: the record stays; a copy reading it rolls back.
     ferry(["ls".as_ref(), back.as_os_str()]).ok();
+    assert_eq!(find_prefixed(&back, b".ferry-undo-").len(), 1);
+    let look = d.path().join("look");
+    ferry(["copy".as_ref(), back.as_os_str(), look.as_os_str()]).ok();
     assert!(
         std::fs::read(back.join("f")).unwrap() == new,
         "not rolled back"

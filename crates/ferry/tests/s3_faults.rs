@@ -293,17 +293,10 @@ fn a_server_gone_mid_run_ends_it_with_one_unreachable_line() {
         "names the path: {line}"
     );
     assert!(line.contains(&ep), "names the endpoint: {line}");
-    assert!(line.contains("left undone"), "{line}");
+    // No count of what is left: the run cannot know it (issue 28).
+    assert!(line.ends_with("; stopped; rerun to finish"), "{line}");
     // Not a line per file: at most a few before the endpoint was declared unreachable.
     assert!(lines.len() <= 5, "{} message lines: {r}", lines.len());
-    // The count covers the files not done (all of them here: none got through).
-    let n: u64 = line
-        .rsplit("stopped, ")
-        .next()
-        .and_then(|s| s.split(' ').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no count in {line}"));
-    assert!(n >= 290, "{line}");
 }
 
 #[test]
@@ -482,8 +475,8 @@ fn json_summary(r: &Run, key: &str) -> u64 {
 }
 
 /// bisync with an S3 side whose server goes away mid-run (a proxy in front of it that stops
-/// forwarding and refuses connections): one line says the endpoint is unreachable, with the
-/// count of what was left undone, not a line per path; exit 1. The journal keeps the old state
+/// forwarding and refuses connections): one line says the endpoint is unreachable and that
+/// a rerun finishes (no count: the run cannot know it), not a line per path; exit 1. The journal keeps the old state
 /// of every path that failed: the next run, with the server back, does what was left (no path
 /// taken for a deletion, no change lost), and the one after it has nothing to do.
 #[test]
@@ -525,18 +518,12 @@ fn bisync_with_a_server_gone_mid_run_ends_with_one_unreachable_line_and_the_reru
         let line = unreachable[0];
         assert!(line.starts_with("ferry: s3://"), "names the path: {line}");
         assert!(line.contains(&proxy), "names the endpoint: {line}");
-        assert!(line.contains("left undone"), "{line}");
+        assert!(line.ends_with("; stopped; rerun to finish"), "{line}");
         // Not a line per path: at most a few before the endpoint was declared unreachable.
         assert!(lines.len() <= 5, "{} message lines: {r}", lines.len());
-        let undone: u64 = line
-            .rsplit("stopped, ")
-            .next()
-            .and_then(|s| s.split(' ').next())
-            .and_then(|n| n.parse().ok())
-            .unwrap_or_else(|| panic!("no count in {line}"));
         let copied = json_summary(&r, "files_copied");
         let errors = json_summary(&r, "errors");
-        assert!(undone > 0 && errors >= undone, "{r}");
+        assert!(errors > 0, "{r}");
         assert!(copied < todo, "the cut came before the end: {r}");
         assert_eq!(copied + errors, todo, "each path copied or failed: {r}");
         assert_eq!(json_summary(&r, "files_deleted"), 0, "{r}");

@@ -230,9 +230,11 @@ pub trait InPlace: Send {
     /// (changed since listed, not a regular file with one link).
     fn blocks(&mut self) -> io::Result<Option<Vec<u64>>>;
     /// The rollback record written and synced, holding the old bytes of
-    /// the head blocks `changed` (in order): `true` when begun, `false`
-    /// when another run holds the file (nothing was changed).
-    fn begin(&mut self, changed: &[u32]) -> io::Result<bool>;
+    /// the head blocks `changed` (in order) and the new content's short
+    /// hashes of them (`new`, in the same order: a recovery checks that
+    /// each block is still either): `true` when begun, `false` when
+    /// another run holds the file (nothing was changed).
+    fn begin(&mut self, changed: &[u32], new: &[u64]) -> io::Result<bool>;
     /// Bytes at `at`: whole changed head blocks (a run of them, from a
     /// block's start), or the tail's next bytes in order from the old end.
     fn write(&mut self, at: u64, data: &[u8]) -> io::Result<()>;

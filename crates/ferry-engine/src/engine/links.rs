@@ -332,7 +332,7 @@ impl<S: Store, D: Store> Engine<'_, S, D> {
         let path = self.path(node, name.to_bytes());
         if self.dry_run {
             if let Some(dm) = &dm {
-                let _ = self.keep_old(None, name, &path, dm, true);
+                let _ = self.keep_old(node.dst.as_ref(), name, &path, dm, true);
             }
             Stats::add(&self.stats.hard_links, 1);
             return self.rep.hard_link(&path, &leader.path());

@@ -14,12 +14,13 @@
 use std::collections::HashMap;
 use std::ffi::CString;
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use super::{DirTask, Engine, Node, RunResult, Walker};
 use crate::entry::{join, Kind, Meta};
+use crate::report::Stats;
 use crate::store::Store;
 use crate::walk;
 
@@ -56,20 +57,60 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
 
     /// Copy or sync the directories of `scope` only (see the module's
     /// documentation). A destination root that does not exist yet makes
-    /// this a full run. `--max-delete` is not checked (it counts a whole
-    /// tree); the refusal of an empty source root still holds.
+    /// this a full run. Every safety rule of a full run holds: the roots
+    /// are opened and checked by the same function (`open_roots`: in a
+    /// watch, their identity), an empty source root is refused whenever
+    /// the root is in the scope, and with `--max-delete` a counting pass
+    /// of the same scope plans first: over the limit (in a watch, less
+    /// what the window's earlier runs removed), nothing is changed.
     pub fn run_scoped(&self, scope: &Scope) -> io::Result<RunResult> {
         let start = Instant::now();
-        let Some((src_root, src_meta)) = self.src.open_root()? else {
+        if self.dst.open_root()?.is_none() {
+            return self.run_tree();
+        }
+        if let Some(limit) = self.opts.max_delete {
+            if !self.dry_run {
+                let stats = Stats::default();
+                self.counter(&stats).scoped_walk(scope)?;
+                let allowed = self.allowance(limit, &stats, false)?;
+                self.budget.store(allowed, Ordering::Relaxed);
+            }
+        }
+        let before = self.stats.files_deleted.load(Ordering::Relaxed);
+        let walked = self.scoped_walk(scope);
+        self.count_removed(before);
+        walked?;
+        Ok(self.stats.summary(start.elapsed()))
+    }
+
+    /// An engine like this one (the same pass: counting or not, the same
+    /// allowance) that walks only below the `deep` directories.
+    fn scoped_like(&self, deep: Vec<Vec<u8>>) -> Engine<'_, S, D> {
+        let mut e = Engine::new(self.src, self.dst, self.opts, self.stats, self.rep);
+        e.dry_run = self.dry_run;
+        e.counting = self.counting;
+        e.checksum = self.checksum;
+        e.plan.checksum = self.plan.checksum;
+        if self.links.is_none() {
+            e.links = None;
+        }
+        e.budget = AtomicU64::new(self.budget.load(Ordering::Relaxed));
+        e.guard = self.guard;
+        e.removals_at_start = self.removals_at_start;
+        e.scope = Some(deep);
+        e
+    }
+
+    /// One walk of the directories of `scope` (see `run_scoped`).
+    fn scoped_walk(&self, scope: &Scope) -> io::Result<()> {
+        let ((src_root, mut src_meta), dst) = self.open_roots()?;
+        let Some((dst_root, dst_meta)) = dst else {
             return Err(io::Error::new(
                 io::ErrorKind::NotFound,
-                "source does not exist",
+                "destination vanished during the run",
             ));
         };
-        let Some((dst_root, dst_meta)) = self.dst.open_root()? else {
-            drop(src_root);
-            return self.run_tree();
-        };
+        self.special.fix(&mut src_meta);
         // Where each scoped directory is scanned, once; then the ones that
         // a deep directory's walk reaches anyway are left to it.
         let mut targets: Vec<(Vec<u8>, bool)> = Vec::new();
@@ -92,8 +133,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             .collect();
         targets.retain(|(r, _)| !deep.iter().any(|d| r != d && is_within(r, d)));
         targets.sort();
-        let mut e = Engine::new(self.src, self.dst, self.opts, self.stats, self.rep);
-        e.scope = Some(deep);
+        let e = self.scoped_like(deep);
         let root = Arc::new(Node {
             rel: Vec::new(),
             src: src_root,
@@ -136,8 +176,9 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         if let Some(msg) = e.refusal.lock().expect("refusal").take() {
             return Err(super::refused(msg));
         }
+        // (`e` copied the files: the attributes' note is its own.)
         e.xattr_note();
-        Ok(self.stats.summary(start.elapsed()))
+        Ok(())
     }
 
     /// The directory to scan for `rel`: `rel` itself when it is a directory
@@ -186,7 +227,8 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             let name = CString::new(c).map_err(io::Error::other)?;
             let pd = cur.dst.as_ref().expect("scoped nodes exist on both sides");
             let not_dir = || io::Error::other("no longer a directory on both sides");
-            let sm: Meta = self.src.stat(&cur.src, &name)?.ok_or_else(not_dir)?;
+            let mut sm: Meta = self.src.stat(&cur.src, &name)?.ok_or_else(not_dir)?;
+            self.special.fix(&mut sm);
             let dm: Meta = self.dst.stat(pd, &name)?.ok_or_else(not_dir)?;
             if sm.kind != Kind::Dir || dm.kind != Kind::Dir {
                 return Err(not_dir());

@@ -323,8 +323,9 @@ fn on_inplace(st: &State, file: u64, f: impl FnOnce(&mut LocalPatch) -> io::Resu
 }
 
 /// [`Req::PatchBegin`](crate::proto::Req::PatchBegin).
-pub(super) fn inplace_begin(st: &State, file: u64, changed: &[u32]) {
-    on_inplace(st, file, |p| match p.begin_here(changed)? {
+pub(super) fn inplace_begin(st: &State, file: u64, changed: &[u32], hashes: &[u32]) {
+    let new: Vec<u64> = hashes.iter().map(|&h| u64::from(h)).collect();
+    on_inplace(st, file, |p| match p.begin_here(changed, &new)? {
         true => Ok(()),
         false => Err(io::Error::other(
             "patch in place: another run patches the file",

@@ -258,10 +258,11 @@ impl InPlace for SshPatch {
         }
     }
 
-    fn begin(&mut self, changed: &[u32]) -> io::Result<bool> {
+    fn begin(&mut self, changed: &[u32], new: &[u64]) -> io::Result<bool> {
         self.conn.send(&Req::PatchBegin {
             file: self.file,
             changed: changed.to_vec(),
+            hashes: new.iter().map(|&h| h as u32).collect(),
         })?;
         Ok(true)
     }

@@ -35,6 +35,7 @@ use std::sync::mpsc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 pub mod s3;
+pub mod s3proxy;
 pub mod ssh;
 pub mod watch;
 

@@ -263,3 +263,64 @@ pub fn odd(pre: &str, n: &[u8]) -> PathBuf {
     v.extend_from_slice(n);
     PathBuf::from(OsStr::from_bytes(&v))
 }
+
+/// The concurrent writer of the model test: on its own thread, at random
+/// moments while the watch runs, it writes new files in chunks, appends,
+/// replaces files (a new file renamed over), rewrites in place, deletes,
+/// under `root/DIR`; returns what each of its files must hold at the end.
+pub fn concurrent_writer(
+    root: PathBuf,
+    dir: &str,
+    seed: u64,
+    ops: usize,
+) -> BTreeMap<String, Vec<u8>> {
+    let mut rng = Rng::new(seed);
+    let mut model: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+    fs::create_dir_all(root.join(dir)).unwrap();
+    for i in 0..ops {
+        let names: Vec<String> = model.keys().cloned().collect();
+        let pick =
+            (!names.is_empty()).then(|| names[rng.range(0, names.len() as u64) as usize].clone());
+        let data = gen_bytes(rng.range(0, 30_000) as usize, rng.next_u64());
+        match (rng.range(0, 6), pick) {
+            (0, _) | (_, None) => {
+                let name = format!("{dir}/n{i}");
+                let mut f = fs::File::create(root.join(&name)).unwrap();
+                for c in data.chunks(7_000) {
+                    f.write_all(c).unwrap();
+                    // A random moment between two writes of one file.
+                    if rng.chance(1, 2) {
+                        std::thread::sleep(Duration::from_millis(rng.range(0, 15)));
+                    }
+                }
+                model.insert(name, data);
+            }
+            (1, Some(n)) => {
+                let mut f = fs::OpenOptions::new()
+                    .append(true)
+                    .open(root.join(&n))
+                    .unwrap();
+                f.write_all(&data).unwrap();
+                model.get_mut(&n).unwrap().extend_from_slice(&data);
+            }
+            (2, Some(n)) => {
+                let tmp = root.join(format!("{dir}/.tmp{i}"));
+                fs::write(&tmp, &data).unwrap();
+                fs::rename(&tmp, root.join(&n)).unwrap();
+                model.insert(n, data);
+            }
+            (3, Some(n)) => {
+                fs::write(root.join(&n), &data).unwrap();
+                model.insert(n, data);
+            }
+            (_, Some(n)) => {
+                fs::remove_file(root.join(&n)).unwrap();
+                model.remove(&n);
+            }
+        }
+        if rng.chance(1, 3) {
+            std::thread::sleep(Duration::from_millis(rng.range(0, 40)));
+        }
+    }
+    model
+}

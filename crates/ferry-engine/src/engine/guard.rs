@@ -1,0 +1,238 @@
+//! What a watch remembers from one run to the next, checked by every run
+//! of it, scoped or full, before it changes anything: both go through
+//! [`Engine::open_roots`] and [`Engine::allowance`].
+//!
+//! - **Root identity:** each root's device and inode as first seen (at the
+//!   watch's start). A root that is another directory now (a tmpfs
+//!   unmounted, leaving its empty mount point; a root renamed away and
+//!   replaced by a new directory or a symlink) refuses the run, unless
+//!   `--force` (which adopts the new root, with a note).
+//! - **`--max-delete` over a sliding window:** the removals of every run
+//!   of the last [`WINDOW`] count together against the limit, so a mass
+//!   removal split over many small scoped runs is refused as a whole run
+//!   of it would be. `P%` is a share of the entries DST had at the last
+//!   full run.
+
+use std::collections::VecDeque;
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::entry::Meta;
+
+/// How long a run's removals count against `--max-delete` in a watch.
+pub const WINDOW: Duration = Duration::from_secs(600);
+
+/// The state a watch's runs share (see the module's documentation).
+#[derive(Debug)]
+pub struct Guard {
+    /// (device, inode) of SRC and DST as first seen; `None`: not seen yet
+    /// (or a store without inodes).
+    ids: Mutex<[Option<(u64, u64)>; 2]>,
+    /// Removals by the runs of the window on each side: when, how many.
+    removed: Mutex<[VecDeque<(Instant, u64)>; 2]>,
+    /// Entries of DST counted by the last full run.
+    dst_total: AtomicU64,
+    window: Duration,
+    /// Removals seen on each side by its watcher so far (bumped by the
+    /// watching thread as the events come, also while a run goes on).
+    removals: [AtomicU64; 2],
+}
+
+impl Default for Guard {
+    fn default() -> Self {
+        Guard::new(WINDOW)
+    }
+}
+
+/// A root's identity, where its store has one.
+pub fn root_id(m: &Meta) -> Option<(u64, u64)> {
+    (m.ino != 0).then_some((m.dev, m.ino))
+}
+
+impl Guard {
+    /// A guard whose `--max-delete` window is `window`.
+    pub fn new(window: Duration) -> Guard {
+        Guard {
+            ids: Mutex::new([None, None]),
+            removed: Mutex::new([VecDeque::new(), VecDeque::new()]),
+            dst_total: AtomicU64::new(0),
+            window,
+            removals: [AtomicU64::new(0), AtomicU64::new(0)],
+        }
+    }
+
+    /// Record the identity of root `side` (0: SRC or A, 1: DST or B) if
+    /// none is yet.
+    pub fn seen(&self, side: usize, m: &Meta) {
+        let mut ids = self.ids.lock().expect("ids");
+        if ids[side].is_none() {
+            ids[side] = root_id(m);
+        }
+    }
+
+    /// Check root `side` (called `name` in messages) against the identity
+    /// first seen (recording it if none was). `Ok(Some(note))`: another
+    /// directory, adopted (`force`).
+    pub fn check(
+        &self,
+        side: usize,
+        name: &str,
+        m: &Meta,
+        force: bool,
+    ) -> Result<Option<String>, String> {
+        let Some(now) = root_id(m) else {
+            return Ok(None);
+        };
+        let mut ids = self.ids.lock().expect("ids");
+        match ids[side] {
+            None => {
+                ids[side] = Some(now);
+                Ok(None)
+            }
+            Some(was) if was == now => Ok(None),
+            Some(_) if force => {
+                ids[side] = Some(now);
+                Ok(Some(format!(
+                    "{name} is another directory than the one watched (its device and inode changed): --force: synced as it is now"
+                )))
+            }
+            Some(_) => Err(format!(
+                "{name} is not the directory watched at the start (its device and inode changed: unmounted, or renamed away and replaced?): nothing done; mount or put it back, or restart the watch (or give --force) to sync the new one"
+            )),
+        }
+    }
+
+    /// Removals on `side` counted in the window ending `now` (older ones
+    /// forgotten).
+    pub fn removed(&self, side: usize, now: Instant) -> u64 {
+        let mut all = self.removed.lock().expect("removed");
+        let r = &mut all[side];
+        while r
+            .front()
+            .is_some_and(|(t, _)| now.saturating_duration_since(*t) >= self.window)
+        {
+            r.pop_front();
+        }
+        r.iter().map(|(_, n)| n).sum()
+    }
+
+    /// A run removed `n` entries on `side`.
+    pub fn add_removed(&self, side: usize, n: u64) {
+        if n > 0 {
+            self.removed.lock().expect("removed")[side].push_back((Instant::now(), n));
+        }
+    }
+
+    /// DST entries a full run counted (the base of `--max-delete P%`).
+    pub(super) fn set_dst_total(&self, n: u64) {
+        self.dst_total.store(n, Ordering::Relaxed);
+    }
+
+    /// DST entries of the last full run (0: none yet).
+    pub(super) fn dst_total(&self) -> u64 {
+        self.dst_total.load(Ordering::Relaxed)
+    }
+
+    /// The watcher of `side` saw an entry removed.
+    pub fn removal_seen(&self, side: usize) {
+        self.removals[side].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Removals seen on `side` so far: a run compares the count at its
+    /// start with the one before each removal it makes.
+    pub fn removals(&self, side: usize) -> u64 {
+        self.removals[side].load(Ordering::Relaxed)
+    }
+
+    /// The window, for messages.
+    pub fn window(&self) -> Duration {
+        self.window
+    }
+}
+
+/// Whether a run that started when `side` had seen `at_start` removals
+/// (plus the run's own there, seen by its watcher too) may still remove
+/// what that side lacks: its root is the directory
+/// watched (`m`, opened now by its path) and no removal was seen there
+/// since (an `rm -rf` of the root that began while the run went on). The
+/// reason when not.
+pub fn may_remove(
+    g: &Guard,
+    side: usize,
+    name: &str,
+    m: Option<&Meta>,
+    at_start: u64,
+) -> Result<(), String> {
+    let Some(m) = m else {
+        return Err(format!("{name} is gone: the run's removals stop here"));
+    };
+    if g.check(side, name, m, false).is_err() {
+        return Err(format!(
+            "{name} is another directory than the one watched: the run's removals stop here"
+        ));
+    }
+    if g.removals(side) > at_start {
+        return Err(format!(
+            "{name} is changing (entries removed there while the run went on): the run's removals stop here, the next run does them"
+        ));
+    }
+    Ok(())
+}
+
+/// The error that refuses a run for `msg`.
+pub(super) fn refusal(msg: String) -> io::Error {
+    super::refused(msg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::entry::Kind;
+
+    fn meta(dev: u64, ino: u64) -> Meta {
+        Meta {
+            kind: Kind::Dir,
+            size: 0,
+            mtime_sec: 0,
+            mtime_nsec: 0,
+            mode: 0o755,
+            uid: 0,
+            gid: 0,
+            ino,
+            version: 0,
+            rdev: 0,
+            sparse: false,
+            nlink: 2,
+            dev,
+        }
+    }
+
+    #[test]
+    fn another_root_is_refused_unless_forced_and_stores_without_inodes_pass() {
+        let g = Guard::default();
+        g.seen(0, &meta(1, 10));
+        assert!(g.check(0, "SRC", &meta(1, 10), false).unwrap().is_none());
+        assert!(g.check(0, "SRC", &meta(2, 10), false).is_err());
+        assert!(g.check(0, "SRC", &meta(1, 11), false).is_err());
+        assert!(g.check(0, "SRC", &meta(1, 11), true).unwrap().is_some());
+        assert!(g.check(0, "SRC", &meta(1, 11), false).unwrap().is_none());
+        // DST first seen at its first check; no inode: nothing to compare.
+        assert!(g.check(1, "DST", &meta(3, 5), false).unwrap().is_none());
+        assert!(g.check(1, "DST", &meta(3, 6), false).is_err());
+        assert!(g.check(1, "DST", &meta(0, 0), false).unwrap().is_none());
+    }
+
+    #[test]
+    fn removals_count_within_the_window_only() {
+        let g = Guard::new(Duration::from_millis(50));
+        g.add_removed(1, 3);
+        g.add_removed(1, 0);
+        g.add_removed(1, 4);
+        g.add_removed(0, 1);
+        assert_eq!(g.removed(1, Instant::now()), 7);
+        assert_eq!(g.removed(0, Instant::now()), 1);
+        assert_eq!(g.removed(1, Instant::now() + Duration::from_millis(60)), 0);
+    }
+}
