@@ -21,7 +21,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 use rustix::fs::{
     self as rfs, AtFlags, FileType, Mode, OFlags, RawDir, StatxFlags, Timespec, Timestamps,
@@ -72,6 +72,11 @@ pub struct LocalStore {
     resumed: AtomicU64,
     /// Bytes of downloads written with `O_DIRECT`.
     direct: AtomicU64,
+    /// [`Store::root_ids`] as last worked out, with the root's (device,
+    /// inode) then: a watch's runs ask on every batch of events, and the
+    /// answer (a read of `/proc/self/mountinfo`, a stat per directory
+    /// above the root) changes only with the root.
+    root_ids: Mutex<Option<((u64, u64), ferry_engine::walk::RootIds)>>,
 }
 
 /// An open local directory.
@@ -166,7 +171,21 @@ impl LocalStore {
             downloads: AtomicU64::new(0),
             resumed: AtomicU64::new(0),
             direct: AtomicU64::new(0),
+            root_ids: Mutex::new(None),
         }
+    }
+
+    /// [`Store::root_ids`] worked out afresh.
+    fn work_out_root_ids(&self) -> Option<ferry_engine::walk::RootIds> {
+        let (root, _) = crate::ident::resolve(&self.root).ok()?;
+        let ids = crate::ident::chain(&root)
+            .into_iter()
+            .map(|(id, p)| (id, p.into_os_string().into_vec()))
+            .collect();
+        Some(ferry_engine::walk::RootIds {
+            root: root.into_os_string().into_vec(),
+            ids,
+        })
     }
 
     /// Bytes that resumed downloads did not fetch again.
@@ -949,15 +968,22 @@ impl Store for LocalStore {
     }
 
     fn root_ids(&self) -> Option<ferry_engine::walk::RootIds> {
-        let (root, _) = crate::ident::resolve(&self.root).ok()?;
-        let ids = crate::ident::chain(&root)
-            .into_iter()
-            .map(|(id, p)| (id, p.into_os_string().into_vec()))
-            .collect();
-        Some(ferry_engine::walk::RootIds {
-            root: root.into_os_string().into_vec(),
-            ids,
-        })
+        // One stat says whether the root is still the one last worked out.
+        let now = std::fs::metadata(&self.root).ok().map(|m| {
+            (
+                std::os::unix::fs::MetadataExt::dev(&m),
+                std::os::unix::fs::MetadataExt::ino(&m),
+            )
+        });
+        let mut cached = self.root_ids.lock().unwrap_or_else(|e| e.into_inner());
+        if let (Some(id), Some((at, ids))) = (now, cached.as_ref()) {
+            if id == *at {
+                return Some(ids.clone());
+            }
+        }
+        let ids = self.work_out_root_ids()?;
+        *cached = now.map(|id| (id, ids.clone()));
+        Some(ids)
     }
 
     fn remove(&self, dir: &LocalDir, name: &CStr, is_dir: bool) -> io::Result<u64> {
