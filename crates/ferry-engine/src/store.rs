@@ -226,8 +226,10 @@ pub fn cut_nsec(nsec: u32, step: u32) -> u32 {
 
 /// What the plan saw at a name that a run is about to replace or remove:
 /// the act happens only while the name still holds it (the same kind,
-/// inode, size and mtime, the mtime cut to `step`), so a write made there
-/// since the listing is never lost (docs/CLI.md, "Checked at the act").
+/// inode, size and mtime, the mtime cut to `step`, and the change time
+/// where both know it), so a write made there since the listing is never
+/// lost, even one that put the size and mtime back (docs/CLI.md, "Checked
+/// at the act").
 #[derive(Clone, Copy, Debug)]
 pub struct Planned {
     /// The entry as listed.
@@ -242,8 +244,19 @@ impl Planned {
         Planned { meta: *meta, step }
     }
 
+    /// The same, once the run itself gave the entry another name (kept as
+    /// a hard link before it is replaced): that moved its change time, so
+    /// the change time is no longer compared.
+    pub fn linked(mut self) -> Planned {
+        self.meta.ctime = 0;
+        self
+    }
+
     /// True when `now` (the entry at the name now; `None`: nothing) is
-    /// still the entry planned.
+    /// still the entry planned. The change time ([`Meta::ctime`]) is
+    /// compared where both have one, for an entry that had one name when
+    /// listed (the run's own acts on another name of a hard-linked file,
+    /// a rename over it or an unlink, move the ctime they share).
     pub fn holds(&self, now: Option<&Meta>) -> bool {
         let (Some(n), p) = (now, &self.meta) else {
             return false;
@@ -253,7 +266,8 @@ impl Planned {
             && (n.kind == Kind::Dir
                 || (n.size == p.size
                     && n.mtime_sec == p.mtime_sec
-                    && cut_nsec(n.mtime_nsec, self.step) == cut_nsec(p.mtime_nsec, self.step)))
+                    && cut_nsec(n.mtime_nsec, self.step) == cut_nsec(p.mtime_nsec, self.step)
+                    && (n.ctime == 0 || p.ctime == 0 || p.nlink > 1 || n.ctime == p.ctime)))
     }
 }
 
