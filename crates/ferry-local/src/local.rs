@@ -1383,7 +1383,10 @@ fn meta_from_stat(st: &rfs::Stat) -> Meta {
 /// A change time as [`Meta::ctime`] holds it: nanoseconds since the
 /// epoch (never 0 for a real one: 0 is "unknown").
 fn ctime_ns(sec: i64, nsec: u32) -> u64 {
-    (sec as u64).wrapping_mul(1_000_000_000).wrapping_add(nsec as u64) | 1 << 63
+    (sec as u64)
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(nsec as u64)
+        | 1 << 63
 }
 
 /// Stat a path (not following a final symlink) into a [`Meta`].

@@ -147,7 +147,10 @@ fn edit_behind(p: &Path, b: &[u8]) {
     f.set_modified(m.modified().unwrap()).unwrap();
     drop(f);
     let n = fs::metadata(p).unwrap();
-    assert_eq!((n.len(), n.modified().unwrap()), (m.len(), m.modified().unwrap()));
+    assert_eq!(
+        (n.len(), n.modified().unwrap()),
+        (m.len(), m.modified().unwrap())
+    );
 }
 
 #[test]

@@ -1220,7 +1220,11 @@ mod tests {
                 data,
                 xattrs: Some((3, a)),
                 replacing: true,
-                expect: Some(Some(P { meta: M(p), step: 1000 })),
+                expect:
+                    Some(Some(P {
+                        meta: M(p),
+                        step: 1000,
+                    })),
             } => {
                 assert_eq!((name, m, data), (&b"a\xff"[..], meta, &b"xyz"[..]));
                 // (`==` leaves the change time out: it travels too.)
