@@ -1024,6 +1024,50 @@ mod tests {
     }
 
     #[test]
+    fn a_plan_holds_while_the_change_time_is_the_same_where_both_know_it() {
+        let m = Meta {
+            kind: Kind::File,
+            size: 3,
+            mtime_sec: 10,
+            mtime_nsec: 5,
+            mode: 0o644,
+            uid: 0,
+            gid: 0,
+            ino: 7,
+            version: 0,
+            rdev: 0,
+            sparse: false,
+            nlink: 1,
+            dev: 1,
+            ctime: 100,
+        };
+        let p = Planned::new(&m, 1);
+        assert!(p.holds(Some(&m)));
+        // Edited behind its size and mtime: the change time moved.
+        assert!(!p.holds(Some(&Meta { ctime: 101, ..m })));
+        // Unknown on either side, or dropped after our own link: not compared.
+        assert!(p.holds(Some(&Meta { ctime: 0, ..m })));
+        assert!(Planned::new(&Meta { ctime: 0, ..m }, 1).holds(Some(&Meta { ctime: 101, ..m })));
+        assert!(p.linked().holds(Some(&Meta { ctime: 101, ..m })));
+        // A file with several names: the run's acts on the others move it.
+        let h = Planned::new(&Meta { nlink: 2, ..m }, 1);
+        assert!(h.holds(Some(&Meta {
+            ctime: 101,
+            nlink: 1,
+            ..m
+        })));
+        // A directory: its entries move it.
+        let d = Meta {
+            kind: Kind::Dir,
+            ..m
+        };
+        assert!(Planned::new(&d, 1).holds(Some(&Meta { ctime: 101, ..d })));
+        // The rest as before.
+        assert!(!p.holds(Some(&Meta { size: 4, ..m })));
+        assert!(!p.holds(None));
+    }
+
+    #[test]
     fn reserved_names_round_trip_and_user_names_are_not_reserved() {
         for id in [0u64, 1, 0xdead_beef, u64::MAX] {
             let t = temp_name(id);

@@ -690,7 +690,7 @@ fn ssh_bisync_never_commits_over_an_edit_made_on_the_remote_side() {
     );
     assert_eq!(
         holding(&b, b"EDIT-ON-REMOTE-B"),
-        [bb.clone()],
+        std::slice::from_ref(&bb),
         "B's edit lost\n{r}"
     );
     // The next run: both changed, a conflict keeps both.
