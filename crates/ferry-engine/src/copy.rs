@@ -365,11 +365,9 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
         // commit replaces it; a name listed free (or a directory removed
         // before) must still be free: else nothing is replaced (a write
         // made there meanwhile is never lost).
-        // (Kept as a hard link, its change time moved: by us.)
         let planned = old
             .filter(|m| m.kind != Kind::Dir)
-            .map(|m| Planned::new(m, self.mtime_step))
-            .map(|p| if kept.is_some() { p.linked() } else { p });
+            .map(|m| Planned::new(m, self.mtime_step));
         self.dst.expect(&mut w, planned.as_ref());
         let committing = if nowait {
             let dst: &'a D = self.dst;

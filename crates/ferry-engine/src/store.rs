@@ -244,19 +244,14 @@ impl Planned {
         Planned { meta: *meta, step }
     }
 
-    /// The same, once the run itself gave the entry another name (kept as
-    /// a hard link before it is replaced): that moved its change time, so
-    /// the change time is no longer compared.
-    pub fn linked(mut self) -> Planned {
-        self.meta.ctime = 0;
-        self
-    }
-
     /// True when `now` (the entry at the name now; `None`: nothing) is
     /// still the entry planned. The change time ([`Meta::ctime`]) is
-    /// compared where both have one, for an entry that had one name when
-    /// listed (the run's own acts on another name of a hard-linked file,
-    /// a rename over it or an unlink, move the ctime they share).
+    /// compared where both have one, for a file listed with one name that
+    /// still has one: a link count that is or was more moves the change
+    /// time by the run's own acts (a rename over another name of a
+    /// hard-linked file, an unlink, the hard link a keep makes before the
+    /// file is replaced), and a file given another name keeps its bytes
+    /// under that name too.
     pub fn holds(&self, now: Option<&Meta>) -> bool {
         let (Some(n), p) = (now, &self.meta) else {
             return false;
@@ -267,7 +262,11 @@ impl Planned {
                 || (n.size == p.size
                     && n.mtime_sec == p.mtime_sec
                     && cut_nsec(n.mtime_nsec, self.step) == cut_nsec(p.mtime_nsec, self.step)
-                    && (n.ctime == 0 || p.ctime == 0 || p.nlink > 1 || n.ctime == p.ctime)))
+                    && (n.ctime == 0
+                        || p.ctime == 0
+                        || p.nlink > 1
+                        || n.nlink != p.nlink
+                        || n.ctime == p.ctime)))
     }
 }
 
@@ -1045,11 +1044,16 @@ mod tests {
         assert!(p.holds(Some(&m)));
         // Edited behind its size and mtime: the change time moved.
         assert!(!p.holds(Some(&Meta { ctime: 101, ..m })));
-        // Unknown on either side, or dropped after our own link: not compared.
+        // Unknown on either side: not compared.
         assert!(p.holds(Some(&Meta { ctime: 0, ..m })));
         assert!(Planned::new(&Meta { ctime: 0, ..m }, 1).holds(Some(&Meta { ctime: 101, ..m })));
-        assert!(p.linked().holds(Some(&Meta { ctime: 101, ..m })));
-        // A file with several names: the run's acts on the others move it.
+        // A file with several names, listed or now (the run's acts on the
+        // others, the link of a keep, move it): not compared.
+        assert!(p.holds(Some(&Meta {
+            ctime: 101,
+            nlink: 2,
+            ..m
+        })));
         let h = Planned::new(&Meta { nlink: 2, ..m }, 1);
         assert!(h.holds(Some(&Meta {
             ctime: 101,

@@ -48,7 +48,7 @@ pub(crate) fn keep(
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL in the kept path"))?;
     // An entry is kept only while it is what the run listed (one `statx`);
     // one replaced is checked again by the commit that replaces it (its
-    // change time aside: the link made here moved it).
+    // change time aside: the link made here moved it, see `Planned::holds`).
     if let Some(p) = &to.planned {
         crate::local::check_planned(dir, name, p)?;
     }
