@@ -101,6 +101,7 @@ fn meta(kind: Kind, size: i64, mtime_ns: i64, mode: i64, ino: i64) -> Meta {
         sparse: false,
         nlink: 0,
         dev: 0,
+        ctime: 0,
     }
 }
 

@@ -427,6 +427,7 @@ pub fn dir_rec(m: Option<&Meta>) -> Meta {
         sparse: false,
         nlink: 0,
         dev: 0,
+        ctime: 0,
     }
 }
 
@@ -829,6 +830,7 @@ mod tests {
             sparse: false,
             nlink: 0,
             dev: 0,
+            ctime: 0,
         }
     }
 

@@ -194,6 +194,7 @@ mod tests {
             sparse: false,
             nlink: 0,
             dev: 0,
+            ctime: 0,
         }
     }
 

@@ -1018,6 +1018,7 @@ mod tests {
         sparse: false,
         nlink: 0,
         dev: 0,
+        ctime: 0,
     };
 
     proptest! {

@@ -166,6 +166,7 @@ pub fn file_meta(size: u64, mtime: (i64, u32), mode: u32) -> Meta {
         sparse: false,
         nlink: 0,
         dev: 0,
+        ctime: 0,
     }
 }
 

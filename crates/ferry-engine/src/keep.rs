@@ -135,9 +135,9 @@ pub struct KeepTo<'a> {
     /// is independent of it (a hard link, a server-side copy), so the name
     /// never goes missing; the caller's commit replaces it.
     pub replacing: bool,
-    /// What the plan saw at the entry: a store moving it away (not
-    /// `replacing`) moves it only while it is still that
-    /// ([`crate::store::Planned`]), else fails with
+    /// What the plan saw at the entry: a store that can check it cheaply
+    /// keeps it (moves it away, or links it when `replacing`) only while
+    /// it is still that ([`crate::store::Planned`]), else fails with
     /// [`crate::store::changed`].
     pub planned: Option<crate::store::Planned>,
 }
@@ -275,7 +275,7 @@ impl Keeper {
                 path: &path,
                 overwrite: false,
                 replacing,
-                planned: (!replacing).then(|| Planned::new(meta, step)),
+                planned: Some(Planned::new(meta, step)),
             };
             match store.keep(dir, name, &to) {
                 Ok(()) => {

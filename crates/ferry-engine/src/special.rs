@@ -111,6 +111,7 @@ mod tests {
             sparse: false,
             nlink: 0,
             dev: 0,
+            ctime: 0,
         }
     }
 

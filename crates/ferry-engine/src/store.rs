@@ -226,8 +226,10 @@ pub fn cut_nsec(nsec: u32, step: u32) -> u32 {
 
 /// What the plan saw at a name that a run is about to replace or remove:
 /// the act happens only while the name still holds it (the same kind,
-/// inode, size and mtime, the mtime cut to `step`), so a write made there
-/// since the listing is never lost (docs/CLI.md, "Checked at the act").
+/// inode, size and mtime, the mtime cut to `step`, and the change time
+/// where both know it), so a write made there since the listing is never
+/// lost, even one that put the size and mtime back (docs/CLI.md, "Checked
+/// at the act").
 #[derive(Clone, Copy, Debug)]
 pub struct Planned {
     /// The entry as listed.
@@ -243,7 +245,13 @@ impl Planned {
     }
 
     /// True when `now` (the entry at the name now; `None`: nothing) is
-    /// still the entry planned.
+    /// still the entry planned. The change time ([`Meta::ctime`]) is
+    /// compared where both have one, for a file listed with one name that
+    /// still has one: a link count that is or was more moves the change
+    /// time by the run's own acts (a rename over another name of a
+    /// hard-linked file, an unlink, the hard link a keep makes before the
+    /// file is replaced), and a file given another name keeps its bytes
+    /// under that name too.
     pub fn holds(&self, now: Option<&Meta>) -> bool {
         let (Some(n), p) = (now, &self.meta) else {
             return false;
@@ -253,7 +261,12 @@ impl Planned {
             && (n.kind == Kind::Dir
                 || (n.size == p.size
                     && n.mtime_sec == p.mtime_sec
-                    && cut_nsec(n.mtime_nsec, self.step) == cut_nsec(p.mtime_nsec, self.step)))
+                    && cut_nsec(n.mtime_nsec, self.step) == cut_nsec(p.mtime_nsec, self.step)
+                    && (n.ctime == 0
+                        || p.ctime == 0
+                        || p.nlink > 1
+                        || n.nlink != p.nlink
+                        || n.ctime == p.ctime)))
     }
 }
 
@@ -1007,6 +1020,55 @@ mod tests {
             proptest::prop_assert!(c <= nsec && nsec - c < s && c.is_multiple_of(s));
             proptest::prop_assert_eq!(cut_nsec(c, step), c);
         }
+    }
+
+    #[test]
+    fn a_plan_holds_while_the_change_time_is_the_same_where_both_know_it() {
+        let m = Meta {
+            kind: Kind::File,
+            size: 3,
+            mtime_sec: 10,
+            mtime_nsec: 5,
+            mode: 0o644,
+            uid: 0,
+            gid: 0,
+            ino: 7,
+            version: 0,
+            rdev: 0,
+            sparse: false,
+            nlink: 1,
+            dev: 1,
+            ctime: 100,
+        };
+        let p = Planned::new(&m, 1);
+        assert!(p.holds(Some(&m)));
+        // Edited behind its size and mtime: the change time moved.
+        assert!(!p.holds(Some(&Meta { ctime: 101, ..m })));
+        // Unknown on either side: not compared.
+        assert!(p.holds(Some(&Meta { ctime: 0, ..m })));
+        assert!(Planned::new(&Meta { ctime: 0, ..m }, 1).holds(Some(&Meta { ctime: 101, ..m })));
+        // A file with several names, listed or now (the run's acts on the
+        // others, the link of a keep, move it): not compared.
+        assert!(p.holds(Some(&Meta {
+            ctime: 101,
+            nlink: 2,
+            ..m
+        })));
+        let h = Planned::new(&Meta { nlink: 2, ..m }, 1);
+        assert!(h.holds(Some(&Meta {
+            ctime: 101,
+            nlink: 1,
+            ..m
+        })));
+        // A directory: its entries move it.
+        let d = Meta {
+            kind: Kind::Dir,
+            ..m
+        };
+        assert!(Planned::new(&d, 1).holds(Some(&Meta { ctime: 101, ..d })));
+        // The rest as before.
+        assert!(!p.holds(Some(&Meta { size: 4, ..m })));
+        assert!(!p.holds(None));
     }
 
     #[test]

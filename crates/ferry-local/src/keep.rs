@@ -46,9 +46,10 @@ pub(crate) fn keep(
     let t = target(root, to);
     let tc = CString::new(t.as_os_str().as_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL in the kept path"))?;
-    // An entry moved away is moved only while it is what the run listed
-    // (one `statx`); one replaced is checked by the commit that replaces it.
-    if let (false, Some(p)) = (to.replacing, &to.planned) {
+    // An entry is kept only while it is what the run listed (one `statx`);
+    // one replaced is checked again by the commit that replaces it (its
+    // change time aside: the link made here moved it, see `Planned::holds`).
+    if let Some(p) = &to.planned {
         crate::local::check_planned(dir, name, p)?;
     }
     let mut made_parents = false;

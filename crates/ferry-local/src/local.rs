@@ -240,6 +240,7 @@ impl LocalStore {
                 | StatxFlags::UID
                 | StatxFlags::GID
                 | StatxFlags::MTIME
+                | StatxFlags::CTIME
                 | StatxFlags::INO
                 | StatxFlags::NLINK
                 | StatxFlags::SIZE
@@ -1336,6 +1337,7 @@ pub(crate) const EMPTY_META: Meta = Meta {
     sparse: false,
     nlink: 0,
     dev: 0,
+    ctime: 0,
 };
 
 fn kind_from_mode(mode: u32) -> Kind {
@@ -1376,6 +1378,10 @@ fn meta_from_statx(st: &rfs::Statx) -> Meta {
         sparse: blocks && maybe_sparse(kind, st.stx_size, st.stx_blocks),
         nlink: st.stx_nlink,
         dev: rfs::makedev(st.stx_dev_major, st.stx_dev_minor),
+        ctime: match StatxFlags::from_bits_retain(st.stx_mask).contains(StatxFlags::CTIME) {
+            true => ctime_ns(st.stx_ctime.tv_sec, st.stx_ctime.tv_nsec),
+            false => 0,
+        },
     }
 }
 
@@ -1396,7 +1402,17 @@ fn meta_from_stat(st: &rfs::Stat) -> Meta {
         sparse: maybe_sparse(kind, st.st_size as u64, st.st_blocks as u64),
         nlink: st.st_nlink as u32,
         dev: st.st_dev,
+        ctime: ctime_ns(st.st_ctime, st.st_ctime_nsec as u32),
     }
+}
+
+/// A change time as [`Meta::ctime`] holds it: nanoseconds since the
+/// epoch (never 0 for a real one: 0 is "unknown").
+fn ctime_ns(sec: i64, nsec: u32) -> u64 {
+    (sec as u64)
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(nsec as u64)
+        | 1 << 63
 }
 
 /// Stat a path (not following a final symlink) into a [`Meta`].

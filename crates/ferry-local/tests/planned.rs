@@ -135,3 +135,81 @@ fn a_removal_or_keep_acts_only_on_the_entry_planned() {
     s.remove_planned(&root, c"seed", &planned).unwrap();
     assert!(!t.path().join("r/seed").exists());
 }
+
+/// Overwrite the bytes of `p` in place (same size) and put its mtime back:
+/// only the change time tells.
+fn edit_behind(p: &Path, b: &[u8]) {
+    use std::os::unix::fs::FileExt;
+    let m = fs::metadata(p).unwrap();
+    assert_eq!(m.len(), b.len() as u64);
+    let f = fs::File::options().write(true).open(p).unwrap();
+    f.write_all_at(b, 0).unwrap();
+    f.set_modified(m.modified().unwrap()).unwrap();
+    drop(f);
+    let n = fs::metadata(p).unwrap();
+    assert_eq!(
+        (n.len(), n.modified().unwrap()),
+        (m.len(), m.modified().unwrap())
+    );
+}
+
+#[test]
+fn an_edit_that_puts_size_and_mtime_back_is_seen_by_the_change_time() {
+    let (t, s) = setup();
+    let f = t.path().join("r/f");
+    let (root, _) = s.open_root().unwrap().unwrap();
+    let listed = stat(&s, c"f");
+    assert_ne!(listed.ctime, 0, "statx gives the change time");
+    // The plan's equality leaves it out (two replicas never share one).
+    assert_eq!(listed, ferry_engine::entry::Meta { ctime: 1, ..listed });
+    let planned = Planned::new(&listed, 1);
+    edit_behind(&f, b"OLD");
+    // A commit over it, a removal, a keep (moved away, or linked before a
+    // replace): all refused, the edit kept.
+    let e = put(&s, c"f", b"new", Some(&planned)).unwrap_err();
+    assert!(is_changed(&e), "{e}");
+    let e = s.remove_planned(&root, c"f", &planned).unwrap_err();
+    assert!(is_changed(&e), "{e}");
+    let base = KeepBase::Root(b".bak".to_vec());
+    for replacing in [false, true] {
+        let to = KeepTo {
+            base: &base,
+            path: b"f",
+            overwrite: false,
+            replacing,
+            planned: Some(planned),
+        };
+        let e = s.keep(&root, c"f", &to).unwrap_err();
+        assert!(is_changed(&e), "{e}");
+    }
+    assert_eq!(fs::read(&f).unwrap(), b"OLD");
+    assert!(!t.path().join("r/.bak").exists());
+    // Listed anew: kept as a hard link first, then replaced (the link
+    // moved the change time, and gave the file a second name: the commit
+    // after it leaves the change time out).
+    let planned = Planned::new(&stat(&s, c"f"), 1);
+    let to = KeepTo {
+        base: &base,
+        path: b"f",
+        overwrite: false,
+        replacing: true,
+        planned: Some(planned),
+    };
+    s.keep(&root, c"f", &to).unwrap();
+    put(&s, c"f", b"new", Some(&planned)).unwrap();
+    assert_eq!(fs::read(&f).unwrap(), b"new");
+    assert_eq!(fs::read(t.path().join("r/.bak/f")).unwrap(), b"OLD");
+}
+
+#[test]
+fn the_change_time_of_a_file_with_several_names_is_not_compared() {
+    // Replacing one name of a hard-linked file moves the change time of
+    // the others (its link count drops): the run's own act, not an edit.
+    let (t, s) = setup();
+    fs::hard_link(t.path().join("r/f"), t.path().join("r/g")).unwrap();
+    let planned_f = Planned::new(&stat(&s, c"f"), 1);
+    let planned_g = Planned::new(&stat(&s, c"g"), 1);
+    put(&s, c"f", b"nf", Some(&planned_f)).unwrap();
+    put(&s, c"g", b"ng", Some(&planned_g)).unwrap();
+    assert_eq!(fs::read(t.path().join("r/g")).unwrap(), b"ng");
+}

@@ -119,6 +119,7 @@ pub(crate) fn meta_from_headers(
         sparse: false,
         nlink: 0,
         dev: 0,
+        ctime: 0,
     }
 }
 
@@ -253,6 +254,7 @@ mod tests {
             sparse: false,
             nlink: 0,
             dev: 0,
+            ctime: 0,
         };
         assert_eq!(format_mtime(&m), "1600000000.123456789");
         assert_eq!(

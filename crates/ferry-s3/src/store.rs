@@ -491,6 +491,7 @@ impl Store for S3Store {
                         sparse: false,
                         nlink: 0,
                         dev: 0,
+                        ctime: 0,
                     },
                 );
             }
@@ -960,5 +961,6 @@ pub(crate) fn dir_meta() -> Meta {
         sparse: false,
         nlink: 0,
         dev: 0,
+        ctime: 0,
     }
 }

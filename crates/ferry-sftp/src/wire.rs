@@ -236,6 +236,7 @@ impl Attrs {
             sparse: false,
             nlink: 0,
             dev: 0,
+            ctime: 0,
         }
     }
 }

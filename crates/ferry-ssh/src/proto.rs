@@ -19,12 +19,12 @@
 use std::io::{self, Read, Write};
 
 use ferry_engine::entry::{Kind, Meta};
-use ferry_engine::store::MetaChange;
+use ferry_engine::store::{MetaChange, Planned};
 use ferry_engine::xattr::{XattrSel, Xattrs};
 use serde::{Deserialize, Serialize};
 
 /// The protocol version both ends must speak.
-pub const PROTOCOL: u32 = 10;
+pub const PROTOCOL: u32 = 11;
 /// The hello's first bytes.
 const MAGIC: &[u8; 12] = b"FERRY-SERVE\n";
 /// Largest frame accepted (a whole small file, a big directory's listing).
@@ -406,11 +406,43 @@ struct MetaDef {
     sparse: bool,
     nlink: u32,
     dev: u64,
+    ctime: u64,
 }
 
 /// A [`Meta`] in a message.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug)]
 pub struct M(#[serde(with = "MetaDef")] pub Meta);
+
+/// A [`Planned`] in a message: what the plan saw at a name the server is
+/// to replace or remove, checked there right before the act (the same
+/// check as a local run's, with the server's own `statx`).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug)]
+pub struct P {
+    /// The entry as listed.
+    pub meta: M,
+    /// The step its mtime is compared to.
+    pub step: u32,
+}
+
+impl From<&Planned> for P {
+    fn from(p: &Planned) -> P {
+        P {
+            meta: M(p.meta),
+            step: p.step,
+        }
+    }
+}
+
+impl From<P> for Planned {
+    fn from(p: P) -> Planned {
+        Planned::new(&p.meta.0, p.step)
+    }
+}
+
+/// What a commit may replace, as `Store::expect` says it, on the wire:
+/// `None`, not said; `Some(None)`, nothing (the name was free);
+/// `Some(Some(p))`, the entry planned.
+pub type Expect = Option<Option<P>>;
 
 /// [`MetaChange`] as bits: mtime 1, mode 2, owner 4.
 pub fn what_bits(w: MetaChange) -> u8 {
@@ -509,6 +541,9 @@ pub enum Req<'a> {
     /// ([`sel_bits`], attributes) if any, commit, in one: [`Resp::Ok`], or
     /// [`Resp::Bool`] `false` when committed but the filesystem refused
     /// the attributes. `replacing`: the name exists (`Store::replacing`).
+    /// `expect`: what the commit may replace (`Store::expect`), checked
+    /// right before the rename; else the error `changed` and nothing
+    /// replaced.
     Put {
         dir: u64,
         name: &'a [u8],
@@ -518,6 +553,7 @@ pub enum Req<'a> {
         data: &'a [u8],
         xattrs: Option<(u8, Attrs<'a>)>,
         replacing: bool,
+        expect: Expect,
     },
     /// Start writing a big file as handle `file` (no reply).
     Create {
@@ -545,7 +581,7 @@ pub enum Req<'a> {
     SetLen { file: u64, size: u64 },
     /// Finish file `file` under `name`, with attributes as [`Req::Put`]:
     /// [`Resp::Ok`] (or `Bool(false)` as there), or the first error of its
-    /// creation, writes or commit. `replacing` as there.
+    /// creation, writes or commit. `replacing` and `expect` as there.
     Commit {
         dir: u64,
         file: u64,
@@ -554,6 +590,7 @@ pub enum Req<'a> {
         fsync: bool,
         xattrs: Option<(u8, Attrs<'a>)>,
         replacing: bool,
+        expect: Expect,
     },
     /// Drop file `file` and its temporary (no reply).
     Abort { dir: u64, file: u64 },
@@ -584,6 +621,10 @@ pub enum Req<'a> {
         name: &'a [u8],
         is_dir: bool,
     },
+    /// Remove `name` (not a directory) only while it is still the entry
+    /// planned `at` (`Store::remove_planned`): [`Resp::Count`], or the
+    /// error `changed` and nothing removed.
+    RemovePlanned { dir: u64, name: &'a [u8], at: P },
     /// [`Resp::Removed`]: every entry removed, in order.
     RemoveEach { dir: u64, name: &'a [u8] },
     /// [`Resp::Ok`].
@@ -692,7 +733,7 @@ pub enum Req<'a> {
     /// at `path` below the base: `root/base` unless `abs`, else `base`
     /// itself (absolute, or relative to the server's working directory,
     /// the login directory), as `Store::keep` says (`overwrite`,
-    /// `replacing`): [`Resp::Ok`].
+    /// `replacing`, `planned`): [`Resp::Ok`].
     Keep {
         dir: u64,
         name: &'a [u8],
@@ -702,6 +743,7 @@ pub enum Req<'a> {
         path: &'a [u8],
         overwrite: bool,
         replacing: bool,
+        planned: Option<P>,
     },
     /// Watch the tree at `path` with inotify, as a local `--watch` does,
     /// until the connection closes: [`Resp::Bool`] once it is watched (or an
@@ -795,11 +837,20 @@ const KINDS: [io::ErrorKind; 10] = [
     io::ErrorKind::NotADirectory,
 ];
 
+/// The `kind` of [`ferry_engine::store::changed`]: an act the server did
+/// not do because its entry changed since it was listed; the client gets
+/// the same error a local check gives (`is_changed`).
+const CHANGED: u8 = 0x80;
+
 impl From<&io::Error> for WireErr {
     fn from(e: &io::Error) -> WireErr {
+        let kind = match ferry_engine::store::is_changed(e) {
+            true => CHANGED,
+            false => KINDS.iter().position(|k| *k == e.kind()).unwrap_or(0) as u8,
+        };
         WireErr {
             errno: e.raw_os_error().unwrap_or(0),
-            kind: KINDS.iter().position(|k| *k == e.kind()).unwrap_or(0) as u8,
+            kind,
             msg: e.to_string(),
         }
     }
@@ -809,6 +860,9 @@ impl From<WireErr> for io::Error {
     fn from(w: WireErr) -> io::Error {
         if w.errno != 0 {
             return io::Error::from_raw_os_error(w.errno);
+        }
+        if w.kind == CHANGED {
+            return ferry_engine::store::changed();
         }
         io::Error::new(KINDS[(w.kind as usize).min(KINDS.len() - 1)], w.msg)
     }
@@ -1093,6 +1147,25 @@ mod tests {
     }
 
     #[test]
+    fn a_changed_entry_comes_back_as_changed_and_other_errors_as_they_were() {
+        use ferry_engine::store::{changed, is_changed};
+        let back = |e: &io::Error| -> io::Error {
+            let f = frame(1, &Resp::Err(e.into()));
+            match decode::<Resp>(&f[12..]).unwrap() {
+                Resp::Err(w) => w.into(),
+                r => panic!("{r:?}"),
+            }
+        };
+        assert!(is_changed(&back(&changed())));
+        let e = back(&io::Error::from_raw_os_error(13));
+        assert!(!is_changed(&e));
+        assert_eq!(e.raw_os_error(), Some(13));
+        let e = back(&io::Error::new(io::ErrorKind::NotFound, "gone"));
+        assert!(!is_changed(&e));
+        assert_eq!(e.kind(), io::ErrorKind::NotFound);
+    }
+
+    #[test]
     fn frames_and_hello_round_trip() {
         let mut b = Vec::new();
         write_hello(&mut b).unwrap();
@@ -1110,6 +1183,7 @@ mod tests {
             sparse: true,
             nlink: 2,
             dev: 0x803,
+            ctime: 1 << 63 | 1_700_000_000_123_456_789,
         };
         b.extend(frame(
             9,
@@ -1121,6 +1195,10 @@ mod tests {
                 data: b"xyz",
                 xattrs: Some((3, vec![(&b"user.a"[..], &b"\0\xff"[..])])),
                 replacing: true,
+                expect: Some(Some(P {
+                    meta: M(meta),
+                    step: 1000,
+                })),
             },
         ));
         let mut r = &b[..];
@@ -1142,8 +1220,15 @@ mod tests {
                 data,
                 xattrs: Some((3, a)),
                 replacing: true,
+                expect:
+                    Some(Some(P {
+                        meta: M(p),
+                        step: 1000,
+                    })),
             } => {
                 assert_eq!((name, m, data), (&b"a\xff"[..], meta, &b"xyz"[..]));
+                // (`==` leaves the change time out: it travels too.)
+                assert_eq!((m.ctime, p.ctime), (meta.ctime, meta.ctime));
                 let mut x = Xattrs::new();
                 xattrs_of(&a, &mut x);
                 assert_eq!(x.get(b"user.a"), Some(&b"\0\xff"[..]));

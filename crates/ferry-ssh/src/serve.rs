@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 
 use ferry_engine::entry::{Listing, Meta};
 use ferry_engine::keep::{KeepBase, KeepTo};
-use ferry_engine::store::{SourceFile, Store};
+use ferry_engine::store::{Planned, SourceFile, Store};
 use ferry_engine::xattr::Xattrs;
 use ferry_local::download::Direct;
 use ferry_local::local::{LocalDir, LocalReader, LocalWriter};
@@ -591,6 +591,17 @@ fn pwrite_all(fd: std::os::fd::BorrowedFd<'_>, data: &[u8], at: u64) -> io::Resu
     Ok(())
 }
 
+/// Tell the local store what the commit of `w` may replace, as the client
+/// said it ([`Req::Put`], [`Req::Commit`]): checked right before the
+/// rename, here.
+fn expecting(s: &LocalStore, w: &mut LocalWriter, replacing: bool, expect: proto::Expect) {
+    match expect {
+        Some(at) => s.expect(w, at.map(Planned::from).as_ref()),
+        None if replacing => s.replacing(w),
+        None => {}
+    }
+}
+
 /// Give the file being written its attributes and commit it: the reply
 /// [`Req::Commit`] and [`Req::Put`] describe (`Ok`, or `Bool(false)`).
 fn finish(
@@ -853,12 +864,11 @@ fn answer_io(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> io::Re
             data,
             xattrs,
             replacing,
+            expect,
         } => {
             let d = dir_of(st, dir)?;
             let mut w = s.create_file(&d, &cname(name)?, &meta.0)?;
-            if replacing {
-                s.replacing(&mut w);
-            }
+            expecting(s, &mut w, replacing, expect);
             match s.write_from(&d, &mut w, &mut Bytes(data), data.len() as u64, None) {
                 Ok(n) if n == data.len() as u64 => {
                     let r = finish(s, &d, w, name, &meta.0, fsync, xattrs)?;
@@ -881,19 +891,19 @@ fn answer_io(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> io::Re
             fsync,
             xattrs,
             replacing,
+            expect,
             ..
         } => {
             let w = st.writers.lock().unwrap().remove(&file);
             match w {
                 Some(Writing::Open(d, mut w)) => {
-                    if replacing {
-                        s.replacing(&mut w);
-                    }
+                    expecting(s, &mut w, replacing, expect);
                     let r = finish(s, &d, w, name, &meta.0, fsync, xattrs)?;
                     Ok(proto::frame(id, &r))
                 }
-                Some(Writing::Part(d, w, ..)) => {
+                Some(Writing::Part(d, mut w, ..)) => {
                     ferry_local::download::forget_record(w.fd())?;
+                    expecting(s, &mut w, replacing, expect);
                     let r = finish(s, &d, w, name, &meta.0, fsync, xattrs)?;
                     Ok(proto::frame(id, &r))
                 }
@@ -924,6 +934,12 @@ fn answer_io(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> io::Re
         } => ok(s.set_meta(&*dir_of(st, dir)?, &cname(name)?, &meta.0, what_of(what))),
         Req::Remove { dir, name, is_dir } => {
             let n = s.remove(&*dir_of(st, dir)?, &cname(name)?, is_dir)?;
+            Ok(proto::frame(id, &Resp::Count(n)))
+        }
+        Req::RemovePlanned { dir, name, at } => {
+            // The check at the act, here: one `statx` right before the
+            // unlink, as a local run makes it.
+            let n = s.remove_planned(&*dir_of(st, dir)?, &cname(name)?, &at.into())?;
             Ok(proto::frame(id, &Resp::Count(n)))
         }
         Req::RemoveEach { dir, name } => {
@@ -1026,6 +1042,7 @@ fn answer_io(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> io::Re
             path,
             overwrite,
             replacing,
+            planned,
         } => {
             // The local store's keep (hard link, rename, copy), for the
             // tree at `root` as the client opened it.
@@ -1040,7 +1057,7 @@ fn answer_io(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> io::Re
                 path,
                 overwrite,
                 replacing,
-                planned: None,
+                planned: planned.map(Planned::from),
             };
             let at = LocalStore::new(Path::new(OsStr::from_bytes(root)), 1);
             ok(at.keep(&*dir_of(st, dir)?, &cname(name)?, &to))

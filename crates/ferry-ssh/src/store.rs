@@ -24,14 +24,16 @@ use ferry_engine::entry::{Kind, Listing, Meta};
 use ferry_engine::keep::{KeepBase, KeepTo};
 use ferry_engine::piece::with_piece_buffer;
 use ferry_engine::store::{
-    Committing, DeltaRole, ListError, MetaChange, RangedSource, SourceFile, Store,
+    Committing, DeltaRole, ListError, MetaChange, Planned, RangedSource, SourceFile, Store,
 };
 use ferry_engine::xattr::{XattrSel, Xattrs};
 
 use crate::conn::{self, unexpected, Conn, Target};
 
 mod delta;
-use crate::proto::{attrs, sel_bits, what_bits, xattrs_of, Req, Resp, CHUNK, INLINE_MAX, K, M};
+use crate::proto::{
+    attrs, sel_bits, what_bits, xattrs_of, Expect, Req, Resp, CHUNK, INLINE_MAX, K, M, P,
+};
 use crate::push;
 
 /// Chunks of a big file requested ahead of the reader.
@@ -312,6 +314,9 @@ pub struct SshWriter {
     /// The name exists (`Store::replacing`): said with the commit, so the
     /// remote store skips a first attempt that only works for a new name.
     replacing: bool,
+    /// What the commit may replace (`Store::expect`): checked by the
+    /// remote store right before its rename.
+    expect: Expect,
 }
 
 impl SshStore {
@@ -874,6 +879,7 @@ impl Store for SshStore {
                 xattrs: None,
                 later: None,
                 replacing: false,
+                expect: None,
             });
         }
         if meta.size >= ferry_local::download::RANGED_MIN && !meta.sparse {
@@ -884,6 +890,7 @@ impl Store for SshStore {
                 xattrs: None,
                 later: Some((name.to_owned(), *meta)),
                 replacing: false,
+                expect: None,
             });
         }
         self.conn().send(&Req::Create {
@@ -899,6 +906,7 @@ impl Store for SshStore {
             xattrs: None,
             later: None,
             replacing: false,
+            expect: None,
         })
     }
 
@@ -995,6 +1003,11 @@ impl Store for SshStore {
         w.replacing = true;
     }
 
+    fn expect(&self, w: &mut SshWriter, at: Option<&Planned>) {
+        w.replacing = at.is_some();
+        w.expect = Some(at.map(P::from));
+    }
+
     fn create_empty(
         &self,
         dir: &SshDir,
@@ -1051,6 +1064,22 @@ impl Store for SshStore {
                 dir: dir.id,
                 name: name.to_bytes(),
                 is_dir,
+            })?
+            .get()?
+        {
+            Resp::Count(n) => Ok(n),
+            r => Err(unexpected(&r)),
+        }
+    }
+
+    fn remove_planned(&self, dir: &SshDir, name: &CStr, at: &Planned) -> io::Result<u64> {
+        // Checked by the remote store right before its unlink.
+        match self
+            .conn()
+            .call(&Req::RemovePlanned {
+                dir: dir.id,
+                name: name.to_bytes(),
+                at: at.into(),
             })?
             .get()?
         {
@@ -1190,6 +1219,7 @@ impl Store for SshStore {
             path: to.path,
             overwrite: to.overwrite,
             replacing: to.replacing,
+            planned: to.planned.as_ref().map(P::from),
         })
     }
 
@@ -1340,6 +1370,7 @@ fn start_commit(
             data,
             xattrs,
             replacing: w.replacing,
+            expect: w.expect,
         }),
         None => conn.start(&Req::Commit {
             dir: dir.id,
@@ -1349,6 +1380,7 @@ fn start_commit(
             fsync,
             xattrs,
             replacing: w.replacing,
+            expect: w.expect,
         }),
     }
 }

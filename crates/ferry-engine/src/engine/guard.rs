@@ -206,6 +206,7 @@ mod tests {
             sparse: false,
             nlink: 2,
             dev,
+            ctime: 0,
         }
     }
 

@@ -499,3 +499,305 @@ fn sync_error_reading_the_source_names_src_and_the_operation() {
     );
     assert_eq!(fs::read(dst.join("g")).unwrap(), b"readable");
 }
+
+// --- ssh and ctime (round 2) ---
+
+/// Overwrite the head of `p` with `data` in place (the size unchanged) and
+/// put its mtime back (`utimensat`, as `touch -d` does): only the change
+/// time tells the file changed.
+fn edit_behind(p: &Path, data: &[u8]) {
+    use std::os::unix::fs::FileExt;
+    let m = fs::metadata(p).unwrap();
+    let f = fs::File::options().write(true).open(p).unwrap();
+    f.write_all_at(data, 0).unwrap();
+    f.set_modified(m.modified().unwrap()).unwrap();
+    drop(f);
+    let n = fs::metadata(p).unwrap();
+    assert_eq!(
+        (n.len(), n.modified().unwrap()),
+        (m.len(), m.modified().unwrap())
+    );
+}
+
+/// Issue 28, 2 (round 2): the check at the act compares the change time
+/// too. A DST file whose bytes change during the copy, its size and mtime
+/// put back, is not replaced (exit 1, one line). Before: replaced, exit 0,
+/// the edit gone (size, mtime and inode were all the plan saw).
+#[test]
+fn sync_never_commits_over_an_edit_that_put_size_and_mtime_back() {
+    let t = tmpdir();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    write(&src, "big", &gen_bytes(BIG, 21));
+    ferry(["sync".as_ref(), src.as_os_str(), dst.as_os_str()]).ok();
+    fs::write(src.join("big"), gen_bytes(BIG, 22)).unwrap();
+    let args: Vec<OsString> = vec![
+        "sync".into(),
+        "--bwlimit".into(),
+        "2M".into(),
+        src.clone().into(),
+        dst.clone().into(),
+    ];
+    let d = dst.join("big");
+    let (r, wrote) = run_with_writer(&args, &dst, || edit_behind(&d, b"EDIT-BEHIND-DST"));
+    assert!(wrote, "{r}");
+    r.code_is(1);
+    assert!(
+        r.error_lines()
+            .iter()
+            .any(|l| l.contains("big") && l.contains("changed since it was listed")),
+        "{r}"
+    );
+    assert_eq!(holding(&dst, b"EDIT-BEHIND-DST"), [d], "{r}");
+}
+
+/// The same for bisync: B's file is edited behind its size and mtime while
+/// A's new version is copied over it: left alone, exit 1, one line naming
+/// B. (The next run compares B with the journal, which keeps no change
+/// time: see docs/CLI.md, "Checked at the act".)
+#[test]
+fn bisync_never_commits_over_an_edit_that_put_size_and_mtime_back() {
+    let t = tmpdir();
+    let (a, b, j) = (
+        t.path().join("a"),
+        t.path().join("b"),
+        t.path().join("j.db"),
+    );
+    write(&a, "big", &gen_bytes(BIG, 23));
+    bisync(&a, &b, &j, &[]).ok();
+    fs::write(a.join("big"), gen_bytes(BIG, 24)).unwrap();
+    let args = bisync_args(&a, &b, &j, &["--bwlimit", "2M"]);
+    let bb = b.join("big");
+    let (r, wrote) = run_with_writer(&args, &b, || edit_behind(&bb, b"EDIT-BEHIND-B"));
+    assert!(wrote, "{r}");
+    r.code_is(1);
+    assert!(
+        r.error_lines()
+            .iter()
+            .any(|l| l.starts_with("ferry: B: big") && l.contains("changed since it was listed")),
+        "{r}"
+    );
+    assert_eq!(holding(&b, b"EDIT-BEHIND-B"), [bb], "{r}");
+    assert_eq!(fs::read(a.join("big")).unwrap(), gen_bytes(BIG, 24));
+}
+
+/// True when some process (a remote `ferry serve` too) holds a file open
+/// for writing under `dir` ([`writing_under`] of every process).
+fn anyone_writing_under(dir: &Path) -> bool {
+    let Ok(procs) = fs::read_dir("/proc") else {
+        return false;
+    };
+    procs.flatten().any(|p| {
+        p.file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+            .is_some_and(|pid| pid != std::process::id() && writing_under(pid, dir))
+    })
+}
+
+/// [`run_with_writer`] for a run whose writes are made by another process
+/// (the `ferry serve` at the other end of ssh): `write` runs once any
+/// process writes a temporary under `dir`.
+fn run_with_remote_writer(
+    args: &[OsString],
+    dir: &Path,
+    write: impl FnOnce() + Send,
+) -> (Run, bool) {
+    let child = Command::new(bin())
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn ferry");
+    let pid = child.id();
+    std::thread::scope(|s| {
+        let w = s.spawn(move || {
+            let start = Instant::now();
+            while start.elapsed() < WAIT {
+                if anyone_writing_under(dir) {
+                    write();
+                    return true;
+                }
+                if !Path::new(&format!("/proc/{pid}")).exists() {
+                    return false;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            false
+        });
+        let out = child.wait_with_output().expect("wait for ferry");
+        let wrote = w.join().unwrap();
+        (
+            Run {
+                args: args.to_vec(),
+                code: out.status.code(),
+                stdout: out.stdout,
+                stderr: out.stderr,
+            },
+            wrote,
+        )
+    })
+}
+
+/// `ferry CMD -e RSH --remote-ferry BIN` then `args`.
+fn ssh_args(rsh: &str, cmd: &str, args: &[OsString]) -> Vec<OsString> {
+    let mut v: Vec<OsString> = vec![cmd.into(), "-e".into(), rsh.into()];
+    v.push("--remote-ferry".into());
+    v.push(bin());
+    v.extend(args.iter().cloned());
+    v
+}
+
+/// Issue 28, 2 (round 2): the check at the act is made by the serving
+/// end. `bisync A host:B`: B's file (on the remote side) is appended to
+/// while A's new version is copied over it: the remote `ferry serve`
+/// leaves it alone (exit 1, one line naming B), the next run sees a
+/// conflict and keeps both, the one after has nothing to do. Before: the
+/// remote commit replaced it, exit 0, the edit gone from both sides.
+#[test]
+fn ssh_bisync_never_commits_over_an_edit_made_on_the_remote_side() {
+    use crate::util::ssh::{ssh_at, ssh_server};
+    let (rsh, host) = need!(ssh_server());
+    let t = tmpdir();
+    let (a, b, j) = (
+        t.path().join("a"),
+        t.path().join("b"),
+        t.path().join("j.db"),
+    );
+    let run = |extra: &[&str]| {
+        let mut v: Vec<OsString> = vec!["--journal".into(), j.clone().into()];
+        v.extend(extra.iter().map(OsString::from));
+        v.push(a.clone().into());
+        v.push(ssh_at(&host, &b));
+        ssh_args(&rsh, "bisync", &v)
+    };
+    write(&a, "big", &gen_bytes(BIG, 25));
+    write(&a, "small", b"small");
+    ferry(run(&[])).ok();
+    assert_eq!(fs::read(b.join("big")).unwrap(), gen_bytes(BIG, 25));
+    fs::write(a.join("big"), gen_bytes(BIG, 26)).unwrap();
+    let bb = b.join("big");
+    let (r, wrote) = run_with_remote_writer(&run(&["--bwlimit", "2M"]), &b, || {
+        append(&bb, b"EDIT-ON-REMOTE-B")
+    });
+    assert!(wrote, "the writer never saw the copy under way\n{r}");
+    r.code_is(1);
+    assert!(
+        r.error_lines()
+            .iter()
+            .any(|l| l.starts_with("ferry: B: big") && l.contains("changed since it was listed")),
+        "{r}"
+    );
+    assert_eq!(
+        holding(&b, b"EDIT-ON-REMOTE-B"),
+        std::slice::from_ref(&bb),
+        "B's edit lost\n{r}"
+    );
+    // The next run: both changed, a conflict keeps both.
+    let r = ferry(run(&[]));
+    r.ok();
+    assert_eq!(holding(&a, b"EDIT-ON-REMOTE-B").len(), 1, "{r}");
+    assert_eq!(holding(&b, b"EDIT-ON-REMOTE-B").len(), 1, "{r}");
+    let new = gen_bytes(BIG, 26);
+    for side in [&a, &b] {
+        assert!(
+            walk(side)
+                .iter()
+                .any(|p| fs::read(side.join(p)).is_ok_and(|d| d == new)),
+            "A's version lost on {side:?}\n{r}"
+        );
+    }
+    assert_replicas(&a, &b);
+    let r = ferry(run(&["--json"]));
+    r.ok();
+    assert_eq!(summary(&r).files_copied, 0, "{r}");
+}
+
+/// The same for `sync SRC host:DST`: a remote DST file edited during the
+/// copy (appended to; or its bytes changed, its size and mtime put back:
+/// the change time the listing carried over the wire tells) is not
+/// replaced (exit 1, one line).
+#[test]
+fn ssh_sync_never_replaces_a_remote_file_edited_during_the_copy() {
+    use crate::util::ssh::{ssh_at, ssh_server};
+    let (rsh, host) = need!(ssh_server());
+    for behind in [false, true] {
+        let t = tmpdir();
+        let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+        write(&src, "big", &gen_bytes(BIG, 27));
+        let args = |extra: &[&str]| {
+            let mut v: Vec<OsString> = extra.iter().map(OsString::from).collect();
+            v.push(src.clone().into());
+            v.push(ssh_at(&host, &dst));
+            ssh_args(&rsh, "sync", &v)
+        };
+        ferry(args(&[])).ok();
+        fs::write(src.join("big"), gen_bytes(BIG, 29)).unwrap();
+        let d = dst.join("big");
+        let (r, wrote) = run_with_remote_writer(&args(&["--bwlimit", "2M"]), &dst, || {
+            if behind {
+                edit_behind(&d, b"EDIT-ON-DST");
+            } else {
+                append(&d, b"EDIT-ON-DST");
+            }
+        });
+        assert!(wrote, "{r}");
+        r.code_is(1);
+        assert!(
+            r.error_lines()
+                .iter()
+                .any(|l| l.contains("big") && l.contains("changed since it was listed")),
+            "behind: {behind}\n{r}"
+        );
+        assert_eq!(holding(&dst, b"EDIT-ON-DST"), [d], "behind: {behind}\n{r}");
+    }
+}
+
+/// `bisync A host:B`, A deleted a file: B's copy of it, appended to on the
+/// remote side during the run (while another file is copied), is not
+/// deleted by the remote end (exit 1, one line naming B); the next run
+/// copies it back to A.
+#[test]
+fn ssh_bisync_never_deletes_a_remote_file_written_during_the_run() {
+    use crate::util::ssh::{ssh_at, ssh_server};
+    let (rsh, host) = need!(ssh_server());
+    let t = tmpdir();
+    let (a, b, j) = (
+        t.path().join("a"),
+        t.path().join("b"),
+        t.path().join("j.db"),
+    );
+    let run = |extra: &[&str]| {
+        let mut v: Vec<OsString> = vec!["--journal".into(), j.clone().into()];
+        v.extend(extra.iter().map(OsString::from));
+        v.push(a.clone().into());
+        v.push(ssh_at(&host, &b));
+        ssh_args(&rsh, "bisync", &v)
+    };
+    write(&a, "big", &gen_bytes(BIG, 30));
+    write(&a, "victim", b"old");
+    ferry(run(&[])).ok();
+    fs::write(a.join("big"), gen_bytes(BIG, 31)).unwrap();
+    fs::remove_file(a.join("victim")).unwrap();
+    let v = b.join("victim");
+    let (r, wrote) = run_with_remote_writer(&run(&["--bwlimit", "2M"]), &b, || {
+        append(&v, b"+EDIT-ON-REMOTE-B")
+    });
+    assert!(wrote, "{r}");
+    r.code_is(1);
+    assert!(
+        r.error_lines()
+            .iter()
+            .any(|l| l.starts_with("ferry: B: victim: ") && l.contains("changed")),
+        "{r}"
+    );
+    assert_eq!(fs::read(&v).unwrap(), b"old+EDIT-ON-REMOTE-B", "{r}");
+    let r = ferry(run(&[]));
+    r.ok();
+    assert_eq!(
+        fs::read(a.join("victim")).unwrap(),
+        b"old+EDIT-ON-REMOTE-B",
+        "{r}"
+    );
+    assert_replicas(&a, &b);
+}
