@@ -803,3 +803,75 @@ fn s3_sync_never_writes_over_a_name_taken_during_the_upload() {
         assert_eq!(object(s3, &url, "new"), b"OTHER-WRITER new", "{r}");
     });
 }
+
+/// Issue 28, 2, keeps on S3 and SFTP: with `--versions`, a file A deleted
+/// and another client rewrote on B during the run is not moved into B's
+/// `.ferry-versions` (the keep checks it first, as the delete would): it
+/// stays at its name (exit 1, "changed"), and the next run brings it back
+/// to A.
+#[test]
+fn s3_and_sftp_bisync_keep_never_moves_a_file_written_during_the_run() {
+    let check = |r: &Run, back: &dyn Fn() -> Vec<u8>| {
+        left_as_changed(r, "victim");
+        assert_eq!(back(), b"OTHER-WRITER victim", "{r}");
+    };
+    crate::util::s3::each_server(|s3| {
+        let t = tmpdir();
+        let (a, j) = (t.path().join("a"), t.path().join("j.db"));
+        let url = s3.url("recheck-keep");
+        let args = |extra: &[&str]| -> Vec<OsString> {
+            let mut v: Vec<OsString> = vec!["bisync".into(), "--versions".into()];
+            v.extend(["--journal".into(), j.clone().into()]);
+            v.extend(extra.iter().map(OsString::from));
+            v.extend([a.clone().into(), url.clone().into()]);
+            v
+        };
+        write(&a, "big", &gen_bytes(BIG, 51));
+        write(&a, "victim", b"victim as planned");
+        s3.ferry(args(&[])).ok();
+        fs::write(a.join("big"), gen_bytes(BIG, 52)).unwrap();
+        fs::remove_file(a.join("victim")).unwrap();
+        let mut cmd = s3.command();
+        cmd.args(args(&["--bwlimit", "2M"]));
+        let (r, wrote) = run_when_open(cmd, &a.join("big"), || {
+            put_object(s3, &url, "victim", b"OTHER-WRITER victim")
+        });
+        assert!(wrote, "{r}");
+        check(&r, &|| object(s3, &url, "victim"));
+        s3.ferry(args(&[])).ok();
+        assert_eq!(fs::read(a.join("victim")).unwrap(), b"OTHER-WRITER victim");
+    });
+    let (rsh, host, local, remote) = need!(sftp_chroot());
+    let t = tmpdir();
+    let there = tempfile::tempdir_in(&local).unwrap();
+    let (a, j, b) = (
+        t.path().join("a"),
+        t.path().join("j.db"),
+        there.path().join("b"),
+    );
+    let name = there.path().file_name().unwrap().to_str().unwrap();
+    let burl = format!("sftp://{host}{remote}/{name}/b");
+    let args = |extra: &[&str]| -> Vec<OsString> {
+        let mut v: Vec<OsString> = vec!["bisync".into(), "--versions".into()];
+        v.extend(["-e".into(), rsh.clone().into()]);
+        v.extend(["--journal".into(), j.clone().into()]);
+        v.extend(extra.iter().map(OsString::from));
+        v.extend([a.clone().into(), burl.clone().into()]);
+        v
+    };
+    write(&a, "big", &gen_bytes(BIG, 53));
+    write(&a, "victim", b"victim as planned");
+    ferry(args(&[])).ok();
+    fs::write(a.join("big"), gen_bytes(BIG, 54)).unwrap();
+    fs::remove_file(a.join("victim")).unwrap();
+    let mut cmd = Command::new(bin());
+    cmd.args(args(&["--bwlimit", "2M"]));
+    let bv = b.join("victim");
+    let (r, wrote) = run_when_open(cmd, &a.join("big"), || {
+        fs::write(&bv, b"OTHER-WRITER victim").unwrap()
+    });
+    assert!(wrote, "{r}");
+    check(&r, &|| fs::read(&bv).unwrap());
+    ferry(args(&[])).ok();
+    assert_eq!(fs::read(a.join("victim")).unwrap(), b"OTHER-WRITER victim");
+}
