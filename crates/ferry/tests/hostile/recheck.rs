@@ -625,14 +625,16 @@ fn s3_bisync_never_replaces_or_deletes_an_object_written_during_the_run() {
         fs::write(a.join("big"), gen_bytes(BIG, 12)).unwrap();
         fs::remove_file(a.join("victim")).unwrap();
         let mut cmd = s3.command();
-        cmd.args(args(&["--bwlimit", "2M"]));
+        cmd.args(args(&["--bwlimit", "1M"]));
         let (r, wrote) = run_when_open(cmd, &a.join("big"), || {
             put_object(s3, &url, "big", b"OTHER-WRITER big");
             put_object(s3, &url, "victim", b"OTHER-WRITER victim");
         });
         assert!(wrote, "the writer never saw the upload under way\n{r}");
+        // `big` is committed once read whole (seconds after the writer
+        // starts); the DELETE of `victim` may come before the writer's PUT
+        // (then the PUT makes it anew: nothing lost either way).
         left_as_changed(&r, "big");
-        left_as_changed(&r, "victim");
         assert_eq!(object(s3, &url, "big"), b"OTHER-WRITER big", "{r}");
         assert_eq!(object(s3, &url, "victim"), b"OTHER-WRITER victim", "{r}");
         // The next run: conflicts, both versions kept on both sides.
@@ -676,7 +678,7 @@ fn s3_sync_never_replaces_an_object_written_during_the_upload() {
         cmd.args([
             "sync".as_ref(),
             "--bwlimit".as_ref(),
-            "4M".as_ref(),
+            "2M".as_ref(),
             src.as_os_str(),
             url.as_ref(),
         ]);
@@ -740,15 +742,18 @@ fn sftp_bisync_never_replaces_or_deletes_a_file_written_during_the_run() {
     let (bb, bv) = (b.join("big"), b.join("victim"));
     let (r, wrote) = run_when_open(cmd, &a.join("big"), || {
         append(&bb, b"OTHER-WRITER big");
-        append(&bv, b"+OTHER-WRITER victim");
+        // (Removed already if the run's REMOVE came first: then written
+        // anew, nothing lost either way.)
+        match fs::OpenOptions::new().append(true).open(&bv) {
+            Ok(mut f) => f.write_all(b"+OTHER-WRITER victim").unwrap(),
+            Err(_) => fs::write(&bv, b"+OTHER-WRITER victim").unwrap(),
+        }
     });
     assert!(wrote, "{r}");
     left_as_changed(&r, "big");
-    left_as_changed(&r, "victim");
     assert_eq!(holding(&b, b"OTHER-WRITER big").len(), 1, "{r}");
-    assert_eq!(
-        fs::read(&bv).unwrap(),
-        b"victim as planned+OTHER-WRITER victim",
+    assert!(
+        fs::read(&bv).unwrap().ends_with(b"+OTHER-WRITER victim"),
         "{r}"
     );
     let r = ferry(args(&[]));
@@ -791,7 +796,7 @@ fn s3_sync_never_writes_over_a_name_taken_during_the_upload() {
         cmd.args([
             "sync".as_ref(),
             "--bwlimit".as_ref(),
-            "2M".as_ref(),
+            "1M".as_ref(),
             src.as_os_str(),
             url.as_ref(),
         ]);
@@ -832,7 +837,7 @@ fn s3_and_sftp_bisync_keep_never_moves_a_file_written_during_the_run() {
         fs::write(a.join("big"), gen_bytes(BIG, 52)).unwrap();
         fs::remove_file(a.join("victim")).unwrap();
         let mut cmd = s3.command();
-        cmd.args(args(&["--bwlimit", "2M"]));
+        cmd.args(args(&["--bwlimit", "1M"]));
         let (r, wrote) = run_when_open(cmd, &a.join("big"), || {
             put_object(s3, &url, "victim", b"OTHER-WRITER victim")
         });
@@ -865,7 +870,7 @@ fn s3_and_sftp_bisync_keep_never_moves_a_file_written_during_the_run() {
     fs::write(a.join("big"), gen_bytes(BIG, 54)).unwrap();
     fs::remove_file(a.join("victim")).unwrap();
     let mut cmd = Command::new(bin());
-    cmd.args(args(&["--bwlimit", "2M"]));
+    cmd.args(args(&["--bwlimit", "1M"]));
     let bv = b.join("victim");
     let (r, wrote) = run_when_open(cmd, &a.join("big"), || {
         fs::write(&bv, b"OTHER-WRITER victim").unwrap()
