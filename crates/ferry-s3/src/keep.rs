@@ -112,6 +112,12 @@ impl S3Store {
                 format!("{}: exists", target.c.url_of(key)),
             ));
         }
+        // Moved away only while it is still the object planned: checked
+        // before the copy, and its DELETE conditional (see `check`).
+        let cond = match (to.replacing, &to.planned) {
+            (false, Some(p)) => crate::check::Cond::of(self, from, Some(p))?,
+            _ => crate::check::Cond::Any,
+        };
         // The object's own metadata goes with it (ferry's mtime and mode,
         // rclone's MD5); its size says whether one CopyObject will do.
         let (meta, md5) = self.head_md5(from, 0, None)?;
@@ -121,7 +127,7 @@ impl S3Store {
             .server_copies
             .fetch_add(1, Ordering::Relaxed);
         if !to.replacing {
-            self.delete_key(from)?;
+            self.conditional(&cond, |hs| self.delete_with(from, hs))?;
         }
         Ok(())
     }

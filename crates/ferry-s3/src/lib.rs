@@ -18,6 +18,7 @@
 //! metadata, owners or symlinks: the engine asks and skips what cannot be
 //! stored.
 
+mod check;
 mod config;
 mod direct;
 #[cfg(test)]

@@ -335,7 +335,7 @@ impl S3Store {
             }
         });
         match tags.finish() {
-            Ok(tags) => self.complete(key, &id, &tags),
+            Ok(tags) => self.complete(key, &id, &tags, &[]),
             Err(e) => {
                 self.abort_upload(key, &id);
                 Err(e)
@@ -343,7 +343,17 @@ impl S3Store {
         }
     }
 
-    pub(crate) fn complete(&self, key: &str, id: &str, etags: &[String]) -> io::Result<()> {
+    /// Complete upload `id` of `key` from its parts' `etags`, sent with the
+    /// headers `cond` (a condition: `crate::check::Cond`). A failed
+    /// completion aborts the upload, unless only its condition was refused
+    /// (`Unsupported`: sent again without it).
+    pub(crate) fn complete(
+        &self,
+        key: &str,
+        id: &str,
+        etags: &[String],
+        cond: &[(&'static str, String)],
+    ) -> io::Result<()> {
         let complete = CompleteMultipartUpload::new(
             &self.c.bucket,
             self.c.creds(),
@@ -354,9 +364,14 @@ impl S3Store {
         let url = complete.sign(SIGN_TTL);
         let body = complete.body();
         let r = self.c.send("CompleteMultipartUpload", key, || {
-            self.c.agent.post(url.as_str()).send(body.as_bytes())
+            let mut r = self.c.agent.post(url.as_str());
+            for (k, v) in cond {
+                r = r.header(*k, v.as_str());
+            }
+            r.send(body.as_bytes())
         });
-        if r.is_err() {
+        let refused = |e: &io::Error| !cond.is_empty() && e.kind() == io::ErrorKind::Unsupported;
+        if r.as_ref().is_err_and(|e| !refused(e)) {
             self.abort_upload(key, id);
         }
         r.map(|_| ())

@@ -13,12 +13,11 @@ use ferry_engine::bwlimit::Limiter;
 use ferry_engine::entry::{Kind, Listing, Meta};
 use ferry_engine::hash::{Hash, HashKind, HashSet};
 use ferry_engine::keep::{KeepBase, KeepTo};
-use ferry_engine::store::{ListError, MetaChange, RangedSource, SourceFile, Store};
-use rusty_s3::actions::{
-    DeleteObject, DeleteObjects, HeadBucket, HeadObject, ListObjectsV2, ObjectIdentifier, PutObject,
-};
+use ferry_engine::store::{ListError, MetaChange, Planned, RangedSource, SourceFile, Store};
+use rusty_s3::actions::{DeleteObjects, HeadBucket, HeadObject, ListObjectsV2, ObjectIdentifier};
 use rusty_s3::{Bucket, S3Action, UrlStyle};
 
+use crate::check::Cond;
 use crate::config::{ConfigError, S3Config};
 use crate::direct;
 use crate::etag;
@@ -42,6 +41,9 @@ pub struct S3Store {
     pub(crate) lazy_meta: bool,
     /// The server refused a DeleteObjects: delete one key per request.
     pub(crate) no_batch_delete: AtomicBool,
+    /// The server refused a conditional request (`If-Match`,
+    /// `If-None-Match`): the acts go without (see `check`).
+    pub(crate) no_conditions: AtomicBool,
     /// What the store was made of (another bucket on the same server
     /// is reached with it: kept objects).
     pub(crate) cfg: Box<S3Config>,
@@ -64,6 +66,10 @@ pub struct S3Writer {
     pub(crate) upload: Option<Multipart>,
     /// Server-side copy from this `/bucket/key` (encoded) at commit.
     pub(crate) copy_from: Option<(String, u64, Option<String>)>,
+    /// What the key must hold when the commit writes it
+    /// (`Store::expect`): `Some(None)` nothing, `Some(Some(p))` the object
+    /// planned; `None`: not asked.
+    pub(crate) expect: Option<Option<Planned>>,
 }
 
 /// An object to HEAD: name in its directory, listed size, fallback mtime.
@@ -78,6 +84,7 @@ impl S3Writer {
             buf: Vec::new(),
             upload: None,
             copy_from: None,
+            expect: None,
         }
     }
 }
@@ -140,6 +147,7 @@ impl S3Store {
             head_threads: threads.clamp(1, 64),
             lazy_meta: false,
             no_batch_delete: AtomicBool::new(false),
+            no_conditions: AtomicBool::new(false),
             cfg: Box::new(cfg.clone()),
             others: Default::default(),
         })
@@ -282,17 +290,8 @@ impl S3Store {
         hs
     }
 
-    pub(crate) fn put(&self, key: &str, body: &[u8], meta: &Meta) -> io::Result<()> {
-        let a = PutObject::new(&self.c.bucket, self.c.creds(), key);
-        self.c
-            .call("PUT", key, a, &Self::meta_headers(meta, None), Some(body))?;
-        Ok(())
-    }
-
     pub(crate) fn delete_key(&self, key: &str) -> io::Result<()> {
-        let a = DeleteObject::new(&self.c.bucket, self.c.creds(), key);
-        self.c.call("DELETE", key, a, &[], None)?;
-        Ok(())
+        self.delete_with(key, &[])
     }
 
     /// `x-amz-copy-source` of a key of this bucket.
@@ -683,6 +682,12 @@ impl Store for S3Store {
     ) -> io::Result<()> {
         let mut w = w;
         w.meta = *meta;
+        // Checked right before the act (see `check`): one HEAD where the
+        // plan saw an object; the act is conditional where servers honour it.
+        let cond = match w.expect.take() {
+            None => Cond::Any,
+            Some(at) => Cond::of(self, &w.key, at.as_ref())?,
+        };
         if let Some((source, size, md5)) = w.copy_from.take() {
             self.c
                 .counters
@@ -691,9 +696,9 @@ impl Store for S3Store {
             return self.copy_object(&w.key, &source, size, &w.meta, md5.as_deref());
         }
         match w.upload.take() {
-            None => self.put(&w.key, &w.buf, &w.meta),
+            None => self.conditional(&cond, |hs| self.put_with(&w.key, &w.buf, &w.meta, hs)),
             Some(up) => {
-                self.complete(&w.key, &up.id, &up.etags)?;
+                self.conditional(&cond, |hs| self.complete(&w.key, &up.id, &up.etags, hs))?;
                 // The upload was started by an earlier run: its metadata is
                 // that run's. Fix it if the file's changed since.
                 let now = if up.resumed {
@@ -715,6 +720,15 @@ impl Store for S3Store {
                 Ok(())
             }
         }
+    }
+
+    fn expect(&self, w: &mut S3Writer, at: Option<&Planned>) {
+        w.expect = Some(at.copied());
+    }
+
+    fn remove_planned(&self, dir: &S3Dir, name: &CStr, at: &Planned) -> io::Result<u64> {
+        self.delete_planned(&self.key(dir, name)?, at)?;
+        Ok(1)
     }
 
     fn abort(&self, _dir: &S3Dir, _w: S3Writer) {

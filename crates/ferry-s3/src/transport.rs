@@ -154,6 +154,9 @@ impl Conn {
         } else {
             format!("{what} {url}: {meaning} ({detail}; endpoint {ep})")
         };
+        if status == 412 {
+            return io::Error::new(kind, Precondition(text));
+        }
         io::Error::new(kind, text)
     }
 
@@ -479,6 +482,24 @@ pub(crate) fn read_body(resp: &mut Response<Body>) -> io::Result<String> {
         .limit(256 << 20)
         .read_to_string()
         .map_err(io::Error::other)
+}
+
+/// An HTTP 412 answer: a condition the request was sent with (`If-Match`,
+/// `If-None-Match`) did not hold. Shown as the status error's text.
+#[derive(Debug)]
+pub(crate) struct Precondition(pub(crate) String);
+
+impl std::fmt::Display for Precondition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Precondition {}
+
+/// True for an error of an HTTP 412 answer ([`Precondition`]).
+pub(crate) fn is_precondition(e: &io::Error) -> bool {
+    e.get_ref().is_some_and(|i| i.is::<Precondition>())
 }
 
 /// The kind of an error status, and `HTTP 404 NoSuchKey: message`.

@@ -43,6 +43,10 @@ impl SftpStore {
     /// See [`ferry_engine::store::Store::keep`] and the module's comment.
     pub(crate) fn keep_entry(&self, dir: &SftpDir, name: &CStr, to: &KeepTo<'_>) -> io::Result<()> {
         let from = join(&dir.path, name.to_bytes());
+        // Moved away only while it is still the entry planned (one LSTAT).
+        if let (false, Some(p)) = (to.replacing, &to.planned) {
+            crate::write::check_planned(&self.conn(), &from, p)?;
+        }
         let t = self.keep_target(to);
         let mut made_parents = false;
         loop {

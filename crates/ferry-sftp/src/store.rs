@@ -13,7 +13,7 @@ use ferry_engine::bwlimit::Limiter;
 use ferry_engine::entry::{Kind, Listing, Meta};
 use ferry_engine::keep::{KeepBase, KeepTo};
 use ferry_engine::store::{
-    temp_name, Committing, ListError, MetaChange, SourceFile, Store, RESERVED_LEN,
+    temp_name, Committing, ListError, MetaChange, Planned, SourceFile, Store, RESERVED_LEN,
 };
 use ferry_ssh::Target;
 
@@ -519,6 +519,18 @@ impl Store for SftpStore {
     ) -> io::Result<bool> {
         crate::write::create_empty(self, &join(&dir.path, name.to_bytes()), meta, fsync)
             .map_err(|e| self.full_disk(&dir.path, 0, e))
+    }
+
+    fn expect(&self, wr: &mut SftpWriter, at: Option<&Planned>) {
+        wr.planned = at.copied();
+    }
+
+    fn remove_planned(&self, dir: &SftpDir, name: &CStr, at: &Planned) -> io::Result<u64> {
+        let p = join(&dir.path, name.to_bytes());
+        let conn = self.conn();
+        crate::write::check_planned(&conn, &p, at)?;
+        conn.call(Req::path(w::REMOVE, &p))?.ok()?;
+        Ok(1)
     }
 
     fn abort(&self, _dir: &SftpDir, wr: SftpWriter) {

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use ferry_engine::bwlimit::Limiter;
 use ferry_engine::entry::Meta;
-use ferry_engine::store::{partial_name, MetaChange, Progress, SourceFile};
+use ferry_engine::store::{changed, partial_name, MetaChange, Planned, Progress, SourceFile};
 use ferry_local::download::{CHUNK as RANGE, RANGED_MIN};
 use ferry_local::range::RangeSet;
 
@@ -67,6 +67,10 @@ pub struct SftpWriter {
     acks: VecDeque<Rx>,
     /// A resumable partial's record, removed at commit.
     record: Option<Vec<u8>>,
+    /// The entry the plan saw at the name (`Store::expect`): the commit
+    /// replaces it only while the name still holds it (one LSTAT right
+    /// before the rename; see [`check_planned`]).
+    pub(crate) planned: Option<Planned>,
 }
 
 /// A writer's commit handed to [`crate::pipe`].
@@ -452,6 +456,7 @@ impl SftpWriter {
             handle: None,
             acks: VecDeque::new(),
             record: None,
+            planned: None,
             conn,
         })
     }
@@ -663,6 +668,9 @@ impl SftpWriter {
             self.handle = None;
             acks.push_back(conn.start(Req::path(w::CLOSE, &h))?);
             drain(conn, &mut acks)?;
+            if let Some(p) = &self.planned {
+                check_planned(conn, path, p)?;
+            }
             s.replace_on(conn, &self.dir, &self.temp, path)
         })();
         match res {
@@ -686,7 +694,12 @@ impl SftpWriter {
     /// (committed the waiting way).
     #[allow(clippy::result_large_err)]
     pub(crate) fn into_flight(self) -> Result<FlightParts, SftpWriter> {
-        if self.record.is_some() || (self.handle.is_none() == self.whole.is_none()) {
+        // A replace checked at the act: the waiting way (one LSTAT before
+        // its rename).
+        if self.record.is_some()
+            || self.planned.is_some()
+            || (self.handle.is_none() == self.whole.is_none())
+        {
             return Err(self);
         }
         Ok(FlightParts {
@@ -711,6 +724,20 @@ impl SftpWriter {
                 .call(Req::path(w::REMOVE, &self.temp))
                 .and_then(|r| r.ok());
         }
+    }
+}
+
+/// Fail with [`changed`] unless `path` still holds the entry planned `p`:
+/// its kind, size and mtime (to the second, SFTP's precision), by one LSTAT
+/// over `conn`. SFTP has no atomic condition: a write landing between this
+/// LSTAT and the rename or remove right after it is not seen (a window of
+/// one round trip).
+pub(crate) fn check_planned(conn: &Conn, path: &[u8], p: &Planned) -> io::Result<()> {
+    let now = conn.call(Req::path(w::LSTAT, path))?.attrs_if()?;
+    if p.holds(now.map(|a| a.meta()).as_ref()) {
+        Ok(())
+    } else {
+        Err(changed())
     }
 }
 
