@@ -36,20 +36,32 @@ fn writing_under(pid: u32, dir: &Path) -> bool {
 /// `write` (the concurrent writer: another program writing while the copy
 /// is under way). Returns the run and whether the writer ran.
 fn run_with_writer(args: &[OsString], dir: &Path, write: impl FnOnce() + Send) -> (Run, bool) {
-    let child = Command::new(bin())
-        .args(args)
+    let mut cmd = Command::new(bin());
+    cmd.args(args);
+    run_when(cmd, args, |pid| writing_under(pid, dir), write)
+}
+
+/// Run `cmd` (a ferry run with `args`); once `ready(pid)` says the act to
+/// race is under way, run `write` once. Returns the run and whether the
+/// writer ran (not when ferry ended first).
+fn run_when(
+    mut cmd: Command,
+    args: &[OsString],
+    ready: impl Fn(u32) -> bool + Send,
+    write: impl FnOnce() + Send,
+) -> (Run, bool) {
+    let child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn ferry");
     let pid = child.id();
-    let dir = dir.to_path_buf();
     std::thread::scope(|s| {
         let w = s.spawn(move || {
             let start = Instant::now();
             while start.elapsed() < WAIT {
-                if writing_under(pid, &dir) {
+                if ready(pid) {
                     write();
                     return true;
                 }
@@ -602,41 +614,9 @@ fn run_with_remote_writer(
     dir: &Path,
     write: impl FnOnce() + Send,
 ) -> (Run, bool) {
-    let child = Command::new(bin())
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn ferry");
-    let pid = child.id();
-    std::thread::scope(|s| {
-        let w = s.spawn(move || {
-            let start = Instant::now();
-            while start.elapsed() < WAIT {
-                if anyone_writing_under(dir) {
-                    write();
-                    return true;
-                }
-                if !Path::new(&format!("/proc/{pid}")).exists() {
-                    return false;
-                }
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            false
-        });
-        let out = child.wait_with_output().expect("wait for ferry");
-        let wrote = w.join().unwrap();
-        (
-            Run {
-                args: args.to_vec(),
-                code: out.status.code(),
-                stdout: out.stdout,
-                stderr: out.stderr,
-            },
-            wrote,
-        )
-    })
+    let mut cmd = Command::new(bin());
+    cmd.args(args);
+    run_when(cmd, args, |_| anyone_writing_under(dir), write)
 }
 
 /// `ferry CMD -e RSH --remote-ferry BIN` then `args`.
@@ -815,42 +795,8 @@ fn holds_open(pid: u32, file: &Path) -> bool {
 /// Run `cmd` (a ferry); once it opens the local file `file` (the upload
 /// of it is under way), run `write` (another client writing to the
 /// remote side). Returns the run and whether the writer ran.
-fn run_when_open(mut cmd: Command, file: &Path, write: impl FnOnce() + Send) -> (Run, bool) {
-    let child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn ferry");
-    let pid = child.id();
-    let file = file.to_path_buf();
-    std::thread::scope(|s| {
-        let w = s.spawn(move || {
-            let start = Instant::now();
-            while start.elapsed() < WAIT {
-                if holds_open(pid, &file) {
-                    write();
-                    return true;
-                }
-                if !Path::new(&format!("/proc/{pid}")).exists() {
-                    return false;
-                }
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            false
-        });
-        let out = child.wait_with_output().expect("wait for ferry");
-        let wrote = w.join().unwrap();
-        (
-            Run {
-                args: Vec::new(),
-                code: out.status.code(),
-                stdout: out.stdout,
-                stderr: out.stderr,
-            },
-            wrote,
-        )
-    })
+fn run_when_open(cmd: Command, file: &Path, write: impl FnOnce() + Send) -> (Run, bool) {
+    run_when(cmd, &[], |pid| holds_open(pid, file), write)
 }
 
 /// The run failed only for entries changed since they were listed, one
