@@ -7,9 +7,10 @@
 mod util;
 
 use std::ffi::{OsStr, OsString};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
+use util::ssh::dying_ferry;
 use util::*;
 
 /// (the -e command, the host alias), or why the tests skip.
@@ -596,24 +597,6 @@ fn remote_end_killed_mid_append_is_rolled_back_there() {
     assert!(std::fs::read(dst.join("f")).unwrap() == new);
     assert_eq!(ino(&dst.join("f")), before);
     no_reserved_left(&dst);
-}
-
-/// A script running this ferry as a remote end that dies (is killed)
-/// once it has written `die_after` bytes of an in-place patch or append.
-fn dying_ferry(dir: &Path, die_after: u64) -> PathBuf {
-    let dying = dir.join("dying-ferry");
-    std::fs::write(
-        &dying,
-        format!(
-            "#!/bin/sh\nFERRY_TEST_APPEND_MIN={} FERRY_TEST_APPEND_DIE={die_after} exec '{}' \"$@\"\n",
-            1u64 << 20,
-            bin().to_str().unwrap()
-        ),
-    )
-    .unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&dying, std::fs::Permissions::from_mode(0o755)).unwrap();
-    dying
 }
 
 /// `copy --json` of `src` to `to` over `rsh` with `remote` as the remote

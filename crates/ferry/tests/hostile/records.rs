@@ -9,12 +9,12 @@ use crate::util::*;
 
 use std::ffi::OsStr;
 use std::io::Write as _;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use crate::util::ssh::{ssh_at, ssh_server};
+use crate::util::ssh::{dying_ferry, ssh_at, ssh_server};
 
 /// The record's name beside file `name` (ferry's reserved name).
 fn record_of(dir: &Path, name: &[u8]) -> PathBuf {
@@ -352,23 +352,6 @@ fn a_single_file_rerun_after_a_killed_patch_is_exact_locally() {
     );
     assert_eq!(get_mtime(&df), get_mtime(&sf));
     assert!(find_prefixed(&dst, b".ferry-undo-").is_empty());
-}
-
-/// A script running this ferry as the remote end, killed once it has
-/// written `n` bytes of a patch in place.
-fn dying_ferry(dir: &Path, n: u64) -> PathBuf {
-    let p = dir.join("dying-ferry");
-    std::fs::write(
-        &p,
-        format!(
-            "#!/bin/sh\nFERRY_TEST_APPEND_MIN={} FERRY_TEST_APPEND_DIE={n} exec '{}' \"$@\"\n",
-            1u64 << 20,
-            bin().to_str().unwrap()
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
-    p
 }
 
 /// The same over ssh: a single-file push whose remote `ferry serve` is

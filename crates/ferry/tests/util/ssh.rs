@@ -157,3 +157,22 @@ impl Drop for Frozen {
         }
     }
 }
+
+/// A script running this ferry as a remote end that dies (is killed)
+/// once it has written `die_after` bytes of an in-place patch or append
+/// (the kill hook of the tests' builds; patches in place from 1 MiB up).
+pub fn dying_ferry(dir: &Path, die_after: u64) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let dying = dir.join("dying-ferry");
+    std::fs::write(
+        &dying,
+        format!(
+            "#!/bin/sh\nFERRY_TEST_APPEND_MIN={} FERRY_TEST_APPEND_DIE={die_after} exec '{}' \"$@\"\n",
+            1u64 << 20,
+            bin().to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&dying, std::fs::Permissions::from_mode(0o755)).unwrap();
+    dying
+}
