@@ -17,10 +17,11 @@
 use std::io;
 use std::sync::atomic::Ordering;
 
+use ferry_engine::entry::Meta;
 use ferry_engine::store::{changed, Planned};
 use rusty_s3::actions::{DeleteObject, HeadObject, PutObject};
 
-use crate::parse::{header_mtime, meta_from_headers, parse_http_or_iso_date};
+use crate::parse::{header_mtime, md5_from_headers, meta_from_headers, parse_http_or_iso_date};
 use crate::store::S3Store;
 use crate::transport::is_precondition;
 
@@ -37,15 +38,21 @@ pub(crate) enum Cond {
 
 impl Cond {
     /// The condition for a name that holds `p` (`Some`, checked by
-    /// [`S3Store::planned_etag`]) or that was planned free (`None`).
+    /// [`S3Store::planned_head`]) or that was planned free (`None`).
     pub(crate) fn of(store: &S3Store, key: &str, at: Option<&Planned>) -> io::Result<Cond> {
         Ok(match at {
             None => Cond::Free,
-            Some(p) => match store.planned_etag(key, p)? {
-                tag if tag.is_empty() => Cond::Any,
-                tag => Cond::Match(tag),
-            },
+            Some(p) => Cond::matching(store.planned_head(key, p)?.0),
         })
+    }
+
+    /// `If-Match` on ETag `tag` (none when the server gave none).
+    pub(crate) fn matching(tag: String) -> Cond {
+        if tag.is_empty() {
+            Cond::Any
+        } else {
+            Cond::Match(tag)
+        }
     }
 
     fn headers(&self) -> Vec<(&'static str, String)> {
@@ -63,7 +70,13 @@ impl S3Store {
     /// `p`; otherwise [`changed`]. One HEAD (and a LIST of one key for an
     /// object with no mtime of ferry's that was planned from a HEAD's
     /// fallback time).
-    pub(crate) fn planned_etag(&self, key: &str, p: &Planned) -> io::Result<String> {
+    /// With it, what the HEAD said of the object (its metadata and MD5, as
+    /// [`S3Store::head_md5`] gives them), for an act that needs them too.
+    pub(crate) fn planned_head(
+        &self,
+        key: &str,
+        p: &Planned,
+    ) -> io::Result<(String, (Meta, Option<String>))> {
         self.c.counters.heads.fetch_add(1, Ordering::Relaxed);
         let a = HeadObject::new(&self.c.bucket, self.c.creds(), key);
         let resp = match self.c.call("HEAD", key, a, &[], None) {
@@ -78,8 +91,9 @@ impl S3Store {
             .unwrap_or("")
             .to_string();
         let now = meta_from_headers(h, 0, None, key, &self.c.odd);
+        let head = (now, md5_from_headers(h));
         if p.holds(Some(&now)) {
-            return Ok(etag);
+            return Ok((etag, head));
         }
         // Planned from a listing without a HEAD: its mtime is the
         // LastModified (to the millisecond on Garage, the HEAD has whole
@@ -95,7 +109,7 @@ impl S3Store {
         if v != 0 {
             let listed = crate::listing::version(Some(&etag), Some((m.mtime_sec, m.mtime_nsec)));
             return if listed == v {
-                Ok(etag)
+                Ok((etag, head))
             } else {
                 Err(changed())
             };
@@ -104,7 +118,7 @@ impl S3Store {
             // A HEAD with the listing's LastModified as its time: the
             // listing tells it to the millisecond.
             if self.stat_key(key)?.is_some_and(|s| p.holds(Some(&s))) {
-                return Ok(etag);
+                return Ok((etag, head));
             }
         }
         Err(changed())

@@ -114,13 +114,20 @@ impl S3Store {
         }
         // Moved away only while it is still the object planned: checked
         // before the copy, and its DELETE conditional (see `check`).
-        let cond = match (to.replacing, &to.planned) {
-            (false, Some(p)) => crate::check::Cond::of(self, from, Some(p))?,
-            _ => crate::check::Cond::Any,
+        // (The check's HEAD also gives what the copy needs.)
+        let (cond, head) = match (to.replacing, &to.planned) {
+            (false, Some(p)) => {
+                let (tag, head) = self.planned_head(from, p)?;
+                (crate::check::Cond::matching(tag), Some(head))
+            }
+            _ => (crate::check::Cond::Any, None),
         };
         // The object's own metadata goes with it (ferry's mtime and mode,
         // rclone's MD5); its size says whether one CopyObject will do.
-        let (meta, md5) = self.head_md5(from, 0, None)?;
+        let (meta, md5) = match head {
+            Some(h) => h,
+            None => self.head_md5(from, 0, None)?,
+        };
         target.copy_object(key, &self.source_of(from), meta.size, &meta, md5.as_deref())?;
         self.c
             .counters
