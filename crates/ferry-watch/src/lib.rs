@@ -92,6 +92,10 @@ pub struct Outcome {
     /// Why the run as a whole did not happen (a refusal, an unreachable
     /// side): said, and the loop goes on.
     pub failed: Option<String>,
+    /// `failed` is a refusal (`--max-delete`, an empty or replaced root):
+    /// the run was judged unsafe as a whole, so a full run would be refused
+    /// too and would swallow the later changes that can be synced.
+    pub refused: bool,
 }
 
 /// What the loop runs.
@@ -452,7 +456,9 @@ pub fn watch_with(
             // have left part of its changes undone: a full run follows.
             // (A full run's failures wait for the next change: they may be
             // lasting, and retrying them would never let the loop idle.)
-            if !work.full && (out.failed.is_some() || out.errors > 0) {
+            // A refusal is not such a failure: it repeats until someone
+            // acts, and later changes elsewhere still run scoped.
+            if !work.full && ((out.failed.is_some() && !out.refused) || out.errors > 0) {
                 pending.set_full(Instant::now());
             }
             status.run_done(since.elapsed(), &out, pending.items.len());

@@ -95,12 +95,14 @@ impl<S: Store, D: Store> Target for SyncTarget<'_, S, D> {
                 None => format!("{} (watching on)", (self.describe)(e)),
             })
         };
+        let refused = |e: &io::Error| Refused::of(e).is_some();
         // The roots are the ones watched before anything is done, the
         // renames below included (the run checks them again).
         if let Err(err) = e.check_roots() {
             return Outcome {
                 errors: 0,
                 failed: failed(&err),
+                refused: refused(&err),
             };
         }
         let mut scope = work.scope.clone();
@@ -135,10 +137,12 @@ impl<S: Store, D: Store> Target for SyncTarget<'_, S, D> {
             Ok(_) => Outcome {
                 errors,
                 failed: None,
+                refused: false,
             },
             Err(e) => Outcome {
                 errors,
                 failed: failed(&e),
+                refused: refused(&e),
             },
         }
     }

@@ -293,3 +293,73 @@ fn a_source_that_cannot_start_is_polled() {
         vec!["note: host:path: the remote ferry cannot watch it: polled every 20ms"]
     );
 }
+
+/// Answers each run with the next outcome given, and records the run.
+struct Scripted(std::sync::mpsc::Sender<Work>, Vec<Outcome>);
+
+impl Target for Scripted {
+    fn run(&mut self, w: &Work) -> Outcome {
+        let _ = self.0.send(w.clone());
+        if self.1.is_empty() {
+            Outcome::default()
+        } else {
+            self.1.remove(0)
+        }
+    }
+}
+
+/// A scoped run that failed is followed by a full run (it may have left
+/// part of its changes undone); a refused one is not: the full run would
+/// be refused too, and a later change elsewhere runs scoped and is done.
+fn after_a_failed_scoped_run(refused: bool) -> Work {
+    let (wtx, wrx) = std::sync::mpsc::channel::<Work>();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<Result<Work, String>>();
+    let drive = move |side: usize, tx: Sender<Msg>| {
+        let check = || -> Result<Work, String> {
+            let next = || {
+                wrx.recv_timeout(Duration::from_secs(60))
+                    .map_err(|_| "no run".to_string())
+            };
+            next()?; // the first, full run
+            tx.send(Msg::Changes(vec![Change::Entry(
+                side,
+                b"a/f".to_vec(),
+                true,
+            )]))
+            .unwrap();
+            let w = next()?;
+            if w.full {
+                return Err(format!("a scoped run of a: {w:?}"));
+            }
+            tx.send(Msg::Changes(vec![Change::Entry(
+                side,
+                b"c/f".to_vec(),
+                true,
+            )]))
+            .unwrap();
+            next()
+        };
+        let r = check();
+        let _ = tx.send(Msg::Stop);
+        let _ = done_tx.send(r);
+    };
+    let status = Status::new("test");
+    let src: Vec<Box<dyn Source>> = vec![Box::new(Driven(Some(Box::new(drive))))];
+    let failed = Outcome {
+        errors: 0,
+        failed: Some("refusing to delete 402 entries".into()),
+        refused,
+    };
+    let mut t = Scripted(wtx, vec![Outcome::default(), failed]);
+    let code = watch_with(&cfg(None), src, &mut t, &status, &|_| {});
+    assert_eq!(code, 0);
+    done_rx.recv().unwrap().unwrap()
+}
+
+#[test]
+fn a_refused_scoped_run_is_not_followed_by_a_full_run() {
+    let w = after_a_failed_scoped_run(true);
+    assert!(!w.full, "{w:?}");
+    assert_eq!(dirs(&w), vec![("c".to_string(), false)]);
+    assert!(after_a_failed_scoped_run(false).full);
+}

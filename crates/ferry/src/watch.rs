@@ -153,6 +153,7 @@ impl<T: Target> Target for Flushed<'_, T> {
                 return Outcome {
                     errors: 0,
                     failed: Some(format!("{why} (watching on)")),
+                    refused: false,
                 };
             }
         };
@@ -300,10 +301,14 @@ impl Target for Bisync<'_> {
             Ok(out) => Outcome {
                 errors: out.errors,
                 failed: None,
+                refused: false,
             },
+            // bisync's refusals include a side that failed to answer: a full
+            // run follows a scoped one that ends so.
             Err(r) => Outcome {
                 errors: 0,
                 failed: Some(format!("{} (watching on)", r.0)),
+                refused: false,
             },
         }
     }
