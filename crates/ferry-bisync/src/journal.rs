@@ -31,9 +31,9 @@ use rusqlite::{params, Connection, OptionalExtension};
 use crate::reconcile::Synced;
 use crate::tree::{name_of, parent_key};
 
-/// Schema version stored in the `meta` table (1: one row per path,
-/// migrated on open).
-const VERSION: &str = "2";
+/// Schema version stored in the `meta` table (1: one row per path; 2:
+/// records without the change time; both migrated on open).
+const VERSION: &str = "3";
 
 /// Records per chunk row at most; a fuller chunk is split in halves.
 const CHUNK_MAX: usize = 512;
@@ -86,7 +86,7 @@ fn kind_of(c: i64) -> Kind {
     }
 }
 
-fn meta(kind: Kind, size: i64, mtime_ns: i64, mode: i64, ino: i64) -> Meta {
+fn meta(kind: Kind, size: i64, mtime_ns: i64, mode: i64, ino: i64, ctime: u64) -> Meta {
     Meta {
         kind,
         size: size as u64,
@@ -101,7 +101,7 @@ fn meta(kind: Kind, size: i64, mtime_ns: i64, mode: i64, ino: i64) -> Meta {
         sparse: false,
         nlink: 0,
         dev: 0,
-        ctime: 0,
+        ctime,
     }
 }
 
@@ -162,6 +162,7 @@ impl Journal {
                 .map_err(err)?;
             }
             (Some(v), _, _) if v == "1" => migrate_v1(&conn).map_err(err)?,
+            (Some(v), _, _) if v == "2" => migrate_v2(&conn).map_err(err)?,
             (Some(v), _, _) if v != VERSION => {
                 return Err(format!(
                     "journal {}: version {v}, this ferry reads version {VERSION}",
@@ -710,21 +711,11 @@ fn migrate_v1(conn: &Connection) -> rusqlite::Result<()> {
             rows.push((
                 parent_key(&key).unwrap_or(b"").to_vec(),
                 name_of(&key).to_vec(),
-                rec,
+                widen(&rec),
             ));
         }
     }
-    rows.sort();
-    let mut i = 0;
-    while i < rows.len() {
-        let j = i + rows[i..].iter().take_while(|r| r.0 == rows[i].0).count();
-        let recs: Recs = rows[i..j]
-            .iter()
-            .map(|r| (r.1.clone(), r.2.clone()))
-            .collect();
-        write_chunks(&tx, &rows[i].0, &recs)?;
-        i = j;
-    }
+    rewrite(&tx, rows)?;
     tx.execute_batch("DROP TABLE entries")?;
     tx.execute("UPDATE meta SET v = ?1 WHERE k = 'version'", [VERSION])?;
     tx.commit()?;
@@ -736,6 +727,73 @@ fn migrate_v1(conn: &Connection) -> rusqlite::Result<()> {
          VACUUM;
          PRAGMA journal_mode=WAL;",
     )
+}
+
+/// A record of format 1 or 2 (no change time) in format 3: each side's
+/// change time unknown (0: not compared, until the path is next synced).
+/// A record of another length stays as it is (and is refused when read).
+fn widen(rec: &[u8]) -> Vec<u8> {
+    const OLD_SIDE: usize = SIDE - 8;
+    if rec.len() != 1 + 2 * OLD_SIDE {
+        return rec.to_vec();
+    }
+    let mut v = Vec::with_capacity(REC);
+    v.push(rec[0]);
+    for side in rec[1..].chunks(OLD_SIDE) {
+        v.extend_from_slice(side);
+        v.extend_from_slice(&0u64.to_le_bytes());
+    }
+    v
+}
+
+/// Format 2 → 3: every chunk's records widened (change times unknown).
+fn migrate_v2(conn: &Connection) -> rusqlite::Result<()> {
+    const OLD_REC: usize = 1 + 2 * (SIDE - 8);
+    let tx = conn.unchecked_transaction()?;
+    let mut rows: Vec<(Vec<u8>, Vec<u8>, Vec<u8>)> = Vec::new();
+    {
+        let mut st = tx.prepare("SELECT dir, data FROM chunks")?;
+        let mut q = st.query([])?;
+        while let Some(r) = q.next()? {
+            let dir: Vec<u8> = r.get(0)?;
+            let data: Vec<u8> = r.get(1)?;
+            let mut d = &data[..];
+            while d.len() >= 2 {
+                let n = u16::from_le_bytes([d[0], d[1]]) as usize;
+                let Some(rec) = d.get(2 + n..2 + n + OLD_REC) else {
+                    // Cut short: what follows is lost (the next run sees
+                    // those paths as new on both sides: compared, never
+                    // deleted).
+                    break;
+                };
+                rows.push((dir.clone(), d[2..2 + n].to_vec(), widen(rec)));
+                d = &d[2 + n + OLD_REC..];
+            }
+        }
+    }
+    tx.execute("DELETE FROM chunks", [])?;
+    rewrite(&tx, rows)?;
+    tx.execute("UPDATE meta SET v = ?1 WHERE k = 'version'", [VERSION])?;
+    tx.commit()
+}
+
+/// Write `rows` (dir, name, record) as chunks, by directory.
+fn rewrite(
+    tx: &rusqlite::Transaction<'_>,
+    mut rows: Vec<(Vec<u8>, Vec<u8>, Vec<u8>)>,
+) -> rusqlite::Result<()> {
+    rows.sort();
+    let mut i = 0;
+    while i < rows.len() {
+        let j = i + rows[i..].iter().take_while(|r| r.0 == rows[i].0).count();
+        let recs: Recs = rows[i..j]
+            .iter()
+            .map(|r| (r.1.clone(), r.2.clone()))
+            .collect();
+        write_chunks(tx, &rows[i].0, &recs)?;
+        i = j;
+    }
+    Ok(())
 }
 
 /// The records of a chunk's data: (name, packed record), the record `None`
@@ -763,8 +821,8 @@ impl<'a> Iterator for RecIter<'a> {
 
 /// Bytes of one side in a record: size, mtime (ns), mode, identity (the
 /// inode, or on a store without inodes the object's version: a store sets
-/// at most one of them).
-const SIDE: usize = 8 + 8 + 4 + 8;
+/// at most one of them), change time (`Meta::ctime`, 0 where unknown).
+const SIDE: usize = 8 + 8 + 4 + 8 + 8;
 
 /// Bytes of a packed record: kind, then both sides.
 const REC: usize = 1 + 2 * SIDE;
@@ -780,6 +838,7 @@ fn pack(s: &Synced) -> Vec<u8> {
         v.extend_from_slice(&m.mode.to_le_bytes());
         let id = if m.ino != 0 { m.ino } else { m.version };
         v.extend_from_slice(&id.to_le_bytes());
+        v.extend_from_slice(&m.ctime.to_le_bytes());
     }
     v
 }
@@ -797,6 +856,7 @@ fn unpack(b: &[u8]) -> Option<Synced> {
             i64::from_le_bytes(u(8, 8).try_into().unwrap()),
             u32::from_le_bytes(u(16, 4).try_into().unwrap()) as i64,
             u64::from_le_bytes(u(20, 8).try_into().unwrap()) as i64,
+            u64::from_le_bytes(u(28, 8).try_into().unwrap()),
         )
     };
     Some(Synced {
@@ -867,7 +927,26 @@ mod tests {
     use super::*;
 
     fn m(kind: Kind, size: u64, ns: i64, ino: u64) -> Meta {
-        meta(kind, size as i64, ns, 0o644, ino as i64)
+        let ctime = 1 << 63 | (ns as u64 + 17);
+        meta(kind, size as i64, ns, 0o644, ino as i64, ctime)
+    }
+
+    /// A record as format 1 and 2 wrote it: no change times.
+    fn narrow(s: &Synced) -> Vec<u8> {
+        let r = pack(s);
+        let mut v = vec![r[0]];
+        for side in r[1..].chunks(SIDE) {
+            v.extend_from_slice(&side[..SIDE - 8]);
+        }
+        v
+    }
+
+    /// `s` as read back from a record without change times.
+    fn unknown_ctimes(s: Synced) -> Synced {
+        Synced {
+            a: Meta { ctime: 0, ..s.a },
+            b: Meta { ctime: 0, ..s.b },
+        }
     }
 
     #[test]
@@ -1015,8 +1094,11 @@ mod tests {
             )
             .unwrap();
             for k in [&b"a"[..], b"a\0z", b"a.x", b"a\0b\0c"] {
-                c.execute("INSERT INTO entries VALUES (?1, ?2)", params![k, pack(&s)])
-                    .unwrap();
+                c.execute(
+                    "INSERT INTO entries VALUES (?1, ?2)",
+                    params![k, narrow(&s)],
+                )
+                .unwrap();
             }
         }
         let j = Journal::open(&p, ("/a", "/b")).unwrap();
@@ -1036,6 +1118,7 @@ mod tests {
                 b"a.x".to_vec()
             ]
         );
+        assert_eq!(j.load().unwrap().get(b"a\0z"), Some(unknown_ctimes(s)));
         drop(j);
         let j = Journal::open(&p, ("/a", "/b")).unwrap();
         assert_eq!(j.load().unwrap().len(), 4);
@@ -1056,5 +1139,57 @@ mod tests {
         assert!(Lock::take(&p).is_err());
         drop(l);
         Lock::take(&p).unwrap();
+    }
+
+    /// A version 2 journal (records without change times) is migrated on
+    /// open: every record kept, change times unknown (never compared) until
+    /// the path is synced again; records written afterwards carry them.
+    #[test]
+    fn version_2_is_migrated() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("j.sqlite");
+        let s = Synced {
+            a: m(Kind::File, 3, 1_500_000_000_123, 7),
+            b: m(Kind::File, 3, 1_500_000_000_123, 9),
+        };
+        let names: Vec<Vec<u8>> = (0..1500).map(|i| format!("f{i:05}").into_bytes()).collect();
+        {
+            // A v2 journal: two chunks of the root, one of `d`.
+            let j = Journal::open(&p, ("/a", "/b")).unwrap();
+            let c = j.conn.lock().unwrap();
+            c.execute("UPDATE meta SET v = '2' WHERE k = 'version'", [])
+                .unwrap();
+            for (dir, part) in [
+                (&b""[..], &names[..900]),
+                (b"", &names[900..]),
+                (b"d", &names[..3]),
+            ] {
+                let mut data = Vec::new();
+                for n in part {
+                    data.extend_from_slice(&(n.len() as u16).to_le_bytes());
+                    data.extend_from_slice(n);
+                    data.extend_from_slice(&narrow(&s));
+                }
+                c.execute(
+                    "INSERT INTO chunks (dir, first, data) VALUES (?1, ?2, ?3)",
+                    params![dir, part[0], data],
+                )
+                .unwrap();
+            }
+        }
+        let j = Journal::open(&p, ("/a", "/b")).unwrap();
+        let l = j.load().unwrap();
+        assert_eq!(l.len(), 1503);
+        assert_eq!(l.get(b"f01499"), Some(unknown_ctimes(s)));
+        assert_eq!(l.get(b"d\0f00002"), Some(unknown_ctimes(s)));
+        let (tx, rx) = mpsc::channel();
+        tx.send(Update::Put(b"f00007".to_vec(), s)).unwrap();
+        drop(tx);
+        j.write_from(rx).unwrap();
+        drop(j);
+        let j = Journal::open(&p, ("/a", "/b")).unwrap();
+        let l = j.load().unwrap();
+        assert_eq!(l.get(b"f00007"), Some(s));
+        assert_eq!(l.len(), 1503);
     }
 }

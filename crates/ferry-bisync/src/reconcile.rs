@@ -92,9 +92,11 @@ pub enum Decision {
 }
 
 /// True when an entry is what the journal recorded for its side: same kind,
-/// and for non-directories same size, mtime (ns), mode and inode (where the
-/// store has inodes). A directory's own metadata is not compared: its
-/// content is, entry by entry.
+/// and for non-directories same size, mtime (ns), mode, inode and change
+/// time (where the store has them: an edit in place that keeps the size and
+/// puts the mtime back still moves the ctime; not for a file with several
+/// names, whose ctime any act on another name moves). A directory's own
+/// metadata is not compared: its content is, entry by entry.
 pub fn unchanged(now: &Meta, then: &Meta) -> bool {
     if now.kind != then.kind {
         return false;
@@ -106,6 +108,7 @@ pub fn unchanged(now: &Meta, then: &Meta) -> bool {
         && now.same_mtime(then)
         && now.mode == then.mode
         && (now.ino == 0 || then.ino == 0 || now.ino == then.ino)
+        && (now.ctime == 0 || then.ctime == 0 || now.nlink > 1 || now.ctime == then.ctime)
 }
 
 /// True when only the permission bits differ (same file, same content).
@@ -272,10 +275,52 @@ mod tests {
         }
     }
 
+    /// An edit in place that keeps the size and puts the mtime back (a
+    /// tool restoring timestamps) is still a change: its ctime moved. The
+    /// other side's change then meets it as a conflict (compared), never
+    /// copied over it; alone, it is copied to the other side.
+    #[test]
+    fn an_edit_that_restores_size_and_mtime_is_a_change() {
+        let then = Meta {
+            ctime: 1 << 63 | 100,
+            ..file(5, 1, 7)
+        };
+        let edited = Meta {
+            ctime: 1 << 63 | 200,
+            ..then
+        };
+        let j = rec(then, Meta { ino: 8, ..then });
+        let b_then = j.b;
+        let b_edited = Meta {
+            ctime: 1 << 63 | 300,
+            ..b_then
+        };
+        assert_eq!(
+            reconcile(Some(&j), Some(&edited), Some(&b_then)),
+            Copy { from: A }
+        );
+        assert_eq!(
+            reconcile(Some(&j), Some(&then), Some(&b_edited)),
+            Copy { from: B }
+        );
+        let a_new = Meta {
+            mtime_sec: 9,
+            ..then
+        };
+        assert_eq!(reconcile(Some(&j), Some(&a_new), Some(&b_edited)), Compare);
+        assert_eq!(reconcile(Some(&j), Some(&then), Some(&b_then)), Keep);
+        // A store without change times (0) is compared as before.
+        let no_ctime = Meta { ctime: 0, ..edited };
+        assert_eq!(reconcile(Some(&j), Some(&no_ctime), Some(&b_then)), Keep);
+    }
+
     fn any_meta() -> impl Strategy<Value = Option<Meta>> {
         prop_oneof![
             Just(None),
-            (0u64..3, 0i64..3, 0u64..3).prop_map(|(s, m, i)| Some(file(s, m, i))),
+            (0u64..3, 0i64..3, 0u64..3, 0u64..3).prop_map(|(s, m, i, c)| Some(Meta {
+                ctime: if c == 0 { 0 } else { 1 << 63 | c },
+                ..file(s, m, i)
+            })),
             (0u64..3).prop_map(|i| Some(dir(i))),
             (0u64..2).prop_map(|s| Some(Meta {
                 kind: Kind::Symlink,

@@ -1389,13 +1389,19 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
                 if lm.kind == Kind::Dir {
                     dc.forget(&it.key);
                 }
-                Ok::<_, io::Error>(())
+                // The entry as the rename left it (a rename moves the
+                // change time): what the journal records of it.
+                st.stat(&d2, &n2)
             })()
         });
-        if let Err(e) = res {
-            self.fail(loser, &it.key, &e);
-            return None;
-        }
+        let lm = match res {
+            Ok(Some(m)) if m.kind == lm.kind => m,
+            Ok(_) => lm,
+            Err(e) => {
+                self.fail(loser, &it.key, &e);
+                return None;
+            }
+        };
         add(&self.counts.conflicts, 1);
         self.rep.action(
             BiAction::Conflict,
@@ -1639,7 +1645,6 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
             Ok(now) => {
                 self.rep
                     .action(BiAction::Meta, to, &path_of(&c.src), None, size_of(&c.meta));
-                self.record(Update::Put(c.src.clone(), synced(c.from, c.meta, now)));
                 let attrs = between!(self, c.from, |s, sd, d, dd| same_attrs(
                     &self.copier(s, d),
                     sd,
@@ -1647,6 +1652,22 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
                     &c.src,
                     &c.meta
                 ));
+                // Extended attributes written move the ctime: the record
+                // holds the entry as they left it (else the next run sees a
+                // change of ours).
+                let now = match attrs {
+                    Ok(true) => on_side!(self, to, |st, dc| {
+                        (|| {
+                            let (d, n) = dc.at(st, &c.src)?;
+                            st.stat(&d, &n)
+                        })()
+                    })
+                    .ok()
+                    .flatten()
+                    .unwrap_or(now),
+                    _ => now,
+                };
+                self.record(Update::Put(c.src.clone(), synced(c.from, c.meta, now)));
                 if let Err(e) = attrs {
                     self.fail(to, &c.src, &e);
                 }
@@ -1757,16 +1778,18 @@ fn same_attrs<S: Store, D: Store>(
     dd: &Dirs<D>,
     key: &[u8],
     meta: &Meta,
-) -> io::Result<()> {
+) -> io::Result<bool> {
     if cp.xattrs.is_none() {
-        return Ok(());
+        return Ok(false);
     }
     let (s, d) = (cp.src, cp.dst);
     let (sdir, sname) = sd.at(s, key)?;
     let (ddir, dname) = dd.at(d, key)?;
     match cp.xattr_diff(&sdir, Some(&sname), &ddir, Some(&dname), meta.kind)? {
-        Some((want, have)) => cp.put_xattrs(&ddir, Some(&dname), meta, &want, Some(&have)),
-        None => Ok(()),
+        Some((want, have)) => cp
+            .put_xattrs(&ddir, Some(&dname), meta, &want, Some(&have))
+            .map(|()| true),
+        None => Ok(false),
     }
 }
 

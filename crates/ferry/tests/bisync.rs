@@ -660,13 +660,16 @@ fn usage_errors_exit_2() {
 #[test]
 fn per_file_failure_exits_1_and_the_rest_is_done() {
     let p = pair();
-    put(&p.a, "stuck", b"s", 1_600_000_000);
+    put(&p.a, "d/stuck", b"s", 1_600_000_000);
     put(&p.a, "pad1", b"p", 1_600_000_000);
     put(&p.a, "pad2", b"p", 1_600_000_000);
     p.run(&[]).ok();
-    fs::remove_file(p.a.join("stuck")).unwrap();
+    fs::remove_file(p.a.join("d/stuck")).unwrap();
     put(&p.a, "new", b"n", 1_600_000_100);
-    let Some(_g) = Immutable::try_set(&p.b.join("stuck")) else {
+    // An immutable directory: B's `stuck` cannot be removed. (The file's
+    // own flag would move its change time: a change that wins over A's
+    // deletion.)
+    let Some(_g) = Immutable::try_set(&p.b.join("d")) else {
         eprintln!("SKIP: chattr +i does not work here");
         return;
     };
@@ -926,8 +929,63 @@ fn inode_reuse_is_not_taken_for_a_rename() {
     assert_replicas_equal(&p.a, &p.b);
 }
 
-/// `--checksum`: files that size and mtime call in sync have their bytes compared; a
-/// difference (a change that kept size and mtime) is a conflict, both versions kept.
+/// A change that kept size and mtime is seen by its change time (recorded
+/// in the journal), without `-c`: copied to the other side.
+#[test]
+fn a_change_that_kept_size_and_mtime_is_seen_by_its_ctime() {
+    let p = pair();
+    put(&p.a, "f", b"original", 1_600_000_000);
+    put(&p.a, "same", b"same", 1_600_000_000);
+    p.run(&[]).ok();
+    rewrite_keep_meta(&p.a.join("f"), b"ORIGINAL");
+    let r = p.run(&["--json"]);
+    r.ok();
+    assert_eq!(summary_field(&r, "files_copied"), 1, "{r}");
+    assert_eq!(fs::read(p.b.join("f")).unwrap(), b"ORIGINAL", "{r}");
+    assert_replicas_equal(&p.a, &p.b);
+    let r = p.run(&["-c", "--json"]);
+    r.ok();
+    assert_eq!(summary_field(&r, "files_copied"), 0, "{r}");
+    assert_eq!(summary_field(&r, "conflicts"), 0, "{r}");
+}
+
+/// Make the journal at `j` one of format 2, as a ferry before change times
+/// wrote it: each record without its two change times.
+fn forget_ctimes(j: &Path) {
+    const SIDE: usize = 8 + 8 + 4 + 8 + 8;
+    let c = rusqlite::Connection::open(j).unwrap();
+    let rows: Vec<(Vec<u8>, Vec<u8>, Vec<u8>)> = c
+        .prepare("SELECT dir, first, data FROM chunks")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    for (dir, first, data) in rows {
+        let (mut d, mut out) = (&data[..], Vec::new());
+        while !d.is_empty() {
+            let n = u16::from_le_bytes([d[0], d[1]]) as usize;
+            out.extend_from_slice(&d[..2 + n + 1]);
+            let sides = &d[2 + n + 1..2 + n + 1 + 2 * SIDE];
+            for side in sides.chunks(SIDE) {
+                out.extend_from_slice(&side[..SIDE - 8]);
+            }
+            d = &d[2 + n + 1 + 2 * SIDE..];
+        }
+        c.execute(
+            "UPDATE chunks SET data = ?3 WHERE dir = ?1 AND first = ?2",
+            rusqlite::params![dir, first, out],
+        )
+        .unwrap();
+    }
+    c.execute("UPDATE meta SET v = '2' WHERE k = 'version'", [])
+        .unwrap();
+}
+
+/// `--checksum`: files that the metadata call in sync have their bytes
+/// compared; a difference no metadata shows (here: a journal written
+/// before change times were kept, format 2, and a change that kept size
+/// and mtime) is a conflict, both versions kept.
 #[test]
 fn checksum_finds_changes_that_kept_size_and_mtime() {
     let p = pair();
@@ -935,7 +993,8 @@ fn checksum_finds_changes_that_kept_size_and_mtime() {
     put(&p.a, "same", b"same", 1_600_000_000);
     p.run(&[]).ok();
     rewrite_keep_meta(&p.a.join("f"), b"ORIGINAL");
-    let r = p.run(&["--json"]);
+    forget_ctimes(&p.j);
+    let r = p.run(&["-n", "--json"]);
     r.ok();
     assert_eq!(
         summary_field(&r, "files_copied"),

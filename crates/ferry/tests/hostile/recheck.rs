@@ -564,8 +564,10 @@ fn sync_never_commits_over_an_edit_that_put_size_and_mtime_back() {
 
 /// The same for bisync: B's file is edited behind its size and mtime while
 /// A's new version is copied over it: left alone, exit 1, one line naming
-/// B. (The next run compares B with the journal, which keeps no change
-/// time: see docs/CLI.md, "Checked at the act".)
+/// B. The next run sees both changed (the journal keeps each side's change
+/// time): a conflict keeps both; the one after has nothing to do. Before
+/// (journal format 2), the next run took B as unchanged and copied A's
+/// version over the edit.
 #[test]
 fn bisync_never_commits_over_an_edit_that_put_size_and_mtime_back() {
     let t = tmpdir();
@@ -590,6 +592,57 @@ fn bisync_never_commits_over_an_edit_that_put_size_and_mtime_back() {
     );
     assert_eq!(holding(&b, b"EDIT-BEHIND-B"), [bb], "{r}");
     assert_eq!(fs::read(a.join("big")).unwrap(), gen_bytes(BIG, 24));
+    let r = bisync(&a, &b, &j, &["--json"]);
+    r.ok();
+    for side in [&a, &b] {
+        assert_eq!(holding(side, b"EDIT-BEHIND-B").len(), 1, "{side:?}\n{r}");
+        let new = gen_bytes(BIG, 24);
+        assert!(
+            walk(side)
+                .iter()
+                .any(|p| fs::read(side.join(p)).is_ok_and(|d| d == new)),
+            "A's version lost on {side:?}\n{r}"
+        );
+    }
+    assert_replicas(&a, &b);
+    let r = bisync(&a, &b, &j, &["--json"]);
+    r.ok();
+    assert_eq!(summary(&r).files_copied, 0, "{r}");
+}
+
+/// The same without a race: between two runs, A's file is rewritten and
+/// B's edited behind its size and mtime. Both changed: a conflict keeps
+/// both (before: A's version copied over B's edit, exit 0). B's edit alone
+/// is copied to A.
+#[test]
+fn bisync_sees_an_edit_that_put_size_and_mtime_back() {
+    let t = tmpdir();
+    let (a, b, j) = (
+        t.path().join("a"),
+        t.path().join("b"),
+        t.path().join("j.db"),
+    );
+    write(&a, "f", b"the first version");
+    write(&a, "g", b"the first g");
+    bisync(&a, &b, &j, &[]).ok();
+    fs::write(a.join("f"), b"A's second version of f").unwrap();
+    edit_behind(&b.join("f"), b"B'S");
+    edit_behind(&b.join("g"), b"B'S");
+    let r = bisync(&a, &b, &j, &["--json"]);
+    r.ok();
+    for side in [&a, &b] {
+        assert_eq!(
+            holding(side, b"B'S first version").len(),
+            1,
+            "{side:?}\n{r}"
+        );
+        assert_eq!(holding(side, b"A's second").len(), 1, "{side:?}\n{r}");
+        assert_eq!(fs::read(side.join("g")).unwrap(), b"B'S first g", "{r}");
+    }
+    assert_replicas(&a, &b);
+    let r = bisync(&a, &b, &j, &["--json"]);
+    r.ok();
+    assert_eq!(summary(&r).files_copied, 0, "{r}");
 }
 
 /// True when some process (a remote `ferry serve` too) holds a file open
