@@ -1,0 +1,1274 @@
+//! The SSH backend against a real OpenSSH server (`scripts/sshd`, which
+//! `scripts/test` starts: `FERRY_TEST_SSH_*`), with this build of ferry as
+//! the remote `ferry serve` (`--remote-ferry`): the conformance suite
+//! through the Store trait, random trees pushed and pulled, bisync, ls,
+//! and the one-line errors of connections that cannot start or are lost.
+//! Every test skips with a line saying so when the server is not set up.
+//! The remote host is this machine, so remote trees are checked on disk.
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::time::Duration;
+
+use crate::util::ssh::{gen_tree, node, ssh_at as at, ssh_server as server};
+use crate::util::*;
+use ferry_conformance::{local::read_only, Denied, Fixture, Outside};
+use ferry_engine::keep::KeepBase;
+use ferry_ssh::{SshStore, Target};
+use proptest::prelude::*;
+
+macro_rules! need_server {
+    () => {
+        match server() {
+            Ok(s) => s,
+            Err(why) => {
+                eprintln!("skipped: {why}");
+                return;
+            }
+        }
+    };
+}
+
+/// ferry with the test server's -e and this build as the remote ferry.
+fn remote(rsh: &str, args: &[&std::ffi::OsStr]) -> Run {
+    let mut a: Vec<OsString> = vec![args[0].into(), "-e".into(), rsh.into()];
+    a.push("--remote-ferry".into());
+    a.push(bin());
+    a.extend(args[1..].iter().map(|s| s.to_os_string()));
+    ferry(&a)
+}
+
+fn summary_field(r: &Run, field: &str) -> u64 {
+    let line = r
+        .out()
+        .lines()
+        .rev()
+        .find(|l| l.contains("\"type\":\"summary\""))
+        .unwrap_or_else(|| panic!("no summary\n{r}"))
+        .to_owned();
+    let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+    v[field]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{field} in {line}"))
+}
+
+// ------------------------------------------------------------------ conformance
+
+struct Ssh {
+    tmp: tempfile::TempDir,
+    store: SshStore,
+}
+
+impl Fixture for Ssh {
+    type Store = SshStore;
+    fn store(&self) -> &SshStore {
+        &self.store
+    }
+    fn denied(&self) -> Result<Denied<SshStore>, String> {
+        let guard = read_only(self.tmp.path())?;
+        let store = open(self.tmp.path())?;
+        Ok(Denied {
+            store,
+            guard: Box::new(guard),
+        })
+    }
+    fn outside(&self) -> Result<Outside<SshStore>, String> {
+        let tmp = tempfile::tempdir().map_err(|e| e.to_string())?;
+        Ok(Outside {
+            base: KeepBase::Abs(tmp.path().as_os_str().as_bytes().to_vec()),
+            store: open(tmp.path())?,
+            guard: Box::new(tmp),
+        })
+    }
+}
+
+fn open(p: &Path) -> Result<SshStore, String> {
+    let (rsh, host) = server()?;
+    ferry_ssh::configure(ferry_ssh::Settings {
+        rsh: Some(rsh),
+        remote_ferry: Some(bin().to_string_lossy().into_owned()),
+        ..Default::default()
+    });
+    SshStore::open(&Target::new(&host, None)?, p.as_os_str().as_bytes())
+}
+
+fn ssh() -> Result<Ssh, String> {
+    server()?;
+    let tmp = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let store = open(tmp.path())?;
+    Ok(Ssh { tmp, store })
+}
+
+ferry_conformance::suite!(conformance, ssh);
+
+// ------------------------------------------------------------------ random trees
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 12, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// A random tree pushed to host:path and pulled back is equal in bytes
+    /// and metadata; the second push and pull copy nothing.
+    #[test]
+    fn random_trees_push_and_pull(g in gen_tree(true)) {
+        let Ok((rsh, host)) = server() else {
+            eprintln!("skipped: FERRY_TEST_SSH_* not set");
+            return Ok(());
+        };
+        let d = tmpdir();
+        let (src, there, back) = (d.path().join("src"), d.path().join("there"), d.path().join("back"));
+        materialize(&src, &node(&g));
+        let there_at = at(&host, &there);
+        let push: Vec<&std::ffi::OsStr> = vec!["sync".as_ref(), "--json".as_ref(), src.as_os_str(), &there_at];
+        let r = remote(&rsh, &push);
+        r.ok();
+        assert_trees_equal(&src, &there);
+        let r = remote(&rsh, &push);
+        r.ok();
+        prop_assert_eq!(summary_field(&r, "files_copied"), 0, "{}", r);
+        let pull_from = at(&host, &there);
+        let pull: Vec<&std::ffi::OsStr> = vec!["sync".as_ref(), "--json".as_ref(), &pull_from, back.as_os_str()];
+        remote(&rsh, &pull).ok();
+        assert_trees_equal(&src, &back);
+        let r = remote(&rsh, &pull);
+        r.ok();
+        prop_assert_eq!(summary_field(&r, "files_copied"), 0, "{}", r);
+    }
+}
+
+// ------------------------------------------------------------------ CLI
+
+#[test]
+fn ls_of_a_remote_tree_and_file() {
+    let (rsh, host) = need_server!();
+    let d = tmpdir();
+    write(d.path(), "t/a", b"hello");
+    write(d.path(), "t/sub/b", b"xy");
+    let r = remote(&rsh, &["ls".as_ref(), &at(&host, &d.path().join("t"))]);
+    r.ok();
+    let local = ferry(["ls".as_ref(), d.path().join("t").as_os_str()]);
+    local.ok();
+    assert_eq!(r.out(), local.out(), "{r}");
+    assert!(r.out().contains("sub/b"), "{r}");
+    let r = remote(&rsh, &["ls".as_ref(), &at(&host, &d.path().join("t/a"))]);
+    r.ok();
+    assert!(r.out().starts_with("5 "), "{r}");
+    // ssh://host:port/path: the port goes to ssh as -p.
+    let port = std::env::var("FERRY_TEST_SSH_PORT").unwrap();
+    let url = format!("ssh://{host}:{port}{}", d.path().join("t").display());
+    let r = remote(&rsh, &["ls".as_ref(), url.as_ref()]);
+    r.ok();
+    assert_eq!(r.out(), local.out(), "{r}");
+}
+
+#[test]
+fn one_file_to_and_from_a_remote_directory() {
+    let (rsh, host) = need_server!();
+    let d = tmpdir();
+    write(d.path(), "f", b"one file");
+    std::fs::create_dir(d.path().join("r")).unwrap();
+    let f = d.path().join("f");
+    remote(
+        &rsh,
+        &[
+            "copy".as_ref(),
+            f.as_os_str(),
+            &at(&host, &d.path().join("r")),
+        ],
+    )
+    .ok();
+    assert_eq!(std::fs::read(d.path().join("r/f")).unwrap(), b"one file");
+    let back = d.path().join("g");
+    remote(
+        &rsh,
+        &[
+            "copy".as_ref(),
+            &at(&host, &d.path().join("r/f")),
+            back.as_os_str(),
+        ],
+    )
+    .ok();
+    assert_eq!(std::fs::read(&back).unwrap(), b"one file");
+}
+
+/// The errors of a session that cannot start: one line each, exit 2.
+#[test]
+fn connections_that_cannot_start_say_why_in_one_line() {
+    let (rsh, host) = need_server!();
+    let d = tmpdir();
+    write(d.path(), "src/a", b"a");
+    let src = d.path().join("src");
+    let dst = d.path().join("dst");
+    let one_line = |r: &Run, want: &str| {
+        r.code_is(2);
+        let lines = r.error_lines();
+        assert_eq!(lines.len(), 1, "{r}");
+        assert!(lines[0].contains(want), "want {want:?}\n{r}");
+    };
+    let missing = d.path().join("nope/deeper");
+    let r = remote(
+        &rsh,
+        &["copy".as_ref(), &at(&host, &missing), dst.as_os_str()],
+    );
+    one_line(&r, "no such file or directory");
+    let r = remote(
+        &rsh,
+        &["copy".as_ref(), src.as_os_str(), &at(&host, &missing)],
+    );
+    one_line(&r, "no such directory");
+    for (alias, want) in [
+        ("ferry-test-down", "host unreachable"),
+        ("ferry-test-badauth", "authentication failed"),
+        ("ferry-test-badkey", "host key verification failed"),
+    ] {
+        let r = remote(&rsh, &["copy".as_ref(), src.as_os_str(), &at(alias, &dst)]);
+        one_line(&r, want);
+    }
+    let r = ferry([
+        "copy".as_ref(),
+        "-e".as_ref(),
+        rsh.as_ref(),
+        "--remote-ferry".as_ref(),
+        "/nonexistent/ferry".as_ref(),
+        src.as_os_str(),
+        &at(&host, &dst),
+    ]);
+    one_line(&r, "no ferry on the remote");
+    assert!(r.err().contains("--remote-ferry"), "{r}");
+    // A ferry speaking another protocol version.
+    let other = d.path().join("other-ferry");
+    std::fs::write(
+        &other,
+        "#!/bin/sh\nprintf 'FERRY-SERVE\\n\\347\\003\\000\\000\\0059.9.9'\ncat > /dev/null\n",
+    )
+    .unwrap();
+    chmod(&other, 0o755);
+    let r = ferry([
+        "copy".as_ref(),
+        "-e".as_ref(),
+        rsh.as_ref(),
+        "--remote-ferry".as_ref(),
+        other.as_os_str(),
+        src.as_os_str(),
+        &at(&host, &dst),
+    ]);
+    one_line(&r, "is version 9.9.9 (protocol 999)");
+    assert!(!dst.exists());
+}
+
+/// Paths and file contents of a tree (bisync keeps no directory metadata).
+fn content(root: &Path) -> Vec<(std::path::PathBuf, Option<Vec<u8>>)> {
+    walk(root)
+        .into_iter()
+        .map(|p| {
+            let full = root.join(&p);
+            let data = full.is_file().then(|| std::fs::read(&full).unwrap());
+            (p, data)
+        })
+        .collect()
+}
+
+#[test]
+fn bisync_between_a_local_dir_and_a_remote_one() {
+    let (rsh, host) = need_server!();
+    let d = tmpdir();
+    let (a, b) = (d.path().join("a"), d.path().join("b"));
+    write(&a, "only-a", b"from a");
+    for i in 0..4 {
+        write(&a, format!("keep{i}"), b"kept");
+    }
+    let j = d.path().join("journal.sqlite");
+    let bis = |extra: &[&str]| {
+        let mut args: Vec<&std::ffi::OsStr> =
+            vec!["bisync".as_ref(), "--journal".as_ref(), j.as_os_str()];
+        args.extend(extra.iter().map(|s| std::ffi::OsStr::new(*s)));
+        let rb = at(&host, &b);
+        args.push(a.as_os_str());
+        args.push(&rb);
+        remote(&rsh, &args)
+    };
+    bis(&[]).ok();
+    assert_eq!(content(&a), content(&b));
+    write(&b, "only-b", b"from b");
+    write(&a, "sub/new", b"new in a");
+    std::fs::remove_file(a.join("only-a")).unwrap();
+    bis(&[]).ok();
+    assert_eq!(content(&a), content(&b));
+    assert!(!b.join("only-a").exists() && a.join("only-b").exists());
+    assert!(j.exists(), "the journal is kept locally");
+}
+
+/// How a test takes the remote `ferry serve` of a run away.
+enum Gone {
+    /// Killed (-9).
+    Killed,
+    /// Stopped (SIGSTOP): a frozen server, given up after `--timeout 3`.
+    Frozen,
+}
+
+/// The remote `ferry serve` killed mid-run: exit 1 with one line about the
+/// connection, nothing half-written under a final name, and a rerun
+/// completes the copy.
+#[test]
+fn a_connection_lost_mid_run_is_one_line_and_a_rerun_completes() {
+    serve_gone_mid_push(Gone::Killed);
+}
+
+/// The remote `ferry serve` frozen (SIGSTOP) in the middle of a pipelined
+/// push: ferry does not wait for ever. After `--timeout` it gives up with
+/// one line naming the host and the cause, exit 1, nothing half-written
+/// under a final name; once the server is continued (and has left), a
+/// rerun completes the copy and leaves no temporary.
+#[test]
+fn a_frozen_remote_serve_is_given_up_after_the_timeout_and_a_rerun_completes() {
+    serve_gone_mid_push(Gone::Frozen);
+}
+
+fn serve_gone_mid_push(how: Gone) {
+    let (rsh, host) = need_server!();
+    let d = tmpdir();
+    let src = d.path().join("src");
+    for i in 0..40 {
+        write(&src, format!("f{i:02}"), &gen_bytes(200_000, i));
+    }
+    let dst = d.path().join("dst");
+    // A remote ferry that says where it runs, so the test can kill it.
+    let pidf = d.path().join("serve.pid");
+    let wrapper = d.path().join("ferry-wrapper");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\necho $$ > '{}'\nexec '{}' \"$@\"\n",
+            pidf.display(),
+            bin().to_string_lossy()
+        ),
+    )
+    .unwrap();
+    chmod(&wrapper, 0o755);
+    let mut cmd = std::process::Command::new(bin());
+    cmd.arg("copy");
+    if let Gone::Frozen = how {
+        cmd.args(["--timeout", "3"]);
+    }
+    cmd.args([
+        "-e".as_ref(),
+        rsh.as_ref() as &std::ffi::OsStr,
+        "--remote-ferry".as_ref(),
+        wrapper.as_os_str(),
+        "--bwlimit".as_ref(),
+        "1M".as_ref(),
+        "-j".as_ref(),
+        "2".as_ref(),
+        src.as_os_str(),
+        &at(&host, &dst),
+    ])
+    .stdin(std::process::Stdio::null());
+    let push = std::thread::spawn(move || run_within(cmd, Duration::from_secs(120)));
+    wait_until("the copy did not start", 400, || {
+        pidf.exists() && dst.exists() && std::fs::read_dir(&dst).unwrap().count() >= 2
+    });
+    let pid = std::fs::read_to_string(&pidf).unwrap();
+    let frozen = match how {
+        Gone::Killed => {
+            std::process::Command::new("kill")
+                .args(["-9", pid.trim()])
+                .status()
+                .unwrap();
+            None
+        }
+        Gone::Frozen => Some(crate::util::ssh::Frozen::stop(&pid)),
+    };
+    let r = push.join().unwrap();
+    assert_eq!(r.code, Some(1), "{r}");
+    let lines = r.error_lines();
+    assert_eq!(lines.len(), 1, "{r}");
+    let cause = match how {
+        Gone::Killed => "connection lost".to_string(),
+        Gone::Frozen => format!("{host}: connection lost: no answer from ferry serve for 3 s"),
+    };
+    assert!(lines[0].contains(&cause), "{r}");
+    // Whatever is there under a final name is whole.
+    for e in std::fs::read_dir(&dst).unwrap() {
+        let e = e.unwrap();
+        let name = e.file_name();
+        if let Some(i) = name.to_str().and_then(|n| n.strip_prefix('f')) {
+            let i: u64 = i.parse().unwrap();
+            assert_eq!(
+                std::fs::read(e.path()).unwrap(),
+                gen_bytes(200_000, i),
+                "{name:?}"
+            );
+        }
+    }
+    if let Some(f) = frozen {
+        f.thaw();
+    }
+    remote(&rsh, &["copy".as_ref(), src.as_os_str(), &at(&host, &dst)]).ok();
+    assert_trees_equal(&src, &dst);
+    assert!(find_prefixed(&dst, b".ferry-").is_empty());
+}
+
+// ------------------------------------------------------------------ self-install
+
+/// An -e command that runs the remote command with `env` before it (a
+/// remote HOME and PATH of the test's own, so the real ones are never
+/// touched): a shell script around the test server's ssh.
+fn rsh_with(rsh: &str, dir: &Path, env: &str) -> String {
+    let script = dir.join("rsh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/bash\nlast=\"${{@: -1}}\"\nset -- \"${{@:1:$#-1}}\"\nexec {rsh} \"$@\" \"unset XDG_CACHE_HOME; export {env}; $last\"\n"
+        ),
+    )
+    .unwrap();
+    chmod(&script, 0o755);
+    script.to_string_lossy().into_owned()
+}
+
+/// A remote without ferry: this binary is installed once in the fresh
+/// cache and reused next time; a cached file of that name with other
+/// content is neither run nor replaced; --no-remote-install says in one
+/// line what to do.
+#[test]
+fn self_install_once_then_reused_and_checked() {
+    let (rsh, host) = need_server!();
+    let d = tmpdir();
+    let home = d.path().join("home");
+    std::fs::create_dir(&home).unwrap();
+    let rsh = rsh_with(
+        &rsh,
+        d.path(),
+        &format!("HOME='{}' PATH=/usr/bin:/bin", home.display()),
+    );
+    write(d.path(), "src/a", b"installed");
+    let src = d.path().join("src");
+    let dst = at(&host, &d.path().join("dst"));
+    let copy = |extra: &[&str]| {
+        let mut a: Vec<OsString> = vec!["copy".into(), "-e".into(), rsh.clone().into()];
+        a.extend(extra.iter().map(OsString::from));
+        a.push(src.clone().into());
+        a.push(dst.clone());
+        ferry(&a)
+    };
+    let r = copy(&["--no-remote-install"]);
+    r.code_is(2);
+    assert_eq!(r.error_lines().len(), 1, "{r}");
+    assert!(r.err().contains("no ferry on the remote"), "{r}");
+    assert!(!home.join(".cache").exists(), "{r}");
+    let r = copy(&[]);
+    r.ok();
+    assert!(r.err().contains("installed this ferry"), "{r}");
+    assert_eq!(std::fs::read(d.path().join("dst/a")).unwrap(), b"installed");
+    let cache = home.join(".cache/ferry");
+    let names: Vec<_> = std::fs::read_dir(&cache)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(names.len(), 1, "one file, no temporaries: {names:?}");
+    let cached = &names[0];
+    assert_eq!(
+        std::fs::read(cached).unwrap(),
+        std::fs::read(bin()).unwrap()
+    );
+    let before = std::fs::metadata(cached).unwrap().modified().unwrap();
+    // Reused: no second upload.
+    write(d.path(), "src/b", b"second");
+    let r = copy(&[]);
+    r.ok();
+    assert!(!r.err().contains("installed"), "{r}");
+    assert_eq!(
+        std::fs::metadata(cached).unwrap().modified().unwrap(),
+        before
+    );
+    assert_eq!(std::fs::read(d.path().join("dst/b")).unwrap(), b"second");
+    // A corrupt file of that name: not run, not replaced. (Made anew: the
+    // last run's remote ferry may still be running from the old one.)
+    std::fs::remove_file(cached).unwrap();
+    std::fs::write(cached, b"#!/bin/sh\necho not ferry\n").unwrap();
+    write(d.path(), "src/c", b"third");
+    let r = copy(&[]);
+    r.code_is(2);
+    assert_eq!(r.error_lines().len(), 1, "{r}");
+    assert!(r.err().contains("is not this ferry"), "{r}");
+    assert_eq!(
+        std::fs::read(cached).unwrap(),
+        b"#!/bin/sh\necho not ferry\n"
+    );
+    assert!(!d.path().join("dst/c").exists());
+}
+
+/// ferry on the remote PATH is found and run (no installing).
+#[test]
+fn ferry_on_the_remote_path_is_used() {
+    let (rsh, host) = need_server!();
+    let d = tmpdir();
+    let binp = d.path().join("bin");
+    std::fs::create_dir(&binp).unwrap();
+    std::os::unix::fs::symlink(bin(), binp.join("ferry")).unwrap();
+    let rsh = rsh_with(
+        &rsh,
+        d.path(),
+        &format!(
+            "HOME='{}' PATH='{}':/usr/bin:/bin",
+            d.path().display(),
+            binp.display()
+        ),
+    );
+    write(d.path(), "src/a", b"by PATH");
+    let r = ferry([
+        "copy".as_ref(),
+        "-e".as_ref(),
+        rsh.as_ref() as &std::ffi::OsStr,
+        "--no-remote-install".as_ref(),
+        d.path().join("src").as_os_str(),
+        &at(&host, &d.path().join("dst")),
+    ]);
+    r.ok();
+    assert_eq!(std::fs::read(d.path().join("dst/a")).unwrap(), b"by PATH");
+}
+
+// ------------------------------------------------------------------ more paths
+
+/// host:path to host:path (both through this machine), then an edit, a
+/// --dry-run that changes nothing, --checksum that sees a same-size,
+/// same-mtime change, and --exclude.
+#[test]
+fn remote_to_remote_dry_run_checksum_exclude() {
+    let (rsh, host) = need_server!();
+    let d = tmpdir();
+    let (a, b) = (d.path().join("a"), d.path().join("b"));
+    for i in 0..20 {
+        write(
+            &a,
+            format!("d{}/f{i}", i % 3),
+            &gen_bytes(1000 + i * 500, i as u64),
+        );
+    }
+    write(&a, "skip.log", b"not copied");
+    let (ra, rb) = (at(&host, &a), at(&host, &b));
+    let sync = |extra: &[&str]| {
+        let mut args: Vec<&std::ffi::OsStr> = vec!["sync".as_ref(), "--json".as_ref()];
+        args.extend(extra.iter().map(std::ffi::OsStr::new));
+        args.push(&ra);
+        args.push(&rb);
+        remote(&rsh, &args)
+    };
+    let r = sync(&["--exclude", "*.log"]);
+    r.ok();
+    assert!(!b.join("skip.log").exists(), "{r}");
+    std::fs::remove_file(a.join("skip.log")).unwrap();
+    // Same size and mtime, other bytes: only --checksum sees it.
+    let f = a.join("d1/f1");
+    let t = get_mtime(&f);
+    std::fs::write(&f, gen_bytes(1500, 99)).unwrap();
+    set_mtime(&f, t);
+    write(&a, "new", b"new file");
+    let r = sync(&["--dry-run", "--checksum"]);
+    r.ok();
+    assert!(!b.join("new").exists(), "{r}");
+    assert_ne!(std::fs::read(b.join("d1/f1")).unwrap(), gen_bytes(1500, 99));
+    let r = sync(&[]);
+    r.ok();
+    assert_eq!(summary_field(&r, "files_copied"), 1, "{r}");
+    assert_ne!(std::fs::read(b.join("d1/f1")).unwrap(), gen_bytes(1500, 99));
+    let r = sync(&["--checksum"]);
+    r.ok();
+    assert_eq!(summary_field(&r, "files_copied"), 1, "{r}");
+    assert_trees_equal(&a, &b);
+}
+
+/// host:path to s3:// and back, streamed through this machine (Garage:
+/// FERRY_TEST_S3_*).
+#[test]
+fn remote_to_s3_and_back() {
+    let (rsh, host) = need_server!();
+    let get = |k: &str| std::env::var(k).ok();
+    let (Some(ep), Some(key), Some(secret), Some(region), Some(bucket)) = (
+        get("FERRY_TEST_S3_ENDPOINT"),
+        get("FERRY_TEST_S3_KEY"),
+        get("FERRY_TEST_S3_SECRET"),
+        get("FERRY_TEST_S3_REGION"),
+        get("FERRY_TEST_S3_BUCKET"),
+    ) else {
+        eprintln!("skipped: FERRY_TEST_S3_* are not set (scripts/test starts Garage)");
+        return;
+    };
+    std::env::set_var("AWS_ACCESS_KEY_ID", key);
+    std::env::set_var("AWS_SECRET_ACCESS_KEY", secret);
+    std::env::set_var("AWS_REGION", region);
+    std::env::set_var("AWS_ENDPOINT_URL", ep);
+    let d = tmpdir();
+    let src = d.path().join("src");
+    for i in 0..10 {
+        write(&src, format!("s/f{i}"), &gen_bytes(i * 3000, i as u64));
+    }
+    write(&src, "big", &gen_bytes((33 << 20) + 7, 5));
+    let n = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let url = format!("s3://{bucket}/ssh-{n}");
+    remote(&rsh, &["copy".as_ref(), &at(&host, &src), url.as_ref()]).ok();
+    let back = d.path().join("back");
+    remote(&rsh, &["copy".as_ref(), url.as_ref(), &at(&host, &back)]).ok();
+    assert_eq!(content(&src), content(&back));
+}
+
+/// ferry itself killed (-9) mid-run over ssh: the rerun completes and no
+/// temporary is left on the remote.
+/// Names with a newline, non-UTF-8 bytes, a leading dash and blanks go
+/// both ways over ssh byte for byte; a second run copies nothing.
+#[test]
+fn odd_names_pushed_and_pulled() {
+    let (rsh, host) = need_server!();
+    let d = tmpdir();
+    let (src, there, back) = (
+        d.path().join("src"),
+        d.path().join("there"),
+        d.path().join("back"),
+    );
+    crate::util::ssh::odd_names_tree(&src);
+    for (from, to) in [
+        (src.clone().into_os_string(), at(&host, &there)),
+        (at(&host, &there), back.clone().into_os_string()),
+    ] {
+        for copies in [5, 0] {
+            let r = remote(&rsh, &["sync".as_ref(), "--json".as_ref(), &from, &to]);
+            r.ok();
+            assert_eq!(summary_field(&r, "files_copied"), copies, "{r}");
+        }
+    }
+    assert_trees_equal(&src, &there);
+    assert_trees_equal(&src, &back);
+}
+
+/// `ferry copy` with the server's -e, this build as the remote ferry and
+/// `args`, started and not waited for (its output dropped): for killing.
+fn spawn_copy(rsh: &str, args: &[&std::ffi::OsStr]) -> std::process::Child {
+    let mut a: Vec<&std::ffi::OsStr> = vec![
+        "copy".as_ref(),
+        "-e".as_ref(),
+        rsh.as_ref(),
+        "--remote-ferry".as_ref(),
+    ];
+    let b = bin();
+    a.push(&b);
+    a.extend_from_slice(args);
+    std::process::Command::new(bin())
+        .args(a)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// Wait until `ready` (checked every 50 ms, `tries` times at most).
+#[track_caller]
+fn wait_until(what: &str, tries: u32, mut ready: impl FnMut() -> bool) {
+    let mut waited = 0;
+    while !ready() {
+        std::thread::sleep(Duration::from_millis(50));
+        waited += 1;
+        assert!(waited < tries, "{what}");
+    }
+}
+
+/// The number just before `phrase` in a run's output (0 when absent).
+fn figure_before(r: &Run, phrase: &str) -> u64 {
+    r.all()
+        .lines()
+        .find_map(|l| {
+            l.split_once(phrase)
+                .and_then(|(a, _)| a.rsplit(' ').next()?.parse::<u64>().ok())
+        })
+        .unwrap_or(0)
+}
+
+#[test]
+fn local_ferry_killed_then_rerun_leaves_no_temporaries() {
+    let (rsh, host) = need_server!();
+    let d = tmpdir();
+    let src = d.path().join("src");
+    for i in 0..30 {
+        write(&src, format!("f{i:02}"), &gen_bytes(300_000, i));
+    }
+    let dst = d.path().join("dst");
+    let mut child = spawn_copy(
+        &rsh,
+        &[
+            "--bwlimit".as_ref(),
+            "1M".as_ref(),
+            src.as_os_str(),
+            &at(&host, &dst),
+        ],
+    );
+    wait_until("the copy did not start", 400, || {
+        dst.exists() && std::fs::read_dir(&dst).unwrap().count() >= 2
+    });
+    child.kill().unwrap();
+    child.wait().unwrap();
+    remote(&rsh, &["copy".as_ref(), src.as_os_str(), &at(&host, &dst)]).ok();
+    assert_trees_equal(&src, &dst);
+    // The remote ends of the killed run are gone with their temporaries.
+    let mut left = Vec::new();
+    for _ in 0..100 {
+        left = find_prefixed(&dst, b".ferry-");
+        if left.is_empty() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(left.is_empty(), "{left:?}");
+}
+
+/// A big file pushed and pulled with --connections 3 is byte-equal; a
+/// pull killed part way resumes from the ranges that arrived.
+#[test]
+fn big_file_over_three_connections_and_a_resumed_pull() {
+    let (rsh, host) = need_server!();
+    let d = tmpdir();
+    let data = gen_bytes((64 << 20) + 1, 64);
+    write(d.path(), "src/big", &data);
+    let there = d.path().join("there");
+    let three: [&std::ffi::OsStr; 2] = ["--connections".as_ref(), "3".as_ref()];
+    let copy = |from: &std::ffi::OsStr, to: &std::ffi::OsStr, extra: &[&std::ffi::OsStr]| {
+        let mut a: Vec<&std::ffi::OsStr> = vec!["copy".as_ref()];
+        a.extend_from_slice(extra);
+        a.extend([from, to]);
+        remote(&rsh, &a)
+    };
+    copy(d.path().join("src").as_os_str(), &at(&host, &there), &three).ok();
+    assert!(std::fs::read(there.join("big")).unwrap() == data);
+    let back = d.path().join("back");
+    copy(&at(&host, &there), back.as_os_str(), &three).ok();
+    assert!(std::fs::read(back.join("big")).unwrap() == data);
+    // A pull killed part way: the partial stays, the rerun fetches the rest.
+    let again = d.path().join("again");
+    let mut child = spawn_copy(
+        &rsh,
+        &[
+            "--bwlimit".as_ref(),
+            "8M".as_ref(),
+            &at(&host, &there),
+            again.as_os_str(),
+        ],
+    );
+    // Two seconds after the partial appears (its ranges are recorded every
+    // second): some of it has arrived and is on record.
+    let mut seen = 0;
+    wait_until("the pull did not start", 600, || {
+        if again.exists() && !find_prefixed(&again, b".ferry-part-").is_empty() {
+            seen += 1;
+        }
+        seen >= 40
+    });
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let r = copy(&at(&host, &there), again.as_os_str(), &["-v".as_ref()]);
+    r.ok();
+    assert!(std::fs::read(again.join("big")).unwrap() == data);
+    let reused = figure_before(&r, " bytes of interrupted downloads reused");
+    assert!(reused > 0, "nothing resumed\n{r}");
+    assert!(find_prefixed(&again, b".ferry-").is_empty());
+}
+
+/// A big file's bytes go from the file into ssh's pipe by splice on the sending end and
+/// are read into aligned buffers on the receiving end; with `FERRY_NO_SPLICE` on both
+/// ends they are read and copied. Both ways, pushed and pulled, the file arrives whole
+/// (its last bytes short of a page too), with its mtime, and nothing is left beside it.
+#[test]
+fn big_files_spliced_or_copied_arrive_whole() {
+    let (rsh, host) = need_server!();
+    let d = tmpdir();
+    let data = gen_bytes((40 << 20) + 4097, 40);
+    write(d.path(), "src/big", &data);
+    let src = d.path().join("src");
+    for copying in [false, true] {
+        let tag = if copying { "copied" } else { "spliced" };
+        let there = d.path().join(format!("there-{tag}"));
+        let back = d.path().join(format!("back-{tag}"));
+        let run = |from: &std::ffi::OsStr, to: &std::ffi::OsStr| {
+            let mut remote_ferry = OsString::new();
+            if copying {
+                remote_ferry.push("FERRY_NO_SPLICE=1 ");
+            }
+            remote_ferry.push(bin());
+            let mut c = std::process::Command::new(bin());
+            c.args([
+                "copy".as_ref(),
+                "-e".as_ref(),
+                rsh.as_ref() as &std::ffi::OsStr,
+            ])
+            .arg("--remote-ferry")
+            .arg(&remote_ferry)
+            .args([from, to])
+            .stdin(std::process::Stdio::null());
+            if copying {
+                c.env("FERRY_NO_SPLICE", "1");
+            }
+            run_within(c, Duration::from_secs(600))
+        };
+        run(src.as_os_str(), &at(&host, &there)).ok();
+        assert!(
+            std::fs::read(there.join("big")).unwrap() == data,
+            "{tag} push"
+        );
+        run(&at(&host, &there), back.as_os_str()).ok();
+        assert!(
+            std::fs::read(back.join("big")).unwrap() == data,
+            "{tag} pull"
+        );
+        let mtime = |p: &Path| std::fs::metadata(p).unwrap().modified().unwrap();
+        assert_eq!(mtime(&back.join("big")), mtime(&src.join("big")), "{tag}");
+        assert!(find_prefixed(&there, b".ferry-").is_empty(), "{tag}");
+        assert!(find_prefixed(&back, b".ferry-").is_empty(), "{tag}");
+    }
+}
+
+/// A big push goes in ranges over several connections into a resumable partial there: a
+/// push killed part way leaves the partial with its record, the rerun sends only the rest
+/// (`-v` says how much it reused), and the result is whole, with nothing left beside it.
+#[test]
+fn big_push_over_connections_resumes_after_a_kill() {
+    let (rsh, host) = need_server!();
+    let d = tmpdir();
+    let data = gen_bytes((48 << 20) + 3, 48);
+    write(d.path(), "src/big", &data);
+    let src = d.path().join("src");
+    let there = d.path().join("there");
+    let mut child = spawn_copy(
+        &rsh,
+        &[
+            "--connections".as_ref(),
+            "3".as_ref(),
+            "--bwlimit".as_ref(),
+            "8M".as_ref(),
+            src.as_os_str(),
+            &at(&host, &there),
+        ],
+    );
+    // Killed once the partial there has ranges on record (flushed and
+    // recorded every two seconds).
+    let recorded = |dir: &Path| {
+        find_prefixed(dir, b".ferry-part-").iter().any(|p| {
+            xattrs_of(&dir.join(p))
+                .get(&b"user.ferry.partial"[..])
+                .is_some_and(|v| {
+                    v.split(|&b| b == b'\n')
+                        .nth(3)
+                        .is_some_and(|l| !l.is_empty())
+                })
+        })
+    };
+    wait_until("the push did not start", 600, || {
+        there.exists() && recorded(&there)
+    });
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(!there.join("big").exists());
+    let r = remote(
+        &rsh,
+        &[
+            "copy".as_ref(),
+            "-v".as_ref(),
+            src.as_os_str(),
+            &at(&host, &there),
+        ],
+    );
+    r.ok();
+    assert!(std::fs::read(there.join("big")).unwrap() == data);
+    let reused = figure_before(&r, " bytes of interrupted pushes reused");
+    assert!(
+        reused > 0 && reused < data.len() as u64,
+        "nothing resumed\n{r}"
+    );
+    assert!(find_prefixed(&there, b".ferry-").is_empty());
+}
+
+// ------------------------------------------------------------- what -a -X -A keeps
+
+/// Every attribute of `p` (not following a symlink), by the syscalls.
+fn xattrs_of(p: &Path) -> BTreeMap<Vec<u8>, Vec<u8>> {
+    let c = std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap();
+    let mut names = vec![0u8; 65536];
+    let n = rustix::fs::llistxattr(c.as_c_str(), &mut names[..]).unwrap();
+    let mut out = BTreeMap::new();
+    for name in names[..n].split(|&b| b == 0).filter(|n| !n.is_empty()) {
+        let cn = std::ffi::CString::new(name).unwrap();
+        let mut v = vec![0u8; 65536];
+        let len = rustix::fs::lgetxattr(c.as_c_str(), cn.as_c_str(), &mut v[..]).unwrap();
+        out.insert(name.to_vec(), v[..len].to_vec());
+    }
+    out
+}
+
+fn set_xattr(p: &Path, name: &str, value: &[u8]) {
+    rustix::fs::lsetxattr(p, name, value, rustix::fs::XattrFlags::empty())
+        .unwrap_or_else(|e| panic!("setxattr {} {name}: {e}", p.display()));
+}
+
+/// A POSIX ACL as the kernel's raw value: owner, named user 4242 (with
+/// `perm`), group, mask, other.
+fn acl_value(perm: u16) -> Vec<u8> {
+    const UNDEF: u32 = u32::MAX;
+    let mut out = 2u32.to_le_bytes().to_vec();
+    for (tag, p, id) in [
+        (0x01u16, 7u16, UNDEF),
+        (0x02, perm, 4242),
+        (0x04, 5, UNDEF),
+        (0x10, 7, UNDEF),
+        (0x20, 0, UNDEF),
+    ] {
+        out.extend_from_slice(&tag.to_le_bytes());
+        out.extend_from_slice(&p.to_le_bytes());
+        out.extend_from_slice(&id.to_le_bytes());
+    }
+    out
+}
+
+/// The attributes of every entry of `a` and `b` (roots included) are equal.
+#[track_caller]
+fn assert_same_xattrs(a: &Path, b: &Path, r: &Run) {
+    let mut paths = vec![std::path::PathBuf::new()];
+    paths.extend(walk(a));
+    for rel in paths {
+        assert_eq!(
+            xattrs_of(&a.join(&rel)),
+            xattrs_of(&b.join(&rel)),
+            "attributes of {rel:?} (left SRC, right DST)\n{r}"
+        );
+    }
+}
+
+/// -X -A over ssh keep user attributes (binary values, on a small file, a
+/// big one, a directory, a symlink) and access and default ACLs, pushed,
+/// changed and synced again (attributes only), and pulled.
+#[test]
+fn xattrs_and_acls_pushed_and_pulled() {
+    let (rsh, host) = need_server!();
+    let d = tmpdir();
+    let src = d.path().join("src");
+    write(&src, "small", b"small file");
+    write(&src, "big", &gen_bytes(700 << 10, 1));
+    write(&src, "dir/inner", b"inner");
+    std::os::unix::fs::symlink("small", src.join("link")).unwrap();
+    if rustix::fs::lsetxattr(&src, "user.probe", b"1", rustix::fs::XattrFlags::empty()).is_err() {
+        eprintln!("skipped: {} keeps no user attributes", src.display());
+        return;
+    }
+    rustix::fs::lremovexattr(&src, "user.probe").unwrap();
+    set_xattr(&src.join("small"), "user.bin", b"\0\xff\x01 binary");
+    set_xattr(&src.join("small"), "user.second", &[7u8; 3000]);
+    set_xattr(&src.join("big"), "user.big", b"on a big file");
+    set_xattr(&src.join("dir"), "user.dir", b"on a directory");
+    set_xattr(&src.join("big"), "system.posix_acl_access", &acl_value(4));
+    set_xattr(&src.join("dir"), "system.posix_acl_access", &acl_value(5));
+    set_xattr(&src.join("dir"), "system.posix_acl_default", &acl_value(6));
+    if is_root() {
+        set_xattr(&src.join("link"), "trusted.link", b"on a symlink");
+    }
+    let dst = d.path().join("dst");
+    let push = || {
+        remote(
+            &rsh,
+            &[
+                "sync".as_ref(),
+                "-XA".as_ref(),
+                "--json".as_ref(),
+                src.as_os_str(),
+                &at(&host, &dst),
+            ],
+        )
+    };
+    let r = push();
+    r.ok();
+    assert!(!r.err().contains("keeps none"), "{r}");
+    assert_same_xattrs(&src, &dst, &r);
+    assert_trees_equal(&src, &dst);
+    // Attributes changed, bytes not: the attributes follow, no file is copied.
+    set_xattr(&src.join("small"), "user.bin", b"new value");
+    rustix::fs::lremovexattr(src.join("small"), "user.second").unwrap();
+    set_xattr(&src.join("big"), "system.posix_acl_access", &acl_value(6));
+    let r = push();
+    r.ok();
+    assert_eq!(summary_field(&r, "files_copied"), 0, "{r}");
+    assert_same_xattrs(&src, &dst, &r);
+    // Pulled back into a new tree.
+    let back = d.path().join("back");
+    let r = remote(
+        &rsh,
+        &[
+            "copy".as_ref(),
+            "-XA".as_ref(),
+            &at(&host, &dst),
+            back.as_os_str(),
+        ],
+    );
+    r.ok();
+    assert_same_xattrs(&src, &back, &r);
+    // Remote to remote.
+    let far = d.path().join("far");
+    let r = remote(
+        &rsh,
+        &[
+            "copy".as_ref(),
+            "-XA".as_ref(),
+            &at(&host, &dst),
+            &at(&host, &far),
+        ],
+    );
+    r.ok();
+    assert_same_xattrs(&src, &far, &r);
+}
+
+/// Type, device number, mode and mtime of `rel` equal in both trees.
+#[track_caller]
+fn assert_same_node(a: &Path, b: &Path, rel: &str, r: &Run) {
+    use std::os::unix::fs::MetadataExt;
+    let f = |p: &Path| {
+        let m = std::fs::symlink_metadata(p.join(rel))
+            .unwrap_or_else(|e| panic!("{}: {e}\n{r}", p.join(rel).display()));
+        (m.mode(), m.rdev(), m.mtime(), m.mtime_nsec(), m.uid())
+    };
+    assert_eq!(f(a), f(b), "{rel}: (mode, rdev, mtime, ns, uid)\n{r}");
+}
+
+/// Fifos (and as root device nodes) pushed to and pulled from the remote.
+#[test]
+fn fifos_and_devices_pushed_and_pulled() {
+    use rustix::fs::{self as rfs, FileType, Mode};
+    let (rsh, host) = need_server!();
+    let d = tmpdir();
+    let src = d.path().join("src");
+    write(&src, "sub/file", b"x");
+    let mut nodes = vec![
+        ("fifo", FileType::Fifo, 0),
+        ("sub/fifo2", FileType::Fifo, 0),
+    ];
+    if is_root() {
+        nodes.push(("null", FileType::CharacterDevice, rfs::makedev(1, 3)));
+        nodes.push(("blk", FileType::BlockDevice, rfs::makedev(7, 200)));
+    }
+    for (rel, ft, dev) in &nodes {
+        rfs::mknodat(
+            rfs::CWD,
+            src.join(rel),
+            *ft,
+            Mode::from_raw_mode(0o640),
+            *dev,
+        )
+        .unwrap();
+    }
+    set_mtime(&src.join("fifo"), (1_234_567, 89));
+    let dst = d.path().join("dst");
+    let r = remote(&rsh, &["sync".as_ref(), src.as_os_str(), &at(&host, &dst)]);
+    r.ok();
+    assert!(!r.err().contains("skipped"), "{r}");
+    let back = d.path().join("back");
+    let r2 = remote(&rsh, &["copy".as_ref(), &at(&host, &dst), back.as_os_str()]);
+    r2.ok();
+    for (rel, ..) in &nodes {
+        assert_same_node(&src, &dst, rel, &r);
+        assert_same_node(&src, &back, rel, &r2);
+    }
+    // A fifo that became a file and back: replaced on the remote.
+    std::fs::remove_file(src.join("fifo")).unwrap();
+    write(&src, "fifo", b"now a file");
+    remote(&rsh, &["sync".as_ref(), src.as_os_str(), &at(&host, &dst)]).ok();
+    assert_eq!(std::fs::read(dst.join("fifo")).unwrap(), b"now a file");
+}
+
+/// The data segments of a file (`SEEK_DATA`/`SEEK_HOLE`).
+fn seek_map(p: &Path) -> Vec<(u64, u64)> {
+    use rustix::fs::{self as rfs, SeekFrom};
+    use std::os::fd::AsFd;
+    let f = std::fs::File::open(p).unwrap();
+    let size = f.metadata().unwrap().len();
+    let (mut out, mut off) = (Vec::new(), 0);
+    while off < size {
+        let Ok(data) = rfs::seek(f.as_fd(), SeekFrom::Data(off)) else {
+            break;
+        };
+        let hole = rfs::seek(f.as_fd(), SeekFrom::Hole(data)).unwrap();
+        out.push((data, hole));
+        off = hole;
+    }
+    out
+}
+
+/// A file of `size` bytes whose only data are `segs` (offset, length).
+fn write_sparse(p: &Path, size: u64, segs: &[(u64, usize)]) {
+    use std::os::unix::fs::FileExt;
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    let f = std::fs::File::create(p).unwrap();
+    for (i, &(off, len)) in segs.iter().enumerate() {
+        let mut b = gen_bytes(len, i as u64 + 7);
+        b.iter_mut().for_each(|x| *x |= 1);
+        f.write_all_at(&b, off).unwrap();
+    }
+    f.set_len(size).unwrap();
+}
+
+/// Sparse files (holes at the start, the middle and the end; a small one
+/// that travels whole, a big one, a gibibyte with a mebibyte of data)
+/// pushed, pulled and copied remote to remote keep their hole maps and
+/// bytes; a rerun copies nothing.
+#[test]
+fn sparse_files_pushed_and_pulled_keep_their_holes() {
+    use std::os::unix::fs::MetadataExt;
+    let (rsh, host) = need_server!();
+    let d = tmpdir();
+    let src = d.path().join("src");
+    const M: u64 = 1 << 20;
+    write_sparse(&src.join("small"), 200 << 10, &[(64 << 10, 8192)]);
+    write_sparse(
+        &src.join("big"),
+        40 * M,
+        &[
+            (3 * M, 100_000),
+            (5 * M + 4096, 2 * M as usize),
+            (30 * M, 4096),
+        ],
+    );
+    write_sparse(
+        &src.join("gib"),
+        1 << 30,
+        &[(100 * M, M as usize / 2), (600 * M, M as usize / 2)],
+    );
+    write(&src, "dense", &gen_bytes(3 << 20, 5));
+    if seek_map(&src.join("big")).len() != 3 {
+        eprintln!(
+            "skipped: the filesystem of {} reports no holes",
+            src.display()
+        );
+        return;
+    }
+    let on_disk = |p: &Path| std::fs::metadata(p).unwrap().blocks() * 512;
+    let check = |a: &Path, b: &Path, r: &Run| {
+        for f in ["small", "big", "gib", "dense"] {
+            assert_eq!(seek_map(&a.join(f)), seek_map(&b.join(f)), "{f}\n{r}");
+        }
+        assert!(on_disk(&b.join("gib")) < 2 * M, "{r}");
+        assert_trees_equal(a, b);
+    };
+    let dst = d.path().join("dst");
+    let push = || {
+        remote(
+            &rsh,
+            &[
+                "sync".as_ref(),
+                "--json".as_ref(),
+                src.as_os_str(),
+                &at(&host, &dst),
+            ],
+        )
+    };
+    let start = std::time::Instant::now();
+    let r = push();
+    r.ok();
+    check(&src, &dst, &r);
+    eprintln!("push took {:?}", start.elapsed());
+    let r = push();
+    r.ok();
+    assert_eq!(summary_field(&r, "files_copied"), 0, "{r}");
+    let back = d.path().join("back");
+    let pull = || {
+        remote(
+            &rsh,
+            &[
+                "sync".as_ref(),
+                "--json".as_ref(),
+                &at(&host, &dst),
+                back.as_os_str(),
+            ],
+        )
+    };
+    let r = pull();
+    r.ok();
+    check(&src, &back, &r);
+    let r = pull();
+    r.ok();
+    assert_eq!(summary_field(&r, "files_copied"), 0, "{r}");
+    let far = d.path().join("far");
+    let r = remote(&rsh, &["copy".as_ref(), &at(&host, &dst), &at(&host, &far)]);
+    r.ok();
+    check(&src, &far, &r);
+}
+
+/// Small files are committed without waiting for each reply (their Puts
+/// are confirmed in the background): files the remote cannot create (a
+/// directory there made immutable) each fail with one line naming the
+/// path, exit 1, are never reported copied, and the others are copied,
+/// pushed with -v and with --json. (CI runs this behind the 20 ms round
+/// trip too.)
+#[test]
+fn files_the_remote_refuses_fail_one_line_each_and_the_rest_are_copied() {
+    let (rsh, host) = need_server!();
+    let d = tmpdir();
+    let (src, there) = (d.path().join("src"), d.path().join("there"));
+    for dir in ["a", "b", "c"] {
+        for i in 0..40 {
+            write(&src, format!("{dir}/f{i:02}"), &gen_bytes(4096, i));
+        }
+    }
+    // `b` exists there already with the source's metadata (nothing to
+    // set on it) and nothing can be created in it.
+    std::fs::create_dir_all(there.join("b")).unwrap();
+    set_mtime(&there.join("b"), get_mtime(&src.join("b")));
+    let Some(_guard) = Immutable::try_set(&there.join("b")) else {
+        eprintln!("skipped: chattr +i is not available here");
+        return;
+    };
+    let to = at(&host, &there);
+    for out in ["-v", "--json"] {
+        let r = remote(&rsh, &["copy".as_ref(), out.as_ref(), src.as_os_str(), &to]);
+        r.code_is(1);
+        let mut errs = r.error_lines();
+        errs.sort();
+        assert_eq!(errs.len(), 40, "{r}");
+        for (i, l) in errs.iter().enumerate() {
+            assert!(l.starts_with(&format!("ferry: b/f{i:02}: ")), "{l}\n{r}");
+        }
+        // Only what the remote confirmed is reported copied.
+        let stdout = r.out();
+        let copied: Vec<&str> = stdout
+            .lines()
+            .filter(|l| l.starts_with("copy ") || l.contains("\"type\":\"copy\""))
+            .map(|l| {
+                if out == "-v" {
+                    &l[5..]
+                } else {
+                    l.split("\"path\":\"")
+                        .nth(1)
+                        .unwrap()
+                        .split('"')
+                        .next()
+                        .unwrap()
+                }
+            })
+            .filter(|p| p.contains('/'))
+            .collect();
+        assert_eq!(copied.len(), 80, "{r}");
+        assert!(copied.iter().all(|p| !p.starts_with("b/")), "{r}");
+        if out == "--json" {
+            assert_eq!(summary_field(&r, "errors"), 40, "{r}");
+            assert_eq!(summary_field(&r, "files_copied"), 80, "{r}");
+        }
+        std::fs::remove_dir_all(there.join("a")).unwrap();
+        std::fs::remove_dir_all(there.join("c")).unwrap();
+    }
+    // Nothing half-written anywhere, nothing at all in `b`.
+    assert!(find_prefixed(&there, TMP_PREFIX).is_empty());
+    assert_eq!(std::fs::read_dir(there.join("b")).unwrap().count(), 0);
+    drop(_guard);
+    // Once the remote can create them, a rerun copies exactly those.
+    let r = remote(
+        &rsh,
+        &["copy".as_ref(), "--json".as_ref(), src.as_os_str(), &to],
+    );
+    r.ok();
+    assert_eq!(summary_field(&r, "files_copied"), 120, "{r}");
+    assert_trees_equal(&src, &there);
+}
