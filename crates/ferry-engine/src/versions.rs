@@ -231,6 +231,62 @@ pub fn collect<S: Store + ?Sized>(
     }
 }
 
+/// When one state of a file held, for `--at`: `[start, end)` in Unix
+/// seconds (`end`: `None` for the current file, which holds until now).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Span {
+    /// From when it was written.
+    pub start: i64,
+    /// To when it was replaced or deleted (a version's keep time).
+    pub end: Option<i64>,
+}
+
+/// The validity spans of a file's states: `states` are its kept versions
+/// oldest first (by time kept, then number), each as (its mtime, when it
+/// was kept), then, when the file exists, the current file as (its
+/// mtime, `None`).
+///
+/// A state holds from when it was written to when it was replaced. When
+/// it was written is its mtime, unless that cannot be true: a state is
+/// written after the one before it was in place, so an mtime at or
+/// before that moment (a restored version, `cp -p`, `tar x`, a clock
+/// set back) says nothing, and the state counts from the moment it
+/// replaced the one before (that one's keep time). A state written
+/// after the one before it was kept leaves a gap: the file did not
+/// exist in between (it was deleted, then made anew).
+pub fn spans(states: &[(i64, Option<i64>)]) -> Vec<Span> {
+    let mut out: Vec<Span> = Vec::with_capacity(states.len());
+    for (j, &(mtime, end)) in states.iter().enumerate() {
+        // When the state before was surely in place: written (its own
+        // start), and still there when the one before it was replaced.
+        let bound = match j {
+            0 => None,
+            1 => Some(out[0].start),
+            _ => Some(out[j - 1].start.max(states[j - 2].1.unwrap_or(i64::MIN))),
+        };
+        let mut start = match (bound, j.checked_sub(1).and_then(|i| states[i].1)) {
+            (Some(b), Some(replaced)) if mtime <= b => replaced,
+            _ => mtime,
+        };
+        if let Some(e) = end {
+            start = start.min(e);
+        }
+        out.push(Span { start, end });
+    }
+    out
+}
+
+/// Which of the states (as given to [`spans`]) the file had at `at`: the
+/// newest whose span holds `at` (where two do, the file was rewritten
+/// before the run that kept the older one: the newer is what the file
+/// held); `None` when none does (the file did not exist then, or nothing
+/// kept goes back that far).
+pub fn state_at(states: &[(i64, Option<i64>)], at: i64) -> Option<usize> {
+    spans(states)
+        .iter()
+        .rposition(|s| s.start <= at && s.end.is_none_or(|e| at < e))
+}
+
 /// What [`prune`] did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct PruneReport {
@@ -463,6 +519,42 @@ mod tests {
             let rest: Vec<(i64, u32)> = v.iter().zip(&kept).filter(|(_, &k)| k).map(|(x, _)| *x).collect();
             prop_assert!(retained(&rest, NOW, &r).iter().all(|&k| k));
         }
+    }
+
+    #[test]
+    fn state_at_is_the_state_whose_span_holds_the_time() {
+        // Written at 100 (A), rewritten at 150 (B), synced at 200 (A
+        // kept), rewritten at 250 (C, current), synced at 300 (B kept).
+        let s = [(100, Some(200)), (150, Some(300)), (250, None)];
+        let at = |t| state_at(&s, t);
+        assert_eq!(at(99), None);
+        assert_eq!(at(100), Some(0));
+        assert_eq!(at(149), Some(0));
+        // The working tree held B from 150, though the replica still held
+        // A until 200.
+        assert_eq!(at(150), Some(1));
+        assert_eq!(at(210), Some(1));
+        assert_eq!(at(260), Some(2));
+        assert_eq!(at(i64::MAX), Some(2));
+        // Deleted at 200, made anew at 400: nothing in between.
+        let s = [(100, Some(200)), (400, None)];
+        assert_eq!(state_at(&s, 300), None);
+        assert_eq!(state_at(&s, 400), Some(1));
+        // Deleted and never made again.
+        assert_eq!(state_at(&[(100, Some(200))], 250), None);
+        // A restore at 500 of the version written at 100: the current
+        // file has the old mtime; it holds from 500, what it replaced
+        // (written at 300) until then.
+        let s = [(100, Some(200)), (300, Some(500)), (100, None)];
+        assert_eq!(state_at(&s, 400), Some(1));
+        assert_eq!(state_at(&s, 150), Some(0));
+        assert_eq!(state_at(&s, 600), Some(2));
+        // A deleted file restored (its mtime as the version had it): it
+        // did not exist between its deletion and the restore.
+        let s = [(100, Some(200)), (100, None)];
+        assert_eq!(spans(&s)[1].start, 200);
+        // An mtime in the future of its keep: held only at its keep.
+        assert_eq!(spans(&[(900, Some(800))])[0].start, 800);
     }
 
     #[test]

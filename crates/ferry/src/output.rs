@@ -49,6 +49,9 @@ pub struct CliReporter {
     refused: Option<String>,
     out: Mutex<io::BufWriter<io::Stdout>>,
     bar: Mutex<Option<ProgressBar>>,
+    /// Entries kept so far (by any run this reporter served): a watch
+    /// prunes versions after a run that kept one.
+    kept: std::sync::atomic::AtomicU64,
 }
 
 impl CliReporter {
@@ -60,7 +63,13 @@ impl CliReporter {
             refused: None,
             out: Mutex::new(io::BufWriter::new(io::stdout())),
             bar: Mutex::new(None),
+            kept: Default::default(),
         }
+    }
+
+    /// Entries kept so far (see [`Reporter::kept`]).
+    pub fn kept_count(&self) -> u64 {
+        self.kept.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// An action naming two paths: `{"type":KIND,"path":..,"KEY":..,"size":N}`
@@ -272,6 +281,7 @@ impl Reporter for CliReporter {
     /// `keep PATH -> WHERE` with -v (` -> ` appears in a name only
     /// escaped), a `keep` record with where it went as `"to"`.
     fn kept(&self, path: &[u8], to: &[u8], size: u64) {
+        self.kept.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.pair_line("keep", path, "to", to, size);
     }
 
@@ -547,6 +557,9 @@ impl ferry_bisync::BiReporter for CliReporter {
         size: u64,
     ) {
         use ferry_bisync::BiAction;
+        if act == BiAction::Keep && !self.dry_run {
+            self.kept.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         let p = if path.is_empty() { &b"."[..] } else { path };
         if self.json {
             let mut line = Vec::with_capacity(80 + path.len());

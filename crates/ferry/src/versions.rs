@@ -8,7 +8,7 @@
 //! with one listing per level.
 
 use std::collections::BTreeMap;
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::io::{self, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -18,10 +18,12 @@ use ferry_backends::{AnyDir, AnyStore, Location, Opts, Root};
 use ferry_engine::copy::Copier;
 use ferry_engine::encode::{json_name, json_string, text_name_string};
 use ferry_engine::keep::{split_parent, KeepBase, KeepRule, Keeper, VERSIONS_DIR};
-use ferry_engine::versions::{collect, has_versions_dir, keeps_all, open_versions_dir, Version};
+use ferry_engine::versions::{
+    collect, has_versions_dir, keeps_all, open_versions_dir, spans, state_at, Version,
+};
 use ferry_engine::{Kind, Listing, Meta, Store};
 use ferry_s3::S3Config;
-use jiff::civil::{Date, DateTime};
+use jiff::civil::{Date, DateTime, Time};
 use jiff::tz::TimeZone;
 use jiff::Timestamp;
 
@@ -235,76 +237,254 @@ fn live_dir(
     Ok(Some(d))
 }
 
-/// What PATH names in its replica.
-enum Target {
-    /// A file (`live`: as it is now, `None` when deleted) and its
-    /// versions, newest first.
-    File {
-        rel: Vec<u8>,
-        live: Option<Meta>,
-        versions: Vec<Version>,
-    },
-    /// A directory: the versions of every file below it.
-    Dir { versions: Vec<Version> },
+/// One file's history in its replica: its kept versions, oldest first,
+/// and the file as it is now (`None`: deleted).
+struct History {
+    rel: Vec<u8>,
+    live: Option<Meta>,
+    versions: Vec<Version>,
 }
 
-/// Look PATH up in its replica; `Ok(None)` when it names nothing known
-/// (neither a live entry nor one with versions).
+/// Which state of a file a restore or a listing takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pick {
+    /// The current file.
+    Live,
+    /// `versions[i]`.
+    Version(usize),
+}
+
+impl History {
+    /// (mtime, time kept) of each state, oldest first, the current file
+    /// last ([`ferry_engine::versions::spans`]).
+    fn states(&self) -> Vec<(i64, Option<i64>)> {
+        let mut v: Vec<(i64, Option<i64>)> = self
+            .versions
+            .iter()
+            .map(|v| (v.meta.mtime_sec, Some(v.kept)))
+            .collect();
+        if let Some(m) = &self.live {
+            v.push((m.mtime_sec, None));
+        }
+        v
+    }
+
+    /// The state the file had at `at` (`None`: it did not exist then, as
+    /// far as the history tells); without a time, the newest version.
+    fn pick(&self, at: Option<i64>) -> Option<Pick> {
+        let Some(at) = at else {
+            return self.versions.len().checked_sub(1).map(Pick::Version);
+        };
+        let i = state_at(&self.states(), at)?;
+        Some(if i == self.versions.len() {
+            Pick::Live
+        } else {
+            Pick::Version(i)
+        })
+    }
+
+    /// When the state `p` was written (its span's start).
+    fn written(&self, p: Pick) -> i64 {
+        let sp = spans(&self.states());
+        match p {
+            Pick::Live => sp.last().map_or(0, |s| s.start),
+            Pick::Version(i) => sp[i].start,
+        }
+    }
+
+    fn meta(&self, p: Pick) -> Meta {
+        match p {
+            Pick::Live => self.live.expect("a live pick has a live file"),
+            Pick::Version(i) => self.versions[i].meta,
+        }
+    }
+}
+
+/// What PATH names in its replica.
+enum Target {
+    /// A file.
+    File(History),
+    /// A directory (`rel` below the root): every file below it that
+    /// exists or has versions, by path.
+    Dir {
+        rel: Vec<u8>,
+        files: BTreeMap<Vec<u8>, History>,
+    },
+}
+
+fn open_root(store: &AnyStore) -> io::Result<AnyDir> {
+    match store.open_root()? {
+        Some((d, _)) => Ok(d),
+        None => Err(io::Error::from(io::ErrorKind::NotFound)),
+    }
+}
+
+/// Every file and symlink below the live directory `d` (at `rel`),
+/// leaving out `.ferry-versions` at any depth; problems go to `notes`.
+fn live_files(
+    store: &AnyStore,
+    d: &AnyDir,
+    rel: &[u8],
+    out: &mut Vec<(Vec<u8>, Meta)>,
+    notes: &mut Vec<String>,
+) {
+    let mut l = Listing::new();
+    let mut errors = Vec::new();
+    if let Err(e) = store.list(d, rel, &mut l, &mut errors) {
+        notes.push(format!("{}: {}", String::from_utf8_lossy(rel), cause(&e)));
+        return;
+    }
+    for e in errors {
+        notes.push(format!(
+            "{}: {}",
+            String::from_utf8_lossy(&ferry_engine::entry::join(rel, &e.name)),
+            e.err
+        ));
+    }
+    for e in l.entries() {
+        let name = l.name(e);
+        if ferry_engine::keep::is_versions_dir(name) || !plain_name(name) {
+            continue;
+        }
+        let sub = ferry_engine::entry::join(rel, name);
+        match e.meta.kind {
+            Kind::Dir => match store.open_dir(d, l.cname(e)) {
+                Ok(sd) => live_files(store, &sd, &sub, out, notes),
+                Err(err) => notes.push(format!(
+                    "{}: {}",
+                    String::from_utf8_lossy(&sub),
+                    cause(&err)
+                )),
+            },
+            _ => out.push((sub, e.meta)),
+        }
+    }
+}
+
+/// A name that stays in its directory: not empty, `.`, `..`, nor holding
+/// a `/` (an object store's key may have any of these).
+fn plain_name(n: &[u8]) -> bool {
+    !n.is_empty() && n != b"." && n != b".." && !n.contains(&b'/')
+}
+
+/// A path below a root whose every component is a plain name: PATH
+/// never escapes its replica.
+fn plain_rel(rel: &[u8]) -> bool {
+    rel.is_empty() || rel.split(|&c| c == b'/').all(plain_name)
+}
+
+/// Look PATH (`rel` below the root) up in its replica; `Ok(None)` when it
+/// names nothing known (neither a live entry nor one with versions).
 fn target(store: &AnyStore, rel: &[u8], notes: &mut Vec<String>) -> io::Result<Option<Target>> {
-    let open_root = || -> io::Result<AnyDir> {
-        match store.open_root()? {
-            Some((d, _)) => Ok(d),
-            None => Err(io::Error::from(io::ErrorKind::NotFound)),
-        }
-    };
-    let deep = |sub: &[u8], notes: &mut Vec<String>| -> io::Result<Vec<Version>> {
+    if !plain_rel(rel) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "a path with an empty, `.` or `..` component (it could leave the replica)",
+        ));
+    }
+    let dir_target = |notes: &mut Vec<String>| -> io::Result<Option<Target>> {
+        let mut files: BTreeMap<Vec<u8>, History> = BTreeMap::new();
         let mut v = Vec::new();
-        if let Some(d) = open_versions_dir(store, &open_root()?, sub)? {
-            collect(store, &d, sub, None, true, &mut v, notes);
+        if let Some(d) = open_versions_dir(store, &open_root(store)?, rel)? {
+            collect(store, &d, rel, None, true, &mut v, notes);
         }
-        Ok(v)
+        for x in v {
+            files
+                .entry(x.rel())
+                .or_insert_with(|| History {
+                    rel: x.rel(),
+                    live: None,
+                    versions: Vec::new(),
+                })
+                .versions
+                .push(x);
+        }
+        let mut live = Vec::new();
+        let exists = match live_dir(store, open_root(store)?, rel, false)? {
+            Some(d) => {
+                live_files(store, &d, rel, &mut live, notes);
+                true
+            }
+            None => false,
+        };
+        if !exists && files.is_empty() {
+            return Ok(None);
+        }
+        for (r, m) in live {
+            files
+                .entry(r.clone())
+                .or_insert_with(|| History {
+                    rel: r,
+                    live: None,
+                    versions: Vec::new(),
+                })
+                .live = Some(m);
+        }
+        for h in files.values_mut() {
+            h.versions.sort_by_key(|v| (v.kept, v.n));
+        }
+        Ok(Some(Target::Dir {
+            rel: rel.to_vec(),
+            files,
+        }))
     };
     if rel.is_empty() {
-        return Ok(Some(Target::Dir {
-            versions: deep(b"", notes)?,
-        }));
+        return dir_target(notes);
     }
     let (pdir, name) = split_parent(rel);
-    let live = match live_dir(store, open_root()?, pdir, false)? {
+    let live = match live_dir(store, open_root(store)?, pdir, false)? {
         Some(d) => store.stat(&d, &cstr(name)?)?,
         None => None,
     };
     if live.is_some_and(|m| m.kind == Kind::Dir) {
-        return Ok(Some(Target::Dir {
-            versions: deep(rel, notes)?,
-        }));
+        return dir_target(notes);
     }
     let mut versions = Vec::new();
-    if let Some(d) = open_versions_dir(store, &open_root()?, pdir)? {
+    if let Some(d) = open_versions_dir(store, &open_root(store)?, pdir)? {
         collect(store, &d, pdir, Some(name), false, &mut versions, notes);
     }
-    versions.sort_by_key(|v| std::cmp::Reverse((v.kept, v.n)));
+    versions.sort_by_key(|v| (v.kept, v.n));
     if live.is_some() || !versions.is_empty() {
-        return Ok(Some(Target::File {
+        return Ok(Some(Target::File(History {
             rel: rel.to_vec(),
             live,
             versions,
-        }));
+        })));
     }
     // A deleted directory with versions below it, or a directory an
     // object store knows only by the objects under it.
-    let below = deep(rel, notes)?;
-    if !below.is_empty() {
-        return Ok(Some(Target::Dir { versions: below }));
+    dir_target(notes)
+}
+
+/// Open a replica's store.
+fn open_store(root: &Root) -> Result<AnyStore, String> {
+    ferry_backends::open(
+        root,
+        &Opts {
+            jobs: 4,
+            lazy_meta: false,
+        },
+    )
+    .map_err(|e| e.to_string())
+}
+
+fn print_notes(notes: Vec<String>) {
+    for n in notes {
+        eprintln!("ferry: note: {}", text_name_string(n.as_bytes()));
     }
-    if let Some(d) = live_dir(store, open_root()?, rel, false)? {
-        let mut l = Listing::new();
-        let mut errors = Vec::new();
-        if store.list(&d, rel, &mut l, &mut errors).is_ok() && !l.is_empty() {
-            return Ok(Some(Target::Dir { versions: below }));
-        }
-    }
-    Ok(None)
+}
+
+/// Look `rep.rel` up in its replica; every failure is one line (exit 2).
+fn lookup_in(typed: &str, rep: &Replica, store: &AnyStore) -> Result<Target, String> {
+    let mut notes = Vec::new();
+    let t = target(store, &rep.rel, &mut notes).map_err(|e| format!("{typed}: {}", cause(&e)))?;
+    print_notes(notes);
+    t.ok_or_else(|| {
+        format!(
+            "{typed}: no such file or directory, and no versions of it kept in {}",
+            location(&rep.root, VERSIONS_DIR)
+        )
+    })
 }
 
 /// Find PATH's replica, open its store and look PATH up; every failure
@@ -312,26 +492,56 @@ fn target(store: &AnyStore, rel: &[u8], notes: &mut Vec<String>) -> io::Result<O
 fn lookup(path: &Path, endpoint: Option<&str>) -> Result<(Replica, AnyStore, Target), String> {
     let typed = Location::parse(path.as_os_str()).to_string();
     let rep = find_replica(path, endpoint)?;
-    let store = ferry_backends::open(
-        &rep.root,
-        &Opts {
-            jobs: 4,
-            lazy_meta: false,
-        },
-    )
-    .map_err(|e| e.to_string())?;
-    let mut notes = Vec::new();
-    let t = target(&store, &rep.rel, &mut notes).map_err(|e| format!("{typed}: {}", cause(&e)))?;
-    for n in notes {
-        eprintln!("ferry: note: {}", text_name_string(n.as_bytes()));
+    let store = open_store(&rep.root)?;
+    let t = lookup_in(&typed, &rep, &store)?;
+    Ok((rep, store, t))
+}
+
+/// `--from DST PATH`: PATH is in the tree synced to DST (SRC); its place
+/// in DST is its longest trailing part that DST has, live or with
+/// versions.
+fn lookup_from(
+    dst: &Path,
+    path: &Path,
+    endpoint: Option<&str>,
+) -> Result<(Replica, AnyStore, Target), String> {
+    let loc = Location::parse(path.as_os_str());
+    let Location::Local(p) = &loc else {
+        return Err(format!(
+            "{loc}: with --from, PATH is a local path in the tree synced to DST"
+        ));
+    };
+    let abs = absolute(p).map_err(|e| format!("{loc}: {}", cause(&e)))?;
+    let dst_rep = find_replica(dst, endpoint)?;
+    let store = open_store(&dst_rep.root)?;
+    let comps: Vec<&[u8]> = abs
+        .components()
+        .filter_map(|c| match c {
+            std::path::Component::Normal(n) => Some(n.as_bytes()),
+            _ => None,
+        })
+        .collect();
+    for k in 0..comps.len() {
+        let tail = comps[k..].join(&b'/');
+        let rel = ferry_engine::entry::join(&dst_rep.rel, &tail);
+        let mut notes = Vec::new();
+        let Ok(Some(t)) = target(&store, &rel, &mut notes) else {
+            continue;
+        };
+        print_notes(notes);
+        return Ok((
+            Replica {
+                root: dst_rep.root,
+                rel,
+            },
+            store,
+            t,
+        ));
     }
-    match t {
-        Some(t) => Ok((rep, store, t)),
-        None => Err(format!(
-            "{typed}: no such file or directory, and no versions of it kept in {}",
-            location(&rep.root, VERSIONS_DIR)
-        )),
-    }
+    Err(format!(
+        "{loc}: neither it nor any trailing part of its path is in {} (live or with versions)",
+        location(&dst_rep.root, &dst_rep.rel)
+    ))
 }
 
 /// The location of `rel` below `root` as raw bytes (what `--json` gives:
@@ -370,20 +580,30 @@ fn location_bytes(root: &Root, rel: &[u8]) -> Vec<u8> {
     id
 }
 
+/// `YYYY-MM-DDTHH:MM:SSZ`.
+fn utc_json(unix: i64) -> String {
+    format!("{}Z", utc(unix).replace(' ', "T"))
+}
+
 /// One version as a JSON object: paths as the other JSON outputs give
 /// names (a string; with `KEY_bytes` in base64 when not UTF-8).
-fn json_line(out: &mut Vec<u8>, root: &Root, v: &Version) {
+fn json_line(out: &mut Vec<u8>, root: &Root, h: &History, i: usize) {
+    let v = &h.versions[i];
+    let written = h.written(Pick::Version(i));
     out.extend_from_slice(b"{\"type\":\"version\",");
     json_name(out, "path", &v.rel());
     out.extend_from_slice(b",\"kept\":");
-    json_string(out, &format!("{}Z", utc(v.kept).replace(' ', "T")));
+    json_string(out, &utc_json(v.kept));
+    out.extend_from_slice(b",\"written\":");
+    json_string(out, &utc_json(written));
     let _ = write!(
         out,
-        ",\"kept_unix\":{},\"size\":{},\"mtime_ns\":{},\"mode\":{},",
+        ",\"kept_unix\":{},\"written_unix\":{written},\"size\":{},\"mtime_ns\":{},\"mode\":{},\"deleted\":{},",
         v.kept,
         v.meta.size,
         v.meta.mtime_ns(),
-        v.meta.mode
+        v.meta.mode,
+        h.live.is_none()
     );
     json_name(out, "where", &location_bytes(root, &v.path()));
     out.push(b',');
@@ -391,58 +611,178 @@ fn json_line(out: &mut Vec<u8>, root: &Root, v: &Version) {
     out.extend_from_slice(b"}\n");
 }
 
-/// `ferry versions PATH [--json]`.
+/// The state of a file at `--at`, as a JSON object.
+fn json_state(out: &mut Vec<u8>, root: &Root, h: &History, p: Pick) {
+    let m = h.meta(p);
+    out.extend_from_slice(b"{\"type\":\"state\",");
+    json_name(out, "path", &h.rel);
+    let state = match (p, &h.live) {
+        (Pick::Live, _) => "current",
+        (_, Some(_)) => "changed",
+        (_, None) => "deleted",
+    };
+    let written = h.written(p);
+    let _ = write!(
+        out,
+        ",\"state\":\"{state}\",\"written_unix\":{written},\"size\":{},\"mtime_ns\":{},",
+        m.size,
+        m.mtime_ns()
+    );
+    let at = match p {
+        Pick::Live => h.rel.clone(),
+        Pick::Version(i) => h.versions[i].path(),
+    };
+    json_name(out, "where", &location_bytes(root, &at));
+    out.extend_from_slice(b"}\n");
+}
+
+/// Columns padded to their widest cell, two spaces apart, the last one
+/// as it is; the first row is the header.
+fn table(out: &mut Vec<u8>, rows: &[Vec<String>], right: &[bool]) {
+    let n = rows.first().map_or(0, Vec::len);
+    let mut w = vec![0; n];
+    for r in rows {
+        for (i, c) in r.iter().enumerate().take(n.saturating_sub(1)) {
+            w[i] = w[i].max(c.chars().count());
+        }
+    }
+    for r in rows {
+        let mut line = String::new();
+        for (i, c) in r.iter().enumerate() {
+            if i + 1 == n {
+                line.push_str(c);
+            } else {
+                let pad = w[i] - c.chars().count();
+                if right.get(i).copied().unwrap_or(false) {
+                    line.push_str(&" ".repeat(pad));
+                    line.push_str(c);
+                } else {
+                    line.push_str(c);
+                    line.push_str(&" ".repeat(pad));
+                }
+                line.push_str("  ");
+            }
+        }
+        let _ = writeln!(out, "{line}");
+    }
+}
+
+/// `ferry versions PATH [--at TIME] [--json]`.
 pub fn run_versions(a: VersionsArgs) -> Result<u8, String> {
+    let now = now_unix();
+    let tz = TimeZone::system();
+    let at = a.at.as_deref().map(|s| parse_at(s, now, &tz)).transpose()?;
     let (rep, _store, t) = lookup(&a.path, a.tx.s3_endpoint.as_deref())?;
     let root = &rep.root;
     let mut out = Vec::new();
-    match t {
-        Target::File { rel, versions, .. } => {
-            if versions.is_empty() {
-                eprintln!("ferry: no versions of {} kept", location(root, &rel));
-            }
-            for v in &versions {
-                if a.json {
-                    json_line(&mut out, root, v);
-                } else {
-                    let _ = writeln!(
-                        out,
-                        "{}  {:>12}  {}  {}",
-                        utc(v.kept),
-                        v.meta.size,
-                        utc(v.meta.mtime_sec),
-                        location(root, &v.path())
-                    );
-                }
-            }
-        }
-        Target::Dir { mut versions } => {
-            if versions.is_empty() {
-                eprintln!("ferry: no versions kept below {}", location(root, &rep.rel));
-            }
-            versions.sort_by(|a, b| (a.rel(), b.kept, b.n).cmp(&(b.rel(), a.kept, a.n)));
+    let local = |t: i64| local_time(t, &tz);
+    let files: Vec<History> = match t {
+        Target::File(h) => vec![h],
+        Target::Dir { files, .. } => files.into_values().collect(),
+    };
+    if let Some(at) = at {
+        // Each file as it was at TIME.
+        let mut rows = vec![vec![
+            "STATE".to_string(),
+            "WRITTEN".into(),
+            "SIZE".into(),
+            "PATH".into(),
+        ]];
+        let mut any = false;
+        for h in &files {
+            let Some(p) = h.pick(Some(at)) else { continue };
+            any = true;
             if a.json {
-                for v in &versions {
-                    json_line(&mut out, root, v);
-                }
-            } else {
-                let mut by_file: BTreeMap<Vec<u8>, (usize, i64)> = BTreeMap::new();
-                for v in &versions {
-                    let e = by_file.entry(v.rel()).or_insert((0, v.kept));
-                    e.0 += 1;
-                    e.1 = e.1.max(v.kept);
-                }
-                for (rel, (n, newest)) in by_file {
-                    let _ = writeln!(
-                        out,
-                        "{}  {:>4} version{}  {}",
-                        utc(newest),
-                        n,
-                        if n == 1 { " " } else { "s" },
-                        location(root, &rel)
-                    );
+                json_state(&mut out, root, h, p);
+                continue;
+            }
+            let state = match (p, &h.live) {
+                (Pick::Live, _) => "current",
+                (_, Some(_)) => "changed",
+                (_, None) => "deleted",
+            };
+            rows.push(vec![
+                state.into(),
+                local(h.written(p)),
+                h.meta(p).size.to_string(),
+                location(root, &h.rel),
+            ]);
+        }
+        if !any {
+            eprintln!(
+                "ferry: nothing of {} existed at {} (as far as its versions tell)",
+                location(root, &rep.rel),
+                local(at)
+            );
+        } else if !a.json {
+            table(&mut out, &rows, &[false, false, true]);
+        }
+    } else if let [h] = &files[..] {
+        if h.versions.is_empty() {
+            eprintln!("ferry: no versions of {} kept", location(root, &h.rel));
+        } else if a.json {
+            for i in (0..h.versions.len()).rev() {
+                json_line(&mut out, root, h, i);
+            }
+        } else {
+            // Newest first: the current file, then each version with the
+            // span it held.
+            let mut rows = vec![vec![
+                "WRITTEN".to_string(),
+                "REPLACED".into(),
+                "SIZE".into(),
+                "VERSION".into(),
+            ]];
+            if let Some(m) = &h.live {
+                rows.push(vec![
+                    local(h.written(Pick::Live)),
+                    "(current)".into(),
+                    m.size.to_string(),
+                    location(root, &h.rel),
+                ]);
+            }
+            for (i, v) in h.versions.iter().enumerate().rev() {
+                rows.push(vec![
+                    local(h.written(Pick::Version(i))),
+                    local(v.kept),
+                    v.meta.size.to_string(),
+                    location(root, &v.path()),
+                ]);
+            }
+            table(&mut out, &rows, &[false, false, true]);
+        }
+    } else {
+        let with: Vec<&History> = files.iter().filter(|h| !h.versions.is_empty()).collect();
+        if with.is_empty() {
+            eprintln!("ferry: no versions kept below {}", location(root, &rep.rel));
+        } else if a.json {
+            for h in with {
+                for i in (0..h.versions.len()).rev() {
+                    json_line(&mut out, root, h, i);
                 }
             }
+        } else {
+            let mut rows = vec![vec![
+                "LAST REPLACED".to_string(),
+                "VERSIONS".into(),
+                "NOW".into(),
+                "PATH".into(),
+            ]];
+            for h in with {
+                let newest = h.versions.iter().map(|v| v.kept).max().unwrap_or(0);
+                rows.push(vec![
+                    local(newest),
+                    h.versions.len().to_string(),
+                    if h.live.is_some() {
+                        "present"
+                    } else {
+                        "deleted"
+                    }
+                    .into(),
+                    location(root, &h.rel),
+                ]);
+            }
+            table(&mut out, &rows, &[false, true, false]);
         }
     }
     let mut so = io::stdout().lock();
@@ -452,161 +792,596 @@ pub fn run_versions(a: VersionsArgs) -> Result<u8, String> {
     }
 }
 
-/// The time of `--at`, in Unix seconds: a stamp `20261125-163343`, an age
-/// (`2h`: that long before `now`), RFC 3339, or a civil date and time
-/// taken as UTC (as `ferry versions` shows them; a date alone: its
-/// midnight).
-pub fn parse_at(s: &str, now: i64) -> Result<i64, String> {
+/// `YYYY-MM-DD HH:MM:SS` in the local time zone `tz`.
+fn local_time(unix: i64, tz: &TimeZone) -> String {
+    match Timestamp::from_second(unix) {
+        Ok(t) => t
+            .to_zoned(tz.clone())
+            .strftime("%Y-%m-%d %H:%M:%S")
+            .to_string(),
+        Err(_) => unix.to_string(),
+    }
+}
+
+/// The time of `--at`, in Unix seconds, `now` being the clock and `tz`
+/// the local time zone:
+/// - `now`, `today` (its midnight), `yesterday` (this time yesterday),
+///   `today 09:00`, `yesterday 17:30`;
+/// - a time of day `04:55[:30]`: the last one that has passed (today's,
+///   or yesterday's when today's is still to come);
+/// - a local date and time `2026-11-25 16:33[:43]` (or with a `T`), a
+///   local date `2026-11-25` (its midnight);
+/// - RFC 3339 with a zone: `2026-11-25T16:33:43Z`, `...+01:00`;
+/// - a version's stamp `20261125-163343` (UTC, as in its name);
+/// - an age: `2h`, `90m`, `3d`, `1h30m`, `2w`, optionally followed by
+///   `ago`.
+pub fn parse_at(s: &str, now: i64, tz: &TimeZone) -> Result<i64, String> {
     let t = s.trim();
+    let lower = t.to_ascii_lowercase();
+    let bad = || {
+        format!(
+            "--at {s:?}: not a time (2026-11-25 16:33, 2026-11-25, 16:33, yesterday, 2h, 2026-11-25T16:33:43Z, 20261125-163343)"
+        )
+    };
+    let now_z = Timestamp::from_second(now)
+        .map_err(|e| format!("--at {s:?}: {e}"))?
+        .to_zoned(tz.clone());
+    let zoned = |dt: DateTime| -> Result<i64, String> {
+        dt.to_zoned(tz.clone())
+            .map(|z| z.timestamp().as_second())
+            .map_err(|e| format!("--at {s:?}: {e}"))
+    };
+    let time_of = |x: &str| -> Option<Time> {
+        let x = x.trim();
+        // Only a time of day (jiff would take the time out of a date and
+        // time as well).
+        if !x.contains(':')
+            || !x
+                .chars()
+                .all(|c| c.is_ascii_digit() || c == ':' || c == '.')
+        {
+            return None;
+        }
+        // `9:05` as well as `09:05`.
+        let padded;
+        let x = if x.find(':') == Some(1) {
+            padded = format!("0{x}");
+            padded.as_str()
+        } else {
+            x
+        };
+        x.parse::<Time>().ok()
+    };
     if let Some(x) = ferry_engine::keep::parse_stamp(t.as_bytes()) {
         return Ok(x);
     }
-    if let Ok(d) = crate::filter_args::parse_duration(t) {
-        return Ok(now - d.as_secs() as i64);
+    let mut words = lower.splitn(2, ' ');
+    let (w0, rest) = (words.next().unwrap_or(""), words.next());
+    let day = match w0 {
+        "now" if rest.is_none() => return Ok(now),
+        "today" => Some(now_z.date()),
+        "yesterday" => Some(now_z.date().yesterday().map_err(|e| e.to_string())?),
+        _ => None,
+    };
+    if let Some(d) = day {
+        return match rest {
+            Some(r) => zoned(d.to_datetime(time_of(r).ok_or_else(bad)?)),
+            None if w0 == "today" => zoned(d.to_datetime(Time::midnight())),
+            // This time yesterday.
+            None => zoned(d.to_datetime(now_z.time())),
+        };
+    }
+    let age = lower.strip_suffix("ago").map(str::trim).unwrap_or(&lower);
+    if age.chars().next().is_some_and(|c| c.is_ascii_digit()) && !age.contains([':', '-']) {
+        if let Ok(d) = crate::filter_args::parse_duration(age) {
+            return Ok(now - d.as_secs() as i64);
+        }
+    }
+    if let Some(tm) = time_of(t) {
+        let today = zoned(now_z.date().to_datetime(tm))?;
+        if today <= now {
+            return Ok(today);
+        }
+        let y = now_z.date().yesterday().map_err(|e| e.to_string())?;
+        return zoned(y.to_datetime(tm));
     }
     if let Ok(ts) = t.parse::<Timestamp>() {
         return Ok(ts.as_second());
     }
-    let utc = |dt: DateTime| {
-        dt.to_zoned(TimeZone::UTC)
-            .map(|z| z.timestamp().as_second())
-            .map_err(|e| format!("--at {s:?}: {e}"))
-    };
     if let Ok(dt) = t.parse::<DateTime>() {
-        return utc(dt);
+        return zoned(dt);
     }
     if let Ok(d) = t.parse::<Date>() {
-        return utc(d.to_datetime(jiff::civil::Time::midnight()));
+        return zoned(d.to_datetime(Time::midnight()));
     }
-    Err(format!(
-        "--at {s:?}: not a time (2026-11-25T16:33:43Z, '2026-11-25 16:33' UTC, 2026-11-25, 20261125-163343) or an age (2h, 3d)"
-    ))
+    Err(bad())
 }
 
-/// `ferry restore PATH [--at TIME] [-n]`.
-pub fn run_restore(a: RestoreArgs) -> Result<u8, String> {
-    let now = now_unix();
-    let at = a.at.as_deref().map(|s| parse_at(s, now)).transpose()?;
-    let typed = Location::parse(a.path.as_os_str()).to_string();
-    let (rep, store, t) = lookup(&a.path, a.tx.s3_endpoint.as_deref())?;
-    let root = &rep.root;
-    let Target::File {
-        rel,
-        live,
-        versions,
-    } = t
-    else {
-        return Err(format!(
-            "{typed}: is a directory: restore puts back one file (see `ferry versions {typed}`)"
-        ));
-    };
-    let shown = location(root, &rel);
-    let Some(v) = versions.iter().find(|v| at.is_none_or(|at| v.kept <= at)) else {
-        return Err(match (versions.last(), at) {
-            (None, _) => format!("{shown}: no versions kept"),
-            (Some(oldest), Some(at)) => format!(
-                "{shown}: no version kept at or before {} UTC (the oldest was kept {} UTC)",
-                utc(at),
-                utc(oldest.kept)
-            ),
-            (Some(_), None) => unreachable!("a version without --at"),
-        });
-    };
-    let from = location(root, &v.path());
-    if v.meta.kind != Kind::File && v.meta.kind != Kind::Symlink {
-        return Err(format!(
-            "{from}: a {} cannot be restored",
-            v.meta.kind.as_str()
-        ));
-    }
-    if live.is_some_and(|m| m.kind == Kind::Dir) {
-        return Err(format!("{shown}: is a directory now; not replaced"));
-    }
-    if a.dry_run {
-        println!(
-            "would restore {shown} from {from} (kept {} UTC){}",
-            utc(v.kept),
-            if live.is_some() {
-                "; the current file would be kept as a version"
-            } else {
-                ""
+/// Where a restore writes.
+enum Dest {
+    /// Back at the file's own path in its replica.
+    InPlace,
+    /// Standard output (`--to -`, one file).
+    Stdout,
+    /// `--to PATH` (or PATH itself with `--from`): a local path, for one
+    /// file its new path, for a directory the directory that receives
+    /// the tree.
+    Path(PathBuf),
+}
+
+/// One file to put back: its history and the state taken.
+struct Job1<'h> {
+    h: &'h History,
+    p: Pick,
+}
+
+/// Where a restore writes one file.
+struct Out<'s> {
+    store: &'s AnyStore,
+    /// The target's root (shown in lines).
+    root: &'s Root,
+    /// The target file's path below `root`.
+    rel: Vec<u8>,
+}
+
+/// A local `--to` target: its store and root, and for one file its
+/// path below that root.
+struct OutBase {
+    store: AnyStore,
+    root: Root,
+    rel: Vec<u8>,
+}
+
+/// What a restore needs of the replica.
+struct Ctx<'a> {
+    rep: &'a Replica,
+    store: &'a AnyStore,
+    now: i64,
+    tz: &'a TimeZone,
+}
+
+impl Ctx<'_> {
+    /// Open (with `create`, making what is missing) the directory of the
+    /// source state of `j`: the version's directory, or the live one.
+    fn source(&self, j: &Job1) -> io::Result<(AnyDir, CString, Meta, Vec<u8>)> {
+        let root = open_root(self.store)?;
+        match j.p {
+            Pick::Version(i) => {
+                let v = &j.h.versions[i];
+                let d = open_versions_dir(self.store, &root, &v.dir)?
+                    .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
+                Ok((d, cstr(&v.vname)?, v.meta, v.path()))
             }
-        );
-        return Ok(0);
-    }
-    let fail = |e: io::Error| format!("{shown}: not restored: {}", cause(&e));
-    let open_root = || -> io::Result<AnyDir> {
-        match store.open_root()? {
-            Some((d, _)) => Ok(d),
-            None => Err(io::Error::from(io::ErrorKind::NotFound)),
+            Pick::Live => {
+                let (pdir, name) = split_parent(&j.h.rel);
+                let d = live_dir(self.store, root, pdir, false)?
+                    .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
+                let m = j.h.live.expect("a live pick");
+                Ok((d, cstr(name)?, m, j.h.rel.clone()))
+            }
         }
-    };
-    let vdir = open_versions_dir(&store, &open_root().map_err(fail)?, &v.dir)
-        .map_err(fail)?
-        .ok_or_else(|| fail(io::Error::from(io::ErrorKind::NotFound)))?;
-    let (pdir, name) = split_parent(&rel);
-    let dir = live_dir(&store, open_root().map_err(fail)?, pdir, true)
-        .map_err(fail)?
-        .ok_or_else(|| fail(io::Error::from(io::ErrorKind::NotFound)))?;
-    let cname = cstr(name).map_err(fail)?;
-    let vname = cstr(&v.vname).map_err(fail)?;
-    // What the file is now goes into the history first: a restore loses
-    // nothing.
-    let current = store.stat(&dir, &cname).map_err(fail)?;
-    let mut kept_as = None;
-    if let Some(cur) = &current {
-        if !store.can_keep(&KeepBase::Root(VERSIONS_DIR.to_vec())) {
-            return Err(format!(
-                "{shown}: not restored: this store cannot keep the current file as a version"
+    }
+
+    /// Keep what `name` of `dir` (in `out`) is now, `cur`, as a version of
+    /// `rel` in the replica: a link in place when `out` is the replica, a
+    /// copy into its versions directory otherwise. Returns where it went.
+    fn keep_current(
+        &self,
+        out: &Out,
+        dir: &AnyDir,
+        name: &CStr,
+        rel: &[u8],
+        cur: &Meta,
+        in_place: bool,
+    ) -> io::Result<Vec<u8>> {
+        if !self.store.can_keep(&KeepBase::Root(VERSIONS_DIR.to_vec())) {
+            return Err(io::Error::other(
+                "this store cannot keep the current file as a version",
             ));
         }
-        let k = Keeper::new(KeepRule::Versions, now);
-        let p = k
-            .keep(&store, &dir, &cname, &rel, cur, true, 1)
-            .map_err(|e| format!("{shown}: not restored: {}", cause(&e)))?;
-        kept_as = Some(p);
+        let k = Keeper::new(KeepRule::Versions, self.now);
+        if in_place {
+            return k.keep(self.store, dir, name, rel, cur, true, 1);
+        }
+        if !matches!(cur.kind, Kind::File | Kind::Symlink) {
+            return Err(io::Error::other(format!(
+                "{} there: not replaced",
+                cur.kind.as_str()
+            )));
+        }
+        // A copy into the replica's versions directory, under a temporary
+        // name, then moved to its version's name (never over another).
+        let (pdir, _) = split_parent(rel);
+        let root = open_root(self.store)?;
+        let mut vd = live_dir(self.store, root, VERSIONS_DIR, true)?
+            .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
+        for part in pdir.split(|&c| c == b'/').filter(|p| !p.is_empty()) {
+            let n = cstr(part)?;
+            vd = match self.store.open_dir(&vd, &n) {
+                Ok(x) => x,
+                Err(e) if missing(&e) => self.store.make_dir(&vd, &n)?,
+                Err(e) => return Err(e),
+            };
+        }
+        let tmp = cstr(format!(".ferry-restore.{}.{}", std::process::id(), self.now).as_bytes())?;
+        if cur.kind == Kind::Symlink {
+            let target = out.store.read_link(dir, name)?;
+            self.store.create_symlink(&vd, &tmp, &target, cur)?;
+        } else {
+            copier(out.store, self.store, |c| {
+                c.copy_file(dir, name, &vd, &tmp, rel, cur, None)
+                    .map(|_| ())
+            })?;
+        }
+        let kept = self
+            .store
+            .stat(&vd, &tmp)?
+            .ok_or_else(|| io::Error::other("the copy of the current file went missing"))?;
+        let r = k.keep(self.store, &vd, &tmp, rel, &kept, false, 1);
+        if r.is_err() {
+            let _ = self.store.remove(&vd, &tmp, false);
+        }
+        r
     }
-    // Put back everything a run keeps: mode, times, owner (as root) by the
-    // commit, and every extended attribute and ACL the store can keep.
-    let caps = store.xattr_caps();
-    let xr = ferry_engine::xattr::XattrRun::new(ferry_engine::xattr::XattrSel::ALL, caps, caps);
+}
+
+/// Run `f` with a copier from `src` to `dst` that keeps everything a
+/// run keeps: mode, times, owner (as root), every extended attribute and
+/// ACL both stores can keep; returns `f`'s answer and prints the note
+/// about attributes that could not be kept.
+fn copier<R>(
+    src: &AnyStore,
+    dst: &AnyStore,
+    f: impl FnOnce(&Copier<AnyStore, AnyStore>) -> io::Result<R>,
+) -> io::Result<R> {
+    let xr = ferry_engine::xattr::XattrRun::new(
+        ferry_engine::xattr::XattrSel::ALL,
+        src.xattr_caps(),
+        dst.xattr_caps(),
+    );
     let moved = AtomicU64::new(0);
     let c = Copier {
-        src: &store,
-        dst: &store,
+        src,
+        dst,
         fsync: true,
         bwlimit: None,
         moved: &moved,
         xattrs: xr.active(),
         delta: None,
         keep: None,
-        mtime_step: ferry_engine::store::mtime_step(&store, &store),
+        mtime_step: ferry_engine::store::mtime_step(src, dst),
         // A version the store kept of its own file: its mode as it was.
         special: None,
     };
-    if v.meta.kind == Kind::Symlink {
-        let target = store.read_link(&vdir, &vname).map_err(fail)?;
-        store
-            .create_symlink(&dir, &cname, &target, &v.meta)
-            .map_err(fail)?;
-        c.new_entry_xattrs(&vdir, &vname, &dir, &cname, &v.meta)
-            .map_err(fail)?;
-    } else {
-        c.copy_file(&vdir, &vname, &dir, &cname, &rel, &v.meta, current.as_ref())
-            .map_err(fail)?;
+    f(&c)
+}
+
+/// Put back one file: the state `j` of its history into `out` (its
+/// directory created as needed). What is there now is kept first as a
+/// version in the replica. Returns the line to print.
+fn restore_one(
+    cx: &Ctx,
+    j: &Job1,
+    out: &Out,
+    in_place: bool,
+    dry_run: bool,
+) -> Result<String, String> {
+    let root = &cx.rep.root;
+    let shown = location(out.root, &out.rel);
+    let fail = |e: io::Error| format!("{shown}: not restored: {}", cause(&e));
+    let meta = j.h.meta(j.p);
+    let from_rel = match j.p {
+        Pick::Live => j.h.rel.clone(),
+        Pick::Version(i) => j.h.versions[i].path(),
+    };
+    let from = location(root, &from_rel);
+    if meta.kind != Kind::File && meta.kind != Kind::Symlink {
+        return Err(format!(
+            "{from}: a {} cannot be restored",
+            meta.kind.as_str()
+        ));
     }
-    if let Some(n) = xr.note(&location(root, &rel)) {
-        eprintln!("ferry: note: {n}");
+    let written = local_time(j.h.written(j.p), cx.tz);
+    let what = match j.p {
+        Pick::Live => format!("{from} (written {written}, current)"),
+        Pick::Version(i) => format!(
+            "{from} (written {written}, replaced {})",
+            local_time(j.h.versions[i].kept, cx.tz)
+        ),
+    };
+    let (pdir, name) = split_parent(&out.rel);
+    let cname = cstr(name).map_err(fail)?;
+    if dry_run {
+        // What is there now, as far as it can be seen (a target that does
+        // not exist yet has nothing).
+        let current = open_root(out.store)
+            .ok()
+            .and_then(|r| live_dir(out.store, r, pdir, false).ok().flatten())
+            .and_then(|d| out.store.stat(&d, &cname).ok().flatten());
+        if current.is_some_and(|m| m.kind == Kind::Dir) {
+            return Err(format!("{shown}: is a directory now; not replaced"));
+        }
+        return Ok(format!(
+            "would restore {shown} from {what}{}",
+            if current.is_some() {
+                "; the current file would be kept as a version"
+            } else {
+                ""
+            }
+        ));
     }
-    let mut line = format!("restored {shown} from {from} (kept {} UTC)", utc(v.kept));
+    let odir = live_dir(out.store, open_root(out.store).map_err(fail)?, pdir, true)
+        .map_err(fail)?
+        .ok_or_else(|| fail(io::Error::from(io::ErrorKind::NotFound)))?;
+    let current = out.store.stat(&odir, &cname).map_err(fail)?;
+    if current.is_some_and(|m| m.kind == Kind::Dir) {
+        return Err(format!("{shown}: is a directory now; not replaced"));
+    }
+    let (sdir, sname, smeta, _) = cx.source(j).map_err(fail)?;
+    // What the file is now goes into the history first: a restore loses
+    // nothing.
+    let mut kept_as = None;
+    if let Some(cur) = &current {
+        let p = cx
+            .keep_current(out, &odir, &cname, &j.h.rel, cur, in_place)
+            .map_err(fail)?;
+        kept_as = Some(p);
+    }
+    copier(cx.store, out.store, |c| {
+        if smeta.kind == Kind::Symlink {
+            let target = cx.store.read_link(&sdir, &sname)?;
+            out.store.create_symlink(&odir, &cname, &target, &smeta)?;
+            c.new_entry_xattrs(&sdir, &sname, &odir, &cname, &smeta)
+        } else {
+            c.copy_file(
+                &sdir,
+                &sname,
+                &odir,
+                &cname,
+                &out.rel,
+                &smeta,
+                current.as_ref(),
+            )
+            .map(|_| ())
+        }
+    })
+    .map_err(fail)?;
+    let mut line = format!("restored {shown} from {what}");
     if let Some(p) = kept_as {
         line.push_str(&format!(
             "; the file it replaced is kept as {}",
             location(root, &p)
         ));
     }
-    println!("{line}");
-    Ok(0)
+    Ok(line)
+}
+
+/// Write the state `j` of a file to standard output.
+fn to_stdout(cx: &Ctx, j: &Job1) -> Result<(), String> {
+    let meta = j.h.meta(j.p);
+    let shown = location(&cx.rep.root, &j.h.rel);
+    if meta.kind != Kind::File {
+        return Err(format!(
+            "{shown}: a {} at that time: --to - writes a file's content",
+            meta.kind.as_str()
+        ));
+    }
+    let fail = |e: io::Error| format!("{shown}: {}", cause(&e));
+    let (d, n, _, _) = cx.source(j).map_err(fail)?;
+    let mut r = cx.store.open_file(&d, &n).map_err(fail)?;
+    let mut so = io::stdout().lock();
+    let mut buf = vec![0u8; 256 * 1024];
+    loop {
+        let k = ferry_engine::store::SourceFile::read(&mut r, &mut buf).map_err(fail)?;
+        if k == 0 {
+            break;
+        }
+        match so.write_all(&buf[..k]) {
+            Err(e) if e.kind() == io::ErrorKind::BrokenPipe => return Ok(()),
+            Err(e) => return Err(format!("stdout: {}", cause(&e))),
+            Ok(()) => {}
+        }
+    }
+    so.flush().map_err(|e| format!("stdout: {}", cause(&e)))
+}
+
+/// The store and path of a local `--to` target: for a file, PATH (or
+/// PATH/NAME when PATH is a directory); for a directory, PATH itself
+/// (made when missing).
+fn local_out(p: &Path, file_name: Option<&[u8]>, create: bool) -> Result<OutBase, String> {
+    let typed = p.display().to_string();
+    let abs = absolute(p).map_err(|e| format!("--to {typed}: {}", cause(&e)))?;
+    let is_dir = std::fs::metadata(&abs).is_ok_and(|m| m.is_dir());
+    let (dir, rel) = match file_name {
+        Some(n) if is_dir => (abs, n.to_vec()),
+        Some(_) => {
+            let name = abs
+                .file_name()
+                .ok_or_else(|| format!("--to {typed}: not a file name"))?
+                .as_bytes()
+                .to_vec();
+            (abs.parent().unwrap_or(Path::new("/")).to_path_buf(), name)
+        }
+        None => {
+            if !is_dir && create {
+                std::fs::create_dir(&abs).map_err(|e| format!("--to {typed}: {}", cause(&e)))?;
+            }
+            (abs, Vec::new())
+        }
+    };
+    if create && !std::fs::metadata(&dir).is_ok_and(|m| m.is_dir()) {
+        return Err(format!(
+            "--to {typed}: {}: no such directory",
+            dir.display()
+        ));
+    }
+    let root = Root::Local(dir);
+    Ok(OutBase {
+        store: open_store(&root)?,
+        root,
+        rel,
+    })
+}
+
+/// `ferry restore PATH [--at TIME] [--to PATH|-] [--from DST] [-n]`.
+pub fn run_restore(a: RestoreArgs) -> Result<u8, String> {
+    let now = now_unix();
+    let tz = TimeZone::system();
+    let at = a.at.as_deref().map(|s| parse_at(s, now, &tz)).transpose()?;
+    let endpoint = a.tx.s3_endpoint.as_deref();
+    let typed = Location::parse(a.path.as_os_str()).to_string();
+    let (rep, store, t) = match &a.from {
+        Some(dst) => lookup_from(dst, &a.path, endpoint)?,
+        None => lookup(&a.path, endpoint)?,
+    };
+    let dest = match (&a.to, &a.from) {
+        (Some(p), _) if p.as_os_str() == "-" => Dest::Stdout,
+        (Some(p), _) => Dest::Path(p.clone()),
+        (None, Some(_)) => Dest::Path(a.path.clone()),
+        (None, None) => Dest::InPlace,
+    };
+    if let Dest::Path(p) = &dest {
+        if !Location::parse(p.as_os_str()).is_local() {
+            return Err(format!(
+                "--to {}: a local path (or - for standard output)",
+                p.display()
+            ));
+        }
+    }
+    let cx = Ctx {
+        rep: &rep,
+        store: &store,
+        now,
+        tz: &tz,
+    };
+    let at_text = |t: i64| local_time(t, &tz);
+    match t {
+        Target::File(h) => {
+            let shown = location(&rep.root, &h.rel);
+            let Some(p) = h.pick(at) else {
+                return Err(match (at, h.versions.first()) {
+                    (_, None) => format!("{shown}: no versions kept"),
+                    (Some(at), Some(_)) => format!(
+                        "{shown}: did not exist at {} as far as its versions tell (oldest written {})",
+                        at_text(at),
+                        at_text(h.written(Pick::Version(0)))
+                    ),
+                    (None, Some(_)) => unreachable!("a version without --at"),
+                });
+            };
+            let j = Job1 { h: &h, p };
+            let base;
+            let out = match &dest {
+                Dest::Stdout => {
+                    if a.dry_run {
+                        println!("would write {shown} to standard output");
+                        return Ok(0);
+                    }
+                    to_stdout(&cx, &j)?;
+                    return Ok(0);
+                }
+                Dest::InPlace if p == Pick::Live => {
+                    println!(
+                        "{shown}: already as it was at {} (the current file, written {})",
+                        at_text(at.unwrap_or(now)),
+                        at_text(h.written(p))
+                    );
+                    return Ok(0);
+                }
+                Dest::InPlace => Out {
+                    store: &store,
+                    root: &rep.root,
+                    rel: h.rel.clone(),
+                },
+                Dest::Path(p) => {
+                    let (_, name) = split_parent(&h.rel);
+                    base = local_out(p, Some(name), !a.dry_run)?;
+                    Out {
+                        store: &base.store,
+                        root: &base.root,
+                        rel: base.rel.clone(),
+                    }
+                }
+            };
+            let line = restore_one(&cx, &j, &out, matches!(dest, Dest::InPlace), a.dry_run)?;
+            println!("{line}");
+            Ok(0)
+        }
+        Target::Dir { rel, files } => {
+            let Some(at) = at else {
+                return Err(format!(
+                    "{typed}: is a directory: restoring a directory needs --at TIME (see `ferry versions {typed}`)"
+                ));
+            };
+            let out_base = match &dest {
+                Dest::Stdout => {
+                    return Err(format!("{typed}: is a directory: --to - writes one file"))
+                }
+                Dest::InPlace => None,
+                Dest::Path(p) => Some(local_out(p, None, !a.dry_run)?),
+            };
+            let (mut done, mut same, mut absent, mut failed) = (0u64, 0u64, 0u64, 0u64);
+            for h in files.values() {
+                let Some(p) = h.pick(Some(at)) else {
+                    absent += 1;
+                    continue;
+                };
+                let j = Job1 { h, p };
+                let below = h.rel[rel.len()..]
+                    .strip_prefix(b"/")
+                    .unwrap_or(&h.rel[rel.len()..]);
+                let out = match &out_base {
+                    None if p == Pick::Live => {
+                        same += 1;
+                        continue;
+                    }
+                    None => Out {
+                        store: &store,
+                        root: &rep.root,
+                        rel: h.rel.clone(),
+                    },
+                    Some(o) => Out {
+                        store: &o.store,
+                        root: &o.root,
+                        rel: below.to_vec(),
+                    },
+                };
+                match restore_one(&cx, &j, &out, out_base.is_none(), a.dry_run) {
+                    Ok(line) => {
+                        println!("{line}");
+                        done += 1;
+                    }
+                    Err(e) => {
+                        eprintln!("ferry: {e}");
+                        failed += 1;
+                    }
+                }
+            }
+            let mut s = format!(
+                "ferry: {} {done} file{} as of {}",
+                if a.dry_run {
+                    "would restore"
+                } else {
+                    "restored"
+                },
+                if done == 1 { "" } else { "s" },
+                at_text(at)
+            );
+            if same > 0 {
+                s.push_str(&format!(", {same} unchanged since"));
+            }
+            if absent > 0 {
+                s.push_str(&format!(
+                    ", {absent} that did not exist then left as they are"
+                ));
+            }
+            if failed > 0 {
+                s.push_str(&format!(", {failed} failed"));
+            }
+            eprintln!("{s}");
+            Ok(if failed > 0 { 1 } else { 0 })
+        }
+    }
 }
 
 #[cfg(test)]
@@ -615,16 +1390,35 @@ mod tests {
 
     #[test]
     fn times_for_at() {
-        let now = 1_795_624_423; // 2026-11-25 16:33:43 UTC
-        let at = |s| parse_at(s, now).unwrap();
+        let now = 1_795_624_423; // 2026-11-25 16:33:43 UTC, a Wednesday
+        let utc = TimeZone::UTC;
+        let at = |s| parse_at(s, now, &utc).unwrap();
         assert_eq!(at("20261125-163343"), now);
         assert_eq!(at("2026-11-25T16:33:43Z"), now);
+        assert_eq!(at("2026-11-25T17:33:43+01:00"), now);
         assert_eq!(at("2026-11-25 16:33:43"), now);
         assert_eq!(at("2026-11-25 16:33"), now - 43);
         assert_eq!(at("2026-11-25"), now - (16 * 3600 + 33 * 60 + 43));
         assert_eq!(at("2h"), now - 7200);
+        assert_eq!(at("2h ago"), now - 7200);
+        assert_eq!(at("1h30m"), now - 5400);
         assert_eq!(at("3d"), now - 3 * 86_400);
-        assert!(parse_at("yesterday", now).is_err());
+        assert_eq!(at("now"), now);
+        assert_eq!(at("yesterday"), now - 86_400);
+        assert_eq!(at("Yesterday 16:00"), now - 86_400 - 33 * 60 - 43);
+        assert_eq!(at("today"), now - (16 * 3600 + 33 * 60 + 43));
+        // A time of day: the last that has passed.
+        assert_eq!(at("16:00"), now - 33 * 60 - 43);
+        assert_eq!(at("4:55"), now - (11 * 3600 + 38 * 60 + 43));
+        assert_eq!(at("17:00"), now - 86_400 + 26 * 60 + 17);
+        for bad in ["soon", "25:00", "2026-13-01", "yesterday noon", ""] {
+            assert!(parse_at(bad, now, &utc).is_err(), "{bad}");
+        }
+        // Local times are the zone's: 16:33:43 UTC is 17:33:43 in UTC+1.
+        let plus1 = TimeZone::fixed(jiff::tz::offset(1));
+        assert_eq!(parse_at("2026-11-25 17:33:43", now, &plus1).unwrap(), now);
+        assert_eq!(parse_at("17:33:43", now, &plus1).unwrap(), now);
+        assert_eq!(local_time(now, &plus1), "2026-11-25 17:33:43");
     }
 
     #[test]

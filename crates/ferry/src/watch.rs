@@ -86,14 +86,15 @@ fn say(msg: &str) {
 /// A target whose JSON lines and action lines are written out after each
 /// run, for scripts and journals reading them as they come.
 /// With `--versions` and a retention policy, kept versions are pruned after
-/// the first run and then after a run at most every [`PRUNE_EVERY`]
-/// (a walk of the versions tree; never on a timer: an idle watch costs
-/// nothing).
+/// the first run and after each run that kept a version (a walk of the
+/// versions tree; never on a timer: an idle watch costs nothing).
 struct Flushed<'a, T: Target> {
     t: T,
     rep: &'a CliReporter,
     prune: Option<(&'a KeepArgs, Vec<&'a Root>)>,
-    pruned: Option<std::time::Instant>,
+    /// The reporter's count of kept entries at the last pruning (`None`:
+    /// not pruned yet).
+    pruned: Option<u64>,
     /// The run's stores: an ssh or sftp one whose connection was lost is
     /// connected again before the next run ([`refresh`]).
     stores: Vec<&'a AnyStore>,
@@ -115,8 +116,6 @@ fn refresh(stores: &[&AnyStore]) -> Result<bool, String> {
     }
     Ok(again)
 }
-
-const PRUNE_EVERY: std::time::Duration = std::time::Duration::from_secs(600);
 
 impl<'a, T: Target> Flushed<'a, T> {
     fn new(
@@ -158,9 +157,10 @@ impl<T: Target> Target for Flushed<'_, T> {
         };
         let o = self.t.run(w);
         if let Some((keep, roots)) = &self.prune {
-            if self.pruned.is_none_or(|t| t.elapsed() >= PRUNE_EVERY) {
+            let kept = self.rep.kept_count();
+            if self.pruned.is_none_or(|k| kept > k) {
                 crate::versions::after_run(roots, keep, false, self.rep);
-                self.pruned = Some(std::time::Instant::now());
+                self.pruned = Some(kept);
             }
         }
         self.rep.flush();
