@@ -19,10 +19,17 @@ const NOW: i64 = 1_795_624_423;
 const HOUR: i64 = 3600;
 const DAY: i64 = 86_400;
 
-/// `ferry ARGS` with the clock at `NOW`.
+/// `ferry ARGS` with the clock at `NOW`, local time UTC.
 fn at_now<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Run {
+    at_time(NOW, args)
+}
+
+/// `ferry ARGS` with the clock at `t`, local time UTC.
+fn at_time<S: AsRef<std::ffi::OsStr>>(t: i64, args: &[S]) -> Run {
     let mut c = Command::new(bin());
-    c.args(args).env("FERRY_TEST_NOW", NOW.to_string());
+    c.args(args)
+        .env("FERRY_TEST_NOW", t.to_string())
+        .env("TZ", "UTC");
     run_within(c, std::time::Duration::from_secs(600))
 }
 
@@ -66,21 +73,45 @@ fn lists_versions_newest_first() {
     version(&r, "d/gone.txt", NOW - DAY, b"deleted");
     write(&r, ".ferry-versions/d/not-a-version.txt", b"x");
 
+    set_mtime(&r.join("d/f.txt"), (NOW - 30 * 60, 0));
     let run = at_now(&["versions".as_ref(), r.join("d/f.txt").as_os_str()]);
     run.ok();
     let lines: Vec<String> = run.out().lines().map(str::to_owned).collect();
-    assert_eq!(lines.len(), 2, "{run}");
-    assert!(lines[0].starts_with("2026-11-25 15:33:43"), "{run}");
-    assert!(lines[0].contains(" 6  2026-11-25 15:32:43  "), "{run}");
+    // A header, the current file, then each version with the span it
+    // held: written (its mtime), replaced (its keep time).
+    assert_eq!(lines.len(), 4, "{run}");
+    let cols: Vec<&str> = lines[0].split_whitespace().collect();
+    assert_eq!(cols, ["WRITTEN", "REPLACED", "SIZE", "VERSION"], "{run}");
     assert!(
-        lines[0].ends_with(&format!(
+        lines[1].starts_with("2026-11-25 16:03:43  (current)  "),
+        "{run}"
+    );
+    assert!(
+        lines[2].starts_with("2026-11-25 15:32:43  2026-11-25 15:33:43     6  "),
+        "{run}"
+    );
+    assert!(
+        lines[2].ends_with(&format!(
             "{}/.ferry-versions/d/{}",
             r.canonicalize().unwrap().display(),
             vname("f.txt", NOW - HOUR)
         )),
         "{run}"
     );
-    assert!(lines[1].starts_with("2026-11-25 14:33:43"), "{run}");
+    assert!(
+        lines[3].starts_with("2026-11-25 14:32:43  2026-11-25 14:33:43"),
+        "{run}"
+    );
+    // Local time: the same versions an hour later in UTC+1.
+    let mut c = Command::new(bin());
+    c.args(["versions".as_ref(), r.join("d/f.txt").as_os_str()])
+        .env("FERRY_TEST_NOW", NOW.to_string())
+        .env("TZ", "UTC-1");
+    let run = run_within(c, std::time::Duration::from_secs(600));
+    assert!(
+        run.ok().out().lines().nth(2).unwrap().starts_with("2026-11-25 16:32:43  2026-11-25 16:33:43"),
+        "{run}"
+    );
 
     // A deleted file, from a subdirectory of the replica as the working
     // directory's relative path.
@@ -88,24 +119,34 @@ fn lists_versions_newest_first() {
     c.args(["versions", "--json", "gone.txt"])
         .current_dir(r.join("d"))
         .env("FERRY_TEST_NOW", NOW.to_string());
+    // JSON times are UTC whatever the zone.
+    c.env("TZ", "UTC-5");
     let run = run_within(c, std::time::Duration::from_secs(600));
     run.ok();
     let v: serde_json::Value = serde_json::from_str(run.out().trim()).unwrap();
     assert_eq!(v["path"], "d/gone.txt");
     assert_eq!(v["kept"], "2026-11-24T16:33:43Z");
+    assert_eq!(v["written"], "2026-11-24T16:32:43Z");
+    assert_eq!(v["deleted"], true);
     assert_eq!(v["size"], 7);
 
-    // A directory: each file with versions, once.
+    // A directory: each file with versions, once, deleted ones marked.
     let run = at_now(&["versions".as_ref(), r.as_os_str()]);
     run.ok();
     let out = run.out();
-    assert_eq!(out.lines().count(), 2, "{run}");
-    assert!(
-        out.contains("2 versions") && out.contains("d/f.txt"),
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 3, "{run}");
+    assert_eq!(
+        lines[0].split("  ").filter(|c| !c.is_empty()).map(str::trim).collect::<Vec<_>>(),
+        ["LAST REPLACED", "VERSIONS", "NOW", "PATH"],
         "{run}"
     );
     assert!(
-        out.contains("1 version ") && out.contains("d/gone.txt"),
+        lines[1].contains("  2  present  ") && lines[1].ends_with("d/f.txt"),
+        "{run}"
+    );
+    assert!(
+        lines[2].contains("  1  deleted  ") && lines[2].ends_with("d/gone.txt"),
         "{run}"
     );
     // --json: one object per version.
@@ -179,51 +220,109 @@ fn restore_puts_back_the_newest_of_a_deleted_file() {
     assert_eq!(names(&r.join(".ferry-versions/a/b")).len(), 2);
 }
 
+/// `ferry sync --versions SRC DST` with the clock at `t`.
+fn sync_at(t: i64, src: &Path, dst: &Path) {
+    at_time(t, &["sync".as_ref(), "--versions".as_ref(), src.as_os_str(), dst.as_os_str()]).ok();
+}
+
+/// `restore --at WHEN PATH [extra]` with the clock at NOW.
+fn restore_at(when: &str, path: &Path, extra: &[&str]) -> Run {
+    let mut args: Vec<OsString> = vec!["restore".into(), "--at".into(), when.into()];
+    args.extend(extra.iter().map(OsString::from));
+    args.push(path.as_os_str().to_owned());
+    at_now(&args)
+}
+
+/// `YYYY-MM-DD HH:MM:SS` (UTC, the tests' local time) of Unix seconds.
+fn civil(t: i64) -> String {
+    let s = stamp(t);
+    format!(
+        "{}-{}-{} {}:{}:{}",
+        &s[0..4],
+        &s[4..6],
+        &s[6..8],
+        &s[9..11],
+        &s[11..13],
+        &s[13..15]
+    )
+}
+
+/// The history of the issue: a file written, synced, rewritten between
+/// nightly syncs. `f`: A written at NOW-3d, B at NOW-2d-1h, synced at
+/// NOW-2d (A kept), C at NOW-1d-1h, synced at NOW-1d (B kept). `g`:
+/// written at NOW-3d, deleted and synced at NOW-2d, made anew at
+/// NOW-1d-1h.
+fn nightly(t: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let (src, dst) = (t.join("src"), t.join("dst"));
+    write(&src, "f", b"A");
+    set_mtime(&src.join("f"), (NOW - 3 * DAY, 0));
+    write(&src, "g", b"g1");
+    set_mtime(&src.join("g"), (NOW - 3 * DAY, 0));
+    sync_at(NOW - 3 * DAY + HOUR, &src, &dst);
+    write(&src, "f", b"B");
+    set_mtime(&src.join("f"), (NOW - 2 * DAY - HOUR, 0));
+    fs::remove_file(src.join("g")).unwrap();
+    sync_at(NOW - 2 * DAY, &src, &dst);
+    write(&src, "f", b"C");
+    set_mtime(&src.join("f"), (NOW - DAY - HOUR, 0));
+    write(&src, "g", b"g2");
+    set_mtime(&src.join("g"), (NOW - DAY - HOUR, 0));
+    sync_at(NOW - DAY, &src, &dst);
+    (src, dst)
+}
+
 #[test]
-fn restore_at_takes_the_newest_kept_at_or_before() {
+fn restore_at_gives_what_the_file_held_then() {
     let t = tmpdir();
-    let r = t.path().join("r");
-    let times = [NOW - 3 * DAY, NOW - DAY, NOW - 2 * HOUR];
-    for (i, &k) in times.iter().enumerate() {
-        version(&r, "f", k, format!("v{i}").as_bytes());
-    }
-    let f = r.join("f");
-    let cases: [(String, &[u8]); 6] = [
-        (stamp(NOW - DAY), b"v1"),
-        ("2026-11-24T16:33:43Z".into(), b"v1"),
-        ("2026-11-24 16:33".into(), b"v0"),
-        ("3h".into(), b"v1"),
-        ("1h".into(), b"v2"),
-        ("2026-11-23".into(), b"v0"),
+    let (_src, dst) = nightly(t.path());
+    let f = dst.join("f");
+    let cases: [(String, &[u8]); 8] = [
+        // Right after it was first written, before any sync kept a
+        // version: A (was "no version kept").
+        (civil(NOW - 3 * DAY + 10), b"A"),
+        // Rewritten before the sync that kept A: the file held B.
+        (civil(NOW - 2 * DAY - 30 * 60), b"B"),
+        // Between two syncs: B, the version replaced by the second (was
+        // A, the one kept by the first).
+        (civil(NOW - 2 * DAY + HOUR), b"B"),
+        (stamp(NOW - 2 * DAY), b"B"),
+        ("36h".into(), b"B"),
+        ("1d30m".into(), b"C"),
+        ("2026-11-24".into(), b"B"),
+        ("2026-11-24 16:00".into(), b"C"),
     ];
+    let before = snapshot(&dst);
     for (when, want) in cases {
-        fs::remove_file(&f).ok();
-        let run = at_now(&[
-            "restore".as_ref(),
-            "--at".as_ref(),
-            when.as_ref(),
-            f.as_os_str(),
-        ]);
+        let run = restore_at(&when, &f, &["--to", "-"]);
         run.ok();
-        assert_eq!(fs::read(&f).unwrap(), want, "--at {when}\n{run}");
+        assert_eq!(run.stdout, want, "--at {when}\n{run}");
     }
-    fs::remove_file(&f).unwrap();
-    let run = at_now(&[
-        "restore".as_ref(),
-        "--at".as_ref(),
-        "4d".as_ref(),
-        f.as_os_str(),
-    ]);
+    // The current file holds since NOW-1d-1h: nothing to do.
+    let run = restore_at("1d30m", &f, &[]);
+    assert!(run.ok().out().contains("already as it was"), "{run}");
+    // Before it was written: nothing to give back; nothing changes.
+    let run = restore_at(&civil(NOW - 3 * DAY - 10), &f, &[]);
     run.code_is(2);
-    assert!(run.err().contains("no version kept at or before"), "{run}");
-    assert!(!f.exists());
-    let run = at_now(&[
-        "restore".as_ref(),
-        "--at".as_ref(),
-        "soon".as_ref(),
-        f.as_os_str(),
-    ]);
+    assert!(run.err().contains("did not exist at"), "{run}");
+    // g between its deletion and its new life did not exist.
+    let run = restore_at(&civil(NOW - DAY - 12 * HOUR), &dst.join("g"), &[]);
     run.code_is(2);
+    assert!(run.err().contains("did not exist at"), "{run}");
+    let run = restore_at(&civil(NOW - 2 * DAY - HOUR), &dst.join("g"), &["--to", "-"]);
+    run.ok();
+    assert_eq!(run.stdout, b"g1");
+    assert_same_content(&before, &snapshot(&dst));
+    let run = restore_at("soon", &f, &[]);
+    run.code_is(2);
+    // In place: B back, C kept as a version (and listed as replaced now).
+    let run = restore_at(&civil(NOW - 2 * DAY + HOUR), &f, &[]);
+    run.ok();
+    assert_eq!(fs::read(&f).unwrap(), b"B");
+    let kept = dst.join(".ferry-versions").join(vname("f", NOW));
+    assert_eq!(fs::read(kept).unwrap(), b"C", "{run}");
+    // What it held a minute ago is what it held before the restore.
+    let run = restore_at("1m", &f, &["--to", "-"]);
+    assert_eq!(run.ok().stdout, b"C", "{run}");
 }
 
 #[test]
@@ -242,7 +341,7 @@ fn restore_keeps_the_current_file_as_a_version() {
     let run = at_now(&[
         "restore".as_ref(),
         "--at".as_ref(),
-        "1h".as_ref(),
+        stamp(NOW - DAY - 30).as_ref(),
         f.as_os_str(),
     ]);
     run.ok();
@@ -435,16 +534,21 @@ fn s3_versions_and_restore() {
         .filter(|l| !l.is_empty())
         .map(|l| std::str::from_utf8(l).unwrap())
         .collect();
-    assert_eq!(lines.len(), 2, "{run}");
-    assert!(lines[0].starts_with("2026-11-25 15:33:43"), "{run}");
+    // The header, then newest first (no current file: deleted).
+    assert_eq!(lines.len(), 3, "{run}");
     assert!(
-        lines[0].contains(&format!("{url}/.ferry-versions/d/")),
+        lines[1].starts_with("2026-11-25 15:32:43  2026-11-25 15:33:43"),
+        "{run}"
+    );
+    assert!(
+        lines[1].contains(&format!("{url}/.ferry-versions/d/")),
         "{run}"
     );
     let run = at_now(&["versions", format!("{url}/d").as_str()]);
-    assert!(run.ok().out().contains("2 versions"), "{run}");
+    assert!(run.ok().out().contains("  2  deleted  "), "{run}");
 
-    let run = at_now(&["restore", "--at", "2h", file.as_str()]);
+    // What it held 1d30s ago: the version written at NOW-1d-60s.
+    let run = at_now(&["restore", "--at", "1d30s", file.as_str()]);
     run.ok();
     let back = t.path().join("back");
     at_now(&["copy".as_ref(), file.as_ref(), back.as_os_str()]).ok();
