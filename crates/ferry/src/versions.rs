@@ -382,7 +382,10 @@ fn target(store: &AnyStore, rel: &[u8], notes: &mut Vec<String>) -> io::Result<O
             "a path with an empty, `.` or `..` component (it could leave the replica)",
         ));
     }
-    let dir_target = |notes: &mut Vec<String>| -> io::Result<Option<Target>> {
+    // `known`: PATH is a directory (the root, or a live directory); else
+    // it is one only when something is below it (an object store has no
+    // directories of its own).
+    let dir_target = |known: bool, notes: &mut Vec<String>| -> io::Result<Option<Target>> {
         let mut files: BTreeMap<Vec<u8>, History> = BTreeMap::new();
         let mut v = Vec::new();
         if let Some(d) = open_versions_dir(store, &open_root(store)?, rel)? {
@@ -400,14 +403,10 @@ fn target(store: &AnyStore, rel: &[u8], notes: &mut Vec<String>) -> io::Result<O
                 .push(x);
         }
         let mut live = Vec::new();
-        let exists = match live_dir(store, open_root(store)?, rel, false)? {
-            Some(d) => {
-                live_files(store, &d, rel, &mut live, notes);
-                true
-            }
-            None => false,
-        };
-        if !exists && files.is_empty() {
+        if let Some(d) = live_dir(store, open_root(store)?, rel, false)? {
+            live_files(store, &d, rel, &mut live, notes);
+        }
+        if !known && live.is_empty() && files.is_empty() {
             return Ok(None);
         }
         for (r, m) in live {
@@ -429,7 +428,7 @@ fn target(store: &AnyStore, rel: &[u8], notes: &mut Vec<String>) -> io::Result<O
         }))
     };
     if rel.is_empty() {
-        return dir_target(notes);
+        return dir_target(true, notes);
     }
     let (pdir, name) = split_parent(rel);
     let live = match live_dir(store, open_root(store)?, pdir, false)? {
@@ -437,7 +436,7 @@ fn target(store: &AnyStore, rel: &[u8], notes: &mut Vec<String>) -> io::Result<O
         None => None,
     };
     if live.is_some_and(|m| m.kind == Kind::Dir) {
-        return dir_target(notes);
+        return dir_target(true, notes);
     }
     let mut versions = Vec::new();
     if let Some(d) = open_versions_dir(store, &open_root(store)?, pdir)? {
@@ -453,7 +452,7 @@ fn target(store: &AnyStore, rel: &[u8], notes: &mut Vec<String>) -> io::Result<O
     }
     // A deleted directory with versions below it, or a directory an
     // object store knows only by the objects under it.
-    dir_target(notes)
+    dir_target(false, notes)
 }
 
 /// Open a replica's store.
