@@ -537,6 +537,15 @@ fn lookup_from(
             t,
         ));
     }
+    // SRC's root itself: an existing directory none of whose trailing
+    // parts DST has.
+    if std::fs::metadata(&abs).is_ok_and(|m| m.is_dir()) {
+        let mut notes = Vec::new();
+        if let Ok(Some(t)) = target(&store, &dst_rep.rel, &mut notes) {
+            print_notes(notes);
+            return Ok((dst_rep, store, t));
+        }
+    }
     Err(format!(
         "{loc}: neither it nor any trailing part of its path is in {} (live or with versions)",
         location(&dst_rep.root, &dst_rep.rel)
@@ -908,6 +917,19 @@ enum Dest {
     Path(PathBuf),
 }
 
+/// What a restore does with what is at its target now.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Replace {
+    /// The file's own place in the replica: kept as a version there (a
+    /// hard link or the store's own copy).
+    InPlace,
+    /// The same file in the tree synced to the replica (`--from`): kept
+    /// as a version in the replica, by a copy.
+    Twin,
+    /// Another path (`--to`): never replaced.
+    Never,
+}
+
 /// One file to put back: its history and the state taken.
 struct Job1<'h> {
     h: &'h History,
@@ -971,7 +993,7 @@ impl Ctx<'_> {
         name: &CStr,
         rel: &[u8],
         cur: &Meta,
-        in_place: bool,
+        how: Replace,
     ) -> io::Result<Vec<u8>> {
         if !self.store.can_keep(&KeepBase::Root(VERSIONS_DIR.to_vec())) {
             return Err(io::Error::other(
@@ -979,8 +1001,15 @@ impl Ctx<'_> {
             ));
         }
         let k = Keeper::new(KeepRule::Versions, self.now);
-        if in_place {
-            return k.keep(self.store, dir, name, rel, cur, true, 1);
+        match how {
+            Replace::InPlace => return k.keep(self.store, dir, name, rel, cur, true, 1),
+            Replace::Never => {
+                return Err(io::Error::new(
+                    io::ErrorKind::AlreadyExists,
+                    "exists; --to never replaces a file",
+                ))
+            }
+            Replace::Twin => {}
         }
         if !matches!(cur.kind, Kind::File | Kind::Symlink) {
             return Err(io::Error::other(format!(
@@ -1062,7 +1091,7 @@ fn restore_one(
     cx: &Ctx,
     j: &Job1,
     out: &Out,
-    in_place: bool,
+    how: Replace,
     dry_run: bool,
 ) -> Result<String, String> {
     let root = &cx.rep.root;
@@ -1100,6 +1129,11 @@ fn restore_one(
         if current.is_some_and(|m| m.kind == Kind::Dir) {
             return Err(format!("{shown}: is a directory now; not replaced"));
         }
+        if current.is_some() && how == Replace::Never {
+            return Err(format!(
+                "{shown}: not restored: exists; --to never replaces a file"
+            ));
+        }
         return Ok(format!(
             "would restore {shown} from {what}{}",
             if current.is_some() {
@@ -1122,7 +1156,7 @@ fn restore_one(
     let mut kept_as = None;
     if let Some(cur) = &current {
         let p = cx
-            .keep_current(out, &odir, &cname, &j.h.rel, cur, in_place)
+            .keep_current(out, &odir, &cname, &j.h.rel, cur, how)
             .map_err(fail)?;
         kept_as = Some(p);
     }
@@ -1247,6 +1281,11 @@ pub fn run_restore(a: RestoreArgs) -> Result<u8, String> {
             ));
         }
     }
+    let how = match (&dest, &a.to) {
+        (Dest::InPlace, _) => Replace::InPlace,
+        (_, None) => Replace::Twin,
+        _ => Replace::Never,
+    };
     let cx = Ctx {
         rep: &rep,
         store: &store,
@@ -1302,7 +1341,7 @@ pub fn run_restore(a: RestoreArgs) -> Result<u8, String> {
                     }
                 }
             };
-            let line = restore_one(&cx, &j, &out, matches!(dest, Dest::InPlace), a.dry_run)?;
+            let line = restore_one(&cx, &j, &out, how, a.dry_run)?;
             println!("{line}");
             Ok(0)
         }
@@ -1345,7 +1384,7 @@ pub fn run_restore(a: RestoreArgs) -> Result<u8, String> {
                         rel: below.to_vec(),
                     },
                 };
-                match restore_one(&cx, &j, &out, out_base.is_none(), a.dry_run) {
+                match restore_one(&cx, &j, &out, how, a.dry_run) {
                     Ok(line) => {
                         println!("{line}");
                         done += 1;

@@ -109,7 +109,12 @@ fn lists_versions_newest_first() {
         .env("TZ", "UTC-1");
     let run = run_within(c, std::time::Duration::from_secs(600));
     assert!(
-        run.ok().out().lines().nth(2).unwrap().starts_with("2026-11-25 16:32:43  2026-11-25 16:33:43"),
+        run.ok()
+            .out()
+            .lines()
+            .nth(2)
+            .unwrap()
+            .starts_with("2026-11-25 16:32:43  2026-11-25 16:33:43"),
         "{run}"
     );
 
@@ -137,7 +142,11 @@ fn lists_versions_newest_first() {
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines.len(), 3, "{run}");
     assert_eq!(
-        lines[0].split("  ").filter(|c| !c.is_empty()).map(str::trim).collect::<Vec<_>>(),
+        lines[0]
+            .split("  ")
+            .filter(|c| !c.is_empty())
+            .map(str::trim)
+            .collect::<Vec<_>>(),
         ["LAST REPLACED", "VERSIONS", "NOW", "PATH"],
         "{run}"
     );
@@ -222,7 +231,16 @@ fn restore_puts_back_the_newest_of_a_deleted_file() {
 
 /// `ferry sync --versions SRC DST` with the clock at `t`.
 fn sync_at(t: i64, src: &Path, dst: &Path) {
-    at_time(t, &["sync".as_ref(), "--versions".as_ref(), src.as_os_str(), dst.as_os_str()]).ok();
+    at_time(
+        t,
+        &[
+            "sync".as_ref(),
+            "--versions".as_ref(),
+            src.as_os_str(),
+            dst.as_os_str(),
+        ],
+    )
+    .ok();
 }
 
 /// `restore --at WHEN PATH [extra]` with the clock at NOW.
@@ -561,4 +579,315 @@ fn s3_versions_and_restore() {
         format!("s3://{}/no-such-replica-{NOW}/f", s3.bucket).as_str(),
     ]);
     run.code_is(2);
+}
+
+#[test]
+fn versions_at_lists_a_directory_as_it_was() {
+    let t = tmpdir();
+    let (src, dst) = nightly(t.path());
+    // h: written and synced at NOW-1d, after the time asked.
+    write(&src, "sub/h", b"h");
+    set_mtime(&src.join("sub/h"), (NOW - DAY + 60, 0));
+    // k: written at NOW-3d, deleted since (kept at NOW-1d+120).
+    write(&src, "sub/k", b"k1");
+    set_mtime(&src.join("sub/k"), (NOW - 3 * DAY, 0));
+    sync_at(NOW - DAY + 100, &src, &dst);
+    fs::remove_file(src.join("sub/k")).unwrap();
+    sync_at(NOW - DAY + 120, &src, &dst);
+
+    let when = civil(NOW - 2 * DAY + HOUR);
+    let run = at_now(&[
+        "versions".as_ref(),
+        "--at".as_ref(),
+        when.as_ref(),
+        dst.as_os_str(),
+    ]);
+    run.ok();
+    let rows: Vec<Vec<String>> = run
+        .out()
+        .lines()
+        .map(|l| l.split_whitespace().map(str::to_owned).collect())
+        .collect();
+    let d = dst.canonicalize().unwrap();
+    let p = |r: &str| d.join(r).display().to_string();
+    let row = |state: &str, written: i64, size: &str, rel: &str| -> Vec<String> {
+        let c = civil(written);
+        let (day, time) = c.split_once(' ').unwrap();
+        vec![state.into(), day.into(), time.into(), size.into(), p(rel)]
+    };
+    assert_eq!(
+        rows,
+        [
+            vec![
+                "STATE".to_string(),
+                "WRITTEN".into(),
+                "SIZE".into(),
+                "PATH".into()
+            ],
+            // f held B then, C now; g did not exist then; k held k1, gone
+            // now; h was not written yet.
+            row("changed", NOW - 2 * DAY - HOUR, "1", "f"),
+            row("deleted", NOW - 3 * DAY, "2", "sub/k"),
+        ],
+        "{run}"
+    );
+    // Now: every live file, current.
+    let run = at_now(&[
+        "versions".as_ref(),
+        "--at".as_ref(),
+        "now".as_ref(),
+        dst.as_os_str(),
+    ]);
+    let out = run.ok().out();
+    let states: Vec<&str> = out
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().next().unwrap())
+        .collect();
+    assert_eq!(states, ["current"; 3], "{run}");
+    // --json: one state object per file.
+    let run = at_now(&[
+        "versions".as_ref(),
+        "--json".as_ref(),
+        "--at".as_ref(),
+        when.as_ref(),
+        dst.join("sub").as_os_str(),
+    ]);
+    let v: Vec<serde_json::Value> = run
+        .ok()
+        .out()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(v.len(), 1, "{run}");
+    assert_eq!(v[0]["type"], "state");
+    assert_eq!(v[0]["path"], "sub/k");
+    assert_eq!(v[0]["state"], "deleted");
+}
+
+#[test]
+fn restore_a_directory_as_of_a_time() {
+    let t = tmpdir();
+    let (src, dst) = nightly(t.path());
+    write(&src, "new", b"made after");
+    sync_at(NOW - DAY + 100, &src, &dst);
+    let when = civil(NOW - 2 * DAY + HOUR);
+
+    // Without --at a directory is refused.
+    let run = at_now(&["restore".as_ref(), dst.as_os_str()]);
+    run.code_is(2);
+    // -n changes nothing.
+    let before = snapshot(&dst);
+    let run = restore_at(&when, &dst, &["-n"]);
+    run.ok();
+    assert!(run.out().contains("would restore"), "{run}");
+    assert_untouched(&before, &snapshot(&dst));
+
+    // Into another directory: the tree as it was.
+    let out = t.path().join("out");
+    let run = restore_at(&when, &dst, &["--to", out.to_str().unwrap()]);
+    run.ok();
+    assert_eq!(fs::read(out.join("f")).unwrap(), b"B", "{run}");
+    assert_eq!(get_mtime(&out.join("f")), (NOW - 2 * DAY - HOUR, 0));
+    assert!(
+        !out.join("g").exists() && !out.join("new").exists(),
+        "{run}"
+    );
+    assert!(!out.join(".ferry-versions").exists());
+    assert_untouched(&before, &snapshot(&dst));
+
+    // In place: f back to B (C kept), g and new (absent then) left.
+    let run = restore_at(&when, &dst, &[]);
+    run.ok();
+    assert!(run.err().contains("restored 1 file as of"), "{run}");
+    assert!(
+        run.err()
+            .contains("2 that did not exist then left as they are"),
+        "{run}"
+    );
+    assert_eq!(fs::read(dst.join("f")).unwrap(), b"B");
+    assert_eq!(fs::read(dst.join("g")).unwrap(), b"g2");
+    assert_eq!(fs::read(dst.join("new")).unwrap(), b"made after");
+    assert_eq!(
+        fs::read(dst.join(".ferry-versions").join(vname("f", NOW))).unwrap(),
+        b"C"
+    );
+    // Again: the same (what it replaces, B, kept once more).
+    restore_at(&when, &dst, &[]).ok();
+    assert_eq!(fs::read(dst.join("f")).unwrap(), b"B");
+    // A directory restore --to a directory never replaces its files.
+    fs::write(out.join("f"), b"mine").unwrap();
+    let run = restore_at(&when, &dst, &["--to", out.to_str().unwrap()]);
+    run.code_is(1);
+    assert!(run.err().contains("never replaces"), "{run}");
+    assert_eq!(fs::read(out.join("f")).unwrap(), b"mine");
+}
+
+#[test]
+fn restore_to_a_path_or_to_stdout_keeps_what_it_replaces() {
+    let t = tmpdir();
+    let r = t.path().join("r");
+    version(&r, "d/f.txt", NOW - DAY, b"old");
+    write(&r, "d/f.txt", b"new");
+    // --to -: the content, nothing else.
+    let before = snapshot(&r);
+    let run = at_now(&[
+        "restore".as_ref(),
+        "--to".as_ref(),
+        "-".as_ref(),
+        r.join("d/f.txt").as_os_str(),
+    ]);
+    assert_eq!(run.ok().stdout, b"old", "{run}");
+    assert!(run.err().is_empty(), "{run}");
+    assert_untouched(&before, &snapshot(&r));
+    // A directory cannot go to stdout.
+    let run = at_now(&["restore", "--at", "now", "--to", "-", r.to_str().unwrap()]);
+    run.code_is(2);
+
+    // --to a new path.
+    let other = t.path().join("other.txt");
+    let run = at_now(&[
+        "restore".as_ref(),
+        "--to".as_ref(),
+        other.as_os_str(),
+        r.join("d/f.txt").as_os_str(),
+    ]);
+    run.ok();
+    assert_eq!(fs::read(&other).unwrap(), b"old");
+    assert_eq!(fs::read(r.join("d/f.txt")).unwrap(), b"new");
+    // --to never replaces a file (it is no version of this one).
+    fs::write(&other, b"precious").unwrap();
+    let file = r.join("d/f.txt");
+    for n in [&["-n"][..], &[]] {
+        let mut args: Vec<&std::ffi::OsStr> =
+            vec!["restore".as_ref(), "--to".as_ref(), other.as_os_str()];
+        args.extend(n.iter().map(|x| std::ffi::OsStr::new(x)));
+        args.push(file.as_os_str());
+        let run = at_now(&args);
+        run.code_is(2);
+        assert!(run.err().contains("never replaces"), "{run}");
+        assert_eq!(fs::read(&other).unwrap(), b"precious");
+    }
+    // --to a directory: the file goes in it under its name.
+    let dir = t.path().join("into");
+    fs::create_dir(&dir).unwrap();
+    at_now(&[
+        "restore".as_ref(),
+        "--to".as_ref(),
+        dir.as_os_str(),
+        r.join("d/f.txt").as_os_str(),
+    ])
+    .ok();
+    assert_eq!(fs::read(dir.join("f.txt")).unwrap(), b"old");
+    // Nothing was added to the versions directory.
+    assert_eq!(names(&r.join(".ferry-versions/d")).len(), 1);
+}
+
+#[test]
+fn restore_from_dst_into_src_survives_the_next_sync() {
+    let t = tmpdir();
+    let (src, dst) = nightly(t.path());
+    // An edit in SRC not synced yet.
+    write(&src, "f", b"D unsynced");
+    let when = civil(NOW - 2 * DAY + HOUR);
+    // PATH in SRC, versions in DST: `--from DST`.
+    let mut c = Command::new(bin());
+    c.args(["restore", "--from"])
+        .arg(&dst)
+        .args(["--at", &when, "f"])
+        .current_dir(&src)
+        .env("FERRY_TEST_NOW", NOW.to_string())
+        .env("TZ", "UTC");
+    let run = run_within(c, std::time::Duration::from_secs(600));
+    run.ok();
+    assert_eq!(fs::read(src.join("f")).unwrap(), b"B", "{run}");
+    // The unsynced edit is kept, in DST's versions.
+    let kept = dst.join(".ferry-versions").join(vname("f", NOW));
+    assert_eq!(fs::read(&kept).unwrap(), b"D unsynced", "{run}");
+    // The next sync carries the restore to DST (its C kept in turn).
+    sync_at(NOW + 10, &src, &dst);
+    assert_eq!(fs::read(dst.join("f")).unwrap(), b"B");
+    assert_eq!(fs::read(src.join("f")).unwrap(), b"B");
+    let kept = dst.join(".ferry-versions").join(vname("f", NOW + 10));
+    assert_eq!(fs::read(&kept).unwrap(), b"C");
+    // A directory of SRC as it was, from DST.
+    let run = at_now(&[
+        "restore".as_ref(),
+        "--from".as_ref(),
+        dst.as_os_str(),
+        "--at".as_ref(),
+        civil(NOW - 2 * DAY - 2 * HOUR).as_ref(),
+        src.as_os_str(),
+    ]);
+    run.ok();
+    assert_eq!(fs::read(src.join("f")).unwrap(), b"A", "{run}");
+    // A path DST knows nothing of.
+    let run = at_now(&[
+        "restore".as_ref(),
+        "--from".as_ref(),
+        dst.as_os_str(),
+        src.join("nope").as_os_str(),
+    ]);
+    run.code_is(2);
+}
+
+#[test]
+fn retention_flags_that_cannot_apply_are_refused() {
+    let t = tmpdir();
+    let src = t.path().join("src");
+    write(&src, "f", b"x");
+    let dst = t.path().join("dst");
+    for flags in [
+        &["--keep", "5", "--backup-dir", "../bak"][..],
+        &["--keep-days", "3", "--suffix", ".old"],
+        &["--keep", "2"],
+        &["--versions", "--keep-days", "0"],
+    ] {
+        let mut args: Vec<&str> = vec!["sync"];
+        args.extend(flags);
+        args.extend([src.to_str().unwrap(), dst.to_str().unwrap()]);
+        let run = ferry(&args);
+        run.code_is(2);
+        assert!(run.err().contains("--keep"), "{run}");
+        assert!(!dst.exists(), "{flags:?}");
+    }
+}
+
+#[test]
+fn watch_prunes_after_each_run_that_kept() {
+    let t = tmpdir();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    write(&src, "f", b"0");
+    let mut w = util::watch::Watch::start(&["sync", "--versions", "--keep", "2"], &src, &dst);
+    let kept = || {
+        names(&dst.join(".ferry-versions"))
+            .iter()
+            .filter(|n| n.starts_with("f~"))
+            .count()
+    };
+    let until = |what: &str, ok: &dyn Fn() -> bool, w: &mut util::watch::Watch| {
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        while !ok() {
+            assert!(std::time::Instant::now() < end, "{what}\n{}", w.stderr());
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    };
+    until(
+        "first copy",
+        &|| fs::read(dst.join("f")).is_ok_and(|d| d == b"0"),
+        &mut w,
+    );
+    // Each save replaces DST's file, which is kept; each waited for.
+    for i in 1..=6 {
+        let data = i.to_string();
+        fs::write(src.join("f"), &data).unwrap();
+        until(
+            "a save synced",
+            &|| fs::read(dst.join("f")).is_ok_and(|d| d == data.as_bytes()),
+            &mut w,
+        );
+    }
+    // Five versions were kept; the run that kept the last pruned to 2.
+    until("pruned to 2", &|| kept() == 2, &mut w);
+    assert!(w.stderr().contains("pruned"), "{}", w.stderr());
 }
