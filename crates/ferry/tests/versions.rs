@@ -761,7 +761,7 @@ fn restore_to_a_path_or_to_stdout_keeps_what_it_replaces() {
     for n in [&["-n"][..], &[]] {
         let mut args: Vec<&std::ffi::OsStr> =
             vec!["restore".as_ref(), "--to".as_ref(), other.as_os_str()];
-        args.extend(n.iter().map(|x| std::ffi::OsStr::new(x)));
+        args.extend(n.iter().map(std::ffi::OsStr::new));
         args.push(file.as_os_str());
         let run = at_now(&args);
         run.code_is(2);
