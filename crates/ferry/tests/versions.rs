@@ -891,3 +891,79 @@ fn watch_prunes_after_each_run_that_kept() {
     until("pruned to 2", &|| kept() == 2, &mut w);
     assert!(w.stderr().contains("pruned"), "{}", w.stderr());
 }
+
+/// Planted state (HOSTILE.md): symlinks in `.ferry-versions`, to a
+/// directory and to a file outside the replica, are never followed: no
+/// version is read through them, nothing is written through them.
+#[test]
+fn planted_symlinks_in_the_versions_directory_are_not_followed() {
+    let t = tmpdir();
+    let r = t.path().join("r");
+    let outside = t.path().join("outside");
+    write(&outside, &vname("x", NOW - DAY), b"planted");
+    write(&outside, "secret", b"secret");
+    write(&r, "sub/x", b"mine");
+    write(&r, "y", b"live y");
+    fs::create_dir_all(r.join(".ferry-versions")).unwrap();
+    std::os::unix::fs::symlink(&outside, r.join(".ferry-versions/sub")).unwrap();
+    std::os::unix::fs::symlink(
+        outside.join("secret"),
+        r.join(".ferry-versions").join(vname("y", NOW - DAY)),
+    )
+    .unwrap();
+    let before = (snapshot(&r), snapshot(&outside));
+
+    let run = at_now(&["versions".as_ref(), r.join("sub/x").as_os_str()]);
+    run.ok();
+    assert!(
+        !run.out().contains("planted") && run.err().contains("no versions"),
+        "{run}"
+    );
+    let run = at_now(&["restore".as_ref(), r.join("sub/x").as_os_str()]);
+    run.code_is(2);
+    // The directory as it was a day and a half ago: the planted version
+    // is not seen.
+    let run = restore_at("36h", &r, &[]);
+    assert!(!run.all().contains("planted"), "{run}");
+    assert_eq!(fs::read(r.join("sub/x")).unwrap(), b"mine");
+    // A version that is a symlink is restored as a symlink (never its
+    // target's content), and never to stdout.
+    let y = r.join("y");
+    let run = at_now(&[
+        "restore".as_ref(),
+        "--to".as_ref(),
+        "-".as_ref(),
+        y.as_os_str(),
+    ]);
+    run.code_is(2);
+    assert!(run.err().contains("a symlink"), "{run}");
+    assert!(run.stdout.is_empty(), "{run}");
+    assert_untouched(&before.1, &snapshot(&outside));
+    let run = at_now(&["restore".as_ref(), y.as_os_str()]);
+    run.ok();
+    assert_eq!(fs::read_link(r.join("y")).unwrap(), outside.join("secret"));
+    assert_eq!(fs::read(outside.join("secret")).unwrap(), b"secret");
+    // The live y it replaced is kept, as a file.
+    let kept = r.join(".ferry-versions").join(vname("y", NOW));
+    assert_eq!(fs::read(&kept).unwrap(), b"live y", "{run}");
+    assert!(fs::symlink_metadata(&kept).unwrap().is_file());
+    assert_untouched(&before.1, &snapshot(&outside));
+    // --from into a SRC whose twin's versions directory is the planted
+    // link: the copy of what SRC holds cannot be kept there, so nothing
+    // is replaced.
+    let src = t.path().join("src");
+    write(&src, "sub/x", b"src x");
+    set_mtime(&r.join("sub/x"), (NOW - HOUR, 0));
+    let run = at_now(&[
+        "restore".as_ref(),
+        "--from".as_ref(),
+        r.as_os_str(),
+        "--at".as_ref(),
+        "now".as_ref(),
+        src.join("sub/x").as_os_str(),
+    ]);
+    run.code_is(2);
+    assert!(run.err().contains("not restored"), "{run}");
+    assert_eq!(fs::read(src.join("sub/x")).unwrap(), b"src x", "{run}");
+    assert_untouched(&before.1, &snapshot(&outside));
+}
