@@ -201,6 +201,11 @@ pub fn collect<S: Store + ?Sized>(
     }
     for e in l.entries() {
         let vname = l.name(e);
+        // A name an object store may list that is no name in a directory
+        // (`..`, empty, holding a `/`): never a version, never walked.
+        if vname.is_empty() || vname == b"." || vname == b".." || vname.contains(&b'/') {
+            continue;
+        }
         if e.meta.kind == Kind::Dir {
             if deep {
                 let sub = join(dir, vname);
