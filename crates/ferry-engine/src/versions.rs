@@ -104,6 +104,9 @@ pub struct Version {
     pub n: u32,
     /// Its metadata (size, mtime, mode) as listed.
     pub meta: Meta,
+    /// Kept by `--backup-dir`: `vname` is at `dir` below the backup
+    /// directory, not in [`VERSIONS_DIR`].
+    pub backup: bool,
 }
 
 impl Version {
@@ -112,8 +115,12 @@ impl Version {
         join(&self.dir, &self.name)
     }
 
-    /// The version's path below the replica root.
+    /// The version's path below the replica root (below the backup
+    /// directory for a [`Version::backup`]).
     pub fn path(&self) -> Vec<u8> {
+        if self.backup {
+            return join(&self.dir, &self.vname);
+        }
         let mut p = VERSIONS_DIR.to_vec();
         for part in [&self.dir, &self.vname] {
             if !part.is_empty() {
@@ -232,6 +239,7 @@ pub fn collect<S: Store + ?Sized>(
             kept,
             n,
             meta: e.meta,
+            backup: false,
         });
     }
 }

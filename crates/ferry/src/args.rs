@@ -78,6 +78,13 @@ pub struct VersionsArgs {
     /// whether it is current, changed or deleted since.
     #[arg(long, value_name = "TIME")]
     pub at: Option<String>,
+    /// Also the files a run kept in DIR (sync --backup-dir DIR: relative
+    /// to the replica's root, or absolute); PATH a local path.
+    #[arg(long, value_name = "DIR")]
+    pub backup_dir: Option<PathBuf>,
+    /// The --suffix the runs kept with (with --backup-dir).
+    #[arg(long, value_name = "SUF", requires = "backup_dir")]
+    pub suffix: Option<String>,
     /// One JSON object per version.
     #[arg(long)]
     pub json: bool,
@@ -106,6 +113,14 @@ pub struct RestoreArgs {
     /// SRC: find PATH's versions in DST and restore into PATH.
     #[arg(long, value_name = "DST")]
     pub from: Option<PathBuf>,
+    /// Also the files a run kept in DIR (sync --backup-dir DIR: relative
+    /// to the replica's root, or absolute); what the restore replaces is
+    /// kept there too. PATH a local path.
+    #[arg(long, value_name = "DIR")]
+    pub backup_dir: Option<PathBuf>,
+    /// The --suffix the runs kept with (with --backup-dir).
+    #[arg(long, value_name = "SUF", requires = "backup_dir")]
+    pub suffix: Option<String>,
     /// Say what would be restored; change nothing.
     #[arg(short = 'n', long)]
     pub dry_run: bool,

@@ -61,6 +61,147 @@ struct Replica {
     rel: Vec<u8>,
 }
 
+/// A backup directory (`--backup-dir DIR [--suffix SUF]`) whose tree
+/// mirrors a replica's: what a run kept there is listed and restored
+/// as versions.
+struct Backups {
+    store: AnyStore,
+    root: Root,
+    suffix: Vec<u8>,
+    /// How a restore keeps what it replaces: into the same directory.
+    rule: KeepRule,
+}
+
+impl Backups {
+    /// The backups of the file `only` (or of every file, walking
+    /// subdirectories) in the directory `dir` (below the backup root,
+    /// as below the replica's).
+    fn collect(
+        &self,
+        dir: &[u8],
+        only: Option<&[u8]>,
+        out: &mut Vec<Version>,
+        notes: &mut Vec<String>,
+    ) -> io::Result<()> {
+        let Some(d) = live_dir(&self.store, open_root(&self.store)?, dir, false)? else {
+            return Ok(());
+        };
+        self.walk(&d, dir, only, out, notes);
+        Ok(())
+    }
+
+    fn walk(
+        &self,
+        d: &AnyDir,
+        dir: &[u8],
+        only: Option<&[u8]>,
+        out: &mut Vec<Version>,
+        notes: &mut Vec<String>,
+    ) {
+        let mut l = Listing::new();
+        let mut errors = Vec::new();
+        if let Err(e) = self.store.list(d, dir, &mut l, &mut errors) {
+            notes.push(format!("{}: {}", location(&self.root, dir), cause(&e)));
+            return;
+        }
+        for e in l.entries() {
+            let vname = l.name(e);
+            if !plain_name(vname) {
+                continue;
+            }
+            if e.meta.kind == Kind::Dir {
+                if only.is_none() {
+                    let sub = ferry_engine::entry::join(dir, vname);
+                    match self.store.open_dir(d, l.cname(e)) {
+                        Ok(sd) => self.walk(&sd, &sub, only, out, notes),
+                        Err(err) => {
+                            notes.push(format!("{}: {}", location(&self.root, &sub), cause(&err)))
+                        }
+                    }
+                }
+                continue;
+            }
+            let Some((name, n)) = ferry_engine::keep::parse_backup_name(vname, &self.suffix) else {
+                continue;
+            };
+            if only.is_some_and(|o| o != name.as_slice()) {
+                continue;
+            }
+            // When it was kept: its change time (the link or rename that
+            // kept it), else its mtime.
+            // (A store marks a ctime it has with the top bit.)
+            let kept = match e.meta.ctime & !(1 << 63) {
+                0 => e.meta.mtime_sec,
+                c => (c / 1_000_000_000) as i64,
+            };
+            out.push(Version {
+                dir: dir.to_vec(),
+                name,
+                vname: vname.to_vec(),
+                kept,
+                n,
+                meta: e.meta,
+                backup: true,
+            });
+        }
+    }
+}
+
+/// The replica above PATH that keeps backups in `dir` (`--backup-dir`,
+/// relative to the replica's root as a run takes it, or absolute), with
+/// those backups: the ancestor of PATH, farthest first, whose backup
+/// directory has PATH's directory, holding a backup of PATH (or PATH as
+/// a directory). Local paths only.
+fn find_backups(path: &Path, dir: &Path, suffix: &[u8]) -> Result<(Replica, Backups), String> {
+    let loc = Location::parse(path.as_os_str());
+    let Location::Local(p) = &loc else {
+        return Err(format!("{loc}: with --backup-dir, PATH is a local path"));
+    };
+    let abs = absolute(p).map_err(|e| format!("{loc}: {}", cause(&e)))?;
+    let ancestors: Vec<&Path> = abs.ancestors().collect();
+    for a in ancestors.into_iter().rev() {
+        let b = absolute(&a.join(dir)).map_err(|e| format!("--backup-dir: {}", cause(&e)))?;
+        let rel = abs.strip_prefix(a).unwrap_or(Path::new(""));
+        let relb = rel.as_os_str().as_bytes();
+        let (pdir, name) = split_parent(relb);
+        let bdir = b.join(std::ffi::OsStr::from_bytes(pdir));
+        let Ok(rd) = std::fs::read_dir(&bdir) else {
+            continue;
+        };
+        let found = relb.is_empty()
+            || b.join(rel).is_dir()
+            || rd.flatten().any(|e| {
+                ferry_engine::keep::parse_backup_name(e.file_name().as_bytes(), suffix)
+                    .is_some_and(|(n, _)| n == name)
+            });
+        if !found || b.starts_with(a) && b == a {
+            continue;
+        }
+        let root = Root::Local(a.to_path_buf());
+        let broot = Root::Local(b.clone());
+        let base = ferry_backends::keep::keep_base(&root, dir.as_os_str())?;
+        return Ok((
+            Replica {
+                root,
+                rel: relb.to_vec(),
+            },
+            Backups {
+                store: open_store(&broot)?,
+                root: broot,
+                suffix: suffix.to_vec(),
+                rule: KeepRule::BackupDir {
+                    base,
+                    suffix: suffix.to_vec(),
+                },
+            },
+        ));
+    }
+    Err(format!(
+        "{loc}: no backup of it in {} (nor of a directory holding it)",
+        dir.display()
+    ))
+}
+
 /// `YYYY-MM-DD HH:MM:SS` in UTC.
 fn utc(unix: i64) -> String {
     match Timestamp::from_second(unix) {
@@ -115,7 +256,7 @@ fn find_replica(path: &Path, endpoint: Option<&str>) -> Result<Replica, String> 
     let typed = loc.to_string();
     let none = || {
         format!(
-            "{typed}: no .ferry-versions directory in it or above it (versions are kept with --versions)"
+            "{typed}: no .ferry-versions directory in it or above it (versions are kept with --versions; for a --backup-dir, give it)"
         )
     };
     match &loc {
@@ -243,6 +384,8 @@ struct History {
     rel: Vec<u8>,
     live: Option<Meta>,
     versions: Vec<Version>,
+    /// The backup directory's root, when some versions are backups.
+    broot: Option<Root>,
 }
 
 /// Which state of a file a restore or a listing takes.
@@ -290,6 +433,25 @@ impl History {
             Pick::Live => sp.last().map_or(0, |s| s.start),
             Pick::Version(i) => sp[i].start,
         }
+    }
+
+    /// Where the state `p` is, as raw bytes (`root`: the replica's).
+    fn where_bytes(&self, root: &Root, p: Pick) -> Vec<u8> {
+        match p {
+            Pick::Live => location_bytes(root, &self.rel),
+            Pick::Version(i) => {
+                let v = &self.versions[i];
+                match (&self.broot, v.backup) {
+                    (Some(b), true) => location_bytes(b, &v.path()),
+                    _ => location_bytes(root, &v.path()),
+                }
+            }
+        }
+    }
+
+    /// [`History::where_bytes`] as text.
+    fn where_text(&self, root: &Root, p: Pick) -> String {
+        text_name_string(&self.where_bytes(root, p))
     }
 
     fn meta(&self, p: Pick) -> Meta {
@@ -375,7 +537,12 @@ fn plain_rel(rel: &[u8]) -> bool {
 
 /// Look PATH (`rel` below the root) up in its replica; `Ok(None)` when it
 /// names nothing known (neither a live entry nor one with versions).
-fn target(store: &AnyStore, rel: &[u8], notes: &mut Vec<String>) -> io::Result<Option<Target>> {
+fn target(
+    store: &AnyStore,
+    rel: &[u8],
+    bk: Option<&Backups>,
+    notes: &mut Vec<String>,
+) -> io::Result<Option<Target>> {
     if !plain_rel(rel) {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -391,6 +558,9 @@ fn target(store: &AnyStore, rel: &[u8], notes: &mut Vec<String>) -> io::Result<O
         if let Some(d) = open_versions_dir(store, &open_root(store)?, rel)? {
             collect(store, &d, rel, None, true, &mut v, notes);
         }
+        if let Some(b) = bk {
+            b.collect(rel, None, &mut v, notes)?;
+        }
         for x in v {
             files
                 .entry(x.rel())
@@ -398,6 +568,7 @@ fn target(store: &AnyStore, rel: &[u8], notes: &mut Vec<String>) -> io::Result<O
                     rel: x.rel(),
                     live: None,
                     versions: Vec::new(),
+                    broot: bk.map(|b| b.root.clone()),
                 })
                 .versions
                 .push(x);
@@ -416,6 +587,7 @@ fn target(store: &AnyStore, rel: &[u8], notes: &mut Vec<String>) -> io::Result<O
                     rel: r,
                     live: None,
                     versions: Vec::new(),
+                    broot: bk.map(|b| b.root.clone()),
                 })
                 .live = Some(m);
         }
@@ -442,12 +614,16 @@ fn target(store: &AnyStore, rel: &[u8], notes: &mut Vec<String>) -> io::Result<O
     if let Some(d) = open_versions_dir(store, &open_root(store)?, pdir)? {
         collect(store, &d, pdir, Some(name), false, &mut versions, notes);
     }
+    if let Some(b) = bk {
+        b.collect(pdir, Some(name), &mut versions, notes)?;
+    }
     versions.sort_by_key(|v| (v.kept, v.n));
     if live.is_some() || !versions.is_empty() {
         return Ok(Some(Target::File(History {
             rel: rel.to_vec(),
             live,
             versions,
+            broot: bk.map(|b| b.root.clone()),
         })));
     }
     // A deleted directory with versions below it, or a directory an
@@ -474,9 +650,15 @@ fn print_notes(notes: Vec<String>) {
 }
 
 /// Look `rep.rel` up in its replica; every failure is one line (exit 2).
-fn lookup_in(typed: &str, rep: &Replica, store: &AnyStore) -> Result<Target, String> {
+fn lookup_in(
+    typed: &str,
+    rep: &Replica,
+    store: &AnyStore,
+    bk: Option<&Backups>,
+) -> Result<Target, String> {
     let mut notes = Vec::new();
-    let t = target(store, &rep.rel, &mut notes).map_err(|e| format!("{typed}: {}", cause(&e)))?;
+    let t =
+        target(store, &rep.rel, bk, &mut notes).map_err(|e| format!("{typed}: {}", cause(&e)))?;
     print_notes(notes);
     t.ok_or_else(|| {
         format!(
@@ -488,12 +670,22 @@ fn lookup_in(typed: &str, rep: &Replica, store: &AnyStore) -> Result<Target, Str
 
 /// Find PATH's replica, open its store and look PATH up; every failure
 /// is one line (exit 2).
-fn lookup(path: &Path, endpoint: Option<&str>) -> Result<(Replica, AnyStore, Target), String> {
+fn lookup(
+    path: &Path,
+    endpoint: Option<&str>,
+    backup: Option<(&Path, &[u8])>,
+) -> Result<(Replica, AnyStore, Target, Option<Backups>), String> {
     let typed = Location::parse(path.as_os_str()).to_string();
-    let rep = find_replica(path, endpoint)?;
+    let (rep, bk) = match backup {
+        Some((dir, suffix)) => {
+            let (r, b) = find_backups(path, dir, suffix)?;
+            (r, Some(b))
+        }
+        None => (find_replica(path, endpoint)?, None),
+    };
     let store = open_store(&rep.root)?;
-    let t = lookup_in(&typed, &rep, &store)?;
-    Ok((rep, store, t))
+    let t = lookup_in(&typed, &rep, &store, bk.as_ref())?;
+    Ok((rep, store, t, bk))
 }
 
 /// `--from DST PATH`: PATH is in the tree synced to DST (SRC); its place
@@ -524,7 +716,7 @@ fn lookup_from(
         let tail = comps[k..].join(&b'/');
         let rel = ferry_engine::entry::join(&dst_rep.rel, &tail);
         let mut notes = Vec::new();
-        let Ok(Some(t)) = target(&store, &rel, &mut notes) else {
+        let Ok(Some(t)) = target(&store, &rel, None, &mut notes) else {
             continue;
         };
         print_notes(notes);
@@ -541,7 +733,7 @@ fn lookup_from(
     // parts DST has.
     if std::fs::metadata(&abs).is_ok_and(|m| m.is_dir()) {
         let mut notes = Vec::new();
-        if let Ok(Some(t)) = target(&store, &dst_rep.rel, &mut notes) {
+        if let Ok(Some(t)) = target(&store, &dst_rep.rel, None, &mut notes) {
             print_notes(notes);
             return Ok((dst_rep, store, t));
         }
@@ -613,7 +805,7 @@ fn json_line(out: &mut Vec<u8>, root: &Root, h: &History, i: usize) {
         v.meta.mode,
         h.live.is_none()
     );
-    json_name(out, "where", &location_bytes(root, &v.path()));
+    json_name(out, "where", &h.where_bytes(root, Pick::Version(i)));
     out.push(b',');
     json_name(out, "root", &location_bytes(root, b""));
     out.extend_from_slice(b"}\n");
@@ -636,11 +828,7 @@ fn json_state(out: &mut Vec<u8>, root: &Root, h: &History, p: Pick) {
         m.size,
         m.mtime_ns()
     );
-    let at = match p {
-        Pick::Live => h.rel.clone(),
-        Pick::Version(i) => h.versions[i].path(),
-    };
-    json_name(out, "where", &location_bytes(root, &at));
+    json_name(out, "where", &h.where_bytes(root, p));
     out.extend_from_slice(b"}\n");
 }
 
@@ -680,13 +868,15 @@ pub fn run_versions(a: VersionsArgs) -> Result<u8, String> {
     let now = now_unix();
     let tz = TimeZone::system();
     let at = a.at.as_deref().map(|s| parse_at(s, now, &tz)).transpose()?;
-    let (rep, _store, t) = lookup(&a.path, a.tx.s3_endpoint.as_deref())?;
+    let suffix = a.suffix.as_deref().unwrap_or("").as_bytes().to_vec();
+    let backup = a.backup_dir.as_deref().map(|d| (d, suffix.as_slice()));
+    let (rep, _store, t, _bk) = lookup(&a.path, a.tx.s3_endpoint.as_deref(), backup)?;
     let root = &rep.root;
     let mut out = Vec::new();
     let local = |t: i64| local_time(t, &tz);
-    let files: Vec<History> = match t {
-        Target::File(h) => vec![h],
-        Target::Dir { files, .. } => files.into_values().collect(),
+    let (files, one): (Vec<History>, bool) = match t {
+        Target::File(h) => (vec![h], true),
+        Target::Dir { files, .. } => (files.into_values().collect(), false),
     };
     if let Some(at) = at {
         // Each file as it was at TIME.
@@ -725,7 +915,7 @@ pub fn run_versions(a: VersionsArgs) -> Result<u8, String> {
         } else if !a.json {
             table(&mut out, &rows, &[false, false, true]);
         }
-    } else if let [h] = &files[..] {
+    } else if let (true, [h]) = (one, &files[..]) {
         if h.versions.is_empty() {
             eprintln!("ferry: no versions of {} kept", location(root, &h.rel));
         } else if a.json {
@@ -754,7 +944,7 @@ pub fn run_versions(a: VersionsArgs) -> Result<u8, String> {
                     local(h.written(Pick::Version(i))),
                     local(v.kept),
                     v.meta.size.to_string(),
-                    location(root, &v.path()),
+                    h.where_text(root, Pick::Version(i)),
                 ]);
             }
             table(&mut out, &rows, &[false, false, true]);
@@ -957,6 +1147,9 @@ struct OutBase {
 struct Ctx<'a> {
     rep: &'a Replica,
     store: &'a AnyStore,
+    /// The backup directory given (`--backup-dir`): versions from there,
+    /// and what a restore replaces kept there.
+    bk: Option<&'a Backups>,
     now: i64,
     tz: &'a TimeZone,
 }
@@ -969,8 +1162,11 @@ impl Ctx<'_> {
         match j.p {
             Pick::Version(i) => {
                 let v = &j.h.versions[i];
-                let d = open_versions_dir(self.store, &root, &v.dir)?
-                    .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
+                let d = match (v.backup, self.bk) {
+                    (true, Some(b)) => live_dir(&b.store, open_root(&b.store)?, &v.dir, false)?,
+                    _ => open_versions_dir(self.store, &root, &v.dir)?,
+                }
+                .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
                 Ok((d, cstr(&v.vname)?, v.meta, v.path()))
             }
             Pick::Live => {
@@ -1000,7 +1196,8 @@ impl Ctx<'_> {
                 "this store cannot keep the current file as a version",
             ));
         }
-        let k = Keeper::new(KeepRule::Versions, self.now);
+        let rule = self.bk.map_or(KeepRule::Versions, |b| b.rule.clone());
+        let k = Keeper::new(rule, self.now);
         match how {
             Replace::InPlace => return k.keep(self.store, dir, name, rel, cur, true, 1),
             Replace::Never => {
@@ -1098,11 +1295,7 @@ fn restore_one(
     let shown = location(out.root, &out.rel);
     let fail = |e: io::Error| format!("{shown}: not restored: {}", cause(&e));
     let meta = j.h.meta(j.p);
-    let from_rel = match j.p {
-        Pick::Live => j.h.rel.clone(),
-        Pick::Version(i) => j.h.versions[i].path(),
-    };
-    let from = location(root, &from_rel);
+    let from = j.h.where_text(root, j.p);
     if meta.kind != Kind::File && meta.kind != Kind::Symlink {
         return Err(format!(
             "{from}: a {} cannot be restored",
@@ -1181,10 +1374,12 @@ fn restore_one(
     .map_err(fail)?;
     let mut line = format!("restored {shown} from {what}");
     if let Some(p) = kept_as {
-        line.push_str(&format!(
-            "; the file it replaced is kept as {}",
-            location(root, &p)
-        ));
+        // A backup directory outside the replica is shown whole.
+        let at = match root {
+            Root::Local(_) if p.starts_with(b"/") => text_name_string(&p),
+            _ => location(root, &p),
+        };
+        line.push_str(&format!("; the file it replaced is kept as {at}"));
     }
     Ok(line)
 }
@@ -1263,9 +1458,17 @@ pub fn run_restore(a: RestoreArgs) -> Result<u8, String> {
     let at = a.at.as_deref().map(|s| parse_at(s, now, &tz)).transpose()?;
     let endpoint = a.tx.s3_endpoint.as_deref();
     let typed = Location::parse(a.path.as_os_str()).to_string();
-    let (rep, store, t) = match &a.from {
-        Some(dst) => lookup_from(dst, &a.path, endpoint)?,
-        None => lookup(&a.path, endpoint)?,
+    let suffix = a.suffix.as_deref().unwrap_or("").as_bytes().to_vec();
+    let backup = a.backup_dir.as_deref().map(|d| (d, suffix.as_slice()));
+    let (rep, store, t, bk) = match &a.from {
+        Some(_) if backup.is_some() => {
+            return Err("--from and --backup-dir do not go together (yet)".into())
+        }
+        Some(dst) => {
+            let (r, s, t) = lookup_from(dst, &a.path, endpoint)?;
+            (r, s, t, None)
+        }
+        None => lookup(&a.path, endpoint, backup)?,
     };
     let dest = match (&a.to, &a.from) {
         (Some(p), _) if p.as_os_str() == "-" => Dest::Stdout,
@@ -1289,6 +1492,7 @@ pub fn run_restore(a: RestoreArgs) -> Result<u8, String> {
     let cx = Ctx {
         rep: &rep,
         store: &store,
+        bk: bk.as_ref(),
         now,
         tz: &tz,
     };

@@ -967,3 +967,101 @@ fn planted_symlinks_in_the_versions_directory_are_not_followed() {
     assert_eq!(fs::read(src.join("sub/x")).unwrap(), b"src x", "{run}");
     assert_untouched(&before.1, &snapshot(&outside));
 }
+
+#[test]
+fn backup_dir_trees_are_versions_too() {
+    let t = tmpdir();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    // Three runs with --backup-dir ../old --suffix .bak, one second apart
+    // (a backup's keep time is its change time).
+    let mut contents = Vec::new();
+    for (i, data) in [&b"one"[..], b"two", b"three"].iter().enumerate() {
+        write(&src, "d/f", data);
+        set_mtime(&src.join("d/f"), (NOW + i as i64, 0));
+        ferry(&[
+            "sync".as_ref(),
+            "--backup-dir".as_ref(),
+            "../old".as_ref(),
+            "--suffix".as_ref(),
+            ".bak".as_ref(),
+            src.as_os_str(),
+            dst.as_os_str(),
+        ])
+        .ok();
+        contents.push(data.to_vec());
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+    }
+    let old = t.path().join("old");
+    assert_eq!(names(&old.join("d")), ["f.bak", "f.bak1.bak"]);
+    let vers = |extra: &[&str], p: &Path| -> Run {
+        let mut args: Vec<OsString> = vec![
+            "versions".into(),
+            "--backup-dir".into(),
+            "../old".into(),
+            "--suffix".into(),
+            ".bak".into(),
+        ];
+        args.extend(extra.iter().map(OsString::from));
+        args.push(p.as_os_str().to_owned());
+        at_now(&args)
+    };
+    let run = vers(&[], &dst.join("d/f"));
+    run.ok();
+    let lines: Vec<String> = run.out().lines().map(str::to_owned).collect();
+    assert_eq!(lines.len(), 4, "{run}");
+    assert!(lines[1].contains("(current)"), "{run}");
+    let o = old.canonicalize().unwrap();
+    assert!(
+        lines[2].ends_with(&format!("{}/d/f.bak1.bak", o.display())),
+        "{run}"
+    );
+    assert!(
+        lines[3].ends_with(&format!("{}/d/f.bak", o.display())),
+        "{run}"
+    );
+    // The directory: f with 2 versions, present.
+    let run = vers(&[], &dst);
+    assert!(
+        run.ok()
+            .out()
+            .lines()
+            .nth(1)
+            .unwrap()
+            .contains("  2  present  "),
+        "{run}"
+    );
+    // Without --backup-dir there are no versions to see.
+    at_now(&["versions".as_ref(), dst.join("d/f").as_os_str()]).code_is(2);
+
+    // Restore the second one in place: what it replaces goes to the
+    // backup directory, under the next name.
+    let run = at_now(&[
+        "restore".as_ref(),
+        "--backup-dir".as_ref(),
+        "../old".as_ref(),
+        "--suffix".as_ref(),
+        ".bak".as_ref(),
+        "--at".as_ref(),
+        civil(NOW + 1).as_ref(),
+        dst.join("d/f").as_os_str(),
+    ]);
+    run.ok();
+    assert_eq!(fs::read(dst.join("d/f")).unwrap(), b"two", "{run}");
+    assert_eq!(
+        fs::read(old.join("d/f.bak2.bak")).unwrap(),
+        b"three",
+        "{run}"
+    );
+    assert!(!dst.join(".ferry-versions").exists());
+    // --keep with --backup-dir is refused (it would prune nothing).
+    let run = ferry(&[
+        "sync".as_ref(),
+        "--backup-dir".as_ref(),
+        "../old".as_ref(),
+        "--keep".as_ref(),
+        "1".as_ref(),
+        src.as_os_str(),
+        dst.as_os_str(),
+    ]);
+    run.code_is(2);
+}
