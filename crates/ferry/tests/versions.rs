@@ -900,7 +900,7 @@ fn planted_symlinks_in_the_versions_directory_are_not_followed() {
     let t = tmpdir();
     let r = t.path().join("r");
     let outside = t.path().join("outside");
-    write(&outside, &vname("x", NOW - DAY), b"planted");
+    write(&outside, vname("x", NOW - DAY), b"planted");
     write(&outside, "secret", b"secret");
     write(&r, "sub/x", b"mine");
     write(&r, "y", b"live y");
@@ -978,7 +978,7 @@ fn backup_dir_trees_are_versions_too() {
     for (i, data) in [&b"one"[..], b"two", b"three"].iter().enumerate() {
         write(&src, "d/f", data);
         set_mtime(&src.join("d/f"), (NOW + i as i64, 0));
-        ferry(&[
+        ferry([
             "sync".as_ref(),
             "--backup-dir".as_ref(),
             "../old".as_ref(),
@@ -1054,7 +1054,7 @@ fn backup_dir_trees_are_versions_too() {
     );
     assert!(!dst.join(".ferry-versions").exists());
     // --keep with --backup-dir is refused (it would prune nothing).
-    let run = ferry(&[
+    let run = ferry([
         "sync".as_ref(),
         "--backup-dir".as_ref(),
         "../old".as_ref(),
