@@ -1344,6 +1344,18 @@ fn restore_one(
         return Err(format!("{shown}: is a directory now; not replaced"));
     }
     let (sdir, sname, smeta, _) = cx.source(j).map_err(fail)?;
+    // A file that holds that content already (same size, mtime and
+    // bytes) is left as it is: a restore run twice keeps nothing twice.
+    if let Some(cur) = &current {
+        if cur.kind == Kind::File
+            && smeta.kind == Kind::File
+            && (cur.size, cur.mtime_sec, cur.mtime_nsec)
+                == (smeta.size, smeta.mtime_sec, smeta.mtime_nsec)
+            && same_bytes(cx.store, &sdir, &sname, out.store, &odir, &cname).unwrap_or(false)
+        {
+            return Ok(format!("{SAME}{shown} (it holds {what} already)"));
+        }
+    }
     // What the file is now goes into the history first: a restore loses
     // nothing.
     let mut kept_as = None;
@@ -1382,6 +1394,41 @@ fn restore_one(
         line.push_str(&format!("; the file it replaced is kept as {at}"));
     }
     Ok(line)
+}
+
+/// The start of [`restore_one`]'s line for a file left as it is.
+const SAME: &str = "unchanged ";
+
+/// True when the two files hold the same bytes.
+fn same_bytes(
+    a: &AnyStore,
+    ad: &AnyDir,
+    an: &CStr,
+    b: &AnyStore,
+    bd: &AnyDir,
+    bn: &CStr,
+) -> io::Result<bool> {
+    use ferry_engine::store::SourceFile;
+    let mut ra = a.open_file(ad, an)?;
+    let mut rb = b.open_file(bd, bn)?;
+    let (mut x, mut y) = (vec![0u8; 64 * 1024], vec![0u8; 64 * 1024]);
+    loop {
+        let n = ra.read(&mut x)?;
+        let mut m = 0;
+        while m < n {
+            let k = rb.read(&mut y[m..n])?;
+            if k == 0 {
+                return Ok(false);
+            }
+            m += k;
+        }
+        if x[..n] != y[..n] {
+            return Ok(false);
+        }
+        if n == 0 {
+            return Ok(true);
+        }
+    }
 }
 
 /// Write the state `j` of a file to standard output.
@@ -1589,6 +1636,7 @@ pub fn run_restore(a: RestoreArgs) -> Result<u8, String> {
                     },
                 };
                 match restore_one(&cx, &j, &out, how, a.dry_run) {
+                    Ok(line) if line.starts_with(SAME) => same += 1,
                     Ok(line) => {
                         println!("{line}");
                         done += 1;

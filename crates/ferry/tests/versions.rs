@@ -355,7 +355,17 @@ fn restore_keeps_the_current_file_as_a_version() {
     let kept = r.join(".ferry-versions/d").join(vname("f.txt", NOW));
     assert_eq!(fs::read(&kept).unwrap(), b"bad edit", "{run}");
     assert!(run.out().contains(&vname("f.txt", NOW)), "{run}");
-    // Restoring again (same second) keeps that state too, under -2.
+    // Restoring the same again: it holds that already, nothing is kept.
+    let run = at_now(&[
+        "restore".as_ref(),
+        "--at".as_ref(),
+        stamp(NOW - DAY - 30).as_ref(),
+        f.as_os_str(),
+    ]);
+    assert!(run.ok().out().starts_with("unchanged "), "{run}");
+    assert_eq!(names(&r.join(".ferry-versions/d")).len(), 2);
+    // Another edit in the same second, then a restore: kept under -2.
+    rewrite_keep_meta(&f, b"gooD");
     let run = at_now(&[
         "restore".as_ref(),
         "--at".as_ref(),
@@ -366,7 +376,7 @@ fn restore_keeps_the_current_file_as_a_version() {
     let second = r
         .join(".ferry-versions/d")
         .join(String::from_utf8(version_name(b"f.txt", &stamp(NOW), 2)).unwrap());
-    assert_eq!(fs::read(second).unwrap(), b"good");
+    assert_eq!(fs::read(second).unwrap(), b"gooD", "{run}");
     assert_eq!(fs::read(&f).unwrap(), b"good");
     assert_eq!(names(&r.join(".ferry-versions/d")).len(), 3);
 }
@@ -712,9 +722,13 @@ fn restore_a_directory_as_of_a_time() {
         fs::read(dst.join(".ferry-versions").join(vname("f", NOW))).unwrap(),
         b"C"
     );
-    // Again: the same (what it replaces, B, kept once more).
-    restore_at(&when, &dst, &[]).ok();
+    // Again: f holds B already; nothing is kept twice.
+    let n = names(&dst.join(".ferry-versions")).len();
+    let run = restore_at(&when, &dst, &[]);
+    assert!(run.ok().err().contains("restored 0 files"), "{run}");
+    assert!(run.err().contains("1 unchanged since"), "{run}");
     assert_eq!(fs::read(dst.join("f")).unwrap(), b"B");
+    assert_eq!(names(&dst.join(".ferry-versions")).len(), n);
     // A directory restore --to a directory never replaces its files.
     fs::write(out.join("f"), b"mine").unwrap();
     let run = restore_at(&when, &dst, &["--to", out.to_str().unwrap()]);
