@@ -1712,6 +1712,16 @@ mod tests {
     }
 
     #[test]
+    fn paths_never_leave_the_replica() {
+        for ok in [&b""[..], b"f", b"d/f", b".f/..g", b"a/...", b"a b/c"] {
+            assert!(plain_rel(ok), "{:?}", String::from_utf8_lossy(ok));
+        }
+        for bad in [&b".."[..], b"d/../f", b"./f", b"d//f", b"d/", b"/d", b"d/."] {
+            assert!(!plain_rel(bad), "{:?}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
     fn utc_times() {
         assert_eq!(utc(1_795_624_423), "2026-11-25 16:33:43");
     }

@@ -584,6 +584,12 @@ fn s3_versions_and_restore() {
     assert_eq!(get_mtime(&back), (NOW - DAY - 60, 0));
     let run = at_now(&["versions", format!("{url}/nothing/here").as_str()]);
     run.code_is(2);
+    // A path that would leave the replica is refused, whatever it names.
+    for p in ["d/../../x", "d/./f.txt"] {
+        let run = at_now(&["restore", "--at", "now", format!("{url}/{p}").as_str()]);
+        run.code_is(2);
+        assert_eq!(run.error_lines().len(), 1, "{run}");
+    }
     let run = at_now(&[
         "versions",
         format!("s3://{}/no-such-replica-{NOW}/f", s3.bucket).as_str(),
