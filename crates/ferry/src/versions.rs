@@ -386,6 +386,8 @@ struct History {
     versions: Vec<Version>,
     /// The backup directory's root, when some versions are backups.
     broot: Option<Root>,
+    /// The states' spans, once asked for.
+    sp: std::cell::OnceCell<Vec<ferry_engine::versions::Span>>,
 }
 
 /// Which state of a file a restore or a listing takes.
@@ -428,7 +430,7 @@ impl History {
 
     /// When the state `p` was written (its span's start).
     fn written(&self, p: Pick) -> i64 {
-        let sp = spans(&self.states());
+        let sp = self.sp.get_or_init(|| spans(&self.states()));
         match p {
             Pick::Live => sp.last().map_or(0, |s| s.start),
             Pick::Version(i) => sp[i].start,
@@ -569,6 +571,7 @@ fn target(
                     live: None,
                     versions: Vec::new(),
                     broot: bk.map(|b| b.root.clone()),
+                    sp: Default::default(),
                 })
                 .versions
                 .push(x);
@@ -588,6 +591,7 @@ fn target(
                     live: None,
                     versions: Vec::new(),
                     broot: bk.map(|b| b.root.clone()),
+                    sp: Default::default(),
                 })
                 .live = Some(m);
         }
@@ -624,6 +628,7 @@ fn target(
             live,
             versions,
             broot: bk.map(|b| b.root.clone()),
+            sp: Default::default(),
         })));
     }
     // A deleted directory with versions below it, or a directory an

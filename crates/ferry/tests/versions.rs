@@ -875,41 +875,55 @@ fn retention_flags_that_cannot_apply_are_refused() {
 
 #[test]
 fn watch_prunes_after_each_run_that_kept() {
-    let t = tmpdir();
-    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
-    write(&src, "f", b"0");
-    let mut w = util::watch::Watch::start(&["sync", "--versions", "--keep", "2"], &src, &dst);
-    let kept = || {
-        names(&dst.join(".ferry-versions"))
-            .iter()
-            .filter(|n| n.starts_with("f~"))
-            .count()
-    };
-    let until = |what: &str, ok: &dyn Fn() -> bool, w: &mut util::watch::Watch| {
-        let end = std::time::Instant::now() + std::time::Duration::from_secs(120);
-        while !ok() {
-            assert!(std::time::Instant::now() < end, "{what}\n{}", w.stderr());
-            std::thread::sleep(std::time::Duration::from_millis(20));
+    for cmd in ["sync", "bisync"] {
+        let t = tmpdir();
+        let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+        write(&src, "f", b"0");
+        let mut c = Command::new(bin());
+        c.args([cmd, "--versions", "--keep", "2", "--watch"]);
+        if cmd == "bisync" {
+            c.arg("--journal")
+                .arg(t.path().join("j.sqlite"))
+                .arg("--resync");
         }
-    };
-    until(
-        "first copy",
-        &|| fs::read(dst.join("f")).is_ok_and(|d| d == b"0"),
-        &mut w,
-    );
-    // Each save replaces DST's file, which is kept; each waited for.
-    for i in 1..=6 {
-        let data = i.to_string();
-        fs::write(src.join("f"), &data).unwrap();
+        c.arg(&src).arg(&dst);
+        let mut w = util::watch::Watch::spawn(c);
+        let kept = || {
+            names(&dst.join(".ferry-versions"))
+                .iter()
+                .filter(|n| n.starts_with("f~"))
+                .count()
+        };
+        let until = |what: &str, ok: &dyn Fn() -> bool, w: &mut util::watch::Watch| {
+            let end = std::time::Instant::now() + std::time::Duration::from_secs(120);
+            while !ok() {
+                assert!(
+                    std::time::Instant::now() < end,
+                    "{cmd}: {what}\n{}",
+                    w.stderr()
+                );
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        };
         until(
-            "a save synced",
-            &|| fs::read(dst.join("f")).is_ok_and(|d| d == data.as_bytes()),
+            "first copy",
+            &|| fs::read(dst.join("f")).is_ok_and(|d| d == b"0"),
             &mut w,
         );
+        // Each save replaces DST's file, which is kept; each waited for.
+        for i in 1..=6 {
+            let data = i.to_string();
+            fs::write(src.join("f"), &data).unwrap();
+            until(
+                "a save synced",
+                &|| fs::read(dst.join("f")).is_ok_and(|d| d == data.as_bytes()),
+                &mut w,
+            );
+        }
+        // Six versions were kept; the run that kept the last pruned to 2.
+        until("pruned to 2", &|| kept() == 2, &mut w);
+        assert!(w.stderr().contains("pruned"), "{cmd}: {}", w.stderr());
     }
-    // Five versions were kept; the run that kept the last pruned to 2.
-    until("pruned to 2", &|| kept() == 2, &mut w);
-    assert!(w.stderr().contains("pruned"), "{}", w.stderr());
 }
 
 /// Planted state (HOSTILE.md): symlinks in `.ferry-versions`, to a
