@@ -1099,3 +1099,54 @@ fn backup_dir_trees_are_versions_too() {
     ]);
     run.code_is(2);
 }
+
+/// Over ssh: `versions --at` of a remote replica, and `restore --from
+/// host:DST` into a local SRC (what SRC held kept in DST's versions, on
+/// the server).
+#[test]
+fn versions_at_and_restore_from_over_ssh() {
+    use util::ssh::{ssh_at, ssh_server};
+    let (rsh, host) = ssh_server().unwrap();
+    let t = tmpdir();
+    let (src, dst) = nightly(t.path());
+    let when = civil(NOW - 2 * DAY + HOUR);
+    let with_clock = |cmd: &str, args: &[OsString]| -> Run {
+        let mut a: Vec<OsString> = vec![cmd.into(), "-e".into(), rsh.clone().into()];
+        a.push("--remote-ferry".into());
+        a.push(bin());
+        a.extend(args.iter().cloned());
+        at_now(&a)
+    };
+    let run = with_clock(
+        "versions",
+        &["--at".into(), when.clone().into(), ssh_at(&host, &dst)],
+    );
+    run.ok();
+    let rows: Vec<&str> = run
+        .stdout
+        .split(|&c| c == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(|l| std::str::from_utf8(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 2, "{run}");
+    assert!(
+        rows[1].starts_with("changed  ") && rows[1].ends_with("/f"),
+        "{run}"
+    );
+
+    write(&src, "f", b"unsynced");
+    let run = with_clock(
+        "restore",
+        &[
+            "--from".into(),
+            ssh_at(&host, &dst),
+            "--at".into(),
+            when.into(),
+            src.join("f").into(),
+        ],
+    );
+    run.ok();
+    assert_eq!(fs::read(src.join("f")).unwrap(), b"B", "{run}");
+    let kept = dst.join(".ferry-versions").join(vname("f", NOW));
+    assert_eq!(fs::read(kept).unwrap(), b"unsynced", "{run}");
+}
