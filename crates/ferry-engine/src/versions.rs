@@ -342,15 +342,58 @@ pub fn prune<S: Store + ?Sized>(store: &S, now: i64, r: &Retention) -> PruneRepo
             return rep;
         }
     };
-    prune_dir(store, &vdir, VERSIONS_DIR, now, r, &mut rep);
+    prune_dir(store, &vdir, VERSIONS_DIR, now, r, &mut rep, true);
     rep
 }
 
 /// The versions of one file in a listing: (entry index, (time, number)).
 type Group = Vec<(usize, (i64, u32))>;
 
-/// Prune one directory of versions (`rel`: its path below the root) and
-/// its subdirectories; true when it held entries and holds none now.
+/// Prune only the versions in the directories `subs` of [`VERSIONS_DIR`]
+/// (paths below it, `/`-separated; empty: its top), not their
+/// subdirectories, and remove no directory: what a run that kept
+/// versions there needs, without a walk of every version (a watch's
+/// runs). Never fails, as [`prune`].
+pub fn prune_in<S: Store + ?Sized>(
+    store: &S,
+    now: i64,
+    r: &Retention,
+    subs: &[Vec<u8>],
+) -> PruneReport {
+    let mut rep = PruneReport::default();
+    if keeps_all(r) || subs.is_empty() {
+        return rep;
+    }
+    let root = match store.open_root() {
+        Ok(Some((d, _))) => d,
+        Ok(None) => return rep,
+        Err(e) => {
+            rep.notes.push(format!("pruning versions: the root: {e}"));
+            return rep;
+        }
+    };
+    let mut subs = subs.to_vec();
+    subs.sort();
+    subs.dedup();
+    for sub in subs {
+        let rel = join(VERSIONS_DIR, &sub);
+        match open_versions_dir(store, &root, &sub) {
+            Ok(Some(d)) => {
+                prune_dir(store, &d, &rel, now, r, &mut rep, false);
+            }
+            Ok(None) => {}
+            Err(e) => rep.notes.push(format!(
+                "pruning versions: {}: {e}",
+                String::from_utf8_lossy(&rel)
+            )),
+        }
+    }
+    rep
+}
+
+/// Prune one directory of versions (`rel`: its path below the root) and,
+/// with `deep`, its subdirectories; true when it held entries and holds
+/// none now.
 fn prune_dir<S: Store + ?Sized>(
     store: &S,
     dir: &S::Dir,
@@ -358,6 +401,7 @@ fn prune_dir<S: Store + ?Sized>(
     now: i64,
     r: &Retention,
     rep: &mut PruneReport,
+    deep: bool,
 ) -> bool {
     let show = |name: &[u8]| String::from_utf8_lossy(&join(rel, name)).into_owned();
     let mut l = Listing::new();
@@ -405,11 +449,11 @@ fn prune_dir<S: Store + ?Sized>(
             }
         }
     }
-    for e in entries.iter().filter(|e| e.meta.kind == Kind::Dir) {
+    for e in entries.iter().filter(|e| deep && e.meta.kind == Kind::Dir) {
         let name = l.name(e);
         let sub = join(rel, name);
         let emptied = match store.open_dir(dir, l.cname(e)) {
-            Ok(d) => prune_dir(store, &d, &sub, now, r, rep),
+            Ok(d) => prune_dir(store, &d, &sub, now, r, rep, true),
             Err(err) => {
                 rep.notes
                     .push(format!("pruning versions: {}: {err}", show(name)));

@@ -55,6 +55,44 @@ pub fn after_run(roots: &[&Root], keep: &KeepArgs, dry_run: bool, rep: &CliRepor
     }
 }
 
+/// Prune the versions a watch's run kept: in the directories `dirs` of
+/// each replica's `.ferry-versions` ((index in `roots`, path below it)),
+/// not their subdirectories. Never fails: problems are notes.
+pub fn after_run_in(
+    roots: &[&Root],
+    keep: &KeepArgs,
+    dirs: &[(usize, Vec<u8>)],
+    rep: &CliReporter,
+) {
+    let r = keep.retention();
+    if !keep.versions || keeps_all(&r) {
+        return;
+    }
+    let now = now_unix();
+    for (i, root) in roots.iter().enumerate() {
+        let subs: Vec<Vec<u8>> = dirs
+            .iter()
+            .filter(|(s, _)| *s == i)
+            .map(|(_, d)| d.clone())
+            .collect();
+        if subs.is_empty() {
+            continue;
+        }
+        let o = Opts {
+            jobs: 4,
+            lazy_meta: true,
+        };
+        let report = match ferry_backends::open(root, &o) {
+            Ok(s) => ferry_engine::versions::prune_in(&s, now, &r, &subs),
+            Err(e) => ferry_engine::versions::PruneReport {
+                notes: vec![format!("pruning versions: {e}")],
+                ..Default::default()
+            },
+        };
+        rep.versions_pruned(&root.id(), &report);
+    }
+}
+
 /// A replica found above PATH: its root and PATH below it.
 struct Replica {
     root: Root,

@@ -878,7 +878,7 @@ fn watch_prunes_after_each_run_that_kept() {
     for cmd in ["sync", "bisync"] {
         let t = tmpdir();
         let (src, dst) = (t.path().join("src"), t.path().join("dst"));
-        write(&src, "f", b"0");
+        write(&src, "d/f", b"0");
         let mut c = Command::new(bin());
         c.args([cmd, "--versions", "--keep", "2", "--watch"]);
         if cmd == "bisync" {
@@ -889,7 +889,7 @@ fn watch_prunes_after_each_run_that_kept() {
         c.arg(&src).arg(&dst);
         let mut w = util::watch::Watch::spawn(c);
         let kept = || {
-            names(&dst.join(".ferry-versions"))
+            names(&dst.join(".ferry-versions/d"))
                 .iter()
                 .filter(|n| n.starts_with("f~"))
                 .count()
@@ -907,20 +907,21 @@ fn watch_prunes_after_each_run_that_kept() {
         };
         until(
             "first copy",
-            &|| fs::read(dst.join("f")).is_ok_and(|d| d == b"0"),
+            &|| fs::read(dst.join("d/f")).is_ok_and(|d| d == b"0"),
             &mut w,
         );
         // Each save replaces DST's file, which is kept; each waited for.
         for i in 1..=6 {
             let data = i.to_string();
-            fs::write(src.join("f"), &data).unwrap();
+            fs::write(src.join("d/f"), &data).unwrap();
             until(
                 "a save synced",
-                &|| fs::read(dst.join("f")).is_ok_and(|d| d == data.as_bytes()),
+                &|| fs::read(dst.join("d/f")).is_ok_and(|d| d == data.as_bytes()),
                 &mut w,
             );
         }
-        // Six versions were kept; the run that kept the last pruned to 2.
+        // Six versions were kept; each run that kept one pruned its
+        // directory, to 2.
         until("pruned to 2", &|| kept() == 2, &mut w);
         assert!(w.stderr().contains("pruned"), "{cmd}: {}", w.stderr());
     }
