@@ -732,8 +732,10 @@ fn lookup(
 }
 
 /// `--from DST PATH`: PATH is in the tree synced to DST (SRC); its place
-/// in DST is its longest trailing part that DST has, live or with
-/// versions.
+/// in DST is the trailing part of its path that DST has (live or with
+/// versions) whose directory in DST shares the most names with PATH's
+/// directory here (the longest such part on a tie); an existing directory
+/// may be SRC's root, DST's root.
 fn lookup_from(
     dst: &Path,
     path: &Path,
@@ -748,6 +750,7 @@ fn lookup_from(
     let abs = absolute(p).map_err(|e| format!("{loc}: {}", cause(&e)))?;
     let dst_rep = find_replica(dst, endpoint)?;
     let store = open_store(&dst_rep.root)?;
+    let is_dir = std::fs::metadata(&abs).is_ok_and(|m| m.is_dir());
     let comps: Vec<&[u8]> = abs
         .components()
         .filter_map(|c| match c {
@@ -755,36 +758,112 @@ fn lookup_from(
             _ => None,
         })
         .collect();
-    for k in 0..comps.len() {
+    // The names in PATH's directory here (PATH itself when a directory).
+    let here_dir = if is_dir {
+        abs.clone()
+    } else {
+        abs.parent().unwrap_or(Path::new("/")).to_path_buf()
+    };
+    let here: std::collections::HashSet<Vec<u8>> = std::fs::read_dir(&here_dir)
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().as_bytes().to_vec())
+                .filter(|n| !ferry_engine::keep::is_versions_dir(n))
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut best: Option<(usize, usize, Vec<u8>)> = None;
+    // Longest part first; DST's root (the empty part) for a directory.
+    let last = if is_dir {
+        comps.len()
+    } else {
+        comps.len().saturating_sub(1)
+    };
+    for k in 0..=last {
         let tail = comps[k..].join(&b'/');
         let rel = ferry_engine::entry::join(&dst_rep.rel, &tail);
-        let mut notes = Vec::new();
-        let Ok(Some(t)) = target(&store, &rel, None, &mut notes) else {
+        if !plain_rel(&rel) || !known(&store, &rel).unwrap_or(false) {
             continue;
+        }
+        let dir = if is_dir {
+            rel.clone()
+        } else {
+            split_parent(&rel).0.to_vec()
         };
-        print_notes(notes);
-        return Ok((
-            Replica {
-                root: dst_rep.root,
-                rel,
-            },
-            store,
-            t,
-        ));
-    }
-    // SRC's root itself: an existing directory none of whose trailing
-    // parts DST has.
-    if std::fs::metadata(&abs).is_ok_and(|m| m.is_dir()) {
-        let mut notes = Vec::new();
-        if let Ok(Some(t)) = target(&store, &dst_rep.rel, None, &mut notes) {
-            print_notes(notes);
-            return Ok((dst_rep, store, t));
+        let score = names_there(&store, &dir)
+            .map(|n| n.iter().filter(|x| here.contains(*x)).count())
+            .unwrap_or(0);
+        let len = comps.len() - k;
+        if best.as_ref().is_none_or(|b| (score, len) > (b.0, b.1)) {
+            best = Some((score, len, rel));
         }
     }
-    Err(format!(
-        "{loc}: neither it nor any trailing part of its path is in {} (live or with versions)",
-        location(&dst_rep.root, &dst_rep.rel)
+    let Some((_, _, rel)) = best else {
+        return Err(format!(
+            "{loc}: neither it nor any trailing part of its path is in {} (live or with versions)",
+            location(&dst_rep.root, &dst_rep.rel)
+        ));
+    };
+    let mut notes = Vec::new();
+    let t = target(&store, &rel, None, &mut notes)
+        .map_err(|e| format!("{loc}: {}", cause(&e)))?
+        .ok_or_else(|| format!("{loc}: {} went missing", location(&dst_rep.root, &rel)))?;
+    print_notes(notes);
+    Ok((
+        Replica {
+            root: dst_rep.root,
+            rel,
+        },
+        store,
+        t,
     ))
+}
+
+/// True when the replica has `rel`: live, or with versions (one stat and
+/// one listing).
+fn known(store: &AnyStore, rel: &[u8]) -> io::Result<bool> {
+    if rel.is_empty() {
+        return Ok(true);
+    }
+    let (pdir, name) = split_parent(rel);
+    if let Some(d) = live_dir(store, open_root(store)?, pdir, false)? {
+        if store.stat(&d, &cstr(name)?)?.is_some() {
+            return Ok(true);
+        }
+    }
+    let mut v = Vec::new();
+    let mut notes = Vec::new();
+    if let Some(d) = open_versions_dir(store, &open_root(store)?, pdir)? {
+        collect(store, &d, pdir, Some(name), false, &mut v, &mut notes);
+    }
+    // A deleted directory: versions below it.
+    Ok(!v.is_empty() || open_versions_dir(store, &open_root(store)?, rel)?.is_some())
+}
+
+/// The names in the replica's directory `dir`: live entries, and files
+/// that have versions there.
+fn names_there(store: &AnyStore, dir: &[u8]) -> io::Result<Vec<Vec<u8>>> {
+    let mut out = Vec::new();
+    if let Some(d) = live_dir(store, open_root(store)?, dir, false)? {
+        let mut l = Listing::new();
+        let mut errors = Vec::new();
+        store.list(&d, dir, &mut l, &mut errors)?;
+        out.extend(
+            l.entries()
+                .iter()
+                .map(|e| l.name(e).to_vec())
+                .filter(|n| !ferry_engine::keep::is_versions_dir(n)),
+        );
+    }
+    let mut v = Vec::new();
+    let mut notes = Vec::new();
+    if let Some(d) = open_versions_dir(store, &open_root(store)?, dir)? {
+        collect(store, &d, dir, None, false, &mut v, &mut notes);
+    }
+    out.extend(v.into_iter().map(|x| x.name));
+    out.sort();
+    out.dedup();
+    Ok(out)
 }
 
 /// The location of `rel` below `root` as raw bytes (what `--json` gives:

@@ -807,6 +807,9 @@ fn restore_to_a_path_or_to_stdout_keeps_what_it_replaces() {
 fn restore_from_dst_into_src_survives_the_next_sync() {
     let t = tmpdir();
     let (src, dst) = nightly(t.path());
+    // A decoy: DST has a directory named as SRC is, with an f in it; SRC's
+    // f is DST's f all the same (DST's root shares more names with SRC).
+    write(&dst, "src/f", b"decoy");
     // An edit in SRC not synced yet.
     write(&src, "f", b"D unsynced");
     let when = civil(NOW - 2 * DAY + HOUR);
