@@ -1154,3 +1154,114 @@ fn versions_at_and_restore_from_over_ssh() {
     let kept = dst.join(".ferry-versions").join(vname("f", NOW));
     assert_eq!(fs::read(kept).unwrap(), b"unsynced", "{run}");
 }
+
+/// Hostile names (a newline, a tab, invalid UTF-8) in every output of
+/// versions and restore: one line per file, escaped; `--json` exact.
+#[test]
+fn hostile_names_stay_on_their_line() {
+    use std::os::unix::ffi::OsStrExt;
+    let t = tmpdir();
+    let r = t.path().join("r");
+    let name = std::ffi::OsStr::from_bytes(b"a\nb\t\xff.txt");
+    let vpath = r
+        .join(".ferry-versions")
+        .join(std::ffi::OsStr::from_bytes(&version_name(
+            name.as_bytes(),
+            &stamp(NOW - DAY),
+            1,
+        )));
+    fs::create_dir_all(vpath.parent().unwrap()).unwrap();
+    fs::write(&vpath, b"old").unwrap();
+    set_mtime(&vpath, (NOW - 2 * DAY, 0));
+    let live = r.join(name);
+    fs::write(&live, b"new").unwrap();
+    for args in [
+        vec!["versions".into(), live.clone().into_os_string()],
+        vec!["versions".into(), r.clone().into_os_string()],
+        vec![
+            "versions".into(),
+            "--at".into(),
+            "36h".into(),
+            r.clone().into_os_string(),
+        ],
+    ] {
+        let run = at_now(&args);
+        run.ok();
+        let n = run
+            .stdout
+            .split(|&c| c == b'\n')
+            .filter(|l| !l.is_empty())
+            .count();
+        assert!(n == 2 || n == 3, "{run}");
+        assert!(!run.stdout.contains(&0xff), "{run}");
+    }
+    let run = at_now(&[
+        OsString::from("versions"),
+        "--json".into(),
+        "--at".into(),
+        "36h".into(),
+        r.clone().into(),
+    ]);
+    let j: serde_json::Value = serde_json::from_slice(run.ok().stdout.trim_ascii()).unwrap();
+    assert!(j["path_bytes"].is_string(), "{run}");
+    let run = at_now(&[
+        OsString::from("restore"),
+        "--at".into(),
+        "36h".into(),
+        live.clone().into(),
+    ]);
+    run.ok();
+    assert_eq!(
+        run.stdout.iter().filter(|&&c| c == b'\n').count(),
+        1,
+        "{run}"
+    );
+    assert_eq!(fs::read(&live).unwrap(), b"old");
+}
+
+/// Non-root (HOSTILE.md): a user who may not write the file's directory
+/// gets one error line and exit 2; the file is as it was, and nothing of
+/// it is lost.
+#[test]
+fn a_restore_that_may_not_write_loses_nothing() {
+    use std::os::unix::fs::chown;
+    if !is_root() {
+        eprintln!("note: needs root to switch to user nobody: skipped");
+        return;
+    }
+    let t = tmpdir();
+    fs::set_permissions(t.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let exe = t.path().join("ferry");
+    fs::copy(bin(), &exe).unwrap();
+    let r = t.path().join("r");
+    version(&r, "ro/f", NOW - DAY, b"old");
+    write(&r, "ro/f", b"current");
+    for p in [
+        r.clone(),
+        r.join("ro"),
+        r.join("ro/f"),
+        r.join(".ferry-versions"),
+        r.join(".ferry-versions/ro"),
+    ] {
+        chown(&p, Some(65534), Some(65534)).unwrap();
+    }
+    fs::set_permissions(r.join("ro"), fs::Permissions::from_mode(0o555)).unwrap();
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(&exe)
+        .arg("restore")
+        .arg(r.join("ro/f"))
+        .env("FERRY_TEST_NOW", NOW.to_string())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    if err.contains("setpriv:") {
+        eprintln!("note: cannot run as nobody (setpriv): skipped");
+        return;
+    }
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("not restored"), "{err}");
+    assert_eq!(fs::read(r.join("ro/f")).unwrap(), b"current");
+    fs::set_permissions(r.join("ro"), fs::Permissions::from_mode(0o755)).unwrap();
+}
