@@ -1670,14 +1670,20 @@ pub fn run_restore(a: RestoreArgs) -> Result<u8, String> {
         Target::File(h) => {
             let shown = location(&rep.root, &h.rel);
             let Some(p) = h.pick(at) else {
-                return Err(match (at, h.versions.first()) {
-                    (_, None) => format!("{shown}: no versions kept"),
-                    (Some(at), Some(_)) => format!(
-                        "{shown}: did not exist at {} as far as its versions tell (oldest written {})",
-                        at_text(at),
-                        at_text(h.written(Pick::Version(0)))
-                    ),
-                    (None, Some(_)) => unreachable!("a version without --at"),
+                return Err(match at {
+                    None => format!("{shown}: no versions kept"),
+                    Some(at) => {
+                        let first = if h.versions.is_empty() {
+                            Pick::Live
+                        } else {
+                            Pick::Version(0)
+                        };
+                        format!(
+                            "{shown}: did not exist at {} as far as its versions tell (the oldest state written {})",
+                            at_text(at),
+                            at_text(h.written(first))
+                        )
+                    }
                 });
             };
             let j = Job1 { h: &h, p };
