@@ -589,6 +589,15 @@ fn target(
             "a path with an empty, `.` or `..` component (it could leave the replica)",
         ));
     }
+    if rel
+        .split(|&c| c == b'/')
+        .any(ferry_engine::keep::is_versions_dir)
+    {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "inside .ferry-versions: name the file whose versions these are",
+        ));
+    }
     // `known`: PATH is a directory (the root, or a live directory); else
     // it is one only when something is below it (an object store has no
     // directories of its own).
@@ -782,7 +791,10 @@ fn lookup_from(
     for k in 0..=last {
         let tail = comps[k..].join(&b'/');
         let rel = ferry_engine::entry::join(&dst_rep.rel, &tail);
-        if !plain_rel(&rel) || !known(&store, &rel).unwrap_or(false) {
+        let reserved = rel
+            .split(|&c| c == b'/')
+            .any(ferry_engine::keep::is_versions_dir);
+        if reserved || !plain_rel(&rel) || !known(&store, &rel).unwrap_or(false) {
             continue;
         }
         let dir = if is_dir {

@@ -194,6 +194,16 @@ fn unknown_paths_exit_2_and_no_versions_exit_0() {
     run.code_is(2);
     assert!(run.err().contains("no versions kept"), "{run}");
     assert_eq!(fs::read(r.join("f")).unwrap(), b"x");
+    // The versions directory itself is no file with versions.
+    write(&r, ".ferry-versions/f~20261124-163343", b"v");
+    for cmd in ["versions", "restore"] {
+        let run = at_now(&[
+            cmd.as_ref(),
+            r.join(".ferry-versions/f~20261124-163343").as_os_str(),
+        ]);
+        run.code_is(2);
+        assert!(run.err().contains("inside .ferry-versions"), "{run}");
+    }
 }
 
 #[test]
