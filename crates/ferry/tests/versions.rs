@@ -1275,3 +1275,38 @@ fn a_restore_that_may_not_write_loses_nothing() {
     assert_eq!(fs::read(r.join("ro/f")).unwrap(), b"current");
     fs::set_permissions(r.join("ro"), fs::Permissions::from_mode(0o755)).unwrap();
 }
+
+/// A restore into a bisync replica is a change like any other: the next
+/// bisync carries it to the other side (whose file is kept there).
+#[test]
+fn a_restore_in_a_bisync_replica_is_propagated() {
+    let t = tmpdir();
+    let (a, b) = (t.path().join("a"), t.path().join("b"));
+    let j = t.path().join("j.sqlite");
+    write(&a, "f", b"first");
+    set_mtime(&a.join("f"), (NOW - 2 * DAY, 0));
+    let bisync = |at: i64, extra: &[&str]| {
+        let mut args: Vec<OsString> = vec![
+            "bisync".into(),
+            "--versions".into(),
+            "--journal".into(),
+            j.clone().into(),
+        ];
+        args.extend(extra.iter().map(OsString::from));
+        args.extend([a.clone().into(), b.clone().into()]);
+        at_time(at, &args).ok();
+    };
+    bisync(NOW - 2 * DAY + 10, &["--resync"]);
+    write(&a, "f", b"second");
+    set_mtime(&a.join("f"), (NOW - DAY, 0));
+    bisync(NOW - DAY + 10, &[]);
+    assert_eq!(fs::read(b.join("f")).unwrap(), b"second");
+    // B as it was two days ago.
+    let run = restore_at(&civil(NOW - 2 * DAY + HOUR), &b.join("f"), &[]);
+    run.ok();
+    assert_eq!(fs::read(b.join("f")).unwrap(), b"first");
+    bisync(NOW + 10, &[]);
+    assert_eq!(fs::read(a.join("f")).unwrap(), b"first");
+    let kept = a.join(".ferry-versions").join(vname("f", NOW + 10));
+    assert_eq!(fs::read(kept).unwrap(), b"second");
+}
