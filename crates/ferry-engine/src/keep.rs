@@ -377,6 +377,34 @@ fn numbered(rel: &[u8], suffix: &[u8], n: u32) -> Vec<u8> {
     p
 }
 
+/// A name in a backup directory (`--backup-dir`, `--suffix SUF`) taken
+/// apart: the kept file's own name and the number of its keep (1 for
+/// `NAME SUF`, n for `NAME MARK (n-1) MARK`, MARK being SUF, or `~`
+/// when SUF is empty), as [`Keeper::keep`] names them. `None`: not a
+/// name a keep with this suffix gives.
+pub fn parse_backup_name(name: &[u8], suffix: &[u8]) -> Option<(Vec<u8>, u32)> {
+    let mark: &[u8] = if suffix.is_empty() { b"~" } else { suffix };
+    if let Some(rest) = name.strip_suffix(mark) {
+        let digits = rest.iter().rev().take_while(|c| c.is_ascii_digit()).count();
+        let (base, num) = rest.split_at(rest.len() - digits);
+        if let Some(base) = base.strip_suffix(mark) {
+            let k: Option<u32> = std::str::from_utf8(num).ok().and_then(|x| x.parse().ok());
+            match k {
+                // `NAME MARK k MARK`.
+                Some(k) if digits > 0 && !num.starts_with(b"0") && !base.is_empty() => {
+                    return Some((base.to_vec(), k + 1));
+                }
+                _ => {}
+            }
+        }
+    }
+    if suffix.is_empty() {
+        return (!name.is_empty()).then(|| (name.to_vec(), 1));
+    }
+    let stem = name.strip_suffix(suffix)?;
+    (!stem.is_empty()).then(|| (stem.to_vec(), 1))
+}
+
 /// Where an entry kept at `path` below `base` is, as records show it:
 /// `path` below the destination root, or `base`, `/` and `path`.
 pub fn shown(base: &KeepBase, path: &[u8]) -> Vec<u8> {
@@ -587,6 +615,26 @@ mod tests {
         fn stamps_parse_back(t in 0i64..4_102_444_800) {
             prop_assert_eq!(parse_stamp(stamp(t).as_bytes()), Some(t));
         }
+    }
+
+    #[test]
+    fn backup_names_parse_back() {
+        for suffix in [&b""[..], b"~", b".bak"] {
+            for name in [&b"f"[..], b"a.txt", b"x~", b"n1"] {
+                for n in 1..4 {
+                    let kept = numbered(name, suffix, n);
+                    assert_eq!(
+                        parse_backup_name(&kept, suffix),
+                        Some((name.to_vec(), n)),
+                        "{:?} {:?} {n}",
+                        String::from_utf8_lossy(name),
+                        String::from_utf8_lossy(suffix)
+                    );
+                }
+            }
+        }
+        assert_eq!(parse_backup_name(b"f", b".bak"), None);
+        assert_eq!(parse_backup_name(b".bak", b".bak"), None);
     }
 
     #[test]

@@ -104,6 +104,9 @@ pub struct Version {
     pub n: u32,
     /// Its metadata (size, mtime, mode) as listed.
     pub meta: Meta,
+    /// Kept by `--backup-dir`: `vname` is at `dir` below the backup
+    /// directory, not in [`VERSIONS_DIR`].
+    pub backup: bool,
 }
 
 impl Version {
@@ -112,8 +115,12 @@ impl Version {
         join(&self.dir, &self.name)
     }
 
-    /// The version's path below the replica root.
+    /// The version's path below the replica root (below the backup
+    /// directory for a [`Version::backup`]).
     pub fn path(&self) -> Vec<u8> {
+        if self.backup {
+            return join(&self.dir, &self.vname);
+        }
         let mut p = VERSIONS_DIR.to_vec();
         for part in [&self.dir, &self.vname] {
             if !part.is_empty() {
@@ -201,6 +208,11 @@ pub fn collect<S: Store + ?Sized>(
     }
     for e in l.entries() {
         let vname = l.name(e);
+        // A name an object store may list that is no name in a directory
+        // (`..`, empty, holding a `/`): never a version, never walked.
+        if vname.is_empty() || vname == b"." || vname == b".." || vname.contains(&b'/') {
+            continue;
+        }
         if e.meta.kind == Kind::Dir {
             if deep {
                 let sub = join(dir, vname);
@@ -227,8 +239,65 @@ pub fn collect<S: Store + ?Sized>(
             kept,
             n,
             meta: e.meta,
+            backup: false,
         });
     }
+}
+
+/// When one state of a file held, for `--at`: `[start, end)` in Unix
+/// seconds (`end`: `None` for the current file, which holds until now).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Span {
+    /// From when it was written.
+    pub start: i64,
+    /// To when it was replaced or deleted (a version's keep time).
+    pub end: Option<i64>,
+}
+
+/// The validity spans of a file's states: `states` are its kept versions
+/// oldest first (by time kept, then number), each as (its mtime, when it
+/// was kept), then, when the file exists, the current file as (its
+/// mtime, `None`).
+///
+/// A state holds from when it was written to when it was replaced. When
+/// it was written is its mtime, unless that cannot be true: a state is
+/// written after the one before it was in place, so an mtime at or
+/// before that moment (a restored version, `cp -p`, `tar x`, a clock
+/// set back) says nothing, and the state counts from the moment it
+/// replaced the one before (that one's keep time). A state written
+/// after the one before it was kept leaves a gap: the file did not
+/// exist in between (it was deleted, then made anew).
+pub fn spans(states: &[(i64, Option<i64>)]) -> Vec<Span> {
+    let mut out: Vec<Span> = Vec::with_capacity(states.len());
+    for (j, &(mtime, end)) in states.iter().enumerate() {
+        // When the state before was surely in place: written (its own
+        // start), and still there when the one before it was replaced.
+        let bound = match j {
+            0 => None,
+            1 => Some(out[0].start),
+            _ => Some(out[j - 1].start.max(states[j - 2].1.unwrap_or(i64::MIN))),
+        };
+        let mut start = match (bound, j.checked_sub(1).and_then(|i| states[i].1)) {
+            (Some(b), Some(replaced)) if mtime <= b => replaced,
+            _ => mtime,
+        };
+        if let Some(e) = end {
+            start = start.min(e);
+        }
+        out.push(Span { start, end });
+    }
+    out
+}
+
+/// Which of the states (as given to [`spans`]) the file had at `at`: the
+/// newest whose span holds `at` (where two do, the file was rewritten
+/// before the run that kept the older one: the newer is what the file
+/// held); `None` when none does (the file did not exist then, or nothing
+/// kept goes back that far).
+pub fn state_at(states: &[(i64, Option<i64>)], at: i64) -> Option<usize> {
+    spans(states)
+        .iter()
+        .rposition(|s| s.start <= at && s.end.is_none_or(|e| at < e))
 }
 
 /// What [`prune`] did.
@@ -273,15 +342,58 @@ pub fn prune<S: Store + ?Sized>(store: &S, now: i64, r: &Retention) -> PruneRepo
             return rep;
         }
     };
-    prune_dir(store, &vdir, VERSIONS_DIR, now, r, &mut rep);
+    prune_dir(store, &vdir, VERSIONS_DIR, now, r, &mut rep, true);
     rep
 }
 
 /// The versions of one file in a listing: (entry index, (time, number)).
 type Group = Vec<(usize, (i64, u32))>;
 
-/// Prune one directory of versions (`rel`: its path below the root) and
-/// its subdirectories; true when it held entries and holds none now.
+/// Prune only the versions in the directories `subs` of [`VERSIONS_DIR`]
+/// (paths below it, `/`-separated; empty: its top), not their
+/// subdirectories, and remove no directory: what a run that kept
+/// versions there needs, without a walk of every version (a watch's
+/// runs). Never fails, as [`prune`].
+pub fn prune_in<S: Store + ?Sized>(
+    store: &S,
+    now: i64,
+    r: &Retention,
+    subs: &[Vec<u8>],
+) -> PruneReport {
+    let mut rep = PruneReport::default();
+    if keeps_all(r) || subs.is_empty() {
+        return rep;
+    }
+    let root = match store.open_root() {
+        Ok(Some((d, _))) => d,
+        Ok(None) => return rep,
+        Err(e) => {
+            rep.notes.push(format!("pruning versions: the root: {e}"));
+            return rep;
+        }
+    };
+    let mut subs = subs.to_vec();
+    subs.sort();
+    subs.dedup();
+    for sub in subs {
+        let rel = join(VERSIONS_DIR, &sub);
+        match open_versions_dir(store, &root, &sub) {
+            Ok(Some(d)) => {
+                prune_dir(store, &d, &rel, now, r, &mut rep, false);
+            }
+            Ok(None) => {}
+            Err(e) => rep.notes.push(format!(
+                "pruning versions: {}: {e}",
+                String::from_utf8_lossy(&rel)
+            )),
+        }
+    }
+    rep
+}
+
+/// Prune one directory of versions (`rel`: its path below the root) and,
+/// with `deep`, its subdirectories; true when it held entries and holds
+/// none now.
 fn prune_dir<S: Store + ?Sized>(
     store: &S,
     dir: &S::Dir,
@@ -289,6 +401,7 @@ fn prune_dir<S: Store + ?Sized>(
     now: i64,
     r: &Retention,
     rep: &mut PruneReport,
+    deep: bool,
 ) -> bool {
     let show = |name: &[u8]| String::from_utf8_lossy(&join(rel, name)).into_owned();
     let mut l = Listing::new();
@@ -336,11 +449,11 @@ fn prune_dir<S: Store + ?Sized>(
             }
         }
     }
-    for e in entries.iter().filter(|e| e.meta.kind == Kind::Dir) {
+    for e in entries.iter().filter(|e| deep && e.meta.kind == Kind::Dir) {
         let name = l.name(e);
         let sub = join(rel, name);
         let emptied = match store.open_dir(dir, l.cname(e)) {
-            Ok(d) => prune_dir(store, &d, &sub, now, r, rep),
+            Ok(d) => prune_dir(store, &d, &sub, now, r, rep, true),
             Err(err) => {
                 rep.notes
                     .push(format!("pruning versions: {}: {err}", show(name)));
@@ -463,6 +576,42 @@ mod tests {
             let rest: Vec<(i64, u32)> = v.iter().zip(&kept).filter(|(_, &k)| k).map(|(x, _)| *x).collect();
             prop_assert!(retained(&rest, NOW, &r).iter().all(|&k| k));
         }
+    }
+
+    #[test]
+    fn state_at_is_the_state_whose_span_holds_the_time() {
+        // Written at 100 (A), rewritten at 150 (B), synced at 200 (A
+        // kept), rewritten at 250 (C, current), synced at 300 (B kept).
+        let s = [(100, Some(200)), (150, Some(300)), (250, None)];
+        let at = |t| state_at(&s, t);
+        assert_eq!(at(99), None);
+        assert_eq!(at(100), Some(0));
+        assert_eq!(at(149), Some(0));
+        // The working tree held B from 150, though the replica still held
+        // A until 200.
+        assert_eq!(at(150), Some(1));
+        assert_eq!(at(210), Some(1));
+        assert_eq!(at(260), Some(2));
+        assert_eq!(at(i64::MAX), Some(2));
+        // Deleted at 200, made anew at 400: nothing in between.
+        let s = [(100, Some(200)), (400, None)];
+        assert_eq!(state_at(&s, 300), None);
+        assert_eq!(state_at(&s, 400), Some(1));
+        // Deleted and never made again.
+        assert_eq!(state_at(&[(100, Some(200))], 250), None);
+        // A restore at 500 of the version written at 100: the current
+        // file has the old mtime; it holds from 500, what it replaced
+        // (written at 300) until then.
+        let s = [(100, Some(200)), (300, Some(500)), (100, None)];
+        assert_eq!(state_at(&s, 400), Some(1));
+        assert_eq!(state_at(&s, 150), Some(0));
+        assert_eq!(state_at(&s, 600), Some(2));
+        // A deleted file restored (its mtime as the version had it): it
+        // did not exist between its deletion and the restore.
+        let s = [(100, Some(200)), (100, None)];
+        assert_eq!(spans(&s)[1].start, 200);
+        // An mtime in the future of its keep: held only at its keep.
+        assert_eq!(spans(&[(900, Some(800))])[0].start, 800);
     }
 
     #[test]

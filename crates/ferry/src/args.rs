@@ -59,10 +59,11 @@ pub enum Command {
     #[command(hide = true)]
     Serve,
     /// List the versions kept of a file (--versions), or of every file
-    /// below a directory: time kept (UTC), size, mtime, where.
+    /// below a directory; with --at TIME, each file as it was then.
     Versions(VersionsArgs),
-    /// Put back a kept version of a file: the newest, or the newest kept
-    /// at or before --at TIME (the current file is kept as a version first).
+    /// Put back a file (its newest version, or what it held at --at TIME)
+    /// or a directory as it was at --at TIME; what is replaced is kept as
+    /// a version first.
     Restore(RestoreArgs),
 }
 
@@ -72,6 +73,18 @@ pub struct VersionsArgs {
     /// A file (existing or deleted) or directory in a replica: a path,
     /// s3://bucket/key or [user@]host:path.
     pub path: PathBuf,
+    /// Each file as it was at TIME (local time: '2026-11-25 16:33',
+    /// 16:33, yesterday, 2h, an RFC 3339 time): what it held then, and
+    /// whether it is current, changed or deleted since.
+    #[arg(long, value_name = "TIME")]
+    pub at: Option<String>,
+    /// Also the files a run kept in DIR (sync --backup-dir DIR: relative
+    /// to the replica's root, or absolute); PATH a local path.
+    #[arg(long, value_name = "DIR")]
+    pub backup_dir: Option<PathBuf>,
+    /// The --suffix the runs kept with (with --backup-dir).
+    #[arg(long, value_name = "SUF", requires = "backup_dir")]
+    pub suffix: Option<String>,
     /// One JSON object per version.
     #[arg(long)]
     pub json: bool,
@@ -82,14 +95,32 @@ pub struct VersionsArgs {
 /// `ferry restore`.
 #[derive(Args, Debug)]
 pub struct RestoreArgs {
-    /// The file to put back (existing or deleted): a path, s3://bucket/key
-    /// or [user@]host:path.
+    /// The file or directory to put back (existing or deleted): a path,
+    /// s3://bucket/key or [user@]host:path; with --from, a path in the
+    /// tree synced to DST.
     pub path: PathBuf,
-    /// The newest version kept at or before TIME: 2026-11-25T16:33:43Z,
-    /// '2026-11-25 16:33' (UTC, as `ferry versions` shows), 2026-11-25,
-    /// 20261125-163343, or an age (2h, 3d ago) [default: the newest].
+    /// What the file held at TIME, in local time: '2026-11-25 16:33',
+    /// 2026-11-25, 16:33, 'yesterday 17:00', an age (2h, 3d), an RFC 3339
+    /// time, or a version's stamp [default: the newest version].
     #[arg(long, value_name = "TIME")]
     pub at: Option<String>,
+    /// Write to PATH (a local path; for a directory, the directory that
+    /// receives it) instead of the file's own place, or to standard
+    /// output with `-` (one file).
+    #[arg(long, value_name = "PATH|-")]
+    pub to: Option<PathBuf>,
+    /// The versions are in DST (sync SRC DST --versions) and PATH is in
+    /// SRC: find PATH's versions in DST and restore into PATH.
+    #[arg(long, value_name = "DST")]
+    pub from: Option<PathBuf>,
+    /// Also the files a run kept in DIR (sync --backup-dir DIR: relative
+    /// to the replica's root, or absolute); what the restore replaces is
+    /// kept there too. PATH a local path.
+    #[arg(long, value_name = "DIR")]
+    pub backup_dir: Option<PathBuf>,
+    /// The --suffix the runs kept with (with --backup-dir).
+    #[arg(long, value_name = "SUF", requires = "backup_dir")]
+    pub suffix: Option<String>,
     /// Say what would be restored; change nothing.
     #[arg(short = 'n', long)]
     pub dry_run: bool,
@@ -437,6 +468,26 @@ impl KeepArgs {
         }
     }
 
+    /// Refuse a retention that cannot apply: `--keep`/`--keep-days`
+    /// without `--versions` (`--backup-dir` and `--suffix` keep every
+    /// file), and `--keep-days 0` (which would drop every version).
+    pub fn check(&self) -> Result<(), String> {
+        if !self.versions && (self.keep.is_some() || self.keep_days.is_some()) {
+            let flag = if self.keep.is_some() {
+                "--keep"
+            } else {
+                "--keep-days"
+            };
+            return Err(format!(
+                "{flag} prunes the versions of --versions; --backup-dir, --suffix and -b keep every file (prune them yourself)"
+            ));
+        }
+        if self.keep_days == Some(0) {
+            return Err("invalid --keep-days 0 (a number of days, at least 1)".into());
+        }
+        Ok(())
+    }
+
     /// True when the run keeps what it replaces or deletes.
     pub fn any(&self) -> bool {
         self.backup_dir.is_some() || self.suffix.is_some() || self.backup || self.versions
@@ -739,6 +790,7 @@ pub fn resolve(src: &Path, dst: &Path) -> Result<Job, String> {
 /// usage error (exit 2).
 pub fn keeper(k: &KeepArgs, dst: &Root) -> Result<Option<ferry_engine::keep::Keeper>, String> {
     use ferry_engine::keep::{KeepRule, Keeper};
+    k.check()?;
     let suffix = k.suffix.as_deref().map(|s| s.as_bytes().to_vec());
     let rule = if k.versions {
         KeepRule::Versions

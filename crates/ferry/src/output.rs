@@ -49,6 +49,12 @@ pub struct CliReporter {
     refused: Option<String>,
     out: Mutex<io::BufWriter<io::Stdout>>,
     bar: Mutex<Option<ProgressBar>>,
+    /// The directories of `.ferry-versions` versions were kept in since
+    /// the last [`CliReporter::take_kept_dirs`], by replica (0: DST or
+    /// A, 1: B): where a watch prunes.
+    /// (A set: a run that keeps a million files in ten directories holds
+    /// ten entries.)
+    kept_dirs: Mutex<std::collections::BTreeSet<(usize, Vec<u8>)>>,
 }
 
 impl CliReporter {
@@ -60,7 +66,28 @@ impl CliReporter {
             refused: None,
             out: Mutex::new(io::BufWriter::new(io::stdout())),
             bar: Mutex::new(None),
+            kept_dirs: Default::default(),
         }
+    }
+
+    /// Note a keep of replica `side` at `to` (its path below the root).
+    fn note_kept(&self, side: usize, to: &[u8]) {
+        let v = ferry_engine::keep::VERSIONS_DIR;
+        if let Some(rest) = to.strip_prefix(v).and_then(|r| r.strip_prefix(b"/")) {
+            let (dir, _) = ferry_engine::keep::split_parent(rest);
+            self.kept_dirs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert((side, dir.to_vec()));
+        }
+    }
+
+    /// The directories of `.ferry-versions` versions were kept in since
+    /// the last call, by replica.
+    pub fn take_kept_dirs(&self) -> Vec<(usize, Vec<u8>)> {
+        std::mem::take(&mut *self.kept_dirs.lock().unwrap_or_else(|e| e.into_inner()))
+            .into_iter()
+            .collect()
     }
 
     /// An action naming two paths: `{"type":KIND,"path":..,"KEY":..,"size":N}`
@@ -272,6 +299,9 @@ impl Reporter for CliReporter {
     /// `keep PATH -> WHERE` with -v (` -> ` appears in a name only
     /// escaped), a `keep` record with where it went as `"to"`.
     fn kept(&self, path: &[u8], to: &[u8], size: u64) {
+        if !self.dry_run {
+            self.note_kept(0, to);
+        }
         self.pair_line("keep", path, "to", to, size);
     }
 
@@ -547,6 +577,9 @@ impl ferry_bisync::BiReporter for CliReporter {
         size: u64,
     ) {
         use ferry_bisync::BiAction;
+        if act == BiAction::Keep && !self.dry_run {
+            self.note_kept(on as usize, other.unwrap_or_default());
+        }
         let p = if path.is_empty() { &b"."[..] } else { path };
         if self.json {
             let mut line = Vec::with_capacity(80 + path.len());

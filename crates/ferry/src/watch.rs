@@ -86,13 +86,15 @@ fn say(msg: &str) {
 /// A target whose JSON lines and action lines are written out after each
 /// run, for scripts and journals reading them as they come.
 /// With `--versions` and a retention policy, kept versions are pruned after
-/// the first run and then after a run at most every [`PRUNE_EVERY`]
-/// (a walk of the versions tree; never on a timer: an idle watch costs
-/// nothing).
+/// each run that kept one: in the directories it kept them in, and the
+/// whole tree (a walk of every version) after the first run and then at
+/// most every [`PRUNE_EVERY`], after a run; never on a timer: an idle
+/// watch costs nothing.
 struct Flushed<'a, T: Target> {
     t: T,
     rep: &'a CliReporter,
     prune: Option<(&'a KeepArgs, Vec<&'a Root>)>,
+    /// When the whole tree was last pruned (`None`: not yet).
     pruned: Option<std::time::Instant>,
     /// The run's stores: an ssh or sftp one whose connection was lost is
     /// connected again before the next run ([`refresh`]).
@@ -116,6 +118,8 @@ fn refresh(stores: &[&AnyStore]) -> Result<bool, String> {
     Ok(again)
 }
 
+/// How often, at most, a watch prunes its whole versions tree (its runs
+/// prune where they kept).
 const PRUNE_EVERY: std::time::Duration = std::time::Duration::from_secs(600);
 
 impl<'a, T: Target> Flushed<'a, T> {
@@ -159,9 +163,12 @@ impl<T: Target> Target for Flushed<'_, T> {
         };
         let o = self.t.run(w);
         if let Some((keep, roots)) = &self.prune {
+            let dirs = self.rep.take_kept_dirs();
             if self.pruned.is_none_or(|t| t.elapsed() >= PRUNE_EVERY) {
                 crate::versions::after_run(roots, keep, false, self.rep);
                 self.pruned = Some(std::time::Instant::now());
+            } else if !dirs.is_empty() {
+                crate::versions::after_run_in(roots, keep, &dirs, self.rep);
             }
         }
         self.rep.flush();
