@@ -900,14 +900,14 @@ fn watch_prunes_after_each_run_that_kept() {
                 .arg("--resync");
         }
         c.arg(&src).arg(&dst);
-        let mut w = util::watch::Watch::spawn(c);
+        let mut w = crate::util::watch::Watch::spawn(c);
         let kept = || {
             names(&dst.join(".ferry-versions/d"))
                 .iter()
                 .filter(|n| n.starts_with("f~"))
                 .count()
         };
-        let until = |what: &str, ok: &dyn Fn() -> bool, w: &mut util::watch::Watch| {
+        let until = |what: &str, ok: &dyn Fn() -> bool, w: &mut crate::util::watch::Watch| {
             let end = std::time::Instant::now() + std::time::Duration::from_secs(120);
             while !ok() {
                 assert!(
@@ -1119,7 +1119,7 @@ fn backup_dir_trees_are_versions_too() {
 /// the server).
 #[test]
 fn versions_at_and_restore_from_over_ssh() {
-    use util::ssh::{ssh_at, ssh_server};
+    use crate::util::ssh::{ssh_at, ssh_server};
     let (rsh, host) = ssh_server().unwrap();
     let t = tmpdir();
     let (src, dst) = nightly(t.path());
