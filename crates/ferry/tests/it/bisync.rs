@@ -617,7 +617,24 @@ fn default_journal_location_and_lock() {
         .arg("30")
         .spawn()
         .unwrap();
-    sleep(Duration::from_millis(300));
+    // Held once another taker is refused (no fixed sleep: flock may take
+    // its time to start on a loaded machine).
+    let held = || {
+        Command::new("flock")
+            .args(["-n", "-x"])
+            .arg(&lock)
+            .arg("true")
+            .status()
+            .is_ok_and(|s| !s.success())
+    };
+    let start = std::time::Instant::now();
+    while !held() {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "flock never took the lock"
+        );
+        sleep(Duration::from_millis(10));
+    }
     let (code, err) = run(&[]);
     holder.kill().unwrap();
     let _ = holder.wait();
