@@ -1247,7 +1247,7 @@ fn extreme_mtimes_preserved() {
 #[test]
 fn mode_000_file_copied_as_root() {
     if !is_root() {
-        eprintln!("SKIP: not root");
+        crate::util::skip(&"not root");
         return;
     }
     let t = tmpdir();
@@ -1331,7 +1331,7 @@ fn special_permission_bits_preserved() {
 #[test]
 fn owner_and_group_preserved_as_root() {
     if !is_root() {
-        eprintln!("SKIP: not root");
+        crate::util::skip(&"not root");
         return;
     }
     let t = tmpdir();

@@ -17,7 +17,7 @@ fn server() -> Option<(String, String)> {
     match (v("RSH"), v("HOST")) {
         (Some(r), Some(h)) => Some((r, h)),
         _ => {
-            eprintln!("skipped: FERRY_TEST_SSH_* not set (scripts/test starts sshd)");
+            crate::util::skip(&"FERRY_TEST_SSH_* not set (scripts/test starts sshd)");
             None
         }
     }

@@ -295,7 +295,7 @@ proptest! {
         edits in prop::collection::vec(edit(), 1..6),
     ) {
         let Ok((rsh, host)) = ssh_server() else {
-            eprintln!("skipped: FERRY_TEST_SSH_* not set (scripts/test starts sshd)");
+            crate::util::skip(&"FERRY_TEST_SSH_* not set (scripts/test starts sshd)");
             return Ok(());
         };
         let t = tmpdir();

@@ -51,7 +51,7 @@ proptest! {
     #[test]
     fn random_trees_push_and_pull(g in gen_tree(false)) {
         let Ok((rsh, host)) = server() else {
-            eprintln!("skipped: FERRY_TEST_SSH_* not set");
+            crate::util::skip(&"FERRY_TEST_SSH_* not set");
             return Ok(());
         };
         let d = tmpdir();

@@ -24,7 +24,7 @@ macro_rules! need_server {
         match server() {
             Ok(s) => s,
             Err(why) => {
-                eprintln!("skipped: {why}");
+                crate::util::skip(&why);
                 return;
             }
         }
@@ -113,7 +113,7 @@ proptest! {
     #[test]
     fn random_trees_push_and_pull(g in gen_tree(true)) {
         let Ok((rsh, host)) = server() else {
-            eprintln!("skipped: FERRY_TEST_SSH_* not set");
+            crate::util::skip(&"FERRY_TEST_SSH_* not set");
             return Ok(());
         };
         let d = tmpdir();
@@ -592,7 +592,7 @@ fn remote_to_s3_and_back() {
         get("FERRY_TEST_S3_REGION"),
         get("FERRY_TEST_S3_BUCKET"),
     ) else {
-        eprintln!("skipped: FERRY_TEST_S3_* are not set (scripts/test starts Garage)");
+        crate::util::skip(&"FERRY_TEST_S3_* are not set (scripts/test starts Garage)");
         return;
     };
     std::env::set_var("AWS_ACCESS_KEY_ID", key);

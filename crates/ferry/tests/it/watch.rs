@@ -450,7 +450,7 @@ fn ssh() -> Option<(String, String)> {
     match crate::util::ssh::ssh_server() {
         Ok(s) => Some(s),
         Err(why) => {
-            eprintln!("skipped: {why}");
+            crate::util::skip(&why);
             None
         }
     }

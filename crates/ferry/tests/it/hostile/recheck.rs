@@ -408,7 +408,7 @@ fn as_nobody(bin_copy: &Path, args: &[OsString]) -> Result<Run, String> {
 #[test]
 fn bisync_as_non_root_with_read_only_directories_converges() {
     if !is_root() {
-        eprintln!("skipped: needs root to switch to user nobody");
+        crate::util::skip(&"needs root to switch to user nobody");
         return;
     }
     let t = tmpdir();
@@ -493,7 +493,7 @@ fn bisync_as_non_root_with_read_only_directories_converges() {
 #[test]
 fn sync_error_reading_the_source_names_src_and_the_operation() {
     if !is_root() {
-        eprintln!("skipped: needs root to switch to user nobody");
+        crate::util::skip(&"needs root to switch to user nobody");
         return;
     }
     let t = tmpdir();

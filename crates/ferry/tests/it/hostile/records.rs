@@ -109,7 +109,7 @@ fn state(p: &Path) -> (Vec<u8>, u32, u32) {
 #[test]
 fn records_planted_in_a_shared_dir_change_no_root_file() {
     if !is_root() {
-        eprintln!("skipped: not root (setpriv to nobody needs root)");
+        crate::util::skip(&"not root (setpriv to nobody needs root)");
         return;
     }
     let d = tmpdir();
