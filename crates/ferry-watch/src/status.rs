@@ -138,6 +138,8 @@ struct Inner {
     conflict_list: VecDeque<Conflict>,
     /// (unix second, bytes) of seconds that moved something.
     series: VecDeque<(u64, u64)>,
+    /// The run in flight's bytes moved, as last added to `series`.
+    sampled: u64,
 }
 
 /// The watch's state as the status page shows it.
@@ -158,6 +160,38 @@ fn push<T>(q: &mut VecDeque<T>, v: T) {
         q.pop_front();
     }
     q.push_back(v);
+}
+
+/// Add `bytes` moved in second `sec` to the chart's series.
+fn add(series: &mut VecDeque<(u64, u64)>, sec: u64, bytes: u64) {
+    if bytes == 0 {
+        return;
+    }
+    match series.back_mut() {
+        Some((s, b)) if *s >= sec => *b += bytes,
+        _ => series.push_back((sec, bytes)),
+    }
+    while series.front().is_some_and(|(s, _)| s + SERIES_SECS < sec) {
+        series.pop_front();
+    }
+}
+
+/// The bytes the run in flight moved since the last look, added to the
+/// chart at `sec` (a long copy shows as it moves, not when it ends).
+/// False when the run counts nothing (its target keeps no stats here).
+fn sample(i: &mut Inner, sec: u64) -> bool {
+    let Some(r) = &i.run else {
+        return false;
+    };
+    let s = &r.stats;
+    let v = s
+        .bytes_moved
+        .load(Ordering::Relaxed)
+        .max(s.bytes_copied.load(Ordering::Relaxed));
+    let d = v.saturating_sub(i.sampled);
+    i.sampled = v;
+    add(&mut i.series, sec, d);
+    v > 0
 }
 
 fn under(p: &str, dir: &str) -> bool {
@@ -275,6 +309,7 @@ impl Status {
                 start: Instant::now(),
                 stats: Arc::default(),
             });
+            i.sampled = 0;
             i.run_scope = (!w.full).then(|| {
                 let mut s: Vec<Vec<u8>> = w.scope.dirs.iter().map(|d| d.0.clone()).collect();
                 s.extend(w.renames.iter().flat_map(|r| [r.0.clone(), r.1.clone()]));
@@ -298,6 +333,7 @@ impl Status {
         let ms = now_ms();
         self.with(|i| {
             let full = i.run_scope.is_none();
+            sample(i, ms / 1000);
             i.run = None;
             i.runs += 1;
             i.queue = queued;
@@ -353,13 +389,10 @@ impl Status {
             if matches!(action, "copy" | "update") {
                 i.files += 1;
                 i.bytes += size;
-                let sec = ms / 1000;
-                match i.series.back_mut() {
-                    Some((s, b)) if *s == sec => *b += size,
-                    _ => i.series.push_back((sec, size)),
-                }
-                while i.series.front().is_some_and(|(s, _)| s + SERIES_SECS < sec) {
-                    i.series.pop_front();
+                // A target that does not count into the run's stats: its
+                // copies count whole, when done.
+                if !sample(i, ms / 1000) {
+                    add(&mut i.series, ms / 1000, size);
                 }
             }
             if action == "conflict" {
@@ -419,6 +452,7 @@ impl Status {
             Gauges::get(&g.queued),
         );
         self.with(|i| {
+            sample(i, now_ms() / 1000);
             let mut reasons = Vec::new();
             let side = |s: usize| i.sides.get(s).cloned().unwrap_or_else(|| format!("side {s}"));
             for (s, t) in &i.gone {
@@ -480,7 +514,7 @@ impl Status {
                 ("ferry_watch_refused_runs_total", "counter", "Runs that did not happen: refused (an empty SRC, the delete limit) or a side unreachable.", i.refused as f64),
                 ("ferry_watch_conflicts_total", "counter", "Conflicts (bisync): both sides changed, one version kept under a conflict name.", i.conflicts as f64),
                 ("ferry_watch_failing_paths", "gauge", "Paths that failed and have not been synced since.", i.failing.len() as f64),
-                ("ferry_watch_queue_length", "gauge", "Changed paths waiting for a run (read from the kernel, not yet run).", queue as f64),
+                ("ferry_watch_queue_length", "gauge", "Changes waiting for a run: the paths the loop holds, and the changes read from the kernel it has not taken yet (during a run).", queue as f64),
                 ("ferry_watch_runs_total", "counter", "Runs (scoped and full).", i.runs as f64),
                 ("ferry_watch_full_runs_total", "counter", "Full runs (the first, after an overflow, a root back, a poll).", i.full_runs as f64),
                 ("ferry_watch_watched_directories", "gauge", "Directories with an inotify watch.", watched as f64),
@@ -628,8 +662,9 @@ table{border-collapse:collapse}td,th{padding:2px 10px;text-align:left;border-bot
             if let Some((files, bytes, eta)) = snap.progress {
                 let _ = write!(
                     h,
-                    " <span id=\"progress\">run in flight: <span data-metric=\"ferry_watch_run_remaining_files\" data-value=\"{files}\">{}</span> files, <span data-metric=\"ferry_watch_run_remaining_bytes\" data-value=\"{bytes}\">{}</span> left (so far found), ETA <span data-metric=\"ferry_watch_run_eta_seconds\" data-value=\"{}\">{}</span></span>",
+                    " <span id=\"progress\">run in flight: <span data-metric=\"ferry_watch_run_remaining_files\" data-value=\"{files}\">{}</span> {}, <span data-metric=\"ferry_watch_run_remaining_bytes\" data-value=\"{bytes}\">{}</span> left to copy (of what it has found so far), ETA <span data-metric=\"ferry_watch_run_eta_seconds\" data-value=\"{}\">{}</span></span>",
                     count(files),
+                    if files == 1 { "file" } else { "files" },
                     bytes_h(bytes),
                     num(m("ferry_watch_run_eta_seconds")),
                     eta.map_or("unknown".to_string(), dur_h)
@@ -643,7 +678,7 @@ table{border-collapse:collapse}td,th{padding:2px 10px;text-align:left;border-bot
             }
             let q = m("ferry_watch_queue_length") as u64;
             if q > 0 {
-                let _ = write!(h, " <span>(<span data-metric=\"ferry_watch_queue_length\" data-value=\"{q}\">{}</span> changed paths waiting)</span>", count(q));
+                let _ = write!(h, " <span>(<span data-metric=\"ferry_watch_queue_length\" data-value=\"{q}\">{}</span> changes waiting)</span>", count(q));
             }
             if !snap.reasons.is_empty() {
                 h.push_str("<ul id=\"reasons\">");
@@ -670,7 +705,7 @@ table{border-collapse:collapse}td,th{padding:2px 10px;text-align:left;border-bot
                 ("of which runs refused", "ferry_watch_refused_runs_total", count(i.refused)),
                 ("failing paths", "ferry_watch_failing_paths", count(i.failing.len() as u64)),
                 ("conflicts", "ferry_watch_conflicts_total", count(i.conflicts)),
-                ("queue (changed paths waiting)", "ferry_watch_queue_length", count(q)),
+                ("queue (changes waiting)", "ferry_watch_queue_length", count(q)),
                 ("runs", "ferry_watch_runs_total", count(i.runs)),
                 ("of which full runs", "ferry_watch_full_runs_total", count(i.full_runs)),
                 ("directories watched", "ferry_watch_watched_directories", count(m("ferry_watch_watched_directories") as u64)),
@@ -1004,6 +1039,25 @@ mod tests {
         s.gauges().taken(2);
         s.stopping();
         assert_eq!(s.state(), State::Stopped);
+    }
+
+    #[test]
+    fn a_run_in_flight_shows_what_is_left_and_feeds_the_chart_as_it_moves() {
+        let s = Status::new("a -> b");
+        s.run_started(&Work::default(), 0);
+        let st = s.run_stats();
+        Stats::add(&st.files_planned, 3);
+        Stats::add(&st.bytes_planned, 3 << 20);
+        Stats::add(&st.files_copied, 1);
+        Stats::add(&st.bytes_moved, 1 << 20);
+        let text = s.metrics();
+        assert_eq!(metric(&text, "ferry_watch_run_remaining_files"), "2");
+        assert_eq!(metric(&text, "ferry_watch_run_remaining_bytes"), (2u64 << 20).to_string());
+        assert_eq!(metric(&text, "ferry_watch_state{state=\"syncing\"}"), "1");
+        let page = s.page();
+        assert!(page.contains("2.0 MiB</span> left"), "{page}");
+        // The mebibyte moved is on the chart before the copy ends.
+        assert!(s.with(|i| i.series.iter().map(|x| x.1).sum::<u64>()) == 1 << 20);
     }
 
     #[test]

@@ -1058,8 +1058,8 @@ fn status_page_and_metrics_show_what_was_moved() {
     let (st, text) = get(&addr, "/metrics", Some("s3cret"));
     assert!(st.contains("200"), "{st}");
     let m = parse_metrics(&text);
-    assert_eq!(m["ferry_watch_files_transferred_total"], 2.0, "{text}");
-    assert_eq!(m["ferry_watch_bytes_transferred_total"], 4099.0, "{text}");
+    assert_eq!(m["ferry_watch_transferred_files_total"], 2.0, "{text}");
+    assert_eq!(m["ferry_watch_transferred_bytes_total"], 4099.0, "{text}");
     assert_eq!(m["ferry_watch_errors_total"], 0.0);
     assert_eq!(m["ferry_watch_queue_length"], 0.0);
     assert!(m["ferry_watch_runs_total"] >= 2.0);
