@@ -171,7 +171,11 @@ impl Tree {
         let Ok(m) = meta else {
             return woke;
         };
-        let ctime = UNIX_EPOCH + Duration::new(m.ctime().max(0) as u64, m.ctime_nsec().clamp(0, 999_999_999) as u32);
+        let ctime = UNIX_EPOCH
+            + Duration::new(
+                m.ctime().max(0) as u64,
+                m.ctime_nsec().clamp(0, 999_999_999) as u32,
+            );
         let age = SystemTime::now()
             .duration_since(ctime)
             .unwrap_or_default()

@@ -39,7 +39,11 @@ pub const MAX_HEAD: usize = 16 << 10;
 
 /// Serve `status` on `addr` from a thread; with `token`, every request must
 /// carry it. Returns the address bound.
-pub fn serve(addr: SocketAddr, token: Option<String>, status: Arc<Status>) -> io::Result<SocketAddr> {
+pub fn serve(
+    addr: SocketAddr,
+    token: Option<String>,
+    status: Arc<Status>,
+) -> io::Result<SocketAddr> {
     let l = TcpListener::bind(addr)?;
     let bound = l.local_addr()?;
     let ctx = Arc::new(Ctx {
@@ -62,7 +66,14 @@ pub fn serve(addr: SocketAddr, token: Option<String>, status: Arc<Status>) -> io
                     ctx.live.fetch_sub(1, Ordering::AcqRel);
                     let mut c = c;
                     let _ = c.set_write_timeout(Some(Duration::from_secs(1)));
-                    let _ = reply(&mut c, false, "503 Service Unavailable", &[("Retry-After", "1")], "text/plain", "busy\n");
+                    let _ = reply(
+                        &mut c,
+                        false,
+                        "503 Service Unavailable",
+                        &[("Retry-After", "1")],
+                        "text/plain",
+                        "busy\n",
+                    );
                     continue;
                 }
                 let ctx2 = ctx.clone();
@@ -136,7 +147,11 @@ fn host_ok(host: &str, ctx: &Ctx) -> bool {
     match name.parse::<IpAddr>() {
         // An address: the one bound, or any when bound to all of them
         // (no page of another site is ever reached by an address alone).
-        Ok(ip) => ctx.bound.ip().is_unspecified() || ip == ctx.bound.ip() || (ip.is_loopback() && ctx.bound.ip().is_loopback()),
+        Ok(ip) => {
+            ctx.bound.ip().is_unspecified()
+                || ip == ctx.bound.ip()
+                || (ip.is_loopback() && ctx.bound.ip().is_loopback())
+        }
         Err(_) => ctx.names.iter().any(|n| n == name),
     }
 }
@@ -158,7 +173,9 @@ fn read_head(c: &mut TcpStream, buf: &mut Vec<u8>) -> Result<usize, &'static str
             match req.parse(buf) {
                 Ok(httparse::Status::Complete(n)) => return Ok(n),
                 Ok(httparse::Status::Partial) => {}
-                Err(httparse::Error::TooManyHeaders) => return Err("431 Request Header Fields Too Large"),
+                Err(httparse::Error::TooManyHeaders) => {
+                    return Err("431 Request Header Fields Too Large")
+                }
                 Err(_) => return Err("400 Bad Request"),
             }
         }
@@ -174,7 +191,12 @@ fn read_head(c: &mut TcpStream, buf: &mut Vec<u8>) -> Result<usize, &'static str
             Ok(0) => return Err(""),
             Ok(n) => buf.extend_from_slice(&chunk[..n.min(MAX_HEAD + 1 - buf.len().min(MAX_HEAD))]),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
                 return Err("408 Request Timeout")
             }
             Err(_) => return Err(""),
@@ -204,10 +226,24 @@ fn answer(mut c: TcpStream, ctx: &Ctx) -> io::Result<()> {
     };
     match header("host") {
         Some(h) if !host_ok(&h, ctx) => {
-            return reply(&mut c, head, "421 Misdirected Request", &[], "text/plain", "this server does not answer for that Host\n");
+            return reply(
+                &mut c,
+                head,
+                "421 Misdirected Request",
+                &[],
+                "text/plain",
+                "this server does not answer for that Host\n",
+            );
         }
         None if req.version == Some(1) => {
-            return reply(&mut c, head, "400 Bad Request", &[], "text/plain", "Host required\n");
+            return reply(
+                &mut c,
+                head,
+                "400 Bad Request",
+                &[],
+                "text/plain",
+                "Host required\n",
+            );
         }
         _ => {}
     }
@@ -216,10 +252,14 @@ fn answer(mut c: TcpStream, ctx: &Ctx) -> io::Result<()> {
         let bearer = header("authorization").and_then(|v| {
             let v = v.trim();
             let (scheme, cred) = v.split_once(' ')?;
-            scheme.eq_ignore_ascii_case("bearer").then(|| cred.trim().to_string())
+            scheme
+                .eq_ignore_ascii_case("bearer")
+                .then(|| cred.trim().to_string())
         });
         let q = query.split('&').find_map(|kv| kv.strip_prefix("token="));
-        let ok = bearer.as_deref().is_some_and(|b| same(b.as_bytes(), t.as_bytes()))
+        let ok = bearer
+            .as_deref()
+            .is_some_and(|b| same(b.as_bytes(), t.as_bytes()))
             || q.is_some_and(|q| same(q.as_bytes(), t.as_bytes()));
         if !ok {
             return reply(
@@ -233,18 +273,53 @@ fn answer(mut c: TcpStream, ctx: &Ctx) -> io::Result<()> {
         }
     }
     if method != "GET" && !head {
-        return reply(&mut c, false, "405 Method Not Allowed", &[("Allow", "GET, HEAD")], "text/plain", "GET or HEAD only\n");
+        return reply(
+            &mut c,
+            false,
+            "405 Method Not Allowed",
+            &[("Allow", "GET, HEAD")],
+            "text/plain",
+            "GET or HEAD only\n",
+        );
     }
     let s = &ctx.status;
     match path {
-        "/" | "/index.html" => reply(&mut c, head, "200 OK", &[], "text/html; charset=utf-8", &s.page()),
-        "/metrics" => reply(&mut c, head, "200 OK", &[], "text/plain; version=0.0.4; charset=utf-8", &s.metrics()),
+        "/" | "/index.html" => reply(
+            &mut c,
+            head,
+            "200 OK",
+            &[],
+            "text/html; charset=utf-8",
+            &s.page(),
+        ),
+        "/metrics" => reply(
+            &mut c,
+            head,
+            "200 OK",
+            &[],
+            "text/plain; version=0.0.4; charset=utf-8",
+            &s.metrics(),
+        ),
         "/status.json" => reply(&mut c, head, "200 OK", &[], "application/json", &s.json()),
-        _ => reply(&mut c, head, "404 Not Found", &[], "text/plain", "not found\n"),
+        _ => reply(
+            &mut c,
+            head,
+            "404 Not Found",
+            &[],
+            "text/plain",
+            "not found\n",
+        ),
     }
 }
 
-fn reply(c: &mut TcpStream, head: bool, code: &str, extra: &[(&str, &str)], ctype: &str, body: &str) -> io::Result<()> {
+fn reply(
+    c: &mut TcpStream,
+    head: bool,
+    code: &str,
+    extra: &[(&str, &str)],
+    ctype: &str,
+    body: &str,
+) -> io::Result<()> {
     let mut h = format!(
         "HTTP/1.1 {code}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nCache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\nContent-Security-Policy: default-src 'none'; style-src 'unsafe-inline'; img-src 'self'\r\nConnection: close\r\n",
         body.len()
@@ -281,10 +356,24 @@ mod tests {
     #[test]
     fn the_host_must_name_the_bound_address() {
         let c = ctx("127.0.0.1:7878");
-        for ok in ["127.0.0.1:7878", "localhost:7878", "LOCALHOST:7878", "box:7878", "localhost.:7878"] {
+        for ok in [
+            "127.0.0.1:7878",
+            "localhost:7878",
+            "LOCALHOST:7878",
+            "box:7878",
+            "localhost.:7878",
+        ] {
             assert!(host_ok(ok, &c), "{ok}");
         }
-        for bad in ["evil.example", "evil.example:7878", "127.0.0.1:80", "localhost", "10.0.0.1:7878", "127.0.0.1:x", "[::1]:80"] {
+        for bad in [
+            "evil.example",
+            "evil.example:7878",
+            "127.0.0.1:80",
+            "localhost",
+            "10.0.0.1:7878",
+            "127.0.0.1:x",
+            "[::1]:80",
+        ] {
             assert!(!host_ok(bad, &c), "{bad}");
         }
         let c6 = ctx("[::1]:9000");

@@ -221,7 +221,12 @@ impl State {
             State::Stopped => "stopped",
         }
     }
-    const ALL: [State; 4] = [State::InSync, State::Syncing, State::Degraded, State::Stopped];
+    const ALL: [State; 4] = [
+        State::InSync,
+        State::Syncing,
+        State::Degraded,
+        State::Stopped,
+    ];
 }
 
 /// Everything the page, the metrics and the JSON show, taken at once.
@@ -382,7 +387,14 @@ impl Status {
 
     /// `action` was done on `side` at `path` (`size` bytes; `other`: where
     /// a conflict's other version went).
-    pub fn record(&self, side: &str, action: &'static str, path: &[u8], size: u64, other: Option<&[u8]>) {
+    pub fn record(
+        &self,
+        side: &str,
+        action: &'static str,
+        path: &[u8],
+        size: u64,
+        other: Option<&[u8]>,
+    ) {
         let ms = now_ms();
         self.with(|i| {
             let path = String::from_utf8_lossy(path).into_owned();
@@ -403,7 +415,9 @@ impl Status {
                         ms,
                         side: side.to_string(),
                         path: path.clone(),
-                        other: other.map(|o| String::from_utf8_lossy(o).into_owned()).unwrap_or_default(),
+                        other: other
+                            .map(|o| String::from_utf8_lossy(o).into_owned())
+                            .unwrap_or_default(),
                     },
                 );
             }
@@ -426,7 +440,8 @@ impl Status {
         self.with(|i| {
             i.entry_errors += 1;
             let path = String::from_utf8_lossy(path).into_owned();
-            i.run_failing.push((side.to_string(), path.clone(), ms, msg.clone()));
+            i.run_failing
+                .push((side.to_string(), path.clone(), ms, msg.clone()));
             push(
                 &mut i.errs,
                 ErrRec {
@@ -554,7 +569,11 @@ impl Status {
             );
         }
         for (name, kind, help, v) in &snap.metrics {
-            let _ = write!(s, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {}\n", num(*v));
+            let _ = write!(
+                s,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {}\n",
+                num(*v)
+            );
         }
         s
     }
@@ -565,7 +584,12 @@ impl Status {
         let snap = self.snap();
         self.with(|i| {
             let mut s = String::from("{");
-            let _ = write!(s, "\"what\":{},\"state\":\"{}\",\"reasons\":[", js(&i.what), snap.state.as_str());
+            let _ = write!(
+                s,
+                "\"what\":{},\"state\":\"{}\",\"reasons\":[",
+                js(&i.what),
+                snap.state.as_str()
+            );
             for (n, r) in snap.reasons.iter().enumerate() {
                 let _ = write!(s, "{}{}", if n > 0 { "," } else { "" }, js(r));
             }
@@ -696,7 +720,7 @@ table{border-collapse:collapse}td,th{padding:2px 10px;text-align:left;border-bot
             }
             h.push_str("</div>");
             // The counters.
-            let lat = i.last_latency.map_or("-".to_string(), |d| dur_h(d));
+            let lat = i.last_latency.map_or("-".to_string(), dur_h);
             #[rustfmt::skip]
             let rows: [(&str, &str, String); 13] = [
                 ("files moved", "ferry_watch_transferred_files_total", count(i.files)),
@@ -922,15 +946,18 @@ impl Reporter for Tee<'_> {
         self.inner.error(path, err);
     }
     fn skip(&self, path: &[u8], why: &str) {
-        self.status.record("SRC", Action::Skip.as_str(), path, 0, None);
+        self.status
+            .record("SRC", Action::Skip.as_str(), path, 0, None);
         self.inner.skip(path, why);
     }
     fn hard_link(&self, path: &[u8], to: &[u8]) {
-        self.status.record("DST", Action::HardLink.as_str(), path, 0, None);
+        self.status
+            .record("DST", Action::HardLink.as_str(), path, 0, None);
         self.inner.hard_link(path, to);
     }
     fn kept(&self, path: &[u8], to: &[u8], size: u64) {
-        self.status.record("DST", Action::Keep.as_str(), path, size, None);
+        self.status
+            .record("DST", Action::Keep.as_str(), path, size, None);
         self.inner.kept(path, to, size);
     }
     fn note(&self, msg: &str) {
@@ -973,14 +1000,23 @@ mod tests {
     fn every_figure_on_the_page_is_a_metric_with_the_same_value() {
         let s = Status::new("a -> b");
         s.watched(3);
-        s.run_started(&Work { full: true, ..Work::default() }, 0);
+        s.run_started(
+            &Work {
+                full: true,
+                ..Work::default()
+            },
+            0,
+        );
         s.record("DST", "copy", b"x", 5000, None);
         s.failure("DST", b"y", "open: Permission denied".into());
         s.run_done(Duration::from_millis(12), &Outcome::default(), 0);
         s.run_started(&Work::default(), 0);
         s.run_done(
             Duration::from_millis(3),
-            &Outcome { errors: 0, failed: Some("refused: SRC is empty".into()) },
+            &Outcome {
+                errors: 0,
+                failed: Some("refused: SRC is empty".into()),
+            },
             0,
         );
         let (page, text) = (s.page(), s.metrics());
@@ -1031,7 +1067,13 @@ mod tests {
         assert_eq!(s.state(), State::InSync);
         s.change(&Change::Overflow(0));
         assert_eq!(s.state(), State::Degraded);
-        s.run_started(&Work { full: true, ..Work::default() }, 0);
+        s.run_started(
+            &Work {
+                full: true,
+                ..Work::default()
+            },
+            0,
+        );
         s.run_done(Duration::ZERO, &Outcome::default(), 0);
         assert_eq!(s.state(), State::InSync);
         s.gauges().arrived(2);
@@ -1052,7 +1094,10 @@ mod tests {
         Stats::add(&st.bytes_moved, 1 << 20);
         let text = s.metrics();
         assert_eq!(metric(&text, "ferry_watch_run_remaining_files"), "2");
-        assert_eq!(metric(&text, "ferry_watch_run_remaining_bytes"), (2u64 << 20).to_string());
+        assert_eq!(
+            metric(&text, "ferry_watch_run_remaining_bytes"),
+            (2u64 << 20).to_string()
+        );
         assert_eq!(metric(&text, "ferry_watch_state{state=\"syncing\"}"), "1");
         let page = s.page();
         assert!(page.contains("2.0 MiB</span> left"), "{page}");

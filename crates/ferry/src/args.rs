@@ -328,7 +328,12 @@ pub struct WatchArgs {
     #[arg(long, value_name = "TOKEN", requires = "status")]
     pub status_token: Option<String>,
     /// The status page's token, read from the first line of FILE.
-    #[arg(long, value_name = "FILE", requires = "status", conflicts_with = "status_token")]
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "status",
+        conflicts_with = "status_token"
+    )]
     pub status_token_file: Option<std::path::PathBuf>,
 }
 

@@ -84,9 +84,8 @@ fn status_token(w: &WatchArgs) -> Result<Option<String>, String> {
         return Ok(Some(t.clone()));
     }
     let (t, from) = if let Some(f) = &w.status_token_file {
-        let text = std::fs::read_to_string(f).map_err(|e| {
-            format!("--status-token-file {}: {}", f.display(), cause(&e))
-        })?;
+        let text = std::fs::read_to_string(f)
+            .map_err(|e| format!("--status-token-file {}: {}", f.display(), cause(&e)))?;
         (
             text.lines().next().unwrap_or("").trim().to_string(),
             format!("--status-token-file {}", f.display()),

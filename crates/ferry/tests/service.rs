@@ -59,7 +59,10 @@ fn the_sample_unit_verifies_and_is_hardened() {
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success() && err.trim().is_empty(), "verify:\n{err}");
+    assert!(
+        out.status.success() && err.trim().is_empty(),
+        "verify:\n{err}"
+    );
     let out = Command::new("systemd-analyze")
         .args(["security", "--offline=yes", "--no-pager"])
         .arg(&p)
@@ -68,16 +71,28 @@ fn the_sample_unit_verifies_and_is_hardened() {
     let text = String::from_utf8_lossy(&out.stdout);
     let level: f64 = text
         .lines()
-        .find_map(|l| l.split("Overall exposure level for ferry-watch.service: ").nth(1))
+        .find_map(|l| {
+            l.split("Overall exposure level for ferry-watch.service: ")
+                .nth(1)
+        })
         .and_then(|r| r.split_whitespace().next())
         .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no exposure level:\n{text}\n{}", String::from_utf8_lossy(&out.stderr)));
+        .unwrap_or_else(|| {
+            panic!(
+                "no exposure level:\n{text}\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
     assert!(level < 4.0, "exposure {level}:\n{text}");
     let u = unit();
     let one = |k: &str| values(&u, k).join(" ");
     assert_eq!(one("User"), "ferry", "runs as a user of its own");
     assert_eq!(one("ProtectSystem"), "strict");
-    assert_eq!(one("ReadWritePaths"), "/backup/data", "the replica, writable");
+    assert_eq!(
+        one("ReadWritePaths"),
+        "/backup/data",
+        "the replica, writable"
+    );
     assert_eq!(one("NoNewPrivileges"), "yes");
     assert_eq!(one("PrivateTmp"), "yes");
     assert_eq!(one("RestartPreventExitStatus"), "2");
@@ -110,7 +125,14 @@ fn the_sample_units_command_line_watches_and_serves_with_the_token() {
     cmd.args(words);
     let mut w = Watch::spawn(cmd);
     let line = w.line_with("status on http://");
-    let addr = line.split("http://").nth(1).unwrap().split('/').next().unwrap().to_string();
+    let addr = line
+        .split("http://")
+        .nth(1)
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string();
     converge(&src, &dst, &mut w);
     let get = |auth: &str| {
         use std::io::{Read, Write};

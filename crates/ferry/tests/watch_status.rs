@@ -87,13 +87,17 @@ fn metrics(addr: &str, auth: &str) -> BTreeMap<String, f64> {
         }
         let (key, v) = line.rsplit_once(' ').expect("name value");
         let family = key.split('{').next().unwrap();
-        let kind = types.get(family).unwrap_or_else(|| panic!("no TYPE before {line}"));
+        let kind = types
+            .get(family)
+            .unwrap_or_else(|| panic!("no TYPE before {line}"));
         if kind == "counter" {
             assert!(family.ends_with("_total"), "{family}");
         } else {
             assert!(!family.ends_with("_total"), "{family}");
         }
-        assert!(out.insert(key.to_string(), v.parse::<f64>().expect(line)).is_none());
+        assert!(out
+            .insert(key.to_string(), v.parse::<f64>().expect(line))
+            .is_none());
     }
     out
 }
@@ -168,7 +172,12 @@ fn browser(addr: &str, token: &str, want: &str, name: &str) {
     let url = format!("http://{addr}/?token={token}");
     let run = |extra: &[String]| {
         Command::new(bin)
-            .args(["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"])
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--hide-scrollbars",
+            ])
             .arg(format!("--user-data-dir={}", profile.path().display()))
             .args(extra)
             .arg(&url)
@@ -181,7 +190,8 @@ fn browser(addr: &str, token: &str, want: &str, name: &str) {
     loop {
         let out = run(&["--dump-dom".to_string()]);
         let dom = String::from_utf8_lossy(&out.stdout);
-        if dom.contains(&format!("data-state=\"{want}\"")) && dom.contains("<svg id=\"throughput\"") {
+        if dom.contains(&format!("data-state=\"{want}\"")) && dom.contains("<svg id=\"throughput\"")
+        {
             break;
         }
         assert!(
@@ -211,7 +221,11 @@ fn the_server_takes_several_clients_checks_host_and_reads_the_token_from_a_file(
     fs::create_dir(&src).unwrap();
     let tf = t.path().join("token");
     fs::write(&tf, "s3cret\n").unwrap();
-    let (mut w, addr) = start(&["sync", "--status-token-file", tf.to_str().unwrap()], &src, &dst);
+    let (mut w, addr) = start(
+        &["sync", "--status-token-file", tf.to_str().unwrap()],
+        &src,
+        &dst,
+    );
     converge(&src, &dst, &mut w);
     // The token is not on the command line (`ps`).
     let cmdline = fs::read(format!("/proc/{}/cmdline", w.child.id())).unwrap();
@@ -220,7 +234,10 @@ fn the_server_takes_several_clients_checks_host_and_reads_the_token_from_a_file(
     let mut slow = TcpStream::connect(&addr).unwrap();
     slow.write_all(b"GET / HTTP/1.1\r\nHost: ").unwrap();
     let (st, _, _) = get(&addr, "/metrics", "authorization: bearer s3cret\r\n");
-    assert!(st.contains("200"), "bearer in any case, while a slow client waits: {st}");
+    assert!(
+        st.contains("200"),
+        "bearer in any case, while a slow client waits: {st}"
+    );
     // localhost:PORT is this server too.
     let port = addr.rsplit(':').next().unwrap();
     let r = raw(
@@ -242,7 +259,11 @@ fn the_server_takes_several_clients_checks_host_and_reads_the_token_from_a_file(
     // Without the token: 401, and how to give it.
     let (st, head, _) = get(&addr, "/metrics", "");
     assert!(st.contains("401"), "{st}");
-    assert!(head.to_ascii_lowercase().contains("www-authenticate: bearer"), "{head}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("www-authenticate: bearer"),
+        "{head}"
+    );
     let (st, _, _) = get(&addr, "/metrics", "Authorization: Bearer wrong\r\n");
     assert!(st.contains("401"), "{st}");
     // HEAD: the head of GET's answer, no body.
@@ -251,16 +272,23 @@ fn the_server_takes_several_clients_checks_host_and_reads_the_token_from_a_file(
         &format!("HEAD / HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer s3cret\r\n\r\n"),
     );
     let (head, body) = r.split_once("\r\n\r\n").unwrap();
-    assert!(head.starts_with("HTTP/1.1 200") && head.contains("Content-Length: "), "{r}");
+    assert!(
+        head.starts_with("HTTP/1.1 200") && head.contains("Content-Length: "),
+        "{r}"
+    );
     assert!(body.is_empty(), "{r}");
     let r = raw(
         &addr,
         &format!("POST / HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer s3cret\r\nContent-Length: 0\r\n\r\n"),
     );
-    assert!(r.starts_with("HTTP/1.1 405") && r.contains("Allow: GET, HEAD"), "{r}");
+    assert!(
+        r.starts_with("HTTP/1.1 405") && r.contains("Allow: GET, HEAD"),
+        "{r}"
+    );
     // The slow client's head never comes: it is answered 408 and
     // closed, however long it keeps the connection.
-    slow.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    slow.set_read_timeout(Some(Duration::from_secs(120)))
+        .unwrap();
     let mut resp = String::new();
     let _ = slow.read_to_string(&mut resp);
     assert!(resp.starts_with("HTTP/1.1 408"), "{resp:?}");
@@ -331,16 +359,19 @@ fn a_refused_run_is_an_error_and_the_watch_is_degraded_until_a_run_succeeds() {
         let m = metrics(&addr, auth);
         m["ferry_watch_refused_runs_total"] >= 1.0 && m["ferry_watch_errors_total"] >= 1.0
     });
-    let m = metrics(&addr, auth);
-    assert_eq!(state(&m), "degraded");
-    assert_eq!(m["ferry_watch_watched_directories"], 1.0);
+    w.until("degraded, 1 directory watched", || {
+        let m = metrics(&addr, auth);
+        state(&m) == "degraded" && m["ferry_watch_watched_directories"] == 1.0
+    });
     let page = page_matches_metrics(&mut w, &addr, auth);
     assert!(page.contains("data-state=\"degraded\""), "{page}");
     assert!(page.contains("SRC is empty"), "{page}");
     browser(&addr, "tk", "degraded", "degraded");
     write(&src, "g", b"g");
     converge(&src, &dst, &mut w);
-    w.until("in sync again", || state(&metrics(&addr, auth)) == "in_sync");
+    w.until("in sync again", || {
+        state(&metrics(&addr, auth)) == "in_sync"
+    });
     w.stop_ok();
 }
 
@@ -353,21 +384,24 @@ fn the_latency_counts_from_the_change_not_from_when_ferry_read_it() {
     fs::create_dir(&src).unwrap();
     let (mut w, addr) = start(&["sync"], &src, &dst);
     converge(&src, &dst, &mut w);
-    w.until("a first run", || metrics(&addr, "")["ferry_watch_runs_total"] >= 1.0);
+    w.until("a first run", || {
+        metrics(&addr, "")["ferry_watch_runs_total"] >= 1.0
+    });
     w.signal("STOP");
     write(&src, "f", b"written while ferry was stopped");
     // The stop itself is what is measured (not a wait for something).
     std::thread::sleep(Duration::from_secs(3));
     w.signal("CONT");
     converge(&src, &dst, &mut w);
-    w.until("the run of f counted", || {
-        metrics(&addr, "")["ferry_watch_transferred_files_total"] >= 1.0
+    // The run that copied f ended (its latency is the last one).
+    w.until("the run of f ended", || {
+        let m = metrics(&addr, "");
+        m["ferry_watch_transferred_files_total"] >= 1.0
+            && m["ferry_watch_runs_total"] >= 2.0
+            && m["ferry_watch_running"] == 0.0
     });
     let m = metrics(&addr, "");
-    assert!(
-        m["ferry_watch_last_change_latency_seconds"] >= 3.0,
-        "{m:?}"
-    );
+    assert!(m["ferry_watch_last_change_latency_seconds"] >= 3.0, "{m:?}");
     w.stop_ok();
 }
 
@@ -379,7 +413,11 @@ fn a_run_in_flight_shows_its_progress_and_the_queue_grows_meanwhile() {
     let t = tmpdir();
     let (src, dst) = (t.path().join("src"), t.path().join("dst"));
     fs::create_dir(&src).unwrap();
-    let (mut w, addr) = start(&["sync", "--bwlimit", "256K", "--status-token", "tk"], &src, &dst);
+    let (mut w, addr) = start(
+        &["sync", "--bwlimit", "256K", "--status-token", "tk"],
+        &src,
+        &dst,
+    );
     converge(&src, &dst, &mut w);
     let auth = "Authorization: Bearer tk\r\n";
     write(&src, "big", &gen_bytes(24 << 20, 3));
@@ -393,12 +431,18 @@ fn a_run_in_flight_shows_its_progress_and_the_queue_grows_meanwhile() {
     // (The run may end first on a very slow machine: then the queue was
     // taken by the next run, and the test says so.)
     let mut seen = false;
-    w.until("the queue holds the changes that came during the run", || {
-        let m = metrics(&addr, auth);
-        seen = m["ferry_watch_running"] == 1.0 && m["ferry_watch_queue_length"] >= 3.0;
-        seen || m["ferry_watch_running"] == 0.0
-    });
-    assert!(seen, "the run ended before the queue was seen (24 MiB at 256 KiB/s)");
+    w.until(
+        "the queue holds the changes that came during the run",
+        || {
+            let m = metrics(&addr, auth);
+            seen = m["ferry_watch_running"] == 1.0 && m["ferry_watch_queue_length"] >= 3.0;
+            seen || m["ferry_watch_running"] == 0.0
+        },
+    );
+    assert!(
+        seen,
+        "the run ended before the queue was seen (24 MiB at 256 KiB/s)"
+    );
     let m = metrics(&addr, auth);
     assert_eq!(state(&m), "syncing");
     let page = get(&addr, "/", auth).2;
@@ -419,12 +463,20 @@ fn bisync_page_lists_actions_conflicts_and_failing_paths_with_their_side() {
     write(&a, "f", b"a");
     let journal = t.path().join("j.sqlite");
     let (mut w, addr) = start(
-        &["bisync", "--journal", journal.to_str().unwrap(), "--status-token", "tk"],
+        &[
+            "bisync",
+            "--journal",
+            journal.to_str().unwrap(),
+            "--status-token",
+            "tk",
+        ],
         &a,
         &b,
     );
     let auth = "Authorization: Bearer tk\r\n";
-    w.until("f on B", || fs::read(b.join("f")).ok().as_deref() == Some(b"a"));
+    w.until("f on B", || {
+        fs::read(b.join("f")).ok().as_deref() == Some(b"a")
+    });
     w.until("the copy counted", || {
         metrics(&addr, auth)["ferry_watch_transferred_files_total"] >= 1.0
     });
@@ -442,7 +494,10 @@ fn bisync_page_lists_actions_conflicts_and_failing_paths_with_their_side() {
         metrics(&addr, auth)["ferry_watch_conflicts_total"] >= 1.0
     });
     let page = page_matches_metrics(&mut w, &addr, auth);
-    assert!(page.contains("id=\"conflicts\"") && page.contains("conflict"), "{page}");
+    assert!(
+        page.contains("id=\"conflicts\"") && page.contains("conflict"),
+        "{page}"
+    );
     browser(&addr, "tk", "in_sync", "conflict");
     // A path that fails on B.
     let chattr = |flag: &str| {
