@@ -138,8 +138,10 @@ struct Inner {
     conflict_list: VecDeque<Conflict>,
     /// (unix second, bytes) of seconds that moved something.
     series: VecDeque<(u64, u64)>,
-    /// The run in flight's bytes moved, as last added to `series`.
+    /// The run in flight's bytes moved, as last added to `series`, and
+    /// when (unix second).
     sampled: u64,
+    sampled_sec: u64,
 }
 
 /// The watch's state as the status page shows it.
@@ -167,9 +169,12 @@ fn add(series: &mut VecDeque<(u64, u64)>, sec: u64, bytes: u64) {
     if bytes == 0 {
         return;
     }
-    match series.back_mut() {
-        Some((s, b)) if *s >= sec => *b += bytes,
-        _ => series.push_back((sec, bytes)),
+    match series.iter_mut().rev().find(|(s, _)| *s <= sec) {
+        Some((s, b)) if *s == sec => *b += bytes,
+        _ => {
+            let at = series.partition_point(|(s, _)| *s < sec);
+            series.insert(at, (sec, bytes));
+        }
     }
     while series.front().is_some_and(|(s, _)| s + SERIES_SECS < sec) {
         series.pop_front();
@@ -190,7 +195,15 @@ fn sample(i: &mut Inner, sec: u64) -> bool {
         .max(s.bytes_copied.load(Ordering::Relaxed));
     let d = v.saturating_sub(i.sampled);
     i.sampled = v;
-    add(&mut i.series, sec, d);
+    // Spread over the seconds since the last look (the page may be asked
+    // for seldom): a steady copy draws a flat line.
+    let from = i.sampled_sec.clamp(sec.saturating_sub(SERIES_SECS), sec);
+    i.sampled_sec = sec;
+    let n = (sec - from).max(1);
+    for k in 0..n {
+        let part = d / n + u64::from(k < d % n);
+        add(&mut i.series, sec + 1 + k - n, part);
+    }
     v > 0
 }
 
@@ -315,6 +328,7 @@ impl Status {
                 stats: Arc::default(),
             });
             i.sampled = 0;
+            i.sampled_sec = now_ms() / 1000;
             i.run_scope = (!w.full).then(|| {
                 let mut s: Vec<Vec<u8>> = w.scope.dirs.iter().map(|d| d.0.clone()).collect();
                 s.extend(w.renames.iter().flat_map(|r| [r.0.clone(), r.1.clone()]));
@@ -1102,7 +1116,46 @@ mod tests {
         let page = s.page();
         assert!(page.contains("2.0 MiB</span> left"), "{page}");
         // The mebibyte moved is on the chart before the copy ends.
-        assert!(s.with(|i| i.series.iter().map(|x| x.1).sum::<u64>()) == 1 << 20);
+        assert_eq!(
+            s.with(|i| i.series.iter().map(|x| x.1).sum::<u64>()),
+            1 << 20
+        );
+        // Spread over the seconds it took, in order.
+        s.with(|i| {
+            i.sampled_sec -= 4;
+            Stats::add(&st.bytes_moved, 4000);
+            sample(i, now_ms() / 1000);
+            assert!(
+                i.series.iter().filter(|x| x.1 == 1000).count() >= 3,
+                "{:?}",
+                i.series
+            );
+            assert!(i
+                .series
+                .iter()
+                .zip(i.series.iter().skip(1))
+                .all(|(a, b)| a.0 < b.0));
+        });
+    }
+
+    #[test]
+    fn hostile_names_are_shown_escaped_everywhere() {
+        let s = Status::new("<i>a</i> -> b");
+        let name: &[u8] = b"<script>alert(1)</script>\n\"&'\xff";
+        s.run_started(&Work::default(), 0);
+        s.record("DST", "copy", name, 1, None);
+        s.failure("DST", name, "<em>".into());
+        s.record("B", "conflict", name, 1, Some(name));
+        s.run_done(Duration::ZERO, &Outcome::default(), 0);
+        let page = s.page();
+        assert!(!page.contains("<script>") && !page.contains("<em>") && !page.contains("<i>"));
+        assert!(
+            page.contains("&lt;script&gt;alert(1)&lt;/script&gt;\n&quot;&amp;&#39;\u{fffd}"),
+            "{page}"
+        );
+        let json = s.json();
+        assert!(json.contains("\\n\\\"&'\u{fffd}"), "{json}");
+        assert!(!json.contains('\n'), "one line: {json}");
     }
 
     #[test]

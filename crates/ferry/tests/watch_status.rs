@@ -527,3 +527,26 @@ fn bisync_page_lists_actions_conflicts_and_failing_paths_with_their_side() {
     assert!(page.contains("data-state=\"degraded\""), "{page}");
     w.kill();
 }
+
+/// More clients at once than the server answers: the one too many gets a
+/// 503 at once (not a wait), and once they go the server answers again.
+#[test]
+fn more_clients_than_the_server_takes_get_503_and_it_serves_again() {
+    let t = tmpdir();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    fs::create_dir(&src).unwrap();
+    let (mut w, addr) = start(&["sync"], &src, &dst);
+    converge(&src, &dst, &mut w);
+    // 32 connections that send nothing (each held until its head's
+    // deadline).
+    let idle: Vec<TcpStream> = (0..32)
+        .map(|_| TcpStream::connect(&addr).unwrap())
+        .collect();
+    let (st, _, body) = get(&addr, "/metrics", "");
+    assert!(st.contains("503"), "{st}\n{body}");
+    drop(idle);
+    w.until("answered again", || {
+        get(&addr, "/metrics", "").0.contains("200")
+    });
+    w.stop_ok();
+}
