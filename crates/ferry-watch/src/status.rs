@@ -853,9 +853,18 @@ fn when(ms: u64) -> String {
         .to_string()
 }
 
-/// A round maximum for the chart's scale: 1, 2 or 5 times a power of 10,
-/// at or above `v`.
+/// A round maximum for the chart's scale, at or above `v`: 1, 2 or 5 times
+/// a power of 10 of the binary unit it is shown in (`500 KiB`, `2 MiB`).
 fn nice(v: u64) -> u64 {
+    let mut unit = 1u64;
+    while v / unit >= 1024 && unit < 1 << 50 {
+        unit <<= 10;
+    }
+    nice10(v.div_ceil(unit)).saturating_mul(unit)
+}
+
+/// 1, 2 or 5 times a power of 10, at or above `v`.
+fn nice10(v: u64) -> u64 {
     let mut p = 1u64;
     loop {
         for m in [1, 2, 5] {
@@ -1178,6 +1187,12 @@ mod tests {
         let mut h = String::new();
         // The 50 MiB second is out of the window: the scale is 3000's.
         chart(&mut h, &series, 1400);
-        assert!(h.contains("data-max=\"5000\""), "{h}");
+        assert!(
+            h.contains("data-max=\"5120\"") && h.contains(">5.0 KiB/s<"),
+            "{h}"
+        );
+        assert_eq!(nice(262_144), 500 << 10);
+        assert_eq!(nice(1000), 1000);
+        assert_eq!(nice(3 << 20), 5 << 20);
     }
 }
