@@ -936,6 +936,12 @@ fn js(s: &str) -> String {
 /// The side an engine error names (`SRC`, `DST`; empty when it does not
 /// say), and the error with the operation that met it.
 fn side_of(err: &io::Error) -> (&'static str, String) {
+    // `No such file or directory`, without Rust's ` (os error 2)`.
+    let text = err.to_string();
+    let text = match text.rfind(" (os error ") {
+        Some(i) if text.ends_with(')') => text[..i].to_string(),
+        _ => text,
+    };
     match ferry_engine::store::op_of(err) {
         Some((end, op)) => (
             match end {
@@ -943,9 +949,9 @@ fn side_of(err: &io::Error) -> (&'static str, String) {
                 Some(End::Dst) => "DST",
                 None => "",
             },
-            format!("{op}: {err}"),
+            format!("{op}: {text}"),
         ),
-        None => ("", err.to_string()),
+        None => ("", text),
     }
 }
 
@@ -1165,6 +1171,20 @@ mod tests {
         let json = s.json();
         assert!(json.contains("\\n\\\"&'\u{fffd}"), "{json}");
         assert!(!json.contains('\n'), "one line: {json}");
+    }
+
+    #[test]
+    fn an_engine_error_names_its_side_and_operation() {
+        let e =
+            ferry_engine::store::op_err(io::Error::from_raw_os_error(1), Some(End::Dst), "rename");
+        assert_eq!(
+            side_of(&e),
+            ("DST", "rename: Operation not permitted".to_string())
+        );
+        assert_eq!(
+            side_of(&io::Error::from_raw_os_error(2)).1,
+            "No such file or directory"
+        );
     }
 
     #[test]
