@@ -782,7 +782,7 @@ table{border-collapse:collapse}td,th{padding:2px 10px;text-align:left;border-bot
             for e in i.errs.iter().rev() {
                 let _ = write!(h, "<tr><td>{}</td><td>{}</td><td class=\"path\">{}</td><td class=\"bad\">{}</td></tr>", when(e.ms), esc(&e.side), esc(&e.path), esc(&e.msg));
             }
-            let _ = write!(h, "</table><p class=\"muted\">watching since {}; times are the host's local time; this page reloads every 2 s. Also: <a href=\"metrics\">/metrics</a>, <a href=\"status.json\">/status.json</a>.</p></body></html>", when(i.started));
+            let _ = write!(h, "</table><p class=\"muted\">watching since <span data-metric=\"ferry_watch_start_time_seconds\" data-value=\"{}\">{}</span>; times are the host's local time; this page reloads every 2 s. Also: <a href=\"metrics\">/metrics</a>, <a href=\"status.json\">/status.json</a>.</p></body></html>", i.started / 1000, when(i.started));
             h
         })
     }
