@@ -550,3 +550,31 @@ fn more_clients_than_the_server_takes_get_503_and_it_serves_again() {
     });
     w.stop_ok();
 }
+
+/// A root gone: degraded, the side and the root named, and in sync again
+/// once it is back and synced.
+#[test]
+fn a_root_gone_is_degraded_and_named_until_it_is_back() {
+    let t = tmpdir();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    fs::create_dir(&src).unwrap();
+    write(&src, "f", b"f");
+    let (mut w, addr) = start(&["sync"], &src, &dst);
+    converge(&src, &dst, &mut w);
+    let aside = t.path().join("aside");
+    fs::rename(&src, &aside).unwrap();
+    w.until("degraded, the root gone", || {
+        let m = metrics(&addr, "");
+        state(&m) == "degraded" && m["ferry_watch_roots_gone"] == 1.0
+    });
+    let page = page_matches_metrics(&mut w, &addr, "");
+    assert!(
+        page.contains(&format!("root gone: SRC {}", src.display())),
+        "{page}"
+    );
+    fs::rename(&aside, &src).unwrap();
+    write(&src, "g", b"g");
+    converge(&src, &dst, &mut w);
+    w.until("in sync again", || state(&metrics(&addr, "")) == "in_sync");
+    w.stop_ok();
+}
