@@ -393,8 +393,9 @@ impl Tree {
             floor = (n + 16 + 256 <= buf.len()).then(Instant::now);
             if !changes.is_empty() {
                 if let Some((g, ..)) = &self.gauges {
-                    g.arrived(changes.len());
-                    let _ = tx.send(crate::Msg::Arrived(self.side, at));
+                    let n = paths(&changes);
+                    g.arrived(n);
+                    let _ = tx.send(crate::Msg::Arrived(self.side, at, n));
                 }
                 if tx.send(crate::Msg::Changes(changes)).is_err() {
                     return;
@@ -546,6 +547,28 @@ impl Tree {
         }
         out
     }
+}
+
+/// The paths `changes` name, each once (a file made, written and closed
+/// is one).
+fn paths(changes: &[Change]) -> usize {
+    let mut seen: std::collections::HashSet<&[u8]> = std::collections::HashSet::new();
+    for c in changes {
+        match c {
+            Change::Entry(_, p, _)
+            | Change::Removed(_, p)
+            | Change::Dir(_, p)
+            | Change::Deep(_, p) => {
+                seen.insert(p);
+            }
+            Change::Rename(_, from, to, _) => {
+                seen.insert(from);
+                seen.insert(to);
+            }
+            Change::Overflow(_) | Change::Gone(_) | Change::Back(_) => {}
+        }
+    }
+    seen.len()
 }
 
 /// One event as read: watch descriptor, mask, cookie, name.

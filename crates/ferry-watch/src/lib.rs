@@ -75,8 +75,8 @@ pub enum Msg {
     /// The next [`Msg::Changes`] of side `.0` reached the kernel's queue at
     /// `.1`, as well as its reader can tell (an inotify tree: see
     /// [`inotify::Tree::run_until`]), and was counted in
-    /// [`status::Gauges::arrived`].
-    Arrived(usize, Instant),
+    /// [`status::Gauges::arrived`] as `.2` (the paths it names).
+    Arrived(usize, Instant, usize),
     /// A line to say once (`ferry: note: ...`).
     Note(String),
     /// SIGINT or SIGTERM: stop after the run in flight.
@@ -419,7 +419,7 @@ pub fn watch_with(
             .or((!polled.is_empty()).then_some(cfg.degraded_poll))
     };
     // When the next changes of a side reached the kernel (Msg::Arrived).
-    let mut arrived: Vec<(usize, Instant)> = Vec::new();
+    let mut arrived: Vec<(usize, Instant, usize)> = Vec::new();
     let mut take = |m: Msg,
                     pending: &mut Pending,
                     stop: &mut bool,
@@ -429,8 +429,9 @@ pub fn watch_with(
             let side = cs.first().map(Change::side);
             let now = match arrived.iter().position(|a| Some(a.0) == side) {
                 Some(i) => {
-                    status.gauges().taken(cs.len());
-                    arrived.swap_remove(i).1
+                    let (_, t, n) = arrived.swap_remove(i);
+                    status.gauges().taken(n);
+                    t
                 }
                 None => Instant::now(),
             };
@@ -439,7 +440,7 @@ pub fn watch_with(
                 pending.add(c, now, &mut say);
             }
         }
-        Msg::Arrived(side, t) => arrived.push((side, t)),
+        Msg::Arrived(side, t, n) => arrived.push((side, t, n)),
         Msg::Note(n) => note(&format!("note: {n}")),
         Msg::Stop => {
             status.stopping();

@@ -543,7 +543,7 @@ impl Status {
                 ("ferry_watch_refused_runs_total", "counter", "Runs that did not happen: refused (an empty SRC, the delete limit) or a side unreachable.", i.refused as f64),
                 ("ferry_watch_conflicts_total", "counter", "Conflicts (bisync): both sides changed, one version kept under a conflict name.", i.conflicts as f64),
                 ("ferry_watch_failing_paths", "gauge", "Paths that failed and have not been synced since.", i.failing.len() as f64),
-                ("ferry_watch_queue_length", "gauge", "Changes waiting for a run: the paths the loop holds, and the changes read from the kernel it has not taken yet (during a run).", queue as f64),
+                ("ferry_watch_queue_length", "gauge", "Changed paths waiting for a run: those the loop holds, and, during a run, those of the changes read from the kernel it has not taken yet (one per batch read).", queue as f64),
                 ("ferry_watch_runs_total", "counter", "Runs (scoped and full).", i.runs as f64),
                 ("ferry_watch_full_runs_total", "counter", "Full runs (the first, after an overflow, a root back, a poll).", i.full_runs as f64),
                 ("ferry_watch_watched_directories", "gauge", "Directories with an inotify watch.", watched as f64),
@@ -716,7 +716,7 @@ table{border-collapse:collapse}td,th{padding:2px 10px;text-align:left;border-bot
             }
             let q = m("ferry_watch_queue_length") as u64;
             if q > 0 {
-                let _ = write!(h, " <span>(<span data-metric=\"ferry_watch_queue_length\" data-value=\"{q}\">{}</span> changes waiting)</span>", count(q));
+                let _ = write!(h, " <span>(<span data-metric=\"ferry_watch_queue_length\" data-value=\"{q}\">{}</span> changed paths waiting)</span>", count(q));
             }
             if !snap.reasons.is_empty() {
                 h.push_str("<ul id=\"reasons\">");
@@ -743,7 +743,7 @@ table{border-collapse:collapse}td,th{padding:2px 10px;text-align:left;border-bot
                 ("of which runs refused", "ferry_watch_refused_runs_total", count(i.refused)),
                 ("failing paths", "ferry_watch_failing_paths", count(i.failing.len() as u64)),
                 ("conflicts", "ferry_watch_conflicts_total", count(i.conflicts)),
-                ("queue (changes waiting)", "ferry_watch_queue_length", count(q)),
+                ("queue (changed paths waiting)", "ferry_watch_queue_length", count(q)),
                 ("runs", "ferry_watch_runs_total", count(i.runs)),
                 ("of which full runs", "ferry_watch_full_runs_total", count(i.full_runs)),
                 ("directories watched", "ferry_watch_watched_directories", count(m("ferry_watch_watched_directories") as u64)),
