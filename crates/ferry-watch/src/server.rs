@@ -224,6 +224,21 @@ fn answer(mut c: TcpStream, ctx: &Ctx) -> io::Result<()> {
             .find(|h| h.name.eq_ignore_ascii_case(name))
             .map(|h| String::from_utf8_lossy(h.value).into_owned())
     };
+    let hosts = req
+        .headers
+        .iter()
+        .filter(|h| h.name.eq_ignore_ascii_case("host"))
+        .count();
+    if hosts > 1 {
+        return reply(
+            &mut c,
+            head,
+            "400 Bad Request",
+            &[],
+            "text/plain",
+            "one Host header\n",
+        );
+    }
     match header("host") {
         Some(h) if !host_ok(&h, ctx) => {
             return reply(

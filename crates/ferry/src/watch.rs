@@ -86,6 +86,17 @@ fn status_token(w: &WatchArgs) -> Result<Option<String>, String> {
     let (t, from) = if let Some(f) = &w.status_token_file {
         let text = std::fs::read_to_string(f)
             .map_err(|e| format!("--status-token-file {}: {}", f.display(), cause(&e)))?;
+        // Like ssh with a private key: say when others can read it.
+        if let Ok(m) = std::fs::metadata(f) {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = m.permissions().mode() & 0o777;
+            if mode & 0o077 != 0 {
+                say(&format!(
+                    "note: --status-token-file {}: readable by other users (mode {mode:04o}): chmod 600 it",
+                    f.display()
+                ));
+            }
+        }
         (
             text.lines().next().unwrap_or("").trim().to_string(),
             format!("--status-token-file {}", f.display()),

@@ -221,12 +221,15 @@ fn the_server_takes_several_clients_checks_host_and_reads_the_token_from_a_file(
     fs::create_dir(&src).unwrap();
     let tf = t.path().join("token");
     fs::write(&tf, "s3cret\n").unwrap();
+    chmod(&tf, 0o644);
     let (mut w, addr) = start(
         &["sync", "--status-token-file", tf.to_str().unwrap()],
         &src,
         &dst,
     );
     converge(&src, &dst, &mut w);
+    // A token file others can read is said.
+    w.line_with("readable by other users (mode 0644)");
     // The token is not on the command line (`ps`).
     let cmdline = fs::read(format!("/proc/{}/cmdline", w.child.id())).unwrap();
     assert!(!String::from_utf8_lossy(&cmdline).contains("s3cret"));
@@ -277,6 +280,11 @@ fn the_server_takes_several_clients_checks_host_and_reads_the_token_from_a_file(
         "{r}"
     );
     assert!(body.is_empty(), "{r}");
+    let r = raw(
+        &addr,
+        &format!("GET / HTTP/1.1\r\nHost: {addr}\r\nHost: evil.example\r\nAuthorization: Bearer s3cret\r\n\r\n"),
+    );
+    assert!(r.starts_with("HTTP/1.1 400"), "two Hosts: {r}");
     let r = raw(
         &addr,
         &format!("POST / HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer s3cret\r\nContent-Length: 0\r\n\r\n"),
