@@ -80,8 +80,15 @@ pub fn serve(
                 let spawned = std::thread::Builder::new()
                     .name("ferry-status-conn".into())
                     .spawn(move || {
+                        // Counted out however the answer ends (a panic too).
+                        struct Out<'a>(&'a AtomicUsize);
+                        impl Drop for Out<'_> {
+                            fn drop(&mut self) {
+                                self.0.fetch_sub(1, Ordering::AcqRel);
+                            }
+                        }
+                        let _out = Out(&ctx2.live);
                         let _ = answer(c, &ctx2);
-                        ctx2.live.fetch_sub(1, Ordering::AcqRel);
                     });
                 if spawned.is_err() {
                     ctx.live.fetch_sub(1, Ordering::AcqRel);
