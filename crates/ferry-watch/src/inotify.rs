@@ -147,7 +147,12 @@ impl Tree {
     /// (a file closed after its last write) counts from its last write.
     fn arrival(&self, bytes: &[u8], woke: Instant, floor: Option<Instant>) -> Instant {
         use std::os::unix::fs::MetadataExt;
-        let Some((wd, fl, _, name)) = parse(bytes).into_iter().next() else {
+        // The first event alone.
+        let first = bytes
+            .get(12..16)
+            .map(|l| 16 + u32::from_ne_bytes([l[0], l[1], l[2], l[3]]) as usize)
+            .map_or(bytes, |end| &bytes[..end.min(bytes.len())]);
+        let Some((wd, fl, _, name)) = parse(first).into_iter().next() else {
             return woke;
         };
         let Some(dir) = self.dirs.get(&wd) else {
