@@ -141,7 +141,7 @@ impl Tree {
     /// kernel's queue, as well as can be told: inotify events carry no
     /// time, so the change time (ctime) of the first event's entry (of its
     /// directory, for a removal or a move away) is taken for it, bounded
-    /// by `floor` (the end of the read before, when that one emptied the
+    /// by `floor` (the return of the read before, when that one emptied the
     /// queue) and by `woke`. A process stopped (SIGSTOP) or starved while
     /// events wait is counted that way; an event that changes no ctime
     /// (a file closed after its last write) counts from its last write.
@@ -338,7 +338,7 @@ impl Tree {
     pub fn run_until(mut self, tx: Sender<crate::Msg>, stop: Option<OwnedFd>) {
         let mut buf = vec![0u8; 64 << 10];
         let mut said_limit = false;
-        // The end of the last read that emptied the kernel's queue.
+        // The return of the last read that emptied the kernel's queue.
         let mut floor: Option<Instant> = None;
         loop {
             if self.limit_hit && !said_limit {
@@ -394,8 +394,8 @@ impl Tree {
             let changes = self.decode(&buf[..n]);
             self.report();
             // This read emptied the queue if it left room for one more
-            // event with the longest name.
-            floor = (n + 16 + 256 <= buf.len()).then(Instant::now);
+            // event with the longest name: what comes next came after it.
+            floor = (n + 16 + 256 <= buf.len()).then_some(woke);
             if !changes.is_empty() {
                 if let Some((g, ..)) = &self.gauges {
                     let n = paths(&changes);
