@@ -143,8 +143,8 @@ impl Tree {
     /// directory, for a removal or a move away) is taken for it, bounded
     /// by `floor` (the return of the read before, when that one emptied the
     /// queue) and by `woke`. A process stopped (SIGSTOP) or starved while
-    /// events wait is counted that way; an event that changes no ctime
-    /// (a file closed after its last write) counts from its last write.
+    /// events wait is counted that way; a batch whose first event changes
+    /// no ctime (a close) counts from its read.
     fn arrival(&self, bytes: &[u8], woke: Instant, floor: Option<Instant>) -> Instant {
         use std::os::unix::fs::MetadataExt;
         // The first event alone.
