@@ -428,7 +428,10 @@ fn a_run_in_flight_shows_its_progress_and_the_queue_grows_meanwhile() {
     );
     converge(&src, &dst, &mut w);
     let auth = "Authorization: Bearer tk\r\n";
-    write(&src, "big", &gen_bytes(24 << 20, 3));
+    // Made aside and moved in: it appears whole (a file still being
+    // written could be copied, then change, and end the run early).
+    write(t.path(), "big", &gen_bytes(24 << 20, 3));
+    fs::rename(t.path().join("big"), src.join("big")).unwrap();
     w.until("a run in flight with bytes left", || {
         let m = metrics(&addr, auth);
         m["ferry_watch_running"] == 1.0 && m["ferry_watch_run_remaining_bytes"] > 0.0
