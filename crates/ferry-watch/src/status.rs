@@ -346,6 +346,22 @@ impl Status {
         self.with(|i| i.run.as_ref().map(|r| r.stats.clone()).unwrap_or_default())
     }
 
+    /// New counters for the run in flight (what it counted so far was an
+    /// attempt given up), as [`Status::run_stats`].
+    pub fn fresh_run_stats(&self) -> Arc<Stats> {
+        self.with(|i| {
+            sample(i, now_ms() / 1000);
+            i.sampled = 0;
+            match &mut i.run {
+                Some(r) => {
+                    r.stats = Arc::default();
+                    r.stats.clone()
+                }
+                None => Arc::default(),
+            }
+        })
+    }
+
     /// A run ended, `latency` after the oldest change it covered reached
     /// the kernel's queue (see `docs/CLI.md`).
     pub fn run_done(&self, latency: Duration, out: &Outcome, queued: usize) {

@@ -382,6 +382,8 @@ impl Target for Bisync<'_> {
             Some(r) => r,
             None => {
                 scoped = false;
+                // What a scoped attempt counted is not this run's.
+                let stats = self.status.fresh_run_stats();
                 ferry_bisync::run(
                     self.a,
                     self.b,
