@@ -20,12 +20,14 @@ use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::Sender;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
 use rustix::io::Errno;
 
+use crate::status::Gauges;
 use crate::Change;
 
 /// What each directory's watch asks for.
@@ -72,6 +74,9 @@ pub struct Tree {
     poll: Duration,
     /// Counts the removals seen, as they are read (see [`Tree::count_removals`]).
     guard: Option<(std::sync::Arc<ferry_engine::Guard>, usize)>,
+    /// Where the watches and the changes read are counted, with the
+    /// counts last given (watched, unwatched).
+    gauges: Option<(Arc<Gauges>, usize, usize)>,
 }
 
 impl Tree {
@@ -89,6 +94,7 @@ impl Tree {
             limit_hit: false,
             poll,
             guard: None,
+            gauges: None,
         };
         if !t.watch_root() {
             t.watch_parent();
@@ -112,6 +118,78 @@ impl Tree {
     /// Directories watched.
     pub fn watched(&self) -> usize {
         self.dirs.len()
+    }
+
+    /// Count the directories watched and not, and the changes read, in
+    /// `g`, from now on.
+    pub fn report_to(&mut self, g: Arc<Gauges>) {
+        self.gauges = Some((g, 0, 0));
+        self.report();
+    }
+
+    /// The counts of watched and unwatched directories, given again.
+    fn report(&mut self) {
+        let (w, u) = (self.dirs.len(), self.unwatched.len());
+        if let Some((g, ow, ou)) = &mut self.gauges {
+            g.watched(*ow, w);
+            g.unwatched(*ou, u);
+            (*ow, *ou) = (w, u);
+        }
+    }
+
+    /// When the events in `bytes` (one `read()`, at `woke`) reached the
+    /// kernel's queue, as well as can be told: inotify events carry no
+    /// time, so the change time (ctime) of the first event's entry (of its
+    /// directory, for a removal or a move away) is taken for it, bounded
+    /// by `floor` (the return of the read before, when that one emptied the
+    /// queue) and by `woke`. A process stopped (SIGSTOP) or starved while
+    /// events wait is counted that way; a batch whose first event changes
+    /// no ctime (a close) counts from its read.
+    fn arrival(&self, bytes: &[u8], woke: Instant, floor: Option<Instant>) -> Instant {
+        use std::os::unix::fs::MetadataExt;
+        // The first event alone.
+        let first = bytes
+            .get(12..16)
+            .map(|l| 16 + u32::from_ne_bytes([l[0], l[1], l[2], l[3]]) as usize)
+            .map_or(bytes, |end| &bytes[..end.min(bytes.len())]);
+        let Some((wd, fl, _, name)) = parse(first).into_iter().next() else {
+            return woke;
+        };
+        let Some(dir) = self.dirs.get(&wd) else {
+            return woke;
+        };
+        let changes_ctime = ReadFlags::CREATE
+            | ReadFlags::MODIFY
+            | ReadFlags::ATTRIB
+            | ReadFlags::MOVED_TO
+            | ReadFlags::DELETE
+            | ReadFlags::MOVED_FROM;
+        if !fl.intersects(changes_ctime) {
+            return woke;
+        }
+        let own = !fl.intersects(ReadFlags::DELETE | ReadFlags::MOVED_FROM);
+        let meta = match (&name, own) {
+            (Some(n), true) => std::fs::symlink_metadata(self.abs(&join(dir, n)))
+                .or_else(|_| std::fs::symlink_metadata(self.abs(dir))),
+            _ => std::fs::symlink_metadata(self.abs(dir)),
+        };
+        let Ok(m) = meta else {
+            return woke;
+        };
+        let ctime = UNIX_EPOCH
+            + Duration::new(
+                m.ctime().max(0) as u64,
+                m.ctime_nsec().clamp(0, 999_999_999) as u32,
+            );
+        let age = SystemTime::now()
+            .duration_since(ctime)
+            .unwrap_or_default()
+            .saturating_sub(woke.elapsed());
+        let at = woke.checked_sub(age).unwrap_or(woke);
+        match floor {
+            Some(f) => at.max(f),
+            None => at,
+        }
     }
 
     fn abs(&self, rel: &[u8]) -> PathBuf {
@@ -260,6 +338,8 @@ impl Tree {
     pub fn run_until(mut self, tx: Sender<crate::Msg>, stop: Option<OwnedFd>) {
         let mut buf = vec![0u8; 64 << 10];
         let mut said_limit = false;
+        // The return of the last read that emptied the kernel's queue.
+        let mut floor: Option<Instant> = None;
         loop {
             if self.limit_hit && !said_limit {
                 said_limit = true;
@@ -285,6 +365,7 @@ impl Tree {
                 match poll(&mut fds, degraded.then_some(&t)) {
                     Ok(0) => {
                         let changes = self.retry();
+                        self.report();
                         if !changes.is_empty() && tx.send(crate::Msg::Changes(changes)).is_err() {
                             return;
                         }
@@ -307,9 +388,23 @@ impl Tree {
                 Err(Errno::INTR) => continue,
                 Err(_) => return,
             };
+            // The read returns as the thread wakes for the events.
+            let woke = Instant::now();
+            let at = self.arrival(&buf[..n], woke, floor);
             let changes = self.decode(&buf[..n]);
-            if !changes.is_empty() && tx.send(crate::Msg::Changes(changes)).is_err() {
-                return;
+            self.report();
+            // This read emptied the queue if it left room for one more
+            // event with the longest name: what comes next came after it.
+            floor = (n + 16 + 256 <= buf.len()).then_some(woke);
+            if !changes.is_empty() {
+                if let Some((g, ..)) = &self.gauges {
+                    let n = paths(&changes);
+                    g.arrived(n);
+                    let _ = tx.send(crate::Msg::Arrived(self.side, at, n));
+                }
+                if tx.send(crate::Msg::Changes(changes)).is_err() {
+                    return;
+                }
             }
         }
     }
@@ -457,6 +552,28 @@ impl Tree {
         }
         out
     }
+}
+
+/// The paths `changes` name, each once (a file made, written and closed
+/// is one).
+fn paths(changes: &[Change]) -> usize {
+    let mut seen: std::collections::HashSet<&[u8]> = std::collections::HashSet::new();
+    for c in changes {
+        match c {
+            Change::Entry(_, p, _)
+            | Change::Removed(_, p)
+            | Change::Dir(_, p)
+            | Change::Deep(_, p) => {
+                seen.insert(p);
+            }
+            Change::Rename(_, from, to, _) => {
+                seen.insert(from);
+                seen.insert(to);
+            }
+            Change::Overflow(_) | Change::Gone(_) | Change::Back(_) => {}
+        }
+    }
+    seen.len()
 }
 
 /// One event as read: watch descriptor, mask, cookie, name.

@@ -16,6 +16,7 @@
 //! cannot (its connection lost), so that the side is polled meanwhile.
 
 pub mod inotify;
+pub mod server;
 pub mod signals;
 pub mod status;
 pub mod sync;
@@ -51,10 +52,31 @@ pub enum Change {
     Back(usize),
 }
 
+impl Change {
+    /// The side it is of.
+    pub fn side(&self) -> usize {
+        match self {
+            Change::Entry(s, ..)
+            | Change::Removed(s, _)
+            | Change::Dir(s, _)
+            | Change::Deep(s, _)
+            | Change::Rename(s, ..)
+            | Change::Overflow(s)
+            | Change::Gone(s)
+            | Change::Back(s) => *s,
+        }
+    }
+}
+
 /// Messages to the loop.
 pub enum Msg {
     /// Changes read at once.
     Changes(Vec<Change>),
+    /// The next [`Msg::Changes`] of side `.0` reached the kernel's queue at
+    /// `.1`, as well as its reader can tell (an inotify tree: see
+    /// [`inotify::Tree::run_until`]), and was counted in
+    /// [`status::Gauges::arrived`] as `.2` (the paths it names).
+    Arrived(usize, Instant, usize),
     /// A line to say once (`ferry: note: ...`).
     Note(String),
     /// SIGINT or SIGTERM: stop after the run in flight.
@@ -400,19 +422,34 @@ pub fn watch_with(
         cfg.poll
             .or((!polled.is_empty()).then_some(cfg.degraded_poll))
     };
+    // When the next changes of a side reached the kernel (Msg::Arrived).
+    let mut arrived: Vec<(usize, Instant, usize)> = Vec::new();
     let mut take = |m: Msg,
                     pending: &mut Pending,
                     stop: &mut bool,
                     polled: &mut Vec<usize>,
                     next_poll: &mut Option<Instant>| match m {
         Msg::Changes(cs) => {
-            let now = Instant::now();
+            let side = cs.first().map(Change::side);
+            let now = match arrived.iter().position(|a| Some(a.0) == side) {
+                Some(i) => {
+                    let (_, t, n) = arrived.swap_remove(i);
+                    status.gauges().taken(n);
+                    t
+                }
+                None => Instant::now(),
+            };
             for c in cs {
+                status.change(&c);
                 pending.add(c, now, &mut say);
             }
         }
+        Msg::Arrived(side, t, n) => arrived.push((side, t, n)),
         Msg::Note(n) => note(&format!("note: {n}")),
-        Msg::Stop => *stop = true,
+        Msg::Stop => {
+            status.stopping();
+            *stop = true
+        }
         Msg::Polled(side, true) => {
             if !polled.contains(&side) {
                 polled.push(side);
@@ -499,7 +536,7 @@ fn start_tree(
     if let Some((g, gside)) = guard {
         tree.count_removals(g, gside);
     }
-    status.watched(tree.watched());
+    tree.report_to(status.gauges());
     std::thread::Builder::new()
         .name(format!("ferry-inotify-{side}"))
         .spawn(move || tree.run(tx))?;

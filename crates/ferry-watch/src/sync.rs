@@ -5,7 +5,7 @@
 use std::ffi::CString;
 use std::io;
 
-use ferry_engine::{Action, Engine, Guard, Kind, Mode, Options, Refused, Reporter, Stats, Store};
+use ferry_engine::{Action, Engine, Guard, Kind, Mode, Options, Refused, Reporter, Store};
 
 use crate::{Outcome, Target, Work};
 
@@ -24,6 +24,8 @@ pub struct SyncTarget<'a, S: Store, D: Store> {
     /// What every run checks first, full or scoped: the roots are the ones
     /// watched, and `--max-delete` over the window of the watch's runs.
     pub guard: &'a Guard,
+    /// Where a run's progress is shown (its counters are the status's).
+    pub live: Option<&'a crate::Status>,
 }
 
 /// The directory of `rel` opened from the root, component by component;
@@ -87,7 +89,7 @@ impl<S: Store, D: Store> SyncTarget<'_, S, D> {
 
 impl<S: Store, D: Store> Target for SyncTarget<'_, S, D> {
     fn run(&mut self, work: &Work) -> Outcome {
-        let stats = Stats::default();
+        let stats = self.live.map(|s| s.run_stats()).unwrap_or_default();
         let e = Engine::new(self.src, self.dst, self.opts, &stats, self.rep).guarded(self.guard);
         let failed = |e: &io::Error| {
             Some(match Refused::of(e) {

@@ -353,9 +353,19 @@ pub struct WatchArgs {
     #[arg(long, value_name = "ADDR", value_parser = parse_status_addr, requires = "watch")]
     pub status: Option<std::net::SocketAddr>,
     /// The token a request must carry (Authorization: Bearer TOKEN, or
-    /// ?token=TOKEN); required for an ADDR that is not loopback.
+    /// ?token=TOKEN); required for an ADDR that is not loopback. Seen by
+    /// every user in `ps`: prefer --status-token-file or the environment
+    /// variable FERRY_STATUS_TOKEN.
     #[arg(long, value_name = "TOKEN", requires = "status")]
     pub status_token: Option<String>,
+    /// The status page's token, read from the first line of FILE.
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "status",
+        conflicts_with = "status_token"
+    )]
+    pub status_token_file: Option<std::path::PathBuf>,
 }
 
 /// `PORT` (on 127.0.0.1) or `IP:PORT`.

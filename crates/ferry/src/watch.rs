@@ -17,16 +17,33 @@ use crate::output::{cause, CliReporter, Unreachable};
 /// note says which).
 fn config(
     w: &WatchArgs,
-    sides: &[(&Root, &AnyStore)],
+    sides: &[(&str, &Root, &AnyStore)],
     guard: &Arc<ferry_engine::Guard>,
+    status: &Status,
 ) -> (Config, Vec<Box<dyn Source>>) {
+    // The loop's sides: the local roots, then the sources.
+    let named = |(label, r, _): &(&str, &Root, &AnyStore)| format!("{label} {}", r.id());
+    let mut names: Vec<String> = sides
+        .iter()
+        .filter(|(_, r, _)| r.local_path().is_some())
+        .map(named)
+        .collect();
+    names.extend(
+        sides
+            .iter()
+            .filter(|(_, r, s)| r.local_path().is_none() && matches!(s, AnyStore::Ssh(_)))
+            .map(named),
+    );
+    status.sides(names);
+    let sides: Vec<(&Root, &AnyStore)> = sides.iter().map(|(_, r, s)| (*r, *s)).collect();
+    let sides = &sides[..];
     let local: Vec<_> = sides
         .iter()
         .filter_map(|(r, _)| r.local_path().map(|p| p.to_path_buf()))
         .collect();
     let mut sources: Vec<Box<dyn Source>> = Vec::new();
     let mut polled = false;
-    for (r, s) in sides {
+    for &(r, s) in sides {
         match (r, s) {
             (Root::Local(_), _) => {}
             (_, AnyStore::Ssh(s)) => sources.push(Box::new(s.watcher(w.poll))),
@@ -60,16 +77,53 @@ fn config(
     (cfg, sources)
 }
 
+/// The status page's token: `--status-token`, `--status-token-file`
+/// (its first line), or `FERRY_STATUS_TOKEN`.
+fn status_token(w: &WatchArgs) -> Result<Option<String>, String> {
+    if let Some(t) = &w.status_token {
+        return Ok(Some(t.clone()));
+    }
+    let (t, from) = if let Some(f) = &w.status_token_file {
+        let text = std::fs::read_to_string(f)
+            .map_err(|e| format!("--status-token-file {}: {}", f.display(), cause(&e)))?;
+        // Like ssh with a private key: say when others can read it.
+        if let Ok(m) = std::fs::metadata(f) {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = m.permissions().mode() & 0o777;
+            if mode & 0o077 != 0 {
+                say(&format!(
+                    "note: --status-token-file {}: readable by other users (mode {mode:04o}): chmod 600 it",
+                    f.display()
+                ));
+            }
+        }
+        (
+            text.lines().next().unwrap_or("").trim().to_string(),
+            format!("--status-token-file {}", f.display()),
+        )
+    } else {
+        match std::env::var("FERRY_STATUS_TOKEN") {
+            Ok(t) => (t.trim().to_string(), "FERRY_STATUS_TOKEN".to_string()),
+            Err(_) => return Ok(None),
+        }
+    };
+    if t.is_empty() {
+        return Err(format!("{from}: the token is empty"));
+    }
+    Ok(Some(t))
+}
+
 /// Start the status server if asked; a non-loopback address needs a token.
 fn status_server(w: &WatchArgs, what: &str) -> Result<Arc<Status>, String> {
     let status = Arc::new(Status::new(what));
     if let Some(addr) = w.status {
-        if !addr.ip().is_loopback() && w.status_token.is_none() {
+        let token = status_token(w)?;
+        if !addr.ip().is_loopback() && token.is_none() {
             return Err(format!(
-                "--status {addr}: not a loopback address; give --status-token TOKEN to serve it there"
+                "--status {addr}: not a loopback address; give a token (--status-token-file FILE, FERRY_STATUS_TOKEN, or --status-token TOKEN) to serve it there"
             ));
         }
-        let bound = ferry_watch::status::serve(addr, w.status_token.clone(), status.clone())
+        let bound = ferry_watch::status::serve(addr, token, status.clone())
             .map_err(|e| format!("--status {addr}: {}", cause(&e)))?;
         eprintln!("ferry: status on http://{bound}/ (metrics: /metrics)");
     }
@@ -220,6 +274,7 @@ pub fn sync(
             rep: &tee,
             describe: &describe,
             guard: &guard,
+            live: Some(&status),
         },
         rep,
         keep,
@@ -227,8 +282,9 @@ pub fn sync(
         vec![&s, &d],
     );
     // Only SRC is watched: DST is ferry's to write.
-    let (cfg, sources) = config(w, &[(&job.src, &s)], &guard);
+    let (cfg, sources) = config(w, &[("SRC", &job.src, &s)], &guard, &status);
     let code = ferry_watch::watch_with(&cfg, sources, &mut target, &status, &say);
+    status.stopped();
     gate.finish();
     Ok(code)
 }
@@ -254,6 +310,7 @@ impl Bisync<'_> {
         &mut self,
         w: &Work,
         stats: &ferry_engine::Stats,
+        rep: &dyn ferry_bisync::BiReporter,
     ) -> Option<Result<ferry_bisync::Outcome, ferry_bisync::Refused>> {
         if w.full || self.opts.resync {
             return None;
@@ -266,7 +323,52 @@ impl Bisync<'_> {
                 dirs.push((to.clone(), true));
             }
         }
-        ferry_bisync::run_scoped(self.a, self.b, j, &self.opts, self.rep, stats, &dirs).transpose()
+        ferry_bisync::run_scoped(self.a, self.b, j, &self.opts, rep, stats, &dirs).transpose()
+    }
+}
+
+/// A bisync reporter that records into the [`Status`] (each action and
+/// error with its side, conflicts apart) and passes everything on.
+struct BiTee<'a> {
+    inner: &'a Unreachable<'a>,
+    status: &'a Status,
+}
+
+impl ferry_bisync::BiReporter for BiTee<'_> {
+    fn action(
+        &self,
+        act: ferry_bisync::BiAction,
+        on: ferry_bisync::Side,
+        path: &[u8],
+        other: Option<&[u8]>,
+        size: u64,
+    ) {
+        self.status
+            .record(on.as_str(), act.as_str(), path, size, other);
+        ferry_bisync::BiReporter::action(self.inner, act, on, path, other, size)
+    }
+
+    fn error(&self, path: &[u8], err: &std::io::Error) {
+        self.status.failure("", path, cause(err));
+        ferry_bisync::BiReporter::error(self.inner, path, err)
+    }
+
+    fn error_on(&self, on: ferry_bisync::Side, path: &[u8], err: &std::io::Error) {
+        let msg = match ferry_engine::store::op_of(err) {
+            Some((_, op)) => format!("{op}: {}", cause(err)),
+            None => cause(err),
+        };
+        self.status.failure(on.as_str(), path, msg);
+        ferry_bisync::BiReporter::error_on(self.inner, on, path, err)
+    }
+
+    fn skip(&self, on: ferry_bisync::Side, path: &[u8], why: &str) {
+        self.status.record(on.as_str(), "skip", path, 0, None);
+        ferry_bisync::BiReporter::skip(self.inner, on, path, why)
+    }
+
+    fn note(&self, msg: &str) {
+        ferry_bisync::BiReporter::note(self.inner, msg)
     }
 }
 
@@ -277,19 +379,25 @@ impl Target for Bisync<'_> {
         for k in self.opts.keep.iter_mut().flatten() {
             *k = ferry_engine::keep::Keeper::new(k.rule.clone(), crate::args::now_unix());
         }
-        let mut stats = ferry_engine::Stats::default();
+        // The run's counters are the status's (its progress).
+        let stats = self.status.run_stats();
         let mut scoped = true;
-        let res = match self.scoped(w, &stats) {
+        let tee = BiTee {
+            inner: self.rep,
+            status: self.status,
+        };
+        let res = match self.scoped(w, &stats, &tee) {
             Some(r) => r,
             None => {
                 scoped = false;
-                stats = ferry_engine::Stats::default();
+                // What a scoped attempt counted is not this run's.
+                let stats = self.status.fresh_run_stats();
                 ferry_bisync::run(
                     self.a,
                     self.b,
                     self.journal.as_deref_mut(),
                     &self.opts,
-                    self.rep,
+                    &tee,
                     &stats,
                 )
             }
@@ -298,12 +406,6 @@ impl Target for Bisync<'_> {
         if let Ok(o) = &res {
             self.cli.watch_summary(o, scoped);
         }
-        let g = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
-        self.status.moved(
-            g(&stats.files_copied),
-            g(&stats.bytes_copied),
-            g(&stats.errors),
-        );
         match res {
             Ok(out) => Outcome {
                 errors: out.errors,
@@ -361,12 +463,13 @@ pub fn bisync(
         vec![roots.0, roots.1],
         vec![stores.0, stores.1],
     );
-    let (cfg, sources) = config(w, &[(roots.0, stores.0), (roots.1, stores.1)], &guard);
-    Ok(ferry_watch::watch_with(
-        &cfg,
-        sources,
-        &mut target,
+    let (cfg, sources) = config(
+        w,
+        &[("A", roots.0, stores.0), ("B", roots.1, stores.1)],
+        &guard,
         &status,
-        &say,
-    ))
+    );
+    let code = ferry_watch::watch_with(&cfg, sources, &mut target, &status, &say);
+    status.stopped();
+    Ok(code)
 }

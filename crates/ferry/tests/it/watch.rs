@@ -1000,9 +1000,24 @@ fn parse_metrics(text: &str) -> std::collections::BTreeMap<String, f64> {
             ts.parse::<i64>().expect("a timestamp");
         }
         assert!(p.next().is_none(), "extra fields: {line:?}");
-        assert!(valid_name(name), "bad sample name {line:?}");
+        // `family{label="value",...}`: labels without spaces here.
+        let family = match name.split_once('{') {
+            Some((f, labels)) => {
+                let labels = labels.strip_suffix('}').expect("labels closed");
+                for l in labels.split(',') {
+                    let (k, v) = l.split_once('=').expect("label=value");
+                    assert!(
+                        valid_name(k) && v.starts_with('"') && v.ends_with('"'),
+                        "{line:?}"
+                    );
+                }
+                f
+            }
+            None => name,
+        };
+        assert!(valid_name(family), "bad sample name {line:?}");
         let kind = types
-            .get(name)
+            .get(family)
             .unwrap_or_else(|| panic!("sample before its TYPE: {line:?}"));
         if kind == "counter" {
             assert!(name.ends_with("_total"), "counter without _total: {name}");
@@ -1056,8 +1071,8 @@ fn status_page_and_metrics_show_what_was_moved() {
     let (st, text) = get(&addr, "/metrics", Some("s3cret"));
     assert!(st.contains("200"), "{st}");
     let m = parse_metrics(&text);
-    assert_eq!(m["ferry_watch_files_transferred_total"], 2.0, "{text}");
-    assert_eq!(m["ferry_watch_bytes_transferred_total"], 4099.0, "{text}");
+    assert_eq!(m["ferry_watch_transferred_files_total"], 2.0, "{text}");
+    assert_eq!(m["ferry_watch_transferred_bytes_total"], 4099.0, "{text}");
     assert_eq!(m["ferry_watch_errors_total"], 0.0);
     assert_eq!(m["ferry_watch_queue_length"], 0.0);
     assert!(m["ferry_watch_runs_total"] >= 2.0);
