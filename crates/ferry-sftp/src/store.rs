@@ -117,14 +117,31 @@ pub(crate) fn replace_via(conn: &Conn, dir: &[u8], from: &[u8], to: &[u8]) -> io
 impl SftpStore {
     /// The tree at `path` on `target`'s host (connecting, or sharing this
     /// run's session to it). An empty path is the login directory.
+    /// A leading `~` or `~user` is that home ([`Conn::expand`]).
     pub fn open(target: &Target, path: &[u8]) -> Result<SftpStore, String> {
+        SftpStore::connect(target)?.at(path)
+    }
+
+    /// A session with `target`'s host, rooted at the login directory.
+    pub fn connect(target: &Target) -> Result<SftpStore, String> {
         let conn = conn::connect(target)?;
         Ok(SftpStore {
             hardlink: conn.ext.hardlink,
             conn: RwLock::new(conn),
             target: target.clone(),
-            root: path.to_vec(),
+            root: Vec::new(),
         })
+    }
+
+    /// The same session rooted at `path` (a leading `~` or `~user` is
+    /// that home: [`Conn::expand`]); `Err`: the one line why not.
+    pub fn at(mut self, path: &[u8]) -> Result<SftpStore, String> {
+        self.root = self
+            .conn()
+            .expand(path)
+            .map_err(|e| format!("{}: {e}", self.target.host))?
+            .into_owned();
+        Ok(self)
     }
 
     /// The session of this run (the current one).
@@ -156,12 +173,14 @@ impl SftpStore {
     }
 
     /// Metadata of `path` (following a final symlink when `follow`),
-    /// `None` when it does not exist.
+    /// `None` when it does not exist. A leading `~` is a home, as in
+    /// [`SftpStore::open`].
     pub fn stat_path(&self, path: &[u8], follow: bool) -> io::Result<Option<Meta>> {
         let t = if follow { w::STAT } else { w::LSTAT };
-        Ok(self
-            .conn()
-            .call(Req::path(t, here(path)))?
+        let conn = self.conn();
+        let path = conn.expand(path)?;
+        Ok(conn
+            .call(Req::path(t, here(&path)))?
             .attrs_if()?
             .map(|a| a.meta()))
     }

@@ -34,6 +34,83 @@ use crate::proto::{
 
 mod delta;
 
+/// A path the client sent, as this machine names it: a leading `~` is the
+/// home of this user (`~`, `~/rest`), `~user` that user's (`~user/rest`),
+/// as a shell, rsync and scp take it; an empty path is the working
+/// directory (the home under ssh). Any other path is as sent.
+pub fn local_path(p: &[u8]) -> io::Result<std::borrow::Cow<'_, [u8]>> {
+    use std::borrow::Cow;
+    if p.is_empty() {
+        return Ok(Cow::Borrowed(b"."));
+    }
+    if p[0] != b'~' {
+        return Ok(Cow::Borrowed(p));
+    }
+    let end = p.iter().position(|b| *b == b'/').unwrap_or(p.len());
+    let home = home_of(&p[1..end])?;
+    let mut out = home;
+    out.extend_from_slice(&p[end..]);
+    Ok(Cow::Owned(out))
+}
+
+/// The home directory of `user` (this process's user when empty), as the
+/// password database has it (NSS: also users of a directory service).
+#[allow(unsafe_code)]
+fn home_of(user: &[u8]) -> io::Result<Vec<u8>> {
+    use std::os::unix::ffi::OsStringExt;
+    let name = String::from_utf8_lossy(user);
+    let unknown = || {
+        io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("~{name}: no such user on this host"),
+        )
+    };
+    let cname = CString::new(user).map_err(|_| unknown())?;
+    let mut buf = vec![0u8; 4096];
+    loop {
+        // SAFETY: every pointer is to a live local of the size given; the
+        // result points into `pw` and `buf`, read before they go.
+        let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
+        let mut res: *mut libc::passwd = std::ptr::null_mut();
+        let rc = unsafe {
+            if user.is_empty() {
+                libc::getpwuid_r(
+                    libc::geteuid(),
+                    &mut pw,
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                    &mut res,
+                )
+            } else {
+                libc::getpwnam_r(
+                    cname.as_ptr(),
+                    &mut pw,
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                    &mut res,
+                )
+            }
+        };
+        if rc == libc::ERANGE && buf.len() < 1 << 20 {
+            buf.resize(buf.len() * 4, 0);
+            continue;
+        }
+        if rc != 0 {
+            return Err(io::Error::from_raw_os_error(rc));
+        }
+        if res.is_null() || pw.pw_dir.is_null() {
+            if user.is_empty() {
+                // No entry for this user: the home ssh started in.
+                return std::env::current_dir().map(|d| d.into_os_string().into_vec());
+            }
+            return Err(unknown());
+        }
+        // SAFETY: a NUL-terminated string in `buf`.
+        let dir = unsafe { std::ffi::CStr::from_ptr(pw.pw_dir) };
+        return Ok(dir.to_bytes().to_vec());
+    }
+}
+
 /// Workers carrying out requests at once.
 const WORKERS: usize = 16;
 /// Requests queued for the disk thread at most (chunks of big files).
@@ -708,7 +785,7 @@ fn answer_io(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> io::Re
     let ok = |r: io::Result<()>| r.map(|()| proto::frame(id, &Resp::Ok));
     match req {
         Req::Root { path, dir, create } => {
-            let p = if path.is_empty() { b"." } else { path };
+            let p = &*local_path(path)?;
             let at = LocalStore::new(Path::new(OsStr::from_bytes(p)), 1);
             let opened = if create {
                 let d = at.create_root()?;
@@ -724,7 +801,7 @@ fn answer_io(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> io::Re
             Ok(proto::frame(id, &Resp::Meta(meta)))
         }
         Req::StatPath { path, follow } => {
-            let p = if path.is_empty() { b"." } else { path };
+            let p = &*local_path(path)?;
             let m = match ferry_local::stat_path(Path::new(OsStr::from_bytes(p)), follow) {
                 Ok(m) => Some(M(m)),
                 Err(e) if e.kind() == io::ErrorKind::NotFound => None,
@@ -802,6 +879,7 @@ fn answer_io(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> io::Re
             ))
         }
         Req::OpenPath { path, file } => {
+            let path = &*local_path(path)?;
             let p = Path::new(OsStr::from_bytes(path));
             let (dir, name) = match (p.parent(), p.file_name()) {
                 (Some(d), Some(n)) => (
@@ -1046,9 +1124,9 @@ fn answer_io(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> io::Re
         } => {
             // The local store's keep (hard link, rename, copy), for the
             // tree at `root` as the client opened it.
-            let root = if root.is_empty() { b"." } else { root };
+            let root = &*local_path(root)?;
             let base = if abs {
-                KeepBase::Abs(base.to_vec())
+                KeepBase::Abs(local_path(base)?.into_owned())
             } else {
                 KeepBase::Root(base.to_vec())
             };

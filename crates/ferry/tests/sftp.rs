@@ -555,3 +555,37 @@ fn odd_names_pushed_and_pulled() {
     assert_trees_equal(&src, &there);
     assert_trees_equal(&src, &back);
 }
+
+/// On the internal-sftp chroot `~` is the login directory the server
+/// chose (the chroot's `/`: the user's home is not inside it), as
+/// OpenSSH's sftp names it: `host:~/data/x` is `/data/x` there; `~user`
+/// is that user's home (the server's `home-directory` answer), missing
+/// in the chroot: one line, exit 2.
+#[test]
+fn tilde_is_the_login_directory_of_an_sftp_server() {
+    let (rsh, _) = need!(server());
+    let (host, local, remote) = need!(chroot());
+    let d = tmpdir();
+    let src = d.path().join("src");
+    small_tree(&src);
+    let there = tempfile::tempdir_in(&local).unwrap();
+    let name = there.path().file_name().unwrap().to_str().unwrap();
+    let rel = format!("{}/{name}/t", remote.trim_start_matches('/'));
+    let dst = at(&host, &format!("~/{rel}"));
+    run(&rsh, &["sync".as_ref(), src.as_os_str(), &dst]).ok();
+    assert_trees_equal(&src, &there.path().join("t"));
+    let back = d.path().join("back");
+    run(&rsh, &["sync".as_ref(), &dst, back.as_os_str()]).ok();
+    assert_trees_equal(&src, &back);
+    let r = run(
+        &rsh,
+        &[
+            "sync".as_ref(),
+            src.as_os_str(),
+            &at(&host, "~no-such-user-ferry/x"),
+        ],
+    );
+    r.code_is(2);
+    assert_eq!(r.error_lines().len(), 1, "{r}");
+    assert!(r.err().contains("no such user"), "{r}");
+}

@@ -9,7 +9,7 @@
 mod util;
 
 use std::collections::BTreeMap;
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::time::Duration;
@@ -1273,4 +1273,86 @@ fn files_the_remote_refuses_fail_one_line_each_and_the_rest_are_copied() {
     r.ok();
     assert_eq!(summary_field(&r, "files_copied"), 120, "{r}");
     assert_trees_equal(&src, &there);
+}
+
+// ------------------------------------------------------------------ ~ and ~user
+
+/// The login directory of the test server's user, and the user's name, as
+/// the server has them (`pwd` and `id -un` there).
+pub fn remote_home(rsh: &str, host: &str) -> (std::path::PathBuf, String) {
+    let ask = |cmd: &str| {
+        let mut argv = rsh.split_whitespace();
+        let out = std::process::Command::new(argv.next().unwrap())
+            .args(argv)
+            .arg(host)
+            .arg(cmd)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    };
+    (ask("pwd").into(), ask("id -un"))
+}
+
+/// A directory under the remote home, removed when dropped.
+struct HomeDir(std::path::PathBuf);
+
+impl Drop for HomeDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `host:~/path` and `host:~user/path` name the path in the remote home,
+/// as with rsync and scp, pushed to (a new directory there: its parent is
+/// `~`) and pulled from, over ferry and over SFTP (`--sftp`); `~` alone is
+/// the home; an unknown user is one line, exit 2.
+#[test]
+fn tilde_paths_are_in_the_remote_home() {
+    let (rsh, host) = need_server!();
+    let (home, user) = remote_home(&rsh, &host);
+    let d = tmpdir();
+    let src = d.path().join("src");
+    write(&src, "a", b"alpha");
+    write(&src, "sub/b", &gen_bytes(300_000, 4));
+    // Whole seconds: what SFTP keeps.
+    for rel in walk(&src).iter().chain([&std::path::PathBuf::new()]) {
+        set_mtime(&src.join(rel), (1_700_000_000, 0));
+    }
+    let name = format!(".ferry-test-tilde-{}", std::process::id());
+    let there = HomeDir(home.join(&name));
+    for sftp in [false, true] {
+        let _ = std::fs::remove_dir_all(&there.0);
+        let flags: Vec<&str> = if sftp { vec!["--sftp"] } else { vec![] };
+        let run = |args: &[&OsStr]| {
+            let mut a: Vec<&OsStr> = vec![args[0]];
+            a.extend(flags.iter().map(|f| OsStr::new(*f)));
+            a.extend(&args[1..]);
+            remote(&rsh, &a)
+        };
+        let dst = OsString::from(format!("{host}:~/{name}"));
+        run(&["sync".as_ref(), src.as_os_str(), &dst]).ok();
+        assert_trees_equal(&src, &there.0);
+        let back = d.path().join(format!("back{sftp}"));
+        let from = OsString::from(format!("{host}:~{user}/{name}/"));
+        run(&["sync".as_ref(), &from, back.as_os_str()]).ok();
+        assert_trees_equal(&src, &back);
+        // One file into `~` itself, and back from `~/name`.
+        let one = d.path().join("one");
+        std::fs::write(&one, b"one file").unwrap();
+        let home_at = OsString::from(format!("{host}:~"));
+        run(&["copy".as_ref(), one.as_os_str(), &home_at]).ok();
+        let landed = home.join("one");
+        assert_eq!(std::fs::read(&landed).unwrap(), b"one file");
+        std::fs::remove_file(&landed).unwrap();
+        let r = run(&[
+            "sync".as_ref(),
+            src.as_os_str(),
+            format!("{host}:~no-such-user-{}/x", std::process::id()).as_ref(),
+        ]);
+        r.code_is(2);
+        let lines = r.error_lines();
+        assert_eq!(lines.len(), 1, "{r}");
+        assert!(lines[0].contains("no such user"), "{r}");
+    }
 }
