@@ -227,6 +227,35 @@ fn connections_that_cannot_start_say_why_in_one_line() {
         let r = remote(&rsh, &["copy".as_ref(), src.as_os_str(), &at(alias, &dst)]);
         one_line(&r, want);
     }
+    // Host keys: a changed one is not an unknown one, and each line says
+    // what to do.
+    let r = remote(
+        &rsh,
+        &[
+            "copy".as_ref(),
+            src.as_os_str(),
+            &at("ferry-test-badkey", &dst),
+        ],
+    );
+    one_line(&r, "the host's key changed");
+    assert!(r.err().contains("ssh-keygen"), "{r}");
+    let unknown =
+        format!("{rsh} -o UserKnownHostsFile=/dev/null -o GlobalKnownHostsFile=/dev/null");
+    let r = remote(
+        &unknown,
+        &["copy".as_ref(), src.as_os_str(), &at(&host, &dst)],
+    );
+    one_line(&r, "known_hosts has no key for this host");
+    assert!(!r.err().contains("not the one"), "{r}");
+    let r = remote(
+        &rsh,
+        &[
+            "copy".as_ref(),
+            src.as_os_str(),
+            &at("ferry-test-badauth", &dst),
+        ],
+    );
+    one_line(&r, "authorized_keys");
     let r = ferry([
         "copy".as_ref(),
         "-e".as_ref(),
