@@ -1385,3 +1385,53 @@ fn tilde_paths_are_in_the_remote_home() {
         assert!(lines[0].contains("no such user"), "{r}");
     }
 }
+
+/// The summary's time is the whole command's: an ssh that takes 2 s to
+/// connect (a -e wrapper sleeping first) makes a run of at least 2 s,
+/// copy and bisync (it was the copying alone: "in 0.02 s").
+#[test]
+fn the_summary_time_includes_connecting() {
+    let (rsh, host) = need_server!();
+    let d = tmpdir();
+    let src = d.path().join("src");
+    write(&src, "a", b"alpha");
+    let slow = d.path().join("slow-ssh");
+    std::fs::write(&slow, format!("#!/bin/sh\nsleep 2\nexec {rsh} \"$@\"\n")).unwrap();
+    chmod(&slow, 0o755);
+    let slow = slow.to_str().unwrap();
+    let elapsed = |r: &Run| {
+        let line = r
+            .out()
+            .lines()
+            .rev()
+            .find(|l| l.contains("\"type\":\"summary\""))
+            .unwrap_or_else(|| panic!("no summary\n{r}"))
+            .to_owned();
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        v["elapsed_s"].as_f64().unwrap()
+    };
+    let dst = d.path().join("dst");
+    let r = remote(
+        slow,
+        &[
+            "copy".as_ref(),
+            "--json".as_ref(),
+            src.as_os_str(),
+            &at(&host, &dst),
+        ],
+    );
+    r.ok();
+    assert!(elapsed(&r) >= 2.0, "{r}");
+    let b = d.path().join("b");
+    let r = remote(
+        slow,
+        &[
+            "bisync".as_ref(),
+            "--json".as_ref(),
+            src.as_os_str(),
+            &at(&host, &b),
+        ],
+    );
+    r.ok();
+    assert!(elapsed(&r) >= 2.0, "{r}");
+}
