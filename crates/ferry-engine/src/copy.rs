@@ -231,7 +231,7 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
                         ..want
                     };
                 }
-                Err(_) if sig.is_some() => {
+                Err(e) if sig.is_some() && !crate::store::is_lost(&e) => {
                     // The delta failed (its rebuilt file did not match, the
                     // old copy could not be read): the file goes whole.
                     sig = None;
@@ -396,6 +396,15 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
     }
 
     /// Add `n` to one of the run's delta figures (when it keeps them).
+    /// A delta that failed because of `e`: counted as sent whole after a
+    /// failed delta, unless the connection is gone (the file then fails
+    /// with it: nothing is sent whole).
+    fn failed_delta(&self, e: &io::Error) {
+        if !crate::store::is_lost(e) {
+            self.count(|c| &c.fallbacks, 1);
+        }
+    }
+
     fn count(&self, which: impl Fn(&delta::Counts) -> &AtomicU64, n: u64) {
         if let Some(d) = self.delta {
             which(d.counts).fetch_add(n, std::sync::atomic::Ordering::Relaxed);
@@ -451,15 +460,15 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
         let ip = match self.dst.delta_inplace(ddir, name, old, &l, &key) {
             Ok(Some(a)) => a,
             Ok(None) => return Appended::No,
-            Err(_) => {
-                self.count(|c| &c.fallbacks, 1);
+            Err(e) => {
+                self.failed_delta(&e);
                 return Appended::No;
             }
         };
         match self.patch_with(ip, sdir, sname, meta, &l, &key) {
             Ok(a) => a,
-            Err(_) => {
-                self.count(|c| &c.fallbacks, 1);
+            Err(e) => {
+                self.failed_delta(&e);
                 Appended::No
             }
         }
@@ -546,7 +555,10 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
             ip.abort();
             return Ok(Appended::No);
         }
-        if ip.commit(&h.root, &self.out(meta), self.fsync).is_err() {
+        if let Err(e) = ip.commit(&h.root, &self.out(meta), self.fsync) {
+            if crate::store::is_lost(&e) {
+                return Err(e);
+            }
             // Rolled back: the file goes whole.
             self.count(|c| &c.fallbacks, 1);
             return Ok(Appended::Whole);
@@ -575,8 +587,8 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
         }
         match self.dst.delta_signature(ddir, name, delta::MIN_SIZE) {
             Ok(sig) => sig,
-            Err(_) => {
-                self.count(|c| &c.fallbacks, 1);
+            Err(e) => {
+                self.failed_delta(&e);
                 None
             }
         }

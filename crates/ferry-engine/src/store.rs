@@ -288,6 +288,13 @@ pub fn changed() -> io::Error {
     io::Error::other(Changed)
 }
 
+/// True when `e` says the connection to a remote store is gone (the
+/// `ConnectionAborted` of the SSH and SFTP stores): not something a retry
+/// another way (a whole file after a failed delta) can get past.
+pub fn is_lost(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::ConnectionAborted
+}
+
 /// True for a [`Changed`] error.
 pub fn is_changed(e: &io::Error) -> bool {
     e.get_ref().is_some_and(|i| i.is::<Changed>())
