@@ -646,9 +646,8 @@ impl Store for LocalStore {
     ) -> io::Result<u64> {
         if let (Some(name), Some(r)) = (&w.big, src.ranged()) {
             self.downloads.fetch_add(1, Ordering::Relaxed);
-            let d = download::download(dir.fd(), name, r, limit, src.progress())?;
+            let d = download::download(dir.fd(), name, r, limit, src.progress(), &self.direct)?;
             self.resumed.fetch_add(d.resumed, Ordering::Relaxed);
-            self.direct.fetch_add(d.direct, Ordering::Relaxed);
             w.fd = d.fd;
             w.tmp = None;
             w.partial = Some(d.name);

@@ -1435,3 +1435,77 @@ fn the_summary_time_includes_connecting() {
     r.ok();
     assert!(elapsed(&r) >= 2.0, "{r}");
 }
+
+/// A big pull whose remote end is killed midway: with -v the note of the
+/// bytes written with O_DIRECT counts those of the pull that failed (it
+/// said 0: only finished downloads were counted). Where the local
+/// filesystem takes no O_DIRECT (tmpfs) there is nothing to count.
+#[test]
+fn o_direct_bytes_of_a_killed_pull_are_counted() {
+    let (rsh, host) = need_server!();
+    let d = tmpdir();
+    let fs = std::process::Command::new("stat")
+        .args(["-f", "-c", "%T"])
+        .arg(d.path())
+        .output()
+        .unwrap();
+    let fs = String::from_utf8_lossy(&fs.stdout).trim().to_string();
+    if !["ext2/ext3", "xfs", "btrfs", "f2fs"].contains(&fs.as_str()) {
+        eprintln!(
+            "skipped: {} is {fs}, which takes no O_DIRECT here",
+            d.path().display()
+        );
+        return;
+    }
+    let data = gen_bytes(48 << 20, 77);
+    write(d.path(), "src/big", &data);
+    let src = d.path().join("src");
+    let back = d.path().join("back");
+    let pidf = d.path().join("serve.pids");
+    let wrapper = d.path().join("ferry-wrapper");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\necho $$ >> '{}'\nexec '{}' \"$@\"\n",
+            pidf.display(),
+            bin().to_string_lossy()
+        ),
+    )
+    .unwrap();
+    chmod(&wrapper, 0o755);
+    let mut cmd = std::process::Command::new(bin());
+    cmd.args([
+        "copy".as_ref(),
+        "-v".as_ref(),
+        "-e".as_ref(),
+        rsh.as_ref() as &std::ffi::OsStr,
+        "--remote-ferry".as_ref(),
+        wrapper.as_os_str(),
+        "--bwlimit".as_ref(),
+        "8M".as_ref(),
+        &at(&host, &src),
+        back.as_os_str(),
+    ])
+    .stdin(std::process::Stdio::null());
+    let pull = std::thread::spawn(move || run_within(cmd, Duration::from_secs(300)));
+    // Killed once the partial here holds 8 MiB.
+    let written = |dir: &Path| {
+        use std::os::unix::fs::MetadataExt;
+        find_prefixed(dir, b".ferry-part-")
+            .iter()
+            .any(|p| std::fs::metadata(dir.join(p)).is_ok_and(|m| m.blocks() * 512 >= 8 << 20))
+    };
+    wait_until("the pull did not start", 2400, || {
+        back.exists() && written(&back)
+    });
+    for pid in std::fs::read_to_string(&pidf).unwrap().split_whitespace() {
+        let _ = std::process::Command::new("kill")
+            .args(["-9", pid])
+            .status();
+    }
+    let r = pull.join().unwrap();
+    assert_eq!(r.code, Some(1), "{r}");
+    assert!(r.err().contains("connection lost"), "{r}");
+    let direct = figure_before(&r, " bytes of downloads written with O_DIRECT");
+    assert!(direct >= 4 << 20, "{direct}\n{r}");
+}
