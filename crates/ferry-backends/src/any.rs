@@ -482,6 +482,12 @@ macro_rules! backends {
             fn root_ids(&self) -> Option<ferry_engine::walk::RootIds> {
                 match self { $(AnyStore::$v(s) => s.root_ids(),)+ }
             }
+            fn free_space(&self, dir: &AnyDir) -> Option<(u64, u64)> {
+                match (self, dir) {
+                    $((AnyStore::$v(s), AnyDir::$v(d)) => s.free_space(d),)+
+                    _ => mismatch(),
+                }
+            }
             fn can_keep(&self, base: &KeepBase) -> bool {
                 match self { $(AnyStore::$v(s) => s.can_keep(base),)+ }
             }

@@ -25,7 +25,7 @@ use crate::hash::{hash_bytes, Hash};
 use crate::keep::Keeper;
 use crate::special::SpecialBits;
 use crate::store::{
-    cut_nsec, op_err, Committing, DeltaRole, End, Planned, SourceFile, Store, Tracked,
+    cut_nsec, op_err, op_of, Committing, DeltaRole, End, Planned, SourceFile, Store, Tracked,
 };
 use crate::xattr::{XattrRun, Xattrs};
 
@@ -132,6 +132,7 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
     ) -> io::Result<Copied> {
         self.copy_file_as(sdir, sname, ddir, name, rel, meta, old, false)
             .map(|(c, _)| c)
+            .map_err(|e| self.full_disk(ddir, meta.size, e))
     }
 
     /// [`Copier::copy_file`] up to a commit started with
@@ -155,6 +156,18 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
     {
         self.copy_file_as(sdir, sname, ddir, name, rel, meta, old, true)
             .map(|(c, w)| (c, w.unwrap_or_else(|| Committing::done(Ok(())))))
+            .map_err(|e| self.full_disk(ddir, meta.size, e))
+    }
+
+    /// `e`, the failure of writing a file of `size` bytes into `ddir`: when
+    /// the disk there is full, one error saying what the file needs and
+    /// what is free (asked now: the store has removed what the file had
+    /// written).
+    pub fn full_disk(&self, ddir: &D::Dir, size: u64, e: io::Error) -> io::Error {
+        if !crate::store::is_no_space(&e) || matches!(op_of(&e), Some((_, "write"))) {
+            return e;
+        }
+        crate::store::no_space(End::Dst, size, self.dst.free_space(ddir))
     }
 
     /// `copy_file`; with `nowait`, the commit of a whole copy is started

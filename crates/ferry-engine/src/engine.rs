@@ -1902,7 +1902,10 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                 commit,
             } => (path, action, copied, dst_meta, commit),
         };
-        match commit.wait() {
+        match commit.wait().map_err(|e| match &node.dst {
+            Some(d) => self.copier().full_disk(d, c.meta.size, e),
+            None => e,
+        }) {
             Ok(()) => {
                 if let (Some(to), Some(dm)) = (&c.kept, &dst_meta) {
                     self.kept(&path, to, dm.size);

@@ -295,6 +295,54 @@ pub fn is_lost(e: &io::Error) -> bool {
     e.kind() == io::ErrorKind::ConnectionAborted
 }
 
+/// True when `e` says the disk is full (`ENOSPC`, or a store's own
+/// `StorageFull`).
+pub fn is_no_space(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::StorageFull || e.raw_os_error() == Some(28)
+}
+
+/// `n` bytes as a person reads them (`1.0 GiB`, `512 B`).
+pub fn bytes_text(n: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut v = n as f64 / 1024.0;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    format!("{v:.1} {}", UNITS[u])
+}
+
+/// The error of a file of `need` bytes that did not fit on `end`'s disk
+/// (`free`: bytes and inodes free there, when known), once what it had
+/// written is gone: `no space left on device: needs 1.0 GiB, 50.0 MiB free`
+/// (op `write`, so a line names the side).
+pub fn no_space(end: End, need: u64, free: Option<(u64, u64)>) -> io::Error {
+    let free = match free {
+        Some((_, 0)) => "no inode free".to_string(),
+        Some((b, _)) => format!("{} free", bytes_text(b)),
+        None => "free space unknown".to_string(),
+    };
+    let err = io::Error::new(
+        io::ErrorKind::StorageFull,
+        format!(
+            "no space left on device: needs {} ({need} bytes), {free}",
+            bytes_text(need)
+        ),
+    );
+    io::Error::new(
+        io::ErrorKind::StorageFull,
+        OpError {
+            end: Some(end),
+            op: "write",
+            err,
+        },
+    )
+}
+
 /// True for a [`Changed`] error.
 pub fn is_changed(e: &io::Error) -> bool {
     e.get_ref().is_some_and(|i| i.is::<Changed>())
@@ -817,6 +865,12 @@ pub trait Store: Send + Sync {
     /// directory met in a walk with one of these is a root seen again
     /// through another path: see [`crate::walk::Aliases`].
     fn root_ids(&self) -> Option<crate::walk::RootIds> {
+        None
+    }
+    /// Bytes and inodes free for this user on the filesystem of `dir`
+    /// (for the message of a full disk), when the store can tell.
+    fn free_space(&self, dir: &Self::Dir) -> Option<(u64, u64)> {
+        let _ = dir;
         None
     }
     /// True when [`Store::keep`] works here, for the base `base`: a run

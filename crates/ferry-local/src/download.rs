@@ -195,6 +195,13 @@ fn download_with(
     });
     let (ranges, _, _) = progress.into_inner().expect("progress");
     if let Some(e) = failed.into_inner().expect("failed") {
+        if store::is_no_space(&e) {
+            // It cannot complete here: what it holds would keep the disk
+            // full for nothing. Gone before the error is told (whose
+            // message says what is free then).
+            give_up(dir, &pname, fd.as_fd());
+            return Err(e);
+        }
         if resumable {
             let _ = save(&ranges);
         }
@@ -209,6 +216,24 @@ fn download_with(
         resumed,
         direct: direct.bytes.load(Ordering::Relaxed),
     })
+}
+
+/// Remove the partial `name` in `dir`, open as `fd`, of a transfer that
+/// cannot complete for lack of space: emptied first (its blocks are freed
+/// at once, though other descriptors of it are open), then unlinked if
+/// the name is still that file.
+pub fn give_up(dir: BorrowedFd<'_>, name: &CStr, fd: BorrowedFd<'_>) {
+    let _ = rfs::ftruncate(fd, 0);
+    let same = match (
+        rfs::fstat(fd),
+        rfs::statat(dir, name, rfs::AtFlags::SYMLINK_NOFOLLOW),
+    ) {
+        (Ok(a), Ok(b)) => a.st_dev == b.st_dev && a.st_ino == b.st_ino,
+        _ => false,
+    };
+    if same {
+        let _ = rfs::unlinkat(dir, name, rfs::AtFlags::empty());
+    }
 }
 
 /// The partial of a name, open for writing at offsets.

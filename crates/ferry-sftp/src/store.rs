@@ -190,28 +190,40 @@ impl SftpStore {
     /// (OpenSSH's sftp-server answers `SSH_FX_FAILURE`, "Failure"), so on
     /// that answer the server's free space is asked (`statvfs@openssh.com`)
     /// and, when less than `need` or no inode is left, the error says so.
-    fn full_disk(&self, dir: &[u8], need: u64, e: io::Error) -> io::Error {
+    pub(crate) fn full_disk(&self, dir: &[u8], need: u64, e: io::Error) -> io::Error {
         let conn = self.conn();
         if !conn.ext.statvfs || w::status_code(&e) != Some(w::FX_FAILURE) {
             return e;
         }
-        let free = || -> io::Result<(u64, u64)> {
-            let reply = conn.call(Req::ext("statvfs@openssh.com").str(here(dir)))?;
-            let mut r = reply.extended()?;
-            let (_bsize, frsize) = (r.u64()?, r.u64()?);
-            let (_blocks, _bfree, bavail) = (r.u64()?, r.u64()?, r.u64()?);
-            let (_files, _ffree, favail) = (r.u64()?, r.u64()?, r.u64()?);
-            Ok((bavail.saturating_mul(frsize), favail))
-        };
-        match free() {
-            Ok((bytes, inodes)) if bytes < need.max(1) || inodes == 0 => io::Error::new(
-                io::ErrorKind::StorageFull,
-                format!(
+        match self.statvfs(dir) {
+            // Within 1 MiB of what it needs: the temporaries of the other
+            // files that failed at the same time are gone by now, so the
+            // space seen free may be a little more than the file needed.
+            Ok((bytes, inodes)) if bytes < need.saturating_add(1 << 20) || inodes == 0 => {
+                io::Error::new(
+                    io::ErrorKind::StorageFull,
+                    format!(
                     "No space left on device ({e}; {bytes} bytes and {inodes} inodes free there)"
                 ),
-            ),
+                )
+            }
             _ => e,
         }
+    }
+
+    /// Bytes and inodes free for this user on the filesystem of `dir`
+    /// (`statvfs@openssh.com`).
+    fn statvfs(&self, dir: &[u8]) -> io::Result<(u64, u64)> {
+        let conn = self.conn();
+        if !conn.ext.statvfs {
+            return Err(io::ErrorKind::Unsupported.into());
+        }
+        let reply = conn.call(Req::ext("statvfs@openssh.com").str(here(dir)))?;
+        let mut r = reply.extended()?;
+        let (_bsize, frsize) = (r.u64()?, r.u64()?);
+        let (_blocks, _bfree, bavail) = (r.u64()?, r.u64()?, r.u64()?);
+        let (_files, _ffree, favail) = (r.u64()?, r.u64()?, r.u64()?);
+        Ok((bavail.saturating_mul(frsize), favail))
     }
 
     pub(crate) fn ok(&self, req: Req) -> io::Result<()> {
@@ -658,6 +670,10 @@ impl Store for SftpStore {
 
     fn keep(&self, dir: &SftpDir, name: &CStr, to: &KeepTo<'_>) -> io::Result<()> {
         self.keep_entry(dir, name, to)
+    }
+
+    fn free_space(&self, dir: &SftpDir) -> Option<(u64, u64)> {
+        self.statvfs(&dir.path).ok()
     }
 
     fn can_keep(&self, _base: &KeepBase) -> bool {

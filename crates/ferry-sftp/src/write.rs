@@ -618,6 +618,16 @@ impl SftpWriter {
             v
         });
         if let Some(e) = results.into_iter().find_map(Result::err) {
+            let e = s.full_disk(&self.dir, size, e);
+            if ferry_engine::store::is_no_space(&e) {
+                // It cannot complete there: what it holds would keep the
+                // disk full for nothing. The record goes now, the partial
+                // with the abort that follows (its handle closed first).
+                run.close();
+                let _ = conn.call(Req::path(w::REMOVE, &record));
+                self.record = None;
+                return Err(e);
+            }
             // Kept for the next run: the record written last says what
             // of it is sure.
             run.keep();

@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 
 use ferry_engine::bwlimit::Limiter;
 use ferry_engine::entry::Meta;
-use ferry_engine::store::Progress;
+use ferry_engine::store::{is_no_space, Progress};
 use ferry_local::range::RangeSet;
 
 use crate::conn::{unexpected, Conn};
@@ -116,7 +116,7 @@ pub(crate) fn push(
                 let h = if own {
                     let h = c.handle();
                     if let Err(e) = c.send(&Req::PartAttach { path, file: h }) {
-                        failed.lock().unwrap().get_or_insert(e);
+                        fail(failed, e);
                         return;
                     }
                     h
@@ -149,15 +149,42 @@ pub(crate) fn push(
                     false => Ok(()),
                 };
                 if let Err(e) = r.and(closed) {
-                    failed.lock().unwrap().get_or_insert(e);
+                    fail(failed, e);
                 }
             });
         }
     });
     if let Some(e) = failed.into_inner().unwrap() {
+        if !is_no_space(&e) {
+            // The partial's own connection may have met a full disk that
+            // the others only saw as the partial gone: that is the cause.
+            let own = conn
+                .call(&Req::PartSync {
+                    file,
+                    flush: false,
+                    close: false,
+                })
+                .and_then(|b| b.get().map(|_| ()));
+            if let Err(full) = own {
+                if is_no_space(&full) {
+                    return Err(full);
+                }
+            }
+        }
         return Err(e);
     }
     Ok((size - resumed, resumed))
+}
+
+/// Keep `e` as why the push failed: the first error, unless a full disk
+/// comes later (the partial is then removed there, and the other
+/// connections' errors, a partial gone, follow from it).
+fn fail(failed: &Mutex<Option<io::Error>>, e: io::Error) {
+    let mut f = failed.lock().unwrap();
+    match &*f {
+        Some(old) if !is_no_space(&e) || is_no_space(old) => {}
+        _ => *f = Some(e),
+    }
 }
 
 /// One connection's share: the next pieces, read from `fd` and sent as

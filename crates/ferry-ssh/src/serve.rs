@@ -128,8 +128,8 @@ enum Writing {
     /// client leaves it, with its record, for a rerun.
     Part(Arc<LocalDir>, LocalWriter, u64, String, Direct),
     /// Another connection's partial, written here at offsets
-    /// ([`Req::PartAttach`]), and its `O_DIRECT` descriptor.
-    Attached(OwnedFd, Direct),
+    /// ([`Req::PartAttach`]), its `O_DIRECT` descriptor and its path.
+    Attached(OwnedFd, Direct, Vec<u8>),
     Failed(io::Error),
 }
 
@@ -137,7 +137,7 @@ impl Writing {
     fn fd(&self) -> Option<BorrowedFd<'_>> {
         match self {
             Writing::Open(_, w) | Writing::Part(_, w, ..) => Some(w.fd()),
-            Writing::Attached(fd, _) => Some(fd.as_fd()),
+            Writing::Attached(fd, ..) => Some(fd.as_fd()),
             Writing::Failed(_) => None,
         }
     }
@@ -147,6 +147,46 @@ impl Writing {
         if let Writing::Open(d, w) = self {
             store.abort(&d, w);
         }
+    }
+
+    /// Let go of it after a failure: as [`Writing::discard`], except that
+    /// a partial met by a full disk (`full`), which cannot complete, is
+    /// emptied and removed (it would keep the disk full for nothing; every
+    /// connection writing it then fails too).
+    fn fail(self, store: &LocalStore, full: bool) {
+        if full {
+            match &self {
+                Writing::Part(d, w, ..) => {
+                    if let Some(name) = w.partial_name() {
+                        ferry_local::download::give_up(d.fd(), name, w.fd());
+                    }
+                }
+                Writing::Attached(fd, _, path) => {
+                    let p = Path::new(OsStr::from_bytes(path));
+                    if let (Some(dir), Some(name)) = (p.parent(), p.file_name()) {
+                        let dir = if dir.as_os_str().is_empty() {
+                            Path::new(".")
+                        } else {
+                            dir
+                        };
+                        if let (Ok(dfd), Ok(name)) = (
+                            rustix::fs::open(
+                                dir,
+                                rustix::fs::OFlags::RDONLY
+                                    | rustix::fs::OFlags::DIRECTORY
+                                    | rustix::fs::OFlags::CLOEXEC,
+                                rustix::fs::Mode::empty(),
+                            ),
+                            CString::new(name.as_bytes()),
+                        ) {
+                            ferry_local::download::give_up(dfd.as_fd(), &name, fd.as_fd());
+                        }
+                    }
+                }
+                Writing::Open(..) | Writing::Failed(_) => {}
+            }
+        }
+        self.discard(store);
     }
 }
 
@@ -546,7 +586,7 @@ fn write_files(st: &State, rx: &Receiver<Job>) {
                     |e| Writing::Failed(e.into()),
                     |fd| {
                         let direct = Direct::reopen(fd.as_fd());
-                        Writing::Attached(fd, direct)
+                        Writing::Attached(fd, direct, path.to_vec())
                     },
                 );
                 st.writers.lock().unwrap().insert(file, w);
@@ -555,7 +595,10 @@ fn write_files(st: &State, rx: &Receiver<Job>) {
                 let r = {
                     let mut ws = st.writers.lock().unwrap();
                     let r = match ws.get(&file) {
-                        Some(Writing::Failed(e)) => Err(io::Error::new(e.kind(), e.to_string())),
+                        Some(Writing::Failed(e)) => Err(match e.raw_os_error() {
+                            Some(n) => io::Error::from_raw_os_error(n),
+                            None => io::Error::new(e.kind(), e.to_string()),
+                        }),
                         Some(w) => match (flush, w.fd()) {
                             (true, Some(fd)) => rustix::fs::fdatasync(fd).map_err(io::Error::from),
                             _ => Ok(()),
@@ -630,13 +673,14 @@ fn write_at(st: &State, file: u64, data: &[u8], offset: u64, aligned: bool) {
     };
     let r = match ws.get(&file) {
         Some(Writing::Part(_, w, _, _, d)) => direct(d, w.fd()),
-        Some(Writing::Attached(fd, d)) => direct(d, fd.as_fd()),
+        Some(Writing::Attached(fd, d, _)) => direct(d, fd.as_fd()),
         Some(Writing::Open(_, w)) => pwrite_all(w.fd(), data, offset),
         Some(Writing::Failed(_)) | None => return,
     };
     if let Err(e) = r {
+        let full = ferry_engine::store::is_no_space(&e);
         if let Some(w) = ws.insert(file, Writing::Failed(e)) {
-            w.discard(&st.store);
+            w.fail(&st.store, full);
         }
     }
 }
@@ -649,8 +693,9 @@ fn on_writer(st: &State, file: u64, f: impl FnOnce(BorrowedFd<'_>) -> io::Result
         return;
     };
     if let Err(e) = f(fd) {
+        let full = ferry_engine::store::is_no_space(&e);
         if let Some(w) = ws.insert(file, Writing::Failed(e)) {
-            w.discard(&st.store);
+            w.fail(&st.store, full);
         }
     }
 }
@@ -799,6 +844,11 @@ fn answer_io(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> io::Re
                 M(m)
             });
             Ok(proto::frame(id, &Resp::Meta(meta)))
+        }
+        Req::Space { dir } => {
+            let (bytes, inodes) = ferry_local::local::free_space(dir_of(st, dir)?.fd())
+                .ok_or_else(|| io::Error::other("statvfs failed"))?;
+            Ok(proto::frame(id, &Resp::Space { bytes, inodes }))
         }
         Req::StatPath { path, follow } => {
             let p = &*local_path(path)?;

@@ -1223,6 +1223,19 @@ impl Store for SshStore {
         })
     }
 
+    fn free_space(&self, dir: &SshDir) -> Option<(u64, u64)> {
+        match dir
+            .conn
+            .call(&Req::Space { dir: dir.id })
+            .ok()?
+            .get()
+            .ok()?
+        {
+            Resp::Space { bytes, inodes } => Some((bytes, inodes)),
+            _ => None,
+        }
+    }
+
     fn can_keep(&self, _base: &KeepBase) -> bool {
         true
     }
