@@ -57,7 +57,7 @@ const SOCKET_SKIP: &str = "socket in SRC: not copied (a socket is only an addres
 const OTHER_SKIP: &str = "special file of an unknown type in SRC: not copied";
 /// Why fifos and device nodes are skipped where the destination cannot
 /// store them (said once per run; the others are `skip` actions).
-const NODE_SKIP: &str = "fifo or device node in SRC: the destination cannot store special files (S3); this note is shown once, the others are skipped too";
+const NODE_SKIP: &str = "fifo or device node in SRC: the destination cannot store special files (fifos, device nodes); this note is shown once, the others are skipped too";
 
 /// One-way mode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -1107,7 +1107,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             // Said, not counted as made: nothing can be stored for it.
             self.rep.skip(
                 &node.rel,
-                "empty directory: the destination keeps no empty directories (S3)",
+                "empty directory: the destination keeps no empty directories",
             );
         }
         // Names the source could not read are left alone in the destination.
@@ -1672,7 +1672,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         if !self.dst.supports_symlinks() {
             return self.rep.skip(
                 &path,
-                "symlink in SRC: the destination cannot store symlinks (S3)",
+                "symlink in SRC: the destination cannot store symlinks",
             );
         }
         let target = match self.src.read_link(&node.src, name) {

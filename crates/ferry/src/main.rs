@@ -250,14 +250,20 @@ fn run_job(
     r
 }
 
-/// `-X`/`-A` with a store that keeps no such thing (S3): said once per
-/// store, before the run; its files are copied without them.
+/// `-X`/`-A` with a store that keeps no such thing (S3, SFTP): said once
+/// per store, before the run (the reporter adds `note: `); its files are
+/// copied without them.
 fn attr_notes(asked: XattrSel, stores: &[(&AnyStore, String)], note: &dyn Fn(&str)) {
     for (s, name) in stores {
         let lacking = asked.lacking(s.xattr_caps());
         if lacking.any() {
+            let keeps = match s {
+                AnyStore::S3(_) => "an object store keeps mode and mtime in object metadata, no owner, extended attributes or ACLs",
+                AnyStore::Sftp(_) => "SFTP keeps mode and mtime (to the second), no owner, extended attributes or ACLs",
+                _ => "this backend keeps no such attributes",
+            };
             note(&format!(
-                "note: {}: {name} keeps none (an object store keeps mode and mtime in object metadata, no owner, extended attributes or ACLs): files are copied without them",
+                "{}: {name} keeps none ({keeps}): files are copied without them",
                 lacking.describe()
             ));
         }

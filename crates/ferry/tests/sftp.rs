@@ -589,3 +589,33 @@ fn tilde_is_the_login_directory_of_an_sftp_server() {
     assert_eq!(r.error_lines().len(), 1, "{r}");
     assert!(r.err().contains("no such user"), "{r}");
 }
+
+/// What an SFTP destination cannot keep is said in SFTP's words: a fifo
+/// skipped and `-X` with nothing kept name neither S3 nor an object
+/// store, and a note is `ferry: note: ...` once (not `note: note:`).
+#[test]
+fn notes_on_an_sftp_destination_speak_of_sftp() {
+    let (rsh, host) = need!(server());
+    let d = tmpdir();
+    let src = d.path().join("src");
+    write(&src, "a", b"alpha");
+    mkfifo(&src.join("fifo"));
+    let dst = d.path().join("dst");
+    let r = run(
+        &rsh,
+        &[
+            "sync".as_ref(),
+            "--sftp".as_ref(),
+            "-X".as_ref(),
+            src.as_os_str(),
+            &url(&host, &dst),
+        ],
+    );
+    r.ok();
+    let err = r.err();
+    assert!(err.contains("keeps none (SFTP keeps"), "{r}");
+    assert!(err.contains("cannot store special files"), "{r}");
+    for bad in ["S3", "object store", "note: note:"] {
+        assert!(!err.contains(bad), "{bad:?}\n{r}");
+    }
+}
