@@ -340,6 +340,9 @@ macro_rules! backends {
             fn supports_symlinks(&self) -> bool {
                 match self { $(AnyStore::$v(s) => s.supports_symlinks(),)+ }
             }
+            fn sets_symlink_times(&self) -> bool {
+                match self { $(AnyStore::$v(s) => s.sets_symlink_times(),)+ }
+            }
             fn keeps_empty_dirs(&self) -> bool {
                 match self { $(AnyStore::$v(s) => s.keeps_empty_dirs(),)+ }
             }

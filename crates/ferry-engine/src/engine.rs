@@ -1683,7 +1683,9 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             match self.dst.read_link(d, name) {
                 Ok(t) if t == target => {
                     Stats::add(&self.stats.unchanged, 1);
-                    let c = meta_change(meta, &dm, self.plan.owner);
+                    let mut c = meta_change(meta, &dm, self.plan.owner);
+                    // A link's time where it cannot be set stays as made.
+                    c.mtime &= self.dst.sets_symlink_times();
                     self.set_meta(node, name, meta, c);
                     return;
                 }

@@ -669,6 +669,13 @@ pub trait Store: Send + Sync {
     fn supports_symlinks(&self) -> bool {
         true
     }
+    /// True when a symlink's own mtime can be set (false on an SFTP server
+    /// without `lsetstat@openssh.com`, or refusing it): where it cannot, a
+    /// link's time is left as made and not compared (no `meta` per link
+    /// per run).
+    fn sets_symlink_times(&self) -> bool {
+        true
+    }
     /// True when fifos and device nodes can be stored
     /// ([`Store::create_special`]); false on object stores, where they are
     /// skipped with one note.

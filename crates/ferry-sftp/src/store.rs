@@ -39,6 +39,12 @@ pub struct SftpStore {
     pub(crate) root: Vec<u8>,
     /// Keep replaced entries by hard links (`hardlink@openssh.com`).
     pub(crate) hardlink: bool,
+    /// Whether the server sets a symlink's own time (`lsetstat@openssh.com`
+    /// offered and honoured: tried once on a link of ferry's own).
+    link_times: std::sync::OnceLock<bool>,
+    /// The server offers `lsetstat@openssh.com` but refused it (said once
+    /// at the end of the run).
+    lsetstat_refused: std::sync::atomic::AtomicBool,
 }
 
 /// A directory: its path on the server.
@@ -127,6 +133,8 @@ impl SftpStore {
         let conn = conn::connect(target)?;
         Ok(SftpStore {
             hardlink: conn.ext.hardlink,
+            link_times: std::sync::OnceLock::new(),
+            lsetstat_refused: std::sync::atomic::AtomicBool::new(false),
             conn: RwLock::new(conn),
             target: target.clone(),
             root: Vec::new(),
@@ -343,6 +351,53 @@ impl SftpStore {
         Ok(n + 1)
     }
 
+    /// `lsetstat@openssh.com` of symlink `path`: the time of `set` (a
+    /// link's mode is its own on Linux, never set). A refusal (an answer,
+    /// not a lost session) is noted and the link's time left as made.
+    fn lsetstat(&self, path: &[u8], set: &Set) -> io::Result<()> {
+        let times = Set {
+            mode: None,
+            owner: None,
+            ..*set
+        };
+        match self.ok(Req::ext("lsetstat@openssh.com").str(path).attrs(&times)) {
+            Err(e) if w::status_code(&e).is_some() => {
+                self.lsetstat_refused.store(true, Ordering::Relaxed);
+                Ok(())
+            }
+            r => r,
+        }
+    }
+
+    /// True when the server sets a symlink's own time: it offers
+    /// `lsetstat@openssh.com` and does it, tried once per run on a link
+    /// of ferry's own made for that (a server may offer it and refuse it:
+    /// then a link's time is left as made, said once).
+    fn sets_link_times(&self) -> bool {
+        *self.link_times.get_or_init(|| {
+            if !self.conn().ext.lsetstat {
+                return false;
+            }
+            if ferry_ssh::conn::is_read_only() {
+                // Nothing is written in a dry run: as offered.
+                return true;
+            }
+            let tmp = temp_path(&self.root);
+            if self.ok(Req::path(w::SYMLINK, b".").str(&tmp)).is_err() {
+                // Cannot tell: tried on each link.
+                return true;
+            }
+            let set = Set {
+                mode: None,
+                mtime: Some(1_000_000_000),
+                owner: None,
+            };
+            let _ = self.lsetstat(&tmp, &set);
+            let _ = self.ok(Req::path(w::REMOVE, &tmp));
+            !self.lsetstat_refused.load(Ordering::Relaxed)
+        })
+    }
+
     /// `RMDIR`, its failure told apart: SFTP says only "failure" for a
     /// directory that is not empty.
     fn rmdir_path(&self, path: &[u8]) -> io::Result<()> {
@@ -365,10 +420,10 @@ impl SftpStore {
     /// a symlink's time is left as made where the server cannot).
     pub(crate) fn set_path(&self, path: &[u8], kind: Kind, set: &Set) -> io::Result<()> {
         if kind == Kind::Symlink {
-            if !self.conn().ext.lsetstat || set.mtime.is_none() {
+            if set.mtime.is_none() || !self.sets_link_times() {
                 return Ok(());
             }
-            return self.ok(Req::ext("lsetstat@openssh.com").str(path).attrs(set));
+            return self.lsetstat(path, set);
         }
         self.ok(Req::path(w::SETSTAT, path).attrs(set))
     }
@@ -666,6 +721,20 @@ impl Store for SftpStore {
 
     fn notes(&self, role: &str) -> Vec<String> {
         crate::write::notes(role)
+    }
+
+    fn warnings(&self, _role: &str) -> Vec<String> {
+        if !self.lsetstat_refused.load(Ordering::Relaxed) {
+            return Vec::new();
+        }
+        vec![format!(
+            "note: {}: the SFTP server offers lsetstat@openssh.com but refused it: symlinks there keep the time they were made",
+            self.conn().host
+        )]
+    }
+
+    fn sets_symlink_times(&self) -> bool {
+        self.sets_link_times()
     }
 
     fn keep(&self, dir: &SftpDir, name: &CStr, to: &KeepTo<'_>) -> io::Result<()> {

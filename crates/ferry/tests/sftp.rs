@@ -619,3 +619,89 @@ fn notes_on_an_sftp_destination_speak_of_sftp() {
         assert!(!err.contains(bad), "{bad:?}\n{r}");
     }
 }
+
+/// A server that offers `lsetstat@openssh.com` but refuses it (the real
+/// sftp-server behind a relay that renames that request, so the server
+/// answers it as unknown): the links are made, each run says so in one
+/// note, and no link gets an error, a `meta` line or a failed count per
+/// run (their time is left as made).
+#[test]
+fn lsetstat_offered_but_refused_is_one_note() {
+    let (rsh, _host) = need!(server());
+    let server_bin = Path::new("/usr/lib/openssh/sftp-server");
+    if !server_bin.exists() {
+        eprintln!("skipped: {} is missing", server_bin.display());
+        return;
+    }
+    let d = tmpdir();
+    let relay = d.path().join("relay.py");
+    std::fs::write(
+        &relay,
+        format!(
+            r#"import subprocess, sys
+p = subprocess.Popen(["{}"], stdin=subprocess.PIPE, stdout=sys.stdout.buffer)
+inp = sys.stdin.buffer
+def readn(n):
+    b = b""
+    while len(b) < n:
+        c = inp.read(n - len(b))
+        if not c:
+            return None
+        b += c
+    return b
+while True:
+    h = readn(4)
+    if h is None:
+        break
+    body = readn(int.from_bytes(h, "big"))
+    if body is None:
+        break
+    p.stdin.write(h + body.replace(b"lsetstat@openssh.com", b"lsetstat@openssh.cox"))
+    p.stdin.flush()
+p.stdin.close()
+p.wait()
+"#,
+            server_bin.display()
+        ),
+    )
+    .unwrap();
+    // The -e command: the same ssh, running the relay (`-s [options] HOST sftp`).
+    let wrapper = d.path().join("rsh");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/bash\nn=$(($# - 2))\nexec {rsh} \"${{@:2:$n}}\" \"exec python3 -u '{}'\"\n",
+            relay.display()
+        ),
+    )
+    .unwrap();
+    chmod(&wrapper, 0o755);
+    let src = d.path().join("src");
+    write(&src, "a", b"alpha");
+    ln(&src, "l1", "a");
+    ln(&src, "l2", "nowhere");
+    let dst = d.path().join("dst");
+    let (_, host) = server().unwrap();
+    for round in 0..2 {
+        let r = ferry([
+            "sync".as_ref(),
+            "-v".as_ref(),
+            "--json".as_ref(),
+            "-e".as_ref(),
+            wrapper.as_os_str(),
+            src.as_os_str(),
+            url(&host, &dst).as_os_str(),
+        ]);
+        r.ok();
+        let notes = r
+            .err()
+            .matches("offers lsetstat@openssh.com but refused it")
+            .count();
+        assert_eq!(notes, 1, "round {round}\n{r}");
+        assert_eq!(r.error_lines().len(), 1, "only the note\n{r}");
+        assert_eq!(summary(&r).errors, 0, "{r}");
+        let metas = actions(&r).into_iter().filter(|(t, _)| t == "meta").count();
+        assert_eq!(metas, 0, "round {round}\n{r}");
+        assert_eq!(std::fs::read_link(dst.join("l1")).unwrap(), Path::new("a"));
+    }
+}
