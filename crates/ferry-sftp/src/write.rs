@@ -268,7 +268,15 @@ impl Ranged<'_> {
         loop {
             let Some((rx, step)) = t.sync.take() else {
                 let left = self.size - t.done.total();
-                if t.since < SYNC_EVERY || t.last.elapsed() < SYNC_INTERVAL || left < SYNC_EVERY / 2
+                // The first record goes as soon as a range is done (its
+                // fsync then has little to write back): a push killed a
+                // moment later resumes from it. The next ones every
+                // SYNC_EVERY and SYNC_INTERVAL.
+                let first = t.rec.is_none() && t.since >= RANGE && left >= RANGE;
+                if !first
+                    && (t.since < SYNC_EVERY
+                        || t.last.elapsed() < SYNC_INTERVAL
+                        || left < SYNC_EVERY / 2)
                 {
                     return Ok(());
                 }

@@ -705,3 +705,63 @@ p.wait()
         assert_eq!(std::fs::read_link(dst.join("l1")).unwrap(), Path::new("a"));
     }
 }
+
+/// A big push at full speed (no --bwlimit) killed once 112 MiB of its
+/// 256 MiB are there resumes: its first record is written once a 32 MiB
+/// range is done, not after 128 MiB and 2 s (a fast push killed before
+/// its first record, most of the way at full speed, started over).
+#[test]
+fn a_big_push_killed_early_resumes() {
+    let (rsh, host) = need!(server());
+    let d = tmpdir();
+    let size = 256usize << 20;
+    write(d.path(), "src/big", &gen_bytes(size, 19));
+    let src = d.path().join("src");
+    let dst = d.path().join("dst");
+    let mut child = std::process::Command::new(bin())
+        .args([
+            "copy".as_ref(),
+            "-e".as_ref(),
+            rsh.as_ref() as &OsStr,
+            src.as_os_str(),
+            &url(&host, &dst),
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Killed once the partial there holds 112 MiB (less than 128 MiB).
+    let there = || {
+        use std::os::unix::fs::MetadataExt;
+        find_prefixed(&dst, b".ferry-part-")
+            .iter()
+            .any(|p| std::fs::metadata(dst.join(p)).is_ok_and(|m| m.blocks() * 512 >= 112 << 20))
+    };
+    let mut waited = 0;
+    while !dst.exists() || !there() {
+        std::thread::sleep(Duration::from_millis(10));
+        waited += 1;
+        assert!(waited < 12000, "the push did not get to 112 MiB");
+        if let Ok(Some(_)) = child.try_wait() {
+            panic!("the push ended before 112 MiB were there");
+        }
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let r = run(
+        &rsh,
+        &[
+            "copy".as_ref(),
+            "-v".as_ref(),
+            src.as_os_str(),
+            &url(&host, &dst),
+        ],
+    );
+    r.ok();
+    assert!(
+        r.all().contains("upload(s) resumed"),
+        "nothing resumed\n{r}"
+    );
+    assert!(std::fs::read(dst.join("big")).unwrap() == gen_bytes(size, 19));
+    assert!(find_prefixed(&dst, b".ferry-").is_empty());
+}
