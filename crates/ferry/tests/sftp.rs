@@ -765,3 +765,83 @@ fn a_big_push_killed_early_resumes() {
     assert!(std::fs::read(dst.join("big")).unwrap() == gen_bytes(size, 19));
     assert!(find_prefixed(&dst, b".ferry-").is_empty());
 }
+
+/// A push killed once its partial has a record, then its source changed
+/// in place (same inode, size and mtime: what names it in the record):
+/// the rerun resumes, checks the whole file at the end (the ranges sent
+/// before read back and compared), sends again what differs, and the
+/// file there is the new content, byte for byte.
+#[test]
+fn a_resumed_push_of_a_source_changed_in_place_is_checked_whole() {
+    let (rsh, host) = need!(server());
+    let d = tmpdir();
+    let size = 128usize << 20;
+    write(d.path(), "src/big", &gen_bytes(size, 23));
+    let src = d.path().join("src");
+    let big = src.join("big");
+    let dst = d.path().join("dst");
+    let mut child = std::process::Command::new(bin())
+        .args([
+            "copy".as_ref(),
+            "-e".as_ref(),
+            rsh.as_ref() as &OsStr,
+            "--bwlimit".as_ref(),
+            "16M".as_ref(),
+            src.as_os_str(),
+            &url(&host, &dst),
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Killed once the partial and its record (with text) are there.
+    let recorded = || {
+        let parts = find_prefixed(&dst, b".ferry-part-");
+        parts.len() >= 2
+            && parts
+                .iter()
+                .all(|p| std::fs::metadata(dst.join(p)).is_ok_and(|m| m.len() > 0))
+    };
+    let mut waited = 0;
+    while !dst.exists() || !recorded() {
+        std::thread::sleep(Duration::from_millis(20));
+        waited += 1;
+        assert!(waited < 6000, "no partial record appeared");
+        if let Ok(Some(_)) = child.try_wait() {
+            panic!("the push ended before its record was written");
+        }
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    use std::os::unix::fs::MetadataExt;
+    let before = std::fs::metadata(&big).unwrap();
+    let new = gen_bytes(size, 24);
+    rewrite_keep_meta(&big, &new);
+    let after = std::fs::metadata(&big).unwrap();
+    assert_eq!(
+        (
+            before.ino(),
+            before.size(),
+            before.mtime(),
+            before.mtime_nsec()
+        ),
+        (after.ino(), after.size(), after.mtime(), after.mtime_nsec())
+    );
+    let r = run(
+        &rsh,
+        &[
+            "copy".as_ref(),
+            "-v".as_ref(),
+            src.as_os_str(),
+            &url(&host, &dst),
+        ],
+    );
+    r.ok();
+    assert!(
+        r.all().contains("upload(s) resumed"),
+        "nothing resumed\n{r}"
+    );
+    assert!(std::fs::read(dst.join("big")).unwrap() == new, "{r}");
+    assert!(!r.all().contains(" 0 bytes sent again"), "{r}");
+    assert!(find_prefixed(&dst, b".ferry-").is_empty());
+}
