@@ -340,8 +340,11 @@ macro_rules! backends {
             fn supports_symlinks(&self) -> bool {
                 match self { $(AnyStore::$v(s) => s.supports_symlinks(),)+ }
             }
-            fn sets_symlink_times(&self) -> bool {
-                match self { $(AnyStore::$v(s) => s.sets_symlink_times(),)+ }
+            fn sets_symlink_times(&self, dir: &AnyDir, name: &CStr, now: &Meta) -> bool {
+                match (self, dir) {
+                    $((AnyStore::$v(s), AnyDir::$v(d)) => s.sets_symlink_times(d, name, now),)+
+                    _ => mismatch(),
+                }
             }
             fn keeps_empty_dirs(&self) -> bool {
                 match self { $(AnyStore::$v(s) => s.keeps_empty_dirs(),)+ }

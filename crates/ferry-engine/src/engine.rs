@@ -1685,7 +1685,8 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                     Stats::add(&self.stats.unchanged, 1);
                     let mut c = meta_change(meta, &dm, self.plan.owner);
                     // A link's time where it cannot be set stays as made.
-                    c.mtime &= self.dst.sets_symlink_times();
+                    c.mtime =
+                        c.mtime && (self.dry_run || self.dst.sets_symlink_times(d, name, &dm));
                     self.set_meta(node, name, meta, c);
                     return;
                 }

@@ -672,8 +672,10 @@ pub trait Store: Send + Sync {
     /// True when a symlink's own mtime can be set (false on an SFTP server
     /// without `lsetstat@openssh.com`, or refusing it): where it cannot, a
     /// link's time is left as made and not compared (no `meta` per link
-    /// per run).
-    fn sets_symlink_times(&self) -> bool {
+    /// per run). `name` of `dir` is a symlink listed as `now`, whose time
+    /// is about to be set: a store may try it there, to its time as listed.
+    fn sets_symlink_times(&self, dir: &Self::Dir, name: &CStr, now: &Meta) -> bool {
+        let _ = (dir, name, now);
         true
     }
     /// True when fifos and device nodes can be stored

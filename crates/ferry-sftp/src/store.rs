@@ -40,7 +40,7 @@ pub struct SftpStore {
     /// Keep replaced entries by hard links (`hardlink@openssh.com`).
     pub(crate) hardlink: bool,
     /// Whether the server sets a symlink's own time (`lsetstat@openssh.com`
-    /// offered and honoured: tried once on a link of ferry's own).
+    /// offered and honoured: tried once per run on a link to be set).
     link_times: std::sync::OnceLock<bool>,
     /// The server offers `lsetstat@openssh.com` but refused it (said once
     /// at the end of the run).
@@ -369,35 +369,6 @@ impl SftpStore {
         }
     }
 
-    /// True when the server sets a symlink's own time: it offers
-    /// `lsetstat@openssh.com` and does it, tried once per run on a link
-    /// of ferry's own made for that (a server may offer it and refuse it:
-    /// then a link's time is left as made, said once).
-    fn sets_link_times(&self) -> bool {
-        *self.link_times.get_or_init(|| {
-            if !self.conn().ext.lsetstat {
-                return false;
-            }
-            if ferry_ssh::conn::is_read_only() {
-                // Nothing is written in a dry run: as offered.
-                return true;
-            }
-            let tmp = temp_path(&self.root);
-            if self.ok(Req::path(w::SYMLINK, b".").str(&tmp)).is_err() {
-                // Cannot tell: tried on each link.
-                return true;
-            }
-            let set = Set {
-                mode: None,
-                mtime: Some(1_000_000_000),
-                owner: None,
-            };
-            let _ = self.lsetstat(&tmp, &set);
-            let _ = self.ok(Req::path(w::REMOVE, &tmp));
-            !self.lsetstat_refused.load(Ordering::Relaxed)
-        })
-    }
-
     /// `RMDIR`, its failure told apart: SFTP says only "failure" for a
     /// directory that is not empty.
     fn rmdir_path(&self, path: &[u8]) -> io::Result<()> {
@@ -420,7 +391,10 @@ impl SftpStore {
     /// a symlink's time is left as made where the server cannot).
     pub(crate) fn set_path(&self, path: &[u8], kind: Kind, set: &Set) -> io::Result<()> {
         if kind == Kind::Symlink {
-            if set.mtime.is_none() || !self.sets_link_times() {
+            if set.mtime.is_none()
+                || !self.conn().ext.lsetstat
+                || self.lsetstat_refused.load(Ordering::Relaxed)
+            {
                 return Ok(());
             }
             return self.lsetstat(path, set);
@@ -733,8 +707,21 @@ impl Store for SftpStore {
         )]
     }
 
-    fn sets_symlink_times(&self) -> bool {
-        self.sets_link_times()
+    fn sets_symlink_times(&self, dir: &SftpDir, name: &CStr, now: &Meta) -> bool {
+        // Tried once per run, on this link, to its time as listed (no
+        // change): a server may offer lsetstat@openssh.com and refuse it.
+        *self.link_times.get_or_init(|| {
+            if !self.conn().ext.lsetstat {
+                return false;
+            }
+            let set = Set {
+                mode: None,
+                mtime: Some(secs(now)),
+                owner: None,
+            };
+            let _ = self.lsetstat(&join(&dir.path, name.to_bytes()), &set);
+            !self.lsetstat_refused.load(Ordering::Relaxed)
+        })
     }
 
     fn keep(&self, dir: &SftpDir, name: &CStr, to: &KeepTo<'_>) -> io::Result<()> {

@@ -527,12 +527,6 @@ pub fn read_only() {
     READ_ONLY.store(true, Ordering::Relaxed);
 }
 
-/// True when this process only reads ([`read_only`]): nothing may be
-/// written on a server, not even a probe.
-pub fn is_read_only() -> bool {
-    READ_ONLY.load(Ordering::Relaxed)
-}
-
 /// The longest round trip to a host of this run (the first request's,
 /// measured when its connection was made); `None` before any connection.
 pub fn round_trip() -> Option<std::time::Duration> {
