@@ -575,8 +575,15 @@ fn write_files(st: &State, rx: &Receiver<Job>) {
                 let _ = st.out.lock().unwrap().send(f.into());
             }
             Req::PartAttach { path, file } => {
+                let path = match local_path(path) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        st.writers.lock().unwrap().insert(file, Writing::Failed(e));
+                        continue;
+                    }
+                };
                 let w = rustix::fs::open(
-                    OsStr::from_bytes(path),
+                    OsStr::from_bytes(&path),
                     rustix::fs::OFlags::WRONLY
                         | rustix::fs::OFlags::NOFOLLOW
                         | rustix::fs::OFlags::CLOEXEC,

@@ -1344,6 +1344,8 @@ fn tilde_paths_are_in_the_remote_home() {
     let src = d.path().join("src");
     write(&src, "a", b"alpha");
     write(&src, "sub/b", &gen_bytes(300_000, 4));
+    // Big enough to go in ranges, by path, over several connections.
+    write(&src, "sub/big", &gen_bytes(33 << 20, 5));
     // Whole seconds: what SFTP keeps.
     for rel in walk(&src).iter().chain([&std::path::PathBuf::new()]) {
         set_mtime(&src.join(rel), (1_700_000_000, 0));
