@@ -321,17 +321,18 @@ pub fn bytes_text(n: u64) -> String {
 /// written is gone: `no space left on device: needs 1.0 GiB, 50.0 MiB free`
 /// (op `write`, so a line names the side).
 pub fn no_space(end: End, need: u64, free: Option<(u64, u64)>) -> io::Error {
-    let free = match free {
-        Some((_, 0)) => "no inode free".to_string(),
-        Some((b, _)) => format!("{} free", bytes_text(b)),
-        None => "free space unknown".to_string(),
+    let need = match need {
+        0..1024 => format!("{need} bytes"),
+        _ => format!("{} ({need} bytes)", bytes_text(need)),
+    };
+    let msg = match free {
+        Some((_, 0)) => format!("needs an inode and {need}, no inode free"),
+        Some((b, _)) => format!("needs {need}, {} free", bytes_text(b)),
+        None => format!("needs {need}, free space unknown"),
     };
     let err = io::Error::new(
         io::ErrorKind::StorageFull,
-        format!(
-            "no space left on device: needs {} ({need} bytes), {free}",
-            bytes_text(need)
-        ),
+        format!("no space left on device: {msg}"),
     );
     io::Error::new(
         io::ErrorKind::StorageFull,
@@ -1173,5 +1174,25 @@ mod tests {
         assert!(is_legacy_partial_name(b".ferry-tmp.part.0123456789abcdef"));
         assert!(!is_legacy_partial_name(b".ferry-tmp.part.0123456789abcde"));
         assert!(!is_legacy_partial_name(b".ferry-tmp.part.0123456789abcdeg"));
+    }
+
+    #[test]
+    fn a_full_disk_says_what_is_needed_and_free() {
+        let e = no_space(End::Dst, 1 << 30, Some((50 << 20, 10)));
+        assert!(is_no_space(&e));
+        assert_eq!(op_of(&e), Some((Some(End::Dst), "write")));
+        assert_eq!(
+            e.to_string(),
+            "no space left on device: needs 1.0 GiB (1073741824 bytes), 50.0 MiB free"
+        );
+        let e = no_space(End::Dst, 2, Some((4096, 0)));
+        assert_eq!(
+            e.to_string(),
+            "no space left on device: needs an inode and 2 bytes, no inode free"
+        );
+        assert!(is_no_space(&io::Error::from_raw_os_error(28)));
+        assert!(!is_no_space(&io::Error::from_raw_os_error(2)));
+        assert_eq!(bytes_text(1023), "1023 B");
+        assert_eq!(bytes_text(1536), "1.5 KiB");
     }
 }

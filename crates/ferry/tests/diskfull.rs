@@ -26,12 +26,17 @@ struct Tmpfs {
 
 impl Tmpfs {
     fn mount(kib: u64) -> Result<Tmpfs, String> {
+        Tmpfs::mount_with(&format!("size={kib}k,mode=755"))
+    }
+
+    /// With mount options `opts`.
+    fn mount_with(opts: &str) -> Result<Tmpfs, String> {
         let dir = tmpdir();
         let at = dir.path().join("fs");
         std::fs::create_dir(&at).map_err(|e| e.to_string())?;
         let out = Command::new("mount")
             .args(["-t", "tmpfs", "-o"])
-            .arg(format!("size={kib}k,mode=755"))
+            .arg(opts)
             .arg("tmpfs")
             .arg(&at)
             .output()
@@ -388,5 +393,32 @@ fn sftp_small_files_on_a_full_disk_say_so() {
         .filter(|p| dst.join(p).is_file())
         .count();
     assert_eq!(there + lines.len(), 60, "{r}");
+    assert_eq!(leftovers(&dst), Vec::<PathBuf>::new(), "{r}");
+}
+
+/// A disk out of inodes, not bytes: each file that did not fit says it
+/// needs an inode and none is free.
+#[test]
+fn local_inodes_out_say_so() {
+    let fs = need!(Tmpfs::mount_with("size=8m,nr_inodes=8,mode=755"));
+    let d = tmpdir();
+    let src = d.path().join("src");
+    for i in 0..12u64 {
+        write(&src, format!("f{i:02}"), b"ab");
+    }
+    let dst = fs.at.join("dst");
+    let r = ferry([OsStr::new("copy"), src.as_os_str(), dst.as_os_str()]);
+    r.code_is(1);
+    let lines = r.error_lines();
+    assert!(!lines.is_empty(), "{r}");
+    for l in &lines {
+        assert!(
+            l.starts_with("ferry: DST: f")
+                && l.ends_with(
+                    ": write: no space left on device: needs an inode and 2 bytes, no inode free"
+                ),
+            "{r}"
+        );
+    }
     assert_eq!(leftovers(&dst), Vec::<PathBuf>::new(), "{r}");
 }
