@@ -1511,3 +1511,77 @@ fn o_direct_bytes_of_a_killed_pull_are_counted() {
     let direct = figure_before(&r, " bytes of downloads written with O_DIRECT");
     assert!(direct >= 4 << 20, "{direct}\n{r}");
 }
+
+/// A big push killed once its partial has ranges on record, then its
+/// source changed in place (same inode, size and mtime: what names it in
+/// the record): the rerun reuses the ranges, checks the whole file at the
+/// end (the reused ranges read back and compared), sends again what
+/// differs, and the file there is the new content, byte for byte.
+#[test]
+fn a_resumed_push_of_a_source_changed_in_place_is_checked_whole() {
+    use std::os::unix::fs::MetadataExt;
+    let (rsh, host) = need_server!();
+    let d = tmpdir();
+    let size = (48 << 20) + 3;
+    write(d.path(), "src/big", &gen_bytes(size, 48));
+    let src = d.path().join("src");
+    let big = src.join("big");
+    let there = d.path().join("there");
+    let mut child = spawn_copy(
+        &rsh,
+        &[
+            "--connections".as_ref(),
+            "3".as_ref(),
+            "--bwlimit".as_ref(),
+            "8M".as_ref(),
+            src.as_os_str(),
+            &at(&host, &there),
+        ],
+    );
+    let recorded = |dir: &Path| {
+        find_prefixed(dir, b".ferry-part-").iter().any(|p| {
+            xattrs_of(&dir.join(p))
+                .get(&b"user.ferry.partial"[..])
+                .is_some_and(|v| {
+                    v.split(|&b| b == b'\n')
+                        .nth(3)
+                        .is_some_and(|l| !l.is_empty())
+                })
+        })
+    };
+    wait_until("the push did not start", 2400, || {
+        there.exists() && recorded(&there)
+    });
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let before = std::fs::metadata(&big).unwrap();
+    let new = gen_bytes(size, 49);
+    rewrite_keep_meta(&big, &new);
+    let after = std::fs::metadata(&big).unwrap();
+    assert_eq!(
+        (
+            before.ino(),
+            before.size(),
+            before.mtime(),
+            before.mtime_nsec()
+        ),
+        (after.ino(), after.size(), after.mtime(), after.mtime_nsec())
+    );
+    let r = remote(
+        &rsh,
+        &[
+            "copy".as_ref(),
+            "-v".as_ref(),
+            src.as_os_str(),
+            &at(&host, &there),
+        ],
+    );
+    r.ok();
+    assert!(
+        figure_before(&r, " bytes of interrupted pushes reused") > 0,
+        "{r}"
+    );
+    assert!(figure_before(&r, " bytes sent again") > 0, "{r}");
+    assert!(std::fs::read(there.join("big")).unwrap() == new, "{r}");
+    assert!(find_prefixed(&there, b".ferry-").is_empty());
+}
