@@ -24,7 +24,7 @@ use ferry_engine::xattr::{XattrSel, Xattrs};
 use serde::{Deserialize, Serialize};
 
 /// The protocol version both ends must speak.
-pub const PROTOCOL: u32 = 11;
+pub const PROTOCOL: u32 = 12;
 /// The hello's first bytes.
 const MAGIC: &[u8; 12] = b"FERRY-SERVE\n";
 /// Largest frame accepted (a whole small file, a big directory's listing).
