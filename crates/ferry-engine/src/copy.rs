@@ -167,7 +167,15 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
         if !crate::store::is_no_space(&e) || matches!(op_of(&e), Some((_, "write"))) {
             return e;
         }
-        crate::store::no_space(End::Dst, size, self.dst.free_space(ddir))
+        let free = self.dst.free_space(ddir);
+        if let Some((bytes, inodes)) = free {
+            if inodes > 0 && bytes >= size.saturating_add(1 << 20) {
+                // Room here: the disk that was full is another one (where
+                // a replaced file is kept): its error says so itself.
+                return e;
+            }
+        }
+        crate::store::no_space(End::Dst, size, free)
     }
 
     /// `copy_file`; with `nowait`, the commit of a whole copy is started
