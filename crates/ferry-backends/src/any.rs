@@ -340,6 +340,12 @@ macro_rules! backends {
             fn supports_symlinks(&self) -> bool {
                 match self { $(AnyStore::$v(s) => s.supports_symlinks(),)+ }
             }
+            fn sets_symlink_times(&self, dir: &AnyDir, name: &CStr, now: &Meta) -> bool {
+                match (self, dir) {
+                    $((AnyStore::$v(s), AnyDir::$v(d)) => s.sets_symlink_times(d, name, now),)+
+                    _ => mismatch(),
+                }
+            }
             fn keeps_empty_dirs(&self) -> bool {
                 match self { $(AnyStore::$v(s) => s.keeps_empty_dirs(),)+ }
             }
@@ -481,6 +487,12 @@ macro_rules! backends {
             }
             fn root_ids(&self) -> Option<ferry_engine::walk::RootIds> {
                 match self { $(AnyStore::$v(s) => s.root_ids(),)+ }
+            }
+            fn free_space(&self, dir: &AnyDir) -> Option<(u64, u64)> {
+                match (self, dir) {
+                    $((AnyStore::$v(s), AnyDir::$v(d)) => s.free_space(d),)+
+                    _ => mismatch(),
+                }
             }
             fn can_keep(&self, base: &KeepBase) -> bool {
                 match self { $(AnyStore::$v(s) => s.can_keep(base),)+ }

@@ -255,7 +255,10 @@ pub fn remote(root: &Root) -> Result<Remote, BackendError> {
     if let Some(refused) = no_fallback(&r.host, &why) {
         return Err(BackendError::Ssh(refused));
     }
-    let s = SftpStore::open(&t, &r.path).map_err(|_| BackendError::Ssh(why.clone()))?;
+    let s = SftpStore::connect(&t)
+        .map_err(|_| BackendError::Ssh(why.clone()))?
+        .at(&r.path)
+        .map_err(BackendError::Ssh)?;
     let mut fell = FELL_BACK.lock().unwrap();
     if !fell.contains(&key) {
         fell.push(key);

@@ -25,7 +25,7 @@ use crate::hash::{hash_bytes, Hash};
 use crate::keep::Keeper;
 use crate::special::SpecialBits;
 use crate::store::{
-    cut_nsec, op_err, Committing, DeltaRole, End, Planned, SourceFile, Store, Tracked,
+    cut_nsec, op_err, op_of, Committing, DeltaRole, End, Planned, SourceFile, Store, Tracked,
 };
 use crate::xattr::{XattrRun, Xattrs};
 
@@ -132,6 +132,7 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
     ) -> io::Result<Copied> {
         self.copy_file_as(sdir, sname, ddir, name, rel, meta, old, false)
             .map(|(c, _)| c)
+            .map_err(|e| self.full_disk(ddir, meta.size, e))
     }
 
     /// [`Copier::copy_file`] up to a commit started with
@@ -155,6 +156,26 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
     {
         self.copy_file_as(sdir, sname, ddir, name, rel, meta, old, true)
             .map(|(c, w)| (c, w.unwrap_or_else(|| Committing::done(Ok(())))))
+            .map_err(|e| self.full_disk(ddir, meta.size, e))
+    }
+
+    /// `e`, the failure of writing a file of `size` bytes into `ddir`: when
+    /// the disk there is full, one error saying what the file needs and
+    /// what is free (asked now: the store has removed what the file had
+    /// written).
+    pub fn full_disk(&self, ddir: &D::Dir, size: u64, e: io::Error) -> io::Error {
+        if !crate::store::is_no_space(&e) || matches!(op_of(&e), Some((_, "write"))) {
+            return e;
+        }
+        let free = self.dst.free_space(ddir);
+        if let Some((bytes, inodes)) = free {
+            if inodes > 0 && bytes >= size.saturating_add(1 << 20) {
+                // Room here: the disk that was full is another one (where
+                // a replaced file is kept): its error says so itself.
+                return e;
+            }
+        }
+        crate::store::no_space(End::Dst, size, free)
     }
 
     /// `copy_file`; with `nowait`, the commit of a whole copy is started
@@ -231,7 +252,7 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
                         ..want
                     };
                 }
-                Err(_) if sig.is_some() => {
+                Err(e) if sig.is_some() && !crate::store::is_lost(&e) => {
                     // The delta failed (its rebuilt file did not match, the
                     // old copy could not be read): the file goes whole.
                     sig = None;
@@ -396,6 +417,15 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
     }
 
     /// Add `n` to one of the run's delta figures (when it keeps them).
+    /// A delta that failed because of `e`: counted as sent whole after a
+    /// failed delta, unless the connection is gone (the file then fails
+    /// with it: nothing is sent whole).
+    fn failed_delta(&self, e: &io::Error) {
+        if !crate::store::is_lost(e) {
+            self.count(|c| &c.fallbacks, 1);
+        }
+    }
+
     fn count(&self, which: impl Fn(&delta::Counts) -> &AtomicU64, n: u64) {
         if let Some(d) = self.delta {
             which(d.counts).fetch_add(n, std::sync::atomic::Ordering::Relaxed);
@@ -451,15 +481,15 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
         let ip = match self.dst.delta_inplace(ddir, name, old, &l, &key) {
             Ok(Some(a)) => a,
             Ok(None) => return Appended::No,
-            Err(_) => {
-                self.count(|c| &c.fallbacks, 1);
+            Err(e) => {
+                self.failed_delta(&e);
                 return Appended::No;
             }
         };
         match self.patch_with(ip, sdir, sname, meta, &l, &key) {
             Ok(a) => a,
-            Err(_) => {
-                self.count(|c| &c.fallbacks, 1);
+            Err(e) => {
+                self.failed_delta(&e);
                 Appended::No
             }
         }
@@ -546,7 +576,10 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
             ip.abort();
             return Ok(Appended::No);
         }
-        if ip.commit(&h.root, &self.out(meta), self.fsync).is_err() {
+        if let Err(e) = ip.commit(&h.root, &self.out(meta), self.fsync) {
+            if crate::store::is_lost(&e) {
+                return Err(e);
+            }
             // Rolled back: the file goes whole.
             self.count(|c| &c.fallbacks, 1);
             return Ok(Appended::Whole);
@@ -575,8 +608,8 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
         }
         match self.dst.delta_signature(ddir, name, delta::MIN_SIZE) {
             Ok(sig) => sig,
-            Err(_) => {
-                self.count(|c| &c.fallbacks, 1);
+            Err(e) => {
+                self.failed_delta(&e);
                 None
             }
         }

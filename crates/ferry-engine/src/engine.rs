@@ -57,7 +57,7 @@ const SOCKET_SKIP: &str = "socket in SRC: not copied (a socket is only an addres
 const OTHER_SKIP: &str = "special file of an unknown type in SRC: not copied";
 /// Why fifos and device nodes are skipped where the destination cannot
 /// store them (said once per run; the others are `skip` actions).
-const NODE_SKIP: &str = "fifo or device node in SRC: the destination cannot store special files (S3); this note is shown once, the others are skipped too";
+const NODE_SKIP: &str = "fifo or device node in SRC: the destination cannot store special files (fifos, device nodes); this note is shown once, the others are skipped too";
 
 /// One-way mode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -1107,7 +1107,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             // Said, not counted as made: nothing can be stored for it.
             self.rep.skip(
                 &node.rel,
-                "empty directory: the destination keeps no empty directories (S3)",
+                "empty directory: the destination keeps no empty directories",
             );
         }
         // Names the source could not read are left alone in the destination.
@@ -1672,7 +1672,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         if !self.dst.supports_symlinks() {
             return self.rep.skip(
                 &path,
-                "symlink in SRC: the destination cannot store symlinks (S3)",
+                "symlink in SRC: the destination cannot store symlinks",
             );
         }
         let target = match self.src.read_link(&node.src, name) {
@@ -1683,7 +1683,10 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             match self.dst.read_link(d, name) {
                 Ok(t) if t == target => {
                     Stats::add(&self.stats.unchanged, 1);
-                    let c = meta_change(meta, &dm, self.plan.owner);
+                    let mut c = meta_change(meta, &dm, self.plan.owner);
+                    // A link's time where it cannot be set stays as made.
+                    c.mtime =
+                        c.mtime && (self.dry_run || self.dst.sets_symlink_times(d, name, &dm));
                     self.set_meta(node, name, meta, c);
                     return;
                 }
@@ -1902,7 +1905,10 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                 commit,
             } => (path, action, copied, dst_meta, commit),
         };
-        match commit.wait() {
+        match commit.wait().map_err(|e| match &node.dst {
+            Some(d) => self.copier().full_disk(d, c.meta.size, e),
+            None => e,
+        }) {
             Ok(()) => {
                 if let (Some(to), Some(dm)) = (&c.kept, &dst_meta) {
                     self.kept(&path, to, dm.size);

@@ -288,6 +288,62 @@ pub fn changed() -> io::Error {
     io::Error::other(Changed)
 }
 
+/// True when `e` says the connection to a remote store is gone (the
+/// `ConnectionAborted` of the SSH and SFTP stores): not something a retry
+/// another way (a whole file after a failed delta) can get past.
+pub fn is_lost(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::ConnectionAborted
+}
+
+/// True when `e` says the disk is full (`ENOSPC`, or a store's own
+/// `StorageFull`).
+pub fn is_no_space(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::StorageFull || e.raw_os_error() == Some(28)
+}
+
+/// `n` bytes as a person reads them (`1.0 GiB`, `512 B`).
+pub fn bytes_text(n: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut v = n as f64 / 1024.0;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    format!("{v:.1} {}", UNITS[u])
+}
+
+/// The error of a file of `need` bytes that did not fit on `end`'s disk
+/// (`free`: bytes and inodes free there, when known), once what it had
+/// written is gone: `no space left on device: needs 1.0 GiB, 50.0 MiB free`
+/// (op `write`, so a line names the side).
+pub fn no_space(end: End, need: u64, free: Option<(u64, u64)>) -> io::Error {
+    let need = match need {
+        0..1024 => format!("{need} bytes"),
+        _ => format!("{} ({need} bytes)", bytes_text(need)),
+    };
+    let msg = match free {
+        Some((_, 0)) => format!("needs an inode and {need}, no inode free"),
+        Some((b, _)) => format!("needs {need}, {} free", bytes_text(b)),
+        None => format!("needs {need}, free space unknown"),
+    };
+    let err = io::Error::new(
+        io::ErrorKind::StorageFull,
+        format!("no space left on device: {msg}"),
+    );
+    io::Error::new(
+        io::ErrorKind::StorageFull,
+        OpError {
+            end: Some(end),
+            op: "write",
+            err,
+        },
+    )
+}
+
 /// True for a [`Changed`] error.
 pub fn is_changed(e: &io::Error) -> bool {
     e.get_ref().is_some_and(|i| i.is::<Changed>())
@@ -614,6 +670,15 @@ pub trait Store: Send + Sync {
     fn supports_symlinks(&self) -> bool {
         true
     }
+    /// True when a symlink's own mtime can be set (false on an SFTP server
+    /// without `lsetstat@openssh.com`, or refusing it): where it cannot, a
+    /// link's time is left as made and not compared (no `meta` per link
+    /// per run). `name` of `dir` is a symlink listed as `now`, whose time
+    /// is about to be set: a store may try it there, to its time as listed.
+    fn sets_symlink_times(&self, dir: &Self::Dir, name: &CStr, now: &Meta) -> bool {
+        let _ = (dir, name, now);
+        true
+    }
     /// True when fifos and device nodes can be stored
     /// ([`Store::create_special`]); false on object stores, where they are
     /// skipped with one note.
@@ -810,6 +875,12 @@ pub trait Store: Send + Sync {
     /// directory met in a walk with one of these is a root seen again
     /// through another path: see [`crate::walk::Aliases`].
     fn root_ids(&self) -> Option<crate::walk::RootIds> {
+        None
+    }
+    /// Bytes and inodes free for this user on the filesystem of `dir`
+    /// (for the message of a full disk), when the store can tell.
+    fn free_space(&self, dir: &Self::Dir) -> Option<(u64, u64)> {
+        let _ = dir;
         None
     }
     /// True when [`Store::keep`] works here, for the base `base`: a run
@@ -1103,5 +1174,25 @@ mod tests {
         assert!(is_legacy_partial_name(b".ferry-tmp.part.0123456789abcdef"));
         assert!(!is_legacy_partial_name(b".ferry-tmp.part.0123456789abcde"));
         assert!(!is_legacy_partial_name(b".ferry-tmp.part.0123456789abcdeg"));
+    }
+
+    #[test]
+    fn a_full_disk_says_what_is_needed_and_free() {
+        let e = no_space(End::Dst, 1 << 30, Some((50 << 20, 10)));
+        assert!(is_no_space(&e));
+        assert_eq!(op_of(&e), Some((Some(End::Dst), "write")));
+        assert_eq!(
+            e.to_string(),
+            "no space left on device: needs 1.0 GiB (1073741824 bytes), 50.0 MiB free"
+        );
+        let e = no_space(End::Dst, 2, Some((4096, 0)));
+        assert_eq!(
+            e.to_string(),
+            "no space left on device: needs an inode and 2 bytes, no inode free"
+        );
+        assert!(is_no_space(&io::Error::from_raw_os_error(28)));
+        assert!(!is_no_space(&io::Error::from_raw_os_error(2)));
+        assert_eq!(bytes_text(1023), "1023 B");
+        assert_eq!(bytes_text(1536), "1.5 KiB");
     }
 }

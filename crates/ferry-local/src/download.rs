@@ -87,20 +87,23 @@ pub struct Downloaded {
 }
 
 /// Download `src` into the partial of `name` in `dir`. On failure the partial
-/// and its recorded ranges stay for the next run.
+/// and its recorded ranges stay for the next run. The bytes written with
+/// `O_DIRECT` are added to `direct` as they go, also those of a download
+/// that fails (`Downloaded::direct` has only this one's).
 pub fn download(
     dir: BorrowedFd<'_>,
     name: &CStr,
     src: &dyn RangedSource,
     limit: Option<&Limiter>,
     progress: Option<&Progress<'_>>,
+    direct: &AtomicU64,
 ) -> io::Result<Downloaded> {
     let t = Tuning {
         chunk: CHUNK,
         sync_every: SYNC_EVERY,
         sync_interval: SYNC_INTERVAL,
     };
-    download_with(dir, name, src, limit, progress, t)
+    download_with(dir, name, src, limit, progress, t, Some(direct))
 }
 
 fn download_with(
@@ -110,6 +113,7 @@ fn download_with(
     limit: Option<&Limiter>,
     moved: Option<&Progress<'_>>,
     t: Tuning,
+    counted: Option<&AtomicU64>,
 ) -> io::Result<Downloaded> {
     let (size, ident) = src.identity()?;
     let Partial {
@@ -120,6 +124,16 @@ fn download_with(
     } = open_partial(dir, name, size, &ident)?;
     let resumed = ranges.total();
     let direct = Direct::open(dir, &pname, fd.as_fd());
+    // Whatever way this returns, what went direct is counted.
+    struct Count<'a>(&'a Direct, Option<&'a AtomicU64>);
+    impl Drop for Count<'_> {
+        fn drop(&mut self) {
+            if let Some(c) = self.1 {
+                c.fetch_add(self.0.bytes.load(Ordering::Relaxed), Ordering::Relaxed);
+            }
+        }
+    }
+    let _count = Count(&direct, counted);
     let mut pieces = Vec::new();
     for (a, b) in ranges.missing(size) {
         let mut at = a;
@@ -181,6 +195,13 @@ fn download_with(
     });
     let (ranges, _, _) = progress.into_inner().expect("progress");
     if let Some(e) = failed.into_inner().expect("failed") {
+        if store::is_no_space(&e) {
+            // It cannot complete here: what it holds would keep the disk
+            // full for nothing. Gone before the error is told (whose
+            // message says what is free then).
+            give_up(dir, &pname, fd.as_fd());
+            return Err(e);
+        }
         if resumable {
             let _ = save(&ranges);
         }
@@ -195,6 +216,24 @@ fn download_with(
         resumed,
         direct: direct.bytes.load(Ordering::Relaxed),
     })
+}
+
+/// Remove the partial `name` in `dir`, open as `fd`, of a transfer that
+/// cannot complete for lack of space: emptied first (its blocks are freed
+/// at once, though other descriptors of it are open), then unlinked if
+/// the name is still that file.
+pub fn give_up(dir: BorrowedFd<'_>, name: &CStr, fd: BorrowedFd<'_>) {
+    let _ = rfs::ftruncate(fd, 0);
+    let same = match (
+        rfs::fstat(fd),
+        rfs::statat(dir, name, rfs::AtFlags::SYMLINK_NOFOLLOW),
+    ) {
+        (Ok(a), Ok(b)) => a.st_dev == b.st_dev && a.st_ino == b.st_ino,
+        _ => false,
+    };
+    if same {
+        let _ = rfs::unlinkat(dir, name, rfs::AtFlags::empty());
+    }
 }
 
 /// The partial of a name, open for writing at offsets.
@@ -572,12 +611,12 @@ mod tests {
         // Bytes before 9.5 chunks arrive; the connection dies there.
         let cut = 9 * T.chunk + T.chunk / 2;
         let src = fake(len, "etag-1", cut);
-        let err = download_with(d.as_fd(), c"big.bin", &src, None, None, T)
+        let err = download_with(d.as_fd(), c"big.bin", &src, None, None, T, None)
             .err()
             .unwrap();
         assert!(err.to_string().contains("connection reset"));
         let src2 = fake(len, "etag-1", u64::MAX);
-        let got = download_with(d.as_fd(), c"big.bin", &src2, None, None, T).unwrap();
+        let got = download_with(d.as_fd(), c"big.bin", &src2, None, None, T, None).unwrap();
         assert_eq!(got.size, len as u64);
         assert_eq!(contents(&got.fd, got.size), src2.data);
         // Resume state is recorded every `sync_every` bytes and on failure:
@@ -598,10 +637,12 @@ mod tests {
         let cut = 6 * T.chunk + 5000 + 3;
         let mut src = fake(len, "etag-1", cut);
         src.piece = 16 << 10;
-        assert!(download_with(d.as_fd(), c"d.bin", &src, None, None, T).is_err());
+        // What went direct before the failure is counted too.
+        let counted = AtomicU64::new(0);
+        assert!(download_with(d.as_fd(), c"d.bin", &src, None, None, T, Some(&counted)).is_err());
         let mut src2 = fake(len, "etag-1", u64::MAX);
         src2.piece = 16 << 10;
-        let got = download_with(d.as_fd(), c"d.bin", &src2, None, None, T).unwrap();
+        let got = download_with(d.as_fd(), c"d.bin", &src2, None, None, T, None).unwrap();
         assert_eq!(got.resumed, cut);
         assert_eq!(contents(&got.fd, got.size), src2.data);
         // Where the filesystem takes O_DIRECT, all but the edges went direct.
@@ -611,6 +652,8 @@ mod tests {
         {
             let fetched = len as u64 - cut;
             assert!(got.direct > 0 && got.direct <= fetched);
+            let before = counted.load(Ordering::Relaxed);
+            assert!(before > 0 && before <= cut, "{before}");
             assert!(fetched - got.direct < 2 * DIRECT_ALIGN as u64);
         }
     }
@@ -651,10 +694,10 @@ mod tests {
         let (_t, d) = dir();
         let len = 3 * T.chunk as usize;
         let src = fake(len, "etag-1", 2 * T.chunk);
-        assert!(download_with(d.as_fd(), c"f", &src, None, None, T).is_err());
+        assert!(download_with(d.as_fd(), c"f", &src, None, None, T, None).is_err());
         let mut src2 = fake(len, "etag-2", u64::MAX);
         src2.data.reverse();
-        let got = download_with(d.as_fd(), c"f", &src2, None, None, T).unwrap();
+        let got = download_with(d.as_fd(), c"f", &src2, None, None, T, None).unwrap();
         assert_eq!(got.resumed, 0);
         assert_eq!(src2.served.load(Ordering::SeqCst), len as u64);
         assert_eq!(contents(&got.fd, got.size), src2.data);

@@ -134,6 +134,11 @@ pub struct LocalWriter {
 }
 
 impl LocalWriter {
+    /// The name of the resumable partial it writes, if it is one.
+    pub fn partial_name(&self) -> Option<&CStr> {
+        self.partial.as_deref()
+    }
+
     fn new(fd: OwnedFd, tmp: Option<TempName>, name: &CStr, meta: &Meta) -> LocalWriter {
         LocalWriter {
             fd,
@@ -646,9 +651,8 @@ impl Store for LocalStore {
     ) -> io::Result<u64> {
         if let (Some(name), Some(r)) = (&w.big, src.ranged()) {
             self.downloads.fetch_add(1, Ordering::Relaxed);
-            let d = download::download(dir.fd(), name, r, limit, src.progress())?;
+            let d = download::download(dir.fd(), name, r, limit, src.progress(), &self.direct)?;
             self.resumed.fetch_add(d.resumed, Ordering::Relaxed);
-            self.direct.fetch_add(d.direct, Ordering::Relaxed);
             w.fd = d.fd;
             w.tmp = None;
             w.partial = Some(d.name);
@@ -962,6 +966,10 @@ impl Store for LocalStore {
 
     fn keep(&self, dir: &LocalDir, name: &CStr, to: &KeepTo<'_>) -> io::Result<()> {
         crate::keep::keep(&self.root, dir.fd.as_fd(), name, to)
+    }
+
+    fn free_space(&self, dir: &LocalDir) -> Option<(u64, u64)> {
+        free_space(dir.fd.as_fd())
     }
 
     fn can_keep(&self, _base: &KeepBase) -> bool {
@@ -1599,4 +1607,10 @@ impl TempName {
 /// A path as bytes (helper for callers turning `Path`s into listing keys).
 pub fn path_bytes(p: &Path) -> &[u8] {
     p.as_os_str().as_bytes()
+}
+
+/// Bytes and inodes free for this user on the filesystem of `fd`.
+pub fn free_space(fd: BorrowedFd<'_>) -> Option<(u64, u64)> {
+    let s = rfs::fstatvfs(fd).ok()?;
+    Some((s.f_bavail.saturating_mul(s.f_frsize), s.f_favail))
 }

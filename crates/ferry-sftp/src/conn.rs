@@ -60,6 +60,10 @@ pub struct Extensions {
     /// `statvfs@openssh.com`: a filesystem's free space (to tell a full
     /// disk from the other causes of `SSH_FX_FAILURE`).
     pub statvfs: bool,
+    /// `home-directory`: a user's home (for `~user`).
+    pub home_directory: bool,
+    /// `expand-path@openssh.com`: `~user` expanded (and resolved).
+    pub expand_path: bool,
 }
 
 /// A live session.
@@ -194,6 +198,51 @@ impl Conn {
             Err(mpsc::TryRecvError::Empty) => None,
             Err(mpsc::TryRecvError::Disconnected) => Some(Err(self.lost())),
         }
+    }
+
+    /// A path the user typed, as the server takes it: a leading `~` is
+    /// the login directory (the home: `~`, `~/rest` are `.`, `rest`, as
+    /// OpenSSH's sftp-server expands them), `~user` that user's home (asked
+    /// with `home-directory`, else `expand-path@openssh.com`). Any other
+    /// path is as typed.
+    pub fn expand<'a>(&self, p: &'a [u8]) -> io::Result<std::borrow::Cow<'a, [u8]>> {
+        use std::borrow::Cow;
+        if p.first() != Some(&b'~') {
+            return Ok(Cow::Borrowed(p));
+        }
+        let end = p.iter().position(|b| *b == b'/').unwrap_or(p.len());
+        let user = &p[1..end];
+        if user.is_empty() {
+            let rest = &p[end..];
+            let rest = &rest[rest.iter().take_while(|b| **b == b'/').count()..];
+            return Ok(Cow::Borrowed(rest));
+        }
+        let name = String::from_utf8_lossy(user);
+        let reply = if self.ext.home_directory {
+            self.call(Req::ext("home-directory").str(user))
+        } else if self.ext.expand_path {
+            self.call(Req::ext("expand-path@openssh.com").str(&p[..end]))
+        } else {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!("~{name}: this SFTP server cannot name another user's home (no home-directory or expand-path@openssh.com): give the path"),
+            ));
+        };
+        let home = reply.and_then(|r| r.name()).map_err(|e| {
+            if e.kind() == io::ErrorKind::NotFound
+                || crate::wire::status_code(&e) == Some(crate::wire::FX_FAILURE)
+            {
+                io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!("~{name}: no such user there"),
+                )
+            } else {
+                e
+            }
+        })?;
+        let mut out = home;
+        out.extend_from_slice(&p[end..]);
+        Ok(Cow::Owned(out))
     }
 
     /// Send a request and wait for its reply.
@@ -848,6 +897,8 @@ fn open(t: &Target) -> Result<Arc<Conn>, String> {
                 b"lsetstat@openssh.com" => ext.lsetstat = true,
                 b"hardlink@openssh.com" => ext.hardlink = true,
                 b"statvfs@openssh.com" => ext.statvfs = true,
+                b"home-directory" => ext.home_directory = true,
+                b"expand-path@openssh.com" => ext.expand_path = true,
                 b"limits@openssh.com" => limits = true,
                 _ => {}
             }

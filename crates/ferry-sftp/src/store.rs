@@ -39,6 +39,12 @@ pub struct SftpStore {
     pub(crate) root: Vec<u8>,
     /// Keep replaced entries by hard links (`hardlink@openssh.com`).
     pub(crate) hardlink: bool,
+    /// Whether the server sets a symlink's own time (`lsetstat@openssh.com`
+    /// offered and honoured: tried once per run on a link to be set).
+    link_times: std::sync::OnceLock<bool>,
+    /// The server offers `lsetstat@openssh.com` but refused it (said once
+    /// at the end of the run).
+    lsetstat_refused: std::sync::atomic::AtomicBool,
 }
 
 /// A directory: its path on the server.
@@ -117,14 +123,33 @@ pub(crate) fn replace_via(conn: &Conn, dir: &[u8], from: &[u8], to: &[u8]) -> io
 impl SftpStore {
     /// The tree at `path` on `target`'s host (connecting, or sharing this
     /// run's session to it). An empty path is the login directory.
+    /// A leading `~` or `~user` is that home ([`Conn::expand`]).
     pub fn open(target: &Target, path: &[u8]) -> Result<SftpStore, String> {
+        SftpStore::connect(target)?.at(path)
+    }
+
+    /// A session with `target`'s host, rooted at the login directory.
+    pub fn connect(target: &Target) -> Result<SftpStore, String> {
         let conn = conn::connect(target)?;
         Ok(SftpStore {
             hardlink: conn.ext.hardlink,
+            link_times: std::sync::OnceLock::new(),
+            lsetstat_refused: std::sync::atomic::AtomicBool::new(false),
             conn: RwLock::new(conn),
             target: target.clone(),
-            root: path.to_vec(),
+            root: Vec::new(),
         })
+    }
+
+    /// The same session rooted at `path` (a leading `~` or `~user` is
+    /// that home: [`Conn::expand`]); `Err`: the one line why not.
+    pub fn at(mut self, path: &[u8]) -> Result<SftpStore, String> {
+        self.root = self
+            .conn()
+            .expand(path)
+            .map_err(|e| format!("{}: {e}", self.target.host))?
+            .into_owned();
+        Ok(self)
     }
 
     /// The session of this run (the current one).
@@ -156,12 +181,14 @@ impl SftpStore {
     }
 
     /// Metadata of `path` (following a final symlink when `follow`),
-    /// `None` when it does not exist.
+    /// `None` when it does not exist. A leading `~` is a home, as in
+    /// [`SftpStore::open`].
     pub fn stat_path(&self, path: &[u8], follow: bool) -> io::Result<Option<Meta>> {
         let t = if follow { w::STAT } else { w::LSTAT };
-        Ok(self
-            .conn()
-            .call(Req::path(t, here(path)))?
+        let conn = self.conn();
+        let path = conn.expand(path)?;
+        Ok(conn
+            .call(Req::path(t, here(&path)))?
             .attrs_if()?
             .map(|a| a.meta()))
     }
@@ -171,28 +198,40 @@ impl SftpStore {
     /// (OpenSSH's sftp-server answers `SSH_FX_FAILURE`, "Failure"), so on
     /// that answer the server's free space is asked (`statvfs@openssh.com`)
     /// and, when less than `need` or no inode is left, the error says so.
-    fn full_disk(&self, dir: &[u8], need: u64, e: io::Error) -> io::Error {
+    pub(crate) fn full_disk(&self, dir: &[u8], need: u64, e: io::Error) -> io::Error {
         let conn = self.conn();
         if !conn.ext.statvfs || w::status_code(&e) != Some(w::FX_FAILURE) {
             return e;
         }
-        let free = || -> io::Result<(u64, u64)> {
-            let reply = conn.call(Req::ext("statvfs@openssh.com").str(here(dir)))?;
-            let mut r = reply.extended()?;
-            let (_bsize, frsize) = (r.u64()?, r.u64()?);
-            let (_blocks, _bfree, bavail) = (r.u64()?, r.u64()?, r.u64()?);
-            let (_files, _ffree, favail) = (r.u64()?, r.u64()?, r.u64()?);
-            Ok((bavail.saturating_mul(frsize), favail))
-        };
-        match free() {
-            Ok((bytes, inodes)) if bytes < need.max(1) || inodes == 0 => io::Error::new(
-                io::ErrorKind::StorageFull,
-                format!(
+        match self.statvfs(dir) {
+            // Within 1 MiB of what it needs: the temporaries of the other
+            // files that failed at the same time are gone by now, so the
+            // space seen free may be a little more than the file needed.
+            Ok((bytes, inodes)) if bytes < need.saturating_add(1 << 20) || inodes == 0 => {
+                io::Error::new(
+                    io::ErrorKind::StorageFull,
+                    format!(
                     "No space left on device ({e}; {bytes} bytes and {inodes} inodes free there)"
                 ),
-            ),
+                )
+            }
             _ => e,
         }
+    }
+
+    /// Bytes and inodes free for this user on the filesystem of `dir`
+    /// (`statvfs@openssh.com`).
+    fn statvfs(&self, dir: &[u8]) -> io::Result<(u64, u64)> {
+        let conn = self.conn();
+        if !conn.ext.statvfs {
+            return Err(io::ErrorKind::Unsupported.into());
+        }
+        let reply = conn.call(Req::ext("statvfs@openssh.com").str(here(dir)))?;
+        let mut r = reply.extended()?;
+        let (_bsize, frsize) = (r.u64()?, r.u64()?);
+        let (_blocks, _bfree, bavail) = (r.u64()?, r.u64()?, r.u64()?);
+        let (_files, _ffree, favail) = (r.u64()?, r.u64()?, r.u64()?);
+        Ok((bavail.saturating_mul(frsize), favail))
     }
 
     pub(crate) fn ok(&self, req: Req) -> io::Result<()> {
@@ -312,6 +351,24 @@ impl SftpStore {
         Ok(n + 1)
     }
 
+    /// `lsetstat@openssh.com` of symlink `path`: the time of `set` (a
+    /// link's mode is its own on Linux, never set). A refusal (an answer,
+    /// not a lost session) is noted and the link's time left as made.
+    fn lsetstat(&self, path: &[u8], set: &Set) -> io::Result<()> {
+        let times = Set {
+            mode: None,
+            owner: None,
+            ..*set
+        };
+        match self.ok(Req::ext("lsetstat@openssh.com").str(path).attrs(&times)) {
+            Err(e) if w::status_code(&e).is_some() => {
+                self.lsetstat_refused.store(true, Ordering::Relaxed);
+                Ok(())
+            }
+            r => r,
+        }
+    }
+
     /// `RMDIR`, its failure told apart: SFTP says only "failure" for a
     /// directory that is not empty.
     fn rmdir_path(&self, path: &[u8]) -> io::Result<()> {
@@ -334,10 +391,13 @@ impl SftpStore {
     /// a symlink's time is left as made where the server cannot).
     pub(crate) fn set_path(&self, path: &[u8], kind: Kind, set: &Set) -> io::Result<()> {
         if kind == Kind::Symlink {
-            if !self.conn().ext.lsetstat || set.mtime.is_none() {
+            if set.mtime.is_none()
+                || !self.conn().ext.lsetstat
+                || self.lsetstat_refused.load(Ordering::Relaxed)
+            {
                 return Ok(());
             }
-            return self.ok(Req::ext("lsetstat@openssh.com").str(path).attrs(set));
+            return self.lsetstat(path, set);
         }
         self.ok(Req::path(w::SETSTAT, path).attrs(set))
     }
@@ -637,8 +697,39 @@ impl Store for SftpStore {
         crate::write::notes(role)
     }
 
+    fn warnings(&self, _role: &str) -> Vec<String> {
+        if !self.lsetstat_refused.load(Ordering::Relaxed) {
+            return Vec::new();
+        }
+        vec![format!(
+            "note: {}: the SFTP server offers lsetstat@openssh.com but refused it: symlinks there keep the time they were made",
+            self.conn().host
+        )]
+    }
+
+    fn sets_symlink_times(&self, dir: &SftpDir, name: &CStr, now: &Meta) -> bool {
+        // Tried once per run, on this link, to its time as listed (no
+        // change): a server may offer lsetstat@openssh.com and refuse it.
+        *self.link_times.get_or_init(|| {
+            if !self.conn().ext.lsetstat {
+                return false;
+            }
+            let set = Set {
+                mode: None,
+                mtime: Some(secs(now)),
+                owner: None,
+            };
+            let _ = self.lsetstat(&join(&dir.path, name.to_bytes()), &set);
+            !self.lsetstat_refused.load(Ordering::Relaxed)
+        })
+    }
+
     fn keep(&self, dir: &SftpDir, name: &CStr, to: &KeepTo<'_>) -> io::Result<()> {
         self.keep_entry(dir, name, to)
+    }
+
+    fn free_space(&self, dir: &SftpDir) -> Option<(u64, u64)> {
+        self.statvfs(&dir.path).ok()
     }
 
     fn can_keep(&self, _base: &KeepBase) -> bool {

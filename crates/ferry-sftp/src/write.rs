@@ -86,6 +86,93 @@ pub(crate) struct FlightParts {
 /// Big uploads resumed, and the bytes they did not send again, for `-v`.
 static RESUMED: AtomicU64 = AtomicU64::new(0);
 static RESUMED_BYTES: AtomicU64 = AtomicU64::new(0);
+/// Bytes of resumed uploads that differed from the source when checked at
+/// the end (a source changed in place keeping its size and mtime), sent
+/// again.
+static RESENT_BYTES: AtomicU64 = AtomicU64::new(0);
+
+/// READs in flight when a resumed upload is checked.
+const CHECK_AHEAD: usize = 32;
+
+/// After a resumed upload, the check of the whole file: the ranges an
+/// earlier run sent (`resumed`) are read back from the partial `part`
+/// and compared with the source `fd`; every piece that differs (the
+/// source changed in place keeping its size and mtime, which name it in
+/// the record) is written again through `h0`. The bytes written again.
+fn check_resumed(
+    conn: &Conn,
+    part: &[u8],
+    h0: &[u8],
+    fd: BorrowedFd<'_>,
+    resumed: &RangeSet,
+) -> io::Result<u64> {
+    let h = open_read_if(conn, part)?.ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
+    let chunk = u64::from(conn.chunk);
+    let mut pieces = Vec::new();
+    for (a, b) in resumed.ranges() {
+        let mut at = a;
+        while at < b {
+            let end = (at + chunk).min(b);
+            pieces.push((at, end));
+            at = end;
+        }
+    }
+    let mut next = 0;
+    let mut inflight: VecDeque<((u64, u64), Rx)> = VecDeque::new();
+    let mut differ = Vec::new();
+    let mut mine = vec![0u8; chunk as usize];
+    let res = (|| -> io::Result<()> {
+        loop {
+            while inflight.len() < CHECK_AHEAD && next < pieces.len() {
+                let (a, b) = pieces[next];
+                let req = Req::path(w::READ, &h).u64(a).u32((b - a) as u32);
+                inflight.push_back(((a, b), conn.start(req)?));
+                next += 1;
+            }
+            let Some(((a, b), rx)) = inflight.pop_front() else {
+                return Ok(());
+            };
+            let r = conn.wait(&rx)?;
+            let theirs = match r.data()? {
+                Some((x, y)) => &r.body[x..y],
+                None => &[][..],
+            };
+            let n = (b - a) as usize;
+            let mut got = 0;
+            while got < n {
+                match rustix::io::pread(fd, &mut mine[got..n], a + got as u64) {
+                    Ok(0) => break,
+                    Ok(k) => got += k,
+                    Err(rustix::io::Errno::INTR) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            if theirs != &mine[..got] || got < n {
+                differ.push((a, b));
+            }
+        }
+    })();
+    let _ = drain(conn, &mut inflight.drain(..).map(|(_, rx)| rx).collect());
+    conn.send(Req::path(w::CLOSE, &h));
+    res?;
+    let mut acks = VecDeque::new();
+    let mut again = 0u64;
+    for (a, b) in differ {
+        let (req, n) = write_from_fd(h0, fd, a, (b - a) as usize)?;
+        if n as u64 != b - a {
+            return Err(changed());
+        }
+        acks.push_back(conn.start(req)?);
+        again += n as u64;
+        if acks.len() >= WRITE_AHEAD {
+            let rx = acks.pop_front().expect("in flight");
+            conn.wait(&rx)?.ok()?;
+        }
+    }
+    drain(conn, &mut acks)?;
+    RESENT_BYTES.fetch_add(again, Ordering::Relaxed);
+    Ok(again)
+}
 
 /// The `OPEN` for writing of `path` (created private).
 pub(crate) fn open_req(path: &[u8], flags: u32) -> Req {
@@ -268,7 +355,15 @@ impl Ranged<'_> {
         loop {
             let Some((rx, step)) = t.sync.take() else {
                 let left = self.size - t.done.total();
-                if t.since < SYNC_EVERY || t.last.elapsed() < SYNC_INTERVAL || left < SYNC_EVERY / 2
+                // The first record goes as soon as a range is done (its
+                // fsync then has little to write back): a push killed a
+                // moment later resumes from it. The next ones every
+                // SYNC_EVERY and SYNC_INTERVAL.
+                let first = t.rec.is_none() && t.since >= RANGE && left >= RANGE;
+                if !first
+                    && (t.since < SYNC_EVERY
+                        || t.last.elapsed() < SYNC_INTERVAL
+                        || left < SYNC_EVERY / 2)
                 {
                     return Ok(());
                 }
@@ -560,6 +655,7 @@ impl SftpWriter {
         self.handle = Some(h0.clone());
         self.record = Some(record.clone());
         let done = had.unwrap_or_default();
+        let resumed = done.clone();
         if done.total() > 0 {
             RESUMED.fetch_add(1, Ordering::Relaxed);
             RESUMED_BYTES.fetch_add(done.total(), Ordering::Relaxed);
@@ -618,6 +714,16 @@ impl SftpWriter {
             v
         });
         if let Some(e) = results.into_iter().find_map(Result::err) {
+            let e = s.full_disk(&self.dir, size, e);
+            if ferry_engine::store::is_no_space(&e) {
+                // It cannot complete there: what it holds would keep the
+                // disk full for nothing. The record goes now, the partial
+                // with the abort that follows (its handle closed first).
+                run.close();
+                let _ = conn.call(Req::path(w::REMOVE, &record));
+                self.record = None;
+                return Err(e);
+            }
             // Kept for the next run: the record written last says what
             // of it is sure.
             run.keep();
@@ -625,6 +731,9 @@ impl SftpWriter {
             return Err(e);
         }
         run.close();
+        if resumed.total() > 0 {
+            check_resumed(conn, &part, &h0, fd, &resumed)?;
+        }
         Ok(size)
     }
 
@@ -770,8 +879,9 @@ pub(crate) fn notes(role: &str) -> Vec<String> {
     if n == 0 {
         return Vec::new();
     }
+    let again = RESENT_BYTES.load(Ordering::Relaxed);
     vec![format!(
-        "{role}: {n} upload(s) resumed, {} bytes not sent again",
+        "{role}: {n} upload(s) resumed, {} bytes not sent again, {again} bytes sent again (checked at the end: they differed from the source)",
         RESUMED_BYTES.load(Ordering::Relaxed)
     )]
 }

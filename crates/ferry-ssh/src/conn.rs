@@ -895,7 +895,7 @@ const NO_FERRY: &str = "no ferry on the remote";
 pub fn is_ssh_failure(why: &str) -> bool {
     [
         ": host key verification failed:",
-        ": authentication failed (",
+        ": authentication failed:",
         ": host unreachable (",
         ": ssh failed: ",
         "(the -e/FERRY_RSH command)",
@@ -926,11 +926,22 @@ pub fn classify(t: &Target, code: Option<i32>, tail: &[String]) -> String {
         .map(|l| l.trim().to_string())
         .unwrap_or_default();
     let has = |s: &str| all.contains(s);
-    if has("REMOTE HOST IDENTIFICATION HAS CHANGED") || has("Host key verification failed") {
-        return format!("{h}: host key verification failed: the host's key is not the one known_hosts has for it (ssh: {last})");
+    if has("REMOTE HOST IDENTIFICATION HAS CHANGED") || has("has changed and you have requested") {
+        // ssh names the command that forgets the old key.
+        let forget = tail
+            .iter()
+            .find(|l| l.contains("ssh-keygen") && l.contains(" -R "))
+            .map_or_else(
+                || "ssh-keygen -R HOST".to_string(),
+                |l| l.trim().to_string(),
+            );
+        return format!("{h}: host key verification failed: the host's key changed: it is not the one known_hosts has for it (a reinstalled host, or someone in between); if the change is expected, forget the old key ({forget}) and connect once with ssh to check and accept the new one");
+    }
+    if has("host key is known for") || has("Host key verification failed") {
+        return format!("{h}: host key verification failed: known_hosts has no key for this host (never connected): connect once with ssh to check and accept its key, then run ferry again (ssh: {last})");
     }
     if has("Permission denied") || has("Too many authentication failures") {
-        return format!("{h}: authentication failed (ssh: {last})");
+        return format!("{h}: authentication failed: the host refused every key or password ssh offered: check the user name, and that your key is in the host's authorized_keys (ssh-copy-id) or loaded in your agent (ssh: {last})");
     }
     for s in [
         "Could not resolve hostname",
@@ -1067,6 +1078,31 @@ mod tests {
         .contains("host unreachable"));
         assert!(c(255, "u@h: Permission denied (publickey).").contains("authentication failed"));
         assert!(c(255, "Host key verification failed.").contains("host key verification failed"));
+        // Unknown, changed, refused: each says what happened and what to do.
+        let tl = |lines: &[&str]| {
+            let v: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
+            classify(&t, Some(255), &v)
+        };
+        let unknown = tl(&[
+            "No ED25519 host key is known for [127.0.0.1]:2222 and you have requested strict checking.",
+            "Host key verification failed.",
+        ]);
+        assert!(
+            unknown.contains("known_hosts has no key for this host"),
+            "{unknown}"
+        );
+        assert!(!unknown.contains("not the one"), "{unknown}");
+        let changed = tl(&[
+            "@    WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED!     @",
+            "  ssh-keygen -f \"/k\" -R \"[127.0.0.1]:2222\"",
+            "Host key for [127.0.0.1]:2222 has changed and you have requested strict checking.",
+            "Host key verification failed.",
+        ]);
+        assert!(changed.contains("key changed"), "{changed}");
+        assert!(changed.contains("ssh-keygen -f \"/k\" -R"), "{changed}");
+        assert!(is_ssh_failure(&unknown) && is_ssh_failure(&changed));
+        let refused = c(255, "u@h: Permission denied (publickey).");
+        assert!(refused.contains("authorized_keys"), "{refused}");
         assert!(c(127, "bash: line 1: ferry: command not found").contains("no ferry on the remote"));
         assert!(c(1, "boom").contains("exited with status 1"));
         // What ssh failed at is told apart from what the remote could not run.

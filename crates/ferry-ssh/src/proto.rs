@@ -24,7 +24,7 @@ use ferry_engine::xattr::{XattrSel, Xattrs};
 use serde::{Deserialize, Serialize};
 
 /// The protocol version both ends must speak.
-pub const PROTOCOL: u32 = 11;
+pub const PROTOCOL: u32 = 12;
 /// The hello's first bytes.
 const MAGIC: &[u8; 12] = b"FERRY-SERVE\n";
 /// Largest frame accepted (a whole small file, a big directory's listing).
@@ -813,6 +813,9 @@ pub enum Req<'a> {
     /// The client only reads (`ferry ls`, `ferry versions`, a dry run):
     /// rollback records are never acted on nor removed (no reply).
     ReadOnly,
+    /// Bytes and inodes free on the filesystem of directory `dir` (for
+    /// the message of a full disk): [`Resp::Space`].
+    Space { dir: u64 },
 }
 
 /// An error on the wire: the OS error number when there is one, else the
@@ -824,7 +827,7 @@ pub struct WireErr {
     msg: String,
 }
 
-const KINDS: [io::ErrorKind; 10] = [
+const KINDS: [io::ErrorKind; 11] = [
     io::ErrorKind::Other,
     io::ErrorKind::NotFound,
     io::ErrorKind::PermissionDenied,
@@ -835,6 +838,7 @@ const KINDS: [io::ErrorKind; 10] = [
     io::ErrorKind::DirectoryNotEmpty,
     io::ErrorKind::UnexpectedEof,
     io::ErrorKind::NotADirectory,
+    io::ErrorKind::StorageFull,
 ];
 
 /// The `kind` of [`ferry_engine::store::changed`]: an act the server did
@@ -949,6 +953,8 @@ pub enum Resp<'a> {
         list: &'a [u8],
         root: [u8; 32],
     },
+    /// Bytes and inodes free ([`Req::Space`]).
+    Space { bytes: u64, inodes: u64 },
 }
 
 /// A change in a watched tree ([`ferry_watch::Change`] without its side),

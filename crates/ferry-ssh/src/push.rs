@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 
 use ferry_engine::bwlimit::Limiter;
 use ferry_engine::entry::Meta;
-use ferry_engine::store::Progress;
+use ferry_engine::store::{is_no_space, Progress};
 use ferry_local::range::RangeSet;
 
 use crate::conn::{unexpected, Conn};
@@ -89,6 +89,7 @@ pub(crate) fn push(
         set.insert(a.min(size), b.min(size));
     }
     let resumed = set.total();
+    let earlier = set.clone();
     let mut pieces = Vec::new();
     for (a, b) in set.missing(size) {
         let mut at = a;
@@ -116,7 +117,7 @@ pub(crate) fn push(
                 let h = if own {
                     let h = c.handle();
                     if let Err(e) = c.send(&Req::PartAttach { path, file: h }) {
-                        failed.lock().unwrap().get_or_insert(e);
+                        fail(failed, e);
                         return;
                     }
                     h
@@ -149,15 +150,157 @@ pub(crate) fn push(
                     false => Ok(()),
                 };
                 if let Err(e) = r.and(closed) {
-                    failed.lock().unwrap().get_or_insert(e);
+                    fail(failed, e);
                 }
             });
         }
     });
     if let Some(e) = failed.into_inner().unwrap() {
+        if !is_no_space(&e) {
+            // The partial's own connection may have met a full disk that
+            // the others only saw as the partial gone: that is the cause.
+            let own = conn
+                .call(&Req::PartSync {
+                    file,
+                    flush: false,
+                    close: false,
+                })
+                .and_then(|b| b.get().map(|_| ()));
+            if let Err(full) = own {
+                if is_no_space(&full) {
+                    return Err(full);
+                }
+            }
+        }
         return Err(e);
     }
+    if resumed > 0 {
+        let again = check_resumed(conn, &path, file, fd, &earlier)?;
+        RESENT.fetch_add(again, Ordering::Relaxed);
+    }
     Ok((size - resumed, resumed))
+}
+
+/// Bytes of resumed pushes sent again: they differed from the source
+/// when checked at the end.
+pub(crate) static RESENT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Reads of a resumed partial in flight when it is checked.
+const CHECK_AHEAD: usize = 16;
+
+/// After a resumed push, the check of the whole file: the ranges an
+/// earlier run sent (`earlier`) are read back from the partial at `path`
+/// and compared with the source `fd`; every piece that differs (the
+/// source changed in place keeping its size, mtime and inode, which name
+/// it in the record) is written again through `file` and flushed. The
+/// bytes written again.
+fn check_resumed(
+    conn: &Arc<Conn>,
+    path: &[u8],
+    file: u64,
+    fd: BorrowedFd<'_>,
+    earlier: &RangeSet,
+) -> io::Result<u64> {
+    let h = conn.handle();
+    match conn.call(&Req::OpenPath { path, file: h })?.get()? {
+        Resp::Opened { .. } => {}
+        r => return Err(unexpected(&r)),
+    }
+    let mut pieces = Vec::new();
+    for (a, b) in earlier.ranges() {
+        let mut at = a;
+        while at < b {
+            let end = (at + CHUNK as u64).min(b);
+            pieces.push((at, end));
+            at = end;
+        }
+    }
+    let (mut theirs, mut mine) = (vec![0u8; CHUNK], vec![0u8; CHUNK]);
+    let mut differ = Vec::new();
+    let mut ahead = std::collections::VecDeque::new();
+    let mut next = 0;
+    let res = (|| -> io::Result<()> {
+        loop {
+            while ahead.len() < CHECK_AHEAD && next < pieces.len() {
+                let (a, b) = pieces[next];
+                let rx = conn.start(&Req::Read {
+                    file: h,
+                    offset: a,
+                    len: (b - a) as u32,
+                })?;
+                ahead.push_back(((a, b), rx));
+                next += 1;
+            }
+            let Some(((a, b), rx)) = ahead.pop_front() else {
+                return Ok(());
+            };
+            let body = conn.wait(&rx)?;
+            let got = match body.get()? {
+                Resp::Data { data, zeros, .. } => crate::store::expand(data, &zeros, &mut theirs),
+                r => return Err(unexpected(&r)),
+            };
+            let n = (b - a) as usize;
+            let mut had = 0;
+            while had < n {
+                match rustix::io::pread(fd, &mut mine[had..n], a + had as u64) {
+                    Ok(0) => break,
+                    Ok(k) => had += k,
+                    Err(rustix::io::Errno::INTR) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            if had < n {
+                return Err(shrank());
+            }
+            if got != n || theirs[..n] != mine[..n] {
+                differ.push((a, b));
+            }
+        }
+    })();
+    for (_, rx) in ahead {
+        let _ = conn.wait(&rx);
+    }
+    let _ = conn.send(&Req::Close { handle: h });
+    res?;
+    let mut again = 0;
+    for (a, b) in differ {
+        let n = (b - a) as usize;
+        let mut had = 0;
+        while had < n {
+            match rustix::io::pread(fd, &mut mine[had..n], a + had as u64) {
+                Ok(0) => return Err(shrank()),
+                Ok(k) => had += k,
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        conn.send(&Req::WriteAt {
+            file,
+            offset: a,
+            data: &mine[..n],
+        })?;
+        again += n as u64;
+    }
+    if again > 0 {
+        conn.call(&Req::PartSync {
+            file,
+            flush: false,
+            close: false,
+        })?
+        .get()?;
+    }
+    Ok(again)
+}
+
+/// Keep `e` as why the push failed: the first error, unless a full disk
+/// comes later (the partial is then removed there, and the other
+/// connections' errors, a partial gone, follow from it).
+fn fail(failed: &Mutex<Option<io::Error>>, e: io::Error) {
+    let mut f = failed.lock().unwrap();
+    match &*f {
+        Some(old) if !is_no_space(&e) || is_no_space(old) => {}
+        _ => *f = Some(e),
+    }
 }
 
 /// One connection's share: the next pieces, read from `fd` and sent as

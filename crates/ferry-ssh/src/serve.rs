@@ -34,6 +34,83 @@ use crate::proto::{
 
 mod delta;
 
+/// A path the client sent, as this machine names it: a leading `~` is the
+/// home of this user (`~`, `~/rest`), `~user` that user's (`~user/rest`),
+/// as a shell, rsync and scp take it; an empty path is the working
+/// directory (the home under ssh). Any other path is as sent.
+pub fn local_path(p: &[u8]) -> io::Result<std::borrow::Cow<'_, [u8]>> {
+    use std::borrow::Cow;
+    if p.is_empty() {
+        return Ok(Cow::Borrowed(b"."));
+    }
+    if p[0] != b'~' {
+        return Ok(Cow::Borrowed(p));
+    }
+    let end = p.iter().position(|b| *b == b'/').unwrap_or(p.len());
+    let home = home_of(&p[1..end])?;
+    let mut out = home;
+    out.extend_from_slice(&p[end..]);
+    Ok(Cow::Owned(out))
+}
+
+/// The home directory of `user` (this process's user when empty), as the
+/// password database has it (NSS: also users of a directory service).
+#[allow(unsafe_code)]
+fn home_of(user: &[u8]) -> io::Result<Vec<u8>> {
+    use std::os::unix::ffi::OsStringExt;
+    let name = String::from_utf8_lossy(user);
+    let unknown = || {
+        io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("~{name}: no such user on this host"),
+        )
+    };
+    let cname = CString::new(user).map_err(|_| unknown())?;
+    let mut buf = vec![0u8; 4096];
+    loop {
+        // SAFETY: every pointer is to a live local of the size given; the
+        // result points into `pw` and `buf`, read before they go.
+        let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
+        let mut res: *mut libc::passwd = std::ptr::null_mut();
+        let rc = unsafe {
+            if user.is_empty() {
+                libc::getpwuid_r(
+                    libc::geteuid(),
+                    &mut pw,
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                    &mut res,
+                )
+            } else {
+                libc::getpwnam_r(
+                    cname.as_ptr(),
+                    &mut pw,
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                    &mut res,
+                )
+            }
+        };
+        if rc == libc::ERANGE && buf.len() < 1 << 20 {
+            buf.resize(buf.len() * 4, 0);
+            continue;
+        }
+        if rc != 0 {
+            return Err(io::Error::from_raw_os_error(rc));
+        }
+        if res.is_null() || pw.pw_dir.is_null() {
+            if user.is_empty() {
+                // No entry for this user: the home ssh started in.
+                return std::env::current_dir().map(|d| d.into_os_string().into_vec());
+            }
+            return Err(unknown());
+        }
+        // SAFETY: a NUL-terminated string in `buf`.
+        let dir = unsafe { std::ffi::CStr::from_ptr(pw.pw_dir) };
+        return Ok(dir.to_bytes().to_vec());
+    }
+}
+
 /// Workers carrying out requests at once.
 const WORKERS: usize = 16;
 /// Requests queued for the disk thread at most (chunks of big files).
@@ -51,8 +128,8 @@ enum Writing {
     /// client leaves it, with its record, for a rerun.
     Part(Arc<LocalDir>, LocalWriter, u64, String, Direct),
     /// Another connection's partial, written here at offsets
-    /// ([`Req::PartAttach`]), and its `O_DIRECT` descriptor.
-    Attached(OwnedFd, Direct),
+    /// ([`Req::PartAttach`]), its `O_DIRECT` descriptor and its path.
+    Attached(OwnedFd, Direct, Vec<u8>),
     Failed(io::Error),
 }
 
@@ -60,7 +137,7 @@ impl Writing {
     fn fd(&self) -> Option<BorrowedFd<'_>> {
         match self {
             Writing::Open(_, w) | Writing::Part(_, w, ..) => Some(w.fd()),
-            Writing::Attached(fd, _) => Some(fd.as_fd()),
+            Writing::Attached(fd, ..) => Some(fd.as_fd()),
             Writing::Failed(_) => None,
         }
     }
@@ -70,6 +147,46 @@ impl Writing {
         if let Writing::Open(d, w) = self {
             store.abort(&d, w);
         }
+    }
+
+    /// Let go of it after a failure: as [`Writing::discard`], except that
+    /// a partial met by a full disk (`full`), which cannot complete, is
+    /// emptied and removed (it would keep the disk full for nothing; every
+    /// connection writing it then fails too).
+    fn fail(self, store: &LocalStore, full: bool) {
+        if full {
+            match &self {
+                Writing::Part(d, w, ..) => {
+                    if let Some(name) = w.partial_name() {
+                        ferry_local::download::give_up(d.fd(), name, w.fd());
+                    }
+                }
+                Writing::Attached(fd, _, path) => {
+                    let p = Path::new(OsStr::from_bytes(path));
+                    if let (Some(dir), Some(name)) = (p.parent(), p.file_name()) {
+                        let dir = if dir.as_os_str().is_empty() {
+                            Path::new(".")
+                        } else {
+                            dir
+                        };
+                        if let (Ok(dfd), Ok(name)) = (
+                            rustix::fs::open(
+                                dir,
+                                rustix::fs::OFlags::RDONLY
+                                    | rustix::fs::OFlags::DIRECTORY
+                                    | rustix::fs::OFlags::CLOEXEC,
+                                rustix::fs::Mode::empty(),
+                            ),
+                            CString::new(name.as_bytes()),
+                        ) {
+                            ferry_local::download::give_up(dfd.as_fd(), &name, fd.as_fd());
+                        }
+                    }
+                }
+                Writing::Open(..) | Writing::Failed(_) => {}
+            }
+        }
+        self.discard(store);
     }
 }
 
@@ -458,8 +575,15 @@ fn write_files(st: &State, rx: &Receiver<Job>) {
                 let _ = st.out.lock().unwrap().send(f.into());
             }
             Req::PartAttach { path, file } => {
+                let path = match local_path(path) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        st.writers.lock().unwrap().insert(file, Writing::Failed(e));
+                        continue;
+                    }
+                };
                 let w = rustix::fs::open(
-                    OsStr::from_bytes(path),
+                    OsStr::from_bytes(&path),
                     rustix::fs::OFlags::WRONLY
                         | rustix::fs::OFlags::NOFOLLOW
                         | rustix::fs::OFlags::CLOEXEC,
@@ -469,7 +593,7 @@ fn write_files(st: &State, rx: &Receiver<Job>) {
                     |e| Writing::Failed(e.into()),
                     |fd| {
                         let direct = Direct::reopen(fd.as_fd());
-                        Writing::Attached(fd, direct)
+                        Writing::Attached(fd, direct, path.to_vec())
                     },
                 );
                 st.writers.lock().unwrap().insert(file, w);
@@ -478,7 +602,10 @@ fn write_files(st: &State, rx: &Receiver<Job>) {
                 let r = {
                     let mut ws = st.writers.lock().unwrap();
                     let r = match ws.get(&file) {
-                        Some(Writing::Failed(e)) => Err(io::Error::new(e.kind(), e.to_string())),
+                        Some(Writing::Failed(e)) => Err(match e.raw_os_error() {
+                            Some(n) => io::Error::from_raw_os_error(n),
+                            None => io::Error::new(e.kind(), e.to_string()),
+                        }),
                         Some(w) => match (flush, w.fd()) {
                             (true, Some(fd)) => rustix::fs::fdatasync(fd).map_err(io::Error::from),
                             _ => Ok(()),
@@ -553,13 +680,14 @@ fn write_at(st: &State, file: u64, data: &[u8], offset: u64, aligned: bool) {
     };
     let r = match ws.get(&file) {
         Some(Writing::Part(_, w, _, _, d)) => direct(d, w.fd()),
-        Some(Writing::Attached(fd, d)) => direct(d, fd.as_fd()),
+        Some(Writing::Attached(fd, d, _)) => direct(d, fd.as_fd()),
         Some(Writing::Open(_, w)) => pwrite_all(w.fd(), data, offset),
         Some(Writing::Failed(_)) | None => return,
     };
     if let Err(e) = r {
+        let full = ferry_engine::store::is_no_space(&e);
         if let Some(w) = ws.insert(file, Writing::Failed(e)) {
-            w.discard(&st.store);
+            w.fail(&st.store, full);
         }
     }
 }
@@ -572,8 +700,9 @@ fn on_writer(st: &State, file: u64, f: impl FnOnce(BorrowedFd<'_>) -> io::Result
         return;
     };
     if let Err(e) = f(fd) {
+        let full = ferry_engine::store::is_no_space(&e);
         if let Some(w) = ws.insert(file, Writing::Failed(e)) {
-            w.discard(&st.store);
+            w.fail(&st.store, full);
         }
     }
 }
@@ -708,7 +837,7 @@ fn answer_io(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> io::Re
     let ok = |r: io::Result<()>| r.map(|()| proto::frame(id, &Resp::Ok));
     match req {
         Req::Root { path, dir, create } => {
-            let p = if path.is_empty() { b"." } else { path };
+            let p = &*local_path(path)?;
             let at = LocalStore::new(Path::new(OsStr::from_bytes(p)), 1);
             let opened = if create {
                 let d = at.create_root()?;
@@ -723,8 +852,13 @@ fn answer_io(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> io::Re
             });
             Ok(proto::frame(id, &Resp::Meta(meta)))
         }
+        Req::Space { dir } => {
+            let (bytes, inodes) = ferry_local::local::free_space(dir_of(st, dir)?.fd())
+                .ok_or_else(|| io::Error::other("statvfs failed"))?;
+            Ok(proto::frame(id, &Resp::Space { bytes, inodes }))
+        }
         Req::StatPath { path, follow } => {
-            let p = if path.is_empty() { b"." } else { path };
+            let p = &*local_path(path)?;
             let m = match ferry_local::stat_path(Path::new(OsStr::from_bytes(p)), follow) {
                 Ok(m) => Some(M(m)),
                 Err(e) if e.kind() == io::ErrorKind::NotFound => None,
@@ -802,6 +936,7 @@ fn answer_io(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> io::Re
             ))
         }
         Req::OpenPath { path, file } => {
+            let path = &*local_path(path)?;
             let p = Path::new(OsStr::from_bytes(path));
             let (dir, name) = match (p.parent(), p.file_name()) {
                 (Some(d), Some(n)) => (
@@ -1046,9 +1181,9 @@ fn answer_io(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> io::Re
         } => {
             // The local store's keep (hard link, rename, copy), for the
             // tree at `root` as the client opened it.
-            let root = if root.is_empty() { b"." } else { root };
+            let root = &*local_path(root)?;
             let base = if abs {
-                KeepBase::Abs(base.to_vec())
+                KeepBase::Abs(local_path(base)?.into_owned())
             } else {
                 KeepBase::Root(base.to_vec())
             };

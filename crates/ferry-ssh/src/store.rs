@@ -285,7 +285,7 @@ fn placed(data: &[u8], at: u64) -> bool {
 
 /// Put the content of a [`Resp::Data`] into `out`: `data` with the runs
 /// of `zeros` put in; returns its length.
-fn expand(data: &[u8], zeros: &[(u32, u32)], out: &mut [u8]) -> usize {
+pub(crate) fn expand(data: &[u8], zeros: &[(u32, u32)], out: &mut [u8]) -> usize {
     let (mut o, mut d) = (0usize, 0usize);
     for &(at, len) in zeros {
         let k = at as usize - o;
@@ -1178,8 +1178,9 @@ impl Store for SshStore {
         if n == 0 {
             return Vec::new();
         }
+        let again = crate::push::RESENT.load(Ordering::Relaxed);
         vec![format!(
-            "ssh {role}: {n} big files pushed in ranges over up to {} connections: {sent} bytes sent, {resumed} bytes of interrupted pushes reused",
+            "ssh {role}: {n} big files pushed in ranges over up to {} connections: {sent} bytes sent, {resumed} bytes of interrupted pushes reused, {again} bytes sent again (checked at the end: they differed from the source)",
             self.conn().width()
         )]
     }
@@ -1221,6 +1222,19 @@ impl Store for SshStore {
             replacing: to.replacing,
             planned: to.planned.as_ref().map(P::from),
         })
+    }
+
+    fn free_space(&self, dir: &SshDir) -> Option<(u64, u64)> {
+        match dir
+            .conn
+            .call(&Req::Space { dir: dir.id })
+            .ok()?
+            .get()
+            .ok()?
+        {
+            Resp::Space { bytes, inodes } => Some((bytes, inodes)),
+            _ => None,
+        }
     }
 
     fn can_keep(&self, _base: &KeepBase) -> bool {

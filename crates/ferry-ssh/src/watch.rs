@@ -49,7 +49,8 @@ impl Drop for Watching {
 /// The absolute path of the tree at `path` (relative: to the working
 /// directory, the home under ssh), symlinks resolved when it is there.
 fn root_of(path: &[u8]) -> PathBuf {
-    let p = Path::new(OsStr::from_bytes(if path.is_empty() { b"." } else { path }));
+    let path = crate::serve::local_path(path).unwrap_or(std::borrow::Cow::Borrowed(path));
+    let p = Path::new(OsStr::from_bytes(&path));
     std::fs::canonicalize(p).unwrap_or_else(|_| match std::env::current_dir() {
         Ok(d) => d.join(p),
         Err(_) => p.to_path_buf(),

@@ -27,6 +27,7 @@ use args::{BisyncArgs, Cli, Command, Job, LsArgs, SyncArgs};
 use output::{cause, CliReporter, Progress, Unreachable};
 
 fn main() -> ExitCode {
+    started();
     let cli = match <Cli as clap::Parser>::try_parse() {
         Ok(c) => c,
         Err(e) => {
@@ -36,7 +37,7 @@ fn main() -> ExitCode {
         }
     };
     raise_fd_limit();
-    let start = Instant::now();
+    let start = started();
     // (dry run, bisync) of a run whose refusal gets a JSON summary.
     let json = match &cli.command {
         Command::Copy(a) | Command::Sync(a) => a.out.json.then_some((a.dry_run, false)),
@@ -97,6 +98,12 @@ fn main() -> ExitCode {
     }
 }
 
+/// When this command started (the first call: the start of `main`).
+fn started() -> Instant {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    *START.get_or_init(Instant::now)
+}
+
 /// Run copy or sync; `Err` is a usage or configuration error (exit 2).
 fn run_sync(a: SyncArgs, mode: ferry_engine::Mode) -> Result<u8, String> {
     let job = remote::resolve(&a.src, &a.dst, a.tx.s3_endpoint.as_deref(), a.force)?;
@@ -139,7 +146,6 @@ fn run_sync(a: SyncArgs, mode: ferry_engine::Mode) -> Result<u8, String> {
     if a.watch.watch {
         return watch::sync(&a.watch, &a.keep, &job, &opts, &rep);
     }
-    let start = Instant::now();
     let progress = show_progress.then(|| Progress::start(stats.clone(), &rep));
     let result = run_job(&job, jobs, &opts, &stats, &rep, a.out.verbose > 0);
     if let Some(p) = progress {
@@ -159,8 +165,10 @@ fn run_sync(a: SyncArgs, mode: ferry_engine::Mode) -> Result<u8, String> {
             });
         }
     };
+    // The time of the whole command: connecting, installing ferry on a
+    // host and asking what SRC and DST are count as much as the copying.
     let summary = ferry_engine::Summary {
-        elapsed_s: start.elapsed().as_secs_f64(),
+        elapsed_s: started().elapsed().as_secs_f64(),
         ..summary
     };
     // --versions with --keep/--keep-days: prune kept versions (never fails the run).
@@ -242,14 +250,20 @@ fn run_job(
     r
 }
 
-/// `-X`/`-A` with a store that keeps no such thing (S3): said once per
-/// store, before the run; its files are copied without them.
+/// `-X`/`-A` with a store that keeps no such thing (S3, SFTP): said once
+/// per store, before the run (the reporter adds `note: `); its files are
+/// copied without them.
 fn attr_notes(asked: XattrSel, stores: &[(&AnyStore, String)], note: &dyn Fn(&str)) {
     for (s, name) in stores {
         let lacking = asked.lacking(s.xattr_caps());
         if lacking.any() {
+            let keeps = match s {
+                AnyStore::S3(_) => "an object store keeps mode and mtime in object metadata, no owner, extended attributes or ACLs",
+                AnyStore::Sftp(_) => "SFTP keeps mode and mtime (to the second), no owner, extended attributes or ACLs",
+                _ => "this backend keeps no such attributes",
+            };
             note(&format!(
-                "note: {}: {name} keeps none (an object store keeps mode and mtime in object metadata, no owner, extended attributes or ACLs): files are copied without them",
+                "{}: {name} keeps none ({keeps}): files are copied without them",
                 lacking.describe()
             ));
         }
@@ -360,7 +374,9 @@ fn run_bisync(a: BisyncArgs) -> Result<u8, String> {
         p.finish();
     }
     rep.finish();
-    let out = res.map_err(|r| r.0)?;
+    let mut out = res.map_err(|r| r.0)?;
+    // The whole command's time, connecting included (as copy and sync).
+    out.elapsed_s = started().elapsed().as_secs_f64();
     // --versions with --keep/--keep-days: prune kept versions (never fails the run).
     versions::after_run(&[&ra, &rb], &a.keep, a.dry_run, &cli);
     cli.bisync_summary(&out, stats.delta.figures());

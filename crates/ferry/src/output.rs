@@ -338,13 +338,17 @@ impl Reporter for CliReporter {
         let c = cause(err);
         // An error met reading the source of a copy names its side (a
         // path names DST's entry otherwise): `ferry: SRC: PATH: open: ...`.
-        let src_op = match ferry_engine::store::op_of(err) {
-            Some((Some(ferry_engine::store::End::Src), op)) => Some(op),
+        // So does a full disk: `ferry: DST: PATH: write: no space left on
+        // device: needs ..., ... free`.
+        use ferry_engine::store::End;
+        let side_op = match ferry_engine::store::op_of(err) {
+            Some((Some(End::Src), op)) => Some(("SRC", op)),
+            Some((Some(End::Dst), op @ "write")) => Some(("DST", op)),
             _ => None,
         };
-        let line = match src_op {
-            Some(op) => format!(
-                "ferry: SRC: {}: {}",
+        let line = match side_op {
+            Some((side, op)) => format!(
+                "ferry: {side}: {}: {}",
                 text_name_string(p),
                 text_name_string(format!("{op}: {c}").as_bytes())
             ),
@@ -354,8 +358,8 @@ impl Reporter for CliReporter {
         if self.json {
             let mut line = Vec::new();
             line.extend_from_slice(b"{\"type\":\"error\",");
-            if let Some(op) = src_op {
-                line.extend_from_slice(b"\"side\":\"SRC\",\"op\":");
+            if let Some((side, op)) = side_op {
+                line.extend_from_slice(format!("\"side\":\"{side}\",\"op\":").as_bytes());
                 json_string(&mut line, op);
                 line.push(b',');
             }

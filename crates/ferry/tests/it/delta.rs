@@ -910,3 +910,42 @@ fn remote_end_killed_mid_patch_is_rolled_back_there() {
     assert_eq!(ino(&dst.join("f")), before, "not patched in place");
     no_reserved_left(&dst);
 }
+
+/// The remote end dies in the middle of patching one of several files
+/// going by delta: the run names the lost connection (exit 1, one line),
+/// and no file is counted "sent whole after a failed delta": a lost
+/// connection is not a failed delta, nothing was sent whole.
+#[test]
+fn a_lost_connection_is_not_a_failed_delta() {
+    let Some((rsh, host)) = server() else { return };
+    let d = tmpdir();
+    let (src, dst) = (d.path().join("src"), d.path().join("dst"));
+    let mut news = Vec::new();
+    let mut lit = 0;
+    for i in 0..4u64 {
+        let data = gen_bytes(4 << 20, 200 + i);
+        write(&src, format!("f{i}"), &data);
+        let (new, literal) = scattered(&data, 13, 6000);
+        lit = literal;
+        news.push(new);
+    }
+    let to = at(&host, &dst);
+    push_with(&rsh, &bin(), &src, &to).ok();
+    for (i, new) in news.iter().enumerate() {
+        write(&src, format!("f{i}"), new);
+    }
+    let dying = dying_ferry(d.path(), lit / 2);
+    let r = push_with(&rsh, dying.as_os_str(), &src, &to);
+    r.code_is(1);
+    assert!(r.err().contains("connection lost"), "{r}");
+    let s = summary(&r);
+    assert_eq!(s["delta_fallbacks"].as_u64().unwrap_or(0), 0, "{r}");
+    // The text summary says nothing of the kind either.
+    write(&src, "f0", &gen_bytes(4 << 20, 300));
+    let a = remote_args(&rsh, &["copy".as_ref(), src.as_os_str(), &to]);
+    let mut a: Vec<&OsStr> = a.iter().map(|s| s.as_os_str()).collect();
+    a[4] = dying.as_os_str();
+    let r = ferry_env(&a, &[small_min()]);
+    assert!(r.code.is_some_and(|c| c != 0), "{r}");
+    assert!(!r.err().contains("failed delta"), "{r}");
+}

@@ -23,12 +23,17 @@ struct Tmpfs {
 
 impl Tmpfs {
     fn mount(kib: u64) -> Result<Tmpfs, String> {
+        Tmpfs::mount_with(&format!("size={kib}k,mode=755"))
+    }
+
+    /// With mount options `opts`.
+    fn mount_with(opts: &str) -> Result<Tmpfs, String> {
         let dir = tmpdir();
         let at = dir.path().join("fs");
         std::fs::create_dir(&at).map_err(|e| e.to_string())?;
         let out = Command::new("mount")
             .args(["-t", "tmpfs", "-o"])
-            .arg(format!("size={kib}k,mode=755"))
+            .arg(opts)
             .arg("tmpfs")
             .arg(&at)
             .output()
@@ -89,7 +94,7 @@ fn check_full_run(r: &Run, src: &Path, dst: &Path) {
     let lines = r.error_lines();
     let failed: Vec<&String> = lines
         .iter()
-        .filter(|l| l.contains("No space left on device"))
+        .filter(|l| l.contains("no space left on device: needs "))
         .collect();
     assert!(!failed.is_empty(), "no disk-full line\n{r}");
     for l in &failed {
@@ -225,7 +230,7 @@ fn append_disk_full(remote: Option<(String, String)>) {
     let lines = r.error_lines();
     assert_eq!(lines.len(), 1, "{r}");
     assert!(
-        lines[0].contains("big") && lines[0].contains("No space left on device"),
+        lines[0].contains("big") && lines[0].contains("no space left on device: needs "),
         "{r}"
     );
     assert_eq!(std::fs::read(dst.join("big")).unwrap(), old, "{r}");
@@ -247,4 +252,170 @@ fn local_append_in_place_disk_full_rolls_back() {
 fn remote_append_in_place_disk_full_rolls_back() {
     let s = need!(ssh_server());
     append_disk_full(Some(s));
+}
+
+/// How a big file goes into the small disk.
+#[derive(Clone, Copy, Debug)]
+enum Way {
+    Local,
+    SshPush,
+    SshPull,
+    SftpPush,
+    SftpPull,
+}
+
+/// A file bigger than the whole disk it goes to (128 MiB into 24 MiB:
+/// resumable partials are made from 32 MiB up): the run fails with one
+/// line naming the side, the file, what it needs and what is free; no
+/// partial is left filling the disk (it could never complete there), so
+/// the next sync of what fits (16 MB) succeeds.
+fn bigger_than_the_disk(way: Way) {
+    let ssh = match way {
+        Way::Local => None,
+        _ => Some(need!(ssh_server())),
+    };
+    let fs = need!(Tmpfs::mount(24 << 10));
+    let d = tmpdir();
+    let src = d.path().join("src");
+    write(&src, "big", &gen_bytes(128 << 20, 5));
+    let small = d.path().join("small");
+    for i in 0..4u64 {
+        write(&small, format!("s{i}"), &gen_bytes(4_000_000, 10 + i));
+    }
+    let dst = fs.at.join("dst");
+    let args = |from: &Path, to: &Path| -> Vec<OsString> {
+        let mut a: Vec<OsString> = vec!["sync".into()];
+        let Some((rsh, host)) = &ssh else {
+            a.extend([from.into(), to.into()]);
+            return a;
+        };
+        a.extend(["-e".into(), rsh.into()]);
+        match way {
+            Way::SftpPush | Way::SftpPull => a.push("--sftp".into()),
+            _ => a.extend(["--remote-ferry".into(), bin()]),
+        }
+        match way {
+            Way::SshPush | Way::SftpPush => a.extend([from.into(), ssh_at(host, to)]),
+            _ => a.extend([ssh_at(host, from), to.into()]),
+        }
+        a
+    };
+    let r = ferry(args(&src, &dst));
+    r.code_is(1);
+    let lines = r.error_lines();
+    assert_eq!(lines.len(), 1, "{way:?}\n{r}");
+    let l = &lines[0];
+    for want in [
+        "DST: big: ",
+        "no space left on device: needs 128.0 MiB (134217728 bytes), ",
+        " free",
+    ] {
+        assert!(l.contains(want), "{way:?}: want {want:?}\n{r}");
+    }
+    assert!(!l.contains("Failure"), "{way:?}\n{r}");
+    assert_eq!(leftovers(&dst), Vec::<PathBuf>::new(), "{way:?}\n{r}");
+    // What fits goes: the disk is not kept full.
+    let r = ferry(args(&small, &fs.at.join("small")));
+    r.ok();
+    for i in 0..4 {
+        let p = format!("s{i}");
+        assert_eq!(
+            std::fs::read(fs.at.join("small").join(&p)).unwrap(),
+            std::fs::read(small.join(&p)).unwrap()
+        );
+    }
+}
+
+#[test]
+fn local_file_bigger_than_the_disk_leaves_no_partial() {
+    bigger_than_the_disk(Way::Local);
+}
+
+#[test]
+fn ssh_push_bigger_than_the_disk_leaves_no_partial() {
+    bigger_than_the_disk(Way::SshPush);
+}
+
+#[test]
+fn ssh_pull_bigger_than_the_disk_leaves_no_partial() {
+    bigger_than_the_disk(Way::SshPull);
+}
+
+#[test]
+fn sftp_push_bigger_than_the_disk_leaves_no_partial() {
+    bigger_than_the_disk(Way::SftpPush);
+}
+
+#[test]
+fn sftp_pull_bigger_than_the_disk_leaves_no_partial() {
+    bigger_than_the_disk(Way::SftpPull);
+}
+
+/// Many small files pushed over SFTP into a disk that holds a few: each
+/// one that fails says the disk is full and what it needs (never only
+/// the server's "Failure", SFTP's one code for every cause), the others
+/// are copied whole.
+#[test]
+fn sftp_small_files_on_a_full_disk_say_so() {
+    let (rsh, host) = need!(ssh_server());
+    let fs = need!(Tmpfs::mount(512));
+    let d = tmpdir();
+    let src = d.path().join("src");
+    for i in 0..60u64 {
+        write(&src, format!("f{i:02}"), &gen_bytes(16_000, 100 + i));
+    }
+    let dst = fs.at.join("dst");
+    let push = [
+        OsString::from("sync"),
+        "--sftp".into(),
+        "-e".into(),
+        rsh.into(),
+        src.clone().into(),
+        ssh_at(&host, &dst),
+    ];
+    let r = ferry(&push);
+    r.code_is(1);
+    let lines = r.error_lines();
+    assert!(!lines.is_empty(), "{r}");
+    for l in &lines {
+        assert!(!l.contains("Failure"), "{r}");
+        assert!(
+            l.starts_with("ferry: DST: f")
+                && l.contains(": write: no space left on device: needs 15.6 KiB (16000 bytes), "),
+            "{r}"
+        );
+    }
+    let there = walk(&dst)
+        .into_iter()
+        .filter(|p| dst.join(p).is_file())
+        .count();
+    assert_eq!(there + lines.len(), 60, "{r}");
+    assert_eq!(leftovers(&dst), Vec::<PathBuf>::new(), "{r}");
+}
+
+/// A disk out of inodes, not bytes: each file that did not fit says it
+/// needs an inode and none is free.
+#[test]
+fn local_inodes_out_say_so() {
+    let fs = need!(Tmpfs::mount_with("size=8m,nr_inodes=8,mode=755"));
+    let d = tmpdir();
+    let src = d.path().join("src");
+    for i in 0..12u64 {
+        write(&src, format!("f{i:02}"), b"ab");
+    }
+    let dst = fs.at.join("dst");
+    let r = ferry([OsStr::new("copy"), src.as_os_str(), dst.as_os_str()]);
+    r.code_is(1);
+    let lines = r.error_lines();
+    assert!(!lines.is_empty(), "{r}");
+    for l in &lines {
+        assert!(
+            l.starts_with("ferry: DST: f")
+                && l.ends_with(
+                    ": write: no space left on device: needs an inode and 2 bytes, no inode free"
+                ),
+            "{r}"
+        );
+    }
+    assert_eq!(leftovers(&dst), Vec::<PathBuf>::new(), "{r}");
 }

@@ -320,7 +320,7 @@ fn empty_directories_to_s3_are_a_note_not_a_mkdir_every_run() {
         assert_eq!(skipped, ["empty", "outer/inner"], "{r}");
         assert!(
             r.err()
-                .contains("ferry: skipped empty (empty directory: the destination keeps no empty directories (S3))"),
+                .contains("ferry: skipped empty (empty directory: the destination keeps no empty directories)"),
             "{r}"
         );
     }

@@ -552,3 +552,293 @@ fn odd_names_pushed_and_pulled() {
     assert_trees_equal(&src, &there);
     assert_trees_equal(&src, &back);
 }
+
+/// On the internal-sftp chroot `~` is the login directory the server
+/// chose (the chroot's `/`: the user's home is not inside it), as
+/// OpenSSH's sftp names it: `host:~/data/x` is `/data/x` there; `~user`
+/// is that user's home (the server's `home-directory` answer), missing
+/// in the chroot: one line, exit 2.
+#[test]
+fn tilde_is_the_login_directory_of_an_sftp_server() {
+    let (rsh, _) = need!(server());
+    let (host, local, remote) = need!(chroot());
+    let d = tmpdir();
+    let src = d.path().join("src");
+    small_tree(&src);
+    let there = tempfile::tempdir_in(&local).unwrap();
+    let name = there.path().file_name().unwrap().to_str().unwrap();
+    let rel = format!("{}/{name}/t", remote.trim_start_matches('/'));
+    let dst = at(&host, &format!("~/{rel}"));
+    run(&rsh, &["sync".as_ref(), src.as_os_str(), &dst]).ok();
+    assert_trees_equal(&src, &there.path().join("t"));
+    let back = d.path().join("back");
+    run(&rsh, &["sync".as_ref(), &dst, back.as_os_str()]).ok();
+    assert_trees_equal(&src, &back);
+    let r = run(
+        &rsh,
+        &[
+            "sync".as_ref(),
+            src.as_os_str(),
+            &at(&host, "~no-such-user-ferry/x"),
+        ],
+    );
+    r.code_is(2);
+    assert_eq!(r.error_lines().len(), 1, "{r}");
+    assert!(r.err().contains("no such user"), "{r}");
+}
+
+/// What an SFTP destination cannot keep is said in SFTP's words: a fifo
+/// skipped and `-X` with nothing kept name neither S3 nor an object
+/// store, and a note is `ferry: note: ...` once (not `note: note:`).
+#[test]
+fn notes_on_an_sftp_destination_speak_of_sftp() {
+    let (rsh, host) = need!(server());
+    let d = tmpdir();
+    let src = d.path().join("src");
+    write(&src, "a", b"alpha");
+    mkfifo(&src.join("fifo"));
+    let dst = d.path().join("dst");
+    let r = run(
+        &rsh,
+        &[
+            "sync".as_ref(),
+            "--sftp".as_ref(),
+            "-X".as_ref(),
+            src.as_os_str(),
+            &url(&host, &dst),
+        ],
+    );
+    r.ok();
+    let err = r.err();
+    assert!(err.contains("keeps none (SFTP keeps"), "{r}");
+    assert!(err.contains("cannot store special files"), "{r}");
+    for bad in ["S3", "object store", "note: note:"] {
+        assert!(!err.contains(bad), "{bad:?}\n{r}");
+    }
+}
+
+/// A server that offers `lsetstat@openssh.com` but refuses it (the real
+/// sftp-server behind a relay that renames that request, so the server
+/// answers it as unknown): the links are made, each run says so in one
+/// note, and no link gets an error, a `meta` line or a failed count per
+/// run (their time is left as made).
+#[test]
+fn lsetstat_offered_but_refused_is_one_note() {
+    let (rsh, _host) = need!(server());
+    let server_bin = Path::new("/usr/lib/openssh/sftp-server");
+    if !server_bin.exists() {
+        eprintln!("skipped: {} is missing", server_bin.display());
+        return;
+    }
+    let d = tmpdir();
+    let relay = d.path().join("relay.py");
+    std::fs::write(
+        &relay,
+        format!(
+            r#"import subprocess, sys
+p = subprocess.Popen(["{}"], stdin=subprocess.PIPE, stdout=sys.stdout.buffer)
+inp = sys.stdin.buffer
+def readn(n):
+    b = b""
+    while len(b) < n:
+        c = inp.read(n - len(b))
+        if not c:
+            return None
+        b += c
+    return b
+while True:
+    h = readn(4)
+    if h is None:
+        break
+    body = readn(int.from_bytes(h, "big"))
+    if body is None:
+        break
+    p.stdin.write(h + body.replace(b"lsetstat@openssh.com", b"lsetstat@openssh.cox"))
+    p.stdin.flush()
+p.stdin.close()
+p.wait()
+"#,
+            server_bin.display()
+        ),
+    )
+    .unwrap();
+    // The -e command: the same ssh, running the relay (`-s [options] HOST sftp`).
+    let wrapper = d.path().join("rsh");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/bash\nn=$(($# - 2))\nexec {rsh} \"${{@:2:$n}}\" \"exec python3 -u '{}'\"\n",
+            relay.display()
+        ),
+    )
+    .unwrap();
+    chmod(&wrapper, 0o755);
+    let src = d.path().join("src");
+    write(&src, "a", b"alpha");
+    ln(&src, "l1", "a");
+    ln(&src, "l2", "nowhere");
+    let dst = d.path().join("dst");
+    let (_, host) = server().unwrap();
+    for round in 0..2 {
+        let r = ferry([
+            "sync".as_ref(),
+            "-v".as_ref(),
+            "--json".as_ref(),
+            "-e".as_ref(),
+            wrapper.as_os_str(),
+            src.as_os_str(),
+            url(&host, &dst).as_os_str(),
+        ]);
+        r.ok();
+        let notes = r
+            .err()
+            .matches("offers lsetstat@openssh.com but refused it")
+            .count();
+        assert_eq!(notes, 1, "round {round}\n{r}");
+        assert_eq!(r.error_lines().len(), 1, "only the note\n{r}");
+        assert_eq!(summary(&r).errors, 0, "{r}");
+        let metas = actions(&r).into_iter().filter(|(t, _)| t == "meta").count();
+        assert_eq!(metas, 0, "round {round}\n{r}");
+        assert_eq!(std::fs::read_link(dst.join("l1")).unwrap(), Path::new("a"));
+    }
+}
+
+/// A big push at full speed (no --bwlimit) killed once 112 MiB of its
+/// 256 MiB are there resumes: its first record is written once a 32 MiB
+/// range is done, not after 128 MiB and 2 s (a fast push killed before
+/// its first record, most of the way at full speed, started over).
+#[test]
+fn a_big_push_killed_early_resumes() {
+    let (rsh, host) = need!(server());
+    let d = tmpdir();
+    let size = 256usize << 20;
+    write(d.path(), "src/big", &gen_bytes(size, 19));
+    let src = d.path().join("src");
+    let dst = d.path().join("dst");
+    let mut child = std::process::Command::new(bin())
+        .args([
+            "copy".as_ref(),
+            "-e".as_ref(),
+            rsh.as_ref() as &OsStr,
+            src.as_os_str(),
+            &url(&host, &dst),
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Killed once the partial there holds 112 MiB (less than 128 MiB).
+    let there = || {
+        use std::os::unix::fs::MetadataExt;
+        find_prefixed(&dst, b".ferry-part-")
+            .iter()
+            .any(|p| std::fs::metadata(dst.join(p)).is_ok_and(|m| m.blocks() * 512 >= 112 << 20))
+    };
+    let mut waited = 0;
+    while !dst.exists() || !there() {
+        std::thread::sleep(Duration::from_millis(10));
+        waited += 1;
+        assert!(waited < 12000, "the push did not get to 112 MiB");
+        if let Ok(Some(_)) = child.try_wait() {
+            panic!("the push ended before 112 MiB were there");
+        }
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let r = run(
+        &rsh,
+        &[
+            "copy".as_ref(),
+            "-v".as_ref(),
+            src.as_os_str(),
+            &url(&host, &dst),
+        ],
+    );
+    r.ok();
+    assert!(
+        r.all().contains("upload(s) resumed"),
+        "nothing resumed\n{r}"
+    );
+    assert!(std::fs::read(dst.join("big")).unwrap() == gen_bytes(size, 19));
+    assert!(find_prefixed(&dst, b".ferry-").is_empty());
+}
+
+/// A push killed once its partial has a record, then its source changed
+/// in place (same inode, size and mtime: what names it in the record):
+/// the rerun resumes, checks the whole file at the end (the ranges sent
+/// before read back and compared), sends again what differs, and the
+/// file there is the new content, byte for byte.
+#[test]
+fn a_resumed_push_of_a_source_changed_in_place_is_checked_whole() {
+    let (rsh, host) = need!(server());
+    let d = tmpdir();
+    let size = 128usize << 20;
+    write(d.path(), "src/big", &gen_bytes(size, 23));
+    let src = d.path().join("src");
+    let big = src.join("big");
+    let dst = d.path().join("dst");
+    let mut child = std::process::Command::new(bin())
+        .args([
+            "copy".as_ref(),
+            "-e".as_ref(),
+            rsh.as_ref() as &OsStr,
+            "--bwlimit".as_ref(),
+            "16M".as_ref(),
+            src.as_os_str(),
+            &url(&host, &dst),
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Killed once the partial and its record (with text) are there.
+    let recorded = || {
+        let parts = find_prefixed(&dst, b".ferry-part-");
+        parts.len() >= 2
+            && parts
+                .iter()
+                .all(|p| std::fs::metadata(dst.join(p)).is_ok_and(|m| m.len() > 0))
+    };
+    let mut waited = 0;
+    while !dst.exists() || !recorded() {
+        std::thread::sleep(Duration::from_millis(20));
+        waited += 1;
+        assert!(waited < 6000, "no partial record appeared");
+        if let Ok(Some(_)) = child.try_wait() {
+            panic!("the push ended before its record was written");
+        }
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    use std::os::unix::fs::MetadataExt;
+    let before = std::fs::metadata(&big).unwrap();
+    let new = gen_bytes(size, 24);
+    rewrite_keep_meta(&big, &new);
+    let after = std::fs::metadata(&big).unwrap();
+    assert_eq!(
+        (
+            before.ino(),
+            before.size(),
+            before.mtime(),
+            before.mtime_nsec()
+        ),
+        (after.ino(), after.size(), after.mtime(), after.mtime_nsec())
+    );
+    let r = run(
+        &rsh,
+        &[
+            "copy".as_ref(),
+            "-v".as_ref(),
+            src.as_os_str(),
+            &url(&host, &dst),
+        ],
+    );
+    r.ok();
+    assert!(
+        r.all().contains("upload(s) resumed"),
+        "nothing resumed\n{r}"
+    );
+    assert!(std::fs::read(dst.join("big")).unwrap() == new, "{r}");
+    assert!(!r.all().contains(" 0 bytes sent again"), "{r}");
+    assert!(find_prefixed(&dst, b".ferry-").is_empty());
+}

@@ -519,7 +519,7 @@ fn s3_skips_fifos_with_one_note() {
             .collect();
         assert_eq!(notes.len(), 1, "{r}");
         assert!(
-            notes[0].contains("the destination cannot store special files (S3)"),
+            notes[0].contains("the destination cannot store special files (fifos, device nodes)"),
             "{r}"
         );
         let skips: Vec<String> = actions(&r)

@@ -7,7 +7,7 @@
 //! The remote host is this machine, so remote trees are checked on disk.
 
 use std::collections::BTreeMap;
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::time::Duration;
@@ -225,6 +225,35 @@ fn connections_that_cannot_start_say_why_in_one_line() {
         let r = remote(&rsh, &["copy".as_ref(), src.as_os_str(), &at(alias, &dst)]);
         one_line(&r, want);
     }
+    // Host keys: a changed one is not an unknown one, and each line says
+    // what to do.
+    let r = remote(
+        &rsh,
+        &[
+            "copy".as_ref(),
+            src.as_os_str(),
+            &at("ferry-test-badkey", &dst),
+        ],
+    );
+    one_line(&r, "the host's key changed");
+    assert!(r.err().contains("ssh-keygen"), "{r}");
+    let unknown =
+        format!("{rsh} -o UserKnownHostsFile=/dev/null -o GlobalKnownHostsFile=/dev/null");
+    let r = remote(
+        &unknown,
+        &["copy".as_ref(), src.as_os_str(), &at(&host, &dst)],
+    );
+    one_line(&r, "known_hosts has no key for this host");
+    assert!(!r.err().contains("not the one"), "{r}");
+    let r = remote(
+        &rsh,
+        &[
+            "copy".as_ref(),
+            src.as_os_str(),
+            &at("ferry-test-badauth", &dst),
+        ],
+    );
+    one_line(&r, "authorized_keys");
     let r = ferry([
         "copy".as_ref(),
         "-e".as_ref(),
@@ -1271,4 +1300,286 @@ fn files_the_remote_refuses_fail_one_line_each_and_the_rest_are_copied() {
     r.ok();
     assert_eq!(summary_field(&r, "files_copied"), 120, "{r}");
     assert_trees_equal(&src, &there);
+}
+
+// ------------------------------------------------------------------ ~ and ~user
+
+/// The login directory of the test server's user, and the user's name, as
+/// the server has them (`pwd` and `id -un` there).
+pub fn remote_home(rsh: &str, host: &str) -> (std::path::PathBuf, String) {
+    let ask = |cmd: &str| {
+        let mut argv = rsh.split_whitespace();
+        let out = std::process::Command::new(argv.next().unwrap())
+            .args(argv)
+            .arg(host)
+            .arg(cmd)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    };
+    (ask("pwd").into(), ask("id -un"))
+}
+
+/// A directory under the remote home, removed when dropped.
+struct HomeDir(std::path::PathBuf);
+
+impl Drop for HomeDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `host:~/path` and `host:~user/path` name the path in the remote home,
+/// as with rsync and scp, pushed to (a new directory there: its parent is
+/// `~`) and pulled from, over ferry and over SFTP (`--sftp`); `~` alone is
+/// the home; an unknown user is one line, exit 2.
+#[test]
+fn tilde_paths_are_in_the_remote_home() {
+    let (rsh, host) = need_server!();
+    let (home, user) = remote_home(&rsh, &host);
+    let d = tmpdir();
+    let src = d.path().join("src");
+    write(&src, "a", b"alpha");
+    write(&src, "sub/b", &gen_bytes(300_000, 4));
+    // Big enough to go in ranges, by path, over several connections.
+    write(&src, "sub/big", &gen_bytes(33 << 20, 5));
+    // Whole seconds: what SFTP keeps.
+    for rel in walk(&src).iter().chain([&std::path::PathBuf::new()]) {
+        set_mtime(&src.join(rel), (1_700_000_000, 0));
+    }
+    let name = format!(".ferry-test-tilde-{}", std::process::id());
+    let there = HomeDir(home.join(&name));
+    for sftp in [false, true] {
+        let _ = std::fs::remove_dir_all(&there.0);
+        let flags: Vec<&str> = if sftp { vec!["--sftp"] } else { vec![] };
+        let run = |args: &[&OsStr]| {
+            let mut a: Vec<&OsStr> = vec![args[0]];
+            a.extend(flags.iter().map(|f| OsStr::new(*f)));
+            a.extend(&args[1..]);
+            remote(&rsh, &a)
+        };
+        let dst = OsString::from(format!("{host}:~/{name}"));
+        run(&["sync".as_ref(), src.as_os_str(), &dst]).ok();
+        assert_trees_equal(&src, &there.0);
+        let back = d.path().join(format!("back{sftp}"));
+        let from = OsString::from(format!("{host}:~{user}/{name}/"));
+        run(&["sync".as_ref(), &from, back.as_os_str()]).ok();
+        assert_trees_equal(&src, &back);
+        // One file into `~` itself, and back from `~/name`.
+        let one = d.path().join("one");
+        std::fs::write(&one, b"one file").unwrap();
+        let home_at = OsString::from(format!("{host}:~"));
+        run(&["copy".as_ref(), one.as_os_str(), &home_at]).ok();
+        let landed = home.join("one");
+        assert_eq!(std::fs::read(&landed).unwrap(), b"one file");
+        std::fs::remove_file(&landed).unwrap();
+        let r = run(&[
+            "sync".as_ref(),
+            src.as_os_str(),
+            format!("{host}:~no-such-user-{}/x", std::process::id()).as_ref(),
+        ]);
+        r.code_is(2);
+        let lines = r.error_lines();
+        assert_eq!(lines.len(), 1, "{r}");
+        assert!(lines[0].contains("no such user"), "{r}");
+    }
+}
+
+/// The summary's time is the whole command's: an ssh that takes 2 s to
+/// connect (a -e wrapper sleeping first) makes a run of at least 2 s,
+/// copy and bisync (it was the copying alone: "in 0.02 s").
+#[test]
+fn the_summary_time_includes_connecting() {
+    let (rsh, host) = need_server!();
+    let d = tmpdir();
+    let src = d.path().join("src");
+    write(&src, "a", b"alpha");
+    let slow = d.path().join("slow-ssh");
+    std::fs::write(&slow, format!("#!/bin/sh\nsleep 2\nexec {rsh} \"$@\"\n")).unwrap();
+    chmod(&slow, 0o755);
+    let slow = slow.to_str().unwrap();
+    let elapsed = |r: &Run| {
+        let line = r
+            .out()
+            .lines()
+            .rev()
+            .find(|l| l.contains("\"type\":\"summary\""))
+            .unwrap_or_else(|| panic!("no summary\n{r}"))
+            .to_owned();
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        v["elapsed_s"].as_f64().unwrap()
+    };
+    let dst = d.path().join("dst");
+    let r = remote(
+        slow,
+        &[
+            "copy".as_ref(),
+            "--json".as_ref(),
+            src.as_os_str(),
+            &at(&host, &dst),
+        ],
+    );
+    r.ok();
+    assert!(elapsed(&r) >= 2.0, "{r}");
+    let b = d.path().join("b");
+    let r = remote(
+        slow,
+        &[
+            "bisync".as_ref(),
+            "--json".as_ref(),
+            src.as_os_str(),
+            &at(&host, &b),
+        ],
+    );
+    r.ok();
+    assert!(elapsed(&r) >= 2.0, "{r}");
+}
+
+/// A big pull whose remote end is killed midway: with -v the note of the
+/// bytes written with O_DIRECT counts those of the pull that failed (it
+/// said 0: only finished downloads were counted). Where the local
+/// filesystem takes no O_DIRECT (tmpfs) there is nothing to count.
+#[test]
+fn o_direct_bytes_of_a_killed_pull_are_counted() {
+    let (rsh, host) = need_server!();
+    let d = tmpdir();
+    let fs = std::process::Command::new("stat")
+        .args(["-f", "-c", "%T"])
+        .arg(d.path())
+        .output()
+        .unwrap();
+    let fs = String::from_utf8_lossy(&fs.stdout).trim().to_string();
+    if !["ext2/ext3", "xfs", "btrfs", "f2fs"].contains(&fs.as_str()) {
+        eprintln!(
+            "skipped: {} is {fs}, which takes no O_DIRECT here",
+            d.path().display()
+        );
+        return;
+    }
+    let data = gen_bytes(48 << 20, 77);
+    write(d.path(), "src/big", &data);
+    let src = d.path().join("src");
+    let back = d.path().join("back");
+    let pidf = d.path().join("serve.pids");
+    let wrapper = d.path().join("ferry-wrapper");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\necho $$ >> '{}'\nexec '{}' \"$@\"\n",
+            pidf.display(),
+            bin().to_string_lossy()
+        ),
+    )
+    .unwrap();
+    chmod(&wrapper, 0o755);
+    let mut cmd = std::process::Command::new(bin());
+    cmd.args([
+        "copy".as_ref(),
+        "-v".as_ref(),
+        "-e".as_ref(),
+        rsh.as_ref() as &std::ffi::OsStr,
+        "--remote-ferry".as_ref(),
+        wrapper.as_os_str(),
+        "--bwlimit".as_ref(),
+        "8M".as_ref(),
+        &at(&host, &src),
+        back.as_os_str(),
+    ])
+    .stdin(std::process::Stdio::null());
+    let pull = std::thread::spawn(move || run_within(cmd, Duration::from_secs(300)));
+    // Killed once the partial here holds 8 MiB.
+    let written = |dir: &Path| {
+        use std::os::unix::fs::MetadataExt;
+        find_prefixed(dir, b".ferry-part-")
+            .iter()
+            .any(|p| std::fs::metadata(dir.join(p)).is_ok_and(|m| m.blocks() * 512 >= 8 << 20))
+    };
+    wait_until("the pull did not start", 2400, || {
+        back.exists() && written(&back)
+    });
+    for pid in std::fs::read_to_string(&pidf).unwrap().split_whitespace() {
+        let _ = std::process::Command::new("kill")
+            .args(["-9", pid])
+            .status();
+    }
+    let r = pull.join().unwrap();
+    assert_eq!(r.code, Some(1), "{r}");
+    assert!(r.err().contains("connection lost"), "{r}");
+    let direct = figure_before(&r, " bytes of downloads written with O_DIRECT");
+    assert!(direct >= 4 << 20, "{direct}\n{r}");
+}
+
+/// A big push killed once its partial has ranges on record, then its
+/// source changed in place (same inode, size and mtime: what names it in
+/// the record): the rerun reuses the ranges, checks the whole file at the
+/// end (the reused ranges read back and compared), sends again what
+/// differs, and the file there is the new content, byte for byte.
+#[test]
+fn a_resumed_push_of_a_source_changed_in_place_is_checked_whole() {
+    use std::os::unix::fs::MetadataExt;
+    let (rsh, host) = need_server!();
+    let d = tmpdir();
+    let size = (48 << 20) + 3;
+    write(d.path(), "src/big", &gen_bytes(size, 48));
+    let src = d.path().join("src");
+    let big = src.join("big");
+    let there = d.path().join("there");
+    let mut child = spawn_copy(
+        &rsh,
+        &[
+            "--connections".as_ref(),
+            "3".as_ref(),
+            "--bwlimit".as_ref(),
+            "8M".as_ref(),
+            src.as_os_str(),
+            &at(&host, &there),
+        ],
+    );
+    let recorded = |dir: &Path| {
+        find_prefixed(dir, b".ferry-part-").iter().any(|p| {
+            xattrs_of(&dir.join(p))
+                .get(&b"user.ferry.partial"[..])
+                .is_some_and(|v| {
+                    v.split(|&b| b == b'\n')
+                        .nth(3)
+                        .is_some_and(|l| !l.is_empty())
+                })
+        })
+    };
+    wait_until("the push did not start", 2400, || {
+        there.exists() && recorded(&there)
+    });
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let before = std::fs::metadata(&big).unwrap();
+    let new = gen_bytes(size, 49);
+    rewrite_keep_meta(&big, &new);
+    let after = std::fs::metadata(&big).unwrap();
+    assert_eq!(
+        (
+            before.ino(),
+            before.size(),
+            before.mtime(),
+            before.mtime_nsec()
+        ),
+        (after.ino(), after.size(), after.mtime(), after.mtime_nsec())
+    );
+    let r = remote(
+        &rsh,
+        &[
+            "copy".as_ref(),
+            "-v".as_ref(),
+            src.as_os_str(),
+            &at(&host, &there),
+        ],
+    );
+    r.ok();
+    assert!(
+        figure_before(&r, " bytes of interrupted pushes reused") > 0,
+        "{r}"
+    );
+    assert!(figure_before(&r, " bytes sent again") > 0, "{r}");
+    assert!(std::fs::read(there.join("big")).unwrap() == new, "{r}");
+    assert!(find_prefixed(&there, b".ferry-").is_empty());
 }
