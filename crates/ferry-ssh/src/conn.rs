@@ -981,7 +981,8 @@ fn ended(
 const NO_FERRY: &str = "no ferry on the remote";
 
 /// True when `why`, a message of [`classify`] (or of [`connect`]), says
-/// ssh itself failed (unreachable, authentication, host key, no ssh):
+/// ssh itself failed (unreachable, authentication, host key, no ssh, no
+/// answer for `--timeout`):
 /// the host was not reached, so nothing else over ssh can work either.
 pub fn is_ssh_failure(why: &str) -> bool {
     [
@@ -990,6 +991,9 @@ pub fn is_ssh_failure(why: &str) -> bool {
         ": host unreachable (",
         ": ssh failed: ",
         "(the -e/FERRY_RSH command)",
+        // Given up for silence (`--timeout`): the host did not answer,
+        // which is not a host where ferry cannot run.
+        " s (--timeout)",
     ]
     .iter()
     .any(|s| why.contains(s))

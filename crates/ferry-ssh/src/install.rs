@@ -69,11 +69,12 @@ const MARKED: &str = "[ -f \"$f\" ] && [ ! -h \"$f\" ] && read -r m 2>/dev/null 
 /// nowhere) that, once the ssh session's sshd is gone (the client gave up
 /// or was killed), kills every process of the session's process group:
 /// the start command and what it runs, whatever they wait on. The sshd is
-/// the parent of the session's leader (Linux: from `/proc`; elsewhere the
-/// start command's parent). `g` is its pid, empty when there is none; the
+/// the parent of the session's leader, read from `/proc` (Linux): only a
+/// start command in a process group that is its session's (as sshd makes
+/// it: `setsid`) has a guard. `g` is its pid, empty when there is none; the
 /// cached ferry stops it once its session has started (`serve
 /// --start-guard`), the start command when it runs anything else or ends.
-const GUARD: &str = "p=$PPID; { read -r x < /proc/$$/stat && set -- $x && read -r x < /proc/$6/stat && set -- $x && p=$4; } 2>/dev/null; g=; if [ \"$p\" -gt 1 ] 2>/dev/null && kill -0 \"$p\" 2>/dev/null; then (while kill -0 \"$p\" 2>/dev/null; do sleep 1; done; kill -KILL 0) </dev/null >/dev/null 2>&1 & g=$!; fi; unguard() { [ -z \"$g\" ] || kill \"$g\" 2>/dev/null; }";
+const GUARD: &str = "p=; { read -r x < /proc/$$/stat && set -- $x && [ \"$5\" = \"$6\" ] && read -r x < /proc/$6/stat && set -- $x && p=$4; } 2>/dev/null; g=; if [ \"$p\" -gt 1 ] 2>/dev/null && kill -0 \"$p\" 2>/dev/null; then (while kill -0 \"$p\" 2>/dev/null; do sleep 1; done; kill -KILL 0) </dev/null >/dev/null 2>&1 & g=$!; fi; unguard() { [ -z \"$g\" ] || kill \"$g\" 2>/dev/null; }";
 
 /// The one-line command that starts ferry on a host (`sh -c` runs it with
 /// the cache name as `$1`): see [`Look`]. When it runs none it prints
@@ -93,7 +94,7 @@ pub fn start_script(look: Look, sum: &str) -> String {
         )),
     }
     s.push_str(&format!(
-        "; unguard; echo '{PROBE}'; echo \"os $(uname -sm)\"; echo \"dir $d\"; if [ -e \"$f\" ]; then echo \"cache there $o\"; fi; echo \"libc $( (getconf GNU_LIBC_VERSION || ldd --version) 2>&1 | head -n 1)\"; if command -v gzip >/dev/null 2>&1; then echo gzip; fi"
+        "; unguard; echo '{PROBE}'; echo \"os $(uname -sm)\"; echo \"dir $d\"; if [ -e \"$f\" ]; then echo \"cache there $o\"; fi; echo \"libc $( {{ getconf GNU_LIBC_VERSION 2>/dev/null || ldd --version 2>&1; }} | head -n 1)\"; if command -v gzip >/dev/null 2>&1; then echo gzip; fi"
     ));
     s
 }
@@ -537,4 +538,194 @@ pub fn quote(s: &str) -> String {
 
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quoting_survives_a_shell() {
+        let s = "a'b \"c\" $d";
+        let o = Command::new("sh")
+            .arg("-c")
+            .arg(format!("printf %s {}", quote(s)))
+            .output()
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&o.stdout), s);
+        assert_eq!(hex(&[0, 0xab]), "00ab");
+    }
+
+    /// `script` run here by `sh` with `args`, `input` on its stdin, the
+    /// cache under `cache` and a PATH without ferry: its stdout.
+    fn sh(script: &str, args: &[&str], cache: &std::path::Path, input: &[u8]) -> String {
+        let mut c = Command::new("sh")
+            .arg("-c")
+            .arg(script)
+            .arg("sh")
+            .args(args)
+            .env("XDG_CACHE_HOME", cache)
+            .env("PATH", "/usr/bin:/bin")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        c.stdin.take().unwrap().write_all(input).unwrap();
+        let o = c.wait_with_output().unwrap();
+        assert!(o.status.success(), "{o:?}");
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    }
+
+    /// The install step, run here by `sh`: the first install links the
+    /// file and writes its marker; one that finds the name taken (a run
+    /// that installed at the same time, or a planted file) answers with
+    /// that file's hash and leaves it alone; no temporary stays behind
+    /// either way. Sent compressed, it arrives whole.
+    #[test]
+    fn the_install_step_answers_for_a_name_taken_meanwhile() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("cache dir's");
+        let dir_s = dir.to_str().unwrap();
+        let put = |bytes: &[u8], gz: bool| {
+            let sum = hex(&Sha256::digest(bytes));
+            let body = if gz {
+                let ship = Ship {
+                    bytes: bytes.to_vec(),
+                    sum: sum.clone(),
+                    libc: Libc::Unknown,
+                    gz: OnceLock::new(),
+                };
+                ship.gz().to_vec()
+            } else {
+                bytes.to_vec()
+            };
+            sh(&put_script(dir_s, "ferry-x", &sum, gz), &[], tmp.path(), &body)
+                .trim()
+                .to_string()
+        };
+        let names = || {
+            let mut v: Vec<_> = std::fs::read_dir(&dir)
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect();
+            v.sort();
+            v
+        };
+        assert_eq!(put(b"ferry", true), "installed");
+        assert_eq!(std::fs::read(dir.join("ferry-x")).unwrap(), b"ferry");
+        assert_eq!(names(), ["ferry-x", "ferry-x.ok"]);
+        // Another run's upload of the same binary finds it there.
+        let same = hex(&Sha256::digest(b"ferry"));
+        assert_eq!(put(b"ferry", false), format!("there {same}"));
+        // A file of other content planted under the name: its hash, not replaced.
+        std::fs::remove_file(dir.join("ferry-x")).unwrap();
+        std::fs::write(dir.join("ferry-x"), b"planted").unwrap();
+        let planted = hex(&Sha256::digest(b"planted"));
+        assert_eq!(put(b"ferry", true), format!("there {planted}"));
+        assert_eq!(std::fs::read(dir.join("ferry-x")).unwrap(), b"planted");
+        assert_eq!(names(), ["ferry-x", "ferry-x.ok"]);
+    }
+
+    /// The start command, run here by `sh`: with nothing cached it reports
+    /// (this machine's OS, libc, the cache directory); once a ferry is
+    /// installed it runs it without hashing it (its marker matches); a
+    /// cached file touched since is reported, then checked once by its
+    /// SHA-256, run and marked again; one of other content is reported
+    /// with its hash, never run.
+    #[test]
+    fn the_start_command_runs_a_marked_cache_and_reports_otherwise() {
+        let tmp = tempfile::tempdir().unwrap();
+        let cache = tmp.path().join("c");
+        let dir = cache.join("ferry");
+        // A stand-in ferry: it stops the guard it is given, as `serve
+        // --start-guard` does, and says it ran.
+        let fake = b"#!/bin/sh\n[ \"$2\" = --start-guard ] && kill -9 \"$3\"\necho ran \"$1\"\n";
+        let sum = hex(&Sha256::digest(fake));
+        let start = |look| sh(&start_script(look, &sum), &["ferry-x"], &cache, b"");
+        let report = |out: &str| {
+            let rest = out.strip_prefix(PROBE).unwrap_or_else(|| panic!("{out}"));
+            Report::parse(rest)
+        };
+        let r = report(&start(Look::Fast));
+        assert_eq!(r.os.trim(), local_uname().unwrap().trim());
+        assert_eq!(r.dir, dir.to_str().unwrap());
+        assert!(!r.cached && !r.libc.is_empty(), "{r:?}");
+        let put = put_script(dir.to_str().unwrap(), "ferry-x", &sum, false);
+        assert_eq!(sh(&put, &[], &cache, fake).trim(), "installed");
+        for look in [Look::Fast, Look::NoPath] {
+            assert_eq!(start(look).trim(), "ran serve");
+        }
+        // Touched: reported, then checked and marked again.
+        let f = dir.join("ferry-x");
+        let old = std::fs::metadata(&f).unwrap().modified().unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&f)
+            .unwrap()
+            .set_modified(old - std::time::Duration::from_secs(60))
+            .unwrap();
+        let r = report(&start(Look::Fast));
+        assert!(r.cached && r.cached_sum.is_none(), "{r:?}");
+        assert_eq!(start(Look::Verify).trim(), "ran serve");
+        assert_eq!(start(Look::NoPath).trim(), "ran serve");
+        // Other content under the name: reported with its hash.
+        std::fs::remove_file(&f).unwrap();
+        std::fs::write(&f, b"#!/bin/sh\necho planted\n").unwrap();
+        let r = report(&start(Look::Verify));
+        assert_eq!(
+            r.cached_sum.as_deref(),
+            Some(hex(&Sha256::digest(b"#!/bin/sh\necho planted\n")).as_str())
+        );
+    }
+
+    #[test]
+    fn reports_parse_and_libcs_compare() {
+        let r = Report::parse(
+            "\nos Linux x86_64\ndir /h/.cache/ferry\ncache there abc\nlibc glibc 2.17\ngzip\n",
+        );
+        assert_eq!(r.os, "Linux x86_64");
+        assert_eq!(r.dir, "/h/.cache/ferry");
+        assert!(r.cached && r.gzip);
+        assert_eq!(r.cached_sum.as_deref(), Some("abc"));
+        let need = Libc::Glibc(vec![2, 34]);
+        assert!(libc_mismatch(&need, "glibc 2.17")
+            .unwrap()
+            .contains("glibc is 2.17, older than the 2.34"));
+        assert!(libc_mismatch(&need, "ldd (GNU libc) 2.28").is_some());
+        assert_eq!(libc_mismatch(&need, "glibc 2.34"), None);
+        assert_eq!(libc_mismatch(&need, "glibc 2.40"), None);
+        assert_eq!(libc_mismatch(&need, "ldd (Debian GLIBC 2.36-9) 2.36"), None);
+        assert!(libc_mismatch(&need, "musl libc (x86_64)")
+            .unwrap()
+            .contains("musl"));
+        assert_eq!(libc_mismatch(&need, "sh: ldd: not found"), None);
+        assert_eq!(libc_mismatch(&Libc::Static, "musl libc (x86_64)"), None);
+        assert!(libc_mismatch(&Libc::Musl, "glibc 2.36").is_some());
+    }
+
+    /// This test binary: its build-id read from its first pages, its glibc
+    /// need, and a stripped copy that has no debug info and still runs.
+    #[test]
+    fn a_binary_stripped_here_runs() {
+        use object::read::{Object, ObjectSection};
+        let exe = std::env::current_exe().unwrap();
+        let raw = std::fs::read(&exe).unwrap();
+        assert!(build_id(&raw[..64 << 10]).is_some_and(|id| id.len() >= 8));
+        assert!(matches!(Libc::of(&raw), Libc::Glibc(v) if v >= vec![2, 2]));
+        let Some(small) = strip(&raw) else {
+            return; // nothing to take out
+        };
+        assert!(small.len() < raw.len());
+        let f = object::read::File::parse(&*small).unwrap();
+        assert!(!f.sections().any(|s| s.name().unwrap_or("").starts_with(".debug")));
+        assert_eq!(build_id(&small[..64 << 10]), build_id(&raw[..64 << 10]));
+        let tmp = tempfile::tempdir().unwrap();
+        let p = tmp.path().join("stripped");
+        std::fs::write(&p, &small).unwrap();
+        std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let o = Command::new(&p).arg("--list").output().unwrap();
+        assert!(o.status.success(), "{o:?}");
+        assert!(String::from_utf8_lossy(&o.stdout).contains("a_binary_stripped_here_runs"));
+    }
 }
