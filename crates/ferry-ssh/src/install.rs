@@ -90,7 +90,7 @@ pub fn start_script(look: Look, sum: &str) -> String {
         }
         Look::NoPath => {}
         Look::Verify => s.push_str(&format!(
-            "; sum() {{ {SUM}; }}; if [ -f \"$f\" ] && [ ! -h \"$f\" ]; then o=$(sum \"$f\"); if [ \"$o\" = {sum} ]; then mark; {run}; fi; fi"
+            "; sum() {{ {SUM}; }}; if [ -h \"$f\" ]; then o=symlink; elif [ -f \"$f\" ]; then o=$(sum \"$f\"); if [ \"$o\" = {sum} ]; then mark; {run}; fi; fi"
         )),
     }
     s.push_str(&format!(
@@ -438,7 +438,11 @@ pub fn not_this(t: &Target, path: &str, sum: &str) -> String {
     format!(
         "{}: {path} {NOT_THIS} (its SHA-256 is {:?}): ferry does not replace a file it did not write; remove it, or name a ferry with --remote-ferry PATH",
         t.host,
-        if sum.is_empty() { "unknown" } else { sum }
+        match sum {
+            "" => "unknown",
+            "symlink" => "none: a symbolic link",
+            s => s,
+        }
     )
 }
 
@@ -677,6 +681,12 @@ mod tests {
             r.cached_sum.as_deref(),
             Some(hex(&Sha256::digest(b"#!/bin/sh\necho planted\n")).as_str())
         );
+        // A symbolic link under the name, even to this very ferry: never run.
+        std::fs::remove_file(&f).unwrap();
+        std::fs::write(tmp.path().join("real"), fake).unwrap();
+        std::os::unix::fs::symlink(tmp.path().join("real"), &f).unwrap();
+        let r = report(&start(Look::Verify));
+        assert_eq!(r.cached_sum.as_deref(), Some("symlink"));
     }
 
     #[test]
