@@ -339,7 +339,11 @@ fn build_id(head: &[u8]) -> Option<Vec<u8>> {
         let (off, size) = (u64_at(ph + 8)? as usize, u64_at(ph + 32)? as usize);
         let mut at = off;
         while at + 12 <= off + size {
-            let (nsz, dsz, ty) = (u32_at(at)? as usize, u32_at(at + 4)? as usize, u32_at(at + 8)?);
+            let (nsz, dsz, ty) = (
+                u32_at(at)? as usize,
+                u32_at(at + 4)? as usize,
+                u32_at(at + 8)?,
+            );
             let name = at + 12;
             let desc = name + nsz.div_ceil(4) * 4;
             if ty == 3 && head.get(name..name + nsz)? == b"GNU\0" {
@@ -604,9 +608,14 @@ mod tests {
             } else {
                 bytes.to_vec()
             };
-            sh(&put_script(dir_s, "ferry-x", &sum, gz), &[], tmp.path(), &body)
-                .trim()
-                .to_string()
+            sh(
+                &put_script(dir_s, "ferry-x", &sum, gz),
+                &[],
+                tmp.path(),
+                &body,
+            )
+            .trim()
+            .to_string()
         };
         let names = || {
             let mut v: Vec<_> = std::fs::read_dir(&dir)
@@ -728,7 +737,9 @@ mod tests {
         };
         assert!(small.len() < raw.len());
         let f = object::read::File::parse(&*small).unwrap();
-        assert!(!f.sections().any(|s| s.name().unwrap_or("").starts_with(".debug")));
+        assert!(!f
+            .sections()
+            .any(|s| s.name().unwrap_or("").starts_with(".debug")));
         assert_eq!(build_id(&small[..64 << 10]), build_id(&raw[..64 << 10]));
         let tmp = tempfile::tempdir().unwrap();
         let p = tmp.path().join("stripped");

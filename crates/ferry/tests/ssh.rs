@@ -471,10 +471,7 @@ fn self_install_once_then_reused_and_checked() {
         .collect();
     assert_eq!(names.len(), 1, "one file, no temporaries: {names:?}");
     let cached = &names[0];
-    assert_eq!(
-        std::fs::read(cached).unwrap(),
-        util::ssh::shipped_bin()
-    );
+    assert_eq!(std::fs::read(cached).unwrap(), util::ssh::shipped_bin());
     let before = std::fs::metadata(cached).unwrap().modified().unwrap();
     // Reused: no second upload.
     write(d.path(), "src/b", b"second");
@@ -652,7 +649,11 @@ fn a_host_with_ferry_costs_one_connection() {
 fn a_host_with_an_older_glibc_or_musl_is_told_in_one_line() {
     let (rsh, host) = need_server!();
     for (libc, getconf, ldd) in [
-        ("glibc is 2.17", "echo 'glibc 2.17'", "echo 'ldd (GNU libc) 2.17'"),
+        (
+            "glibc is 2.17",
+            "echo 'glibc 2.17'",
+            "echo 'ldd (GNU libc) 2.17'",
+        ),
         (
             "C library is musl",
             "echo 'getconf: GNU_LIBC_VERSION: unknown variable' >&2; exit 1",
@@ -751,7 +752,10 @@ fn a_start_given_up_by_the_timeout_leaves_nothing_running_there() {
     std::fs::remove_file(&cached).unwrap();
     std::fs::write(
         &cached,
-        format!("#!/bin/sh\necho $$ > '{}'\nexec sleep 3000\n", pidf.display()),
+        format!(
+            "#!/bin/sh\necho $$ > '{}'\nexec sleep 3000\n",
+            pidf.display()
+        ),
     )
     .unwrap();
     chmod(&cached, 0o755);
@@ -767,7 +771,14 @@ fn a_start_given_up_by_the_timeout_leaves_nothing_running_there() {
         .collect();
     assert_eq!(w.len(), 12, "{w:?}");
     let marker = [&w[..5], &w[9..]].concat().join(" ");
-    std::fs::write(cache.join(format!("{}.ok", cached.file_name().unwrap().to_string_lossy())), format!("{marker}\n")).unwrap();
+    std::fs::write(
+        cache.join(format!(
+            "{}.ok",
+            cached.file_name().unwrap().to_string_lossy()
+        )),
+        format!("{marker}\n"),
+    )
+    .unwrap();
     write(&src, "b", b"b");
     let r = copy("2");
     r.code_is(2);
@@ -785,7 +796,9 @@ fn a_start_given_up_by_the_timeout_leaves_nothing_running_there() {
     }
     let left = alive();
     if left {
-        let _ = std::process::Command::new("kill").args(["-9", pid]).status();
+        let _ = std::process::Command::new("kill")
+            .args(["-9", pid])
+            .status();
     }
     assert!(!left, "the hung start is still running there: {r}");
 }
