@@ -682,6 +682,19 @@ mod tests {
         assert!(r.cached && r.cached_sum.is_none(), "{r:?}");
         assert_eq!(start(Look::Verify).trim(), "ran serve");
         assert_eq!(start(Look::NoPath).trim(), "ran serve");
+        // The directory opened to others (anyone could have put a file there): reported,
+        // then checked, closed to others again and marked.
+        let mode =
+            |m| std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(m));
+        mode(0o777).unwrap();
+        let r = report(&start(Look::Fast));
+        assert!(r.cached && r.cached_sum.is_none(), "{r:?}");
+        assert_eq!(start(Look::Verify).trim(), "ran serve");
+        let now = std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(&dir).unwrap().permissions(),
+        );
+        assert_eq!(now & 0o022, 0, "{now:o}");
+        assert_eq!(start(Look::NoPath).trim(), "ran serve");
         // Other content under the name: reported with its hash.
         std::fs::remove_file(&f).unwrap();
         std::fs::write(&f, b"#!/bin/sh\necho planted\n").unwrap();
