@@ -226,7 +226,7 @@ pub fn libc_mismatch(need: &Libc, there: &str) -> Option<String> {
 }
 
 /// The binary shipped to hosts: this one without debug info or symbol
-/// table, its SHA-256, what C library it needs, and its gzip stream.
+/// table, its SHA-256, and what C library it needs.
 pub struct Ship {
     /// The bytes.
     pub bytes: Vec<u8>,
@@ -234,21 +234,18 @@ pub struct Ship {
     pub sum: String,
     /// The C library it needs.
     pub libc: Libc,
-    gz: OnceLock<Vec<u8>>,
 }
 
-impl Ship {
-    /// The bytes, gzip-compressed (made once).
-    pub fn gz(&self) -> &[u8] {
-        self.gz.get_or_init(|| {
-            let mut e = flate2::write::GzEncoder::new(
-                Vec::with_capacity(self.bytes.len() / 2),
-                flate2::Compression::new(6),
-            );
-            let _ = e.write_all(&self.bytes);
-            e.finish().unwrap_or_default()
-        })
-    }
+/// How bytes are sent: gzip's level 1, compressed while they are sent (so
+/// compressing and sending overlap; level 6 would send 7% fewer bytes
+/// for three times the CPU: BENCHMARKS.md, "One connection to start").
+const GZIP_LEVEL: u32 = 1;
+
+/// Write `bytes` to `w` gzip-compressed, in pieces.
+fn write_gz(w: impl Write, bytes: &[u8]) -> std::io::Result<()> {
+    let mut e = flate2::write::GzEncoder::new(w, flate2::Compression::new(GZIP_LEVEL));
+    bytes.chunks(256 << 10).try_for_each(|c| e.write_all(c))?;
+    e.finish()?.flush()
 }
 
 /// This binary as shipped (made once per run).
@@ -260,12 +257,7 @@ pub fn shipped() -> Result<&'static Ship, String> {
         let libc = Libc::of(&raw);
         let bytes = strip(&raw).unwrap_or(raw);
         let sum = hex(&Sha256::digest(&bytes));
-        Ok(Ship {
-            bytes,
-            sum,
-            libc,
-            gz: OnceLock::new(),
-        })
+        Ok(Ship { bytes, sum, libc })
     })
     .as_ref()
     .map_err(Clone::clone)
@@ -392,8 +384,8 @@ pub fn install(t: &Target, r: &Report, why: &str) -> Result<(), String> {
     // same time (or by anyone), that file's hash is the answer: `there
     // HASH`. A link that fails with no file there is tried again for its
     // error.
-    let body = if r.gzip { ship.gz() } else { &ship.bytes };
-    let out = match run(t, &put_script(&r.dir, name, &ship.sum, r.gzip), Some(body)) {
+    let body = Some((ship.bytes.as_slice(), r.gzip));
+    let out = match run(t, &put_script(&r.dir, name, &ship.sum, r.gzip), body) {
         Ok(o) => o,
         // ssh failed or was killed: the one line says so (the run stops).
         Err(e) if crate::conn::is_ssh_failure(&e) => {
@@ -456,10 +448,11 @@ fn local_uname() -> std::io::Result<String> {
     Ok(String::from_utf8_lossy(&o.stdout).into_owned())
 }
 
-/// Run `cmd` on `t`'s host with `input` on its stdin: its stdout, or what
-/// it said on stderr when it failed. Given up (ssh and what it started
-/// killed) when nothing moves either way for `--timeout`.
-fn run(t: &Target, cmd: &str, input: Option<&[u8]>) -> Result<String, String> {
+/// Run `cmd` on `t`'s host with `input` on its stdin (gzip-compressed
+/// when its flag is set): its stdout, or what it said on stderr when it
+/// failed. Given up (ssh killed) when nothing moves either way for
+/// `--timeout`.
+fn run(t: &Target, cmd: &str, input: Option<(&[u8], bool)>) -> Result<String, String> {
     let argv = t.command(&format!("sh -c {} sh", quote(cmd)));
     let mut c = Command::new(&argv[0]);
     c.args(&argv[1..])
@@ -477,7 +470,7 @@ fn run(t: &Target, cmd: &str, input: Option<&[u8]>) -> Result<String, String> {
         child.id(),
         format!("{}: ssh failed: no answer while installing ferry", t.host),
     );
-    let feed = input.map(|b| {
+    let feed = input.map(|(b, gz)| {
         let mut stdin = crate::quiet::Writing {
             inner: child.stdin.take().expect("piped"),
             quiet: quiet.clone(),
@@ -485,7 +478,11 @@ fn run(t: &Target, cmd: &str, input: Option<&[u8]>) -> Result<String, String> {
         let b = b.to_vec();
         std::thread::spawn(move || {
             // In pieces, so that the timeout sees each one move.
-            b.chunks(256 << 10).try_for_each(|c| stdin.write_all(c))
+            if gz {
+                write_gz(stdin, &b)
+            } else {
+                b.chunks(256 << 10).try_for_each(|c| stdin.write_all(c))
+            }
         })
     });
     let mut err = String::new();
@@ -598,13 +595,9 @@ mod tests {
         let put = |bytes: &[u8], gz: bool| {
             let sum = hex(&Sha256::digest(bytes));
             let body = if gz {
-                let ship = Ship {
-                    bytes: bytes.to_vec(),
-                    sum: sum.clone(),
-                    libc: Libc::Unknown,
-                    gz: OnceLock::new(),
-                };
-                ship.gz().to_vec()
+                let mut z = Vec::new();
+                write_gz(&mut z, bytes).unwrap();
+                z
             } else {
                 bytes.to_vec()
             };
