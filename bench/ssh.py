@@ -101,7 +101,7 @@ config_rtt = config
 
 # (rclone is slow on even the smoke workloads: by default in full runs only.)
 tools = [t for t in a.tools.split(",") if t] or \
-    ["ferry", "ferry-sftp", "rsync"] + [t for t in ("scp", "rclone") if shutil.which(t) and not (a.smoke and t == "rclone")]
+    ["ferry-default", "ferry", "ferry-sftp", "rsync"] + [t for t in ("scp", "rclone") if shutil.which(t) and not (a.smoke and t == "rclone")]
 if a.both and a.rtt_ms:
     # Loopback and behind the proxy in one run, alternated: whatever the machine does
     # (other work, ext4's scans past recently freed inodes) hits both alike.
