@@ -378,7 +378,10 @@ def retire(path, many):
         shutil.rmtree(path, ignore_errors=True)
         return
     os.makedirs(trash, exist_ok=True)
-    os.rename(path, os.path.join(trash, str(len(os.listdir(trash)))))
+    k = len(os.listdir(trash))
+    while os.path.exists(os.path.join(trash, str(k))):
+        k += 1
+    os.rename(path, os.path.join(trash, str(k)))
 try:
     uncache()
     if not only or "fixed" in only:
