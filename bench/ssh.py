@@ -25,8 +25,17 @@ first when ssh is left to its defaults, rsync and scp take ssh's default order).
 clients and sshd (--both: each tool also straight to sshd, as TOOL@lo, in the same run). --smoke runs tiny workloads once and checks the copies are equal (what
 scripts/test runs, so this never rots). --only big,push picks rows (--only delta: the delta
 rows alone).
+
+Default flags: tool ferry-default is `ferry copy -e SSH SRC DST` as a new user types it (no
+--remote-ferry: the start command finds ferry cached there, or installs it); ferry-base-default
+the same with --ferry-base. Their cached copies on the host (~/.cache/ferry/ferry-*-<build-id>)
+are removed before the first run, so the first run installs. --noop-files N sets the no-op
+workload's file count (default 100,000). Also measured in the same run ("fixed" rows): one ssh
+connection (`ssh host true`), the no-op between two local directories, a first run on a host
+without ferry (the install: its cache removed before each run, a 1-file tree), and, once per
+tool after the timed runs, the ssh connections each run opens (strace -f -e execve, counted).
 """
-import argparse, filecmp, json, os, re, resource, shutil, statistics, subprocess, sys, tempfile, time
+import argparse, filecmp, hashlib, json, os, re, resource, shutil, statistics, subprocess, sys, tempfile, time
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--runs", type=int, default=3)
@@ -40,13 +49,14 @@ ap.add_argument("--smoke", action="store_true")
 ap.add_argument("--tools", default="", help="comma list (default: ferry,ferry-sftp,rsync and scp,rclone when installed)")
 ap.add_argument("--cipher", default="aes128-gcm@openssh.com",
                 help="the cipher every tool's ssh is given (-c), or 'default': none, each tool as users run it")
+ap.add_argument("--noop-files", type=int, default=100_000)
 ap.add_argument("--only", default="", help="comma list of workloads and directions: small,noop,big,delta,push,pull")
 a = ap.parse_args()
 ferry = os.path.abspath(a.ferry)
 repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 runs = 1 if a.smoke else a.runs
 W = {"small": (200, 4096), "noop": (300, 1024), "big": (1, 3 << 20)} if a.smoke else \
-    {"small": (10_000, 4096), "noop": (100_000, 1024), "big": (1, 1 << 30)}
+    {"small": (10_000, 4096), "noop": (a.noop_files, 1024), "big": (1, 1 << 30)}
 only = set(filter(None, a.only.split(",")))
 
 os.makedirs(a.workdir, exist_ok=True)
@@ -91,7 +101,7 @@ config_rtt = config
 
 # (rclone is slow on even the smoke workloads: by default in full runs only.)
 tools = [t for t in a.tools.split(",") if t] or \
-    ["ferry", "ferry-sftp", "rsync"] + [t for t in ("scp", "rclone") if shutil.which(t) and not (a.smoke and t == "rclone")]
+    ["ferry-default", "ferry", "ferry-sftp", "rsync"] + [t for t in ("scp", "rclone") if shutil.which(t) and not (a.smoke and t == "rclone")]
 if a.both and a.rtt_ms:
     # Loopback and behind the proxy in one run, alternated: whatever the machine does
     # (other work, ext4's scans past recently freed inodes) hits both alike.
@@ -108,6 +118,10 @@ def cmd(tool, src, dst, push):
     s, d = (src, at(dst)) if push else (at(src), dst)
     if tool == "ferry":
         return [ferry, "copy", "-e", ssh, "--remote-ferry", ferry, s, d]
+    if tool == "ferry-default":
+        return [ferry, "copy", "-e", ssh, s, d]
+    if tool == "ferry-base-default":
+        return [os.path.abspath(a.ferry_base), "copy", "-e", ssh, s, d]
     if tool == "ferry-sftp":
         return [ferry, "copy", "--sftp", "-e", ssh, s, d]
     if tool == "ferry-base":
@@ -280,7 +294,79 @@ def same(x, y):
         same(os.path.join(x, s), os.path.join(y, s))
 
 
+def build_id(path):
+    """The first 16 hex digits of a binary's GNU build-id (its name in a host's cache)."""
+    with open(path, "rb") as f:
+        head = f.read(64 << 10)
+    i = head.find(b"\x04\x00\x00\x00\x14\x00\x00\x00\x03\x00\x00\x00GNU\x00")
+    return head[i + 16:i + 24].hex() if i >= 0 else None
+
+
+def uncache():
+    """Remove the tested ferries' copies from the host's cache (the host is this machine, the
+    same user): the next default run installs."""
+    d = os.path.expanduser("~/.cache/ferry")
+    ids = []
+    for b in [ferry] + ([os.path.abspath(a.ferry_base)] if a.ferry_base else []):
+        # (Before the build-id, the cache name was keyed by the SHA-256 of the binary.)
+        with open(b, "rb") as f:
+            ids += [build_id(b), hashlib.sha256(f.read()).hexdigest()[:16]]
+    if not os.path.isdir(d):
+        return
+    for n in os.listdir(d):
+        if any(i and f"-{i}" in n for i in ids):
+            os.remove(os.path.join(d, n))
+
+
+def count_ssh(argv):
+    """The ssh processes one run starts (strace -f -e execve)."""
+    log = os.path.join(a.workdir, "strace.log")
+    subprocess.run(["strace", "-f", "-qq", "-e", "trace=execve", "-e", "signal=none", "-o", log] + argv,
+                   check=True, capture_output=True)
+    with open(log) as f:
+        # (A call another process interrupts is split: "<unfinished ...>", then its result.)
+        # `ssh -G` (ferry reading ssh's configuration) opens no connection.
+        return sum(1 for l in f if 'execve("/usr/bin/ssh"' in l and "= -1" not in l and '"-G"' not in l)
+
+
+def fixed_rows():
+    """ssh's own cost, the local no-op, and a first run on a host without ferry."""
+    t = [timed(["ssh", "-F", config] + cipher + [host, "true"]) for _ in range(max(runs, 5))]
+    rows.append(("fixed", "-", "ssh host true", statistics.median(x[0] for x in t),
+                 statistics.median(x[1] for x in t), statistics.median(x[2] for x in t), "one ssh connection"))
+    base = os.path.join(a.workdir, "fixed")
+    one = os.path.join(base, "one")
+    os.makedirs(one, exist_ok=True)
+    with open(os.path.join(one, "f"), "wb") as f:
+        f.write(b"x" * 4096)
+    for tool in [t for t in tools if t.endswith("default")]:
+        got = []
+        for k in range(runs):
+            uncache()
+            dst = os.path.join(base, f"there-{tool}-{k}")
+            got.append(timed(cmd(tool, one, dst, True)))
+        rows.append(("install", "push", tool, statistics.median(x[0] for x in got),
+                     statistics.median(x[1] for x in got), statistics.median(x[2] for x in got),
+                     "first run on a host without ferry, 1 file (ferry uploaded and run)"))
+        print(f"install push {tool} {rows[-1][3]:7.2f} s", flush=True)
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def local_noop(src):
+    """The same no-op between two local directories (ferry copy SRC DIR)."""
+    dst = os.path.join(a.workdir, "noop", "local")
+    subprocess.run([ferry, "copy", src, dst], check=True, capture_output=True)
+    t = [timed([ferry, "copy", src, dst]) for _ in range(runs)]
+    rows.append(("noop", "local", "ferry (local dirs)", statistics.median(x[0] for x in t),
+                 statistics.median(x[1] for x in t), 0.0, "the same no-op, no ssh"))
+    t = [timed(["rsync", "-a", src + "/", dst]) for _ in range(runs)]
+    rows.append(("noop", "local", "rsync (local dirs)", statistics.median(x[0] for x in t),
+                 statistics.median(x[1] for x in t), 0.0, "the same no-op, no ssh"))
+    shutil.rmtree(dst, ignore_errors=True)
+
+
 rows = []
+conns = []
 trash = os.path.join(a.workdir, "trash")
 def retire(path, many):
     # The root ext4 here has no journal: an inode freed within the last minute is not
@@ -292,8 +378,15 @@ def retire(path, many):
         shutil.rmtree(path, ignore_errors=True)
         return
     os.makedirs(trash, exist_ok=True)
-    os.rename(path, os.path.join(trash, str(len(os.listdir(trash)))))
+    k = len(os.listdir(trash))
+    while os.path.exists(os.path.join(trash, str(k))):
+        k += 1
+    os.rename(path, os.path.join(trash, str(k)))
 try:
+    uncache()
+    if not only or "fixed" in only:
+        fixed_rows()
+    uncache()
     for wl, (n, size) in W.items():
         if only and wl not in only:
             continue
@@ -328,6 +421,21 @@ try:
                         acc.append(v)
                     if a.smoke:
                         same(src, far if push else near)
+            if wl == "noop":
+                local_noop(src)
+            if wl in ("noop", "small"):
+                # The ssh connections of one run of each tool (ferry installed by now).
+                for tool in use:
+                    far = os.path.join(a.workdir, wl, "there")
+                    near = os.path.join(a.workdir, wl, "back")
+                    if push:
+                        if wl != "noop":
+                            retire(far, True)
+                        argv = cmd(tool, src, far, True)
+                    else:
+                        retire(near, True)
+                        argv = cmd(tool, far, near, False)
+                    conns.append((wl, "push" if push else "pull", tool, count_ssh(argv)))
             for tool in use:
                 walls, cpus, rcpus, pcpus = got[tool]
                 w = statistics.median(walls)
@@ -356,3 +464,9 @@ print(f"| workload | dir | tool | wall s (median of {runs}) | CPU s here | CPU s
 print("|---|---|---|---|---|---|---|")
 for wl, d, tool, w, cpu, rcpu, rate in rows:
     print(f"| {wl} | {d} | {tool} | {w:.2f} | {cpu:.2f} | {rcpu:.2f} | {rate} |")
+if conns:
+    print()
+    print("| workload | dir | tool | ssh connections per run |")
+    print("|---|---|---|---|")
+    for wl, d, tool, n in conns:
+        print(f"| {wl} | {d} | {tool} | {n} |")

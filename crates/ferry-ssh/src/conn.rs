@@ -6,13 +6,14 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::io::{self, BufRead, BufReader};
+use std::io::{self, BufRead, BufReader, Read};
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread::JoinHandle;
 
+use crate::install::{Look, Report};
 use crate::proto::{self, Hello, Out, Req, Resp};
 use crate::quiet::{self, Quiet, Reading, Session, Writing};
 
@@ -120,6 +121,22 @@ impl Target {
 
     fn argv(&self) -> Vec<String> {
         self.command(&format!("{} serve", self.remote_ferry))
+    }
+
+    /// The command line of a connection: `--remote-ferry`'s, or with
+    /// self-install, the start command that looks for ferry as `look`
+    /// says ([`crate::install::start_script`]; `sum`: the shipped binary's
+    /// SHA-256, for [`Look::Verify`]).
+    fn argv_look(&self, look: Look, sum: &str) -> Result<Vec<String>, String> {
+        if !self.install {
+            return Ok(self.argv());
+        }
+        let name = crate::install::cache_name()?;
+        Ok(self.command(&format!(
+            "sh -c {} sh {}",
+            crate::install::quote(&crate::install::start_script(look, sum)),
+            crate::install::quote(name)
+        )))
     }
 
     /// The ssh command line that starts subsystem `name` (`sftp`) there
@@ -551,9 +568,7 @@ static WATCHES: Mutex<Vec<Arc<Conn>>> = Mutex::new(Vec::new());
 /// A connection of its own to `t` for a request that never ends (a
 /// watch), closed by [`close_all`] with the others.
 pub(crate) fn open_own(t: &Target) -> Result<Arc<Conn>, String> {
-    let c = open(t).map_err(|f| match f {
-        Failed::Other(w) | Failed::NoFerry(w) => w,
-    })?;
+    let c = open(t).map_err(|f| f.line(t))?;
     let mut w = WATCHES.lock().unwrap();
     w.retain(|c| !c.gone.load(Ordering::Relaxed));
     w.push(c.clone());
@@ -607,27 +622,73 @@ pub fn close_all() {
     }
 }
 
-/// The connection to `t`, made once per run and shared. When the remote
-/// has no ferry of this protocol and `t` allows it, this binary is
-/// installed there ([`crate::install`]) and run.
+/// The connection to `t`, made once per run and shared. With self-install
+/// one connection runs the start command ([`crate::install`]): it execs
+/// the ferry there, or says what it found, in the same round trip. When
+/// the remote has no ferry this binary may run, it is installed there
+/// ([`crate::install::install`]) and run.
 pub fn connect(t: &Target) -> Result<Arc<Conn>, String> {
     let mut conns = CONNS.lock().unwrap();
     if let Some((_, c)) = conns.iter().find(|(k, _)| k == t) {
         return Ok(c.clone());
     }
-    let c = match open(t) {
-        Ok(c) => c,
-        Err(Failed::Other(why)) => return Err(why),
-        Err(Failed::NoFerry(why)) if !t.install => return Err(why),
-        Err(Failed::NoFerry(why)) => {
-            let installed = crate::install::install(t, &why)?;
-            open(&installed).map_err(|f| match f {
-                Failed::Other(w) | Failed::NoFerry(w) => w,
-            })?
-        }
-    };
+    let c = start(t)?;
     conns.push((t.clone(), c.clone()));
     Ok(c)
+}
+
+/// A session to `t`'s ferry: found, checked, or installed first.
+fn start(t: &Target) -> Result<Arc<Conn>, String> {
+    let mut look = Look::Fast;
+    let mut why = format!("{}: {NO_FERRY} (none on the PATH, none cached)", t.host);
+    let mut installed = false;
+    // At most: the PATH's ferry of another protocol, a cached file
+    // checked, an install, and the start after it.
+    for _ in 0..5 {
+        let sum = match look {
+            Look::Verify => crate::install::shipped()?.sum.as_str(),
+            _ => "",
+        };
+        let report = match open_look(t, look, sum) {
+            Ok(c) => return Ok(c),
+            Err(Failed::Other(w)) => return Err(w),
+            Err(Failed::NoFerry(w)) if !t.install || look != Look::Fast => return Err(w),
+            // The PATH's ferry is of another protocol (or not ferry): the
+            // cache, or an install, as when there is none.
+            Err(Failed::NoFerry(w)) => {
+                why = w;
+                look = Look::NoPath;
+                continue;
+            }
+            Err(Failed::Report(r)) => r,
+        };
+        if report.cached {
+            if let Some(s) = &report.cached_sum {
+                let ship = crate::install::shipped()?;
+                if *s != ship.sum {
+                    let name = crate::install::cache_name()?;
+                    return Err(crate::install::not_this(
+                        t,
+                        &format!("{}/{name}", report.dir),
+                        s,
+                    ));
+                }
+            }
+            if look != Look::Verify {
+                // There, but not as its marker says: its SHA-256 checked
+                // there once.
+                look = Look::Verify;
+                continue;
+            }
+        }
+        if installed {
+            break;
+        }
+        crate::install::install(t, &report, &why)?;
+        installed = true;
+        look = Look::NoPath;
+    }
+    Err(Failed::Report(Report::default()).line(t))
 }
 
 /// A new connection in place of `dead`, this run's connection to `t`
@@ -647,23 +708,38 @@ pub fn reconnect(t: &Target, dead: &Arc<Conn>) -> Result<Arc<Conn>, String> {
             e.close();
         }
     }
-    let c = open(dead.target()).map_err(|f| match f {
-        Failed::Other(w) | Failed::NoFerry(w) => w,
-    })?;
+    let c = open(dead.target()).map_err(|f| f.line(t))?;
     conns.push((t.clone(), c.clone()));
     Ok(c)
 }
 
 /// Why a session did not start.
 enum Failed {
+    /// The start command ran no ferry and said what it found.
+    Report(Report),
     /// No ferry of this protocol answered (the message says which).
     NoFerry(String),
     /// Anything else (ssh could not connect, ...).
     Other(String),
 }
 
+impl Failed {
+    fn line(self, t: &Target) -> String {
+        match self {
+            Failed::Other(w) | Failed::NoFerry(w) => w,
+            Failed::Report(_) => format!("{}: {NO_FERRY} (none on the PATH, none cached)", t.host),
+        }
+    }
+}
+
+/// Another connection to a host reached before: its start command runs
+/// the ferry it found then.
 fn open(t: &Target) -> Result<Arc<Conn>, Failed> {
-    let argv = t.argv();
+    open_look(t, Look::Fast, "")
+}
+
+fn open_look(t: &Target, look: Look, sum: &str) -> Result<Arc<Conn>, Failed> {
+    let argv = t.argv_look(look, sum).map_err(Failed::Other)?;
     let mut child = Command::new(&argv[0])
         .args(&argv[1..])
         .stdin(Stdio::piped())
@@ -724,6 +800,21 @@ fn open(t: &Target) -> Result<Arc<Conn>, Failed> {
                 "{}: the remote ferry ({}) is version {version} (protocol {protocol}), this is {} (protocol {}): install ferry {} there, or name one with --remote-ferry PATH",
                 t.host, t.remote_ferry, proto::version(), proto::PROTOCOL, proto::version()
             )));
+        }
+        Ok(Hello::Other(b)) if b.starts_with(b"#") => {
+            // The start command's report (or what else it said).
+            let mut text = b;
+            let _ = stdout.read_to_end(&mut text);
+            drop(stdin);
+            let text = String::from_utf8_lossy(&text).into_owned();
+            if let Some(rest) = text.strip_prefix(crate::install::PROBE) {
+                quiet.reaped();
+                quiet.stop();
+                let _ = child.wait();
+                let _ = errt.join();
+                return Err(Failed::Report(Report::parse(rest)));
+            }
+            return Err(ended(t, child, errt, &err, &quiet));
         }
         Ok(Hello::Other(b)) => {
             let _ = child.kill();
@@ -890,7 +981,8 @@ fn ended(
 const NO_FERRY: &str = "no ferry on the remote";
 
 /// True when `why`, a message of [`classify`] (or of [`connect`]), says
-/// ssh itself failed (unreachable, authentication, host key, no ssh):
+/// ssh itself failed (unreachable, authentication, host key, no ssh, no
+/// answer for `--timeout`):
 /// the host was not reached, so nothing else over ssh can work either.
 pub fn is_ssh_failure(why: &str) -> bool {
     [
@@ -899,6 +991,9 @@ pub fn is_ssh_failure(why: &str) -> bool {
         ": host unreachable (",
         ": ssh failed: ",
         "(the -e/FERRY_RSH command)",
+        // Given up for silence (`--timeout`): the host did not answer,
+        // which is not a host where ferry cannot run.
+        " s (--timeout)",
     ]
     .iter()
     .any(|s| why.contains(s))

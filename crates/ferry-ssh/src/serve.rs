@@ -208,6 +208,18 @@ struct State {
 
 /// Serve on stdin and stdout until the other end closes the stream.
 pub fn serve() -> io::Result<()> {
+    serve_guarded(None)
+}
+
+/// The start command's guard, `guard` (a pid), which ends this session's
+/// processes there when the connection goes before the session started
+/// ([`crate::install::start_script`]): stopped once the hellos are
+/// exchanged (from then on this process ends when its input ends).
+static GUARD: std::sync::Mutex<Option<u32>> = std::sync::Mutex::new(None);
+
+/// [`serve`], with the start command's guard to stop once started.
+pub fn serve_guarded(guard: Option<u32>) -> io::Result<()> {
+    *GUARD.lock().unwrap() = guard;
     // The descriptors themselves, past std's line buffering of stdout.
     use std::os::fd::AsFd;
     let input = std::fs::File::from(io::stdin().as_fd().try_clone_to_owned()?);
@@ -243,6 +255,11 @@ pub fn serve_on(
         )))
         }
         Hello::Other(_) => return Err(io::Error::other("the client is not a ferry")),
+    }
+    if let Some(pid) = GUARD.lock().unwrap().take() {
+        if let Some(p) = rustix::process::Pid::from_raw(pid as i32) {
+            let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
+        }
     }
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     let (out_tx, out_rx) = mpsc::channel::<proto::Out>();

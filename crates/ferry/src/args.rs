@@ -57,7 +57,12 @@ pub enum Command {
     /// Serve this machine's files on stdin/stdout to a ferry at the other
     /// end of ssh (ferry starts it itself for host:path locations).
     #[command(hide = true)]
-    Serve,
+    Serve {
+        /// The pid of the start command's guard (docs/CLI.md, "SSH"):
+        /// stopped once the session has started.
+        #[arg(long, hide = true)]
+        start_guard: Option<u32>,
+    },
     /// List the versions kept of a file (--versions), or of every file
     /// below a directory; with --at TIME, each file as it was then.
     Versions(VersionsArgs),

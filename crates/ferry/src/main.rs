@@ -42,7 +42,7 @@ fn main() -> ExitCode {
     let json = match &cli.command {
         Command::Copy(a) | Command::Sync(a) => a.out.json.then_some((a.dry_run, false)),
         Command::Bisync(a) => a.out.json.then_some((a.dry_run, true)),
-        Command::Ls(_) | Command::Cleanup(_) | Command::Serve => None,
+        Command::Ls(_) | Command::Cleanup(_) | Command::Serve { .. } => None,
         Command::Versions(_) | Command::Restore(_) => None,
     };
     // Read-only commands never act on (nor remove) a rollback record a
@@ -52,7 +52,7 @@ fn main() -> ExitCode {
         Command::Bisync(a) => a.dry_run,
         Command::Restore(a) => a.dry_run,
         Command::Ls(_) | Command::Versions(_) => true,
-        Command::Cleanup(_) | Command::Serve => false,
+        Command::Cleanup(_) | Command::Serve { .. } => false,
     };
     if read_only {
         ferry_local::append::read_only();
@@ -64,7 +64,7 @@ fn main() -> ExitCode {
         }
         Command::Bisync(a) => a.tx.configure_ssh(args::only_ferry_keeps(false, &a.attrs)),
         Command::Ls(a) => a.tx.configure_ssh(Vec::new()),
-        Command::Cleanup(_) | Command::Serve => {}
+        Command::Cleanup(_) | Command::Serve { .. } => {}
         Command::Versions(a) => a.tx.configure_ssh(Vec::new()),
         Command::Restore(a) => a.tx.configure_ssh(Vec::new()),
     }
@@ -78,7 +78,7 @@ fn main() -> ExitCode {
         Command::Ls(a) => run_ls(a),
         Command::Cleanup(a) => run_cleanup(a),
         Command::Bisync(a) => run_bisync(a),
-        Command::Serve => ferry_ssh::serve()
+        Command::Serve { start_guard } => ferry_ssh::serve::serve_guarded(start_guard)
             .map(|()| 0)
             .map_err(|e| format!("serve: {}", cause(&e))),
         Command::Versions(a) => versions::run_versions(a),

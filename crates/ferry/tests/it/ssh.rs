@@ -494,13 +494,11 @@ fn self_install_once_then_reused_and_checked() {
     let names: Vec<_> = std::fs::read_dir(&cache)
         .unwrap()
         .map(|e| e.unwrap().path())
+        .filter(|p| !p.to_string_lossy().ends_with(".ok"))
         .collect();
     assert_eq!(names.len(), 1, "one file, no temporaries: {names:?}");
     let cached = &names[0];
-    assert_eq!(
-        std::fs::read(cached).unwrap(),
-        std::fs::read(bin()).unwrap()
-    );
+    assert_eq!(std::fs::read(cached).unwrap(), crate::util::ssh::shipped_bin());
     let before = std::fs::metadata(cached).unwrap().modified().unwrap();
     // Reused: no second upload.
     write(d.path(), "src/b", b"second");
@@ -556,6 +554,280 @@ fn ferry_on_the_remote_path_is_used() {
     ]);
     r.ok();
     assert_eq!(std::fs::read(d.path().join("dst/a")).unwrap(), b"by PATH");
+}
+
+/// An -e command like [`rsh_with`]'s that also writes one line to `dir/connections` per
+/// ssh it starts, and passes an SFTP subsystem request (`-s`) through as it is.
+fn rsh_counted(rsh: &str, dir: &Path, env: &str) -> String {
+    let script = dir.join("rsh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/bash\necho \"$$ $*\" >> '{log}'\nfor a in \"$@\"; do [ \"$a\" = -s ] && exec {rsh} \"$@\"; done\nlast=\"${{@: -1}}\"\nset -- \"${{@:1:$#-1}}\"\nexec {rsh} \"$@\" \"unset XDG_CACHE_HOME; export {env}; $last\"\n",
+            log = dir.join("connections").display(),
+        ),
+    )
+    .unwrap();
+    chmod(&script, 0o755);
+    script.to_string_lossy().into_owned()
+}
+
+/// The ssh connections started since the last call (the log of [`rsh_counted`] emptied).
+fn connections(dir: &Path) -> usize {
+    let log = dir.join("connections");
+    let n = std::fs::read_to_string(&log).map_or(0, |s| s.lines().count());
+    let _ = std::fs::remove_file(&log);
+    n
+}
+
+/// By default (no flags), a host with ferry costs one ssh connection, as rsync's does:
+/// ferry cached there by an earlier run is run by the start command without hashing it
+/// (its marker matches), and so is ferry on the remote PATH. A cached ferry whose marker
+/// no longer matches (touched) is checked once by its SHA-256 and marked again. (Before:
+/// three connections per run: a failing `ferry serve`, a shell hashing the cached binary,
+/// then `serve`.) The first run, which installs, costs three.
+#[test]
+fn a_host_with_ferry_costs_one_connection() {
+    let (rsh, host) = need_server!();
+    let d = tmpdir();
+    let home = d.path().join("home");
+    std::fs::create_dir(&home).unwrap();
+    let rsh = rsh_counted(
+        &rsh,
+        d.path(),
+        &format!("HOME='{}' PATH=/usr/bin:/bin", home.display()),
+    );
+    let src = d.path().join("src");
+    let dst = d.path().join("dst");
+    let copy = || {
+        ferry([
+            "copy".as_ref(),
+            "-e".as_ref(),
+            rsh.as_ref() as &std::ffi::OsStr,
+            src.as_os_str(),
+            &at(&host, &dst),
+        ])
+    };
+    write(&src, "a", b"one");
+    let r = copy();
+    r.ok();
+    assert!(r.err().contains("installed this ferry"), "{r}");
+    let first = connections(d.path());
+    assert!(first <= 3, "{first} connections to install: {r}");
+    for i in 0..3 {
+        write(&src, format!("b{i}"), b"more");
+        let r = copy();
+        r.ok();
+        assert!(!r.err().contains("installed"), "{r}");
+        assert_eq!(connections(d.path()), 1, "run {i}: {r}");
+    }
+    assert_trees_equal(&src, &dst);
+    // Touched since (same bytes): checked once, then one connection again.
+    let cache = home.join(".cache/ferry");
+    let cached = std::fs::read_dir(&cache)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| !p.to_string_lossy().ends_with(".ok"))
+        .unwrap();
+    set_mtime(&cached, (1_600_000_000, 0));
+    write(&src, "c", b"after a touch");
+    let r = copy();
+    r.ok();
+    assert_eq!(connections(d.path()), 2, "{r}");
+    write(&src, "d", b"marked again");
+    copy().ok();
+    assert_eq!(connections(d.path()), 1);
+    assert_trees_equal(&src, &dst);
+    // ferry on the remote PATH (no cache): one connection.
+    let home2 = d.path().join("home2");
+    let binp = d.path().join("bin");
+    std::fs::create_dir_all(&home2).unwrap();
+    std::fs::create_dir(&binp).unwrap();
+    std::os::unix::fs::symlink(bin(), binp.join("ferry")).unwrap();
+    let rsh2 = rsh_counted(
+        &server().unwrap().0,
+        d.path(),
+        &format!(
+            "HOME='{}' PATH='{}':/usr/bin:/bin",
+            home2.display(),
+            binp.display()
+        ),
+    );
+    write(&src, "e", b"by PATH");
+    let r = ferry([
+        "copy".as_ref(),
+        "-e".as_ref(),
+        rsh2.as_ref() as &std::ffi::OsStr,
+        src.as_os_str(),
+        &at(&host, &dst),
+    ]);
+    r.ok();
+    assert_eq!(connections(d.path()), 1, "{r}");
+    assert!(!home2.join(".cache").exists(), "{r}");
+    assert_trees_equal(&src, &dst);
+}
+
+/// A host whose C library this ferry cannot run on (a glibc older than the one it is
+/// built for, or musl: what `getconf GNU_LIBC_VERSION` or `ldd --version` say there,
+/// asked in the start command's round trip) gets nothing installed. With what SFTP
+/// cannot keep asked (-X), one line says why and what to do, exit 2; without, the host
+/// is served over SFTP with the one note, which says why.
+#[test]
+fn a_host_with_an_older_glibc_or_musl_is_told_in_one_line() {
+    let (rsh, host) = need_server!();
+    for (libc, getconf, ldd) in [
+        (
+            "glibc is 2.17",
+            "echo 'glibc 2.17'",
+            "echo 'ldd (GNU libc) 2.17'",
+        ),
+        (
+            "C library is musl",
+            "echo 'getconf: GNU_LIBC_VERSION: unknown variable' >&2; exit 1",
+            "echo 'musl libc (x86_64)' >&2; echo 'Version 1.2.4' >&2; exit 1",
+        ),
+    ] {
+        let d = tmpdir();
+        let home = d.path().join("home");
+        let fake = d.path().join("fakebin");
+        std::fs::create_dir(&home).unwrap();
+        for (name, body) in [("getconf", getconf), ("ldd", ldd)] {
+            write(&fake, name, format!("#!/bin/sh\n{body}\n").as_bytes());
+            chmod(&fake.join(name), 0o755);
+        }
+        let rsh = rsh_counted(
+            &rsh,
+            d.path(),
+            &format!(
+                "HOME='{}' PATH='{}':/usr/bin:/bin",
+                home.display(),
+                fake.display()
+            ),
+        );
+        let src = d.path().join("src");
+        write(&src, "a", b"to an old host");
+        let dst = d.path().join("dst");
+        let copy = |flags: &[&str]| {
+            let mut a: Vec<OsString> = vec!["copy".into(), "-e".into(), rsh.clone().into()];
+            a.extend(flags.iter().map(OsString::from));
+            a.push(src.clone().into());
+            a.push(at(&host, &dst));
+            ferry(&a)
+        };
+        let r = copy(&["-X"]);
+        r.code_is(2);
+        let lines = r.error_lines();
+        assert_eq!(lines.len(), 1, "{r}");
+        assert!(lines[0].contains(libc), "{libc}: {r}");
+        assert!(
+            lines[0].contains("install ferry there, or use --sftp"),
+            "{r}"
+        );
+        assert!(!dst.exists(), "{r}");
+        assert!(!home.join(".cache/ferry").exists(), "nothing uploaded: {r}");
+        // One round trip told it: no install attempted.
+        assert_eq!(connections(d.path()), 1, "{r}");
+        let r = copy(&[]);
+        r.ok();
+        assert_eq!(r.err().matches("using SFTP").count(), 1, "{r}");
+        assert!(r.err().contains(libc), "{r}");
+        assert_eq!(std::fs::read(dst.join("a")).unwrap(), b"to an old host");
+        assert!(!home.join(".cache/ferry").exists(), "nothing uploaded: {r}");
+    }
+}
+
+/// `--timeout` during start-up ends the remote command too: a cached ferry whose start
+/// hangs there (as on a stalled disk) is given up after the timeout (exit 2, one line),
+/// and what the start command ran there is gone soon after, not left running. (Before:
+/// ssh was killed here, and the remote command ran on.)
+#[test]
+fn a_start_given_up_by_the_timeout_leaves_nothing_running_there() {
+    let (rsh, host) = need_server!();
+    let d = tmpdir();
+    let home = d.path().join("home");
+    std::fs::create_dir(&home).unwrap();
+    let rsh = rsh_counted(
+        &rsh,
+        d.path(),
+        &format!("HOME='{}' PATH=/usr/bin:/bin", home.display()),
+    );
+    let src = d.path().join("src");
+    write(&src, "a", b"a");
+    let dst = d.path().join("dst");
+    let copy = |timeout: &str| {
+        ferry([
+            "--timeout".as_ref(),
+            timeout.as_ref(),
+            "copy".as_ref(),
+            "-e".as_ref(),
+            rsh.as_ref() as &std::ffi::OsStr,
+            src.as_os_str(),
+            &at(&host, &dst),
+        ])
+    };
+    copy("300").ok();
+    // The cached ferry made one that hangs, its marker made to match it (as an install
+    // writes it: the file's size, mtime, ctime, inode and owner, the directory's inode,
+    // owner and mode).
+    let cache = home.join(".cache/ferry");
+    let cached = std::fs::read_dir(&cache)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| !p.to_string_lossy().ends_with(".ok"))
+        .unwrap();
+    let pidf = d.path().join("hung.pid");
+    std::fs::remove_file(&cached).unwrap();
+    std::fs::write(
+        &cached,
+        format!(
+            "#!/bin/sh\necho $$ > '{}'\nexec sleep 3000\n",
+            pidf.display()
+        ),
+    )
+    .unwrap();
+    chmod(&cached, 0o755);
+    let key = std::process::Command::new("stat")
+        .args(["-c", "%s %Y %Z %i %u %a"])
+        .arg(&cached)
+        .arg(&cache)
+        .output()
+        .unwrap();
+    let w: Vec<String> = String::from_utf8_lossy(&key.stdout)
+        .split_whitespace()
+        .map(String::from)
+        .collect();
+    assert_eq!(w.len(), 12, "{w:?}");
+    let marker = [&w[..5], &w[9..]].concat().join(" ");
+    std::fs::write(
+        cache.join(format!(
+            "{}.ok",
+            cached.file_name().unwrap().to_string_lossy()
+        )),
+        format!("{marker}\n"),
+    )
+    .unwrap();
+    write(&src, "b", b"b");
+    let r = copy("2");
+    r.code_is(2);
+    assert_eq!(r.error_lines().len(), 1, "{r}");
+    assert!(r.err().contains("(--timeout)"), "{r}");
+    let pid = std::fs::read_to_string(&pidf).unwrap();
+    let pid = pid.trim();
+    let alive = || {
+        std::fs::read(format!("/proc/{pid}/cmdline"))
+            .is_ok_and(|c| String::from_utf8_lossy(&c).contains("3000"))
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while alive() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let left = alive();
+    if left {
+        let _ = std::process::Command::new("kill")
+            .args(["-9", pid])
+            .status();
+    }
+    assert!(!left, "the hung start is still running there: {r}");
 }
 
 // ------------------------------------------------------------------ more paths

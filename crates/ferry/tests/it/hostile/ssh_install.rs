@@ -37,10 +37,14 @@ fn rsh_home(rsh: &str, dir: &Path, home: &Path) -> String {
     script.to_string_lossy().into_owned()
 }
 
-/// The files of the remote cache directory under `home`.
+/// The files of the remote cache directory under `home`, but the markers an install
+/// writes beside a cached ferry (`NAME.ok`).
 fn cache_files(home: &Path) -> Vec<PathBuf> {
     match std::fs::read_dir(home.join(".cache/ferry")) {
-        Ok(d) => d.map(|e| e.unwrap().path()).collect(),
+        Ok(d) => d
+            .map(|e| e.unwrap().path())
+            .filter(|p| !p.to_string_lossy().ends_with(".ok"))
+            .collect(),
         Err(_) => Vec::new(),
     }
 }
@@ -144,7 +148,7 @@ fn first_runs_at_once_wait_out_the_install_race() {
         assert_eq!(files.len(), 1, "one file, no temporaries: {files:?}");
         assert_eq!(
             std::fs::read(&files[0]).unwrap(),
-            std::fs::read(bin()).unwrap()
+            crate::util::ssh::shipped_bin()
         );
     }
 }
@@ -198,7 +202,7 @@ fn a_first_run_killed_mid_install_leaves_no_temporary_and_the_rerun_installs() {
     child.kill().unwrap();
     child.wait().unwrap();
     // The remote step sees its input end and removes its temporary.
-    let whole = std::fs::read(bin()).unwrap();
+    let whole = crate::util::ssh::shipped_bin();
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
         let files = cache_files(&home);

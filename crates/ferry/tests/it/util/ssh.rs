@@ -176,3 +176,10 @@ pub fn dying_ferry(dir: &Path, die_after: u64) -> std::path::PathBuf {
     std::fs::set_permissions(&dying, std::fs::Permissions::from_mode(0o755)).unwrap();
     dying
 }
+
+/// The bytes ferry ships to a host (this build without debug info and symbol table), as
+/// its self-install puts them in the remote cache.
+pub fn shipped_bin() -> Vec<u8> {
+    let raw = std::fs::read(bin()).unwrap();
+    ferry_ssh::install::strip(&raw).unwrap_or(raw)
+}
