@@ -102,7 +102,7 @@ IN_Q_OVERFLOW = 0x4000
 IN_ISDIR = 0x40000000
 IN_CLOEXEC = 0o2000000
 
-SECTIONS = ("latency", "idle", "burst", "memory", "lsyncd", "syncthing", "bisync")
+SECTIONS = ("latency", "idle", "burst", "memory", "lsyncd", "syncthing", "bisync", "grow")
 
 libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 
@@ -245,6 +245,72 @@ def table(head, rows):
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     out += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(out)
+
+
+# --- a growing file ---------------------------------------------------------
+
+def run_grow(a, work, tables):
+    """One file of --grow-mb MiB written 1 MiB at a time, evenly over
+    --grow-secs seconds, kept open, while `ferry sync --watch --json` runs:
+    the bytes its copy/update records say it sent and the bytes it wrote
+    (wchar: copy_file_range and write, copies that failed too; over the
+    file's size),
+    and the time from the close() to DST's copy equal to the source (its
+    size checked every 2 ms, then its bytes). --runs runs, medians."""
+    rows = []
+    ratios, writes, tails, cpus = [], [], [], []
+    for r in range(a.runs):
+        _, src, dst = fresh(work, f"grow{r}")
+        log = open(os.path.join(work, f"grow{r}.json"), "w")
+        proc = subprocess.Popen([a.ferry, "sync", "--watch", "--json", src, dst], stdout=log)
+        fd = inotify_on(dst)
+        write_file(os.path.join(src, "ready"), b"x")
+        wait_name(fd, "ready")
+        os.close(fd)
+        size = a.grow_mb << 20
+        blk = os.urandom(1 << 20)
+        step = a.grow_secs / a.grow_mb
+        f = os.open(os.path.join(src, "log"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        t0 = time.monotonic()
+        for i in range(a.grow_mb):
+            os.write(f, blk)
+            time.sleep(max(0.0, t0 + (i + 1) * step - time.monotonic()))
+        os.close(f)
+        end = time.monotonic()
+        want = blk * a.grow_mb
+        # Its size first (a stat every 2 ms), then its bytes.
+        while True:
+            try:
+                if os.stat(os.path.join(dst, "log")).st_size == size:
+                    with open(os.path.join(dst, "log"), "rb") as g:
+                        if g.read() == want:
+                            break
+            except FileNotFoundError:
+                pass
+            time.sleep(0.002)
+        tails.append(time.monotonic() - end)
+        cpu = task_stats(proc.pid)[0]
+        with open(f"/proc/{proc.pid}/io") as io:
+            wchar = int(next(l for l in io if l.startswith("wchar:")).split()[1])
+        stop(proc, "ferry")
+        log.close()
+        sent = 0
+        with open(os.path.join(work, f"grow{r}.json")) as j:
+            for line in j:
+                rec = json.loads(line)
+                if rec.get("type") in ("copy", "update") and rec.get("path") == "log":
+                    sent += rec["size"]
+        ratios.append(sent / size)
+        writes.append(wchar / size)
+        cpus.append(cpu)
+        print(f"grow run {r}: sent {sent / 2**20:.0f} MiB ({sent / size:.2f}x), written {wchar / 2**20:.0f} MiB ({wchar / size:.2f}x), close() -> equal {tails[-1]*1e3:.0f} ms, ferry CPU {cpu:.2f} s")
+    rows.append([f"{a.grow_mb} MiB written over {a.grow_secs:g} s, bytes sent / size",
+                 f"{statistics.median(ratios):.2f}x"])
+    rows.append(["bytes written by ferry (wchar of /proc/PID/io, copies that failed too) / size",
+                 f"{statistics.median(writes):.2f}x"])
+    rows.append(["close() -> DST equal", f"{statistics.median(tails)*1e3:.0f} ms"])
+    rows.append(["ferry CPU (user+sys) over the run", f"{statistics.median(cpus):.2f} s"])
+    tables.append(table(["grow (median of %d runs)" % a.runs, "ferry"], rows))
 
 
 # --- latency and idle -------------------------------------------------------
@@ -803,6 +869,8 @@ def main():
     ap.add_argument("--bisync-changes", type=int, default=20)
     ap.add_argument("--bisync-pause", type=float, default=1.0,
                     help="bisync: seconds between changes (a run for the replica's own events settles)")
+    ap.add_argument("--grow-mb", type=int, default=200, help="grow: the file's size, MiB")
+    ap.add_argument("--grow-secs", type=float, default=10.0, help="grow: seconds over which it is written")
     ap.add_argument("--workdir", default=None)
     a = ap.parse_args()
     a.ferry = os.path.abspath(a.ferry)
@@ -824,6 +892,8 @@ def main():
             run_peers(a, work, sections, tables)
         if "bisync" in sections:
             run_bisync(a, work, tables)
+        if "grow" in sections:
+            run_grow(a, work, tables)
     finally:
         purge_trash(work)
         if not a.workdir:

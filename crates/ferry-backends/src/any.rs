@@ -462,6 +462,17 @@ macro_rules! backends {
                     _ => mismatch(),
                 }
             }
+            fn open_append<'a>(
+                &'a self,
+                dir: &'a AnyDir,
+                name: &CStr,
+                old: &Meta,
+            ) -> io::Result<Option<Box<dyn ferry_engine::store::AppendFile + 'a>>> {
+                match (self, dir) {
+                    $((AnyStore::$v(s), AnyDir::$v(d)) => s.open_append(d, name, old),)+
+                    _ => mismatch(),
+                }
+            }
             fn inplace_hashes(
                 &self,
                 r: &mut dyn SourceFile,

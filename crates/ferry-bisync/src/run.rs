@@ -519,6 +519,7 @@ fn run_with<A: Store, B: Store>(
         keep: None,
         mtime_step: ferry_engine::store::mtime_step(a, b),
         special: None,
+        grow: None,
     };
     let jr: Option<&Journal> = journal.as_deref();
     let records: &dyn Records = match jr {
@@ -889,6 +890,7 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
             keep: None,
             mtime_step: ferry_engine::store::mtime_step(s, d),
             special: None,
+            grow: None,
         }
     }
 

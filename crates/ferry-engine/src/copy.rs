@@ -85,7 +85,16 @@ pub struct Copier<'a, S: Store, D: Store> {
     /// (the [`Copied::meta`] it returns is the source's, bits and all).
     /// `None`: modes written as they are.
     pub special: Option<&'a SpecialBits>,
+    /// In a watch (its runs' shared state): a file that grows is taken as
+    /// appended to ([`Copier::append_tail`]; a copy of a file that only
+    /// grew while it was copied is committed as listed). `None`: a file
+    /// that changed while copied is copied again, then fails.
+    pub grow: Option<&'a crate::Guard>,
 }
+
+/// The bytes at the end of a destination's old part compared with the
+/// source's before only the tail is appended (`--append-verify`'s check).
+const VERIFY_TAIL: u64 = 64 << 10;
 
 /// A committed copy.
 #[derive(Clone, Debug)]
@@ -217,6 +226,11 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
         let mut want = *meta;
         let mut seen = (meta.size, meta.mtime_sec, meta.mtime_nsec);
         let mut whole = false;
+        if let Some(g) = self.grow {
+            if let Some(c) = self.append_tail(g, sdir, sname, ddir, name, rel, meta, old)? {
+                return Ok((c, None));
+            }
+        }
         match self.append(sdir, sname, ddir, name, meta, old) {
             Appended::Done(c) => return Ok((c, None)),
             Appended::No => {}
@@ -346,9 +360,19 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
         let now = now.map(|(size, sec, nsec)| (size, sec, cut_nsec(nsec, step)));
         if let Some(now) = now {
             let listed = (n, meta.mtime_sec, cut_nsec(meta.mtime_nsec, step));
-            if now != listed || n != meta.size {
+            // In a watch, a file that only grew while it was copied is
+            // taken as appended to: the bytes read, with the listed mtime,
+            // are committed (the watch appends the rest next; until a run
+            // copies it unchanged, the whole old part is checked then).
+            // (The copy reads one byte past the listed size to see growth,
+            // and may take more: what it read is what it commits.)
+            let grew = self.grow.is_some() && n >= meta.size && now.0 >= n && now.0 > meta.size;
+            if (now != listed || n != meta.size) && !grew {
                 self.dst.abort(ddir, w);
                 return Ok(Err(now));
+            }
+            if let Some(g) = self.grow {
+                g.torn(rel, grew);
             }
         } else if n != meta.size {
             self.dst.abort(ddir, w);
@@ -447,6 +471,115 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
             || s == DeltaRole::None
             || t == DeltaRole::None
             || !(d.local || s == DeltaRole::Remote || t == DeltaRole::Remote))
+    }
+
+    /// A watch's growing file: when the destination's copy (`old`) is
+    /// shorter than the source and its last [`VERIFY_TAIL`] bytes are the
+    /// source's at the same place (all of its bytes, when an earlier copy
+    /// was made while the file changed: [`crate::Guard::torn`]), only the
+    /// source's bytes past it are appended, in place. The copy gets the
+    /// listed mtime. `None`: not appended (the normal way then).
+    #[allow(clippy::too_many_arguments)]
+    fn append_tail(
+        &self,
+        g: &crate::Guard,
+        sdir: &S::Dir,
+        sname: &CStr,
+        ddir: &D::Dir,
+        name: &CStr,
+        rel: &[u8],
+        meta: &Meta,
+        old: Option<&Meta>,
+    ) -> io::Result<Option<Copied>> {
+        let Some(old) = old else {
+            return Ok(None);
+        };
+        if old.kind != Kind::File
+            || old.size == 0
+            || old.size >= meta.size
+            || meta.sparse
+            || self.keep.is_some()
+            || self.xattrs.is_some()
+            || self.src.approximate_meta()
+        {
+            return Ok(None);
+        }
+        let Some(mut a) = self.dst.open_append(ddir, name, old)? else {
+            return Ok(None);
+        };
+        let mut r = self
+            .src
+            .open_file(sdir, sname)
+            .map_err(|e| op_err(e, Some(End::Src), "open"))?;
+        let torn = g.is_torn(rel);
+        let from = old.size.saturating_sub(VERIFY_TAIL);
+        if !self.same_range(&mut r, &mut *a, from, old.size)? {
+            return Ok(None);
+        }
+        let mut buf = vec![0u8; 1 << 20];
+        let mut at = old.size;
+        while at < meta.size {
+            let want = ((meta.size - at) as usize).min(buf.len());
+            let n = self.src.read_at(&mut r, at, &mut buf[..want])?;
+            if n == 0 {
+                // Shorter now: copied whole (what was appended goes with
+                // the old copy it replaces).
+                return Ok(None);
+            }
+            if let Some(b) = self.bwlimit {
+                b.acquire(n as u64);
+            }
+            a.append(&buf[..n])
+                .map_err(|e| op_err(e, Some(End::Dst), "write"))?;
+            self.moved
+                .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+            at += n as u64;
+        }
+        let step = self.mtime_step;
+        let listed = (meta.size, meta.mtime_sec, cut_nsec(meta.mtime_nsec, step));
+        let cut = |c: Option<(u64, i64, u32)>| c.map(|(z, s, ns)| (z, s, cut_nsec(ns, step)));
+        let mut unchanged = cut(r.current()).is_none_or(|n| n == listed);
+        // An old part copied while the file changed is checked whole once
+        // the file holds still (the source unchanged across the check).
+        if unchanged && torn {
+            if !self.same_range(&mut r, &mut *a, 0, from)? {
+                return Ok(None);
+            }
+            unchanged = cut(r.current()).is_none_or(|n| n == listed);
+        }
+        a.finish(&self.out(meta), self.fsync)
+            .map_err(|e| op_err(e, Some(End::Dst), "utimes"))?;
+        g.torn(rel, !unchanged);
+        self.count(|c| &c.wire, meta.size - old.size);
+        Ok(Some(Copied {
+            bytes: meta.size - old.size,
+            meta: *meta,
+            kept: None,
+        }))
+    }
+
+    /// Whether bytes `from..to` of the source `r` and of the destination
+    /// file `a` are the same.
+    fn same_range(
+        &self,
+        r: &mut S::Reader,
+        a: &mut dyn crate::store::AppendFile,
+        from: u64,
+        to: u64,
+    ) -> io::Result<bool> {
+        let mut x = vec![0u8; 256 << 10];
+        let mut y = vec![0u8; 256 << 10];
+        let mut at = from;
+        while at < to {
+            let want = ((to - at) as usize).min(x.len());
+            let n = self.src.read_at(r, at, &mut x[..want])?;
+            let m = a.read_at(at, &mut y[..want])?;
+            if n != want || m != want || x[..n] != y[..m] {
+                return Ok(false);
+            }
+            at += want as u64;
+        }
+        Ok(true)
     }
 
     /// The patch-in-place fast path ([`delta::inplace`]): a file going by

@@ -273,6 +273,9 @@ pub struct Engine<'a, S: Store, D: Store> {
     /// A scoped run's deep directories (`run_scoped`); `None`: every
     /// subdirectory is walked.
     scope: Option<Vec<Vec<u8>>>,
+    /// A scoped run's files seen written (`Scope::written`, sorted): their
+    /// content is compared even when size and mtime match.
+    written: Vec<Vec<u8>>,
     /// The source's setuid, setgid and sticky bits: dropped where they
     /// enter the run unless its modes are this machine's (see
     /// [`crate::special`]).
@@ -353,6 +356,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                 .then(|| Links::new(src.has_hard_links() && dst.has_hard_links())),
             mtime_step: crate::store::mtime_step(src, dst),
             scope: None,
+            written: Vec::new(),
             special: SpecialBits::new(src, dst, opts.keep_special_bits),
             backup_in: opts.keep.as_deref().and_then(Keeper::inside_root).map(|p| {
                 let (dir, name) = keep::split_parent(p);
@@ -404,6 +408,11 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         self.guard = Some(g);
         self.removals_at_start = g.removals(0);
         self
+    }
+
+    /// A watch was asked to stop ([`Guard::stop`]): no entry is begun.
+    fn stopping(&self) -> bool {
+        self.guard.is_some_and(Guard::stopping)
     }
 
     /// The check of [`Engine::open_roots`] alone: SRC exists, and in a
@@ -1124,6 +1133,9 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         self.special.fix_list(&mut src_list);
         let mut steps = Vec::with_capacity(src_list.len().max(dst_list.len()));
         plan_dir(&src_list, &dst_list, &self.plan, &mut steps);
+        if !self.written.is_empty() {
+            self.check_written(&node.rel, &src_list, &mut steps);
+        }
         self.unlock_if_needed(node, &steps);
 
         let mut batch = FileBatch::default();
@@ -1131,7 +1143,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         let se = src_list.entries();
         let de = dst_list.entries();
         for step in steps {
-            if self.halted.load(Ordering::Relaxed) {
+            if self.halted.load(Ordering::Relaxed) || self.stopping() {
                 q.stop();
                 return;
             }
@@ -1826,7 +1838,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                 }
                 Ok(false) => {}
                 Err(e) => {
-                    self.fail(&path, &e);
+                    self.fail_or_vanished(node, name, &path, &e);
                     return Transfer::Over(Outcome::Failed);
                 }
             }
@@ -1864,9 +1876,45 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                 commit,
             },
             Err(e) => {
-                self.fail(&path, &e);
+                self.fail_or_vanished(node, name, &path, &e);
                 Transfer::Over(Outcome::Failed)
             }
+        }
+    }
+
+    /// Files a watch saw written that look the same by size and mtime (an
+    /// edit in place that kept the size and put the mtime back) are
+    /// compared by content ([`Scope::written`]).
+    fn check_written(&self, rel: &[u8], src_list: &Listing, steps: &mut [Step]) {
+        let se = src_list.entries();
+        for step in steps.iter_mut() {
+            if let Step::Same { s, d, .. } = *step {
+                if se[s].meta.kind == Kind::File
+                    && self
+                        .written
+                        .binary_search(&join(rel, src_list.name(&se[s])))
+                        .is_ok()
+                {
+                    *step = Step::Check { s, d };
+                }
+            }
+        }
+    }
+
+    /// A file that failed at `path`: an error, except in a watch when it
+    /// is gone from the source (an editor's swap file, a `*.part` renamed
+    /// or removed before it could be copied): then a skip saying it
+    /// vanished, as rsync's note does (its removal is the watch's next
+    /// change).
+    fn fail_or_vanished(&self, node: &Node<S, D>, name: &CStr, path: &[u8], e: &io::Error) {
+        if self.guard.is_some()
+            && e.kind() == io::ErrorKind::NotFound
+            && matches!(self.src.stat(&node.src, name), Ok(None))
+        {
+            self.rep
+                .skip(path, "vanished: removed before it was copied");
+        } else {
+            self.fail(path, e);
         }
     }
 
@@ -1948,6 +1996,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             } else {
                 self.opts.keep.as_deref()
             },
+            grow: self.guard,
         }
     }
 
@@ -2061,6 +2110,9 @@ impl<S: Store, D: Store> Visitor for Walker<'_, '_, S, D> {
             let mut committing: VecDeque<Transfer<'_>> = VecDeque::new();
             e.open_ahead(&node, &b);
             for (i, f) in b.files.entries().iter().enumerate() {
+                if e.stopping() {
+                    break;
+                }
                 let name = b.files.cname(f);
                 if let (Some(l), true) = (&e.links, f.meta.nlink > 1) {
                     let out = e.transfer(&node, name, &f.meta, b.dst[i], b.check[i]);

@@ -188,6 +188,12 @@ pub trait Reporter: Sync {
         let _ = to;
         self.action(Action::HardLink, path, 0);
     }
+    /// `path` was renamed from `from` on the destination (a watch
+    /// replaying a rename it saw): the [`Action::Rename`] action.
+    fn renamed(&self, path: &[u8], from: &[u8]) {
+        let _ = from;
+        self.action(Action::Rename, path, 0);
+    }
     /// The destination entry `path` (`size` bytes) was kept at `to` (a
     /// path below the destination root, or the backup directory's path,
     /// `/`, and the path below it) before being replaced or removed: the

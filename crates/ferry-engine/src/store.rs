@@ -839,6 +839,18 @@ pub trait Store: Send + Sync {
     ) -> io::Result<Option<Box<dyn crate::delta::InPlace + 'a>>> {
         Ok(None)
     }
+    /// Open the file `name` of `dir`, listed as `old`, to append to it in
+    /// place (a watch's growing file: only its new tail is sent). `None`
+    /// where the store cannot (the default) or the file is not `old` any
+    /// more (another inode, size or mtime) or not a plain file of one link.
+    fn open_append<'a>(
+        &'a self,
+        _dir: &'a Self::Dir,
+        _name: &CStr,
+        _old: &Meta,
+    ) -> io::Result<Option<Box<dyn AppendFile + 'a>>> {
+        Ok(None)
+    }
     /// The sender's hashes of `r` (one of this store's readers, not read
     /// yet, of `l.new` bytes) for a patch in place to the layout `l`. By
     /// default hashed here (a file with a descriptor); a store may have
@@ -986,6 +998,21 @@ pub enum DeltaRole {
     /// They are done at the far end of a network link (`ferry serve`):
     /// used by default.
     Remote,
+}
+
+/// A destination file open to be appended to in place
+/// ([`Store::open_append`]). Until [`AppendFile::finish`] it keeps its old
+/// mtime, so a run killed half way leaves a file longer than listed, whose
+/// size differs from the source's: the next run compares it again.
+pub trait AppendFile: Send {
+    /// Read its bytes at `at` (the check that its old part is the
+    /// source's); fewer only at its end.
+    fn read_at(&mut self, at: u64, buf: &mut [u8]) -> io::Result<usize>;
+    /// Append `buf` at its end.
+    fn append(&mut self, buf: &[u8]) -> io::Result<()>;
+    /// Appended: it gets `meta`'s mtime, mode (and owner, where the store
+    /// keeps owners), synced first with `fsync`.
+    fn finish(self: Box<Self>, meta: &Meta, fsync: bool) -> io::Result<()>;
 }
 
 /// ferry's reserved names, the one place they are made and recognised

@@ -577,6 +577,42 @@ impl Store for LocalStore {
         DeltaRole::Local
     }
 
+    fn open_append<'a>(
+        &'a self,
+        dir: &'a LocalDir,
+        name: &CStr,
+        old: &Meta,
+    ) -> io::Result<Option<Box<dyn ferry_engine::store::AppendFile + 'a>>> {
+        let fd = match rfs::openat(
+            &dir.fd,
+            name,
+            OFlags::RDWR | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) {
+            Ok(fd) => fd,
+            Err(Errno::NOENT | Errno::LOOP | Errno::ISDIR | Errno::TXTBSY) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let st = rfs::fstat(&fd)?;
+        let now = (
+            st.st_ino,
+            st.st_size as u64,
+            st.st_mtime as i64,
+            st.st_mtime_nsec as u32,
+            st.st_nlink,
+        );
+        let is_file = FileType::from_raw_mode(st.st_mode) == FileType::RegularFile;
+        if !is_file || now != (old.ino, old.size, old.mtime_sec, old.mtime_nsec, 1) {
+            return Ok(None);
+        }
+        Ok(Some(Box::new(LocalAppend {
+            fd,
+            end: old.size,
+            owner: self.owner.then_some((st.st_uid, st.st_gid)),
+            mode: st.st_mode & 0o7777,
+        })))
+    }
+
     fn delta_signature(
         &self,
         dir: &LocalDir,
@@ -1574,6 +1610,61 @@ fn current_umask() -> u32 {
 thread_local! {
     static DIRBUF: RefCell<Vec<MaybeUninit<u8>>> = RefCell::new(vec![MaybeUninit::uninit(); 256 * 1024]);
     static STREAMBUF: RefCell<Vec<u8>> = RefCell::new(vec![0u8; STREAM_BUF]);
+}
+
+/// A local file appended to in place ([`Store::open_append`]).
+struct LocalAppend {
+    fd: OwnedFd,
+    end: u64,
+    /// Its owner and group, when the store keeps owners.
+    owner: Option<(u32, u32)>,
+    /// Its permission bits.
+    mode: u32,
+}
+
+impl ferry_engine::store::AppendFile for LocalAppend {
+    fn read_at(&mut self, at: u64, buf: &mut [u8]) -> io::Result<usize> {
+        let mut n = 0;
+        while n < buf.len() {
+            match rustix::io::pread(&self.fd, &mut buf[n..], at + n as u64) {
+                Ok(0) => break,
+                Ok(k) => n += k,
+                Err(Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(n)
+    }
+
+    fn append(&mut self, mut buf: &[u8]) -> io::Result<()> {
+        while !buf.is_empty() {
+            match rustix::io::pwrite(&self.fd, buf, self.end) {
+                Ok(k) => {
+                    buf = &buf[k..];
+                    self.end += k as u64;
+                }
+                Err(Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    fn finish(self: Box<Self>, meta: &Meta, fsync: bool) -> io::Result<()> {
+        if self.owner.is_some_and(|o| o != (meta.uid, meta.gid)) {
+            rfs::fchown(&self.fd, Some(uid(meta.uid)), Some(gid(meta.gid)))?;
+        }
+        // After a chown, which drops setuid and setgid bits.
+        if self.mode != meta.mode & 0o7777 || self.owner.is_some_and(|o| o != (meta.uid, meta.gid))
+        {
+            rfs::fchmod(&self.fd, Mode::from_raw_mode(meta.mode & 0o7777))?;
+        }
+        if fsync {
+            rfs::fsync(&self.fd)?;
+        }
+        rfs::futimens(&self.fd, &times(meta))?;
+        Ok(())
+    }
 }
 
 /// A reserved temporary name (`store::temp_name`): our pid and a counter,

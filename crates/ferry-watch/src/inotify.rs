@@ -493,7 +493,19 @@ impl Tree {
                 }
                 continue;
             };
+            // ferry's own temporaries (a copy being written, one that
+            // failed and was removed): their final names say what matters.
+            // A failing copy's attempts make no run of their own.
+            if ferry_engine::store::is_temp_name(&name) || ferry_engine::store::is_undo_name(&name)
+            {
+                continue;
+            }
             let path = join(&dir, &name);
+            // An unnamed `O_TMPFILE` being written (ferry's copies, before
+            // `linkat` names them) is reported as `#<inode>`: no entry.
+            if is_tmpfile_name(&name) && std::fs::symlink_metadata(self.abs(&path)).is_err() {
+                continue;
+            }
             if fl.contains(ReadFlags::MOVED_FROM) {
                 moves.push((cookie, path, isdir));
                 continue;
@@ -574,6 +586,12 @@ fn paths(changes: &[Change]) -> usize {
         }
     }
     seen.len()
+}
+
+/// The name the kernel gives an unnamed `O_TMPFILE` in events: `#` and
+/// its inode number.
+fn is_tmpfile_name(name: &[u8]) -> bool {
+    name.len() > 1 && name[0] == b'#' && name[1..].iter().all(u8::is_ascii_digit)
 }
 
 /// One event as read: watch descriptor, mask, cookie, name.

@@ -16,6 +16,7 @@
 //! cannot (its connection lost), so that the side is polled meanwhile.
 
 pub mod inotify;
+pub mod retry;
 pub mod server;
 pub mod signals;
 pub mod status;
@@ -114,10 +115,16 @@ pub struct Outcome {
     /// Why the run as a whole did not happen (a refusal, an unreachable
     /// side): said, and the loop goes on.
     pub failed: Option<String>,
-    /// `failed` is a refusal (`--max-delete`, an empty or replaced root):
-    /// the run was judged unsafe as a whole, so a full run would be refused
-    /// too and would swallow the later changes that can be synced.
+    /// `failed` is a refusal (`--max-delete`, an empty SRC, another root):
+    /// the same run would be refused again, so it is not retried (the next
+    /// change there, or the next rescan, runs again); a refused scoped run
+    /// sets no full run.
     pub refused: bool,
+    /// Paths the run failed on: each is retried alone, with backoff
+    /// ([`retry::backoff`]).
+    pub failing: Vec<Vec<u8>>,
+    /// Paths failing before that this run went through (said once).
+    pub healed: Vec<Vec<u8>>,
 }
 
 /// What the loop runs.
@@ -144,6 +151,10 @@ pub struct Config {
     /// The guard's side (0: SRC or A, 1: B) of each of `local`, when it is
     /// not its index (a bisync whose side A is remote).
     pub guard_sides: Vec<usize>,
+    /// A full run this long after the last one (`--rescan`): what no
+    /// event told (edits made in DST, events the kernel never sent) is
+    /// corrected. `None`: never.
+    pub rescan: Option<Duration>,
 }
 
 /// The longest a path written without a close waits: a log file written
@@ -164,6 +175,9 @@ struct Item {
     deep: bool,
     /// The directory itself (its metadata), not its parent.
     own: bool,
+    /// Written (not only closed, moved, its metadata changed): its content
+    /// is compared even if its size and mtime match.
+    written: bool,
     first: Instant,
     last: Instant,
 }
@@ -186,6 +200,13 @@ struct Pending {
     gone: Vec<usize>,
     /// When the last removal was seen.
     removed: Option<Instant>,
+    /// A change came since the last run was taken (not only retries or
+    /// rescans): a failed run is then said again.
+    prompted: bool,
+    /// What the last full run taken swallowed: given back if it is
+    /// refused, to run scoped (so that a refused full run does not
+    /// swallow changes elsewhere).
+    swallowed: Vec<((usize, Vec<u8>), Item)>,
 }
 
 fn parent(p: &[u8]) -> Vec<u8> {
@@ -213,10 +234,12 @@ impl Pending {
             ready,
             deep,
             own,
+            written: false,
             first: now,
             last: now,
         });
         it.last = now;
+        it.written |= !ready;
         // A write after a close makes it unfinished again.
         it.ready = ready;
         it.deep |= deep;
@@ -225,6 +248,7 @@ impl Pending {
 
     /// Take in one change; notes to say go to `note`.
     fn add(&mut self, c: Change, now: Instant, note: &mut dyn FnMut(&'static str, String)) {
+        self.prompted = true;
         match c {
             Change::Entry(s, p, ready) => self.touch(s, p, ready, false, false, now),
             Change::Removed(s, p) => {
@@ -280,6 +304,27 @@ impl Pending {
         }
     }
 
+    /// The last full run taken was refused: what it swallowed runs
+    /// scoped, at once.
+    fn give_back(&mut self) {
+        for (k, mut it) in std::mem::take(&mut self.swallowed) {
+            it.ready = true;
+            self.items.entry(k).or_insert(it);
+        }
+    }
+
+    /// A path that failed is due for a retry: its directory (or itself,
+    /// whole, if it is one) runs again; the root (a failure of the run's
+    /// own, such as removals stopped because the root is changing): a
+    /// full run.
+    fn retry(&mut self, path: Vec<u8>, now: Instant) {
+        if path.is_empty() {
+            self.set_full(now);
+        } else {
+            self.touch(0, path, true, true, true, now);
+        }
+    }
+
     fn set_full(&mut self, now: Instant) {
         self.full = true;
         self.full_since.get_or_insert(now);
@@ -318,7 +363,7 @@ impl Pending {
         if self.full {
             let since = self.full_since.take().unwrap_or(now);
             let oldest = self.items.values().map(|i| i.first).min().unwrap_or(since);
-            self.items.clear();
+            self.swallowed = self.items.drain().collect();
             self.renames.clear();
             self.full = false;
             return Some((
@@ -348,6 +393,9 @@ impl Pending {
         for k in keys {
             let it = self.items.remove(&k).expect("listed");
             oldest = oldest.min(it.first);
+            if it.written && !it.own {
+                work.scope.written.push(k.1.clone());
+            }
             let (dir, deep) = if it.own || it.deep {
                 (k.1, it.deep)
             } else {
@@ -378,7 +426,14 @@ pub fn watch_with(
     note: &dyn Fn(&str),
 ) -> u8 {
     let (tx, rx) = channel::<Msg>();
-    if let Err(e) = signals::forward(tx.clone()) {
+    let guard = cfg.guard.clone();
+    let on_stop = move || {
+        eprintln!("ferry: note: stopping after the run in flight (a second signal stops at once)");
+        if let Some(g) = guard {
+            g.stop();
+        }
+    };
+    if let Err(e) = signals::forward(tx.clone(), on_stop) {
         note(&format!("signals: {e}"));
         return 2;
     }
@@ -463,13 +518,45 @@ pub fn watch_with(
             pending.set_full(Instant::now());
         }
     };
+    // Paths failing: retries made (0: none yet) and when the next is due
+    // (`None`: in the run under way).
+    let mut retries: HashMap<Vec<u8>, (u32, Option<Instant>)> = HashMap::new();
+    // A run that failed as a whole (not refused): a full run is retried
+    // with backoff, until one goes through.
+    let mut whole: Option<(u32, Option<Instant>)> = None;
+    // The failure said last (a retry's or rescan's same failure is not
+    // said again).
+    let mut said_failed: Option<String> = None;
+    let mut next_rescan = cfg.rescan.map(|r| Instant::now() + r);
+    let code = |retries: &HashMap<Vec<u8>, (u32, Option<Instant>)>,
+                whole: &Option<(u32, Option<Instant>)>| {
+        u8::from(!retries.is_empty() || whole.is_some())
+    };
     loop {
         // What arrived during the last run, before deciding the next.
         while let Ok(m) = rx.try_recv() {
             take(m, &mut pending, &mut stop, &mut polled, &mut next_poll);
         }
         if stop {
-            return 0;
+            return code(&retries, &whole);
+        }
+        // Retries and rescans due join what is pending.
+        let now = Instant::now();
+        for (p, r) in retries.iter_mut() {
+            if r.1.is_some_and(|t| now >= t) {
+                r.1 = None;
+                pending.retry(p.clone(), now);
+            }
+        }
+        if let Some((_, t)) = &mut whole {
+            if t.is_some_and(|t| now >= t) {
+                *t = None;
+                pending.set_full(now);
+            }
+        }
+        if next_rescan.is_some_and(|t| now >= t) {
+            next_rescan = None;
+            pending.set_full(now);
         }
         // The first run, then whatever is ready.
         let job = match first.take() {
@@ -480,33 +567,93 @@ pub fn watch_with(
                 },
                 t,
             )),
-            None => pending.take(Instant::now(), cfg.settle),
+            None => pending.take(now, cfg.settle),
         };
         if let Some((work, since)) = job {
+            let prompted = std::mem::take(&mut pending.prompted);
             status.run_started(&work, pending.items.len());
             let out = target.run(&work);
-            if let Some(f) = &out.failed {
-                note(f);
+            let now = Instant::now();
+            match &out.failed {
+                Some(f) => {
+                    if prompted || said_failed.as_ref() != Some(f) {
+                        note(f);
+                    }
+                    said_failed = Some(f.clone());
+                    if out.refused {
+                        // Refused again until something changes there: a
+                        // full run refused gives back what it swallowed,
+                        // a scoped one sets no full run.
+                        if work.full {
+                            pending.give_back();
+                        }
+                    } else {
+                        // An unreachable side, a root that cannot be read:
+                        // a full run follows at once (a scoped run may have
+                        // left part of its changes undone), then is
+                        // retried with backoff while it fails.
+                        let tries = whole.map_or(0, |w| w.0 + 1);
+                        let at = match tries {
+                            0 => now,
+                            t => now + retry::backoff(t - 1),
+                        };
+                        whole = Some((tries, Some(at)));
+                    }
+                }
+                None => {
+                    if said_failed.take().is_some() {
+                        note("note: runs go through again");
+                    }
+                    if work.full {
+                        whole = None;
+                    }
+                }
             }
-            // A scoped run that failed, wholly or for some entries (a
-            // directory that vanished or changed type while it ran), may
-            // have left part of its changes undone: a full run follows.
-            // (A full run's failures wait for the next change: they may be
-            // lasting, and retrying them would never let the loop idle.)
-            // A refusal is not such a failure: it repeats until someone
-            // acts, and later changes elsewhere still run scoped.
-            if !work.full && ((out.failed.is_some() && !out.refused) || out.errors > 0) {
-                pending.set_full(Instant::now());
+            pending.swallowed.clear();
+            for p in &out.healed {
+                if retries.remove(p).is_some() {
+                    let p = if p.is_empty() { &b"."[..] } else { p };
+                    note(&format!(
+                        "note: {}: healed (synced on a retry)",
+                        String::from_utf8_lossy(p)
+                    ));
+                }
+            }
+            for p in &out.failing {
+                let new = !retries.contains_key(p);
+                let r = retries.entry(p.clone()).or_insert((0, None));
+                if r.1.is_none() {
+                    r.0 += 1;
+                }
+                r.1 = Some(now + retry::backoff(r.0 - 1));
+                // The root's own failure: a full run at once (held while
+                // removals go on), then with backoff.
+                if new && p.is_empty() {
+                    pending.set_full(now);
+                }
+            }
+            // Retries the run did not settle (it did not cover them).
+            for r in retries.values_mut() {
+                if r.1.is_none() {
+                    r.1 = Some(now + retry::backoff(r.0.saturating_sub(1)));
+                }
+            }
+            if next_rescan.is_none() || (work.full && out.failed.is_none()) {
+                next_rescan = cfg.rescan.map(|r| now + r);
             }
             status.run_done(since.elapsed(), &out, pending.items.len());
-            next_poll = interval(&polled).map(|p| Instant::now() + p);
+            next_poll = interval(&polled).map(|p| now + p);
             continue;
         }
         status.queue(pending.items.len());
-        let deadline = match (pending.deadline(cfg.settle), next_poll) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        let timers = [
+            pending.deadline(cfg.settle),
+            next_poll,
+            retries.values().filter_map(|r| r.1).min(),
+            whole.and_then(|w| w.1),
+            next_rescan,
+        ];
+        let deadline = timers.into_iter().flatten().min();
         let msg = match deadline {
             None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
             Some(d) => rx.recv_timeout(d.saturating_duration_since(Instant::now())),
@@ -519,7 +666,7 @@ pub fn watch_with(
                     pending.set_full(Instant::now());
                 }
             }
-            Err(RecvTimeoutError::Disconnected) => return 0,
+            Err(RecvTimeoutError::Disconnected) => return code(&retries, &whole),
         }
     }
 }

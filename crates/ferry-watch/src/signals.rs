@@ -12,8 +12,9 @@ use signal_hook::consts::{SIGINT, SIGTERM};
 
 use crate::Msg;
 
-/// Install the handlers; the first signal sends [`Msg::Stop`] to `tx`.
-pub fn forward(tx: Sender<Msg>) -> std::io::Result<()> {
+/// Install the handlers; the first signal calls `on_stop` (at once, while
+/// a run may be in flight) and sends [`Msg::Stop`] to `tx`.
+pub fn forward(tx: Sender<Msg>, on_stop: impl FnOnce() + Send + 'static) -> std::io::Result<()> {
     let (mut rd, wr) = UnixStream::pair()?;
     let seen = Arc::new(AtomicBool::new(false));
     for sig in [SIGINT, SIGTERM] {
@@ -27,6 +28,7 @@ pub fn forward(tx: Sender<Msg>) -> std::io::Result<()> {
         .spawn(move || {
             let mut b = [0u8; 1];
             if rd.read(&mut b).is_ok() {
+                on_stop();
                 let _ = tx.send(Msg::Stop);
             }
         })?;

@@ -1005,6 +1005,11 @@ impl Reporter for Tee<'_> {
             .record("DST", Action::Keep.as_str(), path, size, None);
         self.inner.kept(path, to, size);
     }
+    fn renamed(&self, path: &[u8], from: &[u8]) {
+        self.status
+            .record("DST", Action::Rename.as_str(), path, 0, Some(from));
+        self.inner.renamed(path, from);
+    }
     fn note(&self, msg: &str) {
         self.inner.note(msg);
     }

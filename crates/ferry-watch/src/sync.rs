@@ -5,7 +5,7 @@
 use std::ffi::CString;
 use std::io;
 
-use ferry_engine::{Action, Engine, Guard, Kind, Mode, Options, Refused, Reporter, Store};
+use ferry_engine::{Engine, Guard, Kind, Mode, Options, Refused, Reporter, Store};
 
 use crate::{Outcome, Target, Work};
 
@@ -26,6 +26,8 @@ pub struct SyncTarget<'a, S: Store, D: Store> {
     pub guard: &'a Guard,
     /// Where a run's progress is shown (its counters are the status's).
     pub live: Option<&'a crate::Status>,
+    /// The paths failing (each error said once, retried by the loop).
+    pub failures: crate::retry::Failures,
 }
 
 /// The directory of `rel` opened from the root, component by component;
@@ -78,7 +80,7 @@ impl<S: Store, D: Store> SyncTarget<'_, S, D> {
         }
         match self.dst.rename(&df, &fname, &dt, &tname) {
             Ok(()) => {
-                self.rep.action(Action::Rename, to, 0);
+                self.rep.renamed(to, from);
                 Ok(true)
             }
             Err(e) if e.kind() == io::ErrorKind::Unsupported => Ok(false),
@@ -90,21 +92,24 @@ impl<S: Store, D: Store> SyncTarget<'_, S, D> {
 impl<S: Store, D: Store> Target for SyncTarget<'_, S, D> {
     fn run(&mut self, work: &Work) -> Outcome {
         let stats = self.live.map(|s| s.run_stats()).unwrap_or_default();
-        let e = Engine::new(self.src, self.dst, self.opts, &stats, self.rep).guarded(self.guard);
+        let quiet = crate::retry::Quiet {
+            inner: self.rep,
+            failures: &self.failures,
+        };
+        let e = Engine::new(self.src, self.dst, self.opts, &stats, &quiet).guarded(self.guard);
         let failed = |e: &io::Error| {
             Some(match Refused::of(e) {
                 Some(r) => format!("{r} (watching on)"),
                 None => format!("{} (watching on)", (self.describe)(e)),
             })
         };
-        let refused = |e: &io::Error| Refused::of(e).is_some();
         // The roots are the ones watched before anything is done, the
         // renames below included (the run checks them again).
         if let Err(err) = e.check_roots() {
             return Outcome {
-                errors: 0,
+                refused: Refused::of(&err).is_some(),
                 failed: failed(&err),
-                refused: refused(&err),
+                ..Outcome::default()
             };
         }
         let mut scope = work.scope.clone();
@@ -115,7 +120,7 @@ impl<S: Store, D: Store> Target for SyncTarget<'_, S, D> {
                     && match self.rename(from, to) {
                         Ok(d) => d,
                         Err(e) => {
-                            self.rep.error(to, &e);
+                            quiet.error(to, &e);
                             false
                         }
                     };
@@ -135,17 +140,17 @@ impl<S: Store, D: Store> Target for SyncTarget<'_, S, D> {
             e.run_scoped(&scope)
         };
         let errors = stats.errors.load(std::sync::atomic::Ordering::Relaxed);
-        match res {
-            Ok(_) => Outcome {
-                errors,
-                failed: None,
-                refused: false,
-            },
-            Err(e) => Outcome {
-                errors,
-                failed: failed(&e),
-                refused: refused(&e),
-            },
+        let (failing, healed) = self.failures.end_run(work);
+        let mut out = Outcome {
+            errors,
+            failing,
+            healed,
+            ..Outcome::default()
+        };
+        if let Err(e) = res {
+            out.refused = Refused::of(&e).is_some();
+            out.failed = failed(&e);
         }
+        out
     }
 }

@@ -197,6 +197,7 @@ fn cfg(poll: Option<Duration>) -> Config {
         poll,
         settle: Duration::from_millis(10),
         degraded_poll: Duration::from_millis(20),
+        rescan: None,
     }
 }
 
@@ -346,9 +347,9 @@ fn after_a_failed_scoped_run(refused: bool) -> Work {
     let status = Status::new("test");
     let src: Vec<Box<dyn Source>> = vec![Box::new(Driven(Some(Box::new(drive))))];
     let failed = Outcome {
-        errors: 0,
         failed: Some("refusing to delete 402 entries".into()),
         refused,
+        ..Outcome::default()
     };
     let mut t = Scripted(wtx, vec![Outcome::default(), failed]);
     let code = watch_with(&cfg(None), src, &mut t, &status, &|_| {});
@@ -362,4 +363,133 @@ fn a_refused_scoped_run_is_not_followed_by_a_full_run() {
     assert!(!w.full, "{w:?}");
     assert_eq!(dirs(&w), vec![("c".to_string(), false)]);
     assert!(after_a_failed_scoped_run(false).full);
+}
+
+/// Refuses every full run but the first, and every run of directory `a`.
+struct Refuser(std::sync::mpsc::Sender<Work>, bool);
+
+impl Target for Refuser {
+    fn run(&mut self, w: &Work) -> Outcome {
+        let _ = self.0.send(w.clone());
+        let first = std::mem::replace(&mut self.1, false);
+        let refused = (w.full && !first) || w.scope.dirs.iter().any(|d| d.0 == b"a");
+        Outcome {
+            refused,
+            failed: refused.then(|| "refusing to delete 400 entries in DST".into()),
+            ..Outcome::default()
+        }
+    }
+}
+
+/// A refused scoped run sets no full run (which would be refused again
+/// and swallow later changes elsewhere); a refused full run gives back
+/// the changes it swallowed, which run scoped; the refusal is said per
+/// change, and is never retried alone.
+#[test]
+fn a_refused_run_neither_escalates_nor_swallows_other_changes() {
+    let (wtx, wrx) = std::sync::mpsc::channel::<Work>();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<Result<(), String>>();
+    let drive = move |side: usize, tx: Sender<Msg>| {
+        let check = || -> Result<(), String> {
+            let next = || {
+                wrx.recv_timeout(Duration::from_secs(10))
+                    .map_err(|_| "no run".to_string())
+            };
+            let quiet = || match wrx.recv_timeout(Duration::from_millis(300)) {
+                Ok(w) => Err(format!("an unasked run: {w:?}")),
+                Err(_) => Ok(()),
+            };
+            next()?;
+            let entry = |p: &[u8]| Change::Entry(side, p.to_vec(), true);
+            tx.send(Msg::Changes(vec![entry(b"a/x")])).unwrap();
+            let w = next()?;
+            if w.full || dirs(&w) != vec![("a".to_string(), false)] {
+                return Err(format!("a scoped run of a: {w:?}"));
+            }
+            quiet()?;
+            tx.send(Msg::Changes(vec![entry(b"c/y")])).unwrap();
+            let w = next()?;
+            if w.full || dirs(&w) != vec![("c".to_string(), false)] {
+                return Err(format!("a scoped run of c: {w:?}"));
+            }
+            // A full run (an overflow) swallows c/z, and is refused.
+            tx.send(Msg::Changes(vec![Change::Overflow(side), entry(b"c/z")]))
+                .unwrap();
+            if !next()?.full {
+                return Err("the overflow's full run".into());
+            }
+            let w = next()?;
+            if w.full || dirs(&w) != vec![("c".to_string(), false)] {
+                return Err(format!("c/z given back, scoped: {w:?}"));
+            }
+            quiet()
+        };
+        let r = check();
+        let _ = tx.send(Msg::Stop);
+        let _ = done_tx.send(r);
+    };
+    let notes = std::sync::Mutex::new(Vec::new());
+    let note = |n: &str| notes.lock().unwrap().push(n.to_string());
+    let status = Status::new("test");
+    let src: Vec<Box<dyn Source>> = vec![Box::new(Driven(Some(Box::new(drive))))];
+    let code = watch_with(&cfg(None), src, &mut Refuser(wtx, true), &status, &note);
+    done_rx.recv().unwrap().unwrap();
+    assert_eq!(code, 0, "a refusal is no failing entry");
+    let notes = notes.into_inner().unwrap();
+    let refusals = notes.iter().filter(|n| n.starts_with("refusing")).count();
+    assert_eq!(refusals, 2, "{notes:?}");
+}
+
+/// A path a run failed on is retried alone (its directory, or itself
+/// whole), again and again with growing delays, until a run goes
+/// through it; the exit code says whether one is still failing.
+#[test]
+fn a_failing_path_is_retried_until_it_heals() {
+    struct Flaky(std::sync::mpsc::Sender<Work>, u32);
+    impl Target for Flaky {
+        fn run(&mut self, w: &Work) -> Outcome {
+            let _ = self.0.send(w.clone());
+            let covers = retry::covers(w, b"d/f");
+            let mut out = Outcome::default();
+            if covers && self.1 > 0 {
+                self.1 -= 1;
+                out.errors = 1;
+                out.failing.push(b"d/f".to_vec());
+            } else if covers {
+                out.healed.push(b"d/f".to_vec());
+            }
+            out
+        }
+    }
+    let (wtx, wrx) = std::sync::mpsc::channel::<Work>();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<Result<(), String>>();
+    let drive = move |_: usize, tx: Sender<Msg>| {
+        let check = || -> Result<(), String> {
+            // The first run fails, then two retries; the third heals.
+            for i in 0..3 {
+                let w = wrx
+                    .recv_timeout(Duration::from_secs(30))
+                    .map_err(|_| format!("no retry {i}"))?;
+                if i > 0 && (w.full || dirs(&w) != vec![("d/f".to_string(), true)]) {
+                    return Err(format!("a retry of d/f alone: {w:?}"));
+                }
+            }
+            Ok(())
+        };
+        let r = check();
+        // The retry that heals (its note is said before the loop reads
+        // the stop).
+        let healed = wrx.recv_timeout(Duration::from_secs(30)).is_ok();
+        let _ = tx.send(Msg::Stop);
+        let _ = done_tx.send(r.and_then(|()| healed.then_some(()).ok_or("no healing run".into())));
+    };
+    let notes = std::sync::Mutex::new(Vec::new());
+    let note = |n: &str| notes.lock().unwrap().push(n.to_string());
+    let status = Status::new("test");
+    let src: Vec<Box<dyn Source>> = vec![Box::new(Driven(Some(Box::new(drive))))];
+    let code = watch_with(&cfg(None), src, &mut Flaky(wtx, 3), &status, &note);
+    done_rx.recv().unwrap().unwrap();
+    assert_eq!(code, 0, "healed before the stop");
+    let notes = notes.into_inner().unwrap();
+    assert_eq!(notes, vec!["note: d/f: healed (synced on a retry)"]);
 }

@@ -354,6 +354,11 @@ pub struct WatchArgs {
     /// compared (e.g. 30s, 5m).
     #[arg(long, value_name = "INTERVAL", default_value = "30s", value_parser = crate::filter_args::parse_duration, requires = "watch")]
     pub poll: std::time::Duration,
+    /// Compare everything again this long after the last full run (e.g.
+    /// 1h, 30m; 0 or off: never): corrects what no event told (edits made
+    /// directly in DST, events the kernel never sent).
+    #[arg(long, value_name = "INTERVAL", default_value = "1h", value_parser = parse_rescan, requires = "watch")]
+    pub rescan: std::time::Duration,
     /// Serve a status page and /metrics on ADDR (PORT alone: 127.0.0.1).
     #[arg(long, value_name = "ADDR", value_parser = parse_status_addr, requires = "watch")]
     pub status: Option<std::net::SocketAddr>,
@@ -371,6 +376,14 @@ pub struct WatchArgs {
         conflicts_with = "status_token"
     )]
     pub status_token_file: Option<std::path::PathBuf>,
+}
+
+/// `--rescan`: an interval, or `0`/`off` for never (zero).
+fn parse_rescan(s: &str) -> Result<std::time::Duration, String> {
+    match s {
+        "off" => Ok(std::time::Duration::ZERO),
+        _ => crate::filter_args::parse_duration(s),
+    }
 }
 
 /// `PORT` (on 127.0.0.1) or `IP:PORT`.

@@ -94,6 +94,19 @@ impl CliReporter {
     /// with `--json`, `KIND PATH -> OTHER` with -v (` -> ` appears in a
     /// name only escaped).
     fn pair_line(&self, kind: &str, path: &[u8], key: &str, other: &[u8], size: u64) {
+        self.pair_line_sep(kind, path, key, other, size, b" -> ")
+    }
+
+    /// [`CliReporter::pair_line`] with `sep` between the names in text.
+    fn pair_line_sep(
+        &self,
+        kind: &str,
+        path: &[u8],
+        key: &str,
+        other: &[u8],
+        size: u64,
+        sep: &[u8],
+    ) {
         if self.json {
             let mut line = Vec::with_capacity(64 + path.len() + other.len());
             let _ = write!(line, "{{\"type\":\"{kind}\",");
@@ -105,7 +118,7 @@ impl CliReporter {
         } else if self.lines {
             let mut line = format!("{kind} ").into_bytes();
             text_name(&mut line, path);
-            line.extend_from_slice(b" -> ");
+            line.extend_from_slice(sep);
             text_name(&mut line, other);
             line.push(b'\n');
             self.with_bar_suspended(|| {
@@ -305,6 +318,12 @@ impl Reporter for CliReporter {
         self.pair_line("keep", path, "to", to, size);
     }
 
+    /// `rename PATH <- FROM` with -v (as bisync's), a `rename` record with
+    /// the old name as `"from"`.
+    fn renamed(&self, path: &[u8], from: &[u8]) {
+        self.pair_line_sep("rename", path, "from", from, 0, b" <- ");
+    }
+
     fn note(&self, msg: &str) {
         let msg = text_name_string(msg.as_bytes());
         self.with_bar_suspended(|| eprintln!("ferry: note: {msg}"));
@@ -438,6 +457,10 @@ impl Reporter for Unreachable<'_> {
 
     fn kept(&self, path: &[u8], to: &[u8], size: u64) {
         self.inner.kept(path, to, size)
+    }
+
+    fn renamed(&self, path: &[u8], from: &[u8]) {
+        self.inner.renamed(path, from)
     }
 
     fn note(&self, msg: &str) {

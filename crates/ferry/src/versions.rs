@@ -1411,6 +1411,7 @@ fn copier<R>(
         mtime_step: ferry_engine::store::mtime_step(src, dst),
         // A version the store kept of its own file: its mode as it was.
         special: None,
+        grow: None,
     };
     f(&c)
 }

@@ -66,6 +66,7 @@ fn config(
         local,
         settle: w.settle,
         degraded_poll: w.poll,
+        rescan: (!w.rescan.is_zero()).then_some(w.rescan),
         guard: Some(guard.clone()),
         guard_sides: sides
             .iter()
@@ -209,9 +210,8 @@ impl<T: Target> Target for Flushed<'_, T> {
             Err(why) => {
                 self.rep.flush();
                 return Outcome {
-                    errors: 0,
                     failed: Some(format!("{why} (watching on)")),
-                    refused: false,
+                    ..Outcome::default()
                 };
             }
         };
@@ -275,6 +275,7 @@ pub fn sync(
             describe: &describe,
             guard: &guard,
             live: Some(&status),
+            failures: ferry_watch::retry::Failures::default(),
         },
         rep,
         keep,
@@ -302,6 +303,51 @@ struct Bisync<'a> {
     rep: &'a Unreachable<'a>,
     status: &'a Status,
     cli: &'a CliReporter,
+    /// The paths failing (each error said once, retried by the loop).
+    failures: ferry_watch::retry::Failures,
+}
+
+/// A bisync reporter that says each failing path's error once
+/// (`ferry_watch::retry::Failures`).
+struct QuietBi<'a> {
+    inner: &'a dyn ferry_bisync::BiReporter,
+    failures: &'a ferry_watch::retry::Failures,
+}
+
+impl ferry_bisync::BiReporter for QuietBi<'_> {
+    fn action(
+        &self,
+        act: ferry_bisync::BiAction,
+        on: ferry_bisync::Side,
+        path: &[u8],
+        other: Option<&[u8]>,
+        size: u64,
+    ) {
+        self.inner.action(act, on, path, other, size)
+    }
+
+    fn error(&self, path: &[u8], err: &std::io::Error) {
+        if self.failures.failed(path, err.to_string()) {
+            self.inner.error(path, err)
+        }
+    }
+
+    fn error_on(&self, on: ferry_bisync::Side, path: &[u8], err: &std::io::Error) {
+        if self
+            .failures
+            .failed(path, format!("{}: {err}", on.as_str()))
+        {
+            self.inner.error_on(on, path, err)
+        }
+    }
+
+    fn skip(&self, on: ferry_bisync::Side, path: &[u8], why: &str) {
+        self.inner.skip(on, path, why)
+    }
+
+    fn note(&self, msg: &str) {
+        self.inner.note(msg)
+    }
 }
 
 impl Bisync<'_> {
@@ -386,7 +432,12 @@ impl Target for Bisync<'_> {
             inner: self.rep,
             status: self.status,
         };
-        let res = match self.scoped(w, &stats, &tee) {
+        let failures = std::mem::take(&mut self.failures);
+        let quiet = QuietBi {
+            inner: &tee,
+            failures: &failures,
+        };
+        let res = match self.scoped(w, &stats, &quiet) {
             Some(r) => r,
             None => {
                 scoped = false;
@@ -397,11 +448,17 @@ impl Target for Bisync<'_> {
                     self.b,
                     self.journal.as_deref_mut(),
                     &self.opts,
-                    &tee,
+                    &quiet,
                     &stats,
                 )
             }
         };
+        let full = Work {
+            full: true,
+            ..Work::default()
+        };
+        let (failing, healed) = failures.end_run(if scoped { w } else { &full });
+        self.failures = failures;
         self.opts.resync = false;
         if let Ok(o) = &res {
             self.cli.watch_summary(o, scoped);
@@ -409,15 +466,16 @@ impl Target for Bisync<'_> {
         match res {
             Ok(out) => Outcome {
                 errors: out.errors,
-                failed: None,
-                refused: false,
+                failing,
+                healed,
+                ..Outcome::default()
             },
             // bisync's refusals include a side that failed to answer: a full
             // run follows a scoped one that ends so.
             Err(r) => Outcome {
-                errors: 0,
                 failed: Some(format!("{} (watching on)", r.0)),
                 refused: false,
+                ..Outcome::default()
             },
         }
     }
@@ -457,6 +515,7 @@ pub fn bisync(
             rep,
             status: &status,
             cli,
+            failures: ferry_watch::retry::Failures::default(),
         },
         cli,
         keep,

@@ -15,7 +15,7 @@
 
 use std::collections::VecDeque;
 use std::io;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -38,6 +38,12 @@ pub struct Guard {
     /// Removals seen on each side by its watcher so far (bumped by the
     /// watching thread as the events come, also while a run goes on).
     removals: [AtomicU64; 2],
+    /// SIGINT or SIGTERM came: the run in flight stops between entries.
+    stop: AtomicBool,
+    /// DST files (paths) last written while their source changed (a
+    /// growing file's first bytes, as listed): before they are appended
+    /// to unchanged, their whole old part is compared.
+    torn: Mutex<std::collections::HashSet<Vec<u8>>>,
 }
 
 impl Default for Guard {
@@ -60,6 +66,8 @@ impl Guard {
             dst_total: AtomicU64::new(0),
             window,
             removals: [AtomicU64::new(0), AtomicU64::new(0)],
+            stop: AtomicBool::new(false),
+            torn: Mutex::new(std::collections::HashSet::new()),
         }
     }
 
@@ -144,6 +152,34 @@ impl Guard {
     /// start with the one before each removal it makes.
     pub fn removals(&self, side: usize) -> u64 {
         self.removals[side].load(Ordering::Relaxed)
+    }
+
+    /// Ask the run in flight to stop between entries (a signal): what it
+    /// did not start is left for the next watch; nothing is half-written.
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+
+    /// The DST file `rel` was written while its source changed (`true`),
+    /// or as it is (`false`).
+    pub fn torn(&self, rel: &[u8], torn: bool) {
+        let mut t = self.torn.lock().expect("torn");
+        if torn {
+            t.insert(rel.to_vec());
+        } else if !t.is_empty() {
+            t.remove(rel);
+        }
+    }
+
+    /// Whether the DST file `rel` was written while its source changed.
+    pub fn is_torn(&self, rel: &[u8]) -> bool {
+        let t = self.torn.lock().expect("torn");
+        !t.is_empty() && t.contains(rel)
+    }
+
+    /// Whether runs must stop ([`Guard::stop`]).
+    pub fn stopping(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
     }
 
     /// The window, for messages.

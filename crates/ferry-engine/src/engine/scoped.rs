@@ -30,6 +30,10 @@ pub struct Scope {
     /// Directories (paths from the root, `/`-separated, `""` for the root)
     /// whose entries are planned; `true`: also everything below it.
     pub dirs: Vec<(Vec<u8>, bool)>,
+    /// Files (paths from the root) seen written: compared by content when
+    /// their size and mtime match (an edit in place that kept the size and
+    /// put the mtime back is still copied).
+    pub written: Vec<Vec<u8>>,
 }
 
 /// `dir` is `rel` or one of its ancestors.
@@ -133,7 +137,9 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             .collect();
         targets.retain(|(r, _)| !deep.iter().any(|d| r != d && is_within(r, d)));
         targets.sort();
-        let e = self.scoped_like(deep);
+        let mut e = self.scoped_like(deep);
+        e.written = scope.written.clone();
+        e.written.sort();
         let root = Arc::new(Node {
             rel: Vec::new(),
             src: src_root,

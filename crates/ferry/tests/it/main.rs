@@ -30,5 +30,6 @@ mod special;
 mod ssh;
 mod versions;
 mod watch;
+mod watch_heal;
 mod watch_status;
 mod xattrs;

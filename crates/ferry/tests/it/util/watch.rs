@@ -227,6 +227,19 @@ impl Watch {
         v
     }
 
+    /// The next JSON line if one came (`--json`).
+    pub fn try_json(&mut self) -> Option<Json> {
+        self.json().try_recv().ok()
+    }
+
+    /// The next JSON line (`--json`; waits for it).
+    pub fn next_json(&mut self) -> Json {
+        match self.json().recv_timeout(WAIT) {
+            Ok(l) => l,
+            Err(_) => panic!("no JSON line; stderr:\n{}", self.stderr()),
+        }
+    }
+
     /// The next run summary (`--json`; waits for it).
     pub fn summary(&mut self) -> Json {
         let end = Instant::now() + WAIT;
