@@ -1064,9 +1064,9 @@ mod tests {
         s.run_done(
             Duration::from_millis(3),
             &Outcome {
-                errors: 0,
                 failed: Some("refused: SRC is empty".into()),
                 refused: true,
+                ..Outcome::default()
             },
             0,
         );
