@@ -528,9 +528,11 @@ pub fn watch_with(
     // said again).
     let mut said_failed: Option<String> = None;
     let mut next_rescan = cfg.rescan.map(|r| Instant::now() + r);
-    let code = |retries: &HashMap<Vec<u8>, (u32, Option<Instant>)>,
-                whole: &Option<(u32, Option<Instant>)>| {
-        u8::from(!retries.is_empty() || whole.is_some())
+    // The exit code: 1 while an entry is failing (not a run refused or
+    // failed as a whole, nor the root's own failure such as removals
+    // stopped: nothing of an entry is left unsaid then).
+    let code = |retries: &HashMap<Vec<u8>, (u32, Option<Instant>)>| {
+        u8::from(retries.keys().any(|p| !p.is_empty()))
     };
     loop {
         // What arrived during the last run, before deciding the next.
@@ -538,7 +540,7 @@ pub fn watch_with(
             take(m, &mut pending, &mut stop, &mut polled, &mut next_poll);
         }
         if stop {
-            return code(&retries, &whole);
+            return code(&retries);
         }
         // Retries and rescans due join what is pending.
         let now = Instant::now();
@@ -666,7 +668,7 @@ pub fn watch_with(
                     pending.set_full(Instant::now());
                 }
             }
-            Err(RecvTimeoutError::Disconnected) => return code(&retries, &whole),
+            Err(RecvTimeoutError::Disconnected) => return code(&retries),
         }
     }
 }
