@@ -628,9 +628,12 @@ pub fn watch_with(
                     r.0 += 1;
                 }
                 r.1 = Some(now + retry::backoff(r.0 - 1));
-                // The root's own failure: a full run at once (held while
-                // removals go on), then with backoff.
-                if new && p.is_empty() {
+                // A scoped run that failed for an entry (a directory that
+                // vanished or changed type while it ran) may have left
+                // part of its changes undone, and the root's own failure
+                // (removals stopped) left its removals: a full run at once
+                // (held while removals go on), then retries with backoff.
+                if new && (p.is_empty() || !work.full) {
                     pending.set_full(now);
                 }
             }

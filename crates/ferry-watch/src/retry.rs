@@ -70,15 +70,17 @@ impl Failures {
     }
 
     /// The run of `work` is over: the paths it failed on, and those
-    /// failing before that it covered and did not fail on (healed).
-    pub fn end_run(&self, work: &Work) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
+    /// failing before that it covered and did not fail on (healed; none
+    /// when it did not go to its end: `complete` false, a signal stopped
+    /// it).
+    pub fn end_run(&self, work: &Work, complete: bool) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
         let mut failed = std::mem::take(&mut *self.run.lock().unwrap_or_else(|e| e.into_inner()));
         failed.sort();
         failed.dedup();
         let mut k = self.known.lock().unwrap_or_else(|e| e.into_inner());
         let healed: Vec<Vec<u8>> = k
             .keys()
-            .filter(|p| covers(work, p) && failed.binary_search(p).is_err())
+            .filter(|p| complete && covers(work, p) && failed.binary_search(p).is_err())
             .cloned()
             .collect();
         for p in &healed {
@@ -153,16 +155,22 @@ mod tests {
             ..Work::default()
         };
         assert!(f.failed(b"a/x", "EPERM".into()));
-        assert_eq!(f.end_run(&scoped("a")), (vec![b"a/x".to_vec()], vec![]));
+        assert_eq!(
+            f.end_run(&scoped("a"), true),
+            (vec![b"a/x".to_vec()], vec![])
+        );
         assert!(
             !f.failed(b"a/x", "EPERM".into()),
             "the same error: not said"
         );
         assert!(f.failed(b"a/x", "ENOSPC".into()), "another cause: said");
-        f.end_run(&scoped("a"));
+        f.end_run(&scoped("a"), true);
         // A run elsewhere does not heal it; one over its directory does.
-        assert_eq!(f.end_run(&scoped("b")), (vec![], vec![]));
-        assert_eq!(f.end_run(&scoped("a")), (vec![], vec![b"a/x".to_vec()]));
+        assert_eq!(f.end_run(&scoped("b"), true), (vec![], vec![]));
+        assert_eq!(
+            f.end_run(&scoped("a"), true),
+            (vec![], vec![b"a/x".to_vec()])
+        );
         assert!(f.failed(b"a/x", "EPERM".into()), "failing again: said");
     }
 }

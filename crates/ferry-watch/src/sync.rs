@@ -26,8 +26,9 @@ pub struct SyncTarget<'a, S: Store, D: Store> {
     pub guard: &'a Guard,
     /// Where a run's progress is shown (its counters are the status's).
     pub live: Option<&'a crate::Status>,
-    /// The paths failing (each error said once, retried by the loop).
-    pub failures: crate::retry::Failures,
+    /// The paths failing (retried by the loop): `rep` goes through a
+    /// [`crate::retry::Quiet`] of them, which says each error once.
+    pub failures: &'a crate::retry::Failures,
 }
 
 /// The directory of `rel` opened from the root, component by component;
@@ -92,11 +93,7 @@ impl<S: Store, D: Store> SyncTarget<'_, S, D> {
 impl<S: Store, D: Store> Target for SyncTarget<'_, S, D> {
     fn run(&mut self, work: &Work) -> Outcome {
         let stats = self.live.map(|s| s.run_stats()).unwrap_or_default();
-        let quiet = crate::retry::Quiet {
-            inner: self.rep,
-            failures: &self.failures,
-        };
-        let e = Engine::new(self.src, self.dst, self.opts, &stats, &quiet).guarded(self.guard);
+        let e = Engine::new(self.src, self.dst, self.opts, &stats, self.rep).guarded(self.guard);
         let failed = |e: &io::Error| {
             Some(match Refused::of(e) {
                 Some(r) => format!("{r} (watching on)"),
@@ -120,7 +117,7 @@ impl<S: Store, D: Store> Target for SyncTarget<'_, S, D> {
                     && match self.rename(from, to) {
                         Ok(d) => d,
                         Err(e) => {
-                            quiet.error(to, &e);
+                            self.rep.error(to, &e);
                             false
                         }
                     };
@@ -140,7 +137,7 @@ impl<S: Store, D: Store> Target for SyncTarget<'_, S, D> {
             e.run_scoped(&scope)
         };
         let errors = stats.errors.load(std::sync::atomic::Ordering::Relaxed);
-        let (failing, healed) = self.failures.end_run(work);
+        let (failing, healed) = self.failures.end_run(work, !self.guard.stopping());
         let mut out = Outcome {
             errors,
             failing,

@@ -253,8 +253,14 @@ pub fn sync(
     crate::check_keep(opts, &d, &job.dst).map_err(|e| e.to_string())?;
     let status = status_server(w, &format!("{} -> {}", job.src.id(), job.dst.id()))?;
     let gate = Unreachable::new(rep);
-    let tee = Tee {
+    // The status sees every error; each is said once (`retry::Quiet`).
+    let failures = ferry_watch::retry::Failures::default();
+    let quiet = ferry_watch::retry::Quiet {
         inner: &gate,
+        failures: &failures,
+    };
+    let tee = Tee {
+        inner: &quiet,
         status: &status,
     };
     let describe = |e: &std::io::Error| cause(e);
@@ -275,7 +281,7 @@ pub fn sync(
             describe: &describe,
             guard: &guard,
             live: Some(&status),
-            failures: ferry_watch::retry::Failures::default(),
+            failures: &failures,
         },
         rep,
         keep,
@@ -376,7 +382,7 @@ impl Bisync<'_> {
 /// A bisync reporter that records into the [`Status`] (each action and
 /// error with its side, conflicts apart) and passes everything on.
 struct BiTee<'a> {
-    inner: &'a Unreachable<'a>,
+    inner: &'a dyn ferry_bisync::BiReporter,
     status: &'a Status,
 }
 
@@ -428,16 +434,17 @@ impl Target for Bisync<'_> {
         // The run's counters are the status's (its progress).
         let stats = self.status.run_stats();
         let mut scoped = true;
-        let tee = BiTee {
-            inner: self.rep,
-            status: self.status,
-        };
+        // The status sees every error; each is said once (`QuietBi`).
         let failures = std::mem::take(&mut self.failures);
         let quiet = QuietBi {
-            inner: &tee,
+            inner: self.rep,
             failures: &failures,
         };
-        let res = match self.scoped(w, &stats, &quiet) {
+        let tee = BiTee {
+            inner: &quiet,
+            status: self.status,
+        };
+        let res = match self.scoped(w, &stats, &tee) {
             Some(r) => r,
             None => {
                 scoped = false;
@@ -448,7 +455,7 @@ impl Target for Bisync<'_> {
                     self.b,
                     self.journal.as_deref_mut(),
                     &self.opts,
-                    &quiet,
+                    &tee,
                     &stats,
                 )
             }
@@ -457,7 +464,7 @@ impl Target for Bisync<'_> {
             full: true,
             ..Work::default()
         };
-        let (failing, healed) = failures.end_run(if scoped { w } else { &full });
+        let (failing, healed) = failures.end_run(if scoped { w } else { &full }, true);
         self.failures = failures;
         self.opts.resync = false;
         if let Ok(o) = &res {
