@@ -628,14 +628,20 @@ pub fn watch_with(
                     r.0 += 1;
                 }
                 r.1 = Some(now + retry::backoff(r.0 - 1));
-                // A scoped run that failed for an entry (a directory that
-                // vanished or changed type while it ran) may have left
-                // part of its changes undone, and the root's own failure
-                // (removals stopped) left its removals: a full run at once
-                // (held while removals go on), then retries with backoff.
-                if new && (p.is_empty() || !work.full) {
+                // The root's own failure (removals stopped) left its
+                // removals: a full run at once (held while removals go
+                // on), then retries with backoff.
+                if new && p.is_empty() {
                     pending.set_full(now);
                 }
+            }
+            // A scoped run that failed for some entry (a directory that
+            // vanished or changed type while it ran) may have left part of
+            // its changes undone: a full run follows at once (a full run's
+            // failures, and a retry's, are retried with backoff, never at
+            // once).
+            if !work.full && out.errors > 0 && prompted {
+                pending.set_full(now);
             }
             // Retries the run did not settle (it did not cover them).
             for r in retries.values_mut() {

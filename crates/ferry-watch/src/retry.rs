@@ -104,7 +104,9 @@ impl Reporter for Quiet<'_> {
         self.inner.action(action, path, size)
     }
     fn error(&self, path: &[u8], err: &io::Error) {
-        if self.failures.failed(path, err.to_string()) {
+        // An entry gone (removed while the run went on) is no failing
+        // path: its removal is a change of its own.
+        if err.kind() == io::ErrorKind::NotFound || self.failures.failed(path, err.to_string()) {
             self.inner.error(path, err)
         }
     }

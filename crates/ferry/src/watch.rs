@@ -333,15 +333,18 @@ impl ferry_bisync::BiReporter for QuietBi<'_> {
     }
 
     fn error(&self, path: &[u8], err: &std::io::Error) {
-        if self.failures.failed(path, err.to_string()) {
+        // An entry gone is no failing path (its removal is a change).
+        if err.kind() == std::io::ErrorKind::NotFound || self.failures.failed(path, err.to_string())
+        {
             self.inner.error(path, err)
         }
     }
 
     fn error_on(&self, on: ferry_bisync::Side, path: &[u8], err: &std::io::Error) {
-        if self
-            .failures
-            .failed(path, format!("{}: {err}", on.as_str()))
+        if err.kind() == std::io::ErrorKind::NotFound
+            || self
+                .failures
+                .failed(path, format!("{}: {err}", on.as_str()))
         {
             self.inner.error_on(on, path, err)
         }
