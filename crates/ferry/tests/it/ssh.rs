@@ -498,7 +498,10 @@ fn self_install_once_then_reused_and_checked() {
         .collect();
     assert_eq!(names.len(), 1, "one file, no temporaries: {names:?}");
     let cached = &names[0];
-    assert_eq!(std::fs::read(cached).unwrap(), crate::util::ssh::shipped_bin());
+    assert_eq!(
+        std::fs::read(cached).unwrap(),
+        crate::util::ssh::shipped_bin()
+    );
     let before = std::fs::metadata(cached).unwrap().modified().unwrap();
     // Reused: no second upload.
     write(d.path(), "src/b", b"second");
