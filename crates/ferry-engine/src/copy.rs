@@ -513,8 +513,13 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
             .map_err(|e| op_err(e, Some(End::Src), "open"))?;
         let torn = g.is_torn(rel);
         let from = old.size.saturating_sub(VERIFY_TAIL);
-        if !self.same_range(&mut r, &mut *a, from, old.size)? {
-            return Ok(None);
+        match self.same_range(&mut r, &mut *a, from, old.size) {
+            Ok(true) => {}
+            Ok(false) => return Ok(None),
+            // A source read only as a stream (a remote `ferry serve`'s
+            // file): copied the normal way.
+            Err(e) if e.kind() == io::ErrorKind::Unsupported => return Ok(None),
+            Err(e) => return Err(e),
         }
         let mut buf = vec![0u8; 1 << 20];
         let mut at = old.size;
