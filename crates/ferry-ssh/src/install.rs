@@ -63,7 +63,19 @@ pub enum Look {
 /// The times to the nanosecond (GNU stat's `%.9Y`): a file removed and
 /// written anew within the same second may get the same inode back, and
 /// whole seconds would then let it pass for the marked one.
-const PRELUDE: &str = "d=\"${XDG_CACHE_HOME:-$HOME/.cache}/ferry\"; f=\"$d/$1\"; k() { set -- $(stat -c '%s %.9Y %.9Z %i %u %a' \"$f\" \"$d\" 2>/dev/null || stat -f '%z %m %c %i %u %Lp' \"$f\" \"$d\" 2>/dev/null); [ $# = 12 ] && echo \"$1 $2 $3 $4 $5 ${10} ${11} ${12}\"; }; mark() { [ -O \"$d\" ] && chmod go-w \"$d\" && k > \"$f.ok.$$\" && mv -f \"$f.ok.$$\" \"$f.ok\" || rm -f \"$f.ok.$$\"; } 2>/dev/null";
+/// GNU stat's format of a marker's fields.
+macro_rules! marker_stat {
+    () => {
+        "%s %.9Y %.9Z %i %u %a"
+    };
+}
+
+/// The `stat -c` format a marker is made of (the file's size, mtime,
+/// ctime, inode, owner, mode; of the directory the last three): tests
+/// that make a marker use it.
+pub const MARKER_STAT: &str = marker_stat!();
+
+const PRELUDE: &str = concat!("d=\"${XDG_CACHE_HOME:-$HOME/.cache}/ferry\"; f=\"$d/$1\"; k() { set -- $(stat -c '", marker_stat!(), "' \"$f\" \"$d\" 2>/dev/null || stat -f '%z %m %c %i %u %Lp' \"$f\" \"$d\" 2>/dev/null); [ $# = 12 ] && echo \"$1 $2 $3 $4 $5 ${10} ${11} ${12}\"; }; mark() { [ -O \"$d\" ] && chmod go-w \"$d\" && k > \"$f.ok.$$\" && mv -f \"$f.ok.$$\" \"$f.ok\" || rm -f \"$f.ok.$$\"; } 2>/dev/null");
 
 /// The marker matches the cached file: it runs.
 const MARKED: &str = "[ -f \"$f\" ] && [ ! -h \"$f\" ] && read -r m 2>/dev/null < \"$f.ok\" && [ \"$(k)\" = \"$m\" ]";

@@ -790,7 +790,7 @@ fn a_start_given_up_by_the_timeout_leaves_nothing_running_there() {
     .unwrap();
     chmod(&cached, 0o755);
     let key = std::process::Command::new("stat")
-        .args(["-c", "%s %.9Y %.9Z %i %u %a"])
+        .args(["-c", ferry_ssh::install::MARKER_STAT])
         .arg(&cached)
         .arg(&cache)
         .output()
