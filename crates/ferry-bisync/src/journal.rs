@@ -398,7 +398,7 @@ impl DirRecs {
                 (m.version, m.ino) = (m.ino, 0);
             }
         };
-        RecIter(&self.data).map(move |(n, r)| {
+        RecIter(&self.data, REC).map(move |(n, r)| {
             let mut rec = unpack(r.expect("checked")).expect("checked");
             side(&mut rec.a, versions[0]);
             side(&mut rec.b, versions[1]);
@@ -626,7 +626,7 @@ fn apply(tx: &rusqlite::Transaction<'_>, dir: &[u8], ups: DirUpdates) -> rusqlit
             None => None,
         };
         let mut recs: Recs = match &cur {
-            Some((_, data)) => RecIter(data)
+            Some((_, data)) => RecIter(data, REC)
                 .map(|(n, r)| (n.to_vec(), r.unwrap_or_default().to_vec()))
                 .collect(),
             None => Vec::new(),
@@ -757,17 +757,10 @@ fn migrate_v2(conn: &Connection) -> rusqlite::Result<()> {
         while let Some(r) = q.next()? {
             let dir: Vec<u8> = r.get(0)?;
             let data: Vec<u8> = r.get(1)?;
-            let mut d = &data[..];
-            while d.len() >= 2 {
-                let n = u16::from_le_bytes([d[0], d[1]]) as usize;
-                let Some(rec) = d.get(2 + n..2 + n + OLD_REC) else {
-                    // Cut short: what follows is lost (the next run sees
-                    // those paths as new on both sides: compared, never
-                    // deleted).
-                    break;
-                };
-                rows.push((dir.clone(), d[2..2 + n].to_vec(), widen(rec)));
-                d = &d[2 + n + OLD_REC..];
+            // A chunk cut short loses what follows (the next run sees
+            // those paths as new on both sides: compared, never deleted).
+            for (name, rec) in RecIter(&data, OLD_REC).map_while(|(n, r)| Some((n, r?))) {
+                rows.push((dir.clone(), name.to_vec(), widen(rec)));
             }
         }
     }
@@ -796,9 +789,9 @@ fn rewrite(
     Ok(())
 }
 
-/// The records of a chunk's data: (name, packed record), the record `None`
-/// when the data is cut short.
-struct RecIter<'a>(&'a [u8]);
+/// The records of a chunk's data: (name, packed record of the given
+/// length), the record `None` when the data is cut short.
+struct RecIter<'a>(&'a [u8], usize);
 
 impl<'a> Iterator for RecIter<'a> {
     type Item = (&'a [u8], Option<&'a [u8]>);
@@ -809,7 +802,7 @@ impl<'a> Iterator for RecIter<'a> {
             return None;
         }
         let n = u16::from_le_bytes([d[0], d[1]]) as usize;
-        let end = 2 + n + REC;
+        let end = 2 + n + self.1;
         if d.len() < end {
             self.0 = &[];
             return Some((&d[2.min(d.len())..(2 + n).min(d.len())], None));
