@@ -253,7 +253,7 @@ pub struct Ship {
 
 /// How bytes are sent: gzip's level 1, compressed while they are sent (so
 /// compressing and sending overlap; level 6 would send 7% fewer bytes
-/// for three times the CPU: BENCHMARKS.md, "One connection to start").
+/// for three times the CPU: bench/LOG.md, "Issue 29: one connection to start").
 const GZIP_LEVEL: u32 = 1;
 
 /// Write `bytes` to `w` gzip-compressed, in pieces.
