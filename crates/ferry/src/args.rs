@@ -296,8 +296,9 @@ pub struct TransferArgs {
     #[arg(long)]
     pub no_remote_install: bool,
     /// ssh connections per host for big files [default: the fewer cores
-    /// of the two ends, at most 4]; over SFTP, also the sessions small
-    /// files are spread over [default: 4 for reads, 2 for writes].
+    /// of the two ends, at most 4]; over SFTP, the sessions files are
+    /// spread over [default: 4 for small files pulled; 2 for small files
+    /// pushed and for a big file's ranges].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=64))]
     pub connections: Option<u16>,
     /// Reach host:path and ssh:// locations over SFTP (no ferry on the
