@@ -15,7 +15,7 @@ use crate::output::cause;
 
 /// Fast, safe file sync: copy and mirror directory trees.
 #[derive(Parser, Debug)]
-#[command(name = "ferry", version, about)]
+#[command(name = "ferry", version, about, arg(crate::generate::arg()))]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
