@@ -417,7 +417,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         self.guard.is_some_and(Guard::stopping)
     }
 
-    /// The check of [`Engine::open_roots`] alone: SRC exists, and in a
+    /// The check of `Engine::open_roots` alone: SRC exists, and in a
     /// watch both roots are the ones watched (a refusal if not).
     pub fn check_roots(&self) -> io::Result<()> {
         self.open_roots().map(drop)
