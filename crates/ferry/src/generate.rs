@@ -97,10 +97,18 @@ fn man(mut cmd: Command, out: &mut Vec<u8>) {
     roff.control("SH", ["EXIT STATUS"]);
     for (code, what) in [
         ("0", "everything done."),
-        ("1", "some entries failed, each named on stderr (side, path, operation, cause)."),
-        ("2", "a usage or configuration error, or a refused run: nothing was changed."),
+        (
+            "1",
+            "some entries failed, each named on stderr (side, path, operation, cause).",
+        ),
+        (
+            "2",
+            "a usage or configuration error, or a refused run: nothing was changed.",
+        ),
     ] {
-        roff.control("TP", []).text([bold(code)]).text([roman(what)]);
+        roff.control("TP", [])
+            .text([bold(code)])
+            .text([roman(what)]);
     }
     roff.control("SH", ["SEE ALSO"]);
     roff.text([roman(

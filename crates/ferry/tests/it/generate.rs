@@ -25,7 +25,11 @@ fn write(kind: &str, dir: &Path, name: &str) -> std::path::PathBuf {
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(out.stderr.is_empty(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let p = dir.join(name);
     std::fs::write(&p, &out.stdout).unwrap();
     p
@@ -82,10 +86,19 @@ fn fish_completion_loads_and_completes_a_subcommand() {
     let f = write("complete-fish", tmp.path(), "ferry.fish");
     let f = f.to_str().unwrap();
     run("fish", &["-n", f]);
-    let got = run("fish", &["-c", &format!("source {f}; complete -C'ferry sy'")]);
+    let got = run(
+        "fish",
+        &["-c", &format!("source {f}; complete -C'ferry sy'")],
+    );
     let names: Vec<&str> = got.lines().map(|l| l.split('\t').next().unwrap()).collect();
     assert_eq!(names, ["sync"], "{got}");
-    let got = run("fish", &["-c", &format!("source {f}; complete -C'ferry bisync --resy'")]);
+    let got = run(
+        "fish",
+        &[
+            "-c",
+            &format!("source {f}; complete -C'ferry bisync --resy'"),
+        ],
+    );
     assert!(got.starts_with("--resync\t"), "{got}");
 }
 
@@ -108,10 +121,16 @@ fn zsh_completion_loads_and_offers_the_subcommands() {
         dump.display()
     );
     let got = run("zsh", &["-f", "-c", &script]);
-    assert_eq!(got.lines().collect::<Vec<_>>(), ["_ferry", "_ferry: function"], "{got}");
+    assert_eq!(
+        got.lines().collect::<Vec<_>>(),
+        ["_ferry", "_ferry: function"],
+        "{got}"
+    );
     // What it offers after `ferry `: every visible subcommand.
     let text = std::fs::read_to_string(&f).unwrap();
-    for sub in ["copy", "sync", "ls", "cleanup", "bisync", "versions", "restore"] {
+    for sub in [
+        "copy", "sync", "ls", "cleanup", "bisync", "versions", "restore",
+    ] {
         assert!(text.contains(&format!("'{sub}:")), "{sub}");
     }
 }
@@ -131,9 +150,20 @@ fn man_page_is_read_by_man() {
         .env("PAGER", "cat")
         .output()
         .expect("man");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8_lossy(&out.stdout);
-    for want in ["NAME", "SYNOPSIS", "COMMANDS", "ferry bisync", "--max-delete", "EXIT STATUS"] {
+    for want in [
+        "NAME",
+        "SYNOPSIS",
+        "COMMANDS",
+        "ferry bisync",
+        "--max-delete",
+        "EXIT STATUS",
+    ] {
         assert!(text.contains(want), "{want} not in:\n{text}");
     }
 }
