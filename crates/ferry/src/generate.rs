@@ -38,10 +38,16 @@ pub fn arg() -> Arg {
 /// alone takes no subcommand, which the usual parse requires, hence this
 /// parse of its own first.
 pub fn requested() -> Option<ExitCode> {
-    let m: ArgMatches = Cli::command()
-        .subcommand_required(false)
-        .try_get_matches()
-        .ok()?;
+    let m: ArgMatches = match Cli::command().subcommand_required(false).try_get_matches() {
+        Ok(m) => m,
+        // `--generate` with another argument: said as such (the usual
+        // parse would say a subcommand is missing).
+        Err(e) if e.kind() == clap::error::ErrorKind::ArgumentConflict => {
+            let _ = e.print();
+            return Some(ExitCode::from(2));
+        }
+        Err(_) => return None,
+    };
     let kind = m.get_one::<String>(ID)?;
     if let Some((sub, _)) = m.subcommand() {
         let msg = format!("--generate takes no subcommand (got '{sub}')");

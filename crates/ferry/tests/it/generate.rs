@@ -176,6 +176,14 @@ fn generate_refuses_a_subcommand_and_an_unknown_kind() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(out.stdout.is_empty());
+    let out = Command::new(bin())
+        .args(["--generate", "man", "--timeout", "5"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--generate"), "{err}");
     let out = generate("complete-tcsh");
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("complete-bash"));
