@@ -103,7 +103,7 @@ fn fish_completion_loads_and_completes_a_subcommand() {
 }
 
 #[test]
-fn zsh_completion_loads_and_offers_the_subcommands() {
+fn zsh_completion_loads_and_completes_a_subcommand() {
     if !has("zsh") {
         return skip(&"zsh is not installed (scripts/test installs it)");
     }
@@ -126,6 +126,38 @@ fn zsh_completion_loads_and_offers_the_subcommands() {
         ["_ferry", "_ferry: function"],
         "{got}"
     );
+    // Completing `ferry sy<TAB>` in an interactive zsh (on a pty: zsh's
+    // completion runs only in its line editor) gives `ferry sync`.
+    let script = tmp.path().join("complete.zsh");
+    std::fs::write(
+        &script,
+        format!(
+            "zmodload zsh/zpty\n\
+             zpty z zsh -f -i\n\
+             zpty -w z 'PS1=\"> \"; fpath=({dir} $fpath); autoload -Uz compinit; \
+             compinit -u -d {dir}/zcompdump2; print READY'\n\
+             zpty -r z line '*READY*'\n\
+             zpty -w -n z $'ferry sy\\t'\n\
+             all=''\n\
+             for i in {{1..600}}; do\n\
+               zpty -r -t z out && all+=$out\n\
+               [[ $all == *'ferry sync'* ]] && break\n\
+               sleep 0.1\n\
+             done\n\
+             zpty -d z\n\
+             [[ $all == *'ferry sync'* ]] && print COMPLETED\n",
+            dir = tmp.path().display()
+        ),
+    )
+    .unwrap();
+    let out = Command::new("zsh")
+        .arg("-f")
+        .arg(&script)
+        .current_dir(tmp.path())
+        .output()
+        .unwrap();
+    let got = String::from_utf8_lossy(&out.stdout);
+    assert!(got.contains("COMPLETED"), "{got:?}");
     // What it offers after `ferry `: every visible subcommand.
     let text = std::fs::read_to_string(&f).unwrap();
     for sub in [
