@@ -6,7 +6,7 @@ For each rate (default 1, 10 and 100 MiB/s) and each shape (one 500 MiB file;
 reports bytes / wall time as a ratio to the setting. The limiter is one
 token bucket over all transfers, so the many-files shape (4 workers at once)
 must hold the same rate as the single stream. Appends a section to
-BENCHMARKS.md (or --out) unless --no-write.
+bench/LOG.md (or --out) unless --no-write.
 
     python3 bench/bwlimit.py [--rates 1,10,100] [--mib 500] [--ferry PATH]
 """
@@ -18,7 +18,7 @@ ap.add_argument("--mib", type=int, default=500, help="transfer size in MiB")
 ap.add_argument("--shapes", default="one,many")
 ap.add_argument("--ferry", default="target/release/ferry")
 ap.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "ferry-bwlimit"))
-ap.add_argument("--out", default="BENCHMARKS.md")
+ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "LOG.md"))
 ap.add_argument("--no-write", action="store_true")
 a = ap.parse_args()
 

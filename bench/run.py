@@ -16,7 +16,8 @@ Scenarios:
   ls     recursive listing with size and mtime
 Each tool runs --runs times (default 5), tools alternating run by run, warm cache, `sync`
 before every timed run. Wall time, user+sys CPU and peak RSS come from wait4(); then one
-extra `strace -c -f` run per tool counts syscalls. Writes BENCHMARKS.md and bench/charts/*.svg.
+extra `strace -c -f` run per tool counts syscalls. Writes bench/last-run.md (a whole report: copy
+the tables worth keeping into BENCHMARKS.md, the log of the run into bench/LOG.md) and bench/charts/*.svg.
 
 --smoke: tiny workloads, one run, finishes in seconds; exits 1 if any tool that ran produced
 a wrong result (ferry's copies are also compared byte for byte with `diff -r`), 2 if ferry
@@ -702,7 +703,7 @@ def run_group(ctx, wname, scenario, src, man):
                 ctx.trash(dst)
         # Not deleted here: the root ext4 of these VMs has no journal, so inodes freed
         # within the last minute are not reused and the next group's allocations would
-        # scan past every one of them (BENCHMARKS.md, "Why small-file runs on this machine
+        # scan past every one of them (bench/LOG.md, "Why small-file runs on this machine
         # swing"). The trash goes at the end, or earlier only when room runs out
         # (ensure_space, then settle_fs).
     elif scenario in ("noop", "touch"):
@@ -1244,7 +1245,7 @@ def main():
     ap.add_argument("--ferry", default=os.path.join(REPO, "target", "release", "ferry"))
     ap.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "ferry-bench"))
     ap.add_argument("--base", default=None, help="a second ferry binary, run side by side as tool ferry-base")
-    ap.add_argument("--out", default=None, help="report (default BENCHMARKS.md in the repo; smoke: in the work dir)")
+    ap.add_argument("--out", default=None, help="report (default bench/last-run.md; smoke: in the work dir)")
     ap.add_argument("--no-strace", action="store_true")
     ap.add_argument("--budget", type=float, default=150,
                     help="minutes; past it, remaining groups get 1 run and no strace (default 150)")
@@ -1326,13 +1327,13 @@ def main():
     if args.out:
         ctx.out = os.path.abspath(args.out)
         # charts beside the report; bench/charts only for a report at the repo root
-        in_repo = os.path.dirname(ctx.out) == REPO
+        in_repo = os.path.dirname(ctx.out) in (REPO, HERE)
         ctx.chart_dir = os.path.join(HERE, "charts") if in_repo else os.path.join(os.path.dirname(ctx.out), "charts")
     elif args.smoke:
         ctx.out = os.path.join(ctx.root, "BENCHMARKS.md")
         ctx.chart_dir = os.path.join(ctx.root, "charts")
     else:
-        ctx.out = os.path.join(REPO, "BENCHMARKS.md")
+        ctx.out = os.path.join(HERE, "last-run.md")
         ctx.chart_dir = os.path.join(HERE, "charts")
     st = os.statvfs(ctx.root)
     ctx.reserve_inodes = 0 if args.smoke else max(1_000_000, st.f_files // 10)

@@ -2,7 +2,7 @@
 """S3 side by side on one Garage: ferry vs rclone (default and --transfers 32) and the AWS CLI
 (when installed), on the same data, runs alternated, medians reported.
 
-    python3 bench/s3.py [--runs 3] [--ferry target/release/ferry] [--out BENCHMARKS.md]
+    python3 bench/s3.py [--runs 3] [--ferry target/release/ferry] [--out bench/LOG.md]
 
 Starts a throwaway single-node Garage with scripts/garage (installs it if missing), then:
   small: 10,000 objects x 4 KiB up (fresh prefix each run) and down (fresh directory);
@@ -18,7 +18,7 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--runs", type=int, default=3)
 ap.add_argument("--ferry", default="target/release/ferry")
 ap.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "ferry-bench"))
-ap.add_argument("--out", default="BENCHMARKS.md")
+ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "LOG.md"))
 ap.add_argument("--skip", default="", help="comma list of: small,big,lat,list")
 ap.add_argument("--rtt-ms", type=float, default=0,
                 help="put bench/latency_proxy.py between the clients and Garage, adding this round trip")
@@ -126,7 +126,7 @@ trash = [0]
 
 def discard(d):
     # Moved aside, deleted at the end: on ext4 with discard, deleting many
-    # files slows the file creation that follows (see BENCHMARKS.md, method).
+    # files slows the file creation that follows (see bench/LOG.md, method).
     trash[0] += 1
     if os.path.exists(d):
         os.rename(d, os.path.join(tmp, f"trash-{trash[0]}"))

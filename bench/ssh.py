@@ -370,8 +370,8 @@ conns = []
 trash = os.path.join(a.workdir, "trash")
 def retire(path, many):
     # The root ext4 here has no journal: an inode freed within the last minute is not
-    # reused, and the next run's allocations scan past every one of them (BENCHMARKS.md,
-    # "Why small-file runs swing"). Many-file destinations are moved aside, deleted at the end.
+    # reused, and the next run's allocations scan past every one of them (bench/LOG.md,
+    # "Why small-file runs on this machine swing"). Many-file destinations are moved aside, deleted at the end.
     if not os.path.exists(path):
         return
     if not many:

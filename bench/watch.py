@@ -173,7 +173,7 @@ def retire(work, path):
     """Move `path` (a run's many-file tree) aside into WORK/trash, deleted at the end
     (purge_trash): the root ext4 here has no journal, so an inode freed within the last
     minute is not reused and the next run's allocations scan past every one of them
-    (BENCHMARKS.md, "Why small-file runs on this machine swing")."""
+    (bench/LOG.md, "Why small-file runs on this machine swing")."""
     if not os.path.lexists(path):
         return
     trash = os.path.join(work, "trash")

@@ -2,8 +2,8 @@
 //! each side at the last sync ([`Synced`]).
 //!
 //! Records are stored by directory: a row holds a run of at most
-//! [`CHUNK_MAX`] consecutive children (by name) of one directory, and at
-//! most [`ROW_BYTES`] (no overflow pages), keyed by
+//! `CHUNK_MAX` consecutive children (by name) of one directory, and at
+//! most `ROW_BYTES` (no overflow pages), keyed by
 //! the directory's key (its relative path with `/` written as NUL, a byte
 //! no file name holds) and the run's first name. A walk reads a
 //! directory's rows when it visits the directory ([`Records::dir`]: one
@@ -251,7 +251,7 @@ impl Journal {
     }
 
     /// Apply updates as they arrive on `rx` until every sender is gone:
-    /// each transaction takes what is waiting (at most [`BATCH`] rows, or
+    /// each transaction takes what is waiting (at most `BATCH` rows, or
     /// one directory's [`Update::Dir`]), so records trail the work by one
     /// batch at most and no timer is needed.
     pub fn write_from(&self, rx: mpsc::Receiver<Update>) -> Result<u64, String> {

@@ -5,7 +5,7 @@
 //! records of it ([`journal`]) when it is visited; a pure function decides
 //! each path from the three ([`reconcile`]), and only paths with work are
 //! kept; [`plan`] applies the rules that span paths (directories, renames,
-//! conflict names) to those; [`run`] carries the plan out over any two
+//! conflict names) to those; [`run()`] carries the plan out over any two
 //! [`ferry_engine::Store`]s and records each completed action in the
 //! journal. Nothing is ever deleted or overwritten unless it is unchanged
 //! since the last sync; when in doubt both versions are kept.

@@ -33,8 +33,10 @@ use ferry_engine::keep::KeepBase;
 use ferry_engine::store::{SourceFile, Store};
 
 pub mod cases;
+mod edge;
 mod keep;
 pub mod local;
+mod tree;
 
 /// A fresh, empty root of one backend, for one test. Dropping it removes
 /// what the test left.

@@ -86,7 +86,7 @@ pub struct Copier<'a, S: Store, D: Store> {
     /// `None`: modes written as they are.
     pub special: Option<&'a SpecialBits>,
     /// In a watch (its runs' shared state): a file that grows is taken as
-    /// appended to ([`Copier::append_tail`]; a copy of a file that only
+    /// appended to (`Copier::append_tail`; a copy of a file that only
     /// grew while it was copied is committed as listed). `None`: a file
     /// that changed while copied is copied again, then fails.
     pub grow: Option<&'a crate::Guard>,

@@ -60,16 +60,18 @@ const OTHER_SKIP: &str = "special file of an unknown type in SRC: not copied";
 const NODE_SKIP: &str = "fifo or device node in SRC: the destination cannot store special files (fifos, device nodes); this note is shown once, the others are skipped too";
 
 /// One-way mode.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Mode {
     /// Add and update, never delete.
+    #[default]
     Copy,
     /// Also delete what the source lacks.
     Sync,
 }
 
-/// Options of a copy or sync run.
-#[derive(Debug)]
+/// Options of a copy or sync run. The default is a copy with every
+/// option off, as `ferry copy SRC DST` with no flag but `-j 1`.
+#[derive(Debug, Default)]
 pub struct Options {
     /// Copy or sync.
     pub mode: Mode,
@@ -79,7 +81,7 @@ pub struct Options {
     pub checksum: bool,
     /// fsync each file before renaming it into place.
     pub fsync: bool,
-    /// Worker threads.
+    /// Worker threads (0: one).
     pub jobs: usize,
     /// Exclude rules.
     pub filter: Option<Filter>,
@@ -415,7 +417,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         self.guard.is_some_and(Guard::stopping)
     }
 
-    /// The check of [`Engine::open_roots`] alone: SRC exists, and in a
+    /// The check of `Engine::open_roots` alone: SRC exists, and in a
     /// watch both roots are the ones watched (a refusal if not).
     pub fn check_roots(&self) -> io::Result<()> {
         self.open_roots().map(drop)

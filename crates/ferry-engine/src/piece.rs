@@ -20,7 +20,7 @@ thread_local! {
 }
 
 /// Run `f` with a buffer of [`RANGE_PIECE`] bytes for the pieces of
-/// [`RangedSource::read_range`]: aligned for `O_DIRECT` writes, kept by the
+/// [`RangedSource::read_range`](crate::store::RangedSource::read_range): aligned for `O_DIRECT` writes, kept by the
 /// thread from one call to the next (not allocated and zeroed per range),
 /// and on a transparent huge page where the kernel grants one: a direct
 /// write pins the buffer's pages for the device, and one huge page costs

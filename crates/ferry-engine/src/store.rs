@@ -1,7 +1,8 @@
-//! The `Store` trait: what the engine needs from a backend (local disk today;
-//! S3 and SSH later). Every operation is relative to an open directory handle
-//! (`Store::Dir`) and a single name, so the local backend can use `*at()`
-//! syscalls on directory fds and never resolve whole paths again.
+//! The `Store` trait: what the engine needs from a backend (local disk, S3,
+//! SSH, SFTP: one implementation in each backend's crate). Every operation
+//! is relative to an open directory handle (`Store::Dir`) and a single
+//! name, so the local backend can use `*at()` syscalls on directory fds and
+//! never resolve whole paths again.
 //!
 //! What only some backends can do is a capability the writer asks its source
 //! for (`SourceFile::as_fd` lets the local writer use reflink or

@@ -3,7 +3,7 @@
 //!
 //! A record, `.ferry-undo-<16 hex>.~ferry~` beside its file
 //! ([`ferry_engine::store::undo_name`]), is found by a listing of its
-//! directory or a stat of its file ([`recover`]), unlocked: a run's that
+//! directory or a stat of its file (`recover`), unlocked: a run's that
 //! died. It is acted on only when ferry could have written it and the
 //! file is exactly as that run left it (docs/DESIGN.md, "Rollback
 //! records"): a regular file with one link, owned by the file's owner (or

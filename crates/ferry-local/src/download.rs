@@ -4,7 +4,7 @@
 //! The file is a named partial, `.ferry-part-<hash of the name>.~ferry~`, in the
 //! target directory. Received ranges go into a [`RangeSet`] (in-order
 //! completions extend its prefix in O(1); out-of-order ones wait in its
-//! fallback map). Every [`SYNC_EVERY`] bytes, and when a run fails, the file
+//! fallback map). Every `SYNC_EVERY` bytes, and when a run fails, the file
 //! is `fdatasync`ed and only then the set is saved in an extended attribute
 //! of the file with the content's identity (size + ETag): the attribute never
 //! claims bytes that are not on disk. A later download of the same name and
@@ -325,7 +325,7 @@ impl Direct {
     }
 
     /// `O_DIRECT` on the file open as `fd` itself (through `/proc/self/fd`:
-    /// an unnamed temporary too), where [`Direct::open`] would give it.
+    /// an unnamed temporary too), where `Direct::open` would give it.
     pub fn reopen(fd: BorrowedFd<'_>) -> Direct {
         use std::os::fd::AsRawFd;
         let path = CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())).expect("no NUL");

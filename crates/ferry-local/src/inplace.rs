@@ -10,9 +10,9 @@
 //! as the run left it (rewritten after each write). It is written and
 //! synced before the first byte is, kept locked while the patch runs, and
 //! removed once the patched file is checked (and with `--fsync` synced).
-//! A record found unlocked ([`crate::append::recover`]) is a run's that
+//! A record found unlocked (`append::recover`) is a run's that
 //! died: when the file it names is provably as that run left it (see
-//! [`restore`]), it gets its old bytes back, its old size, mtime and
+//! `restore`), it gets its old bytes back, its old size, mtime and
 //! mode, and the record goes; otherwise only the record goes. A torn
 //! record (its hash does not match) was never complete, so nothing was
 //! written yet: it just goes.

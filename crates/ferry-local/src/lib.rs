@@ -3,7 +3,7 @@
 //!
 //! [`local`] is the store itself; [`download`] fetches big files from a
 //! ranged source (S3) as parallel, resumable ranges into a local partial,
-//! tracked by a [`range::RangeSet`]; [`write`] coalesces small writes;
+//! tracked by a [`range::RangeSet`]; [`mod@write`] coalesces small writes;
 //! `xattr` reads and writes extended attributes and ACLs (`-X`, `-A`).
 //! `sparse` copies files with holes, `special` makes fifos and device nodes.
 #![deny(missing_docs)]

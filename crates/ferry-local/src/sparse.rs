@@ -178,7 +178,7 @@ static NO_COPY_RANGE: AtomicBool = AtomicBool::new(false);
 const BLOCK: usize = 4096;
 
 /// The runs of `buf` that hold data, as `(start, end)`: the bytes outside
-/// them are whole [`BLOCK`]-aligned blocks of zeros (a tail shorter than a
+/// them are whole `BLOCK`-aligned blocks of zeros (a tail shorter than a
 /// block counts as a block). What a stream without `SEEK_DATA` (bytes from
 /// another machine) tells of its holes.
 pub fn data_runs(buf: &[u8]) -> impl Iterator<Item = (usize, usize)> + '_ {

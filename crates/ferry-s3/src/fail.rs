@@ -49,7 +49,7 @@ pub fn secs(d: Duration) -> String {
 
 /// The error of a request refused because the endpoint was declared
 /// unreachable: the run reports these once, with a count, not one line
-/// each (see [`S3Store::unreachable`](crate::S3Store::unreachable)).
+/// each (see `S3Store::unreachable`).
 #[derive(Debug)]
 pub struct Unreachable(pub String);
 

@@ -156,7 +156,7 @@ pub const MTIME_MAX_SECS: i64 = i64::MAX / 1_000_000_000 - 1;
 
 /// Parse rclone's mtime metadata: seconds, optionally with a fraction.
 /// `None` for anything else, and for an mtime more than
-/// [`MTIME_MAX_SECS`] from the epoch.
+/// `MTIME_MAX_SECS` from the epoch.
 pub fn parse_mtime(s: &str) -> Option<(i64, u32)> {
     let s = s.trim();
     let (sec, frac) = s.split_once('.').unwrap_or((s, ""));

@@ -131,7 +131,7 @@ pub struct Object {
     pub size: u64,
     /// LastModified as (seconds, nanoseconds) since the epoch.
     pub last_modified: Option<(i64, u32)>,
-    /// The fingerprint of its ETag and LastModified ([`version`]).
+    /// The fingerprint of its ETag and LastModified (`version`).
     pub version: u64,
 }
 

@@ -265,7 +265,7 @@ impl Conn {
     /// `sftp-server` busy; each further one adds an ssh, an sshd and a
     /// server process to share the cores: a 1 GiB file over loopback on
     /// 2 cores took 4.8 s pushed and 4.7 s pulled over 4 sessions, 4.05 s
-    /// and 3.5 s over 2, 4.3 s and 3.7 s over 1 (BENCHMARKS.md).
+    /// and 3.5 s over 2, 4.3 s and 3.7 s over 1 (bench/LOG.md).
     pub fn big_width(&self) -> usize {
         ferry_ssh::conn::settings()
             .connections
@@ -278,7 +278,7 @@ impl Conn {
     /// single-threaded `sftp-server`s keep two cores busy, and each further
     /// session costs its key exchange (the client's post-quantum key
     /// generation: about 0.1 s of CPU) and gathers fewer requests per
-    /// packet, for no gain (measured on 2 cores, BENCHMARKS.md).
+    /// packet, for no gain (measured on 2 cores, bench/LOG.md).
     pub fn small_width(&self) -> usize {
         ferry_ssh::conn::settings()
             .connections
@@ -479,7 +479,7 @@ impl Drop for Out<'_> {
 /// ssh's stdin. A thread with requests to send writes them itself while
 /// the socket takes them at once, waking no other thread (a wake-up of
 /// another CPU is dear in a VM, and a session's replies each woke the
-/// writer thread before: BENCHMARKS.md, "Issue 15: SFTP small push");
+/// writer thread before: bench/LOG.md, "Issue 15: SFTP small push");
 /// what it cannot take at once is queued for the writer thread, which
 /// waits for room. Requests go out in the order they were sent.
 pub(crate) struct Feed {
@@ -799,7 +799,7 @@ fn open(t: &Target) -> Result<Arc<Conn>, String> {
     // ssh's stdin and stdout: one socket pair, as OpenSSH's own scp and
     // sftp give it. Fed through pipes, ssh kept a standing backlog it
     // moved in memory again and again: ~1 CPU-s per GiB pushed
-    // (BENCHMARKS.md, "where a 1-session SFTP push loses to plain scp").
+    // (bench/LOG.md, "where a 1-session SFTP push loses to plain scp").
     let sock = match std::os::unix::net::UnixStream::pair() {
         Ok((ours, theirs)) if std::env::var_os("FERRY_SFTP_PIPES").is_none() => {
             for f in [&ours, &theirs] {

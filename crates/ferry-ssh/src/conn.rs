@@ -42,7 +42,7 @@ pub struct Target {
     /// `--no-remote-install`).
     pub install: bool,
     /// Options put before the host: AES-GCM first when ssh would use its
-    /// built-in cipher order ([`fast_cipher`]).
+    /// built-in cipher order (`fast_cipher`).
     pub options: Vec<String>,
 }
 
@@ -465,7 +465,7 @@ impl Conn {
 
     /// How many connections big files use: `--connections`, or the
     /// fewest cores of the two ends (one ssh stream is bound to one core
-    /// by its cipher), up to [`DEFAULT_CONNECTIONS`].
+    /// by its cipher), up to `DEFAULT_CONNECTIONS`.
     pub fn width(&self) -> usize {
         let set = SETTINGS.get().cloned().unwrap_or_default();
         match set.connections {

@@ -93,7 +93,7 @@ const GUARD: &str = "p=; { read -r x < /proc/$$/stat && set -- $x && [ \"$5\" = 
 
 /// The one-line command that starts ferry on a host (`sh -c` runs it with
 /// the cache name as `$1`): see [`Look`]. When it runs none it prints
-/// [`PROBE`] and what a [`Report`] reads, and exits 0. Its [`GUARD`] ends
+/// [`PROBE`] and what a [`Report`] reads, and exits 0. Its `GUARD` ends
 /// it, and the cached ferry it started, when the connection goes before
 /// the session has started.
 pub fn start_script(look: Look, sum: &str) -> String {
@@ -253,7 +253,7 @@ pub struct Ship {
 
 /// How bytes are sent: gzip's level 1, compressed while they are sent (so
 /// compressing and sending overlap; level 6 would send 7% fewer bytes
-/// for three times the CPU: BENCHMARKS.md, "One connection to start").
+/// for three times the CPU: bench/LOG.md, "Issue 29: one connection to start").
 const GZIP_LEVEL: u32 = 1;
 
 /// Write `bytes` to `w` gzip-compressed, in pieces.

@@ -5,7 +5,7 @@
 //!
 //! [`proto`] is the wire protocol (versioned hello, framed requests with
 //! ids, many in flight); [`conn`] one connection (the ssh child, a writer
-//! and a reader thread); [`store`] the `Store` over it; [`serve`] the
+//! and a reader thread); [`store`] the `Store` over it; [`mod@serve`] the
 //! remote end.
 #![deny(missing_docs)]
 

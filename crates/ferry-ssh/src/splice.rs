@@ -7,7 +7,7 @@
 //! passes over the bytes on the end that both shares its cores with the
 //! cipher.
 //!
-//! The sender fills a pipe ([`Piped::fill`]) itself, so it learns there
+//! The sender fills a pipe ([`Pipe::fill`]) itself, so it learns there
 //! how many bytes the file had (a short read is the end of the file, as a
 //! `pread` would say) before the frame is built; the writer thread only
 //! moves the pipe's content into the stream ([`Sink::take`]). A file
@@ -36,7 +36,7 @@ pub fn room(offset: u64) -> usize {
     PIPE_ROOM - (offset % 4096) as usize
 }
 
-/// This process's pipes for [`Piped`] frames.
+/// This process's pipes for [`Out::Piped`](crate::proto::Out::Piped) frames.
 pub struct Pool {
     state: Mutex<PoolState>,
     cv: Condvar,

@@ -4,7 +4,7 @@
 //!
 //! The server's watch ends when its client goes away: the request reader
 //! drops the write end of a pipe the tree's thread polls beside its
-//! inotify descriptor, then joins it ([`Watching`]). The client
+//! inotify descriptor, then joins it (`Watching`). The client
 //! ([`RemoteWatch`], a [`ferry_watch::Source`]) hands the changes to the
 //! loop; when the stream ends (ssh or the network gone) it says so once,
 //! has the side polled, and tries again at every poll interval; once the

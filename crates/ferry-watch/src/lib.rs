@@ -37,7 +37,7 @@ pub enum Change {
     /// removed, renamed), `false` while it may still be written.
     Entry(usize, Vec<u8>, bool),
     /// An entry at this path was removed (or moved out of the tree): see
-    /// [`Pending`]'s hold on removals.
+    /// `Pending`'s hold on removals.
     Removed(usize, Vec<u8>),
     /// A directory's own metadata changed.
     Dir(usize, Vec<u8>),

@@ -15,7 +15,7 @@ use crate::output::cause;
 
 /// Fast, safe file sync: copy and mirror directory trees.
 #[derive(Parser, Debug)]
-#[command(name = "ferry", version, about)]
+#[command(name = "ferry", version, about, arg(crate::generate::arg()))]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -76,7 +76,7 @@ pub enum Command {
 #[derive(Args, Debug)]
 pub struct VersionsArgs {
     /// A file (existing or deleted) or directory in a replica: a path,
-    /// s3://bucket/key or [user@]host:path.
+    /// s3://bucket/key or `[user@]host:path`.
     pub path: PathBuf,
     /// Each file as it was at TIME (local time: '2026-11-25 16:33',
     /// 16:33, yesterday, 2h, an RFC 3339 time): what it held then, and
@@ -101,7 +101,7 @@ pub struct VersionsArgs {
 #[derive(Args, Debug)]
 pub struct RestoreArgs {
     /// The file or directory to put back (existing or deleted): a path,
-    /// s3://bucket/key or [user@]host:path; with --from, a path in the
+    /// s3://bucket/key or `[user@]host:path`; with --from, a path in the
     /// tree synced to DST.
     pub path: PathBuf,
     /// What the file held at TIME, in local time: '2026-11-25 16:33',
@@ -155,9 +155,9 @@ pub fn parse_age(s: &str) -> Result<std::time::Duration, String> {
 
 #[derive(Args, Debug)]
 pub struct BisyncArgs {
-    /// First replica: a directory, s3://bucket/prefix or [user@]host:path.
+    /// First replica: a directory, s3://bucket/prefix or `[user@]host:path`.
     pub a: PathBuf,
-    /// Second replica: a directory, s3://bucket/prefix or [user@]host:path.
+    /// Second replica: a directory, s3://bucket/prefix or `[user@]host:path`.
     pub b: PathBuf,
     /// Print every planned action; change nothing (not even the journal).
     #[arg(short = 'n', long)]
@@ -176,7 +176,8 @@ pub struct BisyncArgs {
     /// sync; different bytes are a conflict (both versions kept).
     #[arg(short = 'c', long)]
     pub checksum: bool,
-    /// Journal file [default: $XDG_STATE_HOME/ferry/bisync/<hash of A and B>.sqlite].
+    /// Journal file [default: a file named by a hash of A and B, in
+    /// $XDG_STATE_HOME/ferry/bisync/].
     #[arg(long, value_name = "PATH")]
     pub journal: Option<PathBuf>,
     #[command(flatten)]
@@ -296,8 +297,9 @@ pub struct TransferArgs {
     #[arg(long)]
     pub no_remote_install: bool,
     /// ssh connections per host for big files [default: the fewer cores
-    /// of the two ends, at most 4]; over SFTP, also the sessions small
-    /// files are spread over [default: 4 for reads, 2 for writes].
+    /// of the two ends, at most 4]; over SFTP, the sessions files are
+    /// spread over [default: 4 for small files pulled; 2 for small files
+    /// pushed and for a big file's ranges].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=64))]
     pub connections: Option<u16>,
     /// Reach host:path and ssh:// locations over SFTP (no ferry on the

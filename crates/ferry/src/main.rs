@@ -4,6 +4,7 @@
 
 mod args;
 mod filter_args;
+mod generate;
 mod identity;
 mod output;
 mod remote;
@@ -28,6 +29,9 @@ use output::{cause, CliReporter, Progress, Unreachable};
 
 fn main() -> ExitCode {
     started();
+    if let Some(code) = generate::requested() {
+        return code;
+    }
     let cli = match <Cli as clap::Parser>::try_parse() {
         Ok(c) => c,
         Err(e) => {

@@ -12,6 +12,7 @@ mod cli;
 mod delta;
 mod diskfull;
 mod filter;
+mod generate;
 mod hardlinks;
 mod hostile;
 mod keep;
