@@ -95,9 +95,22 @@ pub struct Options {
     /// inode), and the deletion limit counts the deletions of the watch's
     /// runs of the last [`ferry_engine::MAX_DELETE_WINDOW`] too.
     pub guard: Option<std::sync::Arc<ferry_engine::Guard>>,
+    /// Set by a signal (SIGINT, SIGTERM) of a run without `--watch`: the
+    /// run begins no further entry (in a watch, [`ferry_engine::Guard::stop`]).
+    pub stop: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl Options {
+    /// A signal asked the run to stop: no further entry is begun (what
+    /// was done is in the journal, the rest is the next run's).
+    pub fn stopping(&self) -> bool {
+        self.guard.as_ref().is_some_and(|g| g.stopping())
+            || self
+                .stop
+                .as_ref()
+                .is_some_and(|s| s.load(Ordering::Relaxed))
+    }
+
     /// `A /path` (or `A` when the root has no name).
     fn name(&self, s: Side) -> String {
         match self.roots[s as usize].as_str() {
@@ -210,6 +223,9 @@ pub struct Outcome {
     pub kept: u64,
     /// Their bytes.
     pub bytes_kept: u64,
+    /// A signal stopped the run between entries: what it did not begin is
+    /// left for the next run.
+    pub stopped: bool,
 }
 
 /// Why a run stopped before changing anything.
@@ -778,6 +794,7 @@ fn run_with<A: Store, B: Store>(
         elapsed_s: start.elapsed().as_secs_f64(),
         kept: g(&c.kept),
         bytes_kept: g(&c.bytes_kept),
+        stopped: opts.stopping(),
     }))
 }
 
@@ -960,6 +977,11 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
                 .map(|_| ())
                 .map_err(|e| op_err(e, None, "unlink")),
         }
+    }
+
+    /// A signal came: begin no further entry (see [`Options::stopping`]).
+    fn stopping(&self) -> bool {
+        self.opts.stopping()
     }
 
     /// Report a failure of the act on side `on` at `key`.
@@ -1257,6 +1279,9 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
         let mut copies: Vec<Copy> = Vec::new();
         let mut deferred: Vec<Copy> = Vec::new();
         for it in items {
+            if self.stopping() {
+                break;
+            }
             if let Act::Conflict { loser, name } = &it.act {
                 if let Some(c) = self.conflict(it, *loser, name) {
                     copies.extend(c);
@@ -1265,6 +1290,9 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
         }
         // 2. Directories, parents first (key order).
         for it in items {
+            if self.stopping() {
+                break;
+            }
             if let Act::Copy { from } = it.act {
                 if it.side(from).is_some_and(|m| m.kind == Kind::Dir) {
                     self.mkdir(it, from);
@@ -1273,6 +1301,9 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
         }
         // 3. Renames.
         for it in items {
+            if self.stopping() {
+                break;
+            }
             if let Act::Rename { on, from } = it.act {
                 if let Some(c) = self.rename(it, on, &items[from]) {
                     copies.push(c);
@@ -1321,11 +1352,17 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
         let pool: Pool<usize> = Pool::new();
         pool.push_all(files);
         pool.run(self.opts.jobs, |i, _| {
+            if self.stopping() {
+                return;
+            }
             if let Act::Delete { on } = items[i].act {
                 self.delete(&items[i], on);
             }
         });
         for it in items.iter().rev() {
+            if self.stopping() {
+                break;
+            }
             if let Act::Delete { on } = it.act {
                 if it.side(on).is_some_and(|m| m.kind == Kind::Dir) {
                     self.delete(it, on);
@@ -1334,6 +1371,9 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
         }
         // 6. Files replacing directories that are now empty.
         for c in &deferred {
+            if self.stopping() {
+                break;
+            }
             let to = c.from.other();
             let res = on_side!(self, to, |st, dc| {
                 dc.at(st, &c.dst).and_then(|(d, n)| {
@@ -1357,7 +1397,7 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
                 Err(e) => self.fail(to, &c.dst, &e),
             }
         }
-        // 7. Read-only directories made writable get their mode back.
+        // 7. (Also after a stop.) Read-only directories made writable get their mode back.
         self.relock_all();
     }
 
@@ -1366,6 +1406,9 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
         let pool: Pool<usize> = Pool::new();
         pool.push_all((0..copies.len()).rev());
         pool.run(self.opts.jobs, |i, _| {
+            if self.stopping() {
+                return;
+            }
             let c = &copies[i];
             if c.dst.is_empty() {
                 self.set_meta(c);
@@ -1609,6 +1652,11 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
                 self.rep.action(act, to, &path_of(&c.dst), None, from.size);
                 self.record(Update::Put(c.dst.clone(), synced(c.from, from, now)));
             }
+            Err(e) if self.vanished(c.from, &c.src, &e) => self.rep.skip(
+                c.from,
+                &path_of(&c.src),
+                "vanished: removed before it was copied",
+            ),
             Err(e) => {
                 let on = match op_of(&e) {
                     Some((Some(End::Src), _)) => c.from,
@@ -1617,6 +1665,22 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
                 self.fail(on, &c.dst, &e)
             }
         }
+    }
+
+    /// Whether `e`, met copying `key` from side `from`, is that entry gone
+    /// there (an editor's swap file, a `*.part` renamed away): a note, as
+    /// rsync's "vanished", not an error. Nothing is recorded of it (the
+    /// next run sees it gone).
+    fn vanished(&self, from: Side, key: &[u8], e: &io::Error) -> bool {
+        if e.kind() != io::ErrorKind::NotFound
+            || op_of(e).is_some_and(|(end, _)| end == Some(End::Dst))
+        {
+            return false;
+        }
+        on_side!(self, from, |st, dc| match dc.at(st, key) {
+            Ok((d, n)) => matches!(st.stat(&d, &n), Ok(None)),
+            Err(e) => e.kind() == io::ErrorKind::NotFound,
+        })
     }
 
     /// Give the other side `c.from`'s mtime and mode (same bytes).

@@ -428,7 +428,9 @@ pub fn watch_with(
     let (tx, rx) = channel::<Msg>();
     let guard = cfg.guard.clone();
     let on_stop = move || {
-        eprintln!("ferry: note: stopping after the run in flight (a second signal stops at once)");
+        eprintln!(
+            "ferry: note: stopping after the entry in flight (a second signal stops at once)"
+        );
         if let Some(g) = guard {
             g.stop();
         }

@@ -220,7 +220,7 @@ pub enum State {
     Syncing,
     /// Something keeps the replicas from being in sync: see the reasons.
     Degraded,
-    /// SIGINT/SIGTERM: stopping after the run in flight, or stopped.
+    /// SIGINT/SIGTERM: stopping after the entry in flight, or stopped.
     Stopped,
 }
 
@@ -710,7 +710,7 @@ table{border-collapse:collapse}td,th{padding:2px 10px;text-align:left;border-bot
                 State::Syncing => "Syncing".to_string(),
                 State::Degraded => "Degraded".to_string(),
                 State::Stopped if i.stopped => "Stopped".to_string(),
-                State::Stopped => "Stopping after the run in flight".to_string(),
+                State::Stopped => "Stopping after the entry in flight".to_string(),
             };
             let _ = write!(h, "<div id=\"state\" class=\"{st}\" data-state=\"{st}\"><b>{title}</b>");
             if let Some((files, bytes, eta)) = snap.progress {
