@@ -619,6 +619,25 @@ fn parse(mut b: &[u8]) -> Vec<Event> {
     out
 }
 
+/// `ferry serve`'s watch of its own tree is this one: a store crate
+/// reaches it through [`ferry_engine::watch::watch_tree`] once the binary
+/// has called this.
+pub fn plug() {
+    ferry_engine::watch::set_tree_watcher(|root, poll| {
+        Ok(Box::new(Tree::new(0, root, poll)?) as Box<dyn ferry_engine::watch::WatchedTree>)
+    });
+}
+
+impl ferry_engine::watch::WatchedTree for Tree {
+    fn is_gone(&self) -> bool {
+        Tree::is_gone(self)
+    }
+
+    fn run_until(self: Box<Self>, tx: Sender<crate::Msg>, stop: Option<OwnedFd>) {
+        Tree::run_until(*self, tx, stop)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -27,74 +27,9 @@ use std::path::PathBuf;
 use std::sync::mpsc::{channel, RecvTimeoutError, Sender};
 use std::time::{Duration, Instant};
 
+pub use ferry_engine::watch::{Change, Msg, Source};
 pub use ferry_engine::Scope;
 pub use status::{Status, Tee};
-
-/// What the kernel (or a poll) says changed on side `.0`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Change {
-    /// An entry at this path changed; `true` when it is complete (closed,
-    /// removed, renamed), `false` while it may still be written.
-    Entry(usize, Vec<u8>, bool),
-    /// An entry at this path was removed (or moved out of the tree): see
-    /// [`Pending`]'s hold on removals.
-    Removed(usize, Vec<u8>),
-    /// A directory's own metadata changed.
-    Dir(usize, Vec<u8>),
-    /// A directory appeared (created, moved in) or must be compared whole.
-    Deep(usize, Vec<u8>),
-    /// Renamed inside the tree: from, to, is a directory.
-    Rename(usize, Vec<u8>, Vec<u8>, bool),
-    /// The kernel's event queue overflowed: events were lost.
-    Overflow(usize),
-    /// The side's root went away.
-    Gone(usize),
-    /// The side's root is back.
-    Back(usize),
-}
-
-impl Change {
-    /// The side it is of.
-    pub fn side(&self) -> usize {
-        match self {
-            Change::Entry(s, ..)
-            | Change::Removed(s, _)
-            | Change::Dir(s, _)
-            | Change::Deep(s, _)
-            | Change::Rename(s, ..)
-            | Change::Overflow(s)
-            | Change::Gone(s)
-            | Change::Back(s) => *s,
-        }
-    }
-}
-
-/// Messages to the loop.
-pub enum Msg {
-    /// Changes read at once.
-    Changes(Vec<Change>),
-    /// The next [`Msg::Changes`] of side `.0` reached the kernel's queue at
-    /// `.1`, as well as its reader can tell (an inotify tree: see
-    /// [`inotify::Tree::run_until`]), and was counted in
-    /// [`status::Gauges::arrived`] as `.2` (the paths it names).
-    Arrived(usize, Instant, usize),
-    /// A line to say once (`ferry: note: ...`).
-    Note(String),
-    /// SIGINT or SIGTERM: stop after the run in flight.
-    Stop,
-    /// Side `.0` of a [`Source`] must be polled from now on (`true`: its
-    /// watch is lost) or notifies again (`false`: one full run follows, a
-    /// change may have been missed meanwhile).
-    Polled(usize, bool),
-}
-
-/// A side watched by something other than a local inotify tree.
-pub trait Source: Send {
-    /// Start watching as side `side`: its changes and notes go to `tx`
-    /// from a thread of its own, from before this returns. `Err(why)`: it
-    /// cannot notify, and the side is polled.
-    fn start(self: Box<Self>, side: usize, tx: Sender<Msg>) -> Result<(), String>;
-}
 
 /// One batch of work for a [`Target`].
 #[derive(Debug, Default, Clone)]

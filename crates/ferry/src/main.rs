@@ -78,9 +78,13 @@ fn main() -> ExitCode {
         Command::Ls(a) => run_ls(a),
         Command::Cleanup(a) => run_cleanup(a),
         Command::Bisync(a) => run_bisync(a),
-        Command::Serve { start_guard } => ferry_ssh::serve::serve_guarded(start_guard)
-            .map(|()| 0)
-            .map_err(|e| format!("serve: {}", cause(&e))),
+        Command::Serve { start_guard } => {
+            // Its watches of its own tree use ferry-watch's inotify tree.
+            ferry_watch::inotify::plug();
+            ferry_ssh::serve::serve_guarded(start_guard)
+                .map(|()| 0)
+                .map_err(|e| format!("serve: {}", cause(&e)))
+        }
         Command::Versions(a) => versions::run_versions(a),
         Command::Restore(a) => versions::run_restore(a),
     };
