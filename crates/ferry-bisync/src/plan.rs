@@ -188,6 +188,41 @@ pub struct DirMerged {
     pub subdirs: Vec<(Vec<u8>, [bool; 2])>,
 }
 
+/// What [`reconcile`] decides for one child (its record `vj`, its entries
+/// `va`, `vb`), and whether its bytes are compared (`--checksum`, both
+/// files, nothing else to do).
+fn decide(
+    cx: &Ctx<'_>,
+    vj: Option<&Synced>,
+    va: &Option<Meta>,
+    vb: &Option<Meta>,
+) -> (Decision, bool) {
+    // An object's version fingerprint (`Meta::version`) is not a
+    // change by itself (a rewrite with the same size, mtime and mode
+    // changes nothing ferry syncs), so the rules do not see it; but a
+    // record lacking the inode a side now reports, or holding another
+    // version than the listed one, learns it, so the next run can
+    // trust the listing without asking for the object's metadata.
+    let mut d = reconcile(vj, va.as_ref(), vb.as_ref());
+    let learn = |now: &Option<Meta>, then: Option<&Meta>, _: Side| {
+        let (Some(n), Some(t)) = (now, then) else {
+            return false;
+        };
+        n.kind == Kind::File
+            && t.kind == Kind::File
+            && ((n.ino != 0 && t.ino == 0) || (n.version != 0 && t.version != n.version))
+    };
+    let files = |m: &Option<Meta>| m.is_some_and(|m| m.kind == Kind::File);
+    let check = cx.checksum && d == Decision::Keep && files(va) && files(vb);
+    if d == Decision::Keep
+        && !check
+        && (learn(va, vj.map(|r| &r.a), Side::A) || learn(vb, vj.map(|r| &r.b), Side::B))
+    {
+        d = Decision::Record;
+    }
+    (d, check)
+}
+
 /// Merge one directory (key `key`): its listings on A and B (empty where a
 /// side has no such directory) with the journal's records of its children
 /// (`recs`), by name: every child where something must be done or
@@ -241,30 +276,8 @@ pub fn merge_dir(
         if is_dir(&va) || is_dir(&vb) || vj.is_some_and(|r| r.a.kind == Kind::Dir) {
             out.subdirs.push((name.to_vec(), listed));
         }
-        // An object's version fingerprint (`Meta::version`) is not a
-        // change by itself (a rewrite with the same size, mtime and mode
-        // changes nothing ferry syncs), so the rules do not see it; but a
-        // record lacking the inode a side now reports, or holding another
-        // version than the listed one, learns it, so the next run can
-        // trust the listing without asking for the object's metadata.
-        let mut d = reconcile(vj.as_ref(), va.as_ref(), vb.as_ref());
-        let learn = |now: &Option<Meta>, then: Option<&Meta>, _: Side| {
-            let (Some(n), Some(t)) = (now, then) else {
-                return false;
-            };
-            n.kind == Kind::File
-                && t.kind == Kind::File
-                && ((n.ino != 0 && t.ino == 0) || (n.version != 0 && t.version != n.version))
-        };
+        let (d, check) = decide(cx, vj.as_ref(), &va, &vb);
         let files = |m: &Option<Meta>| m.is_some_and(|m| m.kind == Kind::File);
-        let check = cx.checksum && d == Decision::Keep && files(&va) && files(&vb);
-        if d == Decision::Keep
-            && !check
-            && (learn(&va, vj.as_ref().map(|r| &r.a), Side::A)
-                || learn(&vb, vj.as_ref().map(|r| &r.b), Side::B))
-        {
-            d = Decision::Record;
-        }
         if d == Decision::Keep && !check {
             out.unchanged += 1;
             continue;

@@ -455,19 +455,7 @@ impl<A: Store, B: Store> Visitor for Walker<'_, A, B> {
         // Subdirectories of either side (or only the journal's), in name
         // order; a scoped walk goes only into those with something to do
         // themselves (new, gone, replaced on a side) or below a deep one.
-        if let Some(sc) = &self.scope {
-            let mut ck = key.clone();
-            if !ck.is_empty() {
-                ck.push(0);
-            }
-            let base = ck.len();
-            let acted: HashSet<&[u8]> = out.items.iter().map(|it| name_of(&it.key)).collect();
-            out.subdirs.retain(|(name, _)| {
-                ck.truncate(base);
-                ck.extend_from_slice(name);
-                acted.contains(name.as_slice()) || under_any(&sc.deep, &ck)
-            });
-        }
+        self.scoped_subdirs(&key, &mut out);
         let subdirs: Vec<DirTask<A, B>> = out
             .subdirs
             .iter()
@@ -559,6 +547,25 @@ impl<A: Store, B: Store> Visitor for Walker<'_, A, B> {
 }
 
 impl<A: Store, B: Store> Walker<'_, A, B> {
+    /// In a scoped walk, the subdirectories of `out` to go into: those
+    /// with something to do themselves (new, gone, replaced on a side) or
+    /// below a deep directory of the scope.
+    fn scoped_subdirs(&self, key: &[u8], out: &mut DirMerged) {
+        if let Some(sc) = &self.scope {
+            let mut ck = key.to_vec();
+            if !ck.is_empty() {
+                ck.push(0);
+            }
+            let base = ck.len();
+            let acted: HashSet<&[u8]> = out.items.iter().map(|it| name_of(&it.key)).collect();
+            out.subdirs.retain(|(name, _)| {
+                ck.truncate(base);
+                ck.extend_from_slice(name);
+                acted.contains(name.as_slice()) || under_any(&sc.deep, &ck)
+            });
+        }
+    }
+
     /// Where a decided item goes: a path found in sync (a record only) is
     /// kept, counted or set aside in `recs` to be written, as `in_sync`
     /// says; anything else is work. Returns 1 for a record not kept.

@@ -229,6 +229,27 @@ fn read_head(c: &mut TcpStream, buf: &mut Vec<u8>) -> Result<usize, &'static str
     }
 }
 
+/// Whether a request carries the token (if one is set): `Authorization:
+/// Bearer TOKEN` (the scheme in any case) or `?token=TOKEN`, compared in
+/// constant time.
+fn authorized(ctx: &Ctx, authorization: Option<String>, query: &str) -> bool {
+    let Some(t) = &ctx.token else {
+        return true;
+    };
+    let bearer = authorization.and_then(|v| {
+        let v = v.trim();
+        let (scheme, cred) = v.split_once(' ')?;
+        scheme
+            .eq_ignore_ascii_case("bearer")
+            .then(|| cred.trim().to_string())
+    });
+    let q = query.split('&').find_map(|kv| kv.strip_prefix("token="));
+    bearer
+        .as_deref()
+        .is_some_and(|b| same(b.as_bytes(), t.as_bytes()))
+        || q.is_some_and(|q| same(q.as_bytes(), t.as_bytes()))
+}
+
 fn answer(mut c: TcpStream, ctx: &Ctx) -> io::Result<()> {
     c.set_write_timeout(Some(HEAD_DEADLINE))?;
     let mut buf = Vec::with_capacity(1024);
@@ -288,29 +309,15 @@ fn answer(mut c: TcpStream, ctx: &Ctx) -> io::Result<()> {
         _ => {}
     }
     let (path, query) = target.split_once('?').unwrap_or((target, ""));
-    if let Some(t) = &ctx.token {
-        let bearer = header("authorization").and_then(|v| {
-            let v = v.trim();
-            let (scheme, cred) = v.split_once(' ')?;
-            scheme
-                .eq_ignore_ascii_case("bearer")
-                .then(|| cred.trim().to_string())
-        });
-        let q = query.split('&').find_map(|kv| kv.strip_prefix("token="));
-        let ok = bearer
-            .as_deref()
-            .is_some_and(|b| same(b.as_bytes(), t.as_bytes()))
-            || q.is_some_and(|q| same(q.as_bytes(), t.as_bytes()));
-        if !ok {
-            return reply(
-                &mut c,
-                head,
-                "401 Unauthorized",
-                &[("WWW-Authenticate", "Bearer realm=\"ferry\"")],
-                "text/plain",
-                "token required: Authorization: Bearer TOKEN, or ?token=TOKEN\n",
-            );
-        }
+    if !authorized(ctx, header("authorization"), query) {
+        return reply(
+            &mut c,
+            head,
+            "401 Unauthorized",
+            &[("WWW-Authenticate", "Bearer realm=\"ferry\"")],
+            "text/plain",
+            "token required: Authorization: Bearer TOKEN, or ?token=TOKEN\n",
+        );
     }
     if method != "GET" && !head {
         return reply(
