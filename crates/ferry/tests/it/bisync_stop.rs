@@ -282,3 +282,64 @@ fn a_file_that_vanishes_in_a_bisync_watch_is_a_note_and_no_full_run() {
     );
     assert!(!recorded(&j, &a, &b).contains(Path::new(&last)));
 }
+
+/// SIGINT while bisync resolves conflicts (every loser is moved aside
+/// first, then the copies go at 100 KB/s): nothing is lost, and the next
+/// run completes them with no new conflict: each path ends with both
+/// versions on both sides, once each.
+#[test]
+fn a_signal_during_conflicts_loses_nothing_and_makes_no_new_conflict() {
+    let t = tmpdir();
+    let (a, b, j) = (t.path().join("a"), t.path().join("b"), t.path().join("j"));
+    let n = 1000;
+    tree(&a, n);
+    let args = |extra: &[&str]| {
+        let mut v: Vec<std::ffi::OsString> = vec!["bisync".into(), "--json".into()];
+        v.extend(extra.iter().map(Into::into));
+        v.extend([
+            "--journal".into(),
+            j.clone().into(),
+            a.clone().into(),
+            b.clone().into(),
+        ]);
+        v
+    };
+    assert_eq!(ferry(args(&[])).code, Some(0));
+    // Both sides change every file: a conflict each.
+    let body = |side: &str, i: usize| format!("{side} {i:04} {}", "x".repeat(990)).into_bytes();
+    for i in 0..n {
+        let rel = format!("d{}/f{i:04}", i % 10);
+        fs::write(a.join(&rel), body("A", i)).unwrap();
+        fs::write(b.join(&rel), body("B", i)).unwrap();
+    }
+    let mut w = spawn(&j, &a, &b, &["--bwlimit", "100K"]);
+    let conflicted = |root: &Path| {
+        files(root)
+            .iter()
+            .any(|p| p.to_string_lossy().contains("(conflict "))
+    };
+    w.until("a conflict copy made", || conflicted(&a) || conflicted(&b));
+    w.signal("INT");
+    w.line_with(NOTE);
+    assert_eq!(exit(&mut w), Some(130), "{}", w.stderr());
+    let r = ferry(args(&[]));
+    assert_eq!(r.code, Some(0), "{}", r.err());
+    let s = summary(&r);
+    assert_eq!(s["conflicts"], 0, "no new conflict: {s}");
+    let d = diff(&snap(&a), &snap(&b));
+    assert!(d.is_empty(), "A and B differ:\n{}", d.join("\n"));
+    let all = files(&a);
+    assert_eq!(all.len(), 2 * n, "one conflict copy per path");
+    for i in 0..n {
+        let dir = a.join(format!("d{}", i % 10));
+        let name = format!("f{i:04}");
+        let mut got: Vec<Vec<u8>> = all
+            .iter()
+            .filter(|p| p.parent() == Some(Path::new(&format!("d{}", i % 10))))
+            .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with(&name))
+            .map(|p| fs::read(a.join(p)).unwrap())
+            .collect();
+        got.sort();
+        assert_eq!(got, vec![body("A", i), body("B", i)], "{}", dir.display());
+    }
+}
