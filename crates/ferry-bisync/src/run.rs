@@ -488,6 +488,18 @@ fn run_with<A: Store, B: Store>(
         return Ok(None);
     };
     Stats::add(&stats.entries_scanned, plan.scanned);
+    if opts.stopping() {
+        // A signal during the scan: a part of a scan plans nothing, and
+        // nothing is done (the journal is as it was, but for what a
+        // --resync found in sync so far).
+        return Ok(Some(Outcome {
+            entries_scanned: plan.scanned,
+            errors: stats.errors.load(Ordering::Relaxed),
+            elapsed_s: start.elapsed().as_secs_f64(),
+            stopped: true,
+            ..Outcome::default()
+        }));
+    }
     let ex = p.exec(ra, rb, removals_at_start);
     let count = [sa.count, sb.count];
     // No journal and both sides hold entries: a first run would merge

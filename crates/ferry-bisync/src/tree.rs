@@ -156,6 +156,9 @@ pub struct ScanOpts<'a, A: Store, B: Store> {
     pub stop_if_both_hold: bool,
     /// Entries never synced (kept versions and backups).
     pub reserved: Reserved<'a>,
+    /// A signal asked the run to stop: no further directory is listed
+    /// (what was scanned is then only a part: nothing may act on it).
+    pub stopping: &'a (dyn Fn() -> bool + Sync),
 }
 
 /// What a run keeps beside the synced tree, never synced on either side:
@@ -389,6 +392,9 @@ impl<A: Store, B: Store> Visitor for Walker<'_, A, B> {
 
     fn dir(&self, t: DirTask<A, B>, q: &Q<'_, A, B>) {
         let o = self.o;
+        if (o.stopping)() {
+            return q.stop();
+        }
         let key = key_of(&t.rel);
         if let Some(sc) = &self.scope {
             if !sc.seen.lock().unwrap().insert(key.clone()) {
@@ -435,16 +441,10 @@ impl<A: Store, B: Store> Visitor for Walker<'_, A, B> {
             self.st.lock().unwrap().count = [na, nb];
             return q.stop();
         }
-        let cx = Ctx {
-            sides: o.sides,
-            unknown: [&self.ga.unknown, &self.gb.unknown],
-            shadowed: [&self.ga.shadowed, &self.gb.shadowed],
-            checksum: o.checksum,
-        };
         let empty = Listing::new();
         let mut out = DirMerged::default();
         merge_dir(
-            &cx,
+            &self.ctx(),
             &key,
             la.as_ref().map_or(&empty, |(_, l)| l),
             lb.as_ref().map_or(&empty, |(_, l)| l),
@@ -547,6 +547,16 @@ impl<A: Store, B: Store> Visitor for Walker<'_, A, B> {
 }
 
 impl<A: Store, B: Store> Walker<'_, A, B> {
+    /// What the merge of a directory reads of this walk.
+    fn ctx(&self) -> Ctx<'_> {
+        Ctx {
+            sides: self.o.sides,
+            unknown: [&self.ga.unknown, &self.gb.unknown],
+            shadowed: [&self.ga.shadowed, &self.gb.shadowed],
+            checksum: self.o.checksum,
+        }
+    }
+
     /// In a scoped walk, the subdirectories of `out` to go into: those
     /// with something to do themselves (new, gone, replaced on a side) or
     /// below a deep directory of the scope.

@@ -135,6 +135,7 @@ impl<'r, A: Store, B: Store> Pass<'r, A, B> {
                 reserved: Reserved {
                     keep: [opts.keep[0].as_ref(), opts.keep[1].as_ref()],
                 },
+                stopping: &|| opts.stopping(),
             };
             let r = match (self.scope, oa, ob) {
                 (Some(sc), Some((da, _)), Some((db, _))) => {

@@ -143,6 +143,7 @@ proptest! {
             in_sync: InSync::Keep,
             stop_if_both_hold: false,
             reserved: Reserved::default(),
+            stopping: &|| false,
         };
         let (got, _, _) = scan_merge(
             (&sa, Some(ca)),
