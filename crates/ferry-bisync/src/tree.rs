@@ -10,11 +10,8 @@
 //! A key is the relative path with NUL for `/` (see [`crate::journal`]):
 //! byte order of keys is the order of the walk.
 //!
-//! (Over 800 lines with its tests: the property test of the streaming merge
-//! against the reference merge lives beside what it checks.)
-//!
-//! (Over 800 lines: the walk, the per-directory merge with the journal and its property test stay
-//! together; split they would share most of their state through arguments.)
+//! The scoped walk of `--watch` (the directories that changed) is
+//! `tree/scoped.rs`; the tests, `tree/tests.rs`.
 
 use std::collections::HashSet;
 use std::ffi::CString;
@@ -159,6 +156,9 @@ pub struct ScanOpts<'a, A: Store, B: Store> {
     pub stop_if_both_hold: bool,
     /// Entries never synced (kept versions and backups).
     pub reserved: Reserved<'a>,
+    /// A signal asked the run to stop: no further directory is listed
+    /// (what was scanned is then only a part: nothing may act on it).
+    pub stopping: &'a (dyn Fn() -> bool + Sync),
 }
 
 /// What a run keeps beside the synced tree, never synced on either side:
@@ -392,6 +392,9 @@ impl<A: Store, B: Store> Visitor for Walker<'_, A, B> {
 
     fn dir(&self, t: DirTask<A, B>, q: &Q<'_, A, B>) {
         let o = self.o;
+        if (o.stopping)() {
+            return q.stop();
+        }
         let key = key_of(&t.rel);
         if let Some(sc) = &self.scope {
             if !sc.seen.lock().unwrap().insert(key.clone()) {
@@ -438,16 +441,10 @@ impl<A: Store, B: Store> Visitor for Walker<'_, A, B> {
             self.st.lock().unwrap().count = [na, nb];
             return q.stop();
         }
-        let cx = Ctx {
-            sides: o.sides,
-            unknown: [&self.ga.unknown, &self.gb.unknown],
-            shadowed: [&self.ga.shadowed, &self.gb.shadowed],
-            checksum: o.checksum,
-        };
         let empty = Listing::new();
         let mut out = DirMerged::default();
         merge_dir(
-            &cx,
+            &self.ctx(),
             &key,
             la.as_ref().map_or(&empty, |(_, l)| l),
             lb.as_ref().map_or(&empty, |(_, l)| l),
@@ -458,19 +455,7 @@ impl<A: Store, B: Store> Visitor for Walker<'_, A, B> {
         // Subdirectories of either side (or only the journal's), in name
         // order; a scoped walk goes only into those with something to do
         // themselves (new, gone, replaced on a side) or below a deep one.
-        if let Some(sc) = &self.scope {
-            let mut ck = key.clone();
-            if !ck.is_empty() {
-                ck.push(0);
-            }
-            let base = ck.len();
-            let acted: HashSet<&[u8]> = out.items.iter().map(|it| name_of(&it.key)).collect();
-            out.subdirs.retain(|(name, _)| {
-                ck.truncate(base);
-                ck.extend_from_slice(name);
-                acted.contains(name.as_slice()) || under_any(&sc.deep, &ck)
-            });
-        }
+        self.scoped_subdirs(&key, &mut out);
         let subdirs: Vec<DirTask<A, B>> = out
             .subdirs
             .iter()
@@ -562,6 +547,35 @@ impl<A: Store, B: Store> Visitor for Walker<'_, A, B> {
 }
 
 impl<A: Store, B: Store> Walker<'_, A, B> {
+    /// What the merge of a directory reads of this walk.
+    fn ctx(&self) -> Ctx<'_> {
+        Ctx {
+            sides: self.o.sides,
+            unknown: [&self.ga.unknown, &self.gb.unknown],
+            shadowed: [&self.ga.shadowed, &self.gb.shadowed],
+            checksum: self.o.checksum,
+        }
+    }
+
+    /// In a scoped walk, the subdirectories of `out` to go into: those
+    /// with something to do themselves (new, gone, replaced on a side) or
+    /// below a deep directory of the scope.
+    fn scoped_subdirs(&self, key: &[u8], out: &mut DirMerged) {
+        if let Some(sc) = &self.scope {
+            let mut ck = key.to_vec();
+            if !ck.is_empty() {
+                ck.push(0);
+            }
+            let base = ck.len();
+            let acted: HashSet<&[u8]> = out.items.iter().map(|it| name_of(&it.key)).collect();
+            out.subdirs.retain(|(name, _)| {
+                ck.truncate(base);
+                ck.extend_from_slice(name);
+                acted.contains(name.as_slice()) || under_any(&sc.deep, &ck)
+            });
+        }
+    }
+
     /// Where a decided item goes: a path found in sync (a record only) is
     /// kept, counted or set aside in `recs` to be written, as `in_sync`
     /// says; anything else is work. Returns 1 for a record not kept.
@@ -771,362 +785,10 @@ impl<A: Store, B: Store> Walker<'_, A, B> {
     }
 }
 
-/// The directories of a scoped walk, from the root: `/` paths, `true` for
-/// one walked whole. (What a watcher saw change.)
-pub type ScopeDirs = [(Vec<u8>, bool)];
+mod scoped;
 
-/// A scoped walk's start: a directory (`/` path), whether it is walked
-/// whole, and its open parent on each side (`None`: the root).
-type Start<A, B> = (Vec<u8>, bool, Option<Both<A, B>>);
-
-/// A directory open on both sides.
-type Both<A, B> = (Arc<<A as Store>::Dir>, Arc<<B as Store>::Dir>);
-
-/// Where a scoped walk starts for one directory of the scope: the
-/// directory itself when it and each directory on its way from the root
-/// are directories on both sides that the journal knows as one (in sync
-/// as directories), else the nearest such ancestor (whose merge then sees
-/// what differs below it and walks there). `None`: the directory is not
-/// synced (excluded, or kept versions). The open parents on each side are
-/// returned with it (`None` for the root).
-fn resolve<A: Store, B: Store>(
-    a: &A,
-    b: &B,
-    roots: (&Arc<A::Dir>, &Arc<B::Dir>),
-    j: &dyn Records,
-    o: &ScanOpts<'_, A, B>,
-    rel: &[u8],
-) -> io::Result<Option<Start<A, B>>> {
-    let mut at: Vec<u8> = Vec::new();
-    let mut cur: Both<A, B> = (roots.0.clone(), roots.1.clone());
-    let mut parent: Option<Both<A, B>> = None;
-    for c in rel.split(|&x| x == b'/').filter(|c| !c.is_empty()) {
-        if o.reserved.holds(&at, c) || o.filter.is_some_and(|f| f.excluded(&at, c, true)) {
-            return Ok(None);
-        }
-        let name = CString::new(c).map_err(io::Error::other)?;
-        let dir = |m: Option<Meta>| m.is_some_and(|m| m.kind == Kind::Dir);
-        let both = dir(a.stat(&cur.0, &name)?)
-            && dir(b.stat(&cur.1, &name)?)
-            && j.get(&key_of(&at), c)
-                .map_err(io::Error::other)?
-                .is_some_and(|r| r.a.kind == Kind::Dir);
-        if !both {
-            return Ok(Some((at, false, parent)));
-        }
-        let next = (
-            Arc::new(a.open_dir(&cur.0, &name)?),
-            Arc::new(b.open_dir(&cur.1, &name)?),
-        );
-        parent = Some(std::mem::replace(&mut cur, next));
-        at = join(&at, c);
-    }
-    Ok(Some((at, true, parent)))
-}
-
-/// [`scan_merge`] of some directories only (`scope`, see [`ScopeDirs`]):
-/// each is listed on both sides and merged with the journal's records of
-/// it, as in a whole walk; the walk goes on into a subdirectory only when
-/// that path itself has something to do (new, gone or replaced on a side:
-/// all of it is walked then) or below a deep directory. Everything else is
-/// taken to be as the journal says: the scope must hold every directory
-/// where something changed since the last run. Records below directories
-/// no walk reaches are left for a whole run. `Ok(None)`: a directory of
-/// the scope could not be resolved (an error on the way): only a whole
-/// run can tell.
-pub fn scan_scoped<A: Store, B: Store>(
-    a: (&A, A::Dir),
-    b: (&B, B::Dir),
-    j: &dyn Records,
-    o: &ScanOpts<'_, A, B>,
-    scope: &ScopeDirs,
-) -> Result<Option<(Plan, Scan, Scan)>, String> {
-    let roots = (Arc::new(a.1), Arc::new(b.1));
-    // Each directory's start, once; deep wins.
-    let mut targets: Vec<Start<A, B>> = Vec::new();
-    for (rel, deep) in scope {
-        let r = match resolve(a.0, b.0, (&roots.0, &roots.1), j, o, rel) {
-            Ok(r) => r,
-            Err(_) => return Ok(None),
-        };
-        let Some((at, whole, parent)) = r else {
-            continue;
-        };
-        let deep = *deep && whole;
-        match targets.iter_mut().find(|t| t.0 == at) {
-            Some(t) => t.1 |= deep,
-            None => targets.push((at, deep, parent)),
-        }
-    }
-    let deep: Vec<Vec<u8>> = targets
-        .iter()
-        .filter(|t| t.1)
-        .map(|t| key_of(&t.0))
-        .collect();
-    // Directories a deep one's walk reaches anyway are left to it.
-    targets.retain(|t| {
-        let k = key_of(&t.0);
-        !deep
-            .iter()
-            .any(|d| *d != k && under_any(std::slice::from_ref(d), &k))
-    });
-    targets.sort_by(|x, y| x.0.cmp(&y.0));
-    let root_in = targets.iter().any(|t| t.0.is_empty());
-    let (ra, rb) = if root_in {
-        let (ra, rb) = (Arc::try_unwrap(roots.0), Arc::try_unwrap(roots.1));
-        match (ra, rb) {
-            (Ok(ra), Ok(rb)) => (Some(ra), Some(rb)),
-            // Still shared by a target's parents: the root is listed
-            // through a handle of its own.
-            _ => match (a.0.open_root(), b.0.open_root()) {
-                (Ok(Some((ra, _))), Ok(Some((rb, _)))) => (Some(ra), Some(rb)),
-                _ => return Ok(None),
-            },
-        }
-    } else {
-        (None, None)
-    };
-    let mut sorted = deep;
-    sorted.sort();
-    let w = Walker {
-        a: a.0,
-        b: b.0,
-        j,
-        o,
-        ga: Gather::<A>::new(ra),
-        gb: Gather::<B>::new(rb),
-        st: Mutex::new(State::default()),
-        orphans: AtomicBool::new(false),
-        scope: Some(Scoping {
-            deep: sorted,
-            seen: Mutex::new(HashSet::new()),
-        }),
-        aliases: walk::Aliases::new(["A", "B"], [a.0.root_ids(), b.0.root_ids()]),
-    };
-    let tasks: Vec<DirTask<A, B>> = targets
-        .into_iter()
-        .map(|(rel, _, parent)| match parent {
-            None => DirTask {
-                rel,
-                a: Some(None),
-                b: Some(None),
-            },
-            Some((pa, pb)) => DirTask {
-                rel,
-                a: Some(Some(pa)),
-                b: Some(Some(pb)),
-            },
-        })
-        .collect();
-    walk::walk(&w, o.jobs.max(2), tasks);
-    if let Some(e) = w.st.lock().unwrap().failed.take() {
-        return Err(e);
-    }
-    Ok(Some(w.into_plan()))
-}
-
-/// Last component of a `/` path.
-fn name_of_path(rel: &[u8]) -> &[u8] {
-    match rel.iter().rposition(|&c| c == b'/') {
-        Some(i) => &rel[i + 1..],
-        None => rel,
-    }
-}
-
-/// True when `key` is one of `prefixes` (sorted) or below one.
-pub fn under_any(prefixes: &[Vec<u8>], key: &[u8]) -> bool {
-    prefixes.iter().any(|p| {
-        key == p.as_slice() || (key.len() > p.len() && key.starts_with(p) && key[p.len()] == 0)
-    })
-}
+use scoped::name_of_path;
+pub use scoped::{scan_scoped, under_any, ScopeDirs};
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::journal::Snapshot;
-    use crate::plan::merge;
-    use crate::reconcile::Synced;
-    use ferry_local::LocalStore;
-    use proptest::prelude::*;
-
-    /// Every entry of a local tree, listed through the store (the metadata
-    /// the scan sees).
-    fn full_scan(s: &LocalStore) -> Tree {
-        fn go(
-            s: &LocalStore,
-            d: &<LocalStore as Store>::Dir,
-            rel: &[u8],
-            out: &mut Vec<(Vec<u8>, Meta)>,
-        ) {
-            let mut l = Listing::new();
-            let mut errs = Vec::new();
-            s.list(d, rel, &mut l, &mut errs).unwrap();
-            for e in l.entries() {
-                let p = join(rel, l.name(e));
-                out.push((key_of(&p), e.meta));
-                if e.meta.kind == Kind::Dir {
-                    let c = s.open_dir(d, l.cname(e)).unwrap();
-                    go(s, &c, &p, out);
-                }
-            }
-        }
-        let (root, _) = s.open_root().unwrap().unwrap();
-        let mut v = Vec::new();
-        go(s, &root, b"", &mut v);
-        Tree::of(&v)
-    }
-
-    /// Paths of a random tree: `d` ending = directory.
-    fn tree() -> impl Strategy<Value = Vec<String>> {
-        let name = prop::sample::select(vec!["a", "b", "c", "a.x", "a-"]);
-        let path = prop::collection::vec(name, 1..4).prop_map(|v| v.join("/"));
-        prop::collection::vec((path, any::<bool>()), 0..25).prop_map(|v| {
-            v.into_iter()
-                .map(|(p, d)| if d { format!("{p}/") } else { p })
-                .collect()
-        })
-    }
-
-    fn make(root: &std::path::Path, paths: &[String]) {
-        for p in paths {
-            let full = root.join(p.trim_end_matches('/'));
-            let parent_ok = full
-                .parent()
-                .is_none_or(|d| std::fs::create_dir_all(d).is_ok());
-            if !parent_ok || full.exists() {
-                continue;
-            }
-            if p.ends_with('/') {
-                let _ = std::fs::create_dir(&full);
-            } else {
-                let _ = std::fs::write(&full, p.as_bytes());
-            }
-        }
-    }
-
-    const EMPTY: Meta = Meta {
-        kind: Kind::File,
-        size: 0,
-        mtime_sec: 0,
-        mtime_nsec: 0,
-        mode: 0o644,
-        uid: 0,
-        gid: 0,
-        ino: 0,
-        version: 0,
-        rdev: 0,
-        sparse: false,
-        nlink: 0,
-        dev: 0,
-        ctime: 0,
-    };
-
-    proptest! {
-        #![proptest_config(ProptestConfig::with_cases(64))]
-
-        /// The merge done as listings arrive gives the plan of the
-        /// reference merge over complete scans, whatever the journal holds
-        /// (records matching either side, stale ones, records under
-        /// directories nobody has, in no particular shape).
-        #[test]
-        fn scan_merge_equals_the_reference(
-            ta in tree(),
-            tb in tree(),
-            picks in prop::collection::vec((0usize..64, 0u8..4), 0..40),
-            jobs in 2usize..5,
-        ) {
-            let d = tempfile::tempdir().unwrap();
-            let (ra, rb) = (d.path().join("a"), d.path().join("b"));
-            std::fs::create_dir(&ra).unwrap();
-            std::fs::create_dir(&rb).unwrap();
-            make(&ra, &ta);
-            make(&rb, &tb);
-            let (sa, sb) = (LocalStore::new(&ra, 1), LocalStore::new(&rb, 1));
-            let (fa, fb) = (full_scan(&sa), full_scan(&sb));
-            // Journal records: for keys of either side (or orphans under
-            // `z/`), each side's entry as it is now, changed, or a directory.
-            let mut keys: Vec<(Vec<u8>, Meta)> = Vec::new();
-            for (dir, l) in fa.dirs.iter().chain(fb.dirs.iter()) {
-                for e in l.entries() {
-                    keys.push((key_of(&join(dir, l.name(e))), e.meta));
-                }
-            }
-            keys.sort_by(|x, y| x.0.cmp(&y.0));
-            keys.dedup_by(|x, y| x.0 == y.0);
-            let mut recs: Vec<(Vec<u8>, Synced)> = Vec::new();
-            for (i, how) in picks {
-                let (key, m) = match keys.get(i) {
-                    Some(k) => k.clone(),
-                    None => (key_of(format!("z/y{}/f", i % 3).as_bytes()), keys.first().map_or(EMPTY, |k| k.1)),
-                };
-                let mut r = Synced { a: fa.get(&key).copied().unwrap_or(m), b: fb.get(&key).copied().unwrap_or(m) };
-                match how {
-                    0 => {}
-                    1 => r.a.size += 1,
-                    2 => r.b.mtime_sec -= 5,
-                    _ => { r.a.kind = Kind::Dir; r.b.kind = Kind::Dir; }
-                }
-                if recs.iter().all(|(k, _)| *k != key) {
-                    recs.push((key, r));
-                }
-            }
-            let snap = Snapshot::from_keys(recs.clone());
-            let sides = Sides::default();
-            let want = merge(&fa, &fb, &snap, sides);
-            let (ca, cb) = (sa.open_root().unwrap().unwrap().0, sb.open_root().unwrap().unwrap().0);
-            let fail = |p: &[u8], e: &io::Error| panic!("{}: {e}", String::from_utf8_lossy(p));
-            let opts = ScanOpts::<LocalStore, LocalStore> {
-                sides,
-                jobs,
-                filter: None,
-                checksum: false,
-                on_error: &fail,
-                compare: None,
-                in_sync: InSync::Keep,
-                stop_if_both_hold: false,
-                reserved: Reserved::default(),
-            };
-            let (got, _, _) = scan_merge(
-                (&sa, Some(ca)),
-                (&sb, Some(cb)),
-                &Snapshot::from_keys(recs),
-                &opts,
-            )
-            .unwrap();
-            let acts = |p: &Plan| -> Vec<(Vec<u8>, crate::plan::Act)> {
-                p.items.iter().map(|it| (it.key.clone(), it.act.clone())).collect()
-            };
-            prop_assert_eq!(acts(&got), acts(&want));
-            prop_assert_eq!(got.unchanged, want.unchanged);
-            prop_assert_eq!(got.scanned, want.scanned);
-            prop_assert_eq!(got.known, want.known);
-        }
-    }
-
-    #[test]
-    fn keys_sort_like_a_walk() {
-        let mut v = [
-            key_of(b"a.b"),
-            key_of(b"a/x"),
-            key_of(b"a"),
-            key_of(b"a/x/y"),
-            key_of(b"a-"),
-        ];
-        v.sort();
-        let p: Vec<Vec<u8>> = v.iter().map(|k| path_of(k)).collect();
-        assert_eq!(
-            p,
-            vec![
-                b"a".to_vec(),
-                b"a/x".to_vec(),
-                b"a/x/y".to_vec(),
-                b"a-".to_vec(),
-                b"a.b".to_vec()
-            ]
-        );
-        assert_eq!(parent_key(&key_of(b"a/x/y")), Some(&key_of(b"a/x")[..]));
-        assert_eq!(name_of(&key_of(b"a/x/y")), b"y");
-        assert!(under_any(&[key_of(b"a/x")], &key_of(b"a/x/y")));
-        assert!(!under_any(&[key_of(b"a/x")], &key_of(b"a/xy")));
-    }
-}
+mod tests;

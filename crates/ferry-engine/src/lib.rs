@@ -25,6 +25,7 @@ pub mod special;
 pub mod store;
 pub mod versions;
 pub mod walk;
+pub mod watch;
 pub mod xattr;
 
 pub use engine::{

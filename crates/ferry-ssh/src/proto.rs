@@ -957,7 +957,7 @@ pub enum Resp<'a> {
     Space { bytes: u64, inodes: u64 },
 }
 
-/// A change in a watched tree ([`ferry_watch::Change`] without its side),
+/// A change in a watched tree ([`ferry_engine::watch::Change`] without its side),
 /// paths relative to the watched root.
 #[allow(missing_docs)]
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
@@ -978,8 +978,8 @@ pub enum Event {
 
 impl Event {
     /// The event of a change (its side dropped).
-    pub fn of(c: ferry_watch::Change) -> Event {
-        use ferry_watch::Change as C;
+    pub fn of(c: ferry_engine::watch::Change) -> Event {
+        use ferry_engine::watch::Change as C;
         match c {
             C::Entry(_, p, ready) => Event::Entry(p, ready),
             C::Dir(_, p) => Event::Dir(p),
@@ -993,8 +993,8 @@ impl Event {
     }
 
     /// The change of this event on side `side`.
-    pub fn change(self, side: usize) -> ferry_watch::Change {
-        use ferry_watch::Change as C;
+    pub fn change(self, side: usize) -> ferry_engine::watch::Change {
+        use ferry_engine::watch::Change as C;
         match self {
             Event::Entry(p, ready) => C::Entry(side, p, ready),
             Event::Dir(p) => C::Dir(side, p),

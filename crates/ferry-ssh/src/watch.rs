@@ -1,11 +1,11 @@
 //! `--watch` of an ssh side: `ferry serve` watches its own tree with the
-//! same inotify code as a local side ([`ferry_watch::inotify::Tree`]) and
+//! same inotify code as a local side ([`ferry_engine::watch::watch_tree`]) and
 //! streams the changes back ([`Req::Watch`]), on a connection of its own.
 //!
 //! The server's watch ends when its client goes away: the request reader
 //! drops the write end of a pipe the tree's thread polls beside its
 //! inotify descriptor, then joins it (`Watching`). The client
-//! ([`RemoteWatch`], a [`ferry_watch::Source`]) hands the changes to the
+//! ([`RemoteWatch`], a [`ferry_engine::watch::Source`]) hands the changes to the
 //! loop; when the stream ends (ssh or the network gone) it says so once,
 //! has the side polled, and tries again at every poll interval; once the
 //! watch is back, the loop runs whole once (a change may have been
@@ -20,8 +20,7 @@ use std::sync::mpsc::{self, Receiver, Sender};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use ferry_watch::inotify::Tree;
-use ferry_watch::{Change, Msg};
+use ferry_engine::watch::{watch_tree, Change, Msg};
 
 use crate::conn::{self, unexpected, Body, Target};
 use crate::proto::{self, Event, Req, Resp};
@@ -68,7 +67,7 @@ pub(crate) fn serve_watch(
 ) -> Option<Watching> {
     let root = root_of(path);
     let poll = Duration::from_millis(poll.max(100));
-    let started = Tree::new(0, &root, poll).and_then(|t| {
+    let started = watch_tree(&root, poll).and_then(|t| {
         let (r, w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
         Ok((t, r, w))
     });
@@ -133,7 +132,7 @@ pub(crate) fn serve_watch(
 
 // ---- client ---------------------------------------------------------------------------------
 
-/// An ssh side watched by its remote ferry: a [`ferry_watch::Source`].
+/// An ssh side watched by its remote ferry: a [`ferry_engine::watch::Source`].
 pub struct RemoteWatch {
     target: Target,
     path: Vec<u8>,
@@ -248,7 +247,7 @@ impl RemoteWatch {
     }
 }
 
-impl ferry_watch::Source for RemoteWatch {
+impl ferry_engine::watch::Source for RemoteWatch {
     fn start(self: Box<Self>, side: usize, tx: Sender<Msg>) -> Result<(), String> {
         let (rx, there) = self.establish()?;
         if !there {
@@ -268,8 +267,14 @@ mod tests {
     use std::fs::File;
     use std::io::Write;
 
-    /// The tests that count threads run one at a time.
+    /// The tests that count threads run one at a time; each plugs in the
+    /// tree watcher (as the binary does).
     static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    fn one() -> std::sync::MutexGuard<'static, ()> {
+        ferry_watch::inotify::plug();
+        ONE.lock().unwrap_or_else(|e| e.into_inner())
+    }
 
     /// The watch threads of `ferry serve` in this process.
     fn serve_threads() -> usize {
@@ -297,7 +302,7 @@ mod tests {
     /// threads stopped and joined.
     #[test]
     fn serve_streams_changes_and_stops_when_the_client_goes() {
-        let _one = ONE.lock().unwrap();
+        let _one = one();
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir(dir.path().join("d")).unwrap();
         let (in_r, in_w) = rustix::pipe::pipe().unwrap();
@@ -347,7 +352,7 @@ mod tests {
     /// A missing tree is watched (for its return) and said to be missing.
     #[test]
     fn a_missing_tree_is_watched_as_gone() {
-        let _one = ONE.lock().unwrap();
+        let _one = one();
         let dir = tempfile::tempdir().unwrap();
         let (tx, rx) = mpsc::channel();
         let missing = dir.path().join("not/yet");

@@ -434,6 +434,36 @@ impl Tree {
         out
     }
 
+    /// An event of watched directory `wd` (at `dir`) itself: the root
+    /// removed (gone, or back already), a watch dropped, its metadata.
+    fn own_event(&mut self, wd: i32, fl: ReadFlags, dir: Vec<u8>, out: &mut Vec<Change>) {
+        let side = self.side;
+        if fl.intersects(
+            ReadFlags::IGNORED | ReadFlags::DELETE_SELF | ReadFlags::MOVE_SELF | ReadFlags::UNMOUNT,
+        ) {
+            if Some(wd) == self.root_wd {
+                // The root itself removed: a removal as well.
+                self.removal_seen();
+                self.root_wd = None;
+                self.drop_dir(b"");
+                self.watch_parent();
+                // It may be back already (renamed over).
+                if self.watch_root() {
+                    if let Some(p) = self.parent_wd.take() {
+                        let _ = inotify::remove_watch(&self.fd, p);
+                    }
+                    out.push(Change::Back(side));
+                } else {
+                    out.push(Change::Gone(side));
+                }
+            } else if fl.contains(ReadFlags::IGNORED) {
+                self.dirs.remove(&wd);
+            }
+        } else if fl.contains(ReadFlags::ATTRIB) {
+            out.push(Change::Dir(side, dir));
+        }
+    }
+
     /// Turn one `read()` of events into changes.
     fn decode(&mut self, bytes: &[u8]) -> Vec<Change> {
         let mut out = Vec::new();
@@ -464,33 +494,7 @@ impl Tree {
             let isdir = fl.contains(ReadFlags::ISDIR);
             let Some(name) = name else {
                 // An event of the watched directory itself.
-                if fl.intersects(
-                    ReadFlags::IGNORED
-                        | ReadFlags::DELETE_SELF
-                        | ReadFlags::MOVE_SELF
-                        | ReadFlags::UNMOUNT,
-                ) {
-                    if Some(wd) == self.root_wd {
-                        // The root itself removed: a removal as well.
-                        self.removal_seen();
-                        self.root_wd = None;
-                        self.drop_dir(b"");
-                        self.watch_parent();
-                        // It may be back already (renamed over).
-                        if self.watch_root() {
-                            if let Some(p) = self.parent_wd.take() {
-                                let _ = inotify::remove_watch(&self.fd, p);
-                            }
-                            out.push(Change::Back(side));
-                        } else {
-                            out.push(Change::Gone(side));
-                        }
-                    } else if fl.contains(ReadFlags::IGNORED) {
-                        self.dirs.remove(&wd);
-                    }
-                } else if fl.contains(ReadFlags::ATTRIB) {
-                    out.push(Change::Dir(side, dir));
-                }
+                self.own_event(wd, fl, dir, &mut out);
                 continue;
             };
             // ferry's own temporaries (a copy being written, one that
@@ -617,6 +621,25 @@ fn parse(mut b: &[u8]) -> Vec<Event> {
         b = &b[end..];
     }
     out
+}
+
+/// `ferry serve`'s watch of its own tree is this one: a store crate
+/// reaches it through [`ferry_engine::watch::watch_tree`] once the binary
+/// has called this.
+pub fn plug() {
+    ferry_engine::watch::set_tree_watcher(|root, poll| {
+        Ok(Box::new(Tree::new(0, root, poll)?) as Box<dyn ferry_engine::watch::WatchedTree>)
+    });
+}
+
+impl ferry_engine::watch::WatchedTree for Tree {
+    fn is_gone(&self) -> bool {
+        Tree::is_gone(self)
+    }
+
+    fn run_until(self: Box<Self>, tx: Sender<crate::Msg>, stop: Option<OwnedFd>) {
+        Tree::run_until(*self, tx, stop)
+    }
 }
 
 #[cfg(test)]

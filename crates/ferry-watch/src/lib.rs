@@ -17,6 +17,7 @@
 
 pub mod inotify;
 pub mod retry;
+mod run_loop;
 pub mod server;
 pub mod signals;
 pub mod status;
@@ -24,77 +25,14 @@ pub mod sync;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::mpsc::{channel, RecvTimeoutError, Sender};
+use std::sync::mpsc::{channel, Sender};
 use std::time::{Duration, Instant};
 
+pub use ferry_engine::watch::{Change, Msg, Source};
 pub use ferry_engine::Scope;
 pub use status::{Status, Tee};
 
-/// What the kernel (or a poll) says changed on side `.0`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Change {
-    /// An entry at this path changed; `true` when it is complete (closed,
-    /// removed, renamed), `false` while it may still be written.
-    Entry(usize, Vec<u8>, bool),
-    /// An entry at this path was removed (or moved out of the tree): see
-    /// `Pending`'s hold on removals.
-    Removed(usize, Vec<u8>),
-    /// A directory's own metadata changed.
-    Dir(usize, Vec<u8>),
-    /// A directory appeared (created, moved in) or must be compared whole.
-    Deep(usize, Vec<u8>),
-    /// Renamed inside the tree: from, to, is a directory.
-    Rename(usize, Vec<u8>, Vec<u8>, bool),
-    /// The kernel's event queue overflowed: events were lost.
-    Overflow(usize),
-    /// The side's root went away.
-    Gone(usize),
-    /// The side's root is back.
-    Back(usize),
-}
-
-impl Change {
-    /// The side it is of.
-    pub fn side(&self) -> usize {
-        match self {
-            Change::Entry(s, ..)
-            | Change::Removed(s, _)
-            | Change::Dir(s, _)
-            | Change::Deep(s, _)
-            | Change::Rename(s, ..)
-            | Change::Overflow(s)
-            | Change::Gone(s)
-            | Change::Back(s) => *s,
-        }
-    }
-}
-
-/// Messages to the loop.
-pub enum Msg {
-    /// Changes read at once.
-    Changes(Vec<Change>),
-    /// The next [`Msg::Changes`] of side `.0` reached the kernel's queue at
-    /// `.1`, as well as its reader can tell (an inotify tree: see
-    /// [`inotify::Tree::run_until`]), and was counted in
-    /// [`status::Gauges::arrived`] as `.2` (the paths it names).
-    Arrived(usize, Instant, usize),
-    /// A line to say once (`ferry: note: ...`).
-    Note(String),
-    /// SIGINT or SIGTERM: stop after the run in flight.
-    Stop,
-    /// Side `.0` of a [`Source`] must be polled from now on (`true`: its
-    /// watch is lost) or notifies again (`false`: one full run follows, a
-    /// change may have been missed meanwhile).
-    Polled(usize, bool),
-}
-
-/// A side watched by something other than a local inotify tree.
-pub trait Source: Send {
-    /// Start watching as side `side`: its changes and notes go to `tx`
-    /// from a thread of its own, from before this returns. `Err(why)`: it
-    /// cannot notify, and the side is polled.
-    fn start(self: Box<Self>, side: usize, tx: Sender<Msg>) -> Result<(), String>;
-}
+use run_loop::Loop;
 
 /// One batch of work for a [`Target`].
 #[derive(Debug, Default, Clone)]
@@ -428,7 +366,9 @@ pub fn watch_with(
     let (tx, rx) = channel::<Msg>();
     let guard = cfg.guard.clone();
     let on_stop = move || {
-        eprintln!("ferry: note: stopping after the run in flight (a second signal stops at once)");
+        eprintln!(
+            "ferry: note: stopping after the entry in flight (a second signal stops at once)"
+        );
         if let Some(g) = guard {
             g.stop();
         }
@@ -447,8 +387,7 @@ pub fn watch_with(
             return 2;
         }
     }
-    // Sides of sources that are polled now.
-    let mut polled: Vec<usize> = Vec::new();
+    let mut l = Loop::new(cfg, status, note);
     for (i, s) in sources.into_iter().enumerate() {
         let side = cfg.local.len() + i;
         if let Err(why) = s.start(side, tx.clone()) {
@@ -456,110 +395,21 @@ pub fn watch_with(
                 "note: {why}: polled every {:?}",
                 cfg.poll.unwrap_or(cfg.degraded_poll)
             ));
-            polled.push(side);
+            l.polled.push(side);
         }
     }
     drop(tx);
-    let mut said: Vec<&'static str> = Vec::new();
-    let mut say = |key: &'static str, msg: String| {
-        if !said.contains(&key) {
-            said.push(key);
-            note(&format!("note: {msg}"));
-        }
-    };
-    let mut pending = Pending::default();
-    let mut stop = false;
-    let mut next_poll: Option<Instant> = None;
     let mut first = Some(Instant::now());
-    // A poll timer while a side is polled: always (`cfg.poll`), or while
-    // a source cannot notify.
-    let interval = |polled: &[usize]| {
-        cfg.poll
-            .or((!polled.is_empty()).then_some(cfg.degraded_poll))
-    };
-    // When the next changes of a side reached the kernel (Msg::Arrived).
-    let mut arrived: Vec<(usize, Instant, usize)> = Vec::new();
-    let mut take = |m: Msg,
-                    pending: &mut Pending,
-                    stop: &mut bool,
-                    polled: &mut Vec<usize>,
-                    next_poll: &mut Option<Instant>| match m {
-        Msg::Changes(cs) => {
-            let side = cs.first().map(Change::side);
-            let now = match arrived.iter().position(|a| Some(a.0) == side) {
-                Some(i) => {
-                    let (_, t, n) = arrived.swap_remove(i);
-                    status.gauges().taken(n);
-                    t
-                }
-                None => Instant::now(),
-            };
-            for c in cs {
-                status.change(&c);
-                pending.add(c, now, &mut say);
-            }
-        }
-        Msg::Arrived(side, t, n) => arrived.push((side, t, n)),
-        Msg::Note(n) => note(&format!("note: {n}")),
-        Msg::Stop => {
-            status.stopping();
-            *stop = true
-        }
-        Msg::Polled(side, true) => {
-            if !polled.contains(&side) {
-                polled.push(side);
-            }
-            if next_poll.is_none() {
-                *next_poll = Some(Instant::now() + cfg.poll.unwrap_or(cfg.degraded_poll));
-            }
-        }
-        Msg::Polled(side, false) => {
-            polled.retain(|&s| s != side);
-            pending.set_full(Instant::now());
-        }
-    };
-    // Paths failing: retries made (0: none yet) and when the next is due
-    // (`None`: in the run under way).
-    let mut retries: HashMap<Vec<u8>, (u32, Option<Instant>)> = HashMap::new();
-    // A run that failed as a whole (not refused): a full run is retried
-    // with backoff, until one goes through.
-    let mut whole: Option<(u32, Option<Instant>)> = None;
-    // The failure said last (a retry's or rescan's same failure is not
-    // said again).
-    let mut said_failed: Option<String> = None;
-    let mut next_rescan = cfg.rescan.map(|r| Instant::now() + r);
-    // The exit code: 1 while an entry is failing (not a run refused or
-    // failed as a whole, nor the root's own failure such as removals
-    // stopped: nothing of an entry is left unsaid then).
-    let code = |retries: &HashMap<Vec<u8>, (u32, Option<Instant>)>| {
-        u8::from(retries.keys().any(|p| !p.is_empty()))
-    };
     loop {
         // What arrived during the last run, before deciding the next.
         while let Ok(m) = rx.try_recv() {
-            take(m, &mut pending, &mut stop, &mut polled, &mut next_poll);
+            l.take(m);
         }
-        if stop {
-            return code(&retries);
+        if l.stop {
+            return l.code();
         }
-        // Retries and rescans due join what is pending.
         let now = Instant::now();
-        for (p, r) in retries.iter_mut() {
-            if r.1.is_some_and(|t| now >= t) {
-                r.1 = None;
-                pending.retry(p.clone(), now);
-            }
-        }
-        if let Some((_, t)) = &mut whole {
-            if t.is_some_and(|t| now >= t) {
-                *t = None;
-                pending.set_full(now);
-            }
-        }
-        if next_rescan.is_some_and(|t| now >= t) {
-            next_rescan = None;
-            pending.set_full(now);
-        }
+        l.due(now);
         // The first run, then whatever is ready.
         let job = match first.take() {
             Some(t) => Some((
@@ -569,115 +419,14 @@ pub fn watch_with(
                 },
                 t,
             )),
-            None => pending.take(now, cfg.settle),
+            None => l.pending.take(now, cfg.settle),
         };
         if let Some((work, since)) = job {
-            let prompted = std::mem::take(&mut pending.prompted);
-            status.run_started(&work, pending.items.len());
-            let out = target.run(&work);
-            let now = Instant::now();
-            match &out.failed {
-                Some(f) => {
-                    if prompted || said_failed.as_ref() != Some(f) {
-                        note(f);
-                    }
-                    said_failed = Some(f.clone());
-                    if out.refused {
-                        // Refused again until something changes there: a
-                        // full run refused gives back what it swallowed,
-                        // a scoped one sets no full run.
-                        if work.full {
-                            pending.give_back();
-                        }
-                    } else {
-                        // An unreachable side, a root that cannot be read:
-                        // a full run follows at once (a scoped run may have
-                        // left part of its changes undone), then is
-                        // retried with backoff while it fails.
-                        let tries = whole.map_or(0, |w| w.0 + 1);
-                        let at = match tries {
-                            0 => now,
-                            t => now + retry::backoff(t - 1),
-                        };
-                        whole = Some((tries, Some(at)));
-                    }
-                }
-                None => {
-                    if said_failed.take().is_some() {
-                        note("note: runs go through again");
-                    }
-                    if work.full {
-                        whole = None;
-                    }
-                }
-            }
-            pending.swallowed.clear();
-            for p in &out.healed {
-                if retries.remove(p).is_some() {
-                    let p = if p.is_empty() { &b"."[..] } else { p };
-                    note(&format!(
-                        "note: {}: healed (synced on a retry)",
-                        String::from_utf8_lossy(p)
-                    ));
-                }
-            }
-            for p in &out.failing {
-                let new = !retries.contains_key(p);
-                let r = retries.entry(p.clone()).or_insert((0, None));
-                if r.1.is_none() {
-                    r.0 += 1;
-                }
-                r.1 = Some(now + retry::backoff(r.0 - 1));
-                // The root's own failure (removals stopped) left its
-                // removals: a full run at once (held while removals go
-                // on), then retries with backoff.
-                if new && p.is_empty() {
-                    pending.set_full(now);
-                }
-            }
-            // A scoped run that failed for some entry (a directory that
-            // vanished or changed type while it ran) may have left part of
-            // its changes undone: a full run follows at once (a full run's
-            // failures, and a retry's, are retried with backoff, never at
-            // once).
-            if !work.full && out.errors > 0 && prompted {
-                pending.set_full(now);
-            }
-            // Retries the run did not settle (it did not cover them).
-            for r in retries.values_mut() {
-                if r.1.is_none() {
-                    r.1 = Some(now + retry::backoff(r.0.saturating_sub(1)));
-                }
-            }
-            if next_rescan.is_none() || (work.full && out.failed.is_none()) {
-                next_rescan = cfg.rescan.map(|r| now + r);
-            }
-            status.run_done(since.elapsed(), &out, pending.items.len());
-            next_poll = interval(&polled).map(|p| now + p);
+            l.run(target, work, since);
             continue;
         }
-        status.queue(pending.items.len());
-        let timers = [
-            pending.deadline(cfg.settle),
-            next_poll,
-            retries.values().filter_map(|r| r.1).min(),
-            whole.and_then(|w| w.1),
-            next_rescan,
-        ];
-        let deadline = timers.into_iter().flatten().min();
-        let msg = match deadline {
-            None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
-            Some(d) => rx.recv_timeout(d.saturating_duration_since(Instant::now())),
-        };
-        match msg {
-            Ok(m) => take(m, &mut pending, &mut stop, &mut polled, &mut next_poll),
-            Err(RecvTimeoutError::Timeout) => {
-                if next_poll.is_some_and(|p| Instant::now() >= p) {
-                    next_poll = None;
-                    pending.set_full(Instant::now());
-                }
-            }
-            Err(RecvTimeoutError::Disconnected) => return code(&retries),
+        if let Some(code) = l.wait(&rx) {
+            return code;
         }
     }
 }

@@ -18,9 +18,27 @@
 //! - `GET` and `HEAD` only (`405` with `Allow`); one request per
 //!   connection (`Connection: close`).
 //!
-//! Why not a crate: tiny_http has no deadline for a request's head (a
-//! client trickling a byte a minute holds its thread for ever), and
-//! hyper wants a tokio runtime, which the binary does not have.
+//! Why not a crate (checked in each crate's source, issue 30): the
+//! requirement none of the runtime-free servers meets is the deadline for
+//! a request's head (one client trickling its head must neither hold a
+//! worker for ever nor be answered before the token check):
+//! - tiny_http 0.12.0 (its last release, May 2023): `ServerConfig` holds
+//!   an address and TLS only; the head is read byte by byte
+//!   (`ClientConnection::read_next_line`) with no timeout, on a pool
+//!   thread, before the request is handed out; no cap on connections.
+//! - rouille 3.6: tiny_http 0.12 underneath, the same.
+//! - astra 0.4.0 (hyper 1 on its own mio loop): no timer, so hyper's
+//!   `header_read_timeout` cannot be set; its builder has no deadline
+//!   of its own; a connection holds a worker while its head trickles.
+//! - may_minihttp: no timeout anywhere in its source, on the `may`
+//!   coroutine runtime; it parses with httparse, as this file does.
+//! - hyper 1 has `header_read_timeout`, but only with a `Timer`, i.e.
+//!   with tokio (plus hyper-util) in a binary that has no async runtime
+//!   and is shipped to ssh hosts.
+//!
+//! So the head is parsed by `httparse` (hyper's parser) and the rest is
+//! the ~150 lines below, each rule tested (`server::tests`,
+//! `tests/it/watch_status.rs`).
 
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
@@ -211,6 +229,27 @@ fn read_head(c: &mut TcpStream, buf: &mut Vec<u8>) -> Result<usize, &'static str
     }
 }
 
+/// Whether a request carries the token (if one is set): `Authorization:
+/// Bearer TOKEN` (the scheme in any case) or `?token=TOKEN`, compared in
+/// constant time.
+fn authorized(ctx: &Ctx, authorization: Option<String>, query: &str) -> bool {
+    let Some(t) = &ctx.token else {
+        return true;
+    };
+    let bearer = authorization.and_then(|v| {
+        let v = v.trim();
+        let (scheme, cred) = v.split_once(' ')?;
+        scheme
+            .eq_ignore_ascii_case("bearer")
+            .then(|| cred.trim().to_string())
+    });
+    let q = query.split('&').find_map(|kv| kv.strip_prefix("token="));
+    bearer
+        .as_deref()
+        .is_some_and(|b| same(b.as_bytes(), t.as_bytes()))
+        || q.is_some_and(|q| same(q.as_bytes(), t.as_bytes()))
+}
+
 fn answer(mut c: TcpStream, ctx: &Ctx) -> io::Result<()> {
     c.set_write_timeout(Some(HEAD_DEADLINE))?;
     let mut buf = Vec::with_capacity(1024);
@@ -270,29 +309,15 @@ fn answer(mut c: TcpStream, ctx: &Ctx) -> io::Result<()> {
         _ => {}
     }
     let (path, query) = target.split_once('?').unwrap_or((target, ""));
-    if let Some(t) = &ctx.token {
-        let bearer = header("authorization").and_then(|v| {
-            let v = v.trim();
-            let (scheme, cred) = v.split_once(' ')?;
-            scheme
-                .eq_ignore_ascii_case("bearer")
-                .then(|| cred.trim().to_string())
-        });
-        let q = query.split('&').find_map(|kv| kv.strip_prefix("token="));
-        let ok = bearer
-            .as_deref()
-            .is_some_and(|b| same(b.as_bytes(), t.as_bytes()))
-            || q.is_some_and(|q| same(q.as_bytes(), t.as_bytes()));
-        if !ok {
-            return reply(
-                &mut c,
-                head,
-                "401 Unauthorized",
-                &[("WWW-Authenticate", "Bearer realm=\"ferry\"")],
-                "text/plain",
-                "token required: Authorization: Bearer TOKEN, or ?token=TOKEN\n",
-            );
-        }
+    if !authorized(ctx, header("authorization"), query) {
+        return reply(
+            &mut c,
+            head,
+            "401 Unauthorized",
+            &[("WWW-Authenticate", "Bearer realm=\"ferry\"")],
+            "text/plain",
+            "token required: Authorization: Bearer TOKEN, or ?token=TOKEN\n",
+        );
     }
     if method != "GET" && !head {
         return reply(

@@ -82,9 +82,13 @@ fn main() -> ExitCode {
         Command::Ls(a) => run_ls(a),
         Command::Cleanup(a) => run_cleanup(a),
         Command::Bisync(a) => run_bisync(a),
-        Command::Serve { start_guard } => ferry_ssh::serve::serve_guarded(start_guard)
-            .map(|()| 0)
-            .map_err(|e| format!("serve: {}", cause(&e))),
+        Command::Serve { start_guard } => {
+            // Its watches of its own tree use ferry-watch's inotify tree.
+            ferry_watch::inotify::plug();
+            ferry_ssh::serve::serve_guarded(start_guard)
+                .map(|()| 0)
+                .map_err(|e| format!("serve: {}", cause(&e)))
+        }
         Command::Versions(a) => versions::run_versions(a),
         Command::Restore(a) => versions::run_restore(a),
     };
@@ -338,6 +342,7 @@ fn run_bisync(a: BisyncArgs) -> Result<u8, String> {
         keep: [None, None],
         keep_special_bits: a.write.keep_special_bits,
         guard: None,
+        stop: None,
     };
     let cli = CliReporter::new(a.out.json, a.out.verbose > 0 || a.dry_run, a.dry_run);
     let stats = std::sync::Arc::new(Stats::default());
@@ -372,6 +377,12 @@ fn run_bisync(a: BisyncArgs) -> Result<u8, String> {
             &cli,
         );
     }
+    // SIGINT/SIGTERM: no further entry is begun; the journal holds what was done.
+    let stop = (!a.dry_run)
+        .then(|| ferry_watch::signals::Stop::install(|| eprintln!("ferry: note: stopping after the entry in flight (a second signal stops at once)")))
+        .transpose()
+        .map_err(|e| format!("signals: {e}"))?;
+    opts.stop = stop.as_ref().map(|s| s.flag.clone());
     let res = ferry_bisync::run(&sa, &sb, journal.as_mut(), &opts, &rep, &stats);
     print_notes(&[(&sa, "A"), (&sb, "B")], a.out.verbose > 0);
     if let Some(p) = progress {
@@ -384,6 +395,10 @@ fn run_bisync(a: BisyncArgs) -> Result<u8, String> {
     // --versions with --keep/--keep-days: prune kept versions (never fails the run).
     versions::after_run(&[&ra, &rb], &a.keep, a.dry_run, &cli);
     cli.bisync_summary(&out, stats.delta.figures());
+    if let (true, Some(s)) = (out.stopped, &stop) {
+        ferry_bisync::BiReporter::note(&cli, "stopped by a signal before the end of the run: what was done is in the journal, the next run does the rest");
+        return Ok(s.code());
+    }
     Ok(if out.errors > 0 { 1 } else { 0 })
 }
 

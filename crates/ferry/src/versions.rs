@@ -1642,6 +1642,22 @@ pub fn run_restore(a: RestoreArgs) -> Result<u8, String> {
     let typed = Location::parse(a.path.as_os_str()).to_string();
     let suffix = a.suffix.as_deref().unwrap_or("").as_bytes().to_vec();
     let backup = a.backup_dir.as_deref().map(|d| (d, suffix.as_slice()));
+    let dest = match (&a.to, &a.from) {
+        (Some(p), _) if p.as_os_str() == "-" => Dest::Stdout,
+        (Some(p), _) => Dest::Path(p.clone()),
+        (None, Some(_)) => Dest::Path(a.path.clone()),
+        (None, None) => Dest::InPlace,
+    };
+    // Checked before any replica is read: a restore writes local files only.
+    if let Dest::Path(p) = &dest {
+        let l = Location::parse(p.as_os_str());
+        if !l.is_local() {
+            return Err(format!(
+                "{}: a restore writes to a local path only (ssh, SFTP and S3 destinations are not supported): restore to a local path, then `ferry copy` it to {l}",
+                if a.to.is_some() { format!("--to {l}") } else { l.to_string() }
+            ));
+        }
+    }
     let (rep, store, t, bk) = match &a.from {
         Some(_) if backup.is_some() => {
             return Err("--from and --backup-dir do not go together (yet)".into())
@@ -1652,20 +1668,6 @@ pub fn run_restore(a: RestoreArgs) -> Result<u8, String> {
         }
         None => lookup(&a.path, endpoint, backup)?,
     };
-    let dest = match (&a.to, &a.from) {
-        (Some(p), _) if p.as_os_str() == "-" => Dest::Stdout,
-        (Some(p), _) => Dest::Path(p.clone()),
-        (None, Some(_)) => Dest::Path(a.path.clone()),
-        (None, None) => Dest::InPlace,
-    };
-    if let Dest::Path(p) = &dest {
-        if !Location::parse(p.as_os_str()).is_local() {
-            return Err(format!(
-                "--to {}: a local path (or - for standard output)",
-                p.display()
-            ));
-        }
-    }
     let how = match (&dest, &a.to) {
         (Dest::InPlace, _) => Replace::InPlace,
         (_, None) => Replace::Twin,

@@ -467,7 +467,9 @@ impl Target for Bisync<'_> {
             full: true,
             ..Work::default()
         };
-        let (failing, healed) = failures.end_run(if scoped { w } else { &full }, true);
+        // A run a signal stopped reached only some paths: none is healed.
+        let done = !self.opts.stopping();
+        let (failing, healed) = failures.end_run(if scoped { w } else { &full }, done);
         self.failures = failures;
         self.opts.resync = false;
         if let Ok(o) = &res {

@@ -29,7 +29,7 @@ fn watch(journal: &Path, a: &Path, b: &Path, extra: &[&str]) -> Watch {
 /// What bisync keeps equal: each path's kind, and a file's bytes, mtime
 /// and mode (directory mtimes are each side's own). The time stamp of a
 /// conflict name is left out (two runs name conflicts by their minute).
-type Snap = BTreeMap<String, (char, Vec<u8>, i128, u32)>;
+pub(crate) type Snap = BTreeMap<String, (char, Vec<u8>, i128, u32)>;
 
 fn unstamp(p: &str) -> String {
     match p.find("(conflict ") {
@@ -38,7 +38,7 @@ fn unstamp(p: &str) -> String {
     }
 }
 
-fn snap(root: &Path) -> Snap {
+pub(crate) fn snap(root: &Path) -> Snap {
     let mut m = Snap::new();
     for p in walk(root) {
         let full = root.join(&p);
@@ -62,7 +62,7 @@ fn snap(root: &Path) -> Snap {
     m
 }
 
-fn diff(x: &Snap, y: &Snap) -> Vec<String> {
+pub(crate) fn diff(x: &Snap, y: &Snap) -> Vec<String> {
     let mut out = Vec::new();
     for (k, v) in x {
         match y.get(k) {
@@ -229,7 +229,11 @@ fn edit(rng: &mut Rng, pairs: &[[&Path; 2]], stamp: &mut u64) {
 }
 
 /// Every record of a journal, by key (what a run reads).
-fn records(journal: &Path, a: &Path, b: &Path) -> Vec<(Vec<u8>, ferry_bisync::reconcile::Synced)> {
+pub(crate) fn records(
+    journal: &Path,
+    a: &Path,
+    b: &Path,
+) -> Vec<(Vec<u8>, ferry_bisync::reconcile::Synced)> {
     use ferry_bisync::journal::Records;
     let ids = (a.to_string_lossy(), b.to_string_lossy());
     let j = ferry_bisync::Journal::open(journal, (&ids.0, &ids.1)).unwrap();

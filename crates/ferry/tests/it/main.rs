@@ -7,6 +7,7 @@ mod util;
 
 mod bisync;
 mod bisync_keep;
+mod bisync_stop;
 mod bisync_watch;
 mod cli;
 mod delta;

@@ -1310,3 +1310,45 @@ fn a_restore_in_a_bisync_replica_is_propagated() {
     let kept = a.join(".ferry-versions").join(vname("f", NOW + 10));
     assert_eq!(fs::read(kept).unwrap(), b"second");
 }
+
+/// `restore --to` an ssh, SFTP or S3 destination (and `--from` into a
+/// remote PATH): refused in one line before any replica is read, naming
+/// what to do instead; nothing is written.
+#[test]
+fn restore_to_a_remote_destination_is_refused_in_one_line() {
+    let t = tmpdir();
+    let r = t.path().join("r");
+    version(&r, "f.txt", NOW - DAY, b"old");
+    for to in [
+        "host.invalid:/tmp/f.txt",
+        "sftp://host.invalid/tmp/f.txt",
+        "s3://bucket/f.txt",
+    ] {
+        let run = at_now(&[
+            "restore".as_ref(),
+            "--to".as_ref(),
+            to.as_ref(),
+            r.join("f.txt").as_os_str(),
+        ]);
+        run.code_is(2);
+        let err = run.err();
+        assert_eq!(err.lines().count(), 1, "{run}");
+        assert!(err.contains(&format!("--to {to}")), "{run}");
+        assert!(
+            err.contains("restore to a local path, then `ferry copy`"),
+            "{run}"
+        );
+        assert!(!r.join("f.txt").exists(), "{run}");
+    }
+    let run = at_now(&[
+        "restore".as_ref(),
+        "--from".as_ref(),
+        r.as_os_str(),
+        "host.invalid:/tmp/f.txt".as_ref(),
+    ]);
+    run.code_is(2);
+    assert!(
+        run.err().contains("a restore writes to a local path only"),
+        "{run}"
+    );
+}

@@ -143,7 +143,7 @@ fn a_signal_stops_a_long_first_run_between_entries() {
         dst.is_dir() && walk(&dst).iter().any(|p| dst.join(p).is_file())
     });
     w.signal("INT");
-    w.line_with("stopping after the run in flight");
+    w.line_with("stopping after the entry in flight");
     let end = Instant::now() + WAIT;
     let code = loop {
         if let Some(s) = w.child.try_wait().unwrap() {
