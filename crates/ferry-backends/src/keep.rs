@@ -16,10 +16,14 @@ use std::path::{Component, Path};
 
 use ferry_engine::keep::KeepBase;
 
-use crate::{Location, Root};
+use crate::{Error, Location, Root};
 
 /// The base of `--backup-dir dir` for a destination rooted at `dst`.
-pub fn keep_base(dst: &Root, dir: &OsStr) -> Result<KeepBase, String> {
+pub fn keep_base(dst: &Root, dir: &OsStr) -> Result<KeepBase, Error> {
+    base(dst, dir).map_err(Error::Refused)
+}
+
+fn base(dst: &Root, dir: &OsStr) -> Result<KeepBase, String> {
     let shown = dir.to_string_lossy();
     let other = || {
         format!(
@@ -50,7 +54,7 @@ pub fn keep_base(dst: &Root, dir: &OsStr) -> Result<KeepBase, String> {
                     }
                     (b, b'/')
                 }
-                Root::Ssh(r) | Root::Sftp(r) => (r.path.clone(), b'/'),
+                Root::Shell(r) => (r.path.clone(), b'/'),
             };
             let mut parts: Vec<&[u8]> = root
                 .split(|&c| c == sep)
@@ -92,10 +96,10 @@ pub fn keep_base(dst: &Root, dir: &OsStr) -> Result<KeepBase, String> {
                 }
                 Err(_) => KeepBase::Abs(p.as_os_str().as_bytes().to_vec()),
             }),
-            Root::Ssh(_) | Root::Sftp(_) => Ok(KeepBase::Abs(p.as_os_str().as_bytes().to_vec())),
+            Root::Shell(_) => Ok(KeepBase::Abs(p.as_os_str().as_bytes().to_vec())),
             Root::S3(_) => Err(other()),
         },
-        Location::S3(url) => match dst {
+        Location::Url { text: url, .. } => match dst {
             Root::S3(c) => {
                 let (bucket, prefix) = match ferry_s3::parse_s3_url(&url) {
                     Some(Ok(bp)) => bp,
@@ -128,8 +132,9 @@ pub fn keep_base(dst: &Root, dir: &OsStr) -> Result<KeepBase, String> {
             _ => Err(other()),
         },
         Location::Shell { text, host, path } => match dst {
-            Root::Ssh(r) | Root::Sftp(r) => {
-                let b = crate::SshRoot::of(&text, &host, &path)?;
+            Root::Shell(r) => {
+                let b =
+                    crate::SshRoot::of(&text, &host, &path, r.sftp).map_err(|e| e.to_string())?;
                 if b.host != r.host || b.port != r.port {
                     return Err(other());
                 }
@@ -180,7 +185,7 @@ mod tests {
     #[test]
     fn relative_dirs_are_below_or_beside_dst() {
         let d = local("/data/dst");
-        let kb = |s: &str| keep_base(&d, OsStr::new(s));
+        let kb = |s: &str| base(&d, OsStr::new(s));
         assert_eq!(kb("old"), Ok(KeepBase::Root(b"old".to_vec())));
         assert_eq!(kb("./a/../old/x"), Ok(KeepBase::Root(b"old/x".to_vec())));
         assert_eq!(kb("../old"), Ok(KeepBase::Abs(b"/data/old".to_vec())));

@@ -19,10 +19,6 @@ pub mod splice;
 pub mod store;
 pub mod watch;
 
-pub use conn::{
-    close_all, configure, note_round_trip, read_only, round_trip, split_words, Lost, Settings,
-    Target,
-};
-pub use quiet::set_timeout;
+pub use conn::{close_all, note_round_trip, round_trip, split_words, Lost, Settings, Target};
 pub use serve::serve;
 pub use store::{SshDir, SshReader, SshStore, SshWriter};

@@ -14,15 +14,13 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 
-use ferry_backends::{AnyDir, AnyStore, Location, Opts, Root};
+use ferry_backends::local::absolute;
+use ferry_backends::{local_root, AnyDir, AnyStore, Backends, Location, Opts, Root};
 use ferry_engine::copy::Copier;
 use ferry_engine::encode::{json_name, json_string, text_name_string};
 use ferry_engine::keep::{split_parent, KeepBase, KeepRule, Keeper, VERSIONS_DIR};
-use ferry_engine::versions::{
-    collect, has_versions_dir, keeps_all, open_versions_dir, spans, state_at, Version,
-};
+use ferry_engine::versions::{collect, keeps_all, open_versions_dir, spans, state_at, Version};
 use ferry_engine::{Kind, Listing, Meta, Store};
-use ferry_s3::S3Config;
 use jiff::civil::{Date, DateTime, Time};
 use jiff::tz::TimeZone;
 use jiff::Timestamp;
@@ -33,7 +31,13 @@ use crate::output::{cause, CliReporter};
 /// Prune the versions of each replica in `roots` after a run with
 /// `--versions` and a retention policy (none for a dry run). Never fails:
 /// problems are notes.
-pub fn after_run(roots: &[&Root], keep: &KeepArgs, dry_run: bool, rep: &CliReporter) {
+pub fn after_run(
+    reg: &Backends,
+    roots: &[&Root],
+    keep: &KeepArgs,
+    dry_run: bool,
+    rep: &CliReporter,
+) {
     let r = keep.retention();
     if !keep.versions || dry_run || keeps_all(&r) {
         return;
@@ -44,7 +48,7 @@ pub fn after_run(roots: &[&Root], keep: &KeepArgs, dry_run: bool, rep: &CliRepor
             jobs: 4,
             lazy_meta: true,
         };
-        let report = match ferry_backends::open(root, &o) {
+        let report = match reg.open(root, &o) {
             Ok(s) => ferry_engine::versions::prune(&s, now, &r),
             Err(e) => ferry_engine::versions::PruneReport {
                 notes: vec![format!("pruning versions: {e}")],
@@ -59,6 +63,7 @@ pub fn after_run(roots: &[&Root], keep: &KeepArgs, dry_run: bool, rep: &CliRepor
 /// each replica's `.ferry-versions` ((index in `roots`, path below it)),
 /// not their subdirectories. Never fails: problems are notes.
 pub fn after_run_in(
+    reg: &Backends,
     roots: &[&Root],
     keep: &KeepArgs,
     dirs: &[(usize, Vec<u8>)],
@@ -82,7 +87,7 @@ pub fn after_run_in(
             jobs: 4,
             lazy_meta: true,
         };
-        let report = match ferry_backends::open(root, &o) {
+        let report = match reg.open(root, &o) {
             Ok(s) => ferry_engine::versions::prune_in(&s, now, &r, &subs),
             Err(e) => ferry_engine::versions::PruneReport {
                 notes: vec![format!("pruning versions: {e}")],
@@ -190,7 +195,12 @@ impl Backups {
 /// those backups: the ancestor of PATH, farthest first, whose backup
 /// directory has PATH's directory, holding a backup of PATH (or PATH as
 /// a directory). Local paths only.
-fn find_backups(path: &Path, dir: &Path, suffix: &[u8]) -> Result<(Replica, Backups), String> {
+fn find_backups(
+    reg: &Backends,
+    path: &Path,
+    dir: &Path,
+    suffix: &[u8],
+) -> Result<(Replica, Backups), String> {
     let loc = Location::parse(path.as_os_str());
     let Location::Local(p) = &loc else {
         return Err(format!("{loc}: with --backup-dir, PATH is a local path"));
@@ -215,8 +225,8 @@ fn find_backups(path: &Path, dir: &Path, suffix: &[u8]) -> Result<(Replica, Back
         if !found || b.starts_with(a) && b == a {
             continue;
         }
-        let root = Root::Local(a.to_path_buf());
-        let broot = Root::Local(b.clone());
+        let root = local_root(a);
+        let broot = local_root(&b);
         let base = ferry_backends::keep::keep_base(&root, dir.as_os_str())?;
         return Ok((
             Replica {
@@ -224,7 +234,7 @@ fn find_backups(path: &Path, dir: &Path, suffix: &[u8]) -> Result<(Replica, Back
                 rel: relb.to_vec(),
             },
             Backups {
-                store: open_store(&broot)?,
+                store: open_store(reg, &broot)?,
                 root: broot,
                 suffix: suffix.to_vec(),
                 rule: KeepRule::BackupDir {
@@ -251,137 +261,14 @@ fn utc(unix: i64) -> String {
 /// The location of `rel` below `root`, as a user writes it (escaped as
 /// text output escapes names).
 fn location(root: &Root, rel: &[u8]) -> String {
-    text_name_string(&location_bytes(root, rel))
-}
-
-/// A local path made absolute, its directories resolved (as many as
-/// exist), its last component kept as typed (a symlink is not followed).
-fn absolute(p: &Path) -> io::Result<PathBuf> {
-    let abs = std::path::absolute(p)?;
-    let (mut cur, last) = match abs.file_name() {
-        Some(n) => (
-            abs.parent().unwrap_or(Path::new("/")).to_path_buf(),
-            Some(n.to_owned()),
-        ),
-        None => (abs.clone(), None),
-    };
-    let mut rest = Vec::new();
-    let mut base = loop {
-        match cur.canonicalize() {
-            Ok(c) => break c,
-            Err(_) => match (cur.file_name(), cur.parent()) {
-                (Some(n), Some(parent)) => {
-                    rest.push(n.to_owned());
-                    cur = parent.to_path_buf();
-                }
-                _ => break cur,
-            },
-        }
-    };
-    for n in rest.iter().rev() {
-        base.push(n);
-    }
-    if let Some(n) = last {
-        base.push(n);
-    }
-    Ok(base)
+    root.location_text(rel)
 }
 
 /// Find the replica holding `path`: the nearest directory at or above it
 /// with a `.ferry-versions` directory.
-fn find_replica(path: &Path, endpoint: Option<&str>) -> Result<Replica, String> {
-    let loc = Location::parse(path.as_os_str());
-    let typed = loc.to_string();
-    let none = || {
-        format!(
-            "{typed}: no .ferry-versions directory in it or above it (versions are kept with --versions; for a --backup-dir, give it)"
-        )
-    };
-    match &loc {
-        Location::Local(p) => {
-            let abs = absolute(p).map_err(|e| format!("{typed}: {}", cause(&e)))?;
-            for c in abs.ancestors() {
-                let v = c.join(std::ffi::OsStr::from_bytes(VERSIONS_DIR));
-                if std::fs::symlink_metadata(&v).is_ok_and(|m| m.is_dir()) {
-                    let rel = abs.strip_prefix(c).unwrap_or(Path::new(""));
-                    return Ok(Replica {
-                        root: Root::Local(c.to_path_buf()),
-                        rel: rel.as_os_str().as_bytes().to_vec(),
-                    });
-                }
-            }
-            Err(none())
-        }
-        Location::S3(u) => {
-            let cfg = S3Config::from_url(u, endpoint).map_err(|e| e.to_string())?;
-            let key = cfg.prefix.trim_matches('/').to_string();
-            let parts: Vec<&str> = key.split('/').filter(|p| !p.is_empty()).collect();
-            for k in (0..=parts.len()).rev() {
-                let mut c = cfg.clone();
-                c.prefix = parts[..k].join("/");
-                let root = Root::S3(Box::new(c));
-                let store = ferry_backends::open(
-                    &root,
-                    &Opts {
-                        jobs: 1,
-                        lazy_meta: true,
-                    },
-                )
-                .map_err(|e| e.to_string())?;
-                let Some((d, _)) = store
-                    .open_root()
-                    .map_err(|e| format!("{typed}: {}", cause(&e)))?
-                else {
-                    continue;
-                };
-                if has_versions_dir(&store, &d).map_err(|e| format!("{typed}: {}", cause(&e)))? {
-                    return Ok(Replica {
-                        root,
-                        rel: parts[k..].join("/").into_bytes(),
-                    });
-                }
-            }
-            Err(none())
-        }
-        Location::Shell { .. } => {
-            let root = crate::remote::root_of(&loc, endpoint)?;
-            let (Root::Ssh(r) | Root::Sftp(r)) = &root else {
-                unreachable!("a shell location")
-            };
-            let s = ferry_backends::remote(&root).map_err(|e| format!("{typed}: {e}"))?;
-            let mut path = r.path.clone();
-            while path.len() > 1 && path.ends_with(b"/") {
-                path.pop();
-            }
-            let mut cut = path.len();
-            loop {
-                let c = &path[..cut];
-                let probe = match c {
-                    b"" => VERSIONS_DIR.to_vec(),
-                    b"/" => [b"/", VERSIONS_DIR].concat(),
-                    _ => [c, b"/", VERSIONS_DIR].concat(),
-                };
-                // A file at PATH: no `.ferry-versions` below it.
-                let m = match s.stat_path(&probe, true) {
-                    Err(e) if missing(&e) => None,
-                    r => r.map_err(|e| format!("{typed}: {}", cause(&e)))?,
-                };
-                if m.is_some_and(|m| m.kind == Kind::Dir) {
-                    let rel = path[cut..].strip_prefix(b"/").unwrap_or(&path[cut..]);
-                    return Ok(Replica {
-                        root: s.root(r.at(c.to_vec())),
-                        rel: rel.to_vec(),
-                    });
-                }
-                match c.iter().rposition(|&b| b == b'/') {
-                    _ if c.is_empty() || c == b"/" => return Err(none()),
-                    Some(0) => cut = 1,
-                    Some(i) => cut = i,
-                    None => cut = 0,
-                }
-            }
-        }
-    }
+fn find_replica(reg: &Backends, path: &Path) -> Result<Replica, String> {
+    let (root, rel) = reg.find_replica(path)?;
+    Ok(Replica { root, rel })
 }
 
 fn cstr(name: &[u8]) -> io::Result<CString> {
@@ -478,12 +365,12 @@ impl History {
     /// Where the state `p` is, as raw bytes (`root`: the replica's).
     fn where_bytes(&self, root: &Root, p: Pick) -> Vec<u8> {
         match p {
-            Pick::Live => location_bytes(root, &self.rel),
+            Pick::Live => root.location(&self.rel),
             Pick::Version(i) => {
                 let v = &self.versions[i];
                 match (&self.broot, v.backup) {
-                    (Some(b), true) => location_bytes(b, &v.path()),
-                    _ => location_bytes(root, &v.path()),
+                    (Some(b), true) => b.location(&v.path()),
+                    _ => root.location(&v.path()),
                 }
             }
         }
@@ -684,15 +571,14 @@ fn target(
 }
 
 /// Open a replica's store.
-fn open_store(root: &Root) -> Result<AnyStore, String> {
-    ferry_backends::open(
+fn open_store(reg: &Backends, root: &Root) -> Result<AnyStore, String> {
+    Ok(reg.open(
         root,
         &Opts {
             jobs: 4,
             lazy_meta: false,
         },
-    )
-    .map_err(|e| e.to_string())
+    )?)
 }
 
 fn print_notes(notes: Vec<String>) {
@@ -723,19 +609,19 @@ fn lookup_in(
 /// Find PATH's replica, open its store and look PATH up; every failure
 /// is one line (exit 2).
 fn lookup(
+    reg: &Backends,
     path: &Path,
-    endpoint: Option<&str>,
     backup: Option<(&Path, &[u8])>,
 ) -> Result<(Replica, AnyStore, Target, Option<Backups>), String> {
     let typed = Location::parse(path.as_os_str()).to_string();
     let (rep, bk) = match backup {
         Some((dir, suffix)) => {
-            let (r, b) = find_backups(path, dir, suffix)?;
+            let (r, b) = find_backups(reg, path, dir, suffix)?;
             (r, Some(b))
         }
-        None => (find_replica(path, endpoint)?, None),
+        None => (find_replica(reg, path)?, None),
     };
-    let store = open_store(&rep.root)?;
+    let store = open_store(reg, &rep.root)?;
     let t = lookup_in(&typed, &rep, &store, bk.as_ref())?;
     Ok((rep, store, t, bk))
 }
@@ -746,9 +632,9 @@ fn lookup(
 /// directory here (the longest such part on a tie); an existing directory
 /// may be SRC's root, DST's root.
 fn lookup_from(
+    reg: &Backends,
     dst: &Path,
     path: &Path,
-    endpoint: Option<&str>,
 ) -> Result<(Replica, AnyStore, Target), String> {
     let loc = Location::parse(path.as_os_str());
     let Location::Local(p) = &loc else {
@@ -757,8 +643,8 @@ fn lookup_from(
         ));
     };
     let abs = absolute(p).map_err(|e| format!("{loc}: {}", cause(&e)))?;
-    let dst_rep = find_replica(dst, endpoint)?;
-    let store = open_store(&dst_rep.root)?;
+    let dst_rep = find_replica(reg, dst)?;
+    let store = open_store(reg, &dst_rep.root)?;
     let is_dir = std::fs::metadata(&abs).is_ok_and(|m| m.is_dir());
     let comps: Vec<&[u8]> = abs
         .components()
@@ -878,42 +764,6 @@ fn names_there(store: &AnyStore, dir: &[u8]) -> io::Result<Vec<Vec<u8>>> {
     Ok(out)
 }
 
-/// The location of `rel` below `root` as raw bytes (what `--json` gives:
-/// the name as it is, never escaped; `location` is its text form). One
-/// `/` between the root and `rel`, none doubled.
-fn location_bytes(root: &Root, rel: &[u8]) -> Vec<u8> {
-    let mut id = match root {
-        Root::Local(p) => p.as_os_str().as_bytes().to_vec(),
-        Root::S3(c) => format!("s3://{}/{}", c.bucket, c.prefix.trim_matches('/')).into_bytes(),
-        Root::Ssh(r) | Root::Sftp(r) => {
-            let mut path = r.path.as_slice();
-            while path.len() > 1 && path.ends_with(b"/") {
-                path = &path[..path.len() - 1];
-            }
-            match r.port {
-                Some(p) => [
-                    format!("ssh://{}:{p}/", r.host).as_bytes(),
-                    path.strip_prefix(b"/").unwrap_or(path),
-                ]
-                .concat(),
-                None => [format!("{}:", r.host).as_bytes(), path].concat(),
-            }
-        }
-    };
-    if rel.is_empty() {
-        return id;
-    }
-    while id.ends_with(b"//") && !id.ends_with(b"://") {
-        id.pop();
-    }
-    // `host:` (a remote home) and `s3://b/` take the path as it is.
-    if !id.is_empty() && !id.ends_with(b"/") && !id.ends_with(b":") {
-        id.push(b'/');
-    }
-    id.extend_from_slice(rel.strip_prefix(b"/").unwrap_or(rel));
-    id
-}
-
 /// `YYYY-MM-DDTHH:MM:SSZ`.
 fn utc_json(unix: i64) -> String {
     format!("{}Z", utc(unix).replace(' ', "T"))
@@ -941,7 +791,7 @@ fn json_line(out: &mut Vec<u8>, root: &Root, h: &History, i: usize) {
     );
     json_name(out, "where", &h.where_bytes(root, Pick::Version(i)));
     out.push(b',');
-    json_name(out, "root", &location_bytes(root, b""));
+    json_name(out, "root", &root.location(b""));
     out.extend_from_slice(b"}\n");
 }
 
@@ -998,13 +848,13 @@ fn table(out: &mut Vec<u8>, rows: &[Vec<String>], right: &[bool]) {
 }
 
 /// `ferry versions PATH [--at TIME] [--json]`.
-pub fn run_versions(a: VersionsArgs) -> Result<u8, String> {
+pub fn run_versions(a: VersionsArgs, reg: &Backends) -> Result<u8, String> {
     let now = now_unix();
     let tz = TimeZone::system();
     let at = a.at.as_deref().map(|s| parse_at(s, now, &tz)).transpose()?;
     let suffix = a.suffix.as_deref().unwrap_or("").as_bytes().to_vec();
     let backup = a.backup_dir.as_deref().map(|d| (d, suffix.as_slice()));
-    let (rep, _store, t, _bk) = lookup(&a.path, a.tx.s3_endpoint.as_deref(), backup)?;
+    let (rep, _store, t, _bk) = lookup(reg, &a.path, backup)?;
     let root = &rep.root;
     let mut out = Vec::new();
     let local = |t: i64| local_time(t, &tz);
@@ -1523,7 +1373,7 @@ fn restore_one(
     if let Some(p) = kept_as {
         // A backup directory outside the replica is shown whole.
         let at = match root {
-            Root::Local(_) if p.starts_with(b"/") => text_name_string(&p),
+            _ if root.local_path().is_some() && p.starts_with(b"/") => text_name_string(&p),
             _ => location(root, &p),
         };
         line.push_str(&format!("; the file it replaced is kept as {at}"));
@@ -1598,7 +1448,12 @@ fn to_stdout(cx: &Ctx, j: &Job1) -> Result<(), String> {
 /// The store and path of a local `--to` target: for a file, PATH (or
 /// PATH/NAME when PATH is a directory); for a directory, PATH itself
 /// (made when missing).
-fn local_out(p: &Path, file_name: Option<&[u8]>, create: bool) -> Result<OutBase, String> {
+fn local_out(
+    reg: &Backends,
+    p: &Path,
+    file_name: Option<&[u8]>,
+    create: bool,
+) -> Result<OutBase, String> {
     let typed = p.display().to_string();
     let abs = absolute(p).map_err(|e| format!("--to {typed}: {}", cause(&e)))?;
     let is_dir = std::fs::metadata(&abs).is_ok_and(|m| m.is_dir());
@@ -1625,20 +1480,19 @@ fn local_out(p: &Path, file_name: Option<&[u8]>, create: bool) -> Result<OutBase
             dir.display()
         ));
     }
-    let root = Root::Local(dir);
+    let root = local_root(&dir);
     Ok(OutBase {
-        store: open_store(&root)?,
+        store: open_store(reg, &root)?,
         root,
         rel,
     })
 }
 
 /// `ferry restore PATH [--at TIME] [--to PATH|-] [--from DST] [-n]`.
-pub fn run_restore(a: RestoreArgs) -> Result<u8, String> {
+pub fn run_restore(a: RestoreArgs, reg: &Backends) -> Result<u8, String> {
     let now = now_unix();
     let tz = TimeZone::system();
     let at = a.at.as_deref().map(|s| parse_at(s, now, &tz)).transpose()?;
-    let endpoint = a.tx.s3_endpoint.as_deref();
     let typed = Location::parse(a.path.as_os_str()).to_string();
     let suffix = a.suffix.as_deref().unwrap_or("").as_bytes().to_vec();
     let backup = a.backup_dir.as_deref().map(|d| (d, suffix.as_slice()));
@@ -1647,10 +1501,10 @@ pub fn run_restore(a: RestoreArgs) -> Result<u8, String> {
             return Err("--from and --backup-dir do not go together (yet)".into())
         }
         Some(dst) => {
-            let (r, s, t) = lookup_from(dst, &a.path, endpoint)?;
+            let (r, s, t) = lookup_from(reg, dst, &a.path)?;
             (r, s, t, None)
         }
-        None => lookup(&a.path, endpoint, backup)?,
+        None => lookup(reg, &a.path, backup)?,
     };
     let dest = match (&a.to, &a.from) {
         (Some(p), _) if p.as_os_str() == "-" => Dest::Stdout,
@@ -1725,7 +1579,7 @@ pub fn run_restore(a: RestoreArgs) -> Result<u8, String> {
                 },
                 Dest::Path(p) => {
                     let (_, name) = split_parent(&h.rel);
-                    base = local_out(p, Some(name), !a.dry_run)?;
+                    base = local_out(reg, p, Some(name), !a.dry_run)?;
                     Out {
                         store: &base.store,
                         root: &base.root,
@@ -1748,7 +1602,7 @@ pub fn run_restore(a: RestoreArgs) -> Result<u8, String> {
                     return Err(format!("{typed}: is a directory: --to - writes one file"))
                 }
                 Dest::InPlace => None,
-                Dest::Path(p) => Some(local_out(p, None, !a.dry_run)?),
+                Dest::Path(p) => Some(local_out(reg, p, None, !a.dry_run)?),
             };
             let (mut done, mut same, mut absent, mut failed) = (0u64, 0u64, 0u64, 0u64);
             for h in files.values() {
