@@ -35,55 +35,7 @@ fn base(dst: &Root, dir: &OsStr) -> Result<KeepBase, String> {
         return Err("--backup-dir: empty path".to_string());
     }
     match Location::parse(dir) {
-        Location::Local(p) if p.is_relative() => {
-            let (ups, rest) = normalize(&p).ok_or_else(|| {
-                format!("--backup-dir {shown}: is DST itself (give another directory)")
-            })?;
-            if ups == 0 {
-                return Ok(KeepBase::Root(rest));
-            }
-            // Outside DST: from DST's own path, on its own server.
-            let (root, sep): (Vec<u8>, u8) = match dst {
-                Root::Local(r) => (r.as_os_str().as_bytes().to_vec(), b'/'),
-                Root::S3(c) => {
-                    let mut b = c.bucket.as_bytes().to_vec();
-                    let pre = c.prefix.trim_matches('/');
-                    if !pre.is_empty() {
-                        b.push(b'/');
-                        b.extend_from_slice(pre.as_bytes());
-                    }
-                    (b, b'/')
-                }
-                Root::Shell(r) => (r.path.clone(), b'/'),
-            };
-            let mut parts: Vec<&[u8]> = root
-                .split(|&c| c == sep)
-                .filter(|s| !s.is_empty())
-                .collect();
-            let absolute = root.first() == Some(&b'/');
-            let floor = usize::from(matches!(dst, Root::S3(_))); // the bucket stays
-            for _ in 0..ups {
-                if parts.len() <= floor {
-                    return Err(format!(
-                        "--backup-dir {shown}: goes above the top of DST ({})",
-                        dst.id()
-                    ));
-                }
-                parts.pop();
-            }
-            let mut out = Vec::new();
-            if absolute {
-                out.push(b'/');
-            }
-            out.extend_from_slice(&parts.join(&b'/'));
-            if !rest.is_empty() {
-                if !out.is_empty() && out.last() != Some(&b'/') {
-                    out.push(b'/');
-                }
-                out.extend_from_slice(&rest);
-            }
-            Ok(KeepBase::Abs(out))
-        }
+        Location::Local(p) if p.is_relative() => relative(dst, &p, &shown),
         Location::Local(p) => match dst {
             Root::Local(r) => Ok(match p.strip_prefix(r) {
                 Ok(inside) if !inside.as_os_str().is_empty() => {
@@ -143,6 +95,57 @@ fn base(dst: &Root, dir: &OsStr) -> Result<KeepBase, String> {
             _ => Err(other()),
         },
     }
+}
+
+/// A relative `--backup-dir` (`shown` as typed): below DST's root, or
+/// (with `..`) beside it on DST's own server.
+fn relative(dst: &Root, p: &Path, shown: &str) -> Result<KeepBase, String> {
+    let (ups, rest) = normalize(p)
+        .ok_or_else(|| format!("--backup-dir {shown}: is DST itself (give another directory)"))?;
+    if ups == 0 {
+        return Ok(KeepBase::Root(rest));
+    }
+    // Outside DST: from DST's own path, on its own server.
+    let (root, sep): (Vec<u8>, u8) = match dst {
+        Root::Local(r) => (r.as_os_str().as_bytes().to_vec(), b'/'),
+        Root::S3(c) => {
+            let mut b = c.bucket.as_bytes().to_vec();
+            let pre = c.prefix.trim_matches('/');
+            if !pre.is_empty() {
+                b.push(b'/');
+                b.extend_from_slice(pre.as_bytes());
+            }
+            (b, b'/')
+        }
+        Root::Shell(r) => (r.path.clone(), b'/'),
+    };
+    let mut parts: Vec<&[u8]> = root
+        .split(|&c| c == sep)
+        .filter(|s| !s.is_empty())
+        .collect();
+    let absolute = root.first() == Some(&b'/');
+    let floor = usize::from(matches!(dst, Root::S3(_))); // the bucket stays
+    for _ in 0..ups {
+        if parts.len() <= floor {
+            return Err(format!(
+                "--backup-dir {shown}: goes above the top of DST ({})",
+                dst.id()
+            ));
+        }
+        parts.pop();
+    }
+    let mut out = Vec::new();
+    if absolute {
+        out.push(b'/');
+    }
+    out.extend_from_slice(&parts.join(&b'/'));
+    if !rest.is_empty() {
+        if !out.is_empty() && out.last() != Some(&b'/') {
+            out.push(b'/');
+        }
+        out.extend_from_slice(&rest);
+    }
+    Ok(KeepBase::Abs(out))
 }
 
 /// A relative path's leading `..` count and the rest, `/`-joined, with `.`

@@ -114,22 +114,22 @@ impl Backends {
     /// run stops with one line (exit 2), as it does when ssh itself failed.
     fn remote(&self, r: &SshRoot) -> Result<Remote, Error> {
         let set = self.settings();
-        let t =
-            ferry_ssh::Target::with(&r.host, r.port, &ssh_settings(set)).map_err(Error::Connect)?;
+        let t = ferry_ssh::Target::with(&r.host, r.port, &ssh_settings(set))
+            .map_err(|e| Error::Connect(e.0))?;
         let key = (r.host.clone(), r.port);
         let fell = self.fell_back.lock().unwrap().contains(&key);
         if r.sftp || fell {
             return Ok(Remote::Sftp(
-                SftpStore::open(&t, &r.path).map_err(Error::Connect)?,
+                SftpStore::open(&t, &r.path).map_err(|e| Error::Connect(e.0))?,
             ));
         }
         let why = match SshStore::open(&t, &r.path) {
             Ok(s) => return Ok(Remote::Ssh(s)),
             // ssh failed, ferry refused, or the user named the ferry to run there.
-            Err(why) if !ferry_ssh::conn::ferry_cannot_run(&why) || set.remote_ferry.is_some() => {
-                return Err(Error::Connect(why))
+            Err(why) if !why.ferry_cannot_run() || set.remote_ferry.is_some() => {
+                return Err(Error::Connect(why.0))
             }
-            Err(why) => why,
+            Err(why) => why.0,
         };
         if let Some(refused) = no_fallback(&set.only_ferry_keeps, &r.host, &why) {
             return Err(Error::Connect(refused));
@@ -137,7 +137,7 @@ impl Backends {
         let s = SftpStore::connect(&t)
             .map_err(|_| Error::Connect(why.clone()))?
             .at(&r.path)
-            .map_err(Error::Connect)?;
+            .map_err(|e| Error::Connect(e.0))?;
         let mut fell = self.fell_back.lock().unwrap();
         if !fell.contains(&key) {
             fell.push(key);
@@ -462,8 +462,8 @@ impl Backend for Shell {
 
     fn refresh(store: &AnyStore) -> Result<bool, Error> {
         match store {
-            AnyStore::Ssh(s) => s.refresh().map_err(Error::Unavailable),
-            AnyStore::Sftp(s) => s.refresh().map_err(Error::Unavailable),
+            AnyStore::Ssh(s) => s.refresh().map_err(|e| Error::Unavailable(e.0)),
+            AnyStore::Sftp(s) => s.refresh().map_err(|e| Error::Unavailable(e.0)),
             _ => Ok(false),
         }
     }

@@ -81,13 +81,17 @@ const DEFAULT_CONNECTIONS: usize = 4;
 impl Target {
     /// The target for `host` (`[user@]host`, brackets around an IPv6
     /// address allowed) and `port`, with the default settings.
-    pub fn new(host: &str, port: Option<u16>) -> Result<Target, String> {
+    pub fn new(host: &str, port: Option<u16>) -> Result<Target, crate::SessionError> {
         Target::with(host, port, &Settings::default())
     }
 
     /// The target for `host` and `port` with the settings `set` (this
     /// run's: the command line's).
-    pub fn with(host: &str, port: Option<u16>, set: &Settings) -> Result<Target, String> {
+    pub fn with(
+        host: &str,
+        port: Option<u16>,
+        set: &Settings,
+    ) -> Result<Target, crate::SessionError> {
         let set = set.clone();
         let install = set.remote_ferry.is_none() && !set.no_remote_install;
         let (rsh, rf) = (set.rsh, set.remote_ferry);
@@ -110,7 +114,7 @@ impl Target {
                 .to_string(),
         };
         if host.starts_with('-') || host.is_empty() {
-            return Err(format!("{host:?}: not a host name"));
+            return Err(format!("{host:?}: not a host name").into());
         }
         let options = fast_cipher(&rsh, &host, port)
             .map(|c| vec!["-o".into(), c])

@@ -10,6 +10,7 @@
 #![deny(missing_docs)]
 
 pub mod conn;
+mod error;
 pub mod install;
 pub mod proto;
 mod push;
@@ -20,5 +21,6 @@ pub mod store;
 pub mod watch;
 
 pub use conn::{close_all, note_round_trip, round_trip, split_words, Lost, Settings, Target};
+pub use error::SessionError;
 pub use serve::serve;
 pub use store::{SshDir, SshReader, SshStore, SshWriter};

@@ -65,7 +65,7 @@ fn open(host: &str, path: &[u8]) -> Result<SftpStore, String> {
         rsh: Some(var("FERRY_TEST_SSH_RSH")?),
         ..Default::default()
     };
-    SftpStore::open(&Target::with(host, None, &set)?, path)
+    Ok(SftpStore::open(&Target::with(host, None, &set)?, path)?)
 }
 
 /// A fresh tree in `local` (a directory here) that the server at `host`

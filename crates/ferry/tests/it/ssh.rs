@@ -91,7 +91,10 @@ fn open(p: &Path) -> Result<SshStore, String> {
         remote_ferry: Some(bin().to_string_lossy().into_owned()),
         ..Default::default()
     };
-    SshStore::open(&Target::with(&host, None, &set)?, p.as_os_str().as_bytes())
+    Ok(SshStore::open(
+        &Target::with(&host, None, &set)?,
+        p.as_os_str().as_bytes(),
+    )?)
 }
 
 fn ssh() -> Result<Ssh, String> {
