@@ -266,7 +266,7 @@ pub fn roots(src: &Path, dst: &Path, names: (&str, &str)) -> Result<(), Error> {
 
 /// The directory keeper `k` writes to (`flag` names it), for the local
 /// replica `own` (its name, its root), compared with `own` and `others`
-/// by identity: see [`keep_dir_`].
+/// by identity: see `keep_dir_`.
 pub fn keep_dir(
     k: &mut Keeper,
     flag: &str,
@@ -276,12 +276,12 @@ pub fn keep_dir(
     keep_dir_(k, flag, own, others).map_err(Error::Refused)
 }
 
-/// A one-file run's backup directory: see [`keep_file_`].
+/// A one-file run's backup directory: see `keep_file_`.
 pub fn keep_file(k: &Keeper, dst_dir: &Path, dst_name: &[u8], src: &Path) -> Result<(), Error> {
     keep_file_(k, dst_dir, dst_name, src).map_err(Error::Refused)
 }
 
-/// Two replicas' backup directories, never one: see [`distinct_`].
+/// Two replicas' backup directories, never one: see `distinct_`.
 pub fn distinct(ka: &Keeper, ra: &Path, kb: &Keeper, rb: &Path) -> Result<(), Error> {
     distinct_(ka, ra, kb, rb).map_err(Error::Refused)
 }

@@ -5,7 +5,7 @@
 //!
 //! Everything that differs per backend is a method of the [`Backend`]
 //! trait (none has a default), implemented once per backend (`local.rs`,
-//! `s3.rs`, `shell.rs`); the [`registry!`](backend) line below lists the
+//! `s3.rs`, `shell.rs`); the `registry!` line below lists the
 //! backends and makes [`Root`] and every dispatch over them. The binary
 //! asks [`Backends`] (this run's registry, made from its [`Settings`]) and
 //! matches on no backend. Adding a backend: its crate, one line in the
@@ -22,7 +22,7 @@ pub mod local;
 pub mod location;
 mod resolve;
 mod s3;
-mod shell;
+pub(crate) mod shell;
 
 use std::path::Path;
 use std::sync::Mutex;

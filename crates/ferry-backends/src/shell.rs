@@ -159,7 +159,7 @@ impl Backends {
 }
 
 /// The settings of SSH and SFTP sessions, from this run's.
-fn ssh_settings(set: &crate::Settings) -> ferry_ssh::Settings {
+pub(crate) fn ssh_settings(set: &crate::Settings) -> ferry_ssh::Settings {
     ferry_ssh::Settings {
         rsh: set.rsh.clone(),
         remote_ferry: set.remote_ferry.clone(),

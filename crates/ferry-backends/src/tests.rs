@@ -157,3 +157,28 @@ fn a_local_root_opens_as_any_store_and_forwards() {
     let e = s.cleanup(std::time::Duration::ZERO, true).unwrap_err();
     assert_eq!(e.kind(), std::io::ErrorKind::Unsupported);
 }
+
+#[test]
+fn each_registry_hands_its_own_settings_to_the_ssh_target() {
+    let set = Settings {
+        rsh: Some("true -x".into()),
+        timeout: Some(std::time::Duration::from_secs(7)),
+        connections: Some(3),
+        read_only: true,
+        ..Settings::default()
+    };
+    let t = ferry_ssh::Target::with("u@h", Some(2), &shell::ssh_settings(&set)).unwrap();
+    assert_eq!(t.rsh, ["true", "-x"]);
+    assert_eq!(t.timeout, std::time::Duration::from_secs(7));
+    assert_eq!((t.connections, t.read_only), (Some(3), true));
+    // Another registry, other settings (a second `configure` used to be
+    // ignored): its target is its own, never shares the first's session.
+    let other = Settings {
+        rsh: Some("true -x".into()),
+        ..Settings::default()
+    };
+    let u = ferry_ssh::Target::with("u@h", Some(2), &shell::ssh_settings(&other)).unwrap();
+    assert_eq!(u.timeout, ferry_ssh::quiet::DEFAULT_TIMEOUT);
+    assert_eq!((u.connections, u.read_only), (None, false));
+    assert_ne!(t, u);
+}
