@@ -64,6 +64,11 @@ pub trait Backend {
     /// further), or `None` when `loc` is not this backend's.
     fn parse(reg: &Backends, loc: &Location) -> Option<Result<Self::Root, Error>>;
 
+    /// The no-progress timeout of this backend's requests and sessions
+    /// with `--timeout` `given` (`None`: not given, its default); `None`:
+    /// it waits on no server (local disks).
+    fn timeout(given: Option<std::time::Duration>) -> Option<std::time::Duration>;
+
     /// The root's name for the bisync journal and overlap checks.
     fn id(r: &Self::Root) -> String;
 

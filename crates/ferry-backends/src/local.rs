@@ -36,6 +36,10 @@ impl Backend for Local {
         loc.local_path().map(|p| Ok(p.to_path_buf()))
     }
 
+    fn timeout(_: Option<std::time::Duration>) -> Option<std::time::Duration> {
+        None
+    }
+
     fn id(r: &PathBuf) -> String {
         r.to_string_lossy().into_owned()
     }

@@ -20,7 +20,7 @@ const REQUESTS: usize = 32;
 impl Backends {
     /// A store of `cfg` with this run's `--timeout`.
     fn s3_store(&self, cfg: &S3Config, jobs: usize) -> Result<S3Store, Error> {
-        let t = self.settings().timeout.unwrap_or(ferry_s3::DEFAULT_TIMEOUT);
+        let t = S3::timeout(self.settings().timeout).unwrap_or(ferry_s3::DEFAULT_TIMEOUT);
         Ok(S3Store::with_timeout(cfg, jobs, t)?)
     }
 }
@@ -62,6 +62,10 @@ impl Backend for S3 {
             ),
             _ => None,
         }
+    }
+
+    fn timeout(given: Option<std::time::Duration>) -> Option<std::time::Duration> {
+        Some(given.unwrap_or(ferry_s3::DEFAULT_TIMEOUT))
     }
 
     fn id(c: &Box<S3Config>) -> String {

@@ -166,7 +166,7 @@ pub(crate) fn ssh_settings(set: &crate::Settings) -> ferry_ssh::Settings {
         connections: set.connections,
         no_remote_install: set.no_remote_install,
         only_ferry_keeps: set.only_ferry_keeps.clone(),
-        timeout: set.timeout,
+        timeout: Shell::timeout(set.timeout),
         read_only: set.read_only,
     }
 }
@@ -287,6 +287,10 @@ impl Backend for Shell {
         };
         let sftp = text.starts_with("sftp://") || reg.settings().sftp;
         Some(SshRoot::of(text, host, path, sftp))
+    }
+
+    fn timeout(given: Option<std::time::Duration>) -> Option<std::time::Duration> {
+        Some(given.unwrap_or(ferry_ssh::quiet::DEFAULT_TIMEOUT))
     }
 
     fn id(r: &SshRoot) -> String {

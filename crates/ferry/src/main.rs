@@ -154,15 +154,17 @@ fn run_sync(a: SyncArgs, mode: ferry_engine::Mode, reg: &Backends) -> Result<u8,
     let summary = match result {
         Ok(s) => s,
         Err(e) => {
-            if let Some(r) = ferry_engine::Refused::of(&e) {
-                return Err(r.to_string());
-            }
-            // Between local trees the cause is DST's; other stores name
-            // the location in their messages.
-            return Err(match (job.src.local_path(), job.dst.local_path()) {
-                (Some(_), Some(dst)) => format!("DST {}: {}", dst.display(), cause(&e)),
-                _ => cause(&e),
-            });
+            use ferry_engine::class::{classify, Class};
+            // A refusal is its own line. Between local trees any other
+            // cause is DST's; other stores name the location in their
+            // messages.
+            return Err(
+                match (classify(&e), job.src.local_path(), job.dst.local_path()) {
+                    (Class::Refused, _, _) => e.to_string(),
+                    (_, Some(_), Some(dst)) => format!("DST {}: {}", dst.display(), cause(&e)),
+                    _ => cause(&e),
+                },
+            );
         }
     };
     // The time of the whole command: connecting, installing ferry on a
