@@ -52,6 +52,70 @@ pub enum Watch {
 
 /// Everything that differs per backend. Implemented by a unit type per
 /// backend; its roots are [`Backend::Root`], a variant of [`Root`].
+///
+/// Every fact is required. A backend that states them all compiles:
+///
+/// ```
+/// # use std::{ffi::{OsStr, OsString}, io, path::Path, time::Duration};
+/// # use ferry_backends::*;
+/// # use ferry_engine::Meta;
+/// struct New;
+/// impl Backend for New {
+///     type Root = String;
+///     const SCHEMES: &'static [&'static str] = &["new"];
+/// #   fn parse(_: &Backends, _: &Location) -> Option<Result<String, Error>> { None }
+/// #   fn timeout(g: Option<Duration>) -> Option<Duration> { g }
+/// #   fn id(r: &String) -> String { r.clone() }
+/// #   fn local_path(_: &String) -> Option<&Path> { None }
+/// #   fn location(r: &String, _: &[u8]) -> Vec<u8> { r.clone().into_bytes() }
+/// #   fn open(_: &Backends, _: &String, _: &Opts) -> Result<AnyStore, Error> { todo!() }
+/// #   fn pair(_: &Backends, _: (&Path, &String), _: (&Path, &String)) -> Option<Result<Job, Error>> { None }
+/// #   fn src(_: &Backends, _: &Path, _: String, _: bool) -> Result<Src, Error> { todo!() }
+/// #   fn dst_tree(_: &Backends, _: &Path, _: String) -> Result<Root, Error> { todo!() }
+/// #   fn dst_one(_: &Backends, _: &Path, _: String, _: &OsStr) -> Result<(Root, OsString), Error> { todo!() }
+/// #   fn replica(_: &Path, _: String, _: &str) -> Result<Root, Error> { todo!() }
+/// #   fn same_replicas(_: &String, _: &String) -> Result<(), Error> { Ok(()) }
+/// #   fn jobs(_: &String) -> Jobs { Jobs::Requests(8) }
+/// #   fn ls_entry(_: &Location, _: &AnyStore) -> io::Result<Option<Meta>> { Ok(None) }
+/// #   fn keeps(_: &AnyStore) -> &'static str { "nothing" }
+/// #   fn watch(_: &String, _: &AnyStore, _: Duration) -> Watch { Watch::Polled("it cannot notify") }
+/// #   fn refresh(_: &AnyStore) -> Result<bool, Error> { Ok(false) }
+/// #   fn find_replica(_: &Backends, _: &String, _: &str) -> Result<Option<(Root, Vec<u8>)>, Error> { Ok(None) }
+/// #   fn overlap(_: &Backends, _: &Job, _: &String, _: &String) -> Result<(), Error> { Ok(()) }
+/// }
+/// ```
+///
+/// One that leaves a fact out (here `overlap`: whether two of its roots
+/// are one place) does not:
+///
+/// ```compile_fail,E0046
+/// # use std::{ffi::{OsStr, OsString}, io, path::Path, time::Duration};
+/// # use ferry_backends::*;
+/// # use ferry_engine::Meta;
+/// struct New;
+/// impl Backend for New {
+///     type Root = String;
+///     const SCHEMES: &'static [&'static str] = &["new"];
+/// #   fn parse(_: &Backends, _: &Location) -> Option<Result<String, Error>> { None }
+/// #   fn timeout(g: Option<Duration>) -> Option<Duration> { g }
+/// #   fn id(r: &String) -> String { r.clone() }
+/// #   fn local_path(_: &String) -> Option<&Path> { None }
+/// #   fn location(r: &String, _: &[u8]) -> Vec<u8> { r.clone().into_bytes() }
+/// #   fn open(_: &Backends, _: &String, _: &Opts) -> Result<AnyStore, Error> { todo!() }
+/// #   fn pair(_: &Backends, _: (&Path, &String), _: (&Path, &String)) -> Option<Result<Job, Error>> { None }
+/// #   fn src(_: &Backends, _: &Path, _: String, _: bool) -> Result<Src, Error> { todo!() }
+/// #   fn dst_tree(_: &Backends, _: &Path, _: String) -> Result<Root, Error> { todo!() }
+/// #   fn dst_one(_: &Backends, _: &Path, _: String, _: &OsStr) -> Result<(Root, OsString), Error> { todo!() }
+/// #   fn replica(_: &Path, _: String, _: &str) -> Result<Root, Error> { todo!() }
+/// #   fn same_replicas(_: &String, _: &String) -> Result<(), Error> { Ok(()) }
+/// #   fn jobs(_: &String) -> Jobs { Jobs::Requests(8) }
+/// #   fn ls_entry(_: &Location, _: &AnyStore) -> io::Result<Option<Meta>> { Ok(None) }
+/// #   fn keeps(_: &AnyStore) -> &'static str { "nothing" }
+/// #   fn watch(_: &String, _: &AnyStore, _: Duration) -> Watch { Watch::Polled("it cannot notify") }
+/// #   fn refresh(_: &AnyStore) -> Result<bool, Error> { Ok(false) }
+/// #   fn find_replica(_: &Backends, _: &String, _: &str) -> Result<Option<(Root, Vec<u8>)>, Error> { Ok(None) }
+/// }
+/// ```
 pub trait Backend {
     /// Where a store of this backend is rooted.
     type Root: Clone + std::fmt::Debug;
