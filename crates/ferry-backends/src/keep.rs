@@ -16,10 +16,14 @@ use std::path::{Component, Path};
 
 use ferry_engine::keep::KeepBase;
 
-use crate::{Location, Root};
+use crate::{Error, Location, Root};
 
 /// The base of `--backup-dir dir` for a destination rooted at `dst`.
-pub fn keep_base(dst: &Root, dir: &OsStr) -> Result<KeepBase, String> {
+pub fn keep_base(dst: &Root, dir: &OsStr) -> Result<KeepBase, Error> {
+    base(dst, dir).map_err(Error::Refused)
+}
+
+fn base(dst: &Root, dir: &OsStr) -> Result<KeepBase, String> {
     let shown = dir.to_string_lossy();
     let other = || {
         format!(
@@ -31,55 +35,7 @@ pub fn keep_base(dst: &Root, dir: &OsStr) -> Result<KeepBase, String> {
         return Err("--backup-dir: empty path".to_string());
     }
     match Location::parse(dir) {
-        Location::Local(p) if p.is_relative() => {
-            let (ups, rest) = normalize(&p).ok_or_else(|| {
-                format!("--backup-dir {shown}: is DST itself (give another directory)")
-            })?;
-            if ups == 0 {
-                return Ok(KeepBase::Root(rest));
-            }
-            // Outside DST: from DST's own path, on its own server.
-            let (root, sep): (Vec<u8>, u8) = match dst {
-                Root::Local(r) => (r.as_os_str().as_bytes().to_vec(), b'/'),
-                Root::S3(c) => {
-                    let mut b = c.bucket.as_bytes().to_vec();
-                    let pre = c.prefix.trim_matches('/');
-                    if !pre.is_empty() {
-                        b.push(b'/');
-                        b.extend_from_slice(pre.as_bytes());
-                    }
-                    (b, b'/')
-                }
-                Root::Ssh(r) | Root::Sftp(r) => (r.path.clone(), b'/'),
-            };
-            let mut parts: Vec<&[u8]> = root
-                .split(|&c| c == sep)
-                .filter(|s| !s.is_empty())
-                .collect();
-            let absolute = root.first() == Some(&b'/');
-            let floor = usize::from(matches!(dst, Root::S3(_))); // the bucket stays
-            for _ in 0..ups {
-                if parts.len() <= floor {
-                    return Err(format!(
-                        "--backup-dir {shown}: goes above the top of DST ({})",
-                        dst.id()
-                    ));
-                }
-                parts.pop();
-            }
-            let mut out = Vec::new();
-            if absolute {
-                out.push(b'/');
-            }
-            out.extend_from_slice(&parts.join(&b'/'));
-            if !rest.is_empty() {
-                if !out.is_empty() && out.last() != Some(&b'/') {
-                    out.push(b'/');
-                }
-                out.extend_from_slice(&rest);
-            }
-            Ok(KeepBase::Abs(out))
-        }
+        Location::Local(p) if p.is_relative() => relative(dst, &p, &shown),
         Location::Local(p) => match dst {
             Root::Local(r) => Ok(match p.strip_prefix(r) {
                 Ok(inside) if !inside.as_os_str().is_empty() => {
@@ -92,10 +48,10 @@ pub fn keep_base(dst: &Root, dir: &OsStr) -> Result<KeepBase, String> {
                 }
                 Err(_) => KeepBase::Abs(p.as_os_str().as_bytes().to_vec()),
             }),
-            Root::Ssh(_) | Root::Sftp(_) => Ok(KeepBase::Abs(p.as_os_str().as_bytes().to_vec())),
+            Root::Shell(_) => Ok(KeepBase::Abs(p.as_os_str().as_bytes().to_vec())),
             Root::S3(_) => Err(other()),
         },
-        Location::S3(url) => match dst {
+        Location::Url { text: url, .. } => match dst {
             Root::S3(c) => {
                 let (bucket, prefix) = match ferry_s3::parse_s3_url(&url) {
                     Some(Ok(bp)) => bp,
@@ -128,8 +84,9 @@ pub fn keep_base(dst: &Root, dir: &OsStr) -> Result<KeepBase, String> {
             _ => Err(other()),
         },
         Location::Shell { text, host, path } => match dst {
-            Root::Ssh(r) | Root::Sftp(r) => {
-                let b = crate::SshRoot::of(&text, &host, &path)?;
+            Root::Shell(r) => {
+                let b =
+                    crate::SshRoot::of(&text, &host, &path, r.sftp).map_err(|e| e.to_string())?;
                 if b.host != r.host || b.port != r.port {
                     return Err(other());
                 }
@@ -138,6 +95,57 @@ pub fn keep_base(dst: &Root, dir: &OsStr) -> Result<KeepBase, String> {
             _ => Err(other()),
         },
     }
+}
+
+/// A relative `--backup-dir` (`shown` as typed): below DST's root, or
+/// (with `..`) beside it on DST's own server.
+fn relative(dst: &Root, p: &Path, shown: &str) -> Result<KeepBase, String> {
+    let (ups, rest) = normalize(p)
+        .ok_or_else(|| format!("--backup-dir {shown}: is DST itself (give another directory)"))?;
+    if ups == 0 {
+        return Ok(KeepBase::Root(rest));
+    }
+    // Outside DST: from DST's own path, on its own server.
+    let (root, sep): (Vec<u8>, u8) = match dst {
+        Root::Local(r) => (r.as_os_str().as_bytes().to_vec(), b'/'),
+        Root::S3(c) => {
+            let mut b = c.bucket.as_bytes().to_vec();
+            let pre = c.prefix.trim_matches('/');
+            if !pre.is_empty() {
+                b.push(b'/');
+                b.extend_from_slice(pre.as_bytes());
+            }
+            (b, b'/')
+        }
+        Root::Shell(r) => (r.path.clone(), b'/'),
+    };
+    let mut parts: Vec<&[u8]> = root
+        .split(|&c| c == sep)
+        .filter(|s| !s.is_empty())
+        .collect();
+    let absolute = root.first() == Some(&b'/');
+    let floor = usize::from(matches!(dst, Root::S3(_))); // the bucket stays
+    for _ in 0..ups {
+        if parts.len() <= floor {
+            return Err(format!(
+                "--backup-dir {shown}: goes above the top of DST ({})",
+                dst.id()
+            ));
+        }
+        parts.pop();
+    }
+    let mut out = Vec::new();
+    if absolute {
+        out.push(b'/');
+    }
+    out.extend_from_slice(&parts.join(&b'/'));
+    if !rest.is_empty() {
+        if !out.is_empty() && out.last() != Some(&b'/') {
+            out.push(b'/');
+        }
+        out.extend_from_slice(&rest);
+    }
+    Ok(KeepBase::Abs(out))
 }
 
 /// A relative path's leading `..` count and the rest, `/`-joined, with `.`
@@ -180,7 +188,7 @@ mod tests {
     #[test]
     fn relative_dirs_are_below_or_beside_dst() {
         let d = local("/data/dst");
-        let kb = |s: &str| keep_base(&d, OsStr::new(s));
+        let kb = |s: &str| base(&d, OsStr::new(s));
         assert_eq!(kb("old"), Ok(KeepBase::Root(b"old".to_vec())));
         assert_eq!(kb("./a/../old/x"), Ok(KeepBase::Root(b"old/x".to_vec())));
         assert_eq!(kb("../old"), Ok(KeepBase::Abs(b"/data/old".to_vec())));

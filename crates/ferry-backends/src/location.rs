@@ -2,9 +2,12 @@
 //! anything is asked of a file system or a server.
 //!
 //! Rules, in order:
-//! - `s3://BUCKET/PREFIX`: S3.
 //! - `ssh://[user@]host[:port]/path`: a remote shell location (SSH).
 //!   `sftp://[user@]host[:port]/path`: the same, served over SFTP.
+//! - Any other `scheme://...` (a letter, then letters, digits, `+`, `-`,
+//!   `.`): a URL, served by the backend that claims the scheme
+//!   (`s3://BUCKET/PREFIX`: S3); a scheme no backend claims is a usage
+//!   error listing those ferry knows ([`crate::Backends::root_of`]).
 //! - `[user@]host:path` when the first `:` comes before any `/` (rsync's
 //!   rule; `[v6-address]:path` too): a remote shell location (SSH; an
 //!   empty path is the remote home). A local name holding a `:` is written
@@ -22,8 +25,14 @@ use std::path::PathBuf;
 pub enum Location {
     /// A local path.
     Local(PathBuf),
-    /// An `s3://bucket/prefix` URL.
-    S3(String),
+    /// A `scheme://...` URL (`s3://bucket/prefix`) other than `ssh://`
+    /// and `sftp://`.
+    Url {
+        /// The scheme, as typed (`s3`).
+        scheme: String,
+        /// The argument as typed.
+        text: String,
+    },
     /// `[user@]host:path` or `ssh://...` (the SSH backend), or `sftp://...`
     /// (the SFTP backend).
     Shell {
@@ -43,9 +52,6 @@ impl Location {
         let Ok(text) = std::str::from_utf8(bytes) else {
             return Location::Local(PathBuf::from(arg));
         };
-        if text.starts_with("s3://") {
-            return Location::S3(text.to_string());
-        }
         for scheme in ["sftp://", "ssh://"] {
             if let Some(rest) = text.strip_prefix(scheme) {
                 let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
@@ -55,6 +61,12 @@ impl Location {
                     path: format!("/{path}"),
                 };
             }
+        }
+        if let Some(scheme) = url_scheme(text) {
+            return Location::Url {
+                scheme: scheme.to_string(),
+                text: text.to_string(),
+            };
         }
         if let Some((host, path)) = host_and_path(text) {
             return Location::Shell {
@@ -78,22 +90,26 @@ impl Location {
             _ => None,
         }
     }
-
-    /// `Err` with the message for locations no backend serves yet (none
-    /// today: every location parsed has a backend).
-    pub fn supported(&self) -> Result<(), crate::BackendError> {
-        Ok(())
-    }
 }
 
 impl fmt::Display for Location {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Location::Local(p) => write!(f, "{}", p.display()),
-            Location::S3(u) => f.write_str(u),
+            Location::Url { text, .. } => f.write_str(text),
             Location::Shell { text, .. } => f.write_str(text),
         }
     }
+}
+
+/// The scheme of a `scheme://...` URL (RFC 3986's characters).
+fn url_scheme(text: &str) -> Option<&str> {
+    let (scheme, _) = text.split_once("://")?;
+    let mut c = scheme.chars();
+    let first = c.next()?;
+    (first.is_ascii_alphabetic()
+        && c.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.')))
+    .then_some(scheme)
 }
 
 /// rsync's rule: `host:path` when a `:` comes before any `/`; the host is
@@ -137,7 +153,6 @@ mod tests {
             "/a/b", "./rel", "rel", "a/b:c", "./a:b", "/x:y", ".", "", "../:x",
         ] {
             assert_eq!(p(s), local(s), "{s:?}");
-            assert!(p(s).supported().is_ok());
         }
         let odd = OsStr::from_bytes(b"h\xff:x");
         assert_eq!(Location::parse(odd), Location::Local(PathBuf::from(odd)));
@@ -145,12 +160,22 @@ mod tests {
 
     #[test]
     fn s3_urls() {
+        let url = |scheme: &str, s: &str| Location::Url {
+            scheme: scheme.into(),
+            text: s.into(),
+        };
         for s in ["s3://b", "s3://b/", "s3://b/p/q", "s3://", "s3://b/a:c"] {
-            assert_eq!(p(s), Location::S3(s.into()), "{s:?}");
+            assert_eq!(p(s), url("s3", s), "{s:?}");
         }
         assert!(!p("s3://b").is_local());
-        // Not the scheme: an upper-case S3: is rsync's host `S3`.
-        assert_eq!(p("S3://b"), shell("S3://b", "S3", "//b"));
+        // Any other scheme is a URL too (which no backend may claim: a
+        // usage error then), not rsync's host `gs` with the path `//b`.
+        assert_eq!(p("gs://b/t"), url("gs", "gs://b/t"));
+        assert_eq!(p("S3://b"), url("S3", "S3://b"));
+        assert_eq!(p("a+b.c-d://x"), url("a+b.c-d", "a+b.c-d://x"));
+        // Not a scheme: a host (or a local name with a '/' first).
+        assert_eq!(p("1x://b"), shell("1x://b", "1x", "//b"));
+        assert_eq!(p("./gs://b"), local("./gs://b"));
     }
 
     #[test]
@@ -171,8 +196,5 @@ mod tests {
         // No host before the colon: a local name.
         assert_eq!(p(":x"), local(":x"));
         assert_eq!(p("[::1"), local("[::1"));
-        assert!(p("host:path").supported().is_ok());
-        assert!(p("ssh://u@h:22/x").supported().is_ok());
-        assert!(p("sftp://h/x").supported().is_ok());
     }
 }

@@ -39,7 +39,9 @@ enum Appended {
     Whole,
 }
 
-/// [`delta::APPEND_MIN`], or `FERRY_TEST_APPEND_MIN` (bytes) in tests.
+/// [`delta::APPEND_MIN`], or `FERRY_TEST_APPEND_MIN` (bytes) in tests
+/// (the `fault-injection` feature, which release builds lack).
+#[cfg(feature = "fault-injection")]
 fn append_min() -> u64 {
     static MIN: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     *MIN.get_or_init(|| {
@@ -51,6 +53,12 @@ fn append_min() -> u64 {
             // (ferry-local `append::RECORD_MIN`).
             .max(delta::MIN_SIZE)
     })
+}
+
+/// [`delta::APPEND_MIN`].
+#[cfg(not(feature = "fault-injection"))]
+fn append_min() -> u64 {
+    delta::APPEND_MIN.max(delta::MIN_SIZE)
 }
 
 /// Buffer size of the content compare.

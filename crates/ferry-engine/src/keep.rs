@@ -430,9 +430,11 @@ pub fn split_parent(rel: &[u8]) -> (&[u8], &[u8]) {
     }
 }
 
-/// The clock of kept versions: `FERRY_TEST_NOW` (Unix seconds; tests set
-/// it), else the system's.
+/// The clock of kept versions: the system's (with the `fault-injection`
+/// feature, which release builds lack, `FERRY_TEST_NOW` in Unix seconds
+/// when tests set it).
 pub fn clock_now() -> i64 {
+    #[cfg(feature = "fault-injection")]
     if let Some(t) = std::env::var("FERRY_TEST_NOW")
         .ok()
         .and_then(|s| s.trim().parse().ok())

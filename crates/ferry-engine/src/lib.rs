@@ -8,6 +8,7 @@
 #![deny(missing_docs)]
 
 pub mod bwlimit;
+pub mod class;
 pub mod copy;
 pub mod delta;
 pub mod encode;

@@ -382,9 +382,14 @@ impl LocalPatch {
         let hfd = fd.try_clone()?;
         let (hl, hkey) = (*l, *key);
         let hashing = std::thread::spawn(move || hash_blocks(hfd.as_fd(), &hl, hl.head(), &hkey));
+        // Tests: die after so many bytes (the `fault-injection` feature,
+        // which release builds lack).
+        #[cfg(feature = "fault-injection")]
         let die_after = std::env::var("FERRY_TEST_APPEND_DIE")
             .ok()
             .and_then(|v| v.parse().ok());
+        #[cfg(not(feature = "fault-injection"))]
+        let die_after = None;
         Ok(Some(LocalPatch {
             dir: dir.try_clone_to_owned()?,
             name: name.to_owned(),

@@ -4,9 +4,8 @@
 //! so a run against a server that is gone ends instead of waiting out the
 //! retries of every object.
 
-use std::fmt;
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -21,22 +20,6 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// the endpoint is unreachable and the run stops.
 pub const UNREACHABLE_AFTER: u32 = 10;
 
-/// The no-progress timeout, in milliseconds (0: the default).
-static TIMEOUT_MS: AtomicU64 = AtomicU64::new(0);
-
-/// Set the no-progress timeout of the stores made from now on (`--timeout`).
-pub fn set_timeout(t: Duration) {
-    TIMEOUT_MS.store(t.as_millis().max(1) as u64, Ordering::Relaxed);
-}
-
-/// The no-progress timeout: `--timeout`, else [`DEFAULT_TIMEOUT`].
-pub fn timeout() -> Duration {
-    match TIMEOUT_MS.load(Ordering::Relaxed) {
-        0 => DEFAULT_TIMEOUT,
-        ms => Duration::from_millis(ms),
-    }
-}
-
 /// `30 s`, `1.5 s`.
 pub fn secs(d: Duration) -> String {
     let s = d.as_secs_f64();
@@ -48,26 +31,10 @@ pub fn secs(d: Duration) -> String {
 }
 
 /// The error of a request refused because the endpoint was declared
-/// unreachable: the run reports these once, with a count, not one line
-/// each (see `S3Store::unreachable`).
-#[derive(Debug)]
-pub struct Unreachable(pub String);
-
-impl fmt::Display for Unreachable {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for Unreachable {}
-
-impl Unreachable {
-    /// True when `e` is (or carries) an [`Unreachable`].
-    pub fn is(e: &io::Error) -> bool {
-        e.get_ref()
-            .is_some_and(|i| i.downcast_ref::<Unreachable>().is_some())
-    }
-}
+/// unreachable: the engine's [`Unavailable`](ferry_engine::class::Unavailable)
+/// (one class for every backend), which a run reports once, not one line
+/// per entry (see [`S3Store::unreachable`](crate::S3Store::unreachable)).
+pub use ferry_engine::class::Unavailable as Unreachable;
 
 /// What the store knows of the endpoint's health, shared by every request.
 #[derive(Default)]

@@ -37,7 +37,7 @@ mod transport;
 pub mod xml;
 
 pub use config::{parse_s3_url, ConfigError, S3Config};
-pub use fail::{set_timeout, timeout, Unreachable, DEFAULT_TIMEOUT, UNREACHABLE_AFTER};
+pub use fail::{Unreachable, DEFAULT_TIMEOUT, UNREACHABLE_AFTER};
 pub use multipart::PART_SIZE;
 pub use parse::{check_key, format_mtime, parse_mtime};
 pub use reader::S3Reader;

@@ -261,7 +261,9 @@ impl<'a> Pager<'a> {
 }
 
 /// Tests: pages of `FERRY_TEST_S3_PAGE` keys instead of the server's
-/// 1,000, so that a few hundred objects span several pages.
+/// 1,000, so that a few hundred objects span several pages (the
+/// `fault-injection` feature, which release builds lack).
+#[cfg(feature = "fault-injection")]
 fn test_page() -> Option<usize> {
     static PAGE: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
     *PAGE.get_or_init(|| {
@@ -270,6 +272,12 @@ fn test_page() -> Option<usize> {
             .and_then(|v| v.parse().ok())
             .filter(|&n| n > 0)
     })
+}
+
+/// The server's page size.
+#[cfg(not(feature = "fault-injection"))]
+fn test_page() -> Option<usize> {
+    None
 }
 
 impl S3Store {

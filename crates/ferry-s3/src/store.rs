@@ -104,8 +104,19 @@ impl S3Store {
         ))
     }
 
-    /// Connect to the bucket described by `cfg` (no request is made yet).
+    /// Connect to the bucket described by `cfg` (no request is made yet),
+    /// with the default no-progress timeout ([`fail::DEFAULT_TIMEOUT`]).
     pub fn new(cfg: &S3Config, threads: usize) -> Result<S3Store, ConfigError> {
+        Self::with_timeout(cfg, threads, fail::DEFAULT_TIMEOUT)
+    }
+
+    /// [`S3Store::new`] with a request that receives (or sends) no byte
+    /// for `timeout` failing (and retried): `--timeout`.
+    pub fn with_timeout(
+        cfg: &S3Config,
+        threads: usize,
+        timeout: std::time::Duration,
+    ) -> Result<S3Store, ConfigError> {
         let style = if cfg.path_style {
             UrlStyle::Path
         } else {
@@ -121,7 +132,6 @@ impl S3Store {
             bucket: cfg.bucket.clone(),
             source,
         })?;
-        let timeout = fail::timeout();
         let agent = crate::transport::agent(timeout);
         let direct = direct::Pool::for_url(bucket.base_url(), timeout);
         let mut root = cfg.prefix.trim_matches('/').to_string();

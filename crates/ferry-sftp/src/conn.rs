@@ -255,9 +255,7 @@ impl Conn {
     /// else 4 (the server runs one single-threaded `sftp-server` per
     /// session, and a small file read costs it a few requests).
     pub fn width(&self) -> usize {
-        ferry_ssh::conn::settings()
-            .connections
-            .map_or(4, |n| usize::from(n).max(1))
+        self.target.connections.map_or(4, |n| usize::from(n).max(1))
     }
 
     /// How many sessions a big file's ranges go over: `--connections`,
@@ -267,9 +265,7 @@ impl Conn {
     /// 2 cores took 4.8 s pushed and 4.7 s pulled over 4 sessions, 4.05 s
     /// and 3.5 s over 2, 4.3 s and 3.7 s over 1 (bench/LOG.md).
     pub fn big_width(&self) -> usize {
-        ferry_ssh::conn::settings()
-            .connections
-            .map_or(2, |n| usize::from(n).max(1))
+        self.target.connections.map_or(2, |n| usize::from(n).max(1))
     }
 
     /// How many sessions small files pushed go over: `--connections`,
@@ -280,9 +276,7 @@ impl Conn {
     /// generation: about 0.1 s of CPU) and gathers fewer requests per
     /// packet, for no gain (measured on 2 cores, bench/LOG.md).
     pub fn small_width(&self) -> usize {
-        ferry_ssh::conn::settings()
-            .connections
-            .map_or(2, |n| usize::from(n).max(1))
+        self.target.connections.map_or(2, |n| usize::from(n).max(1))
     }
 
     /// Session `k` (0 is this one) of [`Conn::width`], opened now if it is
@@ -835,6 +829,7 @@ fn open(t: &Target) -> Result<Arc<Conn>, String> {
             "{}: SFTP session lost: no answer from the SFTP server",
             t.host
         ),
+        t.timeout,
     );
     let (tail, errt) = keep_tail(child.stderr.take().expect("piped"));
     let (stdin, stdout) = match sock {

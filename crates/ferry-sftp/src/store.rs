@@ -124,12 +124,12 @@ impl SftpStore {
     /// The tree at `path` on `target`'s host (connecting, or sharing this
     /// run's session to it). An empty path is the login directory.
     /// A leading `~` or `~user` is that home ([`Conn::expand`]).
-    pub fn open(target: &Target, path: &[u8]) -> Result<SftpStore, String> {
+    pub fn open(target: &Target, path: &[u8]) -> Result<SftpStore, ferry_ssh::SessionError> {
         SftpStore::connect(target)?.at(path)
     }
 
     /// A session with `target`'s host, rooted at the login directory.
-    pub fn connect(target: &Target) -> Result<SftpStore, String> {
+    pub fn connect(target: &Target) -> Result<SftpStore, ferry_ssh::SessionError> {
         let conn = conn::connect(target)?;
         Ok(SftpStore {
             hardlink: conn.ext.hardlink,
@@ -143,7 +143,7 @@ impl SftpStore {
 
     /// The same session rooted at `path` (a leading `~` or `~user` is
     /// that home: [`Conn::expand`]); `Err`: the one line why not.
-    pub fn at(mut self, path: &[u8]) -> Result<SftpStore, String> {
+    pub fn at(mut self, path: &[u8]) -> Result<SftpStore, ferry_ssh::SessionError> {
         self.root = self
             .conn()
             .expand(path)
@@ -162,7 +162,7 @@ impl SftpStore {
     /// from now on: `Ok(true)`. Readers and writers of the lost one keep
     /// failing. `Err`: the host cannot be reached again (one line); the
     /// next run tries again. Never called in the middle of a run.
-    pub fn refresh(&self) -> Result<bool, String> {
+    pub fn refresh(&self) -> Result<bool, ferry_ssh::SessionError> {
         let old = self.conn();
         if old.alive().is_ok() {
             return Ok(false);

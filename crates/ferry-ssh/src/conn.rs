@@ -5,12 +5,11 @@
 //! on its own reply.
 
 use std::collections::HashMap;
-use std::fmt;
 use std::io::{self, BufRead, BufReader, Read};
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender};
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
 use crate::install::{Look, Report};
@@ -44,6 +43,14 @@ pub struct Target {
     /// Options put before the host: AES-GCM first when ssh would use its
     /// built-in cipher order (`fast_cipher`).
     pub options: Vec<String>,
+    /// `--connections` (unset: from the cores of both ends).
+    pub connections: Option<u16>,
+    /// A server that sends and takes no byte for this long while requests
+    /// wait for it is given up (`--timeout`).
+    pub timeout: std::time::Duration,
+    /// This process only reads: the `ferry serve` there acts on no
+    /// rollback record (`ferry ls`, `ferry versions`, a dry run).
+    pub read_only: bool,
 }
 
 /// This run's settings for SSH locations.
@@ -61,18 +68,11 @@ pub struct Settings {
     /// (`-H (hard links)`, ...): where ferry cannot run, the run stops
     /// rather than go over SFTP without it.
     pub only_ferry_keeps: Vec<String>,
-}
-
-static SETTINGS: OnceLock<Settings> = OnceLock::new();
-
-/// Make `s` this run's settings.
-pub fn configure(s: Settings) {
-    let _ = SETTINGS.set(s);
-}
-
-/// This run's settings.
-pub fn settings() -> Settings {
-    SETTINGS.get().cloned().unwrap_or_default()
+    /// `--timeout` (unset: [`quiet::DEFAULT_TIMEOUT`]).
+    pub timeout: Option<std::time::Duration>,
+    /// This process only reads (`ferry ls`, `ferry versions`, a dry run):
+    /// every `ferry serve` it starts acts on no rollback record.
+    pub read_only: bool,
 }
 
 /// Connections per host at most when `--connections` is not given.
@@ -80,9 +80,19 @@ const DEFAULT_CONNECTIONS: usize = 4;
 
 impl Target {
     /// The target for `host` (`[user@]host`, brackets around an IPv6
-    /// address allowed) and `port`, with this run's settings.
-    pub fn new(host: &str, port: Option<u16>) -> Result<Target, String> {
-        let set = SETTINGS.get().cloned().unwrap_or_default();
+    /// address allowed) and `port`, with the default settings.
+    pub fn new(host: &str, port: Option<u16>) -> Result<Target, crate::SessionError> {
+        Target::with(host, port, &Settings::default())
+    }
+
+    /// The target for `host` and `port` with the settings `set` (this
+    /// run's: the command line's).
+    pub fn with(
+        host: &str,
+        port: Option<u16>,
+        set: &Settings,
+    ) -> Result<Target, crate::SessionError> {
+        let set = set.clone();
         let install = set.remote_ferry.is_none() && !set.no_remote_install;
         let (rsh, rf) = (set.rsh, set.remote_ferry);
         let rsh = rsh
@@ -104,7 +114,7 @@ impl Target {
                 .to_string(),
         };
         if host.starts_with('-') || host.is_empty() {
-            return Err(format!("{host:?}: not a host name"));
+            return Err(format!("{host:?}: not a host name").into());
         }
         let options = fast_cipher(&rsh, &host, port)
             .map(|c| vec!["-o".into(), c])
@@ -116,6 +126,9 @@ impl Target {
             remote_ferry: rf.unwrap_or_else(|| "ferry".into()),
             install,
             options,
+            connections: set.connections,
+            timeout: set.timeout.unwrap_or(quiet::DEFAULT_TIMEOUT),
+            read_only: set.read_only,
         })
     }
 
@@ -263,26 +276,10 @@ pub fn split_words(s: &str) -> Result<Vec<String>, String> {
     Ok(words)
 }
 
-/// The error of a request whose connection is gone: a run reports these
-/// once, with a count, not one line per entry.
-#[derive(Debug)]
-pub struct Lost(pub String);
-
-impl fmt::Display for Lost {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for Lost {}
-
-impl Lost {
-    /// True when `e` is (or carries) a [`Lost`].
-    pub fn is(e: &io::Error) -> bool {
-        e.get_ref()
-            .is_some_and(|i| i.downcast_ref::<Lost>().is_some())
-    }
-}
+/// The error of a request whose connection is gone: the engine's
+/// [`Unavailable`](ferry_engine::class::Unavailable) (one class for every
+/// backend), which a run reports once, not one line per entry.
+pub use ferry_engine::class::Unavailable as Lost;
 
 type Slot = SyncSender<io::Result<Vec<u8>>>;
 
@@ -467,8 +464,7 @@ impl Conn {
     /// fewest cores of the two ends (one ssh stream is bound to one core
     /// by its cipher), up to `DEFAULT_CONNECTIONS`.
     pub fn width(&self) -> usize {
-        let set = SETTINGS.get().cloned().unwrap_or_default();
-        match set.connections {
+        match self.target.connections {
             Some(n) => usize::from(n).max(1),
             None => {
                 let here = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -534,15 +530,6 @@ impl Stderr {
 
 /// The longest round trip measured on this run's connections, in µs.
 static RTT_US: AtomicU64 = AtomicU64::new(0);
-
-/// This process only reads: every server is told so ([`read_only`]).
-static READ_ONLY: AtomicBool = AtomicBool::new(false);
-
-/// This process only reads (`ferry ls`, `ferry versions`, a dry run):
-/// every `ferry serve` it starts acts on no rollback record.
-pub fn read_only() {
-    READ_ONLY.store(true, Ordering::Relaxed);
-}
 
 /// The longest round trip to a host of this run (the first request's,
 /// measured when its connection was made); `None` before any connection.
@@ -755,6 +742,7 @@ fn open_look(t: &Target, look: Look, sum: &str) -> Result<Arc<Conn>, Failed> {
     let quiet = Quiet::start(
         child.id(),
         format!("{}: connection lost: no answer from ferry serve", t.host),
+        t.timeout,
     );
     let err = Arc::new(Stderr {
         tail: Mutex::new(Vec::new()),
@@ -889,9 +877,9 @@ fn open_look(t: &Target, look: Look, sum: &str) -> Result<Arc<Conn>, Failed> {
     quiet.attach(Arc::downgrade(&conn) as std::sync::Weak<dyn Session>);
     // A heartbeat from the server while it works on a long request (a
     // signature of a huge file, a big removal), a few per timeout.
-    let every = (quiet::timeout() / 3).as_millis().max(1) as u64;
+    let every = (t.timeout / 3).as_millis().max(1) as u64;
     let _ = conn.send(&Req::KeepAlive { ms: every });
-    if READ_ONLY.load(Ordering::Relaxed) {
+    if t.read_only {
         let _ = conn.send(&Req::ReadOnly);
     }
     let c = conn.clone();
@@ -1092,6 +1080,9 @@ mod tests {
             remote_ferry: "/opt/ferry".into(),
             install: false,
             options: vec!["-o".into(), "Ciphers=x".into()],
+            connections: None,
+            timeout: quiet::DEFAULT_TIMEOUT,
+            read_only: false,
         };
         assert_eq!(
             t.argv(),
@@ -1164,6 +1155,9 @@ mod tests {
             remote_ferry: "ferry".into(),
             install: true,
             options: Vec::new(),
+            connections: None,
+            timeout: quiet::DEFAULT_TIMEOUT,
+            read_only: false,
         };
         let c = |code, l: &str| classify(&t, Some(code), &[l.to_string()]);
         assert!(c(

@@ -484,6 +484,7 @@ fn run(t: &Target, cmd: &str, input: Option<(&[u8], bool)>) -> Result<String, St
     let quiet = crate::quiet::Quiet::start(
         child.id(),
         format!("{}: ssh failed: no answer while installing ferry", t.host),
+        t.timeout,
     );
     let feed = input.map(|(b, gz)| {
         let mut stdin = crate::quiet::Writing {

@@ -10,6 +10,7 @@
 #![deny(missing_docs)]
 
 pub mod conn;
+mod error;
 pub mod install;
 pub mod proto;
 mod push;
@@ -19,10 +20,7 @@ pub mod splice;
 pub mod store;
 pub mod watch;
 
-pub use conn::{
-    close_all, configure, note_round_trip, read_only, round_trip, split_words, Lost, Settings,
-    Target,
-};
-pub use quiet::set_timeout;
+pub use conn::{close_all, note_round_trip, round_trip, split_words, Lost, Settings, Target};
+pub use error::SessionError;
 pub use serve::serve;
 pub use store::{SshDir, SshReader, SshStore, SshWriter};

@@ -25,19 +25,6 @@ use std::time::{Duration, Instant};
 /// The limit when `--timeout` is not given.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// This run's limit, in milliseconds.
-static TIMEOUT_MS: AtomicU64 = AtomicU64::new(DEFAULT_TIMEOUT.as_millis() as u64);
-
-/// Make `t` this run's limit (`--timeout`).
-pub fn set_timeout(t: Duration) {
-    TIMEOUT_MS.store(t.as_millis().max(1) as u64, Ordering::Relaxed);
-}
-
-/// This run's limit.
-pub fn timeout() -> Duration {
-    Duration::from_millis(TIMEOUT_MS.load(Ordering::Relaxed))
-}
-
 /// Milliseconds since this process first asked.
 fn now_ms() -> u64 {
     static BASE: OnceLock<Instant> = OnceLock::new();
@@ -73,8 +60,9 @@ pub struct Quiet {
 
 impl Quiet {
     /// Watch the session of ssh `pid` from now on (its start counts as
-    /// waiting), `what` the message's start.
-    pub fn start(pid: u32, what: String) -> Arc<Quiet> {
+    /// waiting), `what` the message's start, given up after `timeout`
+    /// without a byte while requests wait (`--timeout`).
+    pub fn start(pid: u32, what: String, timeout: Duration) -> Arc<Quiet> {
         let q = Arc::new(Quiet {
             last: AtomicU64::new(now_ms()),
             writing: AtomicBool::new(false),
@@ -86,7 +74,7 @@ impl Quiet {
             what,
         });
         let w = q.clone();
-        std::thread::spawn(move || w.watch(timeout()));
+        std::thread::spawn(move || w.watch(timeout));
         q
     }
 

@@ -322,7 +322,7 @@ pub struct SshWriter {
 impl SshStore {
     /// The tree at `path` on `target`'s host (connecting, or sharing this
     /// run's connection to it).
-    pub fn open(target: &Target, path: &[u8]) -> Result<SshStore, String> {
+    pub fn open(target: &Target, path: &[u8]) -> Result<SshStore, crate::SessionError> {
         Ok(SshStore {
             conn: RwLock::new(conn::connect(target)?),
             target: target.clone(),
@@ -345,7 +345,7 @@ impl SshStore {
     /// `Ok(true)`. Dirs, readers and writers of the lost one keep failing.
     /// `Err`: the host cannot be reached again (one line); the next run
     /// tries again. Never called in the middle of a run.
-    pub fn refresh(&self) -> Result<bool, String> {
+    pub fn refresh(&self) -> Result<bool, crate::SessionError> {
         let old = self.conn();
         if old.alive().is_ok() {
             return Ok(false);

@@ -1,17 +1,12 @@
 //! Flags as typed (clap), then resolved: what SRC and DST mean. The rules
 //! are in docs/CLI.md; every refusal here is a usage error (exit 2).
 
-use std::ffi::OsString;
 use std::io::IsTerminal;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
-use ferry_backends::{Location, Root};
+use ferry_backends::Root;
 use ferry_engine::bwlimit::parse_rate;
-use ferry_engine::Kind;
-use ferry_local::stat_path;
-
-use crate::output::cause;
 
 /// Fast, safe file sync: copy and mirror directory trees.
 #[derive(Parser, Debug)]
@@ -309,18 +304,26 @@ pub struct TransferArgs {
 }
 
 impl TransferArgs {
-    /// Make the SSH flags this run's settings for SSH locations; `keeps`:
-    /// what the command line asks for that only ferry on the remote keeps
-    /// ([`only_ferry_keeps`]).
-    pub fn configure_ssh(&self, keeps: Vec<String>) {
-        ferry_ssh::configure(ferry_ssh::Settings {
+    /// This run's settings for every backend: these flags, `--timeout`,
+    /// whether the command only reads, and `keeps`: what the command line
+    /// asks for that only ferry on a remote keeps ([`only_ferry_keeps`]).
+    pub fn settings(
+        &self,
+        keeps: Vec<String>,
+        timeout: Option<std::time::Duration>,
+        read_only: bool,
+    ) -> ferry_backends::Settings {
+        ferry_backends::Settings {
+            s3_endpoint: self.s3_endpoint.clone(),
+            timeout,
+            sftp: self.sftp,
             rsh: self.rsh.clone(),
             remote_ferry: self.remote_ferry.clone(),
             connections: self.connections,
             no_remote_install: self.no_remote_install,
             only_ferry_keeps: keeps,
-        });
-        ferry_backends::force_sftp(self.sftp);
+            read_only,
+        }
     }
 }
 
@@ -609,210 +612,6 @@ pub struct LsArgs {
     /// request per object.
     #[arg(long)]
     pub server_mtime: bool,
-}
-
-/// Worker threads: the flag, or two per core (workers block on I/O).
-pub fn jobs(flag: Option<u16>) -> usize {
-    flag.map(usize::from).unwrap_or_else(|| {
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(2)
-            * 2
-    })
-}
-
-/// Worker threads of a run over `roots`: the flag, else many requests in
-/// flight when a root is an object store (latency-bound), else [`jobs`].
-pub fn jobs_for(flag: Option<u16>, roots: &[&Root]) -> usize {
-    if let Some(n) = flag.filter(|_| roots.iter().any(|r| r.local_path().is_none())) {
-        return usize::from(n);
-    }
-    if roots.iter().any(|r| matches!(r, Root::Sftp(_)))
-        && !roots.iter().any(|r| matches!(r, Root::Ssh(_)))
-    {
-        // SFTP commits are pipelined across a worker's files (about three
-        // round trips per batch, not per file): fewer workers keep the
-        // link busy, and hundreds more only load the server.
-        let ms = ferry_ssh::round_trip().map_or(0, |d| d.as_millis() as usize);
-        (ms * 3).clamp(32, 64)
-    } else if roots
-        .iter()
-        .any(|r| matches!(r, Root::Ssh(_) | Root::Sftp(_)))
-    {
-        // Each worker waits one round trip per small file: enough of them
-        // to keep the link busy (12 per ms of round trip).
-        let ms = ferry_ssh::round_trip().map_or(0, |d| d.as_millis() as usize);
-        (ms * 12).clamp(32, 256)
-    } else if roots.iter().any(|r| r.local_path().is_none()) {
-        32
-    } else {
-        jobs(flag)
-    }
-}
-
-/// One replica of a bisync, resolved (its `Root::id` is the name the
-/// journal knows it by).
-pub fn resolve_replica(p: &Path, what: &str, endpoint: Option<&str>) -> Result<Root, String> {
-    let loc = Location::parse(p.as_os_str());
-    if !loc.is_local() {
-        return crate::remote::root_of(&loc, endpoint);
-    }
-    let abs = match stat_path(p, true) {
-        Ok(m) if m.kind != Kind::Dir => {
-            return Err(format!("{what} {}: not a directory", p.display()))
-        }
-        Ok(_) => p
-            .canonicalize()
-            .map_err(|e| format!("{what} {}: {}", p.display(), cause(&e)))?,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let (parent, name) = parent_and_name(what, p)?;
-            parent.join(name)
-        }
-        Err(e) => return Err(format!("{what} {}: {}", p.display(), cause(&e))),
-    };
-    Ok(Root::Local(abs))
-}
-
-/// The canonical parent directory of a path that does not exist yet (the
-/// parent must) and its last component; `what` names the path in errors.
-pub fn parent_and_name(what: &str, p: &Path) -> Result<(PathBuf, OsString), String> {
-    let name = p
-        .file_name()
-        .ok_or_else(|| format!("{what} {}: not a valid target name", p.display()))?;
-    let parent = match p.parent() {
-        Some(q) if !q.as_os_str().is_empty() => q,
-        _ => Path::new("."),
-    };
-    let abs = parent.canonicalize().map_err(|e| {
-        format!(
-            "{what} {}: parent directory {}: {}",
-            p.display(),
-            parent.display(),
-            cause(&e)
-        )
-    })?;
-    Ok((abs, name.to_owned()))
-}
-
-/// Refuse replicas that are the same or nested.
-pub fn check_pair(a: &Root, b: &Root) -> Result<(), String> {
-    let (ia, ib) = (a.id(), b.id());
-    let nested = |x: &str, y: &str| {
-        let y = y.trim_end_matches('/');
-        x == y || x.starts_with(&format!("{y}/"))
-    };
-    if nested(&ia, &ib) || nested(&ib, &ia) {
-        return Err(format!("A {ia} and B {ib} overlap"));
-    }
-    // Another path to the same directory (a bind mount, a symlink) is
-    // caught by device and inode.
-    if let (Some(x), Some(y)) = (a.local_path(), b.local_path()) {
-        crate::identity::roots(x, y, ("A", "B"))?;
-    }
-    Ok(())
-}
-
-/// What a copy or sync will do, once SRC and DST are understood.
-#[derive(Debug)]
-pub struct Job {
-    /// The source tree, or the directory (prefix) holding the one file.
-    pub src: Root,
-    /// The destination tree, or the directory (prefix) to hold the file.
-    pub dst: Root,
-    /// One file or object: its name in `src` and its name in `dst`.
-    pub one: Option<(std::ffi::CString, std::ffi::CString)>,
-}
-
-/// Decide what a local SRC and DST mean, or refuse (see docs/CLI.md).
-pub fn resolve(src: &Path, dst: &Path) -> Result<Job, String> {
-    let sm = stat_path(src, true).map_err(|e| format!("SRC {}: {}", src.display(), cause(&e)))?;
-    let src_abs = src
-        .canonicalize()
-        .map_err(|e| format!("SRC {}: {}", src.display(), cause(&e)))?;
-    let dm = match stat_path(dst, true) {
-        Ok(m) => Some(m),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Err(e) => return Err(format!("DST {}: {}", dst.display(), cause(&e))),
-    };
-    let dst_abs = match dm {
-        Some(_) => dst
-            .canonicalize()
-            .map_err(|e| format!("DST {}: {}", dst.display(), cause(&e)))?,
-        None => {
-            let (parent, name) = parent_and_name("DST", dst)?;
-            parent.join(name)
-        }
-    };
-    if src_abs == dst_abs {
-        return Err(format!("SRC and DST are the same: {}", src_abs.display()));
-    }
-    match sm.kind {
-        Kind::Dir => {
-            if dst_abs.starts_with(&src_abs) {
-                return Err(format!(
-                    "DST {} is inside SRC {}",
-                    dst_abs.display(),
-                    src_abs.display()
-                ));
-            }
-            if src_abs.starts_with(&dst_abs) {
-                return Err(format!(
-                    "SRC {} is inside DST {}",
-                    src_abs.display(),
-                    dst_abs.display()
-                ));
-            }
-            crate::identity::roots(&src_abs, &dst_abs, ("SRC", "DST"))?;
-            if let Some(m) = dm {
-                if m.kind != Kind::Dir {
-                    return Err(format!(
-                        "DST {}: exists and is not a directory (SRC is a directory)",
-                        dst.display()
-                    ));
-                }
-            }
-            Ok(Job {
-                src: Root::Local(src_abs),
-                dst: Root::Local(dst_abs),
-                one: None,
-            })
-        }
-        Kind::File => {
-            if let Some(m) = dm {
-                if m.kind == Kind::Dir {
-                    return Err(format!(
-                        "DST {}: is a directory but SRC is a file; give the target file path (e.g. {}/{})",
-                        dst.display(),
-                        dst.display(),
-                        src_abs.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
-                    ));
-                }
-            }
-            let split = |p: &Path| -> (PathBuf, OsString) {
-                (
-                    p.parent()
-                        .map(Path::to_path_buf)
-                        .unwrap_or_else(|| PathBuf::from("/")),
-                    p.file_name().unwrap_or_default().to_owned(),
-                )
-            };
-            let (src_dir, src_name) = split(&src_abs);
-            let (dst_dir, dst_name) = split(&dst_abs);
-            let names = (
-                crate::remote::cname(&src_name, "SRC")?,
-                crate::remote::cname(&dst_name, "DST")?,
-            );
-            Ok(Job {
-                src: Root::Local(src_dir),
-                dst: Root::Local(dst_dir),
-                one: Some(names),
-            })
-        }
-        _ => Err(format!(
-            "SRC {}: not a regular file or directory",
-            src.display()
-        )),
-    }
 }
 
 /// The keeper of a run whose destination is `dst` (`None`: nothing kept),

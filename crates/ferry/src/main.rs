@@ -5,9 +5,7 @@
 mod args;
 mod filter_args;
 mod generate;
-mod identity;
 mod output;
-mod remote;
 mod versions;
 mod watch;
 
@@ -17,14 +15,14 @@ use std::process::ExitCode;
 use std::sync::Mutex;
 use std::time::Instant;
 
-use ferry_backends::{AnyStore, Location, Opts};
+use ferry_backends::{identity, AnyStore, Backends, Job, Location, Opts};
 use ferry_engine::encode::text_name_string;
 use ferry_engine::ls::{list_tree, Format};
 use ferry_engine::xattr::XattrSel;
 use ferry_engine::Store as _;
 use ferry_engine::{Engine, Reporter, Stats};
 
-use args::{BisyncArgs, Cli, Command, Job, LsArgs, SyncArgs};
+use args::{BisyncArgs, Cli, Command, LsArgs, SyncArgs};
 use output::{cause, CliReporter, Progress, Unreachable};
 
 fn main() -> ExitCode {
@@ -60,28 +58,30 @@ fn main() -> ExitCode {
     };
     if read_only {
         ferry_local::append::read_only();
-        ferry_ssh::read_only();
     }
-    match &cli.command {
+    // This run's registry: every backend's settings, from the command line.
+    let set = |tx: &args::TransferArgs, keeps| tx.settings(keeps, cli.timeout, read_only);
+    let reg = Backends::new(match &cli.command {
         Command::Copy(a) | Command::Sync(a) => {
-            a.tx.configure_ssh(args::only_ferry_keeps(a.hard_links, &a.attrs))
+            set(&a.tx, args::only_ferry_keeps(a.hard_links, &a.attrs))
         }
-        Command::Bisync(a) => a.tx.configure_ssh(args::only_ferry_keeps(false, &a.attrs)),
-        Command::Ls(a) => a.tx.configure_ssh(Vec::new()),
-        Command::Cleanup(_) | Command::Serve { .. } => {}
-        Command::Versions(a) => a.tx.configure_ssh(Vec::new()),
-        Command::Restore(a) => a.tx.configure_ssh(Vec::new()),
-    }
-    if let Some(t) = cli.timeout {
-        ferry_s3::set_timeout(t);
-        ferry_ssh::set_timeout(t);
-    }
+        Command::Bisync(a) => set(&a.tx, args::only_ferry_keeps(false, &a.attrs)),
+        Command::Ls(a) => set(&a.tx, Vec::new()),
+        Command::Versions(a) => set(&a.tx, Vec::new()),
+        Command::Restore(a) => set(&a.tx, Vec::new()),
+        Command::Cleanup(a) => ferry_backends::Settings {
+            s3_endpoint: a.s3_endpoint.clone(),
+            timeout: cli.timeout,
+            ..Default::default()
+        },
+        Command::Serve { .. } => Default::default(),
+    });
     let res = match cli.command {
-        Command::Copy(a) => run_sync(a, ferry_engine::Mode::Copy),
-        Command::Sync(a) => run_sync(a, ferry_engine::Mode::Sync),
-        Command::Ls(a) => run_ls(a),
-        Command::Cleanup(a) => run_cleanup(a),
-        Command::Bisync(a) => run_bisync(a),
+        Command::Copy(a) => run_sync(a, ferry_engine::Mode::Copy, &reg),
+        Command::Sync(a) => run_sync(a, ferry_engine::Mode::Sync, &reg),
+        Command::Ls(a) => run_ls(a, &reg),
+        Command::Cleanup(a) => run_cleanup(a, &reg),
+        Command::Bisync(a) => run_bisync(a, &reg),
         Command::Serve { start_guard } => {
             // Its watches of its own tree use ferry-watch's inotify tree.
             ferry_watch::inotify::plug();
@@ -89,10 +89,10 @@ fn main() -> ExitCode {
                 .map(|()| 0)
                 .map_err(|e| format!("serve: {}", cause(&e)))
         }
-        Command::Versions(a) => versions::run_versions(a),
-        Command::Restore(a) => versions::run_restore(a),
+        Command::Versions(a) => versions::run_versions(a, &reg),
+        Command::Restore(a) => versions::run_restore(a, &reg),
     };
-    ferry_ssh::close_all();
+    ferry_backends::close_all();
     match res {
         Ok(code) => ExitCode::from(code),
         Err(msg) => {
@@ -113,8 +113,8 @@ fn started() -> Instant {
 }
 
 /// Run copy or sync; `Err` is a usage or configuration error (exit 2).
-fn run_sync(a: SyncArgs, mode: ferry_engine::Mode) -> Result<u8, String> {
-    let job = remote::resolve(&a.src, &a.dst, a.tx.s3_endpoint.as_deref(), a.force)?;
+fn run_sync(a: SyncArgs, mode: ferry_engine::Mode, reg: &Backends) -> Result<u8, String> {
+    let job = reg.resolve(&a.src, &a.dst, a.force)?;
     let filter = a.filter.build()?;
     // What the run replaces or deletes is kept (docs/CLI.md, "Keeping what
     // is replaced"); a bad option is a usage error, before any change.
@@ -130,7 +130,7 @@ fn run_sync(a: SyncArgs, mode: ferry_engine::Mode) -> Result<u8, String> {
         }
     }
     let keep = keep.map(std::sync::Arc::new);
-    let jobs = args::jobs_for(a.tx.jobs, &[&job.src, &job.dst]);
+    let jobs = reg.jobs_for(a.tx.jobs, &[&job.src, &job.dst]);
     let opts = ferry_engine::Options {
         mode,
         dry_run: a.dry_run,
@@ -152,25 +152,27 @@ fn run_sync(a: SyncArgs, mode: ferry_engine::Mode) -> Result<u8, String> {
     let show_progress = a.out.progress_enabled();
     let rep = CliReporter::new(a.out.json, a.out.verbose > 0 || a.dry_run, a.dry_run);
     if a.watch.watch {
-        return watch::sync(&a.watch, &a.keep, &job, &opts, &rep);
+        return watch::sync(reg, &a.watch, &a.keep, &job, &opts, &rep);
     }
     let progress = show_progress.then(|| Progress::start(stats.clone(), &rep));
-    let result = run_job(&job, jobs, &opts, &stats, &rep, a.out.verbose > 0);
+    let result = run_job(reg, &job, &opts, &stats, &rep, a.out.verbose > 0);
     if let Some(p) = progress {
         p.finish();
     }
     let summary = match result {
         Ok(s) => s,
         Err(e) => {
-            if let Some(r) = ferry_engine::Refused::of(&e) {
-                return Err(r.to_string());
-            }
-            // Between local trees the cause is DST's; other stores name
-            // the location in their messages.
-            return Err(match (job.src.local_path(), job.dst.local_path()) {
-                (Some(_), Some(dst)) => format!("DST {}: {}", dst.display(), cause(&e)),
-                _ => cause(&e),
-            });
+            use ferry_engine::class::{classify, Class};
+            // A refusal is its own line. Between local trees any other
+            // cause is DST's; other stores name the location in their
+            // messages.
+            return Err(
+                match (classify(&e), job.src.local_path(), job.dst.local_path()) {
+                    (Class::Refused, _, _) => e.to_string(),
+                    (_, Some(_), Some(dst)) => format!("DST {}: {}", dst.display(), cause(&e)),
+                    _ => cause(&e),
+                },
+            );
         }
     };
     // The time of the whole command: connecting, installing ferry on a
@@ -180,7 +182,7 @@ fn run_sync(a: SyncArgs, mode: ferry_engine::Mode) -> Result<u8, String> {
         ..summary
     };
     // --versions with --keep/--keep-days: prune kept versions (never fails the run).
-    versions::after_run(&[&job.dst], &a.keep, a.dry_run, &rep);
+    versions::after_run(reg, &[&job.dst], &a.keep, a.dry_run, &rep);
     rep.summary(&summary);
     Ok(if summary.errors > 0 { 1 } else { 0 })
 }
@@ -224,8 +226,8 @@ fn print_notes(stores: &[(&AnyStore, &str)], verbose: bool) {
 /// Copy or sync `job`, a tree or one file, with the engine over the two
 /// stores it names, whatever their backends.
 fn run_job(
+    reg: &Backends,
     job: &Job,
-    jobs: usize,
     opts: &ferry_engine::Options,
     stats: &Stats,
     rep: &CliReporter,
@@ -233,17 +235,17 @@ fn run_job(
 ) -> io::Result<ferry_engine::Summary> {
     // No HEAD per object while listing: only the objects compared are HEADed.
     let o = Opts {
-        jobs,
+        jobs: opts.jobs,
         lazy_meta: true,
     };
-    let s = ferry_backends::open(&job.src, &o).map_err(io::Error::other)?;
-    let d = ferry_backends::open(&job.dst, &o).map_err(io::Error::other)?;
+    let s = reg.open(&job.src, &o).map_err(io::Error::other)?;
+    let d = reg.open(&job.dst, &o).map_err(io::Error::other)?;
     check_keep(opts, &d, &job.dst)?;
     attr_notes(
         opts.xattrs,
         &[
-            (&s, format!("SRC {}", job.src.id())),
-            (&d, format!("DST {}", job.dst.id())),
+            (reg.keeps(&job.src, &s), &s, format!("SRC {}", job.src.id())),
+            (reg.keeps(&job.dst, &d), &d, format!("DST {}", job.dst.id())),
         ],
         &|m| Reporter::note(rep, m),
     );
@@ -261,15 +263,11 @@ fn run_job(
 /// `-X`/`-A` with a store that keeps no such thing (S3, SFTP): said once
 /// per store, before the run (the reporter adds `note: `); its files are
 /// copied without them.
-fn attr_notes(asked: XattrSel, stores: &[(&AnyStore, String)], note: &dyn Fn(&str)) {
-    for (s, name) in stores {
+/// (`stores`: what each keeps, as its backend says, the store, its name.)
+fn attr_notes(asked: XattrSel, stores: &[(&str, &AnyStore, String)], note: &dyn Fn(&str)) {
+    for (keeps, s, name) in stores {
         let lacking = asked.lacking(s.xattr_caps());
         if lacking.any() {
-            let keeps = match s {
-                AnyStore::S3(_) => "an object store keeps mode and mtime in object metadata, no owner, extended attributes or ACLs",
-                AnyStore::Sftp(_) => "SFTP keeps mode and mtime (to the second), no owner, extended attributes or ACLs",
-                _ => "this backend keeps no such attributes",
-            };
             note(&format!(
                 "{}: {name} keeps none ({keeps}): files are copied without them",
                 lacking.describe()
@@ -278,17 +276,16 @@ fn attr_notes(asked: XattrSel, stores: &[(&AnyStore, String)], note: &dyn Fn(&st
     }
 }
 
-fn run_cleanup(a: args::CleanupArgs) -> Result<u8, String> {
+fn run_cleanup(a: args::CleanupArgs, reg: &Backends) -> Result<u8, String> {
     let loc = Location::parse(std::ffi::OsStr::new(&a.path));
-    let root = remote::root_of(&loc, a.s3_endpoint.as_deref())?;
-    let store = ferry_backends::open(
+    let root = reg.root_of(&loc)?;
+    let store = reg.open(
         &root,
         &Opts {
             jobs: 1,
             lazy_meta: false,
         },
-    )
-    .map_err(|e| e.to_string())?;
+    )?;
     let done = match store.cleanup(a.max_age, a.dry_run) {
         Err(e) if e.kind() == io::ErrorKind::Unsupported => {
             return Err(format!("{}: cleanup works on s3:// paths", a.path))
@@ -306,11 +303,11 @@ fn run_cleanup(a: args::CleanupArgs) -> Result<u8, String> {
 
 /// Two-way sync; `Err` is a usage or configuration error, or a refusal
 /// (exit 2, nothing changed).
-fn run_bisync(a: BisyncArgs) -> Result<u8, String> {
-    let ra = args::resolve_replica(&a.a, "A", a.tx.s3_endpoint.as_deref())?;
-    let rb = args::resolve_replica(&a.b, "B", a.tx.s3_endpoint.as_deref())?;
-    args::check_pair(&ra, &rb)?;
-    let jobs = args::jobs_for(a.tx.jobs, &[&ra, &rb]);
+fn run_bisync(a: BisyncArgs, reg: &Backends) -> Result<u8, String> {
+    let ra = reg.resolve_replica(&a.a, "A")?;
+    let rb = reg.resolve_replica(&a.b, "B")?;
+    reg.check_pair(&ra, &rb)?;
+    let jobs = reg.jobs_for(a.tx.jobs, &[&ra, &rb]);
     let filter = a.filter.build()?;
     let (ida, idb) = (ra.id(), rb.id());
     let ids = (ida.as_str(), idb.as_str());
@@ -357,25 +354,27 @@ fn run_bisync(a: BisyncArgs) -> Result<u8, String> {
         jobs,
         lazy_meta: true,
     };
-    let sa = ferry_backends::open(&ra, &o).map_err(|e| e.to_string())?;
-    let sb = ferry_backends::open(&rb, &o).map_err(|e| e.to_string())?;
+    let sa = reg.open(&ra, &o)?;
+    let sb = reg.open(&rb, &o)?;
     opts.keep = bisync_keepers(&a, [&ra, &rb], [&sa, &sb])?;
     attr_notes(
         opts.xattrs,
-        &[(&sa, format!("A {ida}")), (&sb, format!("B {idb}"))],
+        &[
+            (reg.keeps(&ra, &sa), &sa, format!("A {ida}")),
+            (reg.keeps(&rb, &sb), &sb, format!("B {idb}")),
+        ],
         &|m| ferry_bisync::BiReporter::note(&cli, m),
     );
     if a.watch.watch {
-        return watch::bisync(
-            &a.watch,
-            &a.keep,
-            (&ra, &rb),
-            (&sa, &sb),
-            journal.as_mut(),
-            opts,
-            &rep,
-            &cli,
-        );
+        let sides = watch::Sides {
+            roots: (&ra, &rb),
+            stores: (&sa, &sb),
+        };
+        let out = watch::Out {
+            rep: &rep,
+            cli: &cli,
+        };
+        return watch::bisync(reg, &a.watch, &a.keep, sides, journal.as_mut(), opts, out);
     }
     // SIGINT/SIGTERM: no further entry is begun; the journal holds what was done.
     let stop = (!a.dry_run)
@@ -393,7 +392,7 @@ fn run_bisync(a: BisyncArgs) -> Result<u8, String> {
     // The whole command's time, connecting included (as copy and sync).
     out.elapsed_s = started().elapsed().as_secs_f64();
     // --versions with --keep/--keep-days: prune kept versions (never fails the run).
-    versions::after_run(&[&ra, &rb], &a.keep, a.dry_run, &cli);
+    versions::after_run(reg, &[&ra, &rb], &a.keep, a.dry_run, &cli);
     cli.bisync_summary(&out, stats.delta.figures());
     if let (true, Some(s)) = (out.stopped, &stop) {
         ferry_bisync::BiReporter::note(&cli, "stopped by a signal before the end of the run: what was done is in the journal, the next run does the rest");
@@ -464,28 +463,29 @@ fn bisync_keepers(
     Ok(out)
 }
 
-fn run_ls(a: LsArgs) -> Result<u8, String> {
+fn run_ls(a: LsArgs, reg: &Backends) -> Result<u8, String> {
     let loc = Location::parse(a.path.as_os_str());
     let what = loc.to_string();
-    let root = remote::root_of(&loc, a.tx.s3_endpoint.as_deref())?;
+    let root = reg.root_of(&loc)?;
     // Object stores: mostly waiting on HEADs (one per object for the stored
     // mtime and mode), so more in flight than for transfers.
     let jobs = match root.local_path() {
-        Some(_) => args::jobs(a.tx.jobs),
+        Some(_) => ferry_backends::jobs(a.tx.jobs),
         None => a.tx.jobs.map_or(64, usize::from),
     };
-    let store = ferry_backends::open(
+    let store = reg.open(
         &root,
         &Opts {
             jobs,
             lazy_meta: a.server_mtime,
         },
-    )
-    .map_err(|e| e.to_string())?;
+    )?;
     let format = if a.json { Format::Json } else { Format::Text };
     // One entry (a file, an object) is listed as itself, under its name
     // as typed.
-    let one = remote::ls_entry(&loc, &store).map_err(|e| format!("{what}: {}", cause(&e)))?;
+    let one = reg
+        .ls_entry(&root, &loc, &store)
+        .map_err(|e| format!("{what}: {}", cause(&e)))?;
     if let Some(m) = one {
         let mut buf = Vec::new();
         let name = a.path.as_os_str().as_bytes();

@@ -13,23 +13,7 @@ use ferry_engine::encode::{json_name, json_string, text_name, text_name_string};
 use ferry_engine::{Action, Reporter, Stats, Summary};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-/// The cause of an error, without the "(os error N)" suffix.
-pub fn cause(e: &io::Error) -> String {
-    let mut s = e.to_string();
-    // Each ` (os error N)`, wherever it is: a message may quote an OS
-    // error inside its own words (`SFTP session lost (Connection reset by
-    // peer (os error 104)) (ssh: ...)`), which stay whole.
-    while let Some(i) = s.find(" (os error ") {
-        match s[i..].find(')') {
-            Some(j) => s.replace_range(i..i + j + 1, ""),
-            None => {
-                s.truncate(i);
-                break;
-            }
-        }
-    }
-    s
-}
+pub use ferry_engine::class::cause;
 
 /// An error line, `ferry: PATH: cause`, with the path and the cause escaped
 /// (neither can start a line of its own).
@@ -416,7 +400,7 @@ impl<'a> Unreachable<'a> {
     /// True when `err` is one of those requests (or of a lost SSH or SFTP
     /// connection): not shown, told once by [`Unreachable::finish`].
     fn swallowed(&self, err: &io::Error) -> bool {
-        if !(ferry_s3::Unreachable::is(err) || ferry_ssh::Lost::is(err)) {
+        if ferry_engine::class::classify(err) != ferry_engine::class::Class::Unavailable {
             return false;
         }
         let _ = self.why.set(cause(err));
@@ -789,24 +773,5 @@ impl Progress {
     pub fn finish(self) {
         let _ = self.stop.send(());
         let _ = self.handle.join();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn causes_lose_os_error_numbers_only() {
-        let e = |m: &str| cause(&io::Error::other(m.to_string()));
-        assert_eq!(
-            e("h: SFTP session lost (Connection reset by peer (os error 104)) (ssh: gone)"),
-            "h: SFTP session lost (Connection reset by peer) (ssh: gone)"
-        );
-        assert_eq!(
-            cause(&io::Error::from_raw_os_error(2)),
-            "No such file or directory"
-        );
-        assert_eq!(e("odd (os error 5"), "odd");
     }
 }

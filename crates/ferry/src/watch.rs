@@ -4,55 +4,44 @@
 
 use std::sync::Arc;
 
-use ferry_backends::{AnyStore, Opts, Root};
+use ferry_backends::{AnyStore, Backends, Job, Opts, Root, Watch};
 use ferry_engine::Store;
 use ferry_watch::{Config, Outcome, Source, Status, Target, Tee, Work};
 
-use crate::args::{Job, KeepArgs, WatchArgs};
+use crate::args::{KeepArgs, WatchArgs};
 use crate::output::{cause, CliReporter, Unreachable};
 
 /// The loop's settings and sources: `local` roots are watched with
-/// inotify here, an ssh side served by ferry by the ferry there (a
-/// [`Source`], polled while it cannot be); any other side is polled (one
-/// note says which).
+/// inotify here, a side whose backend has a [`Source`] (an ssh side
+/// served by ferry: the ferry there) by it; any other side is polled (one
+/// note says which and why).
 fn config(
+    reg: &Backends,
     w: &WatchArgs,
     sides: &[(&str, &Root, &AnyStore)],
     guard: &Arc<ferry_engine::Guard>,
     status: &Status,
 ) -> (Config, Vec<Box<dyn Source>>) {
-    // The loop's sides: the local roots, then the sources.
-    let named = |(label, r, _): &(&str, &Root, &AnyStore)| format!("{label} {}", r.id());
-    let mut names: Vec<String> = sides
-        .iter()
-        .filter(|(_, r, _)| r.local_path().is_some())
-        .map(named)
-        .collect();
-    names.extend(
-        sides
-            .iter()
-            .filter(|(_, r, s)| r.local_path().is_none() && matches!(s, AnyStore::Ssh(_)))
-            .map(named),
-    );
-    status.sides(names);
-    let sides: Vec<(&Root, &AnyStore)> = sides.iter().map(|(_, r, s)| (*r, *s)).collect();
-    let sides = &sides[..];
-    let local: Vec<_> = sides
-        .iter()
-        .filter_map(|(r, _)| r.local_path().map(|p| p.to_path_buf()))
-        .collect();
+    let mut local = Vec::new();
     let mut sources: Vec<Box<dyn Source>> = Vec::new();
+    // The loop's sides: the local roots, then the sources.
+    let (mut names, mut sourced) = (Vec::new(), Vec::new());
+    let mut guard_sides = Vec::new();
     let mut polled = false;
-    for &(r, s) in sides {
-        match (r, s) {
-            (Root::Local(_), _) => {}
-            (_, AnyStore::Ssh(s)) => sources.push(Box::new(s.watcher(w.poll))),
-            (r, s) => {
+    for (i, &(label, r, s)) in sides.iter().enumerate() {
+        let name = format!("{label} {}", r.id());
+        match reg.watch(r, s, w.poll) {
+            Watch::Local(p) => {
+                local.push(p);
+                names.push(name);
+                guard_sides.push(i);
+            }
+            Watch::Source(src) => {
+                sources.push(src);
+                sourced.push(name);
+            }
+            Watch::Polled(why) => {
                 polled = true;
-                let why = match s {
-                    AnyStore::Sftp(_) => "SFTP: no ferry there to watch it",
-                    _ => "it cannot notify",
-                };
                 say(&format!(
                     "note: {} is polled every {:?} ({why})",
                     r.id(),
@@ -61,6 +50,8 @@ fn config(
             }
         }
     }
+    names.extend(sourced);
+    status.sides(names);
     let cfg = Config {
         poll: polled.then_some(w.poll),
         local,
@@ -68,12 +59,7 @@ fn config(
         degraded_poll: w.poll,
         rescan: (!w.rescan.is_zero()).then_some(w.rescan),
         guard: Some(guard.clone()),
-        guard_sides: sides
-            .iter()
-            .enumerate()
-            .filter(|(_, (r, _))| r.local_path().is_some())
-            .map(|(i, _)| i)
-            .collect(),
+        guard_sides,
     };
     (cfg, sources)
 }
@@ -147,13 +133,16 @@ fn say(msg: &str) {
 /// watch costs nothing.
 struct Flushed<'a, T: Target> {
     t: T,
+    reg: &'a Backends,
     rep: &'a CliReporter,
-    prune: Option<(&'a KeepArgs, Vec<&'a Root>)>,
+    prune: Option<&'a KeepArgs>,
     /// When the whole tree was last pruned (`None`: not yet).
     pruned: Option<std::time::Instant>,
-    /// The run's stores: an ssh or sftp one whose connection was lost is
-    /// connected again before the next run ([`refresh`]).
-    stores: Vec<&'a AnyStore>,
+    /// The replicas pruned (DST, or A and B).
+    roots: Vec<&'a Root>,
+    /// The run's sides: one whose connection was lost is connected again
+    /// before the next run ([`refresh`]).
+    sides: Vec<(&'a Root, &'a AnyStore)>,
 }
 
 /// Before a run: connect again each ssh/sftp side whose connection was
@@ -161,14 +150,10 @@ struct Flushed<'a, T: Target> {
 /// and a change there (or a run's undone work) may have been missed
 /// while it was gone: this run is a full one. `Err`: one line saying why
 /// a side cannot be reached; the run fails, the next one tries again.
-fn refresh(stores: &[&AnyStore]) -> Result<bool, String> {
+fn refresh(reg: &Backends, sides: &[(&Root, &AnyStore)]) -> Result<bool, String> {
     let mut again = false;
-    for s in stores {
-        again |= match s {
-            AnyStore::Ssh(s) => s.refresh()?,
-            AnyStore::Sftp(s) => s.refresh()?,
-            _ => false,
-        };
+    for (r, s) in sides {
+        again |= reg.refresh(r, s)?;
     }
     Ok(again)
 }
@@ -178,19 +163,22 @@ fn refresh(stores: &[&AnyStore]) -> Result<bool, String> {
 const PRUNE_EVERY: std::time::Duration = std::time::Duration::from_secs(600);
 
 impl<'a, T: Target> Flushed<'a, T> {
+    /// `t`'s runs over `sides`, pruning the versions of `roots`.
     fn new(
         t: T,
-        rep: &'a CliReporter,
+        (reg, rep): (&'a Backends, &'a CliReporter),
         keep: &'a KeepArgs,
         roots: Vec<&'a Root>,
-        stores: Vec<&'a AnyStore>,
+        sides: Vec<(&'a Root, &'a AnyStore)>,
     ) -> Self {
         Flushed {
             t,
+            reg,
             rep,
-            prune: keep.versions.then_some((keep, roots)),
+            prune: keep.versions.then_some(keep),
             pruned: None,
-            stores,
+            roots,
+            sides,
         }
     }
 }
@@ -198,7 +186,7 @@ impl<'a, T: Target> Flushed<'a, T> {
 impl<T: Target> Target for Flushed<'_, T> {
     fn run(&mut self, w: &Work) -> Outcome {
         let full;
-        let w = match refresh(&self.stores) {
+        let w = match refresh(self.reg, &self.sides) {
             Ok(false) => w,
             Ok(true) => {
                 full = Work {
@@ -216,13 +204,14 @@ impl<T: Target> Target for Flushed<'_, T> {
             }
         };
         let o = self.t.run(w);
-        if let Some((keep, roots)) = &self.prune {
+        if let Some(keep) = self.prune {
+            let (reg, roots) = (self.reg, &self.roots);
             let dirs = self.rep.take_kept_dirs();
             if self.pruned.is_none_or(|t| t.elapsed() >= PRUNE_EVERY) {
-                crate::versions::after_run(roots, keep, false, self.rep);
+                crate::versions::after_run(reg, roots, keep, false, self.rep);
                 self.pruned = Some(std::time::Instant::now());
             } else if !dirs.is_empty() {
-                crate::versions::after_run_in(roots, keep, &dirs, self.rep);
+                crate::versions::after_run_in(reg, roots, keep, &dirs, self.rep);
             }
         }
         self.rep.flush();
@@ -232,6 +221,7 @@ impl<T: Target> Target for Flushed<'_, T> {
 
 /// `copy --watch` / `sync --watch`.
 pub fn sync(
+    reg: &Backends,
     w: &WatchArgs,
     keep: &KeepArgs,
     job: &Job,
@@ -248,8 +238,8 @@ pub fn sync(
         jobs: opts.jobs,
         lazy_meta: true,
     };
-    let s = ferry_backends::open(&job.src, &o).map_err(|e| e.to_string())?;
-    let d = ferry_backends::open(&job.dst, &o).map_err(|e| e.to_string())?;
+    let s = reg.open(&job.src, &o)?;
+    let d = reg.open(&job.dst, &o)?;
     crate::check_keep(opts, &d, &job.dst).map_err(|e| e.to_string())?;
     let status = status_server(w, &format!("{} -> {}", job.src.id(), job.dst.id()))?;
     let gate = Unreachable::new(rep);
@@ -283,13 +273,13 @@ pub fn sync(
             live: Some(&status),
             failures: &failures,
         },
-        rep,
+        (reg, rep),
         keep,
         vec![&job.dst],
-        vec![&s, &d],
+        vec![(&job.src, &s), (&job.dst, &d)],
     );
     // Only SRC is watched: DST is ferry's to write.
-    let (cfg, sources) = config(w, &[("SRC", &job.src, &s)], &guard, &status);
+    let (cfg, sources) = config(reg, w, &[("SRC", &job.src, &s)], &guard, &status);
     let code = ferry_watch::watch_with(&cfg, sources, &mut target, &status, &say);
     status.stopped();
     gate.finish();
@@ -493,17 +483,28 @@ impl Target for Bisync<'_> {
     }
 }
 
+/// The two sides of a bisync: their roots and stores (A's, B's).
+pub struct Sides<'a> {
+    pub roots: (&'a Root, &'a Root),
+    pub stores: (&'a AnyStore, &'a AnyStore),
+}
+
+/// Where a bisync's lines go: the reporter that tells a lost server once,
+/// and the terminal's.
+pub struct Out<'a> {
+    pub rep: &'a Unreachable<'a>,
+    pub cli: &'a CliReporter,
+}
+
 /// `bisync --watch`: both sides watched (or polled), a bisync per batch.
-#[allow(clippy::too_many_arguments)]
 pub fn bisync(
+    reg: &Backends,
     w: &WatchArgs,
     keep: &KeepArgs,
-    roots: (&Root, &Root),
-    stores: (&AnyStore, &AnyStore),
+    Sides { roots, stores }: Sides<'_>,
     journal: Option<&mut ferry_bisync::Journal>,
     opts: ferry_bisync::Options,
-    rep: &Unreachable<'_>,
-    cli: &CliReporter,
+    Out { rep, cli }: Out<'_>,
 ) -> Result<u8, String> {
     if opts.dry_run {
         return Err("--watch and --dry-run do not go together".into());
@@ -529,12 +530,13 @@ pub fn bisync(
             cli,
             failures: ferry_watch::retry::Failures::default(),
         },
-        cli,
+        (reg, cli),
         keep,
         vec![roots.0, roots.1],
-        vec![stores.0, stores.1],
+        vec![(roots.0, stores.0), (roots.1, stores.1)],
     );
     let (cfg, sources) = config(
+        reg,
         w,
         &[("A", roots.0, stores.0), ("B", roots.1, stores.1)],
         &guard,

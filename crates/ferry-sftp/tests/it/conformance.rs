@@ -61,11 +61,11 @@ impl Fixture for Sftp {
 }
 
 fn open(host: &str, path: &[u8]) -> Result<SftpStore, String> {
-    ferry_ssh::configure(ferry_ssh::Settings {
+    let set = ferry_ssh::Settings {
         rsh: Some(var("FERRY_TEST_SSH_RSH")?),
         ..Default::default()
-    });
-    SftpStore::open(&Target::new(host, None)?, path)
+    };
+    Ok(SftpStore::open(&Target::with(host, None, &set)?, path)?)
 }
 
 /// A fresh tree in `local` (a directory here) that the server at `host`

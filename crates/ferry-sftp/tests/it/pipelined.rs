@@ -21,13 +21,16 @@ fn store() -> Result<(tempfile::TempDir, SftpStore), String> {
         std::env::var(k).map_err(|_| format!("{k} is not set (scripts/test starts sshd)"))
     };
     let host = var("FERRY_TEST_SSH_HOST")?;
-    ferry_ssh::configure(ferry_ssh::Settings {
+    let set = ferry_ssh::Settings {
         rsh: Some(var("FERRY_TEST_SSH_RSH")?),
         ..Default::default()
-    });
+    };
     let tmp = tempfile::tempdir().map_err(|e| e.to_string())?;
     let path = tmp.path().join("tree");
-    let s = SftpStore::open(&Target::new(&host, None)?, path.as_os_str().as_bytes())?;
+    let s = SftpStore::open(
+        &Target::with(&host, None, &set)?,
+        path.as_os_str().as_bytes(),
+    )?;
     Ok((tmp, s))
 }
 

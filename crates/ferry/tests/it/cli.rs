@@ -2255,3 +2255,40 @@ fn symlinks_are_counted_apart_from_files() {
     r.ok();
     assert!(r.err().contains(" 2 symlinks"), "{r}");
 }
+
+/// A `scheme://` no backend serves is a usage error naming the schemes ferry knows, for
+/// every command and either side: never a host named after the scheme (before, `gs://b/t`
+/// was rsync's host `gs` with the path `//b/t`, and ssh was started for it).
+#[test]
+fn an_unknown_scheme_is_a_usage_error_listing_the_schemes_ferry_knows() {
+    let (t, src, _) = src_dst();
+    let known = "(ferry knows s3://, ssh://, sftp://; for a local name write ./gs://b/t)";
+    // No ssh may be started: a remote shell that would leave a mark.
+    let mark = t.path().join("rsh-ran");
+    let rsh = format!("touch {}; exit 255; :", mark.display());
+    let s = src.to_str().unwrap();
+    for (args, side) in [
+        (vec!["sync", s, "gs://b/t"], "DST "),
+        (vec!["copy", "gs://b/t", s], "SRC "),
+        (vec!["bisync", s, "gs://b/t"], ""),
+        (vec!["ls", "gs://b/t"], ""),
+        (vec!["versions", "gs://b/t"], ""),
+        (vec!["restore", "gs://b/t"], ""),
+    ] {
+        let mut a = args.clone();
+        a.extend(["-e", &rsh]);
+        let r = ferry(&a);
+        r.code_is(2);
+        let line = format!("ferry: {side}gs://b/t: unknown scheme gs:// {known}\n");
+        assert_eq!(r.err(), line, "{args:?}");
+        assert!(!mark.exists(), "{args:?}: ssh was started");
+    }
+    // A local name with '://' in it, written as the message says.
+    let local = t.path().join("gs:");
+    fs::create_dir_all(local.join("b")).unwrap();
+    let r = ferry([
+        OsString::from("ls"),
+        t.path().join("gs://b").into_os_string(),
+    ]);
+    r.code_is(0);
+}

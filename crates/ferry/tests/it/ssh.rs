@@ -86,12 +86,15 @@ impl Fixture for Ssh {
 
 fn open(p: &Path) -> Result<SshStore, String> {
     let (rsh, host) = server()?;
-    ferry_ssh::configure(ferry_ssh::Settings {
+    let set = ferry_ssh::Settings {
         rsh: Some(rsh),
         remote_ferry: Some(bin().to_string_lossy().into_owned()),
         ..Default::default()
-    });
-    SshStore::open(&Target::new(&host, None)?, p.as_os_str().as_bytes())
+    };
+    Ok(SshStore::open(
+        &Target::with(&host, None, &set)?,
+        p.as_os_str().as_bytes(),
+    )?)
 }
 
 fn ssh() -> Result<Ssh, String> {

@@ -13,14 +13,16 @@ use std::path::{Path, PathBuf};
 use ferry_engine::keep::{KeepBase, KeepRule, Keeper, VERSIONS_DIR};
 use ferry_local::ident::{self, Id};
 
-use crate::output::cause;
+use ferry_engine::class::cause;
+
+use crate::Error;
 
 const WHY: &str = "same device and inode: a bind mount or another path to it";
 
 /// Refuse roots `src` and `dst` (named `sn`, `dn`; absolute, without
 /// symlinks; `dst` may not exist yet) that are one directory, one inside
 /// the other, or that hold a mount showing the other, or either's parent.
-pub fn roots(src: &Path, dst: &Path, (sn, dn): (&str, &str)) -> Result<(), String> {
+fn roots_(src: &Path, dst: &Path, (sn, dn): (&str, &str)) -> Result<(), String> {
     let (cs, cd) = (ident::chain(src), ident::chain(dst));
     let (sid, did) = (ident::id_of(src), ident::id_of(dst));
     if sid.is_some() && sid == did {
@@ -131,7 +133,7 @@ impl Resolved {
 /// the run leaves it out, so a backup directory found inside it by
 /// identity (`../d/bak`, a symlink) is made a path below it, which the
 /// run leaves out. An error is a usage error (exit 2, nothing changed).
-pub fn keep_dir(
+fn keep_dir_(
     k: &mut Keeper,
     flag: &str,
     own: (&str, &Path),
@@ -210,7 +212,7 @@ pub fn keep_dir(
 /// One file copied (`src`, its full path) to `dst_dir`/`dst_name`: refuse a
 /// keeper that would keep the old `dst_name` over SRC itself (`--backup-dir`
 /// naming SRC's directory: SRC is never written).
-pub fn keep_file(k: &Keeper, dst_dir: &Path, dst_name: &[u8], src: &Path) -> Result<(), String> {
+fn keep_file_(k: &Keeper, dst_dir: &Path, dst_name: &[u8], src: &Path) -> Result<(), String> {
     let KeepRule::BackupDir { suffix, .. } = &k.rule else {
         return Ok(());
     };
@@ -234,7 +236,7 @@ pub fn keep_file(k: &Keeper, dst_dir: &Path, dst_name: &[u8], src: &Path) -> Res
 /// Refuse two keepers (of replicas rooted at `ra`, `rb`) that write to one
 /// directory, or one inside the other: each side's kept files would
 /// overwrite or hold the other's.
-pub fn distinct(ka: &Keeper, ra: &Path, kb: &Keeper, rb: &Path) -> Result<(), String> {
+fn distinct_(ka: &Keeper, ra: &Path, kb: &Keeper, rb: &Path) -> Result<(), String> {
     let (Some(x), Some(y)) = (write_dir(ka, ra), write_dir(kb, rb)) else {
         return Ok(());
     };
@@ -253,4 +255,33 @@ pub fn distinct(ka: &Keeper, ra: &Path, kb: &Keeper, rb: &Path) -> Result<(), St
         ));
     }
     Ok(())
+}
+
+/// Refuse roots `src` and `dst` (named `sn`, `dn`; absolute, without
+/// symlinks; `dst` may not exist yet) that are one directory, one inside
+/// the other, or that hold a mount showing the other, or either's parent.
+pub fn roots(src: &Path, dst: &Path, names: (&str, &str)) -> Result<(), Error> {
+    roots_(src, dst, names).map_err(Error::Refused)
+}
+
+/// The directory keeper `k` writes to (`flag` names it), for the local
+/// replica `own` (its name, its root), compared with `own` and `others`
+/// by identity: see `keep_dir_`.
+pub fn keep_dir(
+    k: &mut Keeper,
+    flag: &str,
+    own: (&str, &Path),
+    others: &[(&str, &Path)],
+) -> Result<(), Error> {
+    keep_dir_(k, flag, own, others).map_err(Error::Refused)
+}
+
+/// A one-file run's backup directory: see `keep_file_`.
+pub fn keep_file(k: &Keeper, dst_dir: &Path, dst_name: &[u8], src: &Path) -> Result<(), Error> {
+    keep_file_(k, dst_dir, dst_name, src).map_err(Error::Refused)
+}
+
+/// Two replicas' backup directories, never one: see `distinct_`.
+pub fn distinct(ka: &Keeper, ra: &Path, kb: &Keeper, rb: &Path) -> Result<(), Error> {
+    distinct_(ka, ra, kb, rb).map_err(Error::Refused)
 }
