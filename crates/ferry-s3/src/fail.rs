@@ -33,7 +33,7 @@ pub fn secs(d: Duration) -> String {
 /// The error of a request refused because the endpoint was declared
 /// unreachable: the engine's [`Unavailable`](ferry_engine::class::Unavailable)
 /// (one class for every backend), which a run reports once, not one line
-/// per entry (see [`S3Store::unreachable`](crate::S3Store::unreachable)).
+/// per entry (see `S3Store::unreachable`).
 pub use ferry_engine::class::Unavailable as Unreachable;
 
 /// What the store knows of the endpoint's health, shared by every request.
