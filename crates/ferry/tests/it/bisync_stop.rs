@@ -312,7 +312,7 @@ fn a_signal_during_conflicts_loses_nothing_and_makes_no_new_conflict() {
         fs::write(a.join(&rel), body("A", i)).unwrap();
         fs::write(b.join(&rel), body("B", i)).unwrap();
     }
-    let mut w = spawn(&j, &a, &b, &["--bwlimit", "100K"]);
+    let mut w = spawn(&j, &a, &b, &["--bwlimit", "100K", "--json"]);
     let conflicted = |root: &Path| {
         files(root)
             .iter()
@@ -322,10 +322,14 @@ fn a_signal_during_conflicts_loses_nothing_and_makes_no_new_conflict() {
     w.signal("INT");
     w.line_with(NOTE);
     assert_eq!(exit(&mut w), Some(130), "{}", w.stderr());
+    // The signal may land before every loser was moved aside (a loaded machine): those
+    // paths are still conflicts for the next run, but no path is a conflict twice.
+    let first = w.summary();
     let r = ferry(args(&[]));
     assert_eq!(r.code, Some(0), "{}", r.err());
     let s = summary(&r);
-    assert_eq!(s["conflicts"], 0, "no new conflict: {s}");
+    let twice = first["conflicts"].as_u64().unwrap() + s["conflicts"].as_u64().unwrap();
+    assert_eq!(twice, n as u64, "each path a conflict once: {first} then {s}");
     let d = diff(&snap(&a), &snap(&b));
     assert!(d.is_empty(), "A and B differ:\n{}", d.join("\n"));
     let all = files(&a);
