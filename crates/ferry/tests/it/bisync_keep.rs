@@ -11,7 +11,7 @@ use std::fs;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::util::*;
 use ferry_engine::keep::parse_version_name;
@@ -645,29 +645,21 @@ fn watch_runs_keep_too() {
     let p = synced_pair();
     let mut c = Command::new(bin());
     c.env("FERRY_TEST_NOW", NOW.to_string())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
         .arg("bisync")
+        .arg("-v")
         .arg("--journal")
         .arg(&p.j)
         .args(["--watch", "--versions"])
         .arg(&p.a)
         .arg(&p.b);
-    let mut child = c.spawn().unwrap();
-    // Let the first run settle, then change A.
-    let wait = |what: &dyn Fn() -> bool| {
-        let t = Instant::now();
-        while !what() {
-            assert!(t.elapsed() < Duration::from_secs(60), "hang guard");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    };
-    std::thread::sleep(Duration::from_millis(500));
+    let mut w = crate::util::watch::Watch::spawn(c);
+    // The first run ended (its summary, -v), then change A.
+    w.line_with("ferry summary:");
     put(&p.a, "f.txt", b"watched f", 1_600_000_300);
-    wait(&|| fs::read(p.b.join("f.txt")).is_ok_and(|d| d == b"watched f"));
-    let _ = child.kill();
-    let _ = child.wait();
+    w.until("f.txt on B", || {
+        fs::read(p.b.join("f.txt")).is_ok_and(|d| d == b"watched f")
+    });
+    w.kill();
     let vb = versions(&p.b);
     assert!(
         vb.contains(&("f.txt".into(), Node::File(b"old f".to_vec()))),

@@ -430,7 +430,10 @@ fn one_change_lists_one_directory() {
         "{first}"
     );
     converge(&a, &b, None, &mut w);
-    // The runs for the first run's own writes on B (scoped too).
+    // The runs for the first run's own writes on B (scoped too). A quiet
+    // half second is the end of them, a negative no event stands in for:
+    // they come in a trickle (a later change of B was seen to run before
+    // the last of them).
     loop {
         std::thread::sleep(Duration::from_millis(500));
         let late = w.summaries();
@@ -445,7 +448,10 @@ fn one_change_lists_one_directory() {
         fs::read(b.join("d07/new")).ok().as_deref() == Some(b"new")
     });
     runs.push(w.summary());
-    std::thread::sleep(Duration::from_millis(500));
+    // Until the run that copied it, and those that came with it so far.
+    while !runs.iter().any(|r| r["files_copied"] == 1) {
+        runs.push(w.summary());
+    }
     runs.extend(w.summaries());
     // The run that copied it, and maybe one for the copy's own events.
     for r in &runs {
@@ -479,7 +485,10 @@ fn killed_watch_restarted_converges() {
         }
     }
     fs::rename(a.join("old/o5"), a.join("n3/o5")).unwrap();
-    std::thread::sleep(Duration::from_millis(150));
+    // Killed once it is at work on them.
+    w.until("the new files on their way", || {
+        (0..10).any(|d| b.join(format!("n{d}")).exists())
+    });
     w.kill();
     drop(w);
     // Changed on both sides while nothing watched.

@@ -1942,6 +1942,7 @@ impl Appender {
             let chunk = vec![b'+'; 4096];
             while !s.load(Ordering::Relaxed) {
                 f.write_all(&chunk).unwrap();
+                // The writer's pace (it appends all along), not a wait.
                 std::thread::sleep(std::time::Duration::from_millis(1));
             }
         });

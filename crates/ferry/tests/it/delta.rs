@@ -235,7 +235,9 @@ fn push_killed_mid_delta_keeps_the_old_file() {
             to.as_os_str(),
         ],
     ));
-    std::thread::sleep(Duration::from_millis(1500));
+    // Killed once the delta's literals are on their way (1 MiB written to
+    // ssh: the remote's signatures came first), not after a fixed time.
+    wait_written(&mut child, 1 << 20);
     assert!(
         child.try_wait().unwrap().is_none(),
         "the copy ended too soon"
@@ -313,6 +315,27 @@ fn assert_patched(s: &serde_json::Value, size: usize, literal: u64) {
 fn no_reserved_left(root: &Path) {
     let left = find_prefixed(root, b".ferry-");
     assert!(left.is_empty(), "{left:?}");
+}
+
+/// Wait until `child` has written `bytes` (its `wchar`: to its pipes and
+/// files), or has ended.
+fn wait_written(child: &mut std::process::Child, bytes: u64) {
+    let io = format!("/proc/{}/io", child.id());
+    let written = || {
+        std::fs::read_to_string(&io).ok().and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("wchar: "))
+                .and_then(|n| n.trim().parse::<u64>().ok())
+        })
+    };
+    let end = std::time::Instant::now() + Duration::from_secs(120);
+    while child.try_wait().unwrap().is_none() && written().unwrap_or(0) < bytes {
+        assert!(
+            std::time::Instant::now() < end,
+            "{bytes} bytes never written"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 #[test]
@@ -452,7 +475,8 @@ fn local_delta_killed_under_the_threshold_keeps_the_old_file() {
         src.as_os_str(),
         dst.as_os_str(),
     ]);
-    std::thread::sleep(Duration::from_millis(1500));
+    // Killed once the new temporary is being written (1 MiB of it).
+    wait_written(&mut child, 1 << 20);
     assert!(
         child.try_wait().unwrap().is_none(),
         "the copy ended too soon"

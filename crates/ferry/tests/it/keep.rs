@@ -497,6 +497,7 @@ fn kill_9_with_backup_dir_loses_no_version() {
             src.as_os_str(),
             dst.as_os_str(),
         ]);
+        // The random moment of the kill (what the test is about), not a wait.
         std::thread::sleep(Duration::from_millis(5 + rng.next_u64() % 60));
         let mut child = child;
         let _ = child.kill();

@@ -258,6 +258,7 @@ fn kill_rounds(
         } else {
             rng.range(0, full_us / 2 + 1)
         };
+        // The random moment of the kill (what the test is about), not a wait.
         sleep(Duration::from_micros(delay));
         let _ = child.kill(); // SIGKILL; may already have finished
         let status = child.wait().expect("wait");
@@ -333,6 +334,7 @@ fn kill_9_never_leaves_half_written_files() {
             src.as_os_str(),
             dst.as_os_str(),
         ]);
+        // The random moment of the kill (what the test is about), not a wait.
         sleep(Duration::from_millis(rng.range(0, 50 + i * 100)));
         let _ = child.kill();
         let _ = child.wait();

@@ -237,6 +237,7 @@ fn start_failing(after: After) -> String {
                                 down.store(true, Ordering::Relaxed);
                                 return; // closed unanswered
                             }
+                            // The stall this fault injects (never answered), not a wait.
                             After::Frozen => loop {
                                 std::thread::sleep(std::time::Duration::from_secs(3600));
                             },

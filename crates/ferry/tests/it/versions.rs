@@ -1022,6 +1022,8 @@ fn backup_dir_trees_are_versions_too() {
     let (src, dst) = (t.path().join("src"), t.path().join("dst"));
     // Three runs with --backup-dir ../old --suffix .bak, one second apart
     // (a backup's keep time is its change time).
+    let clock = tmpdir();
+    let clock = clock.path();
     let mut contents = Vec::new();
     for (i, data) in [&b"one"[..], b"two", b"three"].iter().enumerate() {
         write(&src, "d/f", data);
@@ -1037,7 +1039,17 @@ fn backup_dir_trees_are_versions_too() {
         ])
         .ok();
         contents.push(data.to_vec());
-        std::thread::sleep(std::time::Duration::from_millis(1100));
+        // Time passing, not a wait for ferry: until the clock's whole second
+        // (as a change time reads it) is past everything this run did.
+        let tick = || {
+            use std::os::unix::fs::MetadataExt;
+            write(clock, "tick", b"");
+            fs::metadata(clock.join("tick")).unwrap().ctime()
+        };
+        let now = tick();
+        while tick() <= now {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
     }
     let old = t.path().join("old");
     assert_eq!(names(&old.join("d")), ["f.bak", "f.bak1.bak"]);

@@ -55,6 +55,7 @@ fn edit(root: &Path, rng: &mut Rng) {
                 let chunk = gen_bytes(rng.range(0, 20_000) as usize, rng.next_u64() ^ i);
                 f.write_all(&chunk).unwrap();
                 if rng.chance(1, 3) {
+                    // A writer's pause between two chunks (the schedule under test).
                     std::thread::sleep(Duration::from_millis(rng.range(1, 30)));
                 }
             }
@@ -601,9 +602,14 @@ fn bisync_watch_with_an_ssh_side_converges_by_events() {
     });
     // ferry's own writes to B are events of B, and the run they start
     // would also see A's changes: those runs end first, so that only A's
-    // own events can bring its next change.
-    let quiet = || std::thread::sleep(Duration::from_secs(1));
-    quiet();
+    // own events can bring its next change. A later change of B (B's
+    // events come in order) is on A once they have all been run.
+    let quiet = |n: u32, w: &mut Watch| {
+        let m = format!("mark{n}");
+        write(&b, &m, b"m");
+        w.until("B's later change on A", || a.join(&m).exists());
+    };
+    quiet(1, &mut w);
     // On the remote side: new, renamed, deleted.
     write(&a, "from_a/new", b"n");
     fs::rename(a.join("from_a/f"), a.join("from_a/f2")).unwrap();
@@ -612,7 +618,7 @@ fn bisync_watch_with_an_ssh_side_converges_by_events() {
             && b.join("from_a/f2").exists()
             && !b.join("from_a/f").exists()
     });
-    quiet();
+    quiet(2, &mut w);
     fs::remove_file(a.join("from_a/new")).unwrap();
     w.until("remote delete", || !b.join("from_a/new").exists());
     // On the local side.

@@ -394,6 +394,16 @@ fn the_latency_counts_from_the_change_not_from_when_ferry_read_it() {
         metrics(&addr, "")["ferry_watch_runs_total"] >= 1.0
     });
     w.signal("STOP");
+    // Stopped (every thread in state T, /proc/PID/task/*/stat) before the write.
+    let tasks = format!("/proc/{}/task", w.child.id());
+    w.until("ferry stopped", || {
+        fs::read_dir(&tasks).is_ok_and(|ts| {
+            ts.flatten().all(|t| {
+                fs::read_to_string(t.path().join("stat"))
+                    .is_ok_and(|s| s.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('T')))
+            })
+        })
+    });
     write(&src, "f", b"written while ferry was stopped");
     // The stop itself is what is measured (not a wait for something).
     std::thread::sleep(Duration::from_secs(3));
