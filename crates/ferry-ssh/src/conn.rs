@@ -544,6 +544,12 @@ pub fn read_only() {
     READ_ONLY.store(true, Ordering::Relaxed);
 }
 
+/// Whether this process only reads ([`read_only`]): a store over ssh
+/// then asks only what changes nothing there.
+pub fn is_read_only() -> bool {
+    READ_ONLY.load(Ordering::Relaxed)
+}
+
 /// The longest round trip to a host of this run (the first request's,
 /// measured when its connection was made); `None` before any connection.
 pub fn round_trip() -> Option<std::time::Duration> {
