@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::io::{self, BufRead, BufReader, Read};
+use std::io::{self, BufRead, BufReader, Read, Write};
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender};
@@ -172,6 +172,23 @@ const SSH_DEFAULT_CIPHERS: &str = "chacha20-poly1305@openssh.com,aes128-ctr,aes1
 /// server's own list still decides what it accepts; a user's choice is
 /// never changed.
 fn fast_cipher(rsh: &[String], host: &str, port: Option<u16>) -> Option<String> {
+    // Asked once per command, host and port in a run: every location and
+    // every session to a host makes its `Target` (a second `ssh -G`, the
+    // connection's set-up waiting on it, was 20-30 ms of each run).
+    type Asked = (Vec<String>, String, Option<u16>);
+    static ASKED: Mutex<Vec<(Asked, Option<String>)>> = Mutex::new(Vec::new());
+    let key = (rsh.to_vec(), host.to_string(), port);
+    let mut asked = ASKED.lock().unwrap();
+    if let Some((_, c)) = asked.iter().find(|(k, _)| *k == key) {
+        return c.clone();
+    }
+    let c = ask_ssh_ciphers(rsh, host, port);
+    asked.push((key, c.clone()));
+    c
+}
+
+/// [`fast_cipher`], asked of ssh (`ssh -G`).
+fn ask_ssh_ciphers(rsh: &[String], host: &str, port: Option<u16>) -> Option<String> {
     let prog = std::path::Path::new(rsh.first()?).file_name()?;
     if prog != "ssh"
         || rsh[1..].iter().any(|w| {
@@ -320,6 +337,8 @@ pub struct Conn {
     quiet: Arc<Quiet>,
     /// Buffers of big replies given back ([`Conn::recycle`]).
     bufs: Mutex<Vec<Vec<u8>>>,
+    /// Set once a call's round trip was measured ([`round_trip`]).
+    timed: AtomicBool,
 }
 
 impl Session for Conn {
@@ -443,8 +462,16 @@ impl Conn {
 
     /// Send a request and wait for its reply.
     pub fn call(&self, req: &Req<'_>) -> io::Result<Body> {
+        let asked = std::time::Instant::now();
         let rx = self.start(req)?;
-        self.wait(&rx)
+        let r = self.wait(&rx);
+        // The first call's round trip is the connection's (its first
+        // answer came with the hello: no round trip of its own).
+        if r.is_ok() && !self.timed.swap(true, Ordering::Relaxed) {
+            let rtt = asked.elapsed().as_micros().max(1) as u64;
+            RTT_US.fetch_max(rtt, Ordering::Relaxed);
+        }
+        r
     }
 
     /// Give back the bytes of a reply read (a [`Body`]'s), for the next
@@ -793,7 +820,24 @@ fn open_look(t: &Target, look: Look, sum: &str) -> Result<Arc<Conn>, Failed> {
         inner: stdout,
         quiet: quiet.clone(),
     };
-    let _ = proto::write_hello(&mut stdin);
+    // The hello and the first requests in one write, before the other
+    // end's hello is read: a server reads requests only once it has
+    // checked the hello's protocol, and a start command that runs no
+    // ferry reads none. So the server's answers (its cores, whether it
+    // keeps owners) cost no round trip of their own.
+    {
+        let mut first = Vec::with_capacity(128);
+        let _ = proto::write_hello(&mut first);
+        if READ_ONLY.load(Ordering::Relaxed) {
+            first.extend(proto::frame(0, &Req::ReadOnly));
+        }
+        // A heartbeat from the server while it works on a long request (a
+        // signature of a huge file, a big removal), a few per timeout.
+        let every = (quiet::timeout() / 3).as_millis().max(1) as u64;
+        first.extend(proto::frame(0, &Req::KeepAlive { ms: every }));
+        first.extend(proto::frame(u64::MAX, &Req::Info));
+        let _ = stdin.write_all(&first).and_then(|()| stdin.flush());
+    }
     let hello = proto::read_hello(&mut stdout);
     match hello {
         Ok(Hello::Ferry { protocol, .. }) if protocol == proto::PROTOCOL => {}
@@ -856,18 +900,12 @@ fn open_look(t: &Target, look: Look, sum: &str) -> Result<Arc<Conn>, Failed> {
         closed: (Mutex::new(false), Condvar::new()),
         quiet: quiet.clone(),
         bufs: Mutex::new(Vec::new()),
+        timed: AtomicBool::new(false),
     };
     let conn = {
-        // Whether the server keeps owners and its cores, asked before the
-        // reader runs: this first reply is read here.
-        let asked = std::time::Instant::now();
-        let body = conn
-            .tx
-            .send(proto::frame(u64::MAX, &Req::Info).into())
-            .ok()
-            .and_then(|()| proto::read_frame(&mut stdout).ok().flatten());
-        let rtt = asked.elapsed().as_micros().max(1) as u64;
-        RTT_US.fetch_max(rtt, Ordering::Relaxed);
+        // Whether the server keeps owners and its cores, asked with the
+        // hello: this first reply is read here, before the reader runs.
+        let body = proto::read_frame(&mut stdout).ok().flatten();
         match body.as_ref().map(|(_, b)| Body(b.clone())) {
             Some(b) => match b.get() {
                 Ok(Resp::Info { root, cores }) => {
@@ -893,13 +931,6 @@ fn open_look(t: &Target, look: Look, sum: &str) -> Result<Arc<Conn>, Failed> {
         Arc::new(conn)
     };
     quiet.attach(Arc::downgrade(&conn) as std::sync::Weak<dyn Session>);
-    // A heartbeat from the server while it works on a long request (a
-    // signature of a huge file, a big removal), a few per timeout.
-    let every = (quiet::timeout() / 3).as_millis().max(1) as u64;
-    let _ = conn.send(&Req::KeepAlive { ms: every });
-    if READ_ONLY.load(Ordering::Relaxed) {
-        let _ = conn.send(&Req::ReadOnly);
-    }
     let c = conn.clone();
     std::thread::spawn(move || read_replies(&c, stdout, child, err, errt));
     Ok(conn)
