@@ -7,25 +7,20 @@
 
 use std::collections::HashMap;
 use std::collections::VecDeque;
-use std::io::{self, BufRead, BufReader, Read, Write};
+use std::io::{self, BufReader, Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
-use ferry_ssh::conn::{classify, is_ssh_failure};
 use ferry_ssh::quiet::{Quiet, Reading, Session, Writing};
+use ferry_ssh::spawn::{self, is_ssh_failure, Tail};
 use ferry_ssh::{Lost, Target};
 
 use crate::wire::{self, Rd, Reply, Req};
 
-/// Socket buffer bytes each way between ferry and ssh (as its pipes were
-/// grown to before).
-const SOCKET_BYTES: usize = 1 << 20;
-/// Lines of ssh's stderr kept for the message of a failed session.
-const TAIL: usize = 20;
 /// Bytes per read or write request at most: OpenSSH's limit is 255 KiB; a
 /// whole number of 4 KiB blocks keeps ranged downloads block-aligned.
 const CHUNK_MAX: u32 = 252 << 10;
@@ -723,41 +718,18 @@ pub fn reconnect(t: &Target, dead: &Arc<Conn>) -> Result<Arc<Conn>, String> {
     Ok(c)
 }
 
-/// ssh's stderr, its last lines kept by a thread of their own.
-type Tail = Arc<Mutex<Vec<String>>>;
-
-fn keep_tail(pipe: impl Read + Send + 'static) -> (Tail, JoinHandle<()>) {
-    let tail = Tail::default();
-    let t = tail.clone();
-    let h = std::thread::spawn(move || {
-        for line in BufReader::new(pipe).lines().map_while(Result::ok) {
-            let mut v = t.lock().unwrap();
-            if v.len() == TAIL {
-                v.remove(0);
-            }
-            v.push(line);
-        }
-    });
-    (tail, h)
-}
-
 /// One line for a session that ended before the server answered.
 fn failed(
     t: &Target,
-    mut child: Child,
+    child: &mut Child,
     errt: JoinHandle<()>,
     tail: &Tail,
     quiet: &Quiet,
 ) -> String {
-    quiet.reaped();
-    quiet.stop();
-    let code = child.wait().ok().and_then(|s| s.code());
-    let _ = errt.join();
-    if let Some(why) = quiet.fired() {
-        return why;
-    }
-    let tail = tail.lock().unwrap().clone();
-    let why = classify(t, code, &tail);
+    let (why, tail) = match spawn::ended(t, child, errt, tail, quiet) {
+        Ok(w) => w,
+        Err(timed_out) => return timed_out,
+    };
     if is_ssh_failure(&why) {
         return why;
     }
@@ -800,35 +772,12 @@ fn open(t: &Target) -> Result<Arc<Conn>, String> {
     // sftp give it. Fed through pipes, ssh kept a standing backlog it
     // moved in memory again and again: ~1 CPU-s per GiB pushed
     // (BENCHMARKS.md, "where a 1-session SFTP push loses to plain scp").
-    let sock = match std::os::unix::net::UnixStream::pair() {
-        Ok((ours, theirs)) if std::env::var_os("FERRY_SFTP_PIPES").is_none() => {
-            for f in [&ours, &theirs] {
-                let _ = rustix::net::sockopt::set_socket_send_buffer_size(f, SOCKET_BYTES);
-                let _ = rustix::net::sockopt::set_socket_recv_buffer_size(f, SOCKET_BYTES);
-            }
-            Some((ours, theirs))
-        }
-        _ => None,
+    let io = match std::env::var_os("FERRY_SFTP_PIPES") {
+        None => spawn::Io::SocketPair,
+        Some(_) => spawn::Io::Pipes,
     };
-    let spawned = {
-        // Dropped once spawned: ssh's ends of the pair must be ssh's
-        // alone, or its exit never reads as the end of its output here.
-        let mut cmd = Command::new(&argv[0]);
-        cmd.args(&argv[1..]).stderr(Stdio::piped());
-        match &sock {
-            Some((_, theirs)) => {
-                let end = || theirs.try_clone().map(|s| Stdio::from(OwnedFd::from(s)));
-                cmd.stdin(end().map_err(|e| e.to_string())?)
-                    .stdout(end().map_err(|e| e.to_string())?);
-            }
-            None => {
-                cmd.stdin(Stdio::piped()).stdout(Stdio::piped());
-            }
-        }
-        cmd.spawn()
-    };
-    let mut child =
-        spawned.map_err(|e| format!("cannot run {:?} (the -e/FERRY_RSH command): {e}", argv[0]))?;
+    let ssh = spawn::spawn(&argv, io)?;
+    let mut child = ssh.child;
     let quiet = Quiet::start(
         child.id(),
         format!(
@@ -836,44 +785,21 @@ fn open(t: &Target) -> Result<Arc<Conn>, String> {
             t.host
         ),
     );
-    let (tail, errt) = keep_tail(child.stderr.take().expect("piped"));
-    let (stdin, stdout) = match sock {
-        Some((ours, theirs)) => {
-            drop(theirs);
-            let w = ours.try_clone().map_err(|e| e.to_string())?;
-            (
-                std::fs::File::from(OwnedFd::from(w)),
-                std::fs::File::from(OwnedFd::from(ours)),
-            )
-        }
-        None => {
-            let stdin = child.stdin.take().expect("piped");
-            let stdout = child.stdout.take().expect("piped");
-            ferry_ssh::serve::grow_pipe(stdin.as_fd());
-            ferry_ssh::serve::grow_pipe(stdout.as_fd());
-            (
-                std::fs::File::from(OwnedFd::from(stdin)),
-                std::fs::File::from(OwnedFd::from(stdout)),
-            )
-        }
-    };
+    let (tail, errt) = (ssh.tail, ssh.errt);
     let mut stdin = Writing {
-        inner: stdin,
+        inner: ssh.stdin,
         quiet: quiet.clone(),
     };
     let mut stdout = Reading {
-        inner: stdout,
+        inner: ssh.stdout,
         quiet: quiet.clone(),
     };
     // INIT, version 3; the VERSION reply lists the extensions.
     let _ = stdin.write_all(&[0, 0, 0, 5, wire::INIT, 0, 0, 0, 3]);
-    let version = match read_packet(&mut stdout) {
-        Ok(Some(r)) if r.t == wire::VERSION => r,
+    let (ext, limits) = match read_packet(&mut stdout) {
+        Ok(Some(r)) if r.t == wire::VERSION => extensions(&r),
         Ok(Some(r)) => {
-            let _ = child.kill();
-            quiet.reaped();
-            quiet.stop();
-            let _ = child.wait();
+            spawn::kill(&mut child, &quiet);
             return Err(format!(
                 "{}: the SFTP server answered out of protocol (type {})",
                 t.host, r.t
@@ -881,29 +807,9 @@ fn open(t: &Target) -> Result<Arc<Conn>, String> {
         }
         _ => {
             drop(stdin);
-            return Err(failed(t, child, errt, &tail, &quiet));
+            return Err(failed(t, &mut child, errt, &tail, &quiet));
         }
     };
-    let mut ext = Extensions::default();
-    let mut limits = false;
-    {
-        // After the type: the version, then the extensions.
-        let mut r = Rd(&version.body[1..]);
-        let _ = r.u32();
-        while let (Ok(name), Ok(_)) = (r.str(), r.str()) {
-            match name {
-                b"posix-rename@openssh.com" => ext.posix_rename = true,
-                b"fsync@openssh.com" => ext.fsync = true,
-                b"lsetstat@openssh.com" => ext.lsetstat = true,
-                b"hardlink@openssh.com" => ext.hardlink = true,
-                b"statvfs@openssh.com" => ext.statvfs = true,
-                b"home-directory" => ext.home_directory = true,
-                b"expand-path@openssh.com" => ext.expand_path = true,
-                b"limits@openssh.com" => limits = true,
-                _ => {}
-            }
-        }
-    }
     let tx = Feed::start(stdin);
     let mut conn = Conn {
         host: t.host.clone(),
@@ -921,34 +827,16 @@ fn open(t: &Target) -> Result<Arc<Conn>, String> {
         quiet: quiet.clone(),
     };
     if limits {
-        // Asked before the reader runs: this first reply is read here. It
-        // is also the session's round trip (what the engine's number of
-        // workers follows, as over ferry's own protocol).
-        let asked = std::time::Instant::now();
-        let _ = conn.tx.send(Req::ext("limits@openssh.com").finish(0));
-        let reply = read_packet(&mut stdout);
-        ferry_ssh::note_round_trip(asked.elapsed());
-        match reply {
-            Ok(Some(r)) => {
-                let mut rd = match r.extended() {
-                    Ok(rd) => rd,
-                    Err(e) => {
-                        let _ = child.kill();
-                        quiet.reaped();
-                        quiet.stop();
-                        let _ = child.wait();
-                        return Err(format!("{}: {e}", t.host));
-                    }
-                };
-                let fields = (rd.u64(), rd.u64(), rd.u64());
-                if let (Ok(_packet), Ok(read), Ok(write)) = fields {
-                    let fit = read.min(write).min(u64::from(CHUNK_MAX)) as u32;
-                    conn.chunk = (fit & !4095).max(conn.chunk);
-                }
+        match conn.limits(&mut stdout) {
+            Ok(Some(chunk)) => conn.chunk = chunk.max(conn.chunk),
+            Ok(None) => {}
+            Err(Some(e)) => {
+                spawn::kill(&mut child, &quiet);
+                return Err(format!("{}: {e}", t.host));
             }
-            _ => {
+            Err(None) => {
                 drop(conn);
-                return Err(failed(t, child, errt, &tail, &quiet));
+                return Err(failed(t, &mut child, errt, &tail, &quiet));
             }
         }
     }
@@ -964,6 +852,56 @@ fn open(t: &Target) -> Result<Arc<Conn>, String> {
         }
     }
     Ok(conn)
+}
+
+/// The extensions a VERSION reply lists, and whether `limits@openssh.com`
+/// is among them.
+fn extensions(version: &Reply) -> (Extensions, bool) {
+    let mut ext = Extensions::default();
+    let mut limits = false;
+    // After the type: the version, then the extensions.
+    let mut r = Rd(&version.body[1..]);
+    let _ = r.u32();
+    while let (Ok(name), Ok(_)) = (r.str(), r.str()) {
+        match name {
+            b"posix-rename@openssh.com" => ext.posix_rename = true,
+            b"fsync@openssh.com" => ext.fsync = true,
+            b"lsetstat@openssh.com" => ext.lsetstat = true,
+            b"hardlink@openssh.com" => ext.hardlink = true,
+            b"statvfs@openssh.com" => ext.statvfs = true,
+            b"home-directory" => ext.home_directory = true,
+            b"expand-path@openssh.com" => ext.expand_path = true,
+            b"limits@openssh.com" => limits = true,
+            _ => {}
+        }
+    }
+    (ext, limits)
+}
+
+impl Conn {
+    /// `limits@openssh.com`, asked before the reader runs (this first reply
+    /// is read here): the bytes per read or write the server takes (`None`:
+    /// it did not say). It is also the session's round trip (what the
+    /// engine's number of workers follows, as over ferry's own protocol).
+    /// `Err(None)`: the session ended.
+    fn limits(&self, stdout: &mut impl Read) -> Result<Option<u32>, Option<io::Error>> {
+        let asked = std::time::Instant::now();
+        let _ = self.tx.send(Req::ext("limits@openssh.com").finish(0));
+        let reply = read_packet(stdout);
+        ferry_ssh::note_round_trip(asked.elapsed());
+        let Ok(Some(r)) = reply else {
+            return Err(None);
+        };
+        let mut rd = r.extended().map_err(Some)?;
+        let fields = (rd.u64(), rd.u64(), rd.u64());
+        Ok(match fields {
+            (Ok(_packet), Ok(read), Ok(write)) => {
+                let fit = read.min(write).min(u64::from(CHUNK_MAX)) as u32;
+                Some(fit & !4095)
+            }
+            _ => None,
+        })
+    }
 }
 
 fn read_replies(
@@ -1005,20 +943,14 @@ fn read_replies(
     };
     out.flush();
     drop(out);
-    let _ = child.kill();
-    conn.quiet.reaped();
-    conn.quiet.stop();
-    let status = child.wait().ok().and_then(|s| s.code());
-    let _ = errt.join();
-    let mut why = format!("{}: SFTP session lost", conn.host);
-    if let Some(e) = end {
-        why.push_str(&format!(" ({e})"));
-    }
-    match (tail.lock().unwrap().last(), status) {
-        (Some(l), _) => why.push_str(&format!(" (ssh: {l})")),
-        (None, Some(c)) => why.push_str(&format!(" (ssh exited with status {c})")),
-        _ => {}
-    }
-    // Given up for silence: that is the cause (ssh was killed for it).
-    conn.die(conn.quiet.fired().unwrap_or(why));
+    let status = spawn::reap(&mut child, errt, &conn.quiet, true);
+    let why = spawn::lost(
+        &conn.host,
+        "SFTP session lost",
+        end,
+        &tail,
+        status,
+        &conn.quiet,
+    );
+    conn.die(why);
 }

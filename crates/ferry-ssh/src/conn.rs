@@ -6,12 +6,15 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::io::{self, BufRead, BufReader, Read, Write};
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::io::{self, BufReader, Read, Write};
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread::JoinHandle;
+
+use crate::spawn::{self, NO_FERRY};
+pub use crate::spawn::{classify, is_ssh_failure};
 
 use crate::install::{Look, Report};
 use crate::proto::{self, Hello, Out, Req, Resp};
@@ -22,8 +25,6 @@ use crate::quiet::{self, Quiet, Reading, Session, Writing};
 const QUEUED: usize = 64;
 /// Buffers of big replies kept for reuse at most ([`Conn::recycle`]).
 const RECYCLED: usize = 16;
-/// Lines of ssh's stderr kept for the message of a failed connection.
-const TAIL: usize = 20;
 
 /// How to reach a host: the command, the host and port, the remote binary.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -547,18 +548,6 @@ fn lost_error(why: String) -> io::Error {
     io::Error::new(io::ErrorKind::ConnectionAborted, Lost(why))
 }
 
-/// The last lines of ssh's stderr (what ssh or the remote said), for the
-/// message of a connection that failed or was lost.
-struct Stderr {
-    tail: Mutex<Vec<String>>,
-}
-
-impl Stderr {
-    fn last(&self) -> Option<String> {
-        self.tail.lock().unwrap().last().cloned()
-    }
-}
-
 /// The longest round trip measured on this run's connections, in µs.
 static RTT_US: AtomicU64 = AtomicU64::new(0);
 
@@ -773,51 +762,24 @@ fn open(t: &Target) -> Result<Arc<Conn>, Failed> {
 
 fn open_look(t: &Target, look: Look, sum: &str) -> Result<Arc<Conn>, Failed> {
     let argv = t.argv_look(look, sum).map_err(Failed::Other)?;
-    let mut child = Command::new(&argv[0])
-        .args(&argv[1..])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| {
-            Failed::Other(format!(
-                "cannot run {:?} (the -e/FERRY_RSH command): {e}",
-                argv[0]
-            ))
-        })?;
+    let ssh = spawn::spawn(&argv, spawn::Io::Pipes).map_err(Failed::Other)?;
     let quiet = Quiet::start(
-        child.id(),
+        ssh.child.id(),
         format!("{}: connection lost: no answer from ferry serve", t.host),
     );
-    let err = Arc::new(Stderr {
-        tail: Mutex::new(Vec::new()),
-    });
-    let errt = {
-        let (err, pipe) = (err.clone(), child.stderr.take().expect("piped"));
-        std::thread::spawn(move || {
-            for line in BufReader::new(pipe).lines() {
-                let Ok(line) = line else { break };
-                let mut tail = err.tail.lock().unwrap();
-                if tail.len() == TAIL {
-                    tail.remove(0);
-                }
-                tail.push(line);
-            }
-        })
+    let mut start = Starting {
+        t,
+        child: ssh.child,
+        errt: Some(ssh.errt),
+        tail: ssh.tail,
+        quiet: quiet.clone(),
     };
-    let stdin = child.stdin.take().expect("piped");
-    let stdout = child.stdout.take().expect("piped");
-    {
-        use std::os::fd::AsFd;
-        crate::serve::grow_pipe(stdin.as_fd());
-        crate::serve::grow_pipe(stdout.as_fd());
-    }
     let mut stdin = Writing {
-        inner: stdin,
+        inner: ssh.stdin,
         quiet: quiet.clone(),
     };
     let mut stdout = Reading {
-        inner: stdout,
+        inner: ssh.stdout,
         quiet: quiet.clone(),
     };
     // The hello and the first requests in one write, before the other
@@ -825,75 +787,31 @@ fn open_look(t: &Target, look: Look, sum: &str) -> Result<Arc<Conn>, Failed> {
     // checked the hello's protocol, and a start command that runs no
     // ferry reads none. So the server's answers (its cores, whether it
     // keeps owners) cost no round trip of their own.
-    {
-        let mut first = Vec::with_capacity(128);
-        let _ = proto::write_hello(&mut first);
-        if READ_ONLY.load(Ordering::Relaxed) {
-            first.extend(proto::frame(0, &Req::ReadOnly));
-        }
-        // A heartbeat from the server while it works on a long request (a
-        // signature of a huge file, a big removal), a few per timeout.
-        let every = (quiet::timeout() / 3).as_millis().max(1) as u64;
-        first.extend(proto::frame(0, &Req::KeepAlive { ms: every }));
-        first.extend(proto::frame(u64::MAX, &Req::Info));
-        let _ = stdin.write_all(&first).and_then(|()| stdin.flush());
-    }
-    let hello = proto::read_hello(&mut stdout);
-    match hello {
-        Ok(Hello::Ferry { protocol, .. }) if protocol == proto::PROTOCOL => {}
-        Ok(Hello::Ferry { protocol, version }) => {
-            let _ = child.kill();
-            quiet.reaped();
-            quiet.stop();
-            let _ = child.wait();
-            return Err(Failed::NoFerry(format!(
-                "{}: the remote ferry ({}) is version {version} (protocol {protocol}), this is {} (protocol {}): install ferry {} there, or name one with --remote-ferry PATH",
-                t.host, t.remote_ferry, proto::version(), proto::PROTOCOL, proto::version()
-            )));
-        }
-        Ok(Hello::Other(b)) if b.starts_with(b"#") => {
-            // The start command's report (or what else it said).
-            let mut text = b;
-            let _ = stdout.read_to_end(&mut text);
-            drop(stdin);
-            let text = String::from_utf8_lossy(&text).into_owned();
-            if let Some(rest) = text.strip_prefix(crate::install::PROBE) {
-                quiet.reaped();
-                quiet.stop();
-                let _ = child.wait();
-                let _ = errt.join();
-                return Err(Failed::Report(Report::parse(rest)));
-            }
-            return Err(ended(t, child, errt, &err, &quiet));
-        }
-        Ok(Hello::Other(b)) => {
-            let _ = child.kill();
-            quiet.reaped();
-            quiet.stop();
-            let what = format!(
-                "{}: `{} serve` did not answer as ferry serve does (it wrote {:?}); name ferry there with --remote-ferry PATH",
-                t.host,
-                t.remote_ferry,
-                String::from_utf8_lossy(&b)
-            );
-            let _ = child.wait();
-            return Err(Failed::NoFerry(what));
-        }
-        Err(_) => {
-            drop(stdin);
-            return Err(ended(t, child, errt, &err, &quiet));
-        }
+    let _ = stdin.write_all(&first_words()).and_then(|()| stdin.flush());
+    if let Err(n) = start.hello(&mut stdout) {
+        // (Its input closed before ssh is waited for.)
+        drop(stdin);
+        return Err(start.settle(n));
     }
     let (tx, rx) = mpsc::sync_channel::<Out>(QUEUED);
     std::thread::spawn(move || proto::write_out(stdin, rx));
-    let mut conn = Conn {
+    // Whether the server keeps owners and its cores, asked with the hello:
+    // this first reply is read here, before the reader runs.
+    let (root, cores) = match start.info(&mut stdout) {
+        Ok(info) => info,
+        Err(n) => {
+            drop(tx);
+            return Err(start.settle(n));
+        }
+    };
+    let conn = Arc::new(Conn {
         host: t.host.clone(),
         tx,
         pending: Mutex::new(Pending::default()),
         next: AtomicU64::new(1),
         gone: AtomicBool::new(false),
-        root: false,
-        cores: 1,
+        root,
+        cores,
         target: t.clone(),
         extra: Mutex::new(Vec::new()),
         closing: AtomicBool::new(false),
@@ -901,46 +819,126 @@ fn open_look(t: &Target, look: Look, sum: &str) -> Result<Arc<Conn>, Failed> {
         quiet: quiet.clone(),
         bufs: Mutex::new(Vec::new()),
         timed: AtomicBool::new(false),
-    };
-    let conn = {
-        // Whether the server keeps owners and its cores, asked with the
-        // hello: this first reply is read here, before the reader runs.
-        let body = proto::read_frame(&mut stdout).ok().flatten();
-        match body.as_ref().map(|(_, b)| Body(b.clone())) {
-            Some(b) => match b.get() {
-                Ok(Resp::Info { root, cores }) => {
-                    conn.root = root;
-                    conn.cores = (cores as usize).max(1);
-                }
-                _ => {
-                    let _ = child.kill();
-                    quiet.reaped();
-                    quiet.stop();
-                    let _ = child.wait();
-                    return Err(Failed::Other(format!(
-                        "{}: ferry serve answered out of protocol",
-                        t.host
-                    )));
-                }
-            },
-            None => {
-                drop(conn);
-                return Err(ended(t, child, errt, &err, &quiet));
-            }
-        }
-        Arc::new(conn)
-    };
+    });
     quiet.attach(Arc::downgrade(&conn) as std::sync::Weak<dyn Session>);
     let c = conn.clone();
-    std::thread::spawn(move || read_replies(&c, stdout, child, err, errt));
+    let (child, tail) = (start.child, start.tail);
+    let errt = start.errt.take().expect("not reaped");
+    std::thread::spawn(move || read_replies(&c, stdout, child, tail, errt));
     Ok(conn)
+}
+
+/// What a connection writes first: the hello, this run's read-only flag,
+/// the heartbeat request and the Info request (answered with the hello).
+fn first_words() -> Vec<u8> {
+    let mut first = Vec::with_capacity(128);
+    let _ = proto::write_hello(&mut first);
+    if READ_ONLY.load(Ordering::Relaxed) {
+        first.extend(proto::frame(0, &Req::ReadOnly));
+    }
+    // A heartbeat from the server while it works on a long request (a
+    // signature of a huge file, a big removal), a few per timeout.
+    let every = (quiet::timeout() / 3).as_millis().max(1) as u64;
+    first.extend(proto::frame(0, &Req::KeepAlive { ms: every }));
+    first.extend(proto::frame(u64::MAX, &Req::Info));
+    first
+}
+
+/// Why a connection did not start, before ssh is waited for.
+enum NoHello {
+    /// Not wanted (kill ssh): this is why.
+    Kill(Failed),
+    /// The start command's report: it exits on its own.
+    Report(Report),
+    /// The stream ended: why, from ssh's stderr once it exits.
+    Ended,
+}
+
+/// A connection being started: its ssh, until the session runs.
+struct Starting<'a> {
+    t: &'a Target,
+    child: Child,
+    errt: Option<JoinHandle<()>>,
+    tail: spawn::Tail,
+    quiet: Arc<Quiet>,
+}
+
+impl Starting<'_> {
+    /// ssh killed or waited for, as `n` says, and why the session did not
+    /// start.
+    fn settle(&mut self, n: NoHello) -> Failed {
+        let errt = self.errt.take().expect("not reaped");
+        match n {
+            NoHello::Kill(f) => {
+                spawn::kill(&mut self.child, &self.quiet);
+                drop(errt);
+                f
+            }
+            NoHello::Report(r) => {
+                spawn::reap(&mut self.child, errt, &self.quiet, false);
+                Failed::Report(r)
+            }
+            NoHello::Ended => {
+                match spawn::ended(self.t, &mut self.child, errt, &self.tail, &self.quiet) {
+                    Err(timed_out) => Failed::Other(timed_out),
+                    Ok((why, _)) if why.contains(NO_FERRY) => Failed::NoFerry(why),
+                    Ok((why, _)) => Failed::Other(why),
+                }
+            }
+        }
+    }
+
+    /// Read the other end's hello: `ferry serve` of this protocol, or why
+    /// not (the start command's report, another ferry, another program).
+    fn hello(&mut self, stdout: &mut impl Read) -> Result<(), NoHello> {
+        let t = self.t;
+        match proto::read_hello(stdout) {
+            Ok(Hello::Ferry { protocol, .. }) if protocol == proto::PROTOCOL => Ok(()),
+            Ok(Hello::Ferry { protocol, version }) => Err(NoHello::Kill(Failed::NoFerry(format!(
+                "{}: the remote ferry ({}) is version {version} (protocol {protocol}), this is {} (protocol {}): install ferry {} there, or name one with --remote-ferry PATH",
+                t.host, t.remote_ferry, proto::version(), proto::PROTOCOL, proto::version()
+            )))),
+            Ok(Hello::Other(b)) if b.starts_with(b"#") => {
+                // The start command's report (or what else it said).
+                let mut text = b;
+                let _ = stdout.read_to_end(&mut text);
+                let text = String::from_utf8_lossy(&text).into_owned();
+                Err(match text.strip_prefix(crate::install::PROBE) {
+                    Some(rest) => NoHello::Report(Report::parse(rest)),
+                    None => NoHello::Ended,
+                })
+            }
+            Ok(Hello::Other(b)) => Err(NoHello::Kill(Failed::NoFerry(format!(
+                "{}: `{} serve` did not answer as ferry serve does (it wrote {:?}); name ferry there with --remote-ferry PATH",
+                t.host,
+                t.remote_ferry,
+                String::from_utf8_lossy(&b)
+            )))),
+            Err(_) => Err(NoHello::Ended),
+        }
+    }
+
+    /// The answer to the Info request sent with the hello: whether the
+    /// server runs as root, and its cores.
+    fn info(&self, stdout: &mut impl Read) -> Result<(bool, usize), NoHello> {
+        let Some((_, body)) = proto::read_frame(stdout).ok().flatten() else {
+            return Err(NoHello::Ended);
+        };
+        match Body(body).get() {
+            Ok(Resp::Info { root, cores }) => Ok((root, (cores as usize).max(1))),
+            _ => Err(NoHello::Kill(Failed::Other(format!(
+                "{}: ferry serve answered out of protocol",
+                self.t.host
+            )))),
+        }
+    }
 }
 
 fn read_replies(
     conn: &Conn,
-    stdout: Reading<ChildStdout>,
+    stdout: Reading<std::fs::File>,
     mut child: Child,
-    err: Arc<Stderr>,
+    tail: spawn::Tail,
     errt: JoinHandle<()>,
 ) {
     // A small buffer: a big reply's data is read past it, into its place
@@ -964,76 +962,22 @@ fn read_replies(
     };
     // The stream ended: say why, with what ssh said last. (At the end of
     // a run, ssh is exiting on its own: waited for, not killed.)
-    if !conn.closing.load(Ordering::Relaxed) {
-        let _ = child.kill();
-    }
-    conn.quiet.reaped();
-    conn.quiet.stop();
-    let status = child.wait().ok().and_then(|s| s.code());
-    let _ = errt.join();
+    let closing = conn.closing.load(Ordering::Relaxed);
+    let status = spawn::reap(&mut child, errt, &conn.quiet, !closing);
     {
         let (lock, cv) = &conn.closed;
         *lock.lock().unwrap() = true;
         cv.notify_all();
     }
-    let mut why = format!("{}: connection lost", conn.host);
-    if let Some(e) = end {
-        why.push_str(&format!(" ({e})"));
-    }
-    match (err.last(), status) {
-        (Some(l), _) => why.push_str(&format!(" (ssh: {l})")),
-        (None, Some(c)) => why.push_str(&format!(" (ssh exited with status {c})")),
-        _ => {}
-    }
-    // Given up for silence: that is the cause (ssh was killed for it).
-    conn.die(conn.quiet.fired().unwrap_or(why));
-}
-
-/// The session ended before it started: wait for ssh, then say why.
-fn ended(
-    t: &Target,
-    mut child: Child,
-    errt: JoinHandle<()>,
-    err: &Stderr,
-    quiet: &Quiet,
-) -> Failed {
-    quiet.reaped();
-    quiet.stop();
-    let status = child.wait().ok().and_then(|s| s.code());
-    if let Some(why) = quiet.fired() {
-        let _ = errt.join();
-        return Failed::Other(why);
-    }
-    let _ = errt.join();
-    let tail = err.tail.lock().unwrap().clone();
-    let why = classify(t, status, &tail);
-    if why.contains(NO_FERRY) {
-        Failed::NoFerry(why)
-    } else {
-        Failed::Other(why)
-    }
-}
-
-/// What [`classify`] says when the remote has no ferry.
-const NO_FERRY: &str = "no ferry on the remote";
-
-/// True when `why`, a message of [`classify`] (or of [`connect`]), says
-/// ssh itself failed (unreachable, authentication, host key, no ssh, no
-/// answer for `--timeout`):
-/// the host was not reached, so nothing else over ssh can work either.
-pub fn is_ssh_failure(why: &str) -> bool {
-    [
-        ": host key verification failed:",
-        ": authentication failed:",
-        ": host unreachable (",
-        ": ssh failed: ",
-        "(the -e/FERRY_RSH command)",
-        // Given up for silence (`--timeout`): the host did not answer,
-        // which is not a host where ferry cannot run.
-        " s (--timeout)",
-    ]
-    .iter()
-    .any(|s| why.contains(s))
+    let why = spawn::lost(
+        &conn.host,
+        "connection lost",
+        end,
+        &tail,
+        status,
+        &conn.quiet,
+    );
+    conn.die(why);
 }
 
 /// True when `why`, a message of [`connect`] for a session that did not
@@ -1045,68 +989,6 @@ pub fn is_ssh_failure(why: &str) -> bool {
 /// and the run stops, as docs/CLI.md says.
 pub fn ferry_cannot_run(why: &str) -> bool {
     !is_ssh_failure(why) && !why.contains(crate::install::NOT_THIS)
-}
-
-/// One line for a session that did not start: what ssh or the remote said.
-pub fn classify(t: &Target, code: Option<i32>, tail: &[String]) -> String {
-    let h = &t.host;
-    let all = tail.join("\n");
-    let last = tail
-        .iter()
-        .rev()
-        .find(|l| !l.trim().is_empty())
-        .map(|l| l.trim().to_string())
-        .unwrap_or_default();
-    let has = |s: &str| all.contains(s);
-    if has("REMOTE HOST IDENTIFICATION HAS CHANGED") || has("has changed and you have requested") {
-        // ssh names the command that forgets the old key.
-        let forget = tail
-            .iter()
-            .find(|l| l.contains("ssh-keygen") && l.contains(" -R "))
-            .map_or_else(
-                || "ssh-keygen -R HOST".to_string(),
-                |l| l.trim().to_string(),
-            );
-        return format!("{h}: host key verification failed: the host's key changed: it is not the one known_hosts has for it (a reinstalled host, or someone in between); if the change is expected, forget the old key ({forget}) and connect once with ssh to check and accept the new one");
-    }
-    if has("host key is known for") || has("Host key verification failed") {
-        return format!("{h}: host key verification failed: known_hosts has no key for this host (never connected): connect once with ssh to check and accept its key, then run ferry again (ssh: {last})");
-    }
-    if has("Permission denied") || has("Too many authentication failures") {
-        return format!("{h}: authentication failed: the host refused every key or password ssh offered: check the user name, and that your key is in the host's authorized_keys (ssh-copy-id) or loaded in your agent (ssh: {last})");
-    }
-    for s in [
-        "Could not resolve hostname",
-        "Connection refused",
-        "timed out",
-        "No route to host",
-        "Network is unreachable",
-        "Connection closed by",
-        "Connection reset",
-        "kex_exchange_identification",
-    ] {
-        if has(s) {
-            return format!("{h}: host unreachable (ssh: {last})");
-        }
-    }
-    if code == Some(127)
-        || has("command not found")
-        || has(": not found")
-        || has("No such file or directory")
-    {
-        return format!(
-            "{h}: {NO_FERRY} (`{} serve`: {last}); install ferry there or name it with --remote-ferry PATH",
-            t.remote_ferry
-        );
-    }
-    match code {
-        Some(255) => format!("{h}: ssh failed: {last}"),
-        Some(c) => format!(
-            "{h}: `{} serve` exited with status {c} before answering: {last}",
-            t.remote_ferry
-        ),
-        None => format!("{h}: the connection ended before ferry serve answered: {last}"),
-    }
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@ pub mod proto;
 mod push;
 pub mod quiet;
 pub mod serve;
+pub mod spawn;
 pub mod splice;
 pub mod store;
 pub mod watch;

@@ -115,9 +115,6 @@ fn home_of(user: &[u8]) -> io::Result<Vec<u8>> {
 const WORKERS: usize = 16;
 /// Requests queued for the disk thread at most (chunks of big files).
 const DISK_QUEUE: usize = 8;
-/// Bytes the pipes to and from ssh hold (the kernel's default is 64 KiB):
-/// room for whole chunks while the other side is busy.
-pub const PIPE_BYTES: usize = 1 << 20;
 
 /// A file being written: open, or failed (the error goes back on commit).
 enum Writing {
@@ -224,18 +221,12 @@ pub fn serve_guarded(guard: Option<u32>) -> io::Result<()> {
     use std::os::fd::AsFd;
     let input = std::fs::File::from(io::stdin().as_fd().try_clone_to_owned()?);
     let output = std::fs::File::from(io::stdout().as_fd().try_clone_to_owned()?);
-    grow_pipe(input.as_fd());
-    grow_pipe(output.as_fd());
+    crate::spawn::grow_pipe(input.as_fd());
+    crate::spawn::grow_pipe(output.as_fd());
     // A small buffer: a big file's chunk is read past it, straight into
     // its aligned buffer ([`read_request`]), and only what the buffer
     // holds is copied twice.
     serve_on(io::BufReader::with_capacity(64 << 10, input), output)
-}
-
-/// Give a pipe [`PIPE_BYTES`] of room (a hint: not a pipe, or a limit
-/// below it, and it stays as it is).
-pub fn grow_pipe(fd: std::os::fd::BorrowedFd<'_>) {
-    let _ = rustix::pipe::fcntl_setpipe_size(fd, PIPE_BYTES);
 }
 
 /// Serve requests read from `input`, replies written to `output`.
