@@ -15,6 +15,7 @@ use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
+use ferry_ssh::extra::{self, Extra};
 use ferry_ssh::quiet::{Quiet, Reading, Session, Writing};
 use ferry_ssh::spawn::{self, is_ssh_failure, Tail};
 use ferry_ssh::{Lost, Target};
@@ -80,7 +81,7 @@ pub struct Conn {
     target: Target,
     /// Further sessions to the same host for big files, opened when first
     /// needed.
-    extra: Mutex<Vec<Option<Arc<Conn>>>>,
+    extra: Extra<Conn>,
     /// The session of the next small file ([`Conn::next_small`]), and the
     /// further sessions whose opening was started for them.
     turn: AtomicUsize,
@@ -283,23 +284,7 @@ impl Conn {
     /// Session `k` (0 is this one) of [`Conn::width`], opened now if it is
     /// not yet; this one when another cannot be opened.
     pub fn nth(self: &Arc<Conn>, k: usize) -> Arc<Conn> {
-        if k == 0 {
-            return self.clone();
-        }
-        let mut extra = self.extra.lock().unwrap();
-        if extra.len() < k {
-            extra.resize(k, None);
-        }
-        match &extra[k - 1] {
-            Some(c) if !c.gone.load(Ordering::Relaxed) => c.clone(),
-            _ => match open(&self.target) {
-                Ok(c) => {
-                    extra[k - 1] = Some(c.clone());
-                    c
-                }
-                Err(_) => self.clone(),
-            },
-        }
+        extra::nth(self, &self.extra, k, gone, || open(&self.target).ok())
     }
 
     /// The session for the next file of a run's many: turn by turn over
@@ -315,10 +300,8 @@ impl Conn {
         if k == 0 {
             return self.clone();
         }
-        if let Some(Some(c)) = self.extra.lock().unwrap().get(k - 1) {
-            if !c.gone.load(Ordering::Relaxed) {
-                return c.clone();
-            }
+        if let Some(c) = extra::live(&self.extra, k, gone) {
+            return c;
         }
         let mut opening = self.opening.lock().unwrap();
         if !opening.contains(&k) {
@@ -328,14 +311,8 @@ impl Conn {
             std::thread::spawn(move || {
                 let Ok(c) = open(&t) else { return };
                 let Some(me) = me.upgrade() else { return };
-                let mut extra = me.extra.lock().unwrap();
-                if extra.len() < k {
-                    extra.resize(k, None);
-                }
                 // (One `nth` opened meanwhile is kept.)
-                if !matches!(&extra[k - 1], Some(o) if !o.gone.load(Ordering::Relaxed)) {
-                    extra[k - 1] = Some(c);
-                }
+                extra::place(&me.extra, k, c, gone);
             });
         }
         self.clone()
@@ -740,6 +717,11 @@ fn failed(
         t.host,
         last.map(|l| format!(": {}", l.trim())).unwrap_or_default()
     )
+}
+
+/// A session that is gone (lost, or closed).
+fn gone(c: &Conn) -> bool {
+    c.gone.load(Ordering::Relaxed)
 }
 
 fn read_packet(r: &mut impl Read) -> io::Result<Option<Reply>> {

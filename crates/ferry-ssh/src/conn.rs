@@ -509,23 +509,13 @@ impl Conn {
     /// is not yet; this one when another cannot be opened (the work goes
     /// on, on fewer connections).
     pub fn nth(self: &Arc<Conn>, k: usize) -> Arc<Conn> {
-        if k == 0 {
-            return self.clone();
-        }
-        let mut extra = self.extra.lock().unwrap();
-        if extra.len() < k {
-            extra.resize(k, None);
-        }
-        match &extra[k - 1] {
-            Some(c) if !c.gone.load(Ordering::Relaxed) => c.clone(),
-            _ => match open(&self.target) {
-                Ok(c) => {
-                    extra[k - 1] = Some(c.clone());
-                    c
-                }
-                Err(_) => self.clone(),
-            },
-        }
+        crate::extra::nth(
+            self,
+            &self.extra,
+            k,
+            |c| c.gone.load(Ordering::Relaxed),
+            || open(&self.target).ok(),
+        )
     }
 
     fn die(&self, why: String) {

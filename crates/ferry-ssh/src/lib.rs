@@ -10,6 +10,7 @@
 #![deny(missing_docs)]
 
 pub mod conn;
+pub mod extra;
 pub mod install;
 pub mod proto;
 mod push;
