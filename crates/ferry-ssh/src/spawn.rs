@@ -91,12 +91,11 @@ pub struct Ssh {
 /// stdin and stdout as `io` says and its stderr kept.
 pub fn spawn(argv: &[String], io: Io) -> Result<Ssh, String> {
     let sock = match io {
-        Io::SocketPair => std::os::unix::net::UnixStream::pair().ok().map(|pair| {
+        Io::SocketPair => std::os::unix::net::UnixStream::pair().ok().inspect(|pair| {
             for f in [&pair.0, &pair.1] {
                 let _ = rustix::net::sockopt::set_socket_send_buffer_size(f, SOCKET_BYTES);
                 let _ = rustix::net::sockopt::set_socket_recv_buffer_size(f, SOCKET_BYTES);
             }
-            pair
         }),
         Io::Pipes => None,
     };
