@@ -302,6 +302,47 @@ fn write_from_fd(
     Ok((r, n))
 }
 
+/// What a killed run sent of this same source (`ident`), when its
+/// partial and record (`at`) are still there and the record is trusted;
+/// a record not trusted is removed (it goes before the partial is
+/// emptied: it is rewritten in place later and must not outlive its
+/// content).
+fn resumable(
+    conn: &Conn,
+    at: (&[u8], &[u8]),
+    ident: &str,
+    size: u64,
+) -> io::Result<Option<RangeSet>> {
+    let (part, record) = at;
+    let old = read_small(conn, record)?;
+    let had = match &old {
+        Some(t) => parse_record(t, ident).filter(|set| {
+            let stat = conn
+                .call(Req::path(w::LSTAT, part))
+                .and_then(|r| r.attrs_if());
+            matches!(stat, Ok(Some(a)) if a.size.unwrap_or(0) <= size && set.total() > 0)
+        }),
+        None => None,
+    };
+    if old.is_some() && had.is_none() {
+        let _ = conn.call(Req::path(w::REMOVE, record));
+    }
+    Ok(had)
+}
+
+/// The ranges of a `size`-byte file not `done` yet, in pieces of
+/// [`RANGE`] at most.
+fn ranges_to_send(done: &RangeSet, size: u64) -> Vec<(u64, u64)> {
+    done.missing(size)
+        .into_iter()
+        .flat_map(|(a, b)| {
+            (a..b)
+                .step_by(RANGE as usize)
+                .map(move |x| (x, (x + RANGE).min(b)))
+        })
+        .collect()
+}
+
 impl SftpWriter {
     pub(crate) fn create(
         s: &SftpStore,
@@ -406,24 +447,7 @@ impl SftpWriter {
             &self.dir,
             partial_name(key ^ 0x9e37_79b9_7f4a_7c15).as_bytes(),
         );
-        // What a killed run sent of this same source, if its partial is
-        // still there.
-        let old = read_small(conn, &record)?;
-        let had = match &old {
-            Some(t) => parse_record(t, &ident).filter(|set| {
-                let stat = conn
-                    .call(Req::path(w::LSTAT, &part))
-                    .and_then(|r| r.attrs_if());
-                matches!(stat, Ok(Some(a)) if a.size.unwrap_or(0) <= size && set.total() > 0)
-            }),
-            None => None,
-        };
-        if old.is_some() && had.is_none() {
-            // A record not trusted goes before the partial is emptied (it
-            // is rewritten in place later: it must not outlive its
-            // content).
-            let _ = conn.call(Req::path(w::REMOVE, &record));
-        }
+        let had = resumable(conn, (&part, &record), &ident, size)?;
         let flags = w::F_CREAT | if had.is_some() { 0 } else { w::F_TRUNC };
         let h0 = open_write(conn, &part, flags)?;
         self.temp = part.clone();
@@ -438,15 +462,7 @@ impl SftpWriter {
                 p.add(done.total());
             }
         }
-        let todo: Vec<(u64, u64)> = done
-            .missing(size)
-            .into_iter()
-            .flat_map(|(a, b)| {
-                (a..b)
-                    .step_by(RANGE as usize)
-                    .map(move |x| (x, (x + RANGE).min(b)))
-            })
-            .collect();
+        let todo = ranges_to_send(&done, size);
         let progress = src.progress();
         let next = AtomicUsize::new(0);
         let take = || todo.get(next.fetch_add(1, Ordering::Relaxed)).copied();
