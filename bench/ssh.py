@@ -7,7 +7,10 @@ on a throwaway sshd on 127.0.0.1 (scripts/sshd), runs alternated, medians.
 
 Workloads (generated under --workdir, removed at the end):
   small: 10,000 x 4 KiB, first copy, push (local -> host:path) and pull (host:path -> local);
-  noop:  100,000 x 1 KiB already in place, push (nothing to copy);
+  noop:  100,000 x 1 KiB already in place (nothing to copy), push and pull; in the same
+         rounds, alternated with the tools: `ssh host true` and the same no-op between two
+         local directories (ferry and rsync), so that "ssh + local no-op" is of the same
+         moments as the remote no-ops (--noop-files 10000,100000: one workload per count);
   big:   one 1 GiB file, first copy, push and pull;
   delta: one 1 GiB file the receiving side has an old copy of, pushed and pulled again,
          with 100 scattered 4 KiB changes ("scattered") and with 1 MiB appended ("append"):
@@ -49,14 +52,15 @@ ap.add_argument("--smoke", action="store_true")
 ap.add_argument("--tools", default="", help="comma list (default: ferry,ferry-sftp,rsync and scp,rclone when installed)")
 ap.add_argument("--cipher", default="aes128-gcm@openssh.com",
                 help="the cipher every tool's ssh is given (-c), or 'default': none, each tool as users run it")
-ap.add_argument("--noop-files", type=int, default=100_000)
+ap.add_argument("--noop-files", default="100000", help="comma list: one no-op workload per count")
 ap.add_argument("--only", default="", help="comma list of workloads and directions: small,noop,big,delta,push,pull")
 a = ap.parse_args()
 ferry = os.path.abspath(a.ferry)
 repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 runs = 1 if a.smoke else a.runs
+noops = [int(n) for n in a.noop_files.split(",") if n]
 W = {"small": (200, 4096), "noop": (300, 1024), "big": (1, 3 << 20)} if a.smoke else \
-    {"small": (10_000, 4096), "noop": (a.noop_files, 1024), "big": (1, 1 << 30)}
+    {"small": (10_000, 4096), **{f"noop{n}": (n, 1024) for n in noops}, "big": (1, 1 << 30)}
 only = set(filter(None, a.only.split(",")))
 
 os.makedirs(a.workdir, exist_ok=True)
@@ -255,7 +259,7 @@ def delta_rows():
         for push in (True, False):
             if only & {"push", "pull"} and ("push" if push else "pull") not in only:
                 continue
-            for tool in [t for t in tools if t in ("ferry", "ferry-base", "rsync")]:
+            for tool in [t for t in tools if t in ("ferry-default", "ferry", "ferry-base", "rsync")]:
                 walls, cpus, rcpus, wires, agains = [], [], [], [], []
                 for _ in range(runs):
                     recv = os.path.join(base, "there" if push else "back")
@@ -352,17 +356,51 @@ def fixed_rows():
     shutil.rmtree(base, ignore_errors=True)
 
 
-def local_noop(src):
-    """The same no-op between two local directories (ferry copy SRC DIR)."""
-    dst = os.path.join(a.workdir, "noop", "local")
-    subprocess.run([ferry, "copy", src, dst], check=True, capture_output=True)
-    t = [timed([ferry, "copy", src, dst]) for _ in range(runs)]
-    rows.append(("noop", "local", "ferry (local dirs)", statistics.median(x[0] for x in t),
-                 statistics.median(x[1] for x in t), 0.0, "the same no-op, no ssh"))
-    t = [timed(["rsync", "-a", src + "/", dst]) for _ in range(runs)]
-    rows.append(("noop", "local", "rsync (local dirs)", statistics.median(x[0] for x in t),
-                 statistics.median(x[1] for x in t), 0.0, "the same no-op, no ssh"))
-    shutil.rmtree(dst, ignore_errors=True)
+def noop_rows(wl, n, src):
+    """A tree already in place on the receiving side, synced again (nothing to copy), push
+    and pull. Each tool's copy is made once, by the tool itself; then, in every round,
+    alternated: each tool's no-op, `ssh host true`, and the same no-op between two local
+    directories (ferry and rsync)."""
+    label = f"no-op, {n:,} x 1 KiB"
+    local = os.path.join(a.workdir, wl, "local")
+    ssh_true = ["ssh", "-F", config] + cipher + [host, "true"]
+    fixed = {"ssh host true": ssh_true,
+             "ferry (local dirs)": [ferry, "copy", src, local],
+             "rsync (local dirs)": ["rsync", "-a", src + "/", local]}
+    subprocess.run([ferry, "copy", src, local], check=True, capture_output=True)
+    far = os.path.join(a.workdir, wl, "far")
+    timed(cmd("ferry", src, far, True))
+    use = [t for t in tools if t not in ("scp", "scp-sftp", "tar")]
+    for push in (True, False):
+        d = "push" if push else "pull"
+        if only & {"push", "pull"} and d not in only:
+            continue
+        argv = {}
+        for tool in use:
+            there = os.path.join(a.workdir, wl, f"{d}-{tool}")
+            argv[tool] = cmd(tool, src, there, True) if push else cmd(tool, far, there, False)
+            timed(argv[tool])  # the tool's own first copy
+            if a.smoke:
+                timed(argv[tool])
+                same(src, there)
+        argv.update(fixed)
+        got = {t: ([], [], [], []) for t in argv}
+        for _ in range(runs):
+            for t, v in argv.items():  # alternated: a noisy moment hits every one alike
+                for acc, x in zip(got[t], timed(v)):
+                    acc.append(x)
+        for t in argv:
+            walls, cpus, rcpus, _ = got[t]
+            w, c, rc = statistics.median(walls), statistics.median(cpus), statistics.median(rcpus)
+            note = f"min {min(walls):.2f}, max {max(walls):.2f}"
+            rows.append((label, d, t, w, c, rc, note))
+            print(f"{label} {d} {t:20} {w:7.2f} s  cpu {c:6.2f} s here {rc:6.2f} s there  {note}", flush=True)
+        # The sum the no-op is held to, from the same rounds, round by round.
+        sums = [x + y for x, y in zip(got["ssh host true"][0], got["ferry (local dirs)"][0])]
+        rows.append((label, d, "ssh host true + ferry local no-op", statistics.median(sums), 0.0, 0.0,
+                     "the bound: sum of the two in each round, median"))
+        for tool in use:
+            conns.append((label, d, tool, count_ssh(argv[tool])))
 
 
 rows = []
@@ -388,18 +426,20 @@ try:
         fixed_rows()
     uncache()
     for wl, (n, size) in W.items():
-        if only and wl not in only:
+        kind = "noop" if wl.startswith("noop") else wl
+        if only and kind not in only:
             continue
         src = os.path.join(a.workdir, wl, "src")
         gen(src, n, size)
         total = n * size
+        if kind == "noop":
+            noop_rows(wl, n, src)
+            shutil.rmtree(os.path.join(a.workdir, wl), ignore_errors=True)
+            continue
         for push in (True, False):
-            if wl == "noop" and not push:
-                continue
             if only & {"push", "pull"} and ("push" if push else "pull") not in only:
                 continue
-            # scp and tar have no no-op: they copy everything again.
-            use = [t for t in tools if not (wl == "noop" and t in ("scp", "scp-sftp", "tar"))]
+            use = tools
             got = {t: ([], [], [], []) for t in use}
             for _ in range(runs):
                 for tool in use:  # alternated: a noisy moment hits every tool alike
@@ -408,9 +448,6 @@ try:
                     if push:
                         dst = far
                         retire(dst, n > 1)
-                        if wl == "noop":
-                            # In place already (a first copy by the same tool).
-                            timed(cmd(tool, src, dst, True))
                         res = timed(cmd(tool, src, dst, True))
                     else:
                         if not os.path.isdir(far):
@@ -421,16 +458,13 @@ try:
                         acc.append(v)
                     if a.smoke:
                         same(src, far if push else near)
-            if wl == "noop":
-                local_noop(src)
-            if wl in ("noop", "small"):
+            if wl == "small":
                 # The ssh connections of one run of each tool (ferry installed by now).
                 for tool in use:
                     far = os.path.join(a.workdir, wl, "there")
                     near = os.path.join(a.workdir, wl, "back")
                     if push:
-                        if wl != "noop":
-                            retire(far, True)
+                        retire(far, True)
                         argv = cmd(tool, src, far, True)
                     else:
                         retire(near, True)

@@ -1698,9 +1698,9 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                 Ok(t) if t == target => {
                     Stats::add(&self.stats.unchanged, 1);
                     let mut c = meta_change(meta, &dm, self.plan.owner);
-                    // A link's time where it cannot be set stays as made.
-                    c.mtime =
-                        c.mtime && (self.dry_run || self.dst.sets_symlink_times(d, name, &dm));
+                    // A link's time where it cannot be set stays as made
+                    // (asked in a dry run too: the store asks without writing).
+                    c.mtime = c.mtime && self.dst.sets_symlink_times(d, name, &dm);
                     self.set_meta(node, name, meta, c);
                     return;
                 }

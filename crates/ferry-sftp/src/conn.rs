@@ -7,25 +7,26 @@
 
 use std::collections::HashMap;
 use std::collections::VecDeque;
-use std::io::{self, BufRead, BufReader, Read, Write};
+use std::io::{self, BufReader, Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
-use ferry_ssh::conn::{classify, is_ssh_failure};
+use ferry_ssh::extra::{self, Extra};
 use ferry_ssh::quiet::{Quiet, Reading, Session, Writing};
+use ferry_ssh::spawn::{self, is_ssh_failure, Tail};
 use ferry_ssh::{Lost, Target};
 
 use crate::wire::{self, Rd, Reply, Req};
 
-/// Socket buffer bytes each way between ferry and ssh (as its pipes were
-/// grown to before).
-const SOCKET_BYTES: usize = 1 << 20;
-/// Lines of ssh's stderr kept for the message of a failed session.
-const TAIL: usize = 20;
+mod feed;
+
+pub use feed::Batch;
+pub(crate) use feed::{Feed, Out};
+
 /// Bytes per read or write request at most: OpenSSH's limit is 255 KiB; a
 /// whole number of 4 KiB blocks keeps ranged downloads block-aligned.
 const CHUNK_MAX: u32 = 252 << 10;
@@ -85,7 +86,7 @@ pub struct Conn {
     target: Target,
     /// Further sessions to the same host for big files, opened when first
     /// needed.
-    extra: Mutex<Vec<Option<Arc<Conn>>>>,
+    extra: Extra<Conn>,
     /// The session of the next small file ([`Conn::next_small`]), and the
     /// further sessions whose opening was started for them.
     turn: AtomicUsize,
@@ -282,23 +283,7 @@ impl Conn {
     /// Session `k` (0 is this one) of [`Conn::width`], opened now if it is
     /// not yet; this one when another cannot be opened.
     pub fn nth(self: &Arc<Conn>, k: usize) -> Arc<Conn> {
-        if k == 0 {
-            return self.clone();
-        }
-        let mut extra = self.extra.lock().unwrap();
-        if extra.len() < k {
-            extra.resize(k, None);
-        }
-        match &extra[k - 1] {
-            Some(c) if !c.gone.load(Ordering::Relaxed) => c.clone(),
-            _ => match open(&self.target) {
-                Ok(c) => {
-                    extra[k - 1] = Some(c.clone());
-                    c
-                }
-                Err(_) => self.clone(),
-            },
-        }
+        extra::nth(self, &self.extra, k, gone, || open(&self.target).ok())
     }
 
     /// The session for the next file of a run's many: turn by turn over
@@ -314,10 +299,8 @@ impl Conn {
         if k == 0 {
             return self.clone();
         }
-        if let Some(Some(c)) = self.extra.lock().unwrap().get(k - 1) {
-            if !c.gone.load(Ordering::Relaxed) {
-                return c.clone();
-            }
+        if let Some(c) = extra::live(&self.extra, k, gone) {
+            return c;
         }
         let mut opening = self.opening.lock().unwrap();
         if !opening.contains(&k) {
@@ -327,14 +310,8 @@ impl Conn {
             std::thread::spawn(move || {
                 let Ok(c) = open(&t) else { return };
                 let Some(me) = me.upgrade() else { return };
-                let mut extra = me.extra.lock().unwrap();
-                if extra.len() < k {
-                    extra.resize(k, None);
-                }
                 // (One `nth` opened meanwhile is kept.)
-                if !matches!(&extra[k - 1], Some(o) if !o.gone.load(Ordering::Relaxed)) {
-                    extra[k - 1] = Some(c);
-                }
+                extra::place(&me.extra, k, c, gone);
             });
         }
         self.clone()
@@ -359,325 +336,6 @@ impl Conn {
             }
         }
     }
-}
-
-/// Requests gathered to go to their sessions together, one write each
-/// ([`Conn::start_in`]): what ssh sends in one packet, and the server
-/// reads in one go, where requests sent one by one cost a packet and a
-/// wake-up of every process on the way each. Sent when flushed, when big,
-/// and when dropped; a thread must flush before it waits for a reply of
-/// a request gathered.
-#[derive(Default)]
-pub struct Batch(Vec<(Arc<Conn>, Vec<u8>)>);
-
-/// Bytes gathered for one session at most before they are sent.
-const BATCH_MAX: usize = 64 << 10;
-
-impl Batch {
-    fn push(&mut self, conn: &Arc<Conn>, packet: Vec<u8>) {
-        let i = match self.0.iter().position(|(c, _)| Arc::ptr_eq(c, conn)) {
-            Some(i) => i,
-            None => {
-                self.0.push((conn.clone(), Vec::new()));
-                self.0.len() - 1
-            }
-        };
-        let buf = &mut self.0[i].1;
-        if buf.is_empty() {
-            *buf = packet;
-        } else {
-            buf.extend_from_slice(&packet);
-        }
-        if buf.len() >= BATCH_MAX {
-            let buf = std::mem::take(buf);
-            let _ = conn.tx.send(buf);
-        }
-    }
-
-    /// Send what is gathered. (A session lost meanwhile fails the
-    /// requests: their replies say so.)
-    pub fn flush(&mut self) {
-        for (conn, buf) in self.0.drain(..) {
-            if !buf.is_empty() {
-                let _ = conn.tx.send(buf);
-            }
-        }
-    }
-}
-
-impl Drop for Batch {
-    fn drop(&mut self) {
-        self.flush();
-    }
-}
-
-/// Requests the reader thread makes (a commit's next steps, as its
-/// replies come), gathered and sent in one write before it reads again.
-pub(crate) struct Out<'a> {
-    conn: &'a Conn,
-    buf: Vec<u8>,
-}
-
-impl<'a> Out<'a> {
-    fn new(conn: &'a Conn) -> Out<'a> {
-        Out {
-            conn,
-            buf: Vec::new(),
-        }
-    }
-
-    /// What the server offers.
-    pub(crate) fn ext(&self) -> Extensions {
-        self.conn.ext
-    }
-
-    /// Bytes per write request.
-    pub(crate) fn chunk(&self) -> usize {
-        self.conn.chunk as usize
-    }
-
-    /// Start `req` for commit `f` (its reply comes to
-    /// [`crate::pipe::on_reply`]).
-    pub(crate) fn start(&mut self, req: Req, f: &Arc<crate::pipe::Shared>) -> io::Result<()> {
-        let packet = self.conn.register_as(req, Slot::Flight(f.clone()))?;
-        self.put(&packet);
-        Ok(())
-    }
-
-    /// Send `req`, its reply waited for by nobody (closing a handle).
-    pub(crate) fn send(&mut self, req: Req) {
-        let id = self.conn.next.fetch_add(1, Ordering::Relaxed);
-        self.put(&req.finish(id));
-    }
-
-    fn put(&mut self, packet: &[u8]) {
-        self.buf.extend_from_slice(packet);
-        if self.buf.len() >= BATCH_MAX {
-            self.flush();
-        }
-    }
-
-    fn flush(&mut self) {
-        if !self.buf.is_empty() {
-            let _ = self.conn.tx.send(std::mem::take(&mut self.buf));
-        }
-    }
-}
-
-impl Drop for Out<'_> {
-    fn drop(&mut self) {
-        self.flush();
-    }
-}
-
-/// ssh's stdin. A thread with requests to send writes them itself while
-/// the socket takes them at once, waking no other thread (a wake-up of
-/// another CPU is dear in a VM, and a session's replies each woke the
-/// writer thread before: bench/LOG.md, "Issue 15: SFTP small push");
-/// what it cannot take at once is queued for the writer thread, which
-/// waits for room. Requests go out in the order they were sent.
-pub(crate) struct Feed {
-    /// ssh's stdin written without waiting (`MSG_DONTWAIT` on the
-    /// socket; a pipe's own open file description set non-blocking, when
-    /// `/proc` gives one); `None`: every write is the writer thread's.
-    now: Option<Direct>,
-    st: Mutex<FeedState>,
-    cv: Condvar,
-    quiet: Arc<Quiet>,
-}
-
-#[derive(Default)]
-struct FeedState {
-    /// For the writer thread, oldest first.
-    queue: VecDeque<Vec<u8>>,
-    /// The writer thread has bytes to write (queued or in hand): others
-    /// queue theirs behind them. Not busy, the queue is empty.
-    busy: bool,
-    /// A write failed: ssh is gone.
-    dead: bool,
-}
-
-impl Feed {
-    fn start(stdin: Writing<std::fs::File>) -> Arc<Feed> {
-        let now = Direct::of(stdin.inner.as_fd());
-        let f = Arc::new(Feed {
-            now,
-            st: Mutex::new(FeedState::default()),
-            cv: Condvar::new(),
-            quiet: stdin.quiet.clone(),
-        });
-        let w = f.clone();
-        std::thread::spawn(move || w.write_queued(stdin));
-        f
-    }
-
-    /// The session is over: nothing more is written (the writer thread
-    /// ends, closing ssh's stdin).
-    fn close(&self) {
-        self.st.lock().unwrap().dead = true;
-        self.cv.notify_one();
-    }
-
-    /// Send `buf` (requests, whole): `Err` with it when ssh is gone.
-    fn send(&self, buf: Vec<u8>) -> Result<(), Vec<u8>> {
-        let mut st = self.st.lock().unwrap();
-        if st.dead {
-            return Err(buf);
-        }
-        if st.busy {
-            st.queue.push_back(buf);
-            return Ok(());
-        }
-        let mut at = 0;
-        if let Some(now) = self.now.as_ref() {
-            while at < buf.len() {
-                match now.write(&buf[at..]) {
-                    Ok(n) => at += n,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                    Err(_) => {
-                        st.dead = true;
-                        return Err(buf);
-                    }
-                }
-            }
-            if at > 0 {
-                // Progress, for the I/O timeout's watch.
-                self.quiet.touch();
-            }
-        }
-        if at < buf.len() {
-            let mut buf = buf;
-            buf.drain(..at);
-            st.queue.push_back(buf);
-            st.busy = true;
-            self.cv.notify_one();
-        }
-        Ok(())
-    }
-
-    /// The writer thread: what the others queued, waiting for room. When
-    /// it ends, ssh's stdin ends.
-    fn write_queued(&self, stdin: Writing<std::fs::File>) {
-        // Declared first, dropped last: after `out` wrote what it holds.
-        let _end = EndOfInput(
-            is_socket(stdin.inner.as_fd())
-                .then(|| stdin.inner.try_clone().ok())
-                .flatten(),
-        );
-        let mut out = io::BufWriter::with_capacity(256 << 10, stdin);
-        let mut st = self.st.lock().unwrap();
-        loop {
-            while !st.busy && !st.dead {
-                st = self.cv.wait(st).unwrap();
-            }
-            if st.dead {
-                return;
-            }
-            if st.queue.is_empty() {
-                st.busy = false;
-                continue;
-            }
-            let bufs: Vec<Vec<u8>> = st.queue.drain(..).collect();
-            drop(st);
-            let mut ok = true;
-            for b in &bufs {
-                // A big request (a write's data) goes to ssh as it is, not
-                // copied into the buffer first; small ones are gathered.
-                ok = ok
-                    && if b.len() >= DIRECT_MIN {
-                        out.flush().and_then(|()| out.get_mut().write_all(b))
-                    } else {
-                        out.write_all(b)
-                    }
-                    .is_ok();
-            }
-            ok = ok && out.flush().is_ok();
-            st = self.st.lock().unwrap();
-            if !ok {
-                // ssh is gone: its stdout ends, and the reader thread
-                // fails what is pending.
-                st.dead = true;
-                st.busy = false;
-                st.queue.clear();
-                return;
-            }
-        }
-    }
-}
-
-/// Requests at least this big skip the writer thread's buffer.
-const DIRECT_MIN: usize = 64 << 10;
-
-/// Whether `fd` is a socket (ssh's stdin is one unless
-/// `FERRY_SFTP_PIPES` asked for pipes).
-fn is_socket(fd: std::os::fd::BorrowedFd<'_>) -> bool {
-    rustix::fs::fstat(fd).is_ok_and(|st| {
-        rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Socket
-    })
-}
-
-/// Shuts the socket of ssh's stdin for writing when dropped (ssh sees
-/// the end of its input: the replies' descriptor of the same socket stays
-/// open); `None` for a pipe, whose last close does that.
-struct EndOfInput(Option<std::fs::File>);
-
-impl Drop for EndOfInput {
-    fn drop(&mut self) {
-        if let Some(f) = &self.0 {
-            let _ = rustix::net::shutdown(f, rustix::net::Shutdown::Write);
-        }
-    }
-}
-
-/// Writes to ssh's stdin that never wait, beside the writer thread's
-/// blocking ones on the same stream.
-enum Direct {
-    /// A socket: `send` with `MSG_DONTWAIT` (the descriptor stays blocking).
-    Socket(OwnedFd),
-    /// A pipe opened again, non-blocking ([`reopen_nonblocking`]).
-    Pipe(std::fs::File),
-}
-
-impl Direct {
-    fn of(fd: std::os::fd::BorrowedFd<'_>) -> Option<Direct> {
-        if is_socket(fd) {
-            return fd.try_clone_to_owned().ok().map(Direct::Socket);
-        }
-        reopen_nonblocking(fd).map(Direct::Pipe)
-    }
-
-    fn write(&self, buf: &[u8]) -> io::Result<usize> {
-        match self {
-            Direct::Socket(fd) => {
-                use rustix::net::SendFlags;
-                Ok(rustix::net::send(
-                    fd,
-                    buf,
-                    SendFlags::DONTWAIT | SendFlags::NOSIGNAL,
-                )?)
-            }
-            Direct::Pipe(f) => {
-                let mut f: &std::fs::File = f;
-                f.write(buf)
-            }
-        }
-    }
-}
-
-/// `fd` (a pipe) opened again as its own open file description, not
-/// blocking: writes that do not wait, beside the blocking ones of the
-/// writer thread on `fd`.
-fn reopen_nonblocking(fd: std::os::fd::BorrowedFd<'_>) -> Option<std::fs::File> {
-    use rustix::fs::{Mode, OFlags};
-    let path = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd));
-    let fd: OwnedFd = rustix::fs::open(
-        path.as_str(),
-        OFlags::WRONLY | OFlags::NONBLOCK | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .ok()?;
-    Some(std::fs::File::from(fd))
 }
 
 /// Whether `b` starts with a whole packet (read without blocking).
@@ -717,41 +375,18 @@ pub fn reconnect(t: &Target, dead: &Arc<Conn>) -> Result<Arc<Conn>, String> {
     Ok(c)
 }
 
-/// ssh's stderr, its last lines kept by a thread of their own.
-type Tail = Arc<Mutex<Vec<String>>>;
-
-fn keep_tail(pipe: impl Read + Send + 'static) -> (Tail, JoinHandle<()>) {
-    let tail = Tail::default();
-    let t = tail.clone();
-    let h = std::thread::spawn(move || {
-        for line in BufReader::new(pipe).lines().map_while(Result::ok) {
-            let mut v = t.lock().unwrap();
-            if v.len() == TAIL {
-                v.remove(0);
-            }
-            v.push(line);
-        }
-    });
-    (tail, h)
-}
-
 /// One line for a session that ended before the server answered.
 fn failed(
     t: &Target,
-    mut child: Child,
+    child: &mut Child,
     errt: JoinHandle<()>,
     tail: &Tail,
     quiet: &Quiet,
 ) -> String {
-    quiet.reaped();
-    quiet.stop();
-    let code = child.wait().ok().and_then(|s| s.code());
-    let _ = errt.join();
-    if let Some(why) = quiet.fired() {
-        return why;
-    }
-    let tail = tail.lock().unwrap().clone();
-    let why = classify(t, code, &tail);
+    let (why, tail) = match spawn::ended(t, child, errt, tail, quiet) {
+        Ok(w) => w,
+        Err(timed_out) => return timed_out,
+    };
     if is_ssh_failure(&why) {
         return why;
     }
@@ -762,6 +397,11 @@ fn failed(
         t.host,
         last.map(|l| format!(": {}", l.trim())).unwrap_or_default()
     )
+}
+
+/// A session that is gone (lost, or closed).
+fn gone(c: &Conn) -> bool {
+    c.gone.load(Ordering::Relaxed)
 }
 
 fn read_packet(r: &mut impl Read) -> io::Result<Option<Reply>> {
@@ -793,36 +433,13 @@ fn open(t: &Target) -> Result<Arc<Conn>, String> {
     // ssh's stdin and stdout: one socket pair, as OpenSSH's own scp and
     // sftp give it. Fed through pipes, ssh kept a standing backlog it
     // moved in memory again and again: ~1 CPU-s per GiB pushed
-    // (bench/LOG.md, "where a 1-session SFTP push loses to plain scp").
-    let sock = match std::os::unix::net::UnixStream::pair() {
-        Ok((ours, theirs)) if std::env::var_os("FERRY_SFTP_PIPES").is_none() => {
-            for f in [&ours, &theirs] {
-                let _ = rustix::net::sockopt::set_socket_send_buffer_size(f, SOCKET_BYTES);
-                let _ = rustix::net::sockopt::set_socket_recv_buffer_size(f, SOCKET_BYTES);
-            }
-            Some((ours, theirs))
-        }
-        _ => None,
+    // (BENCHMARKS.md, "where a 1-session SFTP push loses to plain scp").
+    let io = match std::env::var_os("FERRY_SFTP_PIPES") {
+        None => spawn::Io::SocketPair,
+        Some(_) => spawn::Io::Pipes,
     };
-    let spawned = {
-        // Dropped once spawned: ssh's ends of the pair must be ssh's
-        // alone, or its exit never reads as the end of its output here.
-        let mut cmd = Command::new(&argv[0]);
-        cmd.args(&argv[1..]).stderr(Stdio::piped());
-        match &sock {
-            Some((_, theirs)) => {
-                let end = || theirs.try_clone().map(|s| Stdio::from(OwnedFd::from(s)));
-                cmd.stdin(end().map_err(|e| e.to_string())?)
-                    .stdout(end().map_err(|e| e.to_string())?);
-            }
-            None => {
-                cmd.stdin(Stdio::piped()).stdout(Stdio::piped());
-            }
-        }
-        cmd.spawn()
-    };
-    let mut child =
-        spawned.map_err(|e| format!("cannot run {:?} (the -e/FERRY_RSH command): {e}", argv[0]))?;
+    let ssh = spawn::spawn(&argv, io)?;
+    let mut child = ssh.child;
     let quiet = Quiet::start(
         child.id(),
         format!(
@@ -831,44 +448,21 @@ fn open(t: &Target) -> Result<Arc<Conn>, String> {
         ),
         t.timeout,
     );
-    let (tail, errt) = keep_tail(child.stderr.take().expect("piped"));
-    let (stdin, stdout) = match sock {
-        Some((ours, theirs)) => {
-            drop(theirs);
-            let w = ours.try_clone().map_err(|e| e.to_string())?;
-            (
-                std::fs::File::from(OwnedFd::from(w)),
-                std::fs::File::from(OwnedFd::from(ours)),
-            )
-        }
-        None => {
-            let stdin = child.stdin.take().expect("piped");
-            let stdout = child.stdout.take().expect("piped");
-            ferry_ssh::serve::grow_pipe(stdin.as_fd());
-            ferry_ssh::serve::grow_pipe(stdout.as_fd());
-            (
-                std::fs::File::from(OwnedFd::from(stdin)),
-                std::fs::File::from(OwnedFd::from(stdout)),
-            )
-        }
-    };
+    let (tail, errt) = (ssh.tail, ssh.errt);
     let mut stdin = Writing {
-        inner: stdin,
+        inner: ssh.stdin,
         quiet: quiet.clone(),
     };
     let mut stdout = Reading {
-        inner: stdout,
+        inner: ssh.stdout,
         quiet: quiet.clone(),
     };
     // INIT, version 3; the VERSION reply lists the extensions.
     let _ = stdin.write_all(&[0, 0, 0, 5, wire::INIT, 0, 0, 0, 3]);
-    let version = match read_packet(&mut stdout) {
-        Ok(Some(r)) if r.t == wire::VERSION => r,
+    let (ext, limits) = match read_packet(&mut stdout) {
+        Ok(Some(r)) if r.t == wire::VERSION => extensions(&r),
         Ok(Some(r)) => {
-            let _ = child.kill();
-            quiet.reaped();
-            quiet.stop();
-            let _ = child.wait();
+            spawn::kill(&mut child, &quiet);
             return Err(format!(
                 "{}: the SFTP server answered out of protocol (type {})",
                 t.host, r.t
@@ -876,29 +470,9 @@ fn open(t: &Target) -> Result<Arc<Conn>, String> {
         }
         _ => {
             drop(stdin);
-            return Err(failed(t, child, errt, &tail, &quiet));
+            return Err(failed(t, &mut child, errt, &tail, &quiet));
         }
     };
-    let mut ext = Extensions::default();
-    let mut limits = false;
-    {
-        // After the type: the version, then the extensions.
-        let mut r = Rd(&version.body[1..]);
-        let _ = r.u32();
-        while let (Ok(name), Ok(_)) = (r.str(), r.str()) {
-            match name {
-                b"posix-rename@openssh.com" => ext.posix_rename = true,
-                b"fsync@openssh.com" => ext.fsync = true,
-                b"lsetstat@openssh.com" => ext.lsetstat = true,
-                b"hardlink@openssh.com" => ext.hardlink = true,
-                b"statvfs@openssh.com" => ext.statvfs = true,
-                b"home-directory" => ext.home_directory = true,
-                b"expand-path@openssh.com" => ext.expand_path = true,
-                b"limits@openssh.com" => limits = true,
-                _ => {}
-            }
-        }
-    }
     let tx = Feed::start(stdin);
     let mut conn = Conn {
         host: t.host.clone(),
@@ -916,34 +490,16 @@ fn open(t: &Target) -> Result<Arc<Conn>, String> {
         quiet: quiet.clone(),
     };
     if limits {
-        // Asked before the reader runs: this first reply is read here. It
-        // is also the session's round trip (what the engine's number of
-        // workers follows, as over ferry's own protocol).
-        let asked = std::time::Instant::now();
-        let _ = conn.tx.send(Req::ext("limits@openssh.com").finish(0));
-        let reply = read_packet(&mut stdout);
-        ferry_ssh::note_round_trip(asked.elapsed());
-        match reply {
-            Ok(Some(r)) => {
-                let mut rd = match r.extended() {
-                    Ok(rd) => rd,
-                    Err(e) => {
-                        let _ = child.kill();
-                        quiet.reaped();
-                        quiet.stop();
-                        let _ = child.wait();
-                        return Err(format!("{}: {e}", t.host));
-                    }
-                };
-                let fields = (rd.u64(), rd.u64(), rd.u64());
-                if let (Ok(_packet), Ok(read), Ok(write)) = fields {
-                    let fit = read.min(write).min(u64::from(CHUNK_MAX)) as u32;
-                    conn.chunk = (fit & !4095).max(conn.chunk);
-                }
+        match conn.limits(&mut stdout) {
+            Ok(Some(chunk)) => conn.chunk = chunk.max(conn.chunk),
+            Ok(None) => {}
+            Err(Some(e)) => {
+                spawn::kill(&mut child, &quiet);
+                return Err(format!("{}: {e}", t.host));
             }
-            _ => {
+            Err(None) => {
                 drop(conn);
-                return Err(failed(t, child, errt, &tail, &quiet));
+                return Err(failed(t, &mut child, errt, &tail, &quiet));
             }
         }
     }
@@ -959,6 +515,56 @@ fn open(t: &Target) -> Result<Arc<Conn>, String> {
         }
     }
     Ok(conn)
+}
+
+/// The extensions a VERSION reply lists, and whether `limits@openssh.com`
+/// is among them.
+fn extensions(version: &Reply) -> (Extensions, bool) {
+    let mut ext = Extensions::default();
+    let mut limits = false;
+    // After the type: the version, then the extensions.
+    let mut r = Rd(&version.body[1..]);
+    let _ = r.u32();
+    while let (Ok(name), Ok(_)) = (r.str(), r.str()) {
+        match name {
+            b"posix-rename@openssh.com" => ext.posix_rename = true,
+            b"fsync@openssh.com" => ext.fsync = true,
+            b"lsetstat@openssh.com" => ext.lsetstat = true,
+            b"hardlink@openssh.com" => ext.hardlink = true,
+            b"statvfs@openssh.com" => ext.statvfs = true,
+            b"home-directory" => ext.home_directory = true,
+            b"expand-path@openssh.com" => ext.expand_path = true,
+            b"limits@openssh.com" => limits = true,
+            _ => {}
+        }
+    }
+    (ext, limits)
+}
+
+impl Conn {
+    /// `limits@openssh.com`, asked before the reader runs (this first reply
+    /// is read here): the bytes per read or write the server takes (`None`:
+    /// it did not say). It is also the session's round trip (what the
+    /// engine's number of workers follows, as over ferry's own protocol).
+    /// `Err(None)`: the session ended.
+    fn limits(&self, stdout: &mut impl Read) -> Result<Option<u32>, Option<io::Error>> {
+        let asked = std::time::Instant::now();
+        let _ = self.tx.send(Req::ext("limits@openssh.com").finish(0));
+        let reply = read_packet(stdout);
+        ferry_ssh::note_round_trip(asked.elapsed());
+        let Ok(Some(r)) = reply else {
+            return Err(None);
+        };
+        let mut rd = r.extended().map_err(Some)?;
+        let fields = (rd.u64(), rd.u64(), rd.u64());
+        Ok(match fields {
+            (Ok(_packet), Ok(read), Ok(write)) => {
+                let fit = read.min(write).min(u64::from(CHUNK_MAX)) as u32;
+                Some(fit & !4095)
+            }
+            _ => None,
+        })
+    }
 }
 
 fn read_replies(
@@ -1000,20 +606,14 @@ fn read_replies(
     };
     out.flush();
     drop(out);
-    let _ = child.kill();
-    conn.quiet.reaped();
-    conn.quiet.stop();
-    let status = child.wait().ok().and_then(|s| s.code());
-    let _ = errt.join();
-    let mut why = format!("{}: SFTP session lost", conn.host);
-    if let Some(e) = end {
-        why.push_str(&format!(" ({e})"));
-    }
-    match (tail.lock().unwrap().last(), status) {
-        (Some(l), _) => why.push_str(&format!(" (ssh: {l})")),
-        (None, Some(c)) => why.push_str(&format!(" (ssh exited with status {c})")),
-        _ => {}
-    }
-    // Given up for silence: that is the cause (ssh was killed for it).
-    conn.die(conn.quiet.fired().unwrap_or(why));
+    let status = spawn::reap(&mut child, errt, &conn.quiet, true);
+    let why = spawn::lost(
+        &conn.host,
+        "SFTP session lost",
+        end,
+        &tail,
+        status,
+        &conn.quiet,
+    );
+    conn.die(why);
 }

@@ -710,18 +710,23 @@ impl Store for SftpStore {
     fn sets_symlink_times(&self, dir: &SftpDir, name: &CStr, now: &Meta) -> bool {
         // Tried once per run, on this link, to its time as listed (no
         // change): a server may offer lsetstat@openssh.com and refuse it.
-        *self.link_times.get_or_init(|| {
+        // A dry run sets no attribute at all (the server changes nothing,
+        // not even the link's change time): a server that refuses the
+        // request refuses that too.
+        let tried = *self.link_times.get_or_init(|| {
             if !self.conn().ext.lsetstat {
                 return false;
             }
             let set = Set {
                 mode: None,
-                mtime: Some(secs(now)),
+                mtime: (!self.target.read_only).then(|| secs(now)),
                 owner: None,
             };
             let _ = self.lsetstat(&join(&dir.path, name.to_bytes()), &set);
-            !self.lsetstat_refused.load(Ordering::Relaxed)
-        })
+            true
+        });
+        // (Refused later, on another link: not tried again this run.)
+        tried && !self.lsetstat_refused.load(Ordering::Relaxed)
     }
 
     fn keep(&self, dir: &SftpDir, name: &CStr, to: &KeepTo<'_>) -> io::Result<()> {

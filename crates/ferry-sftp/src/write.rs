@@ -30,6 +30,10 @@ use crate::conn::Conn;
 use crate::store::{join, set_of, temp_path, SftpStore};
 use crate::wire::{self as w, Reply, Req, Set};
 
+mod ranged;
+
+use ranged::{Ranged, Track};
+
 /// Writes of one file in flight.
 const WRITE_AHEAD: usize = 16;
 /// Writes in flight per session of a big file's ranged upload: the
@@ -298,233 +302,45 @@ fn write_from_fd(
     Ok((r, n))
 }
 
-/// The step of a ranged upload's durability in flight (with its reply's
-/// receiver): the partial's `fsync@openssh.com` and the record's rewrite
-/// after it go over the first session while every session keeps
-/// streaming (moved on by whichever thread takes an ack: no thread waits
-/// for the disk).
-enum Durable {
-    /// The partial's fsync asked, after every write of these ranges was
-    /// answered (they are what it makes durable).
-    Flushing(RangeSet),
-    /// The record being opened (first time), to say these ranges.
-    Opening(RangeSet),
-    /// The record's rewrite.
-    Recording,
-}
-
-/// A ranged upload's shared state.
-struct Track {
-    /// Ranges whose every write was answered.
-    done: RangeSet,
-    /// Bytes done since the last record was started, and when it was
-    /// (the upload's start at first).
-    since: u64,
-    last: Instant,
-    sync: Option<(Rx, Durable)>,
-    /// The record, open on the first session once first written.
-    rec: Option<Vec<u8>>,
-}
-
-/// What a ranged upload's threads share, fixed.
-struct Ranged<'a> {
-    conn: &'a Conn,
-    /// The partial's handle on `conn`.
-    h0: &'a [u8],
-    record: &'a [u8],
-    ident: &'a str,
+/// What a killed run sent of this same source (`ident`), when its
+/// partial and record (`at`) are still there and the record is trusted;
+/// a record not trusted is removed (it goes before the partial is
+/// emptied: it is rewritten in place later and must not outlive its
+/// content).
+fn resumable(
+    conn: &Conn,
+    at: (&[u8], &[u8]),
+    ident: &str,
     size: u64,
-    track: Mutex<Track>,
+) -> io::Result<Option<RangeSet>> {
+    let (part, record) = at;
+    let old = read_small(conn, record)?;
+    let had = match &old {
+        Some(t) => parse_record(t, ident).filter(|set| {
+            let stat = conn
+                .call(Req::path(w::LSTAT, part))
+                .and_then(|r| r.attrs_if());
+            matches!(stat, Ok(Some(a)) if a.size.unwrap_or(0) <= size && set.total() > 0)
+        }),
+        None => None,
+    };
+    if old.is_some() && had.is_none() {
+        let _ = conn.call(Req::path(w::REMOVE, record));
+    }
+    Ok(had)
 }
 
-impl Ranged<'_> {
-    /// Range `r` all written: counted, and the partial's fsync started
-    /// when enough came since the last (not in the last stretch: the
-    /// commit follows).
-    fn finished(&self, r: (u64, u64)) -> io::Result<()> {
-        let mut t = self.track.lock().unwrap();
-        t.done.insert(r.0, r.1);
-        t.since += r.1 - r.0;
-        self.step(&mut t)
-    }
-
-    /// Move the record's fsync and rewrite on as far as their replies
-    /// allow, without waiting.
-    fn step(&self, t: &mut Track) -> io::Result<()> {
-        let c = self.conn;
-        loop {
-            let Some((rx, step)) = t.sync.take() else {
-                let left = self.size - t.done.total();
-                // The first record goes as soon as a range is done (its
-                // fsync then has little to write back): a push killed a
-                // moment later resumes from it. The next ones every
-                // SYNC_EVERY and SYNC_INTERVAL.
-                let first = t.rec.is_none() && t.since >= RANGE && left >= RANGE;
-                if !first
-                    && (t.since < SYNC_EVERY
-                        || t.last.elapsed() < SYNC_INTERVAL
-                        || left < SYNC_EVERY / 2)
-                {
-                    return Ok(());
-                }
-                t.since = 0;
-                t.last = Instant::now();
-                let snap = t.done.clone();
-                t.sync = Some(if c.ext.fsync {
-                    let rx = c.start(Req::ext("fsync@openssh.com").str(self.h0))?;
-                    (rx, Durable::Flushing(snap))
-                } else {
-                    self.record_start(t, snap)?
-                });
-                continue;
-            };
-            let Some(reply) = c.poll(&rx) else {
-                t.sync = Some((rx, step));
-                return Ok(());
-            };
-            let reply = reply?;
-            t.sync = match step {
-                Durable::Flushing(snap) => {
-                    reply.ok()?;
-                    Some(self.record_start(t, snap)?)
-                }
-                Durable::Opening(snap) => {
-                    t.rec = Some(reply.handle()?);
-                    Some(self.record_start(t, snap)?)
-                }
-                Durable::Recording => {
-                    reply.ok()?;
-                    None
-                }
-            };
-        }
-    }
-
-    /// The record's rewrite to say `snap` (durable): one write over the
-    /// old text (its end line tells where it stops; a shorter text leaves
-    /// the old one's tail after it, never read), once the record is open.
-    fn record_start(&self, t: &mut Track, snap: RangeSet) -> io::Result<(Rx, Durable)> {
-        let c = self.conn;
-        Ok(match &t.rec {
-            None => (
-                c.start(open_req(self.record, w::F_CREAT))?,
-                Durable::Opening(snap),
-            ),
-            Some(h) => {
-                let text = record_text(self.ident, &snap);
-                (write_req(c, h, 0, &text)?, Durable::Recording)
-            }
+/// The ranges of a `size`-byte file not `done` yet, in pieces of
+/// [`RANGE`] at most.
+fn ranges_to_send(done: &RangeSet, size: u64) -> Vec<(u64, u64)> {
+    done.missing(size)
+        .into_iter()
+        .flat_map(|(a, b)| {
+            (a..b)
+                .step_by(RANGE as usize)
+                .map(move |x| (x, (x + RANGE).min(b)))
         })
-    }
-
-    /// After a failure: what is done made durable and recorded, waited
-    /// for (the next run resumes from it).
-    fn keep(&self) {
-        let mut t = self.track.lock().unwrap();
-        let c = self.conn;
-        if let Some((rx, step)) = t.sync.take() {
-            let reply = c.wait(&rx);
-            if let (Durable::Opening(_), Ok(h)) = (step, reply.and_then(|r| r.handle())) {
-                t.rec = Some(h);
-            }
-        }
-        if c.ext.fsync
-            && c.call(Req::ext("fsync@openssh.com").str(self.h0))
-                .and_then(|r| r.ok())
-                .is_err()
-        {
-            return;
-        }
-        let text = record_text(self.ident, &t.done);
-        match &t.rec {
-            Some(h) => {
-                let _ = write_req(c, h, 0, &text).and_then(|rx| c.wait(&rx)?.ok());
-            }
-            None => {
-                let _ = write_small(c, self.record, &text);
-            }
-        }
-    }
-
-    /// The record's handle closed (its last rewrite, if still in flight,
-    /// is not waited for: the commit removes the record).
-    fn close(&self) {
-        let t = self.track.lock().unwrap();
-        if let Some(h) = &t.rec {
-            self.conn.send(Req::path(w::CLOSE, h));
-        }
-    }
-
-    /// The ranges `todo` hands out, sent over `c` to its handle `h` of
-    /// the partial: [`RANGED_AHEAD`] writes in flight all along (the
-    /// next range's go while the last of one are answered).
-    fn send(
-        &self,
-        c: &Conn,
-        h: &[u8],
-        fd: BorrowedFd<'_>,
-        mut take: impl FnMut() -> Option<(u64, u64)>,
-        progress: Option<&Progress<'_>>,
-        limit: Option<&Limiter>,
-    ) -> io::Result<()> {
-        // Each write's reply, and the range it is the last write of.
-        let mut acks: VecDeque<(Rx, Option<(u64, u64)>)> = VecDeque::new();
-        let mut cur: Option<(u64, (u64, u64))> = None;
-        let chunk = c.chunk as usize;
-        let ack = |acks: &mut VecDeque<(Rx, Option<(u64, u64)>)>| -> io::Result<()> {
-            let (rx, last) = acks.pop_front().expect("in flight");
-            c.wait(&rx)?.ok()?;
-            match last {
-                Some(r) => self.finished(r),
-                None => {
-                    // A reply may have come for the durability step in flight.
-                    let mut t = self.track.lock().unwrap();
-                    if t.sync.is_some() {
-                        self.step(&mut t)
-                    } else {
-                        Ok(())
-                    }
-                }
-            }
-        };
-        let res = (|| {
-            loop {
-                let (at, r) = match cur {
-                    Some(x) => x,
-                    None => match take() {
-                        Some(r) => (r.0, r),
-                        None => break,
-                    },
-                };
-                let want = ((r.1 - at) as usize).min(chunk);
-                let (req, n) = write_from_fd(h, fd, at, want)?;
-                if n == 0 {
-                    return Err(io::Error::other("the file changed while it was copied"));
-                }
-                let end = at + n as u64;
-                let last = end == r.1;
-                acks.push_back((c.start(req)?, last.then_some(r)));
-                cur = (!last).then_some((end, r));
-                if acks.len() >= RANGED_AHEAD {
-                    ack(&mut acks)?;
-                }
-                if let Some(l) = limit {
-                    l.acquire(n as u64);
-                }
-                if let Some(p) = progress {
-                    p.add(n as u64);
-                }
-            }
-            while !acks.is_empty() {
-                ack(&mut acks)?;
-            }
-            Ok(())
-        })();
-        if res.is_err() {
-            let _ = drain(c, &mut acks.drain(..).map(|(rx, _)| rx).collect());
-        }
-        res
-    }
+        .collect()
 }
 
 impl SftpWriter {
@@ -631,24 +447,7 @@ impl SftpWriter {
             &self.dir,
             partial_name(key ^ 0x9e37_79b9_7f4a_7c15).as_bytes(),
         );
-        // What a killed run sent of this same source, if its partial is
-        // still there.
-        let old = read_small(conn, &record)?;
-        let had = match &old {
-            Some(t) => parse_record(t, &ident).filter(|set| {
-                let stat = conn
-                    .call(Req::path(w::LSTAT, &part))
-                    .and_then(|r| r.attrs_if());
-                matches!(stat, Ok(Some(a)) if a.size.unwrap_or(0) <= size && set.total() > 0)
-            }),
-            None => None,
-        };
-        if old.is_some() && had.is_none() {
-            // A record not trusted goes before the partial is emptied (it
-            // is rewritten in place later: it must not outlive its
-            // content).
-            let _ = conn.call(Req::path(w::REMOVE, &record));
-        }
+        let had = resumable(conn, (&part, &record), &ident, size)?;
         let flags = w::F_CREAT | if had.is_some() { 0 } else { w::F_TRUNC };
         let h0 = open_write(conn, &part, flags)?;
         self.temp = part.clone();
@@ -663,15 +462,7 @@ impl SftpWriter {
                 p.add(done.total());
             }
         }
-        let todo: Vec<(u64, u64)> = done
-            .missing(size)
-            .into_iter()
-            .flat_map(|(a, b)| {
-                (a..b)
-                    .step_by(RANGE as usize)
-                    .map(move |x| (x, (x + RANGE).min(b)))
-            })
-            .collect();
+        let todo = ranges_to_send(&done, size);
         let progress = src.progress();
         let next = AtomicUsize::new(0);
         let take = || todo.get(next.fetch_add(1, Ordering::Relaxed)).copied();
@@ -887,35 +678,4 @@ pub(crate) fn notes(role: &str) -> Vec<String> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn records_round_trip_and_are_trusted_only_whole() {
-        let mut set = RangeSet::new();
-        set.insert(0, 10);
-        set.insert(20, 30);
-        let t = record_text("5 1.000000002", &set);
-        assert_eq!(parse_record(&t, "5 1.000000002"), Some(set.clone()));
-        // Another source, a record cut short: nothing trusted.
-        assert_eq!(parse_record(&t, "5 1.000000003"), None);
-        for cut in 0..t.len() - 1 {
-            assert_eq!(parse_record(&t[..cut], "5 1.000000002"), None, "{cut}");
-        }
-        assert_eq!(
-            parse_record(b"ferry sftp partial 1\nx\n9-3\nend\n", "x"),
-            None
-        );
-        // Rewritten in place with fewer lines (ranges merged): the old
-        // text's tail after the end line is not read.
-        let mut more = set.clone();
-        more.insert(10, 20);
-        more.insert(40, 50);
-        let mut over = t.clone();
-        let new = record_text("5 1.000000002", &more);
-        assert!(new.len() < t.len() + 8);
-        over.resize(over.len().max(new.len()), b'x');
-        over[..new.len()].copy_from_slice(&new);
-        assert_eq!(parse_record(&over, "5 1.000000002"), Some(more));
-    }
-}
+mod tests;

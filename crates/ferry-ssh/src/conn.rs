@@ -5,24 +5,30 @@
 //! on its own reply.
 
 use std::collections::HashMap;
-use std::io::{self, BufRead, BufReader, Read};
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::fmt;
+use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Condvar, Mutex};
-use std::thread::JoinHandle;
+
+use crate::spawn::NO_FERRY;
+pub use crate::spawn::{classify, is_ssh_failure};
+pub use target::split_words;
+
+mod open;
+mod target;
+
+use open::{open, open_look, Failed};
 
 use crate::install::{Look, Report};
-use crate::proto::{self, Hello, Out, Req, Resp};
-use crate::quiet::{self, Quiet, Reading, Session, Writing};
+use crate::proto::{self, Out, Req, Resp};
+use crate::quiet::{Quiet, Session};
 
 /// Frames queued for the writer thread at most (a big file's chunks wait
 /// for room: memory stays bounded).
 const QUEUED: usize = 64;
 /// Buffers of big replies kept for reuse at most ([`Conn::recycle`]).
 const RECYCLED: usize = 16;
-/// Lines of ssh's stderr kept for the message of a failed connection.
-const TAIL: usize = 20;
 
 /// How to reach a host: the command, the host and port, the remote binary.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -78,208 +84,26 @@ pub struct Settings {
 /// Connections per host at most when `--connections` is not given.
 const DEFAULT_CONNECTIONS: usize = 4;
 
-impl Target {
-    /// The target for `host` (`[user@]host`, brackets around an IPv6
-    /// address allowed) and `port`, with the default settings.
-    pub fn new(host: &str, port: Option<u16>) -> Result<Target, crate::SessionError> {
-        Target::with(host, port, &Settings::default())
-    }
+/// The error of a request whose connection is gone: a run reports these
+/// once, with a count, not one line per entry.
+#[derive(Debug)]
+pub struct Lost(pub String);
 
-    /// The target for `host` and `port` with the settings `set` (this
-    /// run's: the command line's).
-    pub fn with(
-        host: &str,
-        port: Option<u16>,
-        set: &Settings,
-    ) -> Result<Target, crate::SessionError> {
-        let set = set.clone();
-        let install = set.remote_ferry.is_none() && !set.no_remote_install;
-        let (rsh, rf) = (set.rsh, set.remote_ferry);
-        let rsh = rsh
-            .or_else(|| {
-                std::env::var("FERRY_RSH")
-                    .ok()
-                    .filter(|s| !s.trim().is_empty())
-            })
-            .unwrap_or_else(|| "ssh".into());
-        let rsh = split_words(&rsh).map_err(|e| format!("-e/FERRY_RSH {rsh:?}: {e}"))?;
-        if rsh.is_empty() {
-            return Err("-e/FERRY_RSH: empty command".into());
-        }
-        let host = match host.split_once('@') {
-            Some((u, h)) => format!("{u}@{}", h.trim_start_matches('[').trim_end_matches(']')),
-            None => host
-                .trim_start_matches('[')
-                .trim_end_matches(']')
-                .to_string(),
-        };
-        if host.starts_with('-') || host.is_empty() {
-            return Err(format!("{host:?}: not a host name").into());
-        }
-        let options = fast_cipher(&rsh, &host, port)
-            .map(|c| vec!["-o".into(), c])
-            .unwrap_or_default();
-        Ok(Target {
-            rsh,
-            host,
-            port,
-            remote_ferry: rf.unwrap_or_else(|| "ferry".into()),
-            install,
-            options,
-            connections: set.connections,
-            timeout: set.timeout.unwrap_or(quiet::DEFAULT_TIMEOUT),
-            read_only: set.read_only,
-        })
-    }
-
-    fn argv(&self) -> Vec<String> {
-        self.command(&format!("{} serve", self.remote_ferry))
-    }
-
-    /// The command line of a connection: `--remote-ferry`'s, or with
-    /// self-install, the start command that looks for ferry as `look`
-    /// says ([`crate::install::start_script`]; `sum`: the shipped binary's
-    /// SHA-256, for [`Look::Verify`]).
-    fn argv_look(&self, look: Look, sum: &str) -> Result<Vec<String>, String> {
-        if !self.install {
-            return Ok(self.argv());
-        }
-        let name = crate::install::cache_name()?;
-        Ok(self.command(&format!(
-            "sh -c {} sh {}",
-            crate::install::quote(&crate::install::start_script(look, sum)),
-            crate::install::quote(name)
-        )))
-    }
-
-    /// The ssh command line that starts subsystem `name` (`sftp`) there
-    /// (`ssh -s host name`): no remote shell involved.
-    pub fn subsystem(&self, name: &str) -> Vec<String> {
-        let mut a = self.rsh.clone();
-        a.push("-s".into());
-        a.extend(self.command(name).drain(self.rsh.len()..));
-        a
-    }
-
-    /// The ssh command line that runs `remote` (a shell command) there.
-    pub(crate) fn command(&self, remote: &str) -> Vec<String> {
-        let mut a = self.rsh.clone();
-        if let Some(p) = self.port {
-            a.extend(["-p".into(), p.to_string()]);
-        }
-        a.extend(self.options.iter().cloned());
-        a.push(self.host.clone());
-        a.push(remote.into());
-        a
+impl fmt::Display for Lost {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
     }
 }
 
-/// OpenSSH's built-in cipher order (unchanged since 6.9).
-const SSH_DEFAULT_CIPHERS: &str = "chacha20-poly1305@openssh.com,aes128-ctr,aes192-ctr,aes256-ctr,aes128-gcm@openssh.com,aes256-gcm@openssh.com";
+impl std::error::Error for Lost {}
 
-/// `Ciphers=...` with AES-GCM first, when `rsh` is OpenSSH's `ssh` left to
-/// its built-in cipher order (no `-c`, no `Ciphers` on its command line or
-/// in its configuration for `host`, as `ssh -G` prints it) and this CPU
-/// has AES instructions: one stream's throughput is bound by its cipher,
-/// and AES-GCM with those instructions is the fastest ssh has. The
-/// server's own list still decides what it accepts; a user's choice is
-/// never changed.
-fn fast_cipher(rsh: &[String], host: &str, port: Option<u16>) -> Option<String> {
-    let prog = std::path::Path::new(rsh.first()?).file_name()?;
-    if prog != "ssh"
-        || rsh[1..].iter().any(|w| {
-            (w.starts_with("-c") && !w.starts_with("--"))
-                || w.to_ascii_lowercase().contains("ciphers")
-        })
-        || !cpu_has_aes()
-    {
-        return None;
+impl Lost {
+    /// True when `e` is (or carries) a [`Lost`].
+    pub fn is(e: &io::Error) -> bool {
+        e.get_ref()
+            .is_some_and(|i| i.downcast_ref::<Lost>().is_some())
     }
-    let mut cmd = Command::new(&rsh[0]);
-    cmd.args(&rsh[1..]).arg("-G");
-    if let Some(p) = port {
-        cmd.args(["-p", &p.to_string()]);
-    }
-    let out = cmd
-        .arg(host)
-        .stdin(Stdio::null())
-        .stderr(Stdio::null())
-        .output()
-        .ok()?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let list = text.lines().find_map(|l| l.strip_prefix("ciphers "))?;
-    if !out.status.success() || list.trim() != SSH_DEFAULT_CIPHERS {
-        return None;
-    }
-    let (gcm, rest): (Vec<&str>, Vec<&str>) = SSH_DEFAULT_CIPHERS
-        .split(',')
-        .partition(|c| c.contains("-gcm@"));
-    Some(format!("Ciphers={}", [gcm, rest].concat().join(",")))
 }
-
-/// Whether this CPU has AES instructions (`aes` among its flags).
-fn cpu_has_aes() -> bool {
-    std::fs::read_to_string("/proc/cpuinfo").is_ok_and(|s| {
-        s.lines()
-            .filter(|l| l.starts_with("flags") || l.starts_with("Features"))
-            .any(|l| l.split_whitespace().any(|w| w == "aes"))
-    })
-}
-
-/// Words of a command line, as a shell splits them: blanks separate,
-/// single and double quotes group, a backslash escapes the next character.
-pub fn split_words(s: &str) -> Result<Vec<String>, String> {
-    let (mut words, mut cur, mut has) = (Vec::new(), String::new(), false);
-    let mut it = s.chars();
-    while let Some(c) = it.next() {
-        match c {
-            ' ' | '\t' | '\n' => {
-                if has {
-                    words.push(std::mem::take(&mut cur));
-                    has = false;
-                }
-            }
-            '\'' => {
-                has = true;
-                loop {
-                    match it.next() {
-                        Some('\'') => break,
-                        Some(c) => cur.push(c),
-                        None => return Err("unterminated '".into()),
-                    }
-                }
-            }
-            '"' => {
-                has = true;
-                loop {
-                    match it.next() {
-                        Some('"') => break,
-                        Some('\\') => cur.push(it.next().ok_or("trailing \\")?),
-                        Some(c) => cur.push(c),
-                        None => return Err("unterminated \"".into()),
-                    }
-                }
-            }
-            '\\' => {
-                has = true;
-                cur.push(it.next().ok_or("trailing \\")?);
-            }
-            c => {
-                has = true;
-                cur.push(c);
-            }
-        }
-    }
-    if has {
-        words.push(cur);
-    }
-    Ok(words)
-}
-
-/// The error of a request whose connection is gone: the engine's
-/// [`Unavailable`](ferry_engine::class::Unavailable) (one class for every
-/// backend), which a run reports once, not one line per entry.
-pub use ferry_engine::class::Unavailable as Lost;
 
 type Slot = SyncSender<io::Result<Vec<u8>>>;
 
@@ -317,6 +141,8 @@ pub struct Conn {
     quiet: Arc<Quiet>,
     /// Buffers of big replies given back ([`Conn::recycle`]).
     bufs: Mutex<Vec<Vec<u8>>>,
+    /// Set once a call's round trip was measured ([`round_trip`]).
+    timed: AtomicBool,
 }
 
 impl Session for Conn {
@@ -440,8 +266,16 @@ impl Conn {
 
     /// Send a request and wait for its reply.
     pub fn call(&self, req: &Req<'_>) -> io::Result<Body> {
+        let asked = std::time::Instant::now();
         let rx = self.start(req)?;
-        self.wait(&rx)
+        let r = self.wait(&rx);
+        // The first call's round trip is the connection's (its first
+        // answer came with the hello: no round trip of its own).
+        if r.is_ok() && !self.timed.swap(true, Ordering::Relaxed) {
+            let rtt = asked.elapsed().as_micros().max(1) as u64;
+            RTT_US.fetch_max(rtt, Ordering::Relaxed);
+        }
+        r
     }
 
     /// Give back the bytes of a reply read (a [`Body`]'s), for the next
@@ -477,23 +311,13 @@ impl Conn {
     /// is not yet; this one when another cannot be opened (the work goes
     /// on, on fewer connections).
     pub fn nth(self: &Arc<Conn>, k: usize) -> Arc<Conn> {
-        if k == 0 {
-            return self.clone();
-        }
-        let mut extra = self.extra.lock().unwrap();
-        if extra.len() < k {
-            extra.resize(k, None);
-        }
-        match &extra[k - 1] {
-            Some(c) if !c.gone.load(Ordering::Relaxed) => c.clone(),
-            _ => match open(&self.target) {
-                Ok(c) => {
-                    extra[k - 1] = Some(c.clone());
-                    c
-                }
-                Err(_) => self.clone(),
-            },
-        }
+        crate::extra::nth(
+            self,
+            &self.extra,
+            k,
+            |c| c.gone.load(Ordering::Relaxed),
+            || open(&self.target).ok(),
+        )
     }
 
     fn die(&self, why: String) {
@@ -514,18 +338,6 @@ impl Conn {
 
 fn lost_error(why: String) -> io::Error {
     io::Error::new(io::ErrorKind::ConnectionAborted, Lost(why))
-}
-
-/// The last lines of ssh's stderr (what ssh or the remote said), for the
-/// message of a connection that failed or was lost.
-struct Stderr {
-    tail: Mutex<Vec<String>>,
-}
-
-impl Stderr {
-    fn last(&self) -> Option<String> {
-        self.tail.lock().unwrap().last().cloned()
-    }
 }
 
 /// The longest round trip measured on this run's connections, in µs.
@@ -700,293 +512,6 @@ pub fn reconnect(t: &Target, dead: &Arc<Conn>) -> Result<Arc<Conn>, String> {
     Ok(c)
 }
 
-/// Why a session did not start.
-enum Failed {
-    /// The start command ran no ferry and said what it found.
-    Report(Report),
-    /// No ferry of this protocol answered (the message says which).
-    NoFerry(String),
-    /// Anything else (ssh could not connect, ...).
-    Other(String),
-}
-
-impl Failed {
-    fn line(self, t: &Target) -> String {
-        match self {
-            Failed::Other(w) | Failed::NoFerry(w) => w,
-            Failed::Report(_) => format!("{}: {NO_FERRY} (none on the PATH, none cached)", t.host),
-        }
-    }
-}
-
-/// Another connection to a host reached before: its start command runs
-/// the ferry it found then.
-fn open(t: &Target) -> Result<Arc<Conn>, Failed> {
-    open_look(t, Look::Fast, "")
-}
-
-fn open_look(t: &Target, look: Look, sum: &str) -> Result<Arc<Conn>, Failed> {
-    let argv = t.argv_look(look, sum).map_err(Failed::Other)?;
-    let mut child = Command::new(&argv[0])
-        .args(&argv[1..])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| {
-            Failed::Other(format!(
-                "cannot run {:?} (the -e/FERRY_RSH command): {e}",
-                argv[0]
-            ))
-        })?;
-    let quiet = Quiet::start(
-        child.id(),
-        format!("{}: connection lost: no answer from ferry serve", t.host),
-        t.timeout,
-    );
-    let err = Arc::new(Stderr {
-        tail: Mutex::new(Vec::new()),
-    });
-    let errt = {
-        let (err, pipe) = (err.clone(), child.stderr.take().expect("piped"));
-        std::thread::spawn(move || {
-            for line in BufReader::new(pipe).lines() {
-                let Ok(line) = line else { break };
-                let mut tail = err.tail.lock().unwrap();
-                if tail.len() == TAIL {
-                    tail.remove(0);
-                }
-                tail.push(line);
-            }
-        })
-    };
-    let stdin = child.stdin.take().expect("piped");
-    let stdout = child.stdout.take().expect("piped");
-    {
-        use std::os::fd::AsFd;
-        crate::serve::grow_pipe(stdin.as_fd());
-        crate::serve::grow_pipe(stdout.as_fd());
-    }
-    let mut stdin = Writing {
-        inner: stdin,
-        quiet: quiet.clone(),
-    };
-    let mut stdout = Reading {
-        inner: stdout,
-        quiet: quiet.clone(),
-    };
-    let _ = proto::write_hello(&mut stdin);
-    let hello = proto::read_hello(&mut stdout);
-    match hello {
-        Ok(Hello::Ferry { protocol, .. }) if protocol == proto::PROTOCOL => {}
-        Ok(Hello::Ferry { protocol, version }) => {
-            let _ = child.kill();
-            quiet.reaped();
-            quiet.stop();
-            let _ = child.wait();
-            return Err(Failed::NoFerry(format!(
-                "{}: the remote ferry ({}) is version {version} (protocol {protocol}), this is {} (protocol {}): install ferry {} there, or name one with --remote-ferry PATH",
-                t.host, t.remote_ferry, proto::version(), proto::PROTOCOL, proto::version()
-            )));
-        }
-        Ok(Hello::Other(b)) if b.starts_with(b"#") => {
-            // The start command's report (or what else it said).
-            let mut text = b;
-            let _ = stdout.read_to_end(&mut text);
-            drop(stdin);
-            let text = String::from_utf8_lossy(&text).into_owned();
-            if let Some(rest) = text.strip_prefix(crate::install::PROBE) {
-                quiet.reaped();
-                quiet.stop();
-                let _ = child.wait();
-                let _ = errt.join();
-                return Err(Failed::Report(Report::parse(rest)));
-            }
-            return Err(ended(t, child, errt, &err, &quiet));
-        }
-        Ok(Hello::Other(b)) => {
-            let _ = child.kill();
-            quiet.reaped();
-            quiet.stop();
-            let what = format!(
-                "{}: `{} serve` did not answer as ferry serve does (it wrote {:?}); name ferry there with --remote-ferry PATH",
-                t.host,
-                t.remote_ferry,
-                String::from_utf8_lossy(&b)
-            );
-            let _ = child.wait();
-            return Err(Failed::NoFerry(what));
-        }
-        Err(_) => {
-            drop(stdin);
-            return Err(ended(t, child, errt, &err, &quiet));
-        }
-    }
-    let (tx, rx) = mpsc::sync_channel::<Out>(QUEUED);
-    std::thread::spawn(move || proto::write_out(stdin, rx));
-    let mut conn = Conn {
-        host: t.host.clone(),
-        tx,
-        pending: Mutex::new(Pending::default()),
-        next: AtomicU64::new(1),
-        gone: AtomicBool::new(false),
-        root: false,
-        cores: 1,
-        target: t.clone(),
-        extra: Mutex::new(Vec::new()),
-        closing: AtomicBool::new(false),
-        closed: (Mutex::new(false), Condvar::new()),
-        quiet: quiet.clone(),
-        bufs: Mutex::new(Vec::new()),
-    };
-    let conn = {
-        // Whether the server keeps owners and its cores, asked before the
-        // reader runs: this first reply is read here.
-        let asked = std::time::Instant::now();
-        let body = conn
-            .tx
-            .send(proto::frame(u64::MAX, &Req::Info).into())
-            .ok()
-            .and_then(|()| proto::read_frame(&mut stdout).ok().flatten());
-        let rtt = asked.elapsed().as_micros().max(1) as u64;
-        RTT_US.fetch_max(rtt, Ordering::Relaxed);
-        match body.as_ref().map(|(_, b)| Body(b.clone())) {
-            Some(b) => match b.get() {
-                Ok(Resp::Info { root, cores }) => {
-                    conn.root = root;
-                    conn.cores = (cores as usize).max(1);
-                }
-                _ => {
-                    let _ = child.kill();
-                    quiet.reaped();
-                    quiet.stop();
-                    let _ = child.wait();
-                    return Err(Failed::Other(format!(
-                        "{}: ferry serve answered out of protocol",
-                        t.host
-                    )));
-                }
-            },
-            None => {
-                drop(conn);
-                return Err(ended(t, child, errt, &err, &quiet));
-            }
-        }
-        Arc::new(conn)
-    };
-    quiet.attach(Arc::downgrade(&conn) as std::sync::Weak<dyn Session>);
-    // A heartbeat from the server while it works on a long request (a
-    // signature of a huge file, a big removal), a few per timeout.
-    let every = (t.timeout / 3).as_millis().max(1) as u64;
-    let _ = conn.send(&Req::KeepAlive { ms: every });
-    if t.read_only {
-        let _ = conn.send(&Req::ReadOnly);
-    }
-    let c = conn.clone();
-    std::thread::spawn(move || read_replies(&c, stdout, child, err, errt));
-    Ok(conn)
-}
-
-fn read_replies(
-    conn: &Conn,
-    stdout: Reading<ChildStdout>,
-    mut child: Child,
-    err: Arc<Stderr>,
-    errt: JoinHandle<()>,
-) {
-    // A small buffer: a big reply's data is read past it, into its place
-    // ([`proto::read_placed`]).
-    let mut r = BufReader::with_capacity(64 << 10, stdout);
-    let end = loop {
-        let spare = || conn.bufs.lock().unwrap().pop();
-        match proto::read_placed(&mut r, spare) {
-            Ok(Some((id, body))) => {
-                let mut p = conn.pending.lock().unwrap();
-                if let Some(s) = p.calls.remove(&id) {
-                    drop(p);
-                    let _ = s.send(Ok(body));
-                } else if let Some(s) = p.streams.get(&id) {
-                    let _ = s.send(Ok(body));
-                }
-            }
-            Ok(None) => break None,
-            Err(e) => break Some(e),
-        }
-    };
-    // The stream ended: say why, with what ssh said last. (At the end of
-    // a run, ssh is exiting on its own: waited for, not killed.)
-    if !conn.closing.load(Ordering::Relaxed) {
-        let _ = child.kill();
-    }
-    conn.quiet.reaped();
-    conn.quiet.stop();
-    let status = child.wait().ok().and_then(|s| s.code());
-    let _ = errt.join();
-    {
-        let (lock, cv) = &conn.closed;
-        *lock.lock().unwrap() = true;
-        cv.notify_all();
-    }
-    let mut why = format!("{}: connection lost", conn.host);
-    if let Some(e) = end {
-        why.push_str(&format!(" ({e})"));
-    }
-    match (err.last(), status) {
-        (Some(l), _) => why.push_str(&format!(" (ssh: {l})")),
-        (None, Some(c)) => why.push_str(&format!(" (ssh exited with status {c})")),
-        _ => {}
-    }
-    // Given up for silence: that is the cause (ssh was killed for it).
-    conn.die(conn.quiet.fired().unwrap_or(why));
-}
-
-/// The session ended before it started: wait for ssh, then say why.
-fn ended(
-    t: &Target,
-    mut child: Child,
-    errt: JoinHandle<()>,
-    err: &Stderr,
-    quiet: &Quiet,
-) -> Failed {
-    quiet.reaped();
-    quiet.stop();
-    let status = child.wait().ok().and_then(|s| s.code());
-    if let Some(why) = quiet.fired() {
-        let _ = errt.join();
-        return Failed::Other(why);
-    }
-    let _ = errt.join();
-    let tail = err.tail.lock().unwrap().clone();
-    let why = classify(t, status, &tail);
-    if why.contains(NO_FERRY) {
-        Failed::NoFerry(why)
-    } else {
-        Failed::Other(why)
-    }
-}
-
-/// What [`classify`] says when the remote has no ferry.
-const NO_FERRY: &str = "no ferry on the remote";
-
-/// True when `why`, a message of [`classify`] (or of [`connect`]), says
-/// ssh itself failed (unreachable, authentication, host key, no ssh, no
-/// answer for `--timeout`):
-/// the host was not reached, so nothing else over ssh can work either.
-pub fn is_ssh_failure(why: &str) -> bool {
-    [
-        ": host key verification failed:",
-        ": authentication failed:",
-        ": host unreachable (",
-        ": ssh failed: ",
-        "(the -e/FERRY_RSH command)",
-        // Given up for silence (`--timeout`): the host did not answer,
-        // which is not a host where ferry cannot run.
-        " s (--timeout)",
-    ]
-    .iter()
-    .any(|s| why.contains(s))
-}
-
 /// True when `why`, a message of [`connect`] for a session that did not
 /// start, says that ferry cannot run on the host (none there, none
 /// installed: `--no-remote-install`, another OS or architecture, a server
@@ -998,213 +523,5 @@ pub fn ferry_cannot_run(why: &str) -> bool {
     !is_ssh_failure(why) && !why.contains(crate::install::NOT_THIS)
 }
 
-/// One line for a session that did not start: what ssh or the remote said.
-pub fn classify(t: &Target, code: Option<i32>, tail: &[String]) -> String {
-    let h = &t.host;
-    let all = tail.join("\n");
-    let last = tail
-        .iter()
-        .rev()
-        .find(|l| !l.trim().is_empty())
-        .map(|l| l.trim().to_string())
-        .unwrap_or_default();
-    let has = |s: &str| all.contains(s);
-    if has("REMOTE HOST IDENTIFICATION HAS CHANGED") || has("has changed and you have requested") {
-        // ssh names the command that forgets the old key.
-        let forget = tail
-            .iter()
-            .find(|l| l.contains("ssh-keygen") && l.contains(" -R "))
-            .map_or_else(
-                || "ssh-keygen -R HOST".to_string(),
-                |l| l.trim().to_string(),
-            );
-        return format!("{h}: host key verification failed: the host's key changed: it is not the one known_hosts has for it (a reinstalled host, or someone in between); if the change is expected, forget the old key ({forget}) and connect once with ssh to check and accept the new one");
-    }
-    if has("host key is known for") || has("Host key verification failed") {
-        return format!("{h}: host key verification failed: known_hosts has no key for this host (never connected): connect once with ssh to check and accept its key, then run ferry again (ssh: {last})");
-    }
-    if has("Permission denied") || has("Too many authentication failures") {
-        return format!("{h}: authentication failed: the host refused every key or password ssh offered: check the user name, and that your key is in the host's authorized_keys (ssh-copy-id) or loaded in your agent (ssh: {last})");
-    }
-    for s in [
-        "Could not resolve hostname",
-        "Connection refused",
-        "timed out",
-        "No route to host",
-        "Network is unreachable",
-        "Connection closed by",
-        "Connection reset",
-        "kex_exchange_identification",
-    ] {
-        if has(s) {
-            return format!("{h}: host unreachable (ssh: {last})");
-        }
-    }
-    if code == Some(127)
-        || has("command not found")
-        || has(": not found")
-        || has("No such file or directory")
-    {
-        return format!(
-            "{h}: {NO_FERRY} (`{} serve`: {last}); install ferry there or name it with --remote-ferry PATH",
-            t.remote_ferry
-        );
-    }
-    match code {
-        Some(255) => format!("{h}: ssh failed: {last}"),
-        Some(c) => format!(
-            "{h}: `{} serve` exited with status {c} before answering: {last}",
-            t.remote_ferry
-        ),
-        None => format!("{h}: the connection ended before ferry serve answered: {last}"),
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn commands_split_as_a_shell_does() {
-        let w = |s: &str| split_words(s).unwrap();
-        assert_eq!(w("ssh -p 2222  -F cfg"), ["ssh", "-p", "2222", "-F", "cfg"]);
-        assert_eq!(
-            w(r#"ssh -o 'A B' "c \"d\"" e\ f ''"#),
-            ["ssh", "-o", "A B", "c \"d\"", "e f", ""]
-        );
-        assert!(split_words("ssh 'x").is_err());
-        let t = Target {
-            rsh: w("ssh -F c"),
-            host: "u@h".into(),
-            port: Some(22),
-            remote_ferry: "/opt/ferry".into(),
-            install: false,
-            options: vec!["-o".into(), "Ciphers=x".into()],
-            connections: None,
-            timeout: quiet::DEFAULT_TIMEOUT,
-            read_only: false,
-        };
-        assert_eq!(
-            t.argv(),
-            [
-                "ssh",
-                "-F",
-                "c",
-                "-p",
-                "22",
-                "-o",
-                "Ciphers=x",
-                "u@h",
-                "/opt/ferry serve"
-            ]
-        );
-        assert_eq!(
-            t.subsystem("sftp"),
-            [
-                "ssh",
-                "-F",
-                "c",
-                "-s",
-                "-p",
-                "22",
-                "-o",
-                "Ciphers=x",
-                "u@h",
-                "sftp"
-            ]
-        );
-    }
-
-    #[test]
-    fn aes_gcm_goes_first_only_where_ssh_is_left_to_its_defaults() {
-        let w = |s: &str| split_words(s).unwrap();
-        // Not OpenSSH's ssh, or a cipher named on its command line: untouched
-        // (no `ssh -G` is run for these).
-        assert_eq!(fast_cipher(&w("dbclient"), "h", None), None);
-        assert_eq!(fast_cipher(&w("ssh -c aes256-ctr"), "h", None), None);
-        assert_eq!(
-            fast_cipher(&w("ssh -o Ciphers=aes256-ctr"), "h", None),
-            None
-        );
-        if !cpu_has_aes() || Command::new("ssh").arg("-V").output().is_err() {
-            return;
-        }
-        let dir = tempfile::tempdir().unwrap();
-        let cfg = dir.path().join("cfg");
-        std::fs::write(&cfg, "Host chosen\n  Ciphers aes256-ctr\n").unwrap();
-        let f = cfg.to_str().unwrap();
-        // A configuration that chooses: untouched.
-        assert_eq!(
-            fast_cipher(&w(&format!("ssh -F {f}")), "chosen", None),
-            None
-        );
-        // Defaults: the same ciphers, AES-GCM first.
-        let c = fast_cipher(&w(&format!("ssh -F {f}")), "other", Some(2222)).unwrap();
-        assert_eq!(
-            c,
-            "Ciphers=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com,aes128-ctr,aes192-ctr,aes256-ctr"
-        );
-    }
-
-    #[test]
-    fn failed_sessions_are_classified_from_what_ssh_said() {
-        let t = Target {
-            rsh: vec!["ssh".into()],
-            host: "h".into(),
-            port: None,
-            remote_ferry: "ferry".into(),
-            install: true,
-            options: Vec::new(),
-            connections: None,
-            timeout: quiet::DEFAULT_TIMEOUT,
-            read_only: false,
-        };
-        let c = |code, l: &str| classify(&t, Some(code), &[l.to_string()]);
-        assert!(c(
-            255,
-            "ssh: Could not resolve hostname h: Name or service not known"
-        )
-        .contains("host unreachable"));
-        assert!(c(255, "u@h: Permission denied (publickey).").contains("authentication failed"));
-        assert!(c(255, "Host key verification failed.").contains("host key verification failed"));
-        // Unknown, changed, refused: each says what happened and what to do.
-        let tl = |lines: &[&str]| {
-            let v: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
-            classify(&t, Some(255), &v)
-        };
-        let unknown = tl(&[
-            "No ED25519 host key is known for [127.0.0.1]:2222 and you have requested strict checking.",
-            "Host key verification failed.",
-        ]);
-        assert!(
-            unknown.contains("known_hosts has no key for this host"),
-            "{unknown}"
-        );
-        assert!(!unknown.contains("not the one"), "{unknown}");
-        let changed = tl(&[
-            "@    WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED!     @",
-            "  ssh-keygen -f \"/k\" -R \"[127.0.0.1]:2222\"",
-            "Host key for [127.0.0.1]:2222 has changed and you have requested strict checking.",
-            "Host key verification failed.",
-        ]);
-        assert!(changed.contains("key changed"), "{changed}");
-        assert!(changed.contains("ssh-keygen -f \"/k\" -R"), "{changed}");
-        assert!(is_ssh_failure(&unknown) && is_ssh_failure(&changed));
-        let refused = c(255, "u@h: Permission denied (publickey).");
-        assert!(refused.contains("authorized_keys"), "{refused}");
-        assert!(c(127, "bash: line 1: ferry: command not found").contains("no ferry on the remote"));
-        assert!(c(1, "boom").contains("exited with status 1"));
-        // What ssh failed at is told apart from what the remote could not run.
-        assert!(is_ssh_failure(&c(
-            255,
-            "ssh: connect to host h port 22: Connection refused"
-        )));
-        assert!(is_ssh_failure(&c(
-            255,
-            "u@h: Permission denied (publickey)."
-        )));
-        assert!(is_ssh_failure(&c(255, "Host key verification failed.")));
-        assert!(!is_ssh_failure(&c(127, "sh: 1: ferry: not found")));
-        assert!(!is_ssh_failure(&c(1, "boom")));
-    }
-}
+mod tests;

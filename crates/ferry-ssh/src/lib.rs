@@ -11,11 +11,13 @@
 
 pub mod conn;
 mod error;
+pub mod extra;
 pub mod install;
 pub mod proto;
 mod push;
 pub mod quiet;
 pub mod serve;
+pub mod spawn;
 pub mod splice;
 pub mod store;
 pub mod watch;

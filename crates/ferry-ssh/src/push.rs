@@ -49,27 +49,39 @@ pub(crate) fn identity(meta: &Meta) -> String {
     )
 }
 
-/// Where a pushed file goes: the directory's handle and path there.
+/// Where a pushed file goes: the directory's handle and path there, its
+/// name, and the handle it is written as.
 pub(crate) struct Target<'a> {
     pub dir: u64,
     pub dir_path: &'a [u8],
     pub name: &'a CStr,
+    pub file: u64,
 }
 
-/// Push `meta.size` bytes of `fd` to `to` as handle `file` of `conn`:
-/// the bytes sent now and the bytes an earlier run had sent. Committed (or
-/// aborted, which keeps the partial) with `file` on `conn` afterwards.
-#[allow(clippy::too_many_arguments)]
+/// What the connections pushing one file share: its descriptor, the
+/// pieces to send and the next one to take, the first failure, the pace.
+struct Share<'a> {
+    fd: BorrowedFd<'a>,
+    pieces: &'a [(u64, u64)],
+    next: &'a AtomicUsize,
+    failed: &'a Mutex<Option<io::Error>>,
+    limit: Option<&'a Limiter>,
+    progress: Option<&'a Progress<'a>>,
+}
+
+/// Push `meta.size` bytes of `fd` to `to` as its handle `to.file` of
+/// `conn`: the bytes sent now and the bytes an earlier run had sent.
+/// Committed (or aborted, which keeps the partial) with that handle on
+/// `conn` afterwards.
 pub(crate) fn push(
     conn: &Arc<Conn>,
     to: Target<'_>,
     meta: &Meta,
-    file: u64,
     fd: BorrowedFd<'_>,
     limit: Option<&Limiter>,
     progress: Option<&Progress<'_>>,
 ) -> io::Result<(u64, u64)> {
-    let size = meta.size;
+    let (size, file) = (meta.size, to.file);
     let ident = identity(meta);
     let done = match conn
         .call(&Req::PartOpen {
@@ -107,24 +119,69 @@ pub(crate) fn push(
     let next = AtomicUsize::new(0);
     let written = Mutex::new(set);
     let failed: Mutex<Option<io::Error>> = Mutex::new(None);
+    let share = Share {
+        fd,
+        pieces: &pieces,
+        next: &next,
+        failed: &failed,
+        limit,
+        progress,
+    };
+    spread(conn, file, &share, &written, &path, width);
+    if let Some(e) = failed.into_inner().unwrap() {
+        if !is_no_space(&e) {
+            // The partial's own connection may have met a full disk that
+            // the others only saw as the partial gone: that is the cause.
+            let own = conn
+                .call(&Req::PartSync {
+                    file,
+                    flush: false,
+                    close: false,
+                })
+                .and_then(|b| b.get().map(|_| ()));
+            if let Err(full) = own {
+                if is_no_space(&full) {
+                    return Err(full);
+                }
+            }
+        }
+        return Err(e);
+    }
+    if resumed > 0 {
+        let again = check_resumed(conn, &path, file, fd, &earlier)?;
+        RESENT.fetch_add(again, Ordering::Relaxed);
+    }
+    Ok((size - resumed, resumed))
+}
+
+/// Send `share`'s pieces over `width` connections to the host at once,
+/// each (but `conn`'s own) writing the partial at `path` through a handle
+/// of its own; the ranges flushed there are added to `written`, and the
+/// partial's record (handle `file`) made of them.
+fn spread(
+    conn: &Arc<Conn>,
+    file: u64,
+    share: &Share<'_>,
+    written: &Mutex<RangeSet>,
+    path: &[u8],
+    width: usize,
+) {
     std::thread::scope(|scope| {
         for k in 0..width {
-            let (next, written, failed, path) = (&next, &written, &failed, &path);
-            let pieces = &pieces;
             scope.spawn(move || {
                 let c = conn.nth(k);
                 let own = !Arc::ptr_eq(&c, conn);
                 let h = if own {
                     let h = c.handle();
                     if let Err(e) = c.send(&Req::PartAttach { path, file: h }) {
-                        fail(failed, e);
+                        fail(share.failed, e);
                         return;
                     }
                     h
                 } else {
                     file
                 };
-                let r = send_pieces(&c, h, fd, pieces, next, failed, limit, progress, |got| {
+                let r = send_pieces(&c, h, share, |got| {
                     let snapshot = {
                         let mut w = written.lock().unwrap();
                         for &(a, b) in got {
@@ -150,35 +207,11 @@ pub(crate) fn push(
                     false => Ok(()),
                 };
                 if let Err(e) = r.and(closed) {
-                    fail(failed, e);
+                    fail(share.failed, e);
                 }
             });
         }
     });
-    if let Some(e) = failed.into_inner().unwrap() {
-        if !is_no_space(&e) {
-            // The partial's own connection may have met a full disk that
-            // the others only saw as the partial gone: that is the cause.
-            let own = conn
-                .call(&Req::PartSync {
-                    file,
-                    flush: false,
-                    close: false,
-                })
-                .and_then(|b| b.get().map(|_| ()));
-            if let Err(full) = own {
-                if is_no_space(&full) {
-                    return Err(full);
-                }
-            }
-        }
-        return Err(e);
-    }
-    if resumed > 0 {
-        let again = check_resumed(conn, &path, file, fd, &earlier)?;
-        RESENT.fetch_add(again, Ordering::Relaxed);
-    }
-    Ok((size - resumed, resumed))
 }
 
 /// Bytes of resumed pushes sent again: they differed from the source
@@ -303,21 +336,23 @@ fn fail(failed: &Mutex<Option<io::Error>>, e: io::Error) {
     }
 }
 
-/// One connection's share: the next pieces, read from `fd` and sent as
-/// handle `h` of `c`, flushed there every [`SYNC_EVERY`] bytes and at the
-/// end, then handed to `synced`.
-#[allow(clippy::too_many_arguments)]
+/// One connection's share: the next pieces, read from the file and sent
+/// as handle `h` of `c`, flushed there every [`SYNC_EVERY`] bytes and at
+/// the end, then handed to `synced`.
 fn send_pieces(
     c: &Conn,
     h: u64,
-    fd: BorrowedFd<'_>,
-    pieces: &[(u64, u64)],
-    next: &AtomicUsize,
-    failed: &Mutex<Option<io::Error>>,
-    limit: Option<&Limiter>,
-    progress: Option<&Progress<'_>>,
+    share: &Share<'_>,
     mut synced: impl FnMut(&Ranges),
 ) -> io::Result<()> {
+    let Share {
+        fd,
+        pieces,
+        next,
+        failed,
+        limit,
+        progress,
+    } = *share;
     let cap = limit.map_or(CHUNK, |l| l.chunk().clamp(1, CHUNK));
     // Only for a file that cannot be spliced from.
     let mut buf = Vec::new();

@@ -924,9 +924,10 @@ impl Store for SshStore {
                     dir: dir.id,
                     dir_path: &dir.path,
                     name: &name,
+                    file: w.file,
                 };
                 let (sent, resumed) =
-                    push::push(&self.conn(), to, &meta, w.file, fd, limit, src.progress())?;
+                    push::push(&self.conn(), to, &meta, fd, limit, src.progress())?;
                 for (c, n) in self.pushes.iter().zip([1, sent, resumed]) {
                     c.fetch_add(n, Ordering::Relaxed);
                 }

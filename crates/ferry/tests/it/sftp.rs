@@ -624,11 +624,97 @@ fn notes_on_an_sftp_destination_speak_of_sftp() {
 /// run (their time is left as made).
 #[test]
 fn lsetstat_offered_but_refused_is_one_note() {
-    let (rsh, _host) = need!(server());
+    let Some((d, wrapper, host)) = lsetstat_refusing_server() else {
+        return;
+    };
+    let (src, dst) = lsetstat_links(&d);
+    for round in 0..2 {
+        let r = ferry([
+            "sync".as_ref(),
+            "-v".as_ref(),
+            "--json".as_ref(),
+            "-e".as_ref(),
+            wrapper.as_os_str(),
+            src.as_os_str(),
+            url(&host, &dst).as_os_str(),
+        ]);
+        r.ok();
+        let notes = r
+            .err()
+            .matches("offers lsetstat@openssh.com but refused it")
+            .count();
+        assert_eq!(notes, 1, "round {round}\n{r}");
+        assert_eq!(r.error_lines().len(), 1, "only the note\n{r}");
+        assert_eq!(summary(&r).errors, 0, "{r}");
+        let metas = actions(&r).into_iter().filter(|(t, _)| t == "meta").count();
+        assert_eq!(metas, 0, "round {round}\n{r}");
+        assert_eq!(std::fs::read_link(dst.join("l1")).unwrap(), Path::new("a"));
+    }
+}
+
+/// The same server, asked by dry runs (`-n`) once the links are there:
+/// each says once that the server refuses lsetstat, and lists no `meta`
+/// for any link (on main: a `meta` line per link per dry run, since a
+/// dry run never tried the server). The dry run's check writes nothing:
+/// the links' times and change times are as they were.
+#[test]
+fn a_dry_run_against_a_server_refusing_lsetstat_says_it_once() {
+    use std::os::unix::fs::MetadataExt;
+    let Some((d, wrapper, host)) = lsetstat_refusing_server() else {
+        return;
+    };
+    let (src, dst) = lsetstat_links(&d);
+    let sync = |extra: &[&str]| {
+        let mut args: Vec<&OsStr> = vec!["sync".as_ref(), "-v".as_ref(), "--json".as_ref()];
+        args.extend(extra.iter().map(OsStr::new));
+        args.extend(["-e".as_ref(), wrapper.as_os_str(), src.as_os_str()]);
+        let u = url(&host, &dst);
+        args.push(u.as_os_str());
+        let r = ferry(args);
+        r.ok();
+        r
+    };
+    sync(&[]);
+    let times = |p: &Path| {
+        let m = std::fs::symlink_metadata(p).unwrap();
+        (m.mtime(), m.mtime_nsec(), m.ctime(), m.ctime_nsec())
+    };
+    let before = [times(&dst.join("l1")), times(&dst.join("l2"))];
+    for round in 0..2 {
+        let r = sync(&["-n"]);
+        let notes = r
+            .err()
+            .matches("offers lsetstat@openssh.com but refused it")
+            .count();
+        assert_eq!(notes, 1, "dry run {round}\n{r}");
+        assert_eq!(r.error_lines().len(), 1, "only the note\n{r}");
+        assert_eq!(summary(&r).errors, 0, "{r}");
+        let metas: Vec<_> = actions(&r)
+            .into_iter()
+            .filter(|(t, _)| t == "meta")
+            .collect();
+        assert!(metas.is_empty(), "dry run {round}: {metas:?}\n{r}");
+        let after = [times(&dst.join("l1")), times(&dst.join("l2"))];
+        assert_eq!(after, before, "a dry run changed a link");
+    }
+}
+
+/// A server that offers `lsetstat@openssh.com` but refuses it: the real
+/// sftp-server behind a relay that renames that request, so that the
+/// server answers it as unknown. The scratch directory, the -e command
+/// that reaches it, the host; `None` (said) where it cannot run.
+fn lsetstat_refusing_server() -> Option<(tempfile::TempDir, PathBuf, String)> {
+    let (rsh, host) = match server() {
+        Ok(s) => s,
+        Err(why) => {
+            crate::util::skip(&why);
+            return None;
+        }
+    };
     let server_bin = Path::new("/usr/lib/openssh/sftp-server");
     if !server_bin.exists() {
-        eprintln!("skipped: {} is missing", server_bin.display());
-        return;
+        crate::util::skip(&format!("{} is missing", server_bin.display()));
+        return None;
     }
     let d = tmpdir();
     let relay = d.path().join("relay.py");
@@ -673,39 +759,21 @@ p.wait()
     )
     .unwrap();
     chmod(&wrapper, 0o755);
+    Some((d, wrapper, host))
+}
+
+/// SRC with a file and two links (one dangling) under `d`, and where DST
+/// goes. The links are older than any DST copy can be (SFTP times are
+/// whole seconds: a link made in the same second as its copy would compare
+/// equal, and a second run would try no link time at all).
+fn lsetstat_links(d: &tempfile::TempDir) -> (PathBuf, PathBuf) {
     let src = d.path().join("src");
     write(&src, "a", b"alpha");
     ln(&src, "l1", "a");
     ln(&src, "l2", "nowhere");
-    // Links older than any DST copy can be (SFTP times are whole seconds: a
-    // link made in the same second as its copy would compare equal, and
-    // round 1 would try no link time at all).
     set_mtime(&src.join("l1"), (1_600_000_000, 0));
     set_mtime(&src.join("l2"), (1_600_000_000, 0));
-    let dst = d.path().join("dst");
-    let (_, host) = server().unwrap();
-    for round in 0..2 {
-        let r = ferry([
-            "sync".as_ref(),
-            "-v".as_ref(),
-            "--json".as_ref(),
-            "-e".as_ref(),
-            wrapper.as_os_str(),
-            src.as_os_str(),
-            url(&host, &dst).as_os_str(),
-        ]);
-        r.ok();
-        let notes = r
-            .err()
-            .matches("offers lsetstat@openssh.com but refused it")
-            .count();
-        assert_eq!(notes, 1, "round {round}\n{r}");
-        assert_eq!(r.error_lines().len(), 1, "only the note\n{r}");
-        assert_eq!(summary(&r).errors, 0, "{r}");
-        let metas = actions(&r).into_iter().filter(|(t, _)| t == "meta").count();
-        assert_eq!(metas, 0, "round {round}\n{r}");
-        assert_eq!(std::fs::read_link(dst.join("l1")).unwrap(), Path::new("a"));
-    }
+    (src, d.path().join("dst"))
 }
 
 /// A big push at full speed (no --bwlimit) killed once 112 MiB of its

@@ -1,0 +1,262 @@
+//! A connection's start: ssh spawned with the start command, the hello
+//! and the first requests written at once, the other end's hello and
+//! answers read, then the reader thread that hands each reply to its
+//! request.
+
+use std::io::{BufReader, Read, Write};
+use std::process::Child;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+
+use super::{Body, Conn, Pending, Target, QUEUED};
+use crate::install::{Look, Report};
+use crate::proto::{self, Hello, Out, Req, Resp};
+use crate::quiet::{Quiet, Reading, Session, Writing};
+use crate::spawn::{self, NO_FERRY};
+
+/// Why a session did not start.
+pub(super) enum Failed {
+    /// The start command ran no ferry and said what it found.
+    Report(Report),
+    /// No ferry of this protocol answered (the message says which).
+    NoFerry(String),
+    /// Anything else (ssh could not connect, ...).
+    Other(String),
+}
+
+impl Failed {
+    pub(super) fn line(self, t: &Target) -> String {
+        match self {
+            Failed::Other(w) | Failed::NoFerry(w) => w,
+            Failed::Report(_) => format!("{}: {NO_FERRY} (none on the PATH, none cached)", t.host),
+        }
+    }
+}
+
+/// Another connection to a host reached before: its start command runs
+/// the ferry it found then.
+pub(super) fn open(t: &Target) -> Result<Arc<Conn>, Failed> {
+    open_look(t, Look::Fast, "")
+}
+
+pub(super) fn open_look(t: &Target, look: Look, sum: &str) -> Result<Arc<Conn>, Failed> {
+    let argv = t.argv_look(look, sum).map_err(Failed::Other)?;
+    let ssh = spawn::spawn(&argv, spawn::Io::Pipes).map_err(Failed::Other)?;
+    let quiet = Quiet::start(
+        ssh.child.id(),
+        format!("{}: connection lost: no answer from ferry serve", t.host),
+        t.timeout,
+    );
+    let mut start = Starting {
+        t,
+        child: ssh.child,
+        errt: Some(ssh.errt),
+        tail: ssh.tail,
+        quiet: quiet.clone(),
+    };
+    let mut stdin = Writing {
+        inner: ssh.stdin,
+        quiet: quiet.clone(),
+    };
+    let mut stdout = Reading {
+        inner: ssh.stdout,
+        quiet: quiet.clone(),
+    };
+    // The hello and the first requests in one write, before the other
+    // end's hello is read: a server reads requests only once it has
+    // checked the hello's protocol, and a start command that runs no
+    // ferry reads none. So the server's answers (its cores, whether it
+    // keeps owners) cost no round trip of their own.
+    let _ = stdin.write_all(&first_words(t)).and_then(|()| stdin.flush());
+    if let Err(n) = start.hello(&mut stdout) {
+        // (Its input closed before ssh is waited for.)
+        drop(stdin);
+        return Err(start.settle(n));
+    }
+    let (tx, rx) = mpsc::sync_channel::<Out>(QUEUED);
+    std::thread::spawn(move || proto::write_out(stdin, rx));
+    // Whether the server keeps owners and its cores, asked with the hello:
+    // this first reply is read here, before the reader runs.
+    let (root, cores) = match start.info(&mut stdout) {
+        Ok(info) => info,
+        Err(n) => {
+            drop(tx);
+            return Err(start.settle(n));
+        }
+    };
+    let conn = Arc::new(Conn {
+        host: t.host.clone(),
+        tx,
+        pending: Mutex::new(Pending::default()),
+        next: AtomicU64::new(1),
+        gone: AtomicBool::new(false),
+        root,
+        cores,
+        target: t.clone(),
+        extra: Mutex::new(Vec::new()),
+        closing: AtomicBool::new(false),
+        closed: (Mutex::new(false), Condvar::new()),
+        quiet: quiet.clone(),
+        bufs: Mutex::new(Vec::new()),
+        timed: AtomicBool::new(false),
+    });
+    quiet.attach(Arc::downgrade(&conn) as std::sync::Weak<dyn Session>);
+    let c = conn.clone();
+    let (child, tail) = (start.child, start.tail);
+    let errt = start.errt.take().expect("not reaped");
+    std::thread::spawn(move || read_replies(&c, stdout, child, tail, errt));
+    Ok(conn)
+}
+
+/// What a connection writes first: the hello, this run's read-only flag,
+/// the heartbeat request and the Info request (answered with the hello).
+fn first_words(t: &Target) -> Vec<u8> {
+    let mut first = Vec::with_capacity(128);
+    let _ = proto::write_hello(&mut first);
+    if t.read_only {
+        first.extend(proto::frame(0, &Req::ReadOnly));
+    }
+    // A heartbeat from the server while it works on a long request (a
+    // signature of a huge file, a big removal), a few per timeout.
+    let every = (t.timeout / 3).as_millis().max(1) as u64;
+    first.extend(proto::frame(0, &Req::KeepAlive { ms: every }));
+    first.extend(proto::frame(u64::MAX, &Req::Info));
+    first
+}
+
+/// Why a connection did not start, before ssh is waited for.
+enum NoHello {
+    /// Not wanted (kill ssh): this is why.
+    Kill(Failed),
+    /// The start command's report: it exits on its own.
+    Report(Report),
+    /// The stream ended: why, from ssh's stderr once it exits.
+    Ended,
+}
+
+/// A connection being started: its ssh, until the session runs.
+struct Starting<'a> {
+    t: &'a Target,
+    child: Child,
+    errt: Option<JoinHandle<()>>,
+    tail: spawn::Tail,
+    quiet: Arc<Quiet>,
+}
+
+impl Starting<'_> {
+    /// ssh killed or waited for, as `n` says, and why the session did not
+    /// start.
+    fn settle(&mut self, n: NoHello) -> Failed {
+        let errt = self.errt.take().expect("not reaped");
+        match n {
+            NoHello::Kill(f) => {
+                spawn::kill(&mut self.child, &self.quiet);
+                drop(errt);
+                f
+            }
+            NoHello::Report(r) => {
+                spawn::reap(&mut self.child, errt, &self.quiet, false);
+                Failed::Report(r)
+            }
+            NoHello::Ended => {
+                match spawn::ended(self.t, &mut self.child, errt, &self.tail, &self.quiet) {
+                    Err(timed_out) => Failed::Other(timed_out),
+                    Ok((why, _)) if why.contains(NO_FERRY) => Failed::NoFerry(why),
+                    Ok((why, _)) => Failed::Other(why),
+                }
+            }
+        }
+    }
+
+    /// Read the other end's hello: `ferry serve` of this protocol, or why
+    /// not (the start command's report, another ferry, another program).
+    fn hello(&mut self, stdout: &mut impl Read) -> Result<(), NoHello> {
+        let t = self.t;
+        match proto::read_hello(stdout) {
+            Ok(Hello::Ferry { protocol, .. }) if protocol == proto::PROTOCOL => Ok(()),
+            Ok(Hello::Ferry { protocol, version }) => Err(NoHello::Kill(Failed::NoFerry(format!(
+                "{}: the remote ferry ({}) is version {version} (protocol {protocol}), this is {} (protocol {}): install ferry {} there, or name one with --remote-ferry PATH",
+                t.host, t.remote_ferry, proto::version(), proto::PROTOCOL, proto::version()
+            )))),
+            Ok(Hello::Other(b)) if b.starts_with(b"#") => {
+                // The start command's report (or what else it said).
+                let mut text = b;
+                let _ = stdout.read_to_end(&mut text);
+                let text = String::from_utf8_lossy(&text).into_owned();
+                Err(match text.strip_prefix(crate::install::PROBE) {
+                    Some(rest) => NoHello::Report(Report::parse(rest)),
+                    None => NoHello::Ended,
+                })
+            }
+            Ok(Hello::Other(b)) => Err(NoHello::Kill(Failed::NoFerry(format!(
+                "{}: `{} serve` did not answer as ferry serve does (it wrote {:?}); name ferry there with --remote-ferry PATH",
+                t.host,
+                t.remote_ferry,
+                String::from_utf8_lossy(&b)
+            )))),
+            Err(_) => Err(NoHello::Ended),
+        }
+    }
+
+    /// The answer to the Info request sent with the hello: whether the
+    /// server runs as root, and its cores.
+    fn info(&self, stdout: &mut impl Read) -> Result<(bool, usize), NoHello> {
+        let Some((_, body)) = proto::read_frame(stdout).ok().flatten() else {
+            return Err(NoHello::Ended);
+        };
+        match Body(body).get() {
+            Ok(Resp::Info { root, cores }) => Ok((root, (cores as usize).max(1))),
+            _ => Err(NoHello::Kill(Failed::Other(format!(
+                "{}: ferry serve answered out of protocol",
+                self.t.host
+            )))),
+        }
+    }
+}
+
+fn read_replies(
+    conn: &Conn,
+    stdout: Reading<std::fs::File>,
+    mut child: Child,
+    tail: spawn::Tail,
+    errt: JoinHandle<()>,
+) {
+    // A small buffer: a big reply's data is read past it, into its place
+    // ([`proto::read_placed`]).
+    let mut r = BufReader::with_capacity(64 << 10, stdout);
+    let end = loop {
+        let spare = || conn.bufs.lock().unwrap().pop();
+        match proto::read_placed(&mut r, spare) {
+            Ok(Some((id, body))) => {
+                let mut p = conn.pending.lock().unwrap();
+                if let Some(s) = p.calls.remove(&id) {
+                    drop(p);
+                    let _ = s.send(Ok(body));
+                } else if let Some(s) = p.streams.get(&id) {
+                    let _ = s.send(Ok(body));
+                }
+            }
+            Ok(None) => break None,
+            Err(e) => break Some(e),
+        }
+    };
+    // The stream ended: say why, with what ssh said last. (At the end of
+    // a run, ssh is exiting on its own: waited for, not killed.)
+    let closing = conn.closing.load(Ordering::Relaxed);
+    let status = spawn::reap(&mut child, errt, &conn.quiet, !closing);
+    {
+        let (lock, cv) = &conn.closed;
+        *lock.lock().unwrap() = true;
+        cv.notify_all();
+    }
+    let why = spawn::lost(
+        &conn.host,
+        "connection lost",
+        end,
+        &tail,
+        status,
+        &conn.quiet,
+    );
+    conn.die(why);
+}

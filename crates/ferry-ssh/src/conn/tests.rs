@@ -1,0 +1,148 @@
+use super::target::{cpu_has_aes, fast_cipher};
+use super::*;
+use crate::quiet;
+use std::process::Command;
+
+#[test]
+fn commands_split_as_a_shell_does() {
+    let w = |s: &str| split_words(s).unwrap();
+    assert_eq!(w("ssh -p 2222  -F cfg"), ["ssh", "-p", "2222", "-F", "cfg"]);
+    assert_eq!(
+        w(r#"ssh -o 'A B' "c \"d\"" e\ f ''"#),
+        ["ssh", "-o", "A B", "c \"d\"", "e f", ""]
+    );
+    assert!(split_words("ssh 'x").is_err());
+    let t = Target {
+        rsh: w("ssh -F c"),
+        host: "u@h".into(),
+        port: Some(22),
+        remote_ferry: "/opt/ferry".into(),
+        install: false,
+        options: vec!["-o".into(), "Ciphers=x".into()],
+        connections: None,
+        timeout: quiet::DEFAULT_TIMEOUT,
+        read_only: false,
+    };
+    assert_eq!(
+        t.argv(),
+        [
+            "ssh",
+            "-F",
+            "c",
+            "-p",
+            "22",
+            "-o",
+            "Ciphers=x",
+            "u@h",
+            "/opt/ferry serve"
+        ]
+    );
+    assert_eq!(
+        t.subsystem("sftp"),
+        [
+            "ssh",
+            "-F",
+            "c",
+            "-s",
+            "-p",
+            "22",
+            "-o",
+            "Ciphers=x",
+            "u@h",
+            "sftp"
+        ]
+    );
+}
+
+#[test]
+fn aes_gcm_goes_first_only_where_ssh_is_left_to_its_defaults() {
+    let w = |s: &str| split_words(s).unwrap();
+    // Not OpenSSH's ssh, or a cipher named on its command line: untouched
+    // (no `ssh -G` is run for these).
+    assert_eq!(fast_cipher(&w("dbclient"), "h", None), None);
+    assert_eq!(fast_cipher(&w("ssh -c aes256-ctr"), "h", None), None);
+    assert_eq!(
+        fast_cipher(&w("ssh -o Ciphers=aes256-ctr"), "h", None),
+        None
+    );
+    if !cpu_has_aes() || Command::new("ssh").arg("-V").output().is_err() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("cfg");
+    std::fs::write(&cfg, "Host chosen\n  Ciphers aes256-ctr\n").unwrap();
+    let f = cfg.to_str().unwrap();
+    // A configuration that chooses: untouched.
+    assert_eq!(
+        fast_cipher(&w(&format!("ssh -F {f}")), "chosen", None),
+        None
+    );
+    // Defaults: the same ciphers, AES-GCM first.
+    let c = fast_cipher(&w(&format!("ssh -F {f}")), "other", Some(2222)).unwrap();
+    assert_eq!(
+        c,
+        "Ciphers=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com,aes128-ctr,aes192-ctr,aes256-ctr"
+    );
+}
+
+#[test]
+fn failed_sessions_are_classified_from_what_ssh_said() {
+    let t = Target {
+        rsh: vec!["ssh".into()],
+        host: "h".into(),
+        port: None,
+        remote_ferry: "ferry".into(),
+        install: true,
+        options: Vec::new(),
+        connections: None,
+        timeout: quiet::DEFAULT_TIMEOUT,
+        read_only: false,
+    };
+    let c = |code, l: &str| classify(&t, Some(code), &[l.to_string()]);
+    assert!(c(
+        255,
+        "ssh: Could not resolve hostname h: Name or service not known"
+    )
+    .contains("host unreachable"));
+    assert!(c(255, "u@h: Permission denied (publickey).").contains("authentication failed"));
+    assert!(c(255, "Host key verification failed.").contains("host key verification failed"));
+    // Unknown, changed, refused: each says what happened and what to do.
+    let tl = |lines: &[&str]| {
+        let v: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
+        classify(&t, Some(255), &v)
+    };
+    let unknown = tl(&[
+        "No ED25519 host key is known for [127.0.0.1]:2222 and you have requested strict checking.",
+        "Host key verification failed.",
+    ]);
+    assert!(
+        unknown.contains("known_hosts has no key for this host"),
+        "{unknown}"
+    );
+    assert!(!unknown.contains("not the one"), "{unknown}");
+    let changed = tl(&[
+        "@    WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED!     @",
+        "  ssh-keygen -f \"/k\" -R \"[127.0.0.1]:2222\"",
+        "Host key for [127.0.0.1]:2222 has changed and you have requested strict checking.",
+        "Host key verification failed.",
+    ]);
+    assert!(changed.contains("key changed"), "{changed}");
+    assert!(changed.contains("ssh-keygen -f \"/k\" -R"), "{changed}");
+    assert!(is_ssh_failure(&unknown) && is_ssh_failure(&changed));
+    let refused = c(255, "u@h: Permission denied (publickey).");
+    assert!(refused.contains("authorized_keys"), "{refused}");
+    assert!(c(127, "bash: line 1: ferry: command not found").contains("no ferry on the remote"));
+    assert!(c(1, "boom").contains("exited with status 1"));
+    // What ssh failed at is told apart from what the remote could not run.
+    assert!(is_ssh_failure(&c(
+        255,
+        "ssh: connect to host h port 22: Connection refused"
+    )));
+    assert!(is_ssh_failure(&c(
+        255,
+        "u@h: Permission denied (publickey)."
+    )));
+    assert!(is_ssh_failure(&c(255, "Host key verification failed.")));
+    assert!(!is_ssh_failure(&c(127, "sh: 1: ferry: not found")));
+    assert!(!is_ssh_failure(&c(1, "boom")));
+}
