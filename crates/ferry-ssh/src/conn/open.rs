@@ -68,7 +68,9 @@ pub(super) fn open_look(t: &Target, look: Look, sum: &str) -> Result<Arc<Conn>, 
     // checked the hello's protocol, and a start command that runs no
     // ferry reads none. So the server's answers (its cores, whether it
     // keeps owners) cost no round trip of their own.
-    let _ = stdin.write_all(&first_words(t)).and_then(|()| stdin.flush());
+    let _ = stdin
+        .write_all(&first_words(t))
+        .and_then(|()| stdin.flush());
     if let Err(n) = start.hello(&mut stdout) {
         // (Its input closed before ssh is waited for.)
         drop(stdin);

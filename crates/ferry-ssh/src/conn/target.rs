@@ -6,8 +6,8 @@ use std::process::{Command, Stdio};
 use std::sync::Mutex;
 
 use super::{Settings, Target};
-use crate::quiet;
 use crate::install::Look;
+use crate::quiet;
 
 impl Target {
     /// The target for `host` (`[user@]host`, brackets around an IPv6

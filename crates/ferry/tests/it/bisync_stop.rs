@@ -329,7 +329,10 @@ fn a_signal_during_conflicts_loses_nothing_and_makes_no_new_conflict() {
     assert_eq!(r.code, Some(0), "{}", r.err());
     let s = summary(&r);
     let twice = first["conflicts"].as_u64().unwrap() + s["conflicts"].as_u64().unwrap();
-    assert_eq!(twice, n as u64, "each path a conflict once: {first} then {s}");
+    assert_eq!(
+        twice, n as u64,
+        "each path a conflict once: {first} then {s}"
+    );
     let d = diff(&snap(&a), &snap(&b));
     assert!(d.is_empty(), "A and B differ:\n{}", d.join("\n"));
     let all = files(&a);
