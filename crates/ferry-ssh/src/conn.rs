@@ -5,7 +5,6 @@
 //! on its own reply.
 
 use std::collections::HashMap;
-use std::fmt;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender};
@@ -84,26 +83,10 @@ pub struct Settings {
 /// Connections per host at most when `--connections` is not given.
 const DEFAULT_CONNECTIONS: usize = 4;
 
-/// The error of a request whose connection is gone: a run reports these
-/// once, with a count, not one line per entry.
-#[derive(Debug)]
-pub struct Lost(pub String);
-
-impl fmt::Display for Lost {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for Lost {}
-
-impl Lost {
-    /// True when `e` is (or carries) a [`Lost`].
-    pub fn is(e: &io::Error) -> bool {
-        e.get_ref()
-            .is_some_and(|i| i.downcast_ref::<Lost>().is_some())
-    }
-}
+/// The error of a request whose connection is gone: the engine's
+/// [`Unavailable`](ferry_engine::class::Unavailable) (one class for every
+/// backend), which a run reports once, not one line per entry.
+pub use ferry_engine::class::Unavailable as Lost;
 
 type Slot = SyncSender<io::Result<Vec<u8>>>;
 
