@@ -39,6 +39,7 @@ use ferry_engine::copy::Copier;
 use ferry_engine::keep::Keeper;
 use ferry_engine::pool::Pool;
 use ferry_engine::special::SpecialBits;
+use ferry_engine::store::StoreExt;
 use ferry_engine::store::{op_err, op_of, End, MetaChange, Planned};
 use ferry_engine::xattr::{XattrRun, XattrSel};
 use ferry_engine::{Filter, Kind, Meta, Stats, Store};
@@ -491,8 +492,8 @@ fn run_with<A: Store, B: Store>(
         None
     };
     let sides = Sides {
-        implicit_dirs: [!a.has_dir_meta(), !b.has_dir_meta()],
-        inodes: [a.has_inodes(), b.has_inodes()],
+        implicit_dirs: [!a.features().dir_meta, !b.features().dir_meta],
+        inodes: [a.features().inodes, b.features().inodes],
     };
     if let Some(j) = journal.as_deref_mut() {
         j.set_sides(sides.inodes);
@@ -828,7 +829,7 @@ fn open_root<S: Store>(
 /// Create a missing root with mode `mode` (the other root's).
 fn create_root<S: Store>(s: &S, dc: &Dirs<S>, mode: u32) -> io::Result<()> {
     let d = s.create_root()?;
-    if s.has_dir_meta() && mode & 0o7777 != 0 {
+    if s.features().dir_meta && mode & 0o7777 != 0 {
         let m = Meta {
             mode,
             ..dir_rec(None)
@@ -1195,7 +1196,7 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
     /// if that side keeps).
     fn dry_copy(&self, from: Side, key: &[u8], m: &Meta, over: Option<&Meta>) {
         let to = from.other();
-        if m.kind == Kind::Symlink && !on_side!(self, to, |st, _dc| st.supports_symlinks()) {
+        if m.kind == Kind::Symlink && !on_side!(self, to, |st, _dc| st.features().symlinks) {
             self.skip_symlink(from, key);
             return;
         }
@@ -1469,7 +1470,7 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
                 });
                 match made {
                     Ok(nd) => {
-                        if st.has_dir_meta() {
+                        if st.features().dir_meta {
                             st.set_dir_meta(
                                 &nd,
                                 &self.special[to as usize].apply(&m),
@@ -1567,7 +1568,7 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
     /// Copy one file or symlink; the target must still be `expect`.
     fn copy(&self, c: &Copy) {
         let to = c.from.other();
-        if c.meta.kind == Kind::Symlink && !on_side!(self, to, |st, _dc| st.supports_symlinks()) {
+        if c.meta.kind == Kind::Symlink && !on_side!(self, to, |st, _dc| st.features().symlinks) {
             self.skip_symlink(c.from, &c.src);
             return;
         }

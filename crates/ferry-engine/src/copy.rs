@@ -25,7 +25,8 @@ use crate::hash::{hash_bytes, Hash};
 use crate::keep::Keeper;
 use crate::special::SpecialBits;
 use crate::store::{
-    cut_nsec, op_err, op_of, Committing, DeltaRole, End, Planned, SourceFile, Store, Tracked,
+    cut_nsec, op_err, op_of, Committing, DeltaRole, End, Planned, SourceFile, Store, StoreExt,
+    Tracked,
 };
 use crate::xattr::{XattrRun, Xattrs};
 
@@ -210,7 +211,7 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
         // source (whose listed metadata must then be exact).
         if fresh
             && meta.size == 0
-            && !self.src.approximate_meta()
+            && !self.src.features().approximate_meta
             && self
                 .dst
                 .create_empty(ddir, name, &self.out(meta), self.fsync)?
@@ -344,7 +345,7 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
             version: meta.version,
             ..m
         });
-        let now = if self.src.approximate_meta() {
+        let now = if self.src.features().approximate_meta {
             None
         } else {
             delta
@@ -500,7 +501,7 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
             || meta.sparse
             || self.keep.is_some()
             || self.xattrs.is_some()
-            || self.src.approximate_meta()
+            || self.src.features().approximate_meta
         {
             return Ok(None);
         }
@@ -854,7 +855,7 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
         dname: &CStr,
         size: u64,
     ) -> io::Result<bool> {
-        let (sk, dk) = (self.src.hashes(), self.dst.hashes());
+        let (sk, dk) = (self.src.hash_kinds(), self.dst.hash_kinds());
         let common = sk.intersection(dk).first();
         let sh = match common.or(sk.first()) {
             Some(k) => self.src.hash(sdir, sname, k)?,

@@ -29,7 +29,7 @@ use crate::plan::{meta_change, plan_dir, PlanOptions, Step};
 use crate::report::{Action, Reporter, Stats, Summary};
 use crate::special::SpecialBits;
 use crate::store::{
-    is_legacy_partial_name, is_temp_name, Committing, ListError, MetaChange, Store,
+    is_legacy_partial_name, is_temp_name, Committing, ListError, MetaChange, Store, StoreExt,
 };
 use crate::walk::{self, Queue, Visitor};
 use crate::xattr::{XattrRun, XattrSel};
@@ -267,7 +267,7 @@ pub struct Engine<'a, S: Store, D: Store> {
     nodes_noted: AtomicBool,
     /// The hard-link groups met so far (`-H`).
     links: Option<Links<S, D>>,
-    /// The coarser mtime step of the two stores (`Store::mtime_step_ns`):
+    /// The coarser mtime step of the two stores (`Features::mtime_step_ns`):
     /// mtimes are compared, and written, to it.
     mtime_step: u32,
     /// A scoped run's deep directories (`run_scoped`); `None`: every
@@ -320,7 +320,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         let plan = PlanOptions {
             delete: opts.mode == Mode::Sync,
             checksum: opts.checksum,
-            owner: dst.preserves_owner() && src.preserves_owner(),
+            owner: dst.features().preserves_owner && src.features().preserves_owner,
             partial_cutoff: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs() as i64)
@@ -333,15 +333,15 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             stats,
             rep,
             plan,
-            batch_files: if src.latency_bound() || dst.latency_bound() {
+            batch_files: if src.features().latency_bound || dst.features().latency_bound {
                 BATCH_FILES_LATENCY
             } else {
                 BATCH_FILES
             },
-            lanes: if src.latency_bound() {
+            lanes: if src.features().latency_bound {
                 usize::MAX
             } else {
-                dst.dir_write_lanes().max(1)
+                dst.features().dir_write_lanes.max(1)
             },
             dry_run: opts.dry_run,
             counting: false,
@@ -583,7 +583,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                 if let (Some(g), Ok(Some((_, m)))) = (self.guard, self.dst.open_root()) {
                     g.seen(1, &m);
                 }
-                if !self.src.has_dir_meta() {
+                if !self.src.features().dir_meta {
                     // Its final mode at once (no times to set after its
                     // content): a kill cannot leave it 0700, and an
                     // existing root's mode is never changed (see `done`).
@@ -896,13 +896,13 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         }
         let mut bad: Vec<Vec<u8>> = Vec::new();
         let mut errors = Vec::new();
-        if self.src.approximate_meta() {
+        if self.src.features().approximate_meta {
             if let Err(e) = self.src.refine(&node.src, src, &ws, &mut errors) {
                 self.fail(&node.rel, &e);
                 bad.extend(ws.iter().map(|&i| src.name(&src.entries()[i]).to_vec()));
             }
         }
-        if let (true, Some(d)) = (self.dst.approximate_meta(), &node.dst) {
+        if let (true, Some(d)) = (self.dst.features().approximate_meta, &node.dst) {
             if let Err(e) = self.dst.refine(d, dst, &wd, &mut errors) {
                 self.fail(&node.rel, &e);
                 bad.extend(wd.iter().map(|&j| dst.name(&dst.entries()[j]).to_vec()));
@@ -951,7 +951,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                     self.rep.action(Action::Delete, &rel, m.size);
                     Stats::add(&self.stats.files_deleted, 1);
                 }
-                if self.dst.keeps_empty_dirs() {
+                if self.dst.features().empty_dirs {
                     self.rep.action(Action::Mkdir, &rel, 0);
                     Stats::add(&self.stats.dirs_created, 1);
                 }
@@ -975,7 +975,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                         parent.dirty.store(true, Ordering::Relaxed);
                         // An object store makes nothing: the prefix exists
                         // once an object is under it.
-                        if self.dst.keeps_empty_dirs() {
+                        if self.dst.features().empty_dirs {
                             Stats::add(&self.stats.dirs_created, 1);
                             self.rep.action(Action::Mkdir, &rel, 0);
                         }
@@ -1093,7 +1093,9 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         }
         // With mtime rules the filter made the listings exact already.
         let exact = self.opts.filter.as_ref().is_some_and(Filter::needs_mtime);
-        if (self.src.approximate_meta() || self.dst.approximate_meta()) && !self.counting && !exact
+        if (self.src.features().approximate_meta || self.dst.features().approximate_meta)
+            && !self.counting
+            && !exact
         {
             self.refine(node, &mut src_list, &mut dst_list);
         }
@@ -1111,7 +1113,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         if src_list.is_empty()
             && errors.is_empty()
             && node.parent.is_some()
-            && !self.dst.keeps_empty_dirs()
+            && !self.dst.features().empty_dirs
         {
             // Said, not counted as made: nothing can be stored for it.
             self.rep.skip(
@@ -1359,7 +1361,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                 }
             };
             let mut meta = node.src_meta;
-            if !self.src.has_dir_meta() {
+            if !self.src.features().dir_meta {
                 // A prefix has no times or owner to copy, but a mode: the
                 // one it lists (0755). A new directory (made 0700) gets it,
                 // and so does one whose mode differs (left 0700 by a killed
@@ -1681,7 +1683,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         old: Option<Meta>,
     ) {
         let path = self.path(node, name.to_bytes());
-        if !self.dst.supports_symlinks() {
+        if !self.dst.features().symlinks {
             return self.rep.skip(
                 &path,
                 "symlink in SRC: the destination cannot store symlinks",

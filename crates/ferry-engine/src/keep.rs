@@ -3,7 +3,7 @@
 //!
 //! Before the engine (or bisync) replaces or removes a file, a symlink or
 //! a special file in a destination, it asks the [`Keeper`] to keep it; the
-//! store moves the entry ([`Store::keep`]): a hard link or a rename
+//! store moves the entry ([`crate::store::KeepStore::keep`]): a hard link or a rename
 //! (local, ssh, sftp), a server-side copy (S3), never a download. A
 //! directory is never kept whole: its entries are kept one by one, then
 //! the emptied directory is removed. When keeping fails, the entry is
@@ -36,7 +36,7 @@ use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::entry::Meta;
-use crate::store::{Planned, Store};
+use crate::store::{Planned, Store, StoreExt};
 
 /// The reserved directory, in a replica's root, that holds kept versions
 /// (`--versions`). ferry never syncs an entry of this name, on any side.
@@ -250,7 +250,7 @@ impl Keeper {
     /// while it is still `meta` (its mtime compared to `step`): else
     /// [`crate::store::changed`].
     #[allow(clippy::too_many_arguments)]
-    pub fn keep<D: Store + ?Sized>(
+    pub fn keep<D: Store>(
         &self,
         store: &D,
         dir: &D::Dir,
@@ -277,7 +277,7 @@ impl Keeper {
                 replacing,
                 planned: Some(Planned::new(meta, step)),
             };
-            match store.keep(dir, name, &to) {
+            match store.keep_entry(dir, name, &to) {
                 Ok(()) => {
                     self.stats.files.fetch_add(1, Ordering::Relaxed);
                     self.stats.bytes.fetch_add(meta.size, Ordering::Relaxed);
@@ -309,7 +309,7 @@ impl Keeper {
     /// run: with `--suffix` alone the names beside it that are taken (one
     /// `stat` each) or that the source has are passed over, as
     /// [`Keeper::keep`] would; elsewhere the first name tried.
-    pub fn place_in<D: Store + ?Sized>(&self, store: &D, dir: &D::Dir, rel: &[u8]) -> Vec<u8> {
+    pub fn place_in<D: Store>(&self, store: &D, dir: &D::Dir, rel: &[u8]) -> Vec<u8> {
         let KeepRule::Suffix(_) = self.rule else {
             return self.place(rel);
         };

@@ -212,12 +212,6 @@ pub trait RangedSource: Sync {
     ) -> io::Result<()>;
 }
 
-/// The step mtimes are compared (and written) to between `a` and `b`: the
-/// coarser of their [`Store::mtime_step_ns`], 1 at least.
-pub fn mtime_step<A: Store, B: Store>(a: &A, b: &B) -> u32 {
-    a.mtime_step_ns().max(b.mtime_step_ns()).max(1)
-}
-
 /// `nsec` cut to a multiple of `step` ([`mtime_step`]): how every mtime of
 /// a run is compared.
 pub fn cut_nsec(nsec: u32, step: u32) -> u32 {
@@ -398,14 +392,110 @@ pub fn op_of(e: &io::Error) -> Option<(Option<End>, &'static str)> {
         .map(|o| (o.end, o.op))
 }
 
-/// A backend: a tree of directories, files and symlinks.
-pub trait Store: Send + Sync {
+/// What a store can do, in one plain value ([`Store::features`]; as
+/// rclone's `Features`): the engine reads it instead of asking one method
+/// per capability. Every backend fills in every field (the struct has no
+/// `Default`), so a new capability is a compile error in each backend until
+/// it says what it does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Features {
+    /// `list` gives exact sizes but only approximate other file metadata,
+    /// because exact mtimes cost a request per entry (S3 keeps them in
+    /// object metadata, which listings do not return). The engine then has
+    /// [`Store::refine`] make exact only the files it compares.
+    pub approximate_meta: bool,
+    /// Each operation waits on a network round trip (S3): the engine then
+    /// keeps many transfers in flight even within one directory.
+    pub latency_bound: bool,
+    /// Entries have owners that can be read and set (local, as root).
+    pub preserves_owner: bool,
+    /// The modes this store lists are those of this machine's own files (a
+    /// local directory): trusted as they are. Modes from any other store
+    /// (object metadata, another host over SSH or SFTP) reach a file
+    /// without their setuid, setgid and sticky bits unless the run keeps
+    /// them (`--keep-special-bits`; see [`crate::special`]).
+    pub local_modes: bool,
+    /// Directories have their own mtime and mode (false on object stores,
+    /// where a directory is only a key prefix).
+    pub dir_meta: bool,
+    /// Entries have inodes ([`Meta::ino`]), which they keep when renamed
+    /// (false on object stores: `ino` is 0 there, and an object's version
+    /// is [`Meta::version`]).
+    pub inodes: bool,
+    /// A directory exists by itself, empty or not (false on object stores:
+    /// a prefix exists while objects are under it, so making one creates
+    /// nothing, and an empty directory cannot be kept).
+    pub empty_dirs: bool,
+    /// Symlinks can be stored (false on object stores: they are skipped
+    /// with a note).
+    pub symlinks: bool,
+    /// How many workers should create entries in one directory at once
+    /// (local filesystems serialize them on the directory's lock;
+    /// `usize::MAX`: no limit).
+    pub dir_write_lanes: usize,
+    /// The finest step of the mtimes the store keeps, in nanoseconds (1:
+    /// exact; SFTP keeps whole seconds). The engine compares mtimes to the
+    /// coarser step of its two stores.
+    pub mtime_step_ns: u32,
+}
+
+/// `io::ErrorKind::Unsupported`: what a store answers for an operation it
+/// has no way to do.
+pub fn unsupported() -> io::Error {
+    io::Error::from(io::ErrorKind::Unsupported)
+}
+
+/// The value of no type: the extension type ([`Store::Delta`] and the
+/// others) of a store that has no such extension. Its accessor returns
+/// `None`, so none of its methods can ever be called.
+#[derive(Debug)]
+pub enum Absent {}
+
+/// A backend: a tree of directories, files and symlinks. The core every
+/// store has: listing, stat, open, create/commit, remove, rename, mkdir,
+/// metadata. What only some stores can do is either a field of
+/// [`Features`] or an extension trait the store opts into through its
+/// accessor ([`Store::delta`], [`Store::xattrs`], [`Store::keeper`],
+/// [`Store::posix`], [`Store::hashes`], [`Store::cleanup`]; `None`: not
+/// here). No method has a default body: a store (and `AnyStore`, which
+/// forwards to every backend) says what it does for each, or does not
+/// compile.
+pub trait Store: Send + Sync + Sized {
     /// An open directory.
     type Dir: Send + Sync;
     /// A file open for reading.
     type Reader: SourceFile;
     /// A file being written under a temporary name.
     type Writer: Send;
+    /// Delta transfers ([`DeltaStore`]); [`Absent`] where the store takes
+    /// no part in them.
+    type Delta: DeltaStore<Self>;
+    /// Extended attributes and ACLs ([`XattrStore`]).
+    type Xattrs: XattrStore<Self>;
+    /// Keeping replaced entries ([`KeepStore`]).
+    type Keep: KeepStore<Self>;
+    /// Hard links, special files and the other things of a POSIX tree
+    /// ([`PosixStore`]).
+    type Posix: PosixStore<Self>;
+    /// Hashes kept without reading the bytes ([`HashStore`]).
+    type Hashes: HashStore<Self>;
+
+    /// What the store can do.
+    fn features(&self) -> Features;
+    /// How the store takes part in delta transfers; `None`: not at all
+    /// (then its source side is read here, see [`crate::delta::diff`]).
+    fn delta(&self) -> Option<&Self::Delta>;
+    /// Its extended attributes and ACLs; `None`: it keeps none.
+    fn xattrs(&self) -> Option<&Self::Xattrs>;
+    /// How it keeps what a run replaces; `None`: it cannot.
+    fn keeper(&self) -> Option<&Self::Keep>;
+    /// Its POSIX-only operations; `None`: not a POSIX tree.
+    fn posix(&self) -> Option<&Self::Posix>;
+    /// The hashes it keeps; `None`: none.
+    fn hashes(&self) -> Option<&Self::Hashes>;
+    /// Removal of what interrupted transfers left (`ferry cleanup`);
+    /// `None`: the store keeps no such thing.
+    fn cleanup(&self) -> Option<&dyn Cleanup>;
 
     /// Open the root directory, if it exists, with its metadata.
     fn open_root(&self) -> io::Result<Option<(Self::Dir, Meta)>>;
@@ -424,25 +514,16 @@ pub trait Store: Send + Sync {
         errors: &mut Vec<ListError>,
     ) -> io::Result<()>;
 
-    /// True when `list` gives exact sizes but only approximate other file
-    /// metadata, because exact mtimes cost a request per entry (S3 keeps
-    /// them in object metadata, which listings do not return). The engine
-    /// then has [`Store::refine`] make exact only the files it compares.
-    fn approximate_meta(&self) -> bool {
-        false
-    }
-
-    /// Make exact the metadata of the entries of `list` at `which` (files).
+    /// Make exact the metadata of the entries of `list` at `which` (files),
+    /// where [`Features::approximate_meta`] (nothing to do elsewhere).
     /// Entries that cannot be read are reported in `errors`.
     fn refine(
         &self,
-        _dir: &Self::Dir,
-        _list: &mut Listing,
-        _which: &[usize],
-        _errors: &mut Vec<ListError>,
-    ) -> io::Result<()> {
-        Ok(())
-    }
+        dir: &Self::Dir,
+        list: &mut Listing,
+        which: &[usize],
+        errors: &mut Vec<ListError>,
+    ) -> io::Result<()>;
 
     /// Metadata of one entry of `dir` (not following a symlink), `None` if
     /// it does not exist: what a single-file copy needs instead of a listing.
@@ -458,6 +539,14 @@ pub trait Store: Send + Sync {
 
     /// Open a file for reading.
     fn open_file(&self, dir: &Self::Dir, name: &CStr) -> io::Result<Self::Reader>;
+    /// A hint: the files `files` of `dir` (names, listed sizes) are about
+    /// to be opened with [`Store::open_file`], in this order. A store whose
+    /// open waits on a network round trip may send all those opens now, so
+    /// that each [`Store::open_file`] finds its reply there (one round trip
+    /// for them all, not one each). A file named here need not be opened
+    /// after all: what was fetched for it is dropped with `dir`. A store
+    /// without such a pipeline does nothing.
+    fn open_ahead(&self, dir: &Self::Dir, files: &[(&CStr, u64)]);
     /// Read a symlink's target.
     fn read_link(&self, dir: &Self::Dir, name: &CStr) -> io::Result<Vec<u8>>;
 
@@ -476,6 +565,15 @@ pub trait Store: Send + Sync {
         size: u64,
         limit: Option<&Limiter>,
     ) -> io::Result<u64>;
+    /// What the commit of `w` may replace: `Some`, the entry the plan saw
+    /// at the name (a file, symlink or special file); `None`, nothing (a
+    /// name the plan saw free). A store that can check it cheaply (local:
+    /// one `statx` right before the rename) fails the commit with
+    /// [`changed`] when the name holds anything else, and replaces
+    /// nothing; others may take it as a hint (a name that exists: no
+    /// first attempt that only works for a new name). Commit replaces an
+    /// existing entry with or without it.
+    fn expect(&self, w: &mut Self::Writer, at: Option<&Planned>);
     /// Give the written file its metadata, optionally make it durable, and
     /// rename it into place (replacing a file or symlink of that name).
     fn commit(
@@ -486,38 +584,43 @@ pub trait Store: Send + Sync {
         meta: &Meta,
         fsync: bool,
     ) -> io::Result<()>;
-    /// A hint before [`Store::commit`]: `name` exists (the plan replaces
-    /// it), so the store can skip a first attempt that only works for a new
-    /// name. Commit replaces an existing entry with or without it.
-    fn replacing(&self, _w: &mut Self::Writer) {}
-    /// What the commit of `w` may replace: `Some`, the entry the plan saw
-    /// at the name (a file, symlink or special file); `None`, nothing (a
-    /// name the plan saw free). A store that can check it cheaply (local:
-    /// one `statx` right before the rename) fails the commit with
-    /// [`changed`] when the name holds anything else, and replaces
-    /// nothing. By default only the hint [`Store::replacing`].
-    fn expect(&self, w: &mut Self::Writer, at: Option<&Planned>) {
-        if at.is_some() {
-            self.replacing(w)
-        }
-    }
+    /// Like [`Store::commit`], without waiting for the store to confirm:
+    /// a store whose commit is a request over a network sends it and
+    /// returns at once; the result comes from [`Committing::wait`]. Until
+    /// then the file must not be reported as copied (it may still fail),
+    /// and its directory's metadata must not be set (the engine waits for
+    /// every commit of a directory before it finishes the directory).
+    /// Commits started one after the other may complete in any order. A
+    /// store without such a pipeline commits here and now
+    /// ([`Committing::done`]).
+    fn commit_nowait<'a>(
+        &'a self,
+        dir: &'a Self::Dir,
+        w: Self::Writer,
+        name: &CStr,
+        meta: &Meta,
+        fsync: bool,
+    ) -> Committing<'a>;
+    /// The metadata a file committed with `written` now has, when the
+    /// store knows it without asking (an object store keeps what it was
+    /// given); `None` when it must be read back (a local file's inode).
+    fn meta_after_commit(&self, written: &Meta) -> Option<Meta>;
     /// Create an empty file `name` that does not exist yet, with its
     /// metadata, in as few operations as the store can. `Ok(false)` when the
     /// store has no such shortcut or the name exists: the caller then goes
     /// the usual way (`create_file` ... `commit`).
     fn create_empty(
         &self,
-        _dir: &Self::Dir,
-        _name: &CStr,
-        _meta: &Meta,
-        _fsync: bool,
-    ) -> io::Result<bool> {
-        Ok(false)
-    }
+        dir: &Self::Dir,
+        name: &CStr,
+        meta: &Meta,
+        fsync: bool,
+    ) -> io::Result<bool>;
     /// Drop a writer and its temporary.
     fn abort(&self, dir: &Self::Dir, w: Self::Writer);
 
-    /// Create (or atomically replace) a symlink with its metadata.
+    /// Create (or atomically replace) a symlink with its metadata
+    /// ([`Features::symlinks`]).
     fn create_symlink(
         &self,
         dir: &Self::Dir,
@@ -525,6 +628,12 @@ pub trait Store: Send + Sync {
         target: &[u8],
         meta: &Meta,
     ) -> io::Result<()>;
+    /// True when a symlink's own mtime can be set (false on an SFTP server
+    /// without `lsetstat@openssh.com`, or refusing it): where it cannot, a
+    /// link's time is left as made and not compared (no `meta` per link
+    /// per run). `name` of `dir` is a symlink listed as `now`, whose time
+    /// is about to be set: a store may try it there, to its time as listed.
+    fn sets_symlink_times(&self, dir: &Self::Dir, name: &CStr, now: &Meta) -> bool;
     /// Change metadata of an entry in place.
     fn set_meta(
         &self,
@@ -538,61 +647,23 @@ pub trait Store: Send + Sync {
     fn remove(&self, dir: &Self::Dir, name: &CStr, is_dir: bool) -> io::Result<u64>;
     /// Remove the entry `name` of `dir` (not a directory) only while it is
     /// still the one planned (`at`): otherwise fail with [`changed`] and
-    /// remove nothing. By default [`Store::remove`] without the check
-    /// (a store whose stat is not exact, or costs a request).
-    fn remove_planned(&self, dir: &Self::Dir, name: &CStr, at: &Planned) -> io::Result<u64> {
-        let _ = at;
-        self.remove(dir, name, false)
-    }
+    /// remove nothing. A store whose stat is not exact, or costs a request,
+    /// may remove without the check.
+    fn remove_planned(&self, dir: &Self::Dir, name: &CStr, at: &Planned) -> io::Result<u64>;
     /// Remove a directory tree like `remove(dir, name, true)`, telling
     /// `each` about every entry removed, as it goes: its path below `name`
     /// (empty for `name` itself, which comes last) and its size (0 for
     /// directories). Returns how many entries were removed: as many as
-    /// `each` was told. The default names the directory alone.
+    /// `each` was told ([`remove_dir_whole`] names the directory alone).
     fn remove_each(
         &self,
         dir: &Self::Dir,
         name: &CStr,
         each: &mut dyn FnMut(&[u8], u64),
-    ) -> io::Result<u64> {
-        self.remove(dir, name, true)?;
-        each(b"", 0);
-        Ok(1)
-    }
-    /// The hash kinds the store keeps for files without reading them
-    /// (`--checksum` then reads only the other side).
-    fn hashes(&self) -> HashSet {
-        HashSet::NONE
-    }
-    /// The `kind` hash the store keeps for file `name`, one of
-    /// [`Store::hashes`]; `None` when this file has none (an S3 object
-    /// uploaded in parts by a tool that recorded no MD5).
-    fn hash(&self, _dir: &Self::Dir, _name: &CStr, _kind: HashKind) -> io::Result<Option<Hash>> {
-        Ok(None)
-    }
-    /// Whether the bytes `open` yields (another store's file, opened anew
-    /// for each pass) are the content of `name`, told by a fingerprint the
-    /// store keeps that no [`HashKind`] expresses (an S3 multipart ETag: the
-    /// MD5 of the parts' MD5s). `None` when the store cannot tell.
-    fn matches_bytes<'a>(
-        &self,
-        _dir: &Self::Dir,
-        _name: &CStr,
-        _size: u64,
-        _open: &mut dyn FnMut() -> io::Result<Box<dyn SourceFile + 'a>>,
-    ) -> io::Result<Option<bool>> {
-        Ok(None)
-    }
-    /// How many workers should create entries in one directory at once
-    /// (local filesystems serialize them on the directory's lock).
-    fn dir_write_lanes(&self) -> usize {
-        usize::MAX
-    }
-    /// True when each operation waits on a network round trip (S3): the
-    /// engine then keeps many transfers in flight even within one directory.
-    fn latency_bound(&self) -> bool {
-        false
-    }
+    ) -> io::Result<u64>;
+    /// Remove an empty directory; fails (`DirectoryNotEmpty`) when it is
+    /// not empty, so nothing below it can be lost.
+    fn rmdir(&self, dir: &Self::Dir, name: &CStr) -> io::Result<()>;
     /// Move `from_name` in `from_dir` to `to_name` in `to_dir`, failing with
     /// `AlreadyExists` rather than replacing an entry there (two-way sync
     /// replays renames with it and must never overwrite a change).
@@ -604,141 +675,134 @@ pub trait Store: Send + Sync {
         from_name: &CStr,
         to_dir: &Self::Dir,
         to_name: &CStr,
-    ) -> io::Result<()> {
-        let _ = (from_dir, from_name, to_dir, to_name);
-        Err(io::Error::from(io::ErrorKind::Unsupported))
-    }
-    /// Remove an empty directory; fails (`DirectoryNotEmpty`) when it is
-    /// not empty, so nothing below it can be lost.
-    fn rmdir(&self, dir: &Self::Dir, name: &CStr) -> io::Result<()>;
-    /// True when entries have owners that can be read and set (local, as root).
-    fn preserves_owner(&self) -> bool;
-    /// True when the modes this store lists are those of this machine's own
-    /// files (a local directory): trusted as they are. Modes from any other
-    /// store (object metadata, another host over SSH or SFTP) reach a file
-    /// without their setuid, setgid and sticky bits unless the run keeps
-    /// them (`--keep-special-bits`; see [`crate::special`]).
-    fn local_modes(&self) -> bool {
-        false
-    }
+    ) -> io::Result<()>;
+    /// Bytes and inodes free for this user on the filesystem of `dir`
+    /// (for the message of a full disk), when the store can tell.
+    fn free_space(&self, dir: &Self::Dir) -> Option<(u64, u64)>;
+
     /// What the store ignored and the user should know, one line each, at
     /// the end of every run, `role` naming the store (object metadata that
     /// is not an mtime or a mode); [`Store::notes`] are for `-v` only.
-    fn warnings(&self, _role: &str) -> Vec<String> {
-        Vec::new()
-    }
-    /// True when directories have their own mtime and mode (false on object
-    /// stores, where a directory is only a key prefix).
-    fn has_dir_meta(&self) -> bool {
-        true
-    }
-    /// True when entries have inodes ([`Meta::ino`]), which they keep when
-    /// renamed (false on object stores: `ino` is 0 there, and an object's
-    /// version is [`Meta::version`]).
-    fn has_inodes(&self) -> bool {
-        true
-    }
-    /// True when a file can have several names (hard links, made by
-    /// [`Store::link`]): [`Meta::nlink`] counts them, and names with the
-    /// same [`Meta::dev`] and [`Meta::ino`] are one file (false on object
-    /// stores, where every key is an object of its own).
-    fn has_hard_links(&self) -> bool {
-        false
-    }
-    /// Make `name` in `dir` another name of the file `from_name` in
-    /// `from_dir` (a hard link), replacing a file or symlink of that name
-    /// atomically. `Unsupported` where the store has no hard links
-    /// (`CrossesDevices` where the two names are on different filesystems).
-    fn link(
+    fn warnings(&self, role: &str) -> Vec<String>;
+    /// Lines for `-v` about what the store did beyond plain requests
+    /// (resumed transfers, requests that cost), `role` naming it ("source",
+    /// "destination", "A", "B").
+    fn notes(&self, role: &str) -> Vec<String>;
+}
+
+/// [`Store::remove_each`] of a store that removes a tree in one operation:
+/// `remove(dir, name, true)`, naming the directory alone.
+pub fn remove_dir_whole<S: Store>(
+    s: &S,
+    dir: &S::Dir,
+    name: &CStr,
+    each: &mut dyn FnMut(&[u8], u64),
+) -> io::Result<u64> {
+    s.remove(dir, name, true)?;
+    each(b"", 0);
+    Ok(1)
+}
+
+/// The step mtimes are compared (and written) to between `a` and `b`: the
+/// coarser of their [`Features::mtime_step_ns`], 1 at least.
+pub fn mtime_step<A: Store, B: Store>(a: &A, b: &B) -> u32 {
+    a.features()
+        .mtime_step_ns
+        .max(b.features().mtime_step_ns)
+        .max(1)
+}
+
+/// How a store with [`Store::delta`] takes part in delta transfers
+/// ([`crate::delta`]).
+pub trait DeltaStore<S: Store> {
+    /// Where it makes signatures, ops and rebuilds.
+    fn role(&self) -> DeltaRole;
+    /// The delta signature of file `name` in `dir` as it is now, made
+    /// where the file is; `None` when it is not a regular file of at least
+    /// `min` bytes.
+    fn delta_signature(&self, dir: &S::Dir, name: &CStr, min: u64)
+        -> io::Result<Option<Signature>>;
+    /// Write into `w` (created in `dir`) the new content rebuilt from the
+    /// old file `old` of `dir`, the one `sig` describes, and the ops `feed`
+    /// hands to the sink it is given; the content's hash is checked
+    /// against the one that ends the ops (where the rebuild happens: here,
+    /// or at the latest by the commit). Returns what `feed` returned.
+    fn delta_write(
         &self,
-        from_dir: &Self::Dir,
-        from_name: &CStr,
-        dir: &Self::Dir,
+        dir: &S::Dir,
+        w: &mut S::Writer,
+        old: &CStr,
+        sig: &Signature,
+        feed: &mut dyn FnMut(&mut dyn OpSink) -> io::Result<DiffSummary>,
+    ) -> io::Result<DiffSummary>;
+    /// The ops turning the file `sig` describes into the content of `r`
+    /// (one of this store's readers, not read yet), into `sink`: read here
+    /// ([`crate::delta::diff`]), or computed at the far end.
+    fn delta_diff(
+        &self,
+        r: &mut dyn SourceFile,
+        sig: &Signature,
+        sink: &mut dyn OpSink,
+    ) -> io::Result<DiffSummary>;
+    /// Start a patch in place of file `name` of `dir`, listed as `old`,
+    /// to the layout `l` (a changed file no shorter than its old copy:
+    /// [`crate::delta::inplace`]): the old file's block hashes under `key`
+    /// start now, where the file is. `None` where the store does not
+    /// patch in place or the file cannot be (not a regular file with one
+    /// link, changed since listed).
+    #[allow(clippy::type_complexity)]
+    fn delta_inplace<'a>(
+        &'a self,
+        dir: &'a S::Dir,
         name: &CStr,
-    ) -> io::Result<()> {
-        let _ = (from_dir, from_name, dir, name);
-        Err(io::Error::from(io::ErrorKind::Unsupported))
-    }
-    /// The metadata a file committed with `written` now has, when the
-    /// store knows it without asking (an object store keeps what it was
-    /// given); `None` when it must be read back (a local file's inode).
-    fn meta_after_commit(&self, _written: &Meta) -> Option<Meta> {
-        None
-    }
-    /// True when symlinks can be stored (false on object stores: they are
-    /// skipped with a note).
-    fn supports_symlinks(&self) -> bool {
-        true
-    }
-    /// True when a symlink's own mtime can be set (false on an SFTP server
-    /// without `lsetstat@openssh.com`, or refusing it): where it cannot, a
-    /// link's time is left as made and not compared (no `meta` per link
-    /// per run). `name` of `dir` is a symlink listed as `now`, whose time
-    /// is about to be set: a store may try it there, to its time as listed.
-    fn sets_symlink_times(&self, dir: &Self::Dir, name: &CStr, now: &Meta) -> bool {
-        let _ = (dir, name, now);
-        true
-    }
-    /// True when fifos and device nodes can be stored
-    /// ([`Store::create_special`]); false on object stores, where they are
-    /// skipped with one note.
-    fn supports_special(&self) -> bool {
-        false
-    }
-    /// Create a fifo or device node `name` (kind and device number from
-    /// `meta`) with its metadata; `replace`: an entry of that name exists
-    /// and is replaced atomically.
-    fn create_special(
+        old: &Meta,
+        l: &crate::delta::Layout,
+        key: &[u8; 32],
+    ) -> io::Result<Option<Box<dyn crate::delta::InPlace + 'a>>>;
+    /// Open the file `name` of `dir`, listed as `old`, to append to it in
+    /// place (a watch's growing file: only its new tail is sent). `None`
+    /// where the store cannot or the file is not `old` any more (another
+    /// inode, size or mtime) or not a plain file of one link.
+    fn open_append<'a>(
+        &'a self,
+        dir: &'a S::Dir,
+        name: &CStr,
+        old: &Meta,
+    ) -> io::Result<Option<Box<dyn AppendFile + 'a>>>;
+    /// The sender's hashes of `r` (one of this store's readers, not read
+    /// yet, of `l.new` bytes) for a patch in place to the layout `l`:
+    /// hashed here ([`crate::delta::inplace::source_patch_hashes`]), or at
+    /// the far end.
+    fn inplace_hashes(
         &self,
-        _dir: &Self::Dir,
-        _name: &CStr,
-        _meta: &Meta,
-        _replace: bool,
-    ) -> io::Result<()> {
-        Err(io::Error::from(io::ErrorKind::Unsupported))
-    }
-    /// True when a directory exists by itself, empty or not (false on
-    /// object stores: a prefix exists while objects are under it, so
-    /// making one creates nothing, and an empty directory cannot be kept).
-    fn keeps_empty_dirs(&self) -> bool {
-        true
-    }
-    /// True when `name` in `dir` (a name [`is_legacy_partial_name`] accepts)
-    /// is a partial download an older ferry left: it carries the resume
-    /// attribute. Only then is it removed as ferry's own.
-    fn is_own_legacy_partial(&self, _dir: &Self::Dir, _name: &CStr) -> bool {
-        false
-    }
-    /// Make an existing directory writable by us for the entries about to
-    /// change in it (a read-only directory of a non-root user); `Ok(true)`
-    /// when its mode was changed, and must be set back afterwards.
-    fn make_writable(&self, _dir: &Self::Dir) -> io::Result<bool> {
-        Ok(false)
-    }
-    /// The extended attributes and ACLs the store keeps (`-X`, `-A`):
-    /// none by default.
-    fn xattr_caps(&self) -> XattrSel {
-        XattrSel::NONE
-    }
+        r: &mut dyn SourceFile,
+        l: &crate::delta::Layout,
+        key: &[u8; 32],
+    ) -> io::Result<crate::delta::PatchHashes>;
+    /// Read `buf.len()` bytes at `at` of `r` (one of this store's
+    /// readers), fewer only at its end: the blocks of a patch in place
+    /// (a file with a descriptor: [`crate::delta::inplace::source_read_at`]).
+    fn read_at(&self, r: &mut dyn SourceFile, at: u64, buf: &mut [u8]) -> io::Result<usize>;
+}
+
+/// The extended attributes and ACLs a store with [`Store::xattrs`] keeps
+/// (`-X`, `-A`).
+pub trait XattrStore<S: Store> {
+    /// Which of them it keeps.
+    fn caps(&self) -> XattrSel;
     /// The attributes `sel` selects of entry `name` of `dir` (`kind`; the
     /// directory itself when `name` is `None`), into `out` (cleared first):
     /// those this store keeps and this process may read and write.
     fn get_xattrs(
         &self,
-        _dir: &Self::Dir,
-        _name: Option<&CStr>,
-        _kind: Kind,
-        _sel: XattrSel,
+        dir: &S::Dir,
+        name: Option<&CStr>,
+        kind: Kind,
+        sel: XattrSel,
         out: &mut Xattrs,
-    ) -> io::Result<()> {
-        out.clear();
-        Ok(())
-    }
-    /// Like [`Store::get_xattrs`], of a file open for reading.
-    fn reader_xattrs(&self, _r: &Self::Reader, _sel: XattrSel, out: &mut Xattrs) -> io::Result<()> {
-        out.clear();
-        Ok(())
-    }
+    ) -> io::Result<()>;
+    /// Like [`XattrStore::get_xattrs`], of a file open for reading.
+    fn reader_xattrs(&self, r: &S::Reader, sel: XattrSel, out: &mut Xattrs) -> io::Result<()>;
     /// Give entry `name` of `dir` (the directory itself when `None`) the
     /// attributes `want` of those `sel` selects, where it has `have`
     /// (`None`: an entry this run just made, which has what the store gives
@@ -747,200 +811,520 @@ pub trait Store: Send + Sync {
     /// cannot keep them here.
     fn set_xattrs(
         &self,
-        _dir: &Self::Dir,
-        _name: Option<&CStr>,
-        _meta: &Meta,
-        _sel: XattrSel,
-        _want: &Xattrs,
-        _have: Option<&Xattrs>,
-    ) -> io::Result<()> {
-        Err(io::Error::from(io::ErrorKind::Unsupported))
-    }
+        dir: &S::Dir,
+        name: Option<&CStr>,
+        meta: &Meta,
+        sel: XattrSel,
+        want: &Xattrs,
+        have: Option<&Xattrs>,
+    ) -> io::Result<()>;
     /// Give the file being written in `dir` the attributes `want` of those
     /// `sel` selects, before it is committed with `meta` (named: it is
     /// never visible without them). `Unsupported` as for `set_xattrs`.
     fn set_writer_xattrs(
         &self,
-        _dir: &Self::Dir,
-        _w: &mut Self::Writer,
-        _meta: &Meta,
-        _sel: XattrSel,
-        _want: &Xattrs,
-    ) -> io::Result<()> {
-        Err(io::Error::from(io::ErrorKind::Unsupported))
-    }
-    /// The finest step of the mtimes the store keeps, in nanoseconds (1:
-    /// exact; SFTP keeps whole seconds). The engine compares mtimes to the
-    /// coarser step of its two stores.
-    fn mtime_step_ns(&self) -> u32 {
-        1
-    }
-    /// Lines for `-v` about what the store did beyond plain requests
-    /// (resumed transfers, requests that cost), `role` naming it ("source",
-    /// "destination", "A", "B"); none by default.
-    fn notes(&self, _role: &str) -> Vec<String> {
-        Vec::new()
-    }
-    /// How the store takes part in delta transfers ([`crate::delta`]):
-    /// not at all by default.
-    fn delta_role(&self) -> DeltaRole {
-        DeltaRole::None
-    }
-    /// The delta signature of file `name` in `dir` as it is now, made
-    /// where the file is; `None` when it is not a regular file of at least
-    /// `min` bytes (or the store takes no part in deltas).
-    fn delta_signature(
+        dir: &S::Dir,
+        w: &mut S::Writer,
+        meta: &Meta,
+        sel: XattrSel,
+        want: &Xattrs,
+    ) -> io::Result<()>;
+}
+
+/// How a store with [`Store::keeper`] keeps what a run replaces
+/// (`--backup-dir`, `--suffix`, `--versions`; see [`crate::keep`]).
+pub trait KeepStore<S: Store> {
+    /// True when [`KeepStore::keep`] works here, for the base `base`: a run
+    /// asked to keep what it replaces refuses to start where it cannot.
+    fn keeps_at(&self, base: &KeepBase) -> bool;
+    /// Keep the entry `name` of `dir` (a file, symlink or special file,
+    /// never a directory) at `to` before a run replaces or removes it: the
+    /// cheapest move the store has (a hard link or rename; a server-side
+    /// copy), never a download. Parents of the target are created as
+    /// needed. `AlreadyExists` when `to.overwrite` is false and the target
+    /// exists.
+    fn keep(&self, dir: &S::Dir, name: &CStr, to: &KeepTo<'_>) -> io::Result<()>;
+}
+
+/// What only a POSIX tree has (a store with [`Store::posix`]: local,
+/// `ferry serve`): hard links, special files, modes to lift, identities.
+pub trait PosixStore<S: Store> {
+    /// True when a file can have several names (hard links, made by
+    /// [`PosixStore::link`]): [`Meta::nlink`] counts them, and names with
+    /// the same [`Meta::dev`] and [`Meta::ino`] are one file.
+    fn hard_links(&self) -> bool;
+    /// Make `name` in `dir` another name of the file `from_name` in
+    /// `from_dir` (a hard link), replacing a file or symlink of that name
+    /// atomically (`CrossesDevices` where the two names are on different
+    /// filesystems).
+    fn link(
         &self,
-        _dir: &Self::Dir,
-        _name: &CStr,
-        _min: u64,
-    ) -> io::Result<Option<Signature>> {
-        Ok(None)
+        from_dir: &S::Dir,
+        from_name: &CStr,
+        dir: &S::Dir,
+        name: &CStr,
+    ) -> io::Result<()>;
+    /// True when fifos and device nodes can be stored
+    /// ([`PosixStore::create_special`]).
+    fn special(&self) -> bool;
+    /// Create a fifo or device node `name` (kind and device number from
+    /// `meta`) with its metadata; `replace`: an entry of that name exists
+    /// and is replaced atomically.
+    fn create_special(
+        &self,
+        dir: &S::Dir,
+        name: &CStr,
+        meta: &Meta,
+        replace: bool,
+    ) -> io::Result<()>;
+    /// True when `name` in `dir` (a name [`is_legacy_partial_name`] accepts)
+    /// is a partial download an older ferry left: it carries the resume
+    /// attribute. Only then is it removed as ferry's own.
+    fn is_own_legacy_partial(&self, dir: &S::Dir, name: &CStr) -> bool;
+    /// Make an existing directory writable by us for the entries about to
+    /// change in it (a read-only directory of a non-root user); `Ok(true)`
+    /// when its mode was changed, and must be set back afterwards.
+    fn make_writable(&self, dir: &S::Dir) -> io::Result<bool>;
+    /// The identity (device, inode) of the root and of every directory
+    /// above it, each with a path showing it, where the backend has
+    /// identities on this machine (local trees); `None` elsewhere. A
+    /// directory met in a walk with one of these is a root seen again
+    /// through another path: see [`crate::walk::Aliases`].
+    fn root_identities(&self) -> Option<crate::walk::RootIds>;
+}
+
+/// The hashes a store with [`Store::hashes`] keeps for files without
+/// reading them (`--checksum` then reads only the other side).
+pub trait HashStore<S: Store> {
+    /// The kinds it keeps.
+    fn kinds(&self) -> HashSet;
+    /// The `kind` hash the store keeps for file `name`, one of
+    /// [`HashStore::kinds`]; `None` when this file has none (an S3
+    /// object uploaded in parts by a tool that recorded no MD5).
+    fn hash(&self, dir: &S::Dir, name: &CStr, kind: HashKind) -> io::Result<Option<Hash>>;
+    /// Whether the bytes `open` yields (another store's file, opened anew
+    /// for each pass) are the content of `name`, told by a fingerprint the
+    /// store keeps that no [`HashKind`] expresses (an S3 multipart ETag: the
+    /// MD5 of the parts' MD5s). `None` when the store cannot tell.
+    #[allow(clippy::type_complexity)]
+    fn matches_bytes<'a>(
+        &self,
+        dir: &S::Dir,
+        name: &CStr,
+        size: u64,
+        open: &mut dyn FnMut() -> io::Result<Box<dyn SourceFile + 'a>>,
+    ) -> io::Result<Option<bool>>;
+}
+
+/// Removal of what interrupted transfers left on a store's side and no run
+/// resumed (`ferry cleanup`), for a store with [`Store::cleanup`].
+pub trait Cleanup {
+    /// Remove those started at least `max_age` ago; returns each one's
+    /// location and start time (with `dry_run`, those that would go).
+    fn cleanup(
+        &self,
+        max_age: std::time::Duration,
+        dry_run: bool,
+    ) -> io::Result<Vec<(String, String)>>;
+}
+
+impl<S: Store> DeltaStore<S> for Absent {
+    fn role(&self) -> DeltaRole {
+        match *self {}
     }
-    /// Write into `w` (created in `dir`) the new content rebuilt from the
-    /// old file `old` of `dir`, the one `sig` describes, and the ops `feed`
-    /// hands to the sink it is given; the content's hash is checked
-    /// against the one that ends the ops (where the rebuild happens: here,
-    /// or at the latest by the commit). Returns what `feed` returned.
+    fn delta_signature(&self, _: &S::Dir, _: &CStr, _: u64) -> io::Result<Option<Signature>> {
+        match *self {}
+    }
     fn delta_write(
         &self,
-        _dir: &Self::Dir,
-        _w: &mut Self::Writer,
-        _old: &CStr,
-        _sig: &Signature,
-        _feed: &mut dyn FnMut(&mut dyn OpSink) -> io::Result<DiffSummary>,
+        _: &S::Dir,
+        _: &mut S::Writer,
+        _: &CStr,
+        _: &Signature,
+        _: &mut dyn FnMut(&mut dyn OpSink) -> io::Result<DiffSummary>,
     ) -> io::Result<DiffSummary> {
-        Err(io::Error::from(io::ErrorKind::Unsupported))
+        match *self {}
     }
-    /// The ops turning the file `sig` describes into the content of `r`
-    /// (one of this store's readers, not read yet), into `sink`. By
-    /// default `r` is read here; a store may have the far end compute them.
+    fn delta_diff(
+        &self,
+        _: &mut dyn SourceFile,
+        _: &Signature,
+        _: &mut dyn OpSink,
+    ) -> io::Result<DiffSummary> {
+        match *self {}
+    }
+    fn delta_inplace<'a>(
+        &'a self,
+        _: &'a S::Dir,
+        _: &CStr,
+        _: &Meta,
+        _: &crate::delta::Layout,
+        _: &[u8; 32],
+    ) -> io::Result<Option<Box<dyn crate::delta::InPlace + 'a>>> {
+        match *self {}
+    }
+    fn open_append<'a>(
+        &'a self,
+        _: &'a S::Dir,
+        _: &CStr,
+        _: &Meta,
+    ) -> io::Result<Option<Box<dyn AppendFile + 'a>>> {
+        match *self {}
+    }
+    fn inplace_hashes(
+        &self,
+        _: &mut dyn SourceFile,
+        _: &crate::delta::Layout,
+        _: &[u8; 32],
+    ) -> io::Result<crate::delta::PatchHashes> {
+        match *self {}
+    }
+    fn read_at(&self, _: &mut dyn SourceFile, _: u64, _: &mut [u8]) -> io::Result<usize> {
+        match *self {}
+    }
+}
+
+impl<S: Store> XattrStore<S> for Absent {
+    fn caps(&self) -> XattrSel {
+        match *self {}
+    }
+    fn get_xattrs(
+        &self,
+        _: &S::Dir,
+        _: Option<&CStr>,
+        _: Kind,
+        _: XattrSel,
+        _: &mut Xattrs,
+    ) -> io::Result<()> {
+        match *self {}
+    }
+    fn reader_xattrs(&self, _: &S::Reader, _: XattrSel, _: &mut Xattrs) -> io::Result<()> {
+        match *self {}
+    }
+    fn set_xattrs(
+        &self,
+        _: &S::Dir,
+        _: Option<&CStr>,
+        _: &Meta,
+        _: XattrSel,
+        _: &Xattrs,
+        _: Option<&Xattrs>,
+    ) -> io::Result<()> {
+        match *self {}
+    }
+    fn set_writer_xattrs(
+        &self,
+        _: &S::Dir,
+        _: &mut S::Writer,
+        _: &Meta,
+        _: XattrSel,
+        _: &Xattrs,
+    ) -> io::Result<()> {
+        match *self {}
+    }
+}
+
+impl<S: Store> KeepStore<S> for Absent {
+    fn keeps_at(&self, _: &KeepBase) -> bool {
+        match *self {}
+    }
+    fn keep(&self, _: &S::Dir, _: &CStr, _: &KeepTo<'_>) -> io::Result<()> {
+        match *self {}
+    }
+}
+
+impl<S: Store> PosixStore<S> for Absent {
+    fn hard_links(&self) -> bool {
+        match *self {}
+    }
+    fn link(&self, _: &S::Dir, _: &CStr, _: &S::Dir, _: &CStr) -> io::Result<()> {
+        match *self {}
+    }
+    fn special(&self) -> bool {
+        match *self {}
+    }
+    fn create_special(&self, _: &S::Dir, _: &CStr, _: &Meta, _: bool) -> io::Result<()> {
+        match *self {}
+    }
+    fn is_own_legacy_partial(&self, _: &S::Dir, _: &CStr) -> bool {
+        match *self {}
+    }
+    fn make_writable(&self, _: &S::Dir) -> io::Result<bool> {
+        match *self {}
+    }
+    fn root_identities(&self) -> Option<crate::walk::RootIds> {
+        match *self {}
+    }
+}
+
+impl<S: Store> HashStore<S> for Absent {
+    fn kinds(&self) -> HashSet {
+        match *self {}
+    }
+    fn hash(&self, _: &S::Dir, _: &CStr, _: HashKind) -> io::Result<Option<Hash>> {
+        match *self {}
+    }
+    fn matches_bytes<'a>(
+        &self,
+        _: &S::Dir,
+        _: &CStr,
+        _: u64,
+        _: &mut dyn FnMut() -> io::Result<Box<dyn SourceFile + 'a>>,
+    ) -> io::Result<Option<bool>> {
+        match *self {}
+    }
+}
+
+/// The engine's side of a store's extensions: each optional operation
+/// through its accessor, with the one answer the engine takes where the
+/// store does not have the extension (nothing read, nothing to keep,
+/// `Unsupported` for a write, the bytes read here for a source's delta).
+/// A blanket trait over every [`Store`]: no store overrides it, so what a
+/// store has is what its accessors say.
+pub trait StoreExt: Store {
+    /// How the store takes part in delta transfers.
+    fn delta_role(&self) -> DeltaRole {
+        self.delta().map_or(DeltaRole::None, |d| d.role())
+    }
+    /// [`DeltaStore::delta_signature`]; `None` without deltas.
+    fn delta_signature(
+        &self,
+        dir: &Self::Dir,
+        name: &CStr,
+        min: u64,
+    ) -> io::Result<Option<Signature>> {
+        match self.delta() {
+            Some(d) => d.delta_signature(dir, name, min),
+            None => Ok(None),
+        }
+    }
+    /// [`DeltaStore::delta_write`]; `Unsupported` without deltas.
+    fn delta_write(
+        &self,
+        dir: &Self::Dir,
+        w: &mut Self::Writer,
+        old: &CStr,
+        sig: &Signature,
+        feed: &mut dyn FnMut(&mut dyn OpSink) -> io::Result<DiffSummary>,
+    ) -> io::Result<DiffSummary> {
+        match self.delta() {
+            Some(d) => d.delta_write(dir, w, old, sig, feed),
+            None => Err(unsupported()),
+        }
+    }
+    /// [`DeltaStore::delta_diff`]; without deltas, `r` read here.
     fn delta_diff(
         &self,
         r: &mut dyn SourceFile,
         sig: &Signature,
         sink: &mut dyn OpSink,
     ) -> io::Result<DiffSummary> {
-        crate::delta::diff(r, sig, sink)
+        match self.delta() {
+            Some(d) => d.delta_diff(r, sig, sink),
+            None => crate::delta::diff(r, sig, sink),
+        }
     }
-    /// Start a patch in place of file `name` of `dir`, listed as `old`,
-    /// to the layout `l` (a changed file no shorter than its old copy:
-    /// [`crate::delta::inplace`]): the old file's block hashes under `key`
-    /// start now, where the file is. `None` where the store does not
-    /// patch in place (the default) or the file cannot be (not a regular
-    /// file with one link, changed since listed).
+    /// [`DeltaStore::delta_inplace`]; `None` without deltas.
+    #[allow(clippy::type_complexity)]
     fn delta_inplace<'a>(
         &'a self,
-        _dir: &'a Self::Dir,
-        _name: &CStr,
-        _old: &Meta,
-        _l: &crate::delta::Layout,
-        _key: &[u8; 32],
+        dir: &'a Self::Dir,
+        name: &CStr,
+        old: &Meta,
+        l: &crate::delta::Layout,
+        key: &[u8; 32],
     ) -> io::Result<Option<Box<dyn crate::delta::InPlace + 'a>>> {
-        Ok(None)
+        match self.delta() {
+            Some(d) => d.delta_inplace(dir, name, old, l, key),
+            None => Ok(None),
+        }
     }
-    /// Open the file `name` of `dir`, listed as `old`, to append to it in
-    /// place (a watch's growing file: only its new tail is sent). `None`
-    /// where the store cannot (the default) or the file is not `old` any
-    /// more (another inode, size or mtime) or not a plain file of one link.
+    /// [`DeltaStore::open_append`]; `None` without deltas.
     fn open_append<'a>(
         &'a self,
-        _dir: &'a Self::Dir,
-        _name: &CStr,
-        _old: &Meta,
+        dir: &'a Self::Dir,
+        name: &CStr,
+        old: &Meta,
     ) -> io::Result<Option<Box<dyn AppendFile + 'a>>> {
-        Ok(None)
+        match self.delta() {
+            Some(d) => d.open_append(dir, name, old),
+            None => Ok(None),
+        }
     }
-    /// The sender's hashes of `r` (one of this store's readers, not read
-    /// yet, of `l.new` bytes) for a patch in place to the layout `l`. By
-    /// default hashed here (a file with a descriptor); a store may have
-    /// the far end hash it.
+    /// [`DeltaStore::inplace_hashes`]; without deltas, hashed here.
     fn inplace_hashes(
         &self,
         r: &mut dyn SourceFile,
         l: &crate::delta::Layout,
         key: &[u8; 32],
     ) -> io::Result<crate::delta::PatchHashes> {
-        crate::delta::inplace::source_patch_hashes(r, l, key)
+        match self.delta() {
+            Some(d) => d.inplace_hashes(r, l, key),
+            None => crate::delta::inplace::source_patch_hashes(r, l, key),
+        }
     }
-    /// Read `buf.len()` bytes at `at` of `r` (one of this store's
-    /// readers), fewer only at its end: the blocks of a patch in place. By
-    /// default with `pread` (a file with a descriptor).
+    /// [`DeltaStore::read_at`]; without deltas, read here (`pread` on a
+    /// file with a descriptor).
     fn read_at(&self, r: &mut dyn SourceFile, at: u64, buf: &mut [u8]) -> io::Result<usize> {
-        crate::delta::inplace::source_read_at(r, at, buf)
+        match self.delta() {
+            Some(d) => d.read_at(r, at, buf),
+            None => crate::delta::inplace::source_read_at(r, at, buf),
+        }
     }
-    /// Keep the entry `name` of `dir` (a file, symlink or special file,
-    /// never a directory) at `to` before a run replaces or removes it
-    /// (`--backup-dir`, `--suffix`, `--versions`; see [`crate::keep`]):
-    /// the cheapest move the store has (a hard link or rename; a
-    /// server-side copy), never a download. Parents of the target are
-    /// created as needed. `AlreadyExists` when `to.overwrite` is false and
-    /// the target exists. `Unsupported` where the store cannot keep
-    /// entries (then [`Store::can_keep`] is false).
-    fn keep(&self, dir: &Self::Dir, name: &CStr, to: &KeepTo<'_>) -> io::Result<()> {
-        let _ = (dir, name, to);
-        Err(io::Error::from(io::ErrorKind::Unsupported))
+
+    /// The extended attributes and ACLs it keeps.
+    fn xattr_caps(&self) -> XattrSel {
+        self.xattrs().map_or(XattrSel::NONE, |x| x.caps())
     }
-    /// The identity (device, inode) of the root and of every directory
-    /// above it, each with a path showing it, where the backend has
-    /// identities on this machine (local trees); `None` elsewhere. A
-    /// directory met in a walk with one of these is a root seen again
-    /// through another path: see [`crate::walk::Aliases`].
-    fn root_ids(&self) -> Option<crate::walk::RootIds> {
-        None
-    }
-    /// Bytes and inodes free for this user on the filesystem of `dir`
-    /// (for the message of a full disk), when the store can tell.
-    fn free_space(&self, dir: &Self::Dir) -> Option<(u64, u64)> {
-        let _ = dir;
-        None
-    }
-    /// True when [`Store::keep`] works here, for the base `base`: a run
-    /// asked to keep what it replaces refuses to start where it cannot.
-    fn can_keep(&self, base: &KeepBase) -> bool {
-        let _ = base;
-        false
-    }
-    /// Remove what interrupted transfers left on the store's side and no
-    /// run resumed, started at least `max_age` ago (`ferry cleanup`);
-    /// returns each one's location and start time (with `dry_run`, those
-    /// that would go). `Unsupported` where the store keeps no such thing.
-    fn cleanup(
+    /// [`XattrStore::get_xattrs`]; none without the extension.
+    fn get_xattrs(
         &self,
-        _max_age: std::time::Duration,
-        _dry_run: bool,
-    ) -> io::Result<Vec<(String, String)>> {
-        Err(io::Error::from(io::ErrorKind::Unsupported))
+        dir: &Self::Dir,
+        name: Option<&CStr>,
+        kind: Kind,
+        sel: XattrSel,
+        out: &mut Xattrs,
+    ) -> io::Result<()> {
+        match self.xattrs() {
+            Some(x) => x.get_xattrs(dir, name, kind, sel, out),
+            None => {
+                out.clear();
+                Ok(())
+            }
+        }
     }
-    /// Like [`Store::commit`], without waiting for the store to confirm:
-    /// a store whose commit is a request over a network sends it and
-    /// returns at once; the result comes from [`Committing::wait`]. Until
-    /// then the file must not be reported as copied (it may still fail),
-    /// and its directory's metadata must not be set (the engine waits for
-    /// every commit of a directory before it finishes the directory).
-    /// Commits started one after the other may complete in any order. The
-    /// default commits here and now: the same as [`Store::commit`].
-    fn commit_nowait<'a>(
-        &'a self,
-        dir: &'a Self::Dir,
-        w: Self::Writer,
+    /// [`XattrStore::reader_xattrs`]; none without the extension.
+    fn reader_xattrs(&self, r: &Self::Reader, sel: XattrSel, out: &mut Xattrs) -> io::Result<()> {
+        match self.xattrs() {
+            Some(x) => x.reader_xattrs(r, sel, out),
+            None => {
+                out.clear();
+                Ok(())
+            }
+        }
+    }
+    /// [`XattrStore::set_xattrs`]; `Unsupported` without the extension.
+    fn set_xattrs(
+        &self,
+        dir: &Self::Dir,
+        name: Option<&CStr>,
+        meta: &Meta,
+        sel: XattrSel,
+        want: &Xattrs,
+        have: Option<&Xattrs>,
+    ) -> io::Result<()> {
+        match self.xattrs() {
+            Some(x) => x.set_xattrs(dir, name, meta, sel, want, have),
+            None => Err(unsupported()),
+        }
+    }
+    /// [`XattrStore::set_writer_xattrs`]; `Unsupported` without the
+    /// extension.
+    fn set_writer_xattrs(
+        &self,
+        dir: &Self::Dir,
+        w: &mut Self::Writer,
+        meta: &Meta,
+        sel: XattrSel,
+        want: &Xattrs,
+    ) -> io::Result<()> {
+        match self.xattrs() {
+            Some(x) => x.set_writer_xattrs(dir, w, meta, sel, want),
+            None => Err(unsupported()),
+        }
+    }
+
+    /// True when it can keep what a run replaces, at `base`.
+    fn can_keep(&self, base: &KeepBase) -> bool {
+        self.keeper().is_some_and(|k| k.keeps_at(base))
+    }
+    /// [`KeepStore::keep`]; `Unsupported` where the store cannot keep.
+    fn keep_entry(&self, dir: &Self::Dir, name: &CStr, to: &KeepTo<'_>) -> io::Result<()> {
+        match self.keeper() {
+            Some(k) => k.keep(dir, name, to),
+            None => Err(unsupported()),
+        }
+    }
+
+    /// True when a file can have several names.
+    fn has_hard_links(&self) -> bool {
+        self.posix().is_some_and(|p| p.hard_links())
+    }
+    /// [`PosixStore::link`]; `Unsupported` without hard links.
+    fn link(
+        &self,
+        from_dir: &Self::Dir,
+        from_name: &CStr,
+        dir: &Self::Dir,
+        name: &CStr,
+    ) -> io::Result<()> {
+        match self.posix() {
+            Some(p) => p.link(from_dir, from_name, dir, name),
+            None => Err(unsupported()),
+        }
+    }
+    /// True when fifos and device nodes can be stored.
+    fn supports_special(&self) -> bool {
+        self.posix().is_some_and(|p| p.special())
+    }
+    /// [`PosixStore::create_special`]; `Unsupported` elsewhere.
+    fn create_special(
+        &self,
+        dir: &Self::Dir,
         name: &CStr,
         meta: &Meta,
-        fsync: bool,
-    ) -> Committing<'a> {
-        Committing::done(self.commit(dir, w, name, meta, fsync))
+        replace: bool,
+    ) -> io::Result<()> {
+        match self.posix() {
+            Some(p) => p.create_special(dir, name, meta, replace),
+            None => Err(unsupported()),
+        }
     }
-    /// A hint: the files `files` of `dir` (names, listed sizes) are about
-    /// to be opened with [`Store::open_file`], in this order. A store whose
-    /// open waits on a network round trip may send all those opens now, so
-    /// that each [`Store::open_file`] finds its reply there (one round trip
-    /// for them all, not one each). A file named here need not be opened
-    /// after all: what was fetched for it is dropped with `dir`. Nothing
-    /// by default.
-    fn open_ahead(&self, dir: &Self::Dir, files: &[(&CStr, u64)]) {
-        let _ = (dir, files);
+    /// [`PosixStore::is_own_legacy_partial`]; false elsewhere.
+    fn is_own_legacy_partial(&self, dir: &Self::Dir, name: &CStr) -> bool {
+        self.posix()
+            .is_some_and(|p| p.is_own_legacy_partial(dir, name))
+    }
+    /// [`PosixStore::make_writable`]; `Ok(false)` elsewhere.
+    fn make_writable(&self, dir: &Self::Dir) -> io::Result<bool> {
+        match self.posix() {
+            Some(p) => p.make_writable(dir),
+            None => Ok(false),
+        }
+    }
+    /// The identities of the root and the directories above it.
+    fn root_ids(&self) -> Option<crate::walk::RootIds> {
+        self.posix().and_then(|p| p.root_identities())
+    }
+
+    /// The hash kinds it keeps.
+    fn hash_kinds(&self) -> HashSet {
+        self.hashes().map_or(HashSet::NONE, |h| h.kinds())
+    }
+    /// [`HashStore::hash`]; `None` where the store keeps none.
+    fn hash(&self, dir: &Self::Dir, name: &CStr, kind: HashKind) -> io::Result<Option<Hash>> {
+        match self.hashes() {
+            Some(h) => h.hash(dir, name, kind),
+            None => Ok(None),
+        }
+    }
+    /// [`HashStore::matches_bytes`]; `None` where the store cannot tell.
+    #[allow(clippy::type_complexity)]
+    fn matches_bytes<'a>(
+        &self,
+        dir: &Self::Dir,
+        name: &CStr,
+        size: u64,
+        open: &mut dyn FnMut() -> io::Result<Box<dyn SourceFile + 'a>>,
+    ) -> io::Result<Option<bool>> {
+        match self.hashes() {
+            Some(h) => h.matches_bytes(dir, name, size, open),
+            None => Ok(None),
+        }
     }
 }
+
+impl<S: Store> StoreExt for S {}
 
 /// A commit started by [`Store::commit_nowait`]: its result, or how to wait
 /// for it.
@@ -1087,7 +1471,7 @@ pub fn is_partial_name(name: &[u8]) -> bool {
 
 /// True for the name older versions gave partial downloads,
 /// `.ferry-tmp.part.<16 hex>`: ferry's own only when the file also carries
-/// the `user.ferry.partial` attribute (see [`Store::is_own_legacy_partial`]).
+/// the `user.ferry.partial` attribute (see [`PosixStore::is_own_legacy_partial`]).
 pub fn is_legacy_partial_name(name: &[u8]) -> bool {
     const HEAD: &[u8] = b".ferry-tmp.part.";
     name.len() == HEAD.len() + 16

@@ -37,8 +37,8 @@ use ferry_engine::delta::{DiffSummary, OpSink, Signature};
 use ferry_engine::entry::{Kind, ListEntry, Listing, Meta};
 use ferry_engine::keep::{KeepBase, KeepTo};
 use ferry_engine::store::{
-    is_undo_name, temp_name, undo_name, DeltaRole, ListError, MetaChange, Planned, Progress,
-    SourceFile, Store, RESERVED_LEN,
+    is_undo_name, temp_name, undo_name, Absent, Cleanup, Committing, DeltaRole, Features,
+    ListError, MetaChange, Planned, Progress, SourceFile, Store, RESERVED_LEN,
 };
 use ferry_engine::xattr::{XattrSel, Xattrs};
 
@@ -72,7 +72,7 @@ pub struct LocalStore {
     resumed: AtomicU64,
     /// Bytes of downloads written with `O_DIRECT`.
     direct: AtomicU64,
-    /// [`Store::root_ids`] as last worked out, with the root's (device,
+    /// [`PosixStore::root_identities`](ferry_engine::store::PosixStore::root_identities) as last worked out, with the root's (device,
     /// inode) then: a watch's runs ask on every batch of events, and the
     /// answer (a read of `/proc/self/mountinfo`, a stat per directory
     /// above the root) changes only with the root.
@@ -124,7 +124,7 @@ pub struct LocalWriter {
     owned: bool,
     /// The source may have holes: only its data is copied (see `sparse`).
     sparse: bool,
-    /// The final name exists (`Store::replacing`): an `O_TMPFILE` goes
+    /// The final name exists ([`LocalStore::replacing`], `Store::expect`): an `O_TMPFILE` goes
     /// straight to a temporary name and a rename over it.
     replaces: bool,
     /// What the name must hold when the commit replaces it
@@ -180,7 +180,7 @@ impl LocalStore {
         }
     }
 
-    /// [`Store::root_ids`] worked out afresh.
+    /// [`PosixStore::root_identities`](ferry_engine::store::PosixStore::root_identities) worked out afresh.
     fn work_out_root_ids(&self) -> Option<ferry_engine::walk::RootIds> {
         let (root, _) = crate::ident::resolve(&self.root).ok()?;
         let ids = crate::ident::chain(&root)
@@ -342,6 +342,13 @@ impl LocalStore {
         sel.acls && *dir.hands_down.get_or_init(|| xattr::hands_down(dir.fd()))
     }
 
+    /// A hint before the commit of `w` without a planned entry to check
+    /// (`ferry serve` for a client that sent none): the name exists, so
+    /// the commit skips the attempt that only works for a new name.
+    pub fn replacing(&self, w: &mut LocalWriter) {
+        w.replaces = true;
+    }
+
     /// [`Store::stat`] once a record was handled: the file as it is now.
     fn stat_again(&self, dir: &LocalDir, name: &CStr) -> io::Result<Option<Meta>> {
         let mut meta = EMPTY_META;
@@ -361,10 +368,91 @@ impl LocalStore {
     }
 }
 
+mod ext;
+
 impl Store for LocalStore {
     type Dir = LocalDir;
     type Reader = LocalReader;
     type Writer = LocalWriter;
+    type Delta = LocalStore;
+    type Xattrs = LocalStore;
+    type Keep = LocalStore;
+    type Posix = LocalStore;
+    type Hashes = Absent;
+
+    fn features(&self) -> Features {
+        Features {
+            approximate_meta: false,
+            latency_bound: false,
+            preserves_owner: self.owner,
+            local_modes: true,
+            dir_meta: true,
+            inodes: true,
+            empty_dirs: true,
+            symlinks: true,
+            dir_write_lanes: 2,
+            mtime_step_ns: 1,
+        }
+    }
+
+    fn delta(&self) -> Option<&LocalStore> {
+        Some(self)
+    }
+
+    fn xattrs(&self) -> Option<&LocalStore> {
+        Some(self)
+    }
+
+    fn keeper(&self) -> Option<&LocalStore> {
+        Some(self)
+    }
+
+    fn posix(&self) -> Option<&LocalStore> {
+        Some(self)
+    }
+
+    fn hashes(&self) -> Option<&Absent> {
+        None
+    }
+
+    fn cleanup(&self) -> Option<&dyn Cleanup> {
+        None
+    }
+
+    fn refine(
+        &self,
+        _dir: &LocalDir,
+        _list: &mut Listing,
+        _which: &[usize],
+        _errors: &mut Vec<ListError>,
+    ) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn open_ahead(&self, _dir: &LocalDir, _files: &[(&CStr, u64)]) {}
+
+    fn commit_nowait<'a>(
+        &'a self,
+        dir: &'a LocalDir,
+        w: LocalWriter,
+        name: &CStr,
+        meta: &Meta,
+        fsync: bool,
+    ) -> Committing<'a> {
+        Committing::done(self.commit(dir, w, name, meta, fsync))
+    }
+
+    fn meta_after_commit(&self, _written: &Meta) -> Option<Meta> {
+        None
+    }
+
+    fn sets_symlink_times(&self, _dir: &LocalDir, _name: &CStr, _now: &Meta) -> bool {
+        true
+    }
+
+    fn warnings(&self, _role: &str) -> Vec<String> {
+        Vec::new()
+    }
 
     fn open_root(&self) -> io::Result<Option<(LocalDir, Meta)>> {
         let fd = match rfs::open(
@@ -573,78 +661,6 @@ impl Store for LocalStore {
         Ok(LocalReader { fd })
     }
 
-    fn delta_role(&self) -> DeltaRole {
-        DeltaRole::Local
-    }
-
-    fn open_append<'a>(
-        &'a self,
-        dir: &'a LocalDir,
-        name: &CStr,
-        old: &Meta,
-    ) -> io::Result<Option<Box<dyn ferry_engine::store::AppendFile + 'a>>> {
-        let fd = match rfs::openat(
-            &dir.fd,
-            name,
-            OFlags::RDWR | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
-            Mode::empty(),
-        ) {
-            Ok(fd) => fd,
-            Err(Errno::NOENT | Errno::LOOP | Errno::ISDIR | Errno::TXTBSY) => return Ok(None),
-            Err(e) => return Err(e.into()),
-        };
-        let st = rfs::fstat(&fd)?;
-        let now = (
-            st.st_ino,
-            st.st_size as u64,
-            st.st_mtime as i64,
-            st.st_mtime_nsec as u32,
-            st.st_nlink,
-        );
-        let is_file = FileType::from_raw_mode(st.st_mode) == FileType::RegularFile;
-        if !is_file || now != (old.ino, old.size, old.mtime_sec, old.mtime_nsec, 1) {
-            return Ok(None);
-        }
-        Ok(Some(Box::new(LocalAppend {
-            fd,
-            end: old.size,
-            owner: self.owner.then_some((st.st_uid, st.st_gid)),
-            mode: st.st_mode & 0o7777,
-        })))
-    }
-
-    fn delta_signature(
-        &self,
-        dir: &LocalDir,
-        name: &CStr,
-        min: u64,
-    ) -> io::Result<Option<Signature>> {
-        crate::delta::signature(self, dir, name, min)
-    }
-
-    fn delta_write(
-        &self,
-        dir: &LocalDir,
-        w: &mut LocalWriter,
-        old: &CStr,
-        sig: &Signature,
-        feed: &mut dyn FnMut(&mut dyn OpSink) -> io::Result<DiffSummary>,
-    ) -> io::Result<DiffSummary> {
-        crate::delta::rebuild(dir, w.fd(), old, sig, feed)
-    }
-
-    fn delta_inplace<'a>(
-        &'a self,
-        dir: &'a LocalDir,
-        name: &CStr,
-        old: &Meta,
-        l: &ferry_engine::delta::Layout,
-        key: &[u8; 32],
-    ) -> io::Result<Option<Box<dyn ferry_engine::delta::InPlace + 'a>>> {
-        let p = crate::inplace::LocalPatch::start(dir.fd(), name, old, self.owner, l, key)?;
-        Ok(p.map(|p| Box::new(p) as Box<dyn ferry_engine::delta::InPlace>))
-    }
-
     fn read_link(&self, dir: &LocalDir, name: &CStr) -> io::Result<Vec<u8>> {
         Ok(rfs::readlinkat(&dir.fd, name, Vec::new())?.into_bytes())
     }
@@ -835,10 +851,6 @@ impl Store for LocalStore {
         Ok(())
     }
 
-    fn replacing(&self, w: &mut LocalWriter) {
-        w.replaces = true;
-    }
-
     fn expect(&self, w: &mut LocalWriter, at: Option<&Planned>) {
         w.replaces = at.is_some();
         w.expect = Some(at.copied());
@@ -848,10 +860,6 @@ impl Store for LocalStore {
         check_planned(dir.fd(), name, at)?;
         rfs::unlinkat(&dir.fd, name, AtFlags::empty())?;
         Ok(1)
-    }
-
-    fn dir_write_lanes(&self) -> usize {
-        2
     }
 
     fn create_empty(
@@ -947,28 +955,6 @@ impl Store for LocalStore {
         res
     }
 
-    fn supports_special(&self) -> bool {
-        true
-    }
-
-    fn create_special(
-        &self,
-        dir: &LocalDir,
-        name: &CStr,
-        meta: &Meta,
-        replace: bool,
-    ) -> io::Result<()> {
-        let tmp = replace.then(TempName::new);
-        special::make_node(
-            dir.fd(),
-            name,
-            tmp.as_ref().map(TempName::as_cstr),
-            meta,
-            self.need_chown(dir, meta),
-            self.need_chmod(meta.mode),
-        )
-    }
-
     fn set_meta(
         &self,
         dir: &LocalDir,
@@ -1000,35 +986,8 @@ impl Store for LocalStore {
         Ok(())
     }
 
-    fn keep(&self, dir: &LocalDir, name: &CStr, to: &KeepTo<'_>) -> io::Result<()> {
-        crate::keep::keep(&self.root, dir.fd.as_fd(), name, to)
-    }
-
     fn free_space(&self, dir: &LocalDir) -> Option<(u64, u64)> {
         free_space(dir.fd.as_fd())
-    }
-
-    fn can_keep(&self, _base: &KeepBase) -> bool {
-        true
-    }
-
-    fn root_ids(&self) -> Option<ferry_engine::walk::RootIds> {
-        // One stat says whether the root is still the one last worked out.
-        let now = std::fs::metadata(&self.root).ok().map(|m| {
-            (
-                std::os::unix::fs::MetadataExt::dev(&m),
-                std::os::unix::fs::MetadataExt::ino(&m),
-            )
-        });
-        let mut cached = self.root_ids.lock().unwrap_or_else(|e| e.into_inner());
-        if let (Some(id), Some((at, ids))) = (now, cached.as_ref()) {
-            if id == *at {
-                return Some(ids.clone());
-            }
-        }
-        let ids = self.work_out_root_ids()?;
-        *cached = now.map(|id| (id, ids.clone()));
-        Some(ids)
     }
 
     fn remove(&self, dir: &LocalDir, name: &CStr, is_dir: bool) -> io::Result<u64> {
@@ -1058,138 +1017,8 @@ impl Store for LocalStore {
         rename_noreplace(from_dir.fd(), from_name, to_dir.fd(), to_name)
     }
 
-    fn has_hard_links(&self) -> bool {
-        true
-    }
-
-    fn link(
-        &self,
-        from_dir: &LocalDir,
-        from_name: &CStr,
-        dir: &LocalDir,
-        name: &CStr,
-    ) -> io::Result<()> {
-        match rfs::linkat(&from_dir.fd, from_name, &dir.fd, name, AtFlags::empty()) {
-            Err(Errno::EXIST) => {}
-            r => return Ok(r?),
-        }
-        // Replacing an existing entry: link under a temporary name, then
-        // rename over it (atomic replace). The caller never links a name
-        // to the file it already is (rename would then leave both names).
-        let t = TempName::new();
-        rfs::linkat(
-            &from_dir.fd,
-            from_name,
-            &dir.fd,
-            t.as_cstr(),
-            AtFlags::empty(),
-        )?;
-        if let Err(e) = rfs::renameat(&dir.fd, t.as_cstr(), &dir.fd, name) {
-            let _ = rfs::unlinkat(&dir.fd, t.as_cstr(), AtFlags::empty());
-            return Err(e.into());
-        }
-        Ok(())
-    }
-
     fn rmdir(&self, dir: &LocalDir, name: &CStr) -> io::Result<()> {
         Ok(rfs::unlinkat(&dir.fd, name, AtFlags::REMOVEDIR)?)
-    }
-
-    fn preserves_owner(&self) -> bool {
-        self.owner
-    }
-
-    fn local_modes(&self) -> bool {
-        true
-    }
-
-    fn is_own_legacy_partial(&self, dir: &LocalDir, name: &CStr) -> bool {
-        download::has_resume_record(dir.fd(), name)
-    }
-
-    fn make_writable(&self, dir: &LocalDir) -> io::Result<bool> {
-        // Root writes anywhere; a directory that is not ours cannot be
-        // changed (the operations that follow report the real cause).
-        if self.owner {
-            return Ok(false);
-        }
-        let st = rfs::fstat(&dir.fd)?;
-        if st.st_mode & 0o200 != 0 || st.st_uid != self.euid {
-            return Ok(false);
-        }
-        rfs::fchmod(&dir.fd, Mode::from_raw_mode((st.st_mode & 0o7777) | 0o300))?;
-        Ok(true)
-    }
-
-    fn xattr_caps(&self) -> XattrSel {
-        XattrSel::ALL
-    }
-
-    fn get_xattrs(
-        &self,
-        dir: &LocalDir,
-        name: Option<&CStr>,
-        kind: Kind,
-        sel: XattrSel,
-        out: &mut Xattrs,
-    ) -> io::Result<()> {
-        let t = Target::of(dir.fd(), name);
-        xattr::read(t, kind, sel, self.owner, out)
-    }
-
-    fn reader_xattrs(&self, r: &LocalReader, sel: XattrSel, out: &mut Xattrs) -> io::Result<()> {
-        xattr::read(Target::Fd(r.fd.as_fd()), Kind::File, sel, self.owner, out)
-    }
-
-    fn set_xattrs(
-        &self,
-        dir: &LocalDir,
-        name: Option<&CStr>,
-        meta: &Meta,
-        sel: XattrSel,
-        want: &Xattrs,
-        have: Option<&Xattrs>,
-    ) -> io::Result<()> {
-        let t = Target::of(dir.fd(), name);
-        let mode = (meta.kind != Kind::Symlink).then_some(meta.mode);
-        let mut got = Xattrs::new();
-        let have = match have {
-            Some(h) => h,
-            // New: a directory or file may have inherited an ACL.
-            None if meta.kind != Kind::Symlink && self.inherits(dir, sel) => {
-                xattr::read(t, meta.kind, sel, self.owner, &mut got)?;
-                &got
-            }
-            None => &got,
-        };
-        if want == have {
-            return Ok(());
-        }
-        xattr::write(t, want, have, mode)
-    }
-
-    fn set_writer_xattrs(
-        &self,
-        dir: &LocalDir,
-        w: &mut LocalWriter,
-        meta: &Meta,
-        sel: XattrSel,
-        want: &Xattrs,
-    ) -> io::Result<()> {
-        let t = Target::Fd(w.fd.as_fd());
-        let mut have = Xattrs::new();
-        if self.inherits(dir, sel) {
-            xattr::read(t, Kind::File, sel, self.owner, &mut have)?;
-        }
-        if want == &have {
-            return Ok(());
-        }
-        // A file capability is dropped by a later chown: owner first.
-        if want.get(b"security.capability").is_some() && self.need_chown(dir, meta) {
-            rfs::fchown(&w.fd, Some(uid(meta.uid)), Some(gid(meta.gid)))?;
-            w.owned = true;
-        }
-        xattr::write(t, want, &have, Some(meta.mode))
     }
 
     fn notes(&self, _role: &str) -> Vec<String> {

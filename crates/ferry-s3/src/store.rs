@@ -13,7 +13,10 @@ use ferry_engine::bwlimit::Limiter;
 use ferry_engine::entry::{Kind, Listing, Meta};
 use ferry_engine::hash::{Hash, HashKind, HashSet};
 use ferry_engine::keep::{KeepBase, KeepTo};
-use ferry_engine::store::{ListError, MetaChange, Planned, RangedSource, SourceFile, Store};
+use ferry_engine::store::{
+    Absent, Cleanup, Committing, Features, ListError, MetaChange, Planned, RangedSource,
+    SourceFile, Store,
+};
 use rusty_s3::actions::{DeleteObjects, HeadBucket, HeadObject, ListObjectsV2, ObjectIdentifier};
 use rusty_s3::{Bucket, S3Action, UrlStyle};
 
@@ -388,10 +391,76 @@ impl S3Store {
     }
 }
 
+mod ext;
+
 impl Store for S3Store {
     type Dir = S3Dir;
     type Reader = S3Reader;
     type Writer = S3Writer;
+    type Delta = Absent;
+    type Xattrs = Absent;
+    type Keep = S3Store;
+    type Posix = Absent;
+    type Hashes = S3Store;
+
+    fn features(&self) -> Features {
+        Features {
+            approximate_meta: self.lazy_meta,
+            latency_bound: true,
+            preserves_owner: false,
+            local_modes: false,
+            dir_meta: false,
+            inodes: false,
+            empty_dirs: false,
+            symlinks: false,
+            dir_write_lanes: usize::MAX,
+            mtime_step_ns: 1,
+        }
+    }
+    fn delta(&self) -> Option<&Absent> {
+        None
+    }
+    fn xattrs(&self) -> Option<&Absent> {
+        None
+    }
+    fn keeper(&self) -> Option<&S3Store> {
+        Some(self)
+    }
+    fn posix(&self) -> Option<&Absent> {
+        None
+    }
+    fn hashes(&self) -> Option<&S3Store> {
+        Some(self)
+    }
+    fn cleanup(&self) -> Option<&dyn Cleanup> {
+        Some(self)
+    }
+    fn open_ahead(&self, _dir: &S3Dir, _files: &[(&CStr, u64)]) {}
+    fn commit_nowait<'a>(
+        &'a self,
+        dir: &'a S3Dir,
+        w: Self::Writer,
+        name: &CStr,
+        meta: &Meta,
+        fsync: bool,
+    ) -> Committing<'a> {
+        Committing::done(self.commit(dir, w, name, meta, fsync))
+    }
+    fn create_empty(
+        &self,
+        _dir: &S3Dir,
+        _name: &CStr,
+        _meta: &Meta,
+        _fsync: bool,
+    ) -> io::Result<bool> {
+        Ok(false)
+    }
+    fn sets_symlink_times(&self, _dir: &S3Dir, _name: &CStr, _now: &Meta) -> bool {
+        true
+    }
+    fn free_space(&self, _dir: &S3Dir) -> Option<(u64, u64)> {
+        None
+    }
 
     fn open_root(&self) -> io::Result<Option<(S3Dir, Meta)>> {
         let a = HeadBucket::new(&self.c.bucket, self.c.creds());
@@ -515,14 +584,6 @@ impl Store for S3Store {
         }
         out.sort();
         Ok(())
-    }
-
-    fn approximate_meta(&self) -> bool {
-        self.lazy_meta
-    }
-
-    fn has_inodes(&self) -> bool {
-        false
     }
 
     fn meta_after_commit(&self, written: &Meta) -> Option<Meta> {
@@ -755,48 +816,6 @@ impl Store for S3Store {
         self.copy_object(&key, &self.source_of(&key), meta.size, meta, md5.as_deref())
     }
 
-    fn hashes(&self) -> HashSet {
-        HashSet::of(&[HashKind::Md5])
-    }
-
-    fn hash(&self, dir: &S3Dir, name: &CStr, kind: HashKind) -> io::Result<Option<Hash>> {
-        // A single-part ETag is the MD5; a multipart object's MD5 is the
-        // `X-Amz-Meta-Md5chksum` ferry and rclone record, when there.
-        let HashKind::Md5 = kind;
-        let (tag, md5) = self.etag_md5(dir, name)?;
-        let from_meta = || {
-            use base64::Engine as _;
-            let d = base64::prelude::BASE64_STANDARD.decode(md5?).ok()?;
-            d.try_into().ok()
-        };
-        Ok(tag
-            .as_deref()
-            .and_then(etag::single_md5)
-            .or_else(from_meta)
-            .map(Hash::Md5))
-    }
-
-    fn matches_bytes<'a>(
-        &self,
-        dir: &S3Dir,
-        name: &CStr,
-        size: u64,
-        open: &mut dyn FnMut() -> io::Result<Box<dyn SourceFile + 'a>>,
-    ) -> io::Result<Option<bool>> {
-        let Some(tag) = self.etag_md5(dir, name)?.0 else {
-            return Ok(None);
-        };
-        // Another object: equal ETags are the same content, and nothing is
-        // read to tell other ones apart (its bytes are compared instead).
-        let other = open()?;
-        if let Some(o) = other.as_any().and_then(|a| a.downcast_ref::<S3Reader>()) {
-            let (_, theirs) = o.identity()?;
-            return Ok((theirs.trim_matches('"').eq_ignore_ascii_case(&tag)).then_some(true));
-        }
-        drop(other);
-        etag::matches(open, size, &tag)
-    }
-
     fn remove(&self, dir: &S3Dir, name: &CStr, is_dir: bool) -> io::Result<u64> {
         if !is_dir {
             self.delete_key(&self.key(dir, name)?)?;
@@ -899,26 +918,6 @@ impl Store for S3Store {
         }
     }
 
-    fn preserves_owner(&self) -> bool {
-        false
-    }
-
-    fn has_dir_meta(&self) -> bool {
-        false
-    }
-
-    fn supports_symlinks(&self) -> bool {
-        false
-    }
-
-    fn latency_bound(&self) -> bool {
-        true
-    }
-
-    fn keeps_empty_dirs(&self) -> bool {
-        false
-    }
-
     fn notes(&self, role: &str) -> Vec<String> {
         let c = self.counters();
         let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -939,24 +938,6 @@ impl Store for S3Store {
 
     fn warnings(&self, role: &str) -> Vec<String> {
         self.c.odd.note(role).into_iter().collect()
-    }
-
-    fn keep(&self, dir: &S3Dir, name: &CStr, to: &KeepTo<'_>) -> io::Result<()> {
-        self.keep_entry(dir, name, to)
-    }
-
-    fn can_keep(&self, base: &KeepBase) -> bool {
-        S3Store::keep_base_ok(base)
-    }
-
-    fn cleanup(&self, max_age: Duration, dry_run: bool) -> io::Result<Vec<(String, String)>> {
-        // The bucket must exist (an error naming it otherwise).
-        self.open_root()?;
-        let bucket = self.c.bucket.name();
-        Ok(S3Store::cleanup(self, max_age, dry_run)?
-            .into_iter()
-            .map(|(key, started)| (format!("s3://{bucket}/{key}"), started))
-            .collect())
     }
 }
 

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 
 use ferry_engine::entry::{Listing, Meta};
 use ferry_engine::keep::{KeepBase, KeepTo};
-use ferry_engine::store::{Planned, SourceFile, Store};
+use ferry_engine::store::{Planned, SourceFile, Store, StoreExt};
 use ferry_engine::xattr::Xattrs;
 use ferry_local::download::Direct;
 use ferry_local::local::{LocalDir, LocalReader, LocalWriter};
@@ -1212,7 +1212,7 @@ fn answer_io(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> io::Re
                 planned: planned.map(Planned::from),
             };
             let at = LocalStore::new(Path::new(OsStr::from_bytes(root)), 1);
-            ok(at.keep(&*dir_of(st, dir)?, &cname(name)?, &to))
+            ok(at.keep_entry(&*dir_of(st, dir)?, &cname(name)?, &to))
         }
         Req::Sign { dir, name, min } => delta::sign(st, id, dir, name, min),
         Req::DiffRead { file, seq } => delta::diff_read(st, id, file, seq),

@@ -19,6 +19,7 @@ use std::time::Instant;
 use ferry_backends::{AnyStore, Location, Opts};
 use ferry_engine::encode::text_name_string;
 use ferry_engine::ls::{list_tree, Format};
+use ferry_engine::store::StoreExt as _;
 use ferry_engine::xattr::XattrSel;
 use ferry_engine::Store as _;
 use ferry_engine::{Engine, Reporter, Stats};
@@ -281,7 +282,10 @@ fn run_cleanup(a: args::CleanupArgs) -> Result<u8, String> {
         },
     )
     .map_err(|e| e.to_string())?;
-    let done = match store.cleanup(a.max_age, a.dry_run) {
+    let done = match store.cleanup().map_or_else(
+        || Err(io::Error::from(io::ErrorKind::Unsupported)),
+        |c| c.cleanup(a.max_age, a.dry_run),
+    ) {
         Err(e) if e.kind() == io::ErrorKind::Unsupported => {
             return Err(format!("{}: cleanup works on s3:// paths", a.path))
         }

@@ -18,6 +18,7 @@ use ferry_backends::{AnyDir, AnyStore, Location, Opts, Root};
 use ferry_engine::copy::Copier;
 use ferry_engine::encode::{json_name, json_string, text_name_string};
 use ferry_engine::keep::{split_parent, KeepBase, KeepRule, Keeper, VERSIONS_DIR};
+use ferry_engine::store::StoreExt;
 use ferry_engine::versions::{
     collect, has_versions_dir, keeps_all, open_versions_dir, spans, state_at, Version,
 };

@@ -32,7 +32,7 @@ use std::sync::{Arc, Mutex, Weak};
 use super::{Engine, FileBatch, Node};
 use crate::entry::{join, Kind, Meta};
 use crate::report::Stats;
-use crate::store::{MetaChange, Store};
+use crate::store::{MetaChange, Store, StoreExt};
 
 /// How the transfer of one file ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
