@@ -181,6 +181,25 @@ pub type RunResult = Summary;
 /// Both roots as a run opens them: SRC's, and DST's if it exists.
 type Roots<S, D> = ((<S as Store>::Dir, Meta), Option<(<D as Store>::Dir, Meta)>);
 
+/// Both listings of a directory, with the entries each could not read.
+struct Lists {
+    src: Listing,
+    errors: Vec<ListError>,
+    dst: Listing,
+    derr: Vec<ListError>,
+}
+
+/// A directory listed and planned: its listings, the steps, the names the
+/// source could not read (left alone in the destination), and whether its
+/// removals are held.
+struct PlannedDir {
+    src: Listing,
+    dst: Listing,
+    steps: Vec<Step>,
+    unreadable: Vec<Vec<u8>>,
+    held: bool,
+}
+
 struct Node<S: Store, D: Store> {
     rel: Vec<u8>,
     src: S::Dir,
@@ -1027,6 +1046,15 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
 
     /// List both sides of a directory, plan, and act.
     fn scan(&self, node: &Arc<Node<S, D>>, q: &Q<'_, S, D>) {
+        if let Some(dir) = self.plan_node(node, q) {
+            self.act(node, q, dir);
+        }
+    }
+
+    /// Both listings of `node`'s directory (the source's with its
+    /// per-entry errors, the destination's: empty where it has none); `None`
+    /// when one could not be listed (said, and the directory done).
+    fn list_both(&self, node: &Arc<Node<S, D>>) -> Option<Lists> {
         let mut src_list = Listing::new();
         let mut errors: Vec<ListError> = Vec::new();
         // The filter decides on both listings together (`filter_pair`).
@@ -1041,7 +1069,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             // Without a complete source listing nothing may be deleted here.
             self.fail(&node.rel, &e);
             self.done(node);
-            return;
+            return None;
         }
         let mut dst_list = Listing::new();
         let mut derr = Vec::new();
@@ -1051,9 +1079,27 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             }) {
                 self.fail(&node.rel, &e);
                 self.done(node);
-                return;
+                return None;
             }
         }
+        Some(Lists {
+            src: src_list,
+            errors,
+            dst: dst_list,
+            derr,
+        })
+    }
+
+    /// `node`'s directory listed, filtered and planned ([`plan_dir`]);
+    /// `None` when nothing is to be done there (said, and the directory
+    /// done, or the run stopped).
+    fn plan_node(&self, node: &Arc<Node<S, D>>, q: &Q<'_, S, D>) -> Option<PlannedDir> {
+        let Lists {
+            src: mut src_list,
+            mut errors,
+            dst: mut dst_list,
+            mut derr,
+        } = self.list_both(node)?;
         if let Some((dir, name)) = &self.backup_in {
             if *dir == node.rel && src_list.entries().iter().any(|e| src_list.name(e) == name) {
                 self.left_out(1, &join(dir, name), "the --backup-dir inside DST");
@@ -1081,12 +1127,12 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             ) {
                 self.fail(&node.rel, &e);
                 self.done(node);
-                return;
+                return None;
             }
         }
         if self.aliased("SRC", &node.rel, &src_list) || self.aliased("DST", &node.rel, &dst_list) {
             q.stop();
-            return;
+            return None;
         }
         for e in derr {
             self.fail(&self.path(node, &e.name), &e.err);
@@ -1106,7 +1152,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         let unnamed = errors.iter().any(ListError::for_dir);
         if node.parent.is_none() && !unnamed && self.empty_src_refused(&src_list, &dst_list) {
             self.done(node);
-            return;
+            return None;
         }
         Stats::add(&self.stats.entries_scanned, src_list.len() as u64);
         Stats::add(&self.stats.dst_entries, dst_list.len() as u64);
@@ -1139,7 +1185,25 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             self.check_written(&node.rel, &src_list, &mut steps);
         }
         self.unlock_if_needed(node, &steps);
+        Some(PlannedDir {
+            src: src_list,
+            dst: dst_list,
+            steps,
+            unreadable,
+            held,
+        })
+    }
 
+    /// The steps of a planned directory done: files batched for the
+    /// workers, subdirectories queued, the rest here.
+    fn act(&self, node: &Arc<Node<S, D>>, q: &Q<'_, S, D>, dir: PlannedDir) {
+        let PlannedDir {
+            src: src_list,
+            dst: dst_list,
+            steps,
+            unreadable,
+            held,
+        } = dir;
         let mut batch = FileBatch::default();
         let mut subdirs: Vec<DirTask<S, D>> = Vec::new();
         let se = src_list.entries();
@@ -1213,43 +1277,8 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                     )),
                 Step::Recurse { .. } => {}
                 Step::Replace { s, d } => {
-                    let (sm, dm) = (se[s].meta, de[d].meta);
                     let name = src_list.cname(&se[s]);
-                    if dm.kind == Kind::Dir {
-                        if self.opts.mode == Mode::Copy {
-                            let err = io::Error::other(format!(
-                                "is a {} in the source but a directory in the destination; copy never deletes (use sync)",
-                                sm.kind.as_str()
-                            ));
-                            self.fail(&self.path(node, name.to_bytes()), &err);
-                            continue;
-                        }
-                        if sm.kind.is_node() && !self.dst.supports_special() {
-                            self.stale_at_special(node, name, &sm, &dm);
-                            continue;
-                        }
-                        if !self.delete(node, name, &dm) {
-                            continue;
-                        }
-                        match sm.kind {
-                            Kind::Symlink => self.symlink(node, name, &sm, None, None),
-                            k if k.is_node() => self.special(node, name, &sm, None),
-                            _ => self.add_file(node, &mut batch, name, sm, None, false),
-                        }
-                    } else {
-                        match sm.kind {
-                            Kind::Dir => {
-                                subdirs.push(self.dir_task(node, name, sm, DstAt::Other(dm)))
-                            }
-                            // rename() replaces a file or symlink atomically.
-                            Kind::Symlink => self.symlink(node, name, &sm, None, Some(dm)),
-                            k if k.is_node() && !self.dst.supports_special() => {
-                                self.stale_at_special(node, name, &sm, &dm)
-                            }
-                            k if k.is_node() => self.special(node, name, &sm, Some(dm)),
-                            _ => self.add_file(node, &mut batch, name, sm, Some(dm), false),
-                        }
-                    }
+                    self.replace(node, &mut batch, &mut subdirs, name, se[s].meta, de[d].meta)
                 }
                 Step::Delete { d } => {
                     let name = dst_list.name(&de[d]);
@@ -1279,6 +1308,54 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             q.dirs(subdirs);
         }
         self.done(node);
+    }
+
+    /// [`Step::Replace`]: the source's `sm` where the destination has an
+    /// entry of another kind, `dm`.
+    fn replace(
+        &self,
+        node: &Arc<Node<S, D>>,
+        batch: &mut FileBatch,
+        subdirs: &mut Vec<DirTask<S, D>>,
+        name: &CStr,
+        sm: Meta,
+        dm: Meta,
+    ) {
+        if dm.kind == Kind::Dir {
+            if self.opts.mode == Mode::Copy {
+                let err = io::Error::other(format!(
+                    "is a {} in the source but a directory in the destination; copy never deletes (use sync)",
+                    sm.kind.as_str()
+                ));
+                self.fail(&self.path(node, name.to_bytes()), &err);
+                return;
+            }
+            if sm.kind.is_node() && !self.dst.supports_special() {
+                self.stale_at_special(node, name, &sm, &dm);
+                return;
+            }
+            if !self.delete(node, name, &dm) {
+                return;
+            }
+            match sm.kind {
+                Kind::Symlink => self.symlink(node, name, &sm, None, None),
+                k if k.is_node() => self.special(node, name, &sm, None),
+                _ => self.add_file(node, batch, name, sm, None, false),
+            }
+        } else {
+            match sm.kind {
+                Kind::Dir => {
+                    subdirs.push(self.dir_task(node, name, sm, DstAt::Other(dm)))
+                }
+                // rename() replaces a file or symlink atomically.
+                Kind::Symlink => self.symlink(node, name, &sm, None, Some(dm)),
+                k if k.is_node() && !self.dst.supports_special() => {
+                    self.stale_at_special(node, name, &sm, &dm)
+                }
+                k if k.is_node() => self.special(node, name, &sm, Some(dm)),
+                _ => self.add_file(node, batch, name, sm, Some(dm), false),
+            }
+        }
     }
 
     fn dir_task(
