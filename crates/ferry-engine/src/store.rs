@@ -712,7 +712,6 @@ pub fn mtime_step<A: Store, B: Store>(a: &A, b: &B) -> u32 {
         .max(1)
 }
 
-
 /// A commit started by [`Store::commit_nowait`]: its result, or how to wait
 /// for it.
 #[must_use = "a commit's result must be waited for and reported"]
