@@ -21,7 +21,11 @@ pub(super) type Removed<'a, 'b> = Option<(&'a mut Vec<u8>, &'a mut (dyn FnMut(&[
 /// Remove a directory tree below `parent`, making directories writable when
 /// needed. Returns the number of entries removed (the directory included);
 /// `tell` hears of each (a file's size costs a stat then).
-pub(super) fn remove_tree(parent: BorrowedFd<'_>, name: &CStr, mut tell: Removed<'_, '_>) -> io::Result<u64> {
+pub(super) fn remove_tree(
+    parent: BorrowedFd<'_>,
+    name: &CStr,
+    mut tell: Removed<'_, '_>,
+) -> io::Result<u64> {
     let fd = open_subdir(parent, name)?;
     // Never through a mount point (a bind mount can show SRC, or a root's
     // parent, here; and a mount point cannot be removed anyway).
