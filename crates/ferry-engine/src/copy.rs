@@ -336,53 +336,19 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
         };
         // Bytes no one counted on the way (a server-side copy).
         r.settle(n);
-        // A source listed with approximate metadata knows it exactly now.
-        let exact = r.inner().meta().map(|m| Meta {
-            kind: meta.kind,
-            uid: meta.uid,
-            gid: meta.gid,
-            ino: meta.ino,
-            version: meta.version,
-            ..m
-        });
-        let now = if self.src.features().approximate_meta {
-            None
-        } else {
-            delta
-                .and_then(|d| d.current)
-                .or_else(|| r.inner().current())
-        };
+        let (exact, now) = self.source_after(r.inner(), meta, delta.as_ref());
         drop(r);
         let meta = exact.as_ref().unwrap_or(meta);
-        // Mtimes are compared cut to the run's step (the engine's listings
-        // are): the source's now too, or every file with a fraction of a
-        // second would look changed and go twice.
-        let step = self.mtime_step;
-        let now = now.map(|(size, sec, nsec)| (size, sec, cut_nsec(nsec, step)));
-        if let Some(now) = now {
-            let listed = (n, meta.mtime_sec, cut_nsec(meta.mtime_nsec, step));
-            // In a watch, a file that only grew while it was copied is
-            // taken as appended to: the bytes read, with the listed mtime,
-            // are committed (the watch appends the rest next; until a run
-            // copies it unchanged, the whole old part is checked then).
-            // (The copy reads one byte past the listed size to see growth,
-            // and may take more: what it read is what it commits.)
-            let grew = self.grow.is_some() && n >= meta.size && now.0 >= n && now.0 > meta.size;
-            if (now != listed || n != meta.size) && !grew {
+        match self.source_held(now, n, meta, rel) {
+            Ok(None) => {}
+            Ok(Some(now)) => {
                 self.dst.abort(ddir, w);
                 return Ok(Err(now));
             }
-            if let Some(g) = self.grow {
-                g.torn(rel, grew);
+            Err(e) => {
+                self.dst.abort(ddir, w);
+                return Err(e);
             }
-        } else if n != meta.size {
-            self.dst.abort(ddir, w);
-            return Err(io::Error::other(format!(
-                "changed while being copied (size {} when listed, {}{} read)",
-                meta.size,
-                n,
-                if n > meta.size { "+" } else { "" }
-            )));
         }
         if let Some(x) = self.xattrs {
             let res = self
@@ -424,6 +390,87 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
                 .map_err(|e| op_err(e, Some(End::Dst), "rename"))?;
             None
         };
+        self.count_copy(delta.as_ref(), sig, n);
+        let c = Copied {
+            bytes: n,
+            meta: *meta,
+            kept,
+        };
+        Ok(Ok((c, committing)))
+    }
+
+    /// What the source `r` says after it was read (`meta`: as listed):
+    /// its exact metadata, where it was listed approximate, and its size
+    /// and mtime now, where the store can tell.
+    fn source_after(
+        &self,
+        r: &S::Reader,
+        meta: &Meta,
+        delta: Option<&DiffSummary>,
+    ) -> (Option<Meta>, Option<(u64, i64, u32)>) {
+        // A source listed with approximate metadata knows it exactly now.
+        let exact = r.meta().map(|m| Meta {
+            kind: meta.kind,
+            uid: meta.uid,
+            gid: meta.gid,
+            ino: meta.ino,
+            version: meta.version,
+            ..m
+        });
+        let now = if self.src.features().approximate_meta {
+            None
+        } else {
+            delta.and_then(|d| d.current).or_else(|| r.current())
+        };
+        (exact, now)
+    }
+
+    /// Whether the `n` bytes read of a source listed as `meta` are the
+    /// file (`now`: its size and mtime after the read, where known):
+    /// `Ok(None)` when they are, `Ok(Some(now))` when it changed (nothing
+    /// is to be committed), an error when it changed and the store cannot
+    /// tell how.
+    fn source_held(
+        &self,
+        now: Option<(u64, i64, u32)>,
+        n: u64,
+        meta: &Meta,
+        rel: &[u8],
+    ) -> io::Result<Option<(u64, i64, u32)>> {
+        // Mtimes are compared cut to the run's step (the engine's listings
+        // are): the source's now too, or every file with a fraction of a
+        // second would look changed and go twice.
+        let step = self.mtime_step;
+        let now = now.map(|(size, sec, nsec)| (size, sec, cut_nsec(nsec, step)));
+        if let Some(now) = now {
+            let listed = (n, meta.mtime_sec, cut_nsec(meta.mtime_nsec, step));
+            // In a watch, a file that only grew while it was copied is
+            // taken as appended to: the bytes read, with the listed mtime,
+            // are committed (the watch appends the rest next; until a run
+            // copies it unchanged, the whole old part is checked then).
+            // (The copy reads one byte past the listed size to see growth,
+            // and may take more: what it read is what it commits.)
+            let grew = self.grow.is_some() && n >= meta.size && now.0 >= n && now.0 > meta.size;
+            if (now != listed || n != meta.size) && !grew {
+                return Ok(Some(now));
+            }
+            if let Some(g) = self.grow {
+                g.torn(rel, grew);
+            }
+        } else if n != meta.size {
+            return Err(io::Error::other(format!(
+                "changed while being copied (size {} when listed, {}{} read)",
+                meta.size,
+                n,
+                if n > meta.size { "+" } else { "" }
+            )));
+        }
+        Ok(None)
+    }
+
+    /// The delta figures of a file copied (`n` bytes written; `delta`:
+    /// how, when it went by delta against `sig`).
+    fn count_copy(&self, delta: Option<&DiffSummary>, sig: Option<&Signature>, n: u64) {
         match (delta, sig) {
             (Some(d), Some(sig)) => {
                 self.count(|c| &c.files, 1);
@@ -433,12 +480,6 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
             }
             _ => self.count(|c| &c.wire, n),
         }
-        let c = Copied {
-            bytes: n,
-            meta: *meta,
-            kept,
-        };
-        Ok(Ok((c, committing)))
     }
 
     /// The attributes of source entry `sname` of `sdir` and of destination
