@@ -160,53 +160,18 @@ pub(crate) fn restore(
     rst: &rfs::Stat,
     trusted: bool,
 ) -> io::Result<Outcome> {
-    let len = rst.st_size as u64;
     let mut buf = vec![0u8; BUF];
-    // The header (its length not known before it is read); one cut
-    // short was never complete, so nothing was written.
-    let mut want = (64usize << 10).min(len as usize);
-    let (head, hlen) = loop {
-        let mut b = vec![0u8; want];
-        let n = pread_full(rfd, &mut b, 0)?;
-        if let Some(x) = Head::decode(&b[..n]) {
-            break x;
-        }
-        if want as u64 >= len {
-            return Ok(Outcome::Torn);
-        }
-        want = (want * 4).min(len as usize);
-    };
-    let body = head
-        .blocks
-        .iter()
-        .try_fold(hlen as u64, |a, &(_, n, _)| a.checked_add(n));
-    let Some(body) = body.filter(|b| b.saturating_add(TRAILER) <= len) else {
+    let Some(Record {
+        head,
+        hlen,
+        body,
+        left,
+        fly_at,
+        fly_len,
+    }) = read_record(rfd, rst.st_size as u64, &mut buf)?
+    else {
         return Ok(Outcome::Torn);
     };
-    // The hash of the whole record.
-    let mut h = blake3::Hasher::new();
-    let mut at = 0;
-    while at < body {
-        let want = ((body - at) as usize).min(BUF);
-        let n = pread_full(rfd, &mut buf[..want], at)?;
-        if n < want {
-            return Ok(Outcome::Torn);
-        }
-        h.update(&buf[..n]);
-        at += n as u64;
-    }
-    let mut sum = [0u8; 32];
-    if pread_full(rfd, &mut sum, body)? != 32 || *h.finalize().as_bytes() != sum {
-        return Ok(Outcome::Torn);
-    }
-    let mut left = [0u8; SLOT as usize];
-    if pread_full(rfd, &mut left, body + 32)? != left.len() {
-        return Ok(Outcome::Torn);
-    }
-    let (fly_at, fly_len) = (
-        u64::from_le_bytes(left[16..24].try_into().unwrap()),
-        u64::from_le_bytes(left[24..32].try_into().unwrap()),
-    );
     if !plain_name(&head.name) || undo_name(&head.name).as_c_str() != rec {
         return Ok(Outcome::Stale("it names another entry than its own file"));
     }
@@ -293,6 +258,76 @@ pub(crate) fn restore(
         &mtime(head.sec, head.nsec),
     )?;
     Ok(Outcome::Restored)
+}
+
+/// A rollback record read whole and its hash checked: its header (and the
+/// header's length), where its body ends, the slot the run last wrote (the
+/// file's ctime then, the write in flight).
+struct Record {
+    head: Head,
+    hlen: usize,
+    body: u64,
+    left: [u8; SLOT as usize],
+    fly_at: u64,
+    fly_len: u64,
+}
+
+/// The record `rfd` of `len` bytes ([`Record`]), read with `buf`; `None`
+/// when it is torn (cut short, or its hash not its bytes').
+fn read_record(rfd: BorrowedFd<'_>, len: u64, buf: &mut [u8]) -> io::Result<Option<Record>> {
+    // The header (its length not known before it is read); one cut
+    // short was never complete, so nothing was written.
+    let mut want = (64usize << 10).min(len as usize);
+    let (head, hlen) = loop {
+        let mut b = vec![0u8; want];
+        let n = pread_full(rfd, &mut b, 0)?;
+        if let Some(x) = Head::decode(&b[..n]) {
+            break x;
+        }
+        if want as u64 >= len {
+            return Ok(None);
+        }
+        want = (want * 4).min(len as usize);
+    };
+    let body = head
+        .blocks
+        .iter()
+        .try_fold(hlen as u64, |a, &(_, n, _)| a.checked_add(n));
+    let Some(body) = body.filter(|b| b.saturating_add(TRAILER) <= len) else {
+        return Ok(None);
+    };
+    // The hash of the whole record.
+    let mut h = blake3::Hasher::new();
+    let mut at = 0;
+    while at < body {
+        let want = ((body - at) as usize).min(BUF);
+        let n = pread_full(rfd, &mut buf[..want], at)?;
+        if n < want {
+            return Ok(None);
+        }
+        h.update(&buf[..n]);
+        at += n as u64;
+    }
+    let mut sum = [0u8; 32];
+    if pread_full(rfd, &mut sum, body)? != 32 || *h.finalize().as_bytes() != sum {
+        return Ok(None);
+    }
+    let mut left = [0u8; SLOT as usize];
+    if pread_full(rfd, &mut left, body + 32)? != left.len() {
+        return Ok(None);
+    }
+    let (fly_at, fly_len) = (
+        u64::from_le_bytes(left[16..24].try_into().unwrap()),
+        u64::from_le_bytes(left[24..32].try_into().unwrap()),
+    );
+    Ok(Some(Record {
+        head,
+        hlen,
+        body,
+        left,
+        fly_at,
+        fly_len,
+    }))
 }
 
 /// Bytes of a page of the write in flight.
