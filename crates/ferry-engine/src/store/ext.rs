@@ -125,6 +125,39 @@ pub trait XattrStore<S: Store> {
 
 /// How a store with [`Store::keeper`] keeps what a run replaces
 /// (`--backup-dir`, `--suffix`, `--versions`; see [`crate::keep`]).
+///
+/// Like every trait here and [`Store`] itself, it has no default method
+/// bodies: an implementation that leaves a method out does not compile,
+/// so a wrapper (`AnyStore`) cannot silently take a default for a method
+/// it forgot to forward. This one says what it does for both:
+///
+/// ```
+/// use std::{ffi::CStr, io};
+/// use ferry_engine::keep::{KeepBase, KeepTo};
+/// use ferry_engine::store::{unsupported, KeepStore, Store};
+/// struct Never;
+/// impl<S: Store> KeepStore<S> for Never {
+///     fn keeps_at(&self, _: &KeepBase) -> bool {
+///         false
+///     }
+///     fn keep(&self, _: &S::Dir, _: &CStr, _: &KeepTo<'_>) -> io::Result<()> {
+///         Err(unsupported())
+///     }
+/// }
+/// ```
+///
+/// and this one, which forgot `keep`, is refused:
+///
+/// ```compile_fail,E0046
+/// use ferry_engine::keep::KeepBase;
+/// use ferry_engine::store::{KeepStore, Store};
+/// struct Forgot;
+/// impl<S: Store> KeepStore<S> for Forgot {
+///     fn keeps_at(&self, _: &KeepBase) -> bool {
+///         false
+///     }
+/// }
+/// ```
 pub trait KeepStore<S: Store> {
     /// True when [`KeepStore::keep`] works here, for the base `base`: a run
     /// asked to keep what it replaces refuses to start where it cannot.
