@@ -771,7 +771,7 @@ pub enum DeltaRole {
 }
 
 /// A destination file open to be appended to in place
-/// ([`Store::open_append`]). Until [`AppendFile::finish`] it keeps its old
+/// ([`DeltaStore::open_append`]). Until [`AppendFile::finish`] it keeps its old
 /// mtime, so a run killed half way leaves a file longer than listed, whose
 /// size differs from the source's: the next run compares it again.
 pub trait AppendFile: Send {
