@@ -950,7 +950,14 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
     ) -> io::Result<()> {
         match self.keeper(on) {
             Some(k) => {
-                let to = k.keep(st, d, n, &path_of(key), m, false, self.step())?;
+                let to = k.keep(
+                    st,
+                    d,
+                    n,
+                    &path_of(key),
+                    &Planned::new(m, self.step()),
+                    false,
+                )?;
                 self.kept(on, key, &to, m);
                 Ok(())
             }
@@ -1823,9 +1830,14 @@ fn copy_one<S: Store, D: Store>(
         // The entry a symlink replaces is kept first (left in place where
         // the store can: the new link replaces it in one step).
         kept = match (cp.keep, &c.expect) {
-            (Some(k), Some(old)) => {
-                Some(k.keep(d, &ddir, &dname, &rel, old, true, cp.mtime_step)?)
-            }
+            (Some(k), Some(old)) => Some(k.keep(
+                d,
+                &ddir,
+                &dname,
+                &rel,
+                &Planned::new(old, cp.mtime_step),
+                true,
+            )?),
             _ => None,
         };
         d.create_symlink(&ddir, &dname, &target, &c.meta)?;

@@ -364,7 +364,14 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
         // is replaced.
         let mut kept = None;
         if let (Some(k), Some(old)) = (self.keep, old) {
-            match k.keep(self.dst, ddir, name, rel, old, true, self.mtime_step) {
+            match k.keep(
+                self.dst,
+                ddir,
+                name,
+                rel,
+                &Planned::new(old, self.mtime_step),
+                true,
+            ) {
                 Ok(to) => kept = Some(to),
                 Err(e) => {
                     self.dst.abort(ddir, w);

@@ -18,7 +18,7 @@ use ferry_backends::{AnyDir, AnyStore, Location, Opts, Root};
 use ferry_engine::copy::Copier;
 use ferry_engine::encode::{json_name, json_string, text_name_string};
 use ferry_engine::keep::{split_parent, KeepBase, KeepRule, Keeper, VERSIONS_DIR};
-use ferry_engine::store::StoreExt;
+use ferry_engine::store::{Planned, StoreExt};
 use ferry_engine::versions::{
     collect, has_versions_dir, keeps_all, open_versions_dir, spans, state_at, Version,
 };
@@ -1334,7 +1334,9 @@ impl Ctx<'_> {
         let rule = self.bk.map_or(KeepRule::Versions, |b| b.rule.clone());
         let k = Keeper::new(rule, self.now);
         match how {
-            Replace::InPlace => return k.keep(self.store, dir, name, rel, cur, true, 1),
+            Replace::InPlace => {
+                return k.keep(self.store, dir, name, rel, &Planned::new(cur, 1), true)
+            }
             Replace::Never => {
                 return Err(io::Error::new(
                     io::ErrorKind::AlreadyExists,
@@ -1377,7 +1379,7 @@ impl Ctx<'_> {
             .store
             .stat(&vd, &tmp)?
             .ok_or_else(|| io::Error::other("the copy of the current file went missing"))?;
-        let r = k.keep(self.store, &vd, &tmp, rel, &kept, false, 1);
+        let r = k.keep(self.store, &vd, &tmp, rel, &Planned::new(&kept, 1), false);
         if r.is_err() {
             let _ = self.store.remove(&vd, &tmp, false);
         }

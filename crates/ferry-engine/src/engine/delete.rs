@@ -123,9 +123,14 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             return Ok(false);
         }
         let to = match dir {
-            Some(d) if !self.dry_run => {
-                k.keep(self.dst, d, name, path, meta, replacing, self.mtime_step)?
-            }
+            Some(d) if !self.dry_run => k.keep(
+                self.dst,
+                d,
+                name,
+                path,
+                &crate::store::Planned::new(meta, self.mtime_step),
+                replacing,
+            )?,
             Some(d) => k.place_in(self.dst, d, path),
             _ => {
                 let (base, at) = k.target(path, 1);
