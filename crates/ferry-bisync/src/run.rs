@@ -35,7 +35,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use ferry_engine::bwlimit::Limiter;
-use ferry_engine::copy::Copier;
+use ferry_engine::copy::{Copier, FileCopy};
 use ferry_engine::keep::Keeper;
 use ferry_engine::pool::Pool;
 use ferry_engine::special::SpecialBits;
@@ -1843,15 +1843,15 @@ fn copy_one<S: Store, D: Store>(
         d.create_symlink(&ddir, &dname, &target, &c.meta)?;
         cp.new_entry_xattrs(&sdir, &sname, &ddir, &dname, &c.meta)?;
     } else {
-        let done = cp.copy_file(
-            &sdir,
-            &sname,
-            &ddir,
-            &dname,
-            &rel,
-            &c.meta,
-            c.expect.as_ref(),
-        )?;
+        let done = cp.copy_file(FileCopy {
+            sdir: &sdir,
+            sname: &sname,
+            ddir: &ddir,
+            name: &dname,
+            rel: &rel,
+            meta: &c.meta,
+            old: c.expect.as_ref(),
+        })?;
         from = done.meta;
         kept = done.kept;
         if let Some(m) = d.meta_after_commit(&from) {

@@ -111,6 +111,35 @@ pub struct Copied {
     pub kept: Option<Vec<u8>>,
 }
 
+/// One file to copy ([`Copier::copy_file`]): `sname` of `sdir`, listed
+/// as `meta`, to `name` of `ddir`; `rel`: the destination's path below its
+/// root (where a kept copy of what it replaces goes); `old`: the
+/// destination's entry of that name as listed (`None`: there is none).
+pub struct FileCopy<'x, 'd, S: Store, D: Store> {
+    /// The source's directory.
+    pub sdir: &'x S::Dir,
+    /// The source's name there.
+    pub sname: &'x CStr,
+    /// The destination's directory (a commit in flight borrows it).
+    pub ddir: &'d D::Dir,
+    /// The destination's name there.
+    pub name: &'x CStr,
+    /// The destination's path below its root.
+    pub rel: &'x [u8],
+    /// The source as listed.
+    pub meta: &'x Meta,
+    /// The destination's entry of that name, as listed.
+    pub old: Option<&'x Meta>,
+}
+
+impl<S: Store, D: Store> Clone for FileCopy<'_, '_, S, D> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<S: Store, D: Store> Copy for FileCopy<'_, '_, S, D> {}
+
 impl<'a, S: Store, D: Store> Copier<'a, S, D> {
     /// `m` as it is written to the destination (see [`Copier::special`]).
     fn out(&self, m: &Meta) -> Meta {
@@ -129,20 +158,10 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
     /// (or since it was listed) is copied once more against its new state,
     /// and if it changed again the copy fails. Either way a copy that may
     /// be torn is dropped, never given the source's mtime.
-    #[allow(clippy::too_many_arguments)]
-    pub fn copy_file(
-        &self,
-        sdir: &S::Dir,
-        sname: &CStr,
-        ddir: &D::Dir,
-        name: &CStr,
-        rel: &[u8],
-        meta: &Meta,
-        old: Option<&Meta>,
-    ) -> io::Result<Copied> {
-        self.copy_file_as(sdir, sname, ddir, name, rel, meta, old, false)
+    pub fn copy_file(&self, f: FileCopy<'_, '_, S, D>) -> io::Result<Copied> {
+        self.copy_file_as(f, false)
             .map(|(c, _)| c)
-            .map_err(|e| self.full_disk(ddir, meta.size, e))
+            .map_err(|e| self.full_disk(f.ddir, f.meta.size, e))
     }
 
     /// [`Copier::copy_file`] up to a commit started with
@@ -150,23 +169,16 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
     /// its commit, still waits for it): the copy as it will be once
     /// [`Committing::wait`] confirms it. Nothing may be reported as
     /// copied before that.
-    #[allow(clippy::too_many_arguments)]
     pub fn copy_file_nowait<'d>(
         &self,
-        sdir: &S::Dir,
-        sname: &CStr,
-        ddir: &'d D::Dir,
-        name: &CStr,
-        rel: &[u8],
-        meta: &Meta,
-        old: Option<&Meta>,
+        f: FileCopy<'_, 'd, S, D>,
     ) -> io::Result<(Copied, Committing<'d>)>
     where
         'a: 'd,
     {
-        self.copy_file_as(sdir, sname, ddir, name, rel, meta, old, true)
+        self.copy_file_as(f, true)
             .map(|(c, w)| (c, w.unwrap_or_else(|| Committing::done(Ok(())))))
-            .map_err(|e| self.full_disk(ddir, meta.size, e))
+            .map_err(|e| self.full_disk(f.ddir, f.meta.size, e))
     }
 
     /// `e`, the failure of writing a file of `size` bytes into `ddir`: when
@@ -190,21 +202,23 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
 
     /// `copy_file`; with `nowait`, the commit of a whole copy is started
     /// and returned, not waited for.
-    #[allow(clippy::too_many_arguments)]
     fn copy_file_as<'d>(
         &self,
-        sdir: &S::Dir,
-        sname: &CStr,
-        ddir: &'d D::Dir,
-        name: &CStr,
-        rel: &[u8],
-        meta: &Meta,
-        old: Option<&Meta>,
+        f: FileCopy<'_, 'd, S, D>,
         nowait: bool,
     ) -> io::Result<(Copied, Option<Committing<'d>>)>
     where
         'a: 'd,
     {
+        let FileCopy {
+            sdir,
+            sname,
+            ddir,
+            name,
+            rel: _,
+            meta,
+            old,
+        } = f;
         let fresh = old.is_none();
         // An empty file has no content to hide while half-written: the
         // store may create it under its name directly, without reading the
@@ -228,7 +242,7 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
         let mut seen = (meta.size, meta.mtime_sec, meta.mtime_nsec);
         let mut whole = false;
         if let Some(g) = self.grow {
-            if let Some(c) = self.append_tail(g, sdir, sname, ddir, name, rel, meta, old)? {
+            if let Some(c) = self.append_tail(g, f)? {
                 return Ok((c, None));
             }
         }
@@ -245,17 +259,7 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
         let mut tries = 0;
         while tries < 2 {
             let nowait = nowait && sig.is_none();
-            match self.copy_once(
-                sdir,
-                sname,
-                ddir,
-                name,
-                &want,
-                sig.as_ref(),
-                rel,
-                old,
-                nowait,
-            ) {
+            match self.copy_once(FileCopy { meta: &want, ..f }, sig.as_ref(), nowait) {
                 Ok(Ok(c)) => return Ok(c),
                 Ok(Err(now)) => {
                     tries += 1;
@@ -287,22 +291,24 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
     /// `Ok(Err(now))` when the source changed (nothing committed; `now`:
     /// its current size and mtime).
     #[allow(clippy::type_complexity)]
-    #[allow(clippy::too_many_arguments)]
     fn copy_once<'d>(
         &self,
-        sdir: &S::Dir,
-        sname: &CStr,
-        ddir: &'d D::Dir,
-        name: &CStr,
-        meta: &Meta,
+        f: FileCopy<'_, 'd, S, D>,
         sig: Option<&Signature>,
-        rel: &[u8],
-        old: Option<&Meta>,
         nowait: bool,
     ) -> io::Result<Result<(Copied, Option<Committing<'d>>), (u64, i64, u32)>>
     where
         'a: 'd,
     {
+        let FileCopy {
+            sdir,
+            sname,
+            ddir,
+            name,
+            rel,
+            meta,
+            old,
+        } = f;
         let r = self
             .src
             .open_file(sdir, sname)

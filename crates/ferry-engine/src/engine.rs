@@ -21,7 +21,7 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use crate::bwlimit::Limiter;
-use crate::copy::Copier;
+use crate::copy::{Copier, FileCopy};
 use crate::entry::{join, same_names, Kind, Listing, Meta};
 use crate::filter::{drop_names, Filter};
 use crate::keep::{self, Keeper};

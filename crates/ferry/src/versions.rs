@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 
 use ferry_backends::{AnyDir, AnyStore, Location, Opts, Root};
-use ferry_engine::copy::Copier;
+use ferry_engine::copy::{Copier, FileCopy};
 use ferry_engine::encode::{json_name, json_string, text_name_string};
 use ferry_engine::keep::{split_parent, KeepBase, KeepRule, Keeper, VERSIONS_DIR};
 use ferry_engine::store::{Planned, StoreExt};
@@ -1371,8 +1371,16 @@ impl Ctx<'_> {
             self.store.create_symlink(&vd, &tmp, &target, cur)?;
         } else {
             copier(out.store, self.store, |c| {
-                c.copy_file(dir, name, &vd, &tmp, rel, cur, None)
-                    .map(|_| ())
+                c.copy_file(FileCopy {
+                    sdir: dir,
+                    sname: name,
+                    ddir: &vd,
+                    name: &tmp,
+                    rel,
+                    meta: cur,
+                    old: None,
+                })
+                .map(|_| ())
             })?;
         }
         let kept = self
@@ -1509,15 +1517,15 @@ fn restore_one(
             out.store.create_symlink(&odir, &cname, &target, &smeta)?;
             c.new_entry_xattrs(&sdir, &sname, &odir, &cname, &smeta)
         } else {
-            c.copy_file(
-                &sdir,
-                &sname,
-                &odir,
-                &cname,
-                &out.rel,
-                &smeta,
-                current.as_ref(),
-            )
+            c.copy_file(FileCopy {
+                sdir: &sdir,
+                sname: &sname,
+                ddir: &odir,
+                name: &cname,
+                rel: &out.rel,
+                meta: &smeta,
+                old: current.as_ref(),
+            })
             .map(|_| ())
         }
     })

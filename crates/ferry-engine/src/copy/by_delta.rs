@@ -43,18 +43,20 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
     /// was made while the file changed: [`crate::Guard::torn`]), only the
     /// source's bytes past it are appended, in place. The copy gets the
     /// listed mtime. `None`: not appended (the normal way then).
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn append_tail(
         &self,
         g: &crate::Guard,
-        sdir: &S::Dir,
-        sname: &CStr,
-        ddir: &D::Dir,
-        name: &CStr,
-        rel: &[u8],
-        meta: &Meta,
-        old: Option<&Meta>,
+        f: FileCopy<'_, '_, S, D>,
     ) -> io::Result<Option<Copied>> {
+        let FileCopy {
+            sdir,
+            sname,
+            ddir,
+            name,
+            rel,
+            meta,
+            old,
+        } = f;
         let Some(old) = old else {
             return Ok(None);
         };

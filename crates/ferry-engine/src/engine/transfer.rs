@@ -71,10 +71,26 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         };
         let cp = self.copier();
         let started = if nowait {
-            cp.copy_file_nowait(&node.src, name, d, name, &path, meta, dst_meta.as_ref())
+            cp.copy_file_nowait(FileCopy {
+                sdir: &node.src,
+                sname: name,
+                ddir: d,
+                name,
+                rel: &path,
+                meta,
+                old: dst_meta.as_ref(),
+            })
         } else {
-            cp.copy_file(&node.src, name, d, name, &path, meta, dst_meta.as_ref())
-                .map(|c| (c, Committing::done(Ok(()))))
+            cp.copy_file(FileCopy {
+                sdir: &node.src,
+                sname: name,
+                ddir: d,
+                name,
+                rel: &path,
+                meta,
+                old: dst_meta.as_ref(),
+            })
+            .map(|c| (c, Committing::done(Ok(()))))
         };
         match started {
             Ok((copied, commit)) => Transfer::Committing {
@@ -268,9 +284,15 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             Stats::add(&self.stats.bytes_copied, sm.size);
             return Ok(self.stats.summary(start.elapsed()));
         }
-        let res = self
-            .copier()
-            .copy_file(&sdir, src_name, &ddir, dst_name, path, &sm, dm.as_ref());
+        let res = self.copier().copy_file(FileCopy {
+            sdir: &sdir,
+            sname: src_name,
+            ddir: &ddir,
+            name: dst_name,
+            rel: path,
+            meta: &sm,
+            old: dm.as_ref(),
+        });
         match res {
             Ok(c) => {
                 if let (Some(to), Some(dm)) = (&c.kept, &dm) {
