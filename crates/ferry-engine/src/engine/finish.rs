@@ -94,14 +94,21 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
     /// metadata (`what`), and with `-X`/`-A` its attributes.
     pub(super) fn set_meta(&self, node: &Node<S, D>, name: &CStr, meta: &Meta, what: MetaChange) {
         let path = || self.path(node, name.to_bytes());
-        self.fix_unchanged(&node.src, name, node.dst.as_ref(), name, &path, meta, what);
+        self.fix_unchanged(
+            &node.src,
+            name,
+            node.dst.as_ref(),
+            name,
+            &path,
+            (meta, what),
+        );
     }
 
     /// Bring `dname` of `ddir`, whose content equals `sname` of `sdir`, up
     /// to date: its metadata (`what`) and, with `-X`/`-A`, its attributes
     /// (listed on both sides, written only where they differ). One `meta`
-    /// action when anything changes; `path` names it.
-    #[allow(clippy::too_many_arguments)]
+    /// action when anything changes; `path` names it. `meta`: the
+    /// source's metadata.
     pub(super) fn fix_unchanged(
         &self,
         sdir: &S::Dir,
@@ -109,8 +116,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         ddir: Option<&D::Dir>,
         dname: &CStr,
         path: &dyn Fn() -> Vec<u8>,
-        meta: &Meta,
-        what: MetaChange,
+        (meta, what): (&Meta, MetaChange),
     ) {
         let cp = self.copier();
         let attrs = match (cp.xattrs, ddir) {

@@ -174,8 +174,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                             node,
                             &mut batch,
                             name,
-                            sm,
-                            Some(de[d].meta),
+                            (sm, Some(de[d].meta)),
                             How::Same(meta),
                         ),
                         None => self.same(node, name, &sm, meta),
@@ -304,7 +303,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         check: bool,
     ) {
         match &self.links {
-            Some(l) => self.group_file(l, node, batch, name, sm, dm, How::Transfer { check }),
+            Some(l) => self.group_file(l, node, batch, name, (sm, dm), How::Transfer { check }),
             None => batch.add(name.to_bytes(), sm, dm, check),
         }
     }

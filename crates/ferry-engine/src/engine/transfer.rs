@@ -266,7 +266,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             let dm = dm.expect("unchanged implies present");
             let c = meta_change(&sm, &dm, self.plan.owner);
             let p = || path.to_vec();
-            self.fix_unchanged(&sdir, src_name, Some(&ddir), dst_name, &p, &sm, c);
+            self.fix_unchanged(&sdir, src_name, Some(&ddir), dst_name, &p, (&sm, c));
             self.xattr_note();
             return Ok(self.stats.summary(start.elapsed()));
         }
