@@ -1,12 +1,15 @@
 //! [`AnyStore`]: every backend behind one `Store` type, its associated
 //! types enums of the backends' own. The forwarding is generated: adding a
-//! backend is one line in the `backends!` call at the bottom.
+//! backend is one line in the `backends!` call at the bottom. `Store` and
+//! its extension traits have no default method bodies, so a method this
+//! file does not forward is a compile error, never a default silently
+//! taken; `AnyStore` has an extension exactly where the backend inside
+//! has it.
 
 use std::any::Any;
 use std::ffi::CStr;
 use std::io;
 use std::os::fd::BorrowedFd;
-use std::time::Duration;
 
 use ferry_engine::bwlimit::Limiter;
 use ferry_engine::delta::{DiffSummary, InPlace, Layout, OpSink, PatchHashes, Signature};
@@ -14,8 +17,9 @@ use ferry_engine::entry::{Kind, Listing, Meta};
 use ferry_engine::hash::{Hash, HashKind, HashSet};
 use ferry_engine::keep::{KeepBase, KeepTo};
 use ferry_engine::store::{
-    Committing, DeltaRole, ListError, MetaChange, Planned, Progress, RangedSource, SourceFile,
-    Store,
+    AppendFile, Cleanup, Committing, DeltaRole, DeltaStore, Features, HashStore, KeepStore,
+    ListError, MetaChange, Planned, PosixStore, Progress, RangedSource, SourceFile, Store,
+    XattrStore,
 };
 use ferry_engine::xattr::{XattrSel, Xattrs};
 use ferry_local::LocalStore;
@@ -28,6 +32,21 @@ use ferry_ssh::SshStore;
 #[cold]
 fn mismatch() -> ! {
     unreachable!("a directory or writer of one backend was passed to another")
+}
+
+/// The backend's extension behind one of `AnyStore`'s: there, since
+/// `AnyStore`'s accessor returned it only when the backend's did.
+#[inline]
+fn ext<T>(e: Option<T>) -> T {
+    match e {
+        Some(e) => e,
+        None => gone(),
+    }
+}
+
+#[cold]
+fn gone() -> ! {
+    unreachable!("an extension of AnyStore reached past its accessor")
 }
 
 macro_rules! backends {
@@ -96,7 +115,33 @@ macro_rules! backends {
             type Dir = AnyDir;
             type Reader = AnyReader;
             type Writer = AnyWriter;
+            type Delta = AnyStore;
+            type Xattrs = AnyStore;
+            type Keep = AnyStore;
+            type Posix = AnyStore;
+            type Hashes = AnyStore;
 
+            fn features(&self) -> Features {
+                match self { $(AnyStore::$v(s) => s.features(),)+ }
+            }
+            fn delta(&self) -> Option<&AnyStore> {
+                match self { $(AnyStore::$v(s) => s.delta().map(|_| self),)+ }
+            }
+            fn xattrs(&self) -> Option<&AnyStore> {
+                match self { $(AnyStore::$v(s) => s.xattrs().map(|_| self),)+ }
+            }
+            fn keeper(&self) -> Option<&AnyStore> {
+                match self { $(AnyStore::$v(s) => s.keeper().map(|_| self),)+ }
+            }
+            fn posix(&self) -> Option<&AnyStore> {
+                match self { $(AnyStore::$v(s) => s.posix().map(|_| self),)+ }
+            }
+            fn hashes(&self) -> Option<&AnyStore> {
+                match self { $(AnyStore::$v(s) => s.hashes().map(|_| self),)+ }
+            }
+            fn cleanup(&self) -> Option<&dyn Cleanup> {
+                match self { $(AnyStore::$v(s) => Store::cleanup(s),)+ }
+            }
             fn open_root(&self) -> io::Result<Option<(AnyDir, Meta)>> {
                 match self {
                     $(AnyStore::$v(s) => Ok(s.open_root()?.map(|(d, m)| (AnyDir::$v(d), m))),)+
@@ -116,9 +161,6 @@ macro_rules! backends {
                     $((AnyStore::$v(s), AnyDir::$v(d)) => s.list(d, rel, out, errors),)+
                     _ => mismatch(),
                 }
-            }
-            fn approximate_meta(&self) -> bool {
-                match self { $(AnyStore::$v(s) => s.approximate_meta(),)+ }
             }
             fn refine(
                 &self,
@@ -162,6 +204,9 @@ macro_rules! backends {
                     _ => mismatch(),
                 }
             }
+            fn open_ahead(&self, dir: &AnyDir, files: &[(&CStr, u64)]) {
+                match (self, dir) { $((AnyStore::$v(s), AnyDir::$v(d)) => s.open_ahead(d, files),)+ _ => mismatch() }
+            }
             fn read_link(&self, dir: &AnyDir, name: &CStr) -> io::Result<Vec<u8>> {
                 match (self, dir) {
                     $((AnyStore::$v(s), AnyDir::$v(d)) => s.read_link(d, name),)+
@@ -187,6 +232,12 @@ macro_rules! backends {
                     _ => mismatch(),
                 }
             }
+            fn expect(&self, w: &mut AnyWriter, at: Option<&Planned>) {
+                match (self, w) {
+                    $((AnyStore::$v(s), AnyWriter::$v(w)) => s.expect(w, at),)+
+                    _ => mismatch(),
+                }
+            }
             fn commit(
                 &self,
                 dir: &AnyDir,
@@ -200,23 +251,21 @@ macro_rules! backends {
                     _ => mismatch(),
                 }
             }
-            fn replacing(&self, w: &mut AnyWriter) {
-                match (self, w) {
-                    $((AnyStore::$v(s), AnyWriter::$v(w)) => s.replacing(w),)+
+            fn commit_nowait<'a>(
+                &'a self,
+                dir: &'a AnyDir,
+                w: AnyWriter,
+                name: &CStr,
+                meta: &Meta,
+                fsync: bool,
+            ) -> Committing<'a> {
+                match (self, dir, w) {
+                    $((AnyStore::$v(s), AnyDir::$v(d), AnyWriter::$v(w)) => s.commit_nowait(d, w, name, meta, fsync),)+
                     _ => mismatch(),
                 }
             }
-            fn expect(&self, w: &mut AnyWriter, at: Option<&Planned>) {
-                match (self, w) {
-                    $((AnyStore::$v(s), AnyWriter::$v(w)) => s.expect(w, at),)+
-                    _ => mismatch(),
-                }
-            }
-            fn remove_planned(&self, dir: &AnyDir, name: &CStr, at: &Planned) -> io::Result<u64> {
-                match (self, dir) {
-                    $((AnyStore::$v(s), AnyDir::$v(d)) => s.remove_planned(d, name, at),)+
-                    _ => mismatch(),
-                }
+            fn meta_after_commit(&self, written: &Meta) -> Option<Meta> {
+                match self { $(AnyStore::$v(s) => s.meta_after_commit(written),)+ }
             }
             fn create_empty(&self, dir: &AnyDir, name: &CStr, meta: &Meta, fsync: bool) -> io::Result<bool> {
                 match (self, dir) {
@@ -236,6 +285,12 @@ macro_rules! backends {
                     _ => mismatch(),
                 }
             }
+            fn sets_symlink_times(&self, dir: &AnyDir, name: &CStr, now: &Meta) -> bool {
+                match (self, dir) {
+                    $((AnyStore::$v(s), AnyDir::$v(d)) => s.sets_symlink_times(d, name, now),)+
+                    _ => mismatch(),
+                }
+            }
             fn set_meta(&self, dir: &AnyDir, name: &CStr, meta: &Meta, what: MetaChange) -> io::Result<()> {
                 match (self, dir) {
                     $((AnyStore::$v(s), AnyDir::$v(d)) => s.set_meta(d, name, meta, what),)+
@@ -245,6 +300,12 @@ macro_rules! backends {
             fn remove(&self, dir: &AnyDir, name: &CStr, is_dir: bool) -> io::Result<u64> {
                 match (self, dir) {
                     $((AnyStore::$v(s), AnyDir::$v(d)) => s.remove(d, name, is_dir),)+
+                    _ => mismatch(),
+                }
+            }
+            fn remove_planned(&self, dir: &AnyDir, name: &CStr, at: &Planned) -> io::Result<u64> {
+                match (self, dir) {
+                    $((AnyStore::$v(s), AnyDir::$v(d)) => s.remove_planned(d, name, at),)+
                     _ => mismatch(),
                 }
             }
@@ -259,32 +320,11 @@ macro_rules! backends {
                     _ => mismatch(),
                 }
             }
-            fn hashes(&self) -> HashSet {
-                match self { $(AnyStore::$v(s) => s.hashes(),)+ }
-            }
-            fn hash(&self, dir: &AnyDir, name: &CStr, kind: HashKind) -> io::Result<Option<Hash>> {
+            fn rmdir(&self, dir: &AnyDir, name: &CStr) -> io::Result<()> {
                 match (self, dir) {
-                    $((AnyStore::$v(s), AnyDir::$v(d)) => s.hash(d, name, kind),)+
+                    $((AnyStore::$v(s), AnyDir::$v(d)) => s.rmdir(d, name),)+
                     _ => mismatch(),
                 }
-            }
-            fn matches_bytes<'a>(
-                &self,
-                dir: &AnyDir,
-                name: &CStr,
-                size: u64,
-                open: &mut dyn FnMut() -> io::Result<Box<dyn SourceFile + 'a>>,
-            ) -> io::Result<Option<bool>> {
-                match (self, dir) {
-                    $((AnyStore::$v(s), AnyDir::$v(d)) => s.matches_bytes(d, name, size, open),)+
-                    _ => mismatch(),
-                }
-            }
-            fn dir_write_lanes(&self) -> usize {
-                match self { $(AnyStore::$v(s) => s.dir_write_lanes(),)+ }
-            }
-            fn latency_bound(&self) -> bool {
-                match self { $(AnyStore::$v(s) => s.latency_bound(),)+ }
             }
             fn rename(
                 &self,
@@ -298,80 +338,98 @@ macro_rules! backends {
                     _ => mismatch(),
                 }
             }
-            fn has_hard_links(&self) -> bool {
-                match self { $(AnyStore::$v(s) => s.has_hard_links(),)+ }
-            }
-            fn link(
-                &self,
-                from_dir: &AnyDir,
-                from_name: &CStr,
-                dir: &AnyDir,
-                name: &CStr,
-            ) -> io::Result<()> {
-                match (self, from_dir, dir) {
-                    $((AnyStore::$v(s), AnyDir::$v(f), AnyDir::$v(t)) => s.link(f, from_name, t, name),)+
-                    _ => mismatch(),
-                }
-            }
-            fn rmdir(&self, dir: &AnyDir, name: &CStr) -> io::Result<()> {
+            fn free_space(&self, dir: &AnyDir) -> Option<(u64, u64)> {
                 match (self, dir) {
-                    $((AnyStore::$v(s), AnyDir::$v(d)) => s.rmdir(d, name),)+
+                    $((AnyStore::$v(s), AnyDir::$v(d)) => s.free_space(d),)+
                     _ => mismatch(),
                 }
-            }
-            fn preserves_owner(&self) -> bool {
-                match self { $(AnyStore::$v(s) => s.preserves_owner(),)+ }
-            }
-            fn has_dir_meta(&self) -> bool {
-                match self { $(AnyStore::$v(s) => s.has_dir_meta(),)+ }
-            }
-            fn local_modes(&self) -> bool {
-                match self { $(AnyStore::$v(s) => s.local_modes(),)+ }
             }
             fn warnings(&self, role: &str) -> Vec<String> {
                 match self { $(AnyStore::$v(s) => s.warnings(role),)+ }
             }
-            fn has_inodes(&self) -> bool {
-                match self { $(AnyStore::$v(s) => s.has_inodes(),)+ }
+            fn notes(&self, role: &str) -> Vec<String> {
+                match self { $(AnyStore::$v(s) => Store::notes(s, role),)+ }
             }
-            fn meta_after_commit(&self, written: &Meta) -> Option<Meta> {
-                match self { $(AnyStore::$v(s) => s.meta_after_commit(written),)+ }
+        }
+
+        // Each extension of `AnyStore` is `AnyStore` itself, returned by
+        // its accessor only when the backend inside has the extension: a
+        // method below is reached only through that accessor, so the
+        // backend's extension is there (`ext`).
+
+        #[allow(unreachable_patterns)]
+        impl DeltaStore<AnyStore> for AnyStore {
+            fn role(&self) -> DeltaRole {
+                match self { $(AnyStore::$v(s) => DeltaStore::<$s>::role(ext(s.delta())),)+ }
             }
-            fn supports_symlinks(&self) -> bool {
-                match self { $(AnyStore::$v(s) => s.supports_symlinks(),)+ }
-            }
-            fn sets_symlink_times(&self, dir: &AnyDir, name: &CStr, now: &Meta) -> bool {
+            fn delta_signature(&self, dir: &AnyDir, name: &CStr, min: u64) -> io::Result<Option<Signature>> {
                 match (self, dir) {
-                    $((AnyStore::$v(s), AnyDir::$v(d)) => s.sets_symlink_times(d, name, now),)+
+                    $((AnyStore::$v(s), AnyDir::$v(d)) => DeltaStore::<$s>::delta_signature(ext(s.delta()), d, name, min),)+
                     _ => mismatch(),
                 }
             }
-            fn keeps_empty_dirs(&self) -> bool {
-                match self { $(AnyStore::$v(s) => s.keeps_empty_dirs(),)+ }
-            }
-            fn supports_special(&self) -> bool {
-                match self { $(AnyStore::$v(s) => s.supports_special(),)+ }
-            }
-            fn create_special(&self, dir: &AnyDir, name: &CStr, meta: &Meta, replace: bool) -> io::Result<()> {
-                match (self, dir) {
-                    $((AnyStore::$v(s), AnyDir::$v(d)) => s.create_special(d, name, meta, replace),)+
+            fn delta_write(
+                &self,
+                dir: &AnyDir,
+                w: &mut AnyWriter,
+                old: &CStr,
+                sig: &Signature,
+                feed: &mut dyn FnMut(&mut dyn OpSink) -> io::Result<DiffSummary>,
+            ) -> io::Result<DiffSummary> {
+                match (self, dir, w) {
+                    $((AnyStore::$v(s), AnyDir::$v(d), AnyWriter::$v(w)) => DeltaStore::<$s>::delta_write(ext(s.delta()), d, w, old, sig, feed),)+
                     _ => mismatch(),
                 }
             }
-            fn is_own_legacy_partial(&self, dir: &AnyDir, name: &CStr) -> bool {
+            fn delta_diff(
+                &self,
+                r: &mut dyn SourceFile,
+                sig: &Signature,
+                sink: &mut dyn OpSink,
+            ) -> io::Result<DiffSummary> {
+                match self { $(AnyStore::$v(s) => DeltaStore::<$s>::delta_diff(ext(s.delta()), r, sig, sink),)+ }
+            }
+            fn delta_inplace<'a>(
+                &'a self,
+                dir: &'a AnyDir,
+                name: &CStr,
+                old: &Meta,
+                l: &Layout,
+                key: &[u8; 32],
+            ) -> io::Result<Option<Box<dyn InPlace + 'a>>> {
                 match (self, dir) {
-                    $((AnyStore::$v(s), AnyDir::$v(d)) => s.is_own_legacy_partial(d, name),)+
+                    $((AnyStore::$v(s), AnyDir::$v(d)) => DeltaStore::<$s>::delta_inplace(ext(s.delta()), d, name, old, l, key),)+
                     _ => mismatch(),
                 }
             }
-            fn make_writable(&self, dir: &AnyDir) -> io::Result<bool> {
+            fn open_append<'a>(
+                &'a self,
+                dir: &'a AnyDir,
+                name: &CStr,
+                old: &Meta,
+            ) -> io::Result<Option<Box<dyn AppendFile + 'a>>> {
                 match (self, dir) {
-                    $((AnyStore::$v(s), AnyDir::$v(d)) => s.make_writable(d),)+
+                    $((AnyStore::$v(s), AnyDir::$v(d)) => DeltaStore::<$s>::open_append(ext(s.delta()), d, name, old),)+
                     _ => mismatch(),
                 }
             }
-            fn xattr_caps(&self) -> XattrSel {
-                match self { $(AnyStore::$v(s) => s.xattr_caps(),)+ }
+            fn inplace_hashes(
+                &self,
+                r: &mut dyn SourceFile,
+                l: &Layout,
+                key: &[u8; 32],
+            ) -> io::Result<PatchHashes> {
+                match self { $(AnyStore::$v(s) => DeltaStore::<$s>::inplace_hashes(ext(s.delta()), r, l, key),)+ }
+            }
+            fn read_at(&self, r: &mut dyn SourceFile, at: u64, buf: &mut [u8]) -> io::Result<usize> {
+                match self { $(AnyStore::$v(s) => DeltaStore::<$s>::read_at(ext(s.delta()), r, at, buf),)+ }
+            }
+        }
+
+        #[allow(unreachable_patterns)]
+        impl XattrStore<AnyStore> for AnyStore {
+            fn caps(&self) -> XattrSel {
+                match self { $(AnyStore::$v(s) => XattrStore::<$s>::caps(ext(s.xattrs())),)+ }
             }
             fn get_xattrs(
                 &self,
@@ -382,13 +440,13 @@ macro_rules! backends {
                 out: &mut Xattrs,
             ) -> io::Result<()> {
                 match (self, dir) {
-                    $((AnyStore::$v(s), AnyDir::$v(d)) => s.get_xattrs(d, name, kind, sel, out),)+
+                    $((AnyStore::$v(s), AnyDir::$v(d)) => XattrStore::<$s>::get_xattrs(ext(s.xattrs()), d, name, kind, sel, out),)+
                     _ => mismatch(),
                 }
             }
             fn reader_xattrs(&self, r: &AnyReader, sel: XattrSel, out: &mut Xattrs) -> io::Result<()> {
                 match (self, r) {
-                    $((AnyStore::$v(s), AnyReader::$v(r)) => s.reader_xattrs(r, sel, out),)+
+                    $((AnyStore::$v(s), AnyReader::$v(r)) => XattrStore::<$s>::reader_xattrs(ext(s.xattrs()), r, sel, out),)+
                     _ => mismatch(),
                 }
             }
@@ -402,7 +460,7 @@ macro_rules! backends {
                 have: Option<&Xattrs>,
             ) -> io::Result<()> {
                 match (self, dir) {
-                    $((AnyStore::$v(s), AnyDir::$v(d)) => s.set_xattrs(d, name, meta, sel, want, have),)+
+                    $((AnyStore::$v(s), AnyDir::$v(d)) => XattrStore::<$s>::set_xattrs(ext(s.xattrs()), d, name, meta, sel, want, have),)+
                     _ => mismatch(),
                 }
             }
@@ -415,114 +473,90 @@ macro_rules! backends {
                 want: &Xattrs,
             ) -> io::Result<()> {
                 match (self, dir, w) {
-                    $((AnyStore::$v(s), AnyDir::$v(d), AnyWriter::$v(w)) => s.set_writer_xattrs(d, w, meta, sel, want),)+
+                    $((AnyStore::$v(s), AnyDir::$v(d), AnyWriter::$v(w)) => XattrStore::<$s>::set_writer_xattrs(ext(s.xattrs()), d, w, meta, sel, want),)+
                     _ => mismatch(),
                 }
             }
-            fn delta_role(&self) -> DeltaRole {
-                match self { $(AnyStore::$v(s) => s.delta_role(),)+ }
-            }
-            fn delta_signature(&self, dir: &AnyDir, name: &CStr, min: u64) -> io::Result<Option<Signature>> {
-                match (self, dir) {
-                    $((AnyStore::$v(s), AnyDir::$v(d)) => s.delta_signature(d, name, min),)+
-                    _ => mismatch(),
-                }
-            }
-            fn delta_write(
-                &self,
-                dir: &AnyDir,
-                w: &mut AnyWriter,
-                old: &CStr,
-                sig: &Signature,
-                feed: &mut dyn FnMut(&mut dyn OpSink) -> io::Result<DiffSummary>,
-            ) -> io::Result<DiffSummary> {
-                match (self, dir, w) {
-                    $((AnyStore::$v(s), AnyDir::$v(d), AnyWriter::$v(w)) => s.delta_write(d, w, old, sig, feed),)+
-                    _ => mismatch(),
-                }
-            }
-            fn delta_diff(
-                &self,
-                r: &mut dyn SourceFile,
-                sig: &Signature,
-                sink: &mut dyn OpSink,
-            ) -> io::Result<DiffSummary> {
-                match self { $(AnyStore::$v(s) => s.delta_diff(r, sig, sink),)+ }
-            }
-            fn delta_inplace<'a>(
-                &'a self,
-                dir: &'a AnyDir,
-                name: &CStr,
-                old: &Meta,
-                l: &Layout,
-                key: &[u8; 32],
-            ) -> io::Result<Option<Box<dyn InPlace + 'a>>> {
-                match (self, dir) {
-                    $((AnyStore::$v(s), AnyDir::$v(d)) => s.delta_inplace(d, name, old, l, key),)+
-                    _ => mismatch(),
-                }
-            }
-            fn open_append<'a>(
-                &'a self,
-                dir: &'a AnyDir,
-                name: &CStr,
-                old: &Meta,
-            ) -> io::Result<Option<Box<dyn ferry_engine::store::AppendFile + 'a>>> {
-                match (self, dir) {
-                    $((AnyStore::$v(s), AnyDir::$v(d)) => s.open_append(d, name, old),)+
-                    _ => mismatch(),
-                }
-            }
-            fn inplace_hashes(
-                &self,
-                r: &mut dyn SourceFile,
-                l: &Layout,
-                key: &[u8; 32],
-            ) -> io::Result<PatchHashes> {
-                match self { $(AnyStore::$v(s) => s.inplace_hashes(r, l, key),)+ }
-            }
-            fn read_at(&self, r: &mut dyn SourceFile, at: u64, buf: &mut [u8]) -> io::Result<usize> {
-                match self { $(AnyStore::$v(s) => s.read_at(r, at, buf),)+ }
-            }
-            fn notes(&self, role: &str) -> Vec<String> {
-                match self { $(AnyStore::$v(s) => Store::notes(s, role),)+ }
-            }
-            fn cleanup(&self, max_age: Duration, dry_run: bool) -> io::Result<Vec<(String, String)>> {
-                match self { $(AnyStore::$v(s) => Store::cleanup(s, max_age, dry_run),)+ }
-            }
-            fn mtime_step_ns(&self) -> u32 {
-                match self { $(AnyStore::$v(s) => s.mtime_step_ns(),)+ }
+        }
+
+        #[allow(unreachable_patterns)]
+        impl KeepStore<AnyStore> for AnyStore {
+            fn keeps_at(&self, base: &KeepBase) -> bool {
+                match self { $(AnyStore::$v(s) => KeepStore::<$s>::keeps_at(ext(s.keeper()), base),)+ }
             }
             fn keep(&self, dir: &AnyDir, name: &CStr, to: &KeepTo<'_>) -> io::Result<()> {
-                match (self, dir) { $((AnyStore::$v(s), AnyDir::$v(d)) => s.keep(d, name, to),)+ _ => mismatch() }
-            }
-            fn root_ids(&self) -> Option<ferry_engine::walk::RootIds> {
-                match self { $(AnyStore::$v(s) => s.root_ids(),)+ }
-            }
-            fn free_space(&self, dir: &AnyDir) -> Option<(u64, u64)> {
                 match (self, dir) {
-                    $((AnyStore::$v(s), AnyDir::$v(d)) => s.free_space(d),)+
+                    $((AnyStore::$v(s), AnyDir::$v(d)) => KeepStore::<$s>::keep(ext(s.keeper()), d, name, to),)+
                     _ => mismatch(),
                 }
             }
-            fn can_keep(&self, base: &KeepBase) -> bool {
-                match self { $(AnyStore::$v(s) => s.can_keep(base),)+ }
+        }
+
+        #[allow(unreachable_patterns)]
+        impl PosixStore<AnyStore> for AnyStore {
+            fn hard_links(&self) -> bool {
+                match self { $(AnyStore::$v(s) => PosixStore::<$s>::hard_links(ext(s.posix())),)+ }
             }
-            fn commit_nowait<'a>(
-                &'a self,
-                dir: &'a AnyDir,
-                w: AnyWriter,
+            fn link(
+                &self,
+                from_dir: &AnyDir,
+                from_name: &CStr,
+                dir: &AnyDir,
                 name: &CStr,
-                meta: &Meta,
-                fsync: bool,
-            ) -> Committing<'a> {
-                match (self, dir, w) {
-                    $((AnyStore::$v(s), AnyDir::$v(d), AnyWriter::$v(w)) => s.commit_nowait(d, w, name, meta, fsync),)+
+            ) -> io::Result<()> {
+                match (self, from_dir, dir) {
+                    $((AnyStore::$v(s), AnyDir::$v(f), AnyDir::$v(t)) => PosixStore::<$s>::link(ext(s.posix()), f, from_name, t, name),)+
                     _ => mismatch(),
                 }
             }
-            fn open_ahead(&self, dir: &AnyDir, files: &[(&CStr, u64)]) {
-                match (self, dir) { $((AnyStore::$v(s), AnyDir::$v(d)) => s.open_ahead(d, files),)+ _ => mismatch() }
+            fn special(&self) -> bool {
+                match self { $(AnyStore::$v(s) => PosixStore::<$s>::special(ext(s.posix())),)+ }
+            }
+            fn create_special(&self, dir: &AnyDir, name: &CStr, meta: &Meta, replace: bool) -> io::Result<()> {
+                match (self, dir) {
+                    $((AnyStore::$v(s), AnyDir::$v(d)) => PosixStore::<$s>::create_special(ext(s.posix()), d, name, meta, replace),)+
+                    _ => mismatch(),
+                }
+            }
+            fn is_own_legacy_partial(&self, dir: &AnyDir, name: &CStr) -> bool {
+                match (self, dir) {
+                    $((AnyStore::$v(s), AnyDir::$v(d)) => PosixStore::<$s>::is_own_legacy_partial(ext(s.posix()), d, name),)+
+                    _ => mismatch(),
+                }
+            }
+            fn make_writable(&self, dir: &AnyDir) -> io::Result<bool> {
+                match (self, dir) {
+                    $((AnyStore::$v(s), AnyDir::$v(d)) => PosixStore::<$s>::make_writable(ext(s.posix()), d),)+
+                    _ => mismatch(),
+                }
+            }
+            fn root_identities(&self) -> Option<ferry_engine::walk::RootIds> {
+                match self { $(AnyStore::$v(s) => PosixStore::<$s>::root_identities(ext(s.posix())),)+ }
+            }
+        }
+
+        #[allow(unreachable_patterns)]
+        impl HashStore<AnyStore> for AnyStore {
+            fn kinds(&self) -> HashSet {
+                match self { $(AnyStore::$v(s) => HashStore::<$s>::kinds(ext(s.hashes())),)+ }
+            }
+            fn hash(&self, dir: &AnyDir, name: &CStr, kind: HashKind) -> io::Result<Option<Hash>> {
+                match (self, dir) {
+                    $((AnyStore::$v(s), AnyDir::$v(d)) => HashStore::<$s>::hash(ext(s.hashes()), d, name, kind),)+
+                    _ => mismatch(),
+                }
+            }
+            fn matches_bytes<'a>(
+                &self,
+                dir: &AnyDir,
+                name: &CStr,
+                size: u64,
+                open: &mut dyn FnMut() -> io::Result<Box<dyn SourceFile + 'a>>,
+            ) -> io::Result<Option<bool>> {
+                match (self, dir) {
+                    $((AnyStore::$v(s), AnyDir::$v(d)) => HashStore::<$s>::matches_bytes(ext(s.hashes()), d, name, size, open),)+
+                    _ => mismatch(),
+                }
             }
         }
     };

@@ -35,10 +35,11 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use ferry_engine::bwlimit::Limiter;
-use ferry_engine::copy::Copier;
+use ferry_engine::copy::{Copier, FileCopy};
 use ferry_engine::keep::Keeper;
 use ferry_engine::pool::Pool;
 use ferry_engine::special::SpecialBits;
+use ferry_engine::store::StoreExt;
 use ferry_engine::store::{op_err, op_of, End, MetaChange, Planned};
 use ferry_engine::xattr::{XattrRun, XattrSel};
 use ferry_engine::{Filter, Kind, Meta, Stats, Store};
@@ -467,8 +468,8 @@ fn run_with<A: Store, B: Store>(
     let ra = oa.as_ref().map(|_| clone_dir(a)).transpose()?;
     let rb = ob.as_ref().map(|_| clone_dir(b)).transpose()?;
     let sides = Sides {
-        implicit_dirs: [!a.has_dir_meta(), !b.has_dir_meta()],
-        inodes: [a.has_inodes(), b.has_inodes()],
+        implicit_dirs: [!a.features().dir_meta, !b.features().dir_meta],
+        inodes: [a.features().inodes, b.features().inodes],
     };
     if let Some(j) = journal.as_deref_mut() {
         j.set_sides(sides.inodes);
@@ -594,7 +595,7 @@ fn open_root<S: Store>(
 /// Create a missing root with mode `mode` (the other root's).
 fn create_root<S: Store>(s: &S, dc: &Dirs<S>, mode: u32) -> io::Result<()> {
     let d = s.create_root()?;
-    if s.has_dir_meta() && mode & 0o7777 != 0 {
+    if s.features().dir_meta && mode & 0o7777 != 0 {
         let m = Meta {
             mode,
             ..dir_rec(None)

@@ -24,6 +24,7 @@ use ferry_engine::copy::Copier;
 use ferry_engine::entry::join;
 use ferry_engine::keep::{is_versions_dir, Keeper};
 use ferry_engine::store::is_temp_name;
+use ferry_engine::store::StoreExt;
 use ferry_engine::walk::{self, Queue, Visitor};
 use ferry_engine::{Filter, Kind, Listing, Meta, Store};
 
@@ -618,7 +619,7 @@ impl<A: Store, B: Store> Walker<'_, A, B> {
         mut l: Listing,
         recs: &DirRecs,
     ) -> Opened<S::Dir> {
-        if !s.approximate_meta() {
+        if !s.features().approximate_meta {
             return (d, l);
         }
         let mut recs = recs.iter().peekable();

@@ -180,7 +180,7 @@ pub fn list_empty_dir<F: Fixture>(fx: &F) {
     let d = s.make_dir(&r, c"empty").expect("make_dir");
     assert_eq!(show(&names(s, &d)), Vec::<String>::new());
     let got = list(s, &r, b"");
-    if s.keeps_empty_dirs() {
+    if s.features().empty_dirs {
         assert_eq!(got.len(), 1, "{:?}", got);
         assert_eq!(
             (got[0].0.as_slice(), got[0].1.kind),
@@ -257,7 +257,7 @@ pub fn stat_dir<F: Fixture>(fx: &F) {
     let d = s.make_dir(&r, c"d").expect("make_dir");
     put(s, &d, b"f", b"x").expect("put");
     let m = s.stat(&r, c"d").expect("stat");
-    if s.keeps_empty_dirs() {
+    if s.features().empty_dirs {
         assert_eq!(m.map(|m| m.kind), Some(Kind::Dir));
     } else {
         assert!(m.is_none_or(|m| m.kind == Kind::Dir), "{m:?}");
@@ -277,7 +277,7 @@ pub fn stat_symlink<F: Fixture>(fx: &F) {
         ..file_meta(0, T0, 0o777)
     };
     let res = s.create_symlink(&r, c"l", target, &meta);
-    if !s.supports_symlinks() {
+    if !s.features().symlinks {
         assert_eq!(err_kind(res), Some(ErrorKind::Unsupported));
         assert_eq!(show(&names(s, &r)), Vec::<String>::new());
         return;
@@ -530,7 +530,7 @@ pub fn meta_mtime<F: Fixture>(fx: &F) {
         put_from(s, &r, &c(&name), &mut Bytes(b"x"), &meta).expect("put");
         assert_mtime(fx, &stat_of(s, &r, &name), *t, &format!("written {t:?}"));
     }
-    if !s.approximate_meta() {
+    if !s.features().approximate_meta {
         for (i, (_, m)) in list(s, &r, b"").iter().enumerate() {
             assert_mtime(fx, m, times[i], &format!("listed {:?}", times[i]));
         }
@@ -573,7 +573,7 @@ pub fn meta_mode<F: Fixture>(fx: &F) {
 /// its content is complete, as the engine does).
 pub fn meta_dir<F: Fixture>(fx: &F) {
     let s = fx.store();
-    if !s.has_dir_meta() {
+    if !s.features().dir_meta {
         eprintln!("meta_dir: directories have no metadata in this store: not checked");
         return;
     }
@@ -601,7 +601,7 @@ pub fn meta_dir<F: Fixture>(fx: &F) {
 /// Owner and group, where the store preserves them.
 pub fn meta_owner<F: Fixture>(fx: &F) {
     let s = fx.store();
-    if !s.preserves_owner() {
+    if !s.features().preserves_owner {
         eprintln!("meta_owner: this store keeps no owners (here): not checked");
         return;
     }

@@ -1,16 +1,17 @@
-//! The cases of [`Store::keep`] (`--backup-dir`, `--suffix`, `--versions`):
+//! The cases of [`KeepStore::keep`](ferry_engine::store::KeepStore::keep) (`--backup-dir`, `--suffix`, `--versions`):
 //! a file kept for removal moves to its kept path with its bytes and
 //! metadata; one kept before it is replaced stays there, untouched by the
 //! commit that replaces the original; parents are made; an existing kept
 //! entry is refused or replaced as asked; symlinks where the store has
 //! them; a base outside the root. Every backend keeps entries
-//! ([`Store::can_keep`]).
+//! ([`KeepStore::keeps_at`](ferry_engine::store::KeepStore::keeps_at)).
 
 use std::io::ErrorKind;
 
 use ferry_engine::entry::{Kind, Meta};
 use ferry_engine::keep::{KeepBase, KeepTo};
 use ferry_engine::store::Store;
+use ferry_engine::store::StoreExt;
 
 use crate::cases::{assert_mtime, err_kind, stat_of};
 use crate::{c, file_meta, names, put, put_from, read_all, root, show, Bytes, Fixture, T0};
@@ -52,7 +53,7 @@ pub fn keep_removed<F: Fixture>(fx: &F) {
     put(s, &d, b"g", b"stays").expect("put");
     let base = root_base(b"kept");
     assert!(s.can_keep(&base), "can_keep of a base below the root");
-    s.keep(&d, c"f", &to(&base, b"d/f", true, false))
+    s.keep_entry(&d, c"f", &to(&base, b"d/f", true, false))
         .expect("keep");
     assert_eq!(show(&names(s, &d)), ["g"]);
     let k = open_path(s, &r, b"kept/d");
@@ -74,7 +75,7 @@ pub fn keep_replaced<F: Fixture>(fx: &F) {
     let r = root(s);
     put(s, &r, b"f", b"old bytes").expect("put");
     let base = root_base(b"bak");
-    s.keep(&r, c"f", &to(&base, b"f", true, true))
+    s.keep_entry(&r, c"f", &to(&base, b"f", true, true))
         .expect("keep");
     let b = open_path(s, &r, b"bak");
     assert_eq!(read_all(s, &b, b"f").expect("read kept"), b"old bytes");
@@ -96,12 +97,12 @@ pub fn keep_makes_parents<F: Fixture>(fx: &F) {
     put(s, &r, b"f", b"deep").expect("put");
     put(s, &r, b"g", b"beside").expect("put");
     let base = root_base(b"a/b");
-    s.keep(&r, c"f", &to(&base, b"c/d/e/f", true, false))
+    s.keep_entry(&r, c"f", &to(&base, b"c/d/e/f", true, false))
         .expect("keep deep");
     let e = open_path(s, &r, b"a/b/c/d/e");
     assert_eq!(read_all(s, &e, b"f").expect("read kept"), b"deep");
     let here = root_base(b"");
-    s.keep(&r, c"g", &to(&here, b"g~", true, false))
+    s.keep_entry(&r, c"g", &to(&here, b"g~", true, false))
         .expect("keep beside");
     assert_eq!(show(&names(s, &r)), ["a", "g~"]);
     assert_eq!(read_all(s, &r, b"g~").expect("read kept"), b"beside");
@@ -118,7 +119,7 @@ pub fn keep_refuses_existing<F: Fixture>(fx: &F) {
     let base = root_base(b"v");
     for replacing in [false, true] {
         assert_eq!(
-            err_kind(s.keep(&r, c"f", &to(&base, b"f", false, replacing))),
+            err_kind(s.keep_entry(&r, c"f", &to(&base, b"f", false, replacing))),
             Some(ErrorKind::AlreadyExists),
             "replacing: {replacing}"
         );
@@ -138,12 +139,12 @@ pub fn keep_overwrites<F: Fixture>(fx: &F) {
     put(s, &b, b"f", b"oldest").expect("put");
     put(s, &r, b"f", b"older").expect("put");
     let base = root_base(b"bak");
-    s.keep(&r, c"f", &to(&base, b"f", true, false))
+    s.keep_entry(&r, c"f", &to(&base, b"f", true, false))
         .expect("keep over a kept file");
     assert_eq!(read_all(s, &b, b"f").expect("read"), b"older");
     assert!(s.stat(&r, c"f").expect("stat").is_none(), "f removed");
     put(s, &r, b"f", b"newer").expect("put");
-    s.keep(&r, c"f", &to(&base, b"f", true, true))
+    s.keep_entry(&r, c"f", &to(&base, b"f", true, true))
         .expect("keep over a kept file, replacing");
     assert_eq!(read_all(s, &b, b"f").expect("read"), b"newer");
     put(s, &r, b"f", b"newest").expect("put");
@@ -156,7 +157,7 @@ pub fn keep_overwrites<F: Fixture>(fx: &F) {
 /// replacement, where the store has symlinks.
 pub fn keep_symlink<F: Fixture>(fx: &F) {
     let s = fx.store();
-    if !s.supports_symlinks() {
+    if !s.features().symlinks {
         eprintln!("keep_symlink: no symlinks in this store: not checked");
         return;
     }
@@ -172,9 +173,9 @@ pub fn keep_symlink<F: Fixture>(fx: &F) {
     s.create_symlink(&r, c"m", b"no/such", &meta(b"no/such"))
         .expect("symlink");
     let base = root_base(b"kept");
-    s.keep(&r, c"l", &to(&base, b"l", true, false))
+    s.keep_entry(&r, c"l", &to(&base, b"l", true, false))
         .expect("keep symlink");
-    s.keep(&r, c"m", &to(&base, b"m", false, true))
+    s.keep_entry(&r, c"m", &to(&base, b"m", false, true))
         .expect("keep symlink, replacing");
     let k = open_path(s, &r, b"kept");
     for (n, t) in [(&b"l"[..], &b"target"[..]), (b"m", b"no/such")] {
@@ -205,9 +206,9 @@ pub fn keep_outside<F: Fixture>(fx: &F) {
     let meta = file_meta(7, T0, 0o600);
     put_from(s, &r, c"f", &mut Bytes(b"removed"), &meta).expect("put");
     put(s, &r, b"g", b"replaced").expect("put");
-    s.keep(&r, c"f", &to(&o.base, b"d/f", true, false))
+    s.keep_entry(&r, c"f", &to(&o.base, b"d/f", true, false))
         .expect("keep outside");
-    s.keep(&r, c"g", &to(&o.base, b"d/g", true, true))
+    s.keep_entry(&r, c"g", &to(&o.base, b"d/g", true, true))
         .expect("keep outside, replacing");
     assert!(s.stat(&r, c"f").expect("stat").is_none(), "f removed");
     let os = &o.store;
@@ -223,7 +224,7 @@ pub fn keep_outside<F: Fixture>(fx: &F) {
     }
     put(s, &r, b"h", b"next").expect("put");
     assert_eq!(
-        err_kind(s.keep(&r, c"h", &to(&o.base, b"d/f", false, true))),
+        err_kind(s.keep_entry(&r, c"h", &to(&o.base, b"d/f", false, true))),
         Some(ErrorKind::AlreadyExists)
     );
     assert_eq!(read_all(s, &r, b"h").expect("read"), b"next");

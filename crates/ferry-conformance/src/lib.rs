@@ -3,9 +3,9 @@
 //! listing, stat, whole and ranged reads, write/commit/abort, metadata,
 //! rename, remove and rmdir, odd names, a big file, and the errors (missing,
 //! exists, not empty, permission denied). What a backend cannot store is
-//! told by its capabilities ([`Store::has_dir_meta`],
-//! [`Store::supports_symlinks`], [`Store::keeps_empty_dirs`],
-//! [`Store::preserves_owner`]) and by its [`Fixture`]; the suite asserts the
+//! told by its capabilities ([`Features`](ferry_engine::store::Features): `dir_meta`,
+//! `symlinks`, `empty_dirs`,
+//! `preserves_owner`) and by its [`Fixture`]; the suite asserts the
 //! rest.
 //!
 //! A backend enables the whole suite in its tests with a fixture that makes
@@ -79,7 +79,7 @@ pub trait Fixture {
     }
 
     /// A place outside the fixture's root, empty, that its store can keep
-    /// entries at ([`Store::keep`] with a [`KeepBase::Abs`]), and a store
+    /// entries at ([`KeepStore::keep`](ferry_engine::store::KeepStore::keep) with a [`KeepBase::Abs`]), and a store
     /// rooted there. `Err(reason)` when the fixture cannot make one.
     fn outside(&self) -> Result<Outside<Self::Store>, String> {
         Err("this fixture makes no place outside its root".into())

@@ -156,7 +156,7 @@ pub fn remove_each<F: Fixture>(fx: &F) {
         }
     }
     assert_eq!(got_files, files);
-    if s.keeps_empty_dirs() {
+    if s.features().empty_dirs {
         assert!(told.iter().any(|(p, _)| p == b"sub"), "sub not told");
     }
     assert_eq!(show(&names(s, &r)), ["d2", "dx"]);
@@ -204,7 +204,7 @@ pub fn make_dir_exists<F: Fixture>(fx: &F) {
     let d = s.make_dir(&r, c"d").expect("make_dir");
     put(s, &d, b"f", b"x").expect("put");
     let again = s.make_dir(&r, c"d");
-    if s.keeps_empty_dirs() {
+    if s.features().empty_dirs {
         assert_eq!(err_kind(again), Some(ErrorKind::AlreadyExists));
     } else {
         again.expect("make_dir of an existing prefix");

@@ -25,7 +25,8 @@ use crate::hash::{hash_bytes, Hash};
 use crate::keep::Keeper;
 use crate::special::SpecialBits;
 use crate::store::{
-    cut_nsec, op_err, op_of, Committing, DeltaRole, End, Planned, SourceFile, Store, Tracked,
+    cut_nsec, op_err, op_of, Committing, DeltaRole, End, Planned, SourceFile, Store, StoreExt,
+    Tracked,
 };
 use crate::xattr::{XattrRun, Xattrs};
 
@@ -118,6 +119,35 @@ pub struct Copied {
     pub kept: Option<Vec<u8>>,
 }
 
+/// One file to copy ([`Copier::copy_file`]): `sname` of `sdir`, listed
+/// as `meta`, to `name` of `ddir`; `rel`: the destination's path below its
+/// root (where a kept copy of what it replaces goes); `old`: the
+/// destination's entry of that name as listed (`None`: there is none).
+pub struct FileCopy<'x, 'd, S: Store, D: Store> {
+    /// The source's directory.
+    pub sdir: &'x S::Dir,
+    /// The source's name there.
+    pub sname: &'x CStr,
+    /// The destination's directory (a commit in flight borrows it).
+    pub ddir: &'d D::Dir,
+    /// The destination's name there.
+    pub name: &'x CStr,
+    /// The destination's path below its root.
+    pub rel: &'x [u8],
+    /// The source as listed.
+    pub meta: &'x Meta,
+    /// The destination's entry of that name, as listed.
+    pub old: Option<&'x Meta>,
+}
+
+impl<S: Store, D: Store> Clone for FileCopy<'_, '_, S, D> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<S: Store, D: Store> Copy for FileCopy<'_, '_, S, D> {}
+
 impl<'a, S: Store, D: Store> Copier<'a, S, D> {
     /// `m` as it is written to the destination (see [`Copier::special`]).
     fn out(&self, m: &Meta) -> Meta {
@@ -136,20 +166,10 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
     /// (or since it was listed) is copied once more against its new state,
     /// and if it changed again the copy fails. Either way a copy that may
     /// be torn is dropped, never given the source's mtime.
-    #[allow(clippy::too_many_arguments)]
-    pub fn copy_file(
-        &self,
-        sdir: &S::Dir,
-        sname: &CStr,
-        ddir: &D::Dir,
-        name: &CStr,
-        rel: &[u8],
-        meta: &Meta,
-        old: Option<&Meta>,
-    ) -> io::Result<Copied> {
-        self.copy_file_as(sdir, sname, ddir, name, rel, meta, old, false)
+    pub fn copy_file(&self, f: FileCopy<'_, '_, S, D>) -> io::Result<Copied> {
+        self.copy_file_as(f, false)
             .map(|(c, _)| c)
-            .map_err(|e| self.full_disk(ddir, meta.size, e))
+            .map_err(|e| self.full_disk(f.ddir, f.meta.size, e))
     }
 
     /// [`Copier::copy_file`] up to a commit started with
@@ -157,23 +177,16 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
     /// its commit, still waits for it): the copy as it will be once
     /// [`Committing::wait`] confirms it. Nothing may be reported as
     /// copied before that.
-    #[allow(clippy::too_many_arguments)]
     pub fn copy_file_nowait<'d>(
         &self,
-        sdir: &S::Dir,
-        sname: &CStr,
-        ddir: &'d D::Dir,
-        name: &CStr,
-        rel: &[u8],
-        meta: &Meta,
-        old: Option<&Meta>,
+        f: FileCopy<'_, 'd, S, D>,
     ) -> io::Result<(Copied, Committing<'d>)>
     where
         'a: 'd,
     {
-        self.copy_file_as(sdir, sname, ddir, name, rel, meta, old, true)
+        self.copy_file_as(f, true)
             .map(|(c, w)| (c, w.unwrap_or_else(|| Committing::done(Ok(())))))
-            .map_err(|e| self.full_disk(ddir, meta.size, e))
+            .map_err(|e| self.full_disk(f.ddir, f.meta.size, e))
     }
 
     /// `e`, the failure of writing a file of `size` bytes into `ddir`: when
@@ -197,28 +210,30 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
 
     /// `copy_file`; with `nowait`, the commit of a whole copy is started
     /// and returned, not waited for.
-    #[allow(clippy::too_many_arguments)]
     fn copy_file_as<'d>(
         &self,
-        sdir: &S::Dir,
-        sname: &CStr,
-        ddir: &'d D::Dir,
-        name: &CStr,
-        rel: &[u8],
-        meta: &Meta,
-        old: Option<&Meta>,
+        f: FileCopy<'_, 'd, S, D>,
         nowait: bool,
     ) -> io::Result<(Copied, Option<Committing<'d>>)>
     where
         'a: 'd,
     {
+        let FileCopy {
+            sdir,
+            sname,
+            ddir,
+            name,
+            rel: _,
+            meta,
+            old,
+        } = f;
         let fresh = old.is_none();
         // An empty file has no content to hide while half-written: the
         // store may create it under its name directly, without reading the
         // source (whose listed metadata must then be exact).
         if fresh
             && meta.size == 0
-            && !self.src.approximate_meta()
+            && !self.src.features().approximate_meta
             && self
                 .dst
                 .create_empty(ddir, name, &self.out(meta), self.fsync)?
@@ -235,7 +250,7 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
         let mut seen = (meta.size, meta.mtime_sec, meta.mtime_nsec);
         let mut whole = false;
         if let Some(g) = self.grow {
-            if let Some(c) = self.append_tail(g, sdir, sname, ddir, name, rel, meta, old)? {
+            if let Some(c) = self.append_tail(g, f)? {
                 return Ok((c, None));
             }
         }
@@ -252,17 +267,7 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
         let mut tries = 0;
         while tries < 2 {
             let nowait = nowait && sig.is_none();
-            match self.copy_once(
-                sdir,
-                sname,
-                ddir,
-                name,
-                &want,
-                sig.as_ref(),
-                rel,
-                old,
-                nowait,
-            ) {
+            match self.copy_once(FileCopy { meta: &want, ..f }, sig.as_ref(), nowait) {
                 Ok(Ok(c)) => return Ok(c),
                 Ok(Err(now)) => {
                     tries += 1;
@@ -294,22 +299,24 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
     /// `Ok(Err(now))` when the source changed (nothing committed; `now`:
     /// its current size and mtime).
     #[allow(clippy::type_complexity)]
-    #[allow(clippy::too_many_arguments)]
     fn copy_once<'d>(
         &self,
-        sdir: &S::Dir,
-        sname: &CStr,
-        ddir: &'d D::Dir,
-        name: &CStr,
-        meta: &Meta,
+        f: FileCopy<'_, 'd, S, D>,
         sig: Option<&Signature>,
-        rel: &[u8],
-        old: Option<&Meta>,
         nowait: bool,
     ) -> io::Result<Result<(Copied, Option<Committing<'d>>), (u64, i64, u32)>>
     where
         'a: 'd,
     {
+        let FileCopy {
+            sdir,
+            sname,
+            ddir,
+            name,
+            rel,
+            meta,
+            old,
+        } = f;
         let r = self
             .src
             .open_file(sdir, sname)
@@ -343,53 +350,19 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
         };
         // Bytes no one counted on the way (a server-side copy).
         r.settle(n);
-        // A source listed with approximate metadata knows it exactly now.
-        let exact = r.inner().meta().map(|m| Meta {
-            kind: meta.kind,
-            uid: meta.uid,
-            gid: meta.gid,
-            ino: meta.ino,
-            version: meta.version,
-            ..m
-        });
-        let now = if self.src.approximate_meta() {
-            None
-        } else {
-            delta
-                .and_then(|d| d.current)
-                .or_else(|| r.inner().current())
-        };
+        let (exact, now) = self.source_after(r.inner(), meta, delta.as_ref());
         drop(r);
         let meta = exact.as_ref().unwrap_or(meta);
-        // Mtimes are compared cut to the run's step (the engine's listings
-        // are): the source's now too, or every file with a fraction of a
-        // second would look changed and go twice.
-        let step = self.mtime_step;
-        let now = now.map(|(size, sec, nsec)| (size, sec, cut_nsec(nsec, step)));
-        if let Some(now) = now {
-            let listed = (n, meta.mtime_sec, cut_nsec(meta.mtime_nsec, step));
-            // In a watch, a file that only grew while it was copied is
-            // taken as appended to: the bytes read, with the listed mtime,
-            // are committed (the watch appends the rest next; until a run
-            // copies it unchanged, the whole old part is checked then).
-            // (The copy reads one byte past the listed size to see growth,
-            // and may take more: what it read is what it commits.)
-            let grew = self.grow.is_some() && n >= meta.size && now.0 >= n && now.0 > meta.size;
-            if (now != listed || n != meta.size) && !grew {
+        match self.source_held(now, n, meta, rel) {
+            Ok(None) => {}
+            Ok(Some(now)) => {
                 self.dst.abort(ddir, w);
                 return Ok(Err(now));
             }
-            if let Some(g) = self.grow {
-                g.torn(rel, grew);
+            Err(e) => {
+                self.dst.abort(ddir, w);
+                return Err(e);
             }
-        } else if n != meta.size {
-            self.dst.abort(ddir, w);
-            return Err(io::Error::other(format!(
-                "changed while being copied (size {} when listed, {}{} read)",
-                meta.size,
-                n,
-                if n > meta.size { "+" } else { "" }
-            )));
         }
         if let Some(x) = self.xattrs {
             let res = self
@@ -405,7 +378,14 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
         // is replaced.
         let mut kept = None;
         if let (Some(k), Some(old)) = (self.keep, old) {
-            match k.keep(self.dst, ddir, name, rel, old, true, self.mtime_step) {
+            match k.keep(
+                self.dst,
+                ddir,
+                name,
+                rel,
+                &Planned::new(old, self.mtime_step),
+                true,
+            ) {
                 Ok(to) => kept = Some(to),
                 Err(e) => {
                     self.dst.abort(ddir, w);
@@ -431,6 +411,87 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
                 .map_err(|e| op_err(e, Some(End::Dst), "rename"))?;
             None
         };
+        self.count_copy(delta.as_ref(), sig, n);
+        let c = Copied {
+            bytes: n,
+            meta: *meta,
+            kept,
+        };
+        Ok(Ok((c, committing)))
+    }
+
+    /// What the source `r` says after it was read (`meta`: as listed):
+    /// its exact metadata, where it was listed approximate, and its size
+    /// and mtime now, where the store can tell.
+    fn source_after(
+        &self,
+        r: &S::Reader,
+        meta: &Meta,
+        delta: Option<&DiffSummary>,
+    ) -> (Option<Meta>, Option<(u64, i64, u32)>) {
+        // A source listed with approximate metadata knows it exactly now.
+        let exact = r.meta().map(|m| Meta {
+            kind: meta.kind,
+            uid: meta.uid,
+            gid: meta.gid,
+            ino: meta.ino,
+            version: meta.version,
+            ..m
+        });
+        let now = if self.src.features().approximate_meta {
+            None
+        } else {
+            delta.and_then(|d| d.current).or_else(|| r.current())
+        };
+        (exact, now)
+    }
+
+    /// Whether the `n` bytes read of a source listed as `meta` are the
+    /// file (`now`: its size and mtime after the read, where known):
+    /// `Ok(None)` when they are, `Ok(Some(now))` when it changed (nothing
+    /// is to be committed), an error when it changed and the store cannot
+    /// tell how.
+    fn source_held(
+        &self,
+        now: Option<(u64, i64, u32)>,
+        n: u64,
+        meta: &Meta,
+        rel: &[u8],
+    ) -> io::Result<Option<(u64, i64, u32)>> {
+        // Mtimes are compared cut to the run's step (the engine's listings
+        // are): the source's now too, or every file with a fraction of a
+        // second would look changed and go twice.
+        let step = self.mtime_step;
+        let now = now.map(|(size, sec, nsec)| (size, sec, cut_nsec(nsec, step)));
+        if let Some(now) = now {
+            let listed = (n, meta.mtime_sec, cut_nsec(meta.mtime_nsec, step));
+            // In a watch, a file that only grew while it was copied is
+            // taken as appended to: the bytes read, with the listed mtime,
+            // are committed (the watch appends the rest next; until a run
+            // copies it unchanged, the whole old part is checked then).
+            // (The copy reads one byte past the listed size to see growth,
+            // and may take more: what it read is what it commits.)
+            let grew = self.grow.is_some() && n >= meta.size && now.0 >= n && now.0 > meta.size;
+            if (now != listed || n != meta.size) && !grew {
+                return Ok(Some(now));
+            }
+            if let Some(g) = self.grow {
+                g.torn(rel, grew);
+            }
+        } else if n != meta.size {
+            return Err(io::Error::other(format!(
+                "changed while being copied (size {} when listed, {}{} read)",
+                meta.size,
+                n,
+                if n > meta.size { "+" } else { "" }
+            )));
+        }
+        Ok(None)
+    }
+
+    /// The delta figures of a file copied (`n` bytes written; `delta`:
+    /// how, when it went by delta against `sig`).
+    fn count_copy(&self, delta: Option<&DiffSummary>, sig: Option<&Signature>, n: u64) {
         match (delta, sig) {
             (Some(d), Some(sig)) => {
                 self.count(|c| &c.files, 1);
@@ -440,350 +501,6 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
             }
             _ => self.count(|c| &c.wire, n),
         }
-        let c = Copied {
-            bytes: n,
-            meta: *meta,
-            kept,
-        };
-        Ok(Ok((c, committing)))
-    }
-
-    /// Add `n` to one of the run's delta figures (when it keeps them).
-    /// A delta that failed because of `e`: counted as sent whole after a
-    /// failed delta, unless the connection is gone (the file then fails
-    /// with it: nothing is sent whole).
-    fn failed_delta(&self, e: &io::Error) {
-        if !crate::store::is_lost(e) {
-            self.count(|c| &c.fallbacks, 1);
-        }
-    }
-
-    fn count(&self, which: impl Fn(&delta::Counts) -> &AtomicU64, n: u64) {
-        if let Some(d) = self.delta {
-            which(d.counts).fetch_add(n, std::sync::atomic::Ordering::Relaxed);
-        }
-    }
-
-    /// Whether a changed file (`!fresh`) of `meta` goes by delta: at least
-    /// [`delta::MIN_SIZE`] bytes, both stores taking part, at least one at
-    /// the far end of a network link unless `--delta`. A source with holes
-    /// goes whole (its copy keeps them; a rebuild would write them out).
-    fn by_delta(&self, meta: &Meta, fresh: bool) -> bool {
-        let Some(d) = self.delta else {
-            return false;
-        };
-        let (s, t) = (self.src.delta_role(), self.dst.delta_role());
-        !(fresh
-            || meta.sparse
-            || meta.size < delta::MIN_SIZE
-            || s == DeltaRole::None
-            || t == DeltaRole::None
-            || !(d.local || s == DeltaRole::Remote || t == DeltaRole::Remote))
-    }
-
-    /// A watch's growing file: when the destination's copy (`old`) is
-    /// shorter than the source and its last [`VERIFY_TAIL`] bytes are the
-    /// source's at the same place (all of its bytes, when an earlier copy
-    /// was made while the file changed: [`crate::Guard::torn`]), only the
-    /// source's bytes past it are appended, in place. The copy gets the
-    /// listed mtime. `None`: not appended (the normal way then).
-    #[allow(clippy::too_many_arguments)]
-    fn append_tail(
-        &self,
-        g: &crate::Guard,
-        sdir: &S::Dir,
-        sname: &CStr,
-        ddir: &D::Dir,
-        name: &CStr,
-        rel: &[u8],
-        meta: &Meta,
-        old: Option<&Meta>,
-    ) -> io::Result<Option<Copied>> {
-        let Some(old) = old else {
-            return Ok(None);
-        };
-        if old.kind != Kind::File
-            || old.size == 0
-            || old.size >= meta.size
-            || meta.sparse
-            || self.keep.is_some()
-            || self.xattrs.is_some()
-            || self.src.approximate_meta()
-        {
-            return Ok(None);
-        }
-        let Some(mut a) = self.dst.open_append(ddir, name, old)? else {
-            return Ok(None);
-        };
-        let mut r = self
-            .src
-            .open_file(sdir, sname)
-            .map_err(|e| op_err(e, Some(End::Src), "open"))?;
-        let torn = g.is_torn(rel);
-        let from = old.size.saturating_sub(VERIFY_TAIL);
-        match self.same_range(&mut r, &mut *a, from, old.size) {
-            Ok(true) => {}
-            Ok(false) => return Ok(None),
-            // A source read only as a stream (a remote `ferry serve`'s
-            // file): copied the normal way.
-            Err(e) if e.kind() == io::ErrorKind::Unsupported => return Ok(None),
-            Err(e) => return Err(e),
-        }
-        let mut buf = vec![0u8; 1 << 20];
-        let mut at = old.size;
-        while at < meta.size {
-            let want = ((meta.size - at) as usize).min(buf.len());
-            let n = self.src.read_at(&mut r, at, &mut buf[..want])?;
-            if n == 0 {
-                // Shorter now: copied whole (what was appended goes with
-                // the old copy it replaces).
-                return Ok(None);
-            }
-            if let Some(b) = self.bwlimit {
-                b.acquire(n as u64);
-            }
-            a.append(&buf[..n])
-                .map_err(|e| op_err(e, Some(End::Dst), "write"))?;
-            self.moved
-                .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
-            at += n as u64;
-        }
-        let step = self.mtime_step;
-        let listed = (meta.size, meta.mtime_sec, cut_nsec(meta.mtime_nsec, step));
-        let cut = |c: Option<(u64, i64, u32)>| c.map(|(z, s, ns)| (z, s, cut_nsec(ns, step)));
-        let mut unchanged = cut(r.current()).is_none_or(|n| n == listed);
-        // An old part copied while the file changed is checked whole once
-        // the file holds still (the source unchanged across the check).
-        if unchanged && torn {
-            if !self.same_range(&mut r, &mut *a, 0, from)? {
-                return Ok(None);
-            }
-            unchanged = cut(r.current()).is_none_or(|n| n == listed);
-        }
-        a.finish(&self.out(meta), self.fsync)
-            .map_err(|e| op_err(e, Some(End::Dst), "utimes"))?;
-        g.torn(rel, !unchanged);
-        self.count(|c| &c.wire, meta.size - old.size);
-        Ok(Some(Copied {
-            bytes: meta.size - old.size,
-            meta: *meta,
-            kept: None,
-        }))
-    }
-
-    /// Whether bytes `from..to` of the source `r` and of the destination
-    /// file `a` are the same.
-    fn same_range(
-        &self,
-        r: &mut S::Reader,
-        a: &mut dyn crate::store::AppendFile,
-        from: u64,
-        to: u64,
-    ) -> io::Result<bool> {
-        let mut x = vec![0u8; 256 << 10];
-        let mut y = vec![0u8; 256 << 10];
-        let mut at = from;
-        while at < to {
-            let want = ((to - at) as usize).min(x.len());
-            let n = self.src.read_at(r, at, &mut x[..want])?;
-            let m = a.read_at(at, &mut y[..want])?;
-            if n != want || m != want || x[..n] != y[..m] {
-                return Ok(false);
-            }
-            at += want as u64;
-        }
-        Ok(true)
-    }
-
-    /// The patch-in-place fast path ([`delta::inplace`]): a file going by
-    /// delta whose destination (`old`, at least [`append_min`] bytes) is
-    /// no longer than the source is patched where it is when few of its
-    /// blocks differ (scattered edits, a grown tail). Not with
-    /// `--backup-dir`/`--versions` (the kept copy is a hard link to the
-    /// same file) nor `-X`/`-A`.
-    fn append(
-        &self,
-        sdir: &S::Dir,
-        sname: &CStr,
-        ddir: &D::Dir,
-        name: &CStr,
-        meta: &Meta,
-        old: Option<&Meta>,
-    ) -> Appended {
-        let Some(old) = old else {
-            return Appended::No;
-        };
-        if old.kind != Kind::File
-            || old.size < append_min()
-            || old.size > meta.size
-            || self.keep.is_some()
-            || self.xattrs.is_some()
-            || !self.by_delta(meta, false)
-        {
-            return Appended::No;
-        }
-        let l = delta::Layout::new(old.size, meta.size);
-        let key = delta::new_key();
-        let ip = match self.dst.delta_inplace(ddir, name, old, &l, &key) {
-            Ok(Some(a)) => a,
-            Ok(None) => return Appended::No,
-            Err(e) => {
-                self.failed_delta(&e);
-                return Appended::No;
-            }
-        };
-        match self.patch_with(ip, sdir, sname, meta, &l, &key) {
-            Ok(a) => a,
-            Err(e) => {
-                self.failed_delta(&e);
-                Appended::No
-            }
-        }
-    }
-
-    /// [`Copier::append`] once the destination hashes its old copy.
-    fn patch_with(
-        &self,
-        mut ip: Box<dyn delta::InPlace + '_>,
-        sdir: &S::Dir,
-        sname: &CStr,
-        meta: &Meta,
-        l: &delta::Layout,
-        key: &[u8; 32],
-    ) -> io::Result<Appended> {
-        let mut r = Tracked::new(self.src.open_file(sdir, sname)?, self.moved);
-        let h = self.src.inplace_hashes(&mut r, l, key)?;
-        let Some(theirs) = ip.blocks()? else {
-            return Ok(Appended::No);
-        };
-        let Some(changed) = delta::inplace::differing(&h.list, &theirs) else {
-            return Ok(Appended::No);
-        };
-        if delta::inplace::too_many(l, changed.len()) {
-            return Ok(Appended::No);
-        }
-        let new: Vec<u64> = changed.iter().map(|&i| h.list[i as usize]).collect();
-        if !ip.begin(&changed, &new)? {
-            // Nothing changed there: the normal delta.
-            return Ok(Appended::No);
-        }
-        let block = l.block as usize;
-        let mut buf = vec![0u8; (1usize << 20).max(block)];
-        let mut literal = 0u64;
-        // The changed blocks, runs of neighbours read and written at once.
-        let mut i = 0;
-        while i < changed.len() {
-            let mut j = i + 1;
-            while j < changed.len()
-                && changed[j] == changed[j - 1] + 1
-                && (j - i + 1) * block <= buf.len()
-            {
-                j += 1;
-            }
-            let (at, _) = l.span(changed[i] as usize);
-            let (last, n) = l.span(changed[j - 1] as usize);
-            let len = (last + n as u64 - at) as usize;
-            if self.src.read_at(&mut r, at, &mut buf[..len])? != len {
-                ip.abort();
-                return Ok(Appended::No);
-            }
-            if let Some(b) = self.bwlimit {
-                b.acquire(len as u64);
-            }
-            ip.write(at, &buf[..len])?;
-            literal += len as u64;
-            i = j;
-        }
-        // The tail.
-        let mut at = l.old;
-        while at < l.new {
-            let want = ((l.new - at) as usize).min(buf.len());
-            let n = self.src.read_at(&mut r, at, &mut buf[..want])?;
-            if n != want {
-                ip.abort();
-                return Ok(Appended::No);
-            }
-            if let Some(b) = self.bwlimit {
-                b.acquire(n as u64);
-            }
-            ip.write(at, &buf[..n])?;
-            at += n as u64;
-            literal += n as u64;
-        }
-        let step = self.mtime_step;
-        let now = r
-            .inner()
-            .current()
-            .map(|(size, sec, nsec)| (size, sec, cut_nsec(nsec, step)));
-        let listed = (meta.size, meta.mtime_sec, cut_nsec(meta.mtime_nsec, step));
-        if now.is_some_and(|n| n != listed) {
-            // It changed while read: rolled back, and the normal way
-            // copes with the change.
-            ip.abort();
-            return Ok(Appended::No);
-        }
-        if let Err(e) = ip.commit(&h.root, &self.out(meta), self.fsync) {
-            if crate::store::is_lost(&e) {
-                return Err(e);
-            }
-            // Rolled back: the file goes whole.
-            self.count(|c| &c.fallbacks, 1);
-            return Ok(Appended::Whole);
-        }
-        r.settle(meta.size);
-        self.count(|c| &c.files, 1);
-        self.count(|c| &c.literal, literal);
-        self.count(|c| &c.matched, meta.size - literal);
-        // The literal bytes, the block list and the changed blocks'
-        // numbers that crossed, the key and the root.
-        let list =
-            delta::inplace::SHORT as u64 * h.list.len() as u64 + 4 * changed.len() as u64 + 2 * 32;
-        self.count(|c| &c.wire, literal + list);
-        Ok(Appended::Done(Copied {
-            bytes: meta.size,
-            meta: *meta,
-            kept: None,
-        }))
-    }
-
-    /// The signature of the destination's old copy of `name`, when this
-    /// file goes by delta ([`Copier::by_delta`]).
-    fn signature(&self, ddir: &D::Dir, name: &CStr, meta: &Meta, fresh: bool) -> Option<Signature> {
-        if !self.by_delta(meta, fresh) {
-            return None;
-        }
-        match self.dst.delta_signature(ddir, name, delta::MIN_SIZE) {
-            Ok(sig) => sig,
-            Err(e) => {
-                self.failed_delta(&e);
-                None
-            }
-        }
-    }
-
-    /// Write the new content into `w` as the destination's old copy of
-    /// `name` (described by `sig`) rebuilt with the ops of `r` against it.
-    fn delta_write(
-        &self,
-        ddir: &D::Dir,
-        w: &mut D::Writer,
-        name: &CStr,
-        sig: &Signature,
-        r: &mut Tracked<'_, S::Reader>,
-    ) -> io::Result<DiffSummary> {
-        self.dst.delta_write(ddir, w, name, sig, &mut |sink| {
-            let mut t = Tally {
-                sink,
-                sig,
-                limit: self.bwlimit,
-                sum: DiffSummary::default(),
-            };
-            let got = self.src.delta_diff(r, sig, &mut t)?;
-            Ok(DiffSummary {
-                current: got.current,
-                ..t.sum
-            })
-        })
     }
 
     /// The attributes of source entry `sname` of `sdir` and of destination
@@ -862,7 +579,7 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
         dname: &CStr,
         size: u64,
     ) -> io::Result<bool> {
-        let (sk, dk) = (self.src.hashes(), self.dst.hashes());
+        let (sk, dk) = (self.src.hash_kinds(), self.dst.hash_kinds());
         let common = sk.intersection(dk).first();
         let sh = match common.or(sk.first()) {
             Some(k) => self.src.hash(sdir, sname, k)?,
@@ -933,59 +650,6 @@ fn read_full(r: &mut dyn SourceFile, buf: &mut [u8]) -> io::Result<usize> {
     Ok(n)
 }
 
+mod by_delta;
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::os::fd::BorrowedFd;
-
-    /// Bytes handed out at most `step` at a time.
-    struct Slow<'a> {
-        data: &'a [u8],
-        step: usize,
-    }
-
-    impl SourceFile for Slow<'_> {
-        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-            let n = buf.len().min(self.step).min(self.data.len());
-            buf[..n].copy_from_slice(&self.data[..n]);
-            self.data = &self.data[n..];
-            Ok(n)
-        }
-        fn as_fd(&self) -> Option<BorrowedFd<'_>> {
-            None
-        }
-    }
-
-    /// Equal only when every byte and the length agree, whatever the
-    /// expected size says and however the reads are cut.
-    #[test]
-    fn same_bytes_compares_every_byte_and_the_length() {
-        let big: Vec<u8> = (0..600_000u32).map(|i| (i % 251) as u8).collect();
-        let mut last = big.clone();
-        *last.last_mut().unwrap() ^= 1;
-        let short = &big[..big.len() - 1];
-        let cases: [(&[u8], &[u8], bool); 6] = [
-            (&big, &big, true),
-            (&big, &last, false),
-            (&big, short, false),
-            (short, &big, false),
-            (b"", b"", true),
-            (b"", b"x", false),
-        ];
-        for (x, y, want) in cases {
-            for size in [0, 1, x.len() as u64, y.len() as u64, 1 << 40] {
-                for step in [1, 7, 1 << 20] {
-                    let (mut a, mut b) = (Slow { data: x, step }, Slow { data: y, step });
-                    let got = same_bytes(&mut a, &mut b, size).unwrap();
-                    assert_eq!(
-                        got,
-                        want,
-                        "{} vs {} bytes, size {size}, step {step}",
-                        x.len(),
-                        y.len()
-                    );
-                }
-            }
-        }
-    }
-}
+mod tests;

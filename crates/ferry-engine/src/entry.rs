@@ -81,7 +81,7 @@ pub struct Meta {
     /// Group.
     pub gid: u32,
     /// Inode number: kept by the entry when it is renamed (0 where the
-    /// backend has no inodes, see `Store::has_inodes`).
+    /// backend has no inodes, see `Features::inodes`).
     pub ino: u64,
     /// A fingerprint of the content's version, as the backend lists it (an
     /// object store's ETag and upload time; 0 where the backend has none):
@@ -95,7 +95,7 @@ pub struct Meta {
     /// which a local copy keeps (false where the backend cannot tell).
     pub sparse: bool,
     /// Number of names (hard links) of the inode, as listed; 0 or 1 where
-    /// the backend has no hard links (see `Store::has_hard_links`).
+    /// the backend has no hard links (see `PosixStore::hard_links`).
     pub nlink: u32,
     /// Device of the inode: with [`Meta::ino`], the identity that hard
     /// links share (0 where the backend has no inodes).

@@ -296,7 +296,7 @@ impl Filter {
     ) -> io::Result<Vec<Vec<u8>>> {
         errors
             .retain(|e| !(self.excluded(rel, &e.name, false) && self.excluded(rel, &e.name, true)));
-        if !(self.needs_mtime() && store.approximate_meta()) {
+        if !(self.needs_mtime() && store.features().approximate_meta) {
             return Ok(Vec::new());
         }
         let files: Vec<usize> = (0..list.len())

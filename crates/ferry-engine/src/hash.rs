@@ -1,14 +1,14 @@
 //! Content hashes as typed values, like rclone's `hash.Set`: a store says
-//! which kinds it keeps without reading a file ([`Store::hashes`]) and
-//! gives one ([`Store::hash`]); the engine compares two stored hashes of a
+//! which kinds it keeps without reading a file ([`HashStore::kinds`]) and
+//! gives one ([`HashStore::hash`]); the engine compares two stored hashes of a
 //! kind both sides keep, or hashes the other side's bytes with [`hash_bytes`].
 //! What a backend's own fingerprints mean (an S3 ETag, multipart or not) is
 //! the backend's business: it maps them to these kinds, and checks bytes
-//! against fingerprints no kind expresses with [`Store::matches_bytes`].
+//! against fingerprints no kind expresses with [`HashStore::matches_bytes`].
 //!
-//! [`Store::hashes`]: crate::Store::hashes
-//! [`Store::hash`]: crate::Store::hash
-//! [`Store::matches_bytes`]: crate::Store::matches_bytes
+//! [`HashStore::kinds`]: crate::store::HashStore::kinds
+//! [`HashStore::hash`]: crate::store::HashStore::hash
+//! [`HashStore::matches_bytes`]: crate::store::HashStore::matches_bytes
 
 use std::fmt;
 use std::io;

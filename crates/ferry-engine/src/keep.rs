@@ -3,7 +3,7 @@
 //!
 //! Before the engine (or bisync) replaces or removes a file, a symlink or
 //! a special file in a destination, it asks the [`Keeper`] to keep it; the
-//! store moves the entry ([`Store::keep`]): a hard link or a rename
+//! store moves the entry ([`crate::store::KeepStore::keep`]): a hard link or a rename
 //! (local, ssh, sftp), a server-side copy (S3), never a download. A
 //! directory is never kept whole: its entries are kept one by one, then
 //! the emptied directory is removed. When keeping fails, the entry is
@@ -35,8 +35,7 @@ use std::ffi::CStr;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::entry::Meta;
-use crate::store::{Planned, Store};
+use crate::store::{Planned, Store, StoreExt};
 
 /// The reserved directory, in a replica's root, that holds kept versions
 /// (`--versions`). ferry never syncs an entry of this name, on any side.
@@ -241,24 +240,21 @@ impl Keeper {
     }
 
     /// Keep the entry `name` of `dir` (at `rel` below the destination
-    /// root, with metadata `meta`: a file, symlink or special file, never
-    /// a directory) before the run replaces it (`replacing`) or removes
-    /// it. Returns where it went, for the record: the path below the
+    /// root, as planned `at`: a file, symlink or special file, never a
+    /// directory) before the run replaces it (`replacing`) or removes it.
+    /// Returns where it went, for the record: the path below the
     /// destination root, or the backup directory's path then `/` and the
     /// path below it. On error nothing was kept and the caller must leave
     /// the entry alone. An entry removed (not `replacing`) is moved only
-    /// while it is still `meta` (its mtime compared to `step`): else
-    /// [`crate::store::changed`].
-    #[allow(clippy::too_many_arguments)]
-    pub fn keep<D: Store + ?Sized>(
+    /// while it still is the one planned: else [`crate::store::changed`].
+    pub fn keep<D: Store>(
         &self,
         store: &D,
         dir: &D::Dir,
         name: &CStr,
         rel: &[u8],
-        meta: &Meta,
+        at: &Planned,
         replacing: bool,
-        step: u32,
     ) -> io::Result<Vec<u8>> {
         // Never over an existing entry: the store fails with
         // `AlreadyExists` (atomically: link, rename without replace), and
@@ -275,12 +271,12 @@ impl Keeper {
                 path: &path,
                 overwrite: false,
                 replacing,
-                planned: Some(Planned::new(meta, step)),
+                planned: Some(*at),
             };
-            match store.keep(dir, name, &to) {
+            match store.keep_entry(dir, name, &to) {
                 Ok(()) => {
                     self.stats.files.fetch_add(1, Ordering::Relaxed);
-                    self.stats.bytes.fetch_add(meta.size, Ordering::Relaxed);
+                    self.stats.bytes.fetch_add(at.meta.size, Ordering::Relaxed);
                     return Ok(shown(&base, &path));
                 }
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists && n < MAX_TRIES => n += 1,
@@ -309,7 +305,7 @@ impl Keeper {
     /// run: with `--suffix` alone the names beside it that are taken (one
     /// `stat` each) or that the source has are passed over, as
     /// [`Keeper::keep`] would; elsewhere the first name tried.
-    pub fn place_in<D: Store + ?Sized>(&self, store: &D, dir: &D::Dir, rel: &[u8]) -> Vec<u8> {
+    pub fn place_in<D: Store>(&self, store: &D, dir: &D::Dir, rel: &[u8]) -> Vec<u8> {
         let KeepRule::Suffix(_) = self.rule else {
             return self.place(rel);
         };

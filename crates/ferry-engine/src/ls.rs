@@ -167,7 +167,7 @@ pub fn list_tree<S: Store, W: Write + Send>(
         out,
         on_error,
         root: Mutex::new(Some(root)),
-        exact: !store.approximate_meta(),
+        exact: !store.features().approximate_meta,
         count: AtomicU64::new(0),
         write_err: Mutex::new(None),
     };
@@ -179,7 +179,7 @@ pub fn list_tree<S: Store, W: Write + Send>(
 }
 
 /// Append one entry's line to `buf`. `exact`: false when the metadata is
-/// what a listing gives (`Store::approximate_meta`: S3 without a HEAD per
+/// what a listing gives (`Features::approximate_meta`: S3 without a HEAD per
 /// object), whose mode is unknown and not printed.
 pub fn format_entry(
     buf: &mut Vec<u8>,

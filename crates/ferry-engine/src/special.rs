@@ -7,9 +7,9 @@
 //! the machine that downloads it. So a mode from such a store reaches a file
 //! without those three bits unless the run was asked for them
 //! (`--keep-special-bits`); the run says once that it dropped some. Modes
-//! from a local directory ([`Store::local_modes`]) are kept whole, as `cp -a`
+//! from a local directory ([`crate::store::Features::local_modes`]) are kept whole, as `cp -a`
 //! and `rsync -a` keep them, and a store that keeps modes only as metadata
-//! (S3: [`Store::has_dir_meta`] false) gets them whole too, since no file
+//! (S3: [`crate::store::Features::dir_meta`] false) gets them whole too, since no file
 //! has them there.
 //!
 //! The rule is applied where a source's metadata enters a run (its listings
@@ -35,11 +35,11 @@ pub struct SpecialBits {
 
 impl SpecialBits {
     /// The rule of a run writing `dst` from `src`: the bits are dropped when
-    /// `src`'s modes are not this machine's ([`Store::local_modes`]), `dst`
-    /// makes them permission bits of files ([`Store::has_dir_meta`]: not an
+    /// `src`'s modes are not this machine's ([`crate::store::Features::local_modes`]), `dst`
+    /// makes them permission bits of files ([`crate::store::Features::dir_meta`]: not an
     /// object store) and `keep` (`--keep-special-bits`) is off.
-    pub fn new<S: Store + ?Sized, D: Store + ?Sized>(src: &S, dst: &D, keep: bool) -> SpecialBits {
-        SpecialBits::stripping(!keep && !src.local_modes() && dst.has_dir_meta())
+    pub fn new<S: Store, D: Store>(src: &S, dst: &D, keep: bool) -> SpecialBits {
+        SpecialBits::stripping(!keep && !src.features().local_modes && dst.features().dir_meta)
     }
 
     /// A rule that drops the bits (`strip`) or keeps them.

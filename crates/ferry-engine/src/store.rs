@@ -213,12 +213,6 @@ pub trait RangedSource: Sync {
     ) -> io::Result<()>;
 }
 
-/// The step mtimes are compared (and written) to between `a` and `b`: the
-/// coarser of their [`Store::mtime_step_ns`], 1 at least.
-pub fn mtime_step<A: Store, B: Store>(a: &A, b: &B) -> u32 {
-    a.mtime_step_ns().max(b.mtime_step_ns()).max(1)
-}
-
 /// `nsec` cut to a multiple of `step` ([`mtime_step`]): how every mtime of
 /// a run is compared.
 pub fn cut_nsec(nsec: u32, step: u32) -> u32 {
@@ -399,14 +393,110 @@ pub fn op_of(e: &io::Error) -> Option<(Option<End>, &'static str)> {
         .map(|o| (o.end, o.op))
 }
 
-/// A backend: a tree of directories, files and symlinks.
-pub trait Store: Send + Sync {
+/// What a store can do, in one plain value ([`Store::features`]; as
+/// rclone's `Features`): the engine reads it instead of asking one method
+/// per capability. Every backend fills in every field (the struct has no
+/// `Default`), so a new capability is a compile error in each backend until
+/// it says what it does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Features {
+    /// `list` gives exact sizes but only approximate other file metadata,
+    /// because exact mtimes cost a request per entry (S3 keeps them in
+    /// object metadata, which listings do not return). The engine then has
+    /// [`Store::refine`] make exact only the files it compares.
+    pub approximate_meta: bool,
+    /// Each operation waits on a network round trip (S3): the engine then
+    /// keeps many transfers in flight even within one directory.
+    pub latency_bound: bool,
+    /// Entries have owners that can be read and set (local, as root).
+    pub preserves_owner: bool,
+    /// The modes this store lists are those of this machine's own files (a
+    /// local directory): trusted as they are. Modes from any other store
+    /// (object metadata, another host over SSH or SFTP) reach a file
+    /// without their setuid, setgid and sticky bits unless the run keeps
+    /// them (`--keep-special-bits`; see [`crate::special`]).
+    pub local_modes: bool,
+    /// Directories have their own mtime and mode (false on object stores,
+    /// where a directory is only a key prefix).
+    pub dir_meta: bool,
+    /// Entries have inodes ([`Meta::ino`]), which they keep when renamed
+    /// (false on object stores: `ino` is 0 there, and an object's version
+    /// is [`Meta::version`]).
+    pub inodes: bool,
+    /// A directory exists by itself, empty or not (false on object stores:
+    /// a prefix exists while objects are under it, so making one creates
+    /// nothing, and an empty directory cannot be kept).
+    pub empty_dirs: bool,
+    /// Symlinks can be stored (false on object stores: they are skipped
+    /// with a note).
+    pub symlinks: bool,
+    /// How many workers should create entries in one directory at once
+    /// (local filesystems serialize them on the directory's lock;
+    /// `usize::MAX`: no limit).
+    pub dir_write_lanes: usize,
+    /// The finest step of the mtimes the store keeps, in nanoseconds (1:
+    /// exact; SFTP keeps whole seconds). The engine compares mtimes to the
+    /// coarser step of its two stores.
+    pub mtime_step_ns: u32,
+}
+
+/// `io::ErrorKind::Unsupported`: what a store answers for an operation it
+/// has no way to do.
+pub fn unsupported() -> io::Error {
+    io::Error::from(io::ErrorKind::Unsupported)
+}
+
+/// The value of no type: the extension type ([`Store::Delta`] and the
+/// others) of a store that has no such extension. Its accessor returns
+/// `None`, so none of its methods can ever be called.
+#[derive(Debug)]
+pub enum Absent {}
+
+/// A backend: a tree of directories, files and symlinks. The core every
+/// store has: listing, stat, open, create/commit, remove, rename, mkdir,
+/// metadata. What only some stores can do is either a field of
+/// [`Features`] or an extension trait the store opts into through its
+/// accessor ([`Store::delta`], [`Store::xattrs`], [`Store::keeper`],
+/// [`Store::posix`], [`Store::hashes`], [`Store::cleanup`]; `None`: not
+/// here). No method has a default body: a store (and `AnyStore`, which
+/// forwards to every backend) says what it does for each, or does not
+/// compile.
+pub trait Store: Send + Sync + Sized {
     /// An open directory.
     type Dir: Send + Sync;
     /// A file open for reading.
     type Reader: SourceFile;
     /// A file being written under a temporary name.
     type Writer: Send;
+    /// Delta transfers ([`DeltaStore`]); [`Absent`] where the store takes
+    /// no part in them.
+    type Delta: DeltaStore<Self>;
+    /// Extended attributes and ACLs ([`XattrStore`]).
+    type Xattrs: XattrStore<Self>;
+    /// Keeping replaced entries ([`KeepStore`]).
+    type Keep: KeepStore<Self>;
+    /// Hard links, special files and the other things of a POSIX tree
+    /// ([`PosixStore`]).
+    type Posix: PosixStore<Self>;
+    /// Hashes kept without reading the bytes ([`HashStore`]).
+    type Hashes: HashStore<Self>;
+
+    /// What the store can do.
+    fn features(&self) -> Features;
+    /// How the store takes part in delta transfers; `None`: not at all
+    /// (then its source side is read here, see [`crate::delta::diff`]).
+    fn delta(&self) -> Option<&Self::Delta>;
+    /// Its extended attributes and ACLs; `None`: it keeps none.
+    fn xattrs(&self) -> Option<&Self::Xattrs>;
+    /// How it keeps what a run replaces; `None`: it cannot.
+    fn keeper(&self) -> Option<&Self::Keep>;
+    /// Its POSIX-only operations; `None`: not a POSIX tree.
+    fn posix(&self) -> Option<&Self::Posix>;
+    /// The hashes it keeps; `None`: none.
+    fn hashes(&self) -> Option<&Self::Hashes>;
+    /// Removal of what interrupted transfers left (`ferry cleanup`);
+    /// `None`: the store keeps no such thing.
+    fn cleanup(&self) -> Option<&dyn Cleanup>;
 
     /// Open the root directory, if it exists, with its metadata.
     fn open_root(&self) -> io::Result<Option<(Self::Dir, Meta)>>;
@@ -425,25 +515,16 @@ pub trait Store: Send + Sync {
         errors: &mut Vec<ListError>,
     ) -> io::Result<()>;
 
-    /// True when `list` gives exact sizes but only approximate other file
-    /// metadata, because exact mtimes cost a request per entry (S3 keeps
-    /// them in object metadata, which listings do not return). The engine
-    /// then has [`Store::refine`] make exact only the files it compares.
-    fn approximate_meta(&self) -> bool {
-        false
-    }
-
-    /// Make exact the metadata of the entries of `list` at `which` (files).
+    /// Make exact the metadata of the entries of `list` at `which` (files),
+    /// where [`Features::approximate_meta`] (nothing to do elsewhere).
     /// Entries that cannot be read are reported in `errors`.
     fn refine(
         &self,
-        _dir: &Self::Dir,
-        _list: &mut Listing,
-        _which: &[usize],
-        _errors: &mut Vec<ListError>,
-    ) -> io::Result<()> {
-        Ok(())
-    }
+        dir: &Self::Dir,
+        list: &mut Listing,
+        which: &[usize],
+        errors: &mut Vec<ListError>,
+    ) -> io::Result<()>;
 
     /// Metadata of one entry of `dir` (not following a symlink), `None` if
     /// it does not exist: what a single-file copy needs instead of a listing.
@@ -459,6 +540,14 @@ pub trait Store: Send + Sync {
 
     /// Open a file for reading.
     fn open_file(&self, dir: &Self::Dir, name: &CStr) -> io::Result<Self::Reader>;
+    /// A hint: the files `files` of `dir` (names, listed sizes) are about
+    /// to be opened with [`Store::open_file`], in this order. A store whose
+    /// open waits on a network round trip may send all those opens now, so
+    /// that each [`Store::open_file`] finds its reply there (one round trip
+    /// for them all, not one each). A file named here need not be opened
+    /// after all: what was fetched for it is dropped with `dir`. A store
+    /// without such a pipeline does nothing.
+    fn open_ahead(&self, dir: &Self::Dir, files: &[(&CStr, u64)]);
     /// Read a symlink's target.
     fn read_link(&self, dir: &Self::Dir, name: &CStr) -> io::Result<Vec<u8>>;
 
@@ -477,6 +566,15 @@ pub trait Store: Send + Sync {
         size: u64,
         limit: Option<&Limiter>,
     ) -> io::Result<u64>;
+    /// What the commit of `w` may replace: `Some`, the entry the plan saw
+    /// at the name (a file, symlink or special file); `None`, nothing (a
+    /// name the plan saw free). A store that can check it cheaply (local:
+    /// one `statx` right before the rename) fails the commit with
+    /// [`changed`] when the name holds anything else, and replaces
+    /// nothing; others may take it as a hint (a name that exists: no
+    /// first attempt that only works for a new name). Commit replaces an
+    /// existing entry with or without it.
+    fn expect(&self, w: &mut Self::Writer, at: Option<&Planned>);
     /// Give the written file its metadata, optionally make it durable, and
     /// rename it into place (replacing a file or symlink of that name).
     fn commit(
@@ -487,38 +585,43 @@ pub trait Store: Send + Sync {
         meta: &Meta,
         fsync: bool,
     ) -> io::Result<()>;
-    /// A hint before [`Store::commit`]: `name` exists (the plan replaces
-    /// it), so the store can skip a first attempt that only works for a new
-    /// name. Commit replaces an existing entry with or without it.
-    fn replacing(&self, _w: &mut Self::Writer) {}
-    /// What the commit of `w` may replace: `Some`, the entry the plan saw
-    /// at the name (a file, symlink or special file); `None`, nothing (a
-    /// name the plan saw free). A store that can check it cheaply (local:
-    /// one `statx` right before the rename) fails the commit with
-    /// [`changed`] when the name holds anything else, and replaces
-    /// nothing. By default only the hint [`Store::replacing`].
-    fn expect(&self, w: &mut Self::Writer, at: Option<&Planned>) {
-        if at.is_some() {
-            self.replacing(w)
-        }
-    }
+    /// Like [`Store::commit`], without waiting for the store to confirm:
+    /// a store whose commit is a request over a network sends it and
+    /// returns at once; the result comes from [`Committing::wait`]. Until
+    /// then the file must not be reported as copied (it may still fail),
+    /// and its directory's metadata must not be set (the engine waits for
+    /// every commit of a directory before it finishes the directory).
+    /// Commits started one after the other may complete in any order. A
+    /// store without such a pipeline commits here and now
+    /// ([`Committing::done`]).
+    fn commit_nowait<'a>(
+        &'a self,
+        dir: &'a Self::Dir,
+        w: Self::Writer,
+        name: &CStr,
+        meta: &Meta,
+        fsync: bool,
+    ) -> Committing<'a>;
+    /// The metadata a file committed with `written` now has, when the
+    /// store knows it without asking (an object store keeps what it was
+    /// given); `None` when it must be read back (a local file's inode).
+    fn meta_after_commit(&self, written: &Meta) -> Option<Meta>;
     /// Create an empty file `name` that does not exist yet, with its
     /// metadata, in as few operations as the store can. `Ok(false)` when the
     /// store has no such shortcut or the name exists: the caller then goes
     /// the usual way (`create_file` ... `commit`).
     fn create_empty(
         &self,
-        _dir: &Self::Dir,
-        _name: &CStr,
-        _meta: &Meta,
-        _fsync: bool,
-    ) -> io::Result<bool> {
-        Ok(false)
-    }
+        dir: &Self::Dir,
+        name: &CStr,
+        meta: &Meta,
+        fsync: bool,
+    ) -> io::Result<bool>;
     /// Drop a writer and its temporary.
     fn abort(&self, dir: &Self::Dir, w: Self::Writer);
 
-    /// Create (or atomically replace) a symlink with its metadata.
+    /// Create (or atomically replace) a symlink with its metadata
+    /// ([`Features::symlinks`]).
     fn create_symlink(
         &self,
         dir: &Self::Dir,
@@ -526,6 +629,12 @@ pub trait Store: Send + Sync {
         target: &[u8],
         meta: &Meta,
     ) -> io::Result<()>;
+    /// True when a symlink's own mtime can be set (false on an SFTP server
+    /// without `lsetstat@openssh.com`, or refusing it): where it cannot, a
+    /// link's time is left as made and not compared (no `meta` per link
+    /// per run). `name` of `dir` is a symlink listed as `now`, whose time
+    /// is about to be set: a store may try it there, to its time as listed.
+    fn sets_symlink_times(&self, dir: &Self::Dir, name: &CStr, now: &Meta) -> bool;
     /// Change metadata of an entry in place.
     fn set_meta(
         &self,
@@ -539,61 +648,23 @@ pub trait Store: Send + Sync {
     fn remove(&self, dir: &Self::Dir, name: &CStr, is_dir: bool) -> io::Result<u64>;
     /// Remove the entry `name` of `dir` (not a directory) only while it is
     /// still the one planned (`at`): otherwise fail with [`changed`] and
-    /// remove nothing. By default [`Store::remove`] without the check
-    /// (a store whose stat is not exact, or costs a request).
-    fn remove_planned(&self, dir: &Self::Dir, name: &CStr, at: &Planned) -> io::Result<u64> {
-        let _ = at;
-        self.remove(dir, name, false)
-    }
+    /// remove nothing. A store whose stat is not exact, or costs a request,
+    /// may remove without the check.
+    fn remove_planned(&self, dir: &Self::Dir, name: &CStr, at: &Planned) -> io::Result<u64>;
     /// Remove a directory tree like `remove(dir, name, true)`, telling
     /// `each` about every entry removed, as it goes: its path below `name`
     /// (empty for `name` itself, which comes last) and its size (0 for
     /// directories). Returns how many entries were removed: as many as
-    /// `each` was told. The default names the directory alone.
+    /// `each` was told ([`remove_dir_whole`] names the directory alone).
     fn remove_each(
         &self,
         dir: &Self::Dir,
         name: &CStr,
         each: &mut dyn FnMut(&[u8], u64),
-    ) -> io::Result<u64> {
-        self.remove(dir, name, true)?;
-        each(b"", 0);
-        Ok(1)
-    }
-    /// The hash kinds the store keeps for files without reading them
-    /// (`--checksum` then reads only the other side).
-    fn hashes(&self) -> HashSet {
-        HashSet::NONE
-    }
-    /// The `kind` hash the store keeps for file `name`, one of
-    /// [`Store::hashes`]; `None` when this file has none (an S3 object
-    /// uploaded in parts by a tool that recorded no MD5).
-    fn hash(&self, _dir: &Self::Dir, _name: &CStr, _kind: HashKind) -> io::Result<Option<Hash>> {
-        Ok(None)
-    }
-    /// Whether the bytes `open` yields (another store's file, opened anew
-    /// for each pass) are the content of `name`, told by a fingerprint the
-    /// store keeps that no [`HashKind`] expresses (an S3 multipart ETag: the
-    /// MD5 of the parts' MD5s). `None` when the store cannot tell.
-    fn matches_bytes<'a>(
-        &self,
-        _dir: &Self::Dir,
-        _name: &CStr,
-        _size: u64,
-        _open: &mut dyn FnMut() -> io::Result<Box<dyn SourceFile + 'a>>,
-    ) -> io::Result<Option<bool>> {
-        Ok(None)
-    }
-    /// How many workers should create entries in one directory at once
-    /// (local filesystems serialize them on the directory's lock).
-    fn dir_write_lanes(&self) -> usize {
-        usize::MAX
-    }
-    /// True when each operation waits on a network round trip (S3): the
-    /// engine then keeps many transfers in flight even within one directory.
-    fn latency_bound(&self) -> bool {
-        false
-    }
+    ) -> io::Result<u64>;
+    /// Remove an empty directory; fails (`DirectoryNotEmpty`) when it is
+    /// not empty, so nothing below it can be lost.
+    fn rmdir(&self, dir: &Self::Dir, name: &CStr) -> io::Result<()>;
     /// Move `from_name` in `from_dir` to `to_name` in `to_dir`, failing with
     /// `AlreadyExists` rather than replacing an entry there (two-way sync
     /// replays renames with it and must never overwrite a change).
@@ -605,342 +676,41 @@ pub trait Store: Send + Sync {
         from_name: &CStr,
         to_dir: &Self::Dir,
         to_name: &CStr,
-    ) -> io::Result<()> {
-        let _ = (from_dir, from_name, to_dir, to_name);
-        Err(io::Error::from(io::ErrorKind::Unsupported))
-    }
-    /// Remove an empty directory; fails (`DirectoryNotEmpty`) when it is
-    /// not empty, so nothing below it can be lost.
-    fn rmdir(&self, dir: &Self::Dir, name: &CStr) -> io::Result<()>;
-    /// True when entries have owners that can be read and set (local, as root).
-    fn preserves_owner(&self) -> bool;
-    /// True when the modes this store lists are those of this machine's own
-    /// files (a local directory): trusted as they are. Modes from any other
-    /// store (object metadata, another host over SSH or SFTP) reach a file
-    /// without their setuid, setgid and sticky bits unless the run keeps
-    /// them (`--keep-special-bits`; see [`crate::special`]).
-    fn local_modes(&self) -> bool {
-        false
-    }
+    ) -> io::Result<()>;
+    /// Bytes and inodes free for this user on the filesystem of `dir`
+    /// (for the message of a full disk), when the store can tell.
+    fn free_space(&self, dir: &Self::Dir) -> Option<(u64, u64)>;
+
     /// What the store ignored and the user should know, one line each, at
     /// the end of every run, `role` naming the store (object metadata that
     /// is not an mtime or a mode); [`Store::notes`] are for `-v` only.
-    fn warnings(&self, _role: &str) -> Vec<String> {
-        Vec::new()
-    }
-    /// True when directories have their own mtime and mode (false on object
-    /// stores, where a directory is only a key prefix).
-    fn has_dir_meta(&self) -> bool {
-        true
-    }
-    /// True when entries have inodes ([`Meta::ino`]), which they keep when
-    /// renamed (false on object stores: `ino` is 0 there, and an object's
-    /// version is [`Meta::version`]).
-    fn has_inodes(&self) -> bool {
-        true
-    }
-    /// True when a file can have several names (hard links, made by
-    /// [`Store::link`]): [`Meta::nlink`] counts them, and names with the
-    /// same [`Meta::dev`] and [`Meta::ino`] are one file (false on object
-    /// stores, where every key is an object of its own).
-    fn has_hard_links(&self) -> bool {
-        false
-    }
-    /// Make `name` in `dir` another name of the file `from_name` in
-    /// `from_dir` (a hard link), replacing a file or symlink of that name
-    /// atomically. `Unsupported` where the store has no hard links
-    /// (`CrossesDevices` where the two names are on different filesystems).
-    fn link(
-        &self,
-        from_dir: &Self::Dir,
-        from_name: &CStr,
-        dir: &Self::Dir,
-        name: &CStr,
-    ) -> io::Result<()> {
-        let _ = (from_dir, from_name, dir, name);
-        Err(io::Error::from(io::ErrorKind::Unsupported))
-    }
-    /// The metadata a file committed with `written` now has, when the
-    /// store knows it without asking (an object store keeps what it was
-    /// given); `None` when it must be read back (a local file's inode).
-    fn meta_after_commit(&self, _written: &Meta) -> Option<Meta> {
-        None
-    }
-    /// True when symlinks can be stored (false on object stores: they are
-    /// skipped with a note).
-    fn supports_symlinks(&self) -> bool {
-        true
-    }
-    /// True when a symlink's own mtime can be set (false on an SFTP server
-    /// without `lsetstat@openssh.com`, or refusing it): where it cannot, a
-    /// link's time is left as made and not compared (no `meta` per link
-    /// per run). `name` of `dir` is a symlink listed as `now`, whose time
-    /// is about to be set: a store may try it there, to its time as listed.
-    fn sets_symlink_times(&self, dir: &Self::Dir, name: &CStr, now: &Meta) -> bool {
-        let _ = (dir, name, now);
-        true
-    }
-    /// True when fifos and device nodes can be stored
-    /// ([`Store::create_special`]); false on object stores, where they are
-    /// skipped with one note.
-    fn supports_special(&self) -> bool {
-        false
-    }
-    /// Create a fifo or device node `name` (kind and device number from
-    /// `meta`) with its metadata; `replace`: an entry of that name exists
-    /// and is replaced atomically.
-    fn create_special(
-        &self,
-        _dir: &Self::Dir,
-        _name: &CStr,
-        _meta: &Meta,
-        _replace: bool,
-    ) -> io::Result<()> {
-        Err(io::Error::from(io::ErrorKind::Unsupported))
-    }
-    /// True when a directory exists by itself, empty or not (false on
-    /// object stores: a prefix exists while objects are under it, so
-    /// making one creates nothing, and an empty directory cannot be kept).
-    fn keeps_empty_dirs(&self) -> bool {
-        true
-    }
-    /// True when `name` in `dir` (a name [`is_legacy_partial_name`] accepts)
-    /// is a partial download an older ferry left: it carries the resume
-    /// attribute. Only then is it removed as ferry's own.
-    fn is_own_legacy_partial(&self, _dir: &Self::Dir, _name: &CStr) -> bool {
-        false
-    }
-    /// Make an existing directory writable by us for the entries about to
-    /// change in it (a read-only directory of a non-root user); `Ok(true)`
-    /// when its mode was changed, and must be set back afterwards.
-    fn make_writable(&self, _dir: &Self::Dir) -> io::Result<bool> {
-        Ok(false)
-    }
-    /// The extended attributes and ACLs the store keeps (`-X`, `-A`):
-    /// none by default.
-    fn xattr_caps(&self) -> XattrSel {
-        XattrSel::NONE
-    }
-    /// The attributes `sel` selects of entry `name` of `dir` (`kind`; the
-    /// directory itself when `name` is `None`), into `out` (cleared first):
-    /// those this store keeps and this process may read and write.
-    fn get_xattrs(
-        &self,
-        _dir: &Self::Dir,
-        _name: Option<&CStr>,
-        _kind: Kind,
-        _sel: XattrSel,
-        out: &mut Xattrs,
-    ) -> io::Result<()> {
-        out.clear();
-        Ok(())
-    }
-    /// Like [`Store::get_xattrs`], of a file open for reading.
-    fn reader_xattrs(&self, _r: &Self::Reader, _sel: XattrSel, out: &mut Xattrs) -> io::Result<()> {
-        out.clear();
-        Ok(())
-    }
-    /// Give entry `name` of `dir` (the directory itself when `None`) the
-    /// attributes `want` of those `sel` selects, where it has `have`
-    /// (`None`: an entry this run just made, which has what the store gives
-    /// new entries, such as an ACL inherited from the directory). `meta`:
-    /// the entry's metadata, already set. `Unsupported` when the store
-    /// cannot keep them here.
-    fn set_xattrs(
-        &self,
-        _dir: &Self::Dir,
-        _name: Option<&CStr>,
-        _meta: &Meta,
-        _sel: XattrSel,
-        _want: &Xattrs,
-        _have: Option<&Xattrs>,
-    ) -> io::Result<()> {
-        Err(io::Error::from(io::ErrorKind::Unsupported))
-    }
-    /// Give the file being written in `dir` the attributes `want` of those
-    /// `sel` selects, before it is committed with `meta` (named: it is
-    /// never visible without them). `Unsupported` as for `set_xattrs`.
-    fn set_writer_xattrs(
-        &self,
-        _dir: &Self::Dir,
-        _w: &mut Self::Writer,
-        _meta: &Meta,
-        _sel: XattrSel,
-        _want: &Xattrs,
-    ) -> io::Result<()> {
-        Err(io::Error::from(io::ErrorKind::Unsupported))
-    }
-    /// The finest step of the mtimes the store keeps, in nanoseconds (1:
-    /// exact; SFTP keeps whole seconds). The engine compares mtimes to the
-    /// coarser step of its two stores.
-    fn mtime_step_ns(&self) -> u32 {
-        1
-    }
+    fn warnings(&self, role: &str) -> Vec<String>;
     /// Lines for `-v` about what the store did beyond plain requests
     /// (resumed transfers, requests that cost), `role` naming it ("source",
-    /// "destination", "A", "B"); none by default.
-    fn notes(&self, _role: &str) -> Vec<String> {
-        Vec::new()
-    }
-    /// How the store takes part in delta transfers ([`crate::delta`]):
-    /// not at all by default.
-    fn delta_role(&self) -> DeltaRole {
-        DeltaRole::None
-    }
-    /// The delta signature of file `name` in `dir` as it is now, made
-    /// where the file is; `None` when it is not a regular file of at least
-    /// `min` bytes (or the store takes no part in deltas).
-    fn delta_signature(
-        &self,
-        _dir: &Self::Dir,
-        _name: &CStr,
-        _min: u64,
-    ) -> io::Result<Option<Signature>> {
-        Ok(None)
-    }
-    /// Write into `w` (created in `dir`) the new content rebuilt from the
-    /// old file `old` of `dir`, the one `sig` describes, and the ops `feed`
-    /// hands to the sink it is given; the content's hash is checked
-    /// against the one that ends the ops (where the rebuild happens: here,
-    /// or at the latest by the commit). Returns what `feed` returned.
-    fn delta_write(
-        &self,
-        _dir: &Self::Dir,
-        _w: &mut Self::Writer,
-        _old: &CStr,
-        _sig: &Signature,
-        _feed: &mut dyn FnMut(&mut dyn OpSink) -> io::Result<DiffSummary>,
-    ) -> io::Result<DiffSummary> {
-        Err(io::Error::from(io::ErrorKind::Unsupported))
-    }
-    /// The ops turning the file `sig` describes into the content of `r`
-    /// (one of this store's readers, not read yet), into `sink`. By
-    /// default `r` is read here; a store may have the far end compute them.
-    fn delta_diff(
-        &self,
-        r: &mut dyn SourceFile,
-        sig: &Signature,
-        sink: &mut dyn OpSink,
-    ) -> io::Result<DiffSummary> {
-        crate::delta::diff(r, sig, sink)
-    }
-    /// Start a patch in place of file `name` of `dir`, listed as `old`,
-    /// to the layout `l` (a changed file no shorter than its old copy:
-    /// [`crate::delta::inplace`]): the old file's block hashes under `key`
-    /// start now, where the file is. `None` where the store does not
-    /// patch in place (the default) or the file cannot be (not a regular
-    /// file with one link, changed since listed).
-    fn delta_inplace<'a>(
-        &'a self,
-        _dir: &'a Self::Dir,
-        _name: &CStr,
-        _old: &Meta,
-        _l: &crate::delta::Layout,
-        _key: &[u8; 32],
-    ) -> io::Result<Option<Box<dyn crate::delta::InPlace + 'a>>> {
-        Ok(None)
-    }
-    /// Open the file `name` of `dir`, listed as `old`, to append to it in
-    /// place (a watch's growing file: only its new tail is sent). `None`
-    /// where the store cannot (the default) or the file is not `old` any
-    /// more (another inode, size or mtime) or not a plain file of one link.
-    fn open_append<'a>(
-        &'a self,
-        _dir: &'a Self::Dir,
-        _name: &CStr,
-        _old: &Meta,
-    ) -> io::Result<Option<Box<dyn AppendFile + 'a>>> {
-        Ok(None)
-    }
-    /// The sender's hashes of `r` (one of this store's readers, not read
-    /// yet, of `l.new` bytes) for a patch in place to the layout `l`. By
-    /// default hashed here (a file with a descriptor); a store may have
-    /// the far end hash it.
-    fn inplace_hashes(
-        &self,
-        r: &mut dyn SourceFile,
-        l: &crate::delta::Layout,
-        key: &[u8; 32],
-    ) -> io::Result<crate::delta::PatchHashes> {
-        crate::delta::inplace::source_patch_hashes(r, l, key)
-    }
-    /// Read `buf.len()` bytes at `at` of `r` (one of this store's
-    /// readers), fewer only at its end: the blocks of a patch in place. By
-    /// default with `pread` (a file with a descriptor).
-    fn read_at(&self, r: &mut dyn SourceFile, at: u64, buf: &mut [u8]) -> io::Result<usize> {
-        crate::delta::inplace::source_read_at(r, at, buf)
-    }
-    /// Keep the entry `name` of `dir` (a file, symlink or special file,
-    /// never a directory) at `to` before a run replaces or removes it
-    /// (`--backup-dir`, `--suffix`, `--versions`; see [`crate::keep`]):
-    /// the cheapest move the store has (a hard link or rename; a
-    /// server-side copy), never a download. Parents of the target are
-    /// created as needed. `AlreadyExists` when `to.overwrite` is false and
-    /// the target exists. `Unsupported` where the store cannot keep
-    /// entries (then [`Store::can_keep`] is false).
-    fn keep(&self, dir: &Self::Dir, name: &CStr, to: &KeepTo<'_>) -> io::Result<()> {
-        let _ = (dir, name, to);
-        Err(io::Error::from(io::ErrorKind::Unsupported))
-    }
-    /// The identity (device, inode) of the root and of every directory
-    /// above it, each with a path showing it, where the backend has
-    /// identities on this machine (local trees); `None` elsewhere. A
-    /// directory met in a walk with one of these is a root seen again
-    /// through another path: see [`crate::walk::Aliases`].
-    fn root_ids(&self) -> Option<crate::walk::RootIds> {
-        None
-    }
-    /// Bytes and inodes free for this user on the filesystem of `dir`
-    /// (for the message of a full disk), when the store can tell.
-    fn free_space(&self, dir: &Self::Dir) -> Option<(u64, u64)> {
-        let _ = dir;
-        None
-    }
-    /// True when [`Store::keep`] works here, for the base `base`: a run
-    /// asked to keep what it replaces refuses to start where it cannot.
-    fn can_keep(&self, base: &KeepBase) -> bool {
-        let _ = base;
-        false
-    }
-    /// Remove what interrupted transfers left on the store's side and no
-    /// run resumed, started at least `max_age` ago (`ferry cleanup`);
-    /// returns each one's location and start time (with `dry_run`, those
-    /// that would go). `Unsupported` where the store keeps no such thing.
-    fn cleanup(
-        &self,
-        _max_age: std::time::Duration,
-        _dry_run: bool,
-    ) -> io::Result<Vec<(String, String)>> {
-        Err(io::Error::from(io::ErrorKind::Unsupported))
-    }
-    /// Like [`Store::commit`], without waiting for the store to confirm:
-    /// a store whose commit is a request over a network sends it and
-    /// returns at once; the result comes from [`Committing::wait`]. Until
-    /// then the file must not be reported as copied (it may still fail),
-    /// and its directory's metadata must not be set (the engine waits for
-    /// every commit of a directory before it finishes the directory).
-    /// Commits started one after the other may complete in any order. The
-    /// default commits here and now: the same as [`Store::commit`].
-    fn commit_nowait<'a>(
-        &'a self,
-        dir: &'a Self::Dir,
-        w: Self::Writer,
-        name: &CStr,
-        meta: &Meta,
-        fsync: bool,
-    ) -> Committing<'a> {
-        Committing::done(self.commit(dir, w, name, meta, fsync))
-    }
-    /// A hint: the files `files` of `dir` (names, listed sizes) are about
-    /// to be opened with [`Store::open_file`], in this order. A store whose
-    /// open waits on a network round trip may send all those opens now, so
-    /// that each [`Store::open_file`] finds its reply there (one round trip
-    /// for them all, not one each). A file named here need not be opened
-    /// after all: what was fetched for it is dropped with `dir`. Nothing
-    /// by default.
-    fn open_ahead(&self, dir: &Self::Dir, files: &[(&CStr, u64)]) {
-        let _ = (dir, files);
-    }
+    /// "destination", "A", "B").
+    fn notes(&self, role: &str) -> Vec<String>;
+}
+
+/// [`Store::remove_each`] of a store that removes a tree in one operation:
+/// `remove(dir, name, true)`, naming the directory alone.
+pub fn remove_dir_whole<S: Store>(
+    s: &S,
+    dir: &S::Dir,
+    name: &CStr,
+    each: &mut dyn FnMut(&[u8], u64),
+) -> io::Result<u64> {
+    s.remove(dir, name, true)?;
+    each(b"", 0);
+    Ok(1)
+}
+
+/// The step mtimes are compared (and written) to between `a` and `b`: the
+/// coarser of their [`Features::mtime_step_ns`], 1 at least.
+pub fn mtime_step<A: Store, B: Store>(a: &A, b: &B) -> u32 {
+    a.features()
+        .mtime_step_ns
+        .max(b.features().mtime_step_ns)
+        .max(1)
 }
 
 /// A commit started by [`Store::commit_nowait`]: its result, or how to wait
@@ -1002,7 +772,7 @@ pub enum DeltaRole {
 }
 
 /// A destination file open to be appended to in place
-/// ([`Store::open_append`]). Until [`AppendFile::finish`] it keeps its old
+/// ([`DeltaStore::open_append`]). Until [`AppendFile::finish`] it keeps its old
 /// mtime, so a run killed half way leaves a file longer than listed, whose
 /// size differs from the source's: the next run compares it again.
 pub trait AppendFile: Send {
@@ -1016,211 +786,10 @@ pub trait AppendFile: Send {
     fn finish(self: Box<Self>, meta: &Meta, fsync: bool) -> io::Result<()>;
 }
 
-/// ferry's reserved names, the one place they are made and recognised
-/// (local copies, S3 downloads, bisync): `.ferry-tmp-<16 hex>.~ferry~` for
-/// a file being written, `.ferry-part-<16 hex>.~ferry~` for a resumable
-/// partial download. No user picks such a name by accident; docs/CLI.md
-/// reserves them. Anything else, `.ferry-tmp.x` included, is a user's file.
-const TEMP_HEAD: &[u8] = b".ferry-tmp-";
-const PART_HEAD: &[u8] = b".ferry-part-";
-/// The rollback record of a file being appended to in place
-/// ([`crate::delta::append`]): `.ferry-undo-<16 hex>.~ferry~`.
-const UNDO_HEAD: &[u8] = b".ferry-undo-";
-const RESERVED_TAIL: &[u8] = b".~ferry~";
-/// Length of a temporary's name.
-pub const RESERVED_LEN: usize = TEMP_HEAD.len() + 16 + RESERVED_TAIL.len();
-
-/// The temporary name with identifier `id` (NUL-terminated in a fixed
-/// buffer: made on the hot path of every replaced file).
-pub fn temp_name(id: u64) -> [u8; RESERVED_LEN + 1] {
-    let mut b = [0u8; RESERVED_LEN + 1];
-    b[..RESERVED_LEN].copy_from_slice(&reserved(TEMP_HEAD, id));
-    b
-}
-
-/// The partial download name with identifier `id` (a hash of the final name).
-pub fn partial_name(id: u64) -> std::ffi::CString {
-    std::ffi::CString::new(reserved(PART_HEAD, id)).expect("no NUL")
-}
-
-fn reserved(head: &[u8], id: u64) -> Vec<u8> {
-    let mut b = Vec::with_capacity(head.len() + 16 + RESERVED_TAIL.len());
-    b.extend_from_slice(head);
-    b.extend_from_slice(format!("{id:016x}").as_bytes());
-    b.extend_from_slice(RESERVED_TAIL);
-    b
-}
-
-fn is_reserved(name: &[u8], head: &[u8]) -> bool {
-    name.len() == head.len() + 16 + RESERVED_TAIL.len()
-        && name.starts_with(head)
-        && name.ends_with(RESERVED_TAIL)
-        && name[head.len()..head.len() + 16]
-            .iter()
-            .all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'))
-}
-
-/// True for ferry's reserved names (temporaries, partial downloads and
-/// rollback records): never synced, and in a destination removed as
-/// leftovers of a killed run (a local store rolls back what a record
-/// names and hides the record while it lists).
-pub fn is_temp_name(name: &[u8]) -> bool {
-    is_reserved(name, TEMP_HEAD) || is_reserved(name, PART_HEAD) || is_undo_name(name)
-}
-
-/// The rollback record's name of an append in place to file `name` (one
-/// per file: its id is a hash of the name).
-pub fn undo_name(name: &[u8]) -> std::ffi::CString {
-    let h = blake3::hash(name);
-    let id = u64::from_le_bytes(h.as_bytes()[..8].try_into().expect("8 bytes"));
-    std::ffi::CString::new(reserved(UNDO_HEAD, id)).expect("no NUL")
-}
-
-/// True for a rollback record's name ([`undo_name`]).
-pub fn is_undo_name(name: &[u8]) -> bool {
-    is_reserved(name, UNDO_HEAD)
-}
-
-/// True for partial downloads kept for resuming.
-pub fn is_partial_name(name: &[u8]) -> bool {
-    is_reserved(name, PART_HEAD)
-}
-
-/// True for the name older versions gave partial downloads,
-/// `.ferry-tmp.part.<16 hex>`: ferry's own only when the file also carries
-/// the `user.ferry.partial` attribute (see [`Store::is_own_legacy_partial`]).
-pub fn is_legacy_partial_name(name: &[u8]) -> bool {
-    const HEAD: &[u8] = b".ferry-tmp.part.";
-    name.len() == HEAD.len() + 16
-        && name.starts_with(HEAD)
-        && name[HEAD.len()..]
-            .iter()
-            .all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'))
-}
-
-/// How long an unused partial download is kept.
-pub const PARTIAL_KEEP_SECS: i64 = 7 * 24 * 3600;
-
+mod ext;
+mod names;
 #[cfg(test)]
-mod tests {
-    use super::*;
+mod tests;
 
-    proptest::proptest! {
-        /// The cut is the largest multiple of the step not above the
-        /// mtime's nanoseconds, and cutting again changes nothing (the
-        /// listings are cut, then the copy's checks cut again).
-        #[test]
-        fn mtimes_are_cut_to_the_step(nsec in 0u32..1_000_000_000, step in proptest::prop_oneof![
-            proptest::prelude::Just(0u32), proptest::prelude::Just(1u32),
-            proptest::prelude::Just(1_000u32), proptest::prelude::Just(1_000_000_000u32), 1u32..2_000_000_000
-        ]) {
-            let c = cut_nsec(nsec, step);
-            let s = step.max(1);
-            proptest::prop_assert!(c <= nsec && nsec - c < s && c.is_multiple_of(s));
-            proptest::prop_assert_eq!(cut_nsec(c, step), c);
-        }
-    }
-
-    #[test]
-    fn a_plan_holds_while_the_change_time_is_the_same_where_both_know_it() {
-        let m = Meta {
-            kind: Kind::File,
-            size: 3,
-            mtime_sec: 10,
-            mtime_nsec: 5,
-            mode: 0o644,
-            uid: 0,
-            gid: 0,
-            ino: 7,
-            version: 0,
-            rdev: 0,
-            sparse: false,
-            nlink: 1,
-            dev: 1,
-            ctime: 100,
-        };
-        let p = Planned::new(&m, 1);
-        assert!(p.holds(Some(&m)));
-        // Edited behind its size and mtime: the change time moved.
-        assert!(!p.holds(Some(&Meta { ctime: 101, ..m })));
-        // Unknown on either side: not compared.
-        assert!(p.holds(Some(&Meta { ctime: 0, ..m })));
-        assert!(Planned::new(&Meta { ctime: 0, ..m }, 1).holds(Some(&Meta { ctime: 101, ..m })));
-        // A file with several names, listed or now (the run's acts on the
-        // others, the link of a keep, move it): not compared.
-        assert!(p.holds(Some(&Meta {
-            ctime: 101,
-            nlink: 2,
-            ..m
-        })));
-        let h = Planned::new(&Meta { nlink: 2, ..m }, 1);
-        assert!(h.holds(Some(&Meta {
-            ctime: 101,
-            nlink: 1,
-            ..m
-        })));
-        // A directory: its entries move it.
-        let d = Meta {
-            kind: Kind::Dir,
-            ..m
-        };
-        assert!(Planned::new(&d, 1).holds(Some(&Meta { ctime: 101, ..d })));
-        // The rest as before.
-        assert!(!p.holds(Some(&Meta { size: 4, ..m })));
-        assert!(!p.holds(None));
-    }
-
-    #[test]
-    fn reserved_names_round_trip_and_user_names_are_not_reserved() {
-        for id in [0u64, 1, 0xdead_beef, u64::MAX] {
-            let t = temp_name(id);
-            let p = partial_name(id);
-            let (t, p) = (&t[..RESERVED_LEN], p.as_bytes());
-            assert!(is_temp_name(t) && !is_partial_name(t), "{t:?}");
-            assert!(is_temp_name(p) && is_partial_name(p), "{p:?}");
-        }
-        assert_eq!(
-            &temp_name(0x0123_4567_89ab_cdef)[..],
-            b".ferry-tmp-0123456789abcdef.~ferry~\0"
-        );
-        assert_eq!(
-            partial_name(0xab).as_bytes(),
-            b".ferry-part-00000000000000ab.~ferry~"
-        );
-        for user in [
-            &b".ferry-tmp.12345"[..],
-            b".ferry-tmp.part.0123456789abcdef",
-            b".ferry-tmp-0123456789abcdef.~ferry",
-            b".ferry-tmp-0123456789ABCDEF.~ferry~",
-            b".ferry-tmp-0123456789abcde.~ferry~",
-            b".ferry-tmp-0123456789abcdefx.~ferry~",
-            b"x.ferry-tmp-0123456789abcdef.~ferry~",
-            b".ferry-tmp-",
-        ] {
-            assert!(!is_temp_name(user), "{:?}", String::from_utf8_lossy(user));
-        }
-        assert!(is_legacy_partial_name(b".ferry-tmp.part.0123456789abcdef"));
-        assert!(!is_legacy_partial_name(b".ferry-tmp.part.0123456789abcde"));
-        assert!(!is_legacy_partial_name(b".ferry-tmp.part.0123456789abcdeg"));
-    }
-
-    #[test]
-    fn a_full_disk_says_what_is_needed_and_free() {
-        let e = no_space(End::Dst, 1 << 30, Some((50 << 20, 10)));
-        assert!(is_no_space(&e));
-        assert_eq!(op_of(&e), Some((Some(End::Dst), "write")));
-        assert_eq!(
-            e.to_string(),
-            "no space left on device: needs 1.0 GiB (1073741824 bytes), 50.0 MiB free"
-        );
-        let e = no_space(End::Dst, 2, Some((4096, 0)));
-        assert_eq!(
-            e.to_string(),
-            "no space left on device: needs an inode and 2 bytes, no inode free"
-        );
-        assert!(is_no_space(&io::Error::from_raw_os_error(28)));
-        assert!(!is_no_space(&io::Error::from_raw_os_error(2)));
-        assert_eq!(bytes_text(1023), "1023 B");
-        assert_eq!(bytes_text(1536), "1.5 KiB");
-    }
-}
+pub use ext::{Cleanup, DeltaStore, HashStore, KeepStore, PosixStore, StoreExt, XattrStore};
+pub use names::*;

@@ -139,7 +139,7 @@ fn cstr(name: &[u8]) -> io::Result<CString> {
 /// True when the directory `dir` (of `store`) holds a directory named
 /// [`VERSIONS_DIR`]: a replica's root with versions. Listed rather than
 /// stat'ed: an object store has no entry for a prefix.
-pub fn has_versions_dir<S: Store + ?Sized>(store: &S, dir: &S::Dir) -> io::Result<bool> {
+pub fn has_versions_dir<S: Store>(store: &S, dir: &S::Dir) -> io::Result<bool> {
     let mut l = Listing::new();
     let mut errors = Vec::new();
     store.list(dir, b"", &mut l, &mut errors)?;
@@ -151,7 +151,7 @@ pub fn has_versions_dir<S: Store + ?Sized>(store: &S, dir: &S::Dir) -> io::Resul
 /// Open `VERSIONS_DIR/sub` below the replica root `root` (`sub`:
 /// `/`-separated, empty for the versions directory itself); `None` when
 /// it does not exist.
-pub fn open_versions_dir<S: Store + ?Sized>(
+pub fn open_versions_dir<S: Store>(
     store: &S,
     root: &S::Dir,
     sub: &[u8],
@@ -183,7 +183,7 @@ fn missing(e: &io::Error) -> bool {
 /// `only` or of every file; with `deep`, those of subdirectories too.
 /// Names that do not parse are left out; problems listing a directory go
 /// to `notes` (one line each) and the rest goes on.
-pub fn collect<S: Store + ?Sized>(
+pub fn collect<S: Store>(
     store: &S,
     vdir: &S::Dir,
     dir: &[u8],
@@ -318,7 +318,7 @@ pub struct PruneReport {
 /// empty. Never fails: whatever goes wrong becomes a note, and the rest
 /// goes on. Nothing to do when there is no versions directory or `r`
 /// keeps everything.
-pub fn prune<S: Store + ?Sized>(store: &S, now: i64, r: &Retention) -> PruneReport {
+pub fn prune<S: Store>(store: &S, now: i64, r: &Retention) -> PruneReport {
     let mut rep = PruneReport::default();
     if keeps_all(r) {
         return rep;
@@ -354,12 +354,7 @@ type Group = Vec<(usize, (i64, u32))>;
 /// subdirectories, and remove no directory: what a run that kept
 /// versions there needs, without a walk of every version (a watch's
 /// runs). Never fails, as [`prune`].
-pub fn prune_in<S: Store + ?Sized>(
-    store: &S,
-    now: i64,
-    r: &Retention,
-    subs: &[Vec<u8>],
-) -> PruneReport {
+pub fn prune_in<S: Store>(store: &S, now: i64, r: &Retention, subs: &[Vec<u8>]) -> PruneReport {
     let mut rep = PruneReport::default();
     if keeps_all(r) || subs.is_empty() {
         return rep;
@@ -394,7 +389,7 @@ pub fn prune_in<S: Store + ?Sized>(
 /// Prune one directory of versions (`rel`: its path below the root) and,
 /// with `deep`, its subdirectories; true when it held entries and holds
 /// none now.
-fn prune_dir<S: Store + ?Sized>(
+fn prune_dir<S: Store>(
     store: &S,
     dir: &S::Dir,
     rel: &[u8],

@@ -101,7 +101,7 @@ pub fn list<S: Store>(
 }
 
 /// A root's identity and that of every directory above it
-/// ([`Store::root_ids`]): `ids` are (device, inode) with a path showing
+/// ([`crate::store::PosixStore::root_identities`]): `ids` are (device, inode) with a path showing
 /// each (the root itself first when it exists).
 #[derive(Clone, Debug, Default)]
 pub struct RootIds {

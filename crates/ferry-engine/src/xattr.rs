@@ -6,7 +6,7 @@
 //! `security.capability`, `system.posix_acl_access`) with binary values.
 //! ACLs travel as the raw values of `system.posix_acl_access` and
 //! `system.posix_acl_default`, so an ACL is kept exactly, entry for entry.
-//! A store says which it keeps ([`crate::Store::xattr_caps`]); the engine
+//! A store says which it keeps ([`crate::store::XattrStore::caps`]); the engine
 //! keeps what the run asks for and both stores keep, and costs nothing when
 //! nothing is asked.
 
@@ -168,7 +168,7 @@ pub struct XattrRun {
 
 impl XattrRun {
     /// Keep `asked` where both stores keep it (`src`, `dst`: their
-    /// [`crate::Store::xattr_caps`]).
+    /// [`crate::store::XattrStore::caps`]).
     pub fn new(asked: XattrSel, src: XattrSel, dst: XattrSel) -> XattrRun {
         XattrRun {
             sel: asked.and(src).and(dst),

@@ -12,7 +12,7 @@
 
 use std::ffi::{CStr, CString};
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
@@ -192,53 +192,7 @@ fn copy(dir: BorrowedFd<'_>, name: &CStr, t: &Path, overwrite: bool) -> io::Resu
     .expect("no NUL");
     let made = (|| -> io::Result<()> {
         let mut attrs = Xattrs::new();
-        let (src_fd, dst_fd) = match kind {
-            FileType::RegularFile => {
-                let src = rfs::openat(
-                    dir,
-                    name,
-                    OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
-                    Mode::empty(),
-                )?;
-                let dst = rfs::openat(
-                    rfs::CWD,
-                    &tmp,
-                    OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC,
-                    Mode::from_raw_mode(0o600),
-                )?;
-                let copy_range = AtomicBool::new(true);
-                sparse::copy_data(
-                    dst.as_fd(),
-                    src.as_fd(),
-                    st.st_size as u64,
-                    None,
-                    None,
-                    &copy_range,
-                )?;
-                (Some(src), Some(dst))
-            }
-            FileType::Symlink => {
-                let target = rfs::readlinkat(dir, name, Vec::new())?;
-                rfs::symlinkat(&target, rfs::CWD, &tmp)?;
-                (None, None)
-            }
-            FileType::Fifo | FileType::CharacterDevice | FileType::BlockDevice => {
-                rfs::mknodat(
-                    rfs::CWD,
-                    &tmp,
-                    kind,
-                    Mode::from_raw_mode(st.st_mode & 0o7777),
-                    st.st_rdev,
-                )?;
-                (None, None)
-            }
-            _ => {
-                return Err(io::Error::new(
-                    io::ErrorKind::Unsupported,
-                    "cannot keep this kind of entry on another filesystem",
-                ))
-            }
-        };
+        let (src_fd, dst_fd) = make_entry(dir, name, &tmp, kind, &st)?;
         // Owner first (a chown clears set-id bits and file capabilities),
         // then the mode, then the attributes (an ACL's mask is the mode's
         // group bits, as in the source), the times last.
@@ -296,6 +250,67 @@ fn copy(dir: BorrowedFd<'_>, name: &CStr, t: &Path, overwrite: bool) -> io::Resu
         let _ = rfs::unlinkat(rfs::CWD, &tmp, AtFlags::empty());
     }
     made
+}
+
+/// Make `tmp` a copy of entry `name` of `dir` (of `kind`, stat'd as `st`):
+/// a file's data with its holes, a symlink's target, a fifo or device
+/// node. A file's two descriptors (source, copy) are returned open for
+/// its attributes and mode.
+fn make_entry(
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    tmp: &CStr,
+    kind: FileType,
+    st: &rfs::Stat,
+) -> io::Result<(Option<OwnedFd>, Option<OwnedFd>)> {
+    let fds = match kind {
+        FileType::RegularFile => {
+            let src = rfs::openat(
+                dir,
+                name,
+                OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+                Mode::empty(),
+            )?;
+            let dst = rfs::openat(
+                rfs::CWD,
+                tmp,
+                OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC,
+                Mode::from_raw_mode(0o600),
+            )?;
+            let copy_range = AtomicBool::new(true);
+            sparse::copy_data(
+                dst.as_fd(),
+                src.as_fd(),
+                st.st_size as u64,
+                None,
+                None,
+                &copy_range,
+            )?;
+            (Some(src), Some(dst))
+        }
+        FileType::Symlink => {
+            let target = rfs::readlinkat(dir, name, Vec::new())?;
+            rfs::symlinkat(&target, rfs::CWD, tmp)?;
+            (None, None)
+        }
+        FileType::Fifo | FileType::CharacterDevice | FileType::BlockDevice => {
+            rfs::mknodat(
+                rfs::CWD,
+                tmp,
+                kind,
+                Mode::from_raw_mode(st.st_mode & 0o7777),
+                st.st_rdev,
+            )?;
+            (None, None)
+        }
+        _ => {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "cannot keep this kind of entry on another filesystem",
+            ))
+        }
+    };
+    Ok(fds)
 }
 
 #[cfg(test)]

@@ -37,8 +37,8 @@ use ferry_engine::delta::{DiffSummary, OpSink, Signature};
 use ferry_engine::entry::{Kind, ListEntry, Listing, Meta};
 use ferry_engine::keep::{KeepBase, KeepTo};
 use ferry_engine::store::{
-    is_undo_name, temp_name, undo_name, DeltaRole, ListError, MetaChange, Planned, Progress,
-    SourceFile, Store, RESERVED_LEN,
+    is_undo_name, temp_name, undo_name, Absent, Cleanup, Committing, DeltaRole, Features,
+    ListError, MetaChange, Planned, Progress, SourceFile, Store, RESERVED_LEN,
 };
 use ferry_engine::xattr::{XattrSel, Xattrs};
 
@@ -72,7 +72,7 @@ pub struct LocalStore {
     resumed: AtomicU64,
     /// Bytes of downloads written with `O_DIRECT`.
     direct: AtomicU64,
-    /// [`Store::root_ids`] as last worked out, with the root's (device,
+    /// [`PosixStore::root_identities`](ferry_engine::store::PosixStore::root_identities) as last worked out, with the root's (device,
     /// inode) then: a watch's runs ask on every batch of events, and the
     /// answer (a read of `/proc/self/mountinfo`, a stat per directory
     /// above the root) changes only with the root.
@@ -124,7 +124,7 @@ pub struct LocalWriter {
     owned: bool,
     /// The source may have holes: only its data is copied (see `sparse`).
     sparse: bool,
-    /// The final name exists (`Store::replacing`): an `O_TMPFILE` goes
+    /// The final name exists ([`LocalStore::replacing`], `Store::expect`): an `O_TMPFILE` goes
     /// straight to a temporary name and a rename over it.
     replaces: bool,
     /// What the name must hold when the commit replaces it
@@ -159,212 +159,100 @@ impl LocalWriter {
     }
 }
 
-impl LocalStore {
-    /// A store rooted at `root` (which need not exist yet). `stat_threads`
-    /// bounds the threads used to stat one large directory.
-    pub fn new(root: impl Into<PathBuf>, stat_threads: usize) -> LocalStore {
-        LocalStore {
-            root: root.into(),
-            stat_threads: stat_threads.max(1),
-            umask: current_umask(),
-            owner: rustix::process::geteuid().is_root(),
-            euid: rustix::process::geteuid().as_raw(),
-            egid: rustix::process::getegid().as_raw(),
-            reflink: AtomicBool::new(true),
-            copy_range: AtomicBool::new(true),
-            tmpfile: AtomicBool::new(Path::new("/proc/self/fd").is_dir()),
-            downloads: AtomicU64::new(0),
-            resumed: AtomicU64::new(0),
-            direct: AtomicU64::new(0),
-            root_ids: Mutex::new(None),
-        }
-    }
+mod ext;
+mod fs;
+mod listing;
+mod setup;
 
-    /// [`Store::root_ids`] worked out afresh.
-    fn work_out_root_ids(&self) -> Option<ferry_engine::walk::RootIds> {
-        let (root, _) = crate::ident::resolve(&self.root).ok()?;
-        let ids = crate::ident::chain(&root)
-            .into_iter()
-            .map(|(id, p)| (id, p.into_os_string().into_vec()))
-            .collect();
-        Some(ferry_engine::walk::RootIds {
-            root: root.into_os_string().into_vec(),
-            ids,
-        })
-    }
-
-    /// Bytes that resumed downloads did not fetch again.
-    pub fn resumed_bytes(&self) -> u64 {
-        self.resumed.load(Ordering::Relaxed)
-    }
-
-    /// Bytes of downloads written with `O_DIRECT` (past the page cache).
-    pub fn direct_bytes(&self) -> u64 {
-        self.direct.load(Ordering::Relaxed)
-    }
-
-    /// A writer of `name` in `dir` (content `meta.size` bytes, identity
-    /// `ident`) that writes into its resumable partial, for a writer
-    /// elsewhere that sends ranges (`ferry serve` receiving a push): with
-    /// the ranges an earlier run recorded. Committed like a finished
-    /// download; dropped without [`Store::abort`], the partial stays.
-    pub fn partial_writer(
-        &self,
-        dir: &LocalDir,
-        name: &CStr,
-        meta: &Meta,
-        ident: &str,
-    ) -> io::Result<(LocalWriter, crate::range::RangeSet)> {
-        let p = download::open_partial(dir.fd(), name, meta.size, ident)?;
-        let w = LocalWriter {
-            fd: p.fd,
-            tmp: None,
-            big: None,
-            partial: Some(p.name),
-            mode: meta.mode & 0o7777,
-            owned: false,
-            sparse: false,
-            replaces: false,
-            expect: None,
-        };
-        Ok((w, p.ranges))
-    }
-
-    /// The root path.
-    pub fn root(&self) -> &Path {
-        &self.root
-    }
-
-    fn stat_into(dir: BorrowedFd<'_>, name: &CStr, meta: &mut Meta) -> io::Result<()> {
-        let st = rfs::statx(
-            dir,
-            name,
-            AtFlags::SYMLINK_NOFOLLOW,
-            StatxFlags::TYPE
-                | StatxFlags::MODE
-                | StatxFlags::UID
-                | StatxFlags::GID
-                | StatxFlags::MTIME
-                | StatxFlags::CTIME
-                | StatxFlags::INO
-                | StatxFlags::NLINK
-                | StatxFlags::SIZE
-                | StatxFlags::BLOCKS,
-        )?;
-        *meta = meta_from_statx(&st);
-        Ok(())
-    }
-
-    fn copy_fd(
-        &self,
-        out: BorrowedFd<'_>,
-        src: BorrowedFd<'_>,
-        size: u64,
-        sparse: bool,
-        limit: Option<&Limiter>,
-        progress: Option<&Progress<'_>>,
-    ) -> io::Result<Option<u64>> {
-        let moved = |n: u64| {
-            if let Some(p) = progress {
-                p.add(n)
-            }
-        };
-        // A paced copy moves its bytes itself, so the pacing is real I/O.
-        if limit.is_none() && size >= REFLINK_MIN && self.reflink.load(Ordering::Relaxed) {
-            match rfs::ioctl_ficlone(out, src) {
-                Ok(()) => {
-                    let n = rfs::fstat(out)?.st_size as u64;
-                    moved(n);
-                    return Ok(Some(n));
-                }
-                Err(e) if is_unsupported(e) => self.reflink.store(false, Ordering::Relaxed),
-                Err(e) => return Err(e.into()),
-            }
-        }
-        if sparse {
-            return sparse::copy_data(out, src, size, limit, progress, &self.copy_range).map(Some);
-        }
-        if !self.copy_range.load(Ordering::Relaxed) {
-            return Ok(None);
-        }
-        let chunk = limit.map_or(COPY_CHUNK, |l| l.chunk() as u64);
-        let mut total = 0u64;
-        loop {
-            // Ask for one byte more than expected: a longer result means the
-            // file grew while we copied it.
-            let want = (size + 1 - total.min(size)).min(chunk) as usize;
-            let r = rfs::copy_file_range(src, None, out, None, want);
-            if let (Some(l), Ok(n)) = (limit, &r) {
-                l.acquire(*n as u64);
-            }
-            match r {
-                Ok(0) => {
-                    if total == 0 && size > 0 {
-                        // Some filesystems (procfs-like) report 0: stream instead.
-                        return Ok(None);
-                    }
-                    return Ok(Some(total));
-                }
-                Ok(n) => {
-                    total += n as u64;
-                    moved(n as u64);
-                    // A short count that lands exactly on the expected size is
-                    // end of file: skip the extra call that would return 0.
-                    if total > size || (total == size && n < want) {
-                        return Ok(Some(total));
-                    }
-                }
-                Err(e) if total == 0 && is_unsupported(e) => {
-                    if e != Errno::XDEV {
-                        self.copy_range.store(false, Ordering::Relaxed);
-                    }
-                    return Ok(None);
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
-    }
-
-    /// Creating with `mode` under our umask does not give exactly `mode`
-    /// (or a chown may have cleared set-id bits).
-    fn need_chmod(&self, mode: u32) -> bool {
-        mode & self.umask & 0o777 != 0 || mode & 0o7000 != 0
-    }
-
-    /// A new file in `dir` would not already have this owner and group.
-    fn need_chown(&self, dir: &LocalDir, meta: &Meta) -> bool {
-        self.owner && (meta.uid != self.euid || meta.gid != new_gid(dir).unwrap_or(self.egid))
-    }
-
-    /// Entries created in `dir` start with an ACL that a run keeping ACLs
-    /// (`sel`) must compare: the directory hands a default ACL down.
-    fn inherits(&self, dir: &LocalDir, sel: XattrSel) -> bool {
-        sel.acls && *dir.hands_down.get_or_init(|| xattr::hands_down(dir.fd()))
-    }
-
-    /// [`Store::stat`] once a record was handled: the file as it is now.
-    fn stat_again(&self, dir: &LocalDir, name: &CStr) -> io::Result<Option<Meta>> {
-        let mut meta = EMPTY_META;
-        match Self::stat_into(dir.fd.as_fd(), name, &mut meta) {
-            Ok(()) => Ok(Some(meta)),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e),
-        }
-    }
-
-    fn wrap_dir(&self, fd: OwnedFd) -> io::Result<LocalDir> {
-        Ok(LocalDir {
-            fd,
-            new_gid: OnceLock::new(),
-            hands_down: OnceLock::new(),
-        })
-    }
-}
+use fs::*;
+pub(crate) use fs::{
+    check_planned, gid, is_unsupported, pwrite_all, times, uid, write_all, EMPTY_META,
+};
+pub use fs::{free_space, path_bytes, stat_path};
 
 impl Store for LocalStore {
     type Dir = LocalDir;
     type Reader = LocalReader;
     type Writer = LocalWriter;
+    type Delta = LocalStore;
+    type Xattrs = LocalStore;
+    type Keep = LocalStore;
+    type Posix = LocalStore;
+    type Hashes = Absent;
+
+    fn features(&self) -> Features {
+        Features {
+            approximate_meta: false,
+            latency_bound: false,
+            preserves_owner: self.owner,
+            local_modes: true,
+            dir_meta: true,
+            inodes: true,
+            empty_dirs: true,
+            symlinks: true,
+            dir_write_lanes: 2,
+            mtime_step_ns: 1,
+        }
+    }
+
+    fn delta(&self) -> Option<&LocalStore> {
+        Some(self)
+    }
+
+    fn xattrs(&self) -> Option<&LocalStore> {
+        Some(self)
+    }
+
+    fn keeper(&self) -> Option<&LocalStore> {
+        Some(self)
+    }
+
+    fn posix(&self) -> Option<&LocalStore> {
+        Some(self)
+    }
+
+    fn hashes(&self) -> Option<&Absent> {
+        None
+    }
+
+    fn cleanup(&self) -> Option<&dyn Cleanup> {
+        None
+    }
+
+    fn refine(
+        &self,
+        _dir: &LocalDir,
+        _list: &mut Listing,
+        _which: &[usize],
+        _errors: &mut Vec<ListError>,
+    ) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn open_ahead(&self, _dir: &LocalDir, _files: &[(&CStr, u64)]) {}
+
+    fn commit_nowait<'a>(
+        &'a self,
+        dir: &'a LocalDir,
+        w: LocalWriter,
+        name: &CStr,
+        meta: &Meta,
+        fsync: bool,
+    ) -> Committing<'a> {
+        Committing::done(self.commit(dir, w, name, meta, fsync))
+    }
+
+    fn meta_after_commit(&self, _written: &Meta) -> Option<Meta> {
+        None
+    }
+
+    fn sets_symlink_times(&self, _dir: &LocalDir, _name: &CStr, _now: &Meta) -> bool {
+        true
+    }
+
+    fn warnings(&self, _role: &str) -> Vec<String> {
+        Vec::new()
+    }
 
     fn open_root(&self) -> io::Result<Option<(LocalDir, Meta)>> {
         let fd = match rfs::open(
@@ -401,112 +289,11 @@ impl Store for LocalStore {
     fn list(
         &self,
         dir: &LocalDir,
-        _rel: &[u8],
+        rel: &[u8],
         out: &mut Listing,
         errors: &mut Vec<ListError>,
     ) -> io::Result<()> {
-        out.clear();
-        // Rollback records of appends in place ([`crate::append`]).
-        let mut undo: Vec<CString> = Vec::new();
-        // Phase 1: names (getdents64).
-        DIRBUF.with(|buf| -> io::Result<()> {
-            let mut buf = buf.borrow_mut();
-            // From the start: a handle listed before is at its end.
-            rfs::seek(&dir.fd, rfs::SeekFrom::Start(0))?;
-            let mut iter = RawDir::new(&dir.fd, &mut buf[..]);
-            while let Some(ent) = iter.next() {
-                let ent = ent?;
-                let name = ent.file_name().to_bytes();
-                if name == b"." || name == b".." {
-                    continue;
-                }
-                if is_undo_name(name) {
-                    undo.push(ent.file_name().to_owned());
-                    continue;
-                }
-                let kind = match ent.file_type() {
-                    FileType::RegularFile => Kind::File,
-                    FileType::Directory => Kind::Dir,
-                    FileType::Symlink => Kind::Symlink,
-                    FileType::Fifo => Kind::Fifo,
-                    FileType::CharacterDevice => Kind::CharDev,
-                    FileType::BlockDevice => Kind::BlockDev,
-                    FileType::Socket => Kind::Socket,
-                    _ => Kind::Other,
-                };
-                out.push(
-                    name,
-                    Meta {
-                        kind,
-                        ino: ent.ino(),
-                        ..EMPTY_META
-                    },
-                );
-            }
-            Ok(())
-        })?;
-
-        // What a killed run left half appended is rolled back before
-        // anything is stat'ed (or read); a record a live append holds, or
-        // one that cannot be handled now, is left (and never listed).
-        for rec in &undo {
-            let _ = crate::append::recover(dir.fd(), rec);
-        }
-        // Phase 2: statx each entry relative to the directory fd.
-        let n = out.len();
-        let mut failed: Vec<(usize, io::Error)> = Vec::new();
-        let threads = if n >= PARALLEL_STAT_MIN {
-            self.stat_threads.min(n / (PARALLEL_STAT_MIN / 2)).max(1)
-        } else {
-            1
-        };
-        {
-            let (names_listing, entries) = out.parts_mut();
-            let fd = dir.fd.as_fd();
-            if threads <= 1 {
-                stat_chunk(fd, names_listing, entries, 0, &mut failed);
-            } else {
-                let chunk = n.div_ceil(threads);
-                std::thread::scope(|s| {
-                    let handles: Vec<_> = entries
-                        .chunks_mut(chunk)
-                        .enumerate()
-                        .map(|(i, part)| {
-                            s.spawn(move || {
-                                let mut f = Vec::new();
-                                stat_chunk(fd, names_listing, part, i * chunk, &mut f);
-                                f
-                            })
-                        })
-                        .collect();
-                    for h in handles {
-                        failed.extend(h.join().expect("stat thread panicked"));
-                    }
-                });
-            }
-        }
-        if !failed.is_empty() {
-            failed.sort_by_key(|(i, _)| *i);
-            let mut drop = vec![false; n];
-            for (i, err) in failed {
-                drop[i] = true;
-                if err.kind() != io::ErrorKind::NotFound {
-                    let e = out.entries()[i];
-                    errors.push(ListError {
-                        name: out.name(&e).to_vec(),
-                        err,
-                    });
-                }
-            }
-            let mut idx = 0;
-            out.retain(|_| {
-                let keep = !drop[idx];
-                idx += 1;
-                keep
-            });
-        }
-        out.sort();
-        Ok(())
+        self.list_dir(dir, rel, out, errors)
     }
 
     fn stat(&self, dir: &LocalDir, name: &CStr) -> io::Result<Option<Meta>> {
@@ -571,78 +358,6 @@ impl Store for LocalStore {
             Mode::empty(),
         )?;
         Ok(LocalReader { fd })
-    }
-
-    fn delta_role(&self) -> DeltaRole {
-        DeltaRole::Local
-    }
-
-    fn open_append<'a>(
-        &'a self,
-        dir: &'a LocalDir,
-        name: &CStr,
-        old: &Meta,
-    ) -> io::Result<Option<Box<dyn ferry_engine::store::AppendFile + 'a>>> {
-        let fd = match rfs::openat(
-            &dir.fd,
-            name,
-            OFlags::RDWR | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
-            Mode::empty(),
-        ) {
-            Ok(fd) => fd,
-            Err(Errno::NOENT | Errno::LOOP | Errno::ISDIR | Errno::TXTBSY) => return Ok(None),
-            Err(e) => return Err(e.into()),
-        };
-        let st = rfs::fstat(&fd)?;
-        let now = (
-            st.st_ino,
-            st.st_size as u64,
-            st.st_mtime as i64,
-            st.st_mtime_nsec as u32,
-            st.st_nlink,
-        );
-        let is_file = FileType::from_raw_mode(st.st_mode) == FileType::RegularFile;
-        if !is_file || now != (old.ino, old.size, old.mtime_sec, old.mtime_nsec, 1) {
-            return Ok(None);
-        }
-        Ok(Some(Box::new(LocalAppend {
-            fd,
-            end: old.size,
-            owner: self.owner.then_some((st.st_uid, st.st_gid)),
-            mode: st.st_mode & 0o7777,
-        })))
-    }
-
-    fn delta_signature(
-        &self,
-        dir: &LocalDir,
-        name: &CStr,
-        min: u64,
-    ) -> io::Result<Option<Signature>> {
-        crate::delta::signature(self, dir, name, min)
-    }
-
-    fn delta_write(
-        &self,
-        dir: &LocalDir,
-        w: &mut LocalWriter,
-        old: &CStr,
-        sig: &Signature,
-        feed: &mut dyn FnMut(&mut dyn OpSink) -> io::Result<DiffSummary>,
-    ) -> io::Result<DiffSummary> {
-        crate::delta::rebuild(dir, w.fd(), old, sig, feed)
-    }
-
-    fn delta_inplace<'a>(
-        &'a self,
-        dir: &'a LocalDir,
-        name: &CStr,
-        old: &Meta,
-        l: &ferry_engine::delta::Layout,
-        key: &[u8; 32],
-    ) -> io::Result<Option<Box<dyn ferry_engine::delta::InPlace + 'a>>> {
-        let p = crate::inplace::LocalPatch::start(dir.fd(), name, old, self.owner, l, key)?;
-        Ok(p.map(|p| Box::new(p) as Box<dyn ferry_engine::delta::InPlace>))
     }
 
     fn read_link(&self, dir: &LocalDir, name: &CStr) -> io::Result<Vec<u8>> {
@@ -835,10 +550,6 @@ impl Store for LocalStore {
         Ok(())
     }
 
-    fn replacing(&self, w: &mut LocalWriter) {
-        w.replaces = true;
-    }
-
     fn expect(&self, w: &mut LocalWriter, at: Option<&Planned>) {
         w.replaces = at.is_some();
         w.expect = Some(at.copied());
@@ -848,10 +559,6 @@ impl Store for LocalStore {
         check_planned(dir.fd(), name, at)?;
         rfs::unlinkat(&dir.fd, name, AtFlags::empty())?;
         Ok(1)
-    }
-
-    fn dir_write_lanes(&self) -> usize {
-        2
     }
 
     fn create_empty(
@@ -947,28 +654,6 @@ impl Store for LocalStore {
         res
     }
 
-    fn supports_special(&self) -> bool {
-        true
-    }
-
-    fn create_special(
-        &self,
-        dir: &LocalDir,
-        name: &CStr,
-        meta: &Meta,
-        replace: bool,
-    ) -> io::Result<()> {
-        let tmp = replace.then(TempName::new);
-        special::make_node(
-            dir.fd(),
-            name,
-            tmp.as_ref().map(TempName::as_cstr),
-            meta,
-            self.need_chown(dir, meta),
-            self.need_chmod(meta.mode),
-        )
-    }
-
     fn set_meta(
         &self,
         dir: &LocalDir,
@@ -1000,35 +685,8 @@ impl Store for LocalStore {
         Ok(())
     }
 
-    fn keep(&self, dir: &LocalDir, name: &CStr, to: &KeepTo<'_>) -> io::Result<()> {
-        crate::keep::keep(&self.root, dir.fd.as_fd(), name, to)
-    }
-
     fn free_space(&self, dir: &LocalDir) -> Option<(u64, u64)> {
         free_space(dir.fd.as_fd())
-    }
-
-    fn can_keep(&self, _base: &KeepBase) -> bool {
-        true
-    }
-
-    fn root_ids(&self) -> Option<ferry_engine::walk::RootIds> {
-        // One stat says whether the root is still the one last worked out.
-        let now = std::fs::metadata(&self.root).ok().map(|m| {
-            (
-                std::os::unix::fs::MetadataExt::dev(&m),
-                std::os::unix::fs::MetadataExt::ino(&m),
-            )
-        });
-        let mut cached = self.root_ids.lock().unwrap_or_else(|e| e.into_inner());
-        if let (Some(id), Some((at, ids))) = (now, cached.as_ref()) {
-            if id == *at {
-                return Some(ids.clone());
-            }
-        }
-        let ids = self.work_out_root_ids()?;
-        *cached = now.map(|id| (id, ids.clone()));
-        Some(ids)
     }
 
     fn remove(&self, dir: &LocalDir, name: &CStr, is_dir: bool) -> io::Result<u64> {
@@ -1058,138 +716,8 @@ impl Store for LocalStore {
         rename_noreplace(from_dir.fd(), from_name, to_dir.fd(), to_name)
     }
 
-    fn has_hard_links(&self) -> bool {
-        true
-    }
-
-    fn link(
-        &self,
-        from_dir: &LocalDir,
-        from_name: &CStr,
-        dir: &LocalDir,
-        name: &CStr,
-    ) -> io::Result<()> {
-        match rfs::linkat(&from_dir.fd, from_name, &dir.fd, name, AtFlags::empty()) {
-            Err(Errno::EXIST) => {}
-            r => return Ok(r?),
-        }
-        // Replacing an existing entry: link under a temporary name, then
-        // rename over it (atomic replace). The caller never links a name
-        // to the file it already is (rename would then leave both names).
-        let t = TempName::new();
-        rfs::linkat(
-            &from_dir.fd,
-            from_name,
-            &dir.fd,
-            t.as_cstr(),
-            AtFlags::empty(),
-        )?;
-        if let Err(e) = rfs::renameat(&dir.fd, t.as_cstr(), &dir.fd, name) {
-            let _ = rfs::unlinkat(&dir.fd, t.as_cstr(), AtFlags::empty());
-            return Err(e.into());
-        }
-        Ok(())
-    }
-
     fn rmdir(&self, dir: &LocalDir, name: &CStr) -> io::Result<()> {
         Ok(rfs::unlinkat(&dir.fd, name, AtFlags::REMOVEDIR)?)
-    }
-
-    fn preserves_owner(&self) -> bool {
-        self.owner
-    }
-
-    fn local_modes(&self) -> bool {
-        true
-    }
-
-    fn is_own_legacy_partial(&self, dir: &LocalDir, name: &CStr) -> bool {
-        download::has_resume_record(dir.fd(), name)
-    }
-
-    fn make_writable(&self, dir: &LocalDir) -> io::Result<bool> {
-        // Root writes anywhere; a directory that is not ours cannot be
-        // changed (the operations that follow report the real cause).
-        if self.owner {
-            return Ok(false);
-        }
-        let st = rfs::fstat(&dir.fd)?;
-        if st.st_mode & 0o200 != 0 || st.st_uid != self.euid {
-            return Ok(false);
-        }
-        rfs::fchmod(&dir.fd, Mode::from_raw_mode((st.st_mode & 0o7777) | 0o300))?;
-        Ok(true)
-    }
-
-    fn xattr_caps(&self) -> XattrSel {
-        XattrSel::ALL
-    }
-
-    fn get_xattrs(
-        &self,
-        dir: &LocalDir,
-        name: Option<&CStr>,
-        kind: Kind,
-        sel: XattrSel,
-        out: &mut Xattrs,
-    ) -> io::Result<()> {
-        let t = Target::of(dir.fd(), name);
-        xattr::read(t, kind, sel, self.owner, out)
-    }
-
-    fn reader_xattrs(&self, r: &LocalReader, sel: XattrSel, out: &mut Xattrs) -> io::Result<()> {
-        xattr::read(Target::Fd(r.fd.as_fd()), Kind::File, sel, self.owner, out)
-    }
-
-    fn set_xattrs(
-        &self,
-        dir: &LocalDir,
-        name: Option<&CStr>,
-        meta: &Meta,
-        sel: XattrSel,
-        want: &Xattrs,
-        have: Option<&Xattrs>,
-    ) -> io::Result<()> {
-        let t = Target::of(dir.fd(), name);
-        let mode = (meta.kind != Kind::Symlink).then_some(meta.mode);
-        let mut got = Xattrs::new();
-        let have = match have {
-            Some(h) => h,
-            // New: a directory or file may have inherited an ACL.
-            None if meta.kind != Kind::Symlink && self.inherits(dir, sel) => {
-                xattr::read(t, meta.kind, sel, self.owner, &mut got)?;
-                &got
-            }
-            None => &got,
-        };
-        if want == have {
-            return Ok(());
-        }
-        xattr::write(t, want, have, mode)
-    }
-
-    fn set_writer_xattrs(
-        &self,
-        dir: &LocalDir,
-        w: &mut LocalWriter,
-        meta: &Meta,
-        sel: XattrSel,
-        want: &Xattrs,
-    ) -> io::Result<()> {
-        let t = Target::Fd(w.fd.as_fd());
-        let mut have = Xattrs::new();
-        if self.inherits(dir, sel) {
-            xattr::read(t, Kind::File, sel, self.owner, &mut have)?;
-        }
-        if want == &have {
-            return Ok(());
-        }
-        // A file capability is dropped by a later chown: owner first.
-        if want.get(b"security.capability").is_some() && self.need_chown(dir, meta) {
-            rfs::fchown(&w.fd, Some(uid(meta.uid)), Some(gid(meta.gid)))?;
-            w.owned = true;
-        }
-        xattr::write(t, want, &have, Some(meta.mode))
     }
 
     fn notes(&self, _role: &str) -> Vec<String> {
@@ -1222,486 +750,4 @@ impl SourceFile for LocalReader {
         let st = rfs::fstat(&self.fd).ok()?;
         Some((st.st_size as u64, st.st_mtime, st.st_mtime_nsec as u32))
     }
-}
-
-/// Open a subdirectory without following a symlink in its place.
-fn open_subdir(parent: BorrowedFd<'_>, name: &CStr) -> io::Result<OwnedFd> {
-    Ok(rfs::openat(
-        parent,
-        name,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    )?)
-}
-
-/// Who hears of each entry [`remove_tree`] removes: its path below the
-/// removed directory (the buffer, as it descends) and size.
-type Removed<'a, 'b> = Option<(&'a mut Vec<u8>, &'a mut (dyn FnMut(&[u8], u64) + 'b))>;
-
-/// Remove a directory tree below `parent`, making directories writable when
-/// needed. Returns the number of entries removed (the directory included);
-/// `tell` hears of each (a file's size costs a stat then).
-fn remove_tree(parent: BorrowedFd<'_>, name: &CStr, mut tell: Removed<'_, '_>) -> io::Result<u64> {
-    let fd = open_subdir(parent, name)?;
-    // Never through a mount point (a bind mount can show SRC, or a root's
-    // parent, here; and a mount point cannot be removed anyway).
-    if let Ok(st) = rfs::statx(&fd, c"", AtFlags::EMPTY_PATH, StatxFlags::empty()) {
-        let m = rfs::StatxAttributes::MOUNT_ROOT;
-        if st.stx_attributes_mask.contains(m) && st.stx_attributes.contains(m) {
-            return Err(io::Error::new(
-                io::ErrorKind::ResourceBusy,
-                "is a mount point: ferry never deletes through one (not removed)",
-            ));
-        }
-    }
-    let mut names: Vec<(CString, bool)> = Vec::new();
-    {
-        let mut buf = vec![MaybeUninit::<u8>::uninit(); 64 * 1024];
-        let mut iter = RawDir::new(&fd, &mut buf[..]);
-        while let Some(ent) = iter.next() {
-            let ent = ent?;
-            let n = ent.file_name();
-            if n.to_bytes() == b"." || n.to_bytes() == b".." {
-                continue;
-            }
-            names.push((n.to_owned(), ent.file_type() == FileType::Directory));
-        }
-    }
-    let mut count = 0;
-    let mut made_writable = false;
-    for (n, is_dir) in names {
-        // The entry's path below the removed directory, while it is handled.
-        let base = tell.as_mut().map(|(path, _)| {
-            let len = path.len();
-            if len > 0 {
-                path.push(b'/');
-            }
-            path.extend_from_slice(n.to_bytes());
-            len
-        });
-        loop {
-            let r = if is_dir {
-                remove_tree(
-                    fd.as_fd(),
-                    &n,
-                    tell.as_mut().map(|(p, t)| (&mut **p, &mut **t)),
-                )
-            } else {
-                let size = match &tell {
-                    Some(_) => rfs::statat(&fd, &n, AtFlags::SYMLINK_NOFOLLOW)
-                        .map_or(0, |st| st.st_size as u64),
-                    None => 0,
-                };
-                rfs::unlinkat(&fd, &n, AtFlags::empty())
-                    .map(|_| {
-                        if let Some((path, t)) = tell.as_mut() {
-                            t(path, size);
-                        }
-                        1
-                    })
-                    .map_err(Into::into)
-            };
-            match r {
-                Ok(c) => {
-                    count += c;
-                    break;
-                }
-                Err(e)
-                    if !made_writable && e.raw_os_error() == Some(Errno::ACCESS.raw_os_error()) =>
-                {
-                    rfs::fchmod(&fd, Mode::from_raw_mode(0o700))?;
-                    made_writable = true;
-                }
-                Err(e) if !is_dir && e.raw_os_error() == Some(Errno::ISDIR.raw_os_error()) => {
-                    count += remove_tree(
-                        fd.as_fd(),
-                        &n,
-                        tell.as_mut().map(|(p, t)| (&mut **p, &mut **t)),
-                    )?;
-                    break;
-                }
-                Err(e) if e.kind() == io::ErrorKind::NotFound => break,
-                Err(e) => return Err(e),
-            }
-        }
-        if let (Some((path, _)), Some(len)) = (tell.as_mut(), base) {
-            path.truncate(len);
-        }
-    }
-    drop(fd);
-    rfs::unlinkat(parent, name, AtFlags::REMOVEDIR)?;
-    if let Some((path, t)) = tell.as_mut() {
-        t(path, 0);
-    }
-    Ok(count + 1)
-}
-
-fn stat_chunk(
-    dir: BorrowedFd<'_>,
-    names: &[u8],
-    part: &mut [ListEntry],
-    base: usize,
-    failed: &mut Vec<(usize, io::Error)>,
-) {
-    for (i, e) in part.iter_mut().enumerate() {
-        let ino = e.meta.ino;
-        let (off, len) = e.name_span();
-        let name = CStr::from_bytes_with_nul(&names[off..off + len + 1]).expect("NUL-terminated");
-        if let Err(err) = LocalStore::stat_into(dir, name, &mut e.meta) {
-            failed.push((base + i, err));
-        } else if e.meta.ino == 0 {
-            e.meta.ino = ino;
-        }
-    }
-}
-
-/// The group new entries of `dir` get when it is not the creator's (only
-/// the owner-preserving, root, case asks): a set-group-ID directory hands
-/// down its own. An fstat that fails answers `None` (then a chown follows,
-/// which is merely redundant).
-fn new_gid(dir: &LocalDir) -> Option<u32> {
-    *dir.new_gid.get_or_init(|| {
-        rfs::fstat(&dir.fd)
-            .ok()
-            .and_then(|st| (st.st_mode & 0o2000 != 0).then_some(st.st_gid))
-    })
-}
-
-pub(crate) const EMPTY_META: Meta = Meta {
-    kind: Kind::Other,
-    size: 0,
-    mtime_sec: 0,
-    mtime_nsec: 0,
-    mode: 0,
-    uid: 0,
-    gid: 0,
-    ino: 0,
-    version: 0,
-    rdev: 0,
-    sparse: false,
-    nlink: 0,
-    dev: 0,
-    ctime: 0,
-};
-
-fn kind_from_mode(mode: u32) -> Kind {
-    match mode & 0o170000 {
-        0o100000 => Kind::File,
-        0o040000 => Kind::Dir,
-        0o120000 => Kind::Symlink,
-        0o010000 => Kind::Fifo,
-        0o020000 => Kind::CharDev,
-        0o060000 => Kind::BlockDev,
-        0o140000 => Kind::Socket,
-        _ => Kind::Other,
-    }
-}
-
-/// `cp`'s test for a file that may have holes: fewer 512-byte blocks than
-/// its size fills. (A small file kept inside its inode has no blocks and
-/// passes too; its copy then costs two `lseek`s more.)
-fn maybe_sparse(kind: Kind, size: u64, blocks: u64) -> bool {
-    kind == Kind::File && blocks < size / 512
-}
-
-fn meta_from_statx(st: &rfs::Statx) -> Meta {
-    let mode = st.stx_mode as u32;
-    let kind = kind_from_mode(mode);
-    let blocks = StatxFlags::from_bits_retain(st.stx_mask).contains(StatxFlags::BLOCKS);
-    Meta {
-        kind,
-        size: st.stx_size,
-        mtime_sec: st.stx_mtime.tv_sec,
-        mtime_nsec: st.stx_mtime.tv_nsec,
-        mode: mode & 0o7777,
-        uid: st.stx_uid,
-        gid: st.stx_gid,
-        ino: st.stx_ino,
-        version: 0,
-        rdev: rfs::makedev(st.stx_rdev_major, st.stx_rdev_minor),
-        sparse: blocks && maybe_sparse(kind, st.stx_size, st.stx_blocks),
-        nlink: st.stx_nlink,
-        dev: rfs::makedev(st.stx_dev_major, st.stx_dev_minor),
-        ctime: match StatxFlags::from_bits_retain(st.stx_mask).contains(StatxFlags::CTIME) {
-            true => ctime_ns(st.stx_ctime.tv_sec, st.stx_ctime.tv_nsec),
-            false => 0,
-        },
-    }
-}
-
-fn meta_from_stat(st: &rfs::Stat) -> Meta {
-    let mode = st.st_mode;
-    let kind = kind_from_mode(mode);
-    Meta {
-        kind,
-        size: st.st_size as u64,
-        mtime_sec: st.st_mtime,
-        mtime_nsec: st.st_mtime_nsec as u32,
-        mode: mode & 0o7777,
-        uid: st.st_uid,
-        gid: st.st_gid,
-        ino: st.st_ino,
-        version: 0,
-        rdev: st.st_rdev,
-        sparse: maybe_sparse(kind, st.st_size as u64, st.st_blocks as u64),
-        nlink: st.st_nlink as u32,
-        dev: st.st_dev,
-        ctime: ctime_ns(st.st_ctime, st.st_ctime_nsec as u32),
-    }
-}
-
-/// A change time as [`Meta::ctime`] holds it: nanoseconds since the
-/// epoch (never 0 for a real one: 0 is "unknown").
-fn ctime_ns(sec: i64, nsec: u32) -> u64 {
-    (sec as u64)
-        .wrapping_mul(1_000_000_000)
-        .wrapping_add(nsec as u64)
-        | 1 << 63
-}
-
-/// Stat a path (not following a final symlink) into a [`Meta`].
-pub fn stat_path(path: &Path, follow: bool) -> io::Result<Meta> {
-    let flags = if follow {
-        AtFlags::empty()
-    } else {
-        AtFlags::SYMLINK_NOFOLLOW
-    };
-    let st = rfs::statat(rfs::CWD, path, flags)?;
-    Ok(meta_from_stat(&st))
-}
-
-/// Fail with `changed` unless `name` of `dir` still is the entry planned
-/// (one `statx`).
-pub(crate) fn check_planned(dir: BorrowedFd<'_>, name: &CStr, at: &Planned) -> io::Result<()> {
-    let mut m = EMPTY_META;
-    let now = match LocalStore::stat_into(dir, name, &mut m) {
-        Ok(()) => Some(m),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-        Err(e) => return Err(e),
-    };
-    if at.holds(now.as_ref()) {
-        Ok(())
-    } else {
-        Err(ferry_engine::store::changed())
-    }
-}
-
-/// Rename the finished file `from` of `dir` to `name`, as `expect` says
-/// (`LocalWriter::expect`): over the entry planned, checked right before;
-/// onto a name planned free, never over anything (`RENAME_NOREPLACE`);
-/// over whatever is there when nothing was asked.
-fn place(
-    dir: BorrowedFd<'_>,
-    from: &CStr,
-    name: &CStr,
-    expect: Option<Option<Planned>>,
-) -> io::Result<()> {
-    match expect {
-        None => Ok(rfs::renameat(dir, from, dir, name)?),
-        Some(Some(p)) => {
-            check_planned(dir, name, &p)?;
-            Ok(rfs::renameat(dir, from, dir, name)?)
-        }
-        Some(None) => match rename_noreplace(dir, from, dir, name) {
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                Err(ferry_engine::store::changed())
-            }
-            r => r,
-        },
-    }
-}
-
-/// Rename `from` of `from_dir` to `to` of `to_dir`, never over an entry
-/// there (`AlreadyExists`): `RENAME_NOREPLACE`; on a filesystem without
-/// it, a link (which never replaces) then an unlink; without links either
-/// (FAT), the name checked free right before a plain rename.
-fn rename_noreplace(
-    from_dir: BorrowedFd<'_>,
-    from: &CStr,
-    to_dir: BorrowedFd<'_>,
-    to: &CStr,
-) -> io::Result<()> {
-    let exists = || io::Error::from(io::ErrorKind::AlreadyExists);
-    match rfs::renameat_with(from_dir, from, to_dir, to, rfs::RenameFlags::NOREPLACE) {
-        Ok(()) => Ok(()),
-        Err(Errno::EXIST) => Err(exists()),
-        Err(Errno::INVAL) | Err(Errno::NOSYS) => {
-            match rfs::linkat(from_dir, from, to_dir, to, AtFlags::empty()) {
-                Ok(()) => {
-                    rfs::unlinkat(from_dir, from, AtFlags::empty())?;
-                    Ok(())
-                }
-                Err(Errno::EXIST) => Err(exists()),
-                // Directories cannot be linked; nor can anything on FAT.
-                Err(Errno::PERM | Errno::NOTSUP | Errno::MLINK | Errno::NOSYS) => {
-                    match rfs::statx(to_dir, to, AtFlags::SYMLINK_NOFOLLOW, StatxFlags::TYPE) {
-                        Err(Errno::NOENT) => Ok(rfs::renameat(from_dir, from, to_dir, to)?),
-                        Ok(_) => Err(exists()),
-                        Err(e) => Err(e.into()),
-                    }
-                }
-                Err(e) => Err(e.into()),
-            }
-        }
-        Err(e) => Err(e.into()),
-    }
-}
-
-pub(crate) fn times(meta: &Meta) -> Timestamps {
-    Timestamps {
-        last_access: Timespec {
-            tv_sec: 0,
-            tv_nsec: UTIME_OMIT,
-        },
-        last_modification: Timespec {
-            tv_sec: meta.mtime_sec,
-            tv_nsec: meta.mtime_nsec as _,
-        },
-    }
-}
-
-pub(crate) fn uid(u: u32) -> rustix::fs::Uid {
-    rustix::fs::Uid::from_raw(u)
-}
-
-pub(crate) fn gid(g: u32) -> rustix::fs::Gid {
-    rustix::fs::Gid::from_raw(g)
-}
-
-/// Errors that mean a copy syscall cannot copy between these files.
-pub(crate) fn is_unsupported(e: Errno) -> bool {
-    matches!(
-        e,
-        Errno::OPNOTSUPP | Errno::XDEV | Errno::INVAL | Errno::NOSYS | Errno::BADF | Errno::PERM
-    )
-}
-
-pub(crate) fn pwrite_all(fd: BorrowedFd<'_>, data: &[u8], at: u64) -> io::Result<()> {
-    let mut n = 0;
-    while n < data.len() {
-        match rustix::io::pwrite(fd, &data[n..], at + n as u64) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(k) => n += k,
-            Err(Errno::INTR) => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Ok(())
-}
-
-pub(crate) fn write_all(fd: BorrowedFd<'_>, mut buf: &[u8]) -> io::Result<()> {
-    while !buf.is_empty() {
-        match rustix::io::write(fd, buf) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => buf = &buf[n..],
-            Err(Errno::INTR) => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Ok(())
-}
-
-fn current_umask() -> u32 {
-    let old = rustix::process::umask(Mode::from_raw_mode(0o022));
-    rustix::process::umask(old);
-    old.as_raw_mode()
-}
-
-thread_local! {
-    static DIRBUF: RefCell<Vec<MaybeUninit<u8>>> = RefCell::new(vec![MaybeUninit::uninit(); 256 * 1024]);
-    static STREAMBUF: RefCell<Vec<u8>> = RefCell::new(vec![0u8; STREAM_BUF]);
-}
-
-/// A local file appended to in place ([`Store::open_append`]).
-struct LocalAppend {
-    fd: OwnedFd,
-    end: u64,
-    /// Its owner and group, when the store keeps owners.
-    owner: Option<(u32, u32)>,
-    /// Its permission bits.
-    mode: u32,
-}
-
-impl ferry_engine::store::AppendFile for LocalAppend {
-    fn read_at(&mut self, at: u64, buf: &mut [u8]) -> io::Result<usize> {
-        let mut n = 0;
-        while n < buf.len() {
-            match rustix::io::pread(&self.fd, &mut buf[n..], at + n as u64) {
-                Ok(0) => break,
-                Ok(k) => n += k,
-                Err(Errno::INTR) => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-        Ok(n)
-    }
-
-    fn append(&mut self, mut buf: &[u8]) -> io::Result<()> {
-        while !buf.is_empty() {
-            match rustix::io::pwrite(&self.fd, buf, self.end) {
-                Ok(k) => {
-                    buf = &buf[k..];
-                    self.end += k as u64;
-                }
-                Err(Errno::INTR) => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-        Ok(())
-    }
-
-    fn finish(self: Box<Self>, meta: &Meta, fsync: bool) -> io::Result<()> {
-        if self.owner.is_some_and(|o| o != (meta.uid, meta.gid)) {
-            rfs::fchown(&self.fd, Some(uid(meta.uid)), Some(gid(meta.gid)))?;
-        }
-        // After a chown, which drops setuid and setgid bits.
-        if self.mode != meta.mode & 0o7777 || self.owner.is_some_and(|o| o != (meta.uid, meta.gid))
-        {
-            rfs::fchmod(&self.fd, Mode::from_raw_mode(meta.mode & 0o7777))?;
-        }
-        if fsync {
-            rfs::fsync(&self.fd)?;
-        }
-        rfs::futimens(&self.fd, &times(meta))?;
-        Ok(())
-    }
-}
-
-/// A reserved temporary name (`store::temp_name`): our pid and a counter,
-/// unique per process and call, recognisable by the next run as a leftover.
-#[derive(Debug)]
-struct TempName {
-    buf: [u8; RESERVED_LEN + 1],
-}
-
-static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
-
-/// Our pid, asked once (std asks the kernel on every call).
-fn pid() -> u32 {
-    static PID: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-    *PID.get_or_init(std::process::id)
-}
-
-impl TempName {
-    fn new() -> TempName {
-        let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
-        TempName {
-            buf: temp_name((u64::from(pid()) << 32) | (n & 0xffff_ffff)),
-        }
-    }
-
-    fn as_cstr(&self) -> &CStr {
-        CStr::from_bytes_with_nul(&self.buf).expect("NUL-terminated")
-    }
-}
-
-/// A path as bytes (helper for callers turning `Path`s into listing keys).
-pub fn path_bytes(p: &Path) -> &[u8] {
-    p.as_os_str().as_bytes()
-}
-
-/// Bytes and inodes free for this user on the filesystem of `fd`.
-pub fn free_space(fd: BorrowedFd<'_>) -> Option<(u64, u64)> {
-    let s = rfs::fstatvfs(fd).ok()?;
-    Some((s.f_bavail.saturating_mul(s.f_frsize), s.f_favail))
 }

@@ -3,7 +3,7 @@
 //! is the MD5 of the content (the store offers it as an MD5 hash); a
 //! multipart upload's is the MD5 of the parts' MD5s followed by
 //! `-<parts>`, reproduced from the other side's bytes here
-//! (`Store::matches_bytes`). The part size is not recorded, but uploaders
+//! (`HashStore::matches_bytes`). The part size is not recorded, but uploaders
 //! use a whole number of MiB, so only sizes giving that part count are
 //! possible: the common ones (8 MiB: ferry, AWS CLI; 5 MiB: rclone) are
 //! tried first, and a mismatch is only trusted when every possible size

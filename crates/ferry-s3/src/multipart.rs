@@ -130,34 +130,7 @@ impl S3Store {
         chunk: usize,
         limit: Option<&Limiter>,
     ) -> io::Result<u64> {
-        // An earlier run's upload of this key is taken over: each of its
-        // parts whose size and MD5 match what we read is kept, not re-sent.
-        // An upload that cannot be resumed, for whatever reason, is not a
-        // reason to fail the file: it is started afresh.
-        let prior = match self.resumable_upload(&w.key) {
-            Ok(p) => p,
-            Err(e) if Unreachable::is(&e) => return Err(e),
-            Err(_) => None,
-        };
-        let prior_parts = match prior {
-            Some((id, parts)) => {
-                self.c
-                    .counters
-                    .uploads_resumed
-                    .fetch_add(1, Ordering::Relaxed);
-                w.upload = Some(Multipart {
-                    id,
-                    etags: Vec::new(),
-                    md5: None,
-                    resumed: true,
-                });
-                parts
-            }
-            None => {
-                self.create_upload(w, None)?;
-                HashMap::new()
-            }
-        };
+        let prior_parts = self.start_or_resume(w)?;
         let id = w.upload.as_ref().expect("created").id.clone();
         let key = w.key.clone();
         let tags = PartTags::default();
@@ -242,6 +215,39 @@ impl S3Store {
         up.etags = tags;
         up.md5 = (total == size).then(|| base64(&whole.finalize()));
         Ok(total)
+    }
+
+    /// The multipart upload `w` writes: an earlier run's of this key taken
+    /// over (its parts returned: number -> size and ETag), or a new one.
+    fn start_or_resume(&self, w: &mut S3Writer) -> io::Result<Parts> {
+        // An earlier run's upload of this key is taken over: each of its
+        // parts whose size and MD5 match what we read is kept, not re-sent.
+        // An upload that cannot be resumed, for whatever reason, is not a
+        // reason to fail the file: it is started afresh.
+        let prior = match self.resumable_upload(&w.key) {
+            Ok(p) => p,
+            Err(e) if Unreachable::is(&e) => return Err(e),
+            Err(_) => None,
+        };
+        Ok(match prior {
+            Some((id, parts)) => {
+                self.c
+                    .counters
+                    .uploads_resumed
+                    .fetch_add(1, Ordering::Relaxed);
+                w.upload = Some(Multipart {
+                    id,
+                    etags: Vec::new(),
+                    md5: None,
+                    resumed: true,
+                });
+                parts
+            }
+            None => {
+                self.create_upload(w, None)?;
+                HashMap::new()
+            }
+        })
     }
 
     /// Abort an upload an interrupted run left behind (counted).

@@ -13,7 +13,10 @@ use ferry_engine::bwlimit::Limiter;
 use ferry_engine::entry::{Kind, Listing, Meta};
 use ferry_engine::hash::{Hash, HashKind, HashSet};
 use ferry_engine::keep::{KeepBase, KeepTo};
-use ferry_engine::store::{ListError, MetaChange, Planned, RangedSource, SourceFile, Store};
+use ferry_engine::store::{
+    Absent, Cleanup, Committing, Features, ListError, MetaChange, Planned, RangedSource,
+    SourceFile, Store,
+};
 use rusty_s3::actions::{DeleteObjects, HeadBucket, HeadObject, ListObjectsV2, ObjectIdentifier};
 use rusty_s3::{Bucket, S3Action, UrlStyle};
 
@@ -86,227 +89,6 @@ impl S3Writer {
             copy_from: None,
             expect: None,
         }
-    }
-}
-
-impl S3Store {
-    /// The ETag (quotes removed, lower case) and `X-Amz-Meta-Md5chksum` of
-    /// object `name` in `dir` (`--checksum`).
-    fn etag_md5(&self, dir: &S3Dir, name: &CStr) -> io::Result<(Option<String>, Option<String>)> {
-        let key = self.key(dir, name)?;
-        let a = HeadObject::new(&self.c.bucket, self.c.creds(), &key);
-        let resp = self.c.call("HEAD", &key, a, &[], None)?;
-        let h = resp.headers();
-        let tag = h.get("etag").and_then(|v| v.to_str().ok());
-        Ok((
-            tag.map(|e| e.trim_matches('"').to_ascii_lowercase()),
-            md5_from_headers(h),
-        ))
-    }
-
-    /// Connect to the bucket described by `cfg` (no request is made yet),
-    /// with the default no-progress timeout ([`fail::DEFAULT_TIMEOUT`]).
-    pub fn new(cfg: &S3Config, threads: usize) -> Result<S3Store, ConfigError> {
-        Self::with_timeout(cfg, threads, fail::DEFAULT_TIMEOUT)
-    }
-
-    /// [`S3Store::new`] with a request that receives (or sends) no byte
-    /// for `timeout` failing (and retried): `--timeout`.
-    pub fn with_timeout(
-        cfg: &S3Config,
-        threads: usize,
-        timeout: std::time::Duration,
-    ) -> Result<S3Store, ConfigError> {
-        let style = if cfg.path_style {
-            UrlStyle::Path
-        } else {
-            UrlStyle::VirtualHost
-        };
-        let bucket = Bucket::new(
-            cfg.endpoint.clone(),
-            style,
-            cfg.bucket.clone(),
-            cfg.region.clone(),
-        )
-        .map_err(|source| ConfigError::Bucket {
-            bucket: cfg.bucket.clone(),
-            source,
-        })?;
-        let agent = crate::transport::agent(timeout);
-        let direct = direct::Pool::for_url(bucket.base_url(), timeout);
-        let mut root = cfg.prefix.trim_matches('/').to_string();
-        if !root.is_empty() {
-            root.push('/');
-        }
-        Ok(S3Store {
-            c: Arc::new(Conn {
-                bucket,
-                creds: cfg.credentials.clone(),
-                agent,
-                direct,
-                counters: Counters::default(),
-                endpoint: cfg.endpoint.as_str().trim_end_matches('/').to_string(),
-                root_url: format!("s3://{}/{}", cfg.bucket, root)
-                    .trim_end_matches('/')
-                    .to_string(),
-                timeout,
-                health: Health::default(),
-                odd: OddMeta::default(),
-            }),
-            root,
-            head_threads: threads.clamp(1, 64),
-            lazy_meta: false,
-            no_batch_delete: AtomicBool::new(false),
-            no_conditions: AtomicBool::new(false),
-            cfg: Box::new(cfg.clone()),
-            others: Default::default(),
-        })
-    }
-
-    /// Listings without a HEAD per object: exact sizes, approximate mtimes
-    /// and modes until the engine asks for exact ones (`Store::refine`) of
-    /// the objects it compares. For copy and sync, and `ls --server-mtime`.
-    pub fn with_lazy_meta(mut self) -> S3Store {
-        self.lazy_meta = true;
-        self
-    }
-
-    /// What the store did (parts sent and reused, uploads resumed, ...).
-    pub fn counters(&self) -> &Counters {
-        &self.c.counters
-    }
-}
-
-impl S3Store {
-    pub(crate) fn key(&self, dir: &S3Dir, name: &CStr) -> io::Result<String> {
-        let name = name.to_str().map_err(|_| {
-            io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "name is not UTF-8 (S3 keys must be)",
-            )
-        })?;
-        let key = format!("{}{}", dir.prefix, name);
-        check_key(&key)?;
-        Ok(key)
-    }
-
-    /// HEAD an object: its metadata as ferry compares it.
-    /// HEAD an object. `fallback`: the mtime to use when the object has no
-    /// `x-amz-meta-mtime` (the listing's LastModified, which has
-    /// milliseconds; the Last-Modified header has only seconds).
-    pub(crate) fn head(
-        &self,
-        key: &str,
-        size: u64,
-        fallback: Option<(i64, u32)>,
-    ) -> io::Result<Meta> {
-        Ok(self.head_md5(key, size, fallback)?.0)
-    }
-
-    /// [`head`](Self::head), and the object's `X-Amz-Meta-Md5chksum`.
-    pub(crate) fn head_md5(
-        &self,
-        key: &str,
-        size: u64,
-        fallback: Option<(i64, u32)>,
-    ) -> io::Result<(Meta, Option<String>)> {
-        self.c.counters.heads.fetch_add(1, Ordering::Relaxed);
-        let a = HeadObject::new(&self.c.bucket, self.c.creds(), key);
-        let resp = self.c.call("HEAD", key, a, &[], None)?;
-        Ok((
-            meta_from_headers(resp.headers(), size, fallback, key, &self.c.odd),
-            md5_from_headers(resp.headers()),
-        ))
-    }
-
-    /// HEAD several objects of `prefix` at once: (name, listed size,
-    /// LastModified) → metadata, in the same order.
-    pub(crate) fn head_many(&self, prefix: &str, files: &[HeadArg<'_>]) -> Vec<io::Result<Meta>> {
-        self.in_parallel(files, 8, |(name, size, lm)| {
-            self.head(&format!("{prefix}{name}"), *size, *lm)
-        })
-    }
-
-    /// Delete `keys` (at most 1,000, one listing page): one DeleteObjects
-    /// request instead of a DELETE per key. A server that refuses it (GCS's
-    /// S3 API has none) gets one DELETE per key, several at a time.
-    pub(crate) fn delete_keys(&self, keys: &[String]) -> io::Result<()> {
-        if keys.len() > 1 && !self.no_batch_delete.load(Ordering::Relaxed) {
-            match self.delete_batch(keys) {
-                Err(e) if e.kind() == io::ErrorKind::Unsupported => {
-                    self.no_batch_delete.store(true, Ordering::Relaxed);
-                }
-                r => return r,
-            }
-        }
-        self.in_parallel(keys, 8, |k| match self.delete_key(k) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
-            _ => Ok(()),
-        })
-        .into_iter()
-        .collect()
-    }
-
-    /// One DeleteObjects (quiet: the answer lists only the keys that
-    /// failed). `Unsupported` when the server does not offer it.
-    pub(crate) fn delete_batch(&self, keys: &[String]) -> io::Result<()> {
-        let ids: Vec<ObjectIdentifier> = keys
-            .iter()
-            .map(|k| ObjectIdentifier::new(k.clone()))
-            .collect();
-        let mut action = DeleteObjects::new(&self.c.bucket, self.c.creds(), ids.iter());
-        action.set_quiet(true);
-        let url = action.sign(SIGN_TTL);
-        let (body, md5) = action.body_with_md5();
-        self.c
-            .counters
-            .batch_deletes
-            .fetch_add(1, Ordering::Relaxed);
-        let what = format!("{} (and {} more)", keys[0], keys.len() - 1);
-        let mut resp = self.c.send("DeleteObjects", &what, || {
-            self.c
-                .agent
-                .post(url.as_str())
-                .header("content-md5", &md5)
-                .send(body.as_bytes())
-        })?;
-        let answer = resp
-            .body_mut()
-            .with_config()
-            .limit(64 << 20)
-            .read_to_string()
-            .map_err(|e| io::Error::other(format!("DeleteObjects {what}: {e}")))?;
-        let failed = xml::delete_errors(&answer)
-            .map_err(|e| io::Error::other(format!("DeleteObjects {what}: {e}")))?;
-        match failed.first() {
-            None => Ok(()),
-            Some(e) => Err(io::Error::other(format!(
-                "DELETE {}: {} {}",
-                e.key, e.code, e.message
-            ))),
-        }
-    }
-
-    /// An object's metadata headers: mtime, mode and, when known, rclone's
-    /// whole-object MD5.
-    pub(crate) fn meta_headers(meta: &Meta, md5: Option<&str>) -> Vec<(&'static str, String)> {
-        let mut hs = vec![
-            (META_MTIME, format_mtime(meta)),
-            (META_MODE, format!("{:o}", 0o100000 | meta.mode)),
-        ];
-        if let Some(m) = md5 {
-            hs.push((META_MD5, m.to_string()));
-        }
-        hs
-    }
-
-    pub(crate) fn delete_key(&self, key: &str) -> io::Result<()> {
-        self.delete_with(key, &[])
-    }
-
-    /// `x-amz-copy-source` of a key of this bucket.
-    pub(crate) fn source_of(&self, key: &str) -> String {
-        format!("/{}/{}", self.c.bucket.name(), encode_key(key))
     }
 }
 
@@ -398,10 +180,77 @@ impl S3Store {
     }
 }
 
+mod ext;
+mod helpers;
+
 impl Store for S3Store {
     type Dir = S3Dir;
     type Reader = S3Reader;
     type Writer = S3Writer;
+    type Delta = Absent;
+    type Xattrs = Absent;
+    type Keep = S3Store;
+    type Posix = Absent;
+    type Hashes = S3Store;
+
+    fn features(&self) -> Features {
+        Features {
+            approximate_meta: self.lazy_meta,
+            latency_bound: true,
+            preserves_owner: false,
+            local_modes: false,
+            dir_meta: false,
+            inodes: false,
+            empty_dirs: false,
+            symlinks: false,
+            dir_write_lanes: usize::MAX,
+            mtime_step_ns: 1,
+        }
+    }
+    fn delta(&self) -> Option<&Absent> {
+        None
+    }
+    fn xattrs(&self) -> Option<&Absent> {
+        None
+    }
+    fn keeper(&self) -> Option<&S3Store> {
+        Some(self)
+    }
+    fn posix(&self) -> Option<&Absent> {
+        None
+    }
+    fn hashes(&self) -> Option<&S3Store> {
+        Some(self)
+    }
+    fn cleanup(&self) -> Option<&dyn Cleanup> {
+        Some(self)
+    }
+    fn open_ahead(&self, _dir: &S3Dir, _files: &[(&CStr, u64)]) {}
+    fn commit_nowait<'a>(
+        &'a self,
+        dir: &'a S3Dir,
+        w: Self::Writer,
+        name: &CStr,
+        meta: &Meta,
+        fsync: bool,
+    ) -> Committing<'a> {
+        Committing::done(self.commit(dir, w, name, meta, fsync))
+    }
+    fn create_empty(
+        &self,
+        _dir: &S3Dir,
+        _name: &CStr,
+        _meta: &Meta,
+        _fsync: bool,
+    ) -> io::Result<bool> {
+        Ok(false)
+    }
+    fn sets_symlink_times(&self, _dir: &S3Dir, _name: &CStr, _now: &Meta) -> bool {
+        true
+    }
+    fn free_space(&self, _dir: &S3Dir) -> Option<(u64, u64)> {
+        None
+    }
 
     fn open_root(&self) -> io::Result<Option<(S3Dir, Meta)>> {
         let a = HeadBucket::new(&self.c.bucket, self.c.creds());
@@ -525,14 +374,6 @@ impl Store for S3Store {
         }
         out.sort();
         Ok(())
-    }
-
-    fn approximate_meta(&self) -> bool {
-        self.lazy_meta
-    }
-
-    fn has_inodes(&self) -> bool {
-        false
     }
 
     fn meta_after_commit(&self, written: &Meta) -> Option<Meta> {
@@ -765,48 +606,6 @@ impl Store for S3Store {
         self.copy_object(&key, &self.source_of(&key), meta.size, meta, md5.as_deref())
     }
 
-    fn hashes(&self) -> HashSet {
-        HashSet::of(&[HashKind::Md5])
-    }
-
-    fn hash(&self, dir: &S3Dir, name: &CStr, kind: HashKind) -> io::Result<Option<Hash>> {
-        // A single-part ETag is the MD5; a multipart object's MD5 is the
-        // `X-Amz-Meta-Md5chksum` ferry and rclone record, when there.
-        let HashKind::Md5 = kind;
-        let (tag, md5) = self.etag_md5(dir, name)?;
-        let from_meta = || {
-            use base64::Engine as _;
-            let d = base64::prelude::BASE64_STANDARD.decode(md5?).ok()?;
-            d.try_into().ok()
-        };
-        Ok(tag
-            .as_deref()
-            .and_then(etag::single_md5)
-            .or_else(from_meta)
-            .map(Hash::Md5))
-    }
-
-    fn matches_bytes<'a>(
-        &self,
-        dir: &S3Dir,
-        name: &CStr,
-        size: u64,
-        open: &mut dyn FnMut() -> io::Result<Box<dyn SourceFile + 'a>>,
-    ) -> io::Result<Option<bool>> {
-        let Some(tag) = self.etag_md5(dir, name)?.0 else {
-            return Ok(None);
-        };
-        // Another object: equal ETags are the same content, and nothing is
-        // read to tell other ones apart (its bytes are compared instead).
-        let other = open()?;
-        if let Some(o) = other.as_any().and_then(|a| a.downcast_ref::<S3Reader>()) {
-            let (_, theirs) = o.identity()?;
-            return Ok((theirs.trim_matches('"').eq_ignore_ascii_case(&tag)).then_some(true));
-        }
-        drop(other);
-        etag::matches(open, size, &tag)
-    }
-
     fn remove(&self, dir: &S3Dir, name: &CStr, is_dir: bool) -> io::Result<u64> {
         if !is_dir {
             self.delete_key(&self.key(dir, name)?)?;
@@ -909,26 +708,6 @@ impl Store for S3Store {
         }
     }
 
-    fn preserves_owner(&self) -> bool {
-        false
-    }
-
-    fn has_dir_meta(&self) -> bool {
-        false
-    }
-
-    fn supports_symlinks(&self) -> bool {
-        false
-    }
-
-    fn latency_bound(&self) -> bool {
-        true
-    }
-
-    fn keeps_empty_dirs(&self) -> bool {
-        false
-    }
-
     fn notes(&self, role: &str) -> Vec<String> {
         let c = self.counters();
         let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -949,24 +728,6 @@ impl Store for S3Store {
 
     fn warnings(&self, role: &str) -> Vec<String> {
         self.c.odd.note(role).into_iter().collect()
-    }
-
-    fn keep(&self, dir: &S3Dir, name: &CStr, to: &KeepTo<'_>) -> io::Result<()> {
-        self.keep_entry(dir, name, to)
-    }
-
-    fn can_keep(&self, base: &KeepBase) -> bool {
-        S3Store::keep_base_ok(base)
-    }
-
-    fn cleanup(&self, max_age: Duration, dry_run: bool) -> io::Result<Vec<(String, String)>> {
-        // The bucket must exist (an error naming it otherwise).
-        self.open_root()?;
-        let bucket = self.c.bucket.name();
-        Ok(S3Store::cleanup(self, max_age, dry_run)?
-            .into_iter()
-            .map(|(key, started)| (format!("s3://{bucket}/{key}"), started))
-            .collect())
     }
 }
 

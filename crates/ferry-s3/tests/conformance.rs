@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use ferry_conformance::{Denied, Fixture, Outside};
 use ferry_engine::keep::KeepBase;
 use ferry_engine::store::Store;
+use ferry_engine::store::StoreExt;
 use ferry_s3::{S3Config, S3Store};
 
 struct S3 {
@@ -130,7 +131,7 @@ fn keep_in_another_bucket() {
         replacing: false,
         planned: None,
     };
-    s.keep(&r, c"f", &to).expect("keep in another bucket");
+    s.keep_entry(&r, c"f", &to).expect("keep in another bucket");
     assert!(s.stat(&r, c"f").unwrap().is_none());
     let o = S3Store::new(
         &S3Config {
@@ -148,7 +149,7 @@ fn keep_in_another_bucket() {
     // Without overwrite, an object there is an AlreadyExists.
     put_from(&s, &r, c"f", &mut Bytes(b"next"), &meta).unwrap();
     assert_eq!(
-        s.keep(&r, c"f", &to).map_err(|e| e.kind()),
+        s.keep_entry(&r, c"f", &to).map_err(|e| e.kind()),
         Err(std::io::ErrorKind::AlreadyExists),
         "the kept object exists"
     );

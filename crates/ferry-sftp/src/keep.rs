@@ -40,7 +40,7 @@ impl SftpStore {
         join(&base, to.path)
     }
 
-    /// See [`ferry_engine::store::Store::keep`] and the module's comment.
+    /// See [`ferry_engine::store::KeepStore::keep`] and the module's comment.
     pub(crate) fn keep_entry(&self, dir: &SftpDir, name: &CStr, to: &KeepTo<'_>) -> io::Result<()> {
         let from = join(&dir.path, name.to_bytes());
         // Moved away only while it is still the entry planned (one LSTAT).

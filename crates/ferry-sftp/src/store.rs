@@ -13,7 +13,8 @@ use ferry_engine::bwlimit::Limiter;
 use ferry_engine::entry::{Kind, Listing, Meta};
 use ferry_engine::keep::{KeepBase, KeepTo};
 use ferry_engine::store::{
-    temp_name, Committing, ListError, MetaChange, Planned, SourceFile, Store, RESERVED_LEN,
+    temp_name, Absent, Cleanup, Committing, Features, KeepStore, ListError, MetaChange, Planned,
+    SourceFile, Store, RESERVED_LEN,
 };
 use ferry_ssh::Target;
 
@@ -407,6 +408,56 @@ impl Store for SftpStore {
     type Dir = SftpDir;
     type Reader = SftpReader;
     type Writer = SftpWriter;
+    type Delta = Absent;
+    type Xattrs = Absent;
+    type Keep = SftpStore;
+    type Posix = Absent;
+    type Hashes = Absent;
+
+    fn features(&self) -> Features {
+        Features {
+            approximate_meta: false,
+            latency_bound: true,
+            preserves_owner: false,
+            local_modes: false,
+            dir_meta: true,
+            inodes: false,
+            empty_dirs: true,
+            symlinks: true,
+            dir_write_lanes: usize::MAX,
+            mtime_step_ns: 1_000_000_000,
+        }
+    }
+    fn delta(&self) -> Option<&Absent> {
+        None
+    }
+    fn xattrs(&self) -> Option<&Absent> {
+        None
+    }
+    fn keeper(&self) -> Option<&SftpStore> {
+        Some(self)
+    }
+    fn posix(&self) -> Option<&Absent> {
+        None
+    }
+    fn hashes(&self) -> Option<&Absent> {
+        None
+    }
+    fn cleanup(&self) -> Option<&dyn Cleanup> {
+        None
+    }
+    fn refine(
+        &self,
+        _dir: &SftpDir,
+        _list: &mut Listing,
+        _which: &[usize],
+        _errors: &mut Vec<ListError>,
+    ) -> io::Result<()> {
+        Ok(())
+    }
+    fn meta_after_commit(&self, _written: &Meta) -> Option<Meta> {
+        None
+    }
 
     fn open_root(&self) -> io::Result<Option<(SftpDir, Meta)>> {
         match self.stat_path(&self.root, true)? {
@@ -653,10 +704,6 @@ impl Store for SftpStore {
         Ok(1)
     }
 
-    fn latency_bound(&self) -> bool {
-        true
-    }
-
     fn rename(
         &self,
         from_dir: &SftpDir,
@@ -679,18 +726,6 @@ impl Store for SftpStore {
 
     fn rmdir(&self, dir: &SftpDir, name: &CStr) -> io::Result<()> {
         self.rmdir_path(&join(&dir.path, name.to_bytes()))
-    }
-
-    fn preserves_owner(&self) -> bool {
-        false
-    }
-
-    fn has_inodes(&self) -> bool {
-        false
-    }
-
-    fn mtime_step_ns(&self) -> u32 {
-        1_000_000_000
     }
 
     fn notes(&self, role: &str) -> Vec<String> {
@@ -729,15 +764,16 @@ impl Store for SftpStore {
         tried && !self.lsetstat_refused.load(Ordering::Relaxed)
     }
 
-    fn keep(&self, dir: &SftpDir, name: &CStr, to: &KeepTo<'_>) -> io::Result<()> {
-        self.keep_entry(dir, name, to)
-    }
-
     fn free_space(&self, dir: &SftpDir) -> Option<(u64, u64)> {
         self.statvfs(&dir.path).ok()
     }
+}
 
-    fn can_keep(&self, _base: &KeepBase) -> bool {
+impl KeepStore<SftpStore> for SftpStore {
+    fn keeps_at(&self, _base: &KeepBase) -> bool {
         true
+    }
+    fn keep(&self, dir: &SftpDir, name: &CStr, to: &KeepTo<'_>) -> io::Result<()> {
+        self.keep_entry(dir, name, to)
     }
 }

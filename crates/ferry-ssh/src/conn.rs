@@ -73,7 +73,7 @@ pub struct Settings {
     /// (`-H (hard links)`, ...): where ferry cannot run, the run stops
     /// rather than go over SFTP without it.
     pub only_ferry_keeps: Vec<String>,
-    /// `--timeout` (unset: [`quiet::DEFAULT_TIMEOUT`]).
+    /// `--timeout` (unset: [`crate::quiet::DEFAULT_TIMEOUT`]).
     pub timeout: Option<std::time::Duration>,
     /// This process only reads (`ferry ls`, `ferry versions`, a dry run):
     /// every `ferry serve` it starts acts on no rollback record.

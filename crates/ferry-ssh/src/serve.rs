@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 
 use ferry_engine::entry::{Listing, Meta};
 use ferry_engine::keep::{KeepBase, KeepTo};
-use ferry_engine::store::{Planned, SourceFile, Store};
+use ferry_engine::store::{Planned, SourceFile, Store, StoreExt};
 use ferry_engine::xattr::Xattrs;
 use ferry_local::download::Direct;
 use ferry_local::local::{LocalDir, LocalReader, LocalWriter};

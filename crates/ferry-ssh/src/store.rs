@@ -24,7 +24,8 @@ use ferry_engine::entry::{Kind, Listing, Meta};
 use ferry_engine::keep::{KeepBase, KeepTo};
 use ferry_engine::piece::with_piece_buffer;
 use ferry_engine::store::{
-    Committing, DeltaRole, ListError, MetaChange, Planned, RangedSource, SourceFile, Store,
+    Absent, Cleanup, Committing, DeltaRole, Features, ListError, MetaChange, Planned, RangedSource,
+    SourceFile, Store,
 };
 use ferry_engine::xattr::{XattrSel, Xattrs};
 
@@ -641,10 +642,68 @@ impl Drop for SshReader {
     }
 }
 
+mod ext;
+
 impl Store for SshStore {
     type Dir = SshDir;
     type Reader = SshReader;
     type Writer = SshWriter;
+    type Delta = SshStore;
+    type Xattrs = SshStore;
+    type Keep = SshStore;
+    type Posix = SshStore;
+    type Hashes = Absent;
+
+    fn features(&self) -> Features {
+        Features {
+            approximate_meta: false,
+            latency_bound: true,
+            preserves_owner: self.conn().root,
+            local_modes: false,
+            dir_meta: true,
+            inodes: true,
+            empty_dirs: true,
+            symlinks: true,
+            dir_write_lanes: usize::MAX,
+            mtime_step_ns: 1,
+        }
+    }
+    fn delta(&self) -> Option<&SshStore> {
+        Some(self)
+    }
+    fn xattrs(&self) -> Option<&SshStore> {
+        Some(self)
+    }
+    fn keeper(&self) -> Option<&SshStore> {
+        Some(self)
+    }
+    fn posix(&self) -> Option<&SshStore> {
+        Some(self)
+    }
+    fn hashes(&self) -> Option<&Absent> {
+        None
+    }
+    fn cleanup(&self) -> Option<&dyn Cleanup> {
+        None
+    }
+    fn refine(
+        &self,
+        _dir: &SshDir,
+        _list: &mut Listing,
+        _which: &[usize],
+        _errors: &mut Vec<ListError>,
+    ) -> io::Result<()> {
+        Ok(())
+    }
+    fn meta_after_commit(&self, _written: &Meta) -> Option<Meta> {
+        None
+    }
+    fn sets_symlink_times(&self, _dir: &SshDir, _name: &CStr, _now: &Meta) -> bool {
+        true
+    }
+    fn warnings(&self, _role: &str) -> Vec<String> {
+        Vec::new()
+    }
 
     fn open_root(&self) -> io::Result<Option<(SshDir, Meta)>> {
         self.root(false)
@@ -809,63 +868,6 @@ impl Store for SshStore {
         }
     }
 
-    fn delta_role(&self) -> DeltaRole {
-        DeltaRole::Remote
-    }
-
-    fn delta_signature(
-        &self,
-        dir: &SshDir,
-        name: &CStr,
-        min: u64,
-    ) -> io::Result<Option<Signature>> {
-        self.sign(dir, name, min)
-    }
-
-    fn delta_write(
-        &self,
-        dir: &SshDir,
-        w: &mut SshWriter,
-        old: &CStr,
-        sig: &Signature,
-        feed: &mut dyn FnMut(&mut dyn OpSink) -> io::Result<DiffSummary>,
-    ) -> io::Result<DiffSummary> {
-        self.patch(dir, w, old, sig, feed)
-    }
-
-    fn delta_diff(
-        &self,
-        r: &mut dyn SourceFile,
-        sig: &Signature,
-        sink: &mut dyn OpSink,
-    ) -> io::Result<DiffSummary> {
-        self.diff(r, sig, sink)
-    }
-
-    fn delta_inplace<'a>(
-        &'a self,
-        dir: &'a SshDir,
-        name: &CStr,
-        old: &Meta,
-        l: &ferry_engine::delta::Layout,
-        key: &[u8; 32],
-    ) -> io::Result<Option<Box<dyn ferry_engine::delta::InPlace + 'a>>> {
-        self.inplace(dir, name, old, l, key)
-    }
-
-    fn inplace_hashes(
-        &self,
-        r: &mut dyn SourceFile,
-        l: &ferry_engine::delta::Layout,
-        key: &[u8; 32],
-    ) -> io::Result<ferry_engine::delta::PatchHashes> {
-        self.block_hashes(r, l, key)
-    }
-
-    fn read_at(&self, r: &mut dyn SourceFile, at: u64, buf: &mut [u8]) -> io::Result<usize> {
-        self.read_at_(r, at, buf)
-    }
-
     fn create_file(&self, dir: &SshDir, name: &CStr, meta: &Meta) -> io::Result<SshWriter> {
         self.conn().alive()?;
         let file = self.conn().handle();
@@ -1000,10 +1002,6 @@ impl Store for SshStore {
         self.confirmed(conn.wait(&rx)?)
     }
 
-    fn replacing(&self, w: &mut SshWriter) {
-        w.replacing = true;
-    }
-
     fn expect(&self, w: &mut SshWriter, at: Option<&Planned>) {
         w.replacing = at.is_some();
         w.expect = Some(at.map(P::from));
@@ -1113,10 +1111,6 @@ impl Store for SshStore {
         }
     }
 
-    fn latency_bound(&self) -> bool {
-        true
-    }
-
     fn rename(
         &self,
         from_dir: &SshDir,
@@ -1139,41 +1133,6 @@ impl Store for SshStore {
         })
     }
 
-    fn preserves_owner(&self) -> bool {
-        self.conn().root
-    }
-
-    fn is_own_legacy_partial(&self, dir: &SshDir, name: &CStr) -> bool {
-        self.yes(&Req::OwnLegacyPartial {
-            dir: dir.id,
-            name: name.to_bytes(),
-        })
-        .unwrap_or(false)
-    }
-
-    fn make_writable(&self, dir: &SshDir) -> io::Result<bool> {
-        self.yes(&Req::MakeWritable { dir: dir.id })
-    }
-
-    fn supports_special(&self) -> bool {
-        true
-    }
-
-    fn create_special(
-        &self,
-        dir: &SshDir,
-        name: &CStr,
-        meta: &Meta,
-        replace: bool,
-    ) -> io::Result<()> {
-        self.ok(&Req::Special {
-            dir: dir.id,
-            name: name.to_bytes(),
-            meta: M(*meta),
-            replace,
-        })
-    }
-
     fn notes(&self, role: &str) -> Vec<String> {
         let [n, sent, resumed] = self.pushes.each_ref().map(|c| c.load(Ordering::Relaxed));
         if n == 0 {
@@ -1184,45 +1143,6 @@ impl Store for SshStore {
             "ssh {role}: {n} big files pushed in ranges over up to {} connections: {sent} bytes sent, {resumed} bytes of interrupted pushes reused, {again} bytes sent again (checked at the end: they differed from the source)",
             self.conn().width()
         )]
-    }
-
-    fn has_hard_links(&self) -> bool {
-        true
-    }
-
-    fn link(
-        &self,
-        from_dir: &SshDir,
-        from_name: &CStr,
-        dir: &SshDir,
-        name: &CStr,
-    ) -> io::Result<()> {
-        self.ok(&Req::Link {
-            from_dir: from_dir.id,
-            from_name: from_name.to_bytes(),
-            dir: dir.id,
-            name: name.to_bytes(),
-        })
-    }
-
-    fn keep(&self, dir: &SshDir, name: &CStr, to: &KeepTo<'_>) -> io::Result<()> {
-        // `ferry serve` keeps it as a local run would (a hard link when
-        // replacing, a rename when removing): one round trip.
-        let (abs, base) = match to.base {
-            KeepBase::Root(b) => (false, b),
-            KeepBase::Abs(b) => (true, b),
-        };
-        self.ok(&Req::Keep {
-            dir: dir.id,
-            name: name.to_bytes(),
-            root: &self.path,
-            abs,
-            base,
-            path: to.path,
-            overwrite: to.overwrite,
-            replacing: to.replacing,
-            planned: to.planned.as_ref().map(P::from),
-        })
     }
 
     fn free_space(&self, dir: &SshDir) -> Option<(u64, u64)> {
@@ -1236,72 +1156,6 @@ impl Store for SshStore {
             Resp::Space { bytes, inodes } => Some((bytes, inodes)),
             _ => None,
         }
-    }
-
-    fn can_keep(&self, _base: &KeepBase) -> bool {
-        true
-    }
-
-    fn xattr_caps(&self) -> XattrSel {
-        XattrSel::ALL
-    }
-
-    fn get_xattrs(
-        &self,
-        dir: &SshDir,
-        name: Option<&CStr>,
-        kind: Kind,
-        sel: XattrSel,
-        out: &mut Xattrs,
-    ) -> io::Result<()> {
-        self.xattrs(dir.id, name.map(CStr::to_bytes), kind, sel_bits(sel), out)
-    }
-
-    fn reader_xattrs(&self, r: &SshReader, sel: XattrSel, out: &mut Xattrs) -> io::Result<()> {
-        let bits = sel_bits(sel);
-        if r.xattrs.0 == bits {
-            out.clone_from(&r.xattrs.1);
-            return Ok(());
-        }
-        // Opened before the run asked: by name, this once; the next opens
-        // bring them.
-        self.open_xattrs.store(bits, Ordering::Relaxed);
-        self.xattrs(r.at.0, Some(&r.at.1), Kind::File, bits, out)
-    }
-
-    fn set_xattrs(
-        &self,
-        dir: &SshDir,
-        name: Option<&CStr>,
-        meta: &Meta,
-        sel: XattrSel,
-        want: &Xattrs,
-        have: Option<&Xattrs>,
-    ) -> io::Result<()> {
-        self.ok(&Req::SetXattrs {
-            dir: dir.id,
-            name: name.map(CStr::to_bytes),
-            meta: M(*meta),
-            sel: sel_bits(sel),
-            want: attrs(want),
-            have: have.map(attrs),
-        })
-    }
-
-    fn set_writer_xattrs(
-        &self,
-        _dir: &SshDir,
-        w: &mut SshWriter,
-        _meta: &Meta,
-        sel: XattrSel,
-        want: &Xattrs,
-    ) -> io::Result<()> {
-        if self.refused.load(Ordering::Relaxed) {
-            return Err(io::ErrorKind::Unsupported.into());
-        }
-        // Sent with the commit, which sets them before the file is named.
-        w.xattrs = Some((sel_bits(sel), want.clone()));
-        Ok(())
     }
 
     fn open_ahead(&self, dir: &SshDir, files: &[(&CStr, u64)]) {

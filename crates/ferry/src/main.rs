@@ -18,6 +18,7 @@ use std::time::Instant;
 use ferry_backends::{identity, AnyStore, Backends, Job, Location, Opts};
 use ferry_engine::encode::text_name_string;
 use ferry_engine::ls::{list_tree, Format};
+use ferry_engine::store::StoreExt as _;
 use ferry_engine::xattr::XattrSel;
 use ferry_engine::Store as _;
 use ferry_engine::{Engine, Reporter, Stats};
@@ -286,7 +287,10 @@ fn run_cleanup(a: args::CleanupArgs, reg: &Backends) -> Result<u8, String> {
             lazy_meta: false,
         },
     )?;
-    let done = match store.cleanup(a.max_age, a.dry_run) {
+    let done = match store.cleanup().map_or_else(
+        || Err(io::Error::from(io::ErrorKind::Unsupported)),
+        |c| c.cleanup(a.max_age, a.dry_run),
+    ) {
         Err(e) if e.kind() == io::ErrorKind::Unsupported => {
             return Err(format!("{}: cleanup works on s3:// paths", a.path))
         }

@@ -272,7 +272,7 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
                 });
                 match made {
                     Ok(nd) => {
-                        if st.has_dir_meta() {
+                        if st.features().dir_meta {
                             st.set_dir_meta(
                                 &nd,
                                 &self.special[to as usize].apply(&m),
@@ -370,7 +370,7 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
     /// Copy one file or symlink; the target must still be `expect`.
     fn copy(&self, c: &Copy) {
         let to = c.from.other();
-        if c.meta.kind == Kind::Symlink && !on_side!(self, to, |st, _dc| st.supports_symlinks()) {
+        if c.meta.kind == Kind::Symlink && !on_side!(self, to, |st, _dc| st.features().symlinks) {
             self.skip_symlink(c.from, &c.src);
             return;
         }
@@ -646,23 +646,28 @@ fn copy_one<S: Store, D: Store>(
         // The entry a symlink replaces is kept first (left in place where
         // the store can: the new link replaces it in one step).
         kept = match (cp.keep, &c.expect) {
-            (Some(k), Some(old)) => {
-                Some(k.keep(d, &ddir, &dname, &rel, old, true, cp.mtime_step)?)
-            }
+            (Some(k), Some(old)) => Some(k.keep(
+                d,
+                &ddir,
+                &dname,
+                &rel,
+                &Planned::new(old, cp.mtime_step),
+                true,
+            )?),
             _ => None,
         };
         d.create_symlink(&ddir, &dname, &target, &c.meta)?;
         cp.new_entry_xattrs(&sdir, &sname, &ddir, &dname, &c.meta)?;
     } else {
-        let done = cp.copy_file(
-            &sdir,
-            &sname,
-            &ddir,
-            &dname,
-            &rel,
-            &c.meta,
-            c.expect.as_ref(),
-        )?;
+        let done = cp.copy_file(FileCopy {
+            sdir: &sdir,
+            sname: &sname,
+            ddir: &ddir,
+            name: &dname,
+            rel: &rel,
+            meta: &c.meta,
+            old: c.expect.as_ref(),
+        })?;
         from = done.meta;
         kept = done.kept;
         if let Some(m) = d.meta_after_commit(&from) {

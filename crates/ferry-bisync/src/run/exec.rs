@@ -98,7 +98,14 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
     ) -> io::Result<()> {
         match self.keeper(on) {
             Some(k) => {
-                let to = k.keep(st, d, n, &path_of(key), m, false, self.step())?;
+                let to = k.keep(
+                    st,
+                    d,
+                    n,
+                    &path_of(key),
+                    &Planned::new(m, self.step()),
+                    false,
+                )?;
                 self.kept(on, key, &to, m);
                 Ok(())
             }
@@ -354,7 +361,7 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
     /// if that side keeps).
     pub(super) fn dry_copy(&self, from: Side, key: &[u8], m: &Meta, over: Option<&Meta>) {
         let to = from.other();
-        if m.kind == Kind::Symlink && !on_side!(self, to, |st, _dc| st.supports_symlinks()) {
+        if m.kind == Kind::Symlink && !on_side!(self, to, |st, _dc| st.features().symlinks) {
             self.skip_symlink(from, key);
             return;
         }

@@ -13,6 +13,9 @@ use std::sync::{Arc, Mutex};
 
 use ferry_bisync::{BiAction, BiReporter, Journal, Options, Side};
 use ferry_engine::bwlimit::Limiter;
+use ferry_engine::store::{
+    remove_dir_whole, unsupported, Absent, Cleanup, Committing, Features, Planned,
+};
 use ferry_engine::store::{ListError, MetaChange, SourceFile};
 use ferry_engine::{Listing, Meta, Stats, Store};
 use ferry_local::LocalStore;
@@ -50,6 +53,97 @@ impl Store for Probe {
     type Dir = D;
     type Reader = ProbeReader;
     type Writer = <LocalStore as Store>::Writer;
+    type Delta = Absent;
+    type Xattrs = Absent;
+    type Keep = Absent;
+    type Posix = Absent;
+    type Hashes = Absent;
+
+    fn features(&self) -> Features {
+        Features {
+            approximate_meta: false,
+            latency_bound: false,
+            preserves_owner: self.inner.features().preserves_owner,
+            local_modes: false,
+            dir_meta: true,
+            inodes: true,
+            empty_dirs: true,
+            symlinks: true,
+            dir_write_lanes: usize::MAX,
+            mtime_step_ns: 1,
+        }
+    }
+    fn delta(&self) -> Option<&Absent> {
+        None
+    }
+    fn xattrs(&self) -> Option<&Absent> {
+        None
+    }
+    fn keeper(&self) -> Option<&Absent> {
+        None
+    }
+    fn posix(&self) -> Option<&Absent> {
+        None
+    }
+    fn hashes(&self) -> Option<&Absent> {
+        None
+    }
+    fn cleanup(&self) -> Option<&dyn Cleanup> {
+        None
+    }
+    fn refine(
+        &self,
+        _dir: &D,
+        _list: &mut Listing,
+        _which: &[usize],
+        _errors: &mut Vec<ListError>,
+    ) -> io::Result<()> {
+        Ok(())
+    }
+    fn open_ahead(&self, _dir: &D, _files: &[(&CStr, u64)]) {}
+    fn expect(&self, _w: &mut <LocalStore as Store>::Writer, _at: Option<&Planned>) {}
+    fn commit_nowait<'a>(
+        &'a self,
+        dir: &'a D,
+        w: <LocalStore as Store>::Writer,
+        name: &CStr,
+        meta: &Meta,
+        fsync: bool,
+    ) -> Committing<'a> {
+        Committing::done(self.commit(dir, w, name, meta, fsync))
+    }
+    fn meta_after_commit(&self, _written: &Meta) -> Option<Meta> {
+        None
+    }
+    fn create_empty(&self, _dir: &D, _name: &CStr, _meta: &Meta, _fsync: bool) -> io::Result<bool> {
+        Ok(false)
+    }
+    fn sets_symlink_times(&self, _dir: &D, _name: &CStr, _now: &Meta) -> bool {
+        true
+    }
+    fn remove_planned(&self, dir: &D, name: &CStr, _at: &Planned) -> io::Result<u64> {
+        self.remove(dir, name, false)
+    }
+    fn remove_each(
+        &self,
+        dir: &D,
+        name: &CStr,
+        each: &mut dyn FnMut(&[u8], u64),
+    ) -> io::Result<u64> {
+        remove_dir_whole(self, dir, name, each)
+    }
+    fn rename(&self, _: &D, _: &CStr, _: &D, _: &CStr) -> io::Result<()> {
+        Err(unsupported())
+    }
+    fn free_space(&self, _dir: &D) -> Option<(u64, u64)> {
+        None
+    }
+    fn warnings(&self, _role: &str) -> Vec<String> {
+        Vec::new()
+    }
+    fn notes(&self, _role: &str) -> Vec<String> {
+        Vec::new()
+    }
 
     fn open_root(&self) -> io::Result<Option<(D, Meta)>> {
         self.inner.open_root()
@@ -128,9 +222,6 @@ impl Store for Probe {
     }
     fn rmdir(&self, dir: &D, name: &CStr) -> io::Result<()> {
         self.inner.rmdir(dir, name)
-    }
-    fn preserves_owner(&self) -> bool {
-        self.inner.preserves_owner()
     }
 }
 

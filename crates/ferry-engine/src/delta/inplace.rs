@@ -221,7 +221,7 @@ pub fn differing(ours: &[u64], theirs: &[u64]) -> Option<Vec<u32>> {
 }
 
 /// The receiver's side of one patch in place, made by
-/// [`Store::delta_inplace`](crate::store::Store::delta_inplace) (which
+/// [`DeltaStore::delta_inplace`](crate::store::DeltaStore::delta_inplace) (which
 /// started hashing the old file). Dropped without [`InPlace::commit`],
 /// whatever was written is rolled back.
 pub trait InPlace: Send {

@@ -32,7 +32,7 @@ use std::sync::{Arc, Mutex, Weak};
 use super::{Engine, FileBatch, Node};
 use crate::entry::{join, Kind, Meta};
 use crate::report::Stats;
-use crate::store::{MetaChange, Store};
+use crate::store::{MetaChange, Store, StoreExt};
 
 /// How the transfer of one file ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,6 +82,13 @@ impl<S: Store, D: Store> Clone for Place<S, D> {
             name: self.name.clone(),
         }
     }
+}
+
+/// A group's leader once it is done: where it is, and its destination
+/// file when it was kept as it was.
+struct Led<'x, S: Store, D: Store> {
+    leader: &'x Place<S, D>,
+    kept: Option<Id>,
 }
 
 /// A name of a group waiting for its leader.
@@ -169,15 +176,13 @@ pub(super) enum How {
 impl<S: Store, D: Store> Engine<'_, S, D> {
     /// A file of SRC under `-H` (see `Engine::add_file`, `Engine::same`):
     /// transferred, kept, linked to its group's leader, or waiting for it.
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn group_file(
         &self,
         l: &Links<S, D>,
         node: &Arc<Node<S, D>>,
         batch: &mut FileBatch,
         name: &CStr,
-        sm: Meta,
-        dm: Option<Meta>,
+        (sm, dm): (Meta, Option<Meta>),
         how: How,
     ) {
         // May the destination's file stay (if its content is the same)?
@@ -243,7 +248,11 @@ impl<S: Store, D: Store> Engine<'_, S, D> {
                     groups.remove(&id(&sm));
                 }
                 drop(groups);
-                self.member(l, node, name, &sm, dm, kept, &leader);
+                let led = Led {
+                    leader: &leader,
+                    kept,
+                };
+                self.member(l, node, name, &sm, dm, led);
             }
         }
     }
@@ -303,15 +312,18 @@ impl<S: Store, D: Store> Engine<'_, S, D> {
         }
         drop(groups);
         for w in waiters {
-            self.member(l, &w.node, &w.name, &w.meta, w.dst, kept, &leader);
+            let led = Led {
+                leader: &leader,
+                kept,
+            };
+            self.member(l, &w.node, &w.name, &w.meta, w.dst, led);
             self.done(&w.node);
         }
     }
 
     /// Make `name` (source `sm`, destination `dm`) a name of its group's
-    /// leader, unless it is one already (`kept`: the leader's destination
-    /// file, when kept as it was).
-    #[allow(clippy::too_many_arguments)]
+    /// leader, unless it is one already (`led.kept`: the leader's
+    /// destination file, when kept as it was).
     fn member(
         &self,
         l: &Links<S, D>,
@@ -319,9 +331,9 @@ impl<S: Store, D: Store> Engine<'_, S, D> {
         name: &CStr,
         sm: &Meta,
         dm: Option<Meta>,
-        kept: Option<Id>,
-        leader: &Place<S, D>,
+        led: Led<'_, S, D>,
     ) {
+        let Led { leader, kept } = led;
         if let (Some(k), Some(d)) = (kept, dm) {
             if d.kind == Kind::File && id(&d) == k {
                 // Already a name of the leader's file: its metadata is the leader's.

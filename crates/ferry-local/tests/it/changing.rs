@@ -18,6 +18,9 @@ use std::sync::Arc;
 use ferry_engine::bwlimit::Limiter;
 use ferry_engine::entry::{Listing, Meta};
 use ferry_engine::report::Quiet;
+use ferry_engine::store::{
+    remove_dir_whole, unsupported, Absent, Cleanup, Committing, Features, Planned,
+};
 use ferry_engine::store::{ListError, MetaChange, SourceFile, Store};
 use ferry_engine::{Engine, Mode, Options, Stats};
 use ferry_local::local::{LocalDir, LocalReader, LocalWriter};
@@ -86,6 +89,103 @@ impl Store for Growing {
     type Dir = LocalDir;
     type Reader = GrowingReader;
     type Writer = LocalWriter;
+    type Delta = Absent;
+    type Xattrs = Absent;
+    type Keep = Absent;
+    type Posix = Absent;
+    type Hashes = Absent;
+
+    fn features(&self) -> Features {
+        Features {
+            approximate_meta: false,
+            latency_bound: false,
+            preserves_owner: self.inner.features().preserves_owner,
+            local_modes: false,
+            dir_meta: true,
+            inodes: true,
+            empty_dirs: true,
+            symlinks: true,
+            dir_write_lanes: usize::MAX,
+            mtime_step_ns: 1,
+        }
+    }
+    fn delta(&self) -> Option<&Absent> {
+        None
+    }
+    fn xattrs(&self) -> Option<&Absent> {
+        None
+    }
+    fn keeper(&self) -> Option<&Absent> {
+        None
+    }
+    fn posix(&self) -> Option<&Absent> {
+        None
+    }
+    fn hashes(&self) -> Option<&Absent> {
+        None
+    }
+    fn cleanup(&self) -> Option<&dyn Cleanup> {
+        None
+    }
+    fn refine(
+        &self,
+        _dir: &LocalDir,
+        _list: &mut Listing,
+        _which: &[usize],
+        _errors: &mut Vec<ListError>,
+    ) -> io::Result<()> {
+        Ok(())
+    }
+    fn open_ahead(&self, _dir: &LocalDir, _files: &[(&CStr, u64)]) {}
+    fn expect(&self, _w: &mut LocalWriter, _at: Option<&Planned>) {}
+    fn commit_nowait<'a>(
+        &'a self,
+        dir: &'a LocalDir,
+        w: LocalWriter,
+        name: &CStr,
+        meta: &Meta,
+        fsync: bool,
+    ) -> Committing<'a> {
+        Committing::done(self.commit(dir, w, name, meta, fsync))
+    }
+    fn meta_after_commit(&self, _written: &Meta) -> Option<Meta> {
+        None
+    }
+    fn create_empty(
+        &self,
+        _dir: &LocalDir,
+        _name: &CStr,
+        _meta: &Meta,
+        _fsync: bool,
+    ) -> io::Result<bool> {
+        Ok(false)
+    }
+    fn sets_symlink_times(&self, _dir: &LocalDir, _name: &CStr, _now: &Meta) -> bool {
+        true
+    }
+    fn remove_planned(&self, dir: &LocalDir, name: &CStr, _at: &Planned) -> io::Result<u64> {
+        self.remove(dir, name, false)
+    }
+    fn remove_each(
+        &self,
+        dir: &LocalDir,
+        name: &CStr,
+        each: &mut dyn FnMut(&[u8], u64),
+    ) -> io::Result<u64> {
+        remove_dir_whole(self, dir, name, each)
+    }
+    fn rename(&self, _: &LocalDir, _: &CStr, _: &LocalDir, _: &CStr) -> io::Result<()> {
+        Err(unsupported())
+    }
+    fn free_space(&self, _dir: &LocalDir) -> Option<(u64, u64)> {
+        None
+    }
+    fn warnings(&self, _role: &str) -> Vec<String> {
+        Vec::new()
+    }
+    fn notes(&self, _role: &str) -> Vec<String> {
+        Vec::new()
+    }
 
     fn open_root(&self) -> io::Result<Option<(LocalDir, Meta)>> {
         if self.roots.fetch_add(1, Ordering::Relaxed) == 1 {
@@ -181,9 +281,6 @@ impl Store for Growing {
     }
     fn rmdir(&self, dir: &LocalDir, name: &CStr) -> io::Result<()> {
         self.inner.rmdir(dir, name)
-    }
-    fn preserves_owner(&self) -> bool {
-        self.inner.preserves_owner()
     }
 }
 

@@ -16,6 +16,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use ferry_engine::delta::{DiffSummary, Figures, Mode as DeltaMode, OpSink, Signature};
 use ferry_engine::entry::{Listing, Meta};
 use ferry_engine::report::Quiet;
+use ferry_engine::store::{
+    remove_dir_whole, unsupported, Absent, Cleanup, Committing, DeltaStore, Features, Planned,
+};
 use ferry_engine::store::{DeltaRole, ListError, MetaChange, SourceFile, Store};
 use ferry_engine::{Engine, Mode, Options, Stats};
 use ferry_local::local::{LocalDir, LocalReader, LocalWriter};
@@ -34,6 +37,103 @@ impl Store for Spoiling {
     type Dir = LocalDir;
     type Reader = LocalReader;
     type Writer = LocalWriter;
+    type Delta = Spoiling;
+    type Xattrs = Absent;
+    type Keep = Absent;
+    type Posix = Absent;
+    type Hashes = Absent;
+
+    fn features(&self) -> Features {
+        Features {
+            approximate_meta: false,
+            latency_bound: false,
+            preserves_owner: self.inner.features().preserves_owner,
+            local_modes: false,
+            dir_meta: true,
+            inodes: true,
+            empty_dirs: true,
+            symlinks: true,
+            dir_write_lanes: usize::MAX,
+            mtime_step_ns: 1,
+        }
+    }
+    fn delta(&self) -> Option<&Spoiling> {
+        Some(self)
+    }
+    fn xattrs(&self) -> Option<&Absent> {
+        None
+    }
+    fn keeper(&self) -> Option<&Absent> {
+        None
+    }
+    fn posix(&self) -> Option<&Absent> {
+        None
+    }
+    fn hashes(&self) -> Option<&Absent> {
+        None
+    }
+    fn cleanup(&self) -> Option<&dyn Cleanup> {
+        None
+    }
+    fn refine(
+        &self,
+        _dir: &LocalDir,
+        _list: &mut Listing,
+        _which: &[usize],
+        _errors: &mut Vec<ListError>,
+    ) -> io::Result<()> {
+        Ok(())
+    }
+    fn open_ahead(&self, _dir: &LocalDir, _files: &[(&CStr, u64)]) {}
+    fn expect(&self, _w: &mut LocalWriter, _at: Option<&Planned>) {}
+    fn commit_nowait<'a>(
+        &'a self,
+        dir: &'a LocalDir,
+        w: LocalWriter,
+        name: &CStr,
+        meta: &Meta,
+        fsync: bool,
+    ) -> Committing<'a> {
+        Committing::done(self.commit(dir, w, name, meta, fsync))
+    }
+    fn meta_after_commit(&self, _written: &Meta) -> Option<Meta> {
+        None
+    }
+    fn create_empty(
+        &self,
+        _dir: &LocalDir,
+        _name: &CStr,
+        _meta: &Meta,
+        _fsync: bool,
+    ) -> io::Result<bool> {
+        Ok(false)
+    }
+    fn sets_symlink_times(&self, _dir: &LocalDir, _name: &CStr, _now: &Meta) -> bool {
+        true
+    }
+    fn remove_planned(&self, dir: &LocalDir, name: &CStr, _at: &Planned) -> io::Result<u64> {
+        self.remove(dir, name, false)
+    }
+    fn remove_each(
+        &self,
+        dir: &LocalDir,
+        name: &CStr,
+        each: &mut dyn FnMut(&[u8], u64),
+    ) -> io::Result<u64> {
+        remove_dir_whole(self, dir, name, each)
+    }
+    fn rename(&self, _: &LocalDir, _: &CStr, _: &LocalDir, _: &CStr) -> io::Result<()> {
+        Err(unsupported())
+    }
+    fn free_space(&self, _dir: &LocalDir) -> Option<(u64, u64)> {
+        None
+    }
+    fn warnings(&self, _role: &str) -> Vec<String> {
+        Vec::new()
+    }
+    fn notes(&self, _role: &str) -> Vec<String> {
+        Vec::new()
+    }
 
     fn open_root(&self) -> io::Result<Option<(LocalDir, Meta)>> {
         self.inner.open_root()
@@ -118,11 +218,11 @@ impl Store for Spoiling {
     fn rmdir(&self, dir: &LocalDir, name: &CStr) -> io::Result<()> {
         self.inner.rmdir(dir, name)
     }
-    fn preserves_owner(&self) -> bool {
-        self.inner.preserves_owner()
-    }
-    fn delta_role(&self) -> DeltaRole {
-        self.inner.delta_role()
+}
+
+impl DeltaStore<Spoiling> for Spoiling {
+    fn role(&self) -> DeltaRole {
+        self.inner.role()
     }
     fn delta_signature(
         &self,
@@ -150,6 +250,43 @@ impl Store for Spoiling {
         feed: &mut dyn FnMut(&mut dyn OpSink) -> io::Result<DiffSummary>,
     ) -> io::Result<DiffSummary> {
         self.inner.delta_write(dir, w, old, sig, feed)
+    }
+    fn delta_diff(
+        &self,
+        r: &mut dyn SourceFile,
+        sig: &Signature,
+        sink: &mut dyn OpSink,
+    ) -> io::Result<DiffSummary> {
+        ferry_engine::delta::diff(r, sig, sink)
+    }
+    fn delta_inplace<'a>(
+        &'a self,
+        _dir: &'a LocalDir,
+        _name: &CStr,
+        _old: &Meta,
+        _l: &ferry_engine::delta::Layout,
+        _key: &[u8; 32],
+    ) -> io::Result<Option<Box<dyn ferry_engine::delta::InPlace + 'a>>> {
+        Ok(None)
+    }
+    fn open_append<'a>(
+        &'a self,
+        _dir: &'a LocalDir,
+        _name: &CStr,
+        _old: &Meta,
+    ) -> io::Result<Option<Box<dyn ferry_engine::store::AppendFile + 'a>>> {
+        Ok(None)
+    }
+    fn inplace_hashes(
+        &self,
+        r: &mut dyn SourceFile,
+        l: &ferry_engine::delta::Layout,
+        key: &[u8; 32],
+    ) -> io::Result<ferry_engine::delta::PatchHashes> {
+        ferry_engine::delta::inplace::source_patch_hashes(r, l, key)
+    }
+    fn read_at(&self, r: &mut dyn SourceFile, at: u64, buf: &mut [u8]) -> io::Result<usize> {
+        ferry_engine::delta::inplace::source_read_at(r, at, buf)
     }
 }
 

@@ -9,6 +9,7 @@ use std::fs;
 use std::path::Path;
 
 use ferry_engine::keep::{KeepBase, KeepTo};
+use ferry_engine::store::StoreExt;
 use ferry_engine::store::{is_changed, Planned, Store};
 use ferry_local::LocalStore;
 
@@ -120,14 +121,14 @@ fn a_removal_or_keep_acts_only_on_the_entry_planned() {
         replacing: false,
         planned: Some(planned),
     };
-    let e = s.keep(&root, c"f", &to).unwrap_err();
+    let e = s.keep_entry(&root, c"f", &to).unwrap_err();
     assert!(is_changed(&e), "{e}");
     assert_eq!(fs::read(&f).unwrap(), b"old+edit");
     let to = KeepTo {
         planned: Some(Planned::new(&stat(&s, c"f"), 1)),
         ..to
     };
-    s.keep(&root, c"f", &to).unwrap();
+    s.keep_entry(&root, c"f", &to).unwrap();
     assert!(!f.exists());
     assert_eq!(fs::read(t.path().join("r/.bak/f")).unwrap(), b"old+edit");
     // Unchanged: removed.
@@ -179,7 +180,7 @@ fn an_edit_that_puts_size_and_mtime_back_is_seen_by_the_change_time() {
             replacing,
             planned: Some(planned),
         };
-        let e = s.keep(&root, c"f", &to).unwrap_err();
+        let e = s.keep_entry(&root, c"f", &to).unwrap_err();
         assert!(is_changed(&e), "{e}");
     }
     assert_eq!(fs::read(&f).unwrap(), b"OLD");
@@ -195,7 +196,7 @@ fn an_edit_that_puts_size_and_mtime_back_is_seen_by_the_change_time() {
         replacing: true,
         planned: Some(planned),
     };
-    s.keep(&root, c"f", &to).unwrap();
+    s.keep_entry(&root, c"f", &to).unwrap();
     put(&s, c"f", b"new", Some(&planned)).unwrap();
     assert_eq!(fs::read(&f).unwrap(), b"new");
     assert_eq!(fs::read(t.path().join("r/.bak/f")).unwrap(), b"OLD");

@@ -493,7 +493,7 @@ fn keep(st: &State, req: Req<'_>) -> io::Result<()> {
         planned: planned.map(Planned::from),
     };
     let at = LocalStore::new(Path::new(OsStr::from_bytes(root)), 1);
-    at.keep(&*dir_of(st, dir)?, &cname(name)?, &to)
+    at.keep_entry(&*dir_of(st, dir)?, &cname(name)?, &to)
 }
 
 /// The delta requests answered by a worker (`serve/delta.rs`).

@@ -13,7 +13,7 @@ use std::sync::{Arc, Condvar, Mutex};
 
 use ferry_engine::delta::{self, Op, OpSink, Patcher, Signature};
 use ferry_engine::entry::Meta;
-use ferry_engine::store::{SourceFile, Store};
+use ferry_engine::store::{SourceFile, Store, StoreExt};
 use ferry_local::delta::SeqOut;
 use ferry_local::inplace::LocalPatch;
 use ferry_local::local::LocalReader;
@@ -286,7 +286,7 @@ pub(super) fn inplace_hash(
     let got = (|| -> io::Result<Option<Vec<u8>>> {
         let l = layout(old.size, size, block)?;
         let d = dir_of(st, dir)?;
-        let owner = st.store.preserves_owner();
+        let owner = st.store.features().preserves_owner;
         let Some(mut p) = LocalPatch::start(d.fd(), &cname(name)?, old, owner, &l, key)? else {
             return Ok(None);
         };

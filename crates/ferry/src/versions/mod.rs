@@ -16,9 +16,10 @@ use std::sync::atomic::AtomicU64;
 
 use ferry_backends::local::absolute;
 use ferry_backends::{local_root, AnyDir, AnyStore, Backends, Location, Opts, Root};
-use ferry_engine::copy::Copier;
+use ferry_engine::copy::{Copier, FileCopy};
 use ferry_engine::encode::{json_name, json_string, text_name_string};
 use ferry_engine::keep::{split_parent, KeepBase, KeepRule, Keeper, VERSIONS_DIR};
+use ferry_engine::store::{Planned, StoreExt};
 use ferry_engine::versions::{collect, keeps_all, open_versions_dir, spans, state_at, Version};
 use ferry_engine::{Kind, Listing, Meta, Store};
 use jiff::civil::{Date, DateTime, Time};

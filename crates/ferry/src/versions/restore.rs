@@ -107,7 +107,9 @@ impl Ctx<'_> {
         let rule = self.bk.map_or(KeepRule::Versions, |b| b.rule.clone());
         let k = Keeper::new(rule, self.now);
         match how {
-            Replace::InPlace => return k.keep(self.store, dir, name, rel, cur, true, 1),
+            Replace::InPlace => {
+                return k.keep(self.store, dir, name, rel, &Planned::new(cur, 1), true)
+            }
             Replace::Never => {
                 return Err(io::Error::new(
                     io::ErrorKind::AlreadyExists,
@@ -142,15 +144,23 @@ impl Ctx<'_> {
             self.store.create_symlink(&vd, &tmp, &target, cur)?;
         } else {
             copier(out.store, self.store, |c| {
-                c.copy_file(dir, name, &vd, &tmp, rel, cur, None)
-                    .map(|_| ())
+                c.copy_file(FileCopy {
+                    sdir: dir,
+                    sname: name,
+                    ddir: &vd,
+                    name: &tmp,
+                    rel,
+                    meta: cur,
+                    old: None,
+                })
+                .map(|_| ())
             })?;
         }
         let kept = self
             .store
             .stat(&vd, &tmp)?
             .ok_or_else(|| io::Error::other("the copy of the current file went missing"))?;
-        let r = k.keep(self.store, &vd, &tmp, rel, &kept, false, 1);
+        let r = k.keep(self.store, &vd, &tmp, rel, &Planned::new(&kept, 1), false);
         if r.is_err() {
             let _ = self.store.remove(&vd, &tmp, false);
         }
@@ -280,15 +290,15 @@ pub(super) fn restore_one(
             out.store.create_symlink(&odir, &cname, &target, &smeta)?;
             c.new_entry_xattrs(&sdir, &sname, &odir, &cname, &smeta)
         } else {
-            c.copy_file(
-                &sdir,
-                &sname,
-                &odir,
-                &cname,
-                &out.rel,
-                &smeta,
-                current.as_ref(),
-            )
+            c.copy_file(FileCopy {
+                sdir: &sdir,
+                sname: &sname,
+                ddir: &odir,
+                name: &cname,
+                rel: &out.rel,
+                meta: &smeta,
+                old: current.as_ref(),
+            })
             .map(|_| ())
         }
     })

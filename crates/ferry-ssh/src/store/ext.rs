@@ -1,0 +1,203 @@
+//! The extensions the SSH store has (`ferry serve` at the far end is a
+//! local store there): deltas made at the far end, extended attributes and
+//! ACLs, keeping replaced entries, and the POSIX-only operations.
+
+use super::*;
+use ferry_engine::store::{DeltaStore, KeepStore, PosixStore, XattrStore};
+
+impl DeltaStore<SshStore> for SshStore {
+    fn role(&self) -> DeltaRole {
+        DeltaRole::Remote
+    }
+    fn delta_signature(
+        &self,
+        dir: &SshDir,
+        name: &CStr,
+        min: u64,
+    ) -> io::Result<Option<Signature>> {
+        self.sign(dir, name, min)
+    }
+    fn delta_write(
+        &self,
+        dir: &SshDir,
+        w: &mut SshWriter,
+        old: &CStr,
+        sig: &Signature,
+        feed: &mut dyn FnMut(&mut dyn OpSink) -> io::Result<DiffSummary>,
+    ) -> io::Result<DiffSummary> {
+        self.patch(dir, w, old, sig, feed)
+    }
+    fn delta_diff(
+        &self,
+        r: &mut dyn SourceFile,
+        sig: &Signature,
+        sink: &mut dyn OpSink,
+    ) -> io::Result<DiffSummary> {
+        self.diff(r, sig, sink)
+    }
+    fn delta_inplace<'a>(
+        &'a self,
+        dir: &'a SshDir,
+        name: &CStr,
+        old: &Meta,
+        l: &ferry_engine::delta::Layout,
+        key: &[u8; 32],
+    ) -> io::Result<Option<Box<dyn ferry_engine::delta::InPlace + 'a>>> {
+        self.inplace(dir, name, old, l, key)
+    }
+    fn inplace_hashes(
+        &self,
+        r: &mut dyn SourceFile,
+        l: &ferry_engine::delta::Layout,
+        key: &[u8; 32],
+    ) -> io::Result<ferry_engine::delta::PatchHashes> {
+        self.block_hashes(r, l, key)
+    }
+    fn read_at(&self, r: &mut dyn SourceFile, at: u64, buf: &mut [u8]) -> io::Result<usize> {
+        self.read_at_(r, at, buf)
+    }
+    fn open_append<'a>(
+        &'a self,
+        _dir: &'a SshDir,
+        _name: &CStr,
+        _old: &Meta,
+    ) -> io::Result<Option<Box<dyn ferry_engine::store::AppendFile + 'a>>> {
+        // Not over `ferry serve` yet: a growing file goes the usual way.
+        Ok(None)
+    }
+}
+
+impl XattrStore<SshStore> for SshStore {
+    fn caps(&self) -> XattrSel {
+        XattrSel::ALL
+    }
+    fn get_xattrs(
+        &self,
+        dir: &SshDir,
+        name: Option<&CStr>,
+        kind: Kind,
+        sel: XattrSel,
+        out: &mut Xattrs,
+    ) -> io::Result<()> {
+        self.xattrs(dir.id, name.map(CStr::to_bytes), kind, sel_bits(sel), out)
+    }
+    fn reader_xattrs(&self, r: &SshReader, sel: XattrSel, out: &mut Xattrs) -> io::Result<()> {
+        let bits = sel_bits(sel);
+        if r.xattrs.0 == bits {
+            out.clone_from(&r.xattrs.1);
+            return Ok(());
+        }
+        // Opened before the run asked: by name, this once; the next opens
+        // bring them.
+        self.open_xattrs.store(bits, Ordering::Relaxed);
+        self.xattrs(r.at.0, Some(&r.at.1), Kind::File, bits, out)
+    }
+    fn set_xattrs(
+        &self,
+        dir: &SshDir,
+        name: Option<&CStr>,
+        meta: &Meta,
+        sel: XattrSel,
+        want: &Xattrs,
+        have: Option<&Xattrs>,
+    ) -> io::Result<()> {
+        self.ok(&Req::SetXattrs {
+            dir: dir.id,
+            name: name.map(CStr::to_bytes),
+            meta: M(*meta),
+            sel: sel_bits(sel),
+            want: attrs(want),
+            have: have.map(attrs),
+        })
+    }
+    fn set_writer_xattrs(
+        &self,
+        _dir: &SshDir,
+        w: &mut SshWriter,
+        _meta: &Meta,
+        sel: XattrSel,
+        want: &Xattrs,
+    ) -> io::Result<()> {
+        if self.refused.load(Ordering::Relaxed) {
+            return Err(io::ErrorKind::Unsupported.into());
+        }
+        // Sent with the commit, which sets them before the file is named.
+        w.xattrs = Some((sel_bits(sel), want.clone()));
+        Ok(())
+    }
+}
+
+impl KeepStore<SshStore> for SshStore {
+    fn keeps_at(&self, _base: &KeepBase) -> bool {
+        true
+    }
+    fn keep(&self, dir: &SshDir, name: &CStr, to: &KeepTo<'_>) -> io::Result<()> {
+        // `ferry serve` keeps it as a local run would (a hard link when
+        // replacing, a rename when removing): one round trip.
+        let (abs, base) = match to.base {
+            KeepBase::Root(b) => (false, b),
+            KeepBase::Abs(b) => (true, b),
+        };
+        self.ok(&Req::Keep {
+            dir: dir.id,
+            name: name.to_bytes(),
+            root: &self.path,
+            abs,
+            base,
+            path: to.path,
+            overwrite: to.overwrite,
+            replacing: to.replacing,
+            planned: to.planned.as_ref().map(P::from),
+        })
+    }
+}
+
+impl PosixStore<SshStore> for SshStore {
+    fn hard_links(&self) -> bool {
+        true
+    }
+    fn link(
+        &self,
+        from_dir: &SshDir,
+        from_name: &CStr,
+        dir: &SshDir,
+        name: &CStr,
+    ) -> io::Result<()> {
+        self.ok(&Req::Link {
+            from_dir: from_dir.id,
+            from_name: from_name.to_bytes(),
+            dir: dir.id,
+            name: name.to_bytes(),
+        })
+    }
+    fn special(&self) -> bool {
+        true
+    }
+    fn create_special(
+        &self,
+        dir: &SshDir,
+        name: &CStr,
+        meta: &Meta,
+        replace: bool,
+    ) -> io::Result<()> {
+        self.ok(&Req::Special {
+            dir: dir.id,
+            name: name.to_bytes(),
+            meta: M(*meta),
+            replace,
+        })
+    }
+    fn is_own_legacy_partial(&self, dir: &SshDir, name: &CStr) -> bool {
+        self.yes(&Req::OwnLegacyPartial {
+            dir: dir.id,
+            name: name.to_bytes(),
+        })
+        .unwrap_or(false)
+    }
+    fn make_writable(&self, dir: &SshDir) -> io::Result<bool> {
+        self.yes(&Req::MakeWritable { dir: dir.id })
+    }
+    fn root_identities(&self) -> Option<ferry_engine::walk::RootIds> {
+        None
+    }
+}
