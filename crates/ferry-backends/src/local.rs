@@ -52,8 +52,9 @@ impl Backend for Local {
         r.as_os_str().as_bytes().to_vec()
     }
 
-    fn open(_: &Backends, r: &PathBuf, o: &Opts) -> Result<AnyStore, Error> {
-        Ok(AnyStore::Local(LocalStore::new(r, o.jobs)))
+    fn open(reg: &Backends, r: &PathBuf, o: &Opts) -> Result<AnyStore, Error> {
+        let s = LocalStore::new(r, o.jobs).read_only(reg.settings().read_only);
+        Ok(AnyStore::Local(s))
     }
 
     fn pair(

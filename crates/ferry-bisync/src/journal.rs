@@ -115,14 +115,19 @@ fn mtime_ns(m: &Meta) -> i64 {
 impl Journal {
     /// Open (or create) the journal at `path` for the pair of roots
     /// `roots` (a journal made for another pair is refused).
-    pub fn open(path: &Path, roots: (&str, &str)) -> Result<Journal, String> {
+    pub fn open(path: &Path, roots: (&str, &str)) -> Result<Journal, JournalError> {
         if let Some(dir) = path.parent() {
             if !dir.as_os_str().is_empty() {
-                std::fs::create_dir_all(dir)
-                    .map_err(|e| format!("journal directory {}: {e}", dir.display()))?;
+                std::fs::create_dir_all(dir).map_err(|source| JournalError::Dir {
+                    dir: dir.to_path_buf(),
+                    source,
+                })?;
             }
         }
-        let err = |e: rusqlite::Error| format!("journal {}: {e}", path.display());
+        let err = |source| JournalError::Sqlite {
+            path: path.to_path_buf(),
+            source,
+        };
         let conn = Connection::open(path).map_err(err)?;
         // WAL: a commit is one append; synchronous=NORMAL can lose the last
         // transactions on power loss, which only makes the journal stale.
@@ -149,7 +154,7 @@ impl Journal {
              CREATE INDEX IF NOT EXISTS chunks_dir ON chunks (dir);",
         )
         .map_err(err)?;
-        let get = |k: &str| -> Result<Option<String>, String> {
+        let get = |k: &str| -> Result<Option<String>, JournalError> {
             conn.query_row("SELECT v FROM meta WHERE k = ?1", [k], |r| r.get(0))
                 .optional()
                 .map_err(err)
@@ -165,18 +170,18 @@ impl Journal {
             (Some(v), _, _) if v == "1" => migrate_v1(&conn).map_err(err)?,
             (Some(v), _, _) if v == "2" => migrate_v2(&conn).map_err(err)?,
             (Some(v), _, _) if v != VERSION => {
-                return Err(format!(
-                    "journal {}: version {v}, this ferry reads version {VERSION}",
-                    path.display()
-                ))
+                return Err(JournalError::Version {
+                    path: path.to_path_buf(),
+                    found: v,
+                    reads: VERSION,
+                })
             }
             (Some(_), Some(a), Some(b)) if (a.as_str(), b.as_str()) != roots => {
-                return Err(format!(
-                    "journal {} belongs to {a} and {b}, not to {} and {}",
-                    path.display(),
-                    roots.0,
-                    roots.1
-                ))
+                return Err(JournalError::OtherPair {
+                    path: path.to_path_buf(),
+                    theirs: (a, b),
+                    ours: (roots.0.to_string(), roots.1.to_string()),
+                })
             }
             _ => {}
         }
@@ -215,8 +220,8 @@ impl Journal {
     /// holds records, as one written by an older ferry does): the pair has
     /// been synced, so its roots have been seen. A journal file that only
     /// exists (created by a refused run, or just now) says nothing.
-    pub fn knows_pair(&self) -> Result<bool, String> {
-        let err = |e: rusqlite::Error| format!("journal {}: {e}", self.path.display());
+    pub fn knows_pair(&self) -> Result<bool, JournalError> {
+        let err = |e| self.sqlite(e);
         let conn = self.conn.lock().unwrap();
         if synced_mark(&conn).map_err(err)? {
             return Ok(true);
@@ -231,8 +236,12 @@ impl Journal {
     /// Record that a run of this pair goes ahead (before its first action):
     /// from now on [`Journal::knows_pair`] is true.
     /// Writes nothing when the mark is there (a no-op run writes nothing).
-    pub fn mark_synced(&mut self) -> Result<(), String> {
-        let err = |e: rusqlite::Error| format!("journal {}: {e}", self.path.display());
+    pub fn mark_synced(&mut self) -> Result<(), JournalError> {
+        let path = &self.path;
+        let err = |source| JournalError::Sqlite {
+            path: path.clone(),
+            source,
+        };
         let conn = self.conn.get_mut().unwrap();
         if !synced_mark(conn).map_err(err)? {
             conn.execute("INSERT INTO meta (k, v) VALUES ('synced', '1')", [])
@@ -242,22 +251,32 @@ impl Journal {
     }
 
     /// Forget every record (`--resync`), in one transaction.
-    pub fn clear(&mut self) -> Result<(), String> {
+    pub fn clear(&mut self) -> Result<(), JournalError> {
         self.conn
             .get_mut()
             .unwrap()
             .execute("DELETE FROM chunks", [])
             .map(|_| ())
-            .map_err(|e| format!("journal {}: {e}", self.path.display()))
+            .map_err(|source| JournalError::Sqlite {
+                path: self.path.clone(),
+                source,
+            })
+    }
+
+    /// `e` as an error of this journal.
+    fn sqlite(&self, source: rusqlite::Error) -> JournalError {
+        JournalError::Sqlite {
+            path: self.path.clone(),
+            source,
+        }
     }
 
     /// Apply updates as they arrive on `rx` until every sender is gone:
     /// each transaction takes what is waiting (at most `BATCH` rows, or
     /// one directory's [`Update::Dir`]), so records trail the work by one
     /// batch at most and no timer is needed.
-    pub fn write_from(&self, rx: mpsc::Receiver<Update>) -> Result<u64, String> {
-        let path = self.path.clone();
-        let err = |e: rusqlite::Error| format!("journal {}: {e}", path.display());
+    pub fn write_from(&self, rx: mpsc::Receiver<Update>) -> Result<u64, JournalError> {
+        let err = |e| self.sqlite(e);
         let mut n = 0u64;
         while let Ok(first) = rx.recv() {
             // What is waiting, by directory then name; the last update of
@@ -426,7 +445,8 @@ impl Records for Journal {
             "SELECT data FROM chunks WHERE dir = ?1 ORDER BY first",
             &[&dir],
             &mut |data| out.push_chunk(data),
-        )?;
+        )
+        .map_err(|e| e.to_string())?;
         Ok(out)
     }
 
@@ -439,6 +459,7 @@ impl Records for Journal {
                 Some(())
             },
         )
+        .map_err(|e| e.to_string())
     }
 
     /// One indexed read: the chunk that would hold `name`.
@@ -451,7 +472,8 @@ impl Records for Journal {
             "SELECT data FROM chunks WHERE dir = ?1 AND first <= ?2 ORDER BY first DESC LIMIT 1",
             &[&dir, &name],
             &mut |data| out.push_chunk(data),
-        )?;
+        )
+        .map_err(|e| e.to_string())?;
         let found = out.iter().find(|(n, _)| *n == name).map(|(_, s)| s);
         Ok(found)
     }
@@ -460,7 +482,7 @@ impl Records for Journal {
 impl Journal {
     /// Records of files and symlinks in the whole journal (the base of the
     /// deletion limit of a scoped run, which reads only some directories).
-    pub fn count_files(&self) -> Result<u64, String> {
+    pub fn count_files(&self) -> Result<u64, JournalError> {
         let mut n = 0;
         self.blobs("SELECT data FROM chunks", &[], &mut |data| {
             let mut d = DirRecs::default();
@@ -481,9 +503,11 @@ impl Journal {
         sql: &str,
         args: &[&dyn rusqlite::ToSql],
         f: &mut dyn FnMut(&[u8]) -> Option<()>,
-    ) -> Result<(), String> {
-        let bad = || format!("journal {}: damaged record", self.path.display());
-        let err = |e: rusqlite::Error| format!("journal {}: {e}", self.path.display());
+    ) -> Result<(), JournalError> {
+        let bad = || JournalError::Damaged {
+            path: self.path.clone(),
+        };
+        let err = |e| self.sqlite(e);
         let conn = self.conn.lock().unwrap();
         let mut st = conn.prepare_cached(sql).map_err(err)?;
         let mut rows = st.query(args).map_err(err)?;
@@ -767,9 +791,11 @@ fn unpack(b: &[u8]) -> Option<Synced> {
     })
 }
 
+mod error;
 mod lock;
 mod migrate;
 
+pub use error::JournalError;
 pub use lock::{default_path, Lock};
 use migrate::{migrate_v1, migrate_v2};
 

@@ -229,9 +229,10 @@ pub struct Outcome {
     pub stopped: bool,
 }
 
-/// Why a run stopped before changing anything.
-#[derive(Debug)]
-pub struct Refused(pub String);
+/// Why a run stopped before changing anything: the engine's own refusal,
+/// so [`ferry_engine::class::classify`] tells a refused bisync as it tells
+/// a refused sync.
+pub use ferry_engine::Refused;
 
 fn add(c: &AtomicU64, n: u64) {
     c.fetch_add(n, Ordering::Relaxed);
@@ -445,7 +446,7 @@ fn run_with<A: Store, B: Store>(
     let mut journal = journal;
     // The journal has seen this pair (so both roots existed at a run).
     let known = match journal.as_deref() {
-        Some(j) if !opts.resync => j.knows_pair().map_err(Refused)?,
+        Some(j) if !opts.resync => j.knows_pair()?,
         _ => false,
     };
     if scope.is_some() && !known {
@@ -481,8 +482,8 @@ fn run_with<A: Store, B: Store>(
     let early = !opts.dry_run && opts.resync;
     if early {
         let j = journal.as_deref_mut().expect("a real run has a journal");
-        j.clear().map_err(Refused)?;
-        j.mark_synced().map_err(Refused)?;
+        j.clear()?;
+        j.mark_synced()?;
     }
     let scanned = p.scan(journal.as_deref(), (known, early, sides), oa, ob)?;
     let Some((mut plan, mut sa, mut sb)) = scanned else {

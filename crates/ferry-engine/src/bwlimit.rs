@@ -69,6 +69,7 @@ impl Limiter {
 
 /// Parse a rate like `10M`, `512K`, `1.5G`, `100000` (bytes per second;
 /// K/M/G/T are binary multiples, an optional trailing `B`, `/s` allowed).
+/// Returns `String`: clap's `value_parser` contract (the message is its usage error).
 pub fn parse_rate(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let t = t.strip_suffix("/s").unwrap_or(t);

@@ -129,6 +129,7 @@ pub enum MaxDelete {
 
 impl MaxDelete {
     /// Parse `N` or `P%` (P from 0 to 100).
+    /// Returns `String`: clap's `value_parser` contract (the message is its usage error).
     pub fn parse(s: &str) -> Result<MaxDelete, String> {
         let t = s.trim();
         let bad =

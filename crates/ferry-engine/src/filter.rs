@@ -370,6 +370,8 @@ fn compile(lines: &[Line], block: std::ops::Range<usize>) -> Result<Gitignore, F
 /// A size: bytes, or a number (fractions allowed) with a binary suffix
 /// `K`, `M`, `G`, `T`, `P` (powers of 1024, either case), optionally
 /// followed by `i`, `B` or `iB` (`10M`, `1.5G`, `512KiB`, `100`).
+/// Returns `String`: clap's `value_parser` contract (ferry's `--min-size`/`--max-size`
+/// parser returns it as its usage error).
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let bad = || format!("{s:?}: not a size (e.g. 100, 512K, 10M, 1.5G)");
     let t = s.trim();

@@ -72,6 +72,7 @@ pub enum KeepArg {
 
 impl KeepArg {
     /// Parse `N` (at least 1) or `staggered`.
+    /// Returns `String`: clap's `value_parser` contract (the message is its usage error).
     pub fn parse(s: &str) -> Result<KeepArg, String> {
         if s.eq_ignore_ascii_case("staggered") {
             return Ok(KeepArg::Staggered);

@@ -13,7 +13,7 @@
 //! the file gets its old bytes, size, mtime and mode back (never a
 //! setuid, setgid or sticky bit it does not have); otherwise the file is
 //! left alone and one line says why. Either way the record goes, except
-//! in a process that only reads ([`read_only`]). Records of older formats
+//! in a store that only reads ([`crate::LocalStore::read_only`]). Records of older formats
 //! (an append's, format 1; a patch's without hashes, format 2) prove
 //! nothing: never acted on.
 
@@ -25,7 +25,6 @@ use ferry_engine::delta;
 use ferry_engine::entry::Meta;
 use rustix::fs::{self as rfs, AtFlags, FileType, FlockOperation, Mode, OFlags};
 use rustix::io::Errno;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::local::{gid, times, uid};
 
@@ -96,20 +95,6 @@ pub(crate) fn mtime(sec: i64, nsec: u32) -> Meta {
     }
 }
 
-/// Recovery runs in this process (see [`read_only`]).
-static RECOVERY: AtomicBool = AtomicBool::new(true);
-
-/// This process only reads (`ferry ls`, `ferry versions`, a dry run):
-/// rollback records are never acted on or removed, only hidden.
-pub fn read_only() {
-    RECOVERY.store(false, Ordering::Relaxed);
-}
-
-/// Whether this process acts on rollback records.
-pub(crate) fn recovery_on() -> bool {
-    RECOVERY.load(Ordering::Relaxed)
-}
-
 /// What became of a record found by a listing.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Outcome {
@@ -145,14 +130,12 @@ pub(crate) fn recover_any(dir: BorrowedFd<'_>, rec: &CStr) -> bool {
 
 /// Roll back what the record `rec` of directory `dir` names, unless a live
 /// run holds it; the record is removed (and `true` returned) unless it is
-/// live or this process only reads ([`read_only`]). A record is acted on
+/// live. Never called for a store that only reads
+/// ([`crate::LocalStore::read_only`]). A record is acted on
 /// only when ferry could have written it (see [`crate::inplace`]);
 /// otherwise, or when the file is no longer as the killed run left it,
 /// the file is left alone and one line says so.
 pub(crate) fn recover(dir: BorrowedFd<'_>, rec: &CStr) -> io::Result<bool> {
-    if !recovery_on() {
-        return Ok(false);
-    }
     let rfd = match rfs::openat(
         dir,
         rec,

@@ -77,6 +77,10 @@ pub struct LocalStore {
     /// answer (a read of `/proc/self/mountinfo`, a stat per directory
     /// above the root) changes only with the root.
     root_ids: Mutex<Option<((u64, u64), ferry_engine::walk::RootIds)>>,
+    /// Only reads (`ferry ls`, `ferry versions`, a dry run, a server told
+    /// so): rollback records a killed run left are never acted on or
+    /// removed, only hidden ([`LocalStore::read_only`]).
+    read_only: AtomicBool,
 }
 
 /// An open local directory.
@@ -309,7 +313,7 @@ impl Store for LocalStore {
         // file big enough to have been patched in place can have a record.
         if meta.kind == Kind::File
             && meta.size >= crate::append::RECORD_MIN
-            && crate::append::recovery_on()
+            && !self.is_read_only()
             && !is_undo_name(name.to_bytes())
             && crate::append::recover_any(dir.fd(), &undo_name(name.to_bytes()))
         {

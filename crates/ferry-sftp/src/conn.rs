@@ -18,7 +18,7 @@ use std::thread::JoinHandle;
 use ferry_ssh::extra::{self, Extra};
 use ferry_ssh::quiet::{Quiet, Reading, Session, Writing};
 use ferry_ssh::spawn::{self, is_ssh_failure, Tail};
-use ferry_ssh::{Lost, Target};
+use ferry_ssh::{Lost, SessionError, Target};
 
 use crate::wire::{self, Rd, Reply, Req};
 
@@ -347,7 +347,7 @@ fn whole_packet(b: &[u8]) -> bool {
 static CONNS: Mutex<Vec<(Target, Arc<Conn>)>> = Mutex::new(Vec::new());
 
 /// The session to `t`, made once per run and shared.
-pub fn connect(t: &Target) -> Result<Arc<Conn>, String> {
+pub fn connect(t: &Target) -> Result<Arc<Conn>, SessionError> {
     let mut conns = CONNS.lock().unwrap();
     if let Some((_, c)) = conns.iter().find(|(k, _)| k == t) {
         return Ok(c.clone());
@@ -360,7 +360,7 @@ pub fn connect(t: &Target) -> Result<Arc<Conn>, String> {
 /// A new session in place of `dead`, this run's session to `t` that was
 /// lost, shared from now on (one another store made again already is
 /// taken as it is).
-pub fn reconnect(t: &Target, dead: &Arc<Conn>) -> Result<Arc<Conn>, String> {
+pub fn reconnect(t: &Target, dead: &Arc<Conn>) -> Result<Arc<Conn>, SessionError> {
     let mut conns = CONNS.lock().unwrap();
     if let Some(i) = conns.iter().position(|(k, _)| k == t) {
         let c = &conns[i].1;

@@ -12,6 +12,7 @@ use std::sync::{Arc, Condvar, Mutex};
 
 use crate::spawn::NO_FERRY;
 pub use crate::spawn::{classify, is_ssh_failure};
+use crate::SessionError;
 pub use target::split_words;
 
 mod open;
@@ -409,7 +410,7 @@ pub fn close_all() {
 /// the ferry there, or says what it found, in the same round trip. When
 /// the remote has no ferry this binary may run, it is installed there
 /// ([`crate::install::install`]) and run.
-pub fn connect(t: &Target) -> Result<Arc<Conn>, String> {
+pub fn connect(t: &Target) -> Result<Arc<Conn>, SessionError> {
     let mut conns = CONNS.lock().unwrap();
     if let Some((_, c)) = conns.iter().find(|(k, _)| k == t) {
         return Ok(c.clone());
@@ -478,7 +479,7 @@ fn start(t: &Target) -> Result<Arc<Conn>, String> {
 /// installed then, with its protocol check), and shared from now on. One
 /// another store made again already is taken as it is. The lost one's
 /// extra connections are closed (new ones are opened when needed).
-pub fn reconnect(t: &Target, dead: &Arc<Conn>) -> Result<Arc<Conn>, String> {
+pub fn reconnect(t: &Target, dead: &Arc<Conn>) -> Result<Arc<Conn>, SessionError> {
     let mut conns = CONNS.lock().unwrap();
     if let Some(i) = conns.iter().position(|(k, _)| k == t) {
         let c = &conns[i].1;
@@ -490,7 +491,7 @@ pub fn reconnect(t: &Target, dead: &Arc<Conn>) -> Result<Arc<Conn>, String> {
             e.close();
         }
     }
-    let c = open(dead.target()).map_err(|f| f.line(t))?;
+    let c = open(dead.target()).map_err(|f| SessionError(f.line(t)))?;
     conns.push((t.clone(), c.clone()));
     Ok(c)
 }

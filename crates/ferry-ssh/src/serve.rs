@@ -345,7 +345,7 @@ fn read_requests(
                 continue;
             }
             Req::ReadOnly => {
-                ferry_local::append::read_only();
+                st.store.set_read_only();
                 continue;
             }
             Req::Create { .. }

@@ -13,6 +13,7 @@ use std::thread::JoinHandle;
 
 use crate::conn::Target;
 use crate::quiet::Quiet;
+use crate::SessionError;
 
 /// Bytes the pipes to and from ssh hold (the kernel's default is 64 KiB):
 /// room for whole chunks while the other side is busy. `ferry serve`
@@ -89,7 +90,7 @@ pub struct Ssh {
 
 /// Start `argv` (ssh, or the `-e` command, and its arguments) with its
 /// stdin and stdout as `io` says and its stderr kept.
-pub fn spawn(argv: &[String], io: Io) -> Result<Ssh, String> {
+pub fn spawn(argv: &[String], io: Io) -> Result<Ssh, SessionError> {
     let sock = match io {
         Io::SocketPair => std::os::unix::net::UnixStream::pair().ok().inspect(|pair| {
             for f in [&pair.0, &pair.1] {

@@ -8,6 +8,7 @@ use jiff::tz::TimeZone;
 use jiff::Timestamp;
 
 /// A size in bytes: `100`, `512K`, `10M`, `1.5G`, `2T` (powers of 1024).
+/// Returns `String`: clap's `value_parser` contract (the message is its usage error).
 pub fn parse_size(s: &str) -> Result<u64, String> {
     ferry_engine::filter::parse_size(s)
 }

@@ -57,9 +57,6 @@ fn main() -> ExitCode {
         Command::Ls(_) | Command::Versions(_) => true,
         Command::Cleanup(_) | Command::Serve { .. } => false,
     };
-    if read_only {
-        ferry_local::append::read_only();
-    }
     // This run's registry: every backend's settings, from the command line.
     let set = |tx: &args::TransferArgs, keeps| tx.settings(keeps, cli.timeout, read_only);
     let reg = Backends::new(match &cli.command {
@@ -317,15 +314,18 @@ fn run_bisync(a: BisyncArgs, reg: &Backends) -> Result<u8, String> {
     let ids = (ida.as_str(), idb.as_str());
     let jpath = match &a.journal {
         Some(p) => p.clone(),
-        None => ferry_bisync::default_path(ids)?,
+        None => ferry_bisync::default_path(ids).map_err(|e| e.to_string())?,
     };
     // A dry run creates nothing: without a journal file it plans as a
     // first run would.
     let (_lock, mut journal) = if a.dry_run && !jpath.exists() {
         (None, None)
     } else {
-        let lock = ferry_bisync::Lock::take(&jpath)?;
-        (Some(lock), Some(ferry_bisync::Journal::open(&jpath, ids)?))
+        let lock = ferry_bisync::Lock::take(&jpath).map_err(|e| e.to_string())?;
+        (
+            Some(lock),
+            Some(ferry_bisync::Journal::open(&jpath, ids).map_err(|e| e.to_string())?),
+        )
     };
     let mut opts = ferry_bisync::Options {
         dry_run: a.dry_run,

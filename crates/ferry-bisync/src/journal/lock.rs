@@ -2,15 +2,17 @@
 
 use std::path::{Path, PathBuf};
 
+use super::JournalError;
+
 /// The default journal file of a pair of roots:
 /// `$XDG_STATE_HOME/ferry/bisync/<hash>.sqlite` (`~/.local/state` when
 /// `XDG_STATE_HOME` is unset), `<hash>` a 64-bit FNV-1a of both roots.
-pub fn default_path(roots: (&str, &str)) -> Result<PathBuf, String> {
+pub fn default_path(roots: (&str, &str)) -> Result<PathBuf, JournalError> {
     let base = match std::env::var_os("XDG_STATE_HOME") {
         Some(s) if !s.is_empty() => PathBuf::from(s),
         _ => match std::env::var_os("HOME") {
             Some(h) if !h.is_empty() => PathBuf::from(h).join(".local/state"),
-            _ => return Err("neither XDG_STATE_HOME nor HOME is set: give --journal PATH".into()),
+            _ => return Err(JournalError::NoHome),
         },
     };
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
@@ -34,11 +36,13 @@ pub struct Lock {
 
 impl Lock {
     /// Take the lock, or fail at once if another run holds it.
-    pub fn take(journal: &Path) -> Result<Lock, String> {
+    pub fn take(journal: &Path) -> Result<Lock, JournalError> {
         use rustix::fs::{flock, open, FlockOperation, Mode, OFlags};
         if let Some(dir) = journal.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir)
-                .map_err(|e| format!("journal directory {}: {e}", dir.display()))?;
+            std::fs::create_dir_all(dir).map_err(|source| JournalError::Dir {
+                dir: dir.to_path_buf(),
+                source,
+            })?;
         }
         let mut p = journal.as_os_str().to_owned();
         p.push(".lock");
@@ -48,13 +52,12 @@ impl Lock {
             OFlags::RDWR | OFlags::CREATE | OFlags::CLOEXEC,
             Mode::from_raw_mode(0o600),
         )
-        .map_err(|e| format!("{}: {e}", p.display()))?;
-        flock(&fd, FlockOperation::NonBlockingLockExclusive).map_err(|_| {
-            format!(
-                "another bisync of this pair is running (lock {} is held)",
-                p.display()
-            )
+        .map_err(|source| JournalError::LockFile {
+            path: p.clone(),
+            source,
         })?;
+        flock(&fd, FlockOperation::NonBlockingLockExclusive)
+            .map_err(|_| JournalError::Busy { path: p.clone() })?;
         Ok(Lock { _fd: fd })
     }
 }

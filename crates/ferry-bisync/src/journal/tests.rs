@@ -51,7 +51,38 @@ fn round_trip_in_key_order() {
     let e = Journal::open(&p, ("/a", "/c"))
         .err()
         .expect("another pair is refused");
-    assert!(e.contains("belongs to /a and /b"), "{e}");
+    assert!(matches!(e, super::JournalError::OtherPair { .. }), "{e:?}");
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "journal {} belongs to /a and /b, not to /a and /c",
+            p.display()
+        )
+    );
+}
+
+#[test]
+fn a_held_lock_is_a_typed_error_with_the_same_message() {
+    let t = tempfile::tempdir().unwrap();
+    let p = t.path().join("sub/j.sqlite");
+    let _held = super::Lock::take(&p).unwrap();
+    let e = super::Lock::take(&p).err().expect("the lock is held");
+    assert!(matches!(e, super::JournalError::Busy { .. }), "{e:?}");
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "another bisync of this pair is running (lock {}.lock is held)",
+            p.display()
+        )
+    );
+    // A journal error refuses a bisync run, and the engine classifies the
+    // refusal as it classifies a refused sync.
+    let r: ferry_engine::Refused = e.into();
+    let io = std::io::Error::other(r);
+    assert!(matches!(
+        ferry_engine::class::classify(&io),
+        ferry_engine::class::Class::Refused
+    ));
 }
 
 /// A side without inodes keeps its objects' versions in the identity

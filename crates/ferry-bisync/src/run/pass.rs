@@ -232,7 +232,7 @@ impl<'r, A: Store, B: Store> Pass<'r, A, B> {
             // The limit is a share of every file the journal knows, not of
             // the records of the directories this run read.
             let all = journal.expect("scoped runs have a journal");
-            plan.known = [all.count_files().map_err(Refused)?; 2];
+            plan.known = [all.count_files()?; 2];
         }
         self.max_delete(plan)?;
         Ok(true)
@@ -294,7 +294,7 @@ impl<'r, A: Store, B: Store> Pass<'r, A, B> {
         }
         let j = journal.expect("a real run has a journal");
         if !early {
-            j.mark_synced().map_err(Refused)?;
+            j.mark_synced()?;
         }
         if let Some((side, mode)) = missing {
             self.create_missing(&ex, side, mode)?;

@@ -57,8 +57,10 @@ impl LocalStore {
         // What a killed run left half appended is rolled back before
         // anything is stat'ed (or read); a record a live append holds, or
         // one that cannot be handled now, is left (and never listed).
-        for rec in &undo {
-            let _ = crate::append::recover(dir.fd(), rec);
+        if !self.is_read_only() {
+            for rec in &undo {
+                let _ = crate::append::recover(dir.fd(), rec);
+            }
         }
         // Phase 2: statx each entry relative to the directory fd.
         let n = out.len();

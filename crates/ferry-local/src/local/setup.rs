@@ -21,7 +21,26 @@ impl LocalStore {
             resumed: AtomicU64::new(0),
             direct: AtomicU64::new(0),
             root_ids: Mutex::new(None),
+            read_only: AtomicBool::new(false),
         }
+    }
+
+    /// This store as one that only reads (`yes`): rollback records a
+    /// killed run left are never acted on or removed, only hidden
+    /// (`crate::append`).
+    pub fn read_only(self, yes: bool) -> LocalStore {
+        self.read_only.store(yes, Ordering::Relaxed);
+        self
+    }
+
+    /// From now on this store only reads (a server told so by its client).
+    pub fn set_read_only(&self) {
+        self.read_only.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether this store only reads ([`LocalStore::read_only`]).
+    pub fn is_read_only(&self) -> bool {
+        self.read_only.load(Ordering::Relaxed)
     }
 
     /// [`PosixStore::root_identities`](ferry_engine::store::PosixStore::root_identities) worked out afresh.

@@ -7,3 +7,4 @@ mod changing;
 mod conformance;
 mod delta;
 mod planned;
+mod read_only;

@@ -42,7 +42,7 @@ pub(super) fn open(t: &Target) -> Result<Arc<Conn>, Failed> {
 
 pub(super) fn open_look(t: &Target, look: Look, sum: &str) -> Result<Arc<Conn>, Failed> {
     let argv = t.argv_look(look, sum).map_err(Failed::Other)?;
-    let ssh = spawn::spawn(&argv, spawn::Io::Pipes).map_err(Failed::Other)?;
+    let ssh = spawn::spawn(&argv, spawn::Io::Pipes).map_err(|e| Failed::Other(e.0))?;
     let quiet = Quiet::start(
         ssh.child.id(),
         format!("{}: connection lost: no answer from ferry serve", t.host),

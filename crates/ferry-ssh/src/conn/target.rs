@@ -176,6 +176,8 @@ pub(super) fn cpu_has_aes() -> bool {
 
 /// Words of a command line, as a shell splits them: blanks separate,
 /// single and double quotes group, a backslash escapes the next character.
+/// Returns `String`, as a clap value parser does: a usage message the caller
+/// folds into its own (`-e/FERRY_RSH ...: ...`).
 pub fn split_words(s: &str) -> Result<Vec<String>, String> {
     let (mut words, mut cur, mut has) = (Vec::new(), String::new(), false);
     let mut it = s.chars();

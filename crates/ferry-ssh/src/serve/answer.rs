@@ -128,7 +128,7 @@ fn answer_io(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> io::Re
 /// `Root`: open (or make) the tree at `path` as handle `dir`, its metadata.
 fn root(st: &State, id: u64, path: &[u8], dir: u64, create: bool) -> io::Result<Vec<u8>> {
     let p = &*local_path(path)?;
-    let at = LocalStore::new(Path::new(OsStr::from_bytes(p)), 1);
+    let at = LocalStore::new(Path::new(OsStr::from_bytes(p)), 1).read_only(st.store.is_read_only());
     let opened = if create {
         let d = at.create_root()?;
         let m = at.open_root()?.map(|(_, m)| m);
@@ -229,7 +229,7 @@ fn open_path(st: &State, id: u64, path: &[u8], file: u64) -> io::Result<Vec<u8>>
             ))
         }
     };
-    let at = LocalStore::new(dir, 1);
+    let at = LocalStore::new(dir, 1).read_only(st.store.is_read_only());
     let (d, _) = at
         .open_root()?
         .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
@@ -492,7 +492,8 @@ fn keep(st: &State, req: Req<'_>) -> io::Result<()> {
         replacing,
         planned: planned.map(Planned::from),
     };
-    let at = LocalStore::new(Path::new(OsStr::from_bytes(root)), 1);
+    let at =
+        LocalStore::new(Path::new(OsStr::from_bytes(root)), 1).read_only(st.store.is_read_only());
     at.keep_entry(&*dir_of(st, dir)?, &cname(name)?, &to)
 }
 
