@@ -516,6 +516,7 @@ fn load_state(fd: BorrowedFd<'_>) -> io::Result<Option<State>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ferry_engine::ranged::{Fetch, Sink};
     use std::sync::atomic::AtomicU64;
 
     /// An in-memory object whose reads at or past `fail_from` fail.
@@ -527,17 +528,11 @@ mod tests {
         piece: u64,
     }
 
-    impl RangedSource for Fake {
+    impl Fetch for Fake {
         fn identity(&self) -> io::Result<(u64, String)> {
             Ok((self.data.len() as u64, self.ident.clone()))
         }
-        fn read_range(
-            &self,
-            off: u64,
-            len: u64,
-            out: &mut dyn FnMut(u64, &[u8]) -> io::Result<()>,
-            _: Option<&Limiter>,
-        ) -> io::Result<()> {
+        fn fetch(&self, sink: &mut Sink<'_>) -> io::Result<()> {
             // In pieces of `piece` bytes, like a network stream; pieces of
             // whole blocks end on block boundaries and come from an aligned
             // buffer, like the S3 reader's.
@@ -545,8 +540,8 @@ mod tests {
             let skew = raw.as_ptr().align_offset(DIRECT_ALIGN);
             let buf = &mut raw[skew..];
             let a = DIRECT_ALIGN as u64;
-            let mut at = off;
-            while at < off + len {
+            while sink.at() < sink.end() {
+                let at = sink.at();
                 if at >= self.fail_from {
                     return Err(io::Error::other("connection reset"));
                 }
@@ -554,14 +549,16 @@ mod tests {
                 if self.piece.is_multiple_of(a) && !at.is_multiple_of(a) {
                     step = a - at % a;
                 }
-                let end = (at + step).min(off + len).min(self.fail_from);
+                let end = (at + step).min(sink.end()).min(self.fail_from);
                 let n = (end - at) as usize;
                 buf[..n].copy_from_slice(&self.data[at as usize..end as usize]);
-                out(at, &buf[..n])?;
+                sink.put(&buf[..n])?;
                 self.served.fetch_add(end - at, Ordering::SeqCst);
-                at = end;
             }
             Ok(())
+        }
+        fn again(&self, e: io::Error, _: u32) -> io::Result<()> {
+            Err(e)
         }
     }
 

@@ -6,9 +6,9 @@ use std::io::{self, Read};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 
-use ferry_engine::bwlimit::Limiter;
 use ferry_engine::entry::Meta;
 use ferry_engine::piece::{with_piece_buffer, DIRECT_ALIGN};
+use ferry_engine::ranged::{Fetch, Sink};
 use ferry_engine::store::{RangedSource, SourceFile, RANGE_PIECE};
 use rusty_s3::actions::{GetObject, HeadObject};
 use rusty_s3::S3Action;
@@ -96,7 +96,32 @@ impl S3Reader {
     }
 }
 
-impl RangedSource for S3Reader {
+/// An attempt at a range that broke in a way worth another one: the
+/// parts of the error told if it was the last.
+#[derive(Debug)]
+enum Broke {
+    /// The direct path found no connection or no answer.
+    Direct {
+        reach: Reach,
+        msg: String,
+        range: String,
+    },
+    /// The body broke off (or ran past the range).
+    Body { e: io::Error, range: String },
+}
+
+impl std::fmt::Display for Broke {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Broke::Direct { msg, range, .. } => write!(f, "GET ({range}): {msg}"),
+            Broke::Body { e, range } => write!(f, "GET ({range}): {e}"),
+        }
+    }
+}
+
+impl std::error::Error for Broke {}
+
+impl Fetch for S3Reader {
     fn identity(&self) -> io::Result<(u64, String)> {
         if let Some(v) = self.ident.get() {
             return Ok(v.clone());
@@ -126,120 +151,116 @@ impl RangedSource for S3Reader {
         Ok(self.ident.get_or_init(|| (size, etag)).clone())
     }
 
-    fn read_range(
-        &self,
-        offset: u64,
-        len: u64,
-        out: &mut dyn FnMut(u64, &[u8]) -> io::Result<()>,
-        limit: Option<&Limiter>,
-    ) -> io::Result<()> {
-        if len == 0 {
-            return Ok(());
+    /// One GET of the rest of the range, its body handed over in pieces
+    /// that sit aligned in memory and end on 4 KiB boundaries of the
+    /// object, so the writer can send them to disk with O_DIRECT.
+    fn fetch(&self, sink: &mut Sink<'_>) -> io::Result<()> {
+        let (_, etag) = Fetch::identity(self)?;
+        if let Some(why) = self.c.health.gone() {
+            return Err(self.c.unreachable(why));
         }
-        let (_, etag) = self.identity()?;
         let url = GetObject::new(&self.c.bucket, self.c.creds(), &self.key).sign(SIGN_TTL);
-        let end = offset + len;
-        let mut at = offset;
-        // Pieces sit aligned in memory and end on 4 KiB boundaries of the
-        // object, so the writer can send them to disk with O_DIRECT.
-        with_piece_buffer(|buf| {
-            let mut attempt = 0;
-            loop {
-                if let Some(why) = self.c.health.gone() {
-                    return Err(self.c.unreachable(why));
+        let (at, end) = (sink.at(), sink.end());
+        let range = format!("bytes={}-{}", at, end - 1);
+        let mut direct_body;
+        let mut ureq_body;
+        let body: &mut dyn Read = match self
+            .c
+            .direct
+            .as_ref()
+            .filter(|d| d.is_on())
+            .map(|d| d.get(&url, at, end, &etag))
+        {
+            Some(Ok(direct::Get::Body(b))) => {
+                self.c.health.note(Reach::Answered);
+                self.c.counters.direct_gets.fetch_add(1, Ordering::Relaxed);
+                direct_body = b;
+                &mut direct_body
+            }
+            // No connection or no answer: like a connection broken
+            // mid-body, ask again after a pause.
+            Some(Err(e)) => {
+                let (reach, msg) = fail::io_reach(&e, &self.c.endpoint, self.c.timeout);
+                self.c.note(reach, msg.starts_with("no answer"));
+                return Err(io::Error::other(Broke::Direct { reach, msg, range }));
+            }
+            other => {
+                if other.is_some() {
+                    self.c
+                        .counters
+                        .direct_fallbacks
+                        .fetch_add(1, Ordering::Relaxed);
                 }
-                attempt += 1;
-                let range = format!("bytes={}-{}", at, end - 1);
-                let mut direct_body;
-                let mut ureq_body;
-                let body: &mut dyn Read = match self
-                    .c
-                    .direct
-                    .as_ref()
-                    .filter(|d| d.is_on())
-                    .map(|d| d.get(&url, at, end, &etag))
-                {
-                    Some(Ok(direct::Get::Body(b))) => {
-                        self.c.health.note(Reach::Answered);
-                        self.c.counters.direct_gets.fetch_add(1, Ordering::Relaxed);
-                        direct_body = b;
-                        &mut direct_body
-                    }
-                    // No connection or no answer: like a connection broken
-                    // mid-body, ask again after a pause.
-                    Some(Err(e)) => {
-                        let (reach, msg) = fail::io_reach(&e, &self.c.endpoint, self.c.timeout);
-                        self.c.note(reach, msg.starts_with("no answer"));
-                        if attempt < ATTEMPTS {
-                            backoff(attempt);
-                            continue;
-                        }
-                        if let Some(e) = self.c.gave_up(reach, &msg) {
-                            return Err(e);
-                        }
-                        let url = self.c.url_of(&self.key);
-                        return Err(io::Error::other(format!("GET {url} ({range}): {msg}")));
-                    }
-                    other => {
-                        if other.is_some() {
-                            self.c
-                                .counters
-                                .direct_fallbacks
-                                .fetch_add(1, Ordering::Relaxed);
-                        }
-                        ureq_body = self.get_range_ureq(&url, &range, &etag, at)?;
-                        &mut ureq_body
-                    }
+                ureq_body = self.get_range_ureq(&url, &range, &etag, at)?;
+                &mut ureq_body
+            }
+        };
+        let broke = |e| {
+            io::Error::other(Broke::Body {
+                e,
+                range: range.clone(),
+            })
+        };
+        with_piece_buffer(|buf| loop {
+            if sink.at() == end {
+                // Read the end of the body too: only then does the
+                // connection go back to the pool for the next range.
+                let mut last = [0u8; 1];
+                return match body.read(&mut last) {
+                    Ok(0) => Ok(()),
+                    Ok(_) => Err(broke(io::Error::other("longer than the range asked"))),
+                    Err(e) => Err(broke(e)),
                 };
-                // Gather up to a full piece per hand-over (few, large writes).
-                let res = loop {
-                    if at == end {
-                        // Read the end of the body too: only then does the
-                        // connection go back to the pool for the next range.
-                        let mut last = [0u8; 1];
-                        match body.read(&mut last) {
-                            Ok(0) => break Ok(()),
-                            Ok(_) => break Err(io::Error::other("longer than the range asked")),
-                            Err(e) => break Err(e),
-                        }
+            }
+            // Gather up to a full piece per hand-over (few, large writes).
+            let want = piece_len(sink.at(), end, sink.piece_max());
+            let mut n = 0;
+            let mut stop: Option<io::Error> = None;
+            while n < want {
+                match body.read(&mut buf[n..want]) {
+                    Ok(0) => {
+                        stop = Some(io::ErrorKind::UnexpectedEof.into());
+                        break;
                     }
-                    let want = piece_len(at, end, limit.map_or(buf.len(), |l| l.chunk()));
-                    let mut n = 0;
-                    let mut broke: Option<io::Error> = None;
-                    while n < want {
-                        match body.read(&mut buf[n..want]) {
-                            Ok(0) => {
-                                broke = Some(io::ErrorKind::UnexpectedEof.into());
-                                break;
-                            }
-                            Ok(k) => n += k,
-                            Err(e) => {
-                                broke = Some(e);
-                                break;
-                            }
-                        }
-                    }
-                    // What arrived counts, even if the connection broke after.
-                    if n > 0 {
-                        if let Some(l) = limit {
-                            l.acquire(n as u64);
-                        }
-                        out(at, &buf[..n])?;
-                        at += n as u64;
-                    }
-                    if let Some(e) = broke {
-                        break Err(e);
-                    }
-                };
-                match res {
-                    Ok(()) => return Ok(()),
-                    // The connection broke mid-body: ask for the rest again.
-                    Err(_) if attempt < ATTEMPTS => backoff(attempt),
+                    Ok(k) => n += k,
                     Err(e) => {
-                        return Err(io::Error::other(format!("GET {} ({range}): {e}", self.key)))
+                        stop = Some(e);
+                        break;
                     }
                 }
             }
+            // What arrived counts, even if the connection broke after.
+            if n > 0 {
+                sink.put(&buf[..n])?;
+            }
+            if let Some(e) = stop {
+                return Err(broke(e));
+            }
+        })
+    }
+
+    /// A broken attempt is made again from the last byte handed over, up
+    /// to [`ATTEMPTS`] in all, after a pause.
+    fn again(&self, e: io::Error, attempt: u32) -> io::Result<()> {
+        if !e.get_ref().is_some_and(|i| i.is::<Broke>()) {
+            return Err(e);
+        }
+        if attempt < ATTEMPTS {
+            backoff(attempt);
+            return Ok(());
+        }
+        let broke = e.into_inner().and_then(|i| i.downcast::<Broke>().ok());
+        Err(match broke.map(|b| *b) {
+            Some(Broke::Direct { reach, msg, range }) => {
+                self.c.gave_up(reach, &msg).unwrap_or_else(|| {
+                    let url = self.c.url_of(&self.key);
+                    io::Error::other(format!("GET {url} ({range}): {msg}"))
+                })
+            }
+            Some(Broke::Body { e, range }) => {
+                io::Error::other(format!("GET {} ({range}): {e}", self.key))
+            }
+            None => io::Error::other("a broken GET"),
         })
     }
 }

@@ -3,15 +3,14 @@
 //! a [`RangedSource`]: a local writer fetches its ranges over several
 //! sessions at once into a resumable partial (ferry-local's download).
 
-use std::collections::VecDeque;
 use std::io;
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex};
 
-use ferry_engine::bwlimit::Limiter;
 use ferry_engine::piece::with_piece_buffer;
+use ferry_engine::ranged::{changed, give, pipelined, Fetch, Sink, Window};
 use ferry_engine::store::{RangedSource, SourceFile};
 
 use crate::ahead::{open_req, read_req};
@@ -26,27 +25,17 @@ const RANGED_AHEAD: usize = 32;
 
 type Rx = Receiver<io::Result<Reply>>;
 
-/// Reads in flight: offset, length, reply.
-type Ahead = VecDeque<(u64, u32, Rx)>;
-
 /// A file open for reading.
 pub struct SftpReader {
     conn: Arc<Conn>,
     handle: Vec<u8>,
-    ahead: Ahead,
-    /// Offset of the next read to ask for.
-    next: u64,
-    /// The size when opened: reads stop there.
-    size: u64,
+    /// Reads in flight; they stop at the size when opened.
+    ahead: Window<Rx>,
     eof: bool,
     /// The reply holding the bytes being handed out, and where they are.
     body: Vec<u8>,
     span: (usize, usize),
     ranged: Option<Ranged>,
-}
-
-fn changed() -> io::Error {
-    io::Error::other("the file changed while it was copied")
 }
 
 /// Open `path` for reading on `conn`: its handle.
@@ -58,10 +47,10 @@ fn open_read(conn: &Conn, path: &[u8]) -> io::Result<Vec<u8>> {
 type Got = (u64, Reply, (usize, usize));
 
 /// The next reply of `ahead`, in order; a short one that stops before
-/// `end` (the size known, or the end of the range) has its rest asked
-/// again, first. `None` at the end of the file.
-fn next_data(conn: &Conn, handle: &[u8], ahead: &mut Ahead, end: u64) -> io::Result<Option<Got>> {
-    let Some((at, len, rx)) = ahead.pop_front() else {
+/// its end (the size known) has its rest asked again, first. `None` at
+/// the end of the file.
+fn next_data(conn: &Conn, handle: &[u8], ahead: &mut Window<Rx>) -> io::Result<Option<Got>> {
+    let Some((at, len, rx)) = ahead.pop() else {
         return Ok(None);
     };
     let reply = conn.wait(&rx)?;
@@ -71,9 +60,9 @@ fn next_data(conn: &Conn, handle: &[u8], ahead: &mut Ahead, end: u64) -> io::Res
     let n = (b - a) as u32;
     // A read that reached the size known is the file's end: no request
     // more for a small file (it grew if the read brought more than that).
-    if n < len && n > 0 && at + u64::from(n) < end {
+    if n < len && n > 0 && at + u64::from(n) < ahead.end() {
         let rest = read_req(conn, handle, at + u64::from(n), len - n)?;
-        ahead.push_front((at + u64::from(n), len - n, rest));
+        ahead.again(at + u64::from(n), len - n, rest);
     }
     Ok(Some((at, reply, (a, b))))
 }
@@ -87,9 +76,7 @@ impl SftpReader {
         let mut r = SftpReader {
             conn: conn.clone(),
             handle,
-            ahead: VecDeque::new(),
-            next: 0,
-            size: u64::MAX,
+            ahead: Window::new(0, u64::MAX, READ_AHEAD, conn.chunk),
             eof: false,
             body: Vec::new(),
             span: (0, 0),
@@ -97,14 +84,16 @@ impl SftpReader {
         };
         // The size and the first read, together.
         let stat = conn.start(Req::path(w::FSTAT, &r.handle))?;
-        r.ask(conn.chunk)?;
+        let handle = &r.handle;
+        r.ahead.ask_next(|at, n| read_req(conn, handle, at, n))?;
         let a = conn.wait(&stat)?.attrs()?;
-        r.size = a.size.unwrap_or(u64::MAX);
-        if r.size >= ferry_local::download::RANGED_MIN && r.size != u64::MAX {
+        let size = a.size.unwrap_or(u64::MAX);
+        r.ahead.set_end(size);
+        if size >= ferry_local::download::RANGED_MIN && size != u64::MAX {
             r.ranged = Some(Ranged {
                 conn: main.clone(),
                 path,
-                opened: (r.size, a.mtime),
+                opened: (size, a.mtime),
                 handles: Mutex::new(Vec::new()),
                 turn: AtomicUsize::new(0),
                 width: main.big_width(),
@@ -118,53 +107,39 @@ impl SftpReader {
     pub(crate) fn ahead(a: crate::ahead::Ahead) -> io::Result<SftpReader> {
         let (conn, size) = (a.conn.clone(), a.size);
         let (handle, len, rx) = a.take()?;
+        let mut ahead = Window::new(0, size, READ_AHEAD, conn.chunk);
+        ahead.push(0, len, rx);
         Ok(SftpReader {
             conn,
             handle,
-            ahead: VecDeque::from([(0, len, rx)]),
-            next: u64::from(len),
-            size,
+            ahead,
             eof: false,
             body: Vec::new(),
             span: (0, 0),
             ranged: None,
         })
     }
-
-    /// Ask for the next `len` bytes.
-    fn ask(&mut self, len: u32) -> io::Result<()> {
-        let rx = read_req(&self.conn, &self.handle, self.next, len)?;
-        self.ahead.push_back((self.next, len, rx));
-        self.next += u64::from(len);
-        Ok(())
-    }
 }
 
 impl SourceFile for SftpReader {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         loop {
-            let (a, b) = self.span;
-            if a < b {
-                let n = (b - a).min(buf.len());
-                buf[..n].copy_from_slice(&self.body[a..a + n]);
-                self.span.0 += n;
+            if let Some(n) = give(&self.body, &mut self.span, buf) {
                 return Ok(n);
             }
             if self.eof {
                 return Ok(0);
             }
-            while self.ahead.len() < READ_AHEAD && self.next < self.size {
-                let len = (self.size - self.next).min(u64::from(self.conn.chunk)) as u32;
-                self.ask(len)?;
-            }
-            match next_data(&self.conn, &self.handle, &mut self.ahead, self.size)? {
+            let (conn, handle) = (&self.conn, &self.handle);
+            self.ahead.fill(|at, n| read_req(conn, handle, at, n))?;
+            match next_data(conn, handle, &mut self.ahead)? {
                 Some((_, reply, span)) => {
                     self.body = reply.body;
                     self.span = span;
                 }
                 None => {
                     self.eof = true;
-                    self.ahead.clear();
+                    self.ahead.stop();
                 }
             }
         }
@@ -216,55 +191,44 @@ impl Ranged {
     }
 }
 
-impl RangedSource for Ranged {
+impl Fetch for Ranged {
     fn identity(&self) -> io::Result<(u64, String)> {
         Ok((self.opened.0, format!("sftp:{}", self.opened.1)))
     }
 
-    fn read_range(
-        &self,
-        offset: u64,
-        len: u64,
-        out: &mut dyn FnMut(u64, &[u8]) -> io::Result<()>,
-        limit: Option<&Limiter>,
-    ) -> io::Result<()> {
+    fn fetch(&self, sink: &mut Sink<'_>) -> io::Result<()> {
         let (c, h) = self.next()?;
         // The path still names the content opened (a replaced file's
         // handle would read the old one): asked beside the first reads,
         // checked before any byte is handed over.
         let stat = c.start(Req::path(w::STAT, &self.path))?;
-        let (end, mut next) = (offset + len, offset);
-        let mut ahead = Ahead::new();
-        let mut checked = false;
-        loop {
-            while next < end && ahead.len() < RANGED_AHEAD {
-                let n = (end - next).min(u64::from(c.chunk)) as u32;
-                ahead.push_back((next, n, read_req(&c, &h, next, n)?));
-                next += u64::from(n);
+        let check = || {
+            let a = c.wait(&stat)?.attrs()?;
+            if (a.size.unwrap_or(0), a.mtime) != self.opened {
+                return Err(changed());
             }
-            if !checked {
-                let a = c.wait(&stat)?.attrs()?;
-                if (a.size.unwrap_or(0), a.mtime) != self.opened {
-                    return Err(changed());
-                }
-                checked = true;
-            }
-            if ahead.is_empty() {
-                return Ok(());
-            }
-            let Some((at, reply, (a, b))) = next_data(&c, &h, &mut ahead, end)? else {
+            Ok(())
+        };
+        let ask = |at, n| read_req(&c, &h, at, n);
+        let take = |rx: Rx, _, sink: &mut Sink<'_>| {
+            let reply = c.wait(&rx)?;
+            let Some((a, b)) = reply.data()? else {
                 return Err(changed());
             };
             // Into the aligned piece buffer: the local writer hands it to
             // the disk with O_DIRECT.
             with_piece_buffer(|buf| {
                 buf[..b - a].copy_from_slice(&reply.body[a..b]);
-                out(at, &buf[..b - a])
-            })?;
-            if let Some(l) = limit {
-                l.acquire((b - a) as u64);
-            }
-        }
+                sink.put(&buf[..b - a])
+            })
+        };
+        pipelined(sink, RANGED_AHEAD, c.chunk, ask, check, take)
+    }
+
+    fn again(&self, e: io::Error, _: u32) -> io::Result<()> {
+        // A lost session is not made again mid-file: the local writer's
+        // partial keeps what arrived for the next run.
+        Err(e)
     }
 }
 

@@ -3,6 +3,7 @@
 //! ranges over several connections ([`Ranged`]).
 
 use super::*;
+use ferry_engine::ranged::{changed, give, pipelined, Fetch, Sink};
 /// A remote file open for reading.
 pub struct SshReader {
     pub(super) conn: Arc<Conn>,
@@ -82,82 +83,53 @@ impl Ranged {
     }
 }
 
-fn changed() -> io::Error {
-    io::Error::other("the file changed while it was copied")
-}
-
-impl RangedSource for Ranged {
+impl Fetch for Ranged {
     fn identity(&self) -> io::Result<(u64, String)> {
         let (size, s, ns, ino) = self.opened;
         Ok((size, format!("ssh:{s}.{ns:09}:{ino}")))
     }
 
-    fn read_range(
-        &self,
-        offset: u64,
-        len: u64,
-        out: &mut dyn FnMut(u64, &[u8]) -> io::Result<()>,
-        limit: Option<&Limiter>,
-    ) -> io::Result<()> {
+    fn fetch(&self, sink: &mut Sink<'_>) -> io::Result<()> {
         let (conn, file) = self.next()?;
         // The path still names the content opened (a replaced file's
-        // handle would read the old one): one round trip per range.
-        let now = meta_of(
-            conn.call(&Req::StatPath {
-                path: &self.path,
-                follow: false,
-            })?
-            .get()?,
-        )?;
-        match now {
-            Some(m) if (m.size, m.mtime_sec, m.mtime_nsec, m.ino) == self.opened => {}
-            _ => return Err(changed()),
-        }
-        let end = offset + len;
-        let mut ahead = VecDeque::new();
-        let mut next = offset;
-        while next < end || !ahead.is_empty() {
-            while next < end && ahead.len() < READ_AHEAD {
-                let n = (end - next).min(CHUNK as u64) as u32;
-                let rx = conn.start(&Req::Read {
-                    file,
-                    offset: next,
-                    len: n,
-                })?;
-                ahead.push_back((next, n, rx));
-                next += u64::from(n);
-            }
-            let (at, n, rx) = ahead.pop_front().expect("a read in flight");
+        // handle would read the old one): asked beside the first reads,
+        // checked before any byte is handed over.
+        let stat = conn.start(&Req::StatPath {
+            path: &self.path,
+            follow: false,
+        })?;
+        let check = || match meta_of(conn.wait(&stat)?.get()?)? {
+            Some(m) if (m.size, m.mtime_sec, m.mtime_nsec, m.ino) == self.opened => Ok(()),
+            _ => Err(changed()),
+        };
+        let ask = |offset, len| conn.start(&Req::Read { file, offset, len });
+        let take = |rx: Receiver<_>, _, sink: &mut Sink<'_>| {
             let body = conn.wait(&rx)?;
             let (data, zeros) = match body.get()? {
                 Resp::Data { data, zeros, .. } => (data, zeros),
                 r => return Err(unexpected(&r)),
             };
-            let len = if zeros.is_empty() && placed(data, at) {
+            if zeros.is_empty() && placed(data, sink.at()) {
                 // Read into its place ([`proto::read_placed`]): the local
                 // writer hands it to the disk with O_DIRECT from there.
-                if data.len() < n as usize {
-                    return Err(changed());
-                }
-                out(at, data)?;
-                data.len()
+                sink.put(data)?;
             } else {
                 // Into the aligned piece buffer, for the same.
                 with_piece_buffer(|b| {
                     let len = expand(data, &zeros, b);
-                    if len < n as usize {
-                        return Err(changed());
-                    }
-                    out(at, &b[..len])?;
-                    Ok(len)
-                })?
-            };
-            conn.recycle(body.0);
-            if let Some(l) = limit {
-                l.acquire(len as u64);
+                    sink.put(&b[..len])
+                })?;
             }
-        }
-        Ok(())
+            conn.recycle(body.0);
+            Ok(())
+        };
+        pipelined(sink, READ_AHEAD, CHUNK as u32, ask, check, take)
+    }
+
+    fn again(&self, e: io::Error, _: u32) -> io::Result<()> {
+        // A lost connection is not made again mid-file: the local writer's
+        // partial keeps what arrived for the next run.
+        Err(e)
     }
 }
 
@@ -210,11 +182,7 @@ impl SshReader {
 impl SourceFile for SshReader {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         loop {
-            let (a, b) = self.span;
-            if a < b {
-                let n = (b - a).min(buf.len());
-                buf[..n].copy_from_slice(&self.body[a..a + n]);
-                self.span.0 += n;
+            if let Some(n) = give(&self.body, &mut self.span, buf) {
                 return Ok(n);
             }
             let Some(file) = self.file else {
