@@ -240,7 +240,7 @@ impl Fetch for S3Reader {
     }
 
     /// A broken attempt is made again from the last byte handed over, up
-    /// to [`ATTEMPTS`] in all, after a pause.
+    /// to `ATTEMPTS` in all, after a pause.
     fn again(&self, e: io::Error, attempt: u32) -> io::Result<()> {
         if !e.get_ref().is_some_and(|i| i.is::<Broke>()) {
             return Err(e);
