@@ -92,6 +92,16 @@ impl Remote {
         }
     }
 
+    /// [`Remote::stat_path`] of a root (a final symlink followed): over
+    /// ssh, a directory is opened in the same round trip, for the store
+    /// rooted there to take without asking again.
+    fn stat_root(&self, path: &[u8]) -> io::Result<Option<Meta>> {
+        match self {
+            Remote::Ssh(s) => s.stat_root(path),
+            Remote::Sftp(s) => s.stat_path(path, true),
+        }
+    }
+
     /// `r` as a root of the backend this session speaks.
     fn root(&self, r: SshRoot) -> Root {
         Root::Shell(SshRoot {
@@ -203,6 +213,13 @@ fn split_remote(path: &[u8]) -> (Vec<u8>, OsString) {
 /// names it in errors.
 fn stat(s: &Remote, path: &[u8], what: &str, text: &str) -> Result<Option<Meta>, Error> {
     s.stat_path(path, true)
+        .map_err(|e| Error::Refused(format!("{what} {text}: {}", cause(&e))))
+}
+
+/// [`stat`] of SRC or DST itself, whose tree the run opens next: opened
+/// in the same request where the session can ([`Remote::stat_root`]).
+fn stat_root(s: &Remote, path: &[u8], what: &str, text: &str) -> Result<Option<Meta>, Error> {
+    s.stat_root(path)
         .map_err(|e| Error::Refused(format!("{what} {text}: {}", cause(&e))))
 }
 
@@ -334,7 +351,7 @@ impl Backend for Shell {
     fn src(reg: &Backends, p: &Path, r: SshRoot, _: bool) -> Result<Src, Error> {
         let text = &typed(p);
         let s = reg.session(&r, text)?;
-        match stat(&s, &r.path, "SRC", text)? {
+        match stat_root(&s, &r.path, "SRC", text)? {
             None => Err(Error::Refused(format!(
                 "SRC {text}: no such file or directory"
             ))),
@@ -352,7 +369,7 @@ impl Backend for Shell {
     fn dst_tree(reg: &Backends, p: &Path, r: SshRoot) -> Result<Root, Error> {
         let text = &typed(p);
         let s = reg.session(&r, text)?;
-        match stat(&s, &r.path, "DST", text)? {
+        match stat_root(&s, &r.path, "DST", text)? {
             Some(m) if m.kind == Kind::Dir => Ok(s.root(r)),
             Some(_) => Err(Error::Refused(format!(
                 "DST {text}: exists and is not a directory (SRC is a directory tree)"
@@ -374,7 +391,7 @@ impl Backend for Shell {
         let into = p.as_os_str().as_bytes().ends_with(b"/");
         let s = reg.session(&r, text)?;
         let (parent, file) = split_remote(&r.path);
-        match stat(&s, &r.path, "DST", text)? {
+        match stat_root(&s, &r.path, "DST", text)? {
             Some(m) if m.kind == Kind::Dir => Ok((s.root(r), name.to_owned())),
             Some(m) if m.kind == Kind::File => Ok((s.root(r.at(parent)), file)),
             Some(_) => Err(Error::Refused(format!(

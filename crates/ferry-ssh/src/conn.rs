@@ -127,6 +127,10 @@ pub struct Conn {
     bufs: Mutex<Vec<Vec<u8>>>,
     /// Set once a call's round trip was measured ([`round_trip`]).
     timed: AtomicBool,
+    /// Trees opened while a location was resolved ([`Req::StatRoot`]):
+    /// their path, handle and metadata, until a store rooted there opens
+    /// its root ([`Conn::take_root`]) without asking again.
+    roots: Mutex<Vec<(Vec<u8>, u64, ferry_engine::Meta)>>,
 }
 
 impl Session for Conn {
@@ -271,6 +275,21 @@ impl Conn {
                 bufs.push(b);
             }
         }
+    }
+
+    /// Keep tree `path`, opened as handle `dir` with metadata `meta` while
+    /// resolving a location, for the first store that opens its root.
+    pub(crate) fn opened_root(&self, path: &[u8], dir: u64, meta: ferry_engine::Meta) {
+        self.roots.lock().unwrap().push((path.to_vec(), dir, meta));
+    }
+
+    /// The handle and metadata of tree `path` opened ahead
+    /// ([`Conn::opened_root`]), taken once.
+    pub(crate) fn take_root(&self, path: &[u8]) -> Option<(u64, ferry_engine::Meta)> {
+        let mut roots = self.roots.lock().unwrap();
+        let i = roots.iter().position(|(p, ..)| p == path)?;
+        let (_, dir, meta) = roots.swap_remove(i);
+        Some((dir, meta))
     }
 
     /// A new handle number.

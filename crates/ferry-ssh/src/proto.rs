@@ -28,7 +28,7 @@ mod frame;
 pub use frame::*;
 
 /// The protocol version both ends must speak.
-pub const PROTOCOL: u32 = 12;
+pub const PROTOCOL: u32 = 13;
 /// The hello's first bytes.
 const MAGIC: &[u8; 12] = b"FERRY-SERVE\n";
 /// Largest frame accepted (a whole small file, a big directory's listing).
@@ -541,6 +541,14 @@ pub enum Req<'a> {
     /// Bytes and inodes free on the filesystem of directory `dir` (for
     /// the message of a full disk): [`Resp::Space`].
     Space { dir: u64 },
+    /// What a location there is, and its tree opened when it is one, in
+    /// one round trip (resolving SRC or DST, then the run's
+    /// [`Req::Root`]): [`Resp::Meta`] of `path` (a final symlink
+    /// followed; `None`: missing), and when that is a directory it is
+    /// opened as handle `dir` as [`Req::Root`] opens it (its metadata then
+    /// the open directory's): [`Resp::Root`]. A directory that cannot be
+    /// opened is answered as not opened ([`Req::Root`] then says why).
+    StatRoot { path: &'a [u8], dir: u64 },
 }
 
 /// An error on the wire: the OS error number when there is one, else the
@@ -680,6 +688,9 @@ pub enum Resp<'a> {
     },
     /// Bytes and inodes free ([`Req::Space`]).
     Space { bytes: u64, inodes: u64 },
+    /// The answer to [`Req::StatRoot`]: the metadata (`None`: missing),
+    /// and whether the directory was opened as the handle asked.
+    Root { meta: Option<M>, opened: bool },
 }
 
 /// A change in a watched tree ([`ferry_engine::watch::Change`] without its side),

@@ -34,6 +34,8 @@ use crate::proto::{
 
 mod answer;
 mod delta;
+#[cfg(test)]
+mod tests;
 mod write;
 
 use answer::answer;

@@ -102,6 +102,7 @@ pub(super) fn open_look(t: &Target, look: Look, sum: &str) -> Result<Arc<Conn>, 
         quiet: quiet.clone(),
         bufs: Mutex::new(Vec::new()),
         timed: AtomicBool::new(false),
+        roots: Mutex::new(Vec::new()),
     });
     quiet.attach(Arc::downgrade(&conn) as std::sync::Weak<dyn Session>);
     let c = conn.clone();

@@ -27,6 +27,7 @@ fn answer_io(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> io::Re
             Ok(proto::frame(id, &Resp::Space { bytes, inodes }))
         }
         Req::StatPath { path, follow } => stat_path(id, path, follow),
+        Req::StatRoot { path, dir } => stat_root(st, id, path, dir),
         Req::Stat { dir, name } => {
             let m = s.stat(&*dir_of(st, dir)?, &cname(name)?)?;
             Ok(proto::frame(id, &Resp::Meta(m.map(M))))
@@ -152,6 +153,31 @@ fn stat_path(id: u64, path: &[u8], follow: bool) -> io::Result<Vec<u8>> {
         Err(e) => return Err(e),
     };
     Ok(proto::frame(id, &Resp::Meta(m)))
+}
+
+/// `StatRoot`: the metadata of a path (a final symlink followed), and a
+/// directory opened as handle `dir` as `Root` opens it.
+fn stat_root(st: &State, id: u64, path: &[u8], dir: u64) -> io::Result<Vec<u8>> {
+    let p = &*local_path(path)?;
+    let reply = |meta: Option<Meta>, opened| {
+        let meta = meta.map(M);
+        Ok(proto::frame(id, &Resp::Root { meta, opened }))
+    };
+    let m = match ferry_local::stat_path(Path::new(OsStr::from_bytes(p)), true) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return reply(None, false),
+        Err(e) => return Err(e),
+    };
+    if m.kind == ferry_engine::entry::Kind::Dir {
+        let at =
+            LocalStore::new(Path::new(OsStr::from_bytes(p)), 1).read_only(st.store.is_read_only());
+        // Not opened (gone since, unreadable): the client's `Root` says why.
+        if let Ok(Some((d, m))) = at.open_root() {
+            st.dirs.lock().unwrap().insert(dir, Arc::new(d));
+            return reply(Some(m), true);
+        }
+    }
+    reply(Some(m), false)
 }
 
 /// `List`: directory `dir`'s entries (names, metadata, and the entries

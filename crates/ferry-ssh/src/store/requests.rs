@@ -50,6 +50,25 @@ impl SshStore {
         meta_of(self.conn().call(&Req::StatPath { path, follow })?.get()?)
     }
 
+    /// [`SshStore::stat_path`] of `path` (a final symlink followed) and,
+    /// when it is a directory, its tree opened in the same round trip
+    /// ([`Req::StatRoot`]): the first store rooted there opens its root
+    /// without another request.
+    pub fn stat_root(&self, path: &[u8]) -> io::Result<Option<Meta>> {
+        let conn = self.conn();
+        let dir = conn.handle();
+        match conn.call(&Req::StatRoot { path, dir })?.get()? {
+            Resp::Root { meta, opened } => {
+                let meta = meta.map(|m| m.0);
+                if let (true, Some(m)) = (opened, meta) {
+                    conn.opened_root(path, dir, m);
+                }
+                Ok(meta)
+            }
+            r => Err(unexpected(&r)),
+        }
+    }
+
     pub(super) fn dir(&self, id: u64, path: Arc<[u8]>) -> SshDir {
         SshDir {
             conn: self.conn(),
@@ -201,6 +220,13 @@ impl SshStore {
     }
 
     pub(super) fn root(&self, create: bool) -> io::Result<Option<(SshDir, Meta)>> {
+        // Opened already while the location was resolved.
+        if let Some((id, m)) = (!create)
+            .then(|| self.conn().take_root(&self.path))
+            .flatten()
+        {
+            return Ok(Some((self.dir(id, self.path.as_slice().into()), m)));
+        }
         let id = self.conn().handle();
         let m = meta_of(
             self.conn()

@@ -30,6 +30,7 @@ mod service;
 mod sftp;
 mod special;
 mod ssh;
+mod ssh_open;
 mod versions;
 mod watch;
 mod watch_heal;
