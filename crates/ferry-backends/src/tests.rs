@@ -153,7 +153,7 @@ fn a_local_root_opens_as_any_store_and_forwards() {
         3
     );
     // No downloads: nothing to note. No uploads to clean up.
-    assert!(s.notes("destination").is_empty());
+    assert!(s.report("destination").notes.is_empty());
     assert!(s.cleanup().is_none());
 }
 
