@@ -189,8 +189,8 @@ fn each_registry_hands_its_own_settings_to_the_ssh_target() {
 #[test]
 fn any_store_has_the_links_and_pipeline_of_the_backend_inside() {
     use ferry_engine::store::StoreExt;
-    use std::os::unix::fs::PermissionsExt;
     use ferry_engine::{Kind, Meta};
+    use std::os::unix::fs::PermissionsExt;
     let d = tempfile::tempdir().unwrap();
     let opts = Opts {
         jobs: 2,
@@ -219,8 +219,12 @@ fn any_store_has_the_links_and_pipeline_of_the_backend_inside() {
         .unwrap();
     assert_eq!(s.read_link(&dir, c"l").unwrap(), b"t/u");
     assert!(s.sets_symlink_times(&dir, c"l", &meta(Kind::Symlink, 3)));
-    assert!(s.create_empty(&dir, c"e", &meta(Kind::File, 0), false).unwrap());
-    assert!(!s.create_empty(&dir, c"e", &meta(Kind::File, 0), false).unwrap());
+    assert!(s
+        .create_empty(&dir, c"e", &meta(Kind::File, 0), false)
+        .unwrap());
+    assert!(!s
+        .create_empty(&dir, c"e", &meta(Kind::File, 0), false)
+        .unwrap());
     let e = std::fs::metadata(d.path().join("e")).unwrap();
     assert_eq!((e.len(), e.permissions().mode() & 0o777), (0, 0o640));
     assert_eq!(s.meta_after_commit(&meta(Kind::File, 0)), None);

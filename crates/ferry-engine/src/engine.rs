@@ -52,8 +52,9 @@ const BATCH_FILES: usize = 64;
 /// Files per transfer task where a store waits a round trip per file: small
 /// tasks, so that the workers (many, for such stores) all have files.
 const BATCH_FILES_LATENCY: usize = 8;
-/// Commits a worker leaves unconfirmed at most ([`PipelineStore::commit_nowait`](crate::store::PipelineStore::commit_nowait)):
-/// a batch's files are sent before their results are waited for.
+/// Commits a worker leaves unconfirmed at most
+/// ([`PipelineStore::commit_nowait`](crate::store::PipelineStore::commit_nowait)): a batch's files
+/// are sent before their results are waited for.
 const COMMITS_IN_FLIGHT: usize = 64;
 /// Bytes per transfer task, at most (a bigger file gets a task of its own).
 const BATCH_BYTES: u64 = 8 << 20;

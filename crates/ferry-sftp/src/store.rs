@@ -51,7 +51,8 @@ pub struct SftpStore {
 /// A directory: its path on the server.
 pub struct SftpDir {
     pub(crate) path: Arc<[u8]>,
-    /// Small files opened ahead of their reading ([`PipelineStore::open_ahead`](ferry_engine::store::PipelineStore::open_ahead)).
+    /// Small files opened ahead of their reading
+    /// ([`PipelineStore::open_ahead`](ferry_engine::store::PipelineStore::open_ahead)).
     ahead: crate::ahead::Map,
 }
 

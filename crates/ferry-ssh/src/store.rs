@@ -45,9 +45,9 @@ use requests::{meta_of, offset_in};
 
 /// Chunks of a big file requested ahead of the reader.
 const READ_AHEAD: usize = 4;
-/// Bytes of small files opened ahead ([`PipelineStore::open_ahead`](ferry_engine::store::PipelineStore::open_ahead)) at most, per
-/// hint and in all (their content comes with the reply and waits in
-/// memory until the file is read).
+/// Bytes of small files opened ahead
+/// ([`PipelineStore::open_ahead`](ferry_engine::store::PipelineStore::open_ahead)) at most, per
+/// hint and in all (their content comes with the reply and waits in memory until the file is read).
 const AHEAD_HINT: u64 = 2 << 20;
 const AHEAD_MAX: u64 = 64 << 20;
 
@@ -78,7 +78,8 @@ pub struct SshDir {
     conn: Arc<Conn>,
     id: u64,
     path: Arc<[u8]>,
-    /// Opens sent ahead ([`PipelineStore::open_ahead`](ferry_engine::store::PipelineStore::open_ahead)), by name.
+    /// Opens sent ahead
+    /// ([`PipelineStore::open_ahead`](ferry_engine::store::PipelineStore::open_ahead)), by name.
     ahead: Mutex<HashMap<Vec<u8>, Ahead>>,
 }
 

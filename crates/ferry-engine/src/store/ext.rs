@@ -283,6 +283,21 @@ pub trait LinkStore<S: Store> {
 /// name). A store without them has every file go the plain way:
 /// [`Store::open_file`], [`Store::create_file`] ... [`Store::commit`],
 /// waited for, then stat'ed where the engine needs what was written.
+///
+/// A store that opts in answers all four (no default bodies): one that
+/// has only `create_empty` says so for the others too, or does not compile:
+///
+/// ```compile_fail,E0046
+/// use std::{ffi::CStr, io};
+/// use ferry_engine::entry::Meta;
+/// use ferry_engine::store::{PipelineStore, Store};
+/// struct OnlyEmpty;
+/// impl<S: Store> PipelineStore<S> for OnlyEmpty {
+///     fn create_empty(&self, _: &S::Dir, _: &CStr, _: &Meta, _: bool) -> io::Result<bool> {
+///         Ok(false)
+///     }
+/// }
+/// ```
 pub trait PipelineStore<S: Store> {
     /// A hint: the files `files` of `dir` (names, listed sizes) are about
     /// to be opened with [`Store::open_file`], in this order. The store
