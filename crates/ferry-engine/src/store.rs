@@ -747,6 +747,7 @@ pub trait AppendFile: Send {
     fn finish(self: Box<Self>, meta: &Meta, fsync: bool) -> io::Result<()>;
 }
 
+mod absent;
 mod ext;
 mod names;
 #[cfg(test)]
