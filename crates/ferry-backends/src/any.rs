@@ -18,8 +18,8 @@ use ferry_engine::hash::{Hash, HashKind, HashSet};
 use ferry_engine::keep::{KeepBase, KeepTo};
 use ferry_engine::store::{
     AppendFile, Cleanup, Committing, DeltaRole, DeltaStore, Features, HashStore, KeepStore,
-    ListError, MetaChange, Planned, PosixStore, Progress, RangedSource, SourceFile, Store,
-    XattrStore,
+    LinkStore, ListError, MetaChange, PipelineStore, Planned, PosixStore, Progress, RangedSource,
+    Report, SourceFile, Store, XattrStore,
 };
 use ferry_engine::xattr::{XattrSel, Xattrs};
 use ferry_local::LocalStore;
@@ -120,6 +120,8 @@ macro_rules! backends {
             type Keep = AnyStore;
             type Posix = AnyStore;
             type Hashes = AnyStore;
+            type Links = AnyStore;
+            type Pipeline = AnyStore;
 
             fn features(&self) -> Features {
                 match self { $(AnyStore::$v(s) => s.features(),)+ }
@@ -138,6 +140,12 @@ macro_rules! backends {
             }
             fn hashes(&self) -> Option<&AnyStore> {
                 match self { $(AnyStore::$v(s) => s.hashes().map(|_| self),)+ }
+            }
+            fn links(&self) -> Option<&AnyStore> {
+                match self { $(AnyStore::$v(s) => s.links().map(|_| self),)+ }
+            }
+            fn pipeline(&self) -> Option<&AnyStore> {
+                match self { $(AnyStore::$v(s) => s.pipeline().map(|_| self),)+ }
             }
             fn cleanup(&self) -> Option<&dyn Cleanup> {
                 match self { $(AnyStore::$v(s) => Store::cleanup(s),)+ }
@@ -204,15 +212,6 @@ macro_rules! backends {
                     _ => mismatch(),
                 }
             }
-            fn open_ahead(&self, dir: &AnyDir, files: &[(&CStr, u64)]) {
-                match (self, dir) { $((AnyStore::$v(s), AnyDir::$v(d)) => s.open_ahead(d, files),)+ _ => mismatch() }
-            }
-            fn read_link(&self, dir: &AnyDir, name: &CStr) -> io::Result<Vec<u8>> {
-                match (self, dir) {
-                    $((AnyStore::$v(s), AnyDir::$v(d)) => s.read_link(d, name),)+
-                    _ => mismatch(),
-                }
-            }
             fn create_file(&self, dir: &AnyDir, name: &CStr, meta: &Meta) -> io::Result<AnyWriter> {
                 match (self, dir) {
                     $((AnyStore::$v(s), AnyDir::$v(d)) => s.create_file(d, name, meta).map(AnyWriter::$v),)+
@@ -251,43 +250,9 @@ macro_rules! backends {
                     _ => mismatch(),
                 }
             }
-            fn commit_nowait<'a>(
-                &'a self,
-                dir: &'a AnyDir,
-                w: AnyWriter,
-                name: &CStr,
-                meta: &Meta,
-                fsync: bool,
-            ) -> Committing<'a> {
-                match (self, dir, w) {
-                    $((AnyStore::$v(s), AnyDir::$v(d), AnyWriter::$v(w)) => s.commit_nowait(d, w, name, meta, fsync),)+
-                    _ => mismatch(),
-                }
-            }
-            fn meta_after_commit(&self, written: &Meta) -> Option<Meta> {
-                match self { $(AnyStore::$v(s) => s.meta_after_commit(written),)+ }
-            }
-            fn create_empty(&self, dir: &AnyDir, name: &CStr, meta: &Meta, fsync: bool) -> io::Result<bool> {
-                match (self, dir) {
-                    $((AnyStore::$v(s), AnyDir::$v(d)) => s.create_empty(d, name, meta, fsync),)+
-                    _ => mismatch(),
-                }
-            }
             fn abort(&self, dir: &AnyDir, w: AnyWriter) {
                 match (self, dir, w) {
                     $((AnyStore::$v(s), AnyDir::$v(d), AnyWriter::$v(w)) => s.abort(d, w),)+
-                    _ => mismatch(),
-                }
-            }
-            fn create_symlink(&self, dir: &AnyDir, name: &CStr, target: &[u8], meta: &Meta) -> io::Result<()> {
-                match (self, dir) {
-                    $((AnyStore::$v(s), AnyDir::$v(d)) => s.create_symlink(d, name, target, meta),)+
-                    _ => mismatch(),
-                }
-            }
-            fn sets_symlink_times(&self, dir: &AnyDir, name: &CStr, now: &Meta) -> bool {
-                match (self, dir) {
-                    $((AnyStore::$v(s), AnyDir::$v(d)) => s.sets_symlink_times(d, name, now),)+
                     _ => mismatch(),
                 }
             }
@@ -344,11 +309,8 @@ macro_rules! backends {
                     _ => mismatch(),
                 }
             }
-            fn warnings(&self, role: &str) -> Vec<String> {
-                match self { $(AnyStore::$v(s) => s.warnings(role),)+ }
-            }
-            fn notes(&self, role: &str) -> Vec<String> {
-                match self { $(AnyStore::$v(s) => Store::notes(s, role),)+ }
+            fn report(&self, role: &str) -> Report {
+                match self { $(AnyStore::$v(s) => s.report(role),)+ }
             }
         }
 
@@ -555,6 +517,59 @@ macro_rules! backends {
             ) -> io::Result<Option<bool>> {
                 match (self, dir) {
                     $((AnyStore::$v(s), AnyDir::$v(d)) => HashStore::<$s>::matches_bytes(ext(s.hashes()), d, name, size, open),)+
+                    _ => mismatch(),
+                }
+            }
+        }
+        #[allow(unreachable_patterns)]
+        impl LinkStore<AnyStore> for AnyStore {
+            fn read_link(&self, dir: &AnyDir, name: &CStr) -> io::Result<Vec<u8>> {
+                match (self, dir) {
+                    $((AnyStore::$v(s), AnyDir::$v(d)) => LinkStore::<$s>::read_link(ext(s.links()), d, name),)+
+                    _ => mismatch(),
+                }
+            }
+            fn create_symlink(&self, dir: &AnyDir, name: &CStr, target: &[u8], meta: &Meta) -> io::Result<()> {
+                match (self, dir) {
+                    $((AnyStore::$v(s), AnyDir::$v(d)) => LinkStore::<$s>::create_symlink(ext(s.links()), d, name, target, meta),)+
+                    _ => mismatch(),
+                }
+            }
+            fn sets_symlink_times(&self, dir: &AnyDir, name: &CStr, now: &Meta) -> bool {
+                match (self, dir) {
+                    $((AnyStore::$v(s), AnyDir::$v(d)) => LinkStore::<$s>::sets_symlink_times(ext(s.links()), d, name, now),)+
+                    _ => mismatch(),
+                }
+            }
+        }
+
+        #[allow(unreachable_patterns)]
+        impl PipelineStore<AnyStore> for AnyStore {
+            fn open_ahead(&self, dir: &AnyDir, files: &[(&CStr, u64)]) {
+                match (self, dir) {
+                    $((AnyStore::$v(s), AnyDir::$v(d)) => PipelineStore::<$s>::open_ahead(ext(s.pipeline()), d, files),)+
+                    _ => mismatch(),
+                }
+            }
+            fn commit_nowait<'a>(
+                &'a self,
+                dir: &'a AnyDir,
+                w: AnyWriter,
+                name: &CStr,
+                meta: &Meta,
+                fsync: bool,
+            ) -> Committing<'a> {
+                match (self, dir, w) {
+                    $((AnyStore::$v(s), AnyDir::$v(d), AnyWriter::$v(w)) => PipelineStore::<$s>::commit_nowait(ext(s.pipeline()), d, w, name, meta, fsync),)+
+                    _ => mismatch(),
+                }
+            }
+            fn meta_after_commit(&self, written: &Meta) -> Option<Meta> {
+                match self { $(AnyStore::$v(s) => PipelineStore::<$s>::meta_after_commit(ext(s.pipeline()), written),)+ }
+            }
+            fn create_empty(&self, dir: &AnyDir, name: &CStr, meta: &Meta, fsync: bool) -> io::Result<bool> {
+                match (self, dir) {
+                    $((AnyStore::$v(s), AnyDir::$v(d)) => PipelineStore::<$s>::create_empty(ext(s.pipeline()), d, name, meta, fsync),)+
                     _ => mismatch(),
                 }
             }

@@ -153,7 +153,7 @@ fn a_local_root_opens_as_any_store_and_forwards() {
         3
     );
     // No downloads: nothing to note. No uploads to clean up.
-    assert!(s.notes("destination").is_empty());
+    assert!(s.report("destination").notes.is_empty());
     assert!(s.cleanup().is_none());
 }
 
@@ -180,4 +180,57 @@ fn each_registry_hands_its_own_settings_to_the_ssh_target() {
     assert_eq!(u.timeout, ferry_ssh::quiet::DEFAULT_TIMEOUT);
     assert_eq!((u.connections, u.read_only), (None, false));
     assert_ne!(t, u);
+}
+
+/// `AnyStore` has an extension exactly where the backend inside has it,
+/// and the engine's answer (`StoreExt`) goes to the backend's: local
+/// symlinks and its one shortcut (an empty file made under its name),
+/// no symlinks on S3 (`Unsupported`) but its metadata known after a commit.
+#[test]
+fn any_store_has_the_links_and_pipeline_of_the_backend_inside() {
+    use ferry_engine::store::StoreExt;
+    use ferry_engine::{Kind, Meta};
+    use std::os::unix::fs::PermissionsExt;
+    let d = tempfile::tempdir().unwrap();
+    let opts = Opts {
+        jobs: 2,
+        lazy_meta: false,
+    };
+    let meta = |kind, size| Meta {
+        kind,
+        size,
+        mtime_sec: 1_700_000_000,
+        mtime_nsec: 5,
+        mode: 0o640,
+        uid: 0,
+        gid: 0,
+        ino: 0,
+        version: 0,
+        rdev: 0,
+        sparse: false,
+        nlink: 1,
+        dev: 0,
+        ctime: 0,
+    };
+    let s = reg(false).open(&local_root(d.path()), &opts).unwrap();
+    assert!(s.has_symlinks() && s.links().is_some() && s.pipeline().is_some());
+    let (dir, _) = s.open_root().unwrap().expect("exists");
+    s.create_symlink(&dir, c"l", b"t/u", &meta(Kind::Symlink, 3))
+        .unwrap();
+    assert_eq!(s.read_link(&dir, c"l").unwrap(), b"t/u");
+    assert!(s.sets_symlink_times(&dir, c"l", &meta(Kind::Symlink, 3)));
+    assert!(s
+        .create_empty(&dir, c"e", &meta(Kind::File, 0), false)
+        .unwrap());
+    assert!(!s
+        .create_empty(&dir, c"e", &meta(Kind::File, 0), false)
+        .unwrap());
+    let e = std::fs::metadata(d.path().join("e")).unwrap();
+    assert_eq!((e.len(), e.permissions().mode() & 0o777), (0, 0o640));
+    assert_eq!(s.meta_after_commit(&meta(Kind::File, 0)), None);
+
+    let s = reg(false).open(&s3("b", "p"), &opts).unwrap();
+    assert!(!s.has_symlinks() && s.links().is_none() && s.pipeline().is_some());
+    let m = s.meta_after_commit(&meta(Kind::File, 9)).expect("known");
+    assert_eq!((m.size, m.mtime_nsec, m.mode), (9, 5, 0o640));
 }

@@ -8,7 +8,7 @@
 use std::io::{self, ErrorKind};
 
 use ferry_engine::entry::{Kind, Meta};
-use ferry_engine::store::{is_temp_name, MetaChange, SourceFile, Store, RANGE_PIECE};
+use ferry_engine::store::{is_temp_name, MetaChange, SourceFile, Store, StoreExt, RANGE_PIECE};
 
 pub use crate::edge::{big_file, long_name, odd_names, permission_denied, read_ahead};
 pub use crate::keep::{
@@ -277,7 +277,7 @@ pub fn stat_symlink<F: Fixture>(fx: &F) {
         ..file_meta(0, T0, 0o777)
     };
     let res = s.create_symlink(&r, c"l", target, &meta);
-    if !s.features().symlinks {
+    if !s.has_symlinks() {
         assert_eq!(err_kind(res), Some(ErrorKind::Unsupported));
         assert_eq!(show(&names(s, &r)), Vec::<String>::new());
         return;

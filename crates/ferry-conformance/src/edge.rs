@@ -3,7 +3,7 @@
 
 use std::io::ErrorKind;
 
-use ferry_engine::store::{SourceFile, Store};
+use ferry_engine::store::{SourceFile, Store, StoreExt};
 
 use crate::cases::{assert_mtime, err_kind, owned, stat_of, unless_unsupported};
 use crate::{
@@ -184,11 +184,10 @@ pub fn permission_denied<F: Fixture>(fx: &F) {
 
 // ------------------------------------------------------------------ open_ahead
 
-/// [`Store::open_ahead`] is a hint only: files named in it read their
-/// whole current content in any order (one whose size changed since it
-/// was listed too: more or fewer bytes than named, never cut at the size
-/// named), a missing one fails with `NotFound` when opened, and files
-/// named but never opened leave nothing behind.
+/// [`PipelineStore::open_ahead`](ferry_engine::store::PipelineStore::open_ahead) is a hint only:
+/// files named in it read their whole current content in any order (one whose size changed since it
+/// was listed too: more or fewer bytes than named, never cut at the size named), a missing one
+/// fails with `NotFound` when opened, and files named but never opened leave nothing behind.
 pub fn read_ahead<F: Fixture>(fx: &F) {
     let s = fx.store();
     let r = root(s);

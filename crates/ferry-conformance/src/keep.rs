@@ -157,7 +157,7 @@ pub fn keep_overwrites<F: Fixture>(fx: &F) {
 /// replacement, where the store has symlinks.
 pub fn keep_symlink<F: Fixture>(fx: &F) {
     let s = fx.store();
-    if !s.features().symlinks {
+    if !s.has_symlinks() {
         eprintln!("keep_symlink: no symlinks in this store: not checked");
         return;
     }

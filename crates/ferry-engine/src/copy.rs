@@ -173,10 +173,9 @@ impl<'a, S: Store, D: Store> Copier<'a, S, D> {
     }
 
     /// [`Copier::copy_file`] up to a commit started with
-    /// [`Store::commit_nowait`] (a copy by delta, whose failure shows on
-    /// its commit, still waits for it): the copy as it will be once
-    /// [`Committing::wait`] confirms it. Nothing may be reported as
-    /// copied before that.
+    /// [`PipelineStore::commit_nowait`](crate::store::PipelineStore::commit_nowait) (a copy by
+    /// delta, whose failure shows on its commit, still waits for it): the copy as it will be once
+    /// [`Committing::wait`] confirms it. Nothing may be reported as copied before that.
     pub fn copy_file_nowait<'d>(
         &self,
         f: FileCopy<'_, 'd, S, D>,

@@ -52,8 +52,9 @@ const BATCH_FILES: usize = 64;
 /// Files per transfer task where a store waits a round trip per file: small
 /// tasks, so that the workers (many, for such stores) all have files.
 const BATCH_FILES_LATENCY: usize = 8;
-/// Commits a worker leaves unconfirmed at most ([`Store::commit_nowait`]):
-/// a batch's files are sent before their results are waited for.
+/// Commits a worker leaves unconfirmed at most
+/// ([`PipelineStore::commit_nowait`](crate::store::PipelineStore::commit_nowait)): a batch's files
+/// are sent before their results are waited for.
 const COMMITS_IN_FLIGHT: usize = 64;
 /// Bytes per transfer task, at most (a bigger file gets a task of its own).
 const BATCH_BYTES: u64 = 8 << 20;
@@ -628,7 +629,7 @@ impl<S: Store, D: Store> Visitor for Walker<'_, '_, S, D> {
         let e = self.0;
         let mut batch = Some(batch);
         while let Some(b) = batch {
-            // Commits the store confirms later (`Store::commit_nowait`):
+            // Commits the store confirms later (`PipelineStore::commit_nowait`):
             // the batch's files are all sent, then their results are waited
             // for and reported, before the directory may be finished.
             let mut committing: VecDeque<Transfer<'_>> = VecDeque::new();

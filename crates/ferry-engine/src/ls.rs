@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use crate::encode::{json_name, text_name};
 use crate::entry::{join, Kind, Listing, Meta};
 use crate::filter::Filter;
-use crate::store::{ListError, Store};
+use crate::store::{ListError, Store, StoreExt};
 use crate::walk::{self, Queue, Visitor};
 
 /// Output format of `ls`.

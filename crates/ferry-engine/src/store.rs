@@ -427,9 +427,6 @@ pub struct Features {
     /// a prefix exists while objects are under it, so making one creates
     /// nothing, and an empty directory cannot be kept).
     pub empty_dirs: bool,
-    /// Symlinks can be stored (false on object stores: they are skipped
-    /// with a note).
-    pub symlinks: bool,
     /// How many workers should create entries in one directory at once
     /// (local filesystems serialize them on the directory's lock;
     /// `usize::MAX`: no limit).
@@ -452,15 +449,18 @@ pub fn unsupported() -> io::Error {
 #[derive(Debug)]
 pub enum Absent {}
 
-/// A backend: a tree of directories, files and symlinks. The core every
-/// store has: listing, stat, open, create/commit, remove, rename, mkdir,
-/// metadata. What only some stores can do is either a field of
-/// [`Features`] or an extension trait the store opts into through its
-/// accessor ([`Store::delta`], [`Store::xattrs`], [`Store::keeper`],
-/// [`Store::posix`], [`Store::hashes`], [`Store::cleanup`]; `None`: not
-/// here). No method has a default body: a store (and `AnyStore`, which
-/// forwards to every backend) says what it does for each, or does not
-/// compile.
+/// A backend: a tree of directories and files. The core every store has
+/// (22 methods): open the root, list, stat, open, create/write/commit
+/// (with the check at the act: `expect`, `remove_planned`), remove,
+/// rename, mkdir, metadata, free space and what to tell the user. What
+/// only some stores can do is either a field of [`Features`] or an
+/// extension trait the store opts into through its accessor
+/// ([`Store::delta`], [`Store::xattrs`], [`Store::keeper`],
+/// [`Store::posix`], [`Store::hashes`], [`Store::links`],
+/// [`Store::pipeline`], [`Store::cleanup`]; `None`: not here, and the
+/// engine's one answer for it is in [`StoreExt`]). No method has a default
+/// body: a store (and `AnyStore`, which forwards to every backend) says
+/// what it does for each, or does not compile.
 pub trait Store: Send + Sync + Sized {
     /// An open directory.
     type Dir: Send + Sync;
@@ -480,6 +480,10 @@ pub trait Store: Send + Sync + Sized {
     type Posix: PosixStore<Self>;
     /// Hashes kept without reading the bytes ([`HashStore`]).
     type Hashes: HashStore<Self>;
+    /// Symlinks ([`LinkStore`]).
+    type Links: LinkStore<Self>;
+    /// Shortcuts that save round trips or operations ([`PipelineStore`]).
+    type Pipeline: PipelineStore<Self>;
 
     /// What the store can do.
     fn features(&self) -> Features;
@@ -494,6 +498,12 @@ pub trait Store: Send + Sync + Sized {
     fn posix(&self) -> Option<&Self::Posix>;
     /// The hashes it keeps; `None`: none.
     fn hashes(&self) -> Option<&Self::Hashes>;
+    /// Its symlinks; `None`: it cannot store symlinks (an object store:
+    /// they are skipped with a note).
+    fn links(&self) -> Option<&Self::Links>;
+    /// Its shortcuts (opens sent ahead, commits not waited for, empty
+    /// files made in one go); `None`: every file goes the plain way.
+    fn pipeline(&self) -> Option<&Self::Pipeline>;
     /// Removal of what interrupted transfers left (`ferry cleanup`);
     /// `None`: the store keeps no such thing.
     fn cleanup(&self) -> Option<&dyn Cleanup>;
@@ -540,16 +550,6 @@ pub trait Store: Send + Sync + Sized {
 
     /// Open a file for reading.
     fn open_file(&self, dir: &Self::Dir, name: &CStr) -> io::Result<Self::Reader>;
-    /// A hint: the files `files` of `dir` (names, listed sizes) are about
-    /// to be opened with [`Store::open_file`], in this order. A store whose
-    /// open waits on a network round trip may send all those opens now, so
-    /// that each [`Store::open_file`] finds its reply there (one round trip
-    /// for them all, not one each). A file named here need not be opened
-    /// after all: what was fetched for it is dropped with `dir`. A store
-    /// without such a pipeline does nothing.
-    fn open_ahead(&self, dir: &Self::Dir, files: &[(&CStr, u64)]);
-    /// Read a symlink's target.
-    fn read_link(&self, dir: &Self::Dir, name: &CStr) -> io::Result<Vec<u8>>;
 
     /// Start writing `name` under a temporary name in `dir`.
     fn create_file(&self, dir: &Self::Dir, name: &CStr, meta: &Meta) -> io::Result<Self::Writer>;
@@ -585,56 +585,9 @@ pub trait Store: Send + Sync + Sized {
         meta: &Meta,
         fsync: bool,
     ) -> io::Result<()>;
-    /// Like [`Store::commit`], without waiting for the store to confirm:
-    /// a store whose commit is a request over a network sends it and
-    /// returns at once; the result comes from [`Committing::wait`]. Until
-    /// then the file must not be reported as copied (it may still fail),
-    /// and its directory's metadata must not be set (the engine waits for
-    /// every commit of a directory before it finishes the directory).
-    /// Commits started one after the other may complete in any order. A
-    /// store without such a pipeline commits here and now
-    /// ([`Committing::done`]).
-    fn commit_nowait<'a>(
-        &'a self,
-        dir: &'a Self::Dir,
-        w: Self::Writer,
-        name: &CStr,
-        meta: &Meta,
-        fsync: bool,
-    ) -> Committing<'a>;
-    /// The metadata a file committed with `written` now has, when the
-    /// store knows it without asking (an object store keeps what it was
-    /// given); `None` when it must be read back (a local file's inode).
-    fn meta_after_commit(&self, written: &Meta) -> Option<Meta>;
-    /// Create an empty file `name` that does not exist yet, with its
-    /// metadata, in as few operations as the store can. `Ok(false)` when the
-    /// store has no such shortcut or the name exists: the caller then goes
-    /// the usual way (`create_file` ... `commit`).
-    fn create_empty(
-        &self,
-        dir: &Self::Dir,
-        name: &CStr,
-        meta: &Meta,
-        fsync: bool,
-    ) -> io::Result<bool>;
     /// Drop a writer and its temporary.
     fn abort(&self, dir: &Self::Dir, w: Self::Writer);
 
-    /// Create (or atomically replace) a symlink with its metadata
-    /// ([`Features::symlinks`]).
-    fn create_symlink(
-        &self,
-        dir: &Self::Dir,
-        name: &CStr,
-        target: &[u8],
-        meta: &Meta,
-    ) -> io::Result<()>;
-    /// True when a symlink's own mtime can be set (false on an SFTP server
-    /// without `lsetstat@openssh.com`, or refusing it): where it cannot, a
-    /// link's time is left as made and not compared (no `meta` per link
-    /// per run). `name` of `dir` is a symlink listed as `now`, whose time
-    /// is about to be set: a store may try it there, to its time as listed.
-    fn sets_symlink_times(&self, dir: &Self::Dir, name: &CStr, now: &Meta) -> bool;
     /// Change metadata of an entry in place.
     fn set_meta(
         &self,
@@ -681,14 +634,22 @@ pub trait Store: Send + Sync + Sized {
     /// (for the message of a full disk), when the store can tell.
     fn free_space(&self, dir: &Self::Dir) -> Option<(u64, u64)>;
 
-    /// What the store ignored and the user should know, one line each, at
-    /// the end of every run, `role` naming the store (object metadata that
-    /// is not an mtime or a mode); [`Store::notes`] are for `-v` only.
-    fn warnings(&self, role: &str) -> Vec<String>;
+    /// What the store has to tell the user at the end of a run, `role`
+    /// naming it ("source", "destination", "A", "B"): the
+    /// [`Report::warnings`] always, the [`Report::notes`] with `-v`.
+    fn report(&self, role: &str) -> Report;
+}
+
+/// What a store tells the user at the end of a run ([`Store::report`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Report {
+    /// What the store ignored and the user should know, one line each,
+    /// shown after every run (object metadata that is not an mtime or a
+    /// mode).
+    pub warnings: Vec<String>,
     /// Lines for `-v` about what the store did beyond plain requests
-    /// (resumed transfers, requests that cost), `role` naming it ("source",
-    /// "destination", "A", "B").
-    fn notes(&self, role: &str) -> Vec<String>;
+    /// (resumed transfers, requests that cost).
+    pub notes: Vec<String>,
 }
 
 /// [`Store::remove_each`] of a store that removes a tree in one operation:
@@ -713,7 +674,7 @@ pub fn mtime_step<A: Store, B: Store>(a: &A, b: &B) -> u32 {
         .max(1)
 }
 
-/// A commit started by [`Store::commit_nowait`]: its result, or how to wait
+/// A commit started by [`PipelineStore::commit_nowait`]: its result, or how to wait
 /// for it.
 #[must_use = "a commit's result must be waited for and reported"]
 pub struct Committing<'a>(CommittingInner<'a>);
@@ -786,10 +747,14 @@ pub trait AppendFile: Send {
     fn finish(self: Box<Self>, meta: &Meta, fsync: bool) -> io::Result<()>;
 }
 
+mod absent;
 mod ext;
 mod names;
 #[cfg(test)]
 mod tests;
 
-pub use ext::{Cleanup, DeltaStore, HashStore, KeepStore, PosixStore, StoreExt, XattrStore};
+pub use ext::{
+    Cleanup, DeltaStore, HashStore, KeepStore, LinkStore, PipelineStore, PosixStore, StoreExt,
+    XattrStore,
+};
 pub use names::*;

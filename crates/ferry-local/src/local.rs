@@ -38,7 +38,7 @@ use ferry_engine::entry::{Kind, ListEntry, Listing, Meta};
 use ferry_engine::keep::{KeepBase, KeepTo};
 use ferry_engine::store::{
     is_undo_name, temp_name, undo_name, Absent, Cleanup, Committing, DeltaRole, Features,
-    ListError, MetaChange, Planned, Progress, SourceFile, Store, RESERVED_LEN,
+    ListError, MetaChange, Planned, Progress, Report, SourceFile, Store, RESERVED_LEN,
 };
 use ferry_engine::xattr::{XattrSel, Xattrs};
 
@@ -183,6 +183,8 @@ impl Store for LocalStore {
     type Keep = LocalStore;
     type Posix = LocalStore;
     type Hashes = Absent;
+    type Links = LocalStore;
+    type Pipeline = LocalStore;
 
     fn features(&self) -> Features {
         Features {
@@ -193,7 +195,6 @@ impl Store for LocalStore {
             dir_meta: true,
             inodes: true,
             empty_dirs: true,
-            symlinks: true,
             dir_write_lanes: 2,
             mtime_step_ns: 1,
         }
@@ -219,6 +220,14 @@ impl Store for LocalStore {
         None
     }
 
+    fn links(&self) -> Option<&LocalStore> {
+        Some(self)
+    }
+
+    fn pipeline(&self) -> Option<&LocalStore> {
+        Some(self)
+    }
+
     fn cleanup(&self) -> Option<&dyn Cleanup> {
         None
     }
@@ -231,31 +240,6 @@ impl Store for LocalStore {
         _errors: &mut Vec<ListError>,
     ) -> io::Result<()> {
         Ok(())
-    }
-
-    fn open_ahead(&self, _dir: &LocalDir, _files: &[(&CStr, u64)]) {}
-
-    fn commit_nowait<'a>(
-        &'a self,
-        dir: &'a LocalDir,
-        w: LocalWriter,
-        name: &CStr,
-        meta: &Meta,
-        fsync: bool,
-    ) -> Committing<'a> {
-        Committing::done(self.commit(dir, w, name, meta, fsync))
-    }
-
-    fn meta_after_commit(&self, _written: &Meta) -> Option<Meta> {
-        None
-    }
-
-    fn sets_symlink_times(&self, _dir: &LocalDir, _name: &CStr, _now: &Meta) -> bool {
-        true
-    }
-
-    fn warnings(&self, _role: &str) -> Vec<String> {
-        Vec::new()
     }
 
     fn open_root(&self) -> io::Result<Option<(LocalDir, Meta)>> {
@@ -362,10 +346,6 @@ impl Store for LocalStore {
             Mode::empty(),
         )?;
         Ok(LocalReader { fd })
-    }
-
-    fn read_link(&self, dir: &LocalDir, name: &CStr) -> io::Result<Vec<u8>> {
-        Ok(rfs::readlinkat(&dir.fd, name, Vec::new())?.into_bytes())
     }
 
     fn create_file(&self, dir: &LocalDir, name: &CStr, meta: &Meta) -> io::Result<LocalWriter> {
@@ -565,47 +545,6 @@ impl Store for LocalStore {
         Ok(1)
     }
 
-    fn create_empty(
-        &self,
-        dir: &LocalDir,
-        name: &CStr,
-        meta: &Meta,
-        fsync: bool,
-    ) -> io::Result<bool> {
-        // Created under its name: with no bytes there is nothing half-written
-        // to see. A kill before futimens leaves a wrong mtime, which the next
-        // run sees and fixes.
-        let fd = match rfs::openat(
-            &dir.fd,
-            name,
-            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::from_raw_mode(meta.mode & 0o777),
-        ) {
-            Ok(fd) => fd,
-            Err(Errno::EXIST) => return Ok(false),
-            Err(e) => return Err(e.into()),
-        };
-        let res = (|| -> io::Result<()> {
-            if self.need_chown(dir, meta) {
-                rfs::fchown(&fd, Some(uid(meta.uid)), Some(gid(meta.gid)))?;
-            }
-            if self.need_chmod(meta.mode) {
-                rfs::fchmod(&fd, Mode::from_raw_mode(meta.mode))?;
-            }
-            rfs::futimens(&fd, &times(meta))?;
-            if fsync {
-                rfs::fsync(&fd)?;
-            }
-            Ok(())
-        })();
-        if let Err(e) = res {
-            drop(fd);
-            let _ = rfs::unlinkat(&dir.fd, name, AtFlags::empty());
-            return Err(e);
-        }
-        Ok(true)
-    }
-
     fn abort(&self, dir: &LocalDir, w: LocalWriter) {
         // A failed ranged download never got here as `partial`: its file
         // stays for the next run to resume. A complete one that is not
@@ -620,42 +559,6 @@ impl Store for LocalStore {
         if let Some(p) = partial {
             let _ = rfs::unlinkat(&dir.fd, &p, AtFlags::empty());
         }
-    }
-
-    fn create_symlink(
-        &self,
-        dir: &LocalDir,
-        name: &CStr,
-        target: &[u8],
-        meta: &Meta,
-    ) -> io::Result<()> {
-        let tmp = TempName::new();
-        let target = CString::new(target)
-            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in link target"))?;
-        rfs::symlinkat(target.as_c_str(), &dir.fd, tmp.as_cstr())?;
-        let res = (|| -> io::Result<()> {
-            if self.owner {
-                rfs::chownat(
-                    &dir.fd,
-                    tmp.as_cstr(),
-                    Some(uid(meta.uid)),
-                    Some(gid(meta.gid)),
-                    AtFlags::SYMLINK_NOFOLLOW,
-                )?;
-            }
-            rfs::utimensat(
-                &dir.fd,
-                tmp.as_cstr(),
-                &times(meta),
-                AtFlags::SYMLINK_NOFOLLOW,
-            )?;
-            rfs::renameat(&dir.fd, tmp.as_cstr(), &dir.fd, name)?;
-            Ok(())
-        })();
-        if res.is_err() {
-            let _ = rfs::unlinkat(&dir.fd, tmp.as_cstr(), AtFlags::empty());
-        }
-        res
     }
 
     fn set_meta(
@@ -724,15 +627,19 @@ impl Store for LocalStore {
         Ok(rfs::unlinkat(&dir.fd, name, AtFlags::REMOVEDIR)?)
     }
 
-    fn notes(&self, _role: &str) -> Vec<String> {
-        if self.downloads.load(Ordering::Relaxed) == 0 {
-            return Vec::new();
+    fn report(&self, _role: &str) -> Report {
+        let notes = match self.downloads.load(Ordering::Relaxed) {
+            0 => Vec::new(),
+            _ => vec![format!(
+                "{} bytes of interrupted downloads reused, {} bytes of downloads written with O_DIRECT",
+                self.resumed_bytes(),
+                self.direct_bytes()
+            )],
+        };
+        Report {
+            warnings: Vec::new(),
+            notes,
         }
-        vec![format!(
-            "{} bytes of interrupted downloads reused, {} bytes of downloads written with O_DIRECT",
-            self.resumed_bytes(),
-            self.direct_bytes()
-        )]
     }
 }
 

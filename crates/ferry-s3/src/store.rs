@@ -14,7 +14,7 @@ use ferry_engine::entry::{Kind, Listing, Meta};
 use ferry_engine::hash::{Hash, HashKind, HashSet};
 use ferry_engine::keep::{KeepBase, KeepTo};
 use ferry_engine::store::{
-    Absent, Cleanup, Committing, Features, ListError, MetaChange, Planned, RangedSource,
+    Absent, Cleanup, Committing, Features, ListError, MetaChange, Planned, RangedSource, Report,
     SourceFile, Store,
 };
 use rusty_s3::actions::{DeleteObjects, HeadBucket, HeadObject, ListObjectsV2, ObjectIdentifier};
@@ -167,17 +167,6 @@ impl S3Store {
             Err(e) => Err(e),
         }
     }
-
-    /// The error of a symlink asked of S3.
-    fn no_symlinks(&self, dir: &S3Dir, name: &CStr) -> io::Error {
-        match self.key(dir, name) {
-            Ok(key) => io::Error::new(
-                io::ErrorKind::Unsupported,
-                format!("{key}: S3 has no symlinks"),
-            ),
-            Err(e) => e,
-        }
-    }
 }
 
 mod ext;
@@ -192,6 +181,8 @@ impl Store for S3Store {
     type Keep = S3Store;
     type Posix = Absent;
     type Hashes = S3Store;
+    type Links = Absent;
+    type Pipeline = S3Store;
 
     fn features(&self) -> Features {
         Features {
@@ -202,7 +193,6 @@ impl Store for S3Store {
             dir_meta: false,
             inodes: false,
             empty_dirs: false,
-            symlinks: false,
             dir_write_lanes: usize::MAX,
             mtime_step_ns: 1,
         }
@@ -222,31 +212,14 @@ impl Store for S3Store {
     fn hashes(&self) -> Option<&S3Store> {
         Some(self)
     }
-    fn cleanup(&self) -> Option<&dyn Cleanup> {
+    fn links(&self) -> Option<&Absent> {
+        None
+    }
+    fn pipeline(&self) -> Option<&S3Store> {
         Some(self)
     }
-    fn open_ahead(&self, _dir: &S3Dir, _files: &[(&CStr, u64)]) {}
-    fn commit_nowait<'a>(
-        &'a self,
-        dir: &'a S3Dir,
-        w: Self::Writer,
-        name: &CStr,
-        meta: &Meta,
-        fsync: bool,
-    ) -> Committing<'a> {
-        Committing::done(self.commit(dir, w, name, meta, fsync))
-    }
-    fn create_empty(
-        &self,
-        _dir: &S3Dir,
-        _name: &CStr,
-        _meta: &Meta,
-        _fsync: bool,
-    ) -> io::Result<bool> {
-        Ok(false)
-    }
-    fn sets_symlink_times(&self, _dir: &S3Dir, _name: &CStr, _now: &Meta) -> bool {
-        true
+    fn cleanup(&self) -> Option<&dyn Cleanup> {
+        Some(self)
     }
     fn free_space(&self, _dir: &S3Dir) -> Option<(u64, u64)> {
         None
@@ -376,22 +349,6 @@ impl Store for S3Store {
         Ok(())
     }
 
-    fn meta_after_commit(&self, written: &Meta) -> Option<Meta> {
-        // Size, and mtime and mode in the object's metadata, as written
-        // (x-amz-meta-mtime keeps nanoseconds); the listed version is
-        // learnt from the next listing.
-        (written.kind == Kind::File).then_some(Meta {
-            uid: 0,
-            gid: 0,
-            ino: 0,
-            version: 0,
-            nlink: 0,
-            dev: 0,
-            mode: written.mode & 0o7777,
-            ..*written
-        })
-    }
-
     fn refine(
         &self,
         dir: &S3Dir,
@@ -461,10 +418,6 @@ impl Store for S3Store {
             meta: OnceLock::new(),
             md5: OnceLock::new(),
         })
-    }
-
-    fn read_link(&self, dir: &S3Dir, name: &CStr) -> io::Result<Vec<u8>> {
-        Err(self.no_symlinks(dir, name))
     }
 
     fn create_file(&self, dir: &S3Dir, name: &CStr, meta: &Meta) -> io::Result<S3Writer> {
@@ -588,16 +541,6 @@ impl Store for S3Store {
         // and `ferry cleanup` removes the ones nobody comes back for.
     }
 
-    fn create_symlink(
-        &self,
-        dir: &S3Dir,
-        name: &CStr,
-        _target: &[u8],
-        _meta: &Meta,
-    ) -> io::Result<()> {
-        Err(self.no_symlinks(dir, name))
-    }
-
     fn set_meta(&self, dir: &S3Dir, name: &CStr, meta: &Meta, _what: MetaChange) -> io::Result<()> {
         // Server-side copy onto itself with replaced metadata: no data
         // moves. rclone's MD5 of the object stays (the content does).
@@ -708,10 +651,10 @@ impl Store for S3Store {
         }
     }
 
-    fn notes(&self, role: &str) -> Vec<String> {
+    fn report(&self, role: &str) -> Report {
         let c = self.counters();
         let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        vec![format!(
+        let notes = vec![format!(
             "s3 {role}: {} HEAD requests, {} parts sent, {} parts reused from {} resumed upload(s), {} server-side copies, {} stale upload(s) aborted, {} ranged GETs on the direct path, {} sent again through the HTTP client, {} listing ranges in parallel, {} batch deletes",
             n(&c.heads),
             n(&c.parts_sent),
@@ -723,11 +666,11 @@ impl Store for S3Store {
             n(&c.direct_fallbacks),
             n(&c.list_ranges),
             n(&c.batch_deletes)
-        )]
-    }
-
-    fn warnings(&self, role: &str) -> Vec<String> {
-        self.c.odd.note(role).into_iter().collect()
+        )];
+        Report {
+            warnings: self.c.odd.note(role).into_iter().collect(),
+            notes,
+        }
     }
 }
 

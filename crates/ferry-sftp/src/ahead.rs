@@ -1,4 +1,4 @@
-//! Small files opened ahead of the reader ([`Store::open_ahead`]): the
+//! Small files opened ahead of the reader ([`PipelineStore::open_ahead`]): the
 //! `OPEN`s of a batch's files go together, and each file's first `READ`
 //! as soon as its handle is there (moved on by whichever of the
 //! directory's files is opened meanwhile), so a batch costs about two
@@ -6,7 +6,7 @@
 //! `FSTAT` a file opened alone asks: a read that brings more or less than
 //! it shows a file that changed, as the engine checks.
 //!
-//! [`Store::open_ahead`]: ferry_engine::Store::open_ahead
+//! [`PipelineStore::open_ahead`]: ferry_engine::store::PipelineStore::open_ahead
 
 use std::collections::HashMap;
 use std::ffi::CStr;

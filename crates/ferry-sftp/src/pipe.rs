@@ -1,4 +1,4 @@
-//! Commits sent without waiting (`Store::commit_nowait`): a worker sends
+//! Commits sent without waiting (`PipelineStore::commit_nowait`): a worker sends
 //! the `OPEN` of each small file of its batch as the file comes (gathered,
 //! [`Batch`], and sent in one write before the thread waits); the rest of
 //! each commit is moved on by the session's reader thread as the replies

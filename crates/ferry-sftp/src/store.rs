@@ -13,7 +13,7 @@ use ferry_engine::bwlimit::Limiter;
 use ferry_engine::entry::{Kind, Listing, Meta};
 use ferry_engine::keep::{KeepBase, KeepTo};
 use ferry_engine::store::{
-    temp_name, Absent, Cleanup, Committing, Features, KeepStore, ListError, MetaChange, Planned,
+    temp_name, Absent, Cleanup, Committing, Features, ListError, MetaChange, Planned, Report,
     SourceFile, Store, RESERVED_LEN,
 };
 use ferry_ssh::Target;
@@ -51,7 +51,8 @@ pub struct SftpStore {
 /// A directory: its path on the server.
 pub struct SftpDir {
     pub(crate) path: Arc<[u8]>,
-    /// Small files opened ahead of their reading ([`Store::open_ahead`]).
+    /// Small files opened ahead of their reading
+    /// ([`PipelineStore::open_ahead`](ferry_engine::store::PipelineStore::open_ahead)).
     ahead: crate::ahead::Map,
 }
 
@@ -413,6 +414,8 @@ impl Store for SftpStore {
     type Keep = SftpStore;
     type Posix = Absent;
     type Hashes = Absent;
+    type Links = SftpStore;
+    type Pipeline = SftpStore;
 
     fn features(&self) -> Features {
         Features {
@@ -423,7 +426,6 @@ impl Store for SftpStore {
             dir_meta: true,
             inodes: false,
             empty_dirs: true,
-            symlinks: true,
             dir_write_lanes: usize::MAX,
             mtime_step_ns: 1_000_000_000,
         }
@@ -443,6 +445,12 @@ impl Store for SftpStore {
     fn hashes(&self) -> Option<&Absent> {
         None
     }
+    fn links(&self) -> Option<&SftpStore> {
+        Some(self)
+    }
+    fn pipeline(&self) -> Option<&SftpStore> {
+        Some(self)
+    }
     fn cleanup(&self) -> Option<&dyn Cleanup> {
         None
     }
@@ -454,9 +462,6 @@ impl Store for SftpStore {
         _errors: &mut Vec<ListError>,
     ) -> io::Result<()> {
         Ok(())
-    }
-    fn meta_after_commit(&self, _written: &Meta) -> Option<Meta> {
-        None
     }
 
     fn open_root(&self) -> io::Result<Option<(SftpDir, Meta)>> {
@@ -550,22 +555,6 @@ impl Store for SftpStore {
         SftpReader::open(&self.conn(), join(&dir.path, name.to_bytes()))
     }
 
-    fn open_ahead(&self, dir: &SftpDir, files: &[(&CStr, u64)]) {
-        let main = self.conn();
-        if main.alive().is_err() {
-            return;
-        }
-        crate::ahead::open(&dir.ahead, &dir.path, files, main.chunk, || {
-            main.next_small(main.width())
-        });
-    }
-
-    fn read_link(&self, dir: &SftpDir, name: &CStr) -> io::Result<Vec<u8>> {
-        self.conn()
-            .call(Req::path(w::READLINK, &join(&dir.path, name.to_bytes())))?
-            .name()
-    }
-
     fn create_file(&self, dir: &SftpDir, name: &CStr, meta: &Meta) -> io::Result<SftpWriter> {
         SftpWriter::create(self, &dir.path, name.to_bytes(), meta)
             .map_err(|e| self.full_disk(&dir.path, meta.size, e))
@@ -595,43 +584,6 @@ impl Store for SftpStore {
             .map_err(|e| self.full_disk(&dir.path, meta.size, e))
     }
 
-    fn commit_nowait<'a>(
-        &'a self,
-        dir: &'a SftpDir,
-        wr: SftpWriter,
-        name: &CStr,
-        meta: &Meta,
-        fsync: bool,
-    ) -> Committing<'a> {
-        // The file's requests go as their replies allow, moved on by
-        // whichever commit of this worker is waited for (`pipe`).
-        let path = join(&dir.path, name.to_bytes());
-        let need = meta.size;
-        match wr.into_flight() {
-            Ok(parts) => {
-                let f = crate::pipe::start(parts, path, meta, fsync);
-                Committing::later(move || {
-                    crate::pipe::wait(f).map_err(|e| self.full_disk(&dir.path, need, e))
-                })
-            }
-            Err(wr) => Committing::done(
-                wr.commit(self, &path, meta, fsync)
-                    .map_err(|e| self.full_disk(&dir.path, need, e)),
-            ),
-        }
-    }
-
-    fn create_empty(
-        &self,
-        dir: &SftpDir,
-        name: &CStr,
-        meta: &Meta,
-        fsync: bool,
-    ) -> io::Result<bool> {
-        crate::write::create_empty(self, &join(&dir.path, name.to_bytes()), meta, fsync)
-            .map_err(|e| self.full_disk(&dir.path, 0, e))
-    }
-
     fn expect(&self, wr: &mut SftpWriter, at: Option<&Planned>) {
         wr.planned = at.copied();
     }
@@ -646,25 +598,6 @@ impl Store for SftpStore {
 
     fn abort(&self, _dir: &SftpDir, wr: SftpWriter) {
         wr.abort();
-    }
-
-    fn create_symlink(
-        &self,
-        dir: &SftpDir,
-        name: &CStr,
-        target: &[u8],
-        meta: &Meta,
-    ) -> io::Result<()> {
-        let tmp = temp_path(&dir.path);
-        // OpenSSH's order: the target first, then the link's path.
-        self.ok(Req::path(w::SYMLINK, target).str(&tmp))?;
-        let done = self
-            .set_path(&tmp, Kind::Symlink, &set_of(meta, MetaChange::ALL))
-            .and_then(|()| self.replace(&dir.path, &tmp, &join(&dir.path, name.to_bytes())));
-        if done.is_err() {
-            let _ = self.ok(Req::path(w::REMOVE, &tmp));
-        }
-        done
     }
 
     fn set_meta(
@@ -728,52 +661,23 @@ impl Store for SftpStore {
         self.rmdir_path(&join(&dir.path, name.to_bytes()))
     }
 
-    fn notes(&self, role: &str) -> Vec<String> {
-        crate::write::notes(role)
-    }
-
-    fn warnings(&self, _role: &str) -> Vec<String> {
-        if !self.lsetstat_refused.load(Ordering::Relaxed) {
-            return Vec::new();
-        }
-        vec![format!(
-            "note: {}: the SFTP server offers lsetstat@openssh.com but refused it: symlinks there keep the time they were made",
-            self.conn().host
-        )]
-    }
-
-    fn sets_symlink_times(&self, dir: &SftpDir, name: &CStr, now: &Meta) -> bool {
-        // Tried once per run, on this link, to its time as listed (no
-        // change): a server may offer lsetstat@openssh.com and refuse it.
-        // A dry run sets no attribute at all (the server changes nothing,
-        // not even the link's change time): a server that refuses the
-        // request refuses that too.
-        let tried = *self.link_times.get_or_init(|| {
-            if !self.conn().ext.lsetstat {
-                return false;
-            }
-            let set = Set {
-                mode: None,
-                mtime: (!self.target.read_only).then(|| secs(now)),
-                owner: None,
-            };
-            let _ = self.lsetstat(&join(&dir.path, name.to_bytes()), &set);
-            true
-        });
-        // (Refused later, on another link: not tried again this run.)
-        tried && !self.lsetstat_refused.load(Ordering::Relaxed)
-    }
-
     fn free_space(&self, dir: &SftpDir) -> Option<(u64, u64)> {
         self.statvfs(&dir.path).ok()
     }
+
+    fn report(&self, role: &str) -> Report {
+        let warnings = match self.lsetstat_refused.load(Ordering::Relaxed) {
+            false => Vec::new(),
+            true => vec![format!(
+                "note: {}: the SFTP server offers lsetstat@openssh.com but refused it: symlinks there keep the time they were made",
+                self.conn().host
+            )],
+        };
+        Report {
+            warnings,
+            notes: crate::write::notes(role),
+        }
+    }
 }
 
-impl KeepStore<SftpStore> for SftpStore {
-    fn keeps_at(&self, _base: &KeepBase) -> bool {
-        true
-    }
-    fn keep(&self, dir: &SftpDir, name: &CStr, to: &KeepTo<'_>) -> io::Result<()> {
-        self.keep_entry(dir, name, to)
-    }
-}
+mod ext;

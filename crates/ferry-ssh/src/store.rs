@@ -25,7 +25,7 @@ use ferry_engine::keep::{KeepBase, KeepTo};
 use ferry_engine::piece::with_piece_buffer;
 use ferry_engine::store::{
     Absent, Cleanup, Committing, DeltaRole, Features, ListError, MetaChange, Planned, RangedSource,
-    SourceFile, Store,
+    Report, SourceFile, Store,
 };
 use ferry_engine::xattr::{XattrSel, Xattrs};
 
@@ -45,9 +45,9 @@ use requests::{meta_of, offset_in};
 
 /// Chunks of a big file requested ahead of the reader.
 const READ_AHEAD: usize = 4;
-/// Bytes of small files opened ahead ([`Store::open_ahead`]) at most, per
-/// hint and in all (their content comes with the reply and waits in
-/// memory until the file is read).
+/// Bytes of small files opened ahead
+/// ([`PipelineStore::open_ahead`](ferry_engine::store::PipelineStore::open_ahead)) at most, per
+/// hint and in all (their content comes with the reply and waits in memory until the file is read).
 const AHEAD_HINT: u64 = 2 << 20;
 const AHEAD_MAX: u64 = 64 << 20;
 
@@ -78,7 +78,8 @@ pub struct SshDir {
     conn: Arc<Conn>,
     id: u64,
     path: Arc<[u8]>,
-    /// Opens sent ahead ([`Store::open_ahead`]), by name.
+    /// Opens sent ahead
+    /// ([`PipelineStore::open_ahead`](ferry_engine::store::PipelineStore::open_ahead)), by name.
     ahead: Mutex<HashMap<Vec<u8>, Ahead>>,
 }
 
@@ -149,6 +150,8 @@ impl Store for SshStore {
     type Keep = SshStore;
     type Posix = SshStore;
     type Hashes = Absent;
+    type Links = SshStore;
+    type Pipeline = SshStore;
 
     fn features(&self) -> Features {
         Features {
@@ -159,7 +162,6 @@ impl Store for SshStore {
             dir_meta: true,
             inodes: true,
             empty_dirs: true,
-            symlinks: true,
             dir_write_lanes: usize::MAX,
             mtime_step_ns: 1,
         }
@@ -179,6 +181,12 @@ impl Store for SshStore {
     fn hashes(&self) -> Option<&Absent> {
         None
     }
+    fn links(&self) -> Option<&SshStore> {
+        Some(self)
+    }
+    fn pipeline(&self) -> Option<&SshStore> {
+        Some(self)
+    }
     fn cleanup(&self) -> Option<&dyn Cleanup> {
         None
     }
@@ -190,15 +198,6 @@ impl Store for SshStore {
         _errors: &mut Vec<ListError>,
     ) -> io::Result<()> {
         Ok(())
-    }
-    fn meta_after_commit(&self, _written: &Meta) -> Option<Meta> {
-        None
-    }
-    fn sets_symlink_times(&self, _dir: &SshDir, _name: &CStr, _now: &Meta) -> bool {
-        true
-    }
-    fn warnings(&self, _role: &str) -> Vec<String> {
-        Vec::new()
     }
 
     fn open_root(&self) -> io::Result<Option<(SshDir, Meta)>> {
@@ -350,20 +349,6 @@ impl Store for SshStore {
         })
     }
 
-    fn read_link(&self, dir: &SshDir, name: &CStr) -> io::Result<Vec<u8>> {
-        match self
-            .conn()
-            .call(&Req::ReadLink {
-                dir: dir.id,
-                name: name.to_bytes(),
-            })?
-            .get()?
-        {
-            Resp::Bytes(b) => Ok(b.to_vec()),
-            r => Err(unexpected(&r)),
-        }
-    }
-
     fn create_file(&self, dir: &SshDir, name: &CStr, meta: &Meta) -> io::Result<SshWriter> {
         self.conn().alive()?;
         let file = self.conn().handle();
@@ -503,21 +488,6 @@ impl Store for SshStore {
         w.expect = Some(at.map(P::from));
     }
 
-    fn create_empty(
-        &self,
-        dir: &SshDir,
-        name: &CStr,
-        meta: &Meta,
-        fsync: bool,
-    ) -> io::Result<bool> {
-        self.yes(&Req::CreateEmpty {
-            dir: dir.id,
-            name: name.to_bytes(),
-            meta: M(*meta),
-            fsync,
-        })
-    }
-
     fn abort(&self, dir: &SshDir, w: SshWriter) {
         // (A big file not started has nothing there.)
         if w.whole.is_none() && w.later.is_none() {
@@ -526,21 +496,6 @@ impl Store for SshStore {
                 file: w.file,
             });
         }
-    }
-
-    fn create_symlink(
-        &self,
-        dir: &SshDir,
-        name: &CStr,
-        target: &[u8],
-        meta: &Meta,
-    ) -> io::Result<()> {
-        self.ok(&Req::Symlink {
-            dir: dir.id,
-            name: name.to_bytes(),
-            target,
-            meta: M(*meta),
-        })
     }
 
     fn set_meta(&self, dir: &SshDir, name: &CStr, meta: &Meta, what: MetaChange) -> io::Result<()> {
@@ -629,18 +584,6 @@ impl Store for SshStore {
         })
     }
 
-    fn notes(&self, role: &str) -> Vec<String> {
-        let [n, sent, resumed] = self.pushes.each_ref().map(|c| c.load(Ordering::Relaxed));
-        if n == 0 {
-            return Vec::new();
-        }
-        let again = crate::push::RESENT.load(Ordering::Relaxed);
-        vec![format!(
-            "ssh {role}: {n} big files pushed in ranges over up to {} connections: {sent} bytes sent, {resumed} bytes of interrupted pushes reused, {again} bytes sent again (checked at the end: they differed from the source)",
-            self.conn().width()
-        )]
-    }
-
     fn free_space(&self, dir: &SshDir) -> Option<(u64, u64)> {
         match dir
             .conn
@@ -654,62 +597,19 @@ impl Store for SshStore {
         }
     }
 
-    fn open_ahead(&self, dir: &SshDir, files: &[(&CStr, u64)]) {
-        // Small files only (they come whole with their open), up to
-        // AHEAD_HINT per hint and AHEAD_MAX in all.
-        let conn = self.conn();
-        let sel = self.open_xattrs.load(Ordering::Relaxed);
-        let mut map = dir.ahead.lock().unwrap();
-        let mut sum = 0u64;
-        for &(name, size) in files {
-            if size > INLINE_MAX {
-                continue;
-            }
-            if sum + size > AHEAD_HINT {
-                break;
-            }
-            if self.ahead.fetch_add(size, Ordering::Relaxed) + size > AHEAD_MAX {
-                self.ahead.fetch_sub(size, Ordering::Relaxed);
-                break;
-            }
-            sum += size;
-            let file = conn.handle();
-            let rx = conn.start(&Req::Open {
-                dir: dir.id,
-                name: name.to_bytes(),
-                file,
-                xattrs: sel,
-            });
-            let Ok(rx) = rx else {
-                self.ahead.fetch_sub(size, Ordering::Relaxed);
-                break;
-            };
-            let a = Ahead {
-                conn: conn.clone(),
-                file,
-                sel,
-                rx,
-                size,
-                held: self.ahead.clone(),
-            };
-            map.insert(name.to_bytes().to_vec(), a);
-        }
-    }
-
-    fn commit_nowait<'a>(
-        &'a self,
-        dir: &'a SshDir,
-        w: SshWriter,
-        name: &CStr,
-        meta: &Meta,
-        fsync: bool,
-    ) -> Committing<'a> {
-        // Sent now; the reply is taken by the connection's reader thread
-        // and waited for by whoever reports the file.
-        let conn = self.conn();
-        match start_commit(&conn, dir, &w, name, meta, fsync) {
-            Ok(rx) => Committing::later(move || self.confirmed(conn.wait(&rx)?)),
-            Err(e) => Committing::done(Err(e)),
+    fn report(&self, role: &str) -> Report {
+        let [n, sent, resumed] = self.pushes.each_ref().map(|c| c.load(Ordering::Relaxed));
+        let notes = match n {
+            0 => Vec::new(),
+            _ => vec![format!(
+                "ssh {role}: {n} big files pushed in ranges over up to {} connections: {sent} bytes sent, {resumed} bytes of interrupted pushes reused, {} bytes sent again (checked at the end: they differed from the source)",
+                self.conn().width(),
+                crate::push::RESENT.load(Ordering::Relaxed)
+            )],
+        };
+        Report {
+            warnings: Vec::new(),
+            notes,
         }
     }
 }

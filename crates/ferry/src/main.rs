@@ -207,16 +207,13 @@ fn check_keep(
 /// What each store ignored (always), and with -v what it did beyond plain
 /// requests (resumed transfers, requests that cost), `role` naming it.
 fn print_notes(stores: &[(&AnyStore, &str)], verbose: bool) {
-    for (s, role) in stores {
-        for n in s.warnings(role) {
-            eprintln!("ferry: {}", text_name_string(n.as_bytes()));
-        }
+    let reports: Vec<_> = stores.iter().map(|(s, role)| s.report(role)).collect();
+    for n in reports.iter().flat_map(|r| &r.warnings) {
+        eprintln!("ferry: {}", text_name_string(n.as_bytes()));
     }
     if verbose {
-        for (s, role) in stores {
-            for n in s.notes(role) {
-                eprintln!("ferry: {n}");
-            }
+        for n in reports.iter().flat_map(|r| &r.notes) {
+            eprintln!("ferry: {n}");
         }
     }
 }

@@ -370,7 +370,7 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
     /// Copy one file or symlink; the target must still be `expect`.
     fn copy(&self, c: &Copy) {
         let to = c.from.other();
-        if c.meta.kind == Kind::Symlink && !on_side!(self, to, |st, _dc| st.features().symlinks) {
+        if c.meta.kind == Kind::Symlink && !on_side!(self, to, |st, _dc| st.has_symlinks()) {
             self.skip_symlink(c.from, &c.src);
             return;
         }

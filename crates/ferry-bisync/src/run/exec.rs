@@ -361,7 +361,7 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
     /// if that side keeps).
     pub(super) fn dry_copy(&self, from: Side, key: &[u8], m: &Meta, over: Option<&Meta>) {
         let to = from.other();
-        if m.kind == Kind::Symlink && !on_side!(self, to, |st, _dc| st.features().symlinks) {
+        if m.kind == Kind::Symlink && !on_side!(self, to, |st, _dc| st.has_symlinks()) {
             self.skip_symlink(from, key);
             return;
         }

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use ferry_bisync::{BiAction, BiReporter, Journal, Options, Side};
 use ferry_engine::bwlimit::Limiter;
 use ferry_engine::store::{
-    remove_dir_whole, unsupported, Absent, Cleanup, Committing, Features, Planned,
+    remove_dir_whole, unsupported, Absent, Cleanup, Features, LinkStore, Planned, Report, StoreExt,
 };
 use ferry_engine::store::{ListError, MetaChange, SourceFile};
 use ferry_engine::{Listing, Meta, Stats, Store};
@@ -58,6 +58,8 @@ impl Store for Probe {
     type Keep = Absent;
     type Posix = Absent;
     type Hashes = Absent;
+    type Links = Probe;
+    type Pipeline = Absent;
 
     fn features(&self) -> Features {
         Features {
@@ -68,7 +70,6 @@ impl Store for Probe {
             dir_meta: true,
             inodes: true,
             empty_dirs: true,
-            symlinks: true,
             dir_write_lanes: usize::MAX,
             mtime_step_ns: 1,
         }
@@ -88,6 +89,15 @@ impl Store for Probe {
     fn hashes(&self) -> Option<&Absent> {
         None
     }
+    fn links(&self) -> Option<&Probe> {
+        Some(self)
+    }
+    fn pipeline(&self) -> Option<&Absent> {
+        None
+    }
+    fn report(&self, _role: &str) -> Report {
+        Report::default()
+    }
     fn cleanup(&self) -> Option<&dyn Cleanup> {
         None
     }
@@ -100,27 +110,7 @@ impl Store for Probe {
     ) -> io::Result<()> {
         Ok(())
     }
-    fn open_ahead(&self, _dir: &D, _files: &[(&CStr, u64)]) {}
     fn expect(&self, _w: &mut <LocalStore as Store>::Writer, _at: Option<&Planned>) {}
-    fn commit_nowait<'a>(
-        &'a self,
-        dir: &'a D,
-        w: <LocalStore as Store>::Writer,
-        name: &CStr,
-        meta: &Meta,
-        fsync: bool,
-    ) -> Committing<'a> {
-        Committing::done(self.commit(dir, w, name, meta, fsync))
-    }
-    fn meta_after_commit(&self, _written: &Meta) -> Option<Meta> {
-        None
-    }
-    fn create_empty(&self, _dir: &D, _name: &CStr, _meta: &Meta, _fsync: bool) -> io::Result<bool> {
-        Ok(false)
-    }
-    fn sets_symlink_times(&self, _dir: &D, _name: &CStr, _now: &Meta) -> bool {
-        true
-    }
     fn remove_planned(&self, dir: &D, name: &CStr, _at: &Planned) -> io::Result<u64> {
         self.remove(dir, name, false)
     }
@@ -137,12 +127,6 @@ impl Store for Probe {
     }
     fn free_space(&self, _dir: &D) -> Option<(u64, u64)> {
         None
-    }
-    fn warnings(&self, _role: &str) -> Vec<String> {
-        Vec::new()
-    }
-    fn notes(&self, _role: &str) -> Vec<String> {
-        Vec::new()
     }
 
     fn open_root(&self) -> io::Result<Option<(D, Meta)>> {
@@ -182,9 +166,6 @@ impl Store for Probe {
             seen: self.seen.clone(),
         })
     }
-    fn read_link(&self, dir: &D, name: &CStr) -> io::Result<Vec<u8>> {
-        self.inner.read_link(dir, name)
-    }
     fn create_file(&self, dir: &D, name: &CStr, meta: &Meta) -> io::Result<Self::Writer> {
         self.inner.create_file(dir, name, meta)
     }
@@ -211,9 +192,6 @@ impl Store for Probe {
     fn abort(&self, dir: &D, w: Self::Writer) {
         self.inner.abort(dir, w)
     }
-    fn create_symlink(&self, dir: &D, name: &CStr, target: &[u8], meta: &Meta) -> io::Result<()> {
-        self.inner.create_symlink(dir, name, target, meta)
-    }
     fn set_meta(&self, dir: &D, name: &CStr, meta: &Meta, what: MetaChange) -> io::Result<()> {
         self.inner.set_meta(dir, name, meta, what)
     }
@@ -222,6 +200,18 @@ impl Store for Probe {
     }
     fn rmdir(&self, dir: &D, name: &CStr) -> io::Result<()> {
         self.inner.rmdir(dir, name)
+    }
+}
+
+impl LinkStore<Probe> for Probe {
+    fn read_link(&self, dir: &D, name: &CStr) -> io::Result<Vec<u8>> {
+        StoreExt::read_link(&self.inner, dir, name)
+    }
+    fn create_symlink(&self, dir: &D, name: &CStr, target: &[u8], meta: &Meta) -> io::Result<()> {
+        StoreExt::create_symlink(&self.inner, dir, name, target, meta)
+    }
+    fn sets_symlink_times(&self, _dir: &D, _name: &CStr, _now: &Meta) -> bool {
+        true
     }
 }
 

@@ -14,7 +14,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         old: Option<Meta>,
     ) {
         let path = self.path(node, name.to_bytes());
-        if !self.dst.features().symlinks {
+        if !self.dst.has_symlinks() {
             return self.rep.skip(
                 &path,
                 "symlink in SRC: the destination cannot store symlinks",

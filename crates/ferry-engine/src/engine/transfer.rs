@@ -18,8 +18,8 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         }
     }
 
-    /// [`Engine::transfer`] up to the commit; with `nowait`, a commit the
-    /// store confirms later ([`Store::commit_nowait`]) is returned
+    /// [`Engine::transfer`] up to the commit; with `nowait`, a commit the store confirms later
+    /// ([`PipelineStore::commit_nowait`](crate::store::PipelineStore::commit_nowait)) is returned
     /// unconfirmed, for [`Engine::transfer_end`] to wait for and report.
     pub(super) fn transfer_start<'n>(
         &'n self,
@@ -149,9 +149,9 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         }
     }
 
-    /// Tell the source which files of `batch` are about to be opened, in
-    /// order ([`Store::open_ahead`]): those copied without a compare first,
-    /// not empty, not waiting for another name of their file (`-H`).
+    /// Tell the source which files of `batch` are about to be opened, in order
+    /// ([`PipelineStore::open_ahead`](crate::store::PipelineStore::open_ahead)): those copied
+    /// without a compare first, not empty, not waiting for another name of their file (`-H`).
     pub(super) fn open_ahead(&self, node: &Node<S, D>, batch: &FileBatch) {
         if self.dry_run || node.dst.is_none() || batch.files.len() < 2 {
             return;

@@ -241,6 +241,98 @@ pub trait HashStore<S: Store> {
     ) -> io::Result<Option<bool>>;
 }
 
+/// The symlinks of a store with [`Store::links`] (local, `ferry serve`,
+/// SFTP). A store without them (an object store) has symlinks in SRC
+/// skipped with a note.
+///
+/// No default bodies here either: a store that opts in says what it does
+/// for each method, and one that forgets one does not compile:
+///
+/// ```compile_fail,E0046
+/// use std::{ffi::CStr, io};
+/// use ferry_engine::store::{LinkStore, Store};
+/// struct Forgot;
+/// impl<S: Store> LinkStore<S> for Forgot {
+///     fn read_link(&self, _: &S::Dir, _: &CStr) -> io::Result<Vec<u8>> {
+///         Ok(Vec::new())
+///     }
+/// }
+/// ```
+pub trait LinkStore<S: Store> {
+    /// Read a symlink's target.
+    fn read_link(&self, dir: &S::Dir, name: &CStr) -> io::Result<Vec<u8>>;
+    /// Create (or atomically replace) a symlink with its metadata.
+    fn create_symlink(
+        &self,
+        dir: &S::Dir,
+        name: &CStr,
+        target: &[u8],
+        meta: &Meta,
+    ) -> io::Result<()>;
+    /// True when a symlink's own mtime can be set (false on an SFTP server
+    /// without `lsetstat@openssh.com`, or refusing it): where it cannot, a
+    /// link's time is left as made and not compared (no `meta` per link
+    /// per run). `name` of `dir` is a symlink listed as `now`, whose time
+    /// is about to be set: a store may try it there, to its time as listed.
+    fn sets_symlink_times(&self, dir: &S::Dir, name: &CStr, now: &Meta) -> bool;
+}
+
+/// Shortcuts a store with [`Store::pipeline`] takes to save round trips
+/// (a network store: opens sent ahead, commits not waited for, metadata
+/// known without asking) or operations (an empty file made under its
+/// name). A store without them has every file go the plain way:
+/// [`Store::open_file`], [`Store::create_file`] ... [`Store::commit`],
+/// waited for, then stat'ed where the engine needs what was written.
+///
+/// A store that opts in answers all four (no default bodies): one that
+/// has only `create_empty` says so for the others too, or does not compile:
+///
+/// ```compile_fail,E0046
+/// use std::{ffi::CStr, io};
+/// use ferry_engine::entry::Meta;
+/// use ferry_engine::store::{PipelineStore, Store};
+/// struct OnlyEmpty;
+/// impl<S: Store> PipelineStore<S> for OnlyEmpty {
+///     fn create_empty(&self, _: &S::Dir, _: &CStr, _: &Meta, _: bool) -> io::Result<bool> {
+///         Ok(false)
+///     }
+/// }
+/// ```
+pub trait PipelineStore<S: Store> {
+    /// A hint: the files `files` of `dir` (names, listed sizes) are about
+    /// to be opened with [`Store::open_file`], in this order. The store
+    /// may send all those opens now, so that each [`Store::open_file`]
+    /// finds its reply there (one round trip for them all, not one each).
+    /// A file named here need not be opened after all: what was fetched
+    /// for it is dropped with `dir`.
+    fn open_ahead(&self, dir: &S::Dir, files: &[(&CStr, u64)]);
+    /// Like [`Store::commit`], without waiting for the store to confirm:
+    /// a store whose commit is a request over a network sends it and
+    /// returns at once; the result comes from [`Committing::wait`]. Until
+    /// then the file must not be reported as copied (it may still fail),
+    /// and its directory's metadata must not be set (the engine waits for
+    /// every commit of a directory before it finishes the directory).
+    /// Commits started one after the other may complete in any order.
+    fn commit_nowait<'a>(
+        &'a self,
+        dir: &'a S::Dir,
+        w: S::Writer,
+        name: &CStr,
+        meta: &Meta,
+        fsync: bool,
+    ) -> Committing<'a>;
+    /// The metadata a file committed with `written` now has, when the
+    /// store knows it without asking (an object store keeps what it was
+    /// given); `None` when it must be read back (a local file's inode).
+    fn meta_after_commit(&self, written: &Meta) -> Option<Meta>;
+    /// Create an empty file `name` that does not exist yet, with its
+    /// metadata, in as few operations as the store can. `Ok(false)` when
+    /// the name exists (or the store takes no shortcut for this one): the
+    /// caller then goes the usual way (`create_file` ... `commit`).
+    fn create_empty(&self, dir: &S::Dir, name: &CStr, meta: &Meta, fsync: bool)
+        -> io::Result<bool>;
+}
+
 /// Removal of what interrupted transfers left on a store's side and no run
 /// resumed (`ferry cleanup`), for a store with [`Store::cleanup`].
 pub trait Cleanup {
@@ -251,153 +343,6 @@ pub trait Cleanup {
         max_age: std::time::Duration,
         dry_run: bool,
     ) -> io::Result<Vec<(String, String)>>;
-}
-
-impl<S: Store> DeltaStore<S> for Absent {
-    fn role(&self) -> DeltaRole {
-        match *self {}
-    }
-    fn delta_signature(&self, _: &S::Dir, _: &CStr, _: u64) -> io::Result<Option<Signature>> {
-        match *self {}
-    }
-    fn delta_write(
-        &self,
-        _: &S::Dir,
-        _: &mut S::Writer,
-        _: &CStr,
-        _: &Signature,
-        _: &mut dyn FnMut(&mut dyn OpSink) -> io::Result<DiffSummary>,
-    ) -> io::Result<DiffSummary> {
-        match *self {}
-    }
-    fn delta_diff(
-        &self,
-        _: &mut dyn SourceFile,
-        _: &Signature,
-        _: &mut dyn OpSink,
-    ) -> io::Result<DiffSummary> {
-        match *self {}
-    }
-    fn delta_inplace<'a>(
-        &'a self,
-        _: &'a S::Dir,
-        _: &CStr,
-        _: &Meta,
-        _: &crate::delta::Layout,
-        _: &[u8; 32],
-    ) -> io::Result<Option<Box<dyn crate::delta::InPlace + 'a>>> {
-        match *self {}
-    }
-    fn open_append<'a>(
-        &'a self,
-        _: &'a S::Dir,
-        _: &CStr,
-        _: &Meta,
-    ) -> io::Result<Option<Box<dyn AppendFile + 'a>>> {
-        match *self {}
-    }
-    fn inplace_hashes(
-        &self,
-        _: &mut dyn SourceFile,
-        _: &crate::delta::Layout,
-        _: &[u8; 32],
-    ) -> io::Result<crate::delta::PatchHashes> {
-        match *self {}
-    }
-    fn read_at(&self, _: &mut dyn SourceFile, _: u64, _: &mut [u8]) -> io::Result<usize> {
-        match *self {}
-    }
-}
-
-impl<S: Store> XattrStore<S> for Absent {
-    fn caps(&self) -> XattrSel {
-        match *self {}
-    }
-    fn get_xattrs(
-        &self,
-        _: &S::Dir,
-        _: Option<&CStr>,
-        _: Kind,
-        _: XattrSel,
-        _: &mut Xattrs,
-    ) -> io::Result<()> {
-        match *self {}
-    }
-    fn reader_xattrs(&self, _: &S::Reader, _: XattrSel, _: &mut Xattrs) -> io::Result<()> {
-        match *self {}
-    }
-    fn set_xattrs(
-        &self,
-        _: &S::Dir,
-        _: Option<&CStr>,
-        _: &Meta,
-        _: XattrSel,
-        _: &Xattrs,
-        _: Option<&Xattrs>,
-    ) -> io::Result<()> {
-        match *self {}
-    }
-    fn set_writer_xattrs(
-        &self,
-        _: &S::Dir,
-        _: &mut S::Writer,
-        _: &Meta,
-        _: XattrSel,
-        _: &Xattrs,
-    ) -> io::Result<()> {
-        match *self {}
-    }
-}
-
-impl<S: Store> KeepStore<S> for Absent {
-    fn keeps_at(&self, _: &KeepBase) -> bool {
-        match *self {}
-    }
-    fn keep(&self, _: &S::Dir, _: &CStr, _: &KeepTo<'_>) -> io::Result<()> {
-        match *self {}
-    }
-}
-
-impl<S: Store> PosixStore<S> for Absent {
-    fn hard_links(&self) -> bool {
-        match *self {}
-    }
-    fn link(&self, _: &S::Dir, _: &CStr, _: &S::Dir, _: &CStr) -> io::Result<()> {
-        match *self {}
-    }
-    fn special(&self) -> bool {
-        match *self {}
-    }
-    fn create_special(&self, _: &S::Dir, _: &CStr, _: &Meta, _: bool) -> io::Result<()> {
-        match *self {}
-    }
-    fn is_own_legacy_partial(&self, _: &S::Dir, _: &CStr) -> bool {
-        match *self {}
-    }
-    fn make_writable(&self, _: &S::Dir) -> io::Result<bool> {
-        match *self {}
-    }
-    fn root_identities(&self) -> Option<crate::walk::RootIds> {
-        match *self {}
-    }
-}
-
-impl<S: Store> HashStore<S> for Absent {
-    fn kinds(&self) -> HashSet {
-        match *self {}
-    }
-    fn hash(&self, _: &S::Dir, _: &CStr, _: HashKind) -> io::Result<Option<Hash>> {
-        match *self {}
-    }
-    fn matches_bytes<'a>(
-        &self,
-        _: &S::Dir,
-        _: &CStr,
-        _: u64,
-        _: &mut dyn FnMut() -> io::Result<Box<dyn SourceFile + 'a>>,
-    ) -> io::Result<Option<bool>> {
-        match *self {}
-    }
 }
 
 /// The engine's side of a store's extensions: each optional operation
@@ -645,6 +590,82 @@ pub trait StoreExt: Store {
         match self.hashes() {
             Some(h) => h.matches_bytes(dir, name, size, open),
             None => Ok(None),
+        }
+    }
+
+    /// True when symlinks can be stored ([`Store::links`]).
+    fn has_symlinks(&self) -> bool {
+        self.links().is_some()
+    }
+    /// [`LinkStore::read_link`]; `Unsupported` without symlinks.
+    fn read_link(&self, dir: &Self::Dir, name: &CStr) -> io::Result<Vec<u8>> {
+        match self.links() {
+            Some(l) => l.read_link(dir, name),
+            None => Err(unsupported()),
+        }
+    }
+    /// [`LinkStore::create_symlink`]; `Unsupported` without symlinks.
+    fn create_symlink(
+        &self,
+        dir: &Self::Dir,
+        name: &CStr,
+        target: &[u8],
+        meta: &Meta,
+    ) -> io::Result<()> {
+        match self.links() {
+            Some(l) => l.create_symlink(dir, name, target, meta),
+            None => Err(unsupported()),
+        }
+    }
+    /// [`LinkStore::sets_symlink_times`]; true without symlinks (there is
+    /// no link whose time could be left as made).
+    fn sets_symlink_times(&self, dir: &Self::Dir, name: &CStr, now: &Meta) -> bool {
+        self.links()
+            .is_none_or(|l| l.sets_symlink_times(dir, name, now))
+    }
+
+    /// [`PipelineStore::open_ahead`]; nothing without a pipeline.
+    #[inline]
+    fn open_ahead(&self, dir: &Self::Dir, files: &[(&CStr, u64)]) {
+        if let Some(p) = self.pipeline() {
+            p.open_ahead(dir, files)
+        }
+    }
+    /// [`PipelineStore::commit_nowait`]; without a pipeline, committed here
+    /// and now ([`Committing::done`]).
+    #[inline]
+    fn commit_nowait<'a>(
+        &'a self,
+        dir: &'a Self::Dir,
+        w: Self::Writer,
+        name: &CStr,
+        meta: &Meta,
+        fsync: bool,
+    ) -> Committing<'a> {
+        match self.pipeline() {
+            Some(p) => p.commit_nowait(dir, w, name, meta, fsync),
+            None => Committing::done(self.commit(dir, w, name, meta, fsync)),
+        }
+    }
+    /// [`PipelineStore::meta_after_commit`]; `None` (read it back) without
+    /// a pipeline.
+    #[inline]
+    fn meta_after_commit(&self, written: &Meta) -> Option<Meta> {
+        self.pipeline().and_then(|p| p.meta_after_commit(written))
+    }
+    /// [`PipelineStore::create_empty`]; `Ok(false)` (the usual way)
+    /// without a pipeline.
+    #[inline]
+    fn create_empty(
+        &self,
+        dir: &Self::Dir,
+        name: &CStr,
+        meta: &Meta,
+        fsync: bool,
+    ) -> io::Result<bool> {
+        match self.pipeline() {
+            Some(p) => p.create_empty(dir, name, meta, fsync),
+            None => Ok(false),
         }
     }
 }

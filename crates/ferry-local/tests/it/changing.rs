@@ -19,7 +19,7 @@ use ferry_engine::bwlimit::Limiter;
 use ferry_engine::entry::{Listing, Meta};
 use ferry_engine::report::Quiet;
 use ferry_engine::store::{
-    remove_dir_whole, unsupported, Absent, Cleanup, Committing, Features, Planned,
+    remove_dir_whole, unsupported, Absent, Cleanup, Features, LinkStore, Planned, Report, StoreExt,
 };
 use ferry_engine::store::{ListError, MetaChange, SourceFile, Store};
 use ferry_engine::{Engine, Mode, Options, Stats};
@@ -94,6 +94,8 @@ impl Store for Growing {
     type Keep = Absent;
     type Posix = Absent;
     type Hashes = Absent;
+    type Links = Growing;
+    type Pipeline = Absent;
 
     fn features(&self) -> Features {
         Features {
@@ -104,7 +106,6 @@ impl Store for Growing {
             dir_meta: true,
             inodes: true,
             empty_dirs: true,
-            symlinks: true,
             dir_write_lanes: usize::MAX,
             mtime_step_ns: 1,
         }
@@ -124,6 +125,18 @@ impl Store for Growing {
     fn hashes(&self) -> Option<&Absent> {
         None
     }
+
+    fn links(&self) -> Option<&Growing> {
+        Some(self)
+    }
+
+    fn pipeline(&self) -> Option<&Absent> {
+        None
+    }
+
+    fn report(&self, _role: &str) -> Report {
+        Report::default()
+    }
     fn cleanup(&self) -> Option<&dyn Cleanup> {
         None
     }
@@ -136,33 +149,7 @@ impl Store for Growing {
     ) -> io::Result<()> {
         Ok(())
     }
-    fn open_ahead(&self, _dir: &LocalDir, _files: &[(&CStr, u64)]) {}
     fn expect(&self, _w: &mut LocalWriter, _at: Option<&Planned>) {}
-    fn commit_nowait<'a>(
-        &'a self,
-        dir: &'a LocalDir,
-        w: LocalWriter,
-        name: &CStr,
-        meta: &Meta,
-        fsync: bool,
-    ) -> Committing<'a> {
-        Committing::done(self.commit(dir, w, name, meta, fsync))
-    }
-    fn meta_after_commit(&self, _written: &Meta) -> Option<Meta> {
-        None
-    }
-    fn create_empty(
-        &self,
-        _dir: &LocalDir,
-        _name: &CStr,
-        _meta: &Meta,
-        _fsync: bool,
-    ) -> io::Result<bool> {
-        Ok(false)
-    }
-    fn sets_symlink_times(&self, _dir: &LocalDir, _name: &CStr, _now: &Meta) -> bool {
-        true
-    }
     fn remove_planned(&self, dir: &LocalDir, name: &CStr, _at: &Planned) -> io::Result<u64> {
         self.remove(dir, name, false)
     }
@@ -179,12 +166,6 @@ impl Store for Growing {
     }
     fn free_space(&self, _dir: &LocalDir) -> Option<(u64, u64)> {
         None
-    }
-    fn warnings(&self, _role: &str) -> Vec<String> {
-        Vec::new()
-    }
-    fn notes(&self, _role: &str) -> Vec<String> {
-        Vec::new()
     }
 
     fn open_root(&self) -> io::Result<Option<(LocalDir, Meta)>> {
@@ -229,9 +210,6 @@ impl Store for Growing {
             reads: 0,
         })
     }
-    fn read_link(&self, dir: &LocalDir, name: &CStr) -> io::Result<Vec<u8>> {
-        self.inner.read_link(dir, name)
-    }
     fn create_file(&self, dir: &LocalDir, name: &CStr, meta: &Meta) -> io::Result<LocalWriter> {
         self.inner.create_file(dir, name, meta)
     }
@@ -258,15 +236,6 @@ impl Store for Growing {
     fn abort(&self, dir: &LocalDir, w: LocalWriter) {
         self.inner.abort(dir, w)
     }
-    fn create_symlink(
-        &self,
-        dir: &LocalDir,
-        name: &CStr,
-        target: &[u8],
-        meta: &Meta,
-    ) -> io::Result<()> {
-        self.inner.create_symlink(dir, name, target, meta)
-    }
     fn set_meta(
         &self,
         dir: &LocalDir,
@@ -281,6 +250,24 @@ impl Store for Growing {
     }
     fn rmdir(&self, dir: &LocalDir, name: &CStr) -> io::Result<()> {
         self.inner.rmdir(dir, name)
+    }
+}
+
+impl LinkStore<Growing> for Growing {
+    fn read_link(&self, dir: &LocalDir, name: &CStr) -> io::Result<Vec<u8>> {
+        StoreExt::read_link(&self.inner, dir, name)
+    }
+    fn create_symlink(
+        &self,
+        dir: &LocalDir,
+        name: &CStr,
+        target: &[u8],
+        meta: &Meta,
+    ) -> io::Result<()> {
+        StoreExt::create_symlink(&self.inner, dir, name, target, meta)
+    }
+    fn sets_symlink_times(&self, _dir: &LocalDir, _name: &CStr, _now: &Meta) -> bool {
+        true
     }
 }
 

@@ -17,7 +17,8 @@ use ferry_engine::delta::{DiffSummary, Figures, Mode as DeltaMode, OpSink, Signa
 use ferry_engine::entry::{Listing, Meta};
 use ferry_engine::report::Quiet;
 use ferry_engine::store::{
-    remove_dir_whole, unsupported, Absent, Cleanup, Committing, DeltaStore, Features, Planned,
+    remove_dir_whole, unsupported, Absent, Cleanup, DeltaStore, Features, LinkStore, Planned,
+    Report,
 };
 use ferry_engine::store::{DeltaRole, ListError, MetaChange, SourceFile, Store};
 use ferry_engine::{Engine, Mode, Options, Stats};
@@ -42,6 +43,8 @@ impl Store for Spoiling {
     type Keep = Absent;
     type Posix = Absent;
     type Hashes = Absent;
+    type Links = Spoiling;
+    type Pipeline = Absent;
 
     fn features(&self) -> Features {
         Features {
@@ -52,7 +55,6 @@ impl Store for Spoiling {
             dir_meta: true,
             inodes: true,
             empty_dirs: true,
-            symlinks: true,
             dir_write_lanes: usize::MAX,
             mtime_step_ns: 1,
         }
@@ -72,6 +74,18 @@ impl Store for Spoiling {
     fn hashes(&self) -> Option<&Absent> {
         None
     }
+
+    fn links(&self) -> Option<&Spoiling> {
+        Some(self)
+    }
+
+    fn pipeline(&self) -> Option<&Absent> {
+        None
+    }
+
+    fn report(&self, _role: &str) -> Report {
+        Report::default()
+    }
     fn cleanup(&self) -> Option<&dyn Cleanup> {
         None
     }
@@ -84,33 +98,7 @@ impl Store for Spoiling {
     ) -> io::Result<()> {
         Ok(())
     }
-    fn open_ahead(&self, _dir: &LocalDir, _files: &[(&CStr, u64)]) {}
     fn expect(&self, _w: &mut LocalWriter, _at: Option<&Planned>) {}
-    fn commit_nowait<'a>(
-        &'a self,
-        dir: &'a LocalDir,
-        w: LocalWriter,
-        name: &CStr,
-        meta: &Meta,
-        fsync: bool,
-    ) -> Committing<'a> {
-        Committing::done(self.commit(dir, w, name, meta, fsync))
-    }
-    fn meta_after_commit(&self, _written: &Meta) -> Option<Meta> {
-        None
-    }
-    fn create_empty(
-        &self,
-        _dir: &LocalDir,
-        _name: &CStr,
-        _meta: &Meta,
-        _fsync: bool,
-    ) -> io::Result<bool> {
-        Ok(false)
-    }
-    fn sets_symlink_times(&self, _dir: &LocalDir, _name: &CStr, _now: &Meta) -> bool {
-        true
-    }
     fn remove_planned(&self, dir: &LocalDir, name: &CStr, _at: &Planned) -> io::Result<u64> {
         self.remove(dir, name, false)
     }
@@ -127,12 +115,6 @@ impl Store for Spoiling {
     }
     fn free_space(&self, _dir: &LocalDir) -> Option<(u64, u64)> {
         None
-    }
-    fn warnings(&self, _role: &str) -> Vec<String> {
-        Vec::new()
-    }
-    fn notes(&self, _role: &str) -> Vec<String> {
-        Vec::new()
     }
 
     fn open_root(&self) -> io::Result<Option<(LocalDir, Meta)>> {
@@ -165,9 +147,6 @@ impl Store for Spoiling {
     fn open_file(&self, dir: &LocalDir, name: &CStr) -> io::Result<LocalReader> {
         self.inner.open_file(dir, name)
     }
-    fn read_link(&self, dir: &LocalDir, name: &CStr) -> io::Result<Vec<u8>> {
-        self.inner.read_link(dir, name)
-    }
     fn create_file(&self, dir: &LocalDir, name: &CStr, meta: &Meta) -> io::Result<LocalWriter> {
         self.inner.create_file(dir, name, meta)
     }
@@ -194,15 +173,6 @@ impl Store for Spoiling {
     fn abort(&self, dir: &LocalDir, w: LocalWriter) {
         self.inner.abort(dir, w)
     }
-    fn create_symlink(
-        &self,
-        dir: &LocalDir,
-        name: &CStr,
-        target: &[u8],
-        meta: &Meta,
-    ) -> io::Result<()> {
-        self.inner.create_symlink(dir, name, target, meta)
-    }
     fn set_meta(
         &self,
         dir: &LocalDir,
@@ -217,6 +187,24 @@ impl Store for Spoiling {
     }
     fn rmdir(&self, dir: &LocalDir, name: &CStr) -> io::Result<()> {
         self.inner.rmdir(dir, name)
+    }
+}
+
+impl LinkStore<Spoiling> for Spoiling {
+    fn read_link(&self, dir: &LocalDir, name: &CStr) -> io::Result<Vec<u8>> {
+        LinkStore::<LocalStore>::read_link(&self.inner, dir, name)
+    }
+    fn create_symlink(
+        &self,
+        dir: &LocalDir,
+        name: &CStr,
+        target: &[u8],
+        meta: &Meta,
+    ) -> io::Result<()> {
+        LinkStore::<LocalStore>::create_symlink(&self.inner, dir, name, target, meta)
+    }
+    fn sets_symlink_times(&self, _dir: &LocalDir, _name: &CStr, _now: &Meta) -> bool {
+        true
     }
 }
 

@@ -1,9 +1,10 @@
 //! The extensions the S3 store has: hashes it keeps (MD5, multipart
 //! ETags), keeping replaced objects by server-side copy, and the cleanup
-//! of abandoned multipart uploads.
+//! of abandoned multipart uploads, and the metadata of an object just
+//! written, known without asking.
 
 use super::*;
-use ferry_engine::store::{HashStore, KeepStore};
+use ferry_engine::store::{HashStore, KeepStore, PipelineStore};
 
 impl HashStore<S3Store> for S3Store {
     fn kinds(&self) -> HashSet {
@@ -65,5 +66,45 @@ impl Cleanup for S3Store {
             .into_iter()
             .map(|(key, started)| (format!("s3://{bucket}/{key}"), started))
             .collect())
+    }
+}
+
+// Opens and commits are requests answered in turn (the engine keeps many
+// in flight instead); what the shortcut saves is the HEAD after a commit.
+impl PipelineStore<S3Store> for S3Store {
+    fn open_ahead(&self, _dir: &S3Dir, _files: &[(&CStr, u64)]) {}
+    fn commit_nowait<'a>(
+        &'a self,
+        dir: &'a S3Dir,
+        w: S3Writer,
+        name: &CStr,
+        meta: &Meta,
+        fsync: bool,
+    ) -> Committing<'a> {
+        Committing::done(self.commit(dir, w, name, meta, fsync))
+    }
+    fn meta_after_commit(&self, written: &Meta) -> Option<Meta> {
+        // Size, and mtime and mode in the object's metadata, as written
+        // (x-amz-meta-mtime keeps nanoseconds); the listed version is
+        // learnt from the next listing.
+        (written.kind == Kind::File).then_some(Meta {
+            uid: 0,
+            gid: 0,
+            ino: 0,
+            version: 0,
+            nlink: 0,
+            dev: 0,
+            mode: written.mode & 0o7777,
+            ..*written
+        })
+    }
+    fn create_empty(
+        &self,
+        _dir: &S3Dir,
+        _name: &CStr,
+        _meta: &Meta,
+        _fsync: bool,
+    ) -> io::Result<bool> {
+        Ok(false)
     }
 }

@@ -1,4 +1,4 @@
-//! Commits without waiting (`Store::commit_nowait`), moved on by the
+//! Commits without waiting (`PipelineStore::commit_nowait`), moved on by the
 //! session's reader thread, against a real OpenSSH server (`scripts/sshd`,
 //! `FERRY_TEST_SSH_*`): many at once land whole with their mode and mtime;
 //! one whose rename fails says so and leaves no temporary; one given up
@@ -10,7 +10,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 
 use ferry_conformance::{c, file_meta, root, Bytes, Pattern};
-use ferry_engine::store::Store;
+use ferry_engine::store::{Store, StoreExt};
 use ferry_sftp::SftpStore;
 use ferry_ssh::Target;
 

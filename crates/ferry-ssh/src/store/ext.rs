@@ -1,9 +1,13 @@
 //! The extensions the SSH store has (`ferry serve` at the far end is a
 //! local store there): deltas made at the far end, extended attributes and
-//! ACLs, keeping replaced entries, and the POSIX-only operations.
+//! ACLs, keeping replaced entries, the POSIX-only operations, symlinks,
+//! and the pipeline (opens sent ahead, commits not waited for, an empty
+//! file made in one request).
 
 use super::*;
-use ferry_engine::store::{DeltaStore, KeepStore, PosixStore, XattrStore};
+use ferry_engine::store::{
+    DeltaStore, KeepStore, LinkStore, PipelineStore, PosixStore, XattrStore,
+};
 
 impl DeltaStore<SshStore> for SshStore {
     fn role(&self) -> DeltaRole {
@@ -199,5 +203,115 @@ impl PosixStore<SshStore> for SshStore {
     }
     fn root_identities(&self) -> Option<ferry_engine::walk::RootIds> {
         None
+    }
+}
+
+impl LinkStore<SshStore> for SshStore {
+    fn read_link(&self, dir: &SshDir, name: &CStr) -> io::Result<Vec<u8>> {
+        match self
+            .conn()
+            .call(&Req::ReadLink {
+                dir: dir.id,
+                name: name.to_bytes(),
+            })?
+            .get()?
+        {
+            Resp::Bytes(b) => Ok(b.to_vec()),
+            r => Err(unexpected(&r)),
+        }
+    }
+    fn create_symlink(
+        &self,
+        dir: &SshDir,
+        name: &CStr,
+        target: &[u8],
+        meta: &Meta,
+    ) -> io::Result<()> {
+        self.ok(&Req::Symlink {
+            dir: dir.id,
+            name: name.to_bytes(),
+            target,
+            meta: M(*meta),
+        })
+    }
+    fn sets_symlink_times(&self, _dir: &SshDir, _name: &CStr, _now: &Meta) -> bool {
+        true
+    }
+}
+
+impl PipelineStore<SshStore> for SshStore {
+    fn open_ahead(&self, dir: &SshDir, files: &[(&CStr, u64)]) {
+        // Small files only (they come whole with their open), up to
+        // AHEAD_HINT per hint and AHEAD_MAX in all.
+        let conn = self.conn();
+        let sel = self.open_xattrs.load(Ordering::Relaxed);
+        let mut map = dir.ahead.lock().unwrap();
+        let mut sum = 0u64;
+        for &(name, size) in files {
+            if size > INLINE_MAX {
+                continue;
+            }
+            if sum + size > AHEAD_HINT {
+                break;
+            }
+            if self.ahead.fetch_add(size, Ordering::Relaxed) + size > AHEAD_MAX {
+                self.ahead.fetch_sub(size, Ordering::Relaxed);
+                break;
+            }
+            sum += size;
+            let file = conn.handle();
+            let rx = conn.start(&Req::Open {
+                dir: dir.id,
+                name: name.to_bytes(),
+                file,
+                xattrs: sel,
+            });
+            let Ok(rx) = rx else {
+                self.ahead.fetch_sub(size, Ordering::Relaxed);
+                break;
+            };
+            let a = Ahead {
+                conn: conn.clone(),
+                file,
+                sel,
+                rx,
+                size,
+                held: self.ahead.clone(),
+            };
+            map.insert(name.to_bytes().to_vec(), a);
+        }
+    }
+    fn commit_nowait<'a>(
+        &'a self,
+        dir: &'a SshDir,
+        w: SshWriter,
+        name: &CStr,
+        meta: &Meta,
+        fsync: bool,
+    ) -> Committing<'a> {
+        // Sent now; the reply is taken by the connection's reader thread
+        // and waited for by whoever reports the file.
+        let conn = self.conn();
+        match start_commit(&conn, dir, &w, name, meta, fsync) {
+            Ok(rx) => Committing::later(move || self.confirmed(conn.wait(&rx)?)),
+            Err(e) => Committing::done(Err(e)),
+        }
+    }
+    fn meta_after_commit(&self, _written: &Meta) -> Option<Meta> {
+        None
+    }
+    fn create_empty(
+        &self,
+        dir: &SshDir,
+        name: &CStr,
+        meta: &Meta,
+        fsync: bool,
+    ) -> io::Result<bool> {
+        self.yes(&Req::CreateEmpty {
+            dir: dir.id,
+            name: name.to_bytes(),
+            meta: M(*meta),
+            fsync,
+        })
     }
 }
