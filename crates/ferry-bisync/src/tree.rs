@@ -26,7 +26,7 @@ use ferry_engine::keep::{is_versions_dir, Keeper};
 use ferry_engine::store::is_temp_name;
 use ferry_engine::store::StoreExt;
 use ferry_engine::walk::{self, Queue, Visitor};
-use ferry_engine::{Filter, Kind, Listing, Meta, Store};
+use ferry_engine::{Filter, Kind, Listing, Meta, Refused, Store};
 
 use crate::journal::{DirRecs, Records, Update};
 use crate::plan::{compared, merge_dir, record_of, Act, Ctx, DirMerged, Item, Plan, Sides};
@@ -349,8 +349,9 @@ struct State {
     /// Hashes of the keys of the directories whose records were read (all
     /// directories visited, in the pass over directories no walk reached).
     visited: HashSet<u64>,
-    /// Why the journal could not be read.
-    failed: Option<String>,
+    /// Why the walk stopped: the journal could not be read, or a
+    /// directory showed up again under another name (a refusal).
+    failed: Option<Refused>,
 }
 
 fn key_hash(key: &[u8]) -> u64 {
@@ -406,7 +407,7 @@ impl<A: Store, B: Store> Visitor for Walker<'_, A, B> {
         let recs = match self.j.dir(&key) {
             Ok(r) => r,
             Err(e) => {
-                self.st.lock().unwrap().failed = Some(e);
+                self.st.lock().unwrap().failed = Some(e.into());
                 return q.stop();
             }
         };
@@ -432,7 +433,7 @@ impl<A: Store, B: Store> Visitor for Walker<'_, A, B> {
                 .and_then(|(_, l)| al.check("A", &t.rel, l))
                 .or_else(|| lb.as_ref().and_then(|(_, l)| al.check("B", &t.rel, l)));
             if let Some(msg) = seen {
-                self.st.lock().unwrap().failed.get_or_insert(msg);
+                self.st.lock().unwrap().failed.get_or_insert(Refused(msg));
                 return q.stop();
             }
         }
@@ -700,13 +701,14 @@ fn filtered(
 /// below directories no side lists and the journal does not name as
 /// directories (a journal from a killed run can hold those) are merged in
 /// a second pass over the directories the journal holds that the walk did
-/// not visit. Errors: the journal could not be read.
+/// not visit. Errors (refusals): the journal could not be read, or one
+/// directory was reached under two names.
 pub fn scan_merge<A: Store, B: Store>(
     a: (&A, Option<A::Dir>),
     b: (&B, Option<B::Dir>),
     j: &dyn Records,
     o: &ScanOpts<'_, A, B>,
-) -> Result<(Plan, Scan, Scan), String> {
+) -> Result<(Plan, Scan, Scan), Refused> {
     let root = (a.1.is_some(), b.1.is_some());
     let w = Walker {
         a: a.0,
@@ -731,9 +733,9 @@ pub fn scan_merge<A: Store, B: Store>(
         }],
     );
     let stopped = {
-        let st = w.st.lock().unwrap();
-        if let Some(e) = &st.failed {
-            return Err(e.clone());
+        let mut st = w.st.lock().unwrap();
+        if let Some(e) = st.failed.take() {
+            return Err(e);
         }
         o.stop_if_both_hold && st.count[0] > 0 && st.count[1] > 0
     };
@@ -749,7 +751,8 @@ pub fn scan_merge<A: Store, B: Store>(
                         b: None,
                     });
                 }
-            })?;
+            })
+            .map_err(Refused::from)?;
         }
         if !orphans.is_empty() {
             w.orphans.store(true, Ordering::Relaxed);

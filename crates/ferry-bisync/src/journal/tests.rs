@@ -299,3 +299,37 @@ fn version_2_is_migrated() {
     assert_eq!(l.get(b"f00007"), Some(s));
     assert_eq!(l.len(), 1503);
 }
+
+/// A journal whose records cannot be read fails the walk's reads with a
+/// typed error, said as before (`journal PATH: damaged record`), and
+/// classified as every journal error is: the run is refused.
+#[test]
+fn a_damaged_record_is_a_typed_error_classified_as_a_refusal() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("j.sqlite");
+    drop(Journal::open(&p, ("/a", "/b")).unwrap());
+    // A chunk whose record is cut short, written behind the journal's back.
+    let c = Connection::open(&p).unwrap();
+    c.execute(
+        "INSERT INTO chunks (dir, first, data) VALUES (x'', x'61', x'010061ff')",
+        [],
+    )
+    .unwrap();
+    drop(c);
+    let j = Journal::open(&p, ("/a", "/b")).unwrap();
+    let e = Records::dir(&j, b"").err().expect("a damaged record");
+    assert!(matches!(e, JournalError::Damaged { .. }), "{e:?}");
+    assert_eq!(
+        e.to_string(),
+        format!("journal {}: damaged record", p.display())
+    );
+    let e = Records::get(&j, b"", b"a").err().expect("a damaged record");
+    assert!(matches!(e, JournalError::Damaged { .. }), "{e:?}");
+    let r: ferry_engine::Refused = e.into();
+    assert_eq!(r.0, format!("journal {}: damaged record", p.display()));
+    let io = std::io::Error::other(r);
+    assert_eq!(
+        ferry_engine::class::classify(&io),
+        ferry_engine::class::Class::Refused
+    );
+}

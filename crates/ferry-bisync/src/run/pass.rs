@@ -160,7 +160,7 @@ impl<'r, A: Store, B: Store> Pass<'r, A, B> {
             }
             r
         });
-        scanned.map_err(Refused)
+        scanned
     }
 
     /// The executor of this run, on the roots `ra`, `rb` (`None`: missing).
