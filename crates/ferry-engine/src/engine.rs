@@ -43,7 +43,7 @@ mod specials;
 mod transfer;
 use links::{How, Links, Outcome};
 mod guard;
-pub use guard::{may_remove, Guard, WINDOW as MAX_DELETE_WINDOW};
+pub use guard::{may_remove, Guard, RemovalsStopped, WINDOW as MAX_DELETE_WINDOW};
 mod scoped;
 pub use scoped::Scope;
 
@@ -466,7 +466,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                 match g.check(side, ["SRC", "DST"][side], m, self.opts.force) {
                     Ok(None) => {}
                     Ok(Some(note)) => self.rep.note(&note),
-                    Err(msg) => return Err(guard::refusal(msg)),
+                    Err(r) => return Err(io::Error::other(r)),
                 }
             }
         }

@@ -385,7 +385,7 @@ fn failed(
 ) -> String {
     let (why, tail) = match spawn::ended(t, child, errt, tail, quiet) {
         Ok(w) => w,
-        Err(timed_out) => return timed_out,
+        Err(timed_out) => return timed_out.0,
     };
     if is_ssh_failure(&why) {
         return why;

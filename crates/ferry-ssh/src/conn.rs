@@ -350,8 +350,8 @@ static WATCHES: Mutex<Vec<Arc<Conn>>> = Mutex::new(Vec::new());
 
 /// A connection of its own to `t` for a request that never ends (a
 /// watch), closed by [`close_all`] with the others.
-pub(crate) fn open_own(t: &Target) -> Result<Arc<Conn>, String> {
-    let c = open(t).map_err(|f| f.line(t))?;
+pub(crate) fn open_own(t: &Target) -> Result<Arc<Conn>, SessionError> {
+    let c = open(t).map_err(|f| SessionError(f.line(t)))?;
     let mut w = WATCHES.lock().unwrap();
     w.retain(|c| !c.gone.load(Ordering::Relaxed));
     w.push(c.clone());
@@ -421,7 +421,7 @@ pub fn connect(t: &Target) -> Result<Arc<Conn>, SessionError> {
 }
 
 /// A session to `t`'s ferry: found, checked, or installed first.
-fn start(t: &Target) -> Result<Arc<Conn>, String> {
+fn start(t: &Target) -> Result<Arc<Conn>, SessionError> {
     let mut look = Look::Fast;
     let mut why = format!("{}: {NO_FERRY} (none on the PATH, none cached)", t.host);
     let mut installed = false;
@@ -434,8 +434,10 @@ fn start(t: &Target) -> Result<Arc<Conn>, String> {
         };
         let report = match open_look(t, look, sum) {
             Ok(c) => return Ok(c),
-            Err(Failed::Other(w)) => return Err(w),
-            Err(Failed::NoFerry(w)) if !t.install || look != Look::Fast => return Err(w),
+            Err(Failed::Other(w)) => return Err(SessionError(w)),
+            Err(Failed::NoFerry(w)) if !t.install || look != Look::Fast => {
+                return Err(SessionError(w))
+            }
             // The PATH's ferry is of another protocol (or not ferry): the
             // cache, or an install, as when there is none.
             Err(Failed::NoFerry(w)) => {
@@ -450,11 +452,11 @@ fn start(t: &Target) -> Result<Arc<Conn>, String> {
                 let ship = crate::install::shipped()?;
                 if *s != ship.sum {
                     let name = crate::install::cache_name()?;
-                    return Err(crate::install::not_this(
+                    return Err(SessionError(crate::install::not_this(
                         t,
                         &format!("{}/{name}", report.dir),
                         s,
-                    ));
+                    )));
                 }
             }
             if look != Look::Verify {
@@ -471,7 +473,7 @@ fn start(t: &Target) -> Result<Arc<Conn>, String> {
         installed = true;
         look = Look::NoPath;
     }
-    Err(Failed::Report(Report::default()).line(t))
+    Err(SessionError(Failed::Report(Report::default()).line(t)))
 }
 
 /// A new connection in place of `dead`, this run's connection to `t`

@@ -204,10 +204,10 @@ pub fn ended(
     errt: JoinHandle<()>,
     tail: &Tail,
     quiet: &Quiet,
-) -> Result<(String, Vec<String>), String> {
+) -> Result<(String, Vec<String>), SessionError> {
     let status = reap(child, errt, quiet, false);
     if let Some(why) = quiet.fired() {
-        return Err(why);
+        return Err(SessionError(why));
     }
     let lines = tail.lines();
     Ok((classify(t, status, &lines), lines))

@@ -174,7 +174,7 @@ struct Driven(Option<Drive>);
 type Drive = Box<dyn FnOnce(usize, Sender<Msg>) + Send>;
 
 impl Source for Driven {
-    fn start(mut self: Box<Self>, side: usize, tx: Sender<Msg>) -> Result<(), String> {
+    fn start(mut self: Box<Self>, side: usize, tx: Sender<Msg>) -> Result<(), NotWatched> {
         let f = self.0.take().expect("started once");
         std::thread::spawn(move || f(side, tx));
         Ok(())
@@ -184,8 +184,10 @@ impl Source for Driven {
 struct Refused;
 
 impl Source for Refused {
-    fn start(self: Box<Self>, _: usize, _: Sender<Msg>) -> Result<(), String> {
-        Err("host:path: the remote ferry cannot watch it".into())
+    fn start(self: Box<Self>, _: usize, _: Sender<Msg>) -> Result<(), NotWatched> {
+        Err(NotWatched(
+            "host:path: the remote ferry cannot watch it".into(),
+        ))
     }
 }
 

@@ -14,12 +14,12 @@
 //!   full run.
 
 use std::collections::VecDeque;
-use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::entry::Meta;
+use crate::Refused;
 
 /// How long a run's removals count against `--max-delete` in a watch.
 pub const WINDOW: Duration = Duration::from_secs(600);
@@ -89,7 +89,7 @@ impl Guard {
         name: &str,
         m: &Meta,
         force: bool,
-    ) -> Result<Option<String>, String> {
+    ) -> Result<Option<String>, Refused> {
         let Some(now) = root_id(m) else {
             return Ok(None);
         };
@@ -106,9 +106,9 @@ impl Guard {
                     "{name} is another directory than the one watched (its device and inode changed): --force: synced as it is now"
                 )))
             }
-            Some(_) => Err(format!(
+            Some(_) => Err(Refused(format!(
                 "{name} is not the directory watched at the start (its device and inode changed: unmounted, or renamed away and replaced?): nothing done; mount or put it back, or restart the watch (or give --force) to sync the new one"
-            )),
+            ))),
         }
     }
 
@@ -200,27 +200,32 @@ pub fn may_remove(
     name: &str,
     m: Option<&Meta>,
     at_start: u64,
-) -> Result<(), String> {
+) -> Result<(), RemovalsStopped> {
     let Some(m) = m else {
-        return Err(format!("{name} is gone: the run's removals stop here"));
+        return Err(RemovalsStopped(format!(
+            "{name} is gone: the run's removals stop here"
+        )));
     };
     if g.check(side, name, m, false).is_err() {
-        return Err(format!(
+        return Err(RemovalsStopped(format!(
             "{name} is another directory than the one watched: the run's removals stop here"
-        ));
+        )));
     }
     if g.removals(side) > at_start {
-        return Err(format!(
+        return Err(RemovalsStopped(format!(
             "{name} is changing (entries removed there while the run went on): the run's removals stop here, the next run does them"
-        ));
+        )));
     }
     Ok(())
 }
 
-/// The error that refuses a run for `msg`.
-pub(super) fn refusal(msg: String) -> io::Error {
-    super::refused(msg)
-}
+/// Why a watch's run stops its removals on a side (its root gone, another
+/// directory, or changing): one failure of that run (exit 1, not a
+/// refusal), and the full run that follows is held until removals are
+/// quiet.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct RemovalsStopped(pub String);
 
 #[cfg(test)]
 mod tests {

@@ -163,7 +163,7 @@ impl Starting<'_> {
             }
             NoHello::Ended => {
                 match spawn::ended(self.t, &mut self.child, errt, &self.tail, &self.quiet) {
-                    Err(timed_out) => Failed::Other(timed_out),
+                    Err(timed_out) => Failed::Other(timed_out.0),
                     Ok((why, _)) if why.contains(NO_FERRY) => Failed::NoFerry(why),
                     Ok((why, _)) => Failed::Other(why),
                 }
