@@ -41,7 +41,7 @@ pub(super) fn open(t: &Target) -> Result<Arc<Conn>, Failed> {
 }
 
 pub(super) fn open_look(t: &Target, look: Look, sum: &str) -> Result<Arc<Conn>, Failed> {
-    let argv = t.argv_look(look, sum).map_err(Failed::Other)?;
+    let argv = t.argv_look(look, sum).map_err(|e| Failed::Other(e.0))?;
     let ssh = spawn::spawn(&argv, spawn::Io::Pipes).map_err(|e| Failed::Other(e.0))?;
     let quiet = Quiet::start(
         ssh.child.id(),
