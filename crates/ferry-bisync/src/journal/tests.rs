@@ -317,13 +317,13 @@ fn a_damaged_record_is_a_typed_error_classified_as_a_refusal() {
     .unwrap();
     drop(c);
     let j = Journal::open(&p, ("/a", "/b")).unwrap();
-    let e = Records::dir(&j, b"").err().expect("a damaged record");
+    let e = Records::dir(&j, b"").expect_err("a damaged record");
     assert!(matches!(e, JournalError::Damaged { .. }), "{e:?}");
     assert_eq!(
         e.to_string(),
         format!("journal {}: damaged record", p.display())
     );
-    let e = Records::get(&j, b"", b"a").err().expect("a damaged record");
+    let e = Records::get(&j, b"", b"a").expect_err("a damaged record");
     assert!(matches!(e, JournalError::Damaged { .. }), "{e:?}");
     let r: ferry_engine::Refused = e.into();
     assert_eq!(r.0, format!("journal {}: damaged record", p.display()));
