@@ -22,9 +22,10 @@
 //! Migrations of older journals: `journal/migrate.rs`; the default path
 //! and the lock of a pair: `journal/lock.rs`; tests: `journal/tests.rs`.
 
+use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{mpsc, Mutex};
+use std::sync::mpsc;
 
 use ferry_engine::{Kind, Meta};
 use rusqlite::{params, Connection, OptionalExtension};
@@ -222,7 +223,7 @@ impl Journal {
     /// exists (created by a refused run, or just now) says nothing.
     pub fn knows_pair(&self) -> Result<bool, JournalError> {
         let err = |e| self.sqlite(e);
-        let conn = self.conn.lock().unwrap();
+        let conn = self.conn.lock();
         if synced_mark(&conn).map_err(err)? {
             return Ok(true);
         }
@@ -242,7 +243,7 @@ impl Journal {
             path: path.clone(),
             source,
         };
-        let conn = self.conn.get_mut().unwrap();
+        let conn = self.conn.get_mut();
         if !synced_mark(conn).map_err(err)? {
             conn.execute("INSERT INTO meta (k, v) VALUES ('synced', '1')", [])
                 .map_err(err)?;
@@ -254,7 +255,6 @@ impl Journal {
     pub fn clear(&mut self) -> Result<(), JournalError> {
         self.conn
             .get_mut()
-            .unwrap()
             .execute("DELETE FROM chunks", [])
             .map(|_| ())
             .map_err(|source| JournalError::Sqlite {
@@ -312,7 +312,7 @@ impl Journal {
                     next = rx.try_recv().ok();
                 }
             }
-            let mut conn = self.conn.lock().unwrap();
+            let mut conn = self.conn.lock();
             let tx = conn.transaction().map_err(err)?;
             for (dir, ups) in by_dir {
                 apply(&tx, &dir, ups).map_err(err)?;
@@ -505,7 +505,7 @@ impl Journal {
             path: self.path.clone(),
         };
         let err = |e| self.sqlite(e);
-        let conn = self.conn.lock().unwrap();
+        let conn = self.conn.lock();
         let mut st = conn.prepare_cached(sql).map_err(err)?;
         let mut rows = st.query(args).map_err(err)?;
         while let Some(r) = rows.next().map_err(err)? {

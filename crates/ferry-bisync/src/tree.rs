@@ -13,12 +13,13 @@
 //! The scoped walk of `--watch` (the directories that changed) is
 //! `tree/scoped.rs`; the tests, `tree/tests.rs`.
 
+use parking_lot::Mutex;
 use std::collections::HashSet;
 use std::ffi::CString;
 use std::hash::{Hash, Hasher};
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc};
 
 use ferry_engine::copy::Copier;
 use ferry_engine::entry::join;
@@ -221,14 +222,14 @@ impl<S: Store> Gather<S> {
         reserved: &Reserved<'_>,
     ) -> Option<Opened<S::Dir>> {
         let dir = match &parent {
-            None => self.root.lock().unwrap().take().expect("root once"),
+            None => self.root.lock().take().expect("root once"),
             Some(p) => {
                 let name = CString::new(name_of_path(rel)).expect("names hold no NUL");
                 match store.open_dir(p, &name) {
                     Ok(d) => d,
                     Err(e) => {
                         on_error(rel, &e);
-                        self.unknown.lock().unwrap().push(key_of(rel));
+                        self.unknown.lock().push(key_of(rel));
                         return None;
                     }
                 }
@@ -240,7 +241,7 @@ impl<S: Store> Gather<S> {
             errs.push((p, e))
         }) {
             on_error(rel, &e);
-            self.unknown.lock().unwrap().push(key_of(rel));
+            self.unknown.lock().push(key_of(rel));
             return None;
         }
         for (p, e) in errs {
@@ -256,11 +257,11 @@ impl<S: Store> Gather<S> {
             // Entries no path can name (`a//z`, `x/../y`): the whole
             // directory is unknown.
             if e.for_dir() {
-                self.unknown.lock().unwrap().push(key_of(rel));
+                self.unknown.lock().push(key_of(rel));
             } else if listed {
-                self.shadowed.lock().unwrap().push(key_of(&p));
+                self.shadowed.lock().push(key_of(&p));
             } else {
-                self.unknown.lock().unwrap().push(key_of(&p));
+                self.unknown.lock().push(key_of(&p));
             }
         }
         // Temporaries and special files are set aside here, so the
@@ -273,11 +274,11 @@ impl<S: Store> Gather<S> {
                 let name = list.name(e);
                 if is_temp_name(name) {
                     let k = key_of(&join(rel, name));
-                    self.temps.lock().unwrap().push((k, e.meta));
+                    self.temps.lock().push((k, e.meta));
                 } else if e.meta.kind.is_special() {
                     let k = key_of(&join(rel, name));
-                    self.unknown.lock().unwrap().push(k.clone());
-                    self.skipped.lock().unwrap().push(k);
+                    self.unknown.lock().push(k.clone());
+                    self.skipped.lock().push(k);
                 }
             }
             list.retain_names(|n| !is_temp_name(n));
@@ -297,9 +298,9 @@ impl<S: Store> Gather<S> {
     fn finish(self, count: usize) -> Scan {
         let mut scan = Scan {
             count,
-            unknown: self.unknown.into_inner().unwrap(),
-            skipped: self.skipped.into_inner().unwrap(),
-            temps: self.temps.into_inner().unwrap(),
+            unknown: self.unknown.into_inner(),
+            skipped: self.skipped.into_inner(),
+            temps: self.temps.into_inner(),
         };
         scan.unknown.sort();
         scan.skipped.sort();
@@ -399,7 +400,7 @@ impl<A: Store, B: Store> Visitor for Walker<'_, A, B> {
         }
         let key = key_of(&t.rel);
         if let Some(sc) = &self.scope {
-            if !sc.seen.lock().unwrap().insert(key.clone()) {
+            if !sc.seen.lock().insert(key.clone()) {
                 return;
             }
         }
@@ -407,12 +408,12 @@ impl<A: Store, B: Store> Visitor for Walker<'_, A, B> {
         let recs = match self.j.dir(&key) {
             Ok(r) => r,
             Err(e) => {
-                self.st.lock().unwrap().failed = Some(e.into());
+                self.st.lock().failed = Some(e.into());
                 return q.stop();
             }
         };
         {
-            let mut st = self.st.lock().unwrap();
+            let mut st = self.st.lock();
             if (orphans || !recs.is_empty()) && !st.visited.insert(key_hash(&key)) {
                 return;
             }
@@ -433,14 +434,14 @@ impl<A: Store, B: Store> Visitor for Walker<'_, A, B> {
                 .and_then(|(_, l)| al.check("A", &t.rel, l))
                 .or_else(|| lb.as_ref().and_then(|(_, l)| al.check("B", &t.rel, l)));
             if let Some(msg) = seen {
-                self.st.lock().unwrap().failed.get_or_insert(Refused(msg));
+                self.st.lock().failed.get_or_insert(Refused(msg));
                 return q.stop();
             }
         }
         let na = la.as_ref().map_or(0, |(_, l)| l.len());
         let nb = lb.as_ref().map_or(0, |(_, l)| l.len());
         if t.rel.is_empty() && o.stop_if_both_hold && na > 0 && nb > 0 {
-            self.st.lock().unwrap().count = [na, nb];
+            self.st.lock().count = [na, nb];
             return q.stop();
         }
         let empty = Listing::new();
@@ -478,7 +479,7 @@ impl<A: Store, B: Store> Visitor for Walker<'_, A, B> {
             }
         }
         {
-            let mut st = self.st.lock().unwrap();
+            let mut st = self.st.lock();
             st.count[0] += na;
             st.count[1] += nb;
             st.unchanged += out.unchanged;
@@ -534,15 +535,15 @@ impl<A: Store, B: Store> Visitor for Walker<'_, A, B> {
             recorded += self.place(it, &mut work, &mut recs);
         }
         {
-            let mut st = self.st.lock().unwrap();
+            let mut st = self.st.lock();
             st.recorded += recorded;
             st.items.append(&mut work);
         }
-        let mut mine = c.dir.recs.lock().unwrap();
+        let mut mine = c.dir.recs.lock();
         mine.append(&mut recs);
         drop(mine);
         if c.dir.left.fetch_sub(1, Ordering::AcqRel) == 1 {
-            let recs = std::mem::take(&mut *c.dir.recs.lock().unwrap());
+            let recs = std::mem::take(&mut *c.dir.recs.lock());
             self.in_sync(c.dir.key.clone(), recs);
         }
     }
@@ -658,12 +659,12 @@ impl<A: Store, B: Store> Walker<'_, A, B> {
             let mut errors = Vec::new();
             if let Err(e) = s.refine(&d, &mut l, &which, &mut errors) {
                 (self.o.on_error)(rel, &e);
-                unknown.lock().unwrap().push(key_of(rel));
+                unknown.lock().push(key_of(rel));
             }
             for e in errors {
                 let p = join(rel, &e.name);
                 (self.o.on_error)(&p, &e.err);
-                unknown.lock().unwrap().push(key_of(&p));
+                unknown.lock().push(key_of(&p));
             }
         }
         (d, l)
@@ -683,7 +684,7 @@ fn filtered(
     if let Some(f) = f {
         f.retain(rel, &mut l, |name, by_meta| {
             if by_meta {
-                unknown.lock().unwrap().push(key_of(&join(rel, name)));
+                unknown.lock().push(key_of(&join(rel, name)));
             }
         });
     }
@@ -733,7 +734,7 @@ pub fn scan_merge<A: Store, B: Store>(
         }],
     );
     let stopped = {
-        let mut st = w.st.lock().unwrap();
+        let mut st = w.st.lock();
         if let Some(e) = st.failed.take() {
             return Err(e);
         }
@@ -742,7 +743,7 @@ pub fn scan_merge<A: Store, B: Store>(
     if !stopped {
         let mut orphans = Vec::new();
         {
-            let st = w.st.lock().unwrap();
+            let st = w.st.lock();
             j.each_dir(&mut |d| {
                 if !st.visited.contains(&key_hash(d)) {
                     orphans.push(DirTask {
@@ -757,7 +758,7 @@ pub fn scan_merge<A: Store, B: Store>(
         if !orphans.is_empty() {
             w.orphans.store(true, Ordering::Relaxed);
             walk::walk(&w, jobs, orphans);
-            if let Some(e) = w.st.lock().unwrap().failed.take() {
+            if let Some(e) = w.st.lock().failed.take() {
                 return Err(e);
             }
         }
@@ -768,7 +769,7 @@ pub fn scan_merge<A: Store, B: Store>(
 impl<A: Store, B: Store> Walker<'_, A, B> {
     /// The plan of what the walk found, and each side's scan.
     fn into_plan(self) -> (Plan, Scan, Scan) {
-        let mut st = self.st.into_inner().unwrap();
+        let mut st = self.st.into_inner();
         st.items.sort_by(|x, y| x.key.cmp(&y.key));
         let plan = Plan {
             items: st.items,

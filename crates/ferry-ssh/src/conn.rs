@@ -4,11 +4,12 @@
 //! request of its id. Any number of threads call at once; each blocks only
 //! on its own reply.
 
+use parking_lot::{Condvar, Mutex};
 use std::collections::HashMap;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 
 use crate::spawn::NO_FERRY;
 pub use crate::spawn::{classify, is_ssh_failure};
@@ -131,7 +132,7 @@ pub struct Conn {
 
 impl Session for Conn {
     fn waiting(&self) -> bool {
-        !self.pending.lock().unwrap().calls.is_empty()
+        !self.pending.lock().calls.is_empty()
     }
 
     fn give_up(&self, why: String) {
@@ -173,7 +174,7 @@ pub fn unexpected(r: &Resp<'_>) -> io::Error {
 
 impl Conn {
     fn lost(&self) -> io::Error {
-        let why = self.pending.lock().unwrap().dead.clone();
+        let why = self.pending.lock().dead.clone();
         lost_error(why.unwrap_or_else(|| format!("{}: connection lost", self.host)))
     }
 
@@ -204,7 +205,7 @@ impl Conn {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let (stx, srx) = mpsc::sync_channel(1);
         {
-            let mut p = self.pending.lock().unwrap();
+            let mut p = self.pending.lock();
             if let Some(why) = &p.dead {
                 return Err(lost_error(why.clone()));
             }
@@ -215,7 +216,7 @@ impl Conn {
             p.calls.insert(id, stx);
         }
         if self.tx.send(proto::frame(id, req).into()).is_err() {
-            self.pending.lock().unwrap().calls.remove(&id);
+            self.pending.lock().calls.remove(&id);
             return Err(self.lost());
         }
         Ok(srx)
@@ -227,14 +228,14 @@ impl Conn {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let (stx, srx) = mpsc::channel();
         {
-            let mut p = self.pending.lock().unwrap();
+            let mut p = self.pending.lock();
             if let Some(why) = &p.dead {
                 return Err(lost_error(why.clone()));
             }
             p.streams.insert(id, stx);
         }
         if self.tx.send(proto::frame(id, req).into()).is_err() {
-            self.pending.lock().unwrap().streams.remove(&id);
+            self.pending.lock().streams.remove(&id);
             return Err(self.lost());
         }
         Ok(srx)
@@ -266,7 +267,7 @@ impl Conn {
     /// big reply to be read into (not allocated and zeroed again).
     pub fn recycle(&self, b: Vec<u8>) {
         if b.capacity() == proto::PLACED_BUF {
-            let mut bufs = self.bufs.lock().unwrap();
+            let mut bufs = self.bufs.lock();
             if bufs.len() < RECYCLED {
                 bufs.push(b);
             }
@@ -306,7 +307,7 @@ impl Conn {
 
     fn die(&self, why: String) {
         let (calls, streams) = {
-            let mut p = self.pending.lock().unwrap();
+            let mut p = self.pending.lock();
             p.dead.get_or_insert(why.clone());
             (std::mem::take(&mut p.calls), std::mem::take(&mut p.streams))
         };
@@ -352,7 +353,7 @@ static WATCHES: Mutex<Vec<Arc<Conn>>> = Mutex::new(Vec::new());
 /// watch), closed by [`close_all`] with the others.
 pub(crate) fn open_own(t: &Target) -> Result<Arc<Conn>, SessionError> {
     let c = open(t).map_err(|f| SessionError(f.line(t)))?;
-    let mut w = WATCHES.lock().unwrap();
+    let mut w = WATCHES.lock();
     w.retain(|c| !c.gone.load(Ordering::Relaxed));
     w.push(c.clone());
     Ok(c)
@@ -378,13 +379,12 @@ impl Conn {
 pub fn close_all() {
     let conns: Vec<Arc<Conn>> = CONNS
         .lock()
-        .unwrap()
         .drain(..)
         .flat_map(|(_, c)| {
-            let extra: Vec<Arc<Conn>> = c.extra.lock().unwrap().drain(..).flatten().collect();
+            let extra: Vec<Arc<Conn>> = c.extra.lock().drain(..).flatten().collect();
             std::iter::once(c).chain(extra)
         })
-        .chain(WATCHES.lock().unwrap().drain(..))
+        .chain(WATCHES.lock().drain(..))
         .collect();
     for c in &conns {
         c.closing.store(true, Ordering::Relaxed);
@@ -394,13 +394,13 @@ pub fn close_all() {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     for c in &conns {
         let (lock, cv) = &c.closed;
-        let mut done = lock.lock().unwrap();
+        let mut done = lock.lock();
         while !*done {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             if left.is_zero() {
                 break;
             }
-            done = cv.wait_timeout(done, left).unwrap().0;
+            cv.wait_for(&mut done, left);
         }
     }
 }
@@ -411,7 +411,7 @@ pub fn close_all() {
 /// the remote has no ferry this binary may run, it is installed there
 /// ([`crate::install::install`]) and run.
 pub fn connect(t: &Target) -> Result<Arc<Conn>, SessionError> {
-    let mut conns = CONNS.lock().unwrap();
+    let mut conns = CONNS.lock();
     if let Some((_, c)) = conns.iter().find(|(k, _)| k == t) {
         return Ok(c.clone());
     }
@@ -482,14 +482,14 @@ fn start(t: &Target) -> Result<Arc<Conn>, SessionError> {
 /// another store made again already is taken as it is. The lost one's
 /// extra connections are closed (new ones are opened when needed).
 pub fn reconnect(t: &Target, dead: &Arc<Conn>) -> Result<Arc<Conn>, SessionError> {
-    let mut conns = CONNS.lock().unwrap();
+    let mut conns = CONNS.lock();
     if let Some(i) = conns.iter().position(|(k, _)| k == t) {
         let c = &conns[i].1;
         if !Arc::ptr_eq(c, dead) && !c.gone.load(Ordering::Relaxed) {
             return Ok(c.clone());
         }
         let (_, old) = conns.swap_remove(i);
-        for e in old.extra.lock().unwrap().drain(..).flatten() {
+        for e in old.extra.lock().drain(..).flatten() {
             e.close();
         }
     }

@@ -269,11 +269,11 @@ mod tests {
 
     /// The tests that count threads run one at a time; each plugs in the
     /// tree watcher (as the binary does).
-    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    static ONE: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
 
-    fn one() -> std::sync::MutexGuard<'static, ()> {
+    fn one() -> parking_lot::MutexGuard<'static, ()> {
         ferry_watch::inotify::plug();
-        ONE.lock().unwrap_or_else(|e| e.into_inner())
+        ONE.lock()
     }
 
     /// The watch threads of `ferry serve` in this process.

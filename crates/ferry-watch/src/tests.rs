@@ -282,15 +282,15 @@ fn a_source_that_cannot_start_is_polled() {
         let _ = tx.send(Msg::Stop);
         let _ = done_tx.send(polled);
     };
-    let notes = std::sync::Mutex::new(Vec::new());
+    let notes = parking_lot::Mutex::new(Vec::new());
     let status = Status::new("test");
     let src: Vec<Box<dyn Source>> =
         vec![Box::new(Refused), Box::new(Driven(Some(Box::new(drive))))];
-    let note = |n: &str| notes.lock().unwrap().push(n.to_string());
+    let note = |n: &str| notes.lock().push(n.to_string());
     let code = watch_with(&cfg(None), src, &mut Rec(wtx), &status, &note);
     assert_eq!(code, 0);
     assert!(done_rx.recv().unwrap(), "polled");
-    let notes = notes.into_inner().unwrap();
+    let notes = notes.into_inner();
     assert_eq!(
         notes,
         vec!["note: host:path: the remote ferry cannot watch it: polled every 20ms"]
@@ -430,14 +430,14 @@ fn a_refused_run_neither_escalates_nor_swallows_other_changes() {
         let _ = tx.send(Msg::Stop);
         let _ = done_tx.send(r);
     };
-    let notes = std::sync::Mutex::new(Vec::new());
-    let note = |n: &str| notes.lock().unwrap().push(n.to_string());
+    let notes = parking_lot::Mutex::new(Vec::new());
+    let note = |n: &str| notes.lock().push(n.to_string());
     let status = Status::new("test");
     let src: Vec<Box<dyn Source>> = vec![Box::new(Driven(Some(Box::new(drive))))];
     let code = watch_with(&cfg(None), src, &mut Refuser(wtx, true), &status, &note);
     done_rx.recv().unwrap().unwrap();
     assert_eq!(code, 0, "a refusal is no failing entry");
-    let notes = notes.into_inner().unwrap();
+    let notes = notes.into_inner();
     let refusals = notes.iter().filter(|n| n.starts_with("refusing")).count();
     assert_eq!(refusals, 2, "{notes:?}");
 }
@@ -485,13 +485,13 @@ fn a_failing_path_is_retried_until_it_heals() {
         let _ = tx.send(Msg::Stop);
         let _ = done_tx.send(r.and_then(|()| healed.then_some(()).ok_or("no healing run".into())));
     };
-    let notes = std::sync::Mutex::new(Vec::new());
-    let note = |n: &str| notes.lock().unwrap().push(n.to_string());
+    let notes = parking_lot::Mutex::new(Vec::new());
+    let note = |n: &str| notes.lock().push(n.to_string());
     let status = Status::new("test");
     let src: Vec<Box<dyn Source>> = vec![Box::new(Driven(Some(Box::new(drive))))];
     let code = watch_with(&cfg(None), src, &mut Flaky(wtx, 3), &status, &note);
     done_rx.recv().unwrap().unwrap();
     assert_eq!(code, 0, "healed before the stop");
-    let notes = notes.into_inner().unwrap();
+    let notes = notes.into_inner();
     assert_eq!(notes, vec!["note: d/f: healed (synced on a retry)"]);
 }

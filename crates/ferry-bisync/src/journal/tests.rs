@@ -129,7 +129,6 @@ fn chunks_follow_a_model() {
     let ps: i64 = j
         .conn
         .lock()
-        .unwrap()
         .query_row("PRAGMA page_size", [], |r| r.get(0))
         .unwrap();
     assert_eq!(ps, 65536);
@@ -173,7 +172,6 @@ fn chunks_follow_a_model() {
         let max: i64 = j
             .conn
             .lock()
-            .unwrap()
             .query_row("SELECT max(length(data)) FROM chunks", [], |r| r.get(0))
             .unwrap_or(0);
         assert!(
@@ -232,7 +230,6 @@ fn version_1_is_migrated() {
     let ps: i64 = j
         .conn
         .lock()
-        .unwrap()
         .query_row("PRAGMA page_size", [], |r| r.get(0))
         .unwrap();
     assert_eq!(ps, 65536);
@@ -263,7 +260,7 @@ fn version_2_is_migrated() {
     {
         // A v2 journal: two chunks of the root, one of `d`.
         let j = Journal::open(&p, ("/a", "/b")).unwrap();
-        let c = j.conn.lock().unwrap();
+        let c = j.conn.lock();
         c.execute("UPDATE meta SET v = '2' WHERE k = 'version'", [])
             .unwrap();
         for (dir, part) in [

@@ -151,7 +151,7 @@ pub fn scan_scoped<A: Store, B: Store>(
         })
         .collect();
     walk::walk(&w, o.jobs.max(2), tasks);
-    if let Some(e) = w.st.lock().unwrap().failed.take() {
+    if let Some(e) = w.st.lock().failed.take() {
         return Err(e);
     }
     Ok(Some(w.into_plan()))

@@ -13,9 +13,9 @@
 //!   of it would be. `P%` is a share of the entries DST had at the last
 //!   full run.
 
+use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::entry::Meta;
@@ -74,7 +74,7 @@ impl Guard {
     /// Record the identity of root `side` (0: SRC or A, 1: DST or B) if
     /// none is yet.
     pub fn seen(&self, side: usize, m: &Meta) {
-        let mut ids = self.ids.lock().expect("ids");
+        let mut ids = self.ids.lock();
         if ids[side].is_none() {
             ids[side] = root_id(m);
         }
@@ -93,7 +93,7 @@ impl Guard {
         let Some(now) = root_id(m) else {
             return Ok(None);
         };
-        let mut ids = self.ids.lock().expect("ids");
+        let mut ids = self.ids.lock();
         match ids[side] {
             None => {
                 ids[side] = Some(now);
@@ -115,7 +115,7 @@ impl Guard {
     /// Removals on `side` counted in the window ending `now` (older ones
     /// forgotten).
     pub fn removed(&self, side: usize, now: Instant) -> u64 {
-        let mut all = self.removed.lock().expect("removed");
+        let mut all = self.removed.lock();
         let r = &mut all[side];
         while r
             .front()
@@ -129,7 +129,7 @@ impl Guard {
     /// A run removed `n` entries on `side`.
     pub fn add_removed(&self, side: usize, n: u64) {
         if n > 0 {
-            self.removed.lock().expect("removed")[side].push_back((Instant::now(), n));
+            self.removed.lock()[side].push_back((Instant::now(), n));
         }
     }
 
@@ -163,7 +163,7 @@ impl Guard {
     /// The DST file `rel` was written while its source changed (`true`),
     /// or as it is (`false`).
     pub fn torn(&self, rel: &[u8], torn: bool) {
-        let mut t = self.torn.lock().expect("torn");
+        let mut t = self.torn.lock();
         if torn {
             t.insert(rel.to_vec());
         } else if !t.is_empty() {
@@ -173,7 +173,7 @@ impl Guard {
 
     /// Whether the DST file `rel` was written while its source changed.
     pub fn is_torn(&self, rel: &[u8]) -> bool {
-        let t = self.torn.lock().expect("torn");
+        let t = self.torn.lock();
         !t.is_empty() && t.contains(rel)
     }
 

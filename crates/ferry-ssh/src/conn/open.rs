@@ -3,10 +3,11 @@
 //! answers read, then the reader thread that hands each reply to its
 //! request.
 
+use parking_lot::{Condvar, Mutex};
 use std::io::{BufReader, Read, Write};
 use std::process::Child;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Condvar, Mutex};
+use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 
 use super::{Body, Conn, Pending, Target, QUEUED};
@@ -228,10 +229,10 @@ fn read_replies(
     // ([`proto::read_placed`]).
     let mut r = BufReader::with_capacity(64 << 10, stdout);
     let end = loop {
-        let spare = || conn.bufs.lock().unwrap().pop();
+        let spare = || conn.bufs.lock().pop();
         match proto::read_placed(&mut r, spare) {
             Ok(Some((id, body))) => {
-                let mut p = conn.pending.lock().unwrap();
+                let mut p = conn.pending.lock();
                 if let Some(s) = p.calls.remove(&id) {
                     drop(p);
                     let _ = s.send(Ok(body));
@@ -249,7 +250,7 @@ fn read_replies(
     let status = spawn::reap(&mut child, errt, &conn.quiet, !closing);
     {
         let (lock, cv) = &conn.closed;
-        *lock.lock().unwrap() = true;
+        *lock.lock() = true;
         cv.notify_all();
     }
     let why = spawn::lost(

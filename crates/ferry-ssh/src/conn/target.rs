@@ -2,8 +2,8 @@
 //! start command, a subsystem), AES-GCM first where ssh is left to its
 //! defaults, and the words of a `-e` command.
 
+use parking_lot::Mutex;
 use std::process::{Command, Stdio};
-use std::sync::Mutex;
 
 use super::{Settings, Target};
 use crate::install::Look;
@@ -123,7 +123,7 @@ pub(super) fn fast_cipher(rsh: &[String], host: &str, port: Option<u16>) -> Opti
     type Asked = (Vec<String>, String, Option<u16>);
     static ASKED: Mutex<Vec<(Asked, Option<String>)>> = Mutex::new(Vec::new());
     let key = (rsh.to_vec(), host.to_string(), port);
-    let mut asked = ASKED.lock().unwrap();
+    let mut asked = ASKED.lock();
     if let Some((_, c)) = asked.iter().find(|(k, _)| *k == key) {
         return c.clone();
     }
