@@ -24,8 +24,8 @@ mod resolve;
 mod s3;
 pub(crate) mod shell;
 
+use parking_lot::Mutex;
 use std::path::Path;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use ferry_engine::encode::text_name_string;

@@ -127,7 +127,7 @@ impl Backends {
         let t = ferry_ssh::Target::with(&r.host, r.port, &ssh_settings(set))
             .map_err(|e| Error::Connect(e.0))?;
         let key = (r.host.clone(), r.port);
-        let fell = self.fell_back.lock().unwrap().contains(&key);
+        let fell = self.fell_back.lock().contains(&key);
         if r.sftp || fell {
             return Ok(Remote::Sftp(
                 SftpStore::open(&t, &r.path).map_err(|e| Error::Connect(e.0))?,
@@ -148,7 +148,7 @@ impl Backends {
             .map_err(|_| Error::Connect(why.clone()))?
             .at(&r.path)
             .map_err(|e| Error::Connect(e.0))?;
-        let mut fell = self.fell_back.lock().unwrap();
+        let mut fell = self.fell_back.lock();
         if !fell.contains(&key) {
             fell.push(key);
             // What a user would not expect to lose is said, not only the switch.

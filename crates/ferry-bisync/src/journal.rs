@@ -22,9 +22,10 @@
 //! Migrations of older journals: `journal/migrate.rs`; the default path
 //! and the lock of a pair: `journal/lock.rs`; tests: `journal/tests.rs`.
 
+use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{mpsc, Mutex};
+use std::sync::mpsc;
 
 use ferry_engine::{Kind, Meta};
 use rusqlite::{params, Connection, OptionalExtension};
@@ -199,7 +200,7 @@ impl Journal {
 
     /// Every record (tests).
     #[cfg(test)]
-    pub fn load(&self) -> Result<Snapshot, String> {
+    pub fn load(&self) -> Result<Snapshot, JournalError> {
         let mut dirs = Vec::new();
         self.each_dir(&mut |d| dirs.push(d.to_vec()))?;
         let mut v = Vec::new();
@@ -222,7 +223,7 @@ impl Journal {
     /// exists (created by a refused run, or just now) says nothing.
     pub fn knows_pair(&self) -> Result<bool, JournalError> {
         let err = |e| self.sqlite(e);
-        let conn = self.conn.lock().unwrap();
+        let conn = self.conn.lock();
         if synced_mark(&conn).map_err(err)? {
             return Ok(true);
         }
@@ -242,7 +243,7 @@ impl Journal {
             path: path.clone(),
             source,
         };
-        let conn = self.conn.get_mut().unwrap();
+        let conn = self.conn.get_mut();
         if !synced_mark(conn).map_err(err)? {
             conn.execute("INSERT INTO meta (k, v) VALUES ('synced', '1')", [])
                 .map_err(err)?;
@@ -254,7 +255,6 @@ impl Journal {
     pub fn clear(&mut self) -> Result<(), JournalError> {
         self.conn
             .get_mut()
-            .unwrap()
             .execute("DELETE FROM chunks", [])
             .map(|_| ())
             .map_err(|source| JournalError::Sqlite {
@@ -312,7 +312,7 @@ impl Journal {
                     next = rx.try_recv().ok();
                 }
             }
-            let mut conn = self.conn.lock().unwrap();
+            let mut conn = self.conn.lock();
             let tx = conn.transaction().map_err(err)?;
             for (dir, ups) in by_dir {
                 apply(&tx, &dir, ups).map_err(err)?;
@@ -327,13 +327,13 @@ impl Journal {
 /// the walk visits it, so memory holds the directories in flight.
 pub trait Records: Sync {
     /// The records of directory `dir`'s children (`dir` a key), names rising.
-    fn dir(&self, dir: &[u8]) -> Result<DirRecs, String>;
+    fn dir(&self, dir: &[u8]) -> Result<DirRecs, JournalError>;
     /// Call `f` with the key of every directory holding records, in key
     /// order (to find records below directories no walk reaches).
-    fn each_dir(&self, f: &mut dyn FnMut(&[u8])) -> Result<(), String>;
+    fn each_dir(&self, f: &mut dyn FnMut(&[u8])) -> Result<(), JournalError>;
     /// The record of the child `name` of directory `dir` (a key), if any
     /// (a scoped run checks the directories on its way from the root).
-    fn get(&self, dir: &[u8], name: &[u8]) -> Result<Option<Synced>, String> {
+    fn get(&self, dir: &[u8], name: &[u8]) -> Result<Option<Synced>, JournalError> {
         let recs = self.dir(dir)?;
         let found = recs.iter().find(|(n, _)| *n == name).map(|(_, s)| s);
         Ok(found)
@@ -344,10 +344,10 @@ pub trait Records: Sync {
 pub struct NoRecords;
 
 impl Records for NoRecords {
-    fn dir(&self, _: &[u8]) -> Result<DirRecs, String> {
+    fn dir(&self, _: &[u8]) -> Result<DirRecs, JournalError> {
         Ok(DirRecs::default())
     }
-    fn each_dir(&self, _: &mut dyn FnMut(&[u8])) -> Result<(), String> {
+    fn each_dir(&self, _: &mut dyn FnMut(&[u8])) -> Result<(), JournalError> {
         Ok(())
     }
 }
@@ -436,7 +436,7 @@ impl Journal {
 }
 
 impl Records for Journal {
-    fn dir(&self, dir: &[u8]) -> Result<DirRecs, String> {
+    fn dir(&self, dir: &[u8]) -> Result<DirRecs, JournalError> {
         let mut out = DirRecs {
             versions: self.versions,
             ..DirRecs::default()
@@ -445,12 +445,11 @@ impl Records for Journal {
             "SELECT data FROM chunks WHERE dir = ?1 ORDER BY first",
             &[&dir],
             &mut |data| out.push_chunk(data),
-        )
-        .map_err(|e| e.to_string())?;
+        )?;
         Ok(out)
     }
 
-    fn each_dir(&self, f: &mut dyn FnMut(&[u8])) -> Result<(), String> {
+    fn each_dir(&self, f: &mut dyn FnMut(&[u8])) -> Result<(), JournalError> {
         self.blobs(
             "SELECT DISTINCT dir FROM chunks INDEXED BY chunks_dir ORDER BY dir",
             &[],
@@ -459,11 +458,10 @@ impl Records for Journal {
                 Some(())
             },
         )
-        .map_err(|e| e.to_string())
     }
 
     /// One indexed read: the chunk that would hold `name`.
-    fn get(&self, dir: &[u8], name: &[u8]) -> Result<Option<Synced>, String> {
+    fn get(&self, dir: &[u8], name: &[u8]) -> Result<Option<Synced>, JournalError> {
         let mut out = DirRecs {
             versions: self.versions,
             ..DirRecs::default()
@@ -472,8 +470,7 @@ impl Records for Journal {
             "SELECT data FROM chunks WHERE dir = ?1 AND first <= ?2 ORDER BY first DESC LIMIT 1",
             &[&dir, &name],
             &mut |data| out.push_chunk(data),
-        )
-        .map_err(|e| e.to_string())?;
+        )?;
         let found = out.iter().find(|(n, _)| *n == name).map(|(_, s)| s);
         Ok(found)
     }
@@ -508,7 +505,7 @@ impl Journal {
             path: self.path.clone(),
         };
         let err = |e| self.sqlite(e);
-        let conn = self.conn.lock().unwrap();
+        let conn = self.conn.lock();
         let mut st = conn.prepare_cached(sql).map_err(err)?;
         let mut rows = st.query(args).map_err(err)?;
         while let Some(r) = rows.next().map_err(err)? {
@@ -536,7 +533,7 @@ pub struct Snapshot {
 
 #[cfg(test)]
 impl Records for Snapshot {
-    fn dir(&self, dir: &[u8]) -> Result<DirRecs, String> {
+    fn dir(&self, dir: &[u8]) -> Result<DirRecs, JournalError> {
         Ok(self
             .dirs
             .get(dir)
@@ -548,7 +545,7 @@ impl Records for Snapshot {
                 versions: d.versions,
             }))
     }
-    fn each_dir(&self, f: &mut dyn FnMut(&[u8])) -> Result<(), String> {
+    fn each_dir(&self, f: &mut dyn FnMut(&[u8])) -> Result<(), JournalError> {
         self.dirs.keys().for_each(|k| f(k));
         Ok(())
     }

@@ -20,8 +20,8 @@
 //! Only paths with something to do become items: a no-op run allocates
 //! nothing per entry.
 
+use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
-use std::sync::Mutex;
 
 use ferry_engine::{Kind, Listing, Meta};
 
@@ -286,7 +286,7 @@ pub fn merge_dir(
         ck.extend_from_slice(name);
         // Unreadable here or above on either side: judge nothing.
         if cx.unknown.iter().any(|u| {
-            let u = u.lock().unwrap();
+            let u = u.lock();
             // The root's key (empty) holds every key.
             !u.is_empty() && (u.iter().any(Vec::is_empty) || under_any(&u, &ck))
         }) {
@@ -296,7 +296,7 @@ pub fn merge_dir(
             .iter()
             .flatten()
             .all(|m| m.kind == Kind::Dir);
-        if !only_dirs && cx.shadowed.iter().any(|u| u.lock().unwrap().contains(&ck)) {
+        if !only_dirs && cx.shadowed.iter().any(|u| u.lock().contains(&ck)) {
             continue;
         }
         let act = match d {

@@ -27,11 +27,12 @@
 //! The steps of a run: `run/pass.rs`; the executor's means, `run/exec.rs`;
 //! its actions, `run/act.rs`.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::ffi::CString;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use ferry_engine::bwlimit::Limiter;
@@ -270,12 +271,12 @@ impl<S: Store> Dirs<S> {
                 .cloned()
                 .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "the root does not exist"));
         }
-        if let Some(d) = self.map.lock().unwrap().get(key) {
+        if let Some(d) = self.map.lock().get(key) {
             return Ok(d.clone());
         }
         let parent = self.dir(s, parent_key(key).unwrap_or(b""))?;
         let d = Arc::new(s.open_dir(&parent, &cname(name_of(key))?)?);
-        self.map.lock().unwrap().insert(key.to_vec(), d.clone());
+        self.map.lock().insert(key.to_vec(), d.clone());
         Ok(d)
     }
 
@@ -290,7 +291,6 @@ impl<S: Store> Dirs<S> {
     fn forget(&self, key: &[u8]) {
         self.map
             .lock()
-            .unwrap()
             .retain(|k, _| !(k == key || (k.starts_with(key) && k.get(key.len()) == Some(&0))));
     }
 }

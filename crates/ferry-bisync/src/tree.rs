@@ -13,12 +13,13 @@
 //! The scoped walk of `--watch` (the directories that changed) is
 //! `tree/scoped.rs`; the tests, `tree/tests.rs`.
 
+use parking_lot::Mutex;
 use std::collections::HashSet;
 use std::ffi::CString;
 use std::hash::{Hash, Hasher};
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc};
 
 use ferry_engine::copy::Copier;
 use ferry_engine::entry::join;
@@ -26,7 +27,7 @@ use ferry_engine::keep::{is_versions_dir, Keeper};
 use ferry_engine::store::is_temp_name;
 use ferry_engine::store::StoreExt;
 use ferry_engine::walk::{self, Queue, Visitor};
-use ferry_engine::{Filter, Kind, Listing, Meta, Store};
+use ferry_engine::{Filter, Kind, Listing, Meta, Refused, Store};
 
 use crate::journal::{DirRecs, Records, Update};
 use crate::plan::{compared, merge_dir, record_of, Act, Ctx, DirMerged, Item, Plan, Sides};
@@ -221,14 +222,14 @@ impl<S: Store> Gather<S> {
         reserved: &Reserved<'_>,
     ) -> Option<Opened<S::Dir>> {
         let dir = match &parent {
-            None => self.root.lock().unwrap().take().expect("root once"),
+            None => self.root.lock().take().expect("root once"),
             Some(p) => {
                 let name = CString::new(name_of_path(rel)).expect("names hold no NUL");
                 match store.open_dir(p, &name) {
                     Ok(d) => d,
                     Err(e) => {
                         on_error(rel, &e);
-                        self.unknown.lock().unwrap().push(key_of(rel));
+                        self.unknown.lock().push(key_of(rel));
                         return None;
                     }
                 }
@@ -240,7 +241,7 @@ impl<S: Store> Gather<S> {
             errs.push((p, e))
         }) {
             on_error(rel, &e);
-            self.unknown.lock().unwrap().push(key_of(rel));
+            self.unknown.lock().push(key_of(rel));
             return None;
         }
         for (p, e) in errs {
@@ -256,11 +257,11 @@ impl<S: Store> Gather<S> {
             // Entries no path can name (`a//z`, `x/../y`): the whole
             // directory is unknown.
             if e.for_dir() {
-                self.unknown.lock().unwrap().push(key_of(rel));
+                self.unknown.lock().push(key_of(rel));
             } else if listed {
-                self.shadowed.lock().unwrap().push(key_of(&p));
+                self.shadowed.lock().push(key_of(&p));
             } else {
-                self.unknown.lock().unwrap().push(key_of(&p));
+                self.unknown.lock().push(key_of(&p));
             }
         }
         // Temporaries and special files are set aside here, so the
@@ -273,11 +274,11 @@ impl<S: Store> Gather<S> {
                 let name = list.name(e);
                 if is_temp_name(name) {
                     let k = key_of(&join(rel, name));
-                    self.temps.lock().unwrap().push((k, e.meta));
+                    self.temps.lock().push((k, e.meta));
                 } else if e.meta.kind.is_special() {
                     let k = key_of(&join(rel, name));
-                    self.unknown.lock().unwrap().push(k.clone());
-                    self.skipped.lock().unwrap().push(k);
+                    self.unknown.lock().push(k.clone());
+                    self.skipped.lock().push(k);
                 }
             }
             list.retain_names(|n| !is_temp_name(n));
@@ -297,9 +298,9 @@ impl<S: Store> Gather<S> {
     fn finish(self, count: usize) -> Scan {
         let mut scan = Scan {
             count,
-            unknown: self.unknown.into_inner().unwrap(),
-            skipped: self.skipped.into_inner().unwrap(),
-            temps: self.temps.into_inner().unwrap(),
+            unknown: self.unknown.into_inner(),
+            skipped: self.skipped.into_inner(),
+            temps: self.temps.into_inner(),
         };
         scan.unknown.sort();
         scan.skipped.sort();
@@ -349,8 +350,9 @@ struct State {
     /// Hashes of the keys of the directories whose records were read (all
     /// directories visited, in the pass over directories no walk reached).
     visited: HashSet<u64>,
-    /// Why the journal could not be read.
-    failed: Option<String>,
+    /// Why the walk stopped: the journal could not be read, or a
+    /// directory showed up again under another name (a refusal).
+    failed: Option<Refused>,
 }
 
 fn key_hash(key: &[u8]) -> u64 {
@@ -398,7 +400,7 @@ impl<A: Store, B: Store> Visitor for Walker<'_, A, B> {
         }
         let key = key_of(&t.rel);
         if let Some(sc) = &self.scope {
-            if !sc.seen.lock().unwrap().insert(key.clone()) {
+            if !sc.seen.lock().insert(key.clone()) {
                 return;
             }
         }
@@ -406,12 +408,12 @@ impl<A: Store, B: Store> Visitor for Walker<'_, A, B> {
         let recs = match self.j.dir(&key) {
             Ok(r) => r,
             Err(e) => {
-                self.st.lock().unwrap().failed = Some(e);
+                self.st.lock().failed = Some(e.into());
                 return q.stop();
             }
         };
         {
-            let mut st = self.st.lock().unwrap();
+            let mut st = self.st.lock();
             if (orphans || !recs.is_empty()) && !st.visited.insert(key_hash(&key)) {
                 return;
             }
@@ -432,14 +434,14 @@ impl<A: Store, B: Store> Visitor for Walker<'_, A, B> {
                 .and_then(|(_, l)| al.check("A", &t.rel, l))
                 .or_else(|| lb.as_ref().and_then(|(_, l)| al.check("B", &t.rel, l)));
             if let Some(msg) = seen {
-                self.st.lock().unwrap().failed.get_or_insert(msg);
+                self.st.lock().failed.get_or_insert(Refused(msg));
                 return q.stop();
             }
         }
         let na = la.as_ref().map_or(0, |(_, l)| l.len());
         let nb = lb.as_ref().map_or(0, |(_, l)| l.len());
         if t.rel.is_empty() && o.stop_if_both_hold && na > 0 && nb > 0 {
-            self.st.lock().unwrap().count = [na, nb];
+            self.st.lock().count = [na, nb];
             return q.stop();
         }
         let empty = Listing::new();
@@ -477,7 +479,7 @@ impl<A: Store, B: Store> Visitor for Walker<'_, A, B> {
             }
         }
         {
-            let mut st = self.st.lock().unwrap();
+            let mut st = self.st.lock();
             st.count[0] += na;
             st.count[1] += nb;
             st.unchanged += out.unchanged;
@@ -533,15 +535,15 @@ impl<A: Store, B: Store> Visitor for Walker<'_, A, B> {
             recorded += self.place(it, &mut work, &mut recs);
         }
         {
-            let mut st = self.st.lock().unwrap();
+            let mut st = self.st.lock();
             st.recorded += recorded;
             st.items.append(&mut work);
         }
-        let mut mine = c.dir.recs.lock().unwrap();
+        let mut mine = c.dir.recs.lock();
         mine.append(&mut recs);
         drop(mine);
         if c.dir.left.fetch_sub(1, Ordering::AcqRel) == 1 {
-            let recs = std::mem::take(&mut *c.dir.recs.lock().unwrap());
+            let recs = std::mem::take(&mut *c.dir.recs.lock());
             self.in_sync(c.dir.key.clone(), recs);
         }
     }
@@ -657,12 +659,12 @@ impl<A: Store, B: Store> Walker<'_, A, B> {
             let mut errors = Vec::new();
             if let Err(e) = s.refine(&d, &mut l, &which, &mut errors) {
                 (self.o.on_error)(rel, &e);
-                unknown.lock().unwrap().push(key_of(rel));
+                unknown.lock().push(key_of(rel));
             }
             for e in errors {
                 let p = join(rel, &e.name);
                 (self.o.on_error)(&p, &e.err);
-                unknown.lock().unwrap().push(key_of(&p));
+                unknown.lock().push(key_of(&p));
             }
         }
         (d, l)
@@ -682,7 +684,7 @@ fn filtered(
     if let Some(f) = f {
         f.retain(rel, &mut l, |name, by_meta| {
             if by_meta {
-                unknown.lock().unwrap().push(key_of(&join(rel, name)));
+                unknown.lock().push(key_of(&join(rel, name)));
             }
         });
     }
@@ -700,13 +702,14 @@ fn filtered(
 /// below directories no side lists and the journal does not name as
 /// directories (a journal from a killed run can hold those) are merged in
 /// a second pass over the directories the journal holds that the walk did
-/// not visit. Errors: the journal could not be read.
+/// not visit. Errors (refusals): the journal could not be read, or one
+/// directory was reached under two names.
 pub fn scan_merge<A: Store, B: Store>(
     a: (&A, Option<A::Dir>),
     b: (&B, Option<B::Dir>),
     j: &dyn Records,
     o: &ScanOpts<'_, A, B>,
-) -> Result<(Plan, Scan, Scan), String> {
+) -> Result<(Plan, Scan, Scan), Refused> {
     let root = (a.1.is_some(), b.1.is_some());
     let w = Walker {
         a: a.0,
@@ -731,16 +734,16 @@ pub fn scan_merge<A: Store, B: Store>(
         }],
     );
     let stopped = {
-        let st = w.st.lock().unwrap();
-        if let Some(e) = &st.failed {
-            return Err(e.clone());
+        let mut st = w.st.lock();
+        if let Some(e) = st.failed.take() {
+            return Err(e);
         }
         o.stop_if_both_hold && st.count[0] > 0 && st.count[1] > 0
     };
     if !stopped {
         let mut orphans = Vec::new();
         {
-            let st = w.st.lock().unwrap();
+            let st = w.st.lock();
             j.each_dir(&mut |d| {
                 if !st.visited.contains(&key_hash(d)) {
                     orphans.push(DirTask {
@@ -749,12 +752,13 @@ pub fn scan_merge<A: Store, B: Store>(
                         b: None,
                     });
                 }
-            })?;
+            })
+            .map_err(Refused::from)?;
         }
         if !orphans.is_empty() {
             w.orphans.store(true, Ordering::Relaxed);
             walk::walk(&w, jobs, orphans);
-            if let Some(e) = w.st.lock().unwrap().failed.take() {
+            if let Some(e) = w.st.lock().failed.take() {
                 return Err(e);
             }
         }
@@ -765,7 +769,7 @@ pub fn scan_merge<A: Store, B: Store>(
 impl<A: Store, B: Store> Walker<'_, A, B> {
     /// The plan of what the walk found, and each side's scan.
     fn into_plan(self) -> (Plan, Scan, Scan) {
-        let mut st = self.st.into_inner().unwrap();
+        let mut st = self.st.into_inner();
         st.items.sort_by(|x, y| x.key.cmp(&y.key));
         let plan = Plan {
             items: st.items,

@@ -18,9 +18,9 @@
 //!
 //! Run: `cargo bench -p ferry-engine --bench handoff -- --warm-up-time 1 --measurement-time 3`
 
+use parking_lot::Mutex;
 use std::cell::RefCell;
 use std::sync::mpsc::{self, TryRecvError};
-use std::sync::Mutex;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -108,13 +108,13 @@ fn pool_run(workers: usize) -> Run {
     pool.run(workers, |job, p| match job {
         Job::Producer => {
             let w = produce(|| p.push(Job::Item(Instant::now())));
-            *waiting.lock().unwrap() = Some(w);
+            *waiting.lock() = Some(w);
         }
-        Job::Item(at) => lat.lock().unwrap().push(at.elapsed()),
+        Job::Item(at) => lat.lock().push(at.elapsed()),
     });
     Run {
-        waiting: waiting.into_inner().unwrap().expect("producer ran"),
-        latencies: lat.into_inner().unwrap(),
+        waiting: waiting.into_inner().expect("producer ran"),
+        latencies: lat.into_inner(),
     }
 }
 

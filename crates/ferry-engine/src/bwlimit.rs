@@ -7,7 +7,7 @@
 //! being lost. The wait is the limiter's purpose, not polling: it is
 //! one sleep per granted chunk, and none at all without a limit.
 
-use std::sync::Mutex;
+use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 /// A shared bandwidth limit.
@@ -42,7 +42,7 @@ impl Limiter {
 
     /// Bytes granted so far (what the tests check pacing by).
     pub fn granted(&self) -> u64 {
-        self.next.lock().expect("limiter lock").1
+        self.next.lock().1
     }
 
     /// Wait until `n` more bytes may be sent.
@@ -55,7 +55,7 @@ impl Limiter {
 
     /// Book `n` bytes at time `now`; returns how long the caller must wait.
     fn book(&self, now: Instant, n: u64) -> Duration {
-        let mut g = self.next.lock().expect("limiter lock");
+        let mut g = self.next.lock();
         let (next, granted) = &mut *g;
         let earliest = now.checked_sub(self.burst).unwrap_or(now);
         if *next < earliest {

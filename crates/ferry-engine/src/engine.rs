@@ -12,12 +12,12 @@
 //! (Over 800 lines: scan, plan, transfer and removal of copy/sync share the engine's state; each
 //! stage is a method group in data-flow order.)
 
+use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::ffi::{CStr, CString};
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::sync::Mutex;
 use std::time::Instant;
 
 use crate::bwlimit::Limiter;
@@ -43,7 +43,7 @@ mod specials;
 mod transfer;
 use links::{How, Links, Outcome};
 mod guard;
-pub use guard::{may_remove, Guard, WINDOW as MAX_DELETE_WINDOW};
+pub use guard::{may_remove, Guard, RemovalsStopped, WINDOW as MAX_DELETE_WINDOW};
 mod scoped;
 pub use scoped::Scope;
 
@@ -467,7 +467,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
                 match g.check(side, ["SRC", "DST"][side], m, self.opts.force) {
                     Ok(None) => {}
                     Ok(Some(note)) => self.rep.note(&note),
-                    Err(msg) => return Err(guard::refusal(msg)),
+                    Err(r) => return Err(io::Error::other(r)),
                 }
             }
         }
@@ -573,7 +573,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             lanes: Mutex::new((0, VecDeque::new())),
         });
         walk::walk(&Walker(self), self.opts.jobs, vec![DirTask::Scan(root)]);
-        match self.refusal.lock().expect("refusal").take() {
+        match self.refusal.lock().take() {
             Some(msg) => Err(refused(msg)),
             None => Ok(()),
         }
@@ -590,7 +590,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
 
     /// Refuse the run (the first refusal is the one said) and stop acting.
     fn refuse(&self, msg: String) {
-        let mut r = self.refusal.lock().expect("refusal");
+        let mut r = self.refusal.lock();
         if r.is_none() {
             *r = Some(msg);
         }
@@ -663,7 +663,7 @@ impl<S: Store, D: Store> Visitor for Walker<'_, '_, S, D> {
             }
             e.done(&node);
             // This lane goes on with the directory's waiting batches.
-            let mut l = node.lanes.lock().expect("lanes");
+            let mut l = node.lanes.lock();
             batch = l.1.pop_front();
             if batch.is_none() {
                 l.0 -= 1;

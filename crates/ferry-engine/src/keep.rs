@@ -159,13 +159,13 @@ pub struct Keeper {
     /// The run's time (Unix seconds, UTC) and its stamp, which name
     /// versions; injected so that tests can set the clock, and set anew
     /// for each run of a watch ([`Keeper::restamp`]).
-    stamp: std::sync::RwLock<(i64, String)>,
+    stamp: parking_lot::RwLock<(i64, String)>,
     /// What was kept.
     pub stats: KeptStats,
     /// Paths below the destination root that the source has and whose
     /// names `--suffix` alone protects ([`Keeper::reserve`]): the run may
     /// create them, so no keep takes them.
-    reserved: std::sync::Mutex<std::collections::HashSet<Vec<u8>>>,
+    reserved: parking_lot::Mutex<std::collections::HashSet<Vec<u8>>>,
     /// True once anything is reserved (the common run never locks).
     any_reserved: std::sync::atomic::AtomicBool,
 }
@@ -175,7 +175,7 @@ impl Keeper {
     pub fn new(rule: KeepRule, now: i64) -> Keeper {
         Keeper {
             rule,
-            stamp: std::sync::RwLock::new((now, stamp(now))),
+            stamp: parking_lot::RwLock::new((now, stamp(now))),
             stats: KeptStats::default(),
             reserved: Default::default(),
             any_reserved: Default::default(),
@@ -190,10 +190,7 @@ impl Keeper {
         if let KeepRule::Suffix(_) = self.rule {
             let (_, name) = split_parent(rel);
             if self.protects(name) {
-                self.reserved
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(rel.to_vec());
+                self.reserved.lock().insert(rel.to_vec());
                 self.any_reserved.store(true, Ordering::Release);
             }
         }
@@ -202,22 +199,18 @@ impl Keeper {
     fn is_reserved(&self, base: &KeepBase, path: &[u8]) -> bool {
         matches!(base, KeepBase::Root(b) if b.is_empty())
             && self.any_reserved.load(Ordering::Acquire)
-            && self
-                .reserved
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .contains(path)
+            && self.reserved.lock().contains(path)
     }
 
     /// The run's time (Unix seconds).
     pub fn now(&self) -> i64 {
-        self.stamp.read().unwrap_or_else(|e| e.into_inner()).0
+        self.stamp.read().0
     }
 
     /// Name the versions of the next run by `now` (a watch's runs share
     /// one keeper).
     pub fn restamp(&self, now: i64) {
-        *self.stamp.write().unwrap_or_else(|e| e.into_inner()) = (now, stamp(now));
+        *self.stamp.write() = (now, stamp(now));
     }
 
     /// The base directory and path (below it) where the entry at `rel`
@@ -233,7 +226,7 @@ impl Keeper {
                 if !p.is_empty() {
                     p.push(b'/');
                 }
-                let st = self.stamp.read().unwrap_or_else(|e| e.into_inner());
+                let st = self.stamp.read();
                 p.extend_from_slice(&version_name(name, &st.1, n));
                 (KeepBase::Root(VERSIONS_DIR.to_vec()), p)
             }

@@ -31,7 +31,8 @@ pub mod watch;
 pub mod xattr;
 
 pub use engine::{
-    may_remove, Engine, Guard, MaxDelete, Mode, Options, Refused, Scope, MAX_DELETE_WINDOW,
+    may_remove, Engine, Guard, MaxDelete, Mode, Options, Refused, RemovalsStopped, Scope,
+    MAX_DELETE_WINDOW,
 };
 pub use entry::{Kind, Listing, Meta};
 pub use filter::Filter;

@@ -5,10 +5,11 @@
 //! show `-> TARGET`), or one JSON object per entry. Names are written by
 //! [`crate::encode`]: escaped in text, losslessly in JSON.
 
+use parking_lot::Mutex;
 use std::ffi::CString;
 use std::io::{self, Write};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use crate::encode::{json_name, text_name};
 use crate::entry::{join, Kind, Listing, Meta};
@@ -61,7 +62,7 @@ impl<S: Store, W: Write + Send> Visitor for Ls<'_, S, W> {
         let dir = match task {
             Task::Root => Arc::new(Dir {
                 rel: Vec::new(),
-                dir: self.root.lock().unwrap().take().expect("root once"),
+                dir: self.root.lock().take().expect("root once"),
             }),
             Task::Sub { parent, name } => {
                 let rel = join(&parent.rel, name.to_bytes());
@@ -132,10 +133,10 @@ impl<S: Store, W: Write + Send> Visitor for Ls<'_, S, W> {
             vec![format_part(entries)]
         };
         if parts.iter().any(|p| !p.is_empty()) {
-            let mut w = self.out.lock().unwrap();
+            let mut w = self.out.lock();
             if let Err(e) = parts.iter().try_for_each(|p| w.write_all(p)) {
                 drop(w);
-                *self.write_err.lock().unwrap() = Some(e);
+                *self.write_err.lock() = Some(e);
                 q.stop();
                 return;
             }
@@ -172,7 +173,7 @@ pub fn list_tree<S: Store, W: Write + Send>(
         write_err: Mutex::new(None),
     };
     walk::walk(&ls, jobs, vec![Task::Root]);
-    if let Some(e) = ls.write_err.into_inner().unwrap() {
+    if let Some(e) = ls.write_err.into_inner() {
         return Err(e);
     }
     Ok(ls.count.into_inner())

@@ -9,7 +9,7 @@
 //! Wake-ups are only signalled when some worker is actually waiting, so a
 //! busy pool costs one uncontended lock per push and pop, no syscall.
 
-use std::sync::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex};
 
 /// A stack of tasks shared by the workers.
 pub struct Pool<T> {
@@ -40,7 +40,7 @@ impl<T: Send> Pool<T> {
 
     /// Add a task.
     pub fn push(&self, task: T) {
-        let mut s = self.state.lock().expect("pool lock");
+        let mut s = self.state.lock();
         s.stack.push(task);
         if s.waiting > 0 {
             self.cv.notify_one();
@@ -49,7 +49,7 @@ impl<T: Send> Pool<T> {
 
     /// Add several tasks at once (the last one runs first).
     pub fn push_all(&self, tasks: impl IntoIterator<Item = T>) {
-        let mut s = self.state.lock().expect("pool lock");
+        let mut s = self.state.lock();
         let before = s.stack.len();
         s.stack.extend(tasks);
         let added = s.stack.len() - before;
@@ -64,7 +64,7 @@ impl<T: Send> Pool<T> {
 
     /// Drop all queued tasks and make the workers return (cancellation).
     pub fn stop(&self) {
-        let mut s = self.state.lock().expect("pool lock");
+        let mut s = self.state.lock();
         s.stop = true;
         s.stack.clear();
         self.cv.notify_all();
@@ -84,7 +84,7 @@ impl<T: Send> Pool<T> {
     }
 
     fn work<F: Fn(T, &Pool<T>)>(&self, f: &F) {
-        let mut s = self.state.lock().expect("pool lock");
+        let mut s = self.state.lock();
         loop {
             if s.stop {
                 return;
@@ -97,7 +97,7 @@ impl<T: Send> Pool<T> {
                 let guard = RunningGuard(self);
                 f(task, self);
                 std::mem::forget(guard);
-                s = self.state.lock().expect("pool lock");
+                s = self.state.lock();
                 s.running -= 1;
                 if s.running == 0 && s.stack.is_empty() && s.waiting > 0 {
                     self.cv.notify_all();
@@ -108,7 +108,7 @@ impl<T: Send> Pool<T> {
                 return;
             }
             s.waiting += 1;
-            s = self.cv.wait(s).expect("pool lock");
+            self.cv.wait(&mut s);
             s.waiting -= 1;
         }
     }
@@ -125,7 +125,8 @@ struct RunningGuard<'a, T>(&'a Pool<T>);
 impl<T> Drop for RunningGuard<'_, T> {
     fn drop(&mut self) {
         // Only reached when the task panicked: stop everything.
-        if let Ok(mut s) = self.0.state.lock() {
+        {
+            let mut s = self.0.state.lock();
             s.running -= 1;
             s.stop = true;
             self.0.cv.notify_all();

@@ -74,8 +74,14 @@ pub trait Source: Send {
     /// Start watching as side `side`: its changes and notes go to `tx`
     /// from a thread of its own, from before this returns. `Err(why)`: it
     /// cannot notify, and the side is polled.
-    fn start(self: Box<Self>, side: usize, tx: Sender<Msg>) -> Result<(), String>;
+    fn start(self: Box<Self>, side: usize, tx: Sender<Msg>) -> Result<(), NotWatched>;
 }
+
+/// Why a [`Source`] cannot notify: the one line a watch says before it
+/// polls that side instead (not a failure of the run).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct NotWatched(pub String);
 
 /// A local tree being watched (ferry-watch's inotify tree), as side 0.
 pub trait WatchedTree: Send {

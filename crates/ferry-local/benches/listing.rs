@@ -17,11 +17,11 @@
 //!
 //! Run: `cargo bench -p ferry-local --bench listing -- --warm-up-time 1 --measurement-time 3`
 
+use parking_lot::Mutex;
 use std::cell::RefCell;
 use std::hint::black_box;
 use std::io;
 use std::path::Path;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use criterion::{

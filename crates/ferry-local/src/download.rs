@@ -21,11 +21,11 @@
 //! resumed mid-block) go through the page cache on a second descriptor;
 //! the kernel keeps the two coherent.
 
+use parking_lot::Mutex;
 use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use rustix::fs::{self as rfs, Mode, OFlags, XattrFlags};
@@ -150,14 +150,14 @@ fn download_with(
     let failed: Mutex<Option<io::Error>> = Mutex::new(None);
     let saving = Mutex::new(());
     let save = |set: &RangeSet| -> io::Result<()> {
-        let _one = saving.lock().expect("record lock");
+        let _one = saving.lock();
         record(fd.as_fd(), size, &ident, set)
     };
     std::thread::scope(|scope| {
         for _ in 0..STREAMS.min(pieces.len()) {
             scope.spawn(|| loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= pieces.len() || failed.lock().expect("failed").is_some() {
+                if i >= pieces.len() || failed.lock().is_some() {
                     return;
                 }
                 let (a, b) = pieces[i];
@@ -169,7 +169,7 @@ fn download_with(
                     }
                     let end = off + data.len() as u64;
                     let snapshot = {
-                        let mut p = progress.lock().expect("progress");
+                        let mut p = progress.lock();
                         p.0.insert(off, end);
                         p.1 += data.len() as u64;
                         if resumable && (p.1 >= t.sync_every || p.2.elapsed() >= t.sync_interval) {
@@ -187,14 +187,14 @@ fn download_with(
                     Ok(())
                 };
                 if let Err(e) = src.read_range(a, b - a, &mut put, limit) {
-                    failed.lock().expect("failed").get_or_insert(e);
+                    failed.lock().get_or_insert(e);
                     return;
                 }
             });
         }
     });
-    let (ranges, _, _) = progress.into_inner().expect("progress");
-    if let Some(e) = failed.into_inner().expect("failed") {
+    let (ranges, _, _) = progress.into_inner();
+    if let Some(e) = failed.into_inner() {
         if store::is_no_space(&e) {
             // It cannot complete here: what it holds would keep the disk
             // full for nothing. Gone before the error is told (whose

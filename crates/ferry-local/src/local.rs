@@ -13,6 +13,7 @@
 //! (Over 800 lines: one trait implementation, the local backend's Store methods and the syscalls
 //! they share.)
 
+use parking_lot::Mutex;
 use std::cell::RefCell;
 use std::ffi::{CStr, CString};
 use std::io;
@@ -21,7 +22,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 
 use rustix::fs::{
     self as rfs, AtFlags, FileType, Mode, OFlags, RawDir, StatxFlags, Timespec, Timestamps,

@@ -5,10 +5,11 @@
 //! `~/.aws/config`, `credential_process`), and `--s3-endpoint`. A custom
 //! endpoint (Garage, MinIO) uses path-style addressing.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 
 use rusty_s3::Credentials;
 use url::Url;
@@ -242,7 +243,7 @@ struct ProcessOutput {
 fn run_process(profile: &str, command: &str) -> Result<Credentials, ConfigError> {
     static DONE: OnceLock<Mutex<HashMap<String, Credentials>>> = OnceLock::new();
     let done = DONE.get_or_init(Mutex::default);
-    if let Some(c) = done.lock().expect("credentials").get(command) {
+    if let Some(c) = done.lock().get(command) {
         return Ok(c.clone());
     }
     let fail = |why: String| ConfigError::Process {
@@ -265,9 +266,7 @@ fn run_process(profile: &str, command: &str) -> Result<Credentials, ConfigError>
         }));
     }
     let c = parse_process_output(&out.stdout, jiff::Timestamp::now()).map_err(fail)?;
-    done.lock()
-        .expect("credentials")
-        .insert(command.to_string(), c.clone());
+    done.lock().insert(command.to_string(), c.clone());
     Ok(c)
 }
 

@@ -17,10 +17,10 @@
 //! thread wakes once per MiB received instead of once per arriving segment
 //! (design notes: docs/DESIGN.md, S3).
 
+use parking_lot::Mutex;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
 use std::time::Duration;
 
 /// How long a connect may take.
@@ -149,7 +149,7 @@ impl Pool {
         // A kept-alive connection the server has closed in the meantime
         // fails before any byte of the answer: then once more on a new one.
         loop {
-            let pooled = self.idle.lock().expect("idle").pop();
+            let pooled = self.idle.lock().pop();
             let reused = pooled.is_some();
             let mut s = match pooled {
                 Some(s) => s,
@@ -396,7 +396,7 @@ impl Body<'_> {
         if let Some(s) = self.stream.take() {
             // The next answer's head is read with the default low mark.
             if self.keep_alive && (self.lowat == 1 || set_rcvlowat(&s, 1).is_ok()) {
-                let mut idle = self.pool.idle.lock().expect("idle");
+                let mut idle = self.pool.idle.lock();
                 if idle.len() < IDLE_MAX {
                     idle.push(s);
                 }

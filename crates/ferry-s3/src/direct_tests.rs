@@ -4,10 +4,11 @@
 //! `If-Match` still enforced, `--bwlimit` still asked for every byte.
 //! (Against Garage, every ranged download of the S3 tests takes this path.)
 
+use parking_lot::Mutex;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use std::io;
 
@@ -119,7 +120,7 @@ fn serve(c: TcpStream, conn: usize, f: &Fake) {
         if method == "POST" || method == "DELETE" {
             let mut body = vec![0u8; body_len];
             std::io::Read::read_exact(&mut r, &mut body).unwrap();
-            f.writes.lock().unwrap().push(format!("{method} {path}"));
+            f.writes.lock().push(format!("{method} {path}"));
             let _ = if method == "POST" {
                 let err = "<Error><Code>NotImplemented</Code><Message>no</Message></Error>";
                 write!(
@@ -143,7 +144,7 @@ fn serve(c: TcpStream, conn: usize, f: &Fake) {
         }
         let range = range.unwrap();
         let first = {
-            let mut g = f.gets.lock().unwrap();
+            let mut g = f.gets.lock();
             g.push((conn, range.clone()));
             g.len() == 1
         };
@@ -244,7 +245,7 @@ fn ranges_arrive_exactly_over_one_kept_alive_connection() {
     let c = st.counters();
     assert_eq!(c.direct_gets.load(Ordering::SeqCst), 2);
     assert_eq!(c.direct_fallbacks.load(Ordering::SeqCst), 0);
-    let gets = f.gets.lock().unwrap().clone();
+    let gets = f.gets.lock().clone();
     assert_eq!(gets.len(), 2);
     // Same connection for both GETs (HEAD and GETs share it).
     assert_eq!(gets[0].0, gets[1].0, "{gets:?}");
@@ -283,7 +284,7 @@ fn a_connection_dropped_mid_body_resumes_where_it_broke() {
     let (st, f) = start(len, Mode::DropFirstAfter(cut));
     let (got, pieces) = read(&st, 0, len as u64, None).unwrap();
     assert_eq!(got, f.data);
-    let gets = f.gets.lock().unwrap().clone();
+    let gets = f.gets.lock().clone();
     assert_eq!(gets.len(), 2, "{gets:?}");
     assert_eq!(gets[1].1, format!("bytes={cut}-{}", len - 1));
     // After the break, pieces end on block boundaries again.
@@ -350,7 +351,7 @@ fn a_server_without_batch_delete_gets_one_delete_per_key() {
     let keys: Vec<String> = (0..20).map(|i| format!("d/k{i}")).collect();
     st.delete_keys(&keys).unwrap();
     st.delete_keys(&keys[..5]).unwrap();
-    let mut w = f.writes.lock().unwrap().clone();
+    let mut w = f.writes.lock().clone();
     // One DeleteObjects tried, refused, and not tried again.
     assert_eq!(
         w.iter().filter(|x| x.starts_with("POST")).count(),

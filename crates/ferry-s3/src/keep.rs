@@ -23,7 +23,7 @@ use crate::parse::check_key;
 use crate::store::{S3Dir, S3Store};
 
 /// Stores for the other buckets kept objects went to (by bucket name).
-pub(crate) type Others = std::sync::Mutex<HashMap<String, Arc<S3Store>>>;
+pub(crate) type Others = parking_lot::Mutex<HashMap<String, Arc<S3Store>>>;
 
 fn utf8(b: &[u8]) -> io::Result<&str> {
     std::str::from_utf8(b).map_err(|_| {
@@ -142,7 +142,7 @@ impl S3Store {
     /// A store of `bucket` on this store's server, with its credentials
     /// (made once per bucket).
     fn other_bucket(&self, bucket: &str) -> io::Result<Arc<S3Store>> {
-        let mut others = self.others.lock().unwrap();
+        let mut others = self.others.lock();
         if let Some(s) = others.get(bucket) {
             return Ok(s.clone());
         }

@@ -2,10 +2,10 @@
 //! (ListMultipartUploads, ListParts), server-side copies in parts,
 //! completion, abort and `ferry cleanup`.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::etag;
@@ -56,23 +56,23 @@ struct PartTags {
 
 impl PartTags {
     fn done(&self, number: u16, etag: String) {
-        self.tags.lock().expect("tags").push((number, etag));
+        self.tags.lock().push((number, etag));
     }
 
     fn fail(&self, e: io::Error) {
-        self.failed.lock().expect("failed").get_or_insert(e);
+        self.failed.lock().get_or_insert(e);
     }
 
     fn failed(&self) -> bool {
-        self.failed.lock().expect("failed").is_some()
+        self.failed.lock().is_some()
     }
 
     /// The ETags in part order, or the first failure.
     fn finish(self) -> io::Result<Vec<String>> {
-        if let Some(e) = self.failed.into_inner().expect("failed") {
+        if let Some(e) = self.failed.into_inner() {
             return Err(e);
         }
-        let mut tags = self.tags.into_inner().expect("tags");
+        let mut tags = self.tags.into_inner();
         tags.sort_by_key(|(n, _)| *n);
         Ok(tags.into_iter().map(|(_, t)| t).collect())
     }
@@ -140,7 +140,7 @@ impl S3Store {
         whole.update(&first);
         let mut total = first.len() as u64;
         let (tx, rx) = std::sync::mpsc::sync_channel::<(u16, Vec<u8>)>(1);
-        let rx = std::sync::Mutex::new(rx);
+        let rx = parking_lot::Mutex::new(rx);
         let read_result = std::thread::scope(|scope| -> io::Result<()> {
             // Owned here: dropping it when reading ends lets the uploaders finish.
             let tx = tx;
@@ -149,7 +149,7 @@ impl S3Store {
                 // queue (and drops them) until the reader stops: a reader
                 // never waits on a queue nobody takes from.
                 scope.spawn(|| loop {
-                    let next = rx.lock().expect("part queue").recv();
+                    let next = rx.lock().recv();
                     let Ok((n, data)) = next else { return };
                     if tags.failed() {
                         continue;

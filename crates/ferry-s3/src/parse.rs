@@ -1,8 +1,8 @@
 //! What is read from or written into requests and answers: object
 //! metadata headers, XML answers, dates, mtimes and keys.
 
+use parking_lot::Mutex;
 use std::io;
-use std::sync::Mutex;
 
 use ferry_engine::entry::{Kind, Meta};
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
@@ -26,7 +26,7 @@ pub(crate) struct OddMeta {
 
 impl OddMeta {
     fn saw(&self, key: &str, what: &str, value: &str) {
-        let mut f = self.first.lock().unwrap_or_else(|e| e.into_inner());
+        let mut f = self.first.lock();
         if f.is_none() {
             let value: String = value.chars().take(40).collect();
             *f = Some(format!("{key}: {what} {value:?}"));
@@ -35,7 +35,7 @@ impl OddMeta {
 
     /// The run's one note, when some object had unusable metadata.
     pub(crate) fn note(&self, role: &str) -> Option<String> {
-        let f = self.first.lock().unwrap_or_else(|e| e.into_inner());
+        let f = self.first.lock();
         f.as_ref().map(|first| {
             format!(
                 "note: s3 {role}: object metadata that is not an mtime or a mode was ignored (the upload time or mode 644 used instead), e.g. {first}"

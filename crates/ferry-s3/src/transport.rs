@@ -1,9 +1,9 @@
 //! Sending requests: the connection pool and signing, retries with
 //! backoff, timeouts and the errors a failed request becomes.
 
+use parking_lot::{Condvar, Mutex};
 use std::io::{self, Read};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rusty_s3::{Bucket, Credentials, Method, S3Action};
@@ -424,14 +424,14 @@ struct Watch {
 
 impl Watch {
     fn step(&self) {
-        let mut s = self.state.lock().expect("watch");
+        let mut s = self.state.lock();
         if s.0.replace(Instant::now()).is_none() {
             self.cv.notify_all();
         }
     }
 
     fn finish(&self) {
-        self.state.lock().expect("watch").1 = true;
+        self.state.lock().1 = true;
         self.cv.notify_all();
     }
 
@@ -439,11 +439,11 @@ impl Watch {
     /// came for `timeout`, shut `agent`'s connections (the write or read
     /// blocked on them fails at once).
     fn guard(&self, timeout: Duration, agent: ureq::Agent) {
-        let mut s = self.state.lock().expect("watch");
+        let mut s = self.state.lock();
         loop {
             match *s {
                 (_, true) => return,
-                (None, false) => s = self.cv.wait(s).expect("watch"),
+                (None, false) => self.cv.wait(&mut s),
                 (Some(last), false) => {
                     let now = Instant::now();
                     let due = last + timeout;
@@ -453,7 +453,7 @@ impl Watch {
                         agent.shutdown();
                         return;
                     }
-                    s = self.cv.wait_timeout(s, due - now).expect("watch").0;
+                    self.cv.wait_for(&mut s, due - now);
                 }
             }
         }

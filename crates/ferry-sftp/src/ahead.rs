@@ -8,11 +8,12 @@
 //!
 //! [`PipelineStore::open_ahead`]: ferry_engine::store::PipelineStore::open_ahead
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::ffi::CStr;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use crate::conn::{Batch, Conn};
 use crate::store::join;
@@ -125,7 +126,7 @@ pub(crate) fn open(
     chunk: u32,
     mut pick: impl FnMut() -> Arc<Conn>,
 ) {
-    let mut m = map.lock().unwrap();
+    let mut m = map.lock();
     // The opens go together (one write per session).
     let mut batch = Batch::default();
     for &(name, size) in files {
@@ -154,10 +155,10 @@ pub(crate) fn open(
 /// The file `name` if it was opened ahead, its open waited for (the
 /// others whose open is answered have their first read sent meanwhile).
 pub(crate) fn take(map: &Map, name: &CStr) -> Option<Ahead> {
-    let mut a = map.lock().unwrap().remove(name.to_bytes())?;
+    let mut a = map.lock().remove(name.to_bytes())?;
     let mut batch = Batch::default();
     a.step(true, &mut batch);
-    for o in map.lock().unwrap().values_mut() {
+    for o in map.lock().values_mut() {
         o.step(false, &mut batch);
     }
     Some(a)

@@ -5,6 +5,7 @@
 //! each blocks only on its own reply, so requests of all the engine's
 //! workers are in flight together.
 
+use parking_lot::{Condvar, Mutex};
 use std::collections::HashMap;
 use std::collections::VecDeque;
 use std::io::{self, BufReader, Read, Write};
@@ -12,7 +13,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::process::Child;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use ferry_ssh::extra::{self, Extra};
@@ -97,7 +98,7 @@ pub struct Conn {
 
 impl Session for Conn {
     fn waiting(&self) -> bool {
-        !self.pending.lock().unwrap().calls.is_empty()
+        !self.pending.lock().calls.is_empty()
     }
 
     fn give_up(&self, why: String) {
@@ -111,7 +112,7 @@ fn lost_error(why: String) -> io::Error {
 
 impl Conn {
     fn lost(&self) -> io::Error {
-        let why = self.pending.lock().unwrap().dead.clone();
+        let why = self.pending.lock().dead.clone();
         lost_error(why.unwrap_or_else(|| format!("{}: SFTP session lost", self.host)))
     }
 
@@ -132,7 +133,7 @@ impl Conn {
 
     fn register_as(&self, req: Req, slot: Slot) -> io::Result<Vec<u8>> {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
-        let mut p = self.pending.lock().unwrap();
+        let mut p = self.pending.lock();
         if let Some(why) = &p.dead {
             return Err(lost_error(why.clone()));
         }
@@ -162,7 +163,7 @@ impl Conn {
         let (packet, srx) = self.register(req)?;
         if let Err(p) = self.tx.send(packet) {
             let id = u32::from_be_bytes(p[5..9].try_into().expect("4 bytes"));
-            self.pending.lock().unwrap().calls.remove(&id);
+            self.pending.lock().calls.remove(&id);
             return Err(self.lost());
         }
         Ok(srx)
@@ -302,7 +303,7 @@ impl Conn {
         if let Some(c) = extra::live(&self.extra, k, gone) {
             return c;
         }
-        let mut opening = self.opening.lock().unwrap();
+        let mut opening = self.opening.lock();
         if !opening.contains(&k) {
             opening.push(k);
             let me = Arc::downgrade(self);
@@ -319,7 +320,7 @@ impl Conn {
 
     fn die(&self, why: String) {
         let calls = {
-            let mut p = self.pending.lock().unwrap();
+            let mut p = self.pending.lock();
             p.dead.get_or_insert(why.clone());
             std::mem::take(&mut p.calls)
         };
@@ -348,7 +349,7 @@ static CONNS: Mutex<Vec<(Target, Arc<Conn>)>> = Mutex::new(Vec::new());
 
 /// The session to `t`, made once per run and shared.
 pub fn connect(t: &Target) -> Result<Arc<Conn>, SessionError> {
-    let mut conns = CONNS.lock().unwrap();
+    let mut conns = CONNS.lock();
     if let Some((_, c)) = conns.iter().find(|(k, _)| k == t) {
         return Ok(c.clone());
     }
@@ -361,14 +362,14 @@ pub fn connect(t: &Target) -> Result<Arc<Conn>, SessionError> {
 /// lost, shared from now on (one another store made again already is
 /// taken as it is).
 pub fn reconnect(t: &Target, dead: &Arc<Conn>) -> Result<Arc<Conn>, SessionError> {
-    let mut conns = CONNS.lock().unwrap();
+    let mut conns = CONNS.lock();
     if let Some(i) = conns.iter().position(|(k, _)| k == t) {
         let c = &conns[i].1;
         if !Arc::ptr_eq(c, dead) && !c.gone.load(Ordering::Relaxed) {
             return Ok(c.clone());
         }
         let (_, old) = conns.swap_remove(i);
-        old.extra.lock().unwrap().clear();
+        old.extra.lock().clear();
     }
     let c = open(t)?;
     conns.push((t.clone(), c.clone()));
@@ -385,7 +386,7 @@ fn failed(
 ) -> String {
     let (why, tail) = match spawn::ended(t, child, errt, tail, quiet) {
         Ok(w) => w,
-        Err(timed_out) => return timed_out,
+        Err(timed_out) => return timed_out.0,
     };
     if is_ssh_failure(&why) {
         return why;
@@ -591,7 +592,7 @@ fn read_replies(
                     break Some(io::Error::new(io::ErrorKind::InvalidData, "SFTP: no id"));
                 };
                 let id = u32::from_be_bytes(id.try_into().expect("4 bytes"));
-                let slot = conn.pending.lock().unwrap().calls.remove(&id);
+                let slot = conn.pending.lock().calls.remove(&id);
                 match slot {
                     Some(Slot::Chan(s)) => {
                         let _ = s.send(Ok(reply));

@@ -18,11 +18,12 @@
 //! temporary before it says so; one given up (never waited for) goes no
 //! further than removing its temporary.
 
+use parking_lot::Mutex;
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::io;
 use std::sync::mpsc::TryRecvError;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::thread::Thread;
 
 use ferry_engine::entry::Meta;
@@ -117,7 +118,7 @@ pub(crate) fn start(p: FlightParts, path: Vec<u8>, meta: &Meta, fsync: bool) -> 
         given_up: false,
     })));
     {
-        let mut g = s.0.lock().unwrap();
+        let mut g = s.0.lock();
         let step = BATCH.with(|b| {
             let b = &mut b.borrow_mut();
             match p.open {
@@ -152,19 +153,19 @@ pub(crate) fn start(p: FlightParts, path: Vec<u8>, meta: &Meta, fsync: bool) -> 
         });
         g.step = step;
     }
-    if matches!(s.0.lock().unwrap().step, Step::Open(_)) {
+    if matches!(s.0.lock().step, Step::Open(_)) {
         OPENING.with(|v| v.borrow_mut().push(Arc::downgrade(&s)));
     }
     // Memory stays bounded: a thread holds little content unsent.
     while let Some(oldest) = over_held() {
         flush();
-        let mut g = oldest.0.lock().unwrap();
+        let mut g = oldest.0.lock();
         while matches!(g.step, Step::Open(_)) {
             g.waiter = Some(std::thread::current());
             g.opened = true;
             drop(g);
             std::thread::park();
-            g = oldest.0.lock().unwrap();
+            g = oldest.0.lock();
         }
     }
     Started {
@@ -184,7 +185,7 @@ fn over_held() -> Option<Arc<Shared>> {
             let Some(f) = f.upgrade() else {
                 return false;
             };
-            let g = f.0.lock().unwrap();
+            let g = f.0.lock();
             match &g.step {
                 Step::Open(d) => {
                     held += d.len();
@@ -202,7 +203,7 @@ fn over_held() -> Option<Arc<Shared>> {
 /// The result of commit `f`, once it is over.
 pub(crate) fn wait(f: Started) -> io::Result<()> {
     flush();
-    let mut g = f.s.0.lock().unwrap();
+    let mut g = f.s.0.lock();
     loop {
         match std::mem::replace(&mut g.step, Step::Done(None)) {
             Step::Done(r) => {
@@ -219,7 +220,7 @@ pub(crate) fn wait(f: Started) -> io::Result<()> {
                 g.opened = false;
                 drop(g);
                 std::thread::park();
-                g = f.s.0.lock().unwrap();
+                g = f.s.0.lock();
             }
         }
     }
@@ -251,7 +252,7 @@ impl Drop for Started {
     /// no further than removing its temporary (a reserved name the next
     /// run removes if this does not arrive).
     fn drop(&mut self) {
-        let mut g = self.s.0.lock().unwrap();
+        let mut g = self.s.0.lock();
         match std::mem::replace(&mut g.step, Step::Done(None)) {
             Step::Done(r) => g.step = Step::Done(r),
             Step::Worker(Job(acks, _)) => {
@@ -273,7 +274,7 @@ impl Drop for Started {
 /// Reply `r` to commit `f`, in the session's reader thread: its next
 /// requests into `out`.
 pub(crate) fn on_reply(f: &Arc<Shared>, r: io::Result<Reply>, out: &mut Out<'_>) {
-    let mut g = f.0.lock().unwrap();
+    let mut g = f.0.lock();
     let step = std::mem::replace(&mut g.step, Step::Done(None));
     let was_open = matches!(step, Step::Open(_));
     let (next, moved) = match step {

@@ -3,11 +3,12 @@
 //! or a few requests, and the engine's workers keep many in flight
 //! (`latency_bound`). Reading is in `read.rs`, writing in `write.rs`.
 
+use parking_lot::RwLock;
 use std::collections::VecDeque;
 use std::ffi::CStr;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use ferry_engine::bwlimit::Limiter;
 use ferry_engine::entry::{Kind, Listing, Meta};
@@ -156,7 +157,7 @@ impl SftpStore {
 
     /// The session of this run (the current one).
     pub(crate) fn conn(&self) -> Arc<Conn> {
-        self.conn.read().unwrap().clone()
+        self.conn.read().clone()
     }
 
     /// Before a run of a watch: when the session was lost (ssh or the
@@ -170,7 +171,7 @@ impl SftpStore {
             return Ok(false);
         }
         let new = conn::reconnect(&self.target, &old)?;
-        *self.conn.write().unwrap() = new;
+        *self.conn.write() = new;
         Ok(true)
     }
 

@@ -12,12 +12,13 @@
 //! is resumed by the next, which sends only the missing ranges of the same
 //! source (size and mtime).
 
+use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::Receiver;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferry_engine::bwlimit::Limiter;

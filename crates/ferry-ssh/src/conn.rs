@@ -4,11 +4,12 @@
 //! request of its id. Any number of threads call at once; each blocks only
 //! on its own reply.
 
+use parking_lot::{Condvar, Mutex};
 use std::collections::HashMap;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 
 use crate::spawn::NO_FERRY;
 pub use crate::spawn::{classify, is_ssh_failure};
@@ -135,7 +136,7 @@ pub struct Conn {
 
 impl Session for Conn {
     fn waiting(&self) -> bool {
-        !self.pending.lock().unwrap().calls.is_empty()
+        !self.pending.lock().calls.is_empty()
     }
 
     fn give_up(&self, why: String) {
@@ -177,7 +178,7 @@ pub fn unexpected(r: &Resp<'_>) -> io::Error {
 
 impl Conn {
     fn lost(&self) -> io::Error {
-        let why = self.pending.lock().unwrap().dead.clone();
+        let why = self.pending.lock().dead.clone();
         lost_error(why.unwrap_or_else(|| format!("{}: connection lost", self.host)))
     }
 
@@ -208,7 +209,7 @@ impl Conn {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let (stx, srx) = mpsc::sync_channel(1);
         {
-            let mut p = self.pending.lock().unwrap();
+            let mut p = self.pending.lock();
             if let Some(why) = &p.dead {
                 return Err(lost_error(why.clone()));
             }
@@ -219,7 +220,7 @@ impl Conn {
             p.calls.insert(id, stx);
         }
         if self.tx.send(proto::frame(id, req).into()).is_err() {
-            self.pending.lock().unwrap().calls.remove(&id);
+            self.pending.lock().calls.remove(&id);
             return Err(self.lost());
         }
         Ok(srx)
@@ -231,14 +232,14 @@ impl Conn {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let (stx, srx) = mpsc::channel();
         {
-            let mut p = self.pending.lock().unwrap();
+            let mut p = self.pending.lock();
             if let Some(why) = &p.dead {
                 return Err(lost_error(why.clone()));
             }
             p.streams.insert(id, stx);
         }
         if self.tx.send(proto::frame(id, req).into()).is_err() {
-            self.pending.lock().unwrap().streams.remove(&id);
+            self.pending.lock().streams.remove(&id);
             return Err(self.lost());
         }
         Ok(srx)
@@ -270,7 +271,7 @@ impl Conn {
     /// big reply to be read into (not allocated and zeroed again).
     pub fn recycle(&self, b: Vec<u8>) {
         if b.capacity() == proto::PLACED_BUF {
-            let mut bufs = self.bufs.lock().unwrap();
+            let mut bufs = self.bufs.lock();
             if bufs.len() < RECYCLED {
                 bufs.push(b);
             }
@@ -325,7 +326,7 @@ impl Conn {
 
     fn die(&self, why: String) {
         let (calls, streams) = {
-            let mut p = self.pending.lock().unwrap();
+            let mut p = self.pending.lock();
             p.dead.get_or_insert(why.clone());
             (std::mem::take(&mut p.calls), std::mem::take(&mut p.streams))
         };
@@ -369,9 +370,9 @@ static WATCHES: Mutex<Vec<Arc<Conn>>> = Mutex::new(Vec::new());
 
 /// A connection of its own to `t` for a request that never ends (a
 /// watch), closed by [`close_all`] with the others.
-pub(crate) fn open_own(t: &Target) -> Result<Arc<Conn>, String> {
-    let c = open(t).map_err(|f| f.line(t))?;
-    let mut w = WATCHES.lock().unwrap();
+pub(crate) fn open_own(t: &Target) -> Result<Arc<Conn>, SessionError> {
+    let c = open(t).map_err(|f| SessionError(f.line(t)))?;
+    let mut w = WATCHES.lock();
     w.retain(|c| !c.gone.load(Ordering::Relaxed));
     w.push(c.clone());
     Ok(c)
@@ -397,13 +398,12 @@ impl Conn {
 pub fn close_all() {
     let conns: Vec<Arc<Conn>> = CONNS
         .lock()
-        .unwrap()
         .drain(..)
         .flat_map(|(_, c)| {
-            let extra: Vec<Arc<Conn>> = c.extra.lock().unwrap().drain(..).flatten().collect();
+            let extra: Vec<Arc<Conn>> = c.extra.lock().drain(..).flatten().collect();
             std::iter::once(c).chain(extra)
         })
-        .chain(WATCHES.lock().unwrap().drain(..))
+        .chain(WATCHES.lock().drain(..))
         .collect();
     for c in &conns {
         c.closing.store(true, Ordering::Relaxed);
@@ -413,13 +413,13 @@ pub fn close_all() {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     for c in &conns {
         let (lock, cv) = &c.closed;
-        let mut done = lock.lock().unwrap();
+        let mut done = lock.lock();
         while !*done {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             if left.is_zero() {
                 break;
             }
-            done = cv.wait_timeout(done, left).unwrap().0;
+            cv.wait_for(&mut done, left);
         }
     }
 }
@@ -430,7 +430,7 @@ pub fn close_all() {
 /// the remote has no ferry this binary may run, it is installed there
 /// ([`crate::install::install`]) and run.
 pub fn connect(t: &Target) -> Result<Arc<Conn>, SessionError> {
-    let mut conns = CONNS.lock().unwrap();
+    let mut conns = CONNS.lock();
     if let Some((_, c)) = conns.iter().find(|(k, _)| k == t) {
         return Ok(c.clone());
     }
@@ -440,7 +440,7 @@ pub fn connect(t: &Target) -> Result<Arc<Conn>, SessionError> {
 }
 
 /// A session to `t`'s ferry: found, checked, or installed first.
-fn start(t: &Target) -> Result<Arc<Conn>, String> {
+fn start(t: &Target) -> Result<Arc<Conn>, SessionError> {
     let mut look = Look::Fast;
     let mut why = format!("{}: {NO_FERRY} (none on the PATH, none cached)", t.host);
     let mut installed = false;
@@ -453,8 +453,10 @@ fn start(t: &Target) -> Result<Arc<Conn>, String> {
         };
         let report = match open_look(t, look, sum) {
             Ok(c) => return Ok(c),
-            Err(Failed::Other(w)) => return Err(w),
-            Err(Failed::NoFerry(w)) if !t.install || look != Look::Fast => return Err(w),
+            Err(Failed::Other(w)) => return Err(SessionError(w)),
+            Err(Failed::NoFerry(w)) if !t.install || look != Look::Fast => {
+                return Err(SessionError(w))
+            }
             // The PATH's ferry is of another protocol (or not ferry): the
             // cache, or an install, as when there is none.
             Err(Failed::NoFerry(w)) => {
@@ -469,11 +471,11 @@ fn start(t: &Target) -> Result<Arc<Conn>, String> {
                 let ship = crate::install::shipped()?;
                 if *s != ship.sum {
                     let name = crate::install::cache_name()?;
-                    return Err(crate::install::not_this(
+                    return Err(SessionError(crate::install::not_this(
                         t,
                         &format!("{}/{name}", report.dir),
                         s,
-                    ));
+                    )));
                 }
             }
             if look != Look::Verify {
@@ -490,7 +492,7 @@ fn start(t: &Target) -> Result<Arc<Conn>, String> {
         installed = true;
         look = Look::NoPath;
     }
-    Err(Failed::Report(Report::default()).line(t))
+    Err(SessionError(Failed::Report(Report::default()).line(t)))
 }
 
 /// A new connection in place of `dead`, this run's connection to `t`
@@ -499,14 +501,14 @@ fn start(t: &Target) -> Result<Arc<Conn>, String> {
 /// another store made again already is taken as it is. The lost one's
 /// extra connections are closed (new ones are opened when needed).
 pub fn reconnect(t: &Target, dead: &Arc<Conn>) -> Result<Arc<Conn>, SessionError> {
-    let mut conns = CONNS.lock().unwrap();
+    let mut conns = CONNS.lock();
     if let Some(i) = conns.iter().position(|(k, _)| k == t) {
         let c = &conns[i].1;
         if !Arc::ptr_eq(c, dead) && !c.gone.load(Ordering::Relaxed) {
             return Ok(c.clone());
         }
         let (_, old) = conns.swap_remove(i);
-        for e in old.extra.lock().unwrap().drain(..).flatten() {
+        for e in old.extra.lock().drain(..).flatten() {
             e.close();
         }
     }

@@ -2,7 +2,8 @@
 //! for big files, ferry-sftp's for many files): session `k` (0 is the
 //! first) in slot `k - 1`, opened when first wanted. One copy for both.
 
-use std::sync::{Arc, Mutex};
+use parking_lot::Mutex;
+use std::sync::Arc;
 
 /// The further sessions of one (slot `k - 1`: session `k`; `None`: not
 /// opened yet).
@@ -21,7 +22,7 @@ pub fn nth<C>(
     if k == 0 {
         return me.clone();
     }
-    let mut extra = extra.lock().unwrap();
+    let mut extra = extra.lock();
     if extra.len() < k {
         extra.resize(k, None);
     }
@@ -39,7 +40,7 @@ pub fn nth<C>(
 
 /// Session `k` (at least 1) when it is open and not `gone`.
 pub fn live<C>(extra: &Extra<C>, k: usize, gone: impl Fn(&C) -> bool) -> Option<Arc<C>> {
-    match extra.lock().unwrap().get(k - 1) {
+    match extra.lock().get(k - 1) {
         Some(Some(c)) if !gone(c) => Some(c.clone()),
         _ => None,
     }
@@ -48,7 +49,7 @@ pub fn live<C>(extra: &Extra<C>, k: usize, gone: impl Fn(&C) -> bool) -> Option<
 /// Make `c` session `k` (at least 1), unless a live one is there already
 /// (one opened meanwhile is kept).
 pub fn place<C>(extra: &Extra<C>, k: usize, c: Arc<C>, gone: impl Fn(&C) -> bool) {
-    let mut extra = extra.lock().unwrap();
+    let mut extra = extra.lock();
     if extra.len() < k {
         extra.resize(k, None);
     }

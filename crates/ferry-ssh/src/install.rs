@@ -37,6 +37,7 @@ use sha2::{Digest, Sha256};
 
 use crate::conn::Target;
 use crate::proto;
+use crate::SessionError;
 
 /// The SHA-256 of a file on the remote, printed as 64 hex digits (GNU
 /// coreutils, or the BSDs' and macOS's shasum); nothing when neither runs.
@@ -264,8 +265,8 @@ fn write_gz(w: impl Write, bytes: &[u8]) -> std::io::Result<()> {
 }
 
 /// This binary as shipped (made once per run).
-pub fn shipped() -> Result<&'static Ship, String> {
-    static SHIP: OnceLock<Result<Ship, String>> = OnceLock::new();
+pub fn shipped() -> Result<&'static Ship, SessionError> {
+    static SHIP: OnceLock<Result<Ship, SessionError>> = OnceLock::new();
     SHIP.get_or_init(|| {
         let exe = std::env::current_exe().map_err(|e| format!("this ferry's binary: {e}"))?;
         let raw = std::fs::read(&exe).map_err(|e| format!("{}: {e}", exe.display()))?;
@@ -306,8 +307,8 @@ pub fn strip(elf: &[u8]) -> Option<Vec<u8>> {
 /// `ferry-<version>-<id>`: this build's name in a host's cache (id: its
 /// GNU build-id, read from the first pages of the binary; else its
 /// SHA-256, read whole).
-pub fn cache_name() -> Result<&'static str, String> {
-    static NAME: OnceLock<Result<String, String>> = OnceLock::new();
+pub fn cache_name() -> Result<&'static str, SessionError> {
+    static NAME: OnceLock<Result<String, SessionError>> = OnceLock::new();
     NAME.get_or_init(|| {
         let exe = std::env::current_exe().map_err(|e| format!("this ferry's binary: {e}"))?;
         let mut head = Vec::new();
@@ -365,9 +366,9 @@ fn build_id(head: &[u8]) -> Option<Vec<u8>> {
 /// Install this binary in `r`'s cache on `t`'s host, when it can run there
 /// (`why`: why no ferry ran). `Err` is the one line saying why it cannot
 /// be, and what to do.
-pub fn install(t: &Target, r: &Report, why: &str) -> Result<(), String> {
+pub fn install(t: &Target, r: &Report, why: &str) -> Result<(), SessionError> {
     let fail = |what: String| {
-        format!("{what}; {why} (ferry installs itself only on the same OS and architecture; --no-remote-install turns that off)")
+        SessionError(format!("{what}; {why} (ferry installs itself only on the same OS and architecture; --no-remote-install turns that off)"))
     };
     let here = local_uname().map_err(|e| fail(format!("uname here: {e}")))?;
     if r.os.trim() != here.trim() {
@@ -378,12 +379,12 @@ pub fn install(t: &Target, r: &Report, why: &str) -> Result<(), String> {
             here.trim()
         )));
     }
-    let ship = shipped().map_err(fail)?;
+    let ship = shipped().map_err(|e| fail(e.0))?;
     if let Some(m) = libc_mismatch(&ship.libc, &r.libc) {
-        return Err(format!(
+        return Err(SessionError(format!(
             "{}: this ferry cannot run there: {m} ({:?}): install ferry there, or use --sftp",
             t.host, r.libc
-        ));
+        )));
     }
     if !r.dir.starts_with('/') {
         return Err(fail(format!(
@@ -391,7 +392,7 @@ pub fn install(t: &Target, r: &Report, why: &str) -> Result<(), String> {
             t.host
         )));
     }
-    let name = cache_name().map_err(fail)?;
+    let name = cache_name().map_err(|e| fail(e.0))?;
     let path = format!("{}/{name}", r.dir);
     // The upload: to a temporary name, checked, then linked to the final
     // name (`ln` fails rather than replace a file that appeared since).
@@ -403,15 +404,15 @@ pub fn install(t: &Target, r: &Report, why: &str) -> Result<(), String> {
     let out = match run(t, &put_script(&r.dir, name, &ship.sum, r.gzip), body) {
         Ok(o) => o,
         // ssh failed or was killed: the one line says so (the run stops).
-        Err(e) if crate::conn::is_ssh_failure(&e) => {
-            return Err(format!("{e} (installing ferry in {path})"))
+        Err(e) if e.ssh_failed() => {
+            return Err(SessionError(format!("{e} (installing ferry in {path})")))
         }
         Err(e) => return Err(fail(format!("{}: installing ferry in {path}: {e}", t.host))),
     };
     match out.trim().strip_prefix("there") {
         // Installed by another run meanwhile: run it when it is this ferry.
         Some(s) if s.trim() == ship.sum => Ok(()),
-        Some(s) => Err(not_this(t, &path, s.trim())),
+        Some(s) => Err(SessionError(not_this(t, &path, s.trim()))),
         None if out.trim() == "installed" => {
             eprintln!("ferry: note: installed this ferry on {} as {path}", t.host);
             Ok(())
@@ -467,7 +468,7 @@ fn local_uname() -> std::io::Result<String> {
 /// when its flag is set): its stdout, or what it said on stderr when it
 /// failed. Given up (ssh killed) when nothing moves either way for
 /// `--timeout`.
-fn run(t: &Target, cmd: &str, input: Option<(&[u8], bool)>) -> Result<String, String> {
+fn run(t: &Target, cmd: &str, input: Option<(&[u8], bool)>) -> Result<String, SessionError> {
     let argv = t.command(&format!("sh -c {} sh", quote(cmd)));
     let mut c = Command::new(&argv[0]);
     c.args(&argv[1..])
@@ -480,7 +481,7 @@ fn run(t: &Target, cmd: &str, input: Option<(&[u8], bool)>) -> Result<String, St
         .stderr(Stdio::piped());
     let mut child = c
         .spawn()
-        .map_err(|e| format!("cannot run {:?}: {e}", argv[0]))?;
+        .map_err(|e| SessionError(format!("cannot run {:?}: {e}", argv[0])))?;
     let quiet = crate::quiet::Quiet::start(
         child.id(),
         format!("{}: ssh failed: no answer while installing ferry", t.host),
@@ -515,21 +516,21 @@ fn run(t: &Target, cmd: &str, input: Option<(&[u8], bool)>) -> Result<String, St
     .read_to_string(&mut out);
     quiet.reaped();
     quiet.stop();
-    let status = child.wait().map_err(|e| e.to_string())?;
+    let status = child.wait().map_err(|e| SessionError(e.to_string()))?;
     let err = errt.join().unwrap_or_default();
     let fed = feed.map(|f| f.join());
     if let Some(why) = quiet.fired() {
-        return Err(why);
+        return Err(SessionError(why));
     }
     // ssh itself failed (exit 255: unreachable, authentication, ...) or
     // was killed: said as for a session, so that the run stops (exit 2)
     // rather than take the host for one where ferry cannot run.
     if status.code() == Some(255) {
         let tail: Vec<String> = err.lines().map(str::to_string).collect();
-        return Err(crate::conn::classify(t, Some(255), &tail));
+        return Err(SessionError(crate::conn::classify(t, Some(255), &tail)));
     }
     if status.code().is_none() {
-        return Err(format!("{}: ssh failed: {status}", t.host));
+        return Err(SessionError(format!("{}: ssh failed: {status}", t.host)));
     }
     if !status.success() {
         // The last words on stderr, else on stdout (an SFTP-only server
@@ -541,13 +542,13 @@ fn run(t: &Target, cmd: &str, input: Option<(&[u8], bool)>) -> Result<String, St
                 .map(|l| l.trim().to_string())
         };
         let why = last(&err).or_else(|| last(&out));
-        return Err(match why {
+        return Err(SessionError(match why {
             Some(w) => format!("{status}: {w}"),
             None => status.to_string(),
-        });
+        }));
     }
     if let Some(Ok(Err(e))) = fed {
-        return Err(e.to_string());
+        return Err(SessionError(e.to_string()));
     }
     Ok(out)
 }

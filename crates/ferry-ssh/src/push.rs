@@ -15,11 +15,12 @@
 //! partial and its record; a rerun of the same content (size, mtime, inode)
 //! sends only what is missing. The commit renames the partial into place.
 
+use parking_lot::Mutex;
 use std::ffi::CStr;
 use std::io;
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use ferry_engine::bwlimit::Limiter;
 use ferry_engine::entry::Meta;
@@ -128,7 +129,7 @@ pub(crate) fn push(
         progress,
     };
     spread(conn, file, &share, &written, &path, width);
-    if let Some(e) = failed.into_inner().unwrap() {
+    if let Some(e) = failed.into_inner() {
         if !is_no_space(&e) {
             // The partial's own connection may have met a full disk that
             // the others only saw as the partial gone: that is the cause.
@@ -183,7 +184,7 @@ fn spread(
                 };
                 let r = send_pieces(&c, h, share, |got| {
                     let snapshot = {
-                        let mut w = written.lock().unwrap();
+                        let mut w = written.lock();
                         for &(a, b) in got {
                             w.insert(a, b);
                         }
@@ -329,7 +330,7 @@ fn check_resumed(
 /// comes later (the partial is then removed there, and the other
 /// connections' errors, a partial gone, follow from it).
 fn fail(failed: &Mutex<Option<io::Error>>, e: io::Error) {
-    let mut f = failed.lock().unwrap();
+    let mut f = failed.lock();
     match &*f {
         Some(old) if !is_no_space(&e) || is_no_space(old) => {}
         _ => *f = Some(e),
@@ -371,7 +372,7 @@ fn send_pieces(
     };
     loop {
         let i = next.fetch_add(1, Ordering::Relaxed);
-        if i >= pieces.len() || failed.lock().unwrap().is_some() {
+        if i >= pieces.len() || failed.lock().is_some() {
             break;
         }
         let (a, b) = pieces[i];

@@ -17,9 +17,10 @@
 //! heartbeat while it works on a long request ([`crate::proto::Req::KeepAlive`]),
 //! so only a server that stopped is cut.
 
+use parking_lot::{Condvar, Mutex};
 use std::io::{self, Read, Write};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 /// The limit when `--timeout` is not given.
@@ -80,7 +81,7 @@ impl Quiet {
 
     /// The session is made: it says from now on whether requests wait.
     pub fn attach(&self, s: Weak<dyn Session>) {
-        *self.session.lock().unwrap() = Some(s);
+        *self.session.lock() = Some(s);
     }
 
     /// A byte moved, or a request now waits where none did.
@@ -95,19 +96,19 @@ impl Quiet {
 
     /// ssh is about to be waited for: its pid is not killed after this.
     pub fn reaped(&self) {
-        *self.pid.lock().unwrap() = None;
+        *self.pid.lock() = None;
     }
 
     /// The session ended: the watcher stops.
     pub fn stop(&self) {
-        *self.stopped.lock().unwrap() = true;
+        *self.stopped.lock() = true;
         self.wake.notify_all();
     }
 
     /// Whether the server is waited for; `None` once the session is
     /// gone (the watch ends).
     fn waiting(&self) -> Option<bool> {
-        let s = match &*self.session.lock().unwrap() {
+        let s = match &*self.session.lock() {
             // Starting: the handshake waits for the server.
             None => return Some(true),
             Some(w) => w.upgrade()?,
@@ -117,7 +118,7 @@ impl Quiet {
 
     fn watch(&self, limit: Duration) {
         let limit_ms = limit.as_millis() as u64;
-        let mut stopped = self.stopped.lock().unwrap();
+        let mut stopped = self.stopped.lock();
         loop {
             if *stopped {
                 return;
@@ -131,22 +132,22 @@ impl Quiet {
                 }
                 // Idle: looked at again a whole limit later (waiting that
                 // starts meanwhile is timed from its start).
-                stopped = self.wake.wait_timeout(stopped, limit).unwrap().0;
+                self.wake.wait_for(&mut stopped, limit);
             } else {
                 let left = Duration::from_millis(limit_ms - quiet);
-                stopped = self.wake.wait_timeout(stopped, left).unwrap().0;
+                self.wake.wait_for(&mut stopped, left);
             }
         }
         drop(stopped);
         let secs = limit.as_secs_f64();
         let why = format!("{} for {secs} s (--timeout)", self.what);
         let _ = self.fired.set(why.clone());
-        if let Some(pid) = *self.pid.lock().unwrap() {
+        if let Some(pid) = *self.pid.lock() {
             if let Some(p) = rustix::process::Pid::from_raw(pid as i32) {
                 let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
             }
         }
-        let s = self.session.lock().unwrap().clone();
+        let s = self.session.lock().clone();
         if let Some(s) = s.and_then(|w| w.upgrade()) {
             s.give_up(why);
         }

@@ -11,6 +11,7 @@
 //! files) and a slow one holds up no other. Replies go through one writer
 //! thread, which writes as many as are ready and then flushes.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::ffi::{CString, OsStr};
 use std::io::{self, Read};
@@ -18,7 +19,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use ferry_engine::entry::{Listing, Meta};
 use ferry_engine::keep::{KeepBase, KeepTo};
@@ -219,11 +220,11 @@ pub fn serve() -> io::Result<()> {
 /// processes there when the connection goes before the session started
 /// ([`crate::install::start_script`]): stopped once the hellos are
 /// exchanged (from then on this process ends when its input ends).
-static GUARD: std::sync::Mutex<Option<u32>> = std::sync::Mutex::new(None);
+static GUARD: parking_lot::Mutex<Option<u32>> = parking_lot::Mutex::new(None);
 
 /// [`serve`], with the start command's guard to stop once started.
 pub fn serve_guarded(guard: Option<u32>) -> io::Result<()> {
-    *GUARD.lock().unwrap() = guard;
+    *GUARD.lock() = guard;
     // The descriptors themselves, past std's line buffering of stdout.
     use std::os::fd::AsFd;
     let input = std::fs::File::from(io::stdin().as_fd().try_clone_to_owned()?);
@@ -254,7 +255,7 @@ pub fn serve_on(
         }
         Hello::Other(_) => return Err(io::Error::other("the client is not a ferry")),
     }
-    if let Some(pid) = GUARD.lock().unwrap().take() {
+    if let Some(pid) = GUARD.lock().take() {
         if let Some(p) = rustix::process::Pid::from_raw(pid as i32) {
             let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
         }
@@ -294,11 +295,11 @@ pub fn serve_on(
     let _ = disk.join();
     // The client is gone: what it was writing is dropped with its
     // temporary (a partial stays, with what its record says is written).
-    let left: Vec<_> = st.writers.lock().unwrap().drain().collect();
+    let left: Vec<_> = st.writers.lock().drain().collect();
     for (_, w) in left {
         w.discard(&st.store);
     }
-    let beat = st.beat.lock().unwrap().take();
+    let beat = st.beat.lock().take();
     if let Some((stop, h)) = beat {
         drop(stop);
         let _ = h.join();
@@ -328,13 +329,13 @@ fn read_requests(
         };
         let to_disk = match proto::decode::<Req>(&body)? {
             Req::Watch { path, poll } => {
-                let out = st.out.lock().unwrap().clone();
+                let out = st.out.lock().clone();
                 watching.extend(crate::watch::serve_watch(out, id, path, poll));
                 continue;
             }
             Req::Close { handle } => {
-                st.dirs.lock().unwrap().remove(&handle);
-                st.readers.lock().unwrap().remove(&handle);
+                st.dirs.lock().remove(&handle);
+                st.readers.lock().remove(&handle);
                 st.deltas.drop_handle(handle);
                 continue;
             }
@@ -433,7 +434,7 @@ fn read_request(st: &State, input: &mut impl Read) -> io::Result<Option<Incoming
         if let Some((file, offset, k)) = proto::parse_write_at(&start) {
             let data_len = body_len - k;
             if id == 0 && data_len <= proto::CHUNK && k <= start.len() {
-                let mut buf = st.bufs.lock().unwrap().pop().unwrap_or_default();
+                let mut buf = st.bufs.lock().pop().unwrap_or_default();
                 if buf.len() != CHUNK_BUF {
                     buf = vec![0u8; CHUNK_BUF];
                 }
@@ -463,11 +464,11 @@ fn read_request(st: &State, input: &mut impl Read) -> io::Result<Option<Incoming
 /// Send a heartbeat (an `Ok` of id 0) every `ms` milliseconds (100 at
 /// least) until the session ends; a second request changes nothing.
 fn start_beat(st: &State, ms: u64) {
-    let mut beat = st.beat.lock().unwrap();
+    let mut beat = st.beat.lock();
     if beat.is_some() {
         return;
     }
-    let out = st.out.lock().unwrap().clone();
+    let out = st.out.lock().clone();
     let (stop, stopped) = mpsc::channel::<()>();
     let every = std::time::Duration::from_millis(ms.max(100));
     let h = std::thread::spawn(move || {
@@ -484,7 +485,7 @@ fn start_beat(st: &State, ms: u64) {
 fn work(st: &State, rx: &Mutex<Receiver<(u64, Vec<u8>)>>) {
     let mut listing = Listing::new();
     loop {
-        let job = rx.lock().unwrap().recv();
+        let job = rx.lock().recv();
         let Ok((id, body)) = job else {
             return;
         };
@@ -500,7 +501,7 @@ fn work(st: &State, rx: &Mutex<Receiver<(u64, Vec<u8>)>>) {
             Err(e) => proto::frame(id, &Resp::Err(WireErr::from(&e))).into(),
         };
         if id != 0 {
-            let _ = st.out.lock().unwrap().send(f);
+            let _ = st.out.lock().send(f);
         }
     }
 }
@@ -519,7 +520,7 @@ fn read_piped(
     len: u32,
 ) -> Option<io::Result<proto::Out>> {
     let len = (len as usize).min(proto::CHUNK);
-    let (r, sparse) = st.readers.lock().unwrap().get(&file).cloned()?;
+    let (r, sparse) = st.readers.lock().get(&file).cloned()?;
     if sparse || len > crate::splice::room(offset) {
         return None;
     }
@@ -545,12 +546,7 @@ fn bad_handle(h: u64) -> io::Error {
 }
 
 fn dir_of(st: &State, h: u64) -> io::Result<Arc<LocalDir>> {
-    st.dirs
-        .lock()
-        .unwrap()
-        .get(&h)
-        .cloned()
-        .ok_or_else(|| bad_handle(h))
+    st.dirs.lock().get(&h).cloned().ok_or_else(|| bad_handle(h))
 }
 
 fn cname(b: &[u8]) -> io::Result<CString> {

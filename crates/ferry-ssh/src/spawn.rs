@@ -4,11 +4,12 @@
 //! stderr kept for the message of a session that failed, reaping it, and
 //! what a failed or lost session is called ([`classify`], [`lost`]).
 
+use parking_lot::Mutex;
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use crate::conn::Target;
@@ -38,12 +39,12 @@ pub struct Tail(Arc<Mutex<Vec<String>>>);
 impl Tail {
     /// The lines kept, oldest first.
     pub fn lines(&self) -> Vec<String> {
-        self.0.lock().unwrap().clone()
+        self.0.lock().clone()
     }
 
     /// The last line.
     pub fn last(&self) -> Option<String> {
-        self.0.lock().unwrap().last().cloned()
+        self.0.lock().last().cloned()
     }
 
     /// Keep the last lines of `pipe` until it ends (a thread of its own).
@@ -52,7 +53,7 @@ impl Tail {
         let t = tail.clone();
         let h = std::thread::spawn(move || {
             for line in BufReader::new(pipe).lines().map_while(Result::ok) {
-                let mut v = t.0.lock().unwrap();
+                let mut v = t.0.lock();
                 if v.len() == TAIL {
                     v.remove(0);
                 }
@@ -204,10 +205,10 @@ pub fn ended(
     errt: JoinHandle<()>,
     tail: &Tail,
     quiet: &Quiet,
-) -> Result<(String, Vec<String>), String> {
+) -> Result<(String, Vec<String>), SessionError> {
     let status = reap(child, errt, quiet, false);
     if let Some(why) = quiet.fired() {
-        return Err(why);
+        return Err(SessionError(why));
     }
     let lines = tail.lines();
     Ok((classify(t, status, &lines), lines))

@@ -14,9 +14,10 @@
 //! whose filesystem cannot splice, or a pipe that cannot be made big
 //! enough (the user's pipe limit), goes the copying way.
 
+use parking_lot::{Condvar, Mutex};
 use std::io::{self, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 
 use rustix::io::Errno;
 use rustix::pipe::{self, PipeFlags, SpliceFlags};
@@ -78,7 +79,7 @@ pub fn pipe() -> Option<Pipe> {
             })
         })
         .clone();
-    let mut s = pool.state.lock().unwrap();
+    let mut s = pool.state.lock();
     loop {
         if let Some(p) = s.free.pop() {
             drop(s);
@@ -101,7 +102,7 @@ pub fn pipe() -> Option<Pipe> {
                     pool,
                 }),
                 None => {
-                    let mut s = pool.state.lock().unwrap();
+                    let mut s = pool.state.lock();
                     s.made -= 1;
                     s.refused = true;
                     pool.cv.notify_all();
@@ -109,7 +110,7 @@ pub fn pipe() -> Option<Pipe> {
                 }
             };
         }
-        s = pool.cv.wait(s).unwrap();
+        pool.cv.wait(&mut s);
     }
 }
 
@@ -188,7 +189,7 @@ impl Pipe {
 
 impl Drop for Pipe {
     fn drop(&mut self) {
-        let mut s = self.pool.state.lock().unwrap();
+        let mut s = self.pool.state.lock();
         match self.ends.take() {
             Some(p) if self.held == 0 => s.free.push(p),
             _ => s.made -= 1,

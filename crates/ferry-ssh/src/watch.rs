@@ -20,7 +20,7 @@ use std::sync::mpsc::{self, Receiver, Sender};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use ferry_engine::watch::{watch_tree, Change, Msg};
+use ferry_engine::watch::{watch_tree, Change, Msg, NotWatched};
 
 use crate::conn::{self, unexpected, Body, Target};
 use crate::proto::{self, Event, Req, Resp};
@@ -156,14 +156,14 @@ impl RemoteWatch {
 
     /// A connection of its own asked to watch: its stream of replies and
     /// whether the tree is there; or why not (one line).
-    fn establish(&self) -> Result<(Stream, bool), String> {
-        let c = conn::open_own(&self.target)?;
+    fn establish(&self) -> Result<(Stream, bool), NotWatched> {
+        let c = conn::open_own(&self.target).map_err(|e| NotWatched(e.0))?;
         let failed = |why: String| {
             c.close();
-            Err(format!(
+            Err(NotWatched(format!(
                 "{}: the remote ferry cannot watch it ({why})",
                 self.name
-            ))
+            )))
         };
         let rx = match c.stream(&Req::Watch {
             path: &self.path,
@@ -248,7 +248,7 @@ impl RemoteWatch {
 }
 
 impl ferry_engine::watch::Source for RemoteWatch {
-    fn start(self: Box<Self>, side: usize, tx: Sender<Msg>) -> Result<(), String> {
+    fn start(self: Box<Self>, side: usize, tx: Sender<Msg>) -> Result<(), NotWatched> {
         let (rx, there) = self.establish()?;
         if !there {
             let _ = tx.send(Msg::Changes(vec![Change::Gone(side)]));
@@ -256,7 +256,7 @@ impl ferry_engine::watch::Source for RemoteWatch {
         std::thread::Builder::new()
             .name(format!("ferry-remote-watch-{side}"))
             .spawn(move || self.follow(side, tx, rx, !there))
-            .map_err(|e| format!("a thread: {e}"))?;
+            .map_err(|e| NotWatched(format!("a thread: {e}")))?;
         Ok(())
     }
 }
@@ -269,11 +269,11 @@ mod tests {
 
     /// The tests that count threads run one at a time; each plugs in the
     /// tree watcher (as the binary does).
-    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    static ONE: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
 
-    fn one() -> std::sync::MutexGuard<'static, ()> {
+    fn one() -> parking_lot::MutexGuard<'static, ()> {
         ferry_watch::inotify::plug();
-        ONE.lock().unwrap_or_else(|e| e.into_inner())
+        ONE.lock()
     }
 
     /// The watch threads of `ferry serve` in this process.

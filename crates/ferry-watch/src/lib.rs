@@ -28,7 +28,7 @@ use std::path::PathBuf;
 use std::sync::mpsc::{channel, Sender};
 use std::time::{Duration, Instant};
 
-pub use ferry_engine::watch::{Change, Msg, Source};
+pub use ferry_engine::watch::{Change, Msg, NotWatched, Source};
 pub use ferry_engine::Scope;
 pub use status::{Status, Tee};
 

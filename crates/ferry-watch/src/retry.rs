@@ -8,10 +8,10 @@
 //! path alone, 1 s after its first failure, then doubling up to 5 min, with
 //! jitter ([`backoff`]): never a run per event its own failed attempt made.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 use std::io;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use ferry_engine::{Action, Reporter};
@@ -61,11 +61,8 @@ impl Failures {
     /// `path` failed with `msg`: true when it must be said (not failing
     /// before, or failing for another cause).
     pub fn failed(&self, path: &[u8], msg: String) -> bool {
-        self.run
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(path.to_vec());
-        let mut k = self.known.lock().unwrap_or_else(|e| e.into_inner());
+        self.run.lock().push(path.to_vec());
+        let mut k = self.known.lock();
         k.insert(path.to_vec(), msg.clone()).as_ref() != Some(&msg)
     }
 
@@ -74,10 +71,10 @@ impl Failures {
     /// when it did not go to its end: `complete` false, a signal stopped
     /// it).
     pub fn end_run(&self, work: &Work, complete: bool) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
-        let mut failed = std::mem::take(&mut *self.run.lock().unwrap_or_else(|e| e.into_inner()));
+        let mut failed = std::mem::take(&mut *self.run.lock());
         failed.sort();
         failed.dedup();
-        let mut k = self.known.lock().unwrap_or_else(|e| e.into_inner());
+        let mut k = self.known.lock();
         let healed: Vec<Vec<u8>> = k
             .keys()
             .filter(|p| complete && covers(work, p) && failed.binary_search(p).is_err())

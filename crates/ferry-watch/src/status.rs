@@ -11,11 +11,12 @@
 //! Nothing ticks: the per-second series and a run's progress are read
 //! when they are asked for.
 
+use parking_lot::Mutex;
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt::Write as _;
 use std::io;
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ferry_engine::store::End;
@@ -271,7 +272,7 @@ impl Status {
     }
 
     fn with<T>(&self, f: impl FnOnce(&mut Inner) -> T) -> T {
-        f(&mut self.inner.lock().unwrap_or_else(|e| e.into_inner()))
+        f(&mut self.inner.lock())
     }
 
     /// The names of the loop's sides, by index (its local roots first,

@@ -174,7 +174,7 @@ struct Driven(Option<Drive>);
 type Drive = Box<dyn FnOnce(usize, Sender<Msg>) + Send>;
 
 impl Source for Driven {
-    fn start(mut self: Box<Self>, side: usize, tx: Sender<Msg>) -> Result<(), String> {
+    fn start(mut self: Box<Self>, side: usize, tx: Sender<Msg>) -> Result<(), NotWatched> {
         let f = self.0.take().expect("started once");
         std::thread::spawn(move || f(side, tx));
         Ok(())
@@ -184,8 +184,10 @@ impl Source for Driven {
 struct Refused;
 
 impl Source for Refused {
-    fn start(self: Box<Self>, _: usize, _: Sender<Msg>) -> Result<(), String> {
-        Err("host:path: the remote ferry cannot watch it".into())
+    fn start(self: Box<Self>, _: usize, _: Sender<Msg>) -> Result<(), NotWatched> {
+        Err(NotWatched(
+            "host:path: the remote ferry cannot watch it".into(),
+        ))
     }
 }
 
@@ -280,15 +282,15 @@ fn a_source_that_cannot_start_is_polled() {
         let _ = tx.send(Msg::Stop);
         let _ = done_tx.send(polled);
     };
-    let notes = std::sync::Mutex::new(Vec::new());
+    let notes = parking_lot::Mutex::new(Vec::new());
     let status = Status::new("test");
     let src: Vec<Box<dyn Source>> =
         vec![Box::new(Refused), Box::new(Driven(Some(Box::new(drive))))];
-    let note = |n: &str| notes.lock().unwrap().push(n.to_string());
+    let note = |n: &str| notes.lock().push(n.to_string());
     let code = watch_with(&cfg(None), src, &mut Rec(wtx), &status, &note);
     assert_eq!(code, 0);
     assert!(done_rx.recv().unwrap(), "polled");
-    let notes = notes.into_inner().unwrap();
+    let notes = notes.into_inner();
     assert_eq!(
         notes,
         vec!["note: host:path: the remote ferry cannot watch it: polled every 20ms"]
@@ -428,14 +430,14 @@ fn a_refused_run_neither_escalates_nor_swallows_other_changes() {
         let _ = tx.send(Msg::Stop);
         let _ = done_tx.send(r);
     };
-    let notes = std::sync::Mutex::new(Vec::new());
-    let note = |n: &str| notes.lock().unwrap().push(n.to_string());
+    let notes = parking_lot::Mutex::new(Vec::new());
+    let note = |n: &str| notes.lock().push(n.to_string());
     let status = Status::new("test");
     let src: Vec<Box<dyn Source>> = vec![Box::new(Driven(Some(Box::new(drive))))];
     let code = watch_with(&cfg(None), src, &mut Refuser(wtx, true), &status, &note);
     done_rx.recv().unwrap().unwrap();
     assert_eq!(code, 0, "a refusal is no failing entry");
-    let notes = notes.into_inner().unwrap();
+    let notes = notes.into_inner();
     let refusals = notes.iter().filter(|n| n.starts_with("refusing")).count();
     assert_eq!(refusals, 2, "{notes:?}");
 }
@@ -483,13 +485,13 @@ fn a_failing_path_is_retried_until_it_heals() {
         let _ = tx.send(Msg::Stop);
         let _ = done_tx.send(r.and_then(|()| healed.then_some(()).ok_or("no healing run".into())));
     };
-    let notes = std::sync::Mutex::new(Vec::new());
-    let note = |n: &str| notes.lock().unwrap().push(n.to_string());
+    let notes = parking_lot::Mutex::new(Vec::new());
+    let note = |n: &str| notes.lock().push(n.to_string());
     let status = Status::new("test");
     let src: Vec<Box<dyn Source>> = vec![Box::new(Driven(Some(Box::new(drive))))];
     let code = watch_with(&cfg(None), src, &mut Flaky(wtx, 3), &status, &note);
     done_rx.recv().unwrap().unwrap();
     assert_eq!(code, 0, "healed before the stop");
-    let notes = notes.into_inner().unwrap();
+    let notes = notes.into_inner();
     assert_eq!(notes, vec!["note: d/f: healed (synced on a retry)"]);
 }

@@ -9,10 +9,10 @@ mod output;
 mod versions;
 mod watch;
 
+use parking_lot::Mutex;
 use std::io::{self, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::process::ExitCode;
-use std::sync::Mutex;
 use std::time::Instant;
 
 use ferry_backends::{identity, AnyStore, Backends, Job, Location, Opts};
@@ -511,7 +511,7 @@ fn ls_store<S: ferry_engine::Store>(
         eprintln!("{}", output::error_line(path, &cause(e)));
     };
     let res = list_tree(store, jobs, None, format, &out, &on_error);
-    let flushed = out.into_inner().unwrap_or_else(|e| e.into_inner()).flush();
+    let flushed = out.into_inner().flush();
     match (res, flushed) {
         (Err(e), _) | (_, Err(e)) if e.kind() == io::ErrorKind::BrokenPipe => Ok(0),
         (Err(e), _) | (_, Err(e)) => Err(format!("{what}: {}", cause(&e))),

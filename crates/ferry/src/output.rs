@@ -3,9 +3,10 @@
 //! the summary. Every name goes through `ferry_engine::encode` (escaped in
 //! text, lossless in JSON): a name can never forge a line.
 
+use parking_lot::Mutex;
 use std::io::{self, Write};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -59,17 +60,14 @@ impl CliReporter {
         let v = ferry_engine::keep::VERSIONS_DIR;
         if let Some(rest) = to.strip_prefix(v).and_then(|r| r.strip_prefix(b"/")) {
             let (dir, _) = ferry_engine::keep::split_parent(rest);
-            self.kept_dirs
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert((side, dir.to_vec()));
+            self.kept_dirs.lock().insert((side, dir.to_vec()));
         }
     }
 
     /// The directories of `.ferry-versions` versions were kept in since
     /// the last call, by replica.
     pub fn take_kept_dirs(&self) -> Vec<(usize, Vec<u8>)> {
-        std::mem::take(&mut *self.kept_dirs.lock().unwrap_or_else(|e| e.into_inner()))
+        std::mem::take(&mut *self.kept_dirs.lock())
             .into_iter()
             .collect()
     }
@@ -98,7 +96,7 @@ impl CliReporter {
             line.push(b',');
             json_name(&mut line, key, other);
             let _ = writeln!(line, ",\"size\":{size}}}");
-            let _ = self.out.lock().unwrap().write_all(&line);
+            let _ = self.out.lock().write_all(&line);
         } else if self.lines {
             let mut line = format!("{kind} ").into_bytes();
             text_name(&mut line, path);
@@ -106,13 +104,13 @@ impl CliReporter {
             text_name(&mut line, other);
             line.push(b'\n');
             self.with_bar_suspended(|| {
-                let _ = self.out.lock().unwrap().write_all(&line);
+                let _ = self.out.lock().write_all(&line);
             });
         }
     }
 
     fn with_bar_suspended(&self, f: impl FnOnce()) {
-        let bar = self.bar.lock().unwrap().clone();
+        let bar = self.bar.lock().clone();
         match bar {
             Some(b) => b.suspend(f),
             None => f(),
@@ -121,7 +119,7 @@ impl CliReporter {
 
     /// Write out the lines held so far (`--watch`: after each run).
     pub fn flush(&self) {
-        let _ = self.out.lock().unwrap().flush();
+        let _ = self.out.lock().flush();
     }
 
     /// The summary of copy and sync: symlinks counted apart from files, and
@@ -153,7 +151,7 @@ impl CliReporter {
     /// The last line of a run: the counters of `s`, with `extra` counters
     /// (JSON key, text label, value, shown in text) after `dirs_created`.
     fn write_summary(&self, s: &Summary, extra: &[(&str, &str, u64, bool)]) {
-        let mut out = self.out.lock().unwrap();
+        let mut out = self.out.lock();
         if self.json {
             let mut x = String::new();
             for (k, _, v, _) in extra {
@@ -244,7 +242,7 @@ impl CliReporter {
                 ",\"pruned\":{},\"bytes\":{},\"kept\":{}}}",
                 r.pruned, r.bytes, r.kept
             );
-            let _ = self.out.lock().unwrap().write_all(&line);
+            let _ = self.out.lock().write_all(&line);
         } else {
             let root = text_name_string(root.as_bytes());
             self.with_bar_suspended(|| {
@@ -274,7 +272,7 @@ impl Reporter for CliReporter {
             line.extend_from_slice(b"\",");
             json_name(&mut line, "path", if path.is_empty() { b"." } else { path });
             let _ = writeln!(line, ",\"size\":{size}}}");
-            let _ = self.out.lock().unwrap().write_all(&line);
+            let _ = self.out.lock().write_all(&line);
         } else if self.lines {
             let mut line = Vec::with_capacity(16 + path.len());
             line.extend_from_slice(action.as_str().as_bytes());
@@ -282,7 +280,7 @@ impl Reporter for CliReporter {
             text_name(&mut line, if path.is_empty() { b"." } else { path });
             line.push(b'\n');
             self.with_bar_suspended(|| {
-                let _ = self.out.lock().unwrap().write_all(&line);
+                let _ = self.out.lock().write_all(&line);
             });
         }
     }
@@ -325,13 +323,13 @@ impl Reporter for CliReporter {
             line.extend_from_slice(b",\"size\":0,\"reason\":");
             json_string(&mut line, why);
             line.extend_from_slice(b"}\n");
-            let _ = self.out.lock().unwrap().write_all(&line);
+            let _ = self.out.lock().write_all(&line);
         } else if self.lines {
             let mut line = b"skip ".to_vec();
             text_name(&mut line, path);
             line.push(b'\n');
             self.with_bar_suspended(|| {
-                let _ = self.out.lock().unwrap().write_all(&line);
+                let _ = self.out.lock().write_all(&line);
             });
         }
     }
@@ -370,7 +368,7 @@ impl Reporter for CliReporter {
             line.extend_from_slice(b",\"error\":");
             json_string(&mut line, &c);
             line.extend_from_slice(b"}\n");
-            let _ = self.out.lock().unwrap().write_all(&line);
+            let _ = self.out.lock().write_all(&line);
         }
     }
 }
@@ -610,7 +608,7 @@ impl ferry_bisync::BiReporter for CliReporter {
                 json_name(&mut line, key, o);
             }
             let _ = writeln!(line, ",\"size\":{size}}}");
-            let _ = self.out.lock().unwrap().write_all(&line);
+            let _ = self.out.lock().write_all(&line);
         } else if self.lines {
             // `ACTION SIDE PATH`, plus `<- OLD` for a rename and
             // `-> NAME` for the version a conflict moved aside.
@@ -629,7 +627,7 @@ impl ferry_bisync::BiReporter for CliReporter {
             }
             line.push(b'\n');
             self.with_bar_suspended(|| {
-                let _ = self.out.lock().unwrap().write_all(&line);
+                let _ = self.out.lock().write_all(&line);
             });
         }
     }
@@ -669,7 +667,7 @@ impl ferry_bisync::BiReporter for CliReporter {
             line.extend_from_slice(b",\"error\":");
             json_string(&mut line, &c);
             line.extend_from_slice(b"}\n");
-            let _ = self.out.lock().unwrap().write_all(&line);
+            let _ = self.out.lock().write_all(&line);
         }
     }
 
@@ -688,7 +686,7 @@ impl ferry_bisync::BiReporter for CliReporter {
             line.extend_from_slice(b",\"reason\":");
             json_string(&mut line, why);
             line.extend_from_slice(b",\"size\":0}\n");
-            let _ = self.out.lock().unwrap().write_all(&line);
+            let _ = self.out.lock().write_all(&line);
         }
     }
 
@@ -737,7 +735,7 @@ impl Progress {
             ProgressStyle::with_template("{spinner} {bytes}/{total_bytes} {bytes_per_sec} {msg}")
                 .unwrap_or_else(|_| ProgressStyle::default_bar()),
         );
-        *rep.bar.lock().unwrap() = Some(bar.clone());
+        *rep.bar.lock() = Some(bar.clone());
         let (tx, rx) = mpsc::channel::<()>();
         let handle = std::thread::spawn(move || loop {
             let g = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);

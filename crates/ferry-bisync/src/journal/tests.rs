@@ -129,7 +129,6 @@ fn chunks_follow_a_model() {
     let ps: i64 = j
         .conn
         .lock()
-        .unwrap()
         .query_row("PRAGMA page_size", [], |r| r.get(0))
         .unwrap();
     assert_eq!(ps, 65536);
@@ -173,7 +172,6 @@ fn chunks_follow_a_model() {
         let max: i64 = j
             .conn
             .lock()
-            .unwrap()
             .query_row("SELECT max(length(data)) FROM chunks", [], |r| r.get(0))
             .unwrap_or(0);
         assert!(
@@ -232,7 +230,6 @@ fn version_1_is_migrated() {
     let ps: i64 = j
         .conn
         .lock()
-        .unwrap()
         .query_row("PRAGMA page_size", [], |r| r.get(0))
         .unwrap();
     assert_eq!(ps, 65536);
@@ -263,7 +260,7 @@ fn version_2_is_migrated() {
     {
         // A v2 journal: two chunks of the root, one of `d`.
         let j = Journal::open(&p, ("/a", "/b")).unwrap();
-        let c = j.conn.lock().unwrap();
+        let c = j.conn.lock();
         c.execute("UPDATE meta SET v = '2' WHERE k = 'version'", [])
             .unwrap();
         for (dir, part) in [
@@ -298,4 +295,38 @@ fn version_2_is_migrated() {
     let l = j.load().unwrap();
     assert_eq!(l.get(b"f00007"), Some(s));
     assert_eq!(l.len(), 1503);
+}
+
+/// A journal whose records cannot be read fails the walk's reads with a
+/// typed error, said as before (`journal PATH: damaged record`), and
+/// classified as every journal error is: the run is refused.
+#[test]
+fn a_damaged_record_is_a_typed_error_classified_as_a_refusal() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("j.sqlite");
+    drop(Journal::open(&p, ("/a", "/b")).unwrap());
+    // A chunk whose record is cut short, written behind the journal's back.
+    let c = Connection::open(&p).unwrap();
+    c.execute(
+        "INSERT INTO chunks (dir, first, data) VALUES (x'', x'61', x'010061ff')",
+        [],
+    )
+    .unwrap();
+    drop(c);
+    let j = Journal::open(&p, ("/a", "/b")).unwrap();
+    let e = Records::dir(&j, b"").expect_err("a damaged record");
+    assert!(matches!(e, JournalError::Damaged { .. }), "{e:?}");
+    assert_eq!(
+        e.to_string(),
+        format!("journal {}: damaged record", p.display())
+    );
+    let e = Records::get(&j, b"", b"a").expect_err("a damaged record");
+    assert!(matches!(e, JournalError::Damaged { .. }), "{e:?}");
+    let r: ferry_engine::Refused = e.into();
+    assert_eq!(r.0, format!("journal {}: damaged record", p.display()));
+    let io = std::io::Error::other(r);
+    assert_eq!(
+        ferry_engine::class::classify(&io),
+        ferry_engine::class::Class::Refused
+    );
 }

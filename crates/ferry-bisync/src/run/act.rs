@@ -283,7 +283,7 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
                             )
                             .map_err(|e| op_err(e, None, "chmod"))?;
                         }
-                        dc.map.lock().unwrap().insert(it.key.clone(), Arc::new(nd));
+                        dc.map.lock().insert(it.key.clone(), Arc::new(nd));
                     }
                     Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
                         if st.stat(&d, &n)?.map(|m| m.kind) != Some(Kind::Dir) {

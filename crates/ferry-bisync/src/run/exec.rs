@@ -155,7 +155,7 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
     /// Make directory `key` of side `on` writable (see
     /// [`Exec::unlocking`]); true when it is (or was made so by this run).
     pub(super) fn unlock(&self, on: Side, key: &[u8]) -> io::Result<bool> {
-        let mut relock = self.relock.lock().unwrap();
+        let mut relock = self.relock.lock();
         if relock.iter().any(|(s, k, _)| *s == on && k == key) {
             return Ok(true);
         }
@@ -180,7 +180,7 @@ impl<A: Store, B: Store> Exec<'_, A, B> {
 
     /// Set back the mode of the directories [`Exec::unlock`] changed.
     pub(super) fn relock_all(&self) {
-        let dirs = std::mem::take(&mut *self.relock.lock().unwrap());
+        let dirs = std::mem::take(&mut *self.relock.lock());
         for (on, key, meta) in dirs.iter().rev() {
             let res = on_side!(self, *on, |st, dc| dc.dir(st, key).and_then(|d| {
                 let what = MetaChange {

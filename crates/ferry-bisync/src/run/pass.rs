@@ -47,7 +47,7 @@ impl<'r, A: Store, B: Store> Pass<'r, A, B> {
                 match g.check(side as usize, &opts.name(side), m, opts.force) {
                     Ok(None) => {}
                     Ok(Some(note)) => rep.note(&note),
-                    Err(msg) => return Err(Refused(msg)),
+                    Err(r) => return Err(r),
                 }
             }
         }
@@ -160,7 +160,7 @@ impl<'r, A: Store, B: Store> Pass<'r, A, B> {
             }
             r
         });
-        scanned.map_err(Refused)
+        scanned
     }
 
     /// The executor of this run, on the roots `ra`, `rb` (`None`: missing).

@@ -72,7 +72,7 @@ pub fn scan_scoped<A: Store, B: Store>(
     j: &dyn Records,
     o: &ScanOpts<'_, A, B>,
     scope: &ScopeDirs,
-) -> Result<Option<(Plan, Scan, Scan)>, String> {
+) -> Result<Option<(Plan, Scan, Scan)>, Refused> {
     let roots = (Arc::new(a.1), Arc::new(b.1));
     // Each directory's start, once; deep wins.
     let mut targets: Vec<Start<A, B>> = Vec::new();
@@ -151,7 +151,7 @@ pub fn scan_scoped<A: Store, B: Store>(
         })
         .collect();
     walk::walk(&w, o.jobs.max(2), tasks);
-    if let Some(e) = w.st.lock().unwrap().failed.take() {
+    if let Some(e) = w.st.lock().failed.take() {
         return Err(e);
     }
     Ok(Some(w.into_plan()))

@@ -6,10 +6,11 @@
 //! the run's `bytes_moved` each time they are asked for more bytes: while a
 //! big file is copied, the count must already hold the bytes read before.
 
+use parking_lot::Mutex;
 use std::ffi::CStr;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use ferry_bisync::{BiAction, BiReporter, Journal, Options, Side};
 use ferry_engine::bwlimit::Limiter;
@@ -39,7 +40,7 @@ struct ProbeReader {
 impl SourceFile for ProbeReader {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let moved = self.stats.bytes_moved.load(Ordering::Relaxed);
-        self.seen.lock().unwrap().push(moved);
+        self.seen.lock().push(moved);
         self.inner.read(buf)
     }
     fn as_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
@@ -254,7 +255,7 @@ fn bisync_once(t: &tempfile::TempDir, unlistable: Option<&[u8]>) -> (Vec<u64>, A
     let out = ferry_bisync::run(&sa, &sb, Some(&mut j), &opts, &rep, &stats)
         .unwrap_or_else(|r| panic!("refused: {}", r.0));
     assert_eq!(out.errors, rep.0.load(Ordering::Relaxed), "{out:?}");
-    let seen = seen.lock().unwrap().clone();
+    let seen = seen.lock().clone();
     (seen, stats, out.errors)
 }
 

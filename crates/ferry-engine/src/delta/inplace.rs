@@ -20,10 +20,10 @@
 //! record and removal leaves the record: the next listing of that
 //! directory rolls the file back before anything reads it.
 
+use parking_lot::Mutex;
 use std::io;
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
 
 use crate::entry::Meta;
 use crate::piece::pread_full;
@@ -275,7 +275,7 @@ pub fn hash_blocks(
     let stop = AtomicBool::new(false);
     let run = || -> io::Result<()> {
         loop {
-            let next = work.lock().unwrap().next();
+            let next = work.lock().next();
             let Some((p, hs)) = next else { return Ok(()) };
             if stop.load(Ordering::Relaxed) {
                 return Ok(());

@@ -2,9 +2,9 @@
 //! block by block. The file is read once, in order, by the calling thread
 //! while the blocks already read are hashed by workers on every core.
 
+use parking_lot::Mutex;
 use std::io;
 use std::sync::mpsc;
-use std::sync::Mutex;
 
 use super::{strong_len, Signature};
 use crate::piece::pread_full;
@@ -194,7 +194,7 @@ fn sign_at(
     if pread_full(fd, &mut one, size)? > 0 {
         return Err(changed(size, size + 1));
     }
-    Ok(out.into_inner().unwrap())
+    Ok(out.into_inner())
 }
 
 /// Weak and strong sums of a signature's blocks, filled by the workers.
@@ -216,7 +216,7 @@ fn sum_blocks(
         ws.push(weak(c));
         ss.push(strong(key, c, sl));
     }
-    let mut o = out.lock().unwrap();
+    let mut o = out.lock();
     o.0[first..first + ws.len()].copy_from_slice(ws);
     o.1[first..first + ss.len()].copy_from_slice(ss);
 }
@@ -244,7 +244,7 @@ fn sign_stream(
         for _ in 0..threads {
             let (rx, free, out) = (&full_rx, free_tx.clone(), &out);
             s.spawn(move || loop {
-                let job = rx.lock().unwrap().recv();
+                let job = rx.lock().recv();
                 let Ok((first, buf)) = job else { return };
                 let (mut ws, mut ss) = (Vec::with_capacity(per), Vec::with_capacity(per));
                 sum_blocks(
@@ -297,7 +297,7 @@ fn sign_stream(
     if total != size {
         return Err(changed(size, total));
     }
-    Ok(out.into_inner().unwrap())
+    Ok(out.into_inner())
 }
 
 /// Fill `buf`; fewer bytes only at the end of the input.

@@ -82,7 +82,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
     /// directory above it, listed entries no path can name (`unnamed`: this
     /// one did; it is noted for the directories below).
     pub(super) fn held(&self, rel: &[u8], unnamed: bool) -> bool {
-        let mut h = self.held.lock().expect("held");
+        let mut h = self.held.lock();
         if unnamed {
             h.push(rel.to_vec());
             return true;

@@ -8,7 +8,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         if node.pending.fetch_sub(1, Ordering::AcqRel) != 1 {
             return;
         }
-        let refused = node.parent.is_none() && self.refusal.lock().expect("refusal").is_some();
+        let refused = node.parent.is_none() && self.refusal.lock().is_some();
         if refused {
             // Nothing is changed, not even the root's metadata.
         } else if let (false, Some(d)) = (self.dry_run, &node.dst) {

@@ -13,13 +13,13 @@
 //!   of it would be. `P%` is a share of the entries DST had at the last
 //!   full run.
 
+use parking_lot::Mutex;
 use std::collections::VecDeque;
-use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::entry::Meta;
+use crate::Refused;
 
 /// How long a run's removals count against `--max-delete` in a watch.
 pub const WINDOW: Duration = Duration::from_secs(600);
@@ -74,7 +74,7 @@ impl Guard {
     /// Record the identity of root `side` (0: SRC or A, 1: DST or B) if
     /// none is yet.
     pub fn seen(&self, side: usize, m: &Meta) {
-        let mut ids = self.ids.lock().expect("ids");
+        let mut ids = self.ids.lock();
         if ids[side].is_none() {
             ids[side] = root_id(m);
         }
@@ -89,11 +89,11 @@ impl Guard {
         name: &str,
         m: &Meta,
         force: bool,
-    ) -> Result<Option<String>, String> {
+    ) -> Result<Option<String>, Refused> {
         let Some(now) = root_id(m) else {
             return Ok(None);
         };
-        let mut ids = self.ids.lock().expect("ids");
+        let mut ids = self.ids.lock();
         match ids[side] {
             None => {
                 ids[side] = Some(now);
@@ -106,16 +106,16 @@ impl Guard {
                     "{name} is another directory than the one watched (its device and inode changed): --force: synced as it is now"
                 )))
             }
-            Some(_) => Err(format!(
+            Some(_) => Err(Refused(format!(
                 "{name} is not the directory watched at the start (its device and inode changed: unmounted, or renamed away and replaced?): nothing done; mount or put it back, or restart the watch (or give --force) to sync the new one"
-            )),
+            ))),
         }
     }
 
     /// Removals on `side` counted in the window ending `now` (older ones
     /// forgotten).
     pub fn removed(&self, side: usize, now: Instant) -> u64 {
-        let mut all = self.removed.lock().expect("removed");
+        let mut all = self.removed.lock();
         let r = &mut all[side];
         while r
             .front()
@@ -129,7 +129,7 @@ impl Guard {
     /// A run removed `n` entries on `side`.
     pub fn add_removed(&self, side: usize, n: u64) {
         if n > 0 {
-            self.removed.lock().expect("removed")[side].push_back((Instant::now(), n));
+            self.removed.lock()[side].push_back((Instant::now(), n));
         }
     }
 
@@ -163,7 +163,7 @@ impl Guard {
     /// The DST file `rel` was written while its source changed (`true`),
     /// or as it is (`false`).
     pub fn torn(&self, rel: &[u8], torn: bool) {
-        let mut t = self.torn.lock().expect("torn");
+        let mut t = self.torn.lock();
         if torn {
             t.insert(rel.to_vec());
         } else if !t.is_empty() {
@@ -173,7 +173,7 @@ impl Guard {
 
     /// Whether the DST file `rel` was written while its source changed.
     pub fn is_torn(&self, rel: &[u8]) -> bool {
-        let t = self.torn.lock().expect("torn");
+        let t = self.torn.lock();
         !t.is_empty() && t.contains(rel)
     }
 
@@ -200,27 +200,32 @@ pub fn may_remove(
     name: &str,
     m: Option<&Meta>,
     at_start: u64,
-) -> Result<(), String> {
+) -> Result<(), RemovalsStopped> {
     let Some(m) = m else {
-        return Err(format!("{name} is gone: the run's removals stop here"));
+        return Err(RemovalsStopped(format!(
+            "{name} is gone: the run's removals stop here"
+        )));
     };
     if g.check(side, name, m, false).is_err() {
-        return Err(format!(
+        return Err(RemovalsStopped(format!(
             "{name} is another directory than the one watched: the run's removals stop here"
-        ));
+        )));
     }
     if g.removals(side) > at_start {
-        return Err(format!(
+        return Err(RemovalsStopped(format!(
             "{name} is changing (entries removed there while the run went on): the run's removals stop here, the next run does them"
-        ));
+        )));
     }
     Ok(())
 }
 
-/// The error that refuses a run for `msg`.
-pub(super) fn refusal(msg: String) -> io::Error {
-    super::refused(msg)
-}
+/// Why a watch's run stops its removals on a side (its root gone, another
+/// directory, or changing): one failure of that run (exit 1, not a
+/// refusal), and the full run that follows is held until removals are
+/// quiet.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct RemovalsStopped(pub String);
 
 #[cfg(test)]
 mod tests {

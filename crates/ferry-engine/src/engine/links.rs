@@ -22,12 +22,13 @@
 //! Without `-H` none of this runs; with `-H`, files with one name on both
 //! sides take the usual path (no lock, no syscall more).
 
+use parking_lot::Mutex;
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::ffi::{CStr, CString};
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 
 use super::{Engine, FileBatch, Node};
 use crate::entry::{join, Kind, Meta};
@@ -147,7 +148,7 @@ impl<S: Store, D: Store> Links<S, D> {
         if dm.kind != Kind::File || dm.nlink <= 1 {
             return true;
         }
-        let mut owners = self.owners.lock().expect("owners");
+        let mut owners = self.owners.lock();
         *owners.entry(id(dm)).or_insert(id(sm)) == id(sm)
     }
 }
@@ -203,7 +204,7 @@ impl<S: Store, D: Store> Engine<'_, S, D> {
                 How::Transfer { check } => batch.add(name.to_bytes(), sm, dm, check && keep),
             };
         }
-        let mut groups = l.groups.lock().expect("groups");
+        let mut groups = l.groups.lock();
         let g = match groups.entry(id(&sm)) {
             Entry::Vacant(v) => {
                 // The leader: transferred (or kept) like any file.
@@ -272,7 +273,7 @@ impl<S: Store, D: Store> Engine<'_, S, D> {
         if !l.enabled {
             return;
         }
-        let mut groups = l.groups.lock().expect("groups");
+        let mut groups = l.groups.lock();
         let Some(g) = groups.get_mut(&id(sm)) else {
             return;
         };

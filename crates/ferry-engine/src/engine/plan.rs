@@ -328,7 +328,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         Stats::add(&self.stats.bytes_planned, b.bytes);
         node.pending.fetch_add(1, Ordering::AcqRel);
         {
-            let mut l = node.lanes.lock().expect("lanes");
+            let mut l = node.lanes.lock();
             if l.0 >= self.lanes {
                 l.1.push_back(b);
                 return;

@@ -136,7 +136,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         } else {
             ("entries", "them")
         };
-        *self.refusal.lock().expect("refusal") = Some(format!(
+        *self.refusal.lock() = Some(format!(
             "SRC is empty and DST has {n} {entries} at its top level: refusing to delete {them} (if SRC is an unmounted mount point, mount it; --force deletes {them})"
         ));
         true

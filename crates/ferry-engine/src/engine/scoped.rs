@@ -11,11 +11,12 @@
 //! directory there) is replaced by its nearest ancestor that is a
 //! directory on both sides, whose plan then creates, replaces or deletes it.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::ffi::CString;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 use super::{DirTask, Engine, Node, RunResult, Walker};
@@ -179,7 +180,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             self.opts.jobs,
             tasks.into_iter().map(DirTask::Scan).collect(),
         );
-        if let Some(msg) = e.refusal.lock().expect("refusal").take() {
+        if let Some(msg) = e.refusal.lock().take() {
             return Err(super::refused(msg));
         }
         // (`e` copied the files: the attributes' note is its own.)

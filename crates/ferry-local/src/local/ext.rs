@@ -268,7 +268,7 @@ impl PosixStore<LocalStore> for LocalStore {
                 std::os::unix::fs::MetadataExt::ino(&m),
             )
         });
-        let mut cached = self.root_ids.lock().unwrap_or_else(|e| e.into_inner());
+        let mut cached = self.root_ids.lock();
         if let (Some(id), Some((at, ids))) = (now, cached.as_ref()) {
             if id == *at {
                 return Some(ids.clone());

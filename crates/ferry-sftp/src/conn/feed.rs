@@ -157,13 +157,13 @@ impl Feed {
     /// The session is over: nothing more is written (the writer thread
     /// ends, closing ssh's stdin).
     pub(super) fn close(&self) {
-        self.st.lock().unwrap().dead = true;
+        self.st.lock().dead = true;
         self.cv.notify_one();
     }
 
     /// Send `buf` (requests, whole): `Err` with it when ssh is gone.
     pub(super) fn send(&self, buf: Vec<u8>) -> Result<(), Vec<u8>> {
-        let mut st = self.st.lock().unwrap();
+        let mut st = self.st.lock();
         if st.dead {
             return Err(buf);
         }
@@ -209,10 +209,10 @@ impl Feed {
                 .flatten(),
         );
         let mut out = io::BufWriter::with_capacity(256 << 10, stdin);
-        let mut st = self.st.lock().unwrap();
+        let mut st = self.st.lock();
         loop {
             while !st.busy && !st.dead {
-                st = self.cv.wait(st).unwrap();
+                self.cv.wait(&mut st);
             }
             if st.dead {
                 return;
@@ -236,7 +236,7 @@ impl Feed {
                     .is_ok();
             }
             ok = ok && out.flush().is_ok();
-            st = self.st.lock().unwrap();
+            st = self.st.lock();
             if !ok {
                 // ssh is gone: its stdout ends, and the reader thread
                 // fails what is pending.

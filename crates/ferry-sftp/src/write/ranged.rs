@@ -48,7 +48,7 @@ impl Ranged<'_> {
     /// when enough came since the last (not in the last stretch: the
     /// commit follows).
     pub(super) fn finished(&self, r: (u64, u64)) -> io::Result<()> {
-        let mut t = self.track.lock().unwrap();
+        let mut t = self.track.lock();
         t.done.insert(r.0, r.1);
         t.since += r.1 - r.0;
         self.step(&mut t)
@@ -126,7 +126,7 @@ impl Ranged<'_> {
     /// After a failure: what is done made durable and recorded, waited
     /// for (the next run resumes from it).
     pub(super) fn keep(&self) {
-        let mut t = self.track.lock().unwrap();
+        let mut t = self.track.lock();
         let c = self.conn;
         if let Some((rx, step)) = t.sync.take() {
             let reply = c.wait(&rx);
@@ -155,7 +155,7 @@ impl Ranged<'_> {
     /// The record's handle closed (its last rewrite, if still in flight,
     /// is not waited for: the commit removes the record).
     pub(super) fn close(&self) {
-        let t = self.track.lock().unwrap();
+        let t = self.track.lock();
         if let Some(h) = &t.rec {
             self.conn.send(Req::path(w::CLOSE, h));
         }
@@ -184,7 +184,7 @@ impl Ranged<'_> {
                 Some(r) => self.finished(r),
                 None => {
                     // A reply may have come for the durability step in flight.
-                    let mut t = self.track.lock().unwrap();
+                    let mut t = self.track.lock();
                     if t.sync.is_some() {
                         self.step(&mut t)
                     } else {

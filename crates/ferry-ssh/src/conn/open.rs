@@ -3,10 +3,11 @@
 //! answers read, then the reader thread that hands each reply to its
 //! request.
 
+use parking_lot::{Condvar, Mutex};
 use std::io::{BufReader, Read, Write};
 use std::process::Child;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Condvar, Mutex};
+use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 
 use super::{Body, Conn, Pending, Target, QUEUED};
@@ -41,7 +42,7 @@ pub(super) fn open(t: &Target) -> Result<Arc<Conn>, Failed> {
 }
 
 pub(super) fn open_look(t: &Target, look: Look, sum: &str) -> Result<Arc<Conn>, Failed> {
-    let argv = t.argv_look(look, sum).map_err(Failed::Other)?;
+    let argv = t.argv_look(look, sum).map_err(|e| Failed::Other(e.0))?;
     let ssh = spawn::spawn(&argv, spawn::Io::Pipes).map_err(|e| Failed::Other(e.0))?;
     let quiet = Quiet::start(
         ssh.child.id(),
@@ -164,7 +165,7 @@ impl Starting<'_> {
             }
             NoHello::Ended => {
                 match spawn::ended(self.t, &mut self.child, errt, &self.tail, &self.quiet) {
-                    Err(timed_out) => Failed::Other(timed_out),
+                    Err(timed_out) => Failed::Other(timed_out.0),
                     Ok((why, _)) if why.contains(NO_FERRY) => Failed::NoFerry(why),
                     Ok((why, _)) => Failed::Other(why),
                 }
@@ -229,10 +230,10 @@ fn read_replies(
     // ([`proto::read_placed`]).
     let mut r = BufReader::with_capacity(64 << 10, stdout);
     let end = loop {
-        let spare = || conn.bufs.lock().unwrap().pop();
+        let spare = || conn.bufs.lock().pop();
         match proto::read_placed(&mut r, spare) {
             Ok(Some((id, body))) => {
-                let mut p = conn.pending.lock().unwrap();
+                let mut p = conn.pending.lock();
                 if let Some(s) = p.calls.remove(&id) {
                     drop(p);
                     let _ = s.send(Ok(body));
@@ -250,7 +251,7 @@ fn read_replies(
     let status = spawn::reap(&mut child, errt, &conn.quiet, !closing);
     {
         let (lock, cv) = &conn.closed;
-        *lock.lock().unwrap() = true;
+        *lock.lock() = true;
         cv.notify_all();
     }
     let why = spawn::lost(

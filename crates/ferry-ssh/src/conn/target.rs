@@ -2,12 +2,13 @@
 //! start command, a subsystem), AES-GCM first where ssh is left to its
 //! defaults, and the words of a `-e` command.
 
+use parking_lot::Mutex;
 use std::process::{Command, Stdio};
-use std::sync::Mutex;
 
 use super::{Settings, Target};
 use crate::install::Look;
 use crate::quiet;
+use crate::SessionError;
 
 impl Target {
     /// The target for `host` (`[user@]host`, brackets around an IPv6
@@ -71,7 +72,7 @@ impl Target {
     /// self-install, the start command that looks for ferry as `look`
     /// says ([`crate::install::start_script`]; `sum`: the shipped binary's
     /// SHA-256, for [`Look::Verify`]).
-    pub(super) fn argv_look(&self, look: Look, sum: &str) -> Result<Vec<String>, String> {
+    pub(super) fn argv_look(&self, look: Look, sum: &str) -> Result<Vec<String>, SessionError> {
         if !self.install {
             return Ok(self.argv());
         }
@@ -122,7 +123,7 @@ pub(super) fn fast_cipher(rsh: &[String], host: &str, port: Option<u16>) -> Opti
     type Asked = (Vec<String>, String, Option<u16>);
     static ASKED: Mutex<Vec<(Asked, Option<String>)>> = Mutex::new(Vec::new());
     let key = (rsh.to_vec(), host.to_string(), port);
-    let mut asked = ASKED.lock().unwrap();
+    let mut asked = ASKED.lock();
     if let Some((_, c)) = asked.iter().find(|(k, _)| *k == key) {
         return c.clone();
     }
@@ -178,7 +179,7 @@ pub(super) fn cpu_has_aes() -> bool {
 /// single and double quotes group, a backslash escapes the next character.
 /// Returns `String`, as a clap value parser does: a usage message the caller
 /// folds into its own (`-e/FERRY_RSH ...: ...`).
-pub fn split_words(s: &str) -> Result<Vec<String>, String> {
+pub fn split_words(s: &str) -> Result<Vec<String>, SessionError> {
     let (mut words, mut cur, mut has) = (Vec::new(), String::new(), false);
     let mut it = s.chars();
     while let Some(c) = it.next() {

@@ -35,12 +35,12 @@ fn answer_io(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> io::Re
         Req::List { dir } => list(st, id, dir, listing),
         Req::OpenDir { dir, name, new } => {
             let d = s.open_dir(&*dir_of(st, dir)?, &cname(name)?)?;
-            st.dirs.lock().unwrap().insert(new, Arc::new(d));
+            st.dirs.lock().insert(new, Arc::new(d));
             ok(id, Ok(()))
         }
         Req::MakeDir { dir, name, new } => {
             let d = s.make_dir(&*dir_of(st, dir)?, &cname(name)?)?;
-            st.dirs.lock().unwrap().insert(new, Arc::new(d));
+            st.dirs.lock().insert(new, Arc::new(d));
             ok(id, Ok(()))
         }
         Req::SetDirMeta { dir, meta, what } => ok(
@@ -138,7 +138,7 @@ fn root(st: &State, id: u64, path: &[u8], dir: u64, create: bool) -> io::Result<
         at.open_root()?
     };
     let meta = opened.map(|(d, m)| {
-        st.dirs.lock().unwrap().insert(dir, Arc::new(d));
+        st.dirs.lock().insert(dir, Arc::new(d));
         M(m)
     });
     Ok(proto::frame(id, &Resp::Meta(meta)))
@@ -269,7 +269,6 @@ fn read(st: &State, id: u64, file: u64, offset: u64, len: u32) -> io::Result<Vec
     let (r, sparse) = st
         .readers
         .lock()
-        .unwrap()
         .get(&file)
         .cloned()
         .ok_or_else(|| bad_handle(file))?;
@@ -343,7 +342,7 @@ fn commit(st: &State, id: u64, req: Req<'_>) -> io::Result<Vec<u8>> {
         unreachable!("a Commit")
     };
     let s = &st.store;
-    let w = st.writers.lock().unwrap().remove(&file);
+    let w = st.writers.lock().remove(&file);
     match w {
         Some(Writing::Open(d, mut w)) => {
             expecting(s, &mut w, replacing, expect);
@@ -565,10 +564,7 @@ fn keep_open(st: &State, id: u64, file: u64, r: LocalReader, x: &Xattrs) -> Vec<
         (s.st_ino, (s.st_blocks as u64) * 512 < s.st_size as u64)
     });
     let current = r.current();
-    st.readers
-        .lock()
-        .unwrap()
-        .insert(file, (Arc::new(r), sparse));
+    st.readers.lock().insert(file, (Arc::new(r), sparse));
     proto::frame(
         id,
         &Resp::Opened {

@@ -5,11 +5,12 @@
 //! against the client's signature (a pull), computed by a thread of their
 //! own ahead of the client's [`Req::DiffRead`]s.
 
+use parking_lot::{Condvar, Mutex};
 use std::collections::HashMap;
 use std::fs::File;
 use std::io;
 use std::sync::mpsc::{self, Receiver, SyncSender};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 
 use ferry_engine::delta::{self, Op, OpSink, Patcher, Signature};
 use ferry_engine::entry::Meta;
@@ -58,14 +59,14 @@ pub(super) struct Deltas {
 impl Deltas {
     /// Forget what runs for handle `file` (closed, aborted).
     pub(super) fn drop_handle(&self, file: u64) {
-        self.patches.lock().unwrap().remove(&file);
-        self.diffs.lock().unwrap().remove(&file);
+        self.patches.lock().remove(&file);
+        self.diffs.lock().remove(&file);
     }
 
     /// The rebuild of `file` was not finished by its commit: the commit
     /// fails (`true`).
     pub(super) fn unfinished(&self, file: u64) -> bool {
-        self.patches.lock().unwrap().remove(&file).is_some()
+        self.patches.lock().remove(&file).is_some()
     }
 }
 
@@ -90,14 +91,14 @@ pub(super) fn patch_from(st: &State, dir: u64, file: u64, old: &[u8], block: u32
         )?;
         Patcher::new(File::from(fd), block, size).map(Patcher::unhashed)
     });
-    let out = match st.writers.lock().unwrap().get(&file) {
+    let out = match st.writers.lock().get(&file) {
         Some(Writing::Open(_, w)) => SeqOut::hashed(w.fd()),
         _ => return,
     };
     let p = out.and_then(|out| Ok((p?, out)));
     match p {
         Ok(p) => {
-            st.deltas.patches.lock().unwrap().insert(file, p);
+            st.deltas.patches.lock().insert(file, p);
         }
         Err(e) => on_writer(st, file, |_| Err(e)),
     }
@@ -106,7 +107,7 @@ pub(super) fn patch_from(st: &State, dir: u64, file: u64, old: &[u8], block: u32
 /// [`Req::Patch`](crate::proto::Req::Patch): ops of `file`'s rebuild
 /// applied; the rebuild is over once the end op matched.
 pub(super) fn patch(st: &State, file: u64, ops: &[u8]) {
-    let mut ps = st.deltas.patches.lock().unwrap();
+    let mut ps = st.deltas.patches.lock();
     let Some((p, out)) = ps.get_mut(&file) else {
         // The rebuild failed already (its writer keeps the error).
         return;
@@ -124,10 +125,7 @@ pub(super) fn patch(st: &State, file: u64, ops: &[u8]) {
             p.apply(op, &mut |b| out.write(b))
         })
     });
-    let failed = !matches!(
-        st.writers.lock().unwrap().get(&file),
-        Some(Writing::Open(..))
-    );
+    let failed = !matches!(st.writers.lock().get(&file), Some(Writing::Open(..)));
     if ended || failed {
         ps.remove(&file);
     }
@@ -141,13 +139,8 @@ pub(super) fn start_diff(st: &State, file: u64, sig: &[u8]) {
         turn: Mutex::new((0, rx)),
         cv: Condvar::new(),
     });
-    st.deltas.diffs.lock().unwrap().insert(file, job);
-    let reader = st
-        .readers
-        .lock()
-        .unwrap()
-        .get(&file)
-        .map(|(r, _)| r.clone());
+    st.deltas.diffs.lock().insert(file, job);
+    let reader = st.readers.lock().get(&file).map(|(r, _)| r.clone());
     let sig = Signature::decode(sig);
     std::thread::spawn(move || {
         let res = (|| {
@@ -183,13 +176,12 @@ pub(super) fn diff_read(st: &State, id: u64, file: u64, seq: u64) -> io::Result<
         .deltas
         .diffs
         .lock()
-        .unwrap()
         .get(&file)
         .cloned()
         .ok_or_else(|| bad_handle(file))?;
-    let mut turn = job.turn.lock().unwrap();
+    let mut turn = job.turn.lock();
     while turn.0 != seq {
-        turn = job.cv.wait(turn).unwrap();
+        job.cv.wait(&mut turn);
     }
     let got = turn.1.recv();
     turn.0 += 1;
@@ -198,13 +190,13 @@ pub(super) fn diff_read(st: &State, id: u64, file: u64, seq: u64) -> io::Result<
     let b = match got {
         Ok(Ok(b)) => b,
         Ok(Err(e)) => {
-            st.deltas.diffs.lock().unwrap().remove(&file);
+            st.deltas.diffs.lock().remove(&file);
             return Err(e);
         }
         Err(_) => return Err(io::Error::other("delta: no more ops")),
     };
     if b.end {
-        st.deltas.diffs.lock().unwrap().remove(&file);
+        st.deltas.diffs.lock().remove(&file);
     }
     Ok(proto::frame_sized(
         id,
@@ -294,7 +286,6 @@ pub(super) fn inplace_hash(
         st.deltas
             .inplace
             .lock()
-            .unwrap()
             .insert(file, Patching::Open(Box::new(p)));
         Ok(Some(delta::inplace::encode_list(&list)))
     })();
@@ -313,7 +304,7 @@ fn layout(old: u64, new: u64, block: u64) -> io::Result<delta::Layout> {
 /// Do `f` to patch `file`; a failure is kept for its commit (and what was
 /// written rolled back).
 fn on_inplace(st: &State, file: u64, f: impl FnOnce(&mut LocalPatch) -> io::Result<()>) {
-    let mut ps = st.deltas.inplace.lock().unwrap();
+    let mut ps = st.deltas.inplace.lock();
     let Some(Patching::Open(p)) = ps.get_mut(&file) else {
         return;
     };
@@ -347,7 +338,7 @@ pub(super) fn inplace_commit(
     meta: &Meta,
     fsync: bool,
 ) -> Vec<u8> {
-    let slot = st.deltas.inplace.lock().unwrap().remove(&file);
+    let slot = st.deltas.inplace.lock().remove(&file);
     let r = match slot {
         Some(Patching::Open(mut p)) => p.commit_here(root, meta, fsync),
         Some(Patching::Failed(e)) => Err(e),
@@ -359,7 +350,7 @@ pub(super) fn inplace_commit(
 /// [`Req::PatchAbort`](crate::proto::Req::PatchAbort): rolled back
 /// (dropped).
 pub(super) fn inplace_abort(st: &State, file: u64) {
-    let slot = st.deltas.inplace.lock().unwrap().remove(&file);
+    let slot = st.deltas.inplace.lock().remove(&file);
     drop(slot);
 }
 
@@ -392,7 +383,6 @@ pub(super) fn inplace_hashes(
 fn reader(st: &State, file: u64) -> io::Result<Arc<LocalReader>> {
     st.readers
         .lock()
-        .unwrap()
         .get(&file)
         .map(|(r, _)| r.clone())
         .ok_or_else(|| bad_handle(file))

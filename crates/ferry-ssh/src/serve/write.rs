@@ -12,7 +12,7 @@ pub(super) fn write_files(st: &State, rx: &Receiver<Job>) {
             Job::Msg(id, body) => (id, body),
             Job::Chunk(c) => {
                 write_at(st, c.file, c.data(), c.offset, true);
-                let mut bufs = st.bufs.lock().unwrap();
+                let mut bufs = st.bufs.lock();
                 if bufs.len() < DISK_QUEUE + 2 {
                     bufs.push(c.buf);
                 }
@@ -23,7 +23,7 @@ pub(super) fn write_files(st: &State, rx: &Receiver<Job>) {
             Ok(r) => r,
             Err(e) => {
                 if id != 0 {
-                    let _ = st.out.lock().unwrap().send(err_frame(id, &e).into());
+                    let _ = st.out.lock().send(err_frame(id, &e).into());
                 }
                 continue;
             }
@@ -42,7 +42,7 @@ pub(super) fn write_files(st: &State, rx: &Receiver<Job>) {
                     Ok(w) => w,
                     Err(e) => Writing::Failed(e),
                 };
-                st.writers.lock().unwrap().insert(file, w);
+                st.writers.lock().insert(file, w);
             }
             Req::Write { file, data } => write_chunk(st, file, data),
             Req::WriteAt { file, offset, data } => write_at(st, file, data, offset, false),
@@ -70,22 +70,22 @@ pub(super) fn write_files(st: &State, rx: &Receiver<Job>) {
                 fsync,
             } => {
                 let f = delta::inplace_commit(st, id, file, &root, &meta.0, fsync);
-                let _ = st.out.lock().unwrap().send(f.into());
+                let _ = st.out.lock().send(f.into());
             }
             Req::PatchAbort { file } => delta::inplace_abort(st, file),
             Req::Commit { file, .. } if st.deltas.unfinished(file) => {
-                if let Some(Writing::Open(d, w)) = st.writers.lock().unwrap().remove(&file) {
+                if let Some(Writing::Open(d, w)) = st.writers.lock().remove(&file) {
                     st.store.abort(&d, w);
                 }
                 let e = io::Error::new(
                     io::ErrorKind::InvalidData,
                     "delta: the ops stopped before their end",
                 );
-                let _ = st.out.lock().unwrap().send(err_frame(id, &e).into());
+                let _ = st.out.lock().send(err_frame(id, &e).into());
             }
             Req::Abort { file, .. } => {
                 st.deltas.drop_handle(file);
-                let w = st.writers.lock().unwrap().remove(&file);
+                let w = st.writers.lock().remove(&file);
                 if let Some(w) = w {
                     w.discard(&st.store);
                 }
@@ -96,7 +96,7 @@ pub(super) fn write_files(st: &State, rx: &Receiver<Job>) {
             | Req::PartRecord { .. }) => part_request(st, id, req),
             req => {
                 let f = answer(st, id, req, &mut Listing::new());
-                let _ = st.out.lock().unwrap().send(f.into());
+                let _ = st.out.lock().send(f.into());
             }
         }
     }
@@ -122,18 +122,18 @@ fn part_request(st: &State, id: u64, req: Req<'_>) {
             });
             let f = match r {
                 Ok((w, done)) => {
-                    st.writers.lock().unwrap().insert(file, w);
+                    st.writers.lock().insert(file, w);
                     proto::frame(id, &Resp::Ranges(done.ranges()))
                 }
                 Err(e) => err_frame(id, &e),
             };
-            let _ = st.out.lock().unwrap().send(f.into());
+            let _ = st.out.lock().send(f.into());
         }
         Req::PartAttach { path, file } => {
             let path = match local_path(path) {
                 Ok(p) => p,
                 Err(e) => {
-                    st.writers.lock().unwrap().insert(file, Writing::Failed(e));
+                    st.writers.lock().insert(file, Writing::Failed(e));
                     return;
                 }
             };
@@ -151,11 +151,11 @@ fn part_request(st: &State, id: u64, req: Req<'_>) {
                     Writing::Attached(fd, direct, path.to_vec())
                 },
             );
-            st.writers.lock().unwrap().insert(file, w);
+            st.writers.lock().insert(file, w);
         }
         Req::PartSync { file, flush, close } => {
             let r = {
-                let mut ws = st.writers.lock().unwrap();
+                let mut ws = st.writers.lock();
                 let r = match ws.get(&file) {
                     Some(Writing::Failed(e)) => Err(match e.raw_os_error() {
                         Some(n) => io::Error::from_raw_os_error(n),
@@ -176,10 +176,10 @@ fn part_request(st: &State, id: u64, req: Req<'_>) {
                 Ok(()) => proto::frame(id, &Resp::Ok),
                 Err(e) => err_frame(id, &e),
             };
-            let _ = st.out.lock().unwrap().send(f.into());
+            let _ = st.out.lock().send(f.into());
         }
         Req::PartRecord { file, ranges } => {
-            let ws = st.writers.lock().unwrap();
+            let ws = st.writers.lock();
             if let Some(Writing::Part(_, w, size, ident, _)) = ws.get(&file) {
                 let mut set = ferry_local::range::RangeSet::new();
                 for (a, b) in ranges {
@@ -196,7 +196,7 @@ fn part_request(st: &State, id: u64, req: Req<'_>) {
 /// Append `data` to the file being written as `file`; a failure is kept
 /// for its commit.
 fn write_chunk(st: &State, file: u64, data: &[u8]) {
-    let mut ws = st.writers.lock().unwrap();
+    let mut ws = st.writers.lock();
     let Some(slot) = ws.get_mut(&file) else {
         return;
     };
@@ -224,7 +224,7 @@ fn write_chunk(st: &State, file: u64, data: &[u8]) {
 /// file's through its `O_DIRECT` descriptor (from where `data` is when it
 /// is `aligned` as its offset is, else through an aligned copy).
 fn write_at(st: &State, file: u64, data: &[u8], offset: u64, aligned: bool) {
-    let mut ws = st.writers.lock().unwrap();
+    let mut ws = st.writers.lock();
     let direct = |direct: &Direct, fd: BorrowedFd<'_>| match aligned {
         true => direct.write(fd, data, offset),
         false => direct.write_copied(fd, data, offset),
@@ -246,7 +246,7 @@ fn write_at(st: &State, file: u64, data: &[u8], offset: u64, aligned: bool) {
 /// Do `f` to the file being written as `file`; a failure is kept for its
 /// commit.
 pub(super) fn on_writer(st: &State, file: u64, f: impl FnOnce(BorrowedFd<'_>) -> io::Result<()>) {
-    let mut ws = st.writers.lock().unwrap();
+    let mut ws = st.writers.lock();
     let Some(fd) = ws.get(&file).and_then(Writing::fd) else {
         return;
     };

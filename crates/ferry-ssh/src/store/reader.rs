@@ -50,7 +50,7 @@ impl Ranged {
         if k == 0 {
             return Ok((self.conn.clone(), self.file));
         }
-        let mut others = self.others.lock().unwrap();
+        let mut others = self.others.lock();
         if others.len() < k {
             others.resize(k, None);
         }
@@ -135,7 +135,7 @@ impl Fetch for Ranged {
 
 impl Drop for Ranged {
     fn drop(&mut self) {
-        for (c, f) in self.others.get_mut().unwrap().iter().flatten() {
+        for (c, f) in self.others.get_mut().iter().flatten() {
             let _ = c.send(&Req::Close { handle: *f });
         }
     }

@@ -19,7 +19,7 @@ impl SshStore {
 
     /// The connection of this run (the current one).
     pub(super) fn conn(&self) -> Arc<Conn> {
-        self.conn.read().unwrap().clone()
+        self.conn.read().clone()
     }
 
     /// Before a run of a watch: when the connection was lost (ssh or
@@ -34,7 +34,7 @@ impl SshStore {
             return Ok(false);
         }
         let new = conn::reconnect(&self.target, &old)?;
-        *self.conn.write().unwrap() = new;
+        *self.conn.write() = new;
         Ok(true)
     }
 

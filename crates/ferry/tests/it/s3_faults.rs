@@ -3,10 +3,11 @@
 //! until they pass; when retries run out the run goes on with the other
 //! objects, lists each failed key on stderr and exits 1.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use crate::util::*;
 
@@ -102,7 +103,7 @@ fn serve(conn: TcpStream, s: &Server, script: &(dyn Fn(&str) -> (Option<u32>, Ho
             ),
             ("PUT", Some(k)) => {
                 let n = {
-                    let mut p = s.puts.lock().unwrap();
+                    let mut p = s.puts.lock();
                     let c = p.entry(k.clone()).or_insert(0);
                     *c += 1;
                     *c
@@ -115,7 +116,7 @@ fn serve(conn: TcpStream, s: &Server, script: &(dyn Fn(&str) -> (Option<u32>, Ho
                         How::Drop => return,
                     }
                 } else {
-                    s.stored.lock().unwrap().insert(k, body);
+                    s.stored.lock().insert(k, body);
                     reply(&mut w, "200 OK", "");
                 }
             }
@@ -150,12 +151,12 @@ fn transient_errors_are_retried_until_they_pass() {
     let r = env_run(&ep, &["copy", "--json", src.to_str().unwrap(), "s3://b/p"]);
     assert_eq!(r.code, Some(0), "{r}");
     assert_eq!(summary(&r).files_copied, 4, "{r}");
-    let puts = server.puts.lock().unwrap();
+    let puts = server.puts.lock();
     assert_eq!(puts["p/slow.txt"], 4);
     assert_eq!(puts["p/err.txt"], 3);
     assert_eq!(puts["p/drop.txt"], 3);
     assert_eq!(puts["p/fine.txt"], 1);
-    let stored = server.stored.lock().unwrap();
+    let stored = server.stored.lock();
     assert_eq!(stored["p/slow.txt"], b"slow.txt");
     assert_eq!(stored["p/drop.txt"], b"drop.txt");
 }
@@ -181,9 +182,9 @@ fn when_retries_run_out_the_failed_keys_are_listed_and_the_rest_is_done() {
             .unwrap_or_else(|| panic!("no error line for {f}: {r}"));
         assert!(line.contains("SlowDown"), "{line}");
     }
-    let puts = server.puts.lock().unwrap();
+    let puts = server.puts.lock();
     assert_eq!(puts["p/bad1.txt"], 6, "6 attempts, then given up");
-    let stored = server.stored.lock().unwrap();
+    let stored = server.stored.lock();
     assert!(stored.contains_key("p/ok1.txt") && stored.contains_key("p/d/ok2.txt"));
     assert!(!stored.contains_key("p/bad1.txt"));
 }
@@ -382,7 +383,7 @@ fn start_multipart(parts_answer: &'static str) -> (String, Arc<Mutex<Vec<String>
                     }
                     let mut it = line.split_whitespace();
                     let (m, target) = (it.next().unwrap_or(""), it.next().unwrap_or(""));
-                    log.lock().unwrap().push(format!("{m} {target}"));
+                    log.lock().push(format!("{m} {target}"));
                     let (path, query) = target.split_once('?').unwrap_or((target, ""));
                     let key = path
                         .trim_start_matches('/')
@@ -438,7 +439,7 @@ fn an_upload_that_cannot_be_resumed_is_started_afresh() {
         write(&src, "big.bin", &gen_bytes((9 << 20) + 7, 4));
         let r = env_run(&ep, &["copy", "-v", src.to_str().unwrap(), "s3://b/p"]);
         assert_eq!(r.code, Some(0), "{r}");
-        let seen = seen.lock().unwrap();
+        let seen = seen.lock();
         assert!(
             seen.iter().any(
                 |l| l.starts_with("DELETE /b/p/big.bin?") && l.contains("&uploadId=old-upload")

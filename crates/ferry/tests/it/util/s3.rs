@@ -258,10 +258,11 @@ pub fn assert_files_equal(a: &Path, b: &Path) {
 /// bytes went up through it: every connection is shut and new ones are refused, as when the
 /// server dies mid-upload. Returns its endpoint.
 pub fn cutting_proxy(upstream: &str, cut_after: u64) -> String {
+    use parking_lot::Mutex;
     use std::io::{Read, Write};
     use std::net::{Shutdown, TcpListener, TcpStream};
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-    use std::sync::{Arc, Mutex};
+    use std::sync::Arc;
     let up = upstream
         .trim_start_matches("http://")
         .trim_end_matches('/')
@@ -274,7 +275,7 @@ pub fn cutting_proxy(upstream: &str, cut_after: u64) -> String {
     let socks: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
     std::thread::spawn(move || loop {
         if cut.load(Ordering::Relaxed) {
-            for s in socks.lock().unwrap().drain(..) {
+            for s in socks.lock().drain(..) {
                 let _ = s.shutdown(Shutdown::Both);
             }
             return; // the listener goes with this thread
@@ -288,7 +289,7 @@ pub fn cutting_proxy(upstream: &str, cut_after: u64) -> String {
             continue;
         };
         {
-            let mut v = socks.lock().unwrap();
+            let mut v = socks.lock();
             v.push(c.try_clone().unwrap());
             v.push(s.try_clone().unwrap());
         }

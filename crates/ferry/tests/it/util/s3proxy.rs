@@ -10,10 +10,11 @@
 //! answer goes back with a `Content-Length` (a chunked one is decoded first). The `Host`
 //! header is kept, so the client's signature stays valid.
 
+use parking_lot::Mutex;
 use std::io::{self, BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// One request as the rule sees it, before its body is read.
@@ -108,7 +109,7 @@ impl Proxy {
                 Ok((c, _)) => {
                     c.set_nonblocking(false).unwrap();
                     if let Ok(k) = c.try_clone() {
-                        st.socks.lock().unwrap().push(k);
+                        st.socks.lock().push(k);
                     }
                     let st = st.clone();
                     std::thread::spawn(move || serve(c, &st));
@@ -128,7 +129,7 @@ impl Proxy {
 impl Drop for Proxy {
     fn drop(&mut self) {
         self.state.stop.store(true, Ordering::Relaxed);
-        for s in self.state.socks.lock().unwrap().drain(..) {
+        for s in self.state.socks.lock().drain(..) {
             let _ = s.shutdown(std::net::Shutdown::Both);
         }
     }
