@@ -3,11 +3,12 @@
 //! a [`RangedSource`]: a local writer fetches its ranges over several
 //! sessions at once into a resumable partial (ferry-local's download).
 
+use parking_lot::Mutex;
 use std::io;
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::Receiver;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use ferry_engine::piece::with_piece_buffer;
 use ferry_engine::ranged::{changed, give, pipelined, Fetch, Sink, Window};
@@ -177,7 +178,7 @@ struct Ranged {
 impl Ranged {
     fn next(&self) -> io::Result<Handle> {
         let k = self.turn.fetch_add(1, Ordering::Relaxed) % self.width;
-        let mut hs = self.handles.lock().unwrap();
+        let mut hs = self.handles.lock();
         if hs.len() <= k {
             hs.resize(k + 1, None);
         }
@@ -234,7 +235,7 @@ impl Fetch for Ranged {
 
 impl Drop for Ranged {
     fn drop(&mut self) {
-        for (c, h) in self.handles.get_mut().unwrap().iter().flatten() {
+        for (c, h) in self.handles.get_mut().iter().flatten() {
             c.send(Req::path(w::CLOSE, h));
         }
     }

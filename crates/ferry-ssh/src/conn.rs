@@ -281,13 +281,13 @@ impl Conn {
     /// Keep tree `path`, opened as handle `dir` with metadata `meta` while
     /// resolving a location, for the first store that opens its root.
     pub(crate) fn opened_root(&self, path: &[u8], dir: u64, meta: ferry_engine::Meta) {
-        self.roots.lock().unwrap().push((path.to_vec(), dir, meta));
+        self.roots.lock().push((path.to_vec(), dir, meta));
     }
 
     /// The handle and metadata of tree `path` opened ahead
     /// ([`Conn::opened_root`]), taken once.
     pub(crate) fn take_root(&self, path: &[u8]) -> Option<(u64, ferry_engine::Meta)> {
-        let mut roots = self.roots.lock().unwrap();
+        let mut roots = self.roots.lock();
         let i = roots.iter().position(|(p, ..)| p == path)?;
         let (_, dir, meta) = roots.swap_remove(i);
         Some((dir, meta))

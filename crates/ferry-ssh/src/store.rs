@@ -10,13 +10,14 @@
 //! at once, and the local writer's resumable partial keeps what arrived
 //! when a run is killed, as for objects in S3.
 
+use parking_lot::{Mutex, RwLock};
 use std::collections::{HashMap, VecDeque};
 use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::mpsc::Receiver;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::Arc;
 
 use ferry_engine::bwlimit::Limiter;
 use ferry_engine::delta::{DiffSummary, OpSink, Signature};
@@ -279,7 +280,7 @@ impl Store for SshStore {
     }
 
     fn open_file(&self, dir: &SshDir, name: &CStr) -> io::Result<SshReader> {
-        let ahead = dir.ahead.lock().unwrap().remove(name.to_bytes());
+        let ahead = dir.ahead.lock().remove(name.to_bytes());
         let (file, sel, body) = match ahead {
             Some(a) => (a.file, a.sel, a.conn.wait(&a.rx)?),
             None => {

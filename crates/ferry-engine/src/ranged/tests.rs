@@ -2,9 +2,9 @@
 //! come short at chosen offsets.
 
 use super::*;
+use parking_lot::Mutex;
 use proptest::prelude::*;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
 
 fn content(len: usize, seed: u32) -> Vec<u8> {
     let mut x = seed | 1;
@@ -54,7 +54,7 @@ impl Fetch for Stream {
     }
 
     fn fetch(&self, sink: &mut Sink<'_>) -> io::Result<()> {
-        self.starts.lock().unwrap().push(sink.at());
+        self.starts.lock().push(sink.at());
         // The version check a server makes (S3's If-Match) or the stat a
         // shell backend makes: before any byte of a changed file.
         if self.change.is_some_and(|c| sink.at() >= c) {
@@ -67,7 +67,7 @@ impl Fetch for Stream {
             k += 1;
             let mut stop = None;
             {
-                let mut breaks = self.breaks.lock().unwrap();
+                let mut breaks = self.breaks.lock();
                 if let Some(i) = breaks.iter().position(|&b| b >= at && b < at + n) {
                     let b = breaks.remove(i);
                     n = b - at;
@@ -144,7 +144,7 @@ fn broken_connections_resume_from_the_last_byte_handed_over() {
     res.unwrap();
     assert_eq!(joined(&got, 3), &data[3..]);
     // Each attempt after the first started at the byte where one broke.
-    assert_eq!(*src.starts.lock().unwrap(), [3, 10, 1_500_000, 1_500_001]);
+    assert_eq!(*src.starts.lock(), [3, 10, 1_500_000, 1_500_001]);
     assert_eq!(src.sent.load(Ordering::Relaxed), data.len() - 3);
 }
 
@@ -189,7 +189,7 @@ fn a_writer_error_is_returned_and_never_retried() {
     );
     assert_eq!(res.unwrap_err().kind(), io::ErrorKind::StorageFull);
     assert_eq!(calls, 4);
-    assert_eq!(src.starts.lock().unwrap().len(), 1);
+    assert_eq!(src.starts.lock().len(), 1);
 }
 
 /// A backend whose content is shorter than the range (the file shrank).
@@ -256,12 +256,12 @@ impl Fetch for Piped {
             self.depth,
             self.chunk,
             |at, len| {
-                self.asked.lock().unwrap().push((at, len));
+                self.asked.lock().push((at, len));
                 Ok((at, len))
             },
             || {
                 // Every first request is out before the check.
-                assert!(!self.asked.lock().unwrap().is_empty());
+                assert!(!self.asked.lock().is_empty());
                 self.checked.fetch_add(1, Ordering::Relaxed);
                 if self.stale {
                     Err(changed())
@@ -302,7 +302,7 @@ fn pipelined_replies_that_come_short_have_their_rest_asked_first() {
     let (got, res) = read(&src, 5, 99_000);
     res.unwrap();
     assert_eq!(joined(&got, 5), &data[5..99_005]);
-    let asked = src.asked.lock().unwrap();
+    let asked = src.asked.lock();
     // The window: four chunks out at first, then the first one's rest.
     assert_eq!(
         asked[..5],
@@ -398,7 +398,7 @@ proptest! {
         prop_assert!(res.is_ok(), "{:?}", res);
         prop_assert_eq!(joined(&got, off), &data[off as usize..(off + len) as usize]);
         prop_assert_eq!(src.sent.load(Ordering::Relaxed) as u64, len);
-        let starts = src.starts.lock().unwrap().clone();
+        let starts = src.starts.lock().clone();
         prop_assert_eq!(starts[0], off);
         prop_assert_eq!(&starts[1..], &at[..starts.len() - 1]);
     }

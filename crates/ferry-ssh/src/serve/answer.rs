@@ -173,7 +173,7 @@ fn stat_root(st: &State, id: u64, path: &[u8], dir: u64) -> io::Result<Vec<u8>> 
             LocalStore::new(Path::new(OsStr::from_bytes(p)), 1).read_only(st.store.is_read_only());
         // Not opened (gone since, unreadable): the client's `Root` says why.
         if let Ok(Some((d, m))) = at.open_root() {
-            st.dirs.lock().unwrap().insert(dir, Arc::new(d));
+            st.dirs.lock().insert(dir, Arc::new(d));
             return reply(Some(m), true);
         }
     }

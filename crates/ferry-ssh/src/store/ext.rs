@@ -245,7 +245,7 @@ impl PipelineStore<SshStore> for SshStore {
         // AHEAD_HINT per hint and AHEAD_MAX in all.
         let conn = self.conn();
         let sel = self.open_xattrs.load(Ordering::Relaxed);
-        let mut map = dir.ahead.lock().unwrap();
+        let mut map = dir.ahead.lock();
         let mut sum = 0u64;
         for &(name, size) in files {
             if size > INLINE_MAX {
