@@ -776,10 +776,44 @@ fn lsetstat_links(d: &tempfile::TempDir) -> (PathBuf, PathBuf) {
     (src, d.path().join("dst"))
 }
 
-/// A big push at full speed (no --bwlimit) killed once 112 MiB of its
-/// 256 MiB are there resumes: its first record is written once a 32 MiB
-/// range is done, not after 128 MiB and 2 s (a fast push killed before
-/// its first record, most of the way at full speed, started over).
+/// The bytes a big upload's partial record under `dst` says arrived (the
+/// sum of its ranges), once one is there with its whole text.
+fn recorded_bytes(dst: &Path) -> Option<u64> {
+    find_prefixed(dst, b".ferry-part-").iter().find_map(|p| {
+        // Not the partial itself (read only the small one).
+        if std::fs::metadata(dst.join(p)).ok()?.len() > 64 << 10 {
+            return None;
+        }
+        let text = std::fs::read(dst.join(p)).ok()?;
+        let text = std::str::from_utf8(text.strip_prefix(b"ferry sftp partial 1\n")?).ok()?;
+        // The ident line, the ranges, the end line (a shorter rewrite
+        // leaves an old tail after it, never read).
+        let body = text.split_once('\n')?.1.split("end\n").next()?;
+        if !text.contains("end\n") {
+            return None;
+        }
+        body.lines()
+            .map(|l| {
+                let (a, b) = l.split_once('-')?;
+                Some(b.parse::<u64>().ok()? - a.parse::<u64>().ok()?)
+            })
+            .sum()
+    })
+}
+
+/// A big push killed once its first record is there resumes, and that
+/// first record is written as soon as one 32 MiB range is done (it says
+/// less than 128 MiB), not after 128 MiB and 2 s (a fast push killed
+/// before its first record, most of the way, started over).
+///
+/// Flaky before (once, on a loaded machine): it pushed at full speed and
+/// was killed when the partial held 112 MiB, counting on the first record
+/// being there by then. The record follows the partial's fsync, which a
+/// busy disk makes take seconds while the other session keeps writing:
+/// killed before its record, the push rightly started over ("nothing
+/// resumed"). Now the record itself is waited for and read (what the
+/// promise is about), and `--bwlimit` leaves the fsync the rest of the
+/// push to finish in.
 #[test]
 fn a_big_push_killed_early_resumes() {
     let (rsh, host) = need!(server());
@@ -793,6 +827,8 @@ fn a_big_push_killed_early_resumes() {
             "copy".as_ref(),
             "-e".as_ref(),
             rsh.as_ref() as &OsStr,
+            "--bwlimit".as_ref(),
+            "16M".as_ref(),
             src.as_os_str(),
             &url(&host, &dst),
         ])
@@ -800,24 +836,27 @@ fn a_big_push_killed_early_resumes() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    // Killed once the partial there holds 112 MiB (less than 128 MiB).
-    let there = || {
-        use std::os::unix::fs::MetadataExt;
-        find_prefixed(&dst, b".ferry-part-")
-            .iter()
-            .any(|p| std::fs::metadata(dst.join(p)).is_ok_and(|m| m.blocks() * 512 >= 112 << 20))
-    };
-    let mut waited = 0;
-    while !dst.exists() || !there() {
-        std::thread::sleep(Duration::from_millis(10));
-        waited += 1;
-        assert!(waited < 12000, "the push did not get to 112 MiB");
-        if let Ok(Some(_)) = child.try_wait() {
-            panic!("the push ended before 112 MiB were there");
+    // Killed as soon as its first record (with text) is there.
+    let end = std::time::Instant::now() + Duration::from_secs(300);
+    let first = loop {
+        if let Some(n) = dst.exists().then(|| recorded_bytes(&dst)).flatten() {
+            break n;
         }
-    }
+        assert!(
+            std::time::Instant::now() < end,
+            "no partial record appeared"
+        );
+        if let Ok(Some(_)) = child.try_wait() {
+            panic!("the push ended before its first record was written");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
     child.kill().unwrap();
     child.wait().unwrap();
+    assert!(
+        first > 0 && first < 128 << 20,
+        "the first record says {first} bytes"
+    );
     let r = run(
         &rsh,
         &[

@@ -174,6 +174,22 @@ impl Watch {
         assert!(ok, "kill -{sig}");
     }
 
+    /// SIGSTOP, and wait until every thread of ferry is stopped (state T
+    /// in `/proc/PID/task/*/stat`): what is done next is read after SIGCONT.
+    #[track_caller]
+    pub fn freeze(&mut self) {
+        self.signal("STOP");
+        let tasks = format!("/proc/{}/task", self.child.id());
+        self.until("ferry stopped", || {
+            std::fs::read_dir(&tasks).is_ok_and(|ts| {
+                ts.flatten().all(|t| {
+                    std::fs::read_to_string(t.path().join("stat"))
+                        .is_ok_and(|s| s.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('T')))
+                })
+            })
+        });
+    }
+
     /// SIGKILL, and wait for the end.
     pub fn kill(&mut self) {
         let _ = self.child.kill();
