@@ -33,6 +33,21 @@ impl Backends {
     /// (objectless) SRC prefix is taken as an empty tree instead of
     /// refused.
     pub fn resolve(&self, src: &Path, dst: &Path, force: bool) -> Result<Job, Error> {
+        self.resolve_ahead(src, dst, force, &mut |_, _| {})
+    }
+
+    /// [`Backends::resolve`], telling `ahead` of the run's local tree (SRC:
+    /// 0, DST: 1) as soon as it is known when the other side is not local
+    /// (an ssh host, an object store): before that side is reached, so
+    /// that the local tree is listed while it connects. A local DST is
+    /// told before SRC is reached (its errors still come after SRC's).
+    pub fn resolve_ahead(
+        &self,
+        src: &Path,
+        dst: &Path,
+        force: bool,
+        ahead: &mut dyn FnMut(usize, &Root),
+    ) -> Result<Job, Error> {
         let (sl, dl) = (
             Location::parse(src.as_os_str()),
             Location::parse(dst.as_os_str()),
@@ -52,12 +67,24 @@ impl Backends {
                 return job;
             }
         }
+        // A local DST of a remote SRC, as a tree (when SRC is one file, its
+        // listings go unused).
+        if let (None, Ok(d)) = (sr.local_path(), &dr) {
+            if let (Some(_), Ok(tree)) = (d.local_path(), self.dst_tree(dst, d.clone())) {
+                ahead(1, &tree);
+            }
+        }
         let job = match self.src(src, sr, force)? {
-            Src::Tree(s) => Job {
-                src: s,
-                dst: self.dst_tree(dst, dr?)?,
-                one: None,
-            },
+            Src::Tree(s) => {
+                if let (Some(_), Ok(None)) = (s.local_path(), dr.as_ref().map(Root::local_path)) {
+                    ahead(0, &s);
+                }
+                Job {
+                    src: s,
+                    dst: self.dst_tree(dst, dr?)?,
+                    one: None,
+                }
+            }
             Src::One(s, name, typed) => {
                 let (d, dname) = self.dst_one(dst, dr?, &typed)?;
                 Job {

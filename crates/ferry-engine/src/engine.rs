@@ -328,6 +328,8 @@ pub struct Engine<'a, S: Store, D: Store> {
     root_lost: AtomicBool,
     /// Removals SRC's watcher had seen when the run started.
     removals_at_start: u64,
+    /// SRC's and DST's listings made ahead of the run ([`Engine::prefetched`]).
+    prefetch: [Option<&'a crate::prefetch::Prefetch>; 2],
 }
 
 /// Mtimes of `list` truncated to `step` nanoseconds.
@@ -397,7 +399,15 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             guard: None,
             root_lost: AtomicBool::new(false),
             removals_at_start: 0,
+            prefetch: [None, None],
         }
+    }
+
+    /// Listings of SRC's tree (`side` 0) or DST's (1) made ahead of the
+    /// run, while the other side connected: the walk takes them.
+    pub fn prefetched(mut self, side: usize, p: &'a crate::prefetch::Prefetch) -> Self {
+        self.prefetch[side] = Some(p);
+        self
     }
 
     /// In a watch, before each removal: SRC's root is still the directory

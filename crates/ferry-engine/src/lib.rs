@@ -21,6 +21,7 @@ pub mod ls;
 pub mod piece;
 pub mod plan;
 pub mod pool;
+pub mod prefetch;
 pub mod ranged;
 pub mod report;
 pub mod special;

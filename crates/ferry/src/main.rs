@@ -18,6 +18,7 @@ use std::time::Instant;
 use ferry_backends::{identity, AnyStore, Backends, Job, Location, Opts};
 use ferry_engine::encode::text_name_string;
 use ferry_engine::ls::{list_tree, Format};
+use ferry_engine::prefetch::Prefetch;
 use ferry_engine::store::StoreExt as _;
 use ferry_engine::xattr::XattrSel;
 use ferry_engine::Store as _;
@@ -112,7 +113,18 @@ fn started() -> Instant {
 
 /// Run copy or sync; `Err` is a usage or configuration error (exit 2).
 fn run_sync(a: SyncArgs, mode: ferry_engine::Mode, reg: &Backends) -> Result<u8, String> {
-    let job = reg.resolve(&a.src, &a.dst, a.force)?;
+    // The local tree of a run with a remote side is listed while that side
+    // connects (ferry_engine::prefetch): the walk takes its listings.
+    let mut ahead = Vec::new();
+    let job = reg.resolve_ahead(&a.src, &a.dst, a.force, &mut |side, root| {
+        let o = Opts {
+            jobs: ferry_backends::jobs(a.tx.jobs),
+            lazy_meta: true,
+        };
+        if let (false, Ok(s)) = (a.watch.watch, reg.open(root, &o)) {
+            ahead.push((side, Prefetch::start(s)));
+        }
+    })?;
     let filter = a.filter.build()?;
     // What the run replaces or deletes is kept (docs/CLI.md, "Keeping what
     // is replaced"); a bad option is a usage error, before any change.
@@ -153,7 +165,7 @@ fn run_sync(a: SyncArgs, mode: ferry_engine::Mode, reg: &Backends) -> Result<u8,
         return watch::sync(reg, &a.watch, &a.keep, &job, &opts, &rep);
     }
     let progress = show_progress.then(|| Progress::start(stats.clone(), &rep));
-    let result = run_job(reg, &job, &opts, &stats, &rep, a.out.verbose > 0);
+    let result = run_job(reg, &job, &opts, (&stats, &ahead), &rep, a.out.verbose > 0);
     if let Some(p) = progress {
         p.finish();
     }
@@ -224,7 +236,7 @@ fn run_job(
     reg: &Backends,
     job: &Job,
     opts: &ferry_engine::Options,
-    stats: &Stats,
+    (stats, ahead): (&Stats, &[(usize, Prefetch)]),
     rep: &CliReporter,
     verbose: bool,
 ) -> io::Result<ferry_engine::Summary> {
@@ -245,7 +257,11 @@ fn run_job(
         &|m| Reporter::note(rep, m),
     );
     let gate = Unreachable::new(rep);
-    let e = Engine::new(&s, &d, opts, stats, &gate);
+    let e = ahead
+        .iter()
+        .fold(Engine::new(&s, &d, opts, stats, &gate), |e, (side, p)| {
+            e.prefetched(*side, p)
+        });
     let r = match &job.one {
         Some((sn, dn)) => e.run_file(sn, dn),
         None => e.run_tree(),

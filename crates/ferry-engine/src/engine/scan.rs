@@ -10,7 +10,11 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         let mut src_list = Listing::new();
         let mut errors: Vec<ListError> = Vec::new();
         // The filter decides on both listings together (`filter_pair`).
-        if let Err(e) = walk::list(
+        // A listing made ahead of the run is the same listing, made earlier.
+        let pre = |side: usize, m: &Meta| self.prefetch[side].and_then(|p| p.take(&node.rel, m));
+        if let Some((l, errs)) = pre(0, &node.src_meta) {
+            (src_list, errors) = (l, errs);
+        } else if let Err(e) = walk::list(
             self.src,
             &node.src,
             &node.rel,
@@ -25,10 +29,14 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         }
         let mut dst_list = Listing::new();
         let mut derr = Vec::new();
-        if let (Some(d), Some(_)) = (&node.dst, &node.dst_meta) {
-            if let Err(e) = walk::list(self.dst, d, &node.rel, None, &mut dst_list, &mut |_, e| {
-                derr.push(e)
-            }) {
+        if let (Some(d), Some(m)) = (&node.dst, &node.dst_meta) {
+            if let Some((l, errs)) = pre(1, m) {
+                (dst_list, derr) = (l, errs);
+            } else if let Err(e) =
+                walk::list(self.dst, d, &node.rel, None, &mut dst_list, &mut |_, e| {
+                    derr.push(e)
+                })
+            {
                 self.fail(&node.rel, &e);
                 self.done(node);
                 return None;

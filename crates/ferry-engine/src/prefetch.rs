@@ -1,0 +1,167 @@
+//! Listings of a tree made ahead of a run ([`Prefetch`]): while the other
+//! side of a run is still being reached (an ssh connection and the remote
+//! ferry's start, an object store's first requests), a local tree is
+//! listed in the background, so that its scan is hidden behind the
+//! connection instead of added to it. The run's walk takes each
+//! directory's listing from here when it has it ([`Prefetch::take`]), and
+//! lists the directory itself otherwise: same listings, same errors, in
+//! the same order, only made earlier.
+//!
+//! A listing is taken only for the directory it was made of: the same
+//! relative path, and the same device, inode and modification time as the
+//! run finds it with. The background listing stops once the walk begins
+//! (the walk lists what is left itself, not twice) and when the prefetch
+//! is dropped, and it holds [`MAX_ENTRIES`] entries at most.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+
+use crate::entry::join;
+use crate::entry::{Kind, Listing, Meta};
+use crate::store::{ListError, Store};
+
+/// Entries held at most (listings of a tree bigger than this are made by
+/// the walk, as without a prefetch).
+pub const MAX_ENTRIES: usize = 1 << 20;
+
+/// Background listers.
+const THREADS: usize = 2;
+
+/// One directory's listing, made ahead, with the identity of the
+/// directory it lists.
+struct Listed {
+    id: (u64, u64, i64, u32),
+    list: Listing,
+    errors: Vec<ListError>,
+}
+
+struct Inner {
+    lists: Mutex<HashMap<Vec<u8>, Listed>>,
+    /// The walk began, or the prefetch was dropped: no directory more.
+    stop: AtomicBool,
+    entries: AtomicUsize,
+}
+
+/// Listings of one tree made ahead of a run (see the module's docs).
+pub struct Prefetch {
+    inner: Arc<Inner>,
+}
+
+/// What identifies a directory for a listing made of it: device, inode,
+/// mtime.
+fn id(m: &Meta) -> (u64, u64, i64, u32) {
+    (m.dev, m.ino, m.mtime_sec, m.mtime_nsec)
+}
+
+/// Directories waiting to be listed, and how many listers are busy.
+type Queue<D> = (Mutex<(VecDeque<(Vec<u8>, D, Meta)>, usize)>, Condvar);
+
+impl Prefetch {
+    /// Start listing the tree of `store` in the background. A root that
+    /// is missing or cannot be opened is left to the run (which says why).
+    pub fn start<S>(store: S) -> Prefetch
+    where
+        S: Store + Send + Sync + 'static,
+        S::Dir: Send,
+    {
+        let inner = Arc::new(Inner {
+            lists: Mutex::new(HashMap::new()),
+            stop: AtomicBool::new(false),
+            entries: AtomicUsize::new(0),
+        });
+        let i = inner.clone();
+        std::thread::spawn(move || {
+            let Ok(Some((root, meta))) = store.open_root() else {
+                return;
+            };
+            let q: Arc<Queue<S::Dir>> = Arc::new((
+                Mutex::new((VecDeque::from([(Vec::new(), root, meta)]), 0)),
+                Condvar::new(),
+            ));
+            let store = Arc::new(store);
+            let listers: Vec<_> = (0..THREADS)
+                .map(|_| {
+                    let (store, i, q) = (store.clone(), i.clone(), q.clone());
+                    std::thread::spawn(move || lister(&*store, &i, &q))
+                })
+                .collect();
+            for l in listers {
+                let _ = l.join();
+            }
+        });
+        Prefetch { inner }
+    }
+
+    /// The listing of directory `rel`, when it was made ahead of a
+    /// directory with `meta`'s identity (and its per-entry errors); taken
+    /// once. The first call stops the background listing.
+    pub fn take(&self, rel: &[u8], meta: &Meta) -> Option<(Listing, Vec<ListError>)> {
+        self.inner.stop.store(true, Ordering::Relaxed);
+        let l = self.inner.lists.lock().unwrap().remove(rel)?;
+        (meta.ino != 0 && l.id == id(meta)).then_some((l.list, l.errors))
+    }
+}
+
+impl Drop for Prefetch {
+    fn drop(&mut self) {
+        self.inner.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// One background lister: directories from `q` listed into `i`, their
+/// subdirectories queued, until none is left or the prefetch stops.
+fn lister<S: Store>(store: &S, i: &Inner, q: &Queue<S::Dir>) {
+    loop {
+        let (rel, dir, meta) = {
+            let mut g = q.0.lock().unwrap();
+            loop {
+                if i.stop.load(Ordering::Relaxed) {
+                    g.0.clear();
+                    q.1.notify_all();
+                    return;
+                }
+                if let Some(next) = g.0.pop_front() {
+                    g.1 += 1;
+                    break next;
+                }
+                if g.1 == 0 {
+                    q.1.notify_all();
+                    return;
+                }
+                g = q.1.wait(g).unwrap();
+            }
+        };
+        let mut list = Listing::new();
+        let mut errors = Vec::new();
+        if store.list(&dir, &rel, &mut list, &mut errors).is_ok()
+            && i.entries.fetch_add(list.len(), Ordering::Relaxed) + list.len() <= MAX_ENTRIES
+        {
+            let mut subdirs = Vec::new();
+            for e in list.entries() {
+                if e.meta.kind != Kind::Dir || i.stop.load(Ordering::Relaxed) {
+                    continue;
+                }
+                let name = list.name(e);
+                let Ok(c) = std::ffi::CString::new(name) else {
+                    continue;
+                };
+                if let Ok(d) = store.open_dir(&dir, &c) {
+                    subdirs.push((join(&rel, name), d, e.meta));
+                }
+            }
+            i.lists.lock().unwrap().insert(
+                rel,
+                Listed {
+                    id: id(&meta),
+                    list,
+                    errors,
+                },
+            );
+            q.0.lock().unwrap().0.extend(subdirs);
+        }
+        let mut g = q.0.lock().unwrap();
+        g.1 -= 1;
+        q.1.notify_all();
+    }
+}
