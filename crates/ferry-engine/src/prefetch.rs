@@ -9,7 +9,10 @@
 //!
 //! A listing is taken only for the directory it was made of: the same
 //! relative path, and the same device, inode and modification time as the
-//! run finds it with. The background listing stops once the walk begins
+//! walk finds it with when it comes to it (a stat of its own, made then),
+//! and only when that mtime is older than the listing by more than
+//! [`RACY`] (a change in the same clock tick as the listing leaves the
+//! mtime as it was: such a directory is listed again). The background listing stops once the walk begins
 //! (the walk lists what is left itself, not twice) and when the prefetch
 //! is dropped, and it holds [`MAX_ENTRIES`] entries at most.
 
@@ -24,6 +27,11 @@ use crate::store::{ListError, Store};
 /// Entries held at most (listings of a tree bigger than this are made by
 /// the walk, as without a prefetch).
 pub const MAX_ENTRIES: usize = 1 << 20;
+
+/// A directory modified less than this before its listing was made is
+/// listed again by the walk (filesystem timestamps are coarser than the
+/// clock: a change right after the listing may not move its mtime).
+pub const RACY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Background listers.
 const THREADS: usize = 2;
@@ -41,6 +49,8 @@ struct Inner {
     /// The walk began, or the prefetch was dropped: no directory more.
     stop: AtomicBool,
     entries: AtomicUsize,
+    /// Directories listed so far.
+    listed: AtomicUsize,
 }
 
 /// Listings of one tree made ahead of a run (see the module's docs).
@@ -69,6 +79,7 @@ impl Prefetch {
             lists: Mutex::new(HashMap::new()),
             stop: AtomicBool::new(false),
             entries: AtomicUsize::new(0),
+            listed: AtomicUsize::new(0),
         });
         let i = inner.clone();
         std::thread::spawn(move || {
@@ -103,6 +114,19 @@ impl Prefetch {
     }
 }
 
+impl Prefetch {
+    /// True when directory `rel` has a listing made ahead, not taken yet
+    /// (the walk then stats the directory, for [`Prefetch::take`]).
+    pub fn has(&self, rel: &[u8]) -> bool {
+        self.inner.lists.lock().unwrap().contains_key(rel)
+    }
+
+    /// How many directories were listed ahead so far (taken or not).
+    pub fn listed(&self) -> usize {
+        self.inner.listed.load(Ordering::Relaxed)
+    }
+}
+
 impl Drop for Prefetch {
     fn drop(&mut self) {
         self.inner.stop.store(true, Ordering::Relaxed);
@@ -134,6 +158,15 @@ fn lister<S: Store>(store: &S, i: &Inner, q: &Queue<S::Dir>) {
         };
         let mut list = Listing::new();
         let mut errors = Vec::new();
+        // Modified too close to this listing: left to the walk.
+        let since = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        let racy = (meta.mtime_sec, meta.mtime_nsec)
+            >= (
+                since.saturating_sub(RACY).as_secs() as i64,
+                since.saturating_sub(RACY).subsec_nanos(),
+            );
         if store.list(&dir, &rel, &mut list, &mut errors).is_ok()
             && i.entries.fetch_add(list.len(), Ordering::Relaxed) + list.len() <= MAX_ENTRIES
         {
@@ -150,14 +183,15 @@ fn lister<S: Store>(store: &S, i: &Inner, q: &Queue<S::Dir>) {
                     subdirs.push((join(&rel, name), d, e.meta));
                 }
             }
-            i.lists.lock().unwrap().insert(
-                rel,
-                Listed {
+            if !racy {
+                let l = Listed {
                     id: id(&meta),
                     list,
                     errors,
-                },
-            );
+                };
+                i.lists.lock().unwrap().insert(rel, l);
+            }
+            i.listed.fetch_add(1, Ordering::Relaxed);
             q.0.lock().unwrap().0.extend(subdirs);
         }
         let mut g = q.0.lock().unwrap();

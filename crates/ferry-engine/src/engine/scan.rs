@@ -11,8 +11,22 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         let mut errors: Vec<ListError> = Vec::new();
         // The filter decides on both listings together (`filter_pair`).
         // A listing made ahead of the run is the same listing, made earlier.
-        let pre = |side: usize, m: &Meta| self.prefetch[side].and_then(|p| p.take(&node.rel, m));
-        if let Some((l, errs)) = pre(0, &node.src_meta) {
+        // Taken for the directory as it is now: the root's metadata is the
+        // run's own, a subdirectory is stated in its parent first.
+        let name = || CString::new(node.rel.rsplit(|&b| b == b'/').next().unwrap_or(b"")).ok();
+        let pre = |side: usize, now: Option<Meta>| {
+            let p = self.prefetch[side].filter(|p| p.has(&node.rel))?;
+            p.take(&node.rel, &now?)
+        };
+        let src_now = || match &node.parent {
+            None => Some(node.src_meta),
+            Some(up) => self.src.stat(&up.src, &name()?).ok().flatten(),
+        };
+        let dst_now = || match (&node.parent, &node.dst_meta) {
+            (None, m) => *m,
+            (Some(up), _) => self.dst.stat(up.dst.as_ref()?, &name()?).ok().flatten(),
+        };
+        if let Some((l, errs)) = self.prefetch[0].and_then(|_| pre(0, src_now())) {
             (src_list, errors) = (l, errs);
         } else if let Err(e) = walk::list(
             self.src,
@@ -29,8 +43,8 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         }
         let mut dst_list = Listing::new();
         let mut derr = Vec::new();
-        if let (Some(d), Some(m)) = (&node.dst, &node.dst_meta) {
-            if let Some((l, errs)) = pre(1, m) {
+        if let (Some(d), Some(_)) = (&node.dst, &node.dst_meta) {
+            if let Some((l, errs)) = self.prefetch[1].and_then(|_| pre(1, dst_now())) {
                 (dst_list, derr) = (l, errs);
             } else if let Err(e) =
                 walk::list(self.dst, d, &node.rel, None, &mut dst_list, &mut |_, e| {

@@ -19,6 +19,7 @@ mod hostile;
 mod keep;
 mod kill;
 mod output;
+mod prefetch;
 mod props;
 mod s3;
 mod s3_cluster;
