@@ -24,9 +24,9 @@ use crate::entry::join;
 use crate::entry::{Kind, Listing, Meta};
 use crate::store::{ListError, Store};
 
-/// Entries held at most (listings of a tree bigger than this are made by
+/// Entries held at most, some 30 MiB (listings of a tree bigger than this are made by
 /// the walk, as without a prefetch).
-pub const MAX_ENTRIES: usize = 1 << 20;
+pub const MAX_ENTRIES: usize = 1 << 18;
 
 /// A directory modified less than this before its listing was made is
 /// listed again by the walk (filesystem timestamps are coarser than the
