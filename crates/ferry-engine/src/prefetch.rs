@@ -16,9 +16,10 @@
 //! (the walk lists what is left itself, not twice) and when the prefetch
 //! is dropped, and it holds [`MAX_ENTRIES`] entries at most.
 
+use parking_lot::{Condvar, Mutex};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 
 use crate::entry::join;
 use crate::entry::{Kind, Listing, Meta};
@@ -109,7 +110,7 @@ impl Prefetch {
     /// once. The first call stops the background listing.
     pub fn take(&self, rel: &[u8], meta: &Meta) -> Option<(Listing, Vec<ListError>)> {
         self.inner.stop.store(true, Ordering::Relaxed);
-        let l = self.inner.lists.lock().unwrap().remove(rel)?;
+        let l = self.inner.lists.lock().remove(rel)?;
         (meta.ino != 0 && l.id == id(meta)).then_some((l.list, l.errors))
     }
 }
@@ -118,7 +119,7 @@ impl Prefetch {
     /// True when directory `rel` has a listing made ahead, not taken yet
     /// (the walk then stats the directory, for [`Prefetch::take`]).
     pub fn has(&self, rel: &[u8]) -> bool {
-        self.inner.lists.lock().unwrap().contains_key(rel)
+        self.inner.lists.lock().contains_key(rel)
     }
 
     /// How many directories were listed ahead so far (taken or not).
@@ -138,7 +139,7 @@ impl Drop for Prefetch {
 fn lister<S: Store>(store: &S, i: &Inner, q: &Queue<S::Dir>) {
     loop {
         let (rel, dir, meta) = {
-            let mut g = q.0.lock().unwrap();
+            let mut g = q.0.lock();
             loop {
                 if i.stop.load(Ordering::Relaxed) {
                     g.0.clear();
@@ -153,7 +154,7 @@ fn lister<S: Store>(store: &S, i: &Inner, q: &Queue<S::Dir>) {
                     q.1.notify_all();
                     return;
                 }
-                g = q.1.wait(g).unwrap();
+                q.1.wait(&mut g);
             }
         };
         let mut list = Listing::new();
@@ -189,12 +190,12 @@ fn lister<S: Store>(store: &S, i: &Inner, q: &Queue<S::Dir>) {
                     list,
                     errors,
                 };
-                i.lists.lock().unwrap().insert(rel, l);
+                i.lists.lock().insert(rel, l);
             }
             i.listed.fetch_add(1, Ordering::Relaxed);
-            q.0.lock().unwrap().0.extend(subdirs);
+            q.0.lock().0.extend(subdirs);
         }
-        let mut g = q.0.lock().unwrap();
+        let mut g = q.0.lock();
         g.1 -= 1;
         q.1.notify_all();
     }
