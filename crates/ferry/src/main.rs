@@ -125,6 +125,11 @@ fn run_sync(a: SyncArgs, mode: ferry_engine::Mode, reg: &Backends) -> Result<u8,
             ahead.push((side, Prefetch::start(s)));
         }
     })?;
+    // SRC is one file: no tree is walked, so no listing made ahead is taken;
+    // stop listing the local DST now rather than at the end of the run.
+    if job.one.is_some() {
+        ahead.clear();
+    }
     let filter = a.filter.build()?;
     // What the run replaces or deletes is kept (docs/CLI.md, "Keeping what
     // is replaced"); a bad option is a usage error, before any change.
