@@ -14,7 +14,7 @@ use std::sync::Arc;
 use crate::spawn::NO_FERRY;
 pub use crate::spawn::{classify, is_ssh_failure};
 use crate::SessionError;
-pub use target::split_words;
+pub use target::{split_words, Options};
 
 mod open;
 mod target;
@@ -48,8 +48,8 @@ pub struct Target {
     /// `--no-remote-install`).
     pub install: bool,
     /// Options put before the host: AES-GCM first when ssh would use its
-    /// built-in cipher order (`fast_cipher`).
-    pub options: Vec<String>,
+    /// built-in cipher order ([`target::cipher_options`]).
+    pub options: Options,
     /// `--connections` (unset: from the cores of both ends).
     pub connections: Option<u16>,
     /// A server that sends and takes no byte for this long while requests

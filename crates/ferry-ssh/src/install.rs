@@ -76,10 +76,10 @@ macro_rules! marker_stat {
 /// that make a marker use it.
 pub const MARKER_STAT: &str = marker_stat!();
 
-const PRELUDE: &str = concat!("d=\"${XDG_CACHE_HOME:-$HOME/.cache}/ferry\"; f=\"$d/$1\"; k() { set -- $(stat -c '", marker_stat!(), "' \"$f\" \"$d\" 2>/dev/null || stat -f '%z %m %c %i %u %Lp' \"$f\" \"$d\" 2>/dev/null); [ $# = 12 ] && echo \"$1 $2 $3 $4 $5 ${10} ${11} ${12}\"; }; mark() { [ -O \"$d\" ] && chmod go-w \"$d\" && k > \"$f.ok.$$\" && mv -f \"$f.ok.$$\" \"$f.ok\" || rm -f \"$f.ok.$$\"; } 2>/dev/null");
+const PRELUDE: &str = concat!("d=\"${XDG_CACHE_HOME:-$HOME/.cache}/ferry\"; f=\"$d/$1\"; k() { set -- $(stat -c '", marker_stat!(), "' \"$f\" \"$d\" 2>/dev/null); [ $# = 12 ] || set -- $(stat -f '%z %m %c %i %u %Lp' \"$f\" \"$d\" 2>/dev/null); [ $# = 12 ] && K=\"$1 $2 $3 $4 $5 ${10} ${11} ${12}\"; }; mark() { [ -O \"$d\" ] && chmod go-w \"$d\" && k && echo \"$K\" > \"$f.ok.$$\" && mv -f \"$f.ok.$$\" \"$f.ok\" || rm -f \"$f.ok.$$\"; } 2>/dev/null");
 
 /// The marker matches the cached file: it runs.
-const MARKED: &str = "[ -f \"$f\" ] && [ ! -h \"$f\" ] && read -r m 2>/dev/null < \"$f.ok\" && [ \"$(k)\" = \"$m\" ]";
+const MARKED: &str = "[ -f \"$f\" ] && [ ! -h \"$f\" ] && read -r m 2>/dev/null < \"$f.ok\" && k && [ \"$K\" = \"$m\" ]";
 
 /// The guard of a start: a process of the session there (its output
 /// nowhere) that, once the ssh session's sshd is gone (the client gave up

@@ -42,8 +42,20 @@ pub(super) fn open(t: &Target) -> Result<Arc<Conn>, Failed> {
 }
 
 pub(super) fn open_look(t: &Target, look: Look, sum: &str) -> Result<Arc<Conn>, Failed> {
-    let argv = t.argv_look(look, sum).map_err(|e| Failed::Other(e.0))?;
-    let ssh = spawn::spawn(&argv, spawn::Io::Pipes).map_err(|e| Failed::Other(e.0))?;
+    let (argv, guessed) = t.argv_look(look, sum).map_err(|e| Failed::Other(e.0))?;
+    let mut ssh = spawn::spawn(&argv, spawn::Io::Pipes).map_err(|e| Failed::Other(e.0))?;
+    // Started with the last run's cipher options while `ssh -G` answers
+    // for this one: nothing is written before they are known right. Where
+    // the configuration changed since, this ssh is given up and another
+    // started with the options asked.
+    if let Some(used) = guessed {
+        if t.options.known() != used {
+            let _ = ssh.child.kill();
+            let _ = ssh.child.wait();
+            let (argv, _) = t.argv_look(look, sum).map_err(|e| Failed::Other(e.0))?;
+            ssh = spawn::spawn(&argv, spawn::Io::Pipes).map_err(|e| Failed::Other(e.0))?;
+        }
+    }
     let quiet = Quiet::start(
         ssh.child.id(),
         format!("{}: connection lost: no answer from ferry serve", t.host),

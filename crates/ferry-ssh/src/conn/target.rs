@@ -3,7 +3,9 @@
 //! defaults, and the words of a `-e` command.
 
 use parking_lot::Mutex;
-use std::process::{Command, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, OnceLock};
 
 use super::{Settings, Target};
 use crate::install::Look;
@@ -48,9 +50,7 @@ impl Target {
         if host.starts_with('-') || host.is_empty() {
             return Err(format!("{host:?}: not a host name").into());
         }
-        let options = fast_cipher(&rsh, &host, port)
-            .map(|c| vec!["-o".into(), c])
-            .unwrap_or_default();
+        let options = cipher_options(&rsh, &host, port);
         Ok(Target {
             rsh,
             host,
@@ -64,6 +64,7 @@ impl Target {
         })
     }
 
+    #[cfg(test)]
     pub(super) fn argv(&self) -> Vec<String> {
         self.command(&format!("{} serve", self.remote_ferry))
     }
@@ -71,17 +72,28 @@ impl Target {
     /// The command line of a connection: `--remote-ferry`'s, or with
     /// self-install, the start command that looks for ferry as `look`
     /// says ([`crate::install::start_script`]; `sum`: the shipped binary's
-    /// SHA-256, for [`Look::Verify`]).
-    pub(super) fn argv_look(&self, look: Look, sum: &str) -> Result<Vec<String>, SessionError> {
-        if !self.install {
-            return Ok(self.argv());
-        }
-        let name = crate::install::cache_name()?;
-        Ok(self.command(&format!(
-            "sh -c {} sh {}",
-            crate::install::quote(&crate::install::start_script(look, sum)),
-            crate::install::quote(name)
-        )))
+    /// SHA-256, for [`Look::Verify`]). Its cipher options are the ones to
+    /// start with now ([`Options::now`]): when they are a guess, they are
+    /// returned too, to be checked against `ssh -G`'s answer before the
+    /// connection is used.
+    pub(super) fn argv_look(
+        &self,
+        look: Look,
+        sum: &str,
+    ) -> Result<(Vec<String>, Option<Vec<String>>), SessionError> {
+        let (options, guessed) = self.options.now();
+        let remote = if self.install {
+            let name = crate::install::cache_name()?;
+            format!(
+                "sh -c {} sh {}",
+                crate::install::quote(&crate::install::start_script(look, sum)),
+                crate::install::quote(name)
+            )
+        } else {
+            format!("{} serve", self.remote_ferry)
+        };
+        let argv = self.command_with(&remote, &options);
+        Ok((argv, guessed.then_some(options)))
     }
 
     /// The ssh command line that starts subsystem `name` (`sftp`) there
@@ -95,11 +107,15 @@ impl Target {
 
     /// The ssh command line that runs `remote` (a shell command) there.
     pub(crate) fn command(&self, remote: &str) -> Vec<String> {
+        self.command_with(remote, &self.options.known())
+    }
+
+    fn command_with(&self, remote: &str, options: &[String]) -> Vec<String> {
         let mut a = self.rsh.clone();
         if let Some(p) = self.port {
             a.extend(["-p".into(), p.to_string()]);
         }
-        a.extend(self.options.iter().cloned());
+        a.extend(options.iter().cloned());
         a.push(self.host.clone());
         a.push(remote.into());
         a
@@ -109,61 +125,256 @@ impl Target {
 /// OpenSSH's built-in cipher order (unchanged since 6.9).
 const SSH_DEFAULT_CIPHERS: &str = "chacha20-poly1305@openssh.com,aes128-ctr,aes192-ctr,aes256-ctr,aes128-gcm@openssh.com,aes256-gcm@openssh.com";
 
-/// `Ciphers=...` with AES-GCM first, when `rsh` is OpenSSH's `ssh` left to
+/// The options a connection's ssh is given before the host: fixed, or
+/// AES-GCM first as `ssh -G` answers ([`cipher_options`]).
+#[derive(Clone, Debug)]
+pub enum Options {
+    /// These (none where ferry does not choose a cipher order).
+    Fixed(Vec<String>),
+    /// Asked of `ssh -G` for this command, host and port: one question per
+    /// run, shared by every `Target` of the three.
+    Asked(Arc<Ask>),
+}
+
+impl PartialEq for Options {
+    fn eq(&self, other: &Options) -> bool {
+        match (self, other) {
+            (Options::Fixed(a), Options::Fixed(b)) => a == b,
+            (Options::Asked(a), Options::Asked(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+}
+
+impl Eq for Options {}
+
+impl std::hash::Hash for Options {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        match self {
+            Options::Fixed(v) => v.hash(h),
+            Options::Asked(a) => Arc::as_ptr(a).hash(h),
+        }
+    }
+}
+
+impl Options {
+    /// The options, as `ssh -G` answers (waited for when still asked).
+    pub fn known(&self) -> Vec<String> {
+        match self {
+            Options::Fixed(v) => v.clone(),
+            Options::Asked(a) => words(a.truth()),
+        }
+    }
+
+    /// The options to start a connection with now, and whether they are a
+    /// guess: `ssh -G`'s answer when it is in, else the answer of the last
+    /// run that asked for this command, host and port (the file
+    /// [`cache_file`]); without one, the answer waited for.
+    pub(super) fn now(&self) -> (Vec<String>, bool) {
+        match self {
+            Options::Fixed(v) => (v.clone(), false),
+            Options::Asked(a) => match (a.truth.get(), &a.guess) {
+                (Some(t), _) => (words(t.clone()), false),
+                (None, Some(g)) => (words(g.clone()), true),
+                (None, None) => (words(a.truth()), false),
+            },
+        }
+    }
+}
+
+fn words(c: Option<String>) -> Vec<String> {
+    c.map(|c| vec!["-o".into(), c]).unwrap_or_default()
+}
+
+/// One `ssh -G` question: running while the first connection starts with
+/// the last run's answer, which is checked against it before anything is
+/// sent over that connection ([`Options::now`]).
+#[derive(Debug)]
+pub struct Ask {
+    /// The last run's answer (`Some(None)`: no cipher order given).
+    pub(super) guess: Option<Option<String>>,
+    /// This run's answer.
+    truth: OnceLock<Option<String>>,
+    /// `ssh -G`, until its answer is read.
+    running: Mutex<Option<Child>>,
+    /// Where the answer is kept for the next run, and under which key.
+    keep: Option<(PathBuf, String)>,
+}
+
+impl Ask {
+    /// Start `ssh -G` for `rsh`, `host`, `port`; the last answer read from
+    /// `file` (and this one kept there).
+    pub(super) fn start(
+        rsh: &[String],
+        host: &str,
+        port: Option<u16>,
+        file: Option<PathBuf>,
+    ) -> Ask {
+        let key = {
+            use sha2::Digest;
+            let mut h = sha2::Sha256::new();
+            for w in rsh {
+                h.update(w.as_bytes());
+                h.update([0]);
+            }
+            h.update(host.as_bytes());
+            h.update(format!("\0{port:?}").as_bytes());
+            h.finalize()[..12]
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
+        };
+        let guess = file.as_deref().and_then(|f| {
+            let text = std::fs::read_to_string(f).ok()?;
+            let line = text
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("{key} ")))?;
+            match line.trim() {
+                "gcm" => Some(Some(gcm_first())),
+                "-" => Some(None),
+                _ => None,
+            }
+        });
+        let mut cmd = Command::new(&rsh[0]);
+        cmd.args(&rsh[1..]).arg("-G");
+        if let Some(p) = port {
+            cmd.args(["-p", &p.to_string()]);
+        }
+        let running = cmd
+            .arg(host)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .ok();
+        Ask {
+            guess,
+            truth: OnceLock::new(),
+            running: Mutex::new(running),
+            keep: file.map(|f| (f, key)),
+        }
+    }
+
+    /// `ssh -G`'s answer: `Ciphers=...` with AES-GCM first when ssh is left
+    /// to its built-in order, else none. Kept for the next run when it is
+    /// not what the last one found.
+    pub(super) fn truth(&self) -> Option<String> {
+        if let Some(t) = self.truth.get() {
+            return t.clone();
+        }
+        let mut running = self.running.lock();
+        if let Some(t) = self.truth.get() {
+            return t.clone();
+        }
+        let answer = running
+            .take()
+            .and_then(|c| c.wait_with_output().ok())
+            .and_then(|out| {
+                let text = String::from_utf8_lossy(&out.stdout);
+                let list = text.lines().find_map(|l| l.strip_prefix("ciphers "))?;
+                (out.status.success() && list.trim() == SSH_DEFAULT_CIPHERS).then(gcm_first)
+            });
+        let _ = self.truth.set(answer.clone());
+        if self.guess.as_ref() != Some(&answer) {
+            if let Some((file, key)) = &self.keep {
+                keep_answer(file, key, answer.is_some());
+            }
+        }
+        answer
+    }
+}
+
+/// `Ciphers=` with OpenSSH's built-in ciphers, AES-GCM first.
+pub(super) fn gcm_first() -> String {
+    let (gcm, rest): (Vec<&str>, Vec<&str>) = SSH_DEFAULT_CIPHERS
+        .split(',')
+        .partition(|c| c.contains("-gcm@"));
+    format!("Ciphers={}", [gcm, rest].concat().join(","))
+}
+
+/// Where the last answers of `ssh -G` are kept:
+/// `${XDG_CACHE_HOME:-$HOME/.cache}/ferry/ssh-ciphers`.
+pub(super) fn cache_file() -> Option<PathBuf> {
+    let base = match std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()) {
+        Some(x) => PathBuf::from(x),
+        None => PathBuf::from(std::env::var_os("HOME").filter(|v| !v.is_empty())?).join(".cache"),
+    };
+    Some(base.join("ferry").join("ssh-ciphers"))
+}
+
+/// Keep `key`'s answer in `file` (the newest 64 keys), written whole
+/// under a temporary name and renamed: a reader sees the old file or the
+/// new one. A failure is no error: the next run asks before it connects.
+fn keep_answer(file: &Path, key: &str, gcm: bool) {
+    let old = std::fs::read_to_string(file).unwrap_or_default();
+    let mut lines: Vec<&str> = old
+        .lines()
+        .filter(|l| !l.starts_with(&format!("{key} ")))
+        .collect();
+    let line = format!("{key} {}", if gcm { "gcm" } else { "-" });
+    lines.push(&line);
+    let from = lines.len().saturating_sub(64);
+    let text = lines[from..].join("\n") + "\n";
+    let Some(dir) = file.parent() else { return };
+    let _ = std::fs::create_dir_all(dir);
+    let tmp = dir.join(format!(".ssh-ciphers.{}", std::process::id()));
+    if std::fs::write(&tmp, text).is_ok() && std::fs::rename(&tmp, file).is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+}
+
+/// The cipher options of a connection through `rsh` to `host` and `port`:
+/// `Ciphers=...` with AES-GCM first when `rsh` is OpenSSH's `ssh` left to
 /// its built-in cipher order (no `-c`, no `Ciphers` on its command line or
 /// in its configuration for `host`, as `ssh -G` prints it) and this CPU
 /// has AES instructions: one stream's throughput is bound by its cipher,
 /// and AES-GCM with those instructions is the fastest ssh has. The
 /// server's own list still decides what it accepts; a user's choice is
 /// never changed.
-pub(super) fn fast_cipher(rsh: &[String], host: &str, port: Option<u16>) -> Option<String> {
-    // Asked once per command, host and port in a run: every location and
-    // every session to a host makes its `Target` (a second `ssh -G`, the
-    // connection's set-up waiting on it, was 20-30 ms of each run).
-    type Asked = (Vec<String>, String, Option<u16>);
-    static ASKED: Mutex<Vec<(Asked, Option<String>)>> = Mutex::new(Vec::new());
+///
+/// `ssh -G` runs beside the first connection's start, not before it (it
+/// was 5-15 ms of every run's start): that connection is started with the
+/// last run's answer and, when `ssh -G` answers otherwise (the
+/// configuration changed since), given up before anything is sent over it
+/// and started again ([`Options::now`]). Asked once per command, host and
+/// port in a run.
+pub(super) fn cipher_options(rsh: &[String], host: &str, port: Option<u16>) -> Options {
+    type Key = (Vec<String>, String, Option<u16>);
+    static ASKED: Mutex<Vec<(Key, Arc<Ask>)>> = Mutex::new(Vec::new());
+    if !asks(rsh) {
+        return Options::Fixed(Vec::new());
+    }
     let key = (rsh.to_vec(), host.to_string(), port);
     let mut asked = ASKED.lock();
-    if let Some((_, c)) = asked.iter().find(|(k, _)| *k == key) {
-        return c.clone();
+    if let Some((_, a)) = asked.iter().find(|(k, _)| *k == key) {
+        return Options::Asked(a.clone());
     }
-    let c = ask_ssh_ciphers(rsh, host, port);
-    asked.push((key, c.clone()));
-    c
+    let a = Arc::new(Ask::start(rsh, host, port, cache_file()));
+    asked.push((key, a.clone()));
+    Options::Asked(a)
 }
 
-/// [`fast_cipher`], asked of ssh (`ssh -G`).
-fn ask_ssh_ciphers(rsh: &[String], host: &str, port: Option<u16>) -> Option<String> {
-    let prog = std::path::Path::new(rsh.first()?).file_name()?;
-    if prog != "ssh"
-        || rsh[1..].iter().any(|w| {
+/// [`cipher_options`]' answer, waited for.
+#[cfg(test)]
+pub(super) fn fast_cipher(rsh: &[String], host: &str, port: Option<u16>) -> Option<String> {
+    cipher_options(rsh, host, port).known().get(1).cloned()
+}
+
+/// Whether `ssh -G` is asked at all: `rsh` is OpenSSH's `ssh` with no
+/// cipher on its command line, and this CPU has AES instructions.
+fn asks(rsh: &[String]) -> bool {
+    let Some(prog) = rsh
+        .first()
+        .and_then(|p| std::path::Path::new(p).file_name())
+    else {
+        return false;
+    };
+    prog == "ssh"
+        && !rsh[1..].iter().any(|w| {
             (w.starts_with("-c") && !w.starts_with("--"))
                 || w.to_ascii_lowercase().contains("ciphers")
         })
-        || !cpu_has_aes()
-    {
-        return None;
-    }
-    let mut cmd = Command::new(&rsh[0]);
-    cmd.args(&rsh[1..]).arg("-G");
-    if let Some(p) = port {
-        cmd.args(["-p", &p.to_string()]);
-    }
-    let out = cmd
-        .arg(host)
-        .stdin(Stdio::null())
-        .stderr(Stdio::null())
-        .output()
-        .ok()?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let list = text.lines().find_map(|l| l.strip_prefix("ciphers "))?;
-    if !out.status.success() || list.trim() != SSH_DEFAULT_CIPHERS {
-        return None;
-    }
-    let (gcm, rest): (Vec<&str>, Vec<&str>) = SSH_DEFAULT_CIPHERS
-        .split(',')
-        .partition(|c| c.contains("-gcm@"));
-    Some(format!("Ciphers={}", [gcm, rest].concat().join(",")))
+        && cpu_has_aes()
 }
 
 /// Whether this CPU has AES instructions (`aes` among its flags).

@@ -1,4 +1,4 @@
-use super::target::{cpu_has_aes, fast_cipher};
+use super::target::{cpu_has_aes, fast_cipher, gcm_first, Ask};
 use super::*;
 use crate::quiet;
 use std::process::Command;
@@ -18,7 +18,7 @@ fn commands_split_as_a_shell_does() {
         port: Some(22),
         remote_ferry: "/opt/ferry".into(),
         install: false,
-        options: vec!["-o".into(), "Ciphers=x".into()],
+        options: Options::Fixed(vec!["-o".into(), "Ciphers=x".into()]),
         connections: None,
         timeout: quiet::DEFAULT_TIMEOUT,
         read_only: false,
@@ -85,6 +85,46 @@ fn aes_gcm_goes_first_only_where_ssh_is_left_to_its_defaults() {
     );
 }
 
+/// `ssh -G`'s answer is kept for the next run, whose first connection
+/// starts with it while `ssh -G` runs again: the guess is the last answer,
+/// and a changed answer replaces it (one line per command, host and port).
+#[test]
+fn the_last_answer_of_ssh_g_is_the_next_guess() {
+    if !cpu_has_aes() || Command::new("ssh").arg("-V").output().is_err() {
+        return;
+    }
+    let w = |s: &str| split_words(s).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("cfg");
+    let file = dir.path().join("cache/ferry/ssh-ciphers");
+    std::fs::write(&cfg, "Host other\n  Ciphers aes256-ctr\n").unwrap();
+    let rsh = w(&format!("ssh -F {}", cfg.display()));
+    let ask = || Ask::start(&rsh, "h", Some(22), Some(file.clone()));
+    let lines = || std::fs::read_to_string(&file).unwrap().lines().count();
+    // No answer kept: no guess; the answer (defaults: AES-GCM first) kept.
+    let a = ask();
+    assert_eq!(a.guess, None);
+    assert_eq!(a.truth(), Some(gcm_first()));
+    assert_eq!(lines(), 1);
+    // The next run guesses it, and it is right.
+    let b = ask();
+    assert_eq!(b.guess, Some(Some(gcm_first())));
+    assert_eq!(b.truth(), Some(gcm_first()));
+    // The configuration now chooses: the guess is wrong, the answer kept.
+    std::fs::write(&cfg, "Host h\n  Ciphers aes256-ctr\n").unwrap();
+    let c = ask();
+    assert_eq!(c.guess, Some(Some(gcm_first())));
+    assert_eq!(c.truth(), None);
+    assert_eq!(lines(), 1);
+    assert_eq!(ask().guess, Some(None));
+    // Another host: a line of its own; a damaged file is no guess.
+    let other = Ask::start(&rsh, "other", None, Some(file.clone()));
+    assert_eq!(other.truth(), Some(gcm_first()));
+    assert_eq!(lines(), 2);
+    std::fs::write(&file, "garbage\n\0\n").unwrap();
+    assert_eq!(ask().guess, None);
+}
+
 #[test]
 fn failed_sessions_are_classified_from_what_ssh_said() {
     let t = Target {
@@ -93,7 +133,7 @@ fn failed_sessions_are_classified_from_what_ssh_said() {
         port: None,
         remote_ferry: "ferry".into(),
         install: true,
-        options: Vec::new(),
+        options: Options::Fixed(Vec::new()),
         connections: None,
         timeout: quiet::DEFAULT_TIMEOUT,
         read_only: false,

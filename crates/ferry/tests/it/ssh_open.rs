@@ -81,3 +81,105 @@ fn resolving_a_remote_tree_and_opening_it_is_one_request() {
         assert_eq!(std::fs::read(copy.join("d/f")).unwrap(), b"data", "{what}");
     }
 }
+
+/// The ssh started by the runs of [`a_first_connection_starts_with_the_last_cipher_answer`],
+/// from its log: `ssh -G` questions apart, each connection's options.
+fn started(log: &Path) -> (usize, Vec<String>) {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let _ = std::fs::remove_file(log);
+    let asked = text.lines().filter(|l| l.contains(" -G ")).count();
+    let conns = text
+        .lines()
+        .filter(|l| !l.contains(" -G "))
+        .map(str::to_string)
+        .collect();
+    (asked, conns)
+}
+
+/// `ssh -G` (whether the configuration chooses a cipher order) does not hold
+/// up the start: a run's first connection starts with the last run's answer,
+/// kept in `$XDG_CACHE_HOME/ferry/ssh-ciphers`, while `ssh -G` runs beside it.
+/// When the configuration has changed since, that connection is given up
+/// before it is used and one with the user's choice carries the run; the
+/// next run starts right at once. Default flags (the shipped ferry there).
+#[test]
+fn a_first_connection_starts_with_the_last_cipher_answer() {
+    let (rsh, host) = match server() {
+        Ok(s) => s,
+        Err(why) => {
+            crate::util::skip(&why);
+            return;
+        }
+    };
+    let t = tmpdir();
+    // An -e command named ssh (so ferry asks `ssh -G`) that logs each start.
+    let cfg = t.path().join("ssh_config");
+    let given = rsh
+        .split_whitespace()
+        .skip_while(|w| *w != "-F")
+        .nth(1)
+        .unwrap();
+    std::fs::copy(given, &cfg).unwrap();
+    let log = t.path().join("log");
+    let wrap = t.path().join("bin");
+    std::fs::create_dir(&wrap).unwrap();
+    std::fs::write(
+        wrap.join("ssh"),
+        format!(
+            "#!/bin/sh\necho \"$*\" >> '{}'\nexec ssh \"$@\"\n",
+            log.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(wrap.join("ssh"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let e = format!("{} -F {}", wrap.join("ssh").display(), cfg.display());
+    let cache = t.path().join("cache");
+    let src = t.path().join("src");
+    let there = t.path().join("there");
+    let run = |n: usize| {
+        std::fs::create_dir_all(&src).unwrap();
+        std::fs::write(src.join(format!("f{n}")), format!("run {n}")).unwrap();
+        let mut c = std::process::Command::new(bin());
+        c.args(["copy", "-e", &e])
+            .arg(&src)
+            .arg(at(&host, &there))
+            .env("XDG_CACHE_HOME", &cache)
+            .stdin(std::process::Stdio::null());
+        run_within(c, std::time::Duration::from_secs(600)).ok();
+        assert_eq!(
+            std::fs::read(there.join(format!("f{n}"))).unwrap(),
+            format!("run {n}").as_bytes()
+        );
+        started(&log)
+    };
+    let kept = || std::fs::read_to_string(cache.join("ferry/ssh-ciphers")).unwrap();
+    let gcm = "Ciphers=aes128-gcm@openssh.com,";
+    // Nothing kept: asked first, then every connection with AES-GCM first
+    // (ssh is left to its defaults); the answer kept.
+    let (asked, conns) = run(1);
+    assert_eq!(asked, 1);
+    if conns.iter().all(|c| !c.contains("Ciphers=")) {
+        // (No AES instructions here: ferry leaves ssh's order as it is.)
+        return;
+    }
+    assert!(conns.iter().all(|c| c.contains(gcm)), "{conns:?}");
+    assert!(kept().trim_end().ends_with(" gcm"), "{}", kept());
+    // The next run: one connection, with the kept answer, which is right.
+    let (asked, conns) = run(2);
+    assert_eq!((asked, conns.len()), (1, 1), "{conns:?}");
+    assert!(conns[0].contains(gcm), "{conns:?}");
+    // The user now chooses a cipher: the connection started with the kept
+    // answer is given up, the run goes over one with the user's choice.
+    let mut text = std::fs::read_to_string(&cfg).unwrap();
+    text.push_str("Host *\n  Ciphers aes256-ctr\n");
+    std::fs::write(&cfg, text).unwrap();
+    let (asked, conns) = run(3);
+    assert_eq!((asked, conns.len()), (1, 2), "{conns:?}");
+    assert!(conns[0].contains(gcm), "{conns:?}");
+    assert!(!conns[1].contains("Ciphers="), "{conns:?}");
+    assert!(kept().trim_end().ends_with(" -"), "{}", kept());
+    // And the run after it starts right at once.
+    let (asked, conns) = run(4);
+    assert_eq!((asked, conns.len()), (1, 1), "{conns:?}");
+    assert!(!conns[0].contains("Ciphers="), "{conns:?}");
+}
