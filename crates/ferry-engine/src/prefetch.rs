@@ -84,13 +84,6 @@ impl Prefetch {
         });
         let i = inner.clone();
         std::thread::spawn(move || {
-            // Below the run's other work (nice +10, this thread and the
-            // listers it starts; Linux's nice is per thread): the listing
-            // has the whole connection's time to run in, but on 2 cores
-            // it took the CPU from the thread about to start ssh (the
-            // connection began ~10 ms later, measured), and from ssh's and
-            // the server's key exchange. It runs in their idle moments.
-            let _ = rustix::process::nice(10);
             let Ok(Some((root, meta))) = store.open_root() else {
                 return;
             };
