@@ -573,6 +573,12 @@ macro_rules! backends {
                     _ => mismatch(),
                 }
             }
+            fn open_dir_to_list(&self, parent: &AnyDir, name: &CStr) -> io::Result<AnyDir> {
+                match (self, parent) {
+                    $((AnyStore::$v(s), AnyDir::$v(d)) => PipelineStore::<$s>::open_dir_to_list(ext(s.pipeline()), d, name).map(AnyDir::$v),)+
+                    _ => mismatch(),
+                }
+            }
         }
     };
 }

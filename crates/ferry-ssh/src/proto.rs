@@ -28,7 +28,7 @@ mod frame;
 pub use frame::*;
 
 /// The protocol version both ends must speak.
-pub const PROTOCOL: u32 = 13;
+pub const PROTOCOL: u32 = 14;
 /// The hello's first bytes.
 const MAGIC: &[u8; 12] = b"FERRY-SERVE\n";
 /// Largest frame accepted (a whole small file, a big directory's listing).

@@ -347,6 +347,18 @@ fn read_requests(
                 start_beat(st, ms);
                 continue;
             }
+            // Opened here, in the order the requests came (protocol 14):
+            // a client may send a directory's `List` right behind its
+            // `OpenDir`, and that `List`, run by a worker, finds the
+            // handle (one round trip for both, not two).
+            req @ Req::OpenDir { .. } => {
+                let mut listing = Listing::new();
+                let f = answer(st, id, req, &mut listing);
+                if id != 0 {
+                    let _ = st.out.lock().send(f.into());
+                }
+                continue;
+            }
             Req::ReadOnly => {
                 st.store.set_read_only();
                 continue;

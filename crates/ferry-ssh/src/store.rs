@@ -82,6 +82,10 @@ pub struct SshDir {
     /// Opens sent ahead
     /// ([`PipelineStore::open_ahead`](ferry_engine::store::PipelineStore::open_ahead)), by name.
     ahead: Mutex<HashMap<Vec<u8>, Ahead>>,
+    /// Its listing, asked right behind its open
+    /// ([`PipelineStore::open_dir_to_list`](ferry_engine::store::PipelineStore::open_dir_to_list)),
+    /// until [`Store::list`] takes it.
+    listing: Mutex<Option<Receiver<io::Result<Vec<u8>>>>>,
 }
 
 /// An open sent ahead of [`Store::open_file`]: the handle it names, the
@@ -219,7 +223,11 @@ impl Store for SshStore {
         errors: &mut Vec<ListError>,
     ) -> io::Result<()> {
         out.clear();
-        let body = self.conn().call(&Req::List { dir: dir.id })?;
+        let asked = dir.listing.lock().take();
+        let body = match asked {
+            Some(rx) => dir.conn.wait(&rx)?,
+            None => self.conn().call(&Req::List { dir: dir.id })?,
+        };
         let Resp::Listing {
             names,
             metas,

@@ -277,7 +277,9 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         at: DstAt,
     ) -> Option<Arc<Node<S, D>>> {
         let rel = self.path(parent, name.to_bytes());
-        let src = match self.src.open_dir(&parent.src, name) {
+        // Both sides are listed next (`scan`): a network store asks for the
+        // listing with the open, one round trip for both.
+        let src = match self.src.open_dir_to_list(&parent.src, name) {
             Ok(d) => d,
             Err(e) => {
                 self.fail(&rel, &e);
@@ -285,7 +287,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             }
         };
         let (dst, dst_meta) = match (at, &parent.dst) {
-            (DstAt::Dir(m), Some(pd)) => match self.dst.open_dir(pd, name) {
+            (DstAt::Dir(m), Some(pd)) => match self.dst.open_dir_to_list(pd, name) {
                 Ok(d) => (Some(d), Some(m)),
                 Err(e) => {
                     self.fail(&rel, &e);

@@ -182,4 +182,7 @@ impl<S: Store> PipelineStore<S> for Absent {
     fn create_empty(&self, _: &S::Dir, _: &CStr, _: &Meta, _: bool) -> io::Result<bool> {
         match *self {}
     }
+    fn open_dir_to_list(&self, _: &S::Dir, _: &CStr) -> io::Result<S::Dir> {
+        match *self {}
+    }
 }

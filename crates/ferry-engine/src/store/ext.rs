@@ -331,6 +331,13 @@ pub trait PipelineStore<S: Store> {
     /// caller then goes the usual way (`create_file` ... `commit`).
     fn create_empty(&self, dir: &S::Dir, name: &CStr, meta: &Meta, fsync: bool)
         -> io::Result<bool>;
+    /// [`Store::open_dir`] of a directory the caller lists next: a store
+    /// may send the listing's request right behind the open, so that both
+    /// cost one round trip; [`Store::list`] then takes that listing (made
+    /// after the open, as one asked for then). The open's error is this
+    /// call's, as [`Store::open_dir`]'s; a listing not taken is dropped
+    /// with the directory.
+    fn open_dir_to_list(&self, parent: &S::Dir, name: &CStr) -> io::Result<S::Dir>;
 }
 
 /// Removal of what interrupted transfers left on a store's side and no run
@@ -624,6 +631,15 @@ pub trait StoreExt: Store {
             .is_none_or(|l| l.sets_symlink_times(dir, name, now))
     }
 
+    /// [`PipelineStore::open_dir_to_list`]; without a pipeline,
+    /// [`Store::open_dir`].
+    #[inline]
+    fn open_dir_to_list(&self, parent: &Self::Dir, name: &CStr) -> io::Result<Self::Dir> {
+        match self.pipeline() {
+            Some(p) => p.open_dir_to_list(parent, name),
+            None => self.open_dir(parent, name),
+        }
+    }
     /// [`PipelineStore::open_ahead`]; nothing without a pipeline.
     #[inline]
     fn open_ahead(&self, dir: &Self::Dir, files: &[(&CStr, u64)]) {

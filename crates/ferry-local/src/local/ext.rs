@@ -329,6 +329,10 @@ impl LinkStore<LocalStore> for LocalStore {
 // Opens and commits are system calls here: nothing to send ahead or leave
 // unconfirmed; only an empty file is made in one go.
 impl PipelineStore<LocalStore> for LocalStore {
+    /// Opened as any directory (no request of its own to save).
+    fn open_dir_to_list(&self, parent: &LocalDir, name: &CStr) -> io::Result<LocalDir> {
+        Store::open_dir(self, parent, name)
+    }
     fn open_ahead(&self, _dir: &LocalDir, _files: &[(&CStr, u64)]) {}
 
     fn commit_nowait<'a>(

@@ -72,6 +72,10 @@ impl Cleanup for S3Store {
 // Opens and commits are requests answered in turn (the engine keeps many
 // in flight instead); what the shortcut saves is the HEAD after a commit.
 impl PipelineStore<S3Store> for S3Store {
+    /// Opened as any directory (no request of its own to save).
+    fn open_dir_to_list(&self, parent: &S3Dir, name: &CStr) -> io::Result<S3Dir> {
+        Store::open_dir(self, parent, name)
+    }
     fn open_ahead(&self, _dir: &S3Dir, _files: &[(&CStr, u64)]) {}
     fn commit_nowait<'a>(
         &'a self,

@@ -64,6 +64,10 @@ impl LinkStore<SftpStore> for SftpStore {
 }
 
 impl PipelineStore<SftpStore> for SftpStore {
+    /// Opened as any directory (no request of its own to save).
+    fn open_dir_to_list(&self, parent: &SftpDir, name: &CStr) -> io::Result<SftpDir> {
+        Store::open_dir(self, parent, name)
+    }
     fn open_ahead(&self, dir: &SftpDir, files: &[(&CStr, u64)]) {
         let main = self.conn();
         if main.alive().is_err() {

@@ -119,3 +119,72 @@ fn one_request_resolves_a_location_and_opens_its_tree() {
     drop(to);
     server.join().unwrap().unwrap();
 }
+
+/// A directory's `List` sent right behind its `OpenDir`, before the open
+/// is answered (protocol 14): the server opens directories in the order
+/// the requests come, so every listing finds its handle (workers run the
+/// listings at once; before, one could run before its open and find no
+/// handle). A `List` behind an open that fails is an error, the open's
+/// error its own.
+#[test]
+fn a_listing_sent_behind_its_open_finds_the_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    for i in 0..40 {
+        let d = dir.path().join(format!("d{i:02}"));
+        std::fs::create_dir(&d).unwrap();
+        std::fs::write(d.join(format!("f{i}")), b"x").unwrap();
+    }
+    let (mut to, mut from, server) = start();
+    let root = dir.path().as_os_str();
+    ask(
+        &mut to,
+        &mut from,
+        1,
+        &Req::StatRoot {
+            path: root.as_bytes(),
+            dir: 100,
+        },
+    );
+    // Each subdirectory's open and listing in one write, all of them, and
+    // one open of a name that is not there, with its listing.
+    let mut burst = Vec::new();
+    let names: Vec<String> = (0..40).map(|i| format!("d{i:02}")).collect();
+    for (i, n) in names.iter().chain(["gone".to_string()].iter()).enumerate() {
+        let h = 200 + i as u64;
+        burst.extend(proto::frame(
+            2 * h,
+            &Req::OpenDir {
+                dir: 100,
+                name: n.as_bytes(),
+                new: h,
+            },
+        ));
+        burst.extend(proto::frame(2 * h + 1, &Req::List { dir: h }));
+    }
+    to.write_all(&burst).unwrap();
+    let mut replies = std::collections::HashMap::new();
+    for _ in 0..2 * (names.len() + 1) {
+        let (id, body) = proto::read_frame(&mut from).unwrap().expect("a reply");
+        replies.insert(id, body);
+    }
+    for (i, n) in names.iter().enumerate() {
+        let h = 200 + i as u64;
+        assert!(
+            matches!(proto::decode::<Resp>(&replies[&(2 * h)]).unwrap(), Resp::Ok),
+            "{n}"
+        );
+        match proto::decode::<Resp>(&replies[&(2 * h + 1)]).unwrap() {
+            Resp::Listing { names, .. } => assert_eq!(names, format!("f{i}\0").as_bytes(), "{n}"),
+            r => panic!("{n}: {r:?}"),
+        }
+    }
+    let h = 200 + names.len() as u64;
+    for id in [2 * h, 2 * h + 1] {
+        assert!(matches!(
+            proto::decode::<Resp>(&replies[&id]).unwrap(),
+            Resp::Err(_)
+        ));
+    }
+    drop(to);
+    server.join().unwrap().unwrap();
+}

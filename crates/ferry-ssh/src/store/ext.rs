@@ -240,6 +240,31 @@ impl LinkStore<SshStore> for SshStore {
 }
 
 impl PipelineStore<SshStore> for SshStore {
+    fn open_dir_to_list(&self, parent: &SshDir, name: &CStr) -> io::Result<SshDir> {
+        // Its `List` right behind its `OpenDir`: `ferry serve` opens
+        // directories in the order the requests come (protocol 14), so the
+        // listing finds the handle, and both replies come in one round
+        // trip. The open's answer is waited for, as `open_dir` does: its
+        // error is this call's (the listing's, of a handle never made, is
+        // dropped).
+        let conn = self.conn();
+        let new = conn.handle();
+        let opened = conn.start(&Req::OpenDir {
+            dir: parent.id,
+            name: name.to_bytes(),
+            new,
+        })?;
+        let listed = conn.start(&Req::List { dir: new }).ok();
+        match conn.wait(&opened)?.get()? {
+            Resp::Ok => {}
+            r => return Err(unexpected(&r)),
+        }
+        let mut d = self.dir(new, join(&parent.path, name.to_bytes()));
+        // (The connection both went on, if the store has another since.)
+        d.conn = conn;
+        *d.listing.lock() = listed;
+        Ok(d)
+    }
     fn open_ahead(&self, dir: &SshDir, files: &[(&CStr, u64)]) {
         // Small files only (they come whole with their open), up to
         // AHEAD_HINT per hint and AHEAD_MAX in all.

@@ -75,6 +75,7 @@ impl SshStore {
             id,
             path,
             ahead: Mutex::default(),
+            listing: Mutex::default(),
         }
     }
 
