@@ -48,7 +48,7 @@ pub struct Target {
     /// `--no-remote-install`).
     pub install: bool,
     /// Options put before the host: AES-GCM first when ssh would use its
-    /// built-in cipher order ([`target::cipher_options`]).
+    /// built-in cipher order (`target::cipher_options`).
     pub options: Options,
     /// `--connections` (unset: from the cores of both ends).
     pub connections: Option<u16>,

@@ -126,7 +126,7 @@ impl Target {
 const SSH_DEFAULT_CIPHERS: &str = "chacha20-poly1305@openssh.com,aes128-ctr,aes192-ctr,aes256-ctr,aes128-gcm@openssh.com,aes256-gcm@openssh.com";
 
 /// The options a connection's ssh is given before the host: fixed, or
-/// AES-GCM first as `ssh -G` answers ([`cipher_options`]).
+/// AES-GCM first as `ssh -G` answers (`cipher_options`).
 #[derive(Clone, Debug)]
 pub enum Options {
     /// These (none where ferry does not choose a cipher order).
