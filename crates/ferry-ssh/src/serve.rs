@@ -351,9 +351,9 @@ fn read_requests(
             // a client may send a directory's `List` right behind its
             // `OpenDir`, and that `List`, run by a worker, finds the
             // handle (one round trip for both, not two).
-            req @ Req::OpenDir { .. } => {
-                let mut listing = Listing::new();
-                let f = answer(st, id, req, &mut listing);
+            Req::OpenDir { dir, name, new } => {
+                let f =
+                    answer::open_dir(st, id, dir, name, new).unwrap_or_else(|e| err_frame(id, &e));
                 if id != 0 {
                     let _ = st.out.lock().send(f.into());
                 }

@@ -219,16 +219,12 @@ impl Ask {
             }
             h.update(host.as_bytes());
             h.update(format!("\0{port:?}").as_bytes());
-            h.finalize()[..12]
-                .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect::<String>()
+            crate::install::hex(&h.finalize()[..12])
         };
         let guess = file.as_deref().and_then(|f| {
             let text = std::fs::read_to_string(f).ok()?;
-            let line = text
-                .lines()
-                .find_map(|l| l.strip_prefix(&format!("{key} ")))?;
+            let prefix = format!("{key} ");
+            let line = text.lines().find_map(|l| l.strip_prefix(&prefix))?;
             match line.trim() {
                 "gcm" => Some(Some(gcm_first())),
                 "-" => Some(None),
@@ -259,28 +255,26 @@ impl Ask {
     /// to its built-in order, else none. Kept for the next run when it is
     /// not what the last one found.
     pub(super) fn truth(&self) -> Option<String> {
-        if let Some(t) = self.truth.get() {
-            return t.clone();
-        }
-        let mut running = self.running.lock();
-        if let Some(t) = self.truth.get() {
-            return t.clone();
-        }
-        let answer = running
-            .take()
-            .and_then(|c| c.wait_with_output().ok())
-            .and_then(|out| {
-                let text = String::from_utf8_lossy(&out.stdout);
-                let list = text.lines().find_map(|l| l.strip_prefix("ciphers "))?;
-                (out.status.success() && list.trim() == SSH_DEFAULT_CIPHERS).then(gcm_first)
-            });
-        let _ = self.truth.set(answer.clone());
-        if self.guess.as_ref() != Some(&answer) {
-            if let Some((file, key)) = &self.keep {
-                keep_answer(file, key, answer.is_some());
-            }
-        }
-        answer
+        self.truth
+            .get_or_init(|| {
+                let answer = self
+                    .running
+                    .lock()
+                    .take()
+                    .and_then(|c| c.wait_with_output().ok())
+                    .and_then(|out| {
+                        let text = String::from_utf8_lossy(&out.stdout);
+                        let list = text.lines().find_map(|l| l.strip_prefix("ciphers "))?;
+                        (out.status.success() && list.trim() == SSH_DEFAULT_CIPHERS).then(gcm_first)
+                    });
+                if self.guess.as_ref() != Some(&answer) {
+                    if let Some((file, key)) = &self.keep {
+                        keep_answer(file, key, answer.is_some());
+                    }
+                }
+                answer
+            })
+            .clone()
     }
 }
 
@@ -307,10 +301,8 @@ pub(super) fn cache_file() -> Option<PathBuf> {
 /// new one. A failure is no error: the next run asks before it connects.
 fn keep_answer(file: &Path, key: &str, gcm: bool) {
     let old = std::fs::read_to_string(file).unwrap_or_default();
-    let mut lines: Vec<&str> = old
-        .lines()
-        .filter(|l| !l.starts_with(&format!("{key} ")))
-        .collect();
+    let prefix = format!("{key} ");
+    let mut lines: Vec<&str> = old.lines().filter(|l| !l.starts_with(&prefix)).collect();
     let line = format!("{key} {}", if gcm { "gcm" } else { "-" });
     lines.push(&line);
     let from = lines.len().saturating_sub(64);
@@ -378,11 +370,16 @@ fn asks(rsh: &[String]) -> bool {
 }
 
 /// Whether this CPU has AES instructions (`aes` among its flags).
+/// Read once per process: every `Target` asks (each location, each
+/// session), and the CPU does not change.
 pub(super) fn cpu_has_aes() -> bool {
-    std::fs::read_to_string("/proc/cpuinfo").is_ok_and(|s| {
-        s.lines()
-            .filter(|l| l.starts_with("flags") || l.starts_with("Features"))
-            .any(|l| l.split_whitespace().any(|w| w == "aes"))
+    static AES: OnceLock<bool> = OnceLock::new();
+    *AES.get_or_init(|| {
+        std::fs::read_to_string("/proc/cpuinfo").is_ok_and(|s| {
+            s.lines()
+                .filter(|l| l.starts_with("flags") || l.starts_with("Features"))
+                .any(|l| l.split_whitespace().any(|w| w == "aes"))
+        })
     })
 }
 

@@ -33,11 +33,7 @@ fn answer_io(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> io::Re
             Ok(proto::frame(id, &Resp::Meta(m.map(M))))
         }
         Req::List { dir } => list(st, id, dir, listing),
-        Req::OpenDir { dir, name, new } => {
-            let d = s.open_dir(&*dir_of(st, dir)?, &cname(name)?)?;
-            st.dirs.lock().insert(new, Arc::new(d));
-            ok(id, Ok(()))
-        }
+        Req::OpenDir { dir, name, new } => open_dir(st, id, dir, name, new),
         Req::MakeDir { dir, name, new } => {
             let d = s.make_dir(&*dir_of(st, dir)?, &cname(name)?)?;
             st.dirs.lock().insert(new, Arc::new(d));
@@ -178,6 +174,21 @@ fn stat_root(st: &State, id: u64, path: &[u8], dir: u64) -> io::Result<Vec<u8>> 
         }
     }
     reply(Some(m), false)
+}
+
+/// `OpenDir`: subdirectory `name` of `dir` opened as handle `new`. Run
+/// by the thread that reads the requests, in their order (protocol 14),
+/// so a `List` sent right behind it finds the handle.
+pub(super) fn open_dir(
+    st: &State,
+    id: u64,
+    dir: u64,
+    name: &[u8],
+    new: u64,
+) -> io::Result<Vec<u8>> {
+    let d = st.store.open_dir(&*dir_of(st, dir)?, &cname(name)?)?;
+    st.dirs.lock().insert(new, Arc::new(d));
+    ok(id, Ok(()))
 }
 
 /// `List`: directory `dir`'s entries (names, metadata, and the entries

@@ -9,6 +9,11 @@ use crate::util::ssh::{ferry_ssh, ssh_at as at, ssh_server as server};
 use crate::util::*;
 use ferry_ssh::proto::{self, Req};
 
+/// The test server's `-e` and host, or `None` with the test skipped.
+fn need_server() -> Option<(String, String)> {
+    server().map_err(|why| crate::util::skip(&why)).ok()
+}
+
 /// An `-e` command that runs `rsh` with what the client writes to it
 /// appended to `log`.
 fn logging_rsh(dir: &Path, rsh: &str, log: &Path) -> String {
@@ -48,12 +53,8 @@ fn requests(log: &Path) -> Vec<String> {
 /// (`StatRoot`), with no `StatPath` and no `Root` of their own.
 #[test]
 fn resolving_a_remote_tree_and_opening_it_is_one_request() {
-    let (rsh, host) = match server() {
-        Ok(s) => s,
-        Err(why) => {
-            crate::util::skip(&why);
-            return;
-        }
+    let Some((rsh, host)) = need_server() else {
+        return;
     };
     let t = tmpdir();
     let src = t.path().join("src");
@@ -104,12 +105,8 @@ fn started(log: &Path) -> (usize, Vec<String>) {
 /// next run starts right at once. Default flags (the shipped ferry there).
 #[test]
 fn a_first_connection_starts_with_the_last_cipher_answer() {
-    let (rsh, host) = match server() {
-        Ok(s) => s,
-        Err(why) => {
-            crate::util::skip(&why);
-            return;
-        }
+    let Some((rsh, host)) = need_server() else {
+        return;
     };
     let t = tmpdir();
     // An -e command named ssh (so ferry asks `ssh -G`) that logs each start.
