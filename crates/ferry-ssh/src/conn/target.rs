@@ -175,8 +175,9 @@ impl Options {
             Options::Fixed(v) => (v.clone(), false),
             Options::Asked(a) => match (a.truth.get(), &a.guess) {
                 (Some(t), _) => (words(t.clone()), false),
-                (None, Some(g)) => (words(g.clone()), true),
-                (None, None) => (words(a.truth()), false),
+                // `ssh -G` still running: the last run's answer.
+                (None, Some(g)) if !a.answered() => (words(g.clone()), true),
+                _ => (words(a.truth()), false),
             },
         }
     }
@@ -249,6 +250,15 @@ impl Ask {
             running: Mutex::new(running),
             keep: file.map(|f| (f, key)),
         }
+    }
+
+    /// `ssh -G` has exited (its answer can be read without waiting), or
+    /// its answer was taken.
+    fn answered(&self) -> bool {
+        self.running
+            .lock()
+            .as_mut()
+            .is_none_or(|c| matches!(c.try_wait(), Ok(Some(_))))
     }
 
     /// `ssh -G`'s answer: `Ciphers=...` with AES-GCM first when ssh is left

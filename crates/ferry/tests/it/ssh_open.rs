@@ -109,7 +109,8 @@ fn a_first_connection_starts_with_the_last_cipher_answer() {
         return;
     };
     let t = tmpdir();
-    // An -e command named ssh (so ferry asks `ssh -G`) that logs each start.
+    // An -e command named ssh (so ferry asks `ssh -G`) that logs each start;
+    // its `ssh -G` answers a second late while the file `hold` is there.
     let cfg = t.path().join("ssh_config");
     let given = rsh
         .split_whitespace()
@@ -118,13 +119,15 @@ fn a_first_connection_starts_with_the_last_cipher_answer() {
         .unwrap();
     std::fs::copy(given, &cfg).unwrap();
     let log = t.path().join("log");
+    let hold = t.path().join("hold");
     let wrap = t.path().join("bin");
     std::fs::create_dir(&wrap).unwrap();
     std::fs::write(
         wrap.join("ssh"),
         format!(
-            "#!/bin/sh\necho \"$*\" >> '{}'\nexec ssh \"$@\"\n",
-            log.display()
+            "#!/bin/sh\necho \"$*\" >> '{}'\ncase \" $* \" in *\" -G \"*) [ -e '{}' ] && sleep 1;; esac\nexec ssh \"$@\"\n",
+            log.display(),
+            hold.display()
         ),
     )
     .unwrap();
@@ -170,7 +173,12 @@ fn a_first_connection_starts_with_the_last_cipher_answer() {
     let mut text = std::fs::read_to_string(&cfg).unwrap();
     text.push_str("Host *\n  Ciphers aes256-ctr\n");
     std::fs::write(&cfg, text).unwrap();
+    // (`ssh -G` held back a second: ferry takes an answer that is already
+    // in rather than the kept one, and a connection given up at once could
+    // be killed before its `-e` command logs it.)
+    std::fs::write(&hold, b"").unwrap();
     let (asked, conns) = run(3);
+    std::fs::remove_file(&hold).unwrap();
     assert_eq!((asked, conns.len()), (1, 2), "{conns:?}");
     assert!(conns[0].contains(gcm), "{conns:?}");
     assert!(!conns[1].contains("Ciphers="), "{conns:?}");
