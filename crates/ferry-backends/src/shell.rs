@@ -123,6 +123,12 @@ impl Backends {
     /// nor when ferry refused to run a cached file that is not itself: the
     /// run stops with one line (exit 2), as it does when ssh itself failed.
     fn remote(&self, r: &SshRoot) -> Result<Remote, Error> {
+        self.remote_walking(r, false)
+    }
+
+    /// [`Backends::remote`]; `walk`: the run walks the tree at `r`'s path,
+    /// which a ferry there lists ahead from its start.
+    fn remote_walking(&self, r: &SshRoot, walk: bool) -> Result<Remote, Error> {
         let set = self.settings();
         let t = ferry_ssh::Target::with(&r.host, r.port, &ssh_settings(set))
             .map_err(|e| Error::Connect(e.0))?;
@@ -133,7 +139,7 @@ impl Backends {
                 SftpStore::open(&t, &r.path).map_err(|e| Error::Connect(e.0))?,
             ));
         }
-        let why = match SshStore::open(&t, &r.path) {
+        let why = match SshStore::open_walking(&t, &r.path, walk) {
             Ok(s) => return Ok(Remote::Ssh(s)),
             // ssh failed, ferry refused, or the user named the ferry to run there.
             Err(why) if !why.ferry_cannot_run() || set.remote_ferry.is_some() => {
@@ -161,9 +167,9 @@ impl Backends {
     }
 
     /// A session with `r`'s host (`text`: the location as typed, naming
-    /// it in errors).
-    fn session(&self, r: &SshRoot, text: &str) -> Result<Remote, Error> {
-        self.remote(r)
+    /// it in errors; `walk`: as [`Backends::remote_walking`]).
+    fn session(&self, r: &SshRoot, text: &str, walk: bool) -> Result<Remote, Error> {
+        self.remote_walking(r, walk)
             .map_err(|e| Error::Connect(format!("{text}: {e}")))
     }
 }
@@ -350,7 +356,7 @@ impl Backend for Shell {
 
     fn src(reg: &Backends, p: &Path, r: SshRoot, _: bool) -> Result<Src, Error> {
         let text = &typed(p);
-        let s = reg.session(&r, text)?;
+        let s = reg.session(&r, text, true)?;
         match stat_root(&s, &r.path, "SRC", text)? {
             None => Err(Error::Refused(format!(
                 "SRC {text}: no such file or directory"
@@ -368,7 +374,7 @@ impl Backend for Shell {
 
     fn dst_tree(reg: &Backends, p: &Path, r: SshRoot) -> Result<Root, Error> {
         let text = &typed(p);
-        let s = reg.session(&r, text)?;
+        let s = reg.session(&r, text, true)?;
         match stat_root(&s, &r.path, "DST", text)? {
             Some(m) if m.kind == Kind::Dir => Ok(s.root(r)),
             Some(_) => Err(Error::Refused(format!(
@@ -389,7 +395,7 @@ impl Backend for Shell {
     ) -> Result<(Root, OsString), Error> {
         let text = &typed(p);
         let into = p.as_os_str().as_bytes().ends_with(b"/");
-        let s = reg.session(&r, text)?;
+        let s = reg.session(&r, text, false)?;
         let (parent, file) = split_remote(&r.path);
         match stat_root(&s, &r.path, "DST", text)? {
             Some(m) if m.kind == Kind::Dir => Ok((s.root(r), name.to_owned())),

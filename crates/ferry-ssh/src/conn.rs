@@ -430,17 +430,28 @@ pub fn close_all() {
 /// the remote has no ferry this binary may run, it is installed there
 /// ([`crate::install::install`]) and run.
 pub fn connect(t: &Target) -> Result<Arc<Conn>, SessionError> {
+    connect_walking(t, None)
+}
+
+/// [`connect`], for a run that walks the tree at `walk` there: the ferry
+/// there lists it ahead ([`Req::ListAhead`]), asked with the hello on a
+/// new connection, in a request of its own on one made before.
+pub fn connect_walking(t: &Target, walk: Option<&[u8]>) -> Result<Arc<Conn>, SessionError> {
     let mut conns = CONNS.lock();
     if let Some((_, c)) = conns.iter().find(|(k, _)| k == t) {
+        if let Some(path) = walk {
+            // (A lost connection fails the run's first request anyway.)
+            let _ = c.send(&Req::ListAhead { path });
+        }
         return Ok(c.clone());
     }
-    let c = start(t)?;
+    let c = start(t, walk)?;
     conns.push((t.clone(), c.clone()));
     Ok(c)
 }
 
 /// A session to `t`'s ferry: found, checked, or installed first.
-fn start(t: &Target) -> Result<Arc<Conn>, SessionError> {
+fn start(t: &Target, walk: Option<&[u8]>) -> Result<Arc<Conn>, SessionError> {
     let mut look = Look::Fast;
     let mut why = format!("{}: {NO_FERRY} (none on the PATH, none cached)", t.host);
     let mut installed = false;
@@ -451,7 +462,7 @@ fn start(t: &Target) -> Result<Arc<Conn>, SessionError> {
             Look::Verify => crate::install::shipped()?.sum.as_str(),
             _ => "",
         };
-        let report = match open_look(t, look, sum) {
+        let report = match open_look(t, look, sum, walk) {
             Ok(c) => return Ok(c),
             Err(Failed::Other(w)) => return Err(SessionError(w)),
             Err(Failed::NoFerry(w)) if !t.install || look != Look::Fast => {

@@ -28,7 +28,7 @@ mod frame;
 pub use frame::*;
 
 /// The protocol version both ends must speak.
-pub const PROTOCOL: u32 = 14;
+pub const PROTOCOL: u32 = 15;
 /// The hello's first bytes.
 const MAGIC: &[u8; 12] = b"FERRY-SERVE\n";
 /// Largest frame accepted (a whole small file, a big directory's listing).
@@ -549,6 +549,42 @@ pub enum Req<'a> {
     /// the open directory's): [`Resp::Root`]. A directory that cannot be
     /// opened is answered as not opened ([`Req::Root`] then says why).
     StatRoot { path: &'a [u8], dir: u64 },
+    /// List the tree at `path` (as `StatRoot` names it) ahead, for the
+    /// `List`s this run will send (protocol 15; no reply): sent with the
+    /// hello when the run walks that tree.
+    ListAhead { path: &'a [u8] },
+}
+
+impl Req<'_> {
+    /// True for a request that changes no file or directory (it reads,
+    /// lists, opens or closes handles, or is about the session): one
+    /// that is not ends the listing ahead ([`Req::ListAhead`]).
+    pub fn changes_nothing(&self) -> bool {
+        matches!(
+            self,
+            Req::Root { create: false, .. }
+                | Req::StatPath { .. }
+                | Req::Stat { .. }
+                | Req::List { .. }
+                | Req::OpenDir { .. }
+                | Req::Close { .. }
+                | Req::Open { .. }
+                | Req::OpenPath { .. }
+                | Req::Read { .. }
+                | Req::ReadLink { .. }
+                | Req::Info
+                | Req::GetXattrs { .. }
+                | Req::Sign { .. }
+                | Req::Diff { .. }
+                | Req::DiffRead { .. }
+                | Req::Watch { .. }
+                | Req::KeepAlive { .. }
+                | Req::ReadOnly
+                | Req::Space { .. }
+                | Req::StatRoot { .. }
+                | Req::ListAhead { .. }
+        )
+    }
 }
 
 /// An error on the wire: the OS error number when there is one, else the

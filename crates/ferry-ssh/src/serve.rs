@@ -33,6 +33,7 @@ use crate::proto::{
     self, attrs, sel_of, what_of, xattrs_of, Attrs, Hello, Req, Resp, WireErr, INLINE_MAX, M,
 };
 
+mod ahead;
 mod answer;
 mod delta;
 #[cfg(test)]
@@ -209,6 +210,10 @@ struct State {
     /// The heartbeat ([`Req::KeepAlive`]): stopped when its sender is
     /// dropped.
     beat: Mutex<Option<(Sender<()>, std::thread::JoinHandle<()>)>>,
+    /// Listings made ahead ([`Req::ListAhead`]).
+    ahead: ahead::Ahead,
+    /// This machine's cores (for this process: its CPU quota), asked once.
+    cores: usize,
 }
 
 /// Serve on stdin and stdout until the other end closes the stream.
@@ -260,7 +265,7 @@ pub fn serve_on(
             let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
         }
     }
-    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let (out_tx, out_rx) = mpsc::channel::<proto::Out>();
     let writer = std::thread::spawn(move || proto::write_out(output, out_rx));
     let st = Arc::new(State {
@@ -272,15 +277,25 @@ pub fn serve_on(
         bufs: Mutex::new(Vec::new()),
         deltas: delta::Deltas::default(),
         beat: Mutex::new(None),
+        ahead: ahead::Ahead::default(),
+        cores,
     });
     let (work_tx, work_rx) = mpsc::sync_channel::<(u64, Vec<u8>)>(WORKERS * 4);
     let work_rx = Arc::new(Mutex::new(work_rx));
-    let workers: Vec<_> = (0..WORKERS)
-        .map(|_| {
-            let (st, rx) = (st.clone(), work_rx.clone());
-            std::thread::spawn(move || work(&st, &rx))
+    // Started beside the reading of the first requests (the hello's
+    // `Info` is answered by the reading thread meanwhile): the requests
+    // wait in the queue for them.
+    let workers = {
+        let st = st.clone();
+        std::thread::spawn(move || -> Vec<_> {
+            (0..WORKERS)
+                .map(|_| {
+                    let (st, rx) = (st.clone(), work_rx.clone());
+                    std::thread::spawn(move || work(&st, &rx))
+                })
+                .collect()
         })
-        .collect();
+    };
     let (disk_tx, disk_rx) = mpsc::sync_channel::<Job>(DISK_QUEUE);
     let disk = {
         let st = st.clone();
@@ -289,7 +304,7 @@ pub fn serve_on(
     let res = read_requests(&st, &mut input, &work_tx, &disk_tx);
     drop(work_tx);
     drop(disk_tx);
-    for w in workers {
+    for w in workers.join().unwrap_or_default() {
         let _ = w.join();
     }
     let _ = disk.join();
@@ -310,7 +325,7 @@ pub fn serve_on(
 }
 
 fn read_requests(
-    st: &State,
+    st: &Arc<State>,
     input: &mut impl Read,
     work: &SyncSender<(u64, Vec<u8>)>,
     disk: &SyncSender<Job>,
@@ -327,7 +342,24 @@ fn read_requests(
                 continue;
             }
         };
-        let to_disk = match proto::decode::<Req>(&body)? {
+        let req = proto::decode::<Req>(&body)?;
+        if !req.changes_nothing() {
+            st.ahead.stop();
+        }
+        let to_disk = match req {
+            Req::ListAhead { path } => {
+                ahead::Ahead::start(st, path);
+                continue;
+            }
+            // Sent with the hello, and waited for before anything else:
+            // answered here, not behind the workers' start.
+            Req::Info => {
+                let f = answer::info(st, id);
+                if id != 0 {
+                    let _ = st.out.lock().send(f.into());
+                }
+                continue;
+            }
             Req::Watch { path, poll } => {
                 let out = st.out.lock().clone();
                 watching.extend(crate::watch::serve_watch(out, id, path, poll));

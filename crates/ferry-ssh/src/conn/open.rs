@@ -38,10 +38,18 @@ impl Failed {
 /// Another connection to a host reached before: its start command runs
 /// the ferry it found then.
 pub(super) fn open(t: &Target) -> Result<Arc<Conn>, Failed> {
-    open_look(t, Look::Fast, "")
+    open_look(t, Look::Fast, "", None)
 }
 
-pub(super) fn open_look(t: &Target, look: Look, sum: &str) -> Result<Arc<Conn>, Failed> {
+/// A connection whose start command looks for ferry as `look` says
+/// (`sum`: the SHA-256 a cached file is checked against); `walk`: a tree
+/// the run walks there, listed ahead ([`Req::ListAhead`]).
+pub(super) fn open_look(
+    t: &Target,
+    look: Look,
+    sum: &str,
+    walk: Option<&[u8]>,
+) -> Result<Arc<Conn>, Failed> {
     let (argv, guessed) = t.argv_look(look, sum).map_err(|e| Failed::Other(e.0))?;
     let mut ssh = spawn::spawn(&argv, spawn::Io::Pipes).map_err(|e| Failed::Other(e.0))?;
     // Started with the last run's cipher options while `ssh -G` answers
@@ -82,7 +90,7 @@ pub(super) fn open_look(t: &Target, look: Look, sum: &str) -> Result<Arc<Conn>, 
     // ferry reads none. So the server's answers (its cores, whether it
     // keeps owners) cost no round trip of their own.
     let _ = stdin
-        .write_all(&first_words(t))
+        .write_all(&first_words(t, walk))
         .and_then(|()| stdin.flush());
     if let Err(n) = start.hello(&mut stdout) {
         // (Its input closed before ssh is waited for.)
@@ -126,8 +134,10 @@ pub(super) fn open_look(t: &Target, look: Look, sum: &str) -> Result<Arc<Conn>, 
 }
 
 /// What a connection writes first: the hello, this run's read-only flag,
-/// the heartbeat request and the Info request (answered with the hello).
-fn first_words(t: &Target) -> Vec<u8> {
+/// the heartbeat request and the Info request (answered with the hello),
+/// and the tree to list ahead, `walk`: listed there while the hellos and
+/// the first requests go back and forth.
+fn first_words(t: &Target, walk: Option<&[u8]>) -> Vec<u8> {
     let mut first = Vec::with_capacity(128);
     let _ = proto::write_hello(&mut first);
     if t.read_only {
@@ -138,6 +148,9 @@ fn first_words(t: &Target) -> Vec<u8> {
     let every = (t.timeout / 3).as_millis().max(1) as u64;
     first.extend(proto::frame(0, &Req::KeepAlive { ms: every }));
     first.extend(proto::frame(u64::MAX, &Req::Info));
+    if let Some(path) = walk {
+        first.extend(proto::frame(0, &Req::ListAhead { path }));
+    }
     first
 }
 

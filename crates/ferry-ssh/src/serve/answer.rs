@@ -83,13 +83,7 @@ fn answer_io(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> io::Re
             let b = s.is_own_legacy_partial(&*dir_of(st, dir)?, &cname(name)?);
             Ok(proto::frame(id, &Resp::Bool(b)))
         }
-        Req::Info => Ok(proto::frame(
-            id,
-            &Resp::Info {
-                root: rustix::process::geteuid().is_root(),
-                cores: std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
-            },
-        )),
+        Req::Info => Ok(info(st, id)),
         req @ Req::GetXattrs { .. } => get_xattrs(st, id, req),
         req @ Req::SetXattrs { .. } => ok(id, set_xattrs(st, req)),
         req @ Req::Keep { .. } => ok(id, keep(st, req)),
@@ -115,6 +109,7 @@ fn answer_io(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> io::Re
         | Req::PartRecord { .. }
         | Req::Abort { .. }
         | Req::Watch { .. }
+        | Req::ListAhead { .. }
         | Req::ReadOnly
         | Req::KeepAlive { .. } => {
             unreachable!("handled in order by the reading and disk threads")
@@ -149,6 +144,17 @@ fn stat_path(id: u64, path: &[u8], follow: bool) -> io::Result<Vec<u8>> {
         Err(e) => return Err(e),
     };
     Ok(proto::frame(id, &Resp::Meta(m)))
+}
+
+/// `Info`: whether this end runs as root, and its cores.
+pub(super) fn info(st: &State, id: u64) -> Vec<u8> {
+    proto::frame(
+        id,
+        &Resp::Info {
+            root: rustix::process::geteuid().is_root(),
+            cores: st.cores as u32,
+        },
+    )
 }
 
 /// `StatRoot`: the metadata of a path (a final symlink followed), and a
@@ -194,9 +200,22 @@ pub(super) fn open_dir(
 /// `List`: directory `dir`'s entries (names, metadata, and the entries
 /// that could not be read), listed into `listing` (reused).
 fn list(st: &State, id: u64, dir: u64, listing: &mut Listing) -> io::Result<Vec<u8>> {
+    let d = dir_of(st, dir)?;
+    if let Some(f) = st.ahead.take(&d, id) {
+        return Ok(f);
+    }
+    listing_frame(st, id, &d, listing)
+}
+
+/// The reply to a `List` of `d`, listed now into `listing` (reused).
+pub(super) fn listing_frame(
+    st: &State,
+    id: u64,
+    d: &LocalDir,
+    listing: &mut Listing,
+) -> io::Result<Vec<u8>> {
     let mut errors = Vec::new();
-    st.store
-        .list(&*dir_of(st, dir)?, b"", listing, &mut errors)?;
+    st.store.list(d, b"", listing, &mut errors)?;
     let mut names = Vec::with_capacity(listing.len() * 16);
     let mut metas = Vec::with_capacity(listing.len());
     for e in listing.entries() {

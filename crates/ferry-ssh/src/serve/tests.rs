@@ -188,3 +188,336 @@ fn a_listing_sent_behind_its_open_finds_the_directory() {
     drop(to);
     server.join().unwrap().unwrap();
 }
+
+/// The tests of listings made ahead share this process's counters
+/// ([`super::ahead::LISTED`], [`super::ahead::SERVED`]): one at a time.
+static AHEAD: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
+
+type Tree = std::collections::BTreeMap<Vec<u8>, Vec<(Vec<u8>, ferry_engine::Meta)>>;
+
+/// Every directory of the tree at `root` as the server lists it, walked
+/// as a run walks it (`StatRoot`, then each subdirectory's `OpenDir` and
+/// `List` in one write): its path from the root, and its entries.
+fn walk(to: &mut File, from: &mut io::BufReader<File>, root: &[u8]) -> Tree {
+    let mut next = 1000u64;
+    let mut id = || {
+        next += 1;
+        next
+    };
+    let (h, i) = (id(), id());
+    match proto::decode::<Resp>(&ask(to, from, i, &Req::StatRoot { path: root, dir: h })).unwrap() {
+        Resp::Root { opened: true, .. } => {}
+        r => panic!("{r:?}"),
+    }
+    let l = id();
+    let mut first = Some(ask(to, from, l, &Req::List { dir: h }));
+    let mut out = Tree::new();
+    let mut queue = std::collections::VecDeque::from([(Vec::new(), h)]);
+    while let Some((rel, h)) = queue.pop_front() {
+        let body = match first.take() {
+            Some(b) => b,
+            None => {
+                // The open and the listing in one write; the two replies
+                // in whichever order they come.
+                let (parent, name) =
+                    rel.split_at(rel.iter().rposition(|b| *b == b'/').map_or(0, |k| k + 1));
+                let _ = parent;
+                let (o, l) = (id(), id());
+                let mut w = proto::frame(
+                    o,
+                    &Req::OpenDir {
+                        dir: h >> 20,
+                        name,
+                        new: h & 0xfffff,
+                    },
+                );
+                w.extend(proto::frame(l, &Req::List { dir: h & 0xfffff }));
+                to.write_all(&w).unwrap();
+                let mut replies = std::collections::HashMap::new();
+                for _ in 0..2 {
+                    let (got, body) = proto::read_frame(from).unwrap().expect("a reply");
+                    replies.insert(got, body);
+                }
+                assert!(matches!(
+                    proto::decode::<Resp>(&replies[&o]).unwrap(),
+                    Resp::Ok
+                ));
+                replies.remove(&l).unwrap()
+            }
+        };
+        let Resp::Listing {
+            names,
+            metas,
+            errors,
+        } = proto::decode::<Resp>(&body).unwrap()
+        else {
+            panic!("not a listing")
+        };
+        assert!(errors.is_empty());
+        let entries: Vec<_> = names
+            .split(|b| *b == 0)
+            .zip(metas)
+            .map(|(n, m)| (n.to_vec(), m.0))
+            .collect();
+        let own = h & 0xfffff;
+        for (n, m) in &entries {
+            if m.kind == Kind::Dir {
+                let mut sub = rel.clone();
+                if !sub.is_empty() {
+                    sub.push(b'/');
+                }
+                sub.extend_from_slice(n);
+                // The parent's handle above, the new one below.
+                queue.push_back((sub, own << 20 | id()));
+            }
+        }
+        out.insert(rel, entries);
+    }
+    out
+}
+
+/// Wait (at most a minute) until this process has listed `n` directories
+/// ahead since `since`.
+fn listed_ahead(since: usize, n: usize) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while super::ahead::LISTED.load(Relaxed) < since + n {
+        assert!(std::time::Instant::now() < deadline, "not listed ahead");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+/// A tree: five directories of three files and a subdirectory `x` of two.
+fn ahead_tree(root: &std::path::Path) {
+    for d in ["a", "b", "c", "d", "e"] {
+        for f in ["f0", "f1", "f2", "x/g0", "x/g1"] {
+            let p = root.join(d).join(f);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, f.as_bytes()).unwrap();
+        }
+    }
+}
+
+/// The same listings as a walk made now: every name and kind, every
+/// file's metadata to the ctime, every directory's inode. (A listing made
+/// ahead may keep an earlier mtime of a subdirectory whose own entries
+/// changed: a change to an entry in place, which its parent's ctime does
+/// not show.)
+fn assert_same_listings(got: &Tree, want: &Tree) {
+    assert_eq!(
+        got.keys().collect::<Vec<_>>(),
+        want.keys().collect::<Vec<_>>()
+    );
+    for (rel, w) in want {
+        let g = &got[rel];
+        let names = |l: &[(Vec<u8>, ferry_engine::Meta)]| -> Vec<(Vec<u8>, Kind)> {
+            l.iter().map(|(n, m)| (n.clone(), m.kind)).collect()
+        };
+        assert_eq!(names(g), names(w), "{}", String::from_utf8_lossy(rel));
+        for ((n, a), (_, b)) in g.iter().zip(w) {
+            let at = format!(
+                "{}/{}",
+                String::from_utf8_lossy(rel),
+                String::from_utf8_lossy(n)
+            );
+            if a.kind == Kind::Dir {
+                assert_eq!(a.ino, b.ino, "{at}");
+            } else {
+                assert_eq!((a, a.ctime), (b, b.ctime), "{at}");
+            }
+        }
+    }
+}
+
+/// Listings made ahead (`ListAhead`, protocol 15) answer a walk as a walk
+/// made then would be answered, whatever changed behind ferry's back in
+/// between: a file added, one removed, one renamed, a directory replaced
+/// by another of the same name, a directory's mode changed. The
+/// directories nothing changed in are answered from what was made ahead.
+#[test]
+fn listings_made_ahead_answer_as_listings_made_then() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let _one = AHEAD.lock();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("t");
+    ahead_tree(&root);
+    let (listed, served) = (
+        super::ahead::LISTED.load(Relaxed),
+        super::ahead::SERVED.load(Relaxed),
+    );
+    let (mut to, mut from, server) = start();
+    let path = root.as_os_str().as_bytes();
+    to.write_all(&proto::frame(0, &Req::ListAhead { path }))
+        .unwrap();
+    listed_ahead(listed, 11);
+    // Behind its back.
+    std::fs::write(root.join("a/new"), b"new").unwrap();
+    std::fs::remove_file(root.join("b/f0")).unwrap();
+    std::fs::rename(root.join("c/f0"), root.join("c/g0")).unwrap();
+    std::fs::rename(root.join("d"), root.join("d.old")).unwrap();
+    std::fs::create_dir_all(root.join("d/x")).unwrap();
+    std::fs::write(root.join("d/other"), b"o").unwrap();
+    let mut p = std::fs::metadata(root.join("e")).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut p, 0o700);
+    std::fs::set_permissions(root.join("e"), p).unwrap();
+    let got = walk(&mut to, &mut from, path);
+    drop(to);
+    server.join().unwrap().unwrap();
+    // What a walk says now, without listings made ahead.
+    let (mut to, mut from, server) = start();
+    let want = walk(&mut to, &mut from, path);
+    drop(to);
+    server.join().unwrap().unwrap();
+    assert_same_listings(&got, &want);
+    assert!(want[&b"a".to_vec()].iter().any(|(n, _)| n == b"new"));
+    assert!(want[&b"d".to_vec()].iter().any(|(n, _)| n == b"other"));
+    // a/x, b/x, c/x, d.old/x, e/x at least (their directories untouched).
+    assert!(super::ahead::SERVED.load(Relaxed) >= served + 5);
+}
+
+/// A change the client asks for ends the listing ahead: a file's mode set
+/// through the session (which changes nothing its directory's ctime
+/// shows) is in the listing that follows, and nothing made ahead is used
+/// from then on. A tree that is not a directory (a file, a missing path)
+/// is not listed ahead, and the session serves as without.
+#[test]
+fn a_change_by_the_client_ends_the_listing_ahead() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let _one = AHEAD.lock();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("t");
+    ahead_tree(&root);
+    let (listed, served) = (
+        super::ahead::LISTED.load(Relaxed),
+        super::ahead::SERVED.load(Relaxed),
+    );
+    let (mut to, mut from, server) = start();
+    let path = root.as_os_str().as_bytes();
+    to.write_all(&proto::frame(0, &Req::ListAhead { path }))
+        .unwrap();
+    listed_ahead(listed, 11);
+    let body = ask(&mut to, &mut from, 1, &Req::StatRoot { path, dir: 100 });
+    assert!(matches!(
+        proto::decode::<Resp>(&body).unwrap(),
+        Resp::Root { opened: true, .. }
+    ));
+    let body = ask(
+        &mut to,
+        &mut from,
+        2,
+        &Req::OpenDir {
+            dir: 100,
+            name: b"a",
+            new: 101,
+        },
+    );
+    assert!(matches!(proto::decode::<Resp>(&body).unwrap(), Resp::Ok));
+    let mut m = match proto::decode::<Resp>(&ask(
+        &mut to,
+        &mut from,
+        3,
+        &Req::Stat {
+            dir: 101,
+            name: b"f1",
+        },
+    ))
+    .unwrap()
+    {
+        Resp::Meta(Some(m)) => m.0,
+        r => panic!("{r:?}"),
+    };
+    m.mode = 0o600;
+    let what = proto::what_bits(ferry_engine::store::MetaChange {
+        mode: true,
+        ..Default::default()
+    });
+    let body = ask(
+        &mut to,
+        &mut from,
+        4,
+        &Req::SetMeta {
+            dir: 101,
+            name: b"f1",
+            meta: proto::M(m),
+            what,
+        },
+    );
+    assert!(
+        matches!(proto::decode::<Resp>(&body).unwrap(), Resp::Ok),
+        "{:?}",
+        proto::decode::<Resp>(&body)
+    );
+    match proto::decode::<Resp>(&ask(&mut to, &mut from, 5, &Req::List { dir: 101 })).unwrap() {
+        Resp::Listing { names, metas, .. } => {
+            let f1 = names.split(|b| *b == 0).position(|n| n == b"f1").unwrap();
+            assert_eq!(metas[f1].0.mode, 0o600);
+        }
+        r => panic!("{r:?}"),
+    }
+    let got = walk(&mut to, &mut from, path);
+    drop(to);
+    server.join().unwrap().unwrap();
+    assert_eq!(
+        super::ahead::SERVED.load(Relaxed),
+        served,
+        "nothing made ahead used"
+    );
+    let (mut to, mut from, server) = start();
+    assert_same_listings(&got, &walk(&mut to, &mut from, path));
+    // A file, and a path not there: nothing listed ahead, nothing broken.
+    for p in [root.join("a/f0"), root.join("gone")] {
+        let listed = super::ahead::LISTED.load(Relaxed);
+        to.write_all(&proto::frame(
+            0,
+            &Req::ListAhead {
+                path: p.as_os_str().as_bytes(),
+            },
+        ))
+        .unwrap();
+        let body = ask(
+            &mut to,
+            &mut from,
+            6,
+            &Req::StatRoot {
+                path: p.as_os_str().as_bytes(),
+                dir: 300,
+            },
+        );
+        assert!(matches!(
+            proto::decode::<Resp>(&body).unwrap(),
+            Resp::Root { opened: false, .. }
+        ));
+        assert_eq!(super::ahead::LISTED.load(Relaxed), listed);
+    }
+    drop(to);
+    server.join().unwrap().unwrap();
+}
+
+/// A listing made ahead is used only while fresh ([`super::ahead::FRESH`]):
+/// a file written in place behind ferry's back (its directory's ctime
+/// untouched) shows in a walk made after that.
+#[test]
+fn a_listing_made_ahead_goes_stale() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let _one = AHEAD.lock();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("t");
+    ahead_tree(&root);
+    let listed = super::ahead::LISTED.load(Relaxed);
+    let (mut to, mut from, server) = start();
+    let path = root.as_os_str().as_bytes();
+    to.write_all(&proto::frame(0, &Req::ListAhead { path }))
+        .unwrap();
+    listed_ahead(listed, 11);
+    std::fs::write(root.join("a/x/g0"), b"changed in place, longer").unwrap();
+    std::thread::sleep(super::ahead::FRESH + std::time::Duration::from_millis(200));
+    let got = walk(&mut to, &mut from, path);
+    drop(to);
+    server.join().unwrap().unwrap();
+    let g0 = &got[&b"a/x".to_vec()]
+        .iter()
+        .find(|(n, _)| n == b"g0")
+        .unwrap()
+        .1;
+    assert_eq!(g0.size, 24);
+}

@@ -6,8 +6,20 @@ impl SshStore {
     /// The tree at `path` on `target`'s host (connecting, or sharing this
     /// run's connection to it).
     pub fn open(target: &Target, path: &[u8]) -> Result<SshStore, crate::SessionError> {
+        Self::open_walking(target, path, false)
+    }
+
+    /// [`SshStore::open`]; with `walk`, for a run that walks the tree at
+    /// `path`: the ferry there lists it ahead, from its start
+    /// ([`conn::connect_walking`]).
+    pub fn open_walking(
+        target: &Target,
+        path: &[u8],
+        walk: bool,
+    ) -> Result<SshStore, crate::SessionError> {
+        let walk = walk.then_some(path);
         Ok(SshStore {
-            conn: RwLock::new(conn::connect(target)?),
+            conn: RwLock::new(conn::connect_walking(target, walk)?),
             target: target.clone(),
             path: path.to_vec(),
             open_xattrs: AtomicU8::new(0),
