@@ -137,6 +137,7 @@ impl Drop for Prefetch {
 /// One background lister: directories from `q` listed into `i`, their
 /// subdirectories queued, until none is left or the prefetch stops.
 fn lister<S: Store>(store: &S, i: &Inner, q: &Queue<S::Dir>) {
+    let _ = rustix::process::setpriority_process(None, 10);
     loop {
         let (rel, dir, meta) = {
             let mut g = q.0.lock();
