@@ -131,7 +131,34 @@ pub struct Conn {
     /// Trees opened while a location was resolved ([`Req::StatRoot`]):
     /// their path, handle and metadata, until a store rooted there opens
     /// its root ([`Conn::take_root`]) without asking again.
-    roots: Mutex<Vec<(Vec<u8>, u64, ferry_engine::Meta)>>,
+    roots: Mutex<Vec<OpenedRoot>>,
+}
+
+/// A tree opened while a location was resolved: its path, handle and
+/// metadata, and its listing when that was asked with it.
+type OpenedRoot = (Vec<u8>, u64, ferry_engine::Meta, Option<Asked>);
+
+/// A reply asked for ahead of its use: [`changes`] and the time when it
+/// was asked, and the reply.
+pub(crate) type Asked = (u64, std::time::Instant, Receiver<io::Result<Vec<u8>>>);
+
+/// A listing asked ahead of its use is used at most this long after.
+pub(crate) const FRESH: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// Requests that may change a file or directory sent so far, on every
+/// connection of this process ([`Req::changes_nothing`]): a listing asked
+/// ahead of its use is used only when none was sent since it was asked.
+static CHANGES: AtomicU64 = AtomicU64::new(0);
+
+/// [`CHANGES`] now.
+pub(crate) fn changes() -> u64 {
+    CHANGES.load(Ordering::Relaxed)
+}
+
+fn note(req: &Req<'_>) {
+    if !req.changes_nothing() {
+        CHANGES.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 impl Session for Conn {
@@ -193,6 +220,7 @@ impl Conn {
 
     /// Send a message that gets no reply.
     pub fn send(&self, req: &Req<'_>) -> io::Result<()> {
+        note(req);
         self.tx
             .send(proto::frame(0, req).into())
             .map_err(|_| self.lost())
@@ -201,11 +229,14 @@ impl Conn {
     /// Send a frame built by the caller (a [`Out::Piped`] one) that gets
     /// no reply.
     pub fn send_out(&self, out: Out) -> io::Result<()> {
+        // (A file's bytes: a change.)
+        CHANGES.fetch_add(1, Ordering::Relaxed);
         self.tx.send(out).map_err(|_| self.lost())
     }
 
     /// Send a request; its reply comes on the receiver.
     pub fn start(&self, req: &Req<'_>) -> io::Result<Receiver<io::Result<Vec<u8>>>> {
+        note(req);
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let (stx, srx) = mpsc::sync_channel(1);
         {
@@ -229,6 +260,7 @@ impl Conn {
     /// Send a request answered by any number of replies, each handed to
     /// the receiver as it comes, until the connection ends (then an error).
     pub fn stream(&self, req: &Req<'_>) -> io::Result<mpsc::Receiver<io::Result<Vec<u8>>>> {
+        note(req);
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let (stx, srx) = mpsc::channel();
         {
@@ -257,7 +289,17 @@ impl Conn {
     pub fn call(&self, req: &Req<'_>) -> io::Result<Body> {
         let asked = std::time::Instant::now();
         let rx = self.start(req)?;
-        let r = self.wait(&rx);
+        self.wait_timed(asked, &rx)
+    }
+
+    /// [`Conn::wait`] for a request sent at `asked`: the first reply
+    /// waited for this way measures the connection's round trip.
+    pub fn wait_timed(
+        &self,
+        asked: std::time::Instant,
+        rx: &Receiver<io::Result<Vec<u8>>>,
+    ) -> io::Result<Body> {
+        let r = self.wait(rx);
         // The first call's round trip is the connection's (its first
         // answer came with the hello: no round trip of its own).
         if r.is_ok() && !self.timed.swap(true, Ordering::Relaxed) {
@@ -280,17 +322,27 @@ impl Conn {
 
     /// Keep tree `path`, opened as handle `dir` with metadata `meta` while
     /// resolving a location, for the first store that opens its root.
-    pub(crate) fn opened_root(&self, path: &[u8], dir: u64, meta: ferry_engine::Meta) {
-        self.roots.lock().push((path.to_vec(), dir, meta));
+    pub(crate) fn opened_root(
+        &self,
+        path: &[u8],
+        dir: u64,
+        meta: ferry_engine::Meta,
+        listing: Option<Asked>,
+    ) {
+        self.roots.lock().push((path.to_vec(), dir, meta, listing));
     }
 
     /// The handle and metadata of tree `path` opened ahead
-    /// ([`Conn::opened_root`]), taken once.
-    pub(crate) fn take_root(&self, path: &[u8]) -> Option<(u64, ferry_engine::Meta)> {
+    /// ([`Conn::opened_root`]), and its listing when it was asked with
+    /// it; taken once.
+    pub(crate) fn take_root(
+        &self,
+        path: &[u8],
+    ) -> Option<(u64, ferry_engine::Meta, Option<Asked>)> {
         let mut roots = self.roots.lock();
         let i = roots.iter().position(|(p, ..)| p == path)?;
-        let (_, dir, meta) = roots.swap_remove(i);
-        Some((dir, meta))
+        let (_, dir, meta, listing) = roots.swap_remove(i);
+        Some((dir, meta, listing))
     }
 
     /// A new handle number.

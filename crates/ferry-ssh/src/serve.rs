@@ -383,6 +383,15 @@ fn read_requests(
             // a client may send a directory's `List` right behind its
             // `OpenDir`, and that `List`, run by a worker, finds the
             // handle (one round trip for both, not two).
+            // So is a tree's (protocol 15): its listing may come right
+            // behind.
+            Req::StatRoot { path, dir } => {
+                let f = answer::stat_root(st, id, path, dir).unwrap_or_else(|e| err_frame(id, &e));
+                if id != 0 {
+                    let _ = st.out.lock().send(f.into());
+                }
+                continue;
+            }
             Req::OpenDir { dir, name, new } => {
                 let f =
                     answer::open_dir(st, id, dir, name, new).unwrap_or_else(|e| err_frame(id, &e));

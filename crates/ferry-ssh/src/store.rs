@@ -71,6 +71,9 @@ pub struct SshStore {
     pushes: [AtomicU64; 3],
     /// Bytes of files opened ahead and not read yet.
     ahead: Arc<AtomicU64>,
+    /// The run walks the tree at `path`: its root's listing is asked right
+    /// behind its [`Req::StatRoot`].
+    walk: bool,
 }
 
 /// An open remote directory (a handle of the server's) and its path there

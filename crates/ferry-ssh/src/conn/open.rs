@@ -52,6 +52,7 @@ pub(super) fn open_look(
 ) -> Result<Arc<Conn>, Failed> {
     let (argv, guessed) = t.argv_look(look, sum).map_err(|e| Failed::Other(e.0))?;
     let mut ssh = spawn::spawn(&argv, spawn::Io::Pipes).map_err(|e| Failed::Other(e.0))?;
+    t.options.ask();
     // Started with the last run's cipher options while `ssh -G` answers
     // for this one: nothing is written before they are known right. Where
     // the configuration changed since, this ssh is given up and another

@@ -158,6 +158,14 @@ impl std::hash::Hash for Options {
 }
 
 impl Options {
+    /// Start `ssh -G` now if it was left for after the first
+    /// connection's ssh ([`Options::now`] gave that one the guess).
+    pub(super) fn ask(&self) {
+        if let Options::Asked(a) = self {
+            a.ask();
+        }
+    }
+
     /// The options, as `ssh -G` answers (waited for when still asked).
     pub fn known(&self) -> Vec<String> {
         match self {
@@ -198,6 +206,9 @@ pub struct Ask {
     truth: OnceLock<Option<String>>,
     /// `ssh -G`, until its answer is read.
     running: Mutex<Option<Child>>,
+    /// `ssh -G` not started yet: with a guess, it is started once the
+    /// first connection's ssh is ([`Ask::ask`]), which then starts at once.
+    later: Mutex<Option<Command>>,
     /// Where the answer is kept for the next run, and under which key.
     keep: Option<(PathBuf, String)>,
 }
@@ -237,28 +248,41 @@ impl Ask {
         if let Some(p) = port {
             cmd.args(["-p", &p.to_string()]);
         }
-        let running = cmd
-            .arg(host)
+        cmd.arg(host)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .ok();
+            .stderr(Stdio::null());
+        // (Starting a process holds this thread a millisecond or more: with
+        // a guess, the connection's ssh goes first.)
+        let (running, later) = match guess {
+            Some(_) => (None, Some(cmd)),
+            None => (cmd.spawn().ok(), None),
+        };
         Ask {
             guess,
             truth: OnceLock::new(),
             running: Mutex::new(running),
+            later: Mutex::new(later),
             keep: file.map(|f| (f, key)),
+        }
+    }
+
+    /// Start `ssh -G` if it was left for after the first connection's ssh.
+    pub(super) fn ask(&self) {
+        if let Some(mut cmd) = self.later.lock().take() {
+            *self.running.lock() = cmd.spawn().ok();
         }
     }
 
     /// `ssh -G` has exited (its answer can be read without waiting), or
     /// its answer was taken.
     fn answered(&self) -> bool {
-        self.running
-            .lock()
-            .as_mut()
-            .is_none_or(|c| matches!(c.try_wait(), Ok(Some(_))))
+        self.later.lock().is_none()
+            && self
+                .running
+                .lock()
+                .as_mut()
+                .is_none_or(|c| matches!(c.try_wait(), Ok(Some(_))))
     }
 
     /// `ssh -G`'s answer: `Ciphers=...` with AES-GCM first when ssh is left
@@ -267,6 +291,7 @@ impl Ask {
     pub(super) fn truth(&self) -> Option<String> {
         self.truth
             .get_or_init(|| {
+                self.ask();
                 let answer = self
                     .running
                     .lock()

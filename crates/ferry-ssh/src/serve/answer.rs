@@ -158,8 +158,10 @@ pub(super) fn info(st: &State, id: u64) -> Vec<u8> {
 }
 
 /// `StatRoot`: the metadata of a path (a final symlink followed), and a
-/// directory opened as handle `dir` as `Root` opens it.
-fn stat_root(st: &State, id: u64, path: &[u8], dir: u64) -> io::Result<Vec<u8>> {
+/// directory opened as handle `dir` as `Root` opens it. Run by the thread
+/// that reads the requests (protocol 15), so a `List` sent right behind
+/// it finds the handle.
+pub(super) fn stat_root(st: &State, id: u64, path: &[u8], dir: u64) -> io::Result<Vec<u8>> {
     let p = &*local_path(path)?;
     let reply = |meta: Option<Meta>, opened| {
         let meta = meta.map(M);

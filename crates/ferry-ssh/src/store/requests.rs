@@ -17,15 +17,15 @@ impl SshStore {
         path: &[u8],
         walk: bool,
     ) -> Result<SshStore, crate::SessionError> {
-        let walk = walk.then_some(path);
         Ok(SshStore {
-            conn: RwLock::new(conn::connect_walking(target, walk)?),
+            conn: RwLock::new(conn::connect_walking(target, walk.then_some(path))?),
             target: target.clone(),
             path: path.to_vec(),
             open_xattrs: AtomicU8::new(0),
             refused: AtomicBool::new(false),
             pushes: Default::default(),
             ahead: Arc::default(),
+            walk,
         })
     }
 
@@ -66,14 +66,26 @@ impl SshStore {
     /// when it is a directory, its tree opened in the same round trip
     /// ([`Req::StatRoot`]): the first store rooted there opens its root
     /// without another request.
+    ///
+    /// For a run that walks the tree ([`SshStore::open_walking`]), its
+    /// listing is asked right behind (the server opens it in the order the
+    /// requests come, protocol 15), one round trip for both; taken by the
+    /// walk's first listing of the root, unless a change was asked for
+    /// in between ([`conn::changes`]) or it is older than [`conn::FRESH`].
     pub fn stat_root(&self, path: &[u8]) -> io::Result<Option<Meta>> {
         let conn = self.conn();
         let dir = conn.handle();
-        match conn.call(&Req::StatRoot { path, dir })?.get()? {
+        let asked = std::time::Instant::now();
+        let rx = conn.start(&Req::StatRoot { path, dir })?;
+        let listing = match self.walk && path == self.path.as_slice() {
+            true => Some((conn::changes(), asked, conn.start(&Req::List { dir })?)),
+            false => None,
+        };
+        match conn.wait_timed(asked, &rx)?.get()? {
             Resp::Root { meta, opened } => {
                 let meta = meta.map(|m| m.0);
                 if let (true, Some(m)) = (opened, meta) {
-                    conn.opened_root(path, dir, m);
+                    conn.opened_root(path, dir, m, listing);
                 }
                 Ok(meta)
             }
@@ -234,11 +246,19 @@ impl SshStore {
 
     pub(super) fn root(&self, create: bool) -> io::Result<Option<(SshDir, Meta)>> {
         // Opened already while the location was resolved.
-        if let Some((id, m)) = (!create)
+        if let Some((id, m, listing)) = (!create)
             .then(|| self.conn().take_root(&self.path))
             .flatten()
         {
-            return Ok(Some((self.dir(id, self.path.as_slice().into()), m)));
+            let d = self.dir(id, self.path.as_slice().into());
+            // Asked with the open: the walk's first listing of the root,
+            // when nothing was asked to change since, and it is fresh.
+            if let Some((_, _, rx)) = listing
+                .filter(|(at, when, _)| *at == conn::changes() && when.elapsed() <= conn::FRESH)
+            {
+                *d.listing.lock() = Some(rx);
+            }
+            return Ok(Some((d, m)));
         }
         let id = self.conn().handle();
         let m = meta_of(

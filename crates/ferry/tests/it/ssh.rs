@@ -1861,3 +1861,71 @@ fn a_resumed_push_of_a_source_changed_in_place_is_checked_whole() {
     assert!(std::fs::read(there.join("big")).unwrap() == new, "{r}");
     assert!(find_prefixed(&there, b".ferry-").is_empty());
 }
+
+// ------------------------------------------------------------------ listings asked ahead
+
+/// A store on `p` for a run that walks it (its root's listing asked with
+/// its `StatRoot`, the tree listed ahead there), and one on `q` that
+/// shares its connection.
+fn walking(p: &Path, q: &Path) -> Result<(SshStore, SshStore), String> {
+    let (rsh, host) = server()?;
+    let set = ferry_ssh::Settings {
+        rsh: Some(rsh),
+        remote_ferry: Some(bin().to_string_lossy().into_owned()),
+        ..Default::default()
+    };
+    let t = Target::with(&host, None, &set)?;
+    let a = SshStore::open_walking(&t, p.as_os_str().as_bytes(), true)?;
+    let b = SshStore::open(&t, q.as_os_str().as_bytes())?;
+    Ok((a, b))
+}
+
+fn names(s: &SshStore, d: &<SshStore as ferry_engine::store::Store>::Dir) -> Vec<String> {
+    use ferry_engine::store::Store;
+    let mut l = ferry_engine::entry::Listing::new();
+    s.list(d, b"", &mut l, &mut Vec::new()).unwrap();
+    l.entries()
+        .iter()
+        .map(|e| String::from_utf8_lossy(l.name(e)).into_owned())
+        .collect()
+}
+
+/// The root's listing asked right behind its `StatRoot` (protocol 15) is
+/// not what the walk's first listing gets once a change was asked for in
+/// between (here: a directory made in it through another store on the
+/// same connection), nor once it is older than its freshness (here: a
+/// directory made behind ferry's back after that).
+#[test]
+fn a_root_listing_asked_ahead_is_not_used_after_a_change_or_once_stale() {
+    use ferry_engine::store::Store;
+    if let Err(why) = server() {
+        crate::util::skip(&why);
+        return;
+    }
+    let d = tmpdir();
+    write(d.path(), "t/a", b"a");
+    let t = d.path().join("t");
+    // A change asked for in between.
+    let (s, other) = walking(&t, d.path()).unwrap();
+    assert!(s.stat_root(t.as_os_str().as_bytes()).unwrap().is_some());
+    // (Its listing answered by then: made before the change.)
+    std::thread::sleep(Duration::from_millis(500));
+    let (up, _) = other.open_root().unwrap().unwrap();
+    let dir = other.open_dir(&up, c"t").unwrap();
+    other.make_dir(&dir, c"made").unwrap();
+    let (root, _) = s.open_root().unwrap().unwrap();
+    assert_eq!(names(&s, &root), ["a", "made"]);
+    // Stale: asked, then more than its freshness later, a change behind
+    // ferry's back (which its own ahead would not show either).
+    let (s, _) = walking(&t, d.path()).unwrap();
+    assert!(s.stat_root(t.as_os_str().as_bytes()).unwrap().is_some());
+    std::thread::sleep(Duration::from_millis(3300));
+    std::fs::create_dir(t.join("later")).unwrap();
+    let (root, _) = s.open_root().unwrap().unwrap();
+    assert_eq!(names(&s, &root), ["a", "later", "made"]);
+    // Neither: taken, and what the listing says then.
+    let (s, _) = walking(&t, d.path()).unwrap();
+    assert!(s.stat_root(t.as_os_str().as_bytes()).unwrap().is_some());
+    let (root, _) = s.open_root().unwrap().unwrap();
+    assert_eq!(names(&s, &root), ["a", "later", "made"]);
+}

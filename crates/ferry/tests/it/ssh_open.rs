@@ -83,12 +83,28 @@ fn resolving_a_remote_tree_and_opening_it_is_one_request() {
     }
 }
 
+thread_local! {
+    /// Whether the last [`started`]'s first start was `ssh -G`.
+    static LAST_FIRST: std::cell::RefCell<bool> = const { std::cell::RefCell::new(false) };
+}
+
 /// The ssh started by the runs of [`a_first_connection_starts_with_the_last_cipher_answer`],
 /// from its log: `ssh -G` questions apart, each connection's options.
 fn started(log: &Path) -> (usize, Vec<String>) {
     let text = std::fs::read_to_string(log).unwrap_or_default();
     let _ = std::fs::remove_file(log);
     let asked = text.lines().filter(|l| l.contains(" -G ")).count();
+    // With a kept answer the connection's ssh is started before `ssh -G`
+    // (a start holds ferry's thread a millisecond or more); without one,
+    // `ssh -G` first, as its answer is waited for. Which was started first
+    // by the process ids the `-e` command logs (given out in order), not by
+    // the order of the lines: each start's shell writes its own.
+    let first = text
+        .lines()
+        .filter_map(|l| Some((l.split_once(' ')?.0.parse::<u64>().ok()?, l)))
+        .min_by_key(|(pid, _)| *pid)
+        .map(|(_, l)| l.contains(" -G "));
+    LAST_FIRST.with(|f| *f.borrow_mut() = first.unwrap_or(false));
     let conns = text
         .lines()
         .filter(|l| !l.contains(" -G "))
@@ -125,7 +141,7 @@ fn a_first_connection_starts_with_the_last_cipher_answer() {
     std::fs::write(
         wrap.join("ssh"),
         format!(
-            "#!/bin/sh\necho \"$*\" >> '{}'\ncase \" $* \" in *\" -G \"*) [ -e '{}' ] && sleep 1;; esac\nexec ssh \"$@\"\n",
+            "#!/bin/sh\necho \"$$ $*\" >> '{}'\ncase \" $* \" in *\" -G \"*) [ -e '{}' ] && sleep 1;; esac\nexec ssh \"$@\"\n",
             log.display(),
             hold.display()
         ),
@@ -158,6 +174,10 @@ fn a_first_connection_starts_with_the_last_cipher_answer() {
     // (ssh is left to its defaults); the answer kept.
     let (asked, conns) = run(1);
     assert_eq!(asked, 1);
+    assert!(
+        LAST_FIRST.with(|f| *f.borrow()),
+        "ssh -G first when nothing is kept"
+    );
     if conns.iter().all(|c| !c.contains("Ciphers=")) {
         // (No AES instructions here: ferry leaves ssh's order as it is.)
         return;
@@ -168,6 +188,10 @@ fn a_first_connection_starts_with_the_last_cipher_answer() {
     let (asked, conns) = run(2);
     assert_eq!((asked, conns.len()), (1, 1), "{conns:?}");
     assert!(conns[0].contains(gcm), "{conns:?}");
+    assert!(
+        !LAST_FIRST.with(|f| *f.borrow()),
+        "the connection before ssh -G"
+    );
     // The user now chooses a cipher: the connection started with the kept
     // answer is given up, the run goes over one with the user's choice.
     let mut text = std::fs::read_to_string(&cfg).unwrap();
