@@ -84,6 +84,10 @@ impl Prefetch {
         });
         let i = inner.clone();
         std::thread::spawn(move || {
+            // Below the run's own threads (and the processes it starts:
+            // ssh, whose key exchange shares these cores): this listing
+            // fills the time they wait.
+            let _ = rustix::process::setpriority_process(None, 10);
             let Ok(Some((root, meta))) = store.open_root() else {
                 return;
             };
@@ -137,7 +141,6 @@ impl Drop for Prefetch {
 /// One background lister: directories from `q` listed into `i`, their
 /// subdirectories queued, until none is left or the prefetch stops.
 fn lister<S: Store>(store: &S, i: &Inner, q: &Queue<S::Dir>) {
-    let _ = rustix::process::setpriority_process(None, 10);
     loop {
         let (rel, dir, meta) = {
             let mut g = q.0.lock();
