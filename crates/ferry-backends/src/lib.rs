@@ -204,5 +204,11 @@ pub fn close_all() {
     ferry_ssh::close_all();
 }
 
+/// Begin to end this run's sessions, without waiting ([`close_all`]
+/// waits): for a run that sends no more requests.
+pub fn end_all() {
+    ferry_ssh::end_all();
+}
+
 #[cfg(test)]
 mod tests;

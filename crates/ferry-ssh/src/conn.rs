@@ -444,10 +444,15 @@ impl Conn {
     }
 }
 
-/// End this run's sessions: close each connection's input, so that its
-/// `ferry serve` and then ssh exit, and wait for them (a few seconds at
-/// most), so that a run leaves no ssh behind it.
-pub fn close_all() {
+/// Connections whose input was closed ([`end_all`]), until
+/// [`close_all`] has waited for them.
+static ENDING: Mutex<Vec<Arc<Conn>>> = Mutex::new(Vec::new());
+
+/// Begin to end this run's sessions: each connection's input closed, so
+/// that its `ferry serve` and then ssh exit, without waiting for them
+/// ([`close_all`] does): what the run still does here (its summary, its
+/// memory let go) goes on meanwhile. No request may be sent after this.
+pub fn end_all() {
     let conns: Vec<Arc<Conn>> = CONNS
         .lock()
         .drain(..)
@@ -462,6 +467,15 @@ pub fn close_all() {
         // An empty frame tells the writer to close the stream.
         let _ = c.tx.send(Vec::new().into());
     }
+    ENDING.lock().extend(conns);
+}
+
+/// End this run's sessions: close each connection's input, so that its
+/// `ferry serve` and then ssh exit, and wait for them (a few seconds at
+/// most), so that a run leaves no ssh behind it.
+pub fn close_all() {
+    end_all();
+    let conns: Vec<Arc<Conn>> = ENDING.lock().drain(..).collect();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     for c in &conns {
         let (lock, cv) = &c.closed;

@@ -22,7 +22,9 @@ pub mod splice;
 pub mod store;
 pub mod watch;
 
-pub use conn::{close_all, note_round_trip, round_trip, split_words, Lost, Settings, Target};
+pub use conn::{
+    close_all, end_all, note_round_trip, round_trip, split_words, Lost, Settings, Target,
+};
 pub use error::SessionError;
 pub use serve::serve;
 pub use store::{SshDir, SshReader, SshStore, SshWriter};
