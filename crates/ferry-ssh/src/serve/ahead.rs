@@ -241,6 +241,18 @@ fn list_one(st: &State, d: Arc<LocalDir>) {
         }
         i.dirs.insert(key, Slot::Busy);
     }
+    // Should listing it panic, its slot goes with the thread: a `List`
+    // waiting on it lists the directory itself rather than wait forever.
+    struct Unbusy<'a>(&'a Ahead, Key);
+    impl Drop for Unbusy<'_> {
+        fn drop(&mut self) {
+            if std::thread::panicking() {
+                self.0.inner.lock().dirs.remove(&self.1);
+                self.0.cv.notify_all();
+            }
+        }
+    }
+    let _unbusy = Unbusy(a, key);
     let mut listing = Listing::new();
     let began = Instant::now();
     let made = answer::listing_frame(st, 0, &d, &mut listing);
