@@ -354,10 +354,7 @@ fn read_requests(
             // Sent with the hello, and waited for before anything else:
             // answered here, not behind the workers' start.
             Req::Info => {
-                let f = answer::info(st, id);
-                if id != 0 {
-                    let _ = st.out.lock().send(f.into());
-                }
+                reply(st, id, Ok(answer::info(st, id)));
                 continue;
             }
             Req::Watch { path, poll } => {
@@ -386,18 +383,11 @@ fn read_requests(
             // So is a tree's (protocol 15): its listing may come right
             // behind.
             Req::StatRoot { path, dir } => {
-                let f = answer::stat_root(st, id, path, dir).unwrap_or_else(|e| err_frame(id, &e));
-                if id != 0 {
-                    let _ = st.out.lock().send(f.into());
-                }
+                reply(st, id, answer::stat_root(st, id, path, dir));
                 continue;
             }
             Req::OpenDir { dir, name, new } => {
-                let f =
-                    answer::open_dir(st, id, dir, name, new).unwrap_or_else(|e| err_frame(id, &e));
-                if id != 0 {
-                    let _ = st.out.lock().send(f.into());
-                }
+                reply(st, id, answer::open_dir(st, id, dir, name, new));
                 continue;
             }
             Req::ReadOnly => {
@@ -587,6 +577,15 @@ fn read_piped(
     let current = if n < len { r.current() } else { None };
     let (head, tail) = proto::data_parts(id, n, current);
     Some(Ok(proto::Out::Piped { head, pipe, tail }))
+}
+
+/// Send the reply of request `id`, answered by the reading thread (its
+/// error frame for an error; nothing for a request of id 0).
+fn reply(st: &State, id: u64, f: io::Result<Vec<u8>>) {
+    if id != 0 {
+        let f = f.unwrap_or_else(|e| err_frame(id, &e));
+        let _ = st.out.lock().send(f.into());
+    }
 }
 
 fn err_frame(id: u64, e: &io::Error) -> Vec<u8> {

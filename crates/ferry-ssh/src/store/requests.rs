@@ -71,7 +71,7 @@ impl SshStore {
     /// listing is asked right behind (the server opens it in the order the
     /// requests come, protocol 15), one round trip for both; taken by the
     /// walk's first listing of the root, unless a change was asked for
-    /// in between ([`conn::changes`]) or it is older than [`conn::FRESH`].
+    /// in between (`conn::changes`) or it is older than 3 s (`conn::FRESH`).
     pub fn stat_root(&self, path: &[u8]) -> io::Result<Option<Meta>> {
         let conn = self.conn();
         let dir = conn.handle();
