@@ -8,12 +8,15 @@ use ferry_engine::entry::Kind;
 
 use crate::proto::{self, Req, Resp};
 
-/// A server on pipes: (what the client writes, what it reads, the server).
-fn start() -> (
+/// A server on pipes: what the client writes, what it reads, the server.
+type Pipes = (
     File,
     io::BufReader<File>,
     std::thread::JoinHandle<io::Result<()>>,
-) {
+);
+
+/// A server on pipes, its hello read.
+fn start() -> Pipes {
     let (in_r, in_w) = rustix::pipe::pipe().unwrap();
     let (out_r, out_w) = rustix::pipe::pipe().unwrap();
     let server = std::thread::spawn(move || {
@@ -287,6 +290,21 @@ fn listed_ahead(since: usize, n: usize) {
     }
 }
 
+/// [`ahead_tree`] made at `root`, a server asked to list it ahead, and
+/// all of it listed ahead: [`super::ahead::SERVED`] before, the server.
+fn listed_ahead_there(root: &std::path::Path) -> (usize, Pipes) {
+    use std::sync::atomic::Ordering::Relaxed;
+    ahead_tree(root);
+    let listed = super::ahead::LISTED.load(Relaxed);
+    let served = super::ahead::SERVED.load(Relaxed);
+    let (mut to, from, server) = start();
+    let path = root.as_os_str().as_bytes();
+    to.write_all(&proto::frame(0, &Req::ListAhead { path }))
+        .unwrap();
+    listed_ahead(listed, 11);
+    (served, (to, from, server))
+}
+
 /// A tree: five directories of three files and a subdirectory `x` of two.
 fn ahead_tree(root: &std::path::Path) {
     for d in ["a", "b", "c", "d", "e"] {
@@ -340,16 +358,8 @@ fn listings_made_ahead_answer_as_listings_made_then() {
     let _one = AHEAD.lock();
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("t");
-    ahead_tree(&root);
-    let (listed, served) = (
-        super::ahead::LISTED.load(Relaxed),
-        super::ahead::SERVED.load(Relaxed),
-    );
-    let (mut to, mut from, server) = start();
+    let (served, (mut to, mut from, server)) = listed_ahead_there(&root);
     let path = root.as_os_str().as_bytes();
-    to.write_all(&proto::frame(0, &Req::ListAhead { path }))
-        .unwrap();
-    listed_ahead(listed, 11);
     // Behind its back.
     std::fs::write(root.join("a/new"), b"new").unwrap();
     std::fs::remove_file(root.join("b/f0")).unwrap();
@@ -386,16 +396,8 @@ fn a_change_by_the_client_ends_the_listing_ahead() {
     let _one = AHEAD.lock();
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("t");
-    ahead_tree(&root);
-    let (listed, served) = (
-        super::ahead::LISTED.load(Relaxed),
-        super::ahead::SERVED.load(Relaxed),
-    );
-    let (mut to, mut from, server) = start();
+    let (served, (mut to, mut from, server)) = listed_ahead_there(&root);
     let path = root.as_os_str().as_bytes();
-    to.write_all(&proto::frame(0, &Req::ListAhead { path }))
-        .unwrap();
-    listed_ahead(listed, 11);
     let body = ask(&mut to, &mut from, 1, &Req::StatRoot { path, dir: 100 });
     assert!(matches!(
         proto::decode::<Resp>(&body).unwrap(),
@@ -498,17 +500,11 @@ fn a_change_by_the_client_ends_the_listing_ahead() {
 /// untouched) shows in a walk made after that.
 #[test]
 fn a_listing_made_ahead_goes_stale() {
-    use std::sync::atomic::Ordering::Relaxed;
     let _one = AHEAD.lock();
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("t");
-    ahead_tree(&root);
-    let listed = super::ahead::LISTED.load(Relaxed);
-    let (mut to, mut from, server) = start();
+    let (_, (mut to, mut from, server)) = listed_ahead_there(&root);
     let path = root.as_os_str().as_bytes();
-    to.write_all(&proto::frame(0, &Req::ListAhead { path }))
-        .unwrap();
-    listed_ahead(listed, 11);
     std::fs::write(root.join("a/x/g0"), b"changed in place, longer").unwrap();
     std::thread::sleep(super::ahead::FRESH + std::time::Duration::from_millis(200));
     let got = walk(&mut to, &mut from, path);
