@@ -294,7 +294,7 @@ impl Conn {
 
     /// [`Conn::wait`] for a request sent at `asked`: the first reply
     /// waited for this way measures the connection's round trip.
-    pub fn wait_timed(
+    pub(crate) fn wait_timed(
         &self,
         asked: std::time::Instant,
         rx: &Receiver<io::Result<Vec<u8>>>,

@@ -205,12 +205,21 @@ pub struct Ask {
     /// This run's answer.
     truth: OnceLock<Option<String>>,
     /// `ssh -G`, until its answer is read.
-    running: Mutex<Option<Child>>,
-    /// `ssh -G` not started yet: with a guess, it is started once the
-    /// first connection's ssh is ([`Ask::ask`]), which then starts at once.
-    later: Mutex<Option<Command>>,
+    asking: Mutex<Asking>,
     /// Where the answer is kept for the next run, and under which key.
     keep: Option<(PathBuf, String)>,
+}
+
+/// Where `ssh -G` is.
+#[derive(Debug)]
+enum Asking {
+    /// Not started yet: with a guess, it is started once the first
+    /// connection's ssh is ([`Ask::ask`]), which then starts at once.
+    Later(Command),
+    /// Running (`None`: it could not be started).
+    Running(Option<Child>),
+    /// Its answer taken.
+    Done,
 }
 
 impl Ask {
@@ -254,35 +263,36 @@ impl Ask {
             .stderr(Stdio::null());
         // (Starting a process holds this thread a millisecond or more: with
         // a guess, the connection's ssh goes first.)
-        let (running, later) = match guess {
-            Some(_) => (None, Some(cmd)),
-            None => (cmd.spawn().ok(), None),
+        let asking = match guess {
+            Some(_) => Asking::Later(cmd),
+            None => Asking::Running(cmd.spawn().ok()),
         };
         Ask {
             guess,
             truth: OnceLock::new(),
-            running: Mutex::new(running),
-            later: Mutex::new(later),
+            asking: Mutex::new(asking),
             keep: file.map(|f| (f, key)),
         }
     }
 
     /// Start `ssh -G` if it was left for after the first connection's ssh.
     pub(super) fn ask(&self) {
-        if let Some(mut cmd) = self.later.lock().take() {
-            *self.running.lock() = cmd.spawn().ok();
+        let mut a = self.asking.lock();
+        if let Asking::Later(cmd) = &mut *a {
+            *a = Asking::Running(cmd.spawn().ok());
         }
     }
 
     /// `ssh -G` has exited (its answer can be read without waiting), or
     /// its answer was taken.
     fn answered(&self) -> bool {
-        self.later.lock().is_none()
-            && self
-                .running
-                .lock()
+        match &mut *self.asking.lock() {
+            Asking::Later(_) => false,
+            Asking::Running(c) => c
                 .as_mut()
-                .is_none_or(|c| matches!(c.try_wait(), Ok(Some(_))))
+                .is_none_or(|c| matches!(c.try_wait(), Ok(Some(_)))),
+            Asking::Done => true,
+        }
     }
 
     /// `ssh -G`'s answer: `Ciphers=...` with AES-GCM first when ssh is left
@@ -292,10 +302,11 @@ impl Ask {
         self.truth
             .get_or_init(|| {
                 self.ask();
-                let answer = self
-                    .running
-                    .lock()
-                    .take()
+                let child = match std::mem::replace(&mut *self.asking.lock(), Asking::Done) {
+                    Asking::Running(c) => c,
+                    _ => None,
+                };
+                let answer = child
                     .and_then(|c| c.wait_with_output().ok())
                     .and_then(|out| {
                         let text = String::from_utf8_lossy(&out.stdout);

@@ -27,6 +27,7 @@
 use super::*;
 use parking_lot::Condvar;
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// A listing made ahead is used at most this long after it was made.
@@ -61,9 +62,6 @@ enum Slot {
 
 #[derive(Default)]
 struct Inner {
-    /// Listing ahead, and its listings to be used (false once the client
-    /// changed anything, or never asked).
-    on: bool,
     dirs: HashMap<Key, Slot>,
     /// To list: a directory and a subdirectory's name in it.
     queue: VecDeque<(Arc<LocalDir>, CString)>,
@@ -78,8 +76,12 @@ struct Inner {
 /// The listings made ahead of one session.
 #[derive(Default)]
 pub(super) struct Ahead {
-    /// Asked once: until then a `List` looks at nothing here.
-    asked: std::sync::atomic::AtomicBool,
+    /// Asked once (a second `ListAhead` does nothing).
+    asked: AtomicBool,
+    /// Listing ahead, and its listings to be used: false until asked, and
+    /// once the client asked for a change. Read without the lock (a `List`
+    /// or a change then costs nothing more); set under it.
+    on: AtomicBool,
     inner: Mutex<Inner>,
     cv: Condvar,
 }
@@ -98,13 +100,13 @@ impl Ahead {
     /// nothing.
     pub(super) fn start(st: &Arc<State>, path: &[u8]) {
         let a = &st.ahead;
-        if a.asked.swap(true, std::sync::atomic::Ordering::AcqRel) {
+        if a.asked.swap(true, Ordering::AcqRel) {
             return;
         }
-        a.inner.lock().on = true;
+        a.on.store(true, Ordering::Release);
         let (st, path) = (st.clone(), path.to_vec());
         std::thread::spawn(move || {
-            let Some(root) = open_root(&st, &path) else {
+            let Some((root, _)) = answer::open_tree(&st, &path).ok().and_then(|(_, d)| d) else {
                 st.ahead.stop();
                 return;
             };
@@ -133,14 +135,13 @@ impl Ahead {
     /// The client may change files from now on: nothing made ahead is
     /// used, nothing more is listed ahead.
     pub(super) fn stop(&self) {
-        if !self.asked.load(std::sync::atomic::Ordering::Acquire) {
+        if !self.on.load(Ordering::Acquire) {
             return;
         }
         let mut i = self.inner.lock();
-        if !i.on {
+        if !self.on.swap(false, Ordering::AcqRel) {
             return;
         }
-        i.on = false;
         i.queue.clear();
         // A directory being listed stays `Busy` until its thread is done
         // (and drops what it made): a `List` waiting on it then lists.
@@ -150,14 +151,18 @@ impl Ahead {
     }
 
     /// The reply to a `List` of `dir` (request `id`) made ahead, if one
-    /// is to be used; `None`: list it now. Waits while it is being made.
+    /// is to be used; `None`: list it now. Waits while it is being made
+    /// (not once a change was asked for: then it lists).
     pub(super) fn take(&self, dir: &LocalDir, id: u64) -> Option<Vec<u8>> {
-        if !self.asked.load(std::sync::atomic::Ordering::Acquire) {
+        if !self.on.load(Ordering::Acquire) {
             return None;
         }
         let (key, ctime) = key_of(dir.fd()).ok()?;
         let mut i = self.inner.lock();
         loop {
+            if !self.on.load(Ordering::Acquire) {
+                return None;
+            }
             match i.dirs.get(&key) {
                 Some(Slot::Busy) => self.cv.wait(&mut i),
                 Some(Slot::Taken) => return None,
@@ -165,36 +170,21 @@ impl Ahead {
                     let Some(Slot::Done(mut f, was, at)) = i.dirs.remove(&key) else {
                         unreachable!("looked at under the same lock")
                     };
-                    if !i.on || was != ctime || at.elapsed() > FRESH {
+                    if was != ctime || at.elapsed() > FRESH {
                         return None;
                     }
                     f[4..12].copy_from_slice(&id.to_le_bytes());
                     #[cfg(test)]
-                    SERVED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    SERVED.fetch_add(1, Ordering::Relaxed);
                     return Some(f);
                 }
                 None => {
-                    if i.on {
-                        i.dirs.insert(key, Slot::Taken);
-                    }
+                    i.dirs.insert(key, Slot::Taken);
                     return None;
                 }
             }
         }
     }
-}
-
-/// The tree at `path` opened, as `StatRoot` opens it; `None`: not a
-/// directory, or not opened.
-fn open_root(st: &State, path: &[u8]) -> Option<LocalDir> {
-    let p = local_path(path).ok()?;
-    let p = Path::new(OsStr::from_bytes(&p));
-    let m = ferry_local::stat_path(p, true).ok()?;
-    if m.kind != ferry_engine::entry::Kind::Dir {
-        return None;
-    }
-    let at = LocalStore::new(p, 1).read_only(st.store.is_read_only());
-    at.open_root().ok().flatten().map(|(d, _)| d)
 }
 
 /// A thread listing ahead: directories from the queue until there are
@@ -205,7 +195,7 @@ fn run(st: &State) {
         let (parent, name) = {
             let mut i = a.inner.lock();
             loop {
-                if !i.on || i.listed >= BUDGET {
+                if !a.on.load(Ordering::Acquire) || i.listed >= BUDGET {
                     return;
                 }
                 if let Some(next) = i.queue.pop_front() {
@@ -236,7 +226,7 @@ fn list_one(st: &State, d: Arc<LocalDir>) {
     };
     {
         let mut i = a.inner.lock();
-        if !i.on || key.0 != i.dev || i.dirs.contains_key(&key) {
+        if !a.on.load(Ordering::Acquire) || key.0 != i.dev || i.dirs.contains_key(&key) {
             return;
         }
         i.dirs.insert(key, Slot::Busy);
@@ -258,11 +248,11 @@ fn list_one(st: &State, d: Arc<LocalDir>) {
     let made = answer::listing_frame(st, 0, &d, &mut listing);
     let mut i = a.inner.lock();
     match made {
-        Ok(f) if i.on => {
+        Ok(f) if a.on.load(Ordering::Acquire) => {
             i.listed += listing.len();
             i.dirs.insert(key, Slot::Done(f, ctime, began));
             #[cfg(test)]
-            LISTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            LISTED.fetch_add(1, Ordering::Relaxed);
             for e in listing.entries() {
                 if e.meta.kind != ferry_engine::entry::Kind::Dir || i.queue.len() >= QUEUED {
                     continue;

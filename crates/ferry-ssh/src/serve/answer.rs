@@ -27,13 +27,11 @@ fn answer_io(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> io::Re
             Ok(proto::frame(id, &Resp::Space { bytes, inodes }))
         }
         Req::StatPath { path, follow } => stat_path(id, path, follow),
-        Req::StatRoot { path, dir } => stat_root(st, id, path, dir),
         Req::Stat { dir, name } => {
             let m = s.stat(&*dir_of(st, dir)?, &cname(name)?)?;
             Ok(proto::frame(id, &Resp::Meta(m.map(M))))
         }
         Req::List { dir } => list(st, id, dir, listing),
-        Req::OpenDir { dir, name, new } => open_dir(st, id, dir, name, new),
         Req::MakeDir { dir, name, new } => {
             let d = s.make_dir(&*dir_of(st, dir)?, &cname(name)?)?;
             st.dirs.lock().insert(new, Arc::new(d));
@@ -83,7 +81,6 @@ fn answer_io(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> io::Re
             let b = s.is_own_legacy_partial(&*dir_of(st, dir)?, &cname(name)?);
             Ok(proto::frame(id, &Resp::Bool(b)))
         }
-        Req::Info => Ok(info(st, id)),
         req @ Req::GetXattrs { .. } => get_xattrs(st, id, req),
         req @ Req::SetXattrs { .. } => ok(id, set_xattrs(st, req)),
         req @ Req::Keep { .. } => ok(id, keep(st, req)),
@@ -110,6 +107,9 @@ fn answer_io(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> io::Re
         | Req::Abort { .. }
         | Req::Watch { .. }
         | Req::ListAhead { .. }
+        | Req::Info
+        | Req::StatRoot { .. }
+        | Req::OpenDir { .. }
         | Req::ReadOnly
         | Req::KeepAlive { .. } => {
             unreachable!("handled in order by the reading and disk threads")
@@ -162,26 +162,41 @@ pub(super) fn info(st: &State, id: u64) -> Vec<u8> {
 /// that reads the requests (protocol 15), so a `List` sent right behind
 /// it finds the handle.
 pub(super) fn stat_root(st: &State, id: u64, path: &[u8], dir: u64) -> io::Result<Vec<u8>> {
-    let p = &*local_path(path)?;
-    let reply = |meta: Option<Meta>, opened| {
-        let meta = meta.map(M);
-        Ok(proto::frame(id, &Resp::Root { meta, opened }))
+    let (meta, opened) = match open_tree(st, path)? {
+        (_, Some((d, m))) => {
+            st.dirs.lock().insert(dir, Arc::new(d));
+            (Some(m), true)
+        }
+        (m, None) => (m, false),
     };
-    let m = match ferry_local::stat_path(Path::new(OsStr::from_bytes(p)), true) {
+    let meta = meta.map(M);
+    Ok(proto::frame(id, &Resp::Root { meta, opened }))
+}
+
+/// An open directory and its metadata.
+pub(super) type Tree = (LocalDir, Meta);
+
+/// The tree at `path` (a final symlink followed), as `StatRoot` and the
+/// listing ahead open it: its metadata (`None`: missing) and, when it is
+/// a directory that could be opened, the open directory with its
+/// metadata (not opened: gone since, unreadable; the client's `Root`
+/// says why).
+pub(super) fn open_tree(st: &State, path: &[u8]) -> io::Result<(Option<Meta>, Option<Tree>)> {
+    let p = Path::new(OsStr::from_bytes(&local_path(path)?)).to_path_buf();
+    let m = match ferry_local::stat_path(&p, true) {
         Ok(m) => m,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return reply(None, false),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((None, None)),
         Err(e) => return Err(e),
     };
-    if m.kind == ferry_engine::entry::Kind::Dir {
-        let at =
-            LocalStore::new(Path::new(OsStr::from_bytes(p)), 1).read_only(st.store.is_read_only());
-        // Not opened (gone since, unreadable): the client's `Root` says why.
-        if let Ok(Some((d, m))) = at.open_root() {
-            st.dirs.lock().insert(dir, Arc::new(d));
-            return reply(Some(m), true);
-        }
-    }
-    reply(Some(m), false)
+    let opened = match m.kind {
+        ferry_engine::entry::Kind::Dir => LocalStore::new(&p, 1)
+            .read_only(st.store.is_read_only())
+            .open_root()
+            .ok()
+            .flatten(),
+        _ => None,
+    };
+    Ok((Some(m), opened))
 }
 
 /// `OpenDir`: subdirectory `name` of `dir` opened as handle `new`. Run
