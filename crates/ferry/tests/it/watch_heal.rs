@@ -67,9 +67,10 @@ fn bisync_does_not_spin_on_a_failing_path_and_heals() {
     let mut cmd = Command::new(bin());
     cmd.args(["bisync", "--json", "--watch"]).arg(&a).arg(&b);
     let mut w = Watch::spawn_json(cmd);
-    w.until("B has f2", || {
-        fs::read(b.join("f2")).is_ok_and(|x| x == b"two")
-    });
+    // The first run's end (B has f2 before its summary comes: on a loaded machine the
+    // summary could come after what follows and be counted below).
+    let first = w.summary();
+    assert_eq!(first["files_copied"], 2, "{}", w.stderr());
     let Some(imm) = Immutable::try_set(&b.join("f2")) else {
         skip(&"chattr +i does not work here");
         return;
@@ -89,9 +90,10 @@ fn bisync_does_not_spin_on_a_failing_path_and_heals() {
     }
     let secs = since.elapsed().as_secs();
     // Retries 1 s, 2 s apart at least (3/4 of it with jitter): a spin
-    // makes a run every settle time (100 ms).
+    // makes a run every settle time (100 ms). One run more may come of
+    // `chattr` itself (B's f2 changed its ctime), before the write or with it.
     assert!(
-        runs <= 3 + secs as usize,
+        runs <= 4 + secs as usize,
         "{runs} runs in {secs} s:\n{}",
         w.stderr()
     );
