@@ -385,6 +385,73 @@ fn listings_made_ahead_answer_as_listings_made_then() {
     assert!(super::ahead::SERVED.load(Relaxed) >= served + 5);
 }
 
+/// Hostile names and symlinks in a tree listed ahead: names with a
+/// newline, a byte that is not UTF-8, a leading dash or blank, 255 bytes
+/// long, are listed ahead as they are and served as a listing made then
+/// would be; a symlink to a directory outside the tree, and one to a
+/// directory inside it, are entries, never followed (nothing outside is
+/// listed, nothing inside twice).
+#[test]
+fn listings_made_ahead_keep_odd_names_and_follow_no_symlink() {
+    use std::os::unix::ffi::OsStrExt;
+    use std::sync::atomic::Ordering::Relaxed;
+    let _one = AHEAD.lock();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("t");
+    let long = vec![b'l'; 255];
+    let odd: [&[u8]; 5] = [b"new\nline", b"caf\xe9", b"-dash", b" lead", &long];
+    for d in odd {
+        let d = root.join(std::ffi::OsStr::from_bytes(d));
+        std::fs::create_dir_all(d.join("x")).unwrap();
+        std::fs::write(d.join(std::ffi::OsStr::from_bytes(b"f\n\xff")), b"f").unwrap();
+        std::fs::write(d.join("x/g"), b"g").unwrap();
+    }
+    let outside = dir.path().join("outside");
+    for d in ["a", "b", "c"] {
+        std::fs::create_dir_all(outside.join(d)).unwrap();
+    }
+    std::os::unix::fs::symlink(&outside, root.join("out")).unwrap();
+    std::os::unix::fs::symlink("-dash", root.join("in")).unwrap();
+    let listed = super::ahead::LISTED.load(Relaxed);
+    let served = super::ahead::SERVED.load(Relaxed);
+    let (mut to, mut from, server) = start();
+    let path = root.as_os_str().as_bytes();
+    to.write_all(&proto::frame(0, &Req::ListAhead { path }))
+        .unwrap();
+    // The root, five directories and their five `x`.
+    listed_ahead(listed, 11);
+    let got = walk(&mut to, &mut from, path);
+    drop(to);
+    server.join().unwrap().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert_eq!(super::ahead::LISTED.load(Relaxed), listed + 11);
+    let (mut to, mut from, server) = start();
+    let want = walk(&mut to, &mut from, path);
+    drop(to);
+    server.join().unwrap().unwrap();
+    assert_same_listings(&got, &want);
+    for d in odd {
+        let names: Vec<&[u8]> = want[d].iter().map(|(n, _)| n.as_slice()).collect();
+        assert_eq!(
+            names,
+            [&b"f\n\xff"[..], b"x"],
+            "{}",
+            String::from_utf8_lossy(d)
+        );
+    }
+    let kinds: Vec<(&[u8], Kind)> = want[&Vec::new()]
+        .iter()
+        .filter(|(n, _)| n == b"out" || n == b"in")
+        .map(|(n, m)| (n.as_slice(), m.kind))
+        .collect();
+    assert_eq!(
+        kinds,
+        [(&b"in"[..], Kind::Symlink), (b"out", Kind::Symlink)]
+    );
+    // Every directory but the root (asked for with StatRoot) served ahead.
+    assert!(super::ahead::SERVED.load(Relaxed) >= served + 10);
+}
+
 /// A change the client asks for ends the listing ahead: a file's mode set
 /// through the session (which changes nothing its directory's ctime
 /// shows) is in the listing that follows, and nothing made ahead is used
