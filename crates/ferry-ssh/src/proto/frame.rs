@@ -25,6 +25,12 @@ pub fn frame_sized(id: u64, msg: &impl Serialize, bytes: usize) -> Vec<u8> {
     b
 }
 
+/// Give a frame made by [`frame`] (a reply made before its request came)
+/// the id `id`.
+pub fn set_frame_id(frame: &mut [u8], id: u64) {
+    frame[4..12].copy_from_slice(&id.to_le_bytes());
+}
+
 /// Read one frame: its id and its message bytes (`None` at a clean end of
 /// the stream, between frames).
 pub fn read_frame(r: &mut impl Read) -> io::Result<Option<(u64, Vec<u8>)>> {

@@ -173,7 +173,7 @@ impl Ahead {
                     if was != ctime || at.elapsed() > FRESH {
                         return None;
                     }
-                    f[4..12].copy_from_slice(&id.to_le_bytes());
+                    crate::proto::set_frame_id(&mut f, id);
                     #[cfg(test)]
                     SERVED.fetch_add(1, Ordering::Relaxed);
                     return Some(f);

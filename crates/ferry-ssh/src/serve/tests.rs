@@ -279,6 +279,20 @@ fn walk(to: &mut File, from: &mut io::BufReader<File>, root: &[u8]) -> Tree {
     out
 }
 
+/// [`walk`] over session `p`, then the session ended (its server's
+/// end checked).
+fn walk_and_end((mut to, mut from, server): Pipes, root: &[u8]) -> Tree {
+    let t = walk(&mut to, &mut from, root);
+    drop(to);
+    server.join().unwrap().unwrap();
+    t
+}
+
+/// What a walk of `root` says now: on a new session, nothing listed ahead.
+fn walk_now(root: &[u8]) -> Tree {
+    walk_and_end(start(), root)
+}
+
 /// Wait (at most a minute) until this process has listed `n` directories
 /// ahead since `since`.
 fn listed_ahead(since: usize, n: usize) {
@@ -358,7 +372,7 @@ fn listings_made_ahead_answer_as_listings_made_then() {
     let _one = AHEAD.lock();
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("t");
-    let (served, (mut to, mut from, server)) = listed_ahead_there(&root);
+    let (served, pipes) = listed_ahead_there(&root);
     let path = root.as_os_str().as_bytes();
     // Behind its back.
     std::fs::write(root.join("a/new"), b"new").unwrap();
@@ -370,14 +384,9 @@ fn listings_made_ahead_answer_as_listings_made_then() {
     let mut p = std::fs::metadata(root.join("e")).unwrap().permissions();
     std::os::unix::fs::PermissionsExt::set_mode(&mut p, 0o700);
     std::fs::set_permissions(root.join("e"), p).unwrap();
-    let got = walk(&mut to, &mut from, path);
-    drop(to);
-    server.join().unwrap().unwrap();
+    let got = walk_and_end(pipes, path);
     // What a walk says now, without listings made ahead.
-    let (mut to, mut from, server) = start();
-    let want = walk(&mut to, &mut from, path);
-    drop(to);
-    server.join().unwrap().unwrap();
+    let want = walk_now(path);
     assert_same_listings(&got, &want);
     assert!(want[&b"a".to_vec()].iter().any(|(n, _)| n == b"new"));
     assert!(want[&b"d".to_vec()].iter().any(|(n, _)| n == b"other"));
@@ -414,21 +423,16 @@ fn listings_made_ahead_keep_odd_names_and_follow_no_symlink() {
     std::os::unix::fs::symlink("-dash", root.join("in")).unwrap();
     let listed = super::ahead::LISTED.load(Relaxed);
     let served = super::ahead::SERVED.load(Relaxed);
-    let (mut to, mut from, server) = start();
+    let (mut to, from, server) = start();
     let path = root.as_os_str().as_bytes();
     to.write_all(&proto::frame(0, &Req::ListAhead { path }))
         .unwrap();
     // The root, five directories and their five `x`.
     listed_ahead(listed, 11);
-    let got = walk(&mut to, &mut from, path);
-    drop(to);
-    server.join().unwrap().unwrap();
+    let got = walk_and_end((to, from, server), path);
     std::thread::sleep(std::time::Duration::from_millis(200));
     assert_eq!(super::ahead::LISTED.load(Relaxed), listed + 11);
-    let (mut to, mut from, server) = start();
-    let want = walk(&mut to, &mut from, path);
-    drop(to);
-    server.join().unwrap().unwrap();
+    let want = walk_now(path);
     assert_same_listings(&got, &want);
     for d in odd {
         let names: Vec<&[u8]> = want[d].iter().map(|(n, _)| n.as_slice()).collect();
@@ -523,9 +527,7 @@ fn a_change_by_the_client_ends_the_listing_ahead() {
         }
         r => panic!("{r:?}"),
     }
-    let got = walk(&mut to, &mut from, path);
-    drop(to);
-    server.join().unwrap().unwrap();
+    let got = walk_and_end((to, from, server), path);
     assert_eq!(
         super::ahead::SERVED.load(Relaxed),
         served,
@@ -570,13 +572,11 @@ fn a_listing_made_ahead_goes_stale() {
     let _one = AHEAD.lock();
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("t");
-    let (_, (mut to, mut from, server)) = listed_ahead_there(&root);
+    let (_, pipes) = listed_ahead_there(&root);
     let path = root.as_os_str().as_bytes();
     std::fs::write(root.join("a/x/g0"), b"changed in place, longer").unwrap();
     std::thread::sleep(super::ahead::FRESH + std::time::Duration::from_millis(200));
-    let got = walk(&mut to, &mut from, path);
-    drop(to);
-    server.join().unwrap().unwrap();
+    let got = walk_and_end(pipes, path);
     let g0 = &got[&b"a/x".to_vec()]
         .iter()
         .find(|(n, _)| n == b"g0")

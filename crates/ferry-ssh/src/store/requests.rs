@@ -77,9 +77,10 @@ impl SshStore {
         let dir = conn.handle();
         let asked = std::time::Instant::now();
         let rx = conn.start(&Req::StatRoot { path, dir })?;
-        let listing = match self.walk && path == self.path.as_slice() {
-            true => Some((conn::changes(), asked, conn.start(&Req::List { dir })?)),
-            false => None,
+        let listing = if self.walk && path == self.path.as_slice() {
+            Some((conn::changes(), asked, conn.start(&Req::List { dir })?))
+        } else {
+            None
         };
         match conn.wait_timed(asked, &rx)?.get()? {
             Resp::Root { meta, opened } => {
