@@ -463,7 +463,7 @@ fn run_with<A: Store, B: Store>(
     let removals_at_start = opts
         .guard
         .as_ref()
-        .map_or([0; 2], |g| [g.removals(0), g.removals(1)]);
+        .map_or([0; 2], |g| [g.base(0), g.base(1)]);
     let (oa, ob, missing) = p.open_roots(known)?;
     // Second handles on the roots, for the executor (the scan takes its own).
     let ra = oa.as_ref().map(|_| clone_dir(a)).transpose()?;

@@ -43,7 +43,7 @@ mod specials;
 mod transfer;
 use links::{How, Links, Outcome};
 mod guard;
-pub use guard::{may_remove, Guard, RemovalsStopped, WINDOW as MAX_DELETE_WINDOW};
+pub use guard::{may_remove, Barrier, Guard, RemovalsStopped, WINDOW as MAX_DELETE_WINDOW};
 mod scoped;
 pub use scoped::Scope;
 
@@ -445,7 +445,7 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
     /// removals in `--max-delete`'s window, in `g` (see `engine/guard.rs`).
     pub fn guarded(mut self, g: &'a Guard) -> Self {
         self.guard = Some(g);
-        self.removals_at_start = g.removals(0);
+        self.removals_at_start = g.base(0);
         self
     }
 

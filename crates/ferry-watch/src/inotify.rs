@@ -1,6 +1,8 @@
 //! The kernel's view of a local tree: one inotify watch per directory, read
-//! by one thread that blocks in `read()` (no timeout while the tree is
-//! watched whole) and turns events into [`Change`]s for the loop.
+//! by one thread that blocks in `poll()` (no timeout while the tree is
+//! watched whole) and turns events into [`Change`]s for the loop; a run
+//! reads what is queued itself, under the thread's lock, before it removes
+//! anything ([`ferry_engine::Guard::settled`]).
 //!
 //! Watch descriptors map to paths relative to the root; a directory renamed
 //! inside the tree keeps its watches and the map's paths are moved with it.
@@ -92,7 +94,7 @@ pub struct Tree {
 impl Tree {
     /// Watch `root` (side `side` of the run) and every directory in it.
     pub fn new(side: usize, root: &Path, poll: Duration) -> std::io::Result<Tree> {
-        let fd = inotify::init(CreateFlags::CLOEXEC)?;
+        let fd = inotify::init(CreateFlags::CLOEXEC | CreateFlags::NONBLOCK)?;
         let mut t = Tree {
             side,
             root: root.to_path_buf(),
@@ -376,18 +378,24 @@ impl Tree {
         }
     }
 
-    /// After an overflow: watch every directory again (a directory already
-    /// watched keeps its descriptor) and forget the descriptors of
-    /// directories no longer found.
+    /// After an overflow: the map is made anew by walking the tree again.
+    /// A directory watched already keeps its descriptor (adding a watch
+    /// again returns it), now at the path the walk found; only the watches
+    /// of directories the walk did not find are removed. Removing every
+    /// watch first would queue one event per directory: more than the
+    /// queue holds on a tree of as many directories, an overflow again,
+    /// and a rebuild again, without end.
     fn rebuild(&mut self) {
-        for wd in self.dirs.keys().copied().collect::<Vec<_>>() {
-            let _ = inotify::remove_watch(&self.fd, wd);
-        }
-        self.dirs.clear();
+        let old = std::mem::take(&mut self.dirs);
         self.lost.clear();
         self.root_wd = None;
         if !self.watch_root() {
             self.watch_parent();
+        }
+        for wd in old.keys() {
+            if !self.dirs.contains_key(wd) {
+                let _ = inotify::remove_watch(&self.fd, *wd);
+            }
         }
     }
 
@@ -404,76 +412,78 @@ impl Tree {
 
     /// [`Tree::run`], and also until `stop` is readable or hung up (the
     /// write end of a pipe closed: `ferry serve`'s client went away).
-    pub fn run_until(mut self, tx: Sender<crate::Msg>, stop: Option<OwnedFd>) {
-        let mut buf = vec![0u8; 64 << 10];
+    ///
+    /// The thread waits in `poll()` without its lock and reads (the
+    /// descriptor does not block) with it, one `read()` at a time; a run
+    /// that must know every removal made until now reads the rest under
+    /// the same lock ([`ferry_engine::Guard::settled`]), so what it counts
+    /// does not lag this thread.
+    pub fn run_until(self, tx: Sender<crate::Msg>, stop: Option<OwnedFd>) {
+        let fd = match self.fd.try_clone() {
+            Ok(fd) => fd,
+            Err(_) => return,
+        };
+        let guard = self.guard.clone();
+        let reader = Arc::new(Reader(parking_lot::Mutex::new(Reading {
+            tree: self,
+            buf: vec![0u8; 64 << 10],
+            floor: None,
+            tx,
+        })));
+        if let Some((g, gside)) = guard {
+            let weak = Arc::downgrade(&reader);
+            g.set_barrier(gside, weak as std::sync::Weak<dyn ferry_engine::Barrier>);
+        }
         let mut said_limit = false;
-        // The return of the last read that emptied the kernel's queue.
-        let mut floor: Option<Instant> = None;
         loop {
-            if self.limit_hit && !said_limit {
-                said_limit = true;
-                let max = std::fs::read_to_string("/proc/sys/fs/inotify/max_user_watches")
-                    .map(|s| s.trim().to_string())
-                    .unwrap_or_default();
-                let _ = tx.send(crate::Msg::Note(format!(
-                    "the inotify watch limit is reached (fs.inotify.max_user_watches = {max}): directories without a watch are rescanned every {:?} until a watch can be added",
-                    self.poll
-                )));
-            }
-            // A timeout only while something cannot be watched.
-            let degraded = self.root_wd.is_none() || !self.unwatched.is_empty();
-            if degraded || stop.is_some() {
-                let t = Timespec::try_from(self.poll).unwrap_or(Timespec {
-                    tv_sec: 1,
-                    tv_nsec: 0,
-                });
-                let mut fds = vec![PollFd::new(&self.fd, PollFlags::IN)];
-                if let Some(s) = &stop {
-                    fds.push(PollFd::new(s, PollFlags::IN));
+            let (degraded, poll_every) = {
+                let r = reader.0.lock();
+                if r.tree.limit_hit && !said_limit {
+                    said_limit = true;
+                    let max = std::fs::read_to_string("/proc/sys/fs/inotify/max_user_watches")
+                        .map(|s| s.trim().to_string())
+                        .unwrap_or_default();
+                    let msg = format!(
+                        "the inotify watch limit is reached (fs.inotify.max_user_watches = {max}): directories without a watch are rescanned every {:?} until a watch can be added",
+                        r.tree.poll
+                    );
+                    let _ = r.tx.send(crate::Msg::Note(msg));
                 }
-                match poll(&mut fds, degraded.then_some(&t)) {
-                    Ok(0) => {
-                        let changes = self.retry();
-                        self.report();
-                        if !changes.is_empty() && tx.send(crate::Msg::Changes(changes)).is_err() {
-                            return;
-                        }
+                // A timeout only while something cannot be watched.
+                let t = &r.tree;
+                (t.root_wd.is_none() || !t.unwatched.is_empty(), t.poll)
+            };
+            let t = Timespec::try_from(poll_every).unwrap_or(Timespec {
+                tv_sec: 1,
+                tv_nsec: 0,
+            });
+            let mut fds = vec![PollFd::new(&fd, PollFlags::IN)];
+            if let Some(s) = &stop {
+                fds.push(PollFd::new(s, PollFlags::IN));
+            }
+            match poll(&mut fds, degraded.then_some(&t)) {
+                Ok(0) => {
+                    let mut r = reader.0.lock();
+                    let changes = r.tree.retry();
+                    r.tree.report();
+                    if !changes.is_empty() && r.tx.send(crate::Msg::Changes(changes)).is_err() {
+                        return;
+                    }
+                    continue;
+                }
+                Ok(_) => {
+                    if fds.get(1).is_some_and(|f| !f.revents().is_empty()) {
+                        return;
+                    }
+                    if fds[0].revents().is_empty() {
                         continue;
                     }
-                    Ok(_) => {
-                        if fds.get(1).is_some_and(|f| !f.revents().is_empty()) {
-                            return;
-                        }
-                        if fds[0].revents().is_empty() {
-                            continue;
-                        }
-                    }
-                    Err(Errno::INTR) => continue,
-                    Err(_) => return,
                 }
-            }
-            let n = match rustix::io::read(&self.fd, &mut buf[..]) {
-                Ok(n) => n,
                 Err(Errno::INTR) => continue,
                 Err(_) => return,
-            };
-            // The read returns as the thread wakes for the events.
-            let woke = Instant::now();
-            let at = self.arrival(&buf[..n], woke, floor);
-            let changes = self.decode(&buf[..n]);
-            self.report();
-            // This read emptied the queue if it left room for one more
-            // event with the longest name: what comes next came after it.
-            floor = (n + 16 + 256 <= buf.len()).then_some(woke);
-            if !changes.is_empty() {
-                if let Some((g, ..)) = &self.gauges {
-                    let n = paths(&changes);
-                    g.arrived(n);
-                    let _ = tx.send(crate::Msg::Arrived(self.side, at, n));
-                }
-                if tx.send(crate::Msg::Changes(changes)).is_err() {
-                    return;
-                }
+            }
+            if reader.0.lock().read_once() == Read::End {
+                return;
             }
         }
     }
@@ -642,6 +652,82 @@ impl Tree {
             out.push(Change::Removed(side, from));
         }
         out
+    }
+}
+
+/// What one `read()` did.
+#[derive(PartialEq)]
+enum Read {
+    /// This many bytes of events read (and sent).
+    Some(usize),
+    /// None queued.
+    Empty,
+    /// The loop is gone, or the descriptor failed: the thread ends.
+    End,
+}
+
+/// A tree being read: its thread's state, under one lock with the runs'
+/// barrier ([`Reader`]).
+struct Reading {
+    tree: Tree,
+    buf: Vec<u8>,
+    /// The return of the last read that emptied the kernel's queue.
+    floor: Option<Instant>,
+    tx: Sender<crate::Msg>,
+}
+
+impl Reading {
+    /// Read what is queued (one `read()`, without blocking), count its
+    /// removals and send its changes.
+    fn read_once(&mut self) -> Read {
+        let n = loop {
+            match rustix::io::read(&self.tree.fd, &mut self.buf[..]) {
+                Ok(n) => break n,
+                Err(Errno::INTR) => continue,
+                Err(Errno::AGAIN) => return Read::Empty,
+                Err(_) => return Read::End,
+            }
+        };
+        // The read returns as the thread wakes for the events.
+        let woke = Instant::now();
+        let bytes = &self.buf[..n];
+        let at = self.tree.arrival(bytes, woke, self.floor);
+        let changes = self.tree.decode(bytes);
+        self.tree.report();
+        // This read emptied the queue if it left room for one more
+        // event with the longest name: what comes next came after it.
+        self.floor = (n + 16 + 256 <= self.buf.len()).then_some(woke);
+        if !changes.is_empty() {
+            if let Some((g, ..)) = &self.tree.gauges {
+                let n = paths(&changes);
+                g.arrived(n);
+                let _ = self.tx.send(crate::Msg::Arrived(self.tree.side, at, n));
+            }
+            if self.tx.send(crate::Msg::Changes(changes)).is_err() {
+                return Read::End;
+            }
+        }
+        Read::Some(n)
+    }
+}
+
+/// A tree's reading, shared by its thread and the runs: a run reads
+/// every event queued before it decides to remove anything.
+struct Reader(parking_lot::Mutex<Reading>);
+
+impl ferry_engine::Barrier for Reader {
+    fn sync(&self, then: &mut dyn FnMut()) {
+        let mut r = self.0.lock();
+        // What is queued now, not what comes while it is read (a tree
+        // written all the time would keep the run waiting).
+        let mut left = rustix::io::ioctl_fionread(&r.tree.fd).unwrap_or(0);
+        while left > 0 {
+            match r.read_once() {
+                Read::Some(n) => left = left.saturating_sub(n as u64),
+                Read::Empty | Read::End => break,
+            }
+        }
+        then();
     }
 }
 
@@ -814,6 +900,42 @@ mod tests {
         std::fs::remove_dir(d.path().join("b/new")).unwrap();
         read(&mut t);
         assert!(t.lost.is_empty(), "{:?}", t.lost);
+    }
+
+    /// A rebuild after an overflow queues no event of its own for the
+    /// directories still there (one each would overflow a queue smaller
+    /// than the tree's directories again, and rebuild again, without end),
+    /// maps each directory where it is now, and drops the watch of one
+    /// moved out of the tree.
+    #[test]
+    fn a_rebuild_queues_nothing_and_maps_directories_where_they_are() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().join("root");
+        for i in 0..40 {
+            std::fs::create_dir_all(root.join(format!("d{i}/sub"))).unwrap();
+        }
+        let mut t = Tree::new(0, &root, Duration::from_secs(1)).unwrap();
+        assert_eq!(t.dirs.len(), 81);
+        // Moves the map has not seen (their events dropped, as in an
+        // overflow): one inside the tree, one out of it.
+        std::fs::rename(root.join("d1"), root.join("e1")).unwrap();
+        std::fs::rename(root.join("d2"), d.path().join("out")).unwrap();
+        let queued = rustix::io::ioctl_fionread(&t.fd).unwrap();
+        let mut buf = vec![0u8; 64 << 10];
+        let n = rustix::io::read(&t.fd, &mut buf[..]).unwrap();
+        assert_eq!(n as u64, queued);
+        t.rebuild();
+        let mut paths: Vec<&[u8]> = t.dirs.values().map(|p| p.as_slice()).collect();
+        paths.sort();
+        assert_eq!(t.dirs.len(), 79);
+        assert!(paths.contains(&&b"e1/sub"[..]), "{paths:?}");
+        assert!(!paths.iter().any(|p| under(p, b"d1") || under(p, b"d2")));
+        // What the rebuild queued: only the two watches dropped (the
+        // directory moved out and its sub).
+        let n = rustix::io::read(&t.fd, &mut buf[..]).unwrap();
+        let evs = parse(&buf[..n]);
+        assert_eq!(evs.len(), 2, "{evs:?}");
+        assert!(evs.iter().all(|e| e.1.contains(ReadFlags::IGNORED)));
     }
 
     #[test]

@@ -401,6 +401,13 @@ pub fn watch_with(
     drop(tx);
     let mut first = Some(Instant::now());
     loop {
+        // The removals seen until now, every event queued read: a run
+        // taken below starts from them (what its removals are checked
+        // against), and their changes are among the messages taken in next
+        // (a removal among them holds the run).
+        if let Some(g) = &cfg.guard {
+            g.mark();
+        }
         // What arrived during the last run, before deciding the next.
         while let Ok(m) = rx.try_recv() {
             l.take(m);

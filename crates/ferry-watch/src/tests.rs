@@ -495,3 +495,69 @@ fn a_failing_path_is_retried_until_it_heals() {
     let notes = notes.into_inner();
     assert_eq!(notes, vec!["note: d/f: healed (synced on a retry)"]);
 }
+
+/// A watched tree whose removals count in a guard (side 0), its thread
+/// started, and `n` files in it; the thread has read a first removal.
+fn counted_tree(
+    n: usize,
+) -> (
+    tempfile::TempDir,
+    std::sync::Arc<ferry_engine::Guard>,
+    std::sync::mpsc::Receiver<Msg>,
+) {
+    let d = tempfile::tempdir().unwrap();
+    for i in 0..=n {
+        std::fs::write(d.path().join(format!("f{i}")), b"x").unwrap();
+    }
+    let g = std::sync::Arc::new(ferry_engine::Guard::default());
+    let mut t = inotify::Tree::new(0, d.path(), Duration::from_secs(60)).unwrap();
+    t.count_removals(g.clone(), 0);
+    let (tx, rx) = channel();
+    std::thread::spawn(move || t.run(tx));
+    // The thread reads (its barrier is in place) once it has counted this.
+    std::fs::remove_file(d.path().join(format!("f{n}"))).unwrap();
+    let t0 = Instant::now();
+    while g.removals(0) == 0 {
+        assert!(t0.elapsed() < Duration::from_secs(60), "no event read");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    while rx.recv_timeout(Duration::from_millis(50)).is_ok() {}
+    (d, g, rx)
+}
+
+/// A run checks, before each removal, that nothing was removed since it
+/// began: the count it reads includes every removal made until then, not
+/// only those the watcher's thread has read yet (a loaded machine delays
+/// that thread while an `rm -rf` goes on and the run mirrors it).
+#[test]
+fn a_removal_is_counted_as_soon_as_it_is_made() {
+    let (d, g, _rx) = counted_tree(200);
+    for i in 0..200u64 {
+        std::fs::remove_file(d.path().join(format!("f{i}"))).unwrap();
+        // No wait: the thread may not have woken yet.
+        assert_eq!(g.settled(0), i + 2, "removal {i} not counted");
+    }
+}
+
+/// Every removal counted in what a run starts from (`Guard::mark`) has its
+/// change among the messages the loop takes in next: a run taken then is
+/// held by it; one counted later stops the run's removals.
+#[test]
+fn a_removal_marked_has_its_change_sent() {
+    let (d, g, rx) = counted_tree(200);
+    let mut sent = 1;
+    for i in 0..200u64 {
+        std::fs::remove_file(d.path().join(format!("f{i}"))).unwrap();
+        g.mark();
+        while let Ok(m) = rx.try_recv() {
+            if let Msg::Changes(cs) = m {
+                sent += cs
+                    .iter()
+                    .filter(|c| matches!(c, Change::Removed(..)))
+                    .count() as u64;
+            }
+        }
+        assert_eq!(g.base(0), i + 2, "removal {i}: not counted in the mark");
+        assert_eq!(sent, i + 2, "removal {i}: counted, its change not sent");
+    }
+}

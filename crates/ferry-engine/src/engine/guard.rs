@@ -16,6 +16,7 @@
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Weak;
 use std::time::{Duration, Instant};
 
 use crate::entry::Meta;
@@ -38,6 +39,12 @@ pub struct Guard {
     /// Removals seen on each side by its watcher so far (bumped by the
     /// watching thread as the events come, also while a run goes on).
     removals: [AtomicU64; 2],
+    /// Each side's watcher, to read what the kernel has queued
+    /// ([`Guard::settled`]); gone with the watcher's thread.
+    barriers: Mutex<[Option<Weak<dyn Barrier>>; 2]>,
+    /// The removals seen on each side when the watch last looked
+    /// ([`Guard::mark`]): a run starts from these.
+    base: Mutex<Option<[u64; 2]>>,
     /// SIGINT or SIGTERM came: the run in flight stops between entries.
     stop: AtomicBool,
     /// DST files (paths) last written while their source changed (a
@@ -66,6 +73,8 @@ impl Guard {
             dst_total: AtomicU64::new(0),
             window,
             removals: [AtomicU64::new(0), AtomicU64::new(0)],
+            barriers: Mutex::new([None, None]),
+            base: Mutex::new(None),
             stop: AtomicBool::new(false),
             torn: Mutex::new(std::collections::HashSet::new()),
         }
@@ -148,10 +157,45 @@ impl Guard {
         self.removals[side].fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Removals seen on `side` so far: a run compares the count at its
-    /// start with the one before each removal it makes.
+    /// Removals seen on `side` so far by its watcher's thread, which may
+    /// not have read the latest events yet (see [`Guard::settled`]).
     pub fn removals(&self, side: usize) -> u64 {
         self.removals[side].load(Ordering::Relaxed)
+    }
+
+    /// `b` reads what the kernel has queued for `side`'s watcher.
+    pub fn set_barrier(&self, side: usize, b: Weak<dyn Barrier>) {
+        self.barriers.lock()[side] = Some(b);
+    }
+
+    /// Removals on `side` with every event the kernel queued until now
+    /// read (through its watcher's [`Barrier`]): a removal made before
+    /// this call is counted, whatever the watcher's thread is doing. The
+    /// count read as [`Guard::removals`] where no watcher reads the side.
+    pub fn settled(&self, side: usize) -> u64 {
+        let b = self.barriers.lock()[side].as_ref().and_then(Weak::upgrade);
+        let mut n = None;
+        if let Some(b) = b {
+            b.sync(&mut || n = Some(self.removals(side)));
+        }
+        n.unwrap_or_else(|| self.removals(side))
+    }
+
+    /// The watch looks before it takes its next run: the removals seen on
+    /// each side, settled. Called before it takes in its messages: every
+    /// removal counted here has its message there (a [`Barrier`] sends
+    /// what it read before it lets go), so a run taken then holds for it,
+    /// and one counted after stops the run's removals ([`may_remove`]).
+    pub fn mark(&self) {
+        let now = [self.settled(0), self.settled(1)];
+        *self.base.lock() = Some(now);
+    }
+
+    /// The removals a run starts from on `side`: those of the last
+    /// [`Guard::mark`] (the count now, settled, if none was made).
+    pub fn base(&self, side: usize) -> u64 {
+        let b = *self.base.lock();
+        b.map_or_else(|| self.settled(side), |b| b[side])
     }
 
     /// Ask the run in flight to stop between entries (a signal): what it
@@ -188,6 +232,14 @@ impl Guard {
     }
 }
 
+/// A side's watcher, as the runs reach it: the events the kernel has
+/// queued for it are read on demand.
+pub trait Barrier: Send + Sync {
+    /// Read every event queued now (counting its removals, sending its
+    /// changes), then call `then` before any later event is read.
+    fn sync(&self, then: &mut dyn FnMut());
+}
+
 /// Whether a run that started when `side` had seen `at_start` removals
 /// (plus the run's own there, seen by its watcher too) may still remove
 /// what that side lacks: its root is the directory
@@ -211,7 +263,7 @@ pub fn may_remove(
             "{name} is another directory than the one watched: the run's removals stop here"
         )));
     }
-    if g.removals(side) > at_start {
+    if g.settled(side) > at_start {
         return Err(RemovalsStopped(format!(
             "{name} is changing (entries removed there while the run went on): the run's removals stop here, the next run does them"
         )));

@@ -287,7 +287,7 @@ fn an_overflowed_queue_still_converges() {
         eprintln!("skipped: {} is not writable (needs root)", QueueLimit::PATH);
         return;
     };
-    let mut w = Watch::start(&["sync"], &src, &dst);
+    let mut w = Watch::start(&["sync", "--status", "127.0.0.1:0"], &src, &dst);
     // Restored as soon as ferry's instance is made: the limit is the
     // machine's, and other tests may be starting watches meanwhile.
     w.until_inotify();
@@ -306,6 +306,30 @@ fn an_overflowed_queue_still_converges() {
     converge(&src, &dst, &mut w);
     let note = w.line_with("overflowed");
     assert!(note.starts_with("ferry: note: "), "{note}");
+    // Then quiet: the rebuild of the watches after the overflow queued
+    // no event per directory (more than the queue of 16 holds: an
+    // overflow again, a full run again, without end).
+    let addr = w.line_with("status on http://");
+    let addr = addr
+        .split("http://")
+        .nth(1)
+        .and_then(|r| r.split('/').next());
+    let runs = || {
+        let (st, text) = get(addr.expect("an address"), "/metrics", None);
+        assert!(st.contains("200"), "{st}");
+        parse_metrics(&text)["ferry_watch_runs_total"]
+    };
+    let (mut before, mut quiet) = (runs(), 0);
+    for _ in 0..100 {
+        std::thread::sleep(Duration::from_millis(100));
+        let now = runs();
+        quiet = if now == before { quiet + 1 } else { 0 };
+        before = now;
+        if quiet == 10 {
+            break;
+        }
+    }
+    assert_eq!(quiet, 10, "no second without a run in 10 s ({before} runs)");
     let err = w.stop_ok();
     assert_eq!(err.matches("overflowed").count(), 1, "said once:\n{err}");
 }
