@@ -29,6 +29,10 @@ use output::{cause, CliReporter, Progress, Unreachable};
 
 fn main() -> ExitCode {
     started();
+    if let Some(guard) = serve_args(std::env::args_os().skip(1)) {
+        raise_fd_limit();
+        return exit(serve(guard), None, started());
+    }
     if let Some(code) = generate::requested() {
         return code;
     }
@@ -81,16 +85,16 @@ fn main() -> ExitCode {
         Command::Ls(a) => run_ls(a, &reg),
         Command::Cleanup(a) => run_cleanup(a, &reg),
         Command::Bisync(a) => run_bisync(a, &reg),
-        Command::Serve { start_guard } => {
-            // Its watches of its own tree use ferry-watch's inotify tree.
-            ferry_watch::inotify::plug();
-            ferry_ssh::serve::serve_guarded(start_guard)
-                .map(|()| 0)
-                .map_err(|e| format!("serve: {}", cause(&e)))
-        }
+        Command::Serve { start_guard } => serve(start_guard),
         Command::Versions(a) => versions::run_versions(a, &reg),
         Command::Restore(a) => versions::run_restore(a, &reg),
     };
+    exit(res, json, start)
+}
+
+/// The exit code of a command's result; a usage or configuration error
+/// said (`json`: in a refused summary as well).
+fn exit(res: Result<u8, String>, json: Option<(bool, bool)>, start: Instant) -> ExitCode {
     ferry_backends::close_all();
     match res {
         Ok(code) => ExitCode::from(code),
@@ -103,6 +107,31 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// `ferry serve [--start-guard PID]` exactly as the start command runs it
+/// (once per ssh connection, docs/CLI.md "SSH"): read without building the
+/// parser of the whole command line (half a millisecond of every session's
+/// start there). Any other form (another flag, `--help`) goes to clap.
+fn serve_args(mut args: impl Iterator<Item = std::ffi::OsString>) -> Option<Option<u32>> {
+    if args.next()? != "serve" {
+        return None;
+    }
+    let guard = match args.next() {
+        None => return Some(None),
+        Some(f) if f == "--start-guard" => args.next()?.to_str()?.parse().ok()?,
+        Some(_) => return None,
+    };
+    args.next().is_none().then_some(Some(guard))
+}
+
+/// `ferry serve`: this machine's files to the ferry at the other end.
+fn serve(start_guard: Option<u32>) -> Result<u8, String> {
+    // Its watches of its own tree use ferry-watch's inotify tree.
+    ferry_watch::inotify::plug();
+    ferry_ssh::serve::serve_guarded(start_guard)
+        .map(|()| 0)
+        .map_err(|e| format!("serve: {}", cause(&e)))
 }
 
 /// When this command started (the first call: the start of `main`).
@@ -549,5 +578,57 @@ fn raise_fd_limit() {
     if l.current < l.maximum {
         l.current = l.maximum;
         let _ = setrlimit(Resource::Nofile, l);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `serve`'s own reading of its arguments takes exactly the forms the
+    /// start command runs, as clap would read them, and leaves every other
+    /// form to clap.
+    #[test]
+    fn serve_arguments_read_as_clap_would() {
+        let forms: [&[&str]; 9] = [
+            &["serve"],
+            &["serve", "--start-guard", "4242"],
+            &["serve", "--start-guard"],
+            &["serve", "--start-guard", "x"],
+            &["serve", "--start-guard", "1", "2"],
+            &["serve", "--help"],
+            &["serve", "--start-guard=7"],
+            &["copy", "a", "b"],
+            &[],
+        ];
+        for f in forms {
+            let own = serve_args(f.iter().map(std::ffi::OsString::from));
+            let clap = <Cli as clap::Parser>::try_parse_from(
+                std::iter::once("ferry").chain(f.iter().copied()),
+            );
+            match own {
+                Some(g) => match clap {
+                    Ok(Cli {
+                        command: Command::Serve { start_guard },
+                        ..
+                    }) => assert_eq!(start_guard, g, "{f:?}"),
+                    _ => panic!("{f:?}: clap reads it otherwise"),
+                },
+                // Left to clap (which may take it or refuse it).
+                None => assert!(!matches!(f, ["serve"] | ["serve", "--start-guard", "4242"])),
+            }
+        }
+        assert_eq!(
+            serve_args(["serve"].map(Into::into).into_iter()),
+            Some(None)
+        );
+        assert_eq!(
+            serve_args(
+                ["serve", "--start-guard", "4242"]
+                    .map(Into::into)
+                    .into_iter()
+            ),
+            Some(Some(4242))
+        );
     }
 }
