@@ -874,38 +874,18 @@ fn left_as_changed(r: &Run, name: &str) {
     );
 }
 
-/// The bytes of object `name` below `url`, through the AWS CLI.
+/// The bytes of object `name` below `url`, fetched by another client
+/// (curl: `crate::util::s3::curl`).
 fn object(s3: &crate::util::s3::S3, url: &str, name: &str) -> Vec<u8> {
-    let t = tmpdir();
-    let to = t.path().join("o");
-    crate::util::s3::aws(
-        s3,
-        &[
-            "s3",
-            "cp",
-            "--quiet",
-            &format!("{url}/{name}"),
-            to.to_str().unwrap(),
-        ],
-    );
-    fs::read(&to).unwrap()
+    let (_, prefix) = crate::util::s3::split_url(url);
+    crate::util::s3::curl(s3, "GET", &format!("{prefix}/{name}"), None, &[])
 }
 
-/// Put `data` at object `name` below `url` through the AWS CLI (another
-/// client of the bucket).
+/// Put `data` at object `name` below `url` through another client of the
+/// bucket (curl: `crate::util::s3::curl`).
 fn put_object(s3: &crate::util::s3::S3, url: &str, name: &str, data: &[u8]) {
-    let t = tmpdir();
-    let from = write(t.path(), "x", data);
-    crate::util::s3::aws(
-        s3,
-        &[
-            "s3",
-            "cp",
-            "--quiet",
-            from.to_str().unwrap(),
-            &format!("{url}/{name}"),
-        ],
-    );
+    let (_, prefix) = crate::util::s3::split_url(url);
+    crate::util::s3::curl(s3, "PUT", &format!("{prefix}/{name}"), Some(data), &[]);
 }
 
 /// Issue 28, 2, on S3: bisync A s3://...: while A's new version of `big`

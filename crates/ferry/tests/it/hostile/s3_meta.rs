@@ -12,26 +12,19 @@ use crate::util::s3::*;
 #[allow(unused_imports)]
 use crate::util::*;
 
-/// Upload `body` to the exact key `key` of the server's bucket with the AWS CLI (no ferry
-/// metadata), with `meta` (`k=v,k=v`) as user metadata when not empty.
-fn aws_put(s3: &S3, key: &str, body: &[u8], meta: &str) {
-    let t = tmpdir();
-    let f = write(t.path(), "body", body);
-    let f = f.to_str().expect("a UTF-8 temporary path");
-    let mut args = vec![
-        "s3api",
-        "put-object",
-        "--bucket",
-        &s3.bucket,
-        "--key",
-        key,
-        "--body",
-        f,
-    ];
-    if !meta.is_empty() {
-        args.extend(["--metadata", meta]);
-    }
-    aws(s3, &args);
+/// Upload `body` to the exact key `key` of the server's bucket with another client than
+/// ferry (curl, [`curl`]: no ferry metadata), with `meta` (`k=v,k=v`) as user metadata when
+/// not empty.
+fn put(s3: &S3, key: &str, body: &[u8], meta: &str) {
+    let headers: Vec<String> = meta
+        .split(',')
+        .filter(|kv| !kv.is_empty())
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').expect("k=v");
+            format!("x-amz-meta-{k}: {v}")
+        })
+        .collect();
+    curl(s3, "PUT", key, Some(body), &headers);
 }
 
 fn mode_of(p: &Path) -> u32 {
@@ -54,25 +47,25 @@ fn object_metadata_never_makes_a_setuid_file() {
     each_server(|s3| {
         let url = s3.url("setuid");
         let (_, prefix) = split_url(&url);
-        aws_put(
+        put(
             s3,
             &format!("{prefix}/suid"),
             b"#!/bin/sh\nid\n",
             "mtime=1600000000.5,mode=104777",
         );
-        aws_put(
+        put(
             s3,
             &format!("{prefix}/sgid"),
             b"g",
             "mtime=1600000001,mode=102755",
         );
-        aws_put(
+        put(
             s3,
             &format!("{prefix}/d/sticky"),
             b"s",
             "mtime=1600000002,mode=101777",
         );
-        aws_put(
+        put(
             s3,
             &format!("{prefix}/plain"),
             b"p",
@@ -153,31 +146,31 @@ fn garbage_object_metadata_is_ignored_with_one_note() {
     each_server(|s3| {
         let url = s3.url("garbage-meta");
         let (_, prefix) = split_url(&url);
-        aws_put(
+        put(
             s3,
             &format!("{prefix}/m1"),
             b"1",
             "mtime=1600000000,mode=rwxr-xr-x",
         );
-        aws_put(
+        put(
             s3,
             &format!("{prefix}/m2"),
             b"2",
             "mtime=1600000000,mode=77777777777777777777",
         );
-        aws_put(
+        put(
             s3,
             &format!("{prefix}/t1"),
             b"3",
             "mtime=-9223372036854775808.5",
         );
-        aws_put(
+        put(
             s3,
             &format!("{prefix}/t2"),
             b"4",
             "mtime=99999999999,mode=100600",
         );
-        aws_put(s3, &format!("{prefix}/t3"), b"5", "mtime=yesterday");
+        put(s3, &format!("{prefix}/t3"), b"5", "mtime=yesterday");
         let t = tmpdir();
         let dst = t.path().join("dst");
         let r = s3.run(&[&"sync", &url, &dst]);
@@ -211,23 +204,9 @@ fn garbage_object_metadata_is_ignored_with_one_note() {
     });
 }
 
-/// The body of the object at exactly `key` (`s3api get-object`).
-fn aws_get(s3: &S3, key: &str) -> Vec<u8> {
-    let t = tmpdir();
-    let f = t.path().join("out");
-    aws(
-        s3,
-        &[
-            "s3api",
-            "get-object",
-            "--bucket",
-            &s3.bucket,
-            "--key",
-            key,
-            f.to_str().unwrap(),
-        ],
-    );
-    std::fs::read(f).unwrap()
+/// The body of the object at exactly `key` (fetched by curl, [`curl`]).
+fn get(s3: &S3, key: &str) -> Vec<u8> {
+    curl(s3, "GET", key, None, &[])
 }
 
 /// An object `a` beside objects `a/...` (S3 allows it, no file tree can): bisync syncs the
@@ -238,9 +217,9 @@ fn bisync_syncs_below_a_name_that_is_both_an_object_and_a_prefix() {
     each_server(|s3| {
         let url = s3.url("clash");
         let (_, prefix) = split_url(&url);
-        aws_put(s3, &format!("{prefix}/a"), b"the object a", "");
-        aws_put(s3, &format!("{prefix}/a/b"), b"b below a", "");
-        aws_put(s3, &format!("{prefix}/top"), b"top", "");
+        put(s3, &format!("{prefix}/a"), b"the object a", "");
+        put(s3, &format!("{prefix}/a/b"), b"b below a", "");
+        put(s3, &format!("{prefix}/top"), b"top", "");
         let t = tmpdir();
         let a = t.path().join("a");
         std::fs::create_dir(&a).unwrap();
@@ -256,14 +235,14 @@ fn bisync_syncs_below_a_name_that_is_both_an_object_and_a_prefix() {
         let r = s3.run(&[&"bisync", &"--journal", &j, &a, &url]);
         r.code_is(1);
         assert_eq!(lines_with(&r, clash), 1, "{r}");
-        assert_eq!(aws_get(s3, &format!("{prefix}/a/new")), b"new on A", "{r}");
+        assert_eq!(get(s3, &format!("{prefix}/a/new")), b"new on A", "{r}");
         // A later object below `a` comes down.
-        aws_put(s3, &format!("{prefix}/a/later"), b"later", "");
+        put(s3, &format!("{prefix}/a/later"), b"later", "");
         let r = s3.run(&[&"bisync", &"--journal", &j, &a, &url]);
         r.code_is(1);
         assert_eq!(std::fs::read(a.join("a/later")).unwrap(), b"later", "{r}");
         // The object `a` was never touched; nothing else is left to do.
-        assert_eq!(aws_get(s3, &format!("{prefix}/a")), b"the object a");
+        assert_eq!(get(s3, &format!("{prefix}/a")), b"the object a");
         let r = s3.run(&[&"bisync", &"--json", &"--journal", &j, &a, &url]);
         r.code_is(1);
         let summary: serde_json::Value =
@@ -284,7 +263,7 @@ fn bisync_converges_with_objects_other_tools_uploaded() {
         let url = s3.url("foreign");
         let (_, prefix) = split_url(&url);
         for name in ["x", "y", "z", "d/w"] {
-            aws_put(s3, &format!("{prefix}/{name}"), name.as_bytes(), "");
+            put(s3, &format!("{prefix}/{name}"), name.as_bytes(), "");
         }
         let t = tmpdir();
         let a = t.path().join("a");
@@ -300,8 +279,8 @@ fn bisync_converges_with_objects_other_tools_uploaded() {
         let r = s3.run(&[&"bisync", &"--journal", &j, &a, &url]);
         r.ok();
         assert!(!r.err().contains("changed during the run"), "{r}");
-        assert_eq!(aws_get(s3, &format!("{prefix}/x")), b"x, edited on A");
-        assert_eq!(aws_get(s3, &format!("{prefix}/y")), b"Y");
+        assert_eq!(get(s3, &format!("{prefix}/x")), b"x, edited on A");
+        assert_eq!(get(s3, &format!("{prefix}/y")), b"Y");
         let listed = s3.run(&[&"ls", &"--server-mtime", &url]);
         listed.ok();
         assert!(
@@ -317,7 +296,7 @@ fn bisync_converges_with_objects_other_tools_uploaded() {
         assert_eq!(summary["files_deleted"], 0, "{r}");
         // A single object copied alone gets the mtime a tree copy gives it (one answer).
         let (tree, one) = (t.path().join("tree"), t.path().join("one"));
-        aws_put(s3, &format!("{prefix}/v"), b"v", "");
+        put(s3, &format!("{prefix}/v"), b"v", "");
         s3.run(&[&"copy", &url, &tree]).ok();
         s3.run(&[&"copy", &format!("{url}/v"), &one]).ok();
         assert_eq!(get_mtime(&tree.join("v")), get_mtime(&one));
