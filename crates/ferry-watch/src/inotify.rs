@@ -423,13 +423,26 @@ impl Tree {
             Ok(fd) => fd,
             Err(_) => return,
         };
+        // Events a run read itself may change whether the tree is
+        // degraded (its root gone, a directory left without a watch): the
+        // run wakes this thread to poll as it then must.
+        let wake = match rustix::event::eventfd(
+            0,
+            rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+        ) {
+            Ok(fd) => fd,
+            Err(_) => return,
+        };
         let guard = self.guard.clone();
-        let reader = Arc::new(Reader(parking_lot::Mutex::new(Reading {
-            tree: self,
-            buf: vec![0u8; 64 << 10],
-            floor: None,
-            tx,
-        })));
+        let reader = Arc::new(Reader {
+            reading: parking_lot::Mutex::new(Reading {
+                tree: self,
+                buf: vec![0u8; 64 << 10],
+                floor: None,
+                tx,
+            }),
+            wake: wake.try_clone().ok(),
+        });
         if let Some((g, gside)) = guard {
             let weak = Arc::downgrade(&reader);
             g.set_barrier(gside, weak as std::sync::Weak<dyn ferry_engine::Barrier>);
@@ -437,7 +450,7 @@ impl Tree {
         let mut said_limit = false;
         loop {
             let (degraded, poll_every) = {
-                let r = reader.0.lock();
+                let r = reader.reading.lock();
                 if r.tree.limit_hit && !said_limit {
                     said_limit = true;
                     let max = std::fs::read_to_string("/proc/sys/fs/inotify/max_user_watches")
@@ -457,13 +470,16 @@ impl Tree {
                 tv_sec: 1,
                 tv_nsec: 0,
             });
-            let mut fds = vec![PollFd::new(&fd, PollFlags::IN)];
+            let mut fds = vec![
+                PollFd::new(&fd, PollFlags::IN),
+                PollFd::new(&wake, PollFlags::IN),
+            ];
             if let Some(s) = &stop {
                 fds.push(PollFd::new(s, PollFlags::IN));
             }
             match poll(&mut fds, degraded.then_some(&t)) {
                 Ok(0) => {
-                    let mut r = reader.0.lock();
+                    let mut r = reader.reading.lock();
                     let changes = r.tree.retry();
                     r.tree.report();
                     if !changes.is_empty() && r.tx.send(crate::Msg::Changes(changes)).is_err() {
@@ -472,8 +488,11 @@ impl Tree {
                     continue;
                 }
                 Ok(_) => {
-                    if fds.get(1).is_some_and(|f| !f.revents().is_empty()) {
+                    if fds.get(2).is_some_and(|f| !f.revents().is_empty()) {
                         return;
+                    }
+                    if !fds[1].revents().is_empty() {
+                        let _ = rustix::io::read(&wake, &mut [0u8; 8]);
                     }
                     if fds[0].revents().is_empty() {
                         continue;
@@ -482,7 +501,7 @@ impl Tree {
                 Err(Errno::INTR) => continue,
                 Err(_) => return,
             }
-            if reader.0.lock().read_once() == Read::End {
+            if reader.reading.lock().read_once() == Read::End {
                 return;
             }
         }
@@ -713,21 +732,34 @@ impl Reading {
 
 /// A tree's reading, shared by its thread and the runs: a run reads
 /// every event queued before it decides to remove anything.
-struct Reader(parking_lot::Mutex<Reading>);
+struct Reader {
+    reading: parking_lot::Mutex<Reading>,
+    /// Written when a run read events: the thread polls again, with the
+    /// timeout a degraded tree needs (its root gone meanwhile, say).
+    wake: Option<OwnedFd>,
+}
 
 impl ferry_engine::Barrier for Reader {
     fn sync(&self, then: &mut dyn FnMut()) {
-        let mut r = self.0.lock();
+        let mut r = self.reading.lock();
         // What is queued now, not what comes while it is read (a tree
         // written all the time would keep the run waiting).
         let mut left = rustix::io::ioctl_fionread(&r.tree.fd).unwrap_or(0);
+        let mut read = false;
         while left > 0 {
             match r.read_once() {
-                Read::Some(n) => left = left.saturating_sub(n as u64),
+                Read::Some(n) => {
+                    read = true;
+                    left = left.saturating_sub(n as u64);
+                }
                 Read::Empty | Read::End => break,
             }
         }
         then();
+        drop(r);
+        if let (true, Some(w)) = (read, &self.wake) {
+            let _ = rustix::io::write(w, &1u64.to_ne_bytes());
+        }
     }
 }
 
