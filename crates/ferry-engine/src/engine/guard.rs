@@ -243,9 +243,10 @@ pub trait Barrier: Send + Sync {
 /// Whether a run that started when `side` had seen `at_start` removals
 /// (plus the run's own there, seen by its watcher too) may still remove
 /// what that side lacks: its root is the directory
-/// watched (`m`, opened now by its path) and no removal was seen there
-/// since (an `rm -rf` of the root that began while the run went on). The
-/// reason when not.
+/// watched (`m`, opened now by its path) and no removal was made there
+/// since (an `rm -rf` of the root that began while the run went on),
+/// counting every one the kernel has queued until now ([`Guard::settled`]),
+/// not only those its watcher's thread has read. The reason when not.
 pub fn may_remove(
     g: &Guard,
     side: usize,
