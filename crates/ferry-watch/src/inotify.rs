@@ -441,7 +441,7 @@ impl Tree {
                 floor: None,
                 tx,
             }),
-            wake: wake.try_clone().ok(),
+            wake,
         });
         if let Some((g, gside)) = guard {
             let weak = Arc::downgrade(&reader);
@@ -472,7 +472,7 @@ impl Tree {
             });
             let mut fds = vec![
                 PollFd::new(&fd, PollFlags::IN),
-                PollFd::new(&wake, PollFlags::IN),
+                PollFd::new(&reader.wake, PollFlags::IN),
             ];
             if let Some(s) = &stop {
                 fds.push(PollFd::new(s, PollFlags::IN));
@@ -492,7 +492,7 @@ impl Tree {
                         return;
                     }
                     if !fds[1].revents().is_empty() {
-                        let _ = rustix::io::read(&wake, &mut [0u8; 8]);
+                        let _ = rustix::io::read(&reader.wake, &mut [0u8; 8]);
                     }
                     if fds[0].revents().is_empty() {
                         continue;
@@ -736,7 +736,7 @@ struct Reader {
     reading: parking_lot::Mutex<Reading>,
     /// Written when a run read events: the thread polls again, with the
     /// timeout a degraded tree needs (its root gone meanwhile, say).
-    wake: Option<OwnedFd>,
+    wake: OwnedFd,
 }
 
 impl ferry_engine::Barrier for Reader {
@@ -757,8 +757,8 @@ impl ferry_engine::Barrier for Reader {
         }
         then();
         drop(r);
-        if let (true, Some(w)) = (read, &self.wake) {
-            let _ = rustix::io::write(w, &1u64.to_ne_bytes());
+        if read {
+            let _ = rustix::io::write(&self.wake, &1u64.to_ne_bytes());
         }
     }
 }

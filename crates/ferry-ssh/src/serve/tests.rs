@@ -304,19 +304,27 @@ fn listed_ahead(since: usize, n: usize) {
     }
 }
 
-/// [`ahead_tree`] made at `root`, a server asked to list it ahead, and
-/// all of it listed ahead: [`super::ahead::SERVED`] before, the server.
-fn listed_ahead_there(root: &std::path::Path) -> (usize, Pipes) {
+/// A server asked to list the tree at `root` ahead, and `n` directories
+/// of it listed ahead: [`super::ahead::LISTED`] and
+/// [`super::ahead::SERVED`] before, the server.
+fn list_ahead(root: &std::path::Path, n: usize) -> (usize, usize, Pipes) {
     use std::sync::atomic::Ordering::Relaxed;
-    ahead_tree(root);
     let listed = super::ahead::LISTED.load(Relaxed);
     let served = super::ahead::SERVED.load(Relaxed);
     let (mut to, from, server) = start();
     let path = root.as_os_str().as_bytes();
     to.write_all(&proto::frame(0, &Req::ListAhead { path }))
         .unwrap();
-    listed_ahead(listed, 11);
-    (served, (to, from, server))
+    listed_ahead(listed, n);
+    (listed, served, (to, from, server))
+}
+
+/// [`ahead_tree`] made at `root`, a server asked to list it ahead, and
+/// all of it listed ahead: [`super::ahead::SERVED`] before, the server.
+fn listed_ahead_there(root: &std::path::Path) -> (usize, Pipes) {
+    ahead_tree(root);
+    let (_, served, pipes) = list_ahead(root, 11);
+    (served, pipes)
 }
 
 /// A tree: five directories of three files and a subdirectory `x` of two.
@@ -421,15 +429,10 @@ fn listings_made_ahead_keep_odd_names_and_follow_no_symlink() {
     }
     std::os::unix::fs::symlink(&outside, root.join("out")).unwrap();
     std::os::unix::fs::symlink("-dash", root.join("in")).unwrap();
-    let listed = super::ahead::LISTED.load(Relaxed);
-    let served = super::ahead::SERVED.load(Relaxed);
-    let (mut to, from, server) = start();
-    let path = root.as_os_str().as_bytes();
-    to.write_all(&proto::frame(0, &Req::ListAhead { path }))
-        .unwrap();
     // The root, five directories and their five `x`.
-    listed_ahead(listed, 11);
-    let got = walk_and_end((to, from, server), path);
+    let (listed, served, pipes) = list_ahead(&root, 11);
+    let path = root.as_os_str().as_bytes();
+    let got = walk_and_end(pipes, path);
     std::thread::sleep(std::time::Duration::from_millis(200));
     assert_eq!(super::ahead::LISTED.load(Relaxed), listed + 11);
     let want = walk_now(path);

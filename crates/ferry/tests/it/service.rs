@@ -144,15 +144,7 @@ fn the_sample_units_command_line_watches_and_serves_with_the_token() {
     };
     cmd.args(words);
     let mut w = Watch::spawn(cmd);
-    let line = w.line_with("status on http://");
-    let addr = line
-        .split("http://")
-        .nth(1)
-        .unwrap()
-        .split('/')
-        .next()
-        .unwrap()
-        .to_string();
+    let addr = w.status_addr();
     // (As nobody, the owners are not kept: the bytes are compared.)
     w.until("f in DST", || {
         fs::read(dst.join("f")).ok().as_deref() == Some(b"f")

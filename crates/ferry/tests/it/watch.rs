@@ -309,13 +309,9 @@ fn an_overflowed_queue_still_converges() {
     // Then quiet: the rebuild of the watches after the overflow queued
     // no event per directory (more than the queue of 16 holds: an
     // overflow again, a full run again, without end).
-    let addr = w.line_with("status on http://");
-    let addr = addr
-        .split("http://")
-        .nth(1)
-        .and_then(|r| r.split('/').next());
+    let addr = w.status_addr();
     let runs = || {
-        let (st, text) = get(addr.expect("an address"), "/metrics", None);
+        let (st, text) = get(&addr, "/metrics", None);
         assert!(st.contains("200"), "{st}");
         parse_metrics(&text)["ferry_watch_runs_total"]
     };
@@ -1112,13 +1108,7 @@ fn status_page_and_metrics_show_what_was_moved() {
         &src,
         &dst,
     );
-    let line = w.line_with("status on http://");
-    let addr = line
-        .split("http://")
-        .nth(1)
-        .and_then(|r| r.split('/').next())
-        .expect("an address")
-        .to_string();
+    let addr = w.status_addr();
     converge(&src, &dst, &mut w);
     write(&src, "dir/fresh.txt", &gen_bytes(4096, 1));
     converge(&src, &dst, &mut w);

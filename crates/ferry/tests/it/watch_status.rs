@@ -23,17 +23,8 @@ fn start(args: &[&str], src: &Path, dst: &Path) -> (Watch, String) {
     let mut a = args.to_vec();
     a.extend(["--status", "127.0.0.1:0"]);
     let mut w = Watch::start(&a, src, dst);
-    let addr = addr_of(&mut w);
+    let addr = w.status_addr();
     (w, addr)
-}
-
-fn addr_of(w: &mut Watch) -> String {
-    let line = w.line_with("status on http://");
-    line.split("http://")
-        .nth(1)
-        .and_then(|r| r.split('/').next())
-        .expect("an address")
-        .to_string()
 }
 
 /// One raw request; the whole response.
@@ -312,7 +303,7 @@ fn the_token_may_come_from_the_environment() {
         .arg(&dst)
         .env("FERRY_STATUS_TOKEN", "fromenv");
     let mut w = Watch::spawn(cmd);
-    let addr = addr_of(&mut w);
+    let addr = w.status_addr();
     assert!(get(&addr, "/", "").0.contains("401"));
     assert!(get(&addr, "/?token=fromenv", "").0.contains("200"));
     w.stop_ok();

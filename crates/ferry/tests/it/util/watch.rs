@@ -125,6 +125,17 @@ impl Watch {
         self.nth_line_with(what, 1)
     }
 
+    /// The address (`host:port`) of the status page the watch says it serves
+    /// (`--status`; waits for the line).
+    pub fn status_addr(&mut self) -> String {
+        let line = self.line_with("status on http://");
+        line.split("http://")
+            .nth(1)
+            .and_then(|r| r.split('/').next())
+            .expect("an address")
+            .to_string()
+    }
+
     /// The `n`th stderr line containing `what` (from 1; waits for it).
     pub fn nth_line_with(&mut self, what: &str, n: usize) -> String {
         let end = Instant::now() + WAIT;
