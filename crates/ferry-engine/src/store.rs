@@ -246,7 +246,12 @@ impl Planned {
     /// time by the run's own acts (a rename over another name of a
     /// hard-linked file, an unlink, the hard link a keep makes before the
     /// file is replaced), and a file given another name keeps its bytes
-    /// under that name too.
+    /// under that name too. For the same reason a file that had several
+    /// names when listed and still has several (the same inode) holds
+    /// whatever its size and mtime: the name replaced or removed is not
+    /// its last, so no byte written to it is lost, and the run's own acts
+    /// on its other names (`-H` keeping it for one source file and setting
+    /// that file's mode and mtime) move its mtime too.
     pub fn holds(&self, now: Option<&Meta>) -> bool {
         let (Some(n), p) = (now, &self.meta) else {
             return false;
@@ -254,6 +259,7 @@ impl Planned {
         n.kind == p.kind
             && (n.ino == 0 || p.ino == 0 || n.ino == p.ino)
             && (n.kind == Kind::Dir
+                || (n.ino != 0 && p.nlink > 1 && n.nlink > 1)
                 || (n.size == p.size
                     && n.mtime_sec == p.mtime_sec
                     && cut_nsec(n.mtime_nsec, self.step) == cut_nsec(p.mtime_nsec, self.step)

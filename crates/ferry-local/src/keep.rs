@@ -49,9 +49,10 @@ pub(crate) fn keep(
     // An entry is kept only while it is what the run listed (one `statx`);
     // one replaced is checked again by the commit that replaces it (its
     // change time aside: the link made here moved it, see `Planned::holds`).
-    if let Some(p) = &to.planned {
-        crate::local::check_planned(dir, name, p)?;
-    }
+    let _one = match &to.planned {
+        Some(p) => crate::local::check_planned(dir, name, p)?,
+        None => None,
+    };
     let mut made_parents = false;
     loop {
         let res = if to.replacing {

@@ -541,7 +541,7 @@ impl Store for LocalStore {
     }
 
     fn remove_planned(&self, dir: &LocalDir, name: &CStr, at: &Planned) -> io::Result<u64> {
-        check_planned(dir.fd(), name, at)?;
+        let _one = check_planned(dir.fd(), name, at)?;
         rfs::unlinkat(&dir.fd, name, AtFlags::empty())?;
         Ok(1)
     }

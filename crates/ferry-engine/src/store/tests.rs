@@ -54,6 +54,31 @@ fn a_plan_holds_while_the_change_time_is_the_same_where_both_know_it() {
         nlink: 1,
         ..m
     })));
+    // Several names when listed and still several: not its last name, so
+    // its size and mtime are not compared (the run's own meta change on
+    // another name moves them); down to one name, they are.
+    assert!(h.holds(Some(&Meta {
+        mtime_sec: 11,
+        size: 4,
+        nlink: 3,
+        ..m
+    })));
+    assert!(!h.holds(Some(&Meta {
+        mtime_sec: 11,
+        nlink: 1,
+        ..m
+    })));
+    assert!(!p.holds(Some(&Meta {
+        mtime_sec: 11,
+        nlink: 2,
+        ..m
+    })));
+    // Another file at the name is never the one listed.
+    assert!(!h.holds(Some(&Meta {
+        ino: 8,
+        nlink: 2,
+        ..m
+    })));
     // A directory: its entries move it.
     let d = Meta {
         kind: Kind::Dir,

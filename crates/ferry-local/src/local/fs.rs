@@ -254,9 +254,22 @@ pub fn stat_path(path: &Path, follow: bool) -> io::Result<Meta> {
     Ok(meta_from_stat(&st))
 }
 
+/// The checks of files listed with several names, and the acts that follow
+/// them, one at a time in this process: [`Planned::holds`] takes such a file
+/// as it is while it still has another name, so two of its names replaced or
+/// removed at once must not both be checked before either is gone (the last
+/// name is checked in full: size and mtime).
+static SEVERAL: parking_lot::Mutex<()> = parking_lot::const_mutex(());
+
+/// Held from a check of a file listed with several names until the act on
+/// it is done ([`SEVERAL`]).
+pub(crate) type Checked = Option<parking_lot::MutexGuard<'static, ()>>;
+
 /// Fail with `changed` unless `name` of `dir` still is the entry planned
-/// (one `statx`).
-pub(crate) fn check_planned(dir: BorrowedFd<'_>, name: &CStr, at: &Planned) -> io::Result<()> {
+/// (one `statx`). The caller holds what it returns until its rename, unlink
+/// or link is done.
+pub(crate) fn check_planned(dir: BorrowedFd<'_>, name: &CStr, at: &Planned) -> io::Result<Checked> {
+    let one = (at.meta.nlink > 1).then(|| SEVERAL.lock());
     let mut m = EMPTY_META;
     let now = match LocalStore::stat_into(dir, name, &mut m) {
         Ok(()) => Some(m),
@@ -264,7 +277,7 @@ pub(crate) fn check_planned(dir: BorrowedFd<'_>, name: &CStr, at: &Planned) -> i
         Err(e) => return Err(e),
     };
     if at.holds(now.as_ref()) {
-        Ok(())
+        Ok(one)
     } else {
         Err(ferry_engine::store::changed())
     }
@@ -283,7 +296,7 @@ pub(super) fn place(
     match expect {
         None => Ok(rfs::renameat(dir, from, dir, name)?),
         Some(Some(p)) => {
-            check_planned(dir, name, &p)?;
+            let _one = check_planned(dir, name, &p)?;
             Ok(rfs::renameat(dir, from, dir, name)?)
         }
         Some(None) => match rename_noreplace(dir, from, dir, name) {

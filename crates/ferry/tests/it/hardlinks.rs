@@ -14,7 +14,25 @@ use crate::util::s3::*;
 use crate::util::ssh::*;
 use crate::util::*;
 use proptest::prelude::*;
-use proptest::sample::Index;
+
+/// An index into a list whose length is known only later, as proptest's `sample::Index`
+/// (the same mapping), but one a regression case can write down.
+#[derive(Clone, Copy, Debug)]
+struct Index(u64);
+
+impl Index {
+    fn index(&self, len: usize) -> usize {
+        ((len as u128 * self.0 as u128) >> 64) as usize
+    }
+}
+
+impl Arbitrary for Index {
+    type Parameters = ();
+    type Strategy = prop::strategy::Map<prop::num::u64::Any, fn(u64) -> Index>;
+    fn arbitrary_with(_: ()) -> Self::Strategy {
+        any::<u64>().prop_map(Index as fn(u64) -> Index)
+    }
+}
 
 /// Directories of the generated trees (the root first).
 const DIRS: &[&str] = &["", "a", "b", "a/c"];
@@ -237,43 +255,110 @@ proptest! {
         j in prop::sample::select(&["1", "2", "8"][..]),
         checksum in any::<bool>(),
     ) {
-        let t = tmpdir();
-        let (src, dst, copy) = (t.path().join("src"), t.path().join("dst"), t.path().join("copy"));
-        materialize_tree(&src, &spec);
-        let flags = ["-j", j];
-
-        let r = run_on("copy", &src, &copy, &["-H", "-j", j]);
-        r.ok();
-        assert_trees_equal(&src, &copy);
-        assert_same_links(&src, &copy, &r);
-
-        // Without -H: every name a file of its own.
-        let r = run_on("sync", &src, &dst, &flags);
-        r.ok();
-        assert_trees_equal(&src, &dst);
-        prop_assert!(link_groups(&dst).iter().all(|g| g.len() == 1), "linked without -H\n{}", r);
-
-        let r = run_on("sync", &src, &dst, &["-H", "--json", "-j", j]);
-        r.ok();
-        assert_trees_equal(&src, &dst);
-        assert_same_links(&src, &dst, &r);
-        let linked: usize = link_groups(&src).iter().map(|g| g.len() - 1).sum();
-        prop_assert_eq!(summary(&r).hard_links as usize, linked, "{}", r);
-        prop_assert_eq!(summary(&r).files_copied, 0, "{}", r);
-        assert_rerun_does_nothing(&src, &dst, &flags);
-
-        apply_edits(&src, &edits);
-        let mut f = vec!["-H", "--json", "-j", j];
-        if checksum {
-            f.push("-c");
-        }
-        let r = run_on("sync", &src, &dst, &f);
-        r.ok();
-        prop_assert_eq!(summary(&r).errors, 0);
-        assert_trees_equal(&src, &dst);
-        assert_same_links(&src, &dst, &r);
-        assert_rerun_does_nothing(&src, &dst, &flags);
+        sync_h_keeps_groups(&spec, &edits, j, checksum)?;
     }
+}
+
+/// The body of `sync_h_keeps_inode_groups_across_runs`, for its regression cases too.
+fn sync_h_keeps_groups(
+    spec: &Tree,
+    edits: &[Edit],
+    j: &str,
+    checksum: bool,
+) -> Result<(), TestCaseError> {
+    let t = tmpdir();
+    let (src, dst, copy) = (
+        t.path().join("src"),
+        t.path().join("dst"),
+        t.path().join("copy"),
+    );
+    materialize_tree(&src, spec);
+    let flags = ["-j", j];
+
+    let r = run_on("copy", &src, &copy, &["-H", "-j", j]);
+    r.ok();
+    assert_trees_equal(&src, &copy);
+    assert_same_links(&src, &copy, &r);
+
+    // Without -H: every name a file of its own.
+    let r = run_on("sync", &src, &dst, &flags);
+    r.ok();
+    assert_trees_equal(&src, &dst);
+    prop_assert!(
+        link_groups(&dst).iter().all(|g| g.len() == 1),
+        "linked without -H\n{}",
+        r
+    );
+
+    let r = run_on("sync", &src, &dst, &["-H", "--json", "-j", j]);
+    r.ok();
+    assert_trees_equal(&src, &dst);
+    assert_same_links(&src, &dst, &r);
+    let linked: usize = link_groups(&src).iter().map(|g| g.len() - 1).sum();
+    prop_assert_eq!(summary(&r).hard_links as usize, linked, "{}", r);
+    prop_assert_eq!(summary(&r).files_copied, 0, "{}", r);
+    assert_rerun_does_nothing(&src, &dst, &flags);
+
+    apply_edits(&src, edits);
+    let mut f = vec!["-H", "--json", "-j", j];
+    if checksum {
+        f.push("-c");
+    }
+    let r = run_on("sync", &src, &dst, &f);
+    r.ok();
+    prop_assert_eq!(summary(&r).errors, 0);
+    assert_trees_equal(&src, &dst);
+    assert_same_links(&src, &dst, &r);
+    assert_rerun_does_nothing(&src, &dst, &flags);
+    Ok(())
+}
+
+/// A case `sync_h_keeps_inode_groups_across_runs` found (its minimal input, kept as it
+/// was generated): two empty files, thirteen names, links added and broken, first names
+/// deleted, then `sync -H -c -j 1`.
+#[test]
+fn sync_h_regression_empty_files_regrouped_with_checksum() {
+    let spec = Tree {
+        files: vec![
+            File {
+                size: 0,
+                seed: 0,
+                mtime: (1_000_000_000, 0),
+                mode: 0o644,
+            },
+            File {
+                size: 0,
+                seed: 0,
+                mtime: (1_012_531_437, 203_938_551),
+                mode: 0o755,
+            },
+        ],
+        names: vec![
+            (Index(14492012466156858500), Index(6769965676114069546)),
+            (Index(3081183517878091170), Index(12681584174171890184)),
+            (Index(14894065574077684211), Index(14962740487877992945)),
+            (Index(9323639331983581069), Index(13789052736257659469)),
+            (Index(2560988818318684360), Index(12760567335662180983)),
+            (Index(2205978850640284859), Index(4348411263061463548)),
+            (Index(674272094101009212), Index(8414825374358831560)),
+            (Index(14110056911817526212), Index(13014834073531099755)),
+            (Index(2704614099975130124), Index(15626595178310780599)),
+            (Index(11723738781570934812), Index(6064561946240544308)),
+            (Index(14098531128138421290), Index(13413951766452616586)),
+            (Index(17490245620629927924), Index(6320623425642781127)),
+            (Index(747409828190698618), Index(14192277294454074903)),
+        ],
+    };
+    let edits = [
+        Edit::LinkAdd(Index(1942246156142346154), Index(12858318758684631500)),
+        Edit::DeleteFirst(Index(7552422823196017539)),
+        Edit::LinkAdd(Index(3170624608028257953), Index(15690528563298343456)),
+        Edit::LinkAdd(Index(2036740345105793115), Index(4999037238207350614)),
+        Edit::DeleteFirst(Index(11859317405596437379)),
+        Edit::LinkAdd(Index(13999288863214037398), Index(9963799789533482130)),
+        Edit::LinkBreak(Index(1432441752190100612)),
+    ];
+    sync_h_keeps_groups(&spec, &edits, "1", true).unwrap();
 }
 
 fn ssh_config() -> ProptestConfig {
