@@ -46,6 +46,65 @@ const SUM: &str = "{ sha256sum \"$1\" || shasum -a 256 \"$1\"; } 2>/dev/null | c
 /// The first line of what the start command prints when it runs no ferry.
 pub const PROBE: &str = "#ferry-probe";
 
+/// What every command ferry runs through the remote shell prints first (a
+/// newline, so that output not ending in one is cut off from it): what
+/// comes before it is the shell's own, a start-up file that prints
+/// (`~/.bashrc`'s `echo`, a banner), which ferry skips ([`skip_to_start`])
+/// where rsync's protocol fails ("is your shell clean?").
+pub const START: &[u8] = b"\n#ferry-start\n";
+
+/// The shell's part of [`START`].
+const START_SH: &str = "printf '\\n#ferry-start\\n'";
+
+/// At most this much of what the remote shell prints before [`START`] is
+/// skipped.
+const NOISE_MAX: usize = 64 << 10;
+
+/// Read `r` up to and including [`START`], never past it: what came before
+/// (the remote shell's own output). `UnexpectedEof` when the stream ends
+/// first; `InvalidData` past [`NOISE_MAX`].
+pub fn skip_to_start(r: &mut impl std::io::Read) -> std::io::Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    loop {
+        if buf.ends_with(START) {
+            buf.truncate(buf.len() - START.len());
+            return Ok(buf);
+        }
+        if buf.len() > NOISE_MAX {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!(
+                    "the remote shell wrote more than {} KiB before ferry's command ran (starting {:?})",
+                    NOISE_MAX >> 10,
+                    String::from_utf8_lossy(&buf[..buf.len().min(40)])
+                ),
+            ));
+        }
+        // The longest end of `buf` that begins START: read only the rest
+        // of START, so nothing after it is taken from the stream.
+        let k = (1..START.len())
+            .rev()
+            .find(|&k| buf.ends_with(&START[..k]))
+            .unwrap_or(0);
+        let mut chunk = [0u8; 16];
+        let want = START.len() - k;
+        match r.read(&mut chunk[..want])? {
+            0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            n => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+/// The note for what the remote shell printed before ferry's command.
+pub fn noise_note(host: &str, noise: &[u8]) -> String {
+    let text = String::from_utf8_lossy(noise);
+    let first: String = text.trim().chars().take(60).collect();
+    format!(
+        "ferry: note: {host}: the remote shell printed {} bytes before ferry's command ran ({first:?}): skipped; a start-up file there writes to stdout (rsync and scp fail on such a host)",
+        noise.len()
+    )
+}
+
 /// What the start command may run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Look {
@@ -99,7 +158,7 @@ const GUARD: &str = "p=; { read -r x < /proc/$$/stat && set -- $x && [ \"$5\" = 
 /// the session has started.
 pub fn start_script(look: Look, sum: &str) -> String {
     let run = "exec \"$f\" serve ${g:+--start-guard \"$g\"}";
-    let mut s = format!("{PRELUDE}; {GUARD}; if {MARKED}; then {run}; fi; o=");
+    let mut s = format!("{START_SH}; {PRELUDE}; {GUARD}; if {MARKED}; then {run}; fi; o=");
     match look {
         Look::Fast => {
             s.push_str("; command -v ferry >/dev/null 2>&1 && { unguard; exec ferry serve; }")
@@ -469,7 +528,10 @@ fn local_uname() -> std::io::Result<String> {
 /// failed. Given up (ssh killed) when nothing moves either way for
 /// `--timeout`.
 fn run(t: &Target, cmd: &str, input: Option<(&[u8], bool)>) -> Result<String, SessionError> {
-    let argv = t.command(&format!("sh -c {} sh", quote(cmd)));
+    let argv = t.command(&format!(
+        "sh -c {} sh",
+        quote(&format!("{START_SH}; {cmd}"))
+    ));
     let mut c = Command::new(&argv[0]);
     c.args(&argv[1..])
         .stdin(if input.is_some() {
@@ -508,12 +570,17 @@ fn run(t: &Target, cmd: &str, input: Option<(&[u8], bool)>) -> Result<String, Se
         let _ = errp.read_to_string(&mut err);
         err
     });
-    let mut out = String::new();
+    let mut out = Vec::new();
     let _ = crate::quiet::Reading {
         inner: child.stdout.take().expect("piped"),
         quiet: quiet.clone(),
     }
-    .read_to_string(&mut out);
+    .read_to_end(&mut out);
+    // What the remote shell printed before the command's START is its own.
+    let out = match out.windows(START.len()).position(|w| w == START) {
+        Some(i) => String::from_utf8_lossy(&out[i + START.len()..]).into_owned(),
+        None => String::from_utf8_lossy(&out).into_owned(),
+    };
     quiet.reaped();
     quiet.stop();
     let status = child.wait().map_err(|e| SessionError(e.to_string()))?;
@@ -599,6 +666,39 @@ mod tests {
         String::from_utf8_lossy(&o.stdout).into_owned()
     }
 
+    /// What comes before START is skipped, glued to it or not, and nothing
+    /// after it is read; a stream that ends first, or a flood, is an error.
+    #[test]
+    fn the_remote_shells_own_output_is_skipped_up_to_start() {
+        let after = b"FERRY-SERVE\nrest";
+        for noise in [
+            &b""[..],
+            b"Welcome!\n",
+            b"no newline",
+            b"\n#ferry-sta",
+            b"#ferry-start",
+        ] {
+            let mut s = noise.to_vec();
+            s.extend_from_slice(START);
+            s.extend_from_slice(after);
+            let mut r = &s[..];
+            assert_eq!(skip_to_start(&mut r).unwrap(), noise, "{noise:?}");
+            assert_eq!(r, after, "{noise:?}");
+        }
+        let mut r = &b"Welcome!\n"[..];
+        assert_eq!(
+            skip_to_start(&mut r).unwrap_err().kind(),
+            std::io::ErrorKind::UnexpectedEof
+        );
+        let flood = vec![b'x'; NOISE_MAX + 100];
+        let mut r = &flood[..];
+        assert_eq!(
+            skip_to_start(&mut r).unwrap_err().kind(),
+            std::io::ErrorKind::InvalidData
+        );
+        assert!(noise_note("h", b"Welcome!\n").contains("\"Welcome!\""));
+    }
+
     /// The install step, run here by `sh`: the first install links the
     /// file and writes its marker; one that finds the name taken (a run
     /// that installed at the same time, or a planted file) answers with
@@ -665,7 +765,15 @@ mod tests {
         // --start-guard` does, and says it ran.
         let fake = b"#!/bin/sh\n[ \"$2\" = --start-guard ] && kill -9 \"$3\"\necho ran \"$1\"\n";
         let sum = hex(&Sha256::digest(fake));
-        let start = |look| sh(&start_script(look, &sum), &["ferry-x"], &cache, b"");
+        // What the start command prints begins with START.
+        let start = |look| {
+            let o = sh(&start_script(look, &sum), &["ferry-x"], &cache, b"");
+            let o = o
+                .as_bytes()
+                .strip_prefix(START)
+                .unwrap_or_else(|| panic!("{o:?}"));
+            String::from_utf8_lossy(o).into_owned()
+        };
         let report = |out: &str| {
             let rest = out.strip_prefix(PROBE).unwrap_or_else(|| panic!("{out}"));
             Report::parse(rest)

@@ -203,6 +203,18 @@ impl Starting<'_> {
     /// not (the start command's report, another ferry, another program).
     fn hello(&mut self, stdout: &mut impl Read) -> Result<(), NoHello> {
         let t = self.t;
+        // The start command (self-install) prints START first: what the
+        // remote shell printed before it is skipped, and said once.
+        if t.install {
+            match crate::install::skip_to_start(stdout) {
+                Ok(noise) if noise.is_empty() => {}
+                Ok(noise) => eprintln!("{}", crate::install::noise_note(&t.host, &noise)),
+                Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+                    return Err(NoHello::Kill(Failed::Other(format!("{}: {e}", t.host))))
+                }
+                Err(_) => return Err(NoHello::Ended),
+            }
+        }
         match proto::read_hello(stdout) {
             Ok(Hello::Ferry { protocol, .. }) if protocol == proto::PROTOCOL => Ok(()),
             Ok(Hello::Ferry { protocol, version }) => Err(NoHello::Kill(Failed::NoFerry(format!(

@@ -586,6 +586,62 @@ fn connections(dir: &Path) -> usize {
     n
 }
 
+/// A host whose shell prints on start (a `~/.bashrc` that echoes, with and without a
+/// final newline: rsync's "protocol version mismatch -- is your shell clean?"): by
+/// default ferry installs itself, copies and syncs there, skipping what the shell
+/// printed before its command, and says so in one note line per connection; nothing
+/// else fails.
+#[test]
+fn a_shell_that_prints_on_start_is_skipped_with_a_note() {
+    let (rsh, host) = need_server!();
+    let d = tmpdir();
+    let home = d.path().join("home");
+    std::fs::create_dir(&home).unwrap();
+    let rsh = rsh_counted(
+        &rsh,
+        d.path(),
+        &format!(
+            "HOME='{}' PATH=/usr/bin:/bin; echo 'Welcome to the host!'; printf 'Last login: never'",
+            home.display()
+        ),
+    );
+    let src = d.path().join("src");
+    let dst = d.path().join("dst");
+    let sync = || {
+        ferry([
+            "sync".as_ref(),
+            "-e".as_ref(),
+            rsh.as_ref() as &std::ffi::OsStr,
+            src.as_os_str(),
+            &at(&host, &dst),
+        ])
+    };
+    write(&src, "a", b"one");
+    write(&src, "d/b", b"two");
+    // The first run installs (its commands' output read past the shell's).
+    let r = sync();
+    r.ok();
+    assert!(r.err().contains("installed this ferry"), "{r}");
+    assert!(r.err().contains("the remote shell printed"), "{r}");
+    assert!(r.err().contains("Welcome to the host!"), "{r}");
+    assert_trees_equal(&src, &dst);
+    // Then the cached ferry: one connection, one note.
+    connections(d.path());
+    write(&src, "c", b"three");
+    std::fs::remove_file(src.join("a")).unwrap();
+    let r = sync();
+    r.ok();
+    assert_eq!(connections(d.path()), 1, "{r}");
+    let notes = r
+        .err()
+        .lines()
+        .filter(|l| l.contains("the remote shell printed"))
+        .count();
+    assert_eq!(notes, 1, "{r}");
+    assert_eq!(r.error_lines().len(), notes, "{r}");
+    assert_trees_equal(&src, &dst);
+}
+
 /// By default (no flags), a host with ferry costs one ssh connection, as rsync's does:
 /// ferry cached there by an earlier run is run by the start command without hashing it
 /// (its marker matches), and so is ferry on the remote PATH. A cached ferry whose marker
