@@ -62,7 +62,7 @@ const NOISE_MAX: usize = 64 << 10;
 
 /// Read `r` up to and including [`START`], never past it: what came before
 /// (the remote shell's own output). `UnexpectedEof` when the stream ends
-/// first; `InvalidData` past [`NOISE_MAX`].
+/// first; `InvalidData` past 64 KiB.
 pub fn skip_to_start(r: &mut impl std::io::Read) -> std::io::Result<Vec<u8>> {
     let mut buf = Vec::new();
     loop {
