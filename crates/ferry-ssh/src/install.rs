@@ -53,8 +53,9 @@ pub const PROBE: &str = "#ferry-probe";
 /// where rsync's protocol fails ("is your shell clean?").
 pub const START: &[u8] = b"\n#ferry-start\n";
 
-/// The shell's part of [`START`].
-const START_SH: &str = "printf '\\n#ferry-start\\n'";
+/// The shell's part of [`START`] (no backslash: a wrapper that logs its command line
+/// with `echo` would expand one).
+const START_SH: &str = "echo; echo '#ferry-start'";
 
 /// At most this much of what the remote shell prints before [`START`] is
 /// skipped.
