@@ -259,7 +259,7 @@ impl Planned {
         n.kind == p.kind
             && (n.ino == 0 || p.ino == 0 || n.ino == p.ino)
             && (n.kind == Kind::Dir
-                || (n.ino != 0 && p.nlink > 1 && n.nlink > 1)
+                || (n.ino != 0 && n.ino == p.ino && p.nlink > 1 && n.nlink > 1)
                 || (n.size == p.size
                     && n.mtime_sec == p.mtime_sec
                     && cut_nsec(n.mtime_nsec, self.step) == cut_nsec(p.mtime_nsec, self.step)

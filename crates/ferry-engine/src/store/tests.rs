@@ -73,6 +73,20 @@ fn a_plan_holds_while_the_change_time_is_the_same_where_both_know_it() {
         nlink: 2,
         ..m
     })));
+    // Listed without an inode (a store that has none): compared in full.
+    assert!(!Planned::new(
+        &Meta {
+            nlink: 2,
+            ino: 0,
+            ..m
+        },
+        1
+    )
+    .holds(Some(&Meta {
+        mtime_sec: 11,
+        nlink: 2,
+        ..m
+    })));
     // Another file at the name is never the one listed.
     assert!(!h.holds(Some(&Meta {
         ino: 8,
