@@ -204,11 +204,19 @@ impl Starting<'_> {
     fn hello(&mut self, stdout: &mut impl Read) -> Result<(), NoHello> {
         let t = self.t;
         // The start command (self-install) prints START first: what the
-        // remote shell printed before it is skipped, and said once.
+        // remote shell printed before it is skipped, and said once a host.
         if t.install {
             match crate::install::skip_to_start(stdout) {
                 Ok(noise) if noise.is_empty() => {}
-                Ok(noise) => eprintln!("{}", crate::install::noise_note(&t.host, &noise)),
+                Ok(noise) => {
+                    // Once per host and run, however many connections.
+                    static NOTED: Mutex<Vec<String>> = Mutex::new(Vec::new());
+                    let mut noted = NOTED.lock();
+                    if !noted.contains(&t.host) {
+                        noted.push(t.host.clone());
+                        eprintln!("{}", crate::install::noise_note(&t.host, &noise));
+                    }
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
                     return Err(NoHello::Kill(Failed::Other(format!("{}: {e}", t.host))))
                 }
