@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::util::ssh::{gen_tree, node, ssh_at as at, ssh_server as server};
@@ -578,6 +578,16 @@ fn rsh_counted(rsh: &str, dir: &Path, env: &str) -> String {
     script.to_string_lossy().into_owned()
 }
 
+/// A remote home of its own under `dir` (nothing cached there yet) and the counting `-e`
+/// command ([`rsh_counted`]) that gives every session that home and a plain PATH, then
+/// runs `more` (shell commands, or nothing) before the command.
+fn rsh_fresh_home(rsh: &str, dir: &Path, more: &str) -> (PathBuf, String) {
+    let home = dir.join("home");
+    std::fs::create_dir(&home).unwrap();
+    let env = format!("HOME='{}' PATH=/usr/bin:/bin{more}", home.display());
+    (home, rsh_counted(rsh, dir, &env))
+}
+
 /// The ssh connections started since the last call (the log of [`rsh_counted`] emptied).
 fn connections(dir: &Path) -> usize {
     let log = dir.join("connections");
@@ -595,15 +605,10 @@ fn connections(dir: &Path) -> usize {
 fn a_shell_that_prints_on_start_is_skipped_with_a_note() {
     let (rsh, host) = need_server!();
     let d = tmpdir();
-    let home = d.path().join("home");
-    std::fs::create_dir(&home).unwrap();
-    let rsh = rsh_counted(
+    let (_, rsh) = rsh_fresh_home(
         &rsh,
         d.path(),
-        &format!(
-            "HOME='{}' PATH=/usr/bin:/bin; echo 'Welcome to the host!'; printf 'Last login: never'",
-            home.display()
-        ),
+        "; echo 'Welcome to the host!'; printf 'Last login: never'",
     );
     let src = d.path().join("src");
     let dst = d.path().join("dst");
@@ -657,13 +662,7 @@ fn a_shell_that_prints_on_start_is_skipped_with_a_note() {
 fn a_host_with_ferry_costs_one_connection() {
     let (rsh, host) = need_server!();
     let d = tmpdir();
-    let home = d.path().join("home");
-    std::fs::create_dir(&home).unwrap();
-    let rsh = rsh_counted(
-        &rsh,
-        d.path(),
-        &format!("HOME='{}' PATH=/usr/bin:/bin", home.display()),
-    );
+    let (home, rsh) = rsh_fresh_home(&rsh, d.path(), "");
     let src = d.path().join("src");
     let dst = d.path().join("dst");
     let copy = || {
@@ -811,13 +810,7 @@ fn a_host_with_an_older_glibc_or_musl_is_told_in_one_line() {
 fn a_start_given_up_by_the_timeout_leaves_nothing_running_there() {
     let (rsh, host) = need_server!();
     let d = tmpdir();
-    let home = d.path().join("home");
-    std::fs::create_dir(&home).unwrap();
-    let rsh = rsh_counted(
-        &rsh,
-        d.path(),
-        &format!("HOME='{}' PATH=/usr/bin:/bin", home.display()),
-    );
+    let (home, rsh) = rsh_fresh_home(&rsh, d.path(), "");
     let src = d.path().join("src");
     write(&src, "a", b"a");
     let dst = d.path().join("dst");
