@@ -133,10 +133,13 @@ macro_rules! marker_stat {
 
 /// The `stat -c` format a marker is made of (the file's size, mtime,
 /// ctime, inode, owner, mode; of the directory the last three): tests
-/// that make a marker use it.
+/// that make a marker use it. Run in the C locale: GNU stat writes `%.9Y`
+/// with the locale's decimal separator (`1795851273,388403511` under
+/// de_DE.UTF-8, which ssh's `SendEnv LANG LC_*` brings to the session),
+/// and a marker written in one locale must match in every other.
 pub const MARKER_STAT: &str = marker_stat!();
 
-const PRELUDE: &str = concat!("d=\"${XDG_CACHE_HOME:-$HOME/.cache}/ferry\"; f=\"$d/$1\"; k() { set -- $(stat -c '", marker_stat!(), "' \"$f\" \"$d\" 2>/dev/null); [ $# = 12 ] || set -- $(stat -f '%z %m %c %i %u %Lp' \"$f\" \"$d\" 2>/dev/null); [ $# = 12 ] && K=\"$1 $2 $3 $4 $5 ${10} ${11} ${12}\"; }; mark() { [ -O \"$d\" ] && chmod go-w \"$d\" && k && echo \"$K\" > \"$f.ok.$$\" && mv -f \"$f.ok.$$\" \"$f.ok\" || rm -f \"$f.ok.$$\"; } 2>/dev/null");
+const PRELUDE: &str = concat!("d=\"${XDG_CACHE_HOME:-$HOME/.cache}/ferry\"; f=\"$d/$1\"; k() { set -- $(LC_ALL=C stat -c '", marker_stat!(), "' \"$f\" \"$d\" 2>/dev/null); [ $# = 12 ] || set -- $(stat -f '%z %m %c %i %u %Lp' \"$f\" \"$d\" 2>/dev/null); [ $# = 12 ] && K=\"$1 $2 $3 $4 $5 ${10} ${11} ${12}\"; }; mark() { [ -O \"$d\" ] && chmod go-w \"$d\" && k && echo \"$K\" > \"$f.ok.$$\" && mv -f \"$f.ok.$$\" \"$f.ok\" || rm -f \"$f.ok.$$\"; } 2>/dev/null");
 
 /// The marker matches the cached file: it runs.
 const MARKED: &str = "[ -f \"$f\" ] && [ ! -h \"$f\" ] && read -r m 2>/dev/null < \"$f.ok\" && k && [ \"$K\" = \"$m\" ]";

@@ -733,6 +733,86 @@ fn a_host_with_ferry_costs_one_connection() {
     assert_trees_equal(&src, &dst);
 }
 
+/// A locale whose decimal separator is a comma, when this machine has one (scripts/test
+/// makes de_DE.UTF-8 when it can): GNU stat writes `%.9Y` with it.
+fn comma_locale() -> Option<&'static str> {
+    let l = "de_DE.UTF-8";
+    let out = std::process::Command::new("stat")
+        .args(["-c", "%.9Y", "/"])
+        .env("LC_ALL", l)
+        .output()
+        .ok()?;
+    String::from_utf8_lossy(&out.stdout)
+        .contains(',')
+        .then_some(l)
+}
+
+/// The cached ferry's marker means the same in every locale: sessions of one host that
+/// come with different locales (ssh's `SendEnv LANG LC_*`, on by default on Debian and
+/// Ubuntu at both ends: a user's de_DE.UTF-8, a cron job's C) each cost one connection,
+/// with no second one to hash the binary again. (Before: GNU stat wrote the marker's
+/// times with the session's decimal separator, so each change of locale found the
+/// marker wrong: two connections and a SHA-256 of the binary, then a marker only that
+/// locale matched.)
+#[test]
+fn a_cached_ferry_is_trusted_whatever_the_sessions_locale() {
+    let (rsh, host) = need_server!();
+    let Some(comma) = comma_locale() else {
+        crate::util::skip(
+            &"no locale with a decimal comma here (localedef -i de_DE -f UTF-8 de_DE.UTF-8)",
+        );
+        return;
+    };
+    let d = tmpdir();
+    let (home, rsh_comma) = rsh_fresh_home(&rsh, d.path(), &format!(" LC_ALL={comma}"));
+    let c = d.path().join("c");
+    std::fs::create_dir(&c).unwrap();
+    let rsh_c = rsh_counted(
+        &rsh,
+        &c,
+        &format!("HOME='{}' PATH=/usr/bin:/bin LC_ALL=C", home.display()),
+    );
+    let src = d.path().join("src");
+    let dst = d.path().join("dst");
+    let copy = |rsh: &str| {
+        ferry([
+            "copy".as_ref(),
+            "-e".as_ref(),
+            rsh.as_ref() as &std::ffi::OsStr,
+            src.as_os_str(),
+            &at(&host, &dst),
+        ])
+    };
+    write(&src, "a", b"one");
+    let r = copy(&rsh_comma);
+    r.ok();
+    assert!(r.err().contains("installed this ferry"), "{r}");
+    connections(d.path());
+    let marker = std::fs::read_dir(home.join(".cache/ferry"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.to_string_lossy().ends_with(".ok"))
+        .unwrap();
+    let m = std::fs::read_to_string(&marker).unwrap();
+    assert!(!m.contains(','), "{m}");
+    for (i, (rsh, dir)) in [
+        (&rsh_c, &c),
+        (&rsh_comma, &d.path().to_path_buf()),
+        (&rsh_c, &c),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        write(&src, format!("b{i}"), b"more");
+        let r = copy(rsh);
+        r.ok();
+        assert!(!r.err().contains("installed"), "run {i}: {r}");
+        assert_eq!(connections(dir), 1, "run {i}: {r}");
+        assert_eq!(std::fs::read_to_string(&marker).unwrap(), m, "run {i}");
+    }
+    assert_trees_equal(&src, &dst);
+}
+
 /// A host whose C library this ferry cannot run on (a glibc older than the one it is
 /// built for, or musl: what `getconf GNU_LIBC_VERSION` or `ldd --version` say there,
 /// asked in the start command's round trip) gets nothing installed. With what SFTP
@@ -847,6 +927,7 @@ fn a_start_given_up_by_the_timeout_leaves_nothing_running_there() {
     .unwrap();
     chmod(&cached, 0o755);
     let key = std::process::Command::new("stat")
+        .env("LC_ALL", "C")
         .args(["-c", ferry_ssh::install::MARKER_STAT])
         .arg(&cached)
         .arg(&cache)
