@@ -579,6 +579,12 @@ macro_rules! backends {
                     _ => mismatch(),
                 }
             }
+            fn expect_dirs(&self, root: &AnyDir, dirs: &[Vec<u8>]) {
+                match (self, root) {
+                    $((AnyStore::$v(s), AnyDir::$v(d)) => PipelineStore::<$s>::expect_dirs(ext(s.pipeline()), d, dirs),)+
+                    _ => mismatch(),
+                }
+            }
         }
     };
 }

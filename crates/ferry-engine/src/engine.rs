@@ -582,10 +582,27 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             parent: None,
             lanes: Mutex::new((0, VecDeque::new())),
         });
+        self.expect_dirs(&root);
         walk::walk(&Walker(self), self.opts.jobs, vec![DirTask::Scan(root)]);
         match self.refusal.lock().take() {
             Some(msg) => Err(refused(msg)),
             None => Ok(()),
+        }
+    }
+
+    /// Before the walk: the tree listed ahead on one side tells the other
+    /// side's store which directories it likely has
+    /// ([`PipelineStore::expect_dirs`](crate::store::PipelineStore::expect_dirs)): a store
+    /// over a network opens and lists them now, all levels in one round
+    /// trip, instead of one round trip per level as the walk reaches them.
+    fn expect_dirs(&self, root: &Node<S, D>) {
+        const DIRS: usize = 1024;
+        const ENTRIES: usize = 100_000;
+        if let (Some(p), Some(d), Some(_)) = (self.prefetch[0], &root.dst, &root.dst_meta) {
+            self.dst.expect_dirs(d, &p.dirs(DIRS, ENTRIES));
+        }
+        if let Some(p) = self.prefetch[1] {
+            self.src.expect_dirs(&root.src, &p.dirs(DIRS, ENTRIES));
         }
     }
 

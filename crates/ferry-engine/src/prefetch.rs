@@ -47,6 +47,9 @@ struct Listed {
 
 struct Inner {
     lists: Mutex<HashMap<Vec<u8>, Listed>>,
+    /// Every directory listed (its listing kept or not: one modified
+    /// too recently is left to the walk) and its number of entries.
+    seen: Mutex<Vec<(Vec<u8>, usize)>>,
     /// The walk began, or the prefetch was dropped: no directory more.
     stop: AtomicBool,
     entries: AtomicUsize,
@@ -78,6 +81,7 @@ impl Prefetch {
     {
         let inner = Arc::new(Inner {
             lists: Mutex::new(HashMap::new()),
+            seen: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
             entries: AtomicUsize::new(0),
             listed: AtomicUsize::new(0),
@@ -129,6 +133,39 @@ impl Prefetch {
     /// How many directories were listed ahead so far (taken or not).
     pub fn listed(&self) -> usize {
         self.inner.listed.load(Ordering::Relaxed)
+    }
+
+    /// The tree's directories listed so far (paths relative to its root,
+    /// the root left out), level by level, each after its parent, as many
+    /// as `max_dirs` and, counting the entries of each, `max_entries`
+    /// allow: those the other side of a run likely has too, for it to open
+    /// and list ahead of the walk
+    /// ([`PipelineStore::expect_dirs`](crate::store::PipelineStore::expect_dirs)).
+    pub fn dirs(&self, max_dirs: usize, max_entries: usize) -> Vec<Vec<u8>> {
+        let seen = self.inner.seen.lock();
+        let depth = |p: &[u8]| p.iter().filter(|&&b| b == b'/').count();
+        let mut all: Vec<(usize, &[u8], usize)> = seen
+            .iter()
+            .filter(|(rel, _)| !rel.is_empty())
+            .map(|(rel, n)| (depth(rel), rel.as_slice(), *n))
+            .collect();
+        all.sort_unstable();
+        let mut out: Vec<Vec<u8>> = Vec::new();
+        let mut taken = std::collections::HashSet::new();
+        let mut entries = 0;
+        for (_, rel, n) in all {
+            if out.len() >= max_dirs || entries + n > max_entries {
+                break;
+            }
+            let parent = rel.iter().rposition(|&b| b == b'/').map(|i| &rel[..i]);
+            if parent.is_some_and(|p| !taken.contains(p)) {
+                continue;
+            }
+            taken.insert(rel);
+            entries += n;
+            out.push(rel.to_vec());
+        }
+        out
     }
 }
 
@@ -188,6 +225,7 @@ fn lister<S: Store>(store: &S, i: &Inner, q: &Queue<S::Dir>) {
                     subdirs.push((join(&rel, name), d, e.meta));
                 }
             }
+            i.seen.lock().push((rel.clone(), list.len()));
             if !racy {
                 let l = Listed {
                     id: id(&meta),

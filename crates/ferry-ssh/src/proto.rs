@@ -28,7 +28,7 @@ mod frame;
 pub use frame::*;
 
 /// The protocol version both ends must speak.
-pub const PROTOCOL: u32 = 15;
+pub const PROTOCOL: u32 = 16;
 /// The hello's first bytes.
 const MAGIC: &[u8; 12] = b"FERRY-SERVE\n";
 /// Largest frame accepted (a whole small file, a big directory's listing).
@@ -553,6 +553,19 @@ pub enum Req<'a> {
     /// `List`s this run will send (protocol 15; no reply): sent with the
     /// hello when the run walks that tree.
     ListAhead { path: &'a [u8] },
+    /// [`Req::OpenDir`], sent ahead of the walk for a directory it will
+    /// likely open (protocol 16): opened in the order the requests come,
+    /// so that the next one may name it as its parent, and answered with
+    /// the directory's identity ([`Resp::DirOpened`]), which the walk
+    /// compares with the one its parent's listing gives before it takes
+    /// the handle. Refused while this end holds many open directories
+    /// (a quarter of its descriptors): those are the walk's.
+    OpenDirAhead {
+        dir: u64,
+        #[serde(with = "serde_bytes")]
+        name: &'a [u8],
+        new: u64,
+    },
 }
 
 impl Req<'_> {
@@ -583,6 +596,7 @@ impl Req<'_> {
                 | Req::Space { .. }
                 | Req::StatRoot { .. }
                 | Req::ListAhead { .. }
+                | Req::OpenDirAhead { .. }
         )
     }
 }
@@ -727,6 +741,9 @@ pub enum Resp<'a> {
     /// The answer to [`Req::StatRoot`]: the metadata (`None`: missing),
     /// and whether the directory was opened as the handle asked.
     Root { meta: Option<M>, opened: bool },
+    /// The answer to [`Req::OpenDirAhead`]: the directory opened, its
+    /// device and inode (as its parent's listing gives them).
+    DirOpened { dev: u64, ino: u64 },
 }
 
 /// A change in a watched tree ([`ferry_engine::watch::Change`] without its side),

@@ -390,6 +390,10 @@ fn read_requests(
                 reply(st, id, answer::open_dir(st, id, dir, name, new));
                 continue;
             }
+            Req::OpenDirAhead { dir, name, new } => {
+                reply(st, id, answer::open_dir_ahead(st, id, dir, name, new));
+                continue;
+            }
             Req::ReadOnly => {
                 st.store.set_read_only();
                 continue;

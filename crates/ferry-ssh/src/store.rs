@@ -74,6 +74,25 @@ pub struct SshStore {
     /// The run walks the tree at `path`: its root's listing is asked right
     /// behind its [`Req::StatRoot`].
     walk: bool,
+    /// Directories opened and listed ahead of the walk, by path
+    /// ([`PipelineStore::expect_dirs`](ferry_engine::store::PipelineStore::expect_dirs)).
+    expected: Mutex<HashMap<Arc<[u8]>, Expected>>,
+}
+
+/// Directories opened and listed ahead of the walk at most, per run: each
+/// holds a descriptor there until the walk is done with it (the server's
+/// limit is often 1024).
+const EXPECT_DIRS: usize = 256;
+
+/// A directory opened and listed ahead of the walk: the handle (closed
+/// when dropped unused), the open's reply to come (its listing's is the
+/// handle's), when they were asked, and the directory's device and inode
+/// as its parent's listing gives them (once the walk has that listing).
+struct Expected {
+    dir: SshDir,
+    opened: Receiver<io::Result<Vec<u8>>>,
+    asked: std::time::Instant,
+    listed: Option<(u64, u64)>,
 }
 
 /// An open remote directory (a handle of the server's) and its path there
@@ -242,6 +261,7 @@ impl Store for SshStore {
         for (name, m) in names.split(|b| *b == 0).zip(metas) {
             out.push(name, m.0);
         }
+        self.saw_dirs(dir, out);
         for (name, e) in errs {
             errors.push(ListError {
                 name: name.to_vec(),

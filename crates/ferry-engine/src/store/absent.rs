@@ -185,4 +185,7 @@ impl<S: Store> PipelineStore<S> for Absent {
     fn open_dir_to_list(&self, _: &S::Dir, _: &CStr) -> io::Result<S::Dir> {
         match *self {}
     }
+    fn expect_dirs(&self, _: &S::Dir, _: &[Vec<u8>]) {
+        match *self {}
+    }
 }

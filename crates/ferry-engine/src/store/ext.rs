@@ -284,7 +284,7 @@ pub trait LinkStore<S: Store> {
 /// [`Store::open_file`], [`Store::create_file`] ... [`Store::commit`],
 /// waited for, then stat'ed where the engine needs what was written.
 ///
-/// A store that opts in answers all four (no default bodies): one that
+/// A store that opts in answers all five (no default bodies): one that
 /// has only `create_empty` says so for the others too, or does not compile:
 ///
 /// ```compile_fail,E0046
@@ -338,6 +338,16 @@ pub trait PipelineStore<S: Store> {
     /// call's, as [`Store::open_dir`]'s; a listing not taken is dropped
     /// with the directory.
     fn open_dir_to_list(&self, parent: &S::Dir, name: &CStr) -> io::Result<S::Dir>;
+    /// A hint, before the walk of a tree whose root is `root`: directories
+    /// `dirs` (paths relative to it, each after its parent) are likely
+    /// there and about to be opened and listed with
+    /// [`PipelineStore::open_dir_to_list`] (the other side of the run has
+    /// them, [`crate::prefetch::Prefetch::dirs`]). A store over a network
+    /// may send those opens and listings now, each chained to its
+    /// parent's, so that the walk finds them made instead of paying a
+    /// round trip per level of the tree. A directory named here need not
+    /// be opened after all.
+    fn expect_dirs(&self, root: &S::Dir, dirs: &[Vec<u8>]);
 }
 
 /// Removal of what interrupted transfers left on a store's side and no run
@@ -638,6 +648,13 @@ pub trait StoreExt: Store {
         match self.pipeline() {
             Some(p) => p.open_dir_to_list(parent, name),
             None => self.open_dir(parent, name),
+        }
+    }
+    /// [`PipelineStore::expect_dirs`]; nothing without a pipeline.
+    #[inline]
+    fn expect_dirs(&self, root: &Self::Dir, dirs: &[Vec<u8>]) {
+        if let Some(p) = self.pipeline() {
+            p.expect_dirs(root, dirs)
         }
     }
     /// [`PipelineStore::open_ahead`]; nothing without a pipeline.

@@ -333,6 +333,7 @@ impl PipelineStore<LocalStore> for LocalStore {
     fn open_dir_to_list(&self, parent: &LocalDir, name: &CStr) -> io::Result<LocalDir> {
         Store::open_dir(self, parent, name)
     }
+    fn expect_dirs(&self, _root: &LocalDir, _dirs: &[Vec<u8>]) {}
     fn open_ahead(&self, _dir: &LocalDir, _files: &[(&CStr, u64)]) {}
 
     fn commit_nowait<'a>(

@@ -76,6 +76,7 @@ impl PipelineStore<S3Store> for S3Store {
     fn open_dir_to_list(&self, parent: &S3Dir, name: &CStr) -> io::Result<S3Dir> {
         Store::open_dir(self, parent, name)
     }
+    fn expect_dirs(&self, _root: &S3Dir, _dirs: &[Vec<u8>]) {}
     fn open_ahead(&self, _dir: &S3Dir, _files: &[(&CStr, u64)]) {}
     fn commit_nowait<'a>(
         &'a self,

@@ -68,6 +68,7 @@ impl PipelineStore<SftpStore> for SftpStore {
     fn open_dir_to_list(&self, parent: &SftpDir, name: &CStr) -> io::Result<SftpDir> {
         Store::open_dir(self, parent, name)
     }
+    fn expect_dirs(&self, _root: &SftpDir, _dirs: &[Vec<u8>]) {}
     fn open_ahead(&self, dir: &SftpDir, files: &[(&CStr, u64)]) {
         let main = self.conn();
         if main.alive().is_err() {

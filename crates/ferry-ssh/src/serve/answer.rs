@@ -110,6 +110,7 @@ fn answer_io(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> io::Re
         | Req::Info
         | Req::StatRoot { .. }
         | Req::OpenDir { .. }
+        | Req::OpenDirAhead { .. }
         | Req::ReadOnly
         | Req::KeepAlive { .. } => {
             unreachable!("handled in order by the reading and disk threads")
@@ -212,6 +213,41 @@ pub(super) fn open_dir(
     let d = st.store.open_dir(&*dir_of(st, dir)?, &cname(name)?)?;
     st.dirs.lock().insert(new, Arc::new(d));
     ok(id, Ok(()))
+}
+
+/// `OpenDirAhead`: [`open_dir`], answered with the directory's device and
+/// inode; refused (the walk then opens it itself) while this end holds a
+/// quarter of its descriptors in open directories.
+pub(super) fn open_dir_ahead(
+    st: &State,
+    id: u64,
+    dir: u64,
+    name: &[u8],
+    new: u64,
+) -> io::Result<Vec<u8>> {
+    static BUDGET: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let budget = *BUDGET.get_or_init(|| {
+        let l = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+        (l.current.unwrap_or(1 << 20) / 4).min(1 << 16) as usize
+    });
+    if st.dirs.lock().len() >= budget {
+        return Err(io::Error::other(
+            "too many directories open to open one ahead",
+        ));
+    }
+    let d = st.store.open_dir(&*dir_of(st, dir)?, &cname(name)?)?;
+    let s = rustix::fs::statx(
+        d.fd(),
+        c"",
+        rustix::fs::AtFlags::EMPTY_PATH,
+        rustix::fs::StatxFlags::INO,
+    )?;
+    let (dev, ino) = (
+        rustix::fs::makedev(s.stx_dev_major, s.stx_dev_minor),
+        s.stx_ino,
+    );
+    st.dirs.lock().insert(new, Arc::new(d));
+    Ok(proto::frame(id, &Resp::DirOpened { dev, ino }))
 }
 
 /// `List`: directory `dir`'s entries (names, metadata, and the entries

@@ -241,6 +241,9 @@ impl LinkStore<SshStore> for SshStore {
 
 impl PipelineStore<SshStore> for SshStore {
     fn open_dir_to_list(&self, parent: &SshDir, name: &CStr) -> io::Result<SshDir> {
+        if let Some(d) = self.take_expected(&join(&parent.path, name.to_bytes())) {
+            return Ok(d);
+        }
         // Its `List` right behind its `OpenDir`: `ferry serve` opens
         // directories in the order the requests come (protocol 14), so the
         // listing finds the handle, and both replies come in one round
@@ -264,6 +267,54 @@ impl PipelineStore<SshStore> for SshStore {
         d.conn = conn;
         *d.listing.lock() = listed;
         Ok(d)
+    }
+    fn expect_dirs(&self, root: &SshDir, dirs: &[Vec<u8>]) {
+        // Each `OpenDir` names its parent's handle, opened by the request
+        // before it (`ferry serve` opens directories in the order the
+        // requests come), and its `List` comes right behind: the tree's
+        // levels in one round trip. A directory whose parent is not here
+        // is left to the walk.
+        let conn = root.conn.clone();
+        let mut map = self.expected.lock();
+        let mut ids: HashMap<&[u8], u64> = HashMap::new();
+        for rel in dirs {
+            if map.len() >= EXPECT_DIRS {
+                break;
+            }
+            let (parent, name) = match rel.iter().rposition(|&b| b == b'/') {
+                Some(i) => match ids.get(&rel[..i]) {
+                    Some(&id) => (id, &rel[i + 1..]),
+                    None => continue,
+                },
+                None => (root.id, &rel[..]),
+            };
+            let path = join(&root.path, rel);
+            if name.is_empty() || map.contains_key(&path) {
+                continue;
+            }
+            let new = conn.handle();
+            let Ok(opened) = conn.start(&Req::OpenDirAhead {
+                dir: parent,
+                name,
+                new,
+            }) else {
+                return;
+            };
+            let listed = conn.start(&Req::List { dir: new }).ok();
+            let mut d = self.dir(new, path.clone());
+            d.conn = conn.clone();
+            *d.listing.lock() = listed;
+            ids.insert(rel, new);
+            map.insert(
+                path,
+                Expected {
+                    dir: d,
+                    opened,
+                    asked: std::time::Instant::now(),
+                    listed: None,
+                },
+            );
+        }
     }
     fn open_ahead(&self, dir: &SshDir, files: &[(&CStr, u64)]) {
         // Small files only (they come whole with their open), up to

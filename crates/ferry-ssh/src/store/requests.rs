@@ -26,6 +26,7 @@ impl SshStore {
             pushes: Default::default(),
             ahead: Arc::default(),
             walk,
+            expected: Mutex::default(),
         })
     }
 
@@ -91,6 +92,48 @@ impl SshStore {
                 Ok(meta)
             }
             r => Err(unexpected(&r)),
+        }
+    }
+
+    /// The directory at `path` opened and listed ahead of the walk
+    /// ([`PipelineStore::expect_dirs`](ferry_engine::store::PipelineStore::expect_dirs)),
+    /// when it was, on this run's connection, at most [`conn::FRESH`] ago,
+    /// and its open succeeded; otherwise (dropped: closed) the walk opens
+    /// it as usual. A run changes nothing in a directory before its walk
+    /// has listed it (what it writes, removes or links is in directories
+    /// it planned; `.ferry-versions` and a backup directory inside DST are
+    /// never walked), so that listing is one made a moment earlier, as a
+    /// listing made ahead there is ([`Req::ListAhead`]).
+    ///
+    /// And it must be the directory the walk found: the one its parent's
+    /// listing names (device and inode), not one renamed there since, nor
+    /// one that was there before and was renamed away (the walk would
+    /// then write where the name no longer is).
+    pub(super) fn take_expected(&self, path: &[u8]) -> Option<SshDir> {
+        let e = self.expected.lock().remove(path)?;
+        if !Arc::ptr_eq(&e.dir.conn, &self.conn()) || e.asked.elapsed() > conn::FRESH {
+            return None;
+        }
+        match e.dir.conn.wait(&e.opened).ok()?.get().ok()? {
+            Resp::DirOpened { dev, ino } if e.listed == Some((dev, ino)) => Some(e.dir),
+            _ => None,
+        }
+    }
+
+    /// A listing of `dir` was read: the identity of each subdirectory
+    /// opened ahead ([`SshStore::take_expected`]).
+    pub(super) fn saw_dirs(&self, dir: &SshDir, list: &Listing) {
+        let mut map = self.expected.lock();
+        if map.is_empty() {
+            return;
+        }
+        for e in list.entries() {
+            if e.meta.kind != Kind::Dir {
+                continue;
+            }
+            if let Some(x) = map.get_mut(&*join(&dir.path, list.name(e))) {
+                x.listed = Some((e.meta.dev, e.meta.ino));
+            }
         }
     }
 

@@ -222,3 +222,287 @@ fn a_first_connection_starts_with_the_last_cipher_answer() {
     assert_eq!((asked, conns.len()), (1, 1), "{conns:?}");
     assert!(!conns[0].contains("Ciphers="), "{conns:?}");
 }
+
+/// An `-e` command in front of `rsh` that passes what the client sends at once, and
+/// holds what the server answers from the client's first opening of a directory
+/// (`OpenDir`, `OpenDirAhead`) on, until the client has sent `want` of them (or, so that a client that waits for those answers does not
+/// hang here, 20 s have passed); it writes which of the two released them to `result`
+/// ("count" or "deadline"), then, at the end, how many it sent in all. The server's first answers (its hello) are held 1 s, so
+/// that the tree here is listed (`Prefetch`) before the session starts, whatever the
+/// machine's load.
+fn gating_rsh(dir: &Path, rsh: &str, want: usize, result: &Path) -> String {
+    let mut hello = Vec::new();
+    proto::write_hello(&mut hello).unwrap();
+    let variant = |r: &Req| proto::frame(0, r)[12];
+    let opens = [
+        variant(&Req::OpenDir {
+            dir: 0,
+            name: b"",
+            new: 0,
+        }),
+        variant(&Req::OpenDirAhead {
+            dir: 0,
+            name: b"",
+            new: 0,
+        }),
+    ];
+    let words: Vec<String> = rsh.split_whitespace().map(|w| format!("{w:?}")).collect();
+    let script = dir.join("rsh-gate");
+    std::fs::write(
+        &script,
+        format!(
+            r#"#!/usr/bin/env python3
+import os, select, subprocess, sys, time
+HELLO, OPENS, WANT, RESULT = {hello}, {opens:?}, {want}, {result:?}
+p = subprocess.Popen([{words}] + sys.argv[1:], stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+up, down = p.stdin.fileno(), p.stdout.fileno()
+sent, opens, held, since, released, early = b"", 0, [], None, False, []
+def release(why):
+    global released, early
+    released = True
+    with open(RESULT, "w") as f:
+        f.write(why)
+    for b in (early or []) + held:
+        os.write(1, b)
+    early = None
+    held.clear()
+fds, start = [0, down], time.time()
+while down in fds:
+    if since is not None and not released and time.time() - since > 20:
+        release("deadline")
+    if early is not None and time.time() - start > 1:
+        for b in early:
+            os.write(1, b)
+        early = None
+    r, _, _ = select.select(fds, [], [], 0.1)
+    if 0 in r:
+        b = os.read(0, 1 << 16)
+        if not b:
+            fds.remove(0)
+            p.stdin.close()
+        else:
+            os.write(up, b)
+            sent += b
+            while len(sent) >= HELLO:
+                if HELLO and len(sent) >= HELLO:
+                    sent, HELLO = sent[HELLO:], 0
+                    continue
+                if len(sent) < 13:
+                    break
+                n = int.from_bytes(sent[:4], "little") + 4
+                if len(sent) < n:
+                    break
+                if sent[12] in OPENS:
+                    opens += 1
+                    if since is None:
+                        since = time.time()
+                sent = sent[n:]
+            if not released and opens >= WANT:
+                release("count")
+    if down in r:
+        b = os.read(down, 1 << 16)
+        if not b:
+            fds.remove(down)
+        elif early is not None:
+            early.append(b)
+        elif since is not None and not released:
+            held.append(b)
+        else:
+            os.write(1, b)
+if not released:
+    release("end")
+with open(RESULT, "a") as f:
+    f.write(" %d" % opens)
+sys.exit(p.wait())
+"#,
+            hello = hello.len(),
+            result = result.display().to_string(),
+            words = words.join(", "),
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    script.to_str().unwrap().to_string()
+}
+
+/// A tree over ssh is walked in one round trip, not one per level: before the walk, the
+/// tree listed here while ssh connected names the directories the other side likely has,
+/// and the client sends all their opens and listings at once, each chained to its
+/// parent's (`PipelineStore::expect_dirs`). Checked by cause, not by time: the server's
+/// answers are held from the client's first `OpenDir` until it has sent one for every
+/// directory of a six-level tree; a client that waited for a level's listings before
+/// opening the next would stall there (and the gate would let go after 20 s: "deadline").
+/// Push (DST there) and pull (SRC there), no-op and with a change; the trees stay equal.
+#[test]
+fn a_remote_tree_is_opened_and_listed_level_by_level_in_one_round_trip() {
+    let Some((rsh, host)) = need_server() else {
+        return;
+    };
+    let t = tmpdir();
+    let src = t.path().join("src");
+    let mut dirs = 0;
+    for top in ["a", "b"] {
+        let mut p = src.join(top);
+        for depth in 0..6 {
+            std::fs::create_dir_all(&p).unwrap();
+            dirs += 1;
+            std::fs::write(p.join("f"), format!("{top}{depth}")).unwrap();
+            p = p.join(format!("l{depth}"));
+        }
+    }
+    std::fs::write(src.join("top"), b"top").unwrap();
+    let there = t.path().join("there");
+    let back = t.path().join("back");
+    // The first copies (and the install there) as usual.
+    ferry_ssh(
+        &rsh,
+        "copy",
+        &[src.clone().into_os_string(), at(&host, &there)],
+    )
+    .ok();
+    ferry_ssh(
+        &rsh,
+        "copy",
+        &[at(&host, &there), back.clone().into_os_string()],
+    )
+    .ok();
+    assert_trees_equal(&src, &back);
+    for (round, change) in [(0, false), (1, true)] {
+        if change {
+            std::fs::write(src.join("a/l0/l1/l2/f"), b"changed").unwrap();
+            std::fs::write(src.join("b/l0/new"), b"new").unwrap();
+        }
+        for (what, push) in [("push", true), ("pull", false)] {
+            let result = t.path().join(format!("gate-{what}-{round}"));
+            let e = gating_rsh(t.path(), &rsh, dirs, &result);
+            let (s, d) = if push {
+                (src.clone().into_os_string(), at(&host, &there))
+            } else {
+                (at(&host, &there), back.clone().into_os_string())
+            };
+            let r = ferry_ssh(&e, "sync", &[s, d]);
+            r.ok();
+            // Released by the count, and no directory opened twice: the walk took
+            // every one opened ahead (each the directory its parent's listing names).
+            let why = std::fs::read_to_string(&result).unwrap();
+            assert_eq!(why, format!("count {dirs}"), "{what}, round {round}: {r}");
+        }
+        assert_trees_equal(&src, &there);
+        assert_trees_equal(&src, &back);
+    }
+}
+
+/// The directories opened ahead of the walk are a guess from the tree here; where the
+/// other side differs, the guess is dropped and the walk goes its usual way, with the
+/// usual result. There, where SRC has a directory: a symbolic link to a directory outside
+/// the run (never followed: nothing outside changes), a file, nothing, a directory the
+/// run excludes (left as it is); and a server short of descriptors (`ulimit -n 64`: it
+/// opens ahead only while it holds fewer than a quarter of them, and the walk's own opens
+/// of the 150 directories all succeed). Push and pull.
+#[test]
+fn directories_opened_ahead_that_are_not_there_as_guessed_change_nothing() {
+    let Some((rsh, host)) = need_server() else {
+        return;
+    };
+    let t = tmpdir();
+    let src = t.path().join("src");
+    let there = t.path().join("there");
+    let outside = t.path().join("outside");
+    for d in ["link", "file", "none", "skip"] {
+        write(&src, format!("{d}/in/f"), d.as_bytes());
+    }
+    for i in 0..150 {
+        write(&src, format!("many/d{i}/f"), b"x");
+    }
+    write(&outside, "in/f", b"outside");
+    write(&outside, "keep", b"outside");
+    let lowered = t.path().join("rsh-ulimit");
+    std::fs::write(
+        &lowered,
+        format!("#!/bin/bash\nlast=\"${{@: -1}}\"\nset -- \"${{@:1:$#-1}}\"\nexec {rsh} \"$@\" \"ulimit -n 64; $last\"\n"),
+    )
+    .unwrap();
+    std::fs::set_permissions(&lowered, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let lowered = lowered.to_str().unwrap().to_string();
+    // What DST holds after a push: SRC without the excluded directory.
+    let expect = t.path().join("expect");
+    ferry(["copy".as_ref(), src.as_os_str(), expect.as_os_str()]).ok();
+    std::fs::remove_dir_all(expect.join("skip")).unwrap();
+    for (what, e) in [("ssh", &rsh), ("ulimit -n 64 there", &lowered)] {
+        // Push: the guess is SRC's tree, DST differs.
+        let _ = std::fs::remove_dir_all(&there);
+        ferry_ssh(
+            &rsh,
+            "copy",
+            &[src.clone().into_os_string(), at(&host, &there)],
+        )
+        .ok();
+        for d in ["link", "file", "none", "skip"] {
+            std::fs::remove_dir_all(there.join(d)).unwrap();
+        }
+        std::os::unix::fs::symlink(&outside, there.join("link")).unwrap();
+        std::fs::write(there.join("file"), b"a file").unwrap();
+        write(&there, "skip/other", b"excluded, kept");
+        let r = ferry_ssh(
+            e,
+            "sync",
+            &[
+                "--exclude".into(),
+                "/skip/".into(),
+                src.clone().into_os_string(),
+                at(&host, &there),
+            ],
+        );
+        r.ok();
+        assert_eq!(
+            std::fs::read(outside.join("in/f")).unwrap(),
+            b"outside",
+            "{what}: {r}"
+        );
+        assert_eq!(
+            std::fs::read(outside.join("keep")).unwrap(),
+            b"outside",
+            "{what}: {r}"
+        );
+        assert!(
+            !std::fs::symlink_metadata(there.join("link"))
+                .unwrap()
+                .is_symlink(),
+            "{what}"
+        );
+        assert_eq!(
+            std::fs::read(there.join("skip/other")).unwrap(),
+            b"excluded, kept",
+            "{what}"
+        );
+        assert!(!there.join("skip/in").exists(), "{what}: {r}");
+        std::fs::remove_dir_all(there.join("skip")).unwrap();
+        // (Both roots' mtimes moved with that removal.)
+        set_mtime(&expect, (1_700_000_000, 0));
+        set_mtime(&there, (1_700_000_000, 0));
+        assert_trees_equal(&expect, &there);
+        // Pull: the guess is the local DST's tree, the remote SRC differs.
+        let _ = std::fs::remove_dir_all(&there);
+        let back = t.path().join("back");
+        let _ = std::fs::remove_dir_all(&back);
+        ferry(["copy".as_ref(), src.as_os_str(), back.as_os_str()]).ok();
+        ferry(["copy".as_ref(), src.as_os_str(), there.as_os_str()]).ok();
+        for d in ["link", "file", "none"] {
+            std::fs::remove_dir_all(there.join(d)).unwrap();
+        }
+        std::os::unix::fs::symlink(&outside, there.join("link")).unwrap();
+        std::fs::write(there.join("file"), b"a file").unwrap();
+        let r = ferry_ssh(
+            e,
+            "sync",
+            &[at(&host, &there), back.clone().into_os_string()],
+        );
+        r.ok();
+        assert_trees_equal(&there, &back);
+        assert_eq!(
+            std::fs::read(outside.join("in/f")).unwrap(),
+            b"outside",
+            "{what}: {r}"
+        );
+    }
+}
