@@ -582,8 +582,15 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             parent: None,
             lanes: Mutex::new((0, VecDeque::new())),
         });
-        self.expect_dirs(&root);
-        walk::walk(&Walker(self), self.opts.jobs, vec![DirTask::Scan(root)]);
+        let hinted = self.expect_dirs(&root, true);
+        walk::walk(
+            &Walker(self),
+            self.opts.jobs,
+            vec![DirTask::Scan(root.clone())],
+        );
+        if hinted {
+            self.expect_dirs(&root, false);
+        }
         match self.refusal.lock().take() {
             Some(msg) => Err(refused(msg)),
             None => Ok(()),
@@ -595,15 +602,24 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
     /// ([`PipelineStore::expect_dirs`](crate::store::PipelineStore::expect_dirs)): a store
     /// over a network opens and lists them now, all levels in one round
     /// trip, instead of one round trip per level as the walk reaches them.
-    fn expect_dirs(&self, root: &Node<S, D>) {
+    /// After the walk (`before` false): an empty hint, so that what was
+    /// opened ahead and not taken is let go. True when a hint was given.
+    fn expect_dirs(&self, root: &Node<S, D>, before: bool) -> bool {
         const DIRS: usize = 1024;
         const ENTRIES: usize = 100_000;
+        let dirs = |p: &crate::prefetch::Prefetch| match before {
+            true => p.dirs(DIRS, ENTRIES),
+            false => Vec::new(),
+        };
         if let (Some(p), Some(d), Some(_)) = (self.prefetch[0], &root.dst, &root.dst_meta) {
-            self.dst.expect_dirs(d, &p.dirs(DIRS, ENTRIES));
+            self.dst.expect_dirs(d, &dirs(p));
+            return true;
         }
         if let Some(p) = self.prefetch[1] {
-            self.src.expect_dirs(&root.src, &p.dirs(DIRS, ENTRIES));
+            self.src.expect_dirs(&root.src, &dirs(p));
+            return true;
         }
+        false
     }
 
     fn path(&self, node: &Node<S, D>, name: &[u8]) -> Vec<u8> {

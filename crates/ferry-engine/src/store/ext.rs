@@ -346,7 +346,8 @@ pub trait PipelineStore<S: Store> {
     /// may send those opens and listings now, each chained to its
     /// parent's, so that the walk finds them made instead of paying a
     /// round trip per level of the tree. A directory named here need not
-    /// be opened after all.
+    /// be opened after all. A hint replaces the one before; the engine
+    /// gives an empty one after its walk (what was not taken is let go).
     fn expect_dirs(&self, root: &S::Dir, dirs: &[Vec<u8>]);
 }
 

@@ -276,6 +276,8 @@ impl PipelineStore<SshStore> for SshStore {
         // is left to the walk.
         let conn = root.conn.clone();
         let mut map = self.expected.lock();
+        // The last hint's directories not taken: closed.
+        map.clear();
         let mut ids: HashMap<&[u8], u64> = HashMap::new();
         for rel in dirs {
             if map.len() >= EXPECT_DIRS {
