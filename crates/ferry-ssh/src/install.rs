@@ -46,6 +46,11 @@ const SUM: &str = "{ sha256sum \"$1\" || shasum -a 256 \"$1\"; } 2>/dev/null | c
 /// The first line of what the start command prints when it runs no ferry.
 pub const PROBE: &str = "#ferry-probe";
 
+/// The last line of the start command's report: the client reads up to
+/// it and closes its side at once, not waiting for the end of a stream
+/// that an `-e` wrapper may hold open until then (`tee -a LOG | ssh ...`).
+pub const REPORT_END: &str = "#ferry-end";
+
 /// What every command ferry runs through the remote shell prints first (a
 /// newline, so that output not ending in one is cut off from it): what
 /// comes before it is the shell's own, a start-up file that prints
@@ -173,7 +178,7 @@ pub fn start_script(look: Look, sum: &str) -> String {
         )),
     }
     s.push_str(&format!(
-        "; unguard; echo '{PROBE}'; echo \"os $(uname -sm)\"; echo \"dir $d\"; if [ -e \"$f\" ]; then echo \"cache there $o\"; fi; echo \"libc $( {{ getconf GNU_LIBC_VERSION 2>/dev/null || ldd --version 2>&1; }} | head -n 1)\"; if command -v gzip >/dev/null 2>&1; then echo gzip; fi"
+        "; unguard; echo '{PROBE}'; echo \"os $(uname -sm)\"; echo \"dir $d\"; if [ -e \"$f\" ]; then echo \"cache there $o\"; fi; echo \"libc $( {{ getconf GNU_LIBC_VERSION 2>/dev/null || ldd --version 2>&1; }} | head -n 1)\"; if command -v gzip >/dev/null 2>&1; then echo gzip; fi; echo '{REPORT_END}'"
     ));
     s
 }

@@ -230,9 +230,18 @@ impl Starting<'_> {
                 t.host, t.remote_ferry, proto::version(), proto::PROTOCOL, proto::version()
             )))),
             Ok(Hello::Other(b)) if b.starts_with(b"#") => {
-                // The start command's report (or what else it said).
+                // The start command's report (or what else it said), up
+                // to its last line: the caller then closes its input,
+                // which ends what an `-e` wrapper runs beside ssh.
                 let mut text = b;
-                let _ = stdout.read_to_end(&mut text);
+                let end = format!("\n{}\n", crate::install::REPORT_END);
+                let mut chunk = [0u8; 4096];
+                while !text.windows(end.len()).any(|w| w == end.as_bytes()) {
+                    match stdout.read(&mut chunk) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => text.extend_from_slice(&chunk[..n]),
+                    }
+                }
                 let text = String::from_utf8_lossy(&text).into_owned();
                 Err(match text.strip_prefix(crate::install::PROBE) {
                     Some(rest) => NoHello::Report(Report::parse(rest)),

@@ -813,6 +813,58 @@ fn a_cached_ferry_is_trusted_whatever_the_sessions_locale() {
     assert_trees_equal(&src, &dst);
 }
 
+/// An `-e` wrapper that runs something beside ssh on the session's streams (`tee -a LOG |
+/// ssh ...`, a log of what the client sends, as the tests' own): a first run on a host
+/// without ferry installs it and copies without waiting. (Before: the client read the
+/// start command's report to the end of its output, which the wrapper's `tee` held open
+/// until the client closed its input, so the run waited for `--timeout`, 5 minutes by
+/// default.)
+#[test]
+fn a_wrapper_beside_ssh_does_not_stall_the_first_run() {
+    let (rsh, host) = need_server!();
+    let d = tmpdir();
+    let (_, counted) = rsh_fresh_home(&rsh, d.path(), "");
+    let tee = d.path().join("rsh-tee");
+    std::fs::write(
+        &tee,
+        format!(
+            "#!/bin/sh\ntee -a '{}' | exec {counted} \"$@\"\n",
+            d.path().join("sent").display()
+        ),
+    )
+    .unwrap();
+    chmod(&tee, 0o755);
+    let src = d.path().join("src");
+    let dst = d.path().join("dst");
+    write(&src, "a", b"one");
+    // A stall is what is tested: the run, whose own timeout would end it only after 10
+    // minutes, is given 2 minutes (it takes a few seconds) and killed past them.
+    let mut run = std::process::Command::new(bin())
+        .args(["copy", "--timeout", "600", "-e"])
+        .args([tee.as_os_str(), src.as_os_str(), &at(&host, &dst)])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let status = loop {
+        if let Some(s) = run.try_wait().unwrap() {
+            break s;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = run.kill();
+            let _ = run.wait();
+            panic!("the first run through the wrapper stalled (killed after 2 minutes)");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut run.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(status.success(), "{status}: {err}");
+    assert!(err.contains("installed this ferry"), "{err}");
+    assert_trees_equal(&src, &dst);
+}
+
 /// A host whose C library this ferry cannot run on (a glibc older than the one it is
 /// built for, or musl: what `getconf GNU_LIBC_VERSION` or `ldd --version` say there,
 /// asked in the start command's round trip) gets nothing installed. With what SFTP

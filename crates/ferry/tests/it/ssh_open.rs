@@ -396,9 +396,10 @@ fn a_remote_tree_is_opened_and_listed_level_by_level_in_one_round_trip() {
 /// other side differs, the guess is dropped and the walk goes its usual way, with the
 /// usual result. There, where SRC has a directory: a symbolic link to a directory outside
 /// the run (never followed: nothing outside changes), a file, nothing, a directory the
-/// run excludes (left as it is); and a server short of descriptors (`ulimit -n 64`: it
-/// opens ahead only while it holds fewer than a quarter of them, and the walk's own opens
-/// of the 150 directories all succeed). Push and pull.
+/// run excludes (left as it is); and a server short of descriptors (`ulimit -n 256`: it
+/// opens ahead only while it holds fewer than a quarter of them, so the walk's own opens
+/// of the 300 directories all succeed; without that, 256 opened ahead left it none).
+/// Push and pull.
 #[test]
 fn directories_opened_ahead_that_are_not_there_as_guessed_change_nothing() {
     let Some((rsh, host)) = need_server() else {
@@ -411,7 +412,7 @@ fn directories_opened_ahead_that_are_not_there_as_guessed_change_nothing() {
     for d in ["link", "file", "none", "skip"] {
         write(&src, format!("{d}/in/f"), d.as_bytes());
     }
-    for i in 0..150 {
+    for i in 0..300 {
         write(&src, format!("many/d{i}/f"), b"x");
     }
     write(&outside, "in/f", b"outside");
@@ -419,7 +420,7 @@ fn directories_opened_ahead_that_are_not_there_as_guessed_change_nothing() {
     let lowered = t.path().join("rsh-ulimit");
     std::fs::write(
         &lowered,
-        format!("#!/bin/bash\nlast=\"${{@: -1}}\"\nset -- \"${{@:1:$#-1}}\"\nexec {rsh} \"$@\" \"ulimit -n 64; $last\"\n"),
+        format!("#!/bin/bash\nlast=\"${{@: -1}}\"\nset -- \"${{@:1:$#-1}}\"\nexec {rsh} \"$@\" \"ulimit -n 256; $last\"\n"),
     )
     .unwrap();
     std::fs::set_permissions(&lowered, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -428,7 +429,7 @@ fn directories_opened_ahead_that_are_not_there_as_guessed_change_nothing() {
     let expect = t.path().join("expect");
     ferry(["copy".as_ref(), src.as_os_str(), expect.as_os_str()]).ok();
     std::fs::remove_dir_all(expect.join("skip")).unwrap();
-    for (what, e) in [("ssh", &rsh), ("ulimit -n 64 there", &lowered)] {
+    for (what, e) in [("ssh", &rsh), ("ulimit -n 256 there", &lowered)] {
         // Push: the guess is SRC's tree, DST differs.
         let _ = std::fs::remove_dir_all(&there);
         ferry_ssh(
