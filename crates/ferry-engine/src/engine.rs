@@ -607,8 +607,22 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
     fn expect_dirs(&self, root: &Node<S, D>, before: bool) -> bool {
         const DIRS: usize = 1024;
         const ENTRIES: usize = 100_000;
+        // Not those the run leaves out (by name: the exclude rules, kept
+        // versions), nor, in the store, what is under them.
+        let walked = |rel: &Vec<u8>| {
+            let (dir, name) = match rel.iter().rposition(|&b| b == b'/') {
+                Some(i) => (&rel[..i], &rel[i + 1..]),
+                None => (&b""[..], &rel[..]),
+            };
+            name != crate::keep::VERSIONS_DIR
+                && !self
+                    .opts
+                    .filter
+                    .as_ref()
+                    .is_some_and(|f| f.excluded(dir, name, true))
+        };
         let dirs = |p: &crate::prefetch::Prefetch| match before {
-            true => p.dirs(DIRS, ENTRIES),
+            true => p.dirs(DIRS, ENTRIES).into_iter().filter(walked).collect(),
             false => Vec::new(),
         };
         if let (Some(p), Some(d), Some(_)) = (self.prefetch[0], &root.dst, &root.dst_meta) {
