@@ -210,9 +210,15 @@ pub(super) fn open_dir(
     name: &[u8],
     new: u64,
 ) -> io::Result<Vec<u8>> {
-    let d = st.store.open_dir(&*dir_of(st, dir)?, &cname(name)?)?;
-    st.dirs.lock().insert(new, Arc::new(d));
+    open_dir_as(st, dir, name, new)?;
     ok(id, Ok(()))
+}
+
+/// Subdirectory `name` of `dir` opened and kept as handle `new`.
+fn open_dir_as(st: &State, dir: u64, name: &[u8], new: u64) -> io::Result<Arc<LocalDir>> {
+    let d = Arc::new(st.store.open_dir(&*dir_of(st, dir)?, &cname(name)?)?);
+    st.dirs.lock().insert(new, d.clone());
+    Ok(d)
 }
 
 /// `OpenDirAhead`: [`open_dir`], answered with the directory's device and
@@ -235,7 +241,9 @@ pub(super) fn open_dir_ahead(
             "too many directories open to open one ahead",
         ));
     }
-    let d = st.store.open_dir(&*dir_of(st, dir)?, &cname(name)?)?;
+    let d = open_dir_as(st, dir, name, new)?;
+    // As a listing makes an entry's device and inode (`statx`), so that
+    // the client's comparison is exact.
     let s = rustix::fs::statx(
         d.fd(),
         c"",
@@ -246,7 +254,6 @@ pub(super) fn open_dir_ahead(
         rustix::fs::makedev(s.stx_dev_major, s.stx_dev_minor),
         s.stx_ino,
     );
-    st.dirs.lock().insert(new, Arc::new(d));
     Ok(proto::frame(id, &Resp::DirOpened { dev, ino }))
 }
 

@@ -584,8 +584,15 @@ fn rsh_counted(rsh: &str, dir: &Path, env: &str) -> String {
 fn rsh_fresh_home(rsh: &str, dir: &Path, more: &str) -> (PathBuf, String) {
     let home = dir.join("home");
     std::fs::create_dir(&home).unwrap();
+    let rsh = rsh_in_home(rsh, dir, &home, more);
+    (home, rsh)
+}
+
+/// [`rsh_fresh_home`]'s `-e` command (its script and log in `dir`) for a home already
+/// there: sessions of both commands share it.
+fn rsh_in_home(rsh: &str, dir: &Path, home: &Path, more: &str) -> String {
     let env = format!("HOME='{}' PATH=/usr/bin:/bin{more}", home.display());
-    (home, rsh_counted(rsh, dir, &env))
+    rsh_counted(rsh, dir, &env)
 }
 
 /// The ssh connections started since the last call (the log of [`rsh_counted`] emptied).
@@ -767,11 +774,7 @@ fn a_cached_ferry_is_trusted_whatever_the_sessions_locale() {
     let (home, rsh_comma) = rsh_fresh_home(&rsh, d.path(), &format!(" LC_ALL={comma}"));
     let c = d.path().join("c");
     std::fs::create_dir(&c).unwrap();
-    let rsh_c = rsh_counted(
-        &rsh,
-        &c,
-        &format!("HOME='{}' PATH=/usr/bin:/bin LC_ALL=C", home.display()),
-    );
+    let rsh_c = rsh_in_home(&rsh, &c, &home, " LC_ALL=C");
     let src = d.path().join("src");
     let dst = d.path().join("dst");
     let copy = |rsh: &str| {
