@@ -119,10 +119,35 @@ impl Backends {
         match roots.iter().map(|r| r.jobs()).max().unwrap_or(Jobs::Cores) {
             Jobs::Cores => jobs(flag),
             Jobs::Requests(n) => n,
-            Jobs::RoundTrips { per_ms, min, max } => {
-                let ms = ferry_ssh::round_trip().map_or(0, |d| d.as_millis() as usize);
-                (ms * per_ms).clamp(min, max)
+            Jobs::RoundTrips { per_ms, min, max } => per_round_trip(per_ms, min, max),
+        }
+    }
+
+    /// [`Backends::jobs_for`] without waiting for a round trip still being
+    /// measured (its answer comes with a connection's first round trip
+    /// after the hello, while the run's first listings have come already):
+    /// the fewest workers now, and the count it gives once it is known
+    /// (the walk grows to it, [`ferry_engine::MoreJobs`]).
+    pub fn jobs_now(
+        &self,
+        flag: Option<u16>,
+        roots: &[&Root],
+    ) -> (usize, Option<ferry_engine::MoreJobs>) {
+        // `-j` with a remote root is the count; so is one known now.
+        let given = flag.is_some() && roots.iter().any(|r| r.local_path().is_none());
+        let kind = roots.iter().map(|r| r.jobs()).max();
+        match kind {
+            Some(Jobs::RoundTrips { per_ms, min, max })
+                if !given && !ferry_ssh::round_trip_known() =>
+            {
+                let later =
+                    move || ferry_ssh::round_trip_known().then(|| per_round_trip(per_ms, min, max));
+                (
+                    min,
+                    Some(ferry_engine::MoreJobs(std::sync::Arc::new(later))),
+                )
             }
+            _ => (self.jobs_for(flag, roots), None),
         }
     }
 
@@ -144,6 +169,13 @@ impl Backends {
 /// Every scheme a backend serves, in the registry's order.
 fn backend_schemes() -> impl Iterator<Item = &'static str> {
     SCHEMES.iter().flat_map(|s| s.iter().copied())
+}
+
+/// Workers for stores that wait one round trip per request: `per_ms` per
+/// millisecond of this run's longest round trip, from `min` to `max`.
+fn per_round_trip(per_ms: usize, min: usize, max: usize) -> usize {
+    let ms = ferry_ssh::round_trip().map_or(0, |d| d.as_millis() as usize);
+    (ms * per_ms).clamp(min, max)
 }
 
 /// Worker threads: the flag, or two per core (workers block on I/O).

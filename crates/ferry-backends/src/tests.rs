@@ -105,6 +105,10 @@ fn each_backend_wants_its_workers() {
     // No round trip measured yet: the least.
     assert_eq!(r.jobs_for(None, &[&local, &sftp]), 32);
     assert_eq!(r.jobs_for(None, &[&ssh, &sftp]), 32);
+    // No connection waits for its measure: the count now, nothing later.
+    let (now, later) = r.jobs_now(None, &[&local, &ssh]);
+    assert_eq!((now, later.is_none()), (32, true));
+    assert_eq!(r.jobs_now(Some(7), &[&local, &ssh]).0, 7);
     assert!(ssh.jobs() > sftp.jobs() && sftp.jobs() > s3.jobs() && s3.jobs() > local.jobs());
 }
 

@@ -90,6 +90,10 @@ pub struct Options {
     pub fsync: bool,
     /// Worker threads (0: one).
     pub jobs: usize,
+    /// More worker threads than `jobs`, once known: a count that depends
+    /// on something measured while the run begins (a remote link's round
+    /// trip), taken when it comes ([`crate::pool::Pool::run_growing`]).
+    pub more_jobs: Option<MoreJobs>,
     /// Exclude rules.
     pub filter: Option<Filter>,
     /// Bandwidth limit over all transfers together (`--bwlimit`).
@@ -115,6 +119,16 @@ pub struct Options {
     /// Apply setuid, setgid and sticky bits from a source whose modes are
     /// not this machine's (`--keep-special-bits`; see [`crate::special`]).
     pub keep_special_bits: bool,
+}
+
+/// [`Options::more_jobs`]: the worker count, once known (never blocks).
+#[derive(Clone)]
+pub struct MoreJobs(pub Arc<dyn Fn() -> Option<usize> + Send + Sync>);
+
+impl std::fmt::Debug for MoreJobs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("MoreJobs")
+    }
 }
 
 /// `--max-delete N` or `--max-delete P%`: how many destination entries a
@@ -583,9 +597,10 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
             lanes: Mutex::new((0, VecDeque::new())),
         });
         let hinted = self.expect_dirs(&root, true);
-        walk::walk(
+        walk::walk_growing(
             &Walker(self),
             self.opts.jobs,
+            self.opts.more_jobs.as_ref(),
             vec![DirTask::Scan(root.clone())],
         );
         if hinted {

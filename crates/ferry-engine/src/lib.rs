@@ -32,8 +32,8 @@ pub mod watch;
 pub mod xattr;
 
 pub use engine::{
-    may_remove, Barrier, Engine, Guard, MaxDelete, Mode, Options, Refused, RemovalsStopped, Scope,
-    MAX_DELETE_WINDOW,
+    may_remove, Barrier, Engine, Guard, MaxDelete, Mode, MoreJobs, Options, Refused,
+    RemovalsStopped, Scope, MAX_DELETE_WINDOW,
 };
 pub use entry::{Kind, Listing, Meta};
 pub use filter::Filter;

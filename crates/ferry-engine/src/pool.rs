@@ -1,4 +1,5 @@
-//! The worker pool: a fixed set of threads serving one LIFO stack of tasks.
+//! The worker pool: a set of threads serving one LIFO stack of tasks (fixed,
+//! or grown once to a count known only after the run began).
 //!
 //! Workers block on a condition variable when the stack is empty (no timer,
 //! no polling, no spinning) and the pool ends when the stack is empty and no
@@ -10,6 +11,7 @@
 //! busy pool costs one uncontended lock per push and pop, no syscall.
 
 use parking_lot::{Condvar, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// A stack of tasks shared by the workers.
 pub struct Pool<T> {
@@ -76,14 +78,47 @@ impl<T: Send> Pool<T> {
     where
         F: Fn(T, &Pool<T>) + Sync,
     {
+        self.run_growing(workers, None, f)
+    }
+
+    /// [`Pool::run`] on `workers` threads, and on as many as `more` says
+    /// once it says it: asked (it must not block) each time a worker takes
+    /// a task, until it answers. A count known only once the run has begun
+    /// (a remote link's round trip, measured while the first tasks run)
+    /// takes effect then, without holding the first tasks back for it.
+    pub fn run_growing<F>(
+        &self,
+        workers: usize,
+        more: Option<&(dyn Fn() -> Option<usize> + Sync)>,
+        f: F,
+    ) where
+        F: Fn(T, &Pool<T>) + Sync,
+    {
+        let workers = workers.max(1);
+        let settled = AtomicBool::new(more.is_none());
         std::thread::scope(|scope| {
-            for _ in 0..workers.max(1) {
-                scope.spawn(|| self.work(&f));
+            let (f, settled) = (&f, &settled);
+            let grow = move || {
+                if settled.load(Ordering::Relaxed) {
+                    return;
+                }
+                let Some(n) = more.and_then(|m| m()) else {
+                    return;
+                };
+                if settled.swap(true, Ordering::Relaxed) {
+                    return;
+                }
+                for _ in workers..n {
+                    scope.spawn(move || self.work(f, &|| ()));
+                }
+            };
+            for _ in 0..workers {
+                scope.spawn(move || self.work(f, &grow));
             }
         });
     }
 
-    fn work<F: Fn(T, &Pool<T>)>(&self, f: &F) {
+    fn work<F: Fn(T, &Pool<T>)>(&self, f: &F, grow: &dyn Fn()) {
         let mut s = self.state.lock();
         loop {
             if s.stop {
@@ -92,6 +127,7 @@ impl<T: Send> Pool<T> {
             if let Some(task) = s.stack.pop() {
                 s.running += 1;
                 drop(s);
+                grow();
                 // A panicking task must not leave `running` raised forever,
                 // or the other workers would wait for it.
                 let guard = RunningGuard(self);
@@ -151,6 +187,39 @@ mod tests {
             }
         });
         assert_eq!(done.load(Ordering::Relaxed), (1 << 11) - 1);
+    }
+
+    /// Four tasks that each wait for all four to run at once: one worker
+    /// cannot run them, the four it grows to once `more` answers do.
+    #[test]
+    fn grows_to_the_count_given_later() {
+        use std::time::{Duration, Instant};
+        let pool = Pool::new();
+        // (The last runs first.)
+        pool.push_all([0u32, 1, 2, 3, 100]);
+        let asked = AtomicUsize::new(0);
+        // Not known when the first task is taken: known the next time.
+        let more = || (asked.fetch_add(1, Ordering::Relaxed) > 0).then_some(4);
+        let at_once = (Mutex::new(0usize), Condvar::new());
+        let met = AtomicUsize::new(0);
+        pool.run_growing(1, Some(&more), |t, _| {
+            if t == 100 {
+                // The first task: the next one taken asks `more` again.
+                return;
+            }
+            let (n, cv) = &at_once;
+            let mut n = n.lock();
+            *n += 1;
+            cv.notify_all();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while *n < 4 && Instant::now() < deadline {
+                cv.wait_for(&mut n, Duration::from_millis(50));
+            }
+            if *n >= 4 {
+                met.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+        assert_eq!(met.load(Ordering::Relaxed), 4, "4 tasks ran at once");
     }
 
     #[test]

@@ -66,9 +66,21 @@ impl<D: Send, W: Send> Queue<'_, D, W> {
 /// Walk from `roots` (visited in the order given) on `jobs` workers until
 /// every directory and piece of work queued is done.
 pub fn walk<V: Visitor>(v: &V, jobs: usize, roots: Vec<V::Dir>) {
+    walk_growing(v, jobs, None, roots)
+}
+
+/// [`walk`] on `jobs` workers, and on as many as `more` says once it
+/// answers ([`Pool::run_growing`]).
+pub fn walk_growing<V: Visitor>(
+    v: &V,
+    jobs: usize,
+    more: Option<&crate::MoreJobs>,
+    roots: Vec<V::Dir>,
+) {
     let pool: Pool<Task<V::Dir, V::Work>> = Pool::new();
     Queue { pool: &pool }.dirs(roots);
-    pool.run(jobs, |t, pool| {
+    let more = more.map(|m| &*m.0 as &(dyn Fn() -> Option<usize> + Sync));
+    pool.run_growing(jobs, more, |t, pool| {
         let q = Queue { pool };
         match t {
             Task::Dir(d) => v.dir(d, &q),

@@ -202,6 +202,7 @@ fn copy_benches(c: &mut Criterion) {
                     checksum: false,
                     fsync: false,
                     jobs,
+                    more_jobs: None,
                     filter: None,
                     bwlimit: None,
                     max_delete: None,

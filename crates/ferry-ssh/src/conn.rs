@@ -126,8 +126,15 @@ pub struct Conn {
     quiet: Arc<Quiet>,
     /// Buffers of big replies given back ([`Conn::recycle`]).
     bufs: Mutex<Vec<Vec<u8>>>,
-    /// Set once a call's round trip was measured ([`round_trip`]).
+    /// The request that measures the round trip ([`round_trip`]), sent
+    /// when the hello was read (`ping_at`): its reply, until waited for.
+    ping: Mutex<Option<Receiver<io::Result<Vec<u8>>>>>,
+    ping_at: std::time::Instant,
+    /// Set once its reply came (and the round trip was counted).
     timed: AtomicBool,
+    /// The walked tree asked about in the first flight ([`First`]), until
+    /// its store takes it.
+    first: Mutex<Option<First>>,
     /// Trees opened while a location was resolved ([`Req::StatRoot`]):
     /// their path, handle and metadata, until a store rooted there opens
     /// its root ([`Conn::take_root`]) without asking again.
@@ -137,6 +144,20 @@ pub struct Conn {
 /// A tree opened while a location was resolved: its path, handle and
 /// metadata, and its listing when that was asked with it.
 type OpenedRoot = (Vec<u8>, u64, ferry_engine::Meta, Option<Asked>);
+
+/// The tree a run walks there, asked about in the connection's first
+/// write (`open::first_words`): its `StatRoot` (opened as handle `dir`)
+/// and its listing, answered with the hello's round trip, not one more
+/// after it. `at` and `asked`: as [`Asked`]'s, from when the hello was
+/// read (the server lists it after that).
+pub(crate) struct First {
+    pub(crate) path: Vec<u8>,
+    pub(crate) dir: u64,
+    pub(crate) at: u64,
+    pub(crate) asked: std::time::Instant,
+    pub(crate) stat: Receiver<io::Result<Vec<u8>>>,
+    pub(crate) list: Receiver<io::Result<Vec<u8>>>,
+}
 
 /// A reply asked for ahead of its use: [`changes`] and the time when it
 /// was asked, and the reply.
@@ -287,26 +308,43 @@ impl Conn {
 
     /// Send a request and wait for its reply.
     pub fn call(&self, req: &Req<'_>) -> io::Result<Body> {
-        let asked = std::time::Instant::now();
         let rx = self.start(req)?;
-        self.wait_timed(asked, &rx)
+        self.wait(&rx)
     }
 
-    /// [`Conn::wait`] for a request sent at `asked`: the first reply
-    /// waited for this way measures the connection's round trip.
-    pub(crate) fn wait_timed(
-        &self,
-        asked: std::time::Instant,
-        rx: &Receiver<io::Result<Vec<u8>>>,
-    ) -> io::Result<Body> {
-        let r = self.wait(rx);
-        // The first call's round trip is the connection's (its first
-        // answer came with the hello: no round trip of its own).
-        if r.is_ok() && !self.timed.swap(true, Ordering::Relaxed) {
-            let rtt = asked.elapsed().as_micros().max(1) as u64;
-            RTT_US.fetch_max(rtt, Ordering::Relaxed);
+    /// The first flight's `StatRoot` and listing of the tree at `path`
+    /// ([`First`]), when they were asked; taken once.
+    pub(crate) fn take_first(&self, path: &[u8]) -> Option<First> {
+        let mut first = self.first.lock();
+        if first.as_ref()?.path != path {
+            return None;
         }
-        r
+        first.take()
+    }
+
+    /// The reply to the round trip's measure came (the reader thread, as
+    /// it reads it): counted in [`round_trip`].
+    pub(crate) fn pinged(&self) {
+        let rtt = self.ping_at.elapsed().as_micros().max(1) as u64;
+        RTT_US.fetch_max(rtt, Ordering::Relaxed);
+        self.timed.store(true, Ordering::Release);
+    }
+
+    /// Whether this connection's round trip is known (or never will be:
+    /// the connection is gone).
+    fn settled(&self) -> bool {
+        self.timed.load(Ordering::Acquire) || self.gone.load(Ordering::Relaxed)
+    }
+
+    /// Wait for the round trip's measure when it has not come yet.
+    fn timed(&self) {
+        if self.settled() {
+            return;
+        }
+        let rx = self.ping.lock().take();
+        if let Some(rx) = rx {
+            let _ = self.wait(&rx);
+        }
     }
 
     /// Give back the bytes of a reply read (a [`Body`]'s), for the next
@@ -399,13 +437,24 @@ fn lost_error(why: String) -> io::Error {
 /// The longest round trip measured on this run's connections, in µs.
 static RTT_US: AtomicU64 = AtomicU64::new(0);
 
-/// The longest round trip to a host of this run (the first request's,
-/// measured when its connection was made); `None` before any connection.
+/// The longest round trip to a host of this run (a request sent once its
+/// connection's hello was read; waited for here when it was not back yet:
+/// [`round_trip_known`] says whether it is); `None` before any connection.
 pub fn round_trip() -> Option<std::time::Duration> {
+    let conns: Vec<Arc<Conn>> = CONNS.lock().iter().map(|(_, c)| c.clone()).collect();
+    for c in conns {
+        c.timed();
+    }
     match RTT_US.load(Ordering::Relaxed) {
         0 => None,
         us => Some(std::time::Duration::from_micros(us)),
     }
+}
+
+/// Whether [`round_trip`] would answer now, without waiting: every
+/// connection of this run has its round trip measured (or is gone).
+pub fn round_trip_known() -> bool {
+    CONNS.lock().iter().all(|(_, c)| c.settled())
 }
 
 /// Count `d`, a round trip measured on another kind of session to a host

@@ -174,13 +174,14 @@ fn run_sync(a: SyncArgs, mode: ferry_engine::Mode, reg: &Backends) -> Result<u8,
         }
     }
     let keep = keep.map(std::sync::Arc::new);
-    let jobs = reg.jobs_for(a.tx.jobs, &[&job.src, &job.dst]);
+    let (jobs, more_jobs) = reg.jobs_now(a.tx.jobs, &[&job.src, &job.dst]);
     let opts = ferry_engine::Options {
         mode,
         dry_run: a.dry_run,
         checksum: a.checksum,
         fsync: a.write.fsync,
         jobs,
+        more_jobs,
         filter,
         bwlimit: a.write.limiter(),
         max_delete: a.max_delete,

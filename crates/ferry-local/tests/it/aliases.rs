@@ -45,6 +45,7 @@ fn opts(mode: Mode, keep: bool) -> Options {
         checksum: false,
         fsync: false,
         jobs: 2,
+        more_jobs: None,
         filter: None,
         bwlimit: None,
         max_delete: None,

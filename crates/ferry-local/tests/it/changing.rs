@@ -278,6 +278,7 @@ fn opts(bwlimit: Option<u64>) -> Options {
         checksum: false,
         fsync: false,
         jobs: 2,
+        more_jobs: None,
         filter: None,
         bwlimit: bwlimit.map(Limiter::new),
         max_delete: None,

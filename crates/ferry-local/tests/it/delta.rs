@@ -285,6 +285,7 @@ fn opts(delta: DeltaMode) -> Options {
         checksum: false,
         fsync: false,
         jobs: 2,
+        more_jobs: None,
         filter: None,
         bwlimit: None,
         max_delete: None,

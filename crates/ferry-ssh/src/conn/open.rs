@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 
-use super::{Body, Conn, Pending, Target, QUEUED};
+use super::{Body, Conn, First, Pending, Target, QUEUED};
 use crate::install::{Look, Report};
 use crate::proto::{self, Hello, Out, Req, Resp};
 use crate::quiet::{Quiet, Reading, Session, Writing};
@@ -98,8 +98,18 @@ pub(super) fn open_look(
         drop(stdin);
         return Err(start.settle(n));
     }
+    let read_hello = std::time::Instant::now();
     let (tx, rx) = mpsc::sync_channel::<Out>(QUEUED);
     std::thread::spawn(move || proto::write_out(stdin, rx));
+    // The round trip, measured by a request of its own sent now, once the
+    // server has started: the first flight's answers come with the
+    // server's first bytes where ssh forwards input before the command
+    // runs, and one round trip after them where it waits for that
+    // (OpenSSH: the session's window opens then), so they measure nothing.
+    // This one costs no wait: the run asks for it once its locations are
+    // resolved ([`super::round_trip`]), by when it has come back.
+    let (ping_tx, ping) = mpsc::sync_channel(1);
+    let _ = tx.send(proto::frame(FIRST_PING, &Req::Info).into());
     // Whether the server keeps owners and its cores, asked with the hello:
     // this first reply is read here, before the reader runs.
     let (root, cores) = match start.info(&mut stdout) {
@@ -109,11 +119,28 @@ pub(super) fn open_look(
             return Err(start.settle(n));
         }
     };
+    // The first flight's replies go to their requests like any other.
+    let mut pending = Pending::default();
+    pending.calls.insert(FIRST_PING, ping_tx);
+    let first = walk.map(|path| {
+        let (stat_tx, stat) = mpsc::sync_channel(1);
+        let (list_tx, list) = mpsc::sync_channel(1);
+        pending.calls.insert(FIRST_STAT, stat_tx);
+        pending.calls.insert(FIRST_LIST, list_tx);
+        First {
+            path: path.to_vec(),
+            dir: FIRST_DIR,
+            at: super::changes(),
+            asked: read_hello,
+            stat,
+            list,
+        }
+    });
     let conn = Arc::new(Conn {
         host: t.host.clone(),
         tx,
-        pending: Mutex::new(Pending::default()),
-        next: AtomicU64::new(1),
+        pending: Mutex::new(pending),
+        next: AtomicU64::new(FIRST_PING + 1),
         gone: AtomicBool::new(false),
         root,
         cores,
@@ -123,7 +150,10 @@ pub(super) fn open_look(
         closed: (Mutex::new(false), Condvar::new()),
         quiet: quiet.clone(),
         bufs: Mutex::new(Vec::new()),
+        ping: Mutex::new(Some(ping)),
+        ping_at: read_hello,
         timed: AtomicBool::new(false),
+        first: Mutex::new(first),
         roots: Mutex::new(Vec::new()),
     });
     quiet.attach(Arc::downgrade(&conn) as std::sync::Weak<dyn Session>);
@@ -134,10 +164,21 @@ pub(super) fn open_look(
     Ok(conn)
 }
 
+/// The ids of the first flight's `StatRoot` and `List` of the tree a run
+/// walks there, and the handle it is opened as ([`first_words`]).
+const FIRST_STAT: u64 = 1;
+const FIRST_LIST: u64 = 2;
+const FIRST_DIR: u64 = 3;
+/// The id of the request that measures the round trip (`Conn::ping`).
+const FIRST_PING: u64 = 4;
+
 /// What a connection writes first: the hello, this run's read-only flag,
 /// the heartbeat request and the Info request (answered with the hello),
-/// and the tree to list ahead, `walk`: listed there while the hellos and
-/// the first requests go back and forth.
+/// and the tree the run walks, `walk`: listed there ahead, while the
+/// hellos and the first requests go back and forth, and stat'ed, opened
+/// and listed for the walk ([`First`]). All of it in one write, before
+/// ssh has connected: its answers come back in the round trip that
+/// brings the first of the server's, not in rounds of their own after.
 fn first_words(t: &Target, walk: Option<&[u8]>) -> Vec<u8> {
     let mut first = Vec::with_capacity(128);
     let _ = proto::write_hello(&mut first);
@@ -151,6 +192,9 @@ fn first_words(t: &Target, walk: Option<&[u8]>) -> Vec<u8> {
     first.extend(proto::frame(u64::MAX, &Req::Info));
     if let Some(path) = walk {
         first.extend(proto::frame(0, &Req::ListAhead { path }));
+        let dir = FIRST_DIR;
+        first.extend(proto::frame(FIRST_STAT, &Req::StatRoot { path, dir }));
+        first.extend(proto::frame(FIRST_LIST, &Req::List { dir }));
     }
     first
 }
@@ -288,6 +332,9 @@ fn read_replies(
         let spare = || conn.bufs.lock().pop();
         match proto::read_placed(&mut r, spare) {
             Ok(Some((id, body))) => {
+                if id == FIRST_PING {
+                    conn.pinged();
+                }
                 let mut p = conn.pending.lock();
                 if let Some(s) = p.calls.remove(&id) {
                     drop(p);

@@ -73,17 +73,27 @@ impl SshStore {
     /// requests come, protocol 15), one round trip for both; taken by the
     /// walk's first listing of the root, unless a change was asked for
     /// in between (`conn::changes`) or it is older than 3 s (`conn::FRESH`).
+    /// On a connection made for that walk both were asked in its first
+    /// write (`conn::First`): their answers come with the hello's.
     pub fn stat_root(&self, path: &[u8]) -> io::Result<Option<Meta>> {
         let conn = self.conn();
-        let dir = conn.handle();
-        let asked = std::time::Instant::now();
-        let rx = conn.start(&Req::StatRoot { path, dir })?;
-        let listing = if self.walk && path == self.path.as_slice() {
-            Some((conn::changes(), asked, conn.start(&Req::List { dir })?))
-        } else {
-            None
+        // Asked in the connection's first write, when it was made for this
+        // run's walk of `path` (`conn::First`).
+        let (dir, r, listing) = match conn.take_first(path).filter(|_| self.walk) {
+            Some(f) => (f.dir, conn.wait(&f.stat)?, Some((f.at, f.asked, f.list))),
+            None => {
+                let dir = conn.handle();
+                let asked = std::time::Instant::now();
+                let rx = conn.start(&Req::StatRoot { path, dir })?;
+                let listing = if self.walk && path == self.path.as_slice() {
+                    Some((conn::changes(), asked, conn.start(&Req::List { dir })?))
+                } else {
+                    None
+                };
+                (dir, conn.wait(&rx)?, listing)
+            }
         };
-        match conn.wait_timed(asked, &rx)?.get()? {
+        match r.get()? {
             Resp::Root { meta, opened } => {
                 let meta = meta.map(|m| m.0);
                 if let (true, Some(m)) = (opened, meta) {

@@ -48,6 +48,104 @@ fn requests(log: &Path) -> Vec<String> {
     out
 }
 
+/// An `-e` command that runs `rsh`, holds what the server sends for its
+/// first 1.5 s, and writes to `log` what the client sent meanwhile: the
+/// connection's first write, all a client sends before it has read a byte.
+fn first_flight_rsh(dir: &Path, rsh: &str, log: &Path) -> String {
+    let words: Vec<String> = rsh.split_whitespace().map(|w| format!("{w:?}")).collect();
+    let script = dir.join("rsh-first");
+    std::fs::write(
+        &script,
+        format!(
+            r#"#!/usr/bin/env python3
+import os, select, subprocess, sys, time
+p = subprocess.Popen([{words}] + sys.argv[1:], stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+up, down = p.stdin.fileno(), p.stdout.fileno()
+held, log, start, fds = [], open({log:?}, "wb"), time.time(), [0, down]
+while down in fds:
+    if held is not None and time.time() - start > 1.5:
+        log.close()
+        for b in held:
+            os.write(1, b)
+        held = None
+    r, _, _ = select.select(fds, [], [], 0.1)
+    if 0 in r:
+        b = os.read(0, 1 << 16)
+        if not b:
+            fds.remove(0)
+            p.stdin.close()
+        else:
+            if held is not None:
+                log.write(b)
+            os.write(up, b)
+    if down in r:
+        b = os.read(down, 1 << 16)
+        if not b:
+            fds.remove(down)
+        elif held is not None:
+            held.append(b)
+        else:
+            os.write(1, b)
+sys.exit(p.wait())
+"#,
+            log = log.display().to_string(),
+            words = words.join(", "),
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    script.to_str().unwrap().to_string()
+}
+
+/// The tree a run walks there is stat'ed, opened and listed in the
+/// connection's first write, with the hello: its answers come in the round
+/// trip that brings the server's hello, not in one of their own after it.
+/// Checked on the wire: the server's bytes are held while the client
+/// writes, and what it wrote before reading any holds the walked tree's
+/// `StatRoot` and `List` (before this: the hello, `Info` and `ListAhead`;
+/// `StatRoot` went once `Info` was answered). Push and pull.
+#[test]
+fn the_walked_tree_is_asked_for_in_the_first_write() {
+    let Some((rsh, host)) = need_server() else {
+        return;
+    };
+    let t = tmpdir();
+    let src = t.path().join("src");
+    std::fs::create_dir_all(src.join("d")).unwrap();
+    std::fs::write(src.join("d/f"), b"data").unwrap();
+    let there = t.path().join("there");
+    // The first copy (and the install there) as usual.
+    ferry_ssh(
+        &rsh,
+        "copy",
+        &[src.clone().into_os_string(), at(&host, &there)],
+    )
+    .ok();
+    std::fs::write(src.join("d/g"), b"more").unwrap();
+    for (what, push) in [("push", true), ("pull", false)] {
+        let log = t.path().join(format!("first-{what}"));
+        let e = first_flight_rsh(t.path(), &rsh, &log);
+        let back = t.path().join("back");
+        let (s, d) = if push {
+            (src.clone().into_os_string(), at(&host, &there))
+        } else {
+            (at(&host, &there), back.clone().into_os_string())
+        };
+        ferry_ssh(&e, "copy", &[s, d]).ok();
+        let first = requests(&log);
+        let at_ = |k: &str| first.iter().position(|a| a == k);
+        assert!(at_("Info").is_some(), "{what}: {first:?}");
+        let (Some(ahead), Some(stat), Some(list)) =
+            (at_("ListAhead"), at_("StatRoot"), at_("List"))
+        else {
+            panic!("{what}: the first write holds no StatRoot and List: {first:?}");
+        };
+        assert!(ahead < stat && stat < list, "{what}: {first:?}");
+        assert_trees_equal(&src, &there);
+    }
+    assert_trees_equal(&src, &t.path().join("back"));
+}
+
 /// A no-op push into an existing directory and a pull of a remote tree:
 /// what SRC or DST there is and the opening of its tree are one request
 /// (`StatRoot`), with no `StatPath` and no `Root` of their own.
