@@ -244,7 +244,7 @@ pub fn serve_guarded(guard: Option<u32>) -> io::Result<()> {
 
 /// Serve requests read from `input`, replies written to `output`.
 pub fn serve_on(
-    mut input: impl Read,
+    mut input: io::BufReader<impl Read>,
     output: impl crate::splice::Sink + Send + 'static,
 ) -> io::Result<()> {
     let mut output = output;
@@ -326,17 +326,29 @@ pub fn serve_on(
 
 fn read_requests(
     st: &Arc<State>,
-    input: &mut impl Read,
+    input: &mut io::BufReader<impl Read>,
     work: &SyncSender<(u64, Vec<u8>)>,
     disk: &SyncSender<Job>,
 ) -> io::Result<()> {
     // Watches of this client's trees: stopped (dropped) when it is gone.
     let mut watching = Vec::new();
-    while let Some(next) = read_request(st, input)? {
+    // The replies made on this thread (`Info`, `StatRoot`, `OpenDir`,
+    // `OpenDirAhead`), sent together once the requests read so far are
+    // done, before it waits for more: a client's hundred `OpenDirAhead`s
+    // are answered in one write (one ssh packet), not in a hundred. Never
+    // held while this thread waits (for input, or for room in a queue).
+    let mut here = Here(Vec::new());
+    loop {
+        if input.buffer().is_empty() {
+            here.flush(st);
+        }
+        let Some(next) = read_request(st, input)? else {
+            break;
+        };
         let (id, body) = match next {
             Incoming::Msg(id, body) => (id, body),
             Incoming::Chunk(c) => {
-                if disk.send(Job::Chunk(c)).is_err() {
+                if !here.send(st, disk, Job::Chunk(c)) {
                     break;
                 }
                 continue;
@@ -352,9 +364,13 @@ fn read_requests(
                 continue;
             }
             // Sent with the hello, and waited for before anything else:
-            // answered here, not behind the workers' start.
+            // answered here, not behind the workers' start, and sent at once:
+            // the client reads it as the first frame after the hello (a
+            // worker's answer to the first flight's `List` must not go
+            // before it).
             Req::Info => {
-                reply(st, id, Ok(answer::info(st, id)));
+                here.reply(id, Ok(answer::info(st, id)));
+                here.flush(st);
                 continue;
             }
             Req::Watch { path, poll } => {
@@ -383,15 +399,15 @@ fn read_requests(
             // So is a tree's (protocol 15): its listing may come right
             // behind.
             Req::StatRoot { path, dir } => {
-                reply(st, id, answer::stat_root(st, id, path, dir));
+                here.reply(id, answer::stat_root(st, id, path, dir));
                 continue;
             }
             Req::OpenDir { dir, name, new } => {
-                reply(st, id, answer::open_dir(st, id, dir, name, new));
+                here.reply(id, answer::open_dir(st, id, dir, name, new));
                 continue;
             }
             Req::OpenDirAhead { dir, name, new } => {
-                reply(st, id, answer::open_dir_ahead(st, id, dir, name, new));
+                here.reply(id, answer::open_dir_ahead(st, id, dir, name, new));
                 continue;
             }
             Req::ReadOnly => {
@@ -417,14 +433,46 @@ fn read_requests(
             _ => false,
         };
         let sent = match to_disk {
-            true => disk.send(Job::Msg(id, body)).is_ok(),
-            false => work.send((id, body)).is_ok(),
+            true => here.send(st, disk, Job::Msg(id, body)),
+            false => here.send(st, work, (id, body)),
         };
         if !sent {
             break;
         }
     }
+    here.flush(st);
     Ok(())
+}
+
+/// Replies made on the reading thread, not sent yet ([`read_requests`]).
+struct Here(Vec<u8>);
+
+impl Here {
+    fn reply(&mut self, id: u64, f: io::Result<Vec<u8>>) {
+        if id != 0 {
+            self.0
+                .extend_from_slice(&f.unwrap_or_else(|e| err_frame(id, &e)));
+        }
+    }
+
+    fn flush(&mut self, st: &State) {
+        if !self.0.is_empty() {
+            let _ = st.out.lock().send(std::mem::take(&mut self.0).into());
+        }
+    }
+
+    /// `job` queued; what is held is sent first when the queue is full
+    /// (this thread then waits). False: the queue is gone.
+    fn send<T>(&mut self, st: &State, q: &SyncSender<T>, job: T) -> bool {
+        match q.try_send(job) {
+            Ok(()) => true,
+            Err(mpsc::TrySendError::Full(job)) => {
+                self.flush(st);
+                q.send(job).is_ok()
+            }
+            Err(mpsc::TrySendError::Disconnected(_)) => false,
+        }
+    }
 }
 
 /// Work for the disk thread, in the order it came.
@@ -585,13 +633,6 @@ fn read_piped(
 
 /// Send the reply of request `id`, answered by the reading thread (its
 /// error frame for an error; nothing for a request of id 0).
-fn reply(st: &State, id: u64, f: io::Result<Vec<u8>>) {
-    if id != 0 {
-        let f = f.unwrap_or_else(|e| err_frame(id, &e));
-        let _ = st.out.lock().send(f.into());
-    }
-}
-
 fn err_frame(id: u64, e: &io::Error) -> Vec<u8> {
     proto::frame(id, &Resp::Err(e.into()))
 }
