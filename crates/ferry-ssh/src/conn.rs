@@ -28,6 +28,10 @@ use crate::quiet::{Quiet, Session};
 /// Frames queued for the writer thread at most (a big file's chunks wait
 /// for room: memory stays bounded).
 const QUEUED: usize = 64;
+/// Directory closes held at most before they are sent ([`Conn::close_dir`]).
+const CLOSES: usize = 64;
+/// The bytes of one `Close` frame, about (a handle of up to 2^28).
+const CLOSE_FRAME: usize = 17;
 /// Buffers of big replies kept for reuse at most ([`Conn::recycle`]).
 const RECYCLED: usize = 16;
 
@@ -135,6 +139,8 @@ pub struct Conn {
     /// The walked tree asked about in the first flight ([`First`]), until
     /// its store takes it.
     first: Mutex<Option<First>>,
+    /// Directories' `Close` frames not sent yet ([`Conn::close_dir`]).
+    closes: Mutex<Vec<u8>>,
     /// Trees opened while a location was resolved ([`Req::StatRoot`]):
     /// their path, handle and metadata, until a store rooted there opens
     /// its root ([`Conn::take_root`]) without asking again.
@@ -243,8 +249,36 @@ impl Conn {
     pub fn send(&self, req: &Req<'_>) -> io::Result<()> {
         note(req);
         self.tx
-            .send(proto::frame(0, req).into())
+            .send(self.framed(0, req).into())
             .map_err(|_| self.lost())
+    }
+
+    /// Close directory handle `dir` there: its `Close` goes with the next
+    /// request, or with the directories closed meanwhile once there are
+    /// [`CLOSES`] (a walk closes each directory it is done with: one
+    /// write, one ssh packet and a wake-up at both ends each, else). The
+    /// server's descriptors stay open that much longer; a session's end
+    /// closes them all.
+    pub(crate) fn close_dir(&self, dir: u64) {
+        let mut c = self.closes.lock();
+        c.extend(proto::frame(0, &Req::Close { handle: dir }));
+        if c.len() >= CLOSES * CLOSE_FRAME {
+            let out = std::mem::take(&mut *c);
+            drop(c);
+            let _ = self.tx.send(out.into());
+        }
+    }
+
+    /// Request `req` as frame `id`, behind the closes not sent yet.
+    fn framed(&self, id: u64, req: &Req<'_>) -> Vec<u8> {
+        let f = proto::frame(id, req);
+        let mut c = self.closes.lock();
+        if c.is_empty() {
+            return f;
+        }
+        let mut out = std::mem::take(&mut *c);
+        out.extend_from_slice(&f);
+        out
     }
 
     /// Send a frame built by the caller (a [`Out::Piped`] one) that gets
@@ -271,7 +305,7 @@ impl Conn {
             }
             p.calls.insert(id, stx);
         }
-        if self.tx.send(proto::frame(id, req).into()).is_err() {
+        if self.tx.send(self.framed(id, req).into()).is_err() {
             self.pending.lock().calls.remove(&id);
             return Err(self.lost());
         }
@@ -291,7 +325,7 @@ impl Conn {
             }
             p.streams.insert(id, stx);
         }
-        if self.tx.send(proto::frame(id, req).into()).is_err() {
+        if self.tx.send(self.framed(id, req).into()).is_err() {
             self.pending.lock().streams.remove(&id);
             return Err(self.lost());
         }

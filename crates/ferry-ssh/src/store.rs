@@ -141,7 +141,7 @@ pub(crate) fn join(dir: &[u8], name: &[u8]) -> Arc<[u8]> {
 
 impl Drop for SshDir {
     fn drop(&mut self) {
-        let _ = self.conn.send(&Req::Close { handle: self.id });
+        self.conn.close_dir(self.id);
     }
 }
 

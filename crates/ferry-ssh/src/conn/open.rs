@@ -154,6 +154,7 @@ pub(super) fn open_look(
         ping_at: read_hello,
         timed: AtomicBool::new(false),
         first: Mutex::new(first),
+        closes: Mutex::new(Vec::new()),
         roots: Mutex::new(Vec::new()),
     });
     quiet.attach(Arc::downgrade(&conn) as std::sync::Weak<dyn Session>);
