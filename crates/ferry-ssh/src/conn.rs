@@ -141,6 +141,10 @@ pub struct Conn {
     first: Mutex<Option<First>>,
     /// Directories' `Close` frames not sent yet ([`Conn::close_dir`]).
     closes: Mutex<Vec<u8>>,
+    /// The walked tree's directories opened and listed in the first
+    /// flight ([`hint_walk`]), until the walk's hint takes them.
+    /// (The walked tree's path.)
+    first_dirs: Mutex<Option<(Vec<u8>, Vec<FirstDir>)>>,
     /// Trees opened while a location was resolved ([`Req::StatRoot`]):
     /// their path, handle and metadata, until a store rooted there opens
     /// its root ([`Conn::take_root`]) without asking again.
@@ -163,6 +167,42 @@ pub(crate) struct First {
     pub(crate) asked: std::time::Instant,
     pub(crate) stat: Receiver<io::Result<Vec<u8>>>,
     pub(crate) list: Receiver<io::Result<Vec<u8>>>,
+}
+
+/// A directory of the walked tree opened (`OpenDirAhead`, chained to its
+/// parent's handle from the root's, [`First::dir`]) and listed in the
+/// connection's first flight ([`hint_walk`]): `rel` below the root.
+pub(crate) struct FirstDir {
+    pub(crate) rel: Vec<u8>,
+    pub(crate) handle: u64,
+    pub(crate) asked: std::time::Instant,
+    pub(crate) opened: Receiver<io::Result<Vec<u8>>>,
+    pub(crate) listed: Receiver<io::Result<Vec<u8>>>,
+}
+
+/// The directories the other side's tree has (paths relative to its root,
+/// parents first, those the walk leaves out left out), once its listing
+/// made ahead is done: waited for on a thread of its own.
+pub type WalkHint = Box<dyn FnOnce() -> Vec<Vec<u8>> + Send>;
+
+/// The hint for the next connection made for a run's walk ([`hint_walk`]).
+static HINT: Mutex<Option<WalkHint>> = Mutex::new(None);
+
+/// Before a run connects: the directories of the tree it walks there, as
+/// the tree listed here names them. The connection made for that walk
+/// sends their opens and listings in its first flight, behind the root's
+/// (written into ssh's input while it connects, when the listing here is
+/// done by then): the tree's first levels come back with the hello, not a
+/// round trip after it. What it opened is taken by the walk's own hint
+/// (`PipelineStore::expect_dirs`) under the same rules (the identity the
+/// parent's listing names, at most [`FRESH`] old).
+pub fn hint_walk(h: WalkHint) {
+    *HINT.lock() = Some(h);
+}
+
+/// The hint for a connection made for a walk, taken once.
+pub(crate) fn take_hint() -> Option<WalkHint> {
+    HINT.lock().take()
 }
 
 /// A reply asked for ahead of its use: [`changes`] and the time when it
@@ -346,6 +386,18 @@ impl Conn {
         self.wait(&rx)
     }
 
+    /// The directories opened in the first flight below the tree at `path`
+    /// opened as `dir` ([`FirstDir`]); taken once.
+    pub(crate) fn take_first_dirs(&self, path: &[u8], dir: u64) -> Vec<FirstDir> {
+        let mut first = self.first_dirs.lock();
+        match first.as_ref() {
+            Some((p, _)) if p == path && dir == open::FIRST_DIR => {
+                first.take().map(|(_, d)| d).unwrap_or_default()
+            }
+            _ => Vec::new(),
+        }
+    }
+
     /// The first flight's `StatRoot` and listing of the tree at `path`
     /// ([`First`]), when they were asked; taken once.
     pub(crate) fn take_first(&self, path: &[u8]) -> Option<First> {
@@ -358,9 +410,15 @@ impl Conn {
 
     /// The reply to the round trip's measure came (the reader thread, as
     /// it reads it): counted in [`round_trip`].
-    pub(crate) fn pinged(&self) {
-        let rtt = self.ping_at.elapsed().as_micros().max(1) as u64;
-        RTT_US.fetch_max(rtt, Ordering::Relaxed);
+    pub(crate) fn pinged(&self, reply: &[u8]) {
+        // The server's measure (from its hello's write to the ping's read:
+        // no wait of the reply behind the first listings in it), else this
+        // end's.
+        let rtt = match proto::decode::<Resp>(reply) {
+            Ok(Resp::Count(us)) => us,
+            _ => self.ping_at.elapsed().as_micros() as u64,
+        };
+        RTT_US.fetch_max(rtt.max(1), Ordering::Relaxed);
         self.timed.store(true, Ordering::Release);
     }
 
