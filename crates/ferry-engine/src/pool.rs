@@ -11,7 +11,7 @@
 //! busy pool costs one uncontended lock per push and pop, no syscall.
 
 use parking_lot::{Condvar, Mutex};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// A stack of tasks shared by the workers.
 pub struct Pool<T> {
@@ -81,11 +81,14 @@ impl<T: Send> Pool<T> {
         self.run_growing(workers, None, f)
     }
 
-    /// [`Pool::run`] on `workers` threads, and on as many as `more` says
-    /// once it says it: asked (it must not block) each time a worker takes
-    /// a task, until it answers. A count known only once the run has begun
-    /// (a remote link's round trip, measured while the first tasks run)
-    /// takes effect then, without holding the first tasks back for it.
+    /// [`Pool::run`] on `workers` threads, and on up to as many as `more`
+    /// says once it says it: asked (it must not block) each time a worker
+    /// takes a task, until it answers; from then on, a worker that takes a
+    /// task while more are queued than workers wait starts as many more as
+    /// are queued, up to that count. A count known only once the run has
+    /// begun (a remote link's round trip, measured while the first tasks
+    /// run) takes effect then, without holding the first tasks back for
+    /// it, and threads are started only for work that waits for one.
     pub fn run_growing<F>(
         &self,
         workers: usize,
@@ -95,21 +98,34 @@ impl<T: Send> Pool<T> {
         F: Fn(T, &Pool<T>) + Sync,
     {
         let workers = workers.max(1);
-        let settled = AtomicBool::new(more.is_none());
+        // The count to grow to (0: not known yet), and the threads started.
+        let target = AtomicUsize::new(if more.is_none() { workers } else { 0 });
+        let started = AtomicUsize::new(workers);
         std::thread::scope(|scope| {
-            let (f, settled) = (&f, &settled);
-            let grow = move || {
-                if settled.load(Ordering::Relaxed) {
-                    return;
-                }
-                let Some(n) = more.and_then(|m| m()) else {
-                    return;
+            let (f, target, started) = (&f, &target, &started);
+            let grow = move |queued: usize, idle: usize| {
+                let n = match target.load(Ordering::Relaxed) {
+                    0 => match more.and_then(|m| m()) {
+                        Some(n) => {
+                            target.store(n.max(1), Ordering::Relaxed);
+                            n.max(1)
+                        }
+                        None => return,
+                    },
+                    n => n,
                 };
-                if settled.swap(true, Ordering::Relaxed) {
+                let have = started.load(Ordering::Relaxed);
+                if have >= n || queued <= idle {
                     return;
                 }
-                for _ in workers..n {
-                    scope.spawn(move || self.work(f, &|| ()));
+                let k = (n - have).min(queued - idle);
+                if started
+                    .compare_exchange(have, have + k, Ordering::Relaxed, Ordering::Relaxed)
+                    .is_ok()
+                {
+                    for _ in 0..k {
+                        scope.spawn(move || self.work(f, &|_, _| ()));
+                    }
                 }
             };
             for _ in 0..workers {
@@ -118,7 +134,7 @@ impl<T: Send> Pool<T> {
         });
     }
 
-    fn work<F: Fn(T, &Pool<T>)>(&self, f: &F, grow: &dyn Fn()) {
+    fn work<F: Fn(T, &Pool<T>)>(&self, f: &F, grow: &dyn Fn(usize, usize)) {
         let mut s = self.state.lock();
         loop {
             if s.stop {
@@ -126,8 +142,9 @@ impl<T: Send> Pool<T> {
             }
             if let Some(task) = s.stack.pop() {
                 s.running += 1;
+                let (queued, idle) = (s.stack.len(), s.waiting);
                 drop(s);
-                grow();
+                grow(queued, idle);
                 // A panicking task must not leave `running` raised forever,
                 // or the other workers would wait for it.
                 let guard = RunningGuard(self);
