@@ -123,7 +123,6 @@ pub(super) fn open_look(
     // flight's listings: its time here would count their transfer). It
     // costs no wait: the walk starts without it and grows to the workers
     // it says ([`super::round_trip_known`]).
-    let (ping_tx, ping) = mpsc::sync_channel(1);
     let _ = tx.send(proto::frame(FIRST_PING, &Req::Ping).into());
     // Whether the server keeps owners and its cores, asked with the hello:
     // this first reply is read here, before the reader runs.
@@ -136,7 +135,10 @@ pub(super) fn open_look(
     };
     // The first flight's replies go to their requests like any other.
     let mut pending = Pending::default();
-    pending.calls.insert(FIRST_PING, ping_tx);
+    // (The first measure's reply is read by the reader thread itself; a
+    // wait for the round trip waits for the second's.)
+    let (ping2_tx, ping) = mpsc::sync_channel(1);
+    pending.calls.insert(FIRST_PING2, ping2_tx);
     let first_dirs = walk.map(|path| {
         let dirs = sent
             .into_iter()
@@ -186,6 +188,7 @@ pub(super) fn open_look(
         bufs: Mutex::new(Vec::new()),
         ping: Mutex::new(Some(ping)),
         ping_at: read_hello,
+        ping2: Mutex::new(None),
         timed: AtomicBool::new(false),
         first: Mutex::new(first),
         closes: Mutex::new(Vec::new()),
@@ -212,7 +215,9 @@ const FIRST_PING: u64 = 4;
 /// listing's id).
 const FIRST_DIRS: usize = 256;
 /// The first number a connection gives out.
-const FIRST_FREE: u64 = FIRST_PING + 1 + 3 * FIRST_DIRS as u64;
+const FIRST_FREE: u64 = FIRST_PING + 2 + 3 * FIRST_DIRS as u64;
+/// The id of the round trip's second measure (`Conn::pinged`).
+pub(super) const FIRST_PING2: u64 = FIRST_FREE - 1;
 
 /// The walked tree's directories written into ssh's input while it
 /// connects ([`super::hint_walk`]): a thread waits for the listing here
@@ -477,6 +482,8 @@ fn read_replies(
             Ok(Some((id, body))) => {
                 if id == FIRST_PING {
                     conn.pinged(&body);
+                } else if id == FIRST_PING2 {
+                    conn.pinged2();
                 }
                 let mut p = conn.pending.lock();
                 if let Some(s) = p.calls.remove(&id) {
