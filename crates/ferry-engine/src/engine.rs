@@ -620,24 +620,14 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
     /// After the walk (`before` false): an empty hint, so that what was
     /// opened ahead and not taken is let go. True when a hint was given.
     fn expect_dirs(&self, root: &Node<S, D>, before: bool) -> bool {
-        const DIRS: usize = 1024;
-        const ENTRIES: usize = 100_000;
-        // Not those the run leaves out (by name: the exclude rules, kept
-        // versions), nor, in the store, what is under them.
-        let walked = |rel: &Vec<u8>| {
-            let (dir, name) = match rel.iter().rposition(|&b| b == b'/') {
-                Some(i) => (&rel[..i], &rel[i + 1..]),
-                None => (&b""[..], &rel[..]),
-            };
-            name != crate::keep::VERSIONS_DIR
-                && !self
-                    .opts
-                    .filter
-                    .as_ref()
-                    .is_some_and(|f| f.excluded(dir, name, true))
-        };
+        use crate::prefetch::{HINT_DIRS, HINT_ENTRIES};
+        let filter = self.opts.filter.as_ref();
         let dirs = |p: &crate::prefetch::Prefetch| match before {
-            true => p.dirs(DIRS, ENTRIES).into_iter().filter(walked).collect(),
+            true => p
+                .dirs(HINT_DIRS, HINT_ENTRIES)
+                .into_iter()
+                .filter(|rel| walks_into(filter, rel))
+                .collect(),
             false => Vec::new(),
         };
         if let (Some(p), Some(d), Some(_)) = (self.prefetch[0], &root.dst, &root.dst_meta) {
@@ -668,6 +658,20 @@ impl<'a, S: Store, D: Store> Engine<'a, S, D> {
         }
         self.halted.store(true, Ordering::Relaxed);
     }
+}
+
+/// Whether a walk with `filter` goes into directory `rel` (relative to its
+/// root), as far as its name tells: not one the run leaves out (the
+/// exclude rules, kept versions). What is under one it leaves out is not
+/// walked either: a hint of the directories a store is to open ahead of
+/// the walk leaves those out (the engine's, and one given to a store
+/// before the run: the ssh store's first write).
+pub fn walks_into(filter: Option<&Filter>, rel: &[u8]) -> bool {
+    let (dir, name) = match rel.iter().rposition(|&b| b == b'/') {
+        Some(i) => (&rel[..i], &rel[i + 1..]),
+        None => (&b""[..], rel),
+    };
+    name != crate::keep::VERSIONS_DIR && !filter.is_some_and(|f| f.excluded(dir, name, true))
 }
 
 /// The engine as the visitor of its walk.

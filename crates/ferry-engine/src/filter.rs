@@ -44,7 +44,7 @@ pub struct Rules {
 }
 
 /// Compiled rules.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Filter {
     /// Name rules for everything that is not a directory.
     files: Gitignore,

@@ -32,7 +32,7 @@ pub mod watch;
 pub mod xattr;
 
 pub use engine::{
-    may_remove, Barrier, Engine, Guard, MaxDelete, Mode, MoreJobs, Options, Refused,
+    may_remove, walks_into, Barrier, Engine, Guard, MaxDelete, Mode, MoreJobs, Options, Refused,
     RemovalsStopped, Scope, MAX_DELETE_WINDOW,
 };
 pub use entry::{Kind, Listing, Meta};

@@ -55,6 +55,18 @@ struct Inner {
     entries: AtomicUsize,
     /// Directories listed so far.
     listed: AtomicUsize,
+    /// Set (and notified) once the background listing has ended.
+    done: (Mutex<bool>, Condvar),
+}
+
+/// Marks the background listing ended when dropped (every way out).
+struct Ended(Arc<Inner>);
+
+impl Drop for Ended {
+    fn drop(&mut self) {
+        *self.0.done.0.lock() = true;
+        self.0.done.1.notify_all();
+    }
 }
 
 /// Listings of one tree made ahead of a run (see the module's docs).
@@ -85,9 +97,11 @@ impl Prefetch {
             stop: AtomicBool::new(false),
             entries: AtomicUsize::new(0),
             listed: AtomicUsize::new(0),
+            done: (Mutex::new(false), Condvar::new()),
         });
         let i = inner.clone();
         std::thread::spawn(move || {
+            let _ended = Ended(i.clone());
             // Below the run's own threads (and the processes it starts:
             // ssh, whose key exchange shares these cores): this listing
             // fills the time they wait.
@@ -135,6 +149,12 @@ impl Prefetch {
         self.inner.listed.load(Ordering::Relaxed)
     }
 
+    /// A handle on this prefetch's directories for another thread
+    /// ([`Hint::dirs_when_done`]).
+    pub fn hint(&self) -> Hint {
+        Hint(self.inner.clone())
+    }
+
     /// The tree's directories listed so far (paths relative to its root,
     /// the root left out), level by level, each after its parent, as many
     /// as `max_dirs` and, counting the entries of each, `max_entries`
@@ -142,31 +162,65 @@ impl Prefetch {
     /// and list ahead of the walk
     /// ([`PipelineStore::expect_dirs`](crate::store::PipelineStore::expect_dirs)).
     pub fn dirs(&self, max_dirs: usize, max_entries: usize) -> Vec<Vec<u8>> {
-        let seen = self.inner.seen.lock();
-        let depth = |p: &[u8]| p.iter().filter(|&&b| b == b'/').count();
-        let mut all: Vec<(usize, &[u8], usize)> = seen
-            .iter()
-            .filter(|(rel, _)| !rel.is_empty())
-            .map(|(rel, n)| (depth(rel), rel.as_slice(), *n))
-            .collect();
-        all.sort_unstable();
-        let mut out: Vec<Vec<u8>> = Vec::new();
-        let mut taken = std::collections::HashSet::new();
-        let mut entries = 0;
-        for (_, rel, n) in all {
-            if out.len() >= max_dirs || entries + n > max_entries {
-                break;
-            }
-            let parent = rel.iter().rposition(|&b| b == b'/').map(|i| &rel[..i]);
-            if parent.is_some_and(|p| !taken.contains(p)) {
-                continue;
-            }
-            taken.insert(rel);
-            entries += n;
-            out.push(rel.to_vec());
-        }
-        out
+        dirs_of(&self.inner, max_dirs, max_entries)
     }
+}
+
+/// The directories of a [`Prefetch`], for a thread that does not own it.
+#[derive(Clone)]
+pub struct Hint(Arc<Inner>);
+
+impl Hint {
+    /// [`Prefetch::dirs`] once the background listing has ended (all of
+    /// the tree listed, or the walk began, or the prefetch was dropped),
+    /// the run's walk leaving out what `walked` says (the walk's own
+    /// choice: [`crate::Engine`]'s hint) — waiting for it.
+    pub fn dirs_when_done(&self, walked: impl Fn(&[u8]) -> bool) -> Vec<Vec<u8>> {
+        let (lock, cv) = &self.0.done;
+        let mut done = lock.lock();
+        while !*done {
+            cv.wait(&mut done);
+        }
+        drop(done);
+        dirs_of(&self.0, HINT_DIRS, HINT_ENTRIES)
+            .into_iter()
+            .filter(|d| walked(d))
+            .collect()
+    }
+}
+
+/// Directories hinted to the other side's store at most
+/// ([`crate::store::PipelineStore::expect_dirs`]), and entries in them.
+pub const HINT_DIRS: usize = 1024;
+/// See [`HINT_DIRS`].
+pub const HINT_ENTRIES: usize = 100_000;
+
+/// [`Prefetch::dirs`] of `inner`.
+fn dirs_of(inner: &Inner, max_dirs: usize, max_entries: usize) -> Vec<Vec<u8>> {
+    let seen = inner.seen.lock();
+    let depth = |p: &[u8]| p.iter().filter(|&&b| b == b'/').count();
+    let mut all: Vec<(usize, &[u8], usize)> = seen
+        .iter()
+        .filter(|(rel, _)| !rel.is_empty())
+        .map(|(rel, n)| (depth(rel), rel.as_slice(), *n))
+        .collect();
+    all.sort_unstable();
+    let mut out: Vec<Vec<u8>> = Vec::new();
+    let mut taken = std::collections::HashSet::new();
+    let mut entries = 0;
+    for (_, rel, n) in all {
+        if out.len() >= max_dirs || entries + n > max_entries {
+            break;
+        }
+        let parent = rel.iter().rposition(|&b| b == b'/').map(|i| &rel[..i]);
+        if parent.is_some_and(|p| !taken.contains(p)) {
+            continue;
+        }
+        taken.insert(rel);
+        entries += n;
+        out.push(rel.to_vec());
+    }
+    out
 }
 
 impl Drop for Prefetch {

@@ -134,6 +134,8 @@ pub struct Conn {
     /// when the hello was read (`ping_at`): its reply, until waited for.
     ping: Mutex<Option<Receiver<io::Result<Vec<u8>>>>>,
     ping_at: std::time::Instant,
+    /// The second measure's start and the first's value ([`Conn::pinged`]).
+    ping2: Mutex<Option<(std::time::Instant, u64)>>,
     /// Set once its reply came (and the round trip was counted).
     timed: AtomicBool,
     /// The walked tree asked about in the first flight ([`First`]), until
@@ -141,6 +143,10 @@ pub struct Conn {
     first: Mutex<Option<First>>,
     /// Directories' `Close` frames not sent yet ([`Conn::close_dir`]).
     closes: Mutex<Vec<u8>>,
+    /// The walked tree's directories opened and listed in the first
+    /// flight ([`hint_walk`]), until the walk's hint takes them.
+    /// (The walked tree's path.)
+    first_dirs: Mutex<Option<(Vec<u8>, Vec<FirstDir>)>>,
     /// Trees opened while a location was resolved ([`Req::StatRoot`]):
     /// their path, handle and metadata, until a store rooted there opens
     /// its root ([`Conn::take_root`]) without asking again.
@@ -163,6 +169,42 @@ pub(crate) struct First {
     pub(crate) asked: std::time::Instant,
     pub(crate) stat: Receiver<io::Result<Vec<u8>>>,
     pub(crate) list: Receiver<io::Result<Vec<u8>>>,
+}
+
+/// A directory of the walked tree opened (`OpenDirAhead`, chained to its
+/// parent's handle from the root's, [`First::dir`]) and listed in the
+/// connection's first flight ([`hint_walk`]): `rel` below the root.
+pub(crate) struct FirstDir {
+    pub(crate) rel: Vec<u8>,
+    pub(crate) handle: u64,
+    pub(crate) asked: std::time::Instant,
+    pub(crate) opened: Receiver<io::Result<Vec<u8>>>,
+    pub(crate) listed: Receiver<io::Result<Vec<u8>>>,
+}
+
+/// The directories the other side's tree has (paths relative to its root,
+/// parents first, those the walk leaves out left out), once its listing
+/// made ahead is done: waited for on a thread of its own.
+pub type WalkHint = Box<dyn FnOnce() -> Vec<Vec<u8>> + Send>;
+
+/// The hint for the next connection made for a run's walk ([`hint_walk`]).
+static HINT: Mutex<Option<WalkHint>> = Mutex::new(None);
+
+/// Before a run connects: the directories of the tree it walks there, as
+/// the tree listed here names them. The connection made for that walk
+/// sends their opens and listings in its first flight, behind the root's
+/// (written into ssh's input while it connects, when the listing here is
+/// done by then): the tree's first levels come back with the hello, not a
+/// round trip after it. What it opened is taken by the walk's own hint
+/// (`PipelineStore::expect_dirs`) under the same rules (the identity the
+/// parent's listing names, at most [`FRESH`] old).
+pub fn hint_walk(h: WalkHint) {
+    *HINT.lock() = Some(h);
+}
+
+/// The hint for a connection made for a walk, taken once.
+pub(crate) fn take_hint() -> Option<WalkHint> {
+    HINT.lock().take()
 }
 
 /// A reply asked for ahead of its use: [`changes`] and the time when it
@@ -346,6 +388,18 @@ impl Conn {
         self.wait(&rx)
     }
 
+    /// The directories opened in the first flight below the tree at `path`
+    /// opened as `dir` ([`FirstDir`]); taken once.
+    pub(crate) fn take_first_dirs(&self, path: &[u8], dir: u64) -> Vec<FirstDir> {
+        let mut first = self.first_dirs.lock();
+        match first.as_ref() {
+            Some((p, _)) if p == path && dir == open::FIRST_DIR => {
+                first.take().map(|(_, d)| d).unwrap_or_default()
+            }
+            _ => Vec::new(),
+        }
+    }
+
     /// The first flight's `StatRoot` and listing of the tree at `path`
     /// ([`First`]), when they were asked; taken once.
     pub(crate) fn take_first(&self, path: &[u8]) -> Option<First> {
@@ -356,11 +410,37 @@ impl Conn {
         first.take()
     }
 
-    /// The reply to the round trip's measure came (the reader thread, as
-    /// it reads it): counted in [`round_trip`].
-    pub(crate) fn pinged(&self) {
-        let rtt = self.ping_at.elapsed().as_micros().max(1) as u64;
-        RTT_US.fetch_max(rtt, Ordering::Relaxed);
+    /// The reply to the round trip's first measure came (the reader
+    /// thread, as it reads it): the server's measure, from its hello's
+    /// write to the ping's read. Where the first flight's answers stream
+    /// out meanwhile (its listings, on a link whose ends share the CPU),
+    /// that ping may have waited on its way there far longer than the
+    /// link's round trip (10-14 ms for 0.5 on a 2-core loopback): a second
+    /// one goes now, when that stream is mostly out, timed here, and the
+    /// lesser of the two is the round trip.
+    pub(crate) fn pinged(&self, reply: &[u8]) {
+        let rtt1 = match proto::decode::<Resp>(reply) {
+            Ok(Resp::Count(us)) => us,
+            _ => self.ping_at.elapsed().as_micros() as u64,
+        };
+        *self.ping2.lock() = Some((std::time::Instant::now(), rtt1));
+        let second = proto::frame(open::FIRST_PING2, &Req::Ping);
+        if self.tx.try_send(second.into()).is_err() {
+            // (No room: the first measure is the one.)
+            self.pinged2();
+            if let Some(s) = self.pending.lock().calls.remove(&open::FIRST_PING2) {
+                let _ = s.send(Ok(Vec::new()));
+            }
+        }
+    }
+
+    /// The reply to the second measure came ([`Conn::pinged`]).
+    pub(crate) fn pinged2(&self) {
+        let Some((at, rtt1)) = self.ping2.lock().take() else {
+            return;
+        };
+        let rtt = rtt1.min(at.elapsed().as_micros() as u64);
+        RTT_US.fetch_max(rtt.max(1), Ordering::Relaxed);
         self.timed.store(true, Ordering::Release);
     }
 

@@ -23,8 +23,8 @@ pub mod store;
 pub mod watch;
 
 pub use conn::{
-    close_all, end_all, note_round_trip, round_trip, round_trip_known, split_words, Lost, Settings,
-    Target,
+    close_all, end_all, hint_walk, note_round_trip, round_trip, round_trip_known, split_words,
+    Lost, Settings, Target,
 };
 pub use error::SessionError;
 pub use serve::serve;

@@ -28,7 +28,7 @@ mod frame;
 pub use frame::*;
 
 /// The protocol version both ends must speak.
-pub const PROTOCOL: u32 = 16;
+pub const PROTOCOL: u32 = 17;
 /// The hello's first bytes.
 const MAGIC: &[u8; 12] = b"FERRY-SERVE\n";
 /// Largest frame accepted (a whole small file, a big directory's listing).
@@ -566,6 +566,12 @@ pub enum Req<'a> {
         name: &'a [u8],
         new: u64,
     },
+    /// Sent by the client as it reads this end's hello (protocol 17):
+    /// answered with [`Resp::Count`], the microseconds from the hello's
+    /// write to this request's read, here: the connection's round trip,
+    /// measured on one clock and before anything else is queued either
+    /// way (a reply's own wait behind the first listings is not in it).
+    Ping,
 }
 
 impl Req<'_> {
@@ -597,6 +603,7 @@ impl Req<'_> {
                 | Req::StatRoot { .. }
                 | Req::ListAhead { .. }
                 | Req::OpenDirAhead { .. }
+                | Req::Ping
         )
     }
 }

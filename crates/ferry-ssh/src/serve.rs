@@ -249,6 +249,8 @@ pub fn serve_on(
 ) -> io::Result<()> {
     let mut output = output;
     proto::write_hello(&mut output)?;
+    // (The round trip's start: `Req::Ping`.)
+    let hello = std::time::Instant::now();
     match proto::read_hello(&mut input)? {
         Hello::Ferry { protocol, .. } if protocol == proto::PROTOCOL => {}
         Hello::Ferry { protocol, version } => {
@@ -301,7 +303,7 @@ pub fn serve_on(
         let st = st.clone();
         std::thread::spawn(move || write_files(&st, &disk_rx))
     };
-    let res = read_requests(&st, &mut input, &work_tx, &disk_tx);
+    let res = read_requests(&st, hello, &mut input, &work_tx, &disk_tx);
     drop(work_tx);
     drop(disk_tx);
     for w in workers.join().unwrap_or_default() {
@@ -326,6 +328,7 @@ pub fn serve_on(
 
 fn read_requests(
     st: &Arc<State>,
+    hello: std::time::Instant,
     input: &mut io::BufReader<impl Read>,
     work: &SyncSender<(u64, Vec<u8>)>,
     disk: &SyncSender<Job>,
@@ -337,7 +340,7 @@ fn read_requests(
     // done, before it waits for more: a client's hundred `OpenDirAhead`s
     // are answered in one write (one ssh packet), not in a hundred. Never
     // held while this thread waits (for input, or for room in a queue).
-    let mut here = Here(Vec::new());
+    let mut here = Here(Vec::new(), std::time::Duration::ZERO);
     loop {
         if input.buffer().is_empty() {
             here.flush(st);
@@ -371,6 +374,13 @@ fn read_requests(
             Req::Info => {
                 here.reply(id, Ok(answer::info(st, id)));
                 here.flush(st);
+                continue;
+            }
+            Req::Ping => {
+                // (Not the time this thread waited for room in a queue
+                // meanwhile: the first flight's listings, not the link.)
+                let us = hello.elapsed().saturating_sub(here.1).as_micros() as u64;
+                here.reply(id, Ok(proto::frame(id, &Resp::Count(us))));
                 continue;
             }
             Req::Watch { path, poll } => {
@@ -444,8 +454,9 @@ fn read_requests(
     Ok(())
 }
 
-/// Replies made on the reading thread, not sent yet ([`read_requests`]).
-struct Here(Vec<u8>);
+/// Replies made on the reading thread, not sent yet ([`read_requests`]),
+/// and how long that thread waited for room in a queue so far.
+struct Here(Vec<u8>, std::time::Duration);
 
 impl Here {
     fn reply(&mut self, id: u64, f: io::Result<Vec<u8>>) {
@@ -468,7 +479,10 @@ impl Here {
             Ok(()) => true,
             Err(mpsc::TrySendError::Full(job)) => {
                 self.flush(st);
-                q.send(job).is_ok()
+                let waited = std::time::Instant::now();
+                let sent = q.send(job).is_ok();
+                self.1 += waited.elapsed();
+                sent
             }
             Err(mpsc::TrySendError::Disconnected(_)) => false,
         }

@@ -145,13 +145,22 @@ fn run_sync(a: SyncArgs, mode: ferry_engine::Mode, reg: &Backends) -> Result<u8,
     // The local tree of a run with a remote side is listed while that side
     // connects (ferry_engine::prefetch): the walk takes its listings.
     let mut ahead = Vec::new();
+    // (Built before: the directories a remote side opens in its first
+    // flight are those the walk goes into.)
+    let filter = a.filter.build()?;
     let job = reg.resolve_ahead(&a.src, &a.dst, a.force, &mut |side, root| {
         let o = Opts {
             jobs: ferry_backends::jobs(a.tx.jobs),
             lazy_meta: true,
         };
         if let (false, Ok(s)) = (a.watch.watch, reg.open(root, &o)) {
-            ahead.push((side, Prefetch::start(s)));
+            let p = Prefetch::start(s);
+            // Its directories, for an ssh side's first flight, once listed.
+            let (hint, filter) = (p.hint(), filter.clone());
+            ferry_ssh::hint_walk(Box::new(move || {
+                hint.dirs_when_done(|d| ferry_engine::walks_into(filter.as_ref(), d))
+            }));
+            ahead.push((side, p));
         }
     })?;
     // SRC is one file: no tree is walked, so no listing made ahead is taken;
@@ -159,7 +168,6 @@ fn run_sync(a: SyncArgs, mode: ferry_engine::Mode, reg: &Backends) -> Result<u8,
     if job.one.is_some() {
         ahead.clear();
     }
-    let filter = a.filter.build()?;
     // What the run replaces or deletes is kept (docs/CLI.md, "Keeping what
     // is replaced"); a bad option is a usage error, before any change.
     let mut keep = args::keeper(&a.keep, &job.dst)?;

@@ -10,11 +10,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 
-use super::{Body, Conn, First, Pending, Target, QUEUED};
+use super::{Body, Conn, First, FirstDir, Pending, Target, QUEUED};
 use crate::install::{Look, Report};
 use crate::proto::{self, Hello, Out, Req, Resp};
 use crate::quiet::{Quiet, Reading, Session, Writing};
 use crate::spawn::{self, NO_FERRY};
+use std::collections::HashMap;
 
 /// Why a session did not start.
 pub(super) enum Failed {
@@ -93,12 +94,23 @@ pub(super) fn open_look(
     let _ = stdin
         .write_all(&first_words(t, walk))
         .and_then(|()| stdin.flush());
+    // The walked tree's directories, opened and listed behind its root in
+    // the same flight when the listing here is done before the hello
+    // comes (ssh holds the input until the session's command runs).
+    let early = walk
+        .and_then(|_| super::take_hint())
+        .and_then(|h| Some(Early::start(h, stdin.inner.try_clone().ok()?)));
     if let Err(n) = start.hello(&mut stdout) {
         // (Its input closed before ssh is waited for.)
+        if let Some(e) = &early {
+            e.settle();
+        }
         drop(stdin);
         return Err(start.settle(n));
     }
     let read_hello = std::time::Instant::now();
+    // What went in that flight (nothing more is written by it from now).
+    let sent = early.map(|e| e.settle()).unwrap_or_default();
     let (tx, rx) = mpsc::sync_channel::<Out>(QUEUED);
     std::thread::spawn(move || proto::write_out(stdin, rx));
     // The round trip, measured by a request of its own sent now, once the
@@ -106,10 +118,12 @@ pub(super) fn open_look(
     // server's first bytes where ssh forwards input before the command
     // runs, and one round trip after them where it waits for that
     // (OpenSSH: the session's window opens then), so they measure nothing.
-    // This one costs no wait: the run asks for it once its locations are
-    // resolved ([`super::round_trip`]), by when it has come back.
-    let (ping_tx, ping) = mpsc::sync_channel(1);
-    let _ = tx.send(proto::frame(FIRST_PING, &Req::Info).into());
+    // The server answers with its own measure, from its hello's write to
+    // this request's read (the reply may wait there behind the first
+    // flight's listings: its time here would count their transfer). It
+    // costs no wait: the walk starts without it and grows to the workers
+    // it says ([`super::round_trip_known`]).
+    let _ = tx.send(proto::frame(FIRST_PING, &Req::Ping).into());
     // Whether the server keeps owners and its cores, asked with the hello:
     // this first reply is read here, before the reader runs.
     let (root, cores) = match start.info(&mut stdout) {
@@ -121,7 +135,29 @@ pub(super) fn open_look(
     };
     // The first flight's replies go to their requests like any other.
     let mut pending = Pending::default();
-    pending.calls.insert(FIRST_PING, ping_tx);
+    // (The first measure's reply is read by the reader thread itself; a
+    // wait for the round trip waits for the second's.)
+    let (ping2_tx, ping) = mpsc::sync_channel(1);
+    pending.calls.insert(FIRST_PING2, ping2_tx);
+    let first_dirs = walk.map(|path| {
+        let dirs = sent
+            .into_iter()
+            .map(|d| {
+                let (open_tx, opened) = mpsc::sync_channel(1);
+                let (list_tx, listed) = mpsc::sync_channel(1);
+                pending.calls.insert(d.open_id, open_tx);
+                pending.calls.insert(d.list_id, list_tx);
+                FirstDir {
+                    rel: d.rel,
+                    handle: d.handle,
+                    asked: read_hello,
+                    opened,
+                    listed,
+                }
+            })
+            .collect();
+        (path.to_vec(), dirs)
+    });
     let first = walk.map(|path| {
         let (stat_tx, stat) = mpsc::sync_channel(1);
         let (list_tx, list) = mpsc::sync_channel(1);
@@ -140,7 +176,7 @@ pub(super) fn open_look(
         host: t.host.clone(),
         tx,
         pending: Mutex::new(pending),
-        next: AtomicU64::new(FIRST_PING + 1),
+        next: AtomicU64::new(FIRST_FREE),
         gone: AtomicBool::new(false),
         root,
         cores,
@@ -152,9 +188,11 @@ pub(super) fn open_look(
         bufs: Mutex::new(Vec::new()),
         ping: Mutex::new(Some(ping)),
         ping_at: read_hello,
+        ping2: Mutex::new(None),
         timed: AtomicBool::new(false),
         first: Mutex::new(first),
         closes: Mutex::new(Vec::new()),
+        first_dirs: Mutex::new(first_dirs),
         roots: Mutex::new(Vec::new()),
     });
     quiet.attach(Arc::downgrade(&conn) as std::sync::Weak<dyn Session>);
@@ -169,9 +207,118 @@ pub(super) fn open_look(
 /// walks there, and the handle it is opened as ([`first_words`]).
 const FIRST_STAT: u64 = 1;
 const FIRST_LIST: u64 = 2;
-const FIRST_DIR: u64 = 3;
+pub(super) const FIRST_DIR: u64 = 3;
 /// The id of the request that measures the round trip (`Conn::ping`).
 const FIRST_PING: u64 = 4;
+/// Directories opened in the first flight at most ([`Early`]): each takes
+/// three numbers after [`FIRST_PING`] (its handle, its open's id, its
+/// listing's id).
+const FIRST_DIRS: usize = 256;
+/// The first number a connection gives out.
+const FIRST_FREE: u64 = FIRST_PING + 2 + 3 * FIRST_DIRS as u64;
+/// The id of the round trip's second measure (`Conn::pinged`).
+pub(super) const FIRST_PING2: u64 = FIRST_FREE - 1;
+
+/// The walked tree's directories written into ssh's input while it
+/// connects ([`super::hint_walk`]): a thread waits for the listing here
+/// to be done and writes their opens and listings, unless the hello came
+/// first ([`Early::settle`]).
+struct Early(Arc<Mutex<EarlyState>>);
+
+enum EarlyState {
+    /// The listing here is not done yet; ssh's input to write to (a
+    /// descriptor of its own, closed with this state: held no longer than
+    /// the connection's start, so that closing the input ends it).
+    Waiting(std::fs::File),
+    /// Written: these.
+    Sent(Vec<EarlyDir>),
+    /// Too late (the hello came), or not written.
+    Off,
+}
+
+/// A directory opened and listed in the first flight: its path below the
+/// root, its handle and the ids of its open and listing.
+struct EarlyDir {
+    rel: Vec<u8>,
+    handle: u64,
+    open_id: u64,
+    list_id: u64,
+}
+
+impl Early {
+    fn start(hint: super::WalkHint, out: std::fs::File) -> Early {
+        let state = Arc::new(Mutex::new(EarlyState::Waiting(out)));
+        let s = state.clone();
+        std::thread::spawn(move || {
+            let dirs = hint();
+            let mut st = s.lock();
+            let EarlyState::Waiting(out) = &mut *st else {
+                return;
+            };
+            let (frames, sent) = early_frames(&dirs);
+            // (Held while written: the hello's reader waits for it, and the
+            // writer thread starts only after.)
+            let wrote = !sent.is_empty() && out.write_all(&frames).is_ok();
+            *st = match wrote {
+                true => EarlyState::Sent(sent),
+                false => EarlyState::Off,
+            };
+        });
+        Early(state)
+    }
+
+    /// What was written, and nothing more from now on.
+    fn settle(&self) -> Vec<EarlyDir> {
+        match std::mem::replace(&mut *self.0.lock(), EarlyState::Off) {
+            EarlyState::Sent(v) => v,
+            _ => Vec::new(),
+        }
+    }
+}
+
+/// The opens (`OpenDirAhead`, each chained to its parent's handle, the
+/// root's [`FIRST_DIR`] at the top) and listings of `dirs` (parents first;
+/// one whose parent is not among them is left out), [`FIRST_DIRS`] at most.
+fn early_frames(dirs: &[Vec<u8>]) -> (Vec<u8>, Vec<EarlyDir>) {
+    let mut frames = Vec::new();
+    let mut sent: Vec<EarlyDir> = Vec::new();
+    let mut handles: HashMap<&[u8], u64> = HashMap::new();
+    let mut next = FIRST_PING + 1;
+    for rel in dirs {
+        if sent.len() >= FIRST_DIRS {
+            break;
+        }
+        let (parent, name) = match rel.iter().rposition(|&b| b == b'/') {
+            Some(i) => match handles.get(&rel[..i]) {
+                Some(&h) => (h, &rel[i + 1..]),
+                None => continue,
+            },
+            None => (FIRST_DIR, &rel[..]),
+        };
+        if name.is_empty() || handles.contains_key(rel.as_slice()) {
+            continue;
+        }
+        let (handle, open_id, list_id) = (next, next + 1, next + 2);
+        next += 3;
+        frames.extend(proto::frame(
+            open_id,
+            &Req::OpenDirAhead {
+                dir: parent,
+                name,
+                new: handle,
+            },
+        ));
+        frames.extend(proto::frame(list_id, &Req::List { dir: handle }));
+        handles.insert(rel, handle);
+        sent.push(EarlyDir {
+            rel: rel.clone(),
+            handle,
+            open_id,
+            list_id,
+        });
+    }
+    (frames, sent)
+}
 
 /// What a connection writes first: the hello, this run's read-only flag,
 /// the heartbeat request and the Info request (answered with the hello),
@@ -334,7 +481,9 @@ fn read_replies(
         match proto::read_placed(&mut r, spare) {
             Ok(Some((id, body))) => {
                 if id == FIRST_PING {
-                    conn.pinged();
+                    conn.pinged(&body);
+                } else if id == FIRST_PING2 {
+                    conn.pinged2();
                 }
                 let mut p = conn.pending.lock();
                 if let Some(s) = p.calls.remove(&id) {

@@ -111,6 +111,7 @@ fn answer_io(st: &State, id: u64, req: Req<'_>, listing: &mut Listing) -> io::Re
         | Req::StatRoot { .. }
         | Req::OpenDir { .. }
         | Req::OpenDirAhead { .. }
+        | Req::Ping
         | Req::ReadOnly
         | Req::KeepAlive { .. } => {
             unreachable!("handled in order by the reading and disk threads")

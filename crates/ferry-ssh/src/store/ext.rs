@@ -278,7 +278,27 @@ impl PipelineStore<SshStore> for SshStore {
         let mut map = self.expected.lock();
         // The last hint's directories not taken: closed.
         map.clear();
-        let mut ids: HashMap<&[u8], u64> = HashMap::new();
+        let mut ids: HashMap<Vec<u8>, u64> = HashMap::new();
+        // Those asked in the connection's first flight, for this root (the
+        // same directories by the same rules, asked earlier).
+        if !dirs.is_empty() {
+            for f in conn.take_first_dirs(&root.path, root.id) {
+                let path = join(&root.path, &f.rel);
+                let mut d = self.dir(f.handle, path.clone());
+                d.conn = conn.clone();
+                *d.listing.lock() = Some(f.listed);
+                ids.insert(f.rel, f.handle);
+                map.insert(
+                    path,
+                    Expected {
+                        dir: d,
+                        opened: f.opened,
+                        asked: f.asked,
+                        listed: None,
+                    },
+                );
+            }
+        }
         for rel in dirs {
             if map.len() >= EXPECT_DIRS {
                 break;
@@ -306,7 +326,7 @@ impl PipelineStore<SshStore> for SshStore {
             let mut d = self.dir(new, path.clone());
             d.conn = conn.clone();
             *d.listing.lock() = listed;
-            ids.insert(rel, new);
+            ids.insert(rel.clone(), new);
             map.insert(
                 path,
                 Expected {

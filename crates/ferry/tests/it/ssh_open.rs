@@ -98,12 +98,16 @@ sys.exit(p.wait())
 }
 
 /// The tree a run walks there is stat'ed, opened and listed in the
-/// connection's first write, with the hello: its answers come in the round
-/// trip that brings the server's hello, not in one of their own after it.
-/// Checked on the wire: the server's bytes are held while the client
-/// writes, and what it wrote before reading any holds the walked tree's
-/// `StatRoot` and `List` (before this: the hello, `Info` and `ListAhead`;
-/// `StatRoot` went once `Info` was answered). Push and pull.
+/// connection's first write, with the hello, and so are its directories
+/// that the tree here has (listed while ssh connects): their answers come
+/// in the round trip that brings the server's hello, not in rounds of
+/// their own after it. Checked on the wire: the server's bytes are held
+/// while the client writes, and what it wrote before reading any holds
+/// the walked tree's `StatRoot` and `List`, then an `OpenDirAhead` and a
+/// `List` for each directory (a, a/b, a/b/c: chained, all levels), none
+/// for the one the run excludes (before: the hello, `Info` and
+/// `ListAhead`; `StatRoot` went once `Info` was answered, the levels once
+/// the root's listing was read). Push and pull, the trees equal after.
 #[test]
 fn the_walked_tree_is_asked_for_in_the_first_write() {
     let Some((rsh, host)) = need_server() else {
@@ -111,29 +115,34 @@ fn the_walked_tree_is_asked_for_in_the_first_write() {
     };
     let t = tmpdir();
     let src = t.path().join("src");
-    std::fs::create_dir_all(src.join("d")).unwrap();
-    std::fs::write(src.join("d/f"), b"data").unwrap();
+    std::fs::create_dir_all(src.join("a/b/c")).unwrap();
+    std::fs::create_dir_all(src.join("x/y")).unwrap();
+    std::fs::write(src.join("a/b/c/f"), b"data").unwrap();
+    std::fs::write(src.join("x/y/f"), b"left out").unwrap();
     let there = t.path().join("there");
-    // The first copy (and the install there) as usual.
-    ferry_ssh(
-        &rsh,
-        "copy",
-        &[src.clone().into_os_string(), at(&host, &there)],
-    )
-    .ok();
-    std::fs::write(src.join("d/g"), b"more").unwrap();
+    let back = t.path().join("back");
+    // The first copies (and the install there) as usual.
+    let ex = || ["--exclude".into(), "/x/".into()];
+    let args = |s: std::ffi::OsString, d: std::ffi::OsString| {
+        let mut v: Vec<std::ffi::OsString> = ex().to_vec();
+        v.extend([s, d]);
+        v
+    };
+    ferry_ssh(&rsh, "copy", &args(src.clone().into(), at(&host, &there))).ok();
+    ferry_ssh(&rsh, "copy", &args(at(&host, &there), back.clone().into())).ok();
+    std::fs::write(src.join("a/g"), b"more").unwrap();
     for (what, push) in [("push", true), ("pull", false)] {
         let log = t.path().join(format!("first-{what}"));
         let e = first_flight_rsh(t.path(), &rsh, &log);
-        let back = t.path().join("back");
         let (s, d) = if push {
             (src.clone().into_os_string(), at(&host, &there))
         } else {
             (at(&host, &there), back.clone().into_os_string())
         };
-        ferry_ssh(&e, "copy", &[s, d]).ok();
+        ferry_ssh(&e, "copy", &args(s, d)).ok();
         let first = requests(&log);
         let at_ = |k: &str| first.iter().position(|a| a == k);
+        let count = |k: &str| first.iter().filter(|a| *a == k).count();
         assert!(at_("Info").is_some(), "{what}: {first:?}");
         let (Some(ahead), Some(stat), Some(list)) =
             (at_("ListAhead"), at_("StatRoot"), at_("List"))
@@ -141,9 +150,12 @@ fn the_walked_tree_is_asked_for_in_the_first_write() {
             panic!("{what}: the first write holds no StatRoot and List: {first:?}");
         };
         assert!(ahead < stat && stat < list, "{what}: {first:?}");
-        assert_trees_equal(&src, &there);
+        assert_eq!(count("OpenDirAhead"), 3, "{what}: a, a/b, a/b/c: {first:?}");
+        assert_eq!(count("List"), 4, "{what}: the root and 3 more: {first:?}");
     }
-    assert_trees_equal(&src, &t.path().join("back"));
+    assert_trees_equal(&src.join("a"), &there.join("a"));
+    assert_trees_equal(&src.join("a"), &back.join("a"));
+    assert!(!there.join("x").exists() && !back.join("x").exists());
 }
 
 /// A no-op push into an existing directory and a pull of a remote tree:
