@@ -197,7 +197,7 @@ static HINT: Mutex<Option<WalkHint>> = Mutex::new(None);
 /// done by then): the tree's first levels come back with the hello, not a
 /// round trip after it. What it opened is taken by the walk's own hint
 /// (`PipelineStore::expect_dirs`) under the same rules (the identity the
-/// parent's listing names, at most [`FRESH`] old).
+/// parent's listing names, at most 3 s old).
 pub fn hint_walk(h: WalkHint) {
     *HINT.lock() = Some(h);
 }
