@@ -130,8 +130,9 @@ pub struct Conn {
     quiet: Arc<Quiet>,
     /// Buffers of big replies given back ([`Conn::recycle`]).
     bufs: Mutex<Vec<Vec<u8>>>,
-    /// The request that measures the round trip ([`round_trip`]), sent
-    /// when the hello was read (`ping_at`): its reply, until waited for.
+    /// The reply slot of the round trip's second measure (the first is
+    /// sent when the hello was read, `ping_at`; [`Conn::pinged`]), until
+    /// waited for.
     ping: Mutex<Option<Receiver<io::Result<Vec<u8>>>>>,
     ping_at: std::time::Instant,
     /// The second measure's start and the first's value ([`Conn::pinged`]).
@@ -180,6 +181,23 @@ pub(crate) struct FirstDir {
     pub(crate) asked: std::time::Instant,
     pub(crate) opened: Receiver<io::Result<Vec<u8>>>,
     pub(crate) listed: Receiver<io::Result<Vec<u8>>>,
+}
+
+/// Where directory `rel` (below a tree opened as `root`) is opened ahead
+/// from: its parent's handle (`root`'s at the top; `handle_of` the
+/// parents opened ahead before it) and its name; `None` when its parent
+/// was not (it is left to the walk) or it has no name. The one rule of a
+/// hint's chained `OpenDirAhead`s, in the first flight and after.
+pub(crate) fn chained(
+    rel: &[u8],
+    root: u64,
+    handle_of: impl Fn(&[u8]) -> Option<u64>,
+) -> Option<(u64, &[u8])> {
+    let (parent, name) = match rel.iter().rposition(|&b| b == b'/') {
+        Some(i) => (handle_of(&rel[..i])?, &rel[i + 1..]),
+        None => (root, rel),
+    };
+    (!name.is_empty()).then_some((parent, name))
 }
 
 /// The directories the other side's tree has (paths relative to its root,

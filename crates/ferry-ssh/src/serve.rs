@@ -340,7 +340,7 @@ fn read_requests(
     // done, before it waits for more: a client's hundred `OpenDirAhead`s
     // are answered in one write (one ssh packet), not in a hundred. Never
     // held while this thread waits (for input, or for room in a queue).
-    let mut here = Here(Vec::new(), std::time::Duration::ZERO);
+    let mut here = Here::default();
     loop {
         if input.buffer().is_empty() {
             here.flush(st);
@@ -379,7 +379,7 @@ fn read_requests(
             Req::Ping => {
                 // (Not the time this thread waited for room in a queue
                 // meanwhile: the first flight's listings, not the link.)
-                let us = hello.elapsed().saturating_sub(here.1).as_micros() as u64;
+                let us = hello.elapsed().saturating_sub(here.waited).as_micros() as u64;
                 here.reply(id, Ok(proto::frame(id, &Resp::Count(us))));
                 continue;
             }
@@ -454,21 +454,25 @@ fn read_requests(
     Ok(())
 }
 
-/// Replies made on the reading thread, not sent yet ([`read_requests`]),
-/// and how long that thread waited for room in a queue so far.
-struct Here(Vec<u8>, std::time::Duration);
+/// Replies made on the reading thread, not sent yet ([`read_requests`]).
+#[derive(Default)]
+struct Here {
+    frames: Vec<u8>,
+    /// How long that thread waited for room in a queue so far.
+    waited: std::time::Duration,
+}
 
 impl Here {
     fn reply(&mut self, id: u64, f: io::Result<Vec<u8>>) {
         if id != 0 {
-            self.0
+            self.frames
                 .extend_from_slice(&f.unwrap_or_else(|e| err_frame(id, &e)));
         }
     }
 
     fn flush(&mut self, st: &State) {
-        if !self.0.is_empty() {
-            let _ = st.out.lock().send(std::mem::take(&mut self.0).into());
+        if !self.frames.is_empty() {
+            let _ = st.out.lock().send(std::mem::take(&mut self.frames).into());
         }
     }
 
@@ -481,7 +485,7 @@ impl Here {
                 self.flush(st);
                 let waited = std::time::Instant::now();
                 let sent = q.send(job).is_ok();
-                self.1 += waited.elapsed();
+                self.waited += waited.elapsed();
                 sent
             }
             Err(mpsc::TrySendError::Disconnected(_)) => false,

@@ -288,14 +288,11 @@ fn early_frames(dirs: &[Vec<u8>]) -> (Vec<u8>, Vec<EarlyDir>) {
         if sent.len() >= FIRST_DIRS {
             break;
         }
-        let (parent, name) = match rel.iter().rposition(|&b| b == b'/') {
-            Some(i) => match handles.get(&rel[..i]) {
-                Some(&h) => (h, &rel[i + 1..]),
-                None => continue,
-            },
-            None => (FIRST_DIR, &rel[..]),
+        let Some((parent, name)) = super::chained(rel, FIRST_DIR, |p| handles.get(p).copied())
+        else {
+            continue;
         };
-        if name.is_empty() || handles.contains_key(rel.as_slice()) {
+        if handles.contains_key(rel.as_slice()) {
             continue;
         }
         let (handle, open_id, list_id) = (next, next + 1, next + 2);

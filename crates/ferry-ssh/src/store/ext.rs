@@ -284,34 +284,20 @@ impl PipelineStore<SshStore> for SshStore {
         if !dirs.is_empty() {
             for f in conn.take_first_dirs(&root.path, root.id) {
                 let path = join(&root.path, &f.rel);
-                let mut d = self.dir(f.handle, path.clone());
-                d.conn = conn.clone();
-                *d.listing.lock() = Some(f.listed);
+                let e = self.expected(&conn, f.handle, &path, f.opened, Some(f.listed), f.asked);
                 ids.insert(f.rel, f.handle);
-                map.insert(
-                    path,
-                    Expected {
-                        dir: d,
-                        opened: f.opened,
-                        asked: f.asked,
-                        listed: None,
-                    },
-                );
+                map.insert(path, e);
             }
         }
         for rel in dirs {
             if map.len() >= EXPECT_DIRS {
                 break;
             }
-            let (parent, name) = match rel.iter().rposition(|&b| b == b'/') {
-                Some(i) => match ids.get(&rel[..i]) {
-                    Some(&id) => (id, &rel[i + 1..]),
-                    None => continue,
-                },
-                None => (root.id, &rel[..]),
+            let Some((parent, name)) = conn::chained(rel, root.id, |p| ids.get(p).copied()) else {
+                continue;
             };
             let path = join(&root.path, rel);
-            if name.is_empty() || map.contains_key(&path) {
+            if map.contains_key(&path) {
                 continue;
             }
             let new = conn.handle();
@@ -323,19 +309,9 @@ impl PipelineStore<SshStore> for SshStore {
                 return;
             };
             let listed = conn.start(&Req::List { dir: new }).ok();
-            let mut d = self.dir(new, path.clone());
-            d.conn = conn.clone();
-            *d.listing.lock() = listed;
+            let e = self.expected(&conn, new, &path, opened, listed, std::time::Instant::now());
             ids.insert(rel.clone(), new);
-            map.insert(
-                path,
-                Expected {
-                    dir: d,
-                    opened,
-                    asked: std::time::Instant::now(),
-                    listed: None,
-                },
-            );
+            map.insert(path, e);
         }
     }
     fn open_ahead(&self, dir: &SshDir, files: &[(&CStr, u64)]) {

@@ -130,6 +130,29 @@ impl SshStore {
         }
     }
 
+    /// Directory `path`, opened ahead as `handle` on `conn` at `asked`
+    /// (`opened`: that open's reply) with its listing asked behind, as
+    /// [`SshStore::take_expected`] takes it.
+    pub(super) fn expected(
+        &self,
+        conn: &Arc<Conn>,
+        handle: u64,
+        path: &[u8],
+        opened: Receiver<io::Result<Vec<u8>>>,
+        listing: Option<Receiver<io::Result<Vec<u8>>>>,
+        asked: std::time::Instant,
+    ) -> Expected {
+        let mut d = self.dir(handle, path.into());
+        d.conn = conn.clone();
+        *d.listing.lock() = listing;
+        Expected {
+            dir: d,
+            opened,
+            asked,
+            listed: None,
+        }
+    }
+
     /// A listing of `dir` was read: the identity of each subdirectory
     /// opened ahead ([`SshStore::take_expected`]).
     pub(super) fn saw_dirs(&self, dir: &SshDir, list: &Listing) {
