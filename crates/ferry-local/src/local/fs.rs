@@ -181,11 +181,17 @@ pub(super) fn kind_from_mode(mode: u32) -> Kind {
     }
 }
 
-/// `cp`'s test for a file that may have holes: fewer 512-byte blocks than
-/// its size fills. (A small file kept inside its inode has no blocks and
-/// passes too; its copy then costs two `lseek`s more.)
+/// Whether a file may have holes: its blocks hold fewer bytes than its
+/// size. A file without holes has at least its size rounded up to the
+/// filesystem's block; one hole takes a whole block away, so the test
+/// catches every hole (where no space is reserved past the end). Not
+/// `blocks < size / 512`, which rounds the size down: a one-block hole in a
+/// file whose last block is nearly empty passed for dense, and its copy
+/// (`copy_file_range`, which reads holes as zeros) filled the hole. (A small
+/// file kept inside its inode has no blocks and passes too; its copy then
+/// costs two `lseek`s more.)
 pub(super) fn maybe_sparse(kind: Kind, size: u64, blocks: u64) -> bool {
-    kind == Kind::File && blocks < size / 512
+    kind == Kind::File && blocks.saturating_mul(512) < size
 }
 
 pub(super) fn meta_from_statx(st: &rfs::Statx) -> Meta {
@@ -501,4 +507,24 @@ pub fn path_bytes(p: &Path) -> &[u8] {
 pub fn free_space(fd: BorrowedFd<'_>) -> Option<(u64, u64)> {
     let s = rfs::fstatvfs(fd).ok()?;
     Some((s.f_bavail.saturating_mul(s.f_frsize), s.f_favail))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hole_is_seen_whatever_the_last_block_holds() {
+        // 24,863 bytes in 4 KiB blocks: 7 blocks (56 sectors) dense; with a one-block
+        // hole, 6 blocks (48 sectors), which `blocks < size / 512` (48 < 48) called dense.
+        assert!(maybe_sparse(Kind::File, 24_863, 48));
+        assert!(!maybe_sparse(Kind::File, 24_863, 56));
+        // Exact multiples, the smallest file, a file kept in its inode.
+        assert!(maybe_sparse(Kind::File, 8192, 8));
+        assert!(!maybe_sparse(Kind::File, 8192, 16));
+        assert!(!maybe_sparse(Kind::File, 1, 8));
+        assert!(maybe_sparse(Kind::File, 60, 0));
+        assert!(!maybe_sparse(Kind::File, 0, 0));
+        assert!(!maybe_sparse(Kind::Dir, 4096, 0));
+    }
 }

@@ -171,6 +171,46 @@ proptest! {
     }
 }
 
+/// A one-block hole in a file whose last block is nearly empty: its blocks are one sector
+/// count short of its size, which a test rounding the size down to sectors called dense,
+/// and the copy filled the hole (the proptest above met it about once in fifteen runs).
+#[test]
+fn a_hole_beside_a_nearly_empty_last_block_stays_a_hole() {
+    let t = tmpdir();
+    if !fs_has_holes(t.path()) {
+        eprintln!(
+            "note: the filesystem of {} reports no holes: test not run",
+            t.path().display()
+        );
+        return;
+    }
+    let src = t.path().join("src");
+    // A hole at the start, in the middle and at the end, each one block, each beside a
+    // last block holding a few bytes.
+    let files: [(&str, u64, &[(u64, u64, u64)]); 3] = [
+        ("start", 24_863, &[(BLOCK, 24_863 - BLOCK, 1)]),
+        (
+            "middle",
+            12_438,
+            &[(0, BLOCK, 2), (2 * BLOCK, 12_438 - 2 * BLOCK, 3)],
+        ),
+        (
+            "late",
+            4 * BLOCK + 100,
+            &[(0, 2 * BLOCK, 4), (3 * BLOCK + 7, BLOCK + 93, 5)],
+        ),
+    ];
+    for (name, size, segs) in files {
+        write_sparse(&src.join(name), size, segs);
+    }
+    let dst = t.path().join("dst");
+    let r = run_on("copy", &src, &dst, &[]);
+    r.ok();
+    for (name, ..) in files {
+        assert_same_sparse(&src.join(name), &dst.join(name), &r);
+    }
+}
+
 /// The example: 1 GiB with 1 MiB of data stays about 1 MiB on disk, with holes at
 /// the start, in the middle and at the end; also through `--bwlimit` (the paced path) and
 /// in bisync.
