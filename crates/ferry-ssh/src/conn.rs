@@ -124,6 +124,12 @@ pub struct Conn {
     extra: Mutex<Vec<Option<Arc<Conn>>>>,
     /// Set by [`close_all`]: the end of the stream is expected.
     closing: AtomicBool,
+    /// Set once a request without a reply whose outcome no later reply
+    /// confirms was sent ([`unconfirmed`]: an `Abort`, ...): the run waits
+    /// for the session's end ([`close_all`]), by which the server has
+    /// carried it out. Every other change was confirmed by a reply that
+    /// comes once it is done.
+    unconfirmed: AtomicBool,
     /// Set (and notified) once ssh has exited and been waited for.
     closed: (Mutex<bool>, Condvar),
     /// The I/O timeout's watch (`--timeout`).
@@ -290,6 +296,32 @@ pub fn unexpected(r: &Resp<'_>) -> io::Error {
     )
 }
 
+/// A request sent without a reply ([`Conn::send`]) whose outcome no later
+/// reply confirms: a writer's discard (`Abort`, `PatchAbort`), a partial's
+/// record (best effort), and any kind not named here. Not: a handle's
+/// `Close` and `ListAhead` (nothing changes), a file's data (`Create`,
+/// `Write`, `WriteAt`, `SetLen`, the delta's ops, `PartAttach`), which the
+/// server carries out in order before its `Commit`, `PatchCommit` or
+/// `PartSync`, whose reply says how it went (a writer that gets none is
+/// discarded: an `Abort`), and `Diff`, a read.
+pub(crate) fn unconfirmed(req: &Req<'_>) -> bool {
+    !matches!(
+        req,
+        Req::Close { .. }
+            | Req::ListAhead { .. }
+            | Req::Create { .. }
+            | Req::Write { .. }
+            | Req::WriteAt { .. }
+            | Req::SetLen { .. }
+            | Req::PatchFrom { .. }
+            | Req::Patch { .. }
+            | Req::PatchBegin { .. }
+            | Req::PatchWrite { .. }
+            | Req::PartAttach { .. }
+            | Req::Diff { .. }
+    )
+}
+
 impl Conn {
     fn lost(&self) -> io::Error {
         let why = self.pending.lock().dead.clone();
@@ -308,6 +340,9 @@ impl Conn {
     /// Send a message that gets no reply.
     pub fn send(&self, req: &Req<'_>) -> io::Result<()> {
         note(req);
+        if unconfirmed(req) {
+            self.unconfirmed.store(true, Ordering::Relaxed);
+        }
         self.tx
             .send(self.framed(0, req).into())
             .map_err(|_| self.lost())
@@ -652,11 +687,22 @@ pub fn end_all() {
 }
 
 /// End this run's sessions: close each connection's input, so that its
-/// `ferry serve` and then ssh exit, and wait for them (a few seconds at
-/// most), so that a run leaves no ssh behind it.
+/// `ferry serve` and then ssh exit, and wait for those that were sent a
+/// change no reply confirmed ([`unconfirmed`]: a few seconds at most),
+/// so that what the server does with it is done when the run returns.
+/// The others are not waited for: all they changed was confirmed request
+/// by request, and their end (the input's end going there, the exit
+/// status coming back) would cost the run a round trip more than `ssh
+/// host true`. Their ssh exits on its own once that comes; it holds
+/// nothing of the caller's (its input, output and errors are pipes to
+/// this process).
 pub fn close_all() {
     end_all();
-    let conns: Vec<Arc<Conn>> = ENDING.lock().drain(..).collect();
+    let conns: Vec<Arc<Conn>> = ENDING
+        .lock()
+        .drain(..)
+        .filter(|c| c.unconfirmed.load(Ordering::Relaxed))
+        .collect();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     for c in &conns {
         let (lock, cv) = &c.closed;

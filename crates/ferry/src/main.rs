@@ -237,7 +237,8 @@ fn run_sync(a: SyncArgs, mode: ferry_engine::Mode, reg: &Backends) -> Result<u8,
     // --versions with --keep/--keep-days: prune kept versions (never fails the run).
     versions::after_run(reg, &[&job.dst], &a.keep, a.dry_run, &rep);
     // Nothing more is asked of a remote side: its session ends while the
-    // summary is written (`close_all` waits for it).
+    // summary is written (`close_all` waits for it when a change sent
+    // there is still unconfirmed).
     ferry_backends::end_all();
     rep.summary(&summary);
     Ok(if summary.errors > 0 { 1 } else { 0 })

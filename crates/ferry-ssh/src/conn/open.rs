@@ -183,6 +183,7 @@ pub(super) fn open_look(
         target: t.clone(),
         extra: Mutex::new(Vec::new()),
         closing: AtomicBool::new(false),
+        unconfirmed: AtomicBool::new(false),
         closed: (Mutex::new(false), Condvar::new()),
         quiet: quiet.clone(),
         bufs: Mutex::new(Vec::new()),

@@ -186,3 +186,36 @@ fn failed_sessions_are_classified_from_what_ssh_said() {
     assert!(!is_ssh_failure(&c(127, "sh: 1: ferry: not found")));
     assert!(!is_ssh_failure(&c(1, "boom")));
 }
+
+#[test]
+fn only_a_change_no_reply_confirms_makes_the_end_waited_for() {
+    use crate::conn::unconfirmed;
+    use crate::proto::Req;
+    // Confirmed later (the file's commit says how its data went), or no change.
+    for r in [
+        Req::Close { handle: 3 },
+        Req::ListAhead { path: b"/x" },
+        Req::Write {
+            file: 7,
+            data: b"abc",
+        },
+        Req::SetLen { file: 7, size: 3 },
+        Req::PartAttach {
+            path: b"/x",
+            file: 7,
+        },
+    ] {
+        assert!(!unconfirmed(&r), "{r:?}");
+    }
+    // A discard, a best-effort record: nothing confirms them but the session's end.
+    for r in [
+        Req::Abort { dir: 1, file: 7 },
+        Req::PatchAbort { file: 7 },
+        Req::PartRecord {
+            file: 7,
+            ranges: vec![(0, 4096)],
+        },
+    ] {
+        assert!(unconfirmed(&r), "{r:?}");
+    }
+}

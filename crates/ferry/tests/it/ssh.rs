@@ -868,6 +868,52 @@ fn a_wrapper_beside_ssh_does_not_stall_the_first_run() {
     assert_trees_equal(&src, &dst);
 }
 
+/// The end of a session costs a round trip (its input's end going there, the exit status
+/// coming back), which a run waits for only when it sent a change that no reply confirms
+/// (a writer's `Abort`: `conn::unconfirmed`, unit-tested). A run whose changes were all
+/// confirmed returns without it: a no-op, and a copy of a small file (`Put`) and of a
+/// bigger one (its data without replies, confirmed by its `Commit`). Seen through a
+/// wrapper that stays 3 s after its ssh ended, then leaves a mark: a run that waits for
+/// its session's end (5 s at most) returns after the mark, these before it.
+#[test]
+fn a_run_whose_changes_were_all_confirmed_does_not_wait_for_the_sessions_end() {
+    let (rsh, host) = need_server!();
+    let d = tmpdir();
+    let src = d.path().join("src");
+    let dst = d.path().join("dst");
+    write(&src, "a", b"one");
+    write(&src, "sub/b", &vec![7u8; 300 << 10]);
+    remote(&rsh, &["copy".as_ref(), src.as_os_str(), &at(&host, &dst)]).ok();
+    let run = |what: &str| {
+        let w = d.path().join(format!("rsh-{what}"));
+        let mark = d.path().join(format!("mark-{what}"));
+        std::fs::write(
+            &w,
+            format!(
+                "#!/bin/sh\n{rsh} \"$@\"\ns=$?\nsleep 3\ntouch '{}'\nexit $s\n",
+                mark.display()
+            ),
+        )
+        .unwrap();
+        chmod(&w, 0o755);
+        let r = remote(
+            w.to_str().unwrap(),
+            &["copy".as_ref(), src.as_os_str(), &at(&host, &dst)],
+        );
+        let waited = mark.exists();
+        r.ok();
+        assert!(!waited, "{what}: the run waited for its session's end\n{r}");
+        r
+    };
+    let r = run("noop");
+    assert!(r.err().contains(" 0 copied"), "{r}");
+    write(&src, "a", b"one, changed");
+    write(&src, "sub/b", &vec![8u8; 300 << 10]);
+    let r = run("copy");
+    assert!(r.err().contains(" 2 copied"), "{r}");
+    assert_trees_equal(&src, &dst);
+}
+
 /// A host whose C library this ferry cannot run on (a glibc older than the one it is
 /// built for, or musl: what `getconf GNU_LIBC_VERSION` or `ldd --version` say there,
 /// asked in the start command's round trip) gets nothing installed. With what SFTP
