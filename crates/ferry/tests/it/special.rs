@@ -187,7 +187,9 @@ fn a_hole_beside_a_nearly_empty_last_block_stays_a_hole() {
     let src = t.path().join("src");
     // A hole at the start, in the middle and at the end, each one block, each beside a
     // last block holding a few bytes.
-    let files: [(&str, u64, &[(u64, u64, u64)]); 3] = [
+    // (name, size, data segments: offset, length, seed)
+    type Seg = (u64, u64, u64);
+    let files: [(&str, u64, &[Seg]); 3] = [
         ("start", 24_863, &[(BLOCK, 24_863 - BLOCK, 1)]),
         (
             "middle",
