@@ -15,13 +15,14 @@ fn need_server() -> Option<(String, String)> {
 }
 
 /// An `-e` command that runs `rsh` with what the client writes to it
-/// appended to `log`.
+/// appended to `log`, and makes `log.done` once all of it is there (after
+/// the session's end, which a run need not wait for: [`requests`] does).
 fn logging_rsh(dir: &Path, rsh: &str, log: &Path) -> String {
     let script = dir.join("rsh-log");
     std::fs::write(
         &script,
         format!(
-            "#!/bin/sh\ntee -a '{}' | exec {rsh} \"$@\"\n",
+            "#!/bin/sh\ntee -a '{0}' | {rsh} \"$@\"\ns=$?\ntouch '{0}.done'\nexit $s\n",
             log.display()
         ),
     )
@@ -33,6 +34,11 @@ fn logging_rsh(dir: &Path, rsh: &str, log: &Path) -> String {
 /// The kinds of requests in `log` (one connection's: its hello, then its
 /// frames), in order: `Root`, `StatPath`, ...
 fn requests(log: &Path) -> Vec<String> {
+    let done = std::path::PathBuf::from(format!("{}.done", log.display()));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !done.exists() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     let bytes = std::fs::read(log).unwrap();
     let mut r = &bytes[..];
     match proto::read_hello(&mut r).unwrap() {
@@ -50,7 +56,8 @@ fn requests(log: &Path) -> Vec<String> {
 
 /// An `-e` command that runs `rsh`, holds what the server sends for its
 /// first 1.5 s, and writes to `log` what the client sent meanwhile: the
-/// connection's first write, all a client sends before it has read a byte.
+/// connection's first write, all a client sends before it has read a byte
+/// (`log.done` made then, as [`requests`] wants).
 fn first_flight_rsh(dir: &Path, rsh: &str, log: &Path) -> String {
     let words: Vec<String> = rsh.split_whitespace().map(|w| format!("{w:?}")).collect();
     let script = dir.join("rsh-first");
@@ -65,6 +72,7 @@ held, log, start, fds = [], open({log:?}, "wb"), time.time(), [0, down]
 while down in fds:
     if held is not None and time.time() - start > 1.5:
         log.close()
+        open({log:?} + ".done", "w").close()
         for b in held:
             os.write(1, b)
         held = None
@@ -435,6 +443,21 @@ sys.exit(p.wait())
     script.to_str().unwrap().to_string()
 }
 
+/// What the gate of [`gating_rsh`] says, once it has said all: why it let go, then the
+/// opens it saw, which it writes once its ssh has ended, and a run need not wait for that
+/// (`conn::close_all`: a run whose changes were all confirmed returns without its
+/// session's end).
+fn gate_record(result: &Path) -> String {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let why = std::fs::read_to_string(result).unwrap_or_default();
+        if why.contains(' ') || std::time::Instant::now() > deadline {
+            return why;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// A tree over ssh is walked in one round trip, not one per level: before the walk, the
 /// tree listed here while ssh connected names the directories the other side likely has,
 /// and the client sends all their opens and listings at once, each chained to its
@@ -498,7 +521,7 @@ fn a_remote_tree_is_opened_and_listed_level_by_level_in_one_round_trip() {
             r.ok();
             // Released by the count, and no directory opened twice: the walk took
             // every one opened ahead (each the directory its parent's listing names).
-            let why = std::fs::read_to_string(&result).unwrap();
+            let why = gate_record(&result);
             assert_eq!(why, format!("count {dirs}"), "{what}, round {round}: {r}");
         }
         assert_trees_equal(&src, &there);
