@@ -166,8 +166,8 @@ const GUARD: &str = "p=; { read -r x < /proc/$$/stat && set -- $x && [ \"$5\" = 
 /// it, and the cached ferry it started, when the connection goes before
 /// the session has started.
 pub fn start_script(look: Look, sum: &str) -> String {
-    let run = "exec \"$f\" serve ${g:+--start-guard \"$g\"}";
-    let mut s = format!("{START_SH}; {PRELUDE}; {GUARD}; if {MARKED}; then {run}; fi; o=");
+    let run = "exec \"$f\" serve ${g:+--start-guard \"$g\"} ${w:+\"--walk-ahead=$w\"}";
+    let mut s = format!("{START_SH}; w=$2; {PRELUDE}; {GUARD}; if {MARKED}; then {run}; fi; o=");
     match look {
         Look::Fast => {
             s.push_str("; command -v ferry >/dev/null 2>&1 && { unguard; exec ferry serve; }")
@@ -181,6 +181,24 @@ pub fn start_script(look: Look, sum: &str) -> String {
         "; unguard; echo '{PROBE}'; echo \"os $(uname -sm)\"; echo \"dir $d\"; if [ -e \"$f\" ]; then echo \"cache there $o\"; fi; echo \"libc $( {{ getconf GNU_LIBC_VERSION 2>/dev/null || ldd --version 2>&1; }} | head -n 1)\"; if command -v gzip >/dev/null 2>&1; then echo gzip; fi; echo '{REPORT_END}'"
     ));
     s
+}
+
+/// The tree a run walks there as the start command's second argument
+/// (`$2`, quoted), which it gives the cached ferry it runs (`serve
+/// --walk-ahead=PATH`: that ferry answers the tree's first levels
+/// unasked), or `None`: a path whose bytes are not all printable ASCII, or
+/// that holds `!` or `\`, goes only in the session's first write, as
+/// before. The command line passes through the user's login shell there,
+/// whatever it is (csh expands `!` in single quotes and takes no newline
+/// in them; fish reads `\` in them).
+pub fn walk_word(path: &[u8]) -> Option<String> {
+    let plain = path
+        .iter()
+        .all(|&b| (b' '..=b'~').contains(&b) && b != b'!' && b != b'\\');
+    if !plain {
+        return None;
+    }
+    Some(quote(std::str::from_utf8(path).ok()?))
 }
 
 /// What the start command found on a host where it ran no ferry.

@@ -27,8 +27,25 @@ mod frame;
 
 pub use frame::*;
 
+/// The first flight's numbers (`conn/open.rs`, and a serve that answers
+/// it unasked, `serve/push.rs`): the ids of the walked tree's `StatRoot`
+/// and root `List`, the handle the tree is opened as, the id of the round
+/// trip's first measure, then three numbers for each of at most
+/// [`FIRST_DIRS`] directories (handle, id of its open, of its listing).
+pub const FIRST_STAT: u64 = 1;
+/// See [`FIRST_STAT`].
+pub const FIRST_LIST: u64 = 2;
+/// See [`FIRST_STAT`].
+pub const FIRST_DIR: u64 = 3;
+/// See [`FIRST_STAT`].
+pub const FIRST_PING: u64 = 4;
+/// See [`FIRST_STAT`].
+pub const FIRST_DIRS: usize = 256;
+/// The id of the first flight's `Info`.
+pub const INFO_ID: u64 = u64::MAX;
+
 /// The protocol version both ends must speak.
-pub const PROTOCOL: u32 = 17;
+pub const PROTOCOL: u32 = 18;
 /// The hello's first bytes.
 const MAGIC: &[u8; 12] = b"FERRY-SERVE\n";
 /// Largest frame accepted (a whole small file, a big directory's listing).
@@ -751,6 +768,16 @@ pub enum Resp<'a> {
     /// The answer to [`Req::OpenDirAhead`]: the directory opened, its
     /// device and inode (as its parent's listing gives them).
     DirOpened { dev: u64, ino: u64 },
+    /// Sent unasked (id 0) right after the hello by a server started with
+    /// the tree the client walks (`serve --walk-ahead=PATH`, protocol
+    /// 18): it answers, without waiting for them, the first flight's
+    /// `StatRoot` (id 1, opened as handle 3) and root `List` (id 2), and
+    /// for each of these root's subdirectories (name, handle, id of its
+    /// `OpenDirAhead` answer, id of its `List` answer) an open and a
+    /// listing, as if the client had asked them. The client's own
+    /// requests of ids 1 and 2, which reach it a round trip later, are
+    /// then not answered again.
+    Pushed(Vec<(Vec<u8>, u64, u64, u64)>),
 }
 
 /// A change in a watched tree ([`ferry_engine::watch::Change`] without its side),

@@ -36,6 +36,7 @@ use crate::proto::{
 mod ahead;
 mod answer;
 mod delta;
+mod push;
 #[cfg(test)]
 mod tests;
 mod write;
@@ -214,11 +215,14 @@ struct State {
     ahead: ahead::Ahead,
     /// This machine's cores (for this process: its CPU quota), asked once.
     cores: usize,
+    /// The first flight was answered unasked ([`push`]): the client's
+    /// `Info`, `StatRoot` and root `List` of it are not answered again.
+    pushed: bool,
 }
 
 /// Serve on stdin and stdout until the other end closes the stream.
 pub fn serve() -> io::Result<()> {
-    serve_guarded(None)
+    serve_guarded(None, None)
 }
 
 /// The start command's guard, `guard` (a pid), which ends this session's
@@ -227,8 +231,10 @@ pub fn serve() -> io::Result<()> {
 /// exchanged (from then on this process ends when its input ends).
 static GUARD: parking_lot::Mutex<Option<u32>> = parking_lot::Mutex::new(None);
 
-/// [`serve`], with the start command's guard to stop once started.
-pub fn serve_guarded(guard: Option<u32>) -> io::Result<()> {
+/// [`serve`], with the start command's guard to stop once started, and
+/// the tree the client walks when the start command names it (`walk`:
+/// its first flight answered unasked, [`serve_on_pushing`]).
+pub fn serve_guarded(guard: Option<u32>, walk: Option<&[u8]>) -> io::Result<()> {
     *GUARD.lock() = guard;
     // The descriptors themselves, past std's line buffering of stdout.
     use std::os::fd::AsFd;
@@ -239,18 +245,47 @@ pub fn serve_guarded(guard: Option<u32>) -> io::Result<()> {
     // A small buffer: a big file's chunk is read past it, straight into
     // its aligned buffer ([`read_request`]), and only what the buffer
     // holds is copied twice.
-    serve_on(io::BufReader::with_capacity(64 << 10, input), output)
+    serve_on_pushing(io::BufReader::with_capacity(64 << 10, input), output, walk)
 }
 
 /// Serve requests read from `input`, replies written to `output`.
 pub fn serve_on(
+    input: io::BufReader<impl Read>,
+    output: impl crate::splice::Sink + Send + 'static,
+) -> io::Result<()> {
+    serve_on_pushing(input, output, None)
+}
+
+/// [`serve_on`]; with `walk`, the first flight of a walk of that tree is
+/// answered from the start, unasked ([`push`]).
+pub fn serve_on_pushing(
     mut input: io::BufReader<impl Read>,
     output: impl crate::splice::Sink + Send + 'static,
+    walk: Option<&[u8]>,
 ) -> io::Result<()> {
     let mut output = output;
     proto::write_hello(&mut output)?;
     // (The round trip's start: `Req::Ping`.)
     let hello = std::time::Instant::now();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let (out_tx, out_rx) = mpsc::channel::<proto::Out>();
+    let writer = std::thread::spawn(move || proto::write_out(output, out_rx));
+    let st = Arc::new(State {
+        store: LocalStore::new("/", cores),
+        dirs: Mutex::new(HashMap::new()),
+        readers: Mutex::new(HashMap::new()),
+        writers: Mutex::new(HashMap::new()),
+        out: Mutex::new(out_tx),
+        bufs: Mutex::new(Vec::new()),
+        deltas: delta::Deltas::default(),
+        beat: Mutex::new(None),
+        ahead: ahead::Ahead::default(),
+        cores,
+        pushed: walk.is_some(),
+    });
+    if let Some(path) = walk {
+        push::push(&st, path);
+    }
     match proto::read_hello(&mut input)? {
         Hello::Ferry { protocol, .. } if protocol == proto::PROTOCOL => {}
         Hello::Ferry { protocol, version } => {
@@ -267,21 +302,6 @@ pub fn serve_on(
             let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
         }
     }
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let (out_tx, out_rx) = mpsc::channel::<proto::Out>();
-    let writer = std::thread::spawn(move || proto::write_out(output, out_rx));
-    let st = Arc::new(State {
-        store: LocalStore::new("/", cores),
-        dirs: Mutex::new(HashMap::new()),
-        readers: Mutex::new(HashMap::new()),
-        writers: Mutex::new(HashMap::new()),
-        out: Mutex::new(out_tx),
-        bufs: Mutex::new(Vec::new()),
-        deltas: delta::Deltas::default(),
-        beat: Mutex::new(None),
-        ahead: ahead::Ahead::default(),
-        cores,
-    });
     let (work_tx, work_rx) = mpsc::sync_channel::<(u64, Vec<u8>)>(WORKERS * 4);
     let work_rx = Arc::new(Mutex::new(work_rx));
     // Started beside the reading of the first requests (the hello's
@@ -358,6 +378,17 @@ fn read_requests(
             }
         };
         let req = proto::decode::<Req>(&body)?;
+        if st.pushed
+            && matches!(
+                (id, &req),
+                (proto::INFO_ID, Req::Info)
+                    | (proto::FIRST_STAT, Req::StatRoot { .. })
+                    | (proto::FIRST_LIST, Req::List { .. })
+            )
+        {
+            // Answered already, unasked ([`push`]).
+            continue;
+        }
         if !req.changes_nothing() {
             st.ahead.stop();
         }

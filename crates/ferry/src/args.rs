@@ -57,6 +57,11 @@ pub enum Command {
         /// stopped once the session has started.
         #[arg(long, hide = true)]
         start_guard: Option<u32>,
+        /// The tree the client walks: its first levels are answered from
+        /// the start, unasked (the client's requests come a round trip
+        /// later): docs/DESIGN.md, "The walked tree from the command line".
+        #[arg(long, hide = true)]
+        walk_ahead: Option<std::ffi::OsString>,
     },
     /// List the versions kept of a file (--versions), or of every file
     /// below a directory; with --at TIME, each file as it was then.

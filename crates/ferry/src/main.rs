@@ -29,9 +29,9 @@ use output::{cause, CliReporter, Progress, Unreachable};
 
 fn main() -> ExitCode {
     started();
-    if let Some(guard) = serve_args(std::env::args_os().skip(1)) {
+    if let Some((guard, walk)) = serve_args(std::env::args_os().skip(1)) {
         raise_fd_limit();
-        return exit(serve(guard), None, started());
+        return exit(serve(guard, walk), None, started());
     }
     if let Some(code) = generate::requested() {
         return code;
@@ -85,7 +85,10 @@ fn main() -> ExitCode {
         Command::Ls(a) => run_ls(a, &reg),
         Command::Cleanup(a) => run_cleanup(a, &reg),
         Command::Bisync(a) => run_bisync(a, &reg),
-        Command::Serve { start_guard } => serve(start_guard),
+        Command::Serve {
+            start_guard,
+            walk_ahead,
+        } => serve(start_guard, walk_ahead),
         Command::Versions(a) => versions::run_versions(a, &reg),
         Command::Restore(a) => versions::run_restore(a, &reg),
     };
@@ -109,27 +112,41 @@ fn exit(res: Result<u8, String>, json: Option<(bool, bool)>, start: Instant) -> 
     }
 }
 
-/// `ferry serve [--start-guard PID]` exactly as the start command runs it
-/// (once per ssh connection, docs/CLI.md "SSH"): read without building the
-/// parser of the whole command line (half a millisecond of every session's
-/// start there). Any other form (another flag, `--help`) goes to clap.
-fn serve_args(mut args: impl Iterator<Item = std::ffi::OsString>) -> Option<Option<u32>> {
+/// What `ferry serve` is given: its start command's guard, the tree the
+/// client walks.
+type ServeArgs = (Option<u32>, Option<std::ffi::OsString>);
+
+/// `ferry serve [--start-guard PID] [--walk-ahead=PATH]` exactly as the
+/// start command runs it (once per ssh connection, docs/CLI.md "SSH"):
+/// read without building the parser of the whole command line (half a
+/// millisecond of every session's start there). Any other form (another
+/// flag, another order, `--walk-ahead PATH`, `--help`) goes to clap.
+fn serve_args(mut args: impl Iterator<Item = std::ffi::OsString>) -> Option<ServeArgs> {
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
     if args.next()? != "serve" {
         return None;
     }
-    let guard = match args.next() {
-        None => return Some(None),
-        Some(f) if f == "--start-guard" => args.next()?.to_str()?.parse().ok()?,
-        Some(_) => return None,
-    };
-    args.next().is_none().then_some(Some(guard))
+    let mut next = args.next();
+    let mut guard = None;
+    if next.as_ref().is_some_and(|f| f == "--start-guard") {
+        guard = Some(args.next()?.to_str()?.parse().ok()?);
+        next = args.next();
+    }
+    let mut walk = None;
+    if let Some(f) = next {
+        let path = f.as_bytes().strip_prefix(b"--walk-ahead=")?.to_vec();
+        walk = Some(std::ffi::OsString::from_vec(path));
+        next = args.next();
+    }
+    next.is_none().then_some((guard, walk))
 }
 
 /// `ferry serve`: this machine's files to the ferry at the other end.
-fn serve(start_guard: Option<u32>) -> Result<u8, String> {
+fn serve(start_guard: Option<u32>, walk: Option<std::ffi::OsString>) -> Result<u8, String> {
+    use std::os::unix::ffi::OsStrExt;
     // Its watches of its own tree use ferry-watch's inotify tree.
     ferry_watch::inotify::plug();
-    ferry_ssh::serve::serve_guarded(start_guard)
+    ferry_ssh::serve::serve_guarded(start_guard, walk.as_deref().map(|w| w.as_bytes()))
         .map(|()| 0)
         .map_err(|e| format!("serve: {}", cause(&e)))
 }
@@ -600,7 +617,7 @@ mod tests {
     /// form to clap.
     #[test]
     fn serve_arguments_read_as_clap_would() {
-        let forms: [&[&str]; 9] = [
+        let forms: [&[&str]; 16] = [
             &["serve"],
             &["serve", "--start-guard", "4242"],
             &["serve", "--start-guard"],
@@ -608,6 +625,13 @@ mod tests {
             &["serve", "--start-guard", "1", "2"],
             &["serve", "--help"],
             &["serve", "--start-guard=7"],
+            &["serve", "--walk-ahead=dst"],
+            &["serve", "--walk-ahead=-odd name"],
+            &["serve", "--walk-ahead="],
+            &["serve", "--start-guard", "4242", "--walk-ahead=/a/b"],
+            &["serve", "--walk-ahead=/a", "--start-guard", "1"],
+            &["serve", "--walk-ahead", "/a"],
+            &["serve", "--start-guard", "4242", "--walk-ahead=/a", "x"],
             &["copy", "a", "b"],
             &[],
         ];
@@ -619,26 +643,37 @@ mod tests {
             match own {
                 Some(g) => match clap {
                     Ok(Cli {
-                        command: Command::Serve { start_guard },
+                        command:
+                            Command::Serve {
+                                start_guard,
+                                walk_ahead,
+                            },
                         ..
-                    }) => assert_eq!(start_guard, g, "{f:?}"),
+                    }) => assert_eq!((start_guard, walk_ahead), g, "{f:?}"),
                     _ => panic!("{f:?}: clap reads it otherwise"),
                 },
                 // Left to clap (which may take it or refuse it).
-                None => assert!(!matches!(f, ["serve"] | ["serve", "--start-guard", "4242"])),
+                None => assert!(!matches!(
+                    f,
+                    ["serve"]
+                        | ["serve", "--start-guard", "4242"]
+                        | ["serve", "--start-guard", "4242", "--walk-ahead=/a/b"]
+                )),
             }
         }
+        let own = |f: &[&str]| serve_args(f.iter().map(std::ffi::OsString::from));
+        assert_eq!(own(&["serve"]), Some((None, None)));
         assert_eq!(
-            serve_args(["serve"].map(Into::into).into_iter()),
-            Some(None)
+            own(&["serve", "--start-guard", "4242"]),
+            Some((Some(4242), None))
         );
         assert_eq!(
-            serve_args(
-                ["serve", "--start-guard", "4242"]
-                    .map(Into::into)
-                    .into_iter()
-            ),
-            Some(Some(4242))
+            own(&["serve", "--start-guard", "4242", "--walk-ahead=-odd name"]),
+            Some((Some(4242), Some("-odd name".into())))
+        );
+        assert_eq!(
+            own(&["serve", "--walk-ahead=dst"]),
+            Some((None, Some("dst".into())))
         );
     }
 }

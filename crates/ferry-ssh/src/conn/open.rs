@@ -51,7 +51,9 @@ pub(super) fn open_look(
     sum: &str,
     walk: Option<&[u8]>,
 ) -> Result<Arc<Conn>, Failed> {
-    let (argv, guessed) = t.argv_look(look, sum).map_err(|e| Failed::Other(e.0))?;
+    let (argv, guessed) = t
+        .argv_look(look, sum, walk)
+        .map_err(|e| Failed::Other(e.0))?;
     let mut ssh = spawn::spawn(&argv, spawn::Io::Pipes).map_err(|e| Failed::Other(e.0))?;
     t.options.ask();
     // Started with the last run's cipher options while `ssh -G` answers
@@ -62,7 +64,9 @@ pub(super) fn open_look(
         if t.options.known() != used {
             let _ = ssh.child.kill();
             let _ = ssh.child.wait();
-            let (argv, _) = t.argv_look(look, sum).map_err(|e| Failed::Other(e.0))?;
+            let (argv, _) = t
+                .argv_look(look, sum, walk)
+                .map_err(|e| Failed::Other(e.0))?;
             ssh = spawn::spawn(&argv, spawn::Io::Pipes).map_err(|e| Failed::Other(e.0))?;
         }
     }
@@ -96,8 +100,13 @@ pub(super) fn open_look(
         .and_then(|()| stdin.flush());
     // The walked tree's directories, opened and listed behind its root in
     // the same flight when the listing here is done before the hello
-    // comes (ssh holds the input until the session's command runs).
+    // comes (ssh holds the input until the session's command runs); not
+    // when the start command names the tree to the ferry it runs, which
+    // then answers the first flight unasked, its root's subdirectories
+    // with it (protocol 18: `serve/push.rs`).
+    let pushing = t.install && walk.and_then(crate::install::walk_word).is_some();
     let early = walk
+        .filter(|_| !pushing)
         .and_then(|_| super::take_hint())
         .and_then(|h| Some(Early::start(h, stdin.inner.try_clone().ok()?)));
     if let Err(n) = start.hello(&mut stdout) {
@@ -126,12 +135,26 @@ pub(super) fn open_look(
     let _ = tx.send(proto::frame(FIRST_PING, &Req::Ping).into());
     // Whether the server keeps owners and its cores, asked with the hello:
     // this first reply is read here, before the reader runs.
-    let (root, cores) = match start.info(&mut stdout) {
+    let ((root, cores), pushed) = match start.info(&mut stdout) {
         Ok(info) => info,
         Err(n) => {
             drop(tx);
             return Err(start.settle(n));
         }
+    };
+    // What the server answers unasked: its root's subdirectories, opened
+    // and listed as the first flight would have asked them.
+    let sent = match pushed {
+        Some(dirs) if walk.is_some() && sent.is_empty() => dirs
+            .into_iter()
+            .map(|(rel, handle, open_id, list_id)| EarlyDir {
+                rel,
+                handle,
+                open_id,
+                list_id,
+            })
+            .collect(),
+        _ => sent,
     };
     // The first flight's replies go to their requests like any other.
     let mut pending = Pending::default();
@@ -205,16 +228,11 @@ pub(super) fn open_look(
 }
 
 /// The ids of the first flight's `StatRoot` and `List` of the tree a run
-/// walks there, and the handle it is opened as ([`first_words`]).
-const FIRST_STAT: u64 = 1;
-const FIRST_LIST: u64 = 2;
-pub(super) const FIRST_DIR: u64 = 3;
-/// The id of the request that measures the round trip (`Conn::ping`).
-const FIRST_PING: u64 = 4;
-/// Directories opened in the first flight at most ([`Early`]): each takes
-/// three numbers after [`FIRST_PING`] (its handle, its open's id, its
-/// listing's id).
-const FIRST_DIRS: usize = 256;
+/// walks there, the handle it is opened as ([`first_words`]), the id of
+/// the request that measures the round trip (`Conn::ping`), and the
+/// directories opened in it at most ([`Early`]: each takes three numbers
+/// after [`FIRST_PING`], its handle, its open's id, its listing's id).
+pub(super) use crate::proto::{FIRST_DIR, FIRST_DIRS, FIRST_LIST, FIRST_PING, FIRST_STAT};
 /// The first number a connection gives out.
 const FIRST_FREE: u64 = FIRST_PING + 2 + 3 * FIRST_DIRS as u64;
 /// The id of the round trip's second measure (`Conn::pinged`).
@@ -335,7 +353,7 @@ fn first_words(t: &Target, walk: Option<&[u8]>) -> Vec<u8> {
     // signature of a huge file, a big removal), a few per timeout.
     let every = (t.timeout / 3).as_millis().max(1) as u64;
     first.extend(proto::frame(0, &Req::KeepAlive { ms: every }));
-    first.extend(proto::frame(u64::MAX, &Req::Info));
+    first.extend(proto::frame(proto::INFO_ID, &Req::Info));
     if let Some(path) = walk {
         first.extend(proto::frame(0, &Req::ListAhead { path }));
         let dir = FIRST_DIR;
@@ -450,16 +468,43 @@ impl Starting<'_> {
 
     /// The answer to the Info request sent with the hello: whether the
     /// server runs as root, and its cores.
-    fn info(&self, stdout: &mut impl Read) -> Result<(bool, usize), NoHello> {
-        let Some((_, body)) = proto::read_frame(stdout).ok().flatten() else {
-            return Err(NoHello::Ended);
-        };
-        match Body(body).get() {
-            Ok(Resp::Info { root, cores }) => Ok((root, (cores as usize).max(1))),
-            _ => Err(NoHello::Kill(Failed::Other(format!(
+    /// Read the answer to the first flight's `Info`, and before it the
+    /// announcement of a server that answers the first flight unasked
+    /// ([`Resp::Pushed`]: its root's subdirectories, name, handle and the
+    /// ids of their open and listing).
+    #[allow(clippy::type_complexity)]
+    fn info(
+        &self,
+        stdout: &mut impl Read,
+    ) -> Result<((bool, usize), Option<Vec<(Vec<u8>, u64, u64, u64)>>), NoHello> {
+        let out_of_protocol = || {
+            NoHello::Kill(Failed::Other(format!(
                 "{}: ferry serve answered out of protocol",
                 self.t.host
-            )))),
+            )))
+        };
+        let mut pushed = None;
+        loop {
+            let Some((id, body)) = proto::read_frame(stdout).ok().flatten() else {
+                return Err(NoHello::Ended);
+            };
+            match Body(body).get() {
+                Ok(Resp::Info { root, cores }) if id == proto::INFO_ID => {
+                    return Ok(((root, (cores as usize).max(1)), pushed))
+                }
+                Ok(Resp::Pushed(dirs)) if id == 0 && pushed.is_none() => {
+                    // (Numbers the first flight reserves: nothing else.)
+                    let fits = dirs.len() <= FIRST_DIRS
+                        && dirs.iter().all(|&(_, h, o, l)| {
+                            [h, o, l].iter().all(|&n| n > FIRST_PING && n < FIRST_PING2)
+                        });
+                    if !fits {
+                        return Err(out_of_protocol());
+                    }
+                    pushed = Some(dirs)
+                }
+                _ => return Err(out_of_protocol()),
+            }
         }
     }
 }

@@ -75,20 +75,28 @@ impl Target {
     /// SHA-256, for [`Look::Verify`]). Its cipher options are the ones to
     /// start with now ([`Options::now`]): when they are a guess, they are
     /// returned too, to be checked against `ssh -G`'s answer before the
-    /// connection is used.
+    /// connection is used. `walk`: the tree the run walks there, named to
+    /// the cached ferry that the start command runs, which answers its
+    /// first levels unasked ([`crate::install::walk_word`]).
     pub(super) fn argv_look(
         &self,
         look: Look,
         sum: &str,
+        walk: Option<&[u8]>,
     ) -> Result<(Vec<String>, Option<Vec<String>>), SessionError> {
         let (options, guessed) = self.options.now();
         let remote = if self.install {
             let name = crate::install::cache_name()?;
-            format!(
+            let mut c = format!(
                 "sh -c {} sh {}",
                 crate::install::quote(&crate::install::start_script(look, sum)),
                 crate::install::quote(name)
-            )
+            );
+            if let Some(w) = walk.and_then(crate::install::walk_word) {
+                c.push(' ');
+                c.push_str(&w);
+            }
+            c
         } else {
             format!("{} serve", self.remote_ferry)
         };

@@ -868,6 +868,172 @@ fn a_wrapper_beside_ssh_does_not_stall_the_first_run() {
     assert_trees_equal(&src, &dst);
 }
 
+/// An `-e` command that runs `rsh` and forwards nothing of what the client writes for
+/// its first 1.5 s, while it writes to `log` what the server sent meanwhile: all a
+/// server sends before any of the client's bytes have reached it.
+fn holding_rsh(dir: &Path, rsh: &str, log: &Path) -> String {
+    let script = dir.join("rsh-hold");
+    std::fs::write(
+        &script,
+        format!(
+            r#"#!/usr/bin/env python3
+import os, select, subprocess, sys, time
+p = subprocess.Popen([{rsh:?}] + sys.argv[1:], stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+up, down = p.stdin.fileno(), p.stdout.fileno()
+held, log, start, fds = [], open({log:?}, "wb"), time.time(), [0, down]
+while down in fds:
+    if held is not None and time.time() - start > 1.5:
+        log.close()
+        open({log:?} + ".done", "w").close()
+        for b in held:
+            if b is None:
+                p.stdin.close()
+            else:
+                os.write(up, b)
+        held = None
+    r, _, _ = select.select(fds, [], [], 0.1)
+    if 0 in r:
+        b = os.read(0, 1 << 16)
+        if not b:
+            fds.remove(0)
+            if held is None:
+                p.stdin.close()
+            else:
+                held.append(None)
+        elif held is not None:
+            held.append(b)
+        else:
+            os.write(up, b)
+    if down in r:
+        b = os.read(down, 1 << 16)
+        if not b:
+            fds.remove(down)
+        else:
+            if held is not None:
+                log.write(b)
+            os.write(1, b)
+sys.exit(p.wait())
+"#,
+            log = log.display().to_string(),
+        ),
+    )
+    .unwrap();
+    chmod(&script, 0o755);
+    script.to_string_lossy().into_owned()
+}
+
+/// What a server sent in `log` ([`holding_rsh`]) after its hello: each frame's id and
+/// reply, decoded.
+fn frames_sent(log: &Path) -> Vec<(u64, String)> {
+    let done = PathBuf::from(format!("{}.done", log.display()));
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !done.exists() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let bytes = std::fs::read(log).unwrap();
+    let at = bytes
+        .windows(ferry_ssh::install::START.len())
+        .position(|w| w == ferry_ssh::install::START)
+        .unwrap_or_else(|| panic!("no start in {bytes:?}"));
+    let mut r = &bytes[at + ferry_ssh::install::START.len()..];
+    assert!(matches!(
+        ferry_ssh::proto::read_hello(&mut r).unwrap(),
+        ferry_ssh::proto::Hello::Ferry { .. }
+    ));
+    let mut out = Vec::new();
+    while let Ok(Some((id, body))) = ferry_ssh::proto::read_frame(&mut r) {
+        let resp: ferry_ssh::proto::Resp = ferry_ssh::proto::decode(&body).unwrap();
+        out.push((id, format!("{resp:?}")));
+    }
+    out
+}
+
+/// A host with the cached ferry is given the tree the run walks in the start command
+/// (`serve --walk-ahead=PATH`), and answers the run's first flight unasked, before any
+/// of the client's bytes have reached it: its `Info`, the tree's `StatRoot` and root
+/// `List`, and an open and a listing of each of the root's subdirectories, announced
+/// first (protocol 18: OpenSSH lets the client's input through only once the command
+/// has started, a round trip too late for these). Seen by holding the client's bytes
+/// for 1.5 s: what the server sent meanwhile. The run then takes them (push and pull, a
+/// no-op and with a change: the trees equal), and the client's own requests for them
+/// are not answered twice (the runs would fail "answered out of protocol", or take a
+/// second root). A tree whose path the start command does not pass (a `!` in it) gets
+/// nothing unasked: the server waits for the client's hello.
+#[test]
+fn the_first_flight_is_answered_before_the_clients_bytes_arrive() {
+    let (rsh, host) = need_server!();
+    let d = tmpdir();
+    let (_, counted) = rsh_fresh_home(&rsh, d.path(), "");
+    for (name, pushed) in [("plain", true), ("odd!name", false)] {
+        let src = d.path().join(format!("src-{name}"));
+        let there = d.path().join(name);
+        let back = d.path().join(format!("back-{name}"));
+        for sub in ["a", "b", "c/d"] {
+            write(&src, format!("{sub}/f"), sub.as_bytes());
+        }
+        write(&src, "top", b"top");
+        let run = |e: &str, s: &OsStr, t: &OsStr| {
+            let args: [&OsStr; 5] = ["copy".as_ref(), "-e".as_ref(), e.as_ref(), s, t];
+            ferry(args)
+        };
+        // The install and the first copies as usual.
+        run(&counted, src.as_os_str(), &at(&host, &there)).ok();
+        run(&counted, &at(&host, &there), back.as_os_str()).ok();
+        for (round, change) in [(0, false), (1, true)] {
+            if change {
+                write(&src, "b/f", b"changed");
+                write(&src, "c/new", b"new");
+            }
+            for (what, push) in [("push", true), ("pull", false)] {
+                let log = d.path().join(format!("sent-{name}-{what}-{round}"));
+                let e = holding_rsh(d.path(), &counted, &log);
+                let (s, t) = if push {
+                    (src.clone().into_os_string(), at(&host, &there))
+                } else {
+                    (at(&host, &there), back.clone().into_os_string())
+                };
+                let r = run(&e, &s, &t);
+                r.ok();
+                let sent = frames_sent(&log);
+                let ids: Vec<u64> = sent.iter().map(|(id, _)| *id).collect();
+                if !pushed {
+                    assert!(sent.is_empty(), "{name} {what} {round}: {sent:?}\n{r}");
+                    continue;
+                }
+                let ctx = format!("{name} {what} {round}: {sent:?}\n{r}");
+                assert!(sent[0].1.starts_with("Pushed(["), "{ctx}");
+                for dir in ["a", "b", "c"] {
+                    let named = format!("({:?},", dir.as_bytes());
+                    assert!(sent[0].1.contains(&named), "{dir}: {ctx}");
+                }
+                assert_eq!(ids[1], u64::MAX, "Info: {ctx}");
+                assert!(sent[1].1.starts_with("Info"), "{ctx}");
+                assert!(
+                    sent.iter().any(|(id, r)| *id == 1 && r.starts_with("Root")),
+                    "{ctx}"
+                );
+                assert!(
+                    sent.iter()
+                        .any(|(id, r)| *id == 2 && r.starts_with("Listing")),
+                    "{ctx}"
+                );
+                // Three directories: each opened and listed.
+                let opened = sent
+                    .iter()
+                    .filter(|(_, r)| r.starts_with("DirOpened"))
+                    .count();
+                let listed = sent
+                    .iter()
+                    .filter(|(id, r)| *id > 4 && r.starts_with("Listing"))
+                    .count();
+                assert_eq!((opened, listed), (3, 3), "{ctx}");
+            }
+            assert_trees_equal(&src, &there);
+            assert_trees_equal(&src, &back);
+        }
+    }
+}
+
 /// The end of a session costs a round trip (its input's end going there, the exit status
 /// coming back), which a run waits for only when it sent a change that no reply confirms
 /// (a writer's `Abort`: `conn::unconfirmed`, unit-tested). A run whose changes were all
