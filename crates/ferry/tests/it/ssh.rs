@@ -878,6 +878,12 @@ fn holding_rsh(dir: &Path, rsh: &str, log: &Path) -> String {
         format!(
             r#"#!/usr/bin/env python3
 import os, select, subprocess, sys, time
+def out(b):
+    # (The run may be gone: it need not wait for its session's end.)
+    try:
+        os.write(1, b)
+    except OSError:
+        pass
 p = subprocess.Popen([{rsh:?}] + sys.argv[1:], stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
 up, down = p.stdin.fileno(), p.stdout.fileno()
 held, log, start, fds = [], open({log:?}, "wb"), time.time(), [0, down]
@@ -911,7 +917,7 @@ while down in fds:
         else:
             if held is not None:
                 log.write(b)
-            os.write(1, b)
+            out(b)
 sys.exit(p.wait())
 "#,
             log = log.display().to_string(),

@@ -66,6 +66,12 @@ fn first_flight_rsh(dir: &Path, rsh: &str, log: &Path) -> String {
         format!(
             r#"#!/usr/bin/env python3
 import os, select, subprocess, sys, time
+def out(b):
+    # (The run may be gone: it need not wait for its session's end.)
+    try:
+        os.write(1, b)
+    except OSError:
+        pass
 p = subprocess.Popen([{words}] + sys.argv[1:], stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
 up, down = p.stdin.fileno(), p.stdout.fileno()
 held, log, start, fds = [], open({log:?}, "wb"), time.time(), [0, down]
@@ -74,7 +80,7 @@ while down in fds:
         log.close()
         open({log:?} + ".done", "w").close()
         for b in held:
-            os.write(1, b)
+            out(b)
         held = None
     r, _, _ = select.select(fds, [], [], 0.1)
     if 0 in r:
@@ -93,7 +99,7 @@ while down in fds:
         elif held is not None:
             held.append(b)
         else:
-            os.write(1, b)
+            out(b)
 sys.exit(p.wait())
 "#,
             log = log.display().to_string(),
@@ -371,6 +377,12 @@ fn gating_rsh(dir: &Path, rsh: &str, want: usize, result: &Path) -> String {
         format!(
             r#"#!/usr/bin/env python3
 import os, select, subprocess, sys, time
+def out(b):
+    # (The run may be gone: it need not wait for its session's end.)
+    try:
+        os.write(1, b)
+    except OSError:
+        pass
 HELLO, OPENS, WANT, RESULT = {hello}, {opens:?}, {want}, {result:?}
 p = subprocess.Popen([{words}] + sys.argv[1:], stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
 up, down = p.stdin.fileno(), p.stdout.fileno()
@@ -381,7 +393,7 @@ def release(why):
     with open(RESULT, "w") as f:
         f.write(why)
     for b in (early or []) + held:
-        os.write(1, b)
+        out(b)
     early = None
     held.clear()
 fds, start = [0, down], time.time()
@@ -390,7 +402,7 @@ while down in fds:
         release("deadline")
     if early is not None and time.time() - start > 1:
         for b in early:
-            os.write(1, b)
+            out(b)
         early = None
     r, _, _ = select.select(fds, [], [], 0.1)
     if 0 in r:
@@ -426,7 +438,7 @@ while down in fds:
         elif since is not None and not released:
             held.append(b)
         else:
-            os.write(1, b)
+            out(b)
 if not released:
     release("end")
 with open(RESULT, "a") as f:
