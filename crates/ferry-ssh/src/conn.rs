@@ -688,7 +688,7 @@ pub fn end_all() {
 
 /// End this run's sessions: close each connection's input, so that its
 /// `ferry serve` and then ssh exit, and wait for those that were sent a
-/// change no reply confirmed ([`unconfirmed`]: a few seconds at most),
+/// change no reply confirmed (`conn::unconfirmed`: a few seconds at most),
 /// so that what the server does with it is done when the run returns.
 /// The others are not waited for: all they changed was confirmed request
 /// by request, and their end (the input's end going there, the exit

@@ -257,7 +257,7 @@ pub fn serve_on(
 }
 
 /// [`serve_on`]; with `walk`, the first flight of a walk of that tree is
-/// answered from the start, unasked ([`push`]).
+/// answered from the start, unasked (`serve/push.rs`).
 pub fn serve_on_pushing(
     mut input: io::BufReader<impl Read>,
     output: impl crate::splice::Sink + Send + 'static,
