@@ -297,29 +297,28 @@ pub fn unexpected(r: &Resp<'_>) -> io::Error {
 }
 
 /// A request sent without a reply ([`Conn::send`]) whose outcome no later
-/// reply confirms: a writer's discard (`Abort`, `PatchAbort`), a partial's
-/// record (best effort), and any kind not named here. Not: a handle's
-/// `Close` and `ListAhead` (nothing changes), a file's data (`Create`,
-/// `Write`, `WriteAt`, `SetLen`, the delta's ops, `PartAttach`), which the
-/// server carries out in order before its `Commit`, `PatchCommit` or
-/// `PartSync`, whose reply says how it went (a writer that gets none is
-/// discarded: an `Abort`), and `Diff`, a read.
+/// reply confirms: one that changes something ([`Req::changes_nothing`]
+/// says which do not: a handle's `Close`, `ListAhead`, `Diff`, ...) and is
+/// not a file's data (`Create`, `Write`, `WriteAt`, `SetLen`, the delta's
+/// ops, `PartAttach`), which the server carries out in order before its
+/// `Commit`, `PatchCommit` or `PartSync`, whose reply says how it went (a
+/// writer that gets none is discarded: an `Abort`). So: a writer's discard
+/// (`Abort`, `PatchAbort`), a partial's record (best effort), and any kind
+/// added later that changes something.
 pub(crate) fn unconfirmed(req: &Req<'_>) -> bool {
-    !matches!(
-        req,
-        Req::Close { .. }
-            | Req::ListAhead { .. }
-            | Req::Create { .. }
-            | Req::Write { .. }
-            | Req::WriteAt { .. }
-            | Req::SetLen { .. }
-            | Req::PatchFrom { .. }
-            | Req::Patch { .. }
-            | Req::PatchBegin { .. }
-            | Req::PatchWrite { .. }
-            | Req::PartAttach { .. }
-            | Req::Diff { .. }
-    )
+    !req.changes_nothing()
+        && !matches!(
+            req,
+            Req::Create { .. }
+                | Req::Write { .. }
+                | Req::WriteAt { .. }
+                | Req::SetLen { .. }
+                | Req::PatchFrom { .. }
+                | Req::Patch { .. }
+                | Req::PatchBegin { .. }
+                | Req::PatchWrite { .. }
+                | Req::PartAttach { .. }
+        )
 }
 
 impl Conn {

@@ -104,7 +104,7 @@ pub(super) fn open_look(
     // when the start command names the tree to the ferry it runs, which
     // then answers the first flight unasked, its root's subdirectories
     // with it (protocol 18: `serve/push.rs`).
-    let pushing = t.install && walk.and_then(crate::install::walk_word).is_some();
+    let pushing = t.walk_word(walk).is_some();
     let early = walk
         .filter(|_| !pushing)
         .and_then(|_| super::take_hint())

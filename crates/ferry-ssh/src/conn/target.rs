@@ -92,7 +92,7 @@ impl Target {
                 crate::install::quote(&crate::install::start_script(look, sum)),
                 crate::install::quote(name)
             );
-            if let Some(w) = walk.and_then(crate::install::walk_word) {
+            if let Some(w) = self.walk_word(walk) {
                 c.push(' ');
                 c.push_str(&w);
             }
@@ -102,6 +102,14 @@ impl Target {
         };
         let argv = self.command_with(&remote, &options);
         Ok((argv, guessed.then_some(options)))
+    }
+
+    /// The walked tree as the start command passes it to the cached ferry
+    /// ([`crate::install::walk_word`]): with self-install only. With it,
+    /// that ferry answers the first flight unasked.
+    pub(super) fn walk_word(&self, walk: Option<&[u8]>) -> Option<String> {
+        walk.filter(|_| self.install)
+            .and_then(crate::install::walk_word)
     }
 
     /// The ssh command line that starts subsystem `name` (`sftp`) there

@@ -260,7 +260,7 @@ pub(super) fn open_dir_ahead(
 
 /// `List`: directory `dir`'s entries (names, metadata, and the entries
 /// that could not be read), listed into `listing` (reused).
-fn list(st: &State, id: u64, dir: u64, listing: &mut Listing) -> io::Result<Vec<u8>> {
+pub(super) fn list(st: &State, id: u64, dir: u64, listing: &mut Listing) -> io::Result<Vec<u8>> {
     let d = dir_of(st, dir)?;
     if let Some(f) = st.ahead.take(&d, id) {
         return Ok(f);

@@ -35,10 +35,9 @@ pub(super) fn push(st: &Arc<State>, path: &[u8]) {
     let stat = answer::stat_root(st, FIRST_STAT, path, FIRST_DIR)
         .unwrap_or_else(|e| err_frame(FIRST_STAT, &e));
     listing.clear();
-    let list = answer::answer(st, FIRST_LIST, Req::List { dir: FIRST_DIR }, &mut listing);
-    let listed = matches!(proto::decode::<Resp>(&list[12..]), Ok(Resp::Listing { .. }));
+    let list = answer::list(st, FIRST_LIST, FIRST_DIR, &mut listing);
     let mut dirs = Vec::new();
-    if listed {
+    if list.is_ok() {
         let mut next = FIRST_PING + 1;
         for e in listing.entries() {
             if dirs.len() >= FIRST_DIRS {
@@ -56,7 +55,7 @@ pub(super) fn push(st: &Arc<State>, path: &[u8]) {
     send(proto::frame(0, &Resp::Pushed(dirs.clone())));
     send(answer::info(st, INFO_ID));
     send(stat);
-    send(list);
+    send(list.unwrap_or_else(|e| err_frame(FIRST_LIST, &e)));
     if dirs.is_empty() {
         return;
     }
@@ -80,7 +79,8 @@ pub(super) fn push(st: &Arc<State>, path: &[u8]) {
                     .unwrap_or_else(|e| err_frame(*open_id, &e));
                 let _ = st.out.lock().send(opened.into());
                 listing.clear();
-                let list = answer::answer(&st, *list_id, Req::List { dir: *handle }, &mut listing);
+                let list = answer::list(&st, *list_id, *handle, &mut listing)
+                    .unwrap_or_else(|e| err_frame(*list_id, &e));
                 let _ = st.out.lock().send(list.into());
             }
         });

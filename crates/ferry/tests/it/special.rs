@@ -57,6 +57,18 @@ fn fs_has_holes(dir: &Path) -> bool {
     })
 }
 
+/// [`fs_has_holes`], saying so when it does not (the test is then not run).
+fn holes_here(dir: &Path) -> bool {
+    let holes = fs_has_holes(dir);
+    if !holes {
+        eprintln!(
+            "note: the filesystem of {} reports no holes: test not run",
+            dir.display()
+        );
+    }
+    holes
+}
+
 /// A file of `size` bytes whose only data are `segs` (offset, length, seed), the rest holes.
 fn write_sparse(p: &Path, size: u64, segs: &[(u64, u64, u64)]) {
     if let Some(d) = p.parent() {
@@ -141,8 +153,7 @@ proptest! {
         more in prop::collection::vec((any::<prop::sample::Index>(), 0u64..1 << 22, 1u64..3 * BLOCK, any::<u64>()), 0..4),
     ) {
         let t = tmpdir();
-        if !fs_has_holes(t.path()) {
-            eprintln!("note: the filesystem of {} reports no holes: sparse tests not run", t.path().display());
+        if !holes_here(t.path()) {
             return Ok(());
         }
         let (src, dst) = (t.path().join("src"), t.path().join("dst"));
@@ -177,11 +188,7 @@ proptest! {
 #[test]
 fn a_hole_beside_a_nearly_empty_last_block_stays_a_hole() {
     let t = tmpdir();
-    if !fs_has_holes(t.path()) {
-        eprintln!(
-            "note: the filesystem of {} reports no holes: test not run",
-            t.path().display()
-        );
+    if !holes_here(t.path()) {
         return;
     }
     let src = t.path().join("src");
@@ -219,11 +226,7 @@ fn a_hole_beside_a_nearly_empty_last_block_stays_a_hole() {
 #[test]
 fn a_gibibyte_with_a_mebibyte_of_data_stays_small() {
     let t = tmpdir();
-    if !fs_has_holes(t.path()) {
-        eprintln!(
-            "note: the filesystem of {} reports no holes: test not run",
-            t.path().display()
-        );
+    if !holes_here(t.path()) {
         return;
     }
     let src = t.path().join("src");

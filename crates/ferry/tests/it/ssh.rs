@@ -12,7 +12,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::util::ssh::{gen_tree, node, ssh_at as at, ssh_server as server};
+use crate::util::ssh::{gen_tree, holding_rsh, node, ssh_at as at, ssh_server as server, Hold};
 use crate::util::*;
 use ferry_conformance::{local::read_only, Denied, Fixture, Outside};
 use ferry_engine::keep::KeepBase;
@@ -868,74 +868,11 @@ fn a_wrapper_beside_ssh_does_not_stall_the_first_run() {
     assert_trees_equal(&src, &dst);
 }
 
-/// An `-e` command that runs `rsh` and forwards nothing of what the client writes for
-/// its first 1.5 s, while it writes to `log` what the server sent meanwhile: all a
-/// server sends before any of the client's bytes have reached it.
-fn holding_rsh(dir: &Path, rsh: &str, log: &Path) -> String {
-    let script = dir.join("rsh-hold");
-    std::fs::write(
-        &script,
-        format!(
-            r#"#!/usr/bin/env python3
-import os, select, subprocess, sys, time
-def out(b):
-    # (The run may be gone: it need not wait for its session's end.)
-    try:
-        os.write(1, b)
-    except OSError:
-        pass
-p = subprocess.Popen([{rsh:?}] + sys.argv[1:], stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
-up, down = p.stdin.fileno(), p.stdout.fileno()
-held, log, start, fds = [], open({log:?}, "wb"), time.time(), [0, down]
-while down in fds:
-    if held is not None and time.time() - start > 1.5:
-        log.close()
-        open({log:?} + ".done", "w").close()
-        for b in held:
-            if b is None:
-                p.stdin.close()
-            else:
-                os.write(up, b)
-        held = None
-    r, _, _ = select.select(fds, [], [], 0.1)
-    if 0 in r:
-        b = os.read(0, 1 << 16)
-        if not b:
-            fds.remove(0)
-            if held is None:
-                p.stdin.close()
-            else:
-                held.append(None)
-        elif held is not None:
-            held.append(b)
-        else:
-            os.write(up, b)
-    if down in r:
-        b = os.read(down, 1 << 16)
-        if not b:
-            fds.remove(down)
-        else:
-            if held is not None:
-                log.write(b)
-            out(b)
-sys.exit(p.wait())
-"#,
-            log = log.display().to_string(),
-        ),
-    )
-    .unwrap();
-    chmod(&script, 0o755);
-    script.to_string_lossy().into_owned()
-}
-
 /// What a server sent in `log` ([`holding_rsh`]) after its hello: each frame's id and
 /// reply, decoded.
 fn frames_sent(log: &Path) -> Vec<(u64, String)> {
     let done = PathBuf::from(format!("{}.done", log.display()));
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while !done.exists() && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until("the wrapper did not end its log", 1200, || done.exists());
     let bytes = std::fs::read(log).unwrap();
     let at = bytes
         .windows(ferry_ssh::install::START.len())
@@ -992,7 +929,7 @@ fn the_first_flight_is_answered_before_the_clients_bytes_arrive() {
             }
             for (what, push) in [("push", true), ("pull", false)] {
                 let log = d.path().join(format!("sent-{name}-{what}-{round}"));
-                let e = holding_rsh(d.path(), &counted, &log);
+                let e = holding_rsh(d.path(), &counted, &log, Hold::Client);
                 let (s, t) = if push {
                     (src.clone().into_os_string(), at(&host, &there))
                 } else {
@@ -1387,17 +1324,6 @@ fn spawn_copy(rsh: &str, args: &[&std::ffi::OsStr]) -> std::process::Child {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap()
-}
-
-/// Wait until `ready` (checked every 50 ms, `tries` times at most).
-#[track_caller]
-fn wait_until(what: &str, tries: u32, mut ready: impl FnMut() -> bool) {
-    let mut waited = 0;
-    while !ready() {
-        std::thread::sleep(Duration::from_millis(50));
-        waited += 1;
-        assert!(waited < tries, "{what}");
-    }
 }
 
 /// The number just before `phrase` in a run's output (0 when absent).

@@ -5,7 +5,7 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
-use crate::util::ssh::{ferry_ssh, ssh_at as at, ssh_server as server};
+use crate::util::ssh::{ferry_ssh, holding_rsh, ssh_at as at, ssh_server as server, Hold, PY_OUT};
 use crate::util::*;
 use ferry_ssh::proto::{self, Req};
 
@@ -35,10 +35,7 @@ fn logging_rsh(dir: &Path, rsh: &str, log: &Path) -> String {
 /// frames), in order: `Root`, `StatPath`, ...
 fn requests(log: &Path) -> Vec<String> {
     let done = std::path::PathBuf::from(format!("{}.done", log.display()));
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while !done.exists() && std::time::Instant::now() < deadline {
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    wait_until("the wrapper did not end its log", 1200, || done.exists());
     let bytes = std::fs::read(log).unwrap();
     let mut r = &bytes[..];
     match proto::read_hello(&mut r).unwrap() {
@@ -52,63 +49,6 @@ fn requests(log: &Path) -> Vec<String> {
         out.push(name[..name.find([' ', '{']).unwrap_or(name.len())].to_string());
     }
     out
-}
-
-/// An `-e` command that runs `rsh`, holds what the server sends for its
-/// first 1.5 s, and writes to `log` what the client sent meanwhile: the
-/// connection's first write, all a client sends before it has read a byte
-/// (`log.done` made then, as [`requests`] wants).
-fn first_flight_rsh(dir: &Path, rsh: &str, log: &Path) -> String {
-    let words: Vec<String> = rsh.split_whitespace().map(|w| format!("{w:?}")).collect();
-    let script = dir.join("rsh-first");
-    std::fs::write(
-        &script,
-        format!(
-            r#"#!/usr/bin/env python3
-import os, select, subprocess, sys, time
-def out(b):
-    # (The run may be gone: it need not wait for its session's end.)
-    try:
-        os.write(1, b)
-    except OSError:
-        pass
-p = subprocess.Popen([{words}] + sys.argv[1:], stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
-up, down = p.stdin.fileno(), p.stdout.fileno()
-held, log, start, fds = [], open({log:?}, "wb"), time.time(), [0, down]
-while down in fds:
-    if held is not None and time.time() - start > 1.5:
-        log.close()
-        open({log:?} + ".done", "w").close()
-        for b in held:
-            out(b)
-        held = None
-    r, _, _ = select.select(fds, [], [], 0.1)
-    if 0 in r:
-        b = os.read(0, 1 << 16)
-        if not b:
-            fds.remove(0)
-            p.stdin.close()
-        else:
-            if held is not None:
-                log.write(b)
-            os.write(up, b)
-    if down in r:
-        b = os.read(down, 1 << 16)
-        if not b:
-            fds.remove(down)
-        elif held is not None:
-            held.append(b)
-        else:
-            out(b)
-sys.exit(p.wait())
-"#,
-            log = log.display().to_string(),
-            words = words.join(", "),
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-    script.to_str().unwrap().to_string()
 }
 
 /// The tree a run walks there is stat'ed, opened and listed in the
@@ -147,7 +87,7 @@ fn the_walked_tree_is_asked_for_in_the_first_write() {
     std::fs::write(src.join("a/g"), b"more").unwrap();
     for (what, push) in [("push", true), ("pull", false)] {
         let log = t.path().join(format!("first-{what}"));
-        let e = first_flight_rsh(t.path(), &rsh, &log);
+        let e = holding_rsh(t.path(), &rsh, &log, Hold::Server);
         let (s, d) = if push {
             (src.clone().into_os_string(), at(&host, &there))
         } else {
@@ -377,12 +317,7 @@ fn gating_rsh(dir: &Path, rsh: &str, want: usize, result: &Path) -> String {
         format!(
             r#"#!/usr/bin/env python3
 import os, select, subprocess, sys, time
-def out(b):
-    # (The run may be gone: it need not wait for its session's end.)
-    try:
-        os.write(1, b)
-    except OSError:
-        pass
+{PY_OUT}
 HELLO, OPENS, WANT, RESULT = {hello}, {opens:?}, {want}, {result:?}
 p = subprocess.Popen([{words}] + sys.argv[1:], stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
 up, down = p.stdin.fileno(), p.stdout.fileno()
@@ -460,14 +395,11 @@ sys.exit(p.wait())
 /// (`conn::close_all`: a run whose changes were all confirmed returns without its
 /// session's end).
 fn gate_record(result: &Path) -> String {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    loop {
-        let why = std::fs::read_to_string(result).unwrap_or_default();
-        if why.contains(' ') || std::time::Instant::now() > deadline {
-            return why;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    let record = || std::fs::read_to_string(result).unwrap_or_default();
+    wait_until("the gate did not record its count", 1200, || {
+        record().contains(' ')
+    });
+    record()
 }
 
 /// A tree over ssh is walked in one round trip, not one per level: before the walk, the

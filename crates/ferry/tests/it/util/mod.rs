@@ -1049,3 +1049,14 @@ pub fn path_is(path: &str, rel: &str) -> bool {
 pub fn has_action(acts: &[(String, String)], ty: &str, rel: &str) -> bool {
     acts.iter().any(|(t, p)| t == ty && path_is(p, rel))
 }
+
+/// Wait until `ready` (checked every 50 ms, `tries` times at most; then fail with `what`).
+#[track_caller]
+pub fn wait_until(what: &str, tries: u32, mut ready: impl FnMut() -> bool) {
+    let mut waited = 0;
+    while !ready() {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        waited += 1;
+        assert!(waited < tries, "{what}");
+    }
+}

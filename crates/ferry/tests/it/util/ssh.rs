@@ -183,3 +183,83 @@ pub fn shipped_bin() -> Vec<u8> {
     let raw = std::fs::read(bin()).unwrap();
     ferry_ssh::install::strip(&raw).unwrap_or(raw)
 }
+
+/// The Python of the `-e` wrappers below: `out(b)` passes the server's bytes on to the
+/// run, which may be gone (a run need not wait for its session's end).
+pub const PY_OUT: &str = "def out(b):
+    try:
+        os.write(1, b)
+    except OSError:
+        pass
+";
+
+/// Which way [`holding_rsh`] holds a session's bytes for its first 1.5 s.
+pub enum Hold {
+    /// What the server sends: the log has all the client sent before it read a byte
+    /// (the connection's first write).
+    Server,
+    /// What the client sends: the log has all the server sent before any of the
+    /// client's bytes reached it.
+    Client,
+}
+
+/// An `-e` command that runs `rsh` (its words), holds one way's bytes for the first
+/// 1.5 s, and writes to `log` what went the other way meanwhile; `log.done` is made
+/// then ([`wait_until`] it).
+pub fn holding_rsh(dir: &Path, rsh: &str, log: &Path, hold: Hold) -> String {
+    let words: Vec<String> = rsh.split_whitespace().map(|w| format!("{w:?}")).collect();
+    let script = dir.join("rsh-hold");
+    std::fs::write(
+        &script,
+        format!(
+            r#"#!/usr/bin/env python3
+import os, select, subprocess, sys, time
+{PY_OUT}
+HOLD_CLIENT = {client}
+p = subprocess.Popen([{words}] + sys.argv[1:], stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+up, down = p.stdin.fileno(), p.stdout.fileno()
+def up_write(b):
+    if b:
+        os.write(up, b)
+    else:
+        p.stdin.close()
+held, log, start, fds = [], open({log:?}, "wb"), time.time(), [0, down]
+while down in fds:
+    if held is not None and time.time() - start > 1.5:
+        log.close()
+        open({log:?} + ".done", "w").close()
+        for b in held:
+            up_write(b) if HOLD_CLIENT else out(b)
+        held = None
+    r, _, _ = select.select(fds, [], [], 0.1)
+    if 0 in r:
+        b = os.read(0, 1 << 16)
+        if not b:
+            fds.remove(0)
+        if held is not None and HOLD_CLIENT:
+            held.append(b)
+        else:
+            if held is not None:
+                log.write(b)
+            up_write(b)
+    if down in r:
+        b = os.read(down, 1 << 16)
+        if not b:
+            fds.remove(down)
+        elif held is not None and not HOLD_CLIENT:
+            held.append(b)
+        else:
+            if held is not None:
+                log.write(b)
+            out(b)
+sys.exit(p.wait())
+"#,
+            client = if matches!(hold, Hold::Client) { "True" } else { "False" },
+            log = log.display().to_string(),
+            words = words.join(", "),
+        ),
+    )
+    .unwrap();
+    chmod(&script, 0o755);
+    script.to_string_lossy().into_owned()
+}
