@@ -110,7 +110,6 @@ impl Ahead {
                 st.ahead.stop();
                 return;
             };
-            let threads = st.cores.clamp(1, THREADS);
             {
                 let mut i = st.ahead.inner.lock();
                 i.dev = key_of(root.fd()).map_or(0, |k| k.0 .0);
@@ -119,17 +118,35 @@ impl Ahead {
             list_one(&st, Arc::new(root));
             st.ahead.inner.lock().busy -= 1;
             st.ahead.cv.notify_all();
-            let others: Vec<_> = (1..threads)
-                .map(|_| {
-                    let st = st.clone();
-                    std::thread::spawn(move || run(&st))
-                })
-                .collect();
+            spawn_threads(&st, threads(&st) - 1);
             run(&st);
-            for t in others {
-                let _ = t.join();
-            }
         });
+    }
+
+    /// Start listing ahead below `root`, whose own listing (`listing`)
+    /// was made and answered already (the first flight answered unasked,
+    /// `push.rs`): it is not listed a second time, its subdirectories are
+    /// queued at once. As [`Ahead::start`] otherwise.
+    pub(super) fn start_below(st: &Arc<State>, root: Arc<LocalDir>, listing: &Listing) {
+        let a = &st.ahead;
+        if a.asked.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let Ok((key, _)) = key_of(root.fd()) else {
+            return;
+        };
+        a.on.store(true, Ordering::Release);
+        {
+            let mut i = a.inner.lock();
+            i.dev = key.0;
+            i.dirs.insert(key, Slot::Taken);
+            i.listed += listing.len();
+            queue_subdirs(&mut i, &root, listing);
+            if i.queue.is_empty() {
+                return;
+            }
+        }
+        spawn_threads(st, threads(st));
     }
 
     /// The client may change files from now on: nothing made ahead is
@@ -183,6 +200,32 @@ impl Ahead {
                     return None;
                 }
             }
+        }
+    }
+}
+
+/// Threads listing ahead: as many as the cores, [`THREADS`] at most.
+fn threads(st: &State) -> usize {
+    st.cores.clamp(1, THREADS)
+}
+
+/// `n` more threads listing the directories queued ([`run`]).
+fn spawn_threads(st: &Arc<State>, n: usize) {
+    for _ in 0..n {
+        let st = st.clone();
+        std::thread::spawn(move || run(&st));
+    }
+}
+
+/// Queue the subdirectories of `d`, listed in `listing`, to be listed
+/// ([`QUEUED`] at most waiting).
+fn queue_subdirs(i: &mut Inner, d: &Arc<LocalDir>, listing: &Listing) {
+    for e in listing.entries() {
+        if e.meta.kind != ferry_engine::entry::Kind::Dir || i.queue.len() >= QUEUED {
+            continue;
+        }
+        if let Ok(name) = CString::new(listing.name(e)) {
+            i.queue.push_back((d.clone(), name));
         }
     }
 }
@@ -253,14 +296,7 @@ fn list_one(st: &State, d: Arc<LocalDir>) {
             i.dirs.insert(key, Slot::Done(f, ctime, began));
             #[cfg(test)]
             LISTED.fetch_add(1, Ordering::Relaxed);
-            for e in listing.entries() {
-                if e.meta.kind != ferry_engine::entry::Kind::Dir || i.queue.len() >= QUEUED {
-                    continue;
-                }
-                if let Ok(name) = CString::new(listing.name(e)) {
-                    i.queue.push_back((d.clone(), name));
-                }
-            }
+            queue_subdirs(&mut i, &d, &listing);
         }
         // Stopped meanwhile, or not listed: a `List` of it lists it.
         _ => {

@@ -268,6 +268,11 @@ pub(super) fn list(st: &State, id: u64, dir: u64, listing: &mut Listing) -> io::
     listing_frame(st, id, &d, listing)
 }
 
+/// Every directory listed in this process, by device and inode, once per
+/// listing (for the tests: a directory listed twice for one walk).
+#[cfg(test)]
+pub(super) static LISTINGS: std::sync::Mutex<Vec<(u64, u64)>> = std::sync::Mutex::new(Vec::new());
+
 /// The reply to a `List` of `d`, listed now into `listing` (reused).
 pub(super) fn listing_frame(
     st: &State,
@@ -275,6 +280,10 @@ pub(super) fn listing_frame(
     d: &LocalDir,
     listing: &mut Listing,
 ) -> io::Result<Vec<u8>> {
+    #[cfg(test)]
+    if let Ok(s) = rustix::fs::fstat(d.fd()) {
+        LISTINGS.lock().unwrap().push((s.st_dev, s.st_ino));
+    }
     let mut errors = Vec::new();
     st.store.list(d, b"", listing, &mut errors)?;
     let mut names = Vec::with_capacity(listing.len() * 16);

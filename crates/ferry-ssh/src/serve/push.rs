@@ -52,16 +52,24 @@ pub(super) fn push(st: &Arc<State>, path: &[u8]) {
     }
     // The announcement, then the `Info` (which the client reads first
     // after it), then the answers.
+    let listed = list.is_ok();
     send(proto::frame(0, &Resp::Pushed(dirs.clone())));
     send(answer::info(st, INFO_ID));
     send(stat);
     send(list.unwrap_or_else(|e| err_frame(FIRST_LIST, &e)));
+    // The deeper levels listed meanwhile on threads of their own: the
+    // listing ahead the client asks for with its hello (`ListAhead`, then
+    // not started again), from the root's subdirectories on (the root
+    // is listed; a second listing of a root of 500,000 files would double
+    // this end's work).
+    if listed {
+        if let Ok(root) = dir_of(st, FIRST_DIR) {
+            ahead::Ahead::start_below(st, root, &listing);
+        }
+    }
     if dirs.is_empty() {
         return;
     }
-    // The deeper levels listed meanwhile on threads of their own, as the
-    // client's `ListAhead` would have them.
-    ahead::Ahead::start(st, path);
     // Each directory opened, then listed, on one of a few threads (as the
     // client's requests would be, by the workers).
     let dirs = Arc::new(dirs);

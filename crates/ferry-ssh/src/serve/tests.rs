@@ -587,3 +587,82 @@ fn a_listing_made_ahead_goes_stale() {
         .1;
     assert_eq!(g0.size, 24);
 }
+
+/// A serve started with the walked tree (`serve --walk-ahead=PATH`) lists
+/// its root once: the listing ahead the client asks for with its hello
+/// (`ListAhead`, in every run's first flight) goes on from the root's
+/// subdirectories, and does not list the root again (a root of 500,000
+/// files was listed twice). A root of files only, and a tree.
+#[test]
+fn a_root_answered_unasked_is_listed_once() {
+    use std::os::unix::fs::MetadataExt;
+    let _one = AHEAD.lock();
+    let times = |key: (u64, u64)| {
+        let l = super::answer::LISTINGS.lock().unwrap();
+        l.iter().filter(|k| **k == key).count()
+    };
+    for tree in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("r");
+        std::fs::create_dir(&root).unwrap();
+        if tree {
+            ahead_tree(&root);
+        } else {
+            for f in ["f0", "f1", "f2"] {
+                std::fs::write(root.join(f), f).unwrap();
+            }
+        }
+        let key = |p: &std::path::Path| {
+            let m = std::fs::metadata(p).unwrap();
+            (m.dev(), m.ino())
+        };
+        let mut dirs = vec![key(&root)];
+        if tree {
+            for d in ["a", "b", "c", "d", "e"] {
+                dirs.push(key(&root.join(d)));
+                dirs.push(key(&root.join(d).join("x")));
+            }
+        }
+        // (An inode of an earlier test's directory may come back.)
+        let before: Vec<_> = dirs.iter().map(|k| times(*k)).collect();
+        let (in_r, in_w) = rustix::pipe::pipe().unwrap();
+        let (out_r, out_w) = rustix::pipe::pipe().unwrap();
+        let path = root.as_os_str().as_bytes().to_vec();
+        let server = std::thread::spawn(move || {
+            crate::serve::serve_on_pushing(
+                io::BufReader::new(File::from(in_r)),
+                File::from(out_w),
+                Some(&path),
+            )
+        });
+        let (mut to, mut from) = (File::from(in_w), io::BufReader::new(File::from(out_r)));
+        // The first flight, as a run sends it: the hello, the listing
+        // ahead, and (to know they were read) a ping.
+        let mut w = Vec::new();
+        proto::write_hello(&mut w).unwrap();
+        let path = root.as_os_str().as_bytes();
+        w.extend(proto::frame(0, &Req::ListAhead { path }));
+        w.extend(proto::frame(9, &Req::Ping));
+        to.write_all(&w).unwrap();
+        assert!(matches!(
+            proto::read_hello(&mut from).unwrap(),
+            proto::Hello::Ferry { .. }
+        ));
+        while proto::read_frame(&mut from).unwrap().expect("a reply").0 != 9 {}
+        // Every directory listed (answered unasked, or ahead), and a
+        // moment for a second listing of the root to show.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while dirs.iter().zip(&before).any(|(k, b)| times(*k) == *b) {
+            assert!(std::time::Instant::now() < deadline, "not all listed");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        assert_eq!(
+            times(dirs[0]) - before[0],
+            1,
+            "the root's listings (tree: {tree})"
+        );
+        drop(to);
+        server.join().unwrap().unwrap();
+    }
+}
