@@ -295,7 +295,18 @@ impl Ask {
     pub(super) fn ask(&self) {
         let mut a = self.asking.lock();
         if let Asking::Later(cmd) = &mut *a {
-            *a = Asking::Running(cmd.spawn().ok());
+            let child = cmd.spawn().ok();
+            // Its answer is waited for only once the connection's ssh is
+            // up: till then it takes only the time the key exchange, the
+            // listing here and the walk leave (5-7 ms of CPU, most of it
+            // loading ssh's libraries, on the cores they share).
+            if let Some(pid) = child
+                .as_ref()
+                .and_then(|c| rustix::process::Pid::from_raw(c.id() as i32))
+            {
+                let _ = rustix::process::setpriority_process(Some(pid), 19);
+            }
+            *a = Asking::Running(child);
         }
     }
 
