@@ -10,7 +10,8 @@ Workloads (generated under --workdir, removed at the end):
   noop:  100,000 x 1 KiB already in place (nothing to copy), push and pull; in the same
          rounds, alternated with the tools: `ssh host true` and the same no-op between two
          local directories (ferry and rsync), so that "ssh + local no-op" is of the same
-         moments as the remote no-ops (--noop-files 10000,100000: one workload per count);
+         moments as the remote no-ops (--noop-files 10000,100000: one workload per count;
+         --noop-flat 50000: the same with every file in the tree's root, one directory);
   big:   one 1 GiB file, first copy, push and pull;
   delta: one 1 GiB file the receiving side has an old copy of, pushed and pulled again,
          with 100 scattered 4 KiB changes ("scattered") and with 1 MiB appended ("append"):
@@ -53,14 +54,17 @@ ap.add_argument("--tools", default="", help="comma list (default: ferry,ferry-sf
 ap.add_argument("--cipher", default="aes128-gcm@openssh.com",
                 help="the cipher every tool's ssh is given (-c), or 'default': none, each tool as users run it")
 ap.add_argument("--noop-files", default="100000", help="comma list: one no-op workload per count")
+ap.add_argument("--noop-flat", default="", help="comma list: one no-op workload per count, all its files in one directory")
 ap.add_argument("--only", default="", help="comma list of workloads and directions: small,noop,big,delta,push,pull")
 a = ap.parse_args()
 ferry = os.path.abspath(a.ferry)
 repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 runs = 1 if a.smoke else a.runs
 noops = [int(n) for n in a.noop_files.split(",") if n]
-W = {"small": (200, 4096), "noop": (300, 1024), "big": (1, 3 << 20)} if a.smoke else \
-    {"small": (10_000, 4096), **{f"noop{n}": (n, 1024) for n in noops}, "big": (1, 1 << 30)}
+flats = [int(n) for n in a.noop_flat.split(",") if n]
+W = {"small": (200, 4096), "noop": (300, 1024), "noopflat": (300, 1024), "big": (1, 3 << 20)} if a.smoke else \
+    {"small": (10_000, 4096), **{f"noop{n}": (n, 1024) for n in noops},
+     **{f"noopflat{n}": (n, 1024) for n in flats}, "big": (1, 1 << 30)}
 only = set(filter(None, a.only.split(",")))
 
 os.makedirs(a.workdir, exist_ok=True)
@@ -166,11 +170,12 @@ def config_port():
         return next(l.split()[1] for l in f if l.strip().startswith("Port ") and l.split()[1] != "1")
 
 
-def gen(root, n, size):
+def gen(root, n, size, flat=False):
+    """n files of size bytes under root: 1,000 per subdirectory, or (flat) all in root."""
     os.makedirs(root, exist_ok=True)
     per = 1000
     for i in range(n):
-        d = os.path.join(root, f"d{i // per:03}") if n > 1 else root
+        d = os.path.join(root, f"d{i // per:03}") if n > 1 and not flat else root
         os.makedirs(d, exist_ok=True)
         with open(os.path.join(d, f"f{i:06}"), "wb") as f:
             if size > 1 << 20:
@@ -403,7 +408,7 @@ def noop_rows(wl, n, src):
     and pull. Each tool's copy is made once, by the tool itself; then, in every round,
     alternated: each tool's no-op, `ssh host true`, and the same no-op between two local
     directories (ferry and rsync)."""
-    label = f"no-op, {n:,} x 1 KiB"
+    label = f"no-op, {n:,} x 1 KiB" + (" in one directory" if wl.startswith("noopflat") else "")
     local = os.path.join(a.workdir, wl, "local")
     ssh_true = ["ssh", "-F", config] + cipher + [host, "true"]
     fixed = {"ssh host true": ssh_true,
@@ -479,7 +484,7 @@ try:
         if only and kind not in only:
             continue
         src = os.path.join(a.workdir, wl, "src")
-        gen(src, n, size)
+        gen(src, n, size, flat=wl.startswith("noopflat"))
         total = n * size
         if kind == "noop":
             noop_rows(wl, n, src)
