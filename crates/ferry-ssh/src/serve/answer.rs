@@ -271,7 +271,7 @@ pub(super) fn list(st: &State, id: u64, dir: u64, listing: &mut Listing) -> io::
 /// Every directory listed in this process, by device and inode, once per
 /// listing (for the tests: a directory listed twice for one walk).
 #[cfg(test)]
-pub(super) static LISTINGS: std::sync::Mutex<Vec<(u64, u64)>> = std::sync::Mutex::new(Vec::new());
+pub(super) static LISTINGS: Mutex<Vec<(u64, u64)>> = Mutex::new(Vec::new());
 
 /// The reply to a `List` of `d`, listed now into `listing` (reused).
 pub(super) fn listing_frame(
@@ -282,7 +282,7 @@ pub(super) fn listing_frame(
 ) -> io::Result<Vec<u8>> {
     #[cfg(test)]
     if let Ok(s) = rustix::fs::fstat(d.fd()) {
-        LISTINGS.lock().unwrap().push((s.st_dev, s.st_ino));
+        LISTINGS.lock().push((s.st_dev, s.st_ino));
     }
     let mut errors = Vec::new();
     st.store.list(d, b"", listing, &mut errors)?;
