@@ -7,6 +7,7 @@ fn store(reg: &Backends, arg: &str) -> Result<AnyStore, Box<dyn std::error::Erro
     let opts = Opts {
         jobs: 8,
         lazy_meta: true,
+        walk: false,
     };
     Ok(reg.open(&root, &opts)?)
 }

@@ -228,6 +228,11 @@ pub struct Opts {
     /// Object stores: list without reading each object's metadata (see
     /// `Store::approximate_meta`).
     pub lazy_meta: bool,
+    /// The run walks the whole tree at the root first (a bisync's
+    /// replicas): a ferry at the other end of an ssh session is told so
+    /// when the session starts, and lists it ahead (its first levels
+    /// answered unasked, protocol 18), as for the tree of a copy or sync.
+    pub walk: bool,
 }
 
 /// End this run's sessions (ssh and what it started there), so that a

@@ -339,8 +339,8 @@ impl Backend for Shell {
         }
     }
 
-    fn open(reg: &Backends, r: &SshRoot, _: &Opts) -> Result<AnyStore, Error> {
-        Ok(match reg.remote(r)? {
+    fn open(reg: &Backends, r: &SshRoot, o: &Opts) -> Result<AnyStore, Error> {
+        Ok(match reg.remote_walking(r, o.walk)? {
             Remote::Ssh(s) => AnyStore::Ssh(s),
             Remote::Sftp(s) => AnyStore::Sftp(s),
         })

@@ -137,6 +137,7 @@ fn a_local_root_opens_as_any_store_and_forwards() {
             &Opts {
                 jobs: 2,
                 lazy_meta: true,
+                walk: false,
             },
         )
         .unwrap();
@@ -199,6 +200,7 @@ fn any_store_has_the_links_and_pipeline_of_the_backend_inside() {
     let opts = Opts {
         jobs: 2,
         lazy_meta: false,
+        walk: false,
     };
     let meta = |kind, size| Meta {
         kind,

@@ -194,6 +194,9 @@ type Opened<D> = (Arc<D>, Listing);
 /// What one side's scan gathers.
 struct Gather<S: Store> {
     root: Mutex<Option<S::Dir>>,
+    /// The root once listed (what a hint given before the walk was given
+    /// for, withdrawn after it: [`expect_dirs`]).
+    listed_root: Mutex<Option<Arc<S::Dir>>>,
     unknown: Mutex<Vec<Vec<u8>>>,
     /// Keys listed beside an error of the same name (see [`Ctx::shadowed`]).
     shadowed: Mutex<Vec<Vec<u8>>>,
@@ -205,6 +208,7 @@ impl<S: Store> Gather<S> {
     fn new(root: Option<S::Dir>) -> Self {
         Gather {
             root: Mutex::new(root),
+            listed_root: Mutex::new(None),
             unknown: Mutex::new(Vec::new()),
             shadowed: Mutex::new(Vec::new()),
             temps: Mutex::new(Vec::new()),
@@ -225,7 +229,9 @@ impl<S: Store> Gather<S> {
             None => self.root.lock().take().expect("root once"),
             Some(p) => {
                 let name = CString::new(name_of_path(rel)).expect("names hold no NUL");
-                match store.open_dir(p, &name) {
+                // Its listing asked with its open (one round trip on a
+                // link), or taken from those opened ahead.
+                match store.open_dir_to_list(p, &name) {
                     Ok(d) => d,
                     Err(e) => {
                         on_error(rel, &e);
@@ -292,7 +298,16 @@ impl<S: Store> Gather<S> {
         {
             list.retain_names(|n| !reserved.holds(rel, n));
         }
-        Some((Arc::new(dir), list))
+        let dir = Arc::new(dir);
+        if parent.is_none() {
+            *self.listed_root.lock() = Some(dir.clone());
+        }
+        Some((dir, list))
+    }
+
+    /// The root, once listed.
+    fn root_dir(&self) -> Option<Arc<S::Dir>> {
+        self.listed_root.lock().take()
     }
 
     fn finish(self, count: usize) -> Scan {
@@ -711,6 +726,10 @@ pub fn scan_merge<A: Store, B: Store>(
     o: &ScanOpts<'_, A, B>,
 ) -> Result<(Plan, Scan, Scan), Refused> {
     let root = (a.1.is_some(), b.1.is_some());
+    let hinted = [
+        expect_dirs(a.0, a.1.as_ref(), j, o.filter),
+        expect_dirs(b.0, b.1.as_ref(), j, o.filter),
+    ];
     let w = Walker {
         a: a.0,
         b: b.0,
@@ -733,6 +752,17 @@ pub fn scan_merge<A: Store, B: Store>(
             b: root.1.then_some(None),
         }],
     );
+    // What was opened ahead and not taken is let go.
+    if hinted[0] {
+        if let Some(d) = w.ga.root_dir() {
+            a.0.expect_dirs(&d, &[]);
+        }
+    }
+    if hinted[1] {
+        if let Some(d) = w.gb.root_dir() {
+            b.0.expect_dirs(&d, &[]);
+        }
+    }
     let stopped = {
         let mut st = w.st.lock();
         if let Some(e) = st.failed.take() {
@@ -764,6 +794,44 @@ pub fn scan_merge<A: Store, B: Store>(
         }
     }
     Ok(w.into_plan())
+}
+
+/// Before the walk, for a side whose store waits on a link
+/// ([`Features::latency_bound`](ferry_engine::store::Features)): the
+/// directories the journal holds records in (where the last run found
+/// them, parents first, at most [`HINT_DIRS`](ferry_engine::prefetch::HINT_DIRS),
+/// none the filter leaves out), told to its store
+/// ([`StoreExt::expect_dirs`]): over ssh they are opened and listed now,
+/// all levels in one round trip, instead of one round trip per level as
+/// the walk reaches them. The scan changes nothing, so a listing taken
+/// from there is one made a moment earlier. True when a hint was given
+/// (withdrawn after the walk).
+fn expect_dirs<S: Store>(
+    s: &S,
+    root: Option<&S::Dir>,
+    j: &dyn Records,
+    filter: Option<&Filter>,
+) -> bool {
+    use ferry_engine::prefetch::HINT_DIRS;
+    let Some(root) = root.filter(|_| s.features().latency_bound) else {
+        return false;
+    };
+    let mut dirs = Vec::new();
+    // (A journal that cannot be read gives no hint; the walk says why.)
+    let _ = j.each_dir(&mut |k| {
+        let rel = path_of(k);
+        if dirs.len() < HINT_DIRS
+            && !rel.is_empty()
+            && ferry_engine::engine::walks_into(filter, &rel)
+        {
+            dirs.push(rel);
+        }
+    });
+    if dirs.is_empty() {
+        return false;
+    }
+    s.expect_dirs(root, &dirs);
+    true
 }
 
 impl<A: Store, B: Store> Walker<'_, A, B> {

@@ -74,6 +74,11 @@ pub struct SshStore {
     /// The run walks the tree at `path`: its root's listing is asked right
     /// behind its [`Req::StatRoot`].
     walk: bool,
+    /// The first [`Store::open_root`] of a store opened for a walk that
+    /// no location's resolving opened (a bisync's replica): it takes what
+    /// the connection's first write asked (`StatRoot`, `List`), as
+    /// [`SshStore::stat_root`] does, not a `Root` of its own. Once.
+    walk_root: AtomicBool,
     /// Directories opened and listed ahead of the walk, by path
     /// ([`PipelineStore::expect_dirs`](ferry_engine::store::PipelineStore::expect_dirs)).
     expected: Mutex<HashMap<Arc<[u8]>, Expected>>,

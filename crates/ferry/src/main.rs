@@ -169,6 +169,7 @@ fn run_sync(a: SyncArgs, mode: ferry_engine::Mode, reg: &Backends) -> Result<u8,
         let o = Opts {
             jobs: ferry_backends::jobs(a.tx.jobs),
             lazy_meta: true,
+            walk: false,
         };
         if let (false, Ok(s)) = (a.watch.watch, reg.open(root, &o)) {
             let p = Prefetch::start(s);
@@ -308,6 +309,7 @@ fn run_job(
     let o = Opts {
         jobs: opts.jobs,
         lazy_meta: true,
+        walk: false,
     };
     let s = reg.open(&job.src, &o).map_err(io::Error::other)?;
     let d = reg.open(&job.dst, &o).map_err(io::Error::other)?;
@@ -359,6 +361,7 @@ fn run_cleanup(a: args::CleanupArgs, reg: &Backends) -> Result<u8, String> {
         &Opts {
             jobs: 1,
             lazy_meta: false,
+            walk: false,
         },
     )?;
     let done = match store.cleanup().map_or_else(
@@ -431,9 +434,11 @@ fn run_bisync(a: BisyncArgs, reg: &Backends) -> Result<u8, String> {
     let rep = Unreachable::new(&cli);
     // Listings without a HEAD per object: the journal vouches for objects
     // whose version is the one it recorded; only the others are HEADed.
+    // Both trees are walked first: a remote one is listed ahead there.
     let o = Opts {
         jobs,
         lazy_meta: true,
+        walk: true,
     };
     let sa = reg.open(&ra, &o)?;
     let sb = reg.open(&rb, &o)?;
@@ -559,6 +564,7 @@ fn run_ls(a: LsArgs, reg: &Backends) -> Result<u8, String> {
         &Opts {
             jobs,
             lazy_meta: a.server_mtime,
+            walk: false,
         },
     )?;
     let format = if a.json { Format::Json } else { Format::Text };

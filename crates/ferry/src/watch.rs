@@ -237,6 +237,7 @@ pub fn sync(
     let o = Opts {
         jobs: opts.jobs,
         lazy_meta: true,
+        walk: false,
     };
     let s = reg.open(&job.src, &o)?;
     let d = reg.open(&job.dst, &o)?;

@@ -26,6 +26,7 @@ impl SshStore {
             pushes: Default::default(),
             ahead: Arc::default(),
             walk,
+            walk_root: AtomicBool::new(walk),
             expected: Mutex::default(),
         })
     }
@@ -322,6 +323,17 @@ impl SshStore {
     }
 
     pub(super) fn root(&self, create: bool) -> io::Result<Option<(SshDir, Meta)>> {
+        // The walk's root, not opened while a location was resolved: as
+        // `stat_root` opens it (from the first write's answers when the
+        // connection was made for this walk), then taken below. Missing:
+        // `None`, with no second request.
+        if !create
+            && self.walk_root.swap(false, Ordering::Relaxed)
+            && !self.conn().has_root(&self.path)
+            && self.stat_root(&self.path)?.is_none()
+        {
+            return Ok(None);
+        }
         // Opened already while the location was resolved.
         if let Some((id, m, listing)) = (!create)
             .then(|| self.conn().take_root(&self.path))

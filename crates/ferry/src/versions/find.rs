@@ -169,6 +169,7 @@ pub(super) fn open_store(reg: &Backends, root: &Root) -> Result<AnyStore, String
         &Opts {
             jobs: 4,
             lazy_meta: false,
+            walk: false,
         },
     )?)
 }

@@ -60,6 +60,7 @@ pub fn after_run(
         let o = Opts {
             jobs: 4,
             lazy_meta: true,
+            walk: false,
         };
         let report = match reg.open(root, &o) {
             Ok(s) => ferry_engine::versions::prune(&s, now, &r),
@@ -99,6 +100,7 @@ pub fn after_run_in(
         let o = Opts {
             jobs: 4,
             lazy_meta: true,
+            walk: false,
         };
         let report = match reg.open(root, &o) {
             Ok(s) => ferry_engine::versions::prune_in(&s, now, &r, &subs),

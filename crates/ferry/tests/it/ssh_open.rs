@@ -588,3 +588,71 @@ fn directories_opened_ahead_that_are_not_there_as_guessed_change_nothing() {
         );
     }
 }
+
+/// A bisync's remote replica is walked as a copy's tree is: its root from
+/// the connection's first write (`StatRoot` and `List`, no `Root` of its
+/// own for the scan), and every directory the journal knows opened and
+/// listed ahead (`OpenDirAhead` and `List`, all levels at once), so a
+/// no-op asks no `OpenDir` (before: a `Root`, then an `OpenDir` and a
+/// `List` per directory, one level after the other). Then a change deep
+/// in B and one in A come through both ways, and a directory the journal
+/// knows that is gone from B since is a miss there, not an error.
+#[test]
+fn a_bisync_replica_there_is_walked_from_the_first_write() {
+    let Some((rsh, host)) = need_server() else {
+        return;
+    };
+    let t = tmpdir();
+    let (a, b) = (t.path().join("a"), t.path().join("b"));
+    for f in ["top", "x/f", "x/y/f", "x/y/z/f", "w/f", "gone/f"] {
+        let p = a.join(f);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, f).unwrap();
+    }
+    let j = t.path().join("journal.sqlite");
+    let bis = |e: &str| {
+        let args: Vec<std::ffi::OsString> = vec![
+            "--journal".into(),
+            j.clone().into(),
+            a.clone().into(),
+            at(&host, &b),
+        ];
+        ferry_ssh(e, "bisync", &args)
+    };
+    bis(&rsh).ok();
+    let log = t.path().join("log");
+    let e = logging_rsh(t.path(), &rsh, &log);
+    bis(&e).ok();
+    let asked = requests(&log);
+    let count = |k: &str| asked.iter().filter(|a| *a == k).count();
+    assert_eq!(count("StatRoot"), 1, "{asked:?}");
+    assert_eq!(
+        count("OpenDir"),
+        0,
+        "the scan opened directories itself: {asked:?}"
+    );
+    // x, x/y, x/y/z, w and gone: the directories the journal knows.
+    assert_eq!(count("OpenDirAhead"), 5, "{asked:?}");
+    // The executor's own handle on the root, and nothing else.
+    assert_eq!(count("Root"), 1, "{asked:?}");
+
+    std::fs::write(b.join("x/y/z/new"), b"from b, deep").unwrap();
+    std::fs::write(a.join("w/new"), b"from a").unwrap();
+    std::fs::remove_dir_all(b.join("gone")).unwrap();
+    let r = bis(&rsh);
+    r.ok();
+    assert_eq!(std::fs::read(a.join("x/y/z/new")).unwrap(), b"from b, deep");
+    assert_eq!(std::fs::read(b.join("w/new")).unwrap(), b"from a");
+    assert!(!a.join("gone").exists(), "{r}");
+    // (bisync keeps no directory metadata: paths and contents.)
+    let content = |root: &Path| -> Vec<_> {
+        walk(root)
+            .into_iter()
+            .map(|p| {
+                let full = root.join(&p);
+                (p, full.is_file().then(|| std::fs::read(&full).unwrap()))
+            })
+            .collect()
+    };
+    assert_eq!(content(&a), content(&b));
+}
