@@ -12,6 +12,8 @@ Workloads (generated under --workdir, removed at the end):
          local directories (ferry and rsync), so that "ssh + local no-op" is of the same
          moments as the remote no-ops (--noop-files 10000,100000: one workload per count;
          --noop-flat 50000: the same with every file in the tree's root, one directory);
+         with --bisync, also `ferry bisync` of the tree here and its copy there (push rows),
+         against `ssh host true` + the same bisync between two local directories;
   big:   one 1 GiB file, first copy, push and pull;
   delta: one 1 GiB file the receiving side has an old copy of, pushed and pulled again,
          with 100 scattered 4 KiB changes ("scattered") and with 1 MiB appended ("append"):
@@ -55,6 +57,7 @@ ap.add_argument("--cipher", default="aes128-gcm@openssh.com",
                 help="the cipher every tool's ssh is given (-c), or 'default': none, each tool as users run it")
 ap.add_argument("--noop-files", default="100000", help="comma list: one no-op workload per count")
 ap.add_argument("--noop-flat", default="", help="comma list: one no-op workload per count, all its files in one directory")
+ap.add_argument("--bisync", action="store_true", help="no-op rows: ferry bisync too (local tree and its copy there)")
 ap.add_argument("--only", default="", help="comma list of workloads and directions: small,noop,big,delta,push,pull")
 a = ap.parse_args()
 ferry = os.path.abspath(a.ferry)
@@ -431,6 +434,14 @@ def noop_rows(wl, n, src):
                 timed(argv[tool])
                 same(src, there)
         argv.update(fixed)
+        if a.bisync and push:
+            # A bisync pair made by a first run of each (B created), then no-ops.
+            bis = lambda b, j, *e: [ferry, "bisync", "--journal", os.path.join(a.workdir, wl, j), *e, src, b]
+            argv["ferry bisync"] = bis(f"{host}:" + os.path.join(a.workdir, wl, "bisync-b"), "j-ssh",
+                                       "-e", " ".join(["ssh", "-F", config] + cipher))
+            argv["ferry bisync (local dirs)"] = bis(os.path.join(a.workdir, wl, "bisync-l"), "j-local")
+            for t in ("ferry bisync", "ferry bisync (local dirs)"):
+                timed(argv[t])
         got = {t: ([], [], [], []) for t in argv}
         for _ in range(runs):
             for t, v in argv.items():  # alternated: a noisy moment hits every one alike
@@ -452,6 +463,12 @@ def noop_rows(wl, n, src):
             diff = statistics.median(x - y for x, y in zip(got[tool][0], sums)) * 1000
             print(f"{label} {d} {tool:20} {diff:+7.1f} ms against the bound, per round (median)", flush=True)
             rows.append((label, d, f"{tool} minus the bound", diff / 1000, 0.0, 0.0,
+                         f"{diff:+.1f} ms: per round, median"))
+        if "ferry bisync" in got:
+            bsums = [x + y for x, y in zip(got["ssh host true"][0], got["ferry bisync (local dirs)"][0])]
+            diff = statistics.median(x - y for x, y in zip(got["ferry bisync"][0], bsums)) * 1000
+            print(f"{label} {d} {'ferry bisync':20} {diff:+7.1f} ms against ssh host true + the local bisync, per round (median)", flush=True)
+            rows.append((label, d, "ferry bisync minus ssh host true + local bisync", diff / 1000, 0.0, 0.0,
                          f"{diff:+.1f} ms: per round, median"))
         for tool in use:
             conns.append((label, d, tool, count_ssh(tool, argv[tool])))
