@@ -465,9 +465,6 @@ fn run_with<A: Store, B: Store>(
         .as_ref()
         .map_or([0; 2], |g| [g.base(0), g.base(1)]);
     let (oa, ob, missing) = p.open_roots(known)?;
-    // Second handles on the roots, for the executor (the scan takes its own).
-    let ra = oa.as_ref().map(|_| clone_dir(a)).transpose()?;
-    let rb = ob.as_ref().map(|_| clone_dir(b)).transpose()?;
     let sides = Sides {
         implicit_dirs: [!a.features().dir_meta, !b.features().dir_meta],
         inodes: [a.features().inodes, b.features().inodes],
@@ -485,8 +482,17 @@ fn run_with<A: Store, B: Store>(
         j.clear()?;
         j.mark_synced()?;
     }
-    let scanned = p.scan(journal.as_deref(), (known, early, sides), oa, ob)?;
-    let Some((mut plan, mut sa, mut sb)) = scanned else {
+    // Second handles on the roots, for the executor (the scan takes its
+    // own), opened beside the scan: over ssh the round trip of each is
+    // hidden behind the scan's, not added before it.
+    let (scanned, ra, rb) = std::thread::scope(|s| {
+        let ha = oa.as_ref().map(|_| s.spawn(|| clone_dir(a)));
+        let hb = ob.as_ref().map(|_| s.spawn(|| clone_dir(b)));
+        let scanned = p.scan(journal.as_deref(), (known, early, sides), oa, ob);
+        (scanned, ha.map(joined), hb.map(joined))
+    });
+    let (ra, rb) = (ra.transpose()?, rb.transpose()?);
+    let Some((mut plan, mut sa, mut sb)) = scanned? else {
         return Ok(None);
     };
     Stats::add(&stats.entries_scanned, plan.scanned);
@@ -612,6 +618,12 @@ fn create_root<S: Store>(s: &S, dc: &Dirs<S>, mode: u32) -> io::Result<()> {
     }
     let _ = dc.root.set(Arc::new(d));
     Ok(())
+}
+
+/// What a thread opening a root ([`clone_dir`]) gave.
+fn joined<D>(h: std::thread::ScopedJoinHandle<'_, Result<D, Refused>>) -> Result<D, Refused> {
+    h.join()
+        .unwrap_or_else(|_| Err(Refused("opening the root panicked".into())))
 }
 
 /// A second handle on a root (the scan consumes its own).
