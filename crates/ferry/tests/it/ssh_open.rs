@@ -656,3 +656,67 @@ fn a_bisync_replica_there_is_walked_from_the_first_write() {
     };
     assert_eq!(content(&a), content(&b));
 }
+
+/// A directory the journal knows, replaced on B by a symlink to a
+/// directory outside B between runs: what is opened ahead for the hint is
+/// never taken for it (the scan follows B's listing, which names a
+/// symlink), so nothing outside B is listed as B's, written or removed;
+/// the symlink comes to A as a symlink, and the outside stays as it was.
+#[test]
+fn a_hinted_directory_swapped_for_a_symlink_there_is_not_followed() {
+    let Some((rsh, host)) = need_server() else {
+        return;
+    };
+    let t = tmpdir();
+    let (a, b, outside) = (
+        t.path().join("a"),
+        t.path().join("b"),
+        t.path().join("outside"),
+    );
+    // (Enough besides x/y that removing its two files stays under the
+    // deletion guard's half.)
+    for f in ["x/f", "x/y/f", "x/y/z/f", "k1", "k2", "k3", "k4"] {
+        let p = a.join(f);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, f).unwrap();
+    }
+    std::fs::create_dir_all(outside.join("deep")).unwrap();
+    std::fs::write(outside.join("secret"), b"not B's").unwrap();
+    std::fs::write(outside.join("deep/f"), b"not B's either").unwrap();
+    let j = t.path().join("journal.sqlite");
+    let bis = || {
+        let args: Vec<std::ffi::OsString> = vec![
+            "--journal".into(),
+            j.clone().into(),
+            a.clone().into(),
+            at(&host, &b),
+        ];
+        ferry_ssh(&rsh, "bisync", &args)
+    };
+    bis().ok();
+    std::fs::remove_dir_all(b.join("x/y")).unwrap();
+    std::os::unix::fs::symlink(&outside, b.join("x/y")).unwrap();
+    let r = bis();
+    r.ok();
+    let ty = std::fs::symlink_metadata(a.join("x/y"))
+        .unwrap()
+        .file_type();
+    assert!(ty.is_symlink(), "A's x/y: {ty:?}: {r}");
+    assert_eq!(std::fs::read_link(a.join("x/y")).unwrap(), outside, "{r}");
+    let mut there: Vec<_> = walk(&outside).into_iter().collect();
+    there.sort();
+    assert_eq!(
+        there,
+        vec![
+            std::path::PathBuf::from("deep"),
+            "deep/f".into(),
+            "secret".into()
+        ],
+        "{r}"
+    );
+    assert_eq!(std::fs::read(outside.join("secret")).unwrap(), b"not B's");
+    assert!(std::fs::symlink_metadata(b.join("x/y"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+}
