@@ -465,7 +465,9 @@ impl Backend for Shell {
             return Ok(None);
         };
         match store {
-            AnyStore::Ssh(s) => ls_stat(path.as_bytes(), |p| s.stat_path(p, true)),
+            // (`StatRoot`: a tree is opened with it, and taken from the
+            // connection's first write, which asked it.)
+            AnyStore::Ssh(s) => ls_stat(path.as_bytes(), |p| s.stat_root(p)),
             AnyStore::Sftp(s) => ls_stat(path.as_bytes(), |p| s.stat_path(p, true)),
             _ => Ok(None),
         }

@@ -66,7 +66,9 @@ impl<S: Store, W: Write + Send> Visitor for Ls<'_, S, W> {
             }),
             Task::Sub { parent, name } => {
                 let rel = join(&parent.rel, name.to_bytes());
-                match store.open_dir(&parent.dir, &name) {
+                // Listed next: its listing asked with its open (one round
+                // trip on a link, not two).
+                match store.open_dir_to_list(&parent.dir, &name) {
                     Ok(d) => Arc::new(Dir { rel, dir: d }),
                     Err(e) => return (self.on_error)(&rel, &e),
                 }

@@ -564,7 +564,8 @@ fn run_ls(a: LsArgs, reg: &Backends) -> Result<u8, String> {
         &Opts {
             jobs,
             lazy_meta: a.server_mtime,
-            walk: false,
+            // The whole tree is listed: a ferry there lists it ahead.
+            walk: true,
         },
     )?;
     let format = if a.json { Format::Json } else { Format::Text };

@@ -720,3 +720,64 @@ fn a_hinted_directory_swapped_for_a_symlink_there_is_not_followed() {
         .file_type()
         .is_symlink());
 }
+
+/// `ferry ls host:tree` walks the tree as a copy does: what the location
+/// is and its root's listing come from the connection's first write
+/// (`ListAhead`, `StatRoot`, `List`: no `StatPath` and no `Root` after it),
+/// and each directory's `List` goes with its `OpenDir`. It lists what a
+/// local `ls` of the same tree lists; one file is listed as itself, and a
+/// missing path is one line, exit 2.
+#[test]
+fn ls_there_takes_the_tree_from_the_first_write() {
+    let Some((rsh, host)) = need_server() else {
+        return;
+    };
+    let t = tmpdir();
+    let tree = t.path().join("tree");
+    for f in ["top", "x/f", "x/y/f", "w/f"] {
+        let p = tree.join(f);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, f).unwrap();
+    }
+    // The names as listed, sorted (the order of a parallel walk varies).
+    let names = |out: &str, prefix: &str| -> Vec<String> {
+        let mut v: Vec<String> = out
+            .lines()
+            .map(|l| {
+                l.split_whitespace()
+                    .last()
+                    .unwrap()
+                    .trim_start_matches(prefix)
+                    .to_string()
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let here = ferry([std::ffi::OsStr::new("ls"), tree.as_os_str()]);
+    here.ok();
+    let log = t.path().join("log");
+    let e = logging_rsh(t.path(), &rsh, &log);
+    let there = ferry_ssh(&e, "ls", &[at(&host, &tree)]);
+    there.ok();
+    let prefix = format!("{}:{}/", host, tree.display());
+    assert_eq!(
+        names(&there.out(), &prefix),
+        names(&here.out(), &format!("{}/", tree.display())),
+        "{there}"
+    );
+    let asked = requests(&log);
+    let count = |k: &str| asked.iter().filter(|a| *a == k).count();
+    assert_eq!(count("StatRoot"), 1, "{asked:?}");
+    assert_eq!(count("ListAhead"), 1, "{asked:?}");
+    assert_eq!(count("StatPath") + count("Root"), 0, "{asked:?}");
+    // x, x/y and w: each opened with its listing behind it.
+    assert_eq!(count("OpenDir"), 3, "{asked:?}");
+    assert_eq!(count("List"), 4, "{asked:?}");
+    let one = ferry_ssh(&rsh, "ls", &[at(&host, &tree.join("x/f"))]);
+    one.ok();
+    assert_eq!(one.out().lines().count(), 1, "{one}");
+    let gone = ferry_ssh(&rsh, "ls", &[at(&host, &tree.join("nothing"))]);
+    gone.code_is(2);
+    assert_eq!(gone.error_lines().len(), 1, "{gone}");
+}
