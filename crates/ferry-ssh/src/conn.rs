@@ -536,12 +536,6 @@ impl Conn {
         self.roots.lock().push((path.to_vec(), dir, meta, listing));
     }
 
-    /// Whether tree `path` was opened ahead ([`Conn::opened_root`]) and
-    /// not taken yet.
-    pub(crate) fn has_root(&self, path: &[u8]) -> bool {
-        self.roots.lock().iter().any(|(p, ..)| p == path)
-    }
-
     /// The handle and metadata of tree `path` opened ahead
     /// ([`Conn::opened_root`]), and its listing when it was asked with
     /// it; taken once.

@@ -34,7 +34,6 @@ pub(super) fn push(st: &Arc<State>, path: &[u8]) {
     let mut listing = Listing::new();
     let stat = answer::stat_root(st, FIRST_STAT, path, FIRST_DIR)
         .unwrap_or_else(|e| err_frame(FIRST_STAT, &e));
-    listing.clear();
     let list = answer::list(st, FIRST_LIST, FIRST_DIR, &mut listing);
     let mut dirs = Vec::new();
     if list.is_ok() {
@@ -50,9 +49,9 @@ pub(super) fn push(st: &Arc<State>, path: &[u8]) {
             next += 3;
         }
     }
+    let listed = list.is_ok();
     // The announcement, then the `Info` (which the client reads first
     // after it), then the answers.
-    let listed = list.is_ok();
     send(proto::frame(0, &Resp::Pushed(dirs.clone())));
     send(answer::info(st, INFO_ID));
     send(stat);
@@ -86,7 +85,6 @@ pub(super) fn push(st: &Arc<State>, path: &[u8]) {
                 let opened = answer::open_dir_ahead(&st, *open_id, FIRST_DIR, name, *handle)
                     .unwrap_or_else(|e| err_frame(*open_id, &e));
                 let _ = st.out.lock().send(opened.into());
-                listing.clear();
                 let list = answer::list(&st, *list_id, *handle, &mut listing)
                     .unwrap_or_else(|e| err_frame(*list_id, &e));
                 let _ = st.out.lock().send(list.into());

@@ -323,22 +323,20 @@ impl SshStore {
     }
 
     pub(super) fn root(&self, create: bool) -> io::Result<Option<(SshDir, Meta)>> {
-        // The walk's root, not opened while a location was resolved: as
-        // `stat_root` opens it (from the first write's answers when the
-        // connection was made for this walk), then taken below. Missing:
-        // `None`, with no second request.
-        if !create
-            && self.walk_root.swap(false, Ordering::Relaxed)
-            && !self.conn().has_root(&self.path)
-            && self.stat_root(&self.path)?.is_none()
-        {
-            return Ok(None);
+        let conn = self.conn();
+        // Opened already while the location was resolved; else, for the
+        // walk's root (the first time), as `stat_root` opens it (from the
+        // first write's answers when the connection was made for this
+        // walk): missing is `None`, with no second request.
+        let first = !create && self.walk_root.swap(false, Ordering::Relaxed);
+        let mut opened = (!create).then(|| conn.take_root(&self.path)).flatten();
+        if opened.is_none() && first {
+            if self.stat_root(&self.path)?.is_none() {
+                return Ok(None);
+            }
+            opened = conn.take_root(&self.path);
         }
-        // Opened already while the location was resolved.
-        if let Some((id, m, listing)) = (!create)
-            .then(|| self.conn().take_root(&self.path))
-            .flatten()
-        {
+        if let Some((id, m, listing)) = opened {
             let d = self.dir(id, self.path.as_slice().into());
             // Asked with the open: the walk's first listing of the root,
             // when nothing was asked to change since, and it is fresh.

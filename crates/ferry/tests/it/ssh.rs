@@ -289,18 +289,6 @@ fn connections_that_cannot_start_say_why_in_one_line() {
     assert!(!dst.exists());
 }
 
-/// Paths and file contents of a tree (bisync keeps no directory metadata).
-fn content(root: &Path) -> Vec<(std::path::PathBuf, Option<Vec<u8>>)> {
-    walk(root)
-        .into_iter()
-        .map(|p| {
-            let full = root.join(&p);
-            let data = full.is_file().then(|| std::fs::read(&full).unwrap());
-            (p, data)
-        })
-        .collect()
-}
-
 #[test]
 fn bisync_between_a_local_dir_and_a_remote_one() {
     let (rsh, host) = need_server!();

@@ -605,9 +605,7 @@ fn a_bisync_replica_there_is_walked_from_the_first_write() {
     let t = tmpdir();
     let (a, b) = (t.path().join("a"), t.path().join("b"));
     for f in ["top", "x/f", "x/y/f", "x/y/z/f", "w/f", "gone/f"] {
-        let p = a.join(f);
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        std::fs::write(p, f).unwrap();
+        write(&a, f, f.as_bytes());
     }
     let j = t.path().join("journal.sqlite");
     let bis = |e: &str| {
@@ -645,15 +643,6 @@ fn a_bisync_replica_there_is_walked_from_the_first_write() {
     assert_eq!(std::fs::read(b.join("w/new")).unwrap(), b"from a");
     assert!(!a.join("gone").exists(), "{r}");
     // (bisync keeps no directory metadata: paths and contents.)
-    let content = |root: &Path| -> Vec<_> {
-        walk(root)
-            .into_iter()
-            .map(|p| {
-                let full = root.join(&p);
-                (p, full.is_file().then(|| std::fs::read(&full).unwrap()))
-            })
-            .collect()
-    };
     assert_eq!(content(&a), content(&b));
 }
 
@@ -676,9 +665,7 @@ fn a_hinted_directory_swapped_for_a_symlink_there_is_not_followed() {
     // (Enough besides x/y that removing its two files stays under the
     // deletion guard's half.)
     for f in ["x/f", "x/y/f", "x/y/z/f", "k1", "k2", "k3", "k4"] {
-        let p = a.join(f);
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        std::fs::write(p, f).unwrap();
+        write(&a, f, f.as_bytes());
     }
     std::fs::create_dir_all(outside.join("deep")).unwrap();
     std::fs::write(outside.join("secret"), b"not B's").unwrap();
@@ -735,9 +722,7 @@ fn ls_there_takes_the_tree_from_the_first_write() {
     let t = tmpdir();
     let tree = t.path().join("tree");
     for f in ["top", "x/f", "x/y/f", "w/f"] {
-        let p = tree.join(f);
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        std::fs::write(p, f).unwrap();
+        write(&tree, f, f.as_bytes());
     }
     // The names as listed, sorted (the order of a parallel walk varies).
     let names = |out: &str, prefix: &str| -> Vec<String> {

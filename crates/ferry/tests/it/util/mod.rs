@@ -159,6 +159,19 @@ fn systime(t: Mtime) -> SystemTime {
     UNIX_EPOCH + Duration::new(t.0 as u64, t.1)
 }
 
+/// Paths and file contents of a tree (what bisync keeps: no directory
+/// metadata).
+pub fn content(root: &Path) -> Vec<(PathBuf, Option<Vec<u8>>)> {
+    walk(root)
+        .into_iter()
+        .map(|p| {
+            let full = root.join(&p);
+            let data = full.is_file().then(|| fs::read(&full).unwrap());
+            (p, data)
+        })
+        .collect()
+}
+
 /// Write `data` to `root/rel`, creating parent directories.
 pub fn write(root: &Path, rel: impl AsRef<Path>, data: &[u8]) -> PathBuf {
     let p = root.join(rel);
